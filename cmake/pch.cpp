@@ -1,0 +1,1 @@
+// Compiles the shared precompiled header (torch/script.h) once; other targets reuse it.

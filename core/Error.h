@@ -1,0 +1,74 @@
+// cairn::Error — the one project exception type, with a kind and the source location it was
+// raised at. Binaries catch it in main(), print what() on one line, and exit with exitCode().
+// Thread-safety: plain value type.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace cairn {
+
+enum class ErrorKind {
+  kBadInput,  // a file, flag or message from outside was wrong: exit code 2
+  kPeerLost,  // a peer did not answer in time or went away: exit code 3
+  kInternal,  // a bug or an unexpected library failure: exit code 1
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, std::string message, const char* file = "", int line = 0);
+  ErrorKind kind() const { return kind_; }
+  // "core/NodeConfigs.cpp:42", for debug logs; never part of what().
+  const std::string& where() const { return where_; }
+  int exitCode() const;
+
+ private:
+  ErrorKind kind_;
+  std::string where_;
+};
+
+struct BadInput : Error {
+  explicit BadInput(std::string m, const char* f = "", int l = 0)
+      : Error(ErrorKind::kBadInput, std::move(m), f, l) {}
+};
+struct PeerLost : Error {
+  explicit PeerLost(std::string m, const char* f = "", int l = 0)
+      : Error(ErrorKind::kPeerLost, std::move(m), f, l) {}
+};
+struct InternalError : Error {
+  explicit InternalError(std::string m, const char* f = "", int l = 0)
+      : Error(ErrorKind::kInternal, std::move(m), f, l) {}
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
+}
+}  // namespace detail
+
+}  // namespace cairn
+
+// Throw a cairn error of TYPE (BadInput, PeerLost, InternalError) with a message built from the
+// streamed arguments, recording file:line.
+#define CAIRN_THROW(TYPE, ...) \
+  throw ::cairn::TYPE(::cairn::detail::concat(__VA_ARGS__), __FILE__, __LINE__)
+
+// Internal invariants (not for user input: use BadInput with a message naming the file/key).
+#define CAIRN_ENFORCE(cond, ...)                                                           \
+  do {                                                                                     \
+    if (!(cond)) CAIRN_THROW(InternalError, "check failed: " #cond ": ", ##__VA_ARGS__);    \
+  } while (0)
+
+// Prints both values when they differ.
+#define CAIRN_ENFORCE_EQ(a, b, ...)                                                         \
+  do {                                                                                      \
+    const auto& cairn_a_ = (a);                                                             \
+    const auto& cairn_b_ = (b);                                                             \
+    if (!(cairn_a_ == cairn_b_))                                                            \
+      CAIRN_THROW(InternalError, "check failed: " #a " == " #b " (", cairn_a_, " vs ",       \
+                  cairn_b_, ") ", ##__VA_ARGS__);                                           \
+  } while (0)

@@ -1,0 +1,37 @@
+// node_configs.json, in Ravnest's format (seed 002) plus an optional compute figure:
+//   { "0": { "IP": "127.0.0.1:5000",
+//            "benchmarks": { "ram": 8, "bandwidth": 20, "compute": 35.5 } }, ... }
+// ram is in GB (of CPU RAM or GPU memory), bandwidth in Mbps, compute in GFLOPS (as measured by
+// `provider --probe`) or a relative speed; all must be positive.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace cairn {
+
+struct NodeConfig {
+  std::string id;              // the key in node_configs.json ("3")
+  std::string name;            // "node_3": the name used in node_data/ and on the wire
+  std::string host;            // from "IP": "host:port"
+  int port = 0;
+  double ram_gb = 0;
+  double bandwidth_mbps = 0;
+  std::optional<double> compute;  // GFLOPS or relative speed; absent: all nodes equal
+
+  std::string address() const { return host + ":" + std::to_string(port); }
+};
+
+// Parses and validates; `source` names the file in errors. Nodes come back ordered by id
+// (numerically when all ids are integers). Throws BadInput on the first problem.
+std::vector<NodeConfig> parseNodeConfigs(const nlohmann::json& document, const std::string& source);
+std::vector<NodeConfig> readNodeConfigs(const std::string& path);
+
+// Splits "host:port"; throws BadInput "<context>: <key> must be host:port ..." when malformed.
+void parseHostPort(const std::string& text, const std::string& context, const std::string& key,
+                   std::string* host, int* port);
+
+}  // namespace cairn

@@ -1,0 +1,49 @@
+// The transport interface the rest of node/ is written against: send a Message to a named peer,
+// receive the next valid Message from anyone, each with a timeout. Implementations: ZmqTransport
+// (tcp:// for real runs, inproc:// for fast tests); later decorators (fault injection) wrap it.
+// Thread-safety: an instance is owned and called by one thread (see docs/THREADS.md).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "node/WireCodec.h"
+
+namespace cairn {
+
+enum class SendStatus {
+  kSent,         // handed to the transport's queue for that peer
+  kTimedOut,     // the peer's queue stayed full (or the peer never connected) for the whole timeout
+  kUnknownPeer,  // no peer of that name was added
+};
+const char* toString(SendStatus status);
+
+struct TransportStats {
+  uint64_t messages_sent = 0;
+  uint64_t messages_received = 0;
+  uint64_t bytes_sent = 0;      // tensor bytes
+  uint64_t bytes_received = 0;  // tensor bytes
+  uint64_t messages_dropped = 0;  // received but failed to decode
+  uint64_t send_timeouts = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const std::string& name() const = 0;
+  // Adds a peer this transport may send to; `endpoint` is a ZeroMQ endpoint ("tcp://h:p").
+  virtual void addPeer(const std::string& peer, const std::string& endpoint) = 0;
+  [[nodiscard]] virtual SendStatus send(const std::string& peer, const Message& message,
+                                        std::chrono::milliseconds timeout) = 0;
+  // The next message that decodes; malformed ones are dropped, counted and logged. nullopt when
+  // nothing valid arrived within `timeout`.
+  [[nodiscard]] virtual std::optional<Message> receive(std::chrono::milliseconds timeout) = 0;
+  virtual TransportStats stats() const = 0;
+  // Waits up to `timeout` for queued outgoing messages to leave, then closes every socket.
+  // Without a call, destruction abandons queued messages (linger 0).
+  virtual void flushAndClose(std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace cairn

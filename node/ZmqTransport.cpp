@@ -1,0 +1,141 @@
+#include "node/ZmqTransport.h"
+
+#include <zmq_addon.hpp>
+
+#include "core/Error.h"
+#include "core/Log.h"
+
+namespace cairn {
+
+const char* toString(SendStatus status) {
+  switch (status) {
+    case SendStatus::kSent:
+      return "sent";
+    case SendStatus::kTimedOut:
+      return "timed out";
+    case SendStatus::kUnknownPeer:
+      return "unknown peer";
+  }
+  return "?";
+}
+
+ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
+                           const std::string& bind_endpoint, TransportOptions options)
+    : context_(context),
+      name_(std::move(name)),
+      options_(options),
+      inbound_(context, zmq::socket_type::pull) {
+  inbound_.set(zmq::sockopt::rcvhwm, options_.receive_high_water_mark);
+  inbound_.set(zmq::sockopt::linger, 0);
+  // Header + all tensors; a little slack for the header frame.
+  inbound_.set(zmq::sockopt::maxmsgsize,
+               static_cast<int64_t>(options_.codec.max_message_bytes + options_.codec.max_header_bytes));
+  try {
+    inbound_.bind(bind_endpoint);
+  } catch (const zmq::error_t& e) {
+    CAIRN_THROW(BadInput, name_, ": cannot listen on ", bind_endpoint, ": ", e.what(),
+                e.num() == EADDRINUSE ? " (another process uses this port)" : "");
+  }
+}
+
+ZmqTransport::~ZmqTransport() {
+  if (!closed_) flushAndClose(std::chrono::milliseconds(0));
+}
+
+void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint) {
+  CAIRN_ENFORCE(!closed_, "transport is closed");
+  if (outbound_.count(peer)) return;
+  zmq::socket_t socket(context_, zmq::socket_type::push);
+  socket.set(zmq::sockopt::sndhwm, options_.send_high_water_mark);
+  // Queue only on completed connections: a send to a peer that is not there yet waits (and times
+  // out) instead of piling up in a pipe nobody reads.
+  socket.set(zmq::sockopt::immediate, 1);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::reconnect_ivl, 100);
+  socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  try {
+    socket.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", endpoint, ": ", e.what());
+  }
+  outbound_.emplace(peer, std::move(socket));
+}
+
+SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
+                              std::chrono::milliseconds timeout) {
+  auto it = outbound_.find(peer);
+  if (it == outbound_.end()) return SendStatus::kUnknownPeer;
+  std::vector<zmq::message_t> frames = encodeMessage(message, options_.codec);
+  zmq::socket_t& socket = it->second;
+  // The first frame decides: once it is queued, ZeroMQ queues the rest atomically.
+  zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLOUT, 0};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    zmq::poll(&item, 1, std::max(left, std::chrono::milliseconds(0)));
+    if (item.revents & ZMQ_POLLOUT) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ++stats_.send_timeouts;
+      return SendStatus::kTimedOut;
+    }
+  }
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    if (i > 0) bytes += frames[i].size();
+    const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    // POLLOUT said there is room; dontwait keeps a racing full queue from blocking forever.
+    auto sent = socket.send(frames[i], flags | zmq::send_flags::dontwait);
+    if (!sent) {
+      CAIRN_ENFORCE(i == 0, "ZeroMQ refused a later frame of a multipart message");
+      ++stats_.send_timeouts;
+      return SendStatus::kTimedOut;
+    }
+  }
+  ++stats_.messages_sent;
+  stats_.bytes_sent += bytes;
+  return SendStatus::kSent;
+}
+
+std::optional<Message> ZmqTransport::receive(std::chrono::milliseconds timeout) {
+  CAIRN_ENFORCE(!closed_, "transport is closed");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  zmq::pollitem_t item{static_cast<void*>(inbound_), 0, ZMQ_POLLIN, 0};
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    zmq::poll(&item, 1, std::max(left, std::chrono::milliseconds(0)));
+    if (!(item.revents & ZMQ_POLLIN)) {
+      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+      continue;
+    }
+    std::vector<zmq::message_t> frames;
+    // A multipart message arrives whole, so once the first frame is readable all of it is.
+    auto got = zmq::recv_multipart(inbound_, std::back_inserter(frames), zmq::recv_flags::dontwait);
+    if (!got) continue;
+    DecodeResult decoded = decodeMessage(std::move(frames), options_.codec);
+    if (decoded.ok()) {
+      ++stats_.messages_received;
+      for (const auto& t : decoded.message->tensors) stats_.bytes_received += t.tensor.nbytes();
+      return std::move(decoded.message);
+    }
+    ++stats_.messages_dropped;
+    last_error_ = decoded.error;
+    CAIRN_WARN("dropped a malformed message: ", toString(decoded.error->code), ": ",
+               decoded.error->detail);
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+  }
+}
+
+void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& [peer, socket] : outbound_) {
+    socket.set(zmq::sockopt::linger, static_cast<int>(timeout.count()));
+    socket.close();
+  }
+  outbound_.clear();
+  inbound_.close();
+}
+
+}  // namespace cairn

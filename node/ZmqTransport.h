@@ -1,0 +1,58 @@
+// ZeroMQ implementation of Transport.
+//
+// Sockets: one PULL socket bound at this node's endpoint receives from every peer; one PUSH
+// socket per peer, connected to that peer's endpoint, sends to it. A neighbour link therefore has
+// two independent streams (our PUSH → their PULL, their PUSH → our PULL), each a separate
+// connection with its own bounded queue (high-water marks), so activations flowing down never
+// wait behind gradients flowing up. The PULL socket fair-queues between peers and refuses
+// messages larger than max_message_bytes (ZMQ_MAXMSGSIZE) before they are buffered.
+//
+// Ownership: the transport owns its sockets; the zmq::context_t is borrowed (inproc:// endpoints
+// need one context shared by both ends) and must outlive it. Thread-safety: one thread owns an
+// instance and makes every call (docs/THREADS.md).
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include "node/Transport.h"
+
+namespace cairn {
+
+struct TransportOptions {
+  int send_high_water_mark = 16;     // messages queued per peer before send() waits
+  int receive_high_water_mark = 16;  // messages queued per peer on our side
+  CodecLimits codec;                 // size limits enforced on receive
+};
+
+class ZmqTransport : public Transport {
+ public:
+  // Binds `bind_endpoint` (e.g. "tcp://127.0.0.1:5003", "inproc://node_3"). Throws BadInput when
+  // the endpoint cannot be bound (port in use, bad address), naming it.
+  ZmqTransport(zmq::context_t& context, std::string name, const std::string& bind_endpoint,
+               TransportOptions options = {});
+  ~ZmqTransport() override;
+
+  const std::string& name() const override { return name_; }
+  void addPeer(const std::string& peer, const std::string& endpoint) override;
+  [[nodiscard]] SendStatus send(const std::string& peer, const Message& message,
+                                std::chrono::milliseconds timeout) override;
+  [[nodiscard]] std::optional<Message> receive(std::chrono::milliseconds timeout) override;
+  TransportStats stats() const override { return stats_; }
+  void flushAndClose(std::chrono::milliseconds timeout) override;
+
+  // The last decode error seen (for tests and metrics).
+  const std::optional<DecodeError>& lastDecodeError() const { return last_error_; }
+
+ private:
+  zmq::context_t& context_;
+  std::string name_;
+  TransportOptions options_;
+  zmq::socket_t inbound_;
+  std::map<std::string, zmq::socket_t> outbound_;
+  TransportStats stats_;
+  std::optional<DecodeError> last_error_;
+  bool closed_ = false;
+};
+
+}  // namespace cairn
