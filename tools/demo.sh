@@ -10,4 +10,4 @@ echo "demo: training is not implemented yet (issue [C]); running what exists end
 echo "demo: 1/2 clusterize reads node_data/node_configs.json"
 "$BUILD_DIR/clusterize/clusterize" --nodes node_data/node_configs.json
 echo "demo: 2/2 a 64 MiB tensor between two processes over tcp loopback"
-"$BUILD_DIR/tools/bench/bench_transport" --size-mb 64 --repeat 8 --rounds 3
+"$BUILD_DIR/tools/bench/bench_transport" --sizes 64M --rounds 3
