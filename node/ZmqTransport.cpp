@@ -67,30 +67,37 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
   if (it == outbound_.end()) return SendStatus::kUnknownPeer;
   std::vector<zmq::message_t> frames = encodeMessage(message, options_.codec);
   zmq::socket_t& socket = it->second;
-  // The first frame decides: once it is queued, ZeroMQ queues the rest atomically.
-  zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLOUT, 0};
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    zmq::poll(&item, 1, std::max(left, std::chrono::milliseconds(0)));
-    if (item.revents & ZMQ_POLLOUT) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      ++stats_.send_timeouts;
-      return SendStatus::kTimedOut;
+  // Try at once; only when the peer's queue is full (or it is not connected yet) wait for room,
+  // at most `timeout`. Once the first frame is queued, ZeroMQ queues the rest atomically.
+  auto first = socket.send(frames[0], (frames.size() > 1 ? zmq::send_flags::sndmore
+                                                           : zmq::send_flags::none) |
+                                          zmq::send_flags::dontwait);
+  if (!first) {
+    zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLOUT, 0};
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      zmq::poll(&item, 1, std::max(left, std::chrono::milliseconds(0)));
+      if (item.revents & ZMQ_POLLOUT) {
+        first = socket.send(frames[0], (frames.size() > 1 ? zmq::send_flags::sndmore
+                                                           : zmq::send_flags::none) |
+                                           zmq::send_flags::dontwait);
+        if (first) break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ++stats_.send_timeouts;
+        return SendStatus::kTimedOut;
+      }
     }
   }
   uint64_t bytes = 0;
-  for (size_t i = 0; i < frames.size(); ++i) {
-    if (i > 0) bytes += frames[i].size();
+  for (size_t i = 1; i < frames.size(); ++i) {
+    bytes += frames[i].size();
     const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-    // POLLOUT said there is room; dontwait keeps a racing full queue from blocking forever.
+    // Later frames of a multipart message never block: the first one reserved the room.
     auto sent = socket.send(frames[i], flags | zmq::send_flags::dontwait);
-    if (!sent) {
-      CAIRN_ENFORCE(i == 0, "ZeroMQ refused a later frame of a multipart message");
-      ++stats_.send_timeouts;
-      return SendStatus::kTimedOut;
-    }
+    CAIRN_ENFORCE(sent.has_value(), "ZeroMQ refused frame ", i, " of a multipart message");
   }
   ++stats_.messages_sent;
   stats_.bytes_sent += bytes;
@@ -102,17 +109,17 @@ std::optional<Message> ZmqTransport::receive(std::chrono::milliseconds timeout) 
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   zmq::pollitem_t item{static_cast<void*>(inbound_), 0, ZMQ_POLLIN, 0};
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    zmq::poll(&item, 1, std::max(left, std::chrono::milliseconds(0)));
-    if (!(item.revents & ZMQ_POLLIN)) {
-      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::vector<zmq::message_t> frames;
+    // Take what is queued without a poll first; poll (bounded by the deadline) only when empty.
+    // A multipart message arrives whole, so once its first frame is readable all of it is.
+    auto got = zmq::recv_multipart(inbound_, std::back_inserter(frames), zmq::recv_flags::dontwait);
+    if (!got) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left <= std::chrono::milliseconds(0)) return std::nullopt;
+      zmq::poll(&item, 1, left);
       continue;
     }
-    std::vector<zmq::message_t> frames;
-    // A multipart message arrives whole, so once the first frame is readable all of it is.
-    auto got = zmq::recv_multipart(inbound_, std::back_inserter(frames), zmq::recv_flags::dontwait);
-    if (!got) continue;
     DecodeResult decoded = decodeMessage(std::move(frames), options_.codec);
     if (decoded.ok()) {
       ++stats_.messages_received;
