@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds cairn's libFuzzer targets with clang (address + undefined sanitizers) in build-fuzz/ and
+# runs each for a bounded time from the seed corpus in tests/fuzz/corpus/. A crash input is copied
+# to tests/fuzz/regressions/<target>/ (commit it: fuzz_replay_tests replays it forever) and the
+# script fails.
+#   tools/fuzz.sh [seconds per target, default 30]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER_TARGET=${1:-30}
+BUILD_DIR=${CAIRN_FUZZ_BUILD_DIR:-build-fuzz}
+if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends clang libclang-rt-14-dev
+fi
+if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCAIRN_FUZZ=ON >/dev/null
+fi
+cmake --build "$BUILD_DIR" -j "${CAIRN_JOBS:-$(nproc)}" --target fuzz_wire_decoder fuzz_node_data
+
+status=0
+for pair in "fuzz_wire_decoder:wire" "fuzz_node_data:node_data"; do
+  target=${pair%%:*}; corpus=${pair##*:}
+  work=$(mktemp -d)
+  cp tests/fuzz/corpus/"$corpus"/* "$work"/
+  mkdir -p "$work/artifacts"
+  echo "fuzz: $target for ${SECONDS_PER_TARGET}s"
+  # Torch's own allocations are not ours to police; leak checking stays on for cairn code paths.
+  if ! ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
+      "$BUILD_DIR/tests/$target" -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=4096 \
+      -max_len=65536 -artifact_prefix="$work/artifacts/" -print_final_stats=1 "$work" \
+      > "$work/log" 2>&1; then
+    status=1
+    mkdir -p tests/fuzz/regressions/"$corpus"
+    cp "$work"/artifacts/* tests/fuzz/regressions/"$corpus"/ 2>/dev/null || true
+    tail -40 "$work/log"
+    echo "fuzz: $target FOUND A CRASH; input kept in tests/fuzz/regressions/$corpus/"
+  fi
+  grep -E "stat::number_of_executed_units|Done [0-9]+ runs" "$work/log" | tail -2 | sed "s/^/fuzz: $target: /"
+  rm -rf "$work"
+done
+exit $status
