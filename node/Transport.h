@@ -25,7 +25,8 @@ struct TransportStats {
   uint64_t messages_received = 0;
   uint64_t bytes_sent = 0;      // tensor bytes
   uint64_t bytes_received = 0;  // tensor bytes
-  uint64_t messages_dropped = 0;  // received but failed to decode
+  uint64_t messages_dropped = 0;  // received but failed to decode (forged ones included)
+  uint64_t messages_forged = 0;   // header sender differs from the authenticated peer
   uint64_t send_timeouts = 0;
 };
 

@@ -30,6 +30,11 @@ ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
   // Header + all tensors; a little slack for the header frame.
   inbound_.set(zmq::sockopt::maxmsgsize,
                static_cast<int64_t>(options_.codec.max_message_bytes + options_.codec.max_header_bytes));
+  if (options_.curve) {
+    inbound_.set(zmq::sockopt::curve_server, true);
+    inbound_.set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_key);
+    inbound_.set(zmq::sockopt::zap_domain, "cairn");
+  }
   try {
     inbound_.bind(bind_endpoint);
   } catch (const zmq::error_t& e) {
@@ -53,6 +58,15 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
   socket.set(zmq::sockopt::linger, 0);
   socket.set(zmq::sockopt::reconnect_ivl, 100);
   socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  if (options_.curve) {
+    auto key = options_.curve->peer_public_keys.find(peer);
+    if (key == options_.curve->peer_public_keys.end())
+      CAIRN_THROW(BadInput, name_, ": no CURVE public key for peer ", peer,
+                  " (node.json must list it, or run with --insecure)");
+    socket.set(zmq::sockopt::curve_serverkey, key->second);
+    socket.set(zmq::sockopt::curve_publickey, options_.curve->own.public_key);
+    socket.set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_key);
+  }
   try {
     socket.connect(endpoint);
   } catch (const zmq::error_t& e) {
@@ -120,7 +134,20 @@ std::optional<Message> ZmqTransport::receive(std::chrono::milliseconds timeout) 
       zmq::poll(&item, 1, left);
       continue;
     }
+    std::string authenticated;
+    if (options_.curve) {
+      // The ZAP handler set the connection's User-Id to the peer's name.
+      const char* user = zmq_msg_gets(frames[0].handle(), "User-Id");
+      authenticated = user ? user : "";
+    }
     DecodeResult decoded = decodeMessage(std::move(frames), options_.codec);
+    if (decoded.ok() && options_.curve && decoded.message->sender != authenticated) {
+      ++stats_.messages_dropped;
+      ++stats_.messages_forged;
+      CAIRN_WARN("dropped a message claiming to come from \"", decoded.message->sender,
+                 "\" on the connection authenticated as \"", authenticated, "\"");
+      continue;
+    }
     if (decoded.ok()) {
       ++stats_.messages_received;
       for (const auto& t : decoded.message->tensors) stats_.bytes_received += t.tensor.nbytes();

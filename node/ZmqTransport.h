@@ -15,20 +15,31 @@
 #include <map>
 #include <memory>
 
+#include "node/CurveSecurity.h"
 #include "node/Transport.h"
 
 namespace cairn {
+
+// CurveZMQ settings. A ZapAuthenticator admitting exactly the peers in `peer_public_keys` must be
+// running in the transport's context before the transport is constructed (the provider makes one).
+struct CurveOptions {
+  CurveKeyPair own;
+  std::map<std::string, std::string> peer_public_keys;  // peer name → Z85 public key
+};
 
 struct TransportOptions {
   int send_high_water_mark = 16;     // messages queued per peer before send() waits
   int receive_high_water_mark = 16;  // messages queued per peer on our side
   CodecLimits codec;                 // size limits enforced on receive
+  std::optional<CurveOptions> curve;  // absent: plain TCP (only with --insecure)
 };
 
 class ZmqTransport : public Transport {
  public:
   // Binds `bind_endpoint` (e.g. "tcp://127.0.0.1:5003", "inproc://node_3"). Throws BadInput when
-  // the endpoint cannot be bound (port in use, bad address), naming it.
+  // the endpoint cannot be bound (port in use, bad address), naming it. With options.curve set,
+  // inbound connections must authenticate (ZAP) and each message's header sender must equal the
+  // authenticated peer name; others are dropped and counted (TransportStats::messages_forged).
   ZmqTransport(zmq::context_t& context, std::string name, const std::string& bind_endpoint,
                TransportOptions options = {});
   ~ZmqTransport() override;

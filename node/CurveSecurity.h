@@ -1,0 +1,59 @@
+// CurveZMQ for cairn: key pairs, secret key files, and the ZAP handler that admits only peers
+// whose public keys a node was given (its neighbours and ring peers, from node.json).
+//
+// With security on, every connection is encrypted and mutually authenticated: a node's PULL
+// socket is a CURVE server that asks the ZapAuthenticator about each connecting client key; a
+// PUSH socket is a CURVE client that only talks to the server key it was given. The
+// authenticator tells ZeroMQ the peer's *name* as the connection's User-Id, and ZmqTransport drops
+// any message whose header claims a different sender — a peer cannot speak for another.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <thread>
+
+#include <zmq.hpp>
+
+namespace cairn {
+
+struct CurveKeyPair {
+  std::string public_key;  // Z85, 40 characters
+  std::string secret_key;  // Z85, 40 characters; never leaves the node's own folder
+};
+
+CurveKeyPair generateCurveKeyPair();
+bool isZ85Key(const std::string& key);
+
+// A secret key file holds two lines, "public <key>" and "secret <key>", with mode 0600.
+// Writing creates it with 0600 (atomically); reading refuses a file others can read (BadInput
+// naming the file and its mode) and a malformed one.
+void writeKeyFile(const std::string& path, const CurveKeyPair& keys);
+CurveKeyPair readKeyFile(const std::string& path);
+
+// The ZAP handler (RFC 27) of one zmq::context_t: a thread owning a REP socket bound at
+// inproc://zeromq.zap.01. Construct it before binding any CURVE server socket in that context;
+// destroy it after them. `allowed` maps public key → peer name. Thread-safety: rejected() from any
+// thread; the rest is its own thread.
+class ZapAuthenticator {
+ public:
+  ZapAuthenticator(zmq::context_t& context, std::map<std::string, std::string> allowed);
+  ~ZapAuthenticator();
+  ZapAuthenticator(const ZapAuthenticator&) = delete;
+  ZapAuthenticator& operator=(const ZapAuthenticator&) = delete;
+
+  uint64_t accepted() const { return accepted_.load(); }
+  uint64_t rejected() const { return rejected_.load(); }
+
+ private:
+  void run();
+
+  zmq::context_t& context_;
+  std::map<std::string, std::string> allowed_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> accepted_{0}, rejected_{0};
+  zmq::socket_t socket_;
+  std::thread thread_;
+};
+
+}  // namespace cairn

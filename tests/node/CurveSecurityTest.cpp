@@ -1,0 +1,133 @@
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "core/Error.h"
+#include "node/CurveSecurity.h"
+#include "node/ZmqTransport.h"
+
+namespace cairn {
+namespace {
+
+using namespace std::chrono_literals;
+
+int port(int offset) { return 23000 + (::getpid() % 1000) * 8 + offset; }
+std::string tcp(int offset) { return "tcp://127.0.0.1:" + std::to_string(port(offset)); }
+
+Message hello(const std::string& sender) {
+  Message m;
+  m.kind = MessageKind::kActivation;
+  m.sender = sender;
+  m.tensors = {{"x", torch::arange(100, torch::kFloat32)}};
+  return m;
+}
+
+// A receiver "b" that admits only "a"; each node has its own context, as separate processes do.
+struct SecureReceiver {
+  CurveKeyPair b_keys = generateCurveKeyPair();
+  CurveKeyPair a_keys = generateCurveKeyPair();
+  zmq::context_t context;
+  ZapAuthenticator zap{context, {{a_keys.public_key, "a"}}};
+  std::unique_ptr<ZmqTransport> b;
+  explicit SecureReceiver(int offset) {
+    TransportOptions options;
+    options.curve = CurveOptions{b_keys, {{"a", a_keys.public_key}}};
+    b = std::make_unique<ZmqTransport>(context, "b", tcp(offset), options);
+  }
+};
+
+std::unique_ptr<ZmqTransport> client(zmq::context_t& context, const std::string& name,
+                                     const CurveKeyPair& own, const std::string& server_key,
+                                     int self_offset, int server_offset) {
+  TransportOptions options;
+  options.curve = CurveOptions{own, {{"b", server_key}}};
+  auto t = std::make_unique<ZmqTransport>(context, name, tcp(self_offset), options);
+  t->addPeer("b", tcp(server_offset));
+  return t;
+}
+
+TEST(CurveSecurity, KnownPeerIsAcceptedAndAuthenticated) {
+  SecureReceiver r(0);
+  zmq::context_t ctx;
+  auto a = client(ctx, "a", r.a_keys, r.b_keys.public_key, 1, 0);
+  ASSERT_EQ(a->send("b", hello("a"), 5s), SendStatus::kSent);
+  auto got = r.b->receive(5s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->sender, "a");
+  EXPECT_TRUE(torch::equal(got->tensors[0].tensor, torch::arange(100, torch::kFloat32)));
+  EXPECT_EQ(r.zap.accepted(), 1u);
+}
+
+TEST(CurveSecurity, UnknownKeyCannotGetATensorAccepted) {
+  SecureReceiver r(2);
+  zmq::context_t ctx;
+  const CurveKeyPair stranger = generateCurveKeyPair();
+  auto s = client(ctx, "a", stranger, r.b_keys.public_key, 3, 2);  // claims to be "a"
+  (void)s->send("b", hello("a"), 1s);  // the handshake fails; nothing may arrive
+  EXPECT_FALSE(r.b->receive(1500ms).has_value());
+  EXPECT_GE(r.zap.rejected(), 1u);
+  EXPECT_EQ(r.b->stats().messages_received, 0u);
+}
+
+TEST(CurveSecurity, WrongServerKeyGetsNothingThrough) {
+  SecureReceiver r(4);
+  zmq::context_t ctx;
+  auto a = client(ctx, "a", r.a_keys, generateCurveKeyPair().public_key, 5, 4);
+  (void)a->send("b", hello("a"), 1s);
+  EXPECT_FALSE(r.b->receive(1500ms).has_value());
+}
+
+TEST(CurveSecurity, PlainTextClientIsRefused) {
+  SecureReceiver r(6);
+  zmq::context_t ctx;
+  ZmqTransport plain(ctx, "a", tcp(7));
+  plain.addPeer("b", tcp(6));
+  (void)plain.send("b", hello("a"), 1s);
+  EXPECT_FALSE(r.b->receive(1500ms).has_value());
+}
+
+TEST(CurveSecurity, AuthenticatedPeerCannotSpeakForAnother) {
+  SecureReceiver r(8);
+  zmq::context_t ctx;
+  auto a = client(ctx, "a", r.a_keys, r.b_keys.public_key, 9, 8);
+  ASSERT_EQ(a->send("b", hello("node_7"), 5s), SendStatus::kSent);  // forged sender
+  ASSERT_EQ(a->send("b", hello("a"), 5s), SendStatus::kSent);
+  auto got = r.b->receive(5s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->sender, "a");  // the forged one was skipped
+  EXPECT_EQ(r.b->stats().messages_forged, 1u);
+}
+
+TEST(CurveSecurity, KeyFileIsPrivateAndRoundTrips) {
+  const std::string path = ::testing::TempDir() + "/cairn_test_secret.key";
+  const CurveKeyPair keys = generateCurveKeyPair();
+  writeKeyFile(path, keys);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const CurveKeyPair back = readKeyFile(path);
+  EXPECT_EQ(back.public_key, keys.public_key);
+  EXPECT_EQ(back.secret_key, keys.secret_key);
+  ::chmod(path.c_str(), 0644);
+  try {
+    readKeyFile(path);
+    FAIL() << "accepted a world-readable secret key";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("has mode 0644"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CurveSecurity, MissingPeerKeyIsABadInputNamingThePeer) {
+  zmq::context_t ctx;
+  TransportOptions options;
+  options.curve = CurveOptions{generateCurveKeyPair(), {}};
+  ZmqTransport t(ctx, "a", "inproc://no_keys", options);
+  try {
+    t.addPeer("node_9", "inproc://x");
+    FAIL();
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("no CURVE public key for peer node_9"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace cairn
