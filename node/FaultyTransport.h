@@ -1,0 +1,67 @@
+// FaultyTransport: a Transport decorator that injects faults, for reliability tests (leveldb's
+// fault-injection Env, applied to the network). Faults are switched on and off at run time through
+// atomic settings, from any thread; sends and receives still happen on the owning thread.
+//   drop       — outgoing messages silently vanish (a lossy link)
+//   delay      — each outgoing message waits this long first (a slow link)
+//   duplicate  — each outgoing message is sent twice (a retransmitting link)
+//   corrupt    — outgoing tensor bytes get one flipped bit (a lying peer); header kept valid
+//   disconnect — nothing goes out and nothing comes in (a vanished peer), per peer or for all
+// Ownership: wraps and borrows the inner transport.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <set>
+
+#include "node/Transport.h"
+
+namespace cairn {
+
+class FaultyTransport : public Transport {
+ public:
+  explicit FaultyTransport(Transport& inner) : inner_(inner) {}
+
+  // Probability in [0, 1] that a send is dropped; every `drop_every`-th send when set instead
+  // (deterministic tests). Randomness is seeded (`seed`) so runs repeat.
+  void setDropProbability(double p) { drop_probability_ = p; }
+  void setDropEvery(int n) { drop_every_ = n; }
+  void setDelay(std::chrono::milliseconds d) { delay_ms_ = static_cast<int>(d.count()); }
+  void setDuplicate(bool on) { duplicate_ = on; }
+  void setCorrupt(bool on) { corrupt_ = on; }
+  // Cut the link to one peer (both directions: its messages are discarded on receive), or all.
+  void disconnect(const std::string& peer);
+  void disconnectAll(bool on) { disconnect_all_ = on; }
+  void reconnect(const std::string& peer);
+  void setSeed(uint64_t seed) { rng_state_ = seed | 1; }
+
+  uint64_t dropped() const { return dropped_; }
+  uint64_t duplicated() const { return duplicated_; }
+  uint64_t corrupted() const { return corrupted_; }
+
+  const std::string& name() const override { return inner_.name(); }
+  void addPeer(const std::string& peer, const std::string& endpoint) override {
+    inner_.addPeer(peer, endpoint);
+  }
+  [[nodiscard]] SendStatus send(const std::string& peer, const Message& message,
+                                std::chrono::milliseconds timeout) override;
+  [[nodiscard]] std::optional<Message> receive(std::chrono::milliseconds timeout) override;
+  TransportStats stats() const override { return inner_.stats(); }
+  void flushAndClose(std::chrono::milliseconds timeout) override { inner_.flushAndClose(timeout); }
+
+ private:
+  bool isCut(const std::string& peer) const;
+  double uniform();  // xorshift64*: deterministic, no global state
+
+  Transport& inner_;
+  std::atomic<double> drop_probability_{0};
+  std::atomic<int> drop_every_{0};
+  std::atomic<int> delay_ms_{0};
+  std::atomic<bool> duplicate_{false}, corrupt_{false}, disconnect_all_{false};
+  mutable std::mutex cut_mutex_;
+  std::set<std::string> cut_peers_;
+  uint64_t rng_state_ = 0x9E3779B97F4A7C15ull;
+  uint64_t sends_ = 0;
+  std::atomic<uint64_t> dropped_{0}, duplicated_{0}, corrupted_{0};
+};
+
+}  // namespace cairn
