@@ -12,6 +12,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev nlohmann-json3-dev libhwloc-dev libcli11-dev
   libgtest-dev libgmock-dev
   dataset-fashion-mnist
+  python3-matplotlib
 )
 
 missing=()
