@@ -23,7 +23,8 @@ std::vector<std::string> NodeDataWriter::write(
   const fs::path manifest = root / kManifest;
   if (fs::exists(manifest)) {
     try {
-      for (const auto& entry : readJsonFile(manifest.string()).at("files")) previous.insert(entry.get<std::string>());
+      const nlohmann::json list = readJsonFile(manifest.string());
+      for (const auto& entry : list.at("files")) previous.insert(entry.get<std::string>());
     } catch (const std::exception& e) {
       CAIRN_WARN("clusterize: ", manifest.string(), " is unreadable (", e.what(),
                  "); files of the previous run will not be cleaned up");

@@ -32,7 +32,7 @@ struct AtomProfile {
 };
 
 struct ProfileOptions {
-  int warmup_runs = 1;  // untimed runs before timing
+  int warmup_runs = 3;  // untimed runs first (TorchScript's profiling executor optimizes late)
   int timed_runs = 5;   // the median of these is kept
 };
 
