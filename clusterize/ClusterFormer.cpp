@@ -125,44 +125,52 @@ ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNo
     }
   }
 
-  // 3. Balance the slowest cluster against the fastest.
+  // 3. Balance: the slowest cluster against the fastest ones (up to kPartners of them).
+  constexpr size_t kPartners = 8;
   for (int round = 0; round < options.balance_rounds && clusters.size() > 1; ++round) {
-    size_t slow = 0, fast = 0;
-    for (size_t c = 1; c < clusters.size(); ++c) {
-      if (bottleneck(clusters[c]) > bottleneck(clusters[slow])) slow = c;
-      if (bottleneck(clusters[c]) < bottleneck(clusters[fast])) fast = c;
-    }
-    if (slow == fast) break;
+    std::vector<size_t> by_speed(clusters.size());
+    std::iota(by_speed.begin(), by_speed.end(), 0);
+    std::stable_sort(by_speed.begin(), by_speed.end(), [&](size_t a, size_t b) {
+      return bottleneck(clusters[a]) < bottleneck(clusters[b]);
+    });
+    const size_t slow = by_speed.back();
     const double current = bottleneck(clusters[slow]);
-    double best_value = current;
-    std::pair<FormedCluster, FormedCluster> best;
-    auto consider = [&](std::vector<int> slow_ids, std::vector<int> fast_ids) {
-      if (fast_ids.empty()) return;
-      FormedCluster s = plan(cost, nodes, std::move(slow_ids), false);
-      if (!s.partition.feasible) return;
-      FormedCluster f = plan(cost, nodes, std::move(fast_ids), false);
-      const double value = std::max(bottleneck(s), bottleneck(f));
-      if (value < best_value * (1 - 1e-9)) {
-        best_value = value;
-        best = {std::move(s), std::move(f)};
+    bool improved = false;
+    for (size_t p = 0; p < std::min(kPartners, by_speed.size() - 1) && !improved; ++p) {
+      const size_t fast = by_speed[p];
+      double best_value = current;
+      std::pair<FormedCluster, FormedCluster> best;
+      auto consider = [&](std::vector<int> slow_ids, std::vector<int> fast_ids) {
+        if (fast_ids.empty()) return;
+        FormedCluster s = plan(cost, nodes, std::move(slow_ids), false);
+        if (!s.partition.feasible || bottleneck(s) >= best_value) return;
+        FormedCluster f = plan(cost, nodes, std::move(fast_ids), false);
+        const double value = std::max(bottleneck(s), bottleneck(f));
+        if (value < best_value * (1 - 1e-9)) {
+          best_value = value;
+          best = {std::move(s), std::move(f)};
+        }
+      };
+      const auto& s_ids = clusters[slow].nodes;
+      const auto& f_ids = clusters[fast].nodes;
+      for (size_t y = 0; y < f_ids.size(); ++y) {
+        std::vector<int> s2 = s_ids, f2 = f_ids;
+        s2.push_back(f_ids[y]);
+        f2.erase(f2.begin() + y);
+        consider(s2, f2);
+        for (size_t x = 0; x < s_ids.size() && s_ids.size() * f_ids.size() <= 256; ++x) {
+          std::vector<int> s3 = s_ids, f3 = f_ids;
+          std::swap(s3[x], f3[y]);
+          consider(s3, f3);
+        }
       }
-    };
-    const auto& s_ids = clusters[slow].nodes;
-    const auto& f_ids = clusters[fast].nodes;
-    for (size_t y = 0; y < f_ids.size(); ++y) {
-      std::vector<int> s2 = s_ids, f2 = f_ids;
-      s2.push_back(f_ids[y]);
-      f2.erase(f2.begin() + y);
-      consider(s2, f2);
-      for (size_t x = 0; x < s_ids.size() && s_ids.size() * f_ids.size() <= 256; ++x) {
-        std::vector<int> s3 = s_ids, f3 = f_ids;
-        std::swap(s3[x], f3[y]);
-        consider(s3, f3);
+      if (best_value < current) {
+        clusters[slow] = std::move(best.first);
+        clusters[fast] = std::move(best.second);
+        improved = true;
       }
     }
-    if (best_value >= current) break;
-    clusters[slow] = std::move(best.first);
-    clusters[fast] = std::move(best.second);
+    if (!improved) break;
   }
 
   // 4. Final split with several node orders; unused nodes are spare.

@@ -8,9 +8,10 @@
 //     cluster with the least memory so far (lowest index on ties). K = options.clusters when set;
 //     otherwise the largest K (bisection between 1 and total memory / model memory) for which
 //     every cluster's partition is feasible.
-//  3. Balance: up to `balance_rounds` times, try moving one node from the fastest cluster to the
-//     slowest, or swapping a node between them; keep the change that lowers the slower of the two
-//     bottlenecks the most, stop when none does.
+//  3. Balance: up to `balance_rounds` times, pair the slowest cluster with the fastest (then the
+//     next fastest, up to 8) and try moving one node to the slowest or swapping one node between
+//     them; keep the change that lowers the slower of the two bottlenecks the most; stop when no
+//     partner gives an improvement.
 //  4. Inside each cluster, the planner runs on four node orders (as dealt, then memory, speed,
 //     bandwidth first) and keeps the fastest. Nodes a partition leaves out are spare.
 // Not thread-safe (pure function of its inputs, but allocates freely).
@@ -27,7 +28,7 @@ namespace cairn::clusterize {
 struct ClusterFormerOptions {
   int clusters = 0;         // 0: as many as memory allows
   uint64_t seed = 0;        // tie-breaking among equal nodes
-  int balance_rounds = 32;  // step 3's limit
+  int balance_rounds = 1000;  // step 3's limit
 };
 
 struct FormedCluster {
