@@ -132,6 +132,8 @@ struct ModelCase {
   int min_valid_cuts;  // guards against a model that silently has nothing to cut
 };
 
+void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name; }
+
 class StageExactness : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(StageExactness, EveryCutAndMultiCutPlansMatchTheWholeModel) {

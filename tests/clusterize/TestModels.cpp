@@ -16,6 +16,8 @@ const std::string& modelDirectory() {
     if (made == nullptr) throw std::runtime_error("mkdtemp failed");
     const std::string command = "/usr/bin/python3 " + sourceDirectory() + "/make_models.py " + made;
     if (std::system(command.c_str()) != 0) throw std::runtime_error("failed: " + command);
+    static std::string to_remove = made;
+    std::atexit([] { std::filesystem::remove_all(to_remove); });
     return std::string(made);
   }();
   return dir;
