@@ -1,37 +1,79 @@
-// clusterize: plan a cairn job. See `clusterize --help`.
-#include <cstdio>
+// clusterize: plan a cairn job — profile a TorchScript model, cut it into stages, place them on the
+// nodes of node_configs.json, write node_data/. See `clusterize --help` and docs/CLUSTERIZE.md.
+#include <iostream>
 
 #include <CLI/CLI.hpp>
 
+#include "clusterize/Clusterize.h"
+#include "clusterize/NodeDataWriter.h"
 #include "core/MainGuard.h"
-#include "core/NodeConfigs.h"
 
 int main(int argc, char** argv) {
+  using namespace cairn::clusterize;
   CLI::App app{
-      "clusterize: profile a TorchScript model, cut it into stages and place them on nodes.\n"
-      "Status: validates node_configs.json and prints the nodes. Cutting models (--model) is\n"
-      "issue [B] and not implemented yet."};
-  std::string nodes_path = "node_data/node_configs.json";
-  std::string model_path;
-  app.add_option("--nodes", nodes_path, "node_configs.json (Ravnest format)")->capture_default_str();
-  app.add_option("--model", model_path, "TorchScript model (not implemented yet)");
+      "clusterize: profile a TorchScript model, cut its forward graph into stages, form clusters "
+      "of nodes and write node_data/ (plan.json, job.json, nodes/node_<id>/{stage.pt,node.json}).\n"
+      "Example: clusterize --model cnn.pt --nodes node_data/node_configs.json --input-shape 64,1,28,28"};
+  ClusterizeOptions o;
+  o.nodes_path = "node_data/node_configs.json";
+  std::string out_dir = "node_data";
+  std::string granularity = "top";
+  int microbatches = 4;
+  std::string optimizer = "adam";
+  app.add_option("--model", o.model_path, "TorchScript model file (torch.jit.save / Module::save); required");
+  app.add_option("--nodes", o.nodes_path, "node_configs.json (Ravnest format: IP, benchmarks.ram GB, "
+                                          "benchmarks.bandwidth Mbps, optional benchmarks.compute)")
+      ->capture_default_str();
+  app.add_option("--out", out_dir, "output folder; only files clusterize wrote are replaced")
+      ->capture_default_str();
+  app.add_option("--job", o.job_path, "job.json to use (validated; its training_definition.optimizer "
+                                      "and .microbatches apply unless the flags are given); default: "
+                                      "built from the flags below");
+  app.add_option("--job-id", o.job_id, "job id when job.json is built from flags")->capture_default_str();
+  app.add_option("--data", o.data_location, "data location when job.json is built from flags")
+      ->capture_default_str();
+  app.add_option("--data-format", o.data_format, "data format: idx, safetensors or tokens")
+      ->capture_default_str();
+  app.add_option("--loss", o.loss, "loss_fn written to job.json")->capture_default_str();
+  app.add_option("--lr", o.learning_rate, "learning rate written to job.json")->capture_default_str();
+  app.add_option("--local-steps", o.local_steps, "local_steps written to job.json")->capture_default_str();
+  app.add_option("--clusters", o.clusters, "number of clusters; 0 = as many as the nodes' memory allows")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for tie-breaking among equal nodes and for example inputs")
+      ->capture_default_str();
+  app.add_option("--granularity", granularity, "units to cut between: top (top-level forward nodes) or "
+                                               "expand-containers (also the elements of child nn.Sequential)")
+      ->capture_default_str();
+  app.add_option("--input-shape", o.input_shapes, "example input shape, e.g. 64,1,28,28 (first dim = "
+                                                  "micro-batch size); repeat once per model input");
+  app.add_option("--input-dtype", o.input_dtypes, "example input dtype (float32, float64, float16, "
+                                                  "bfloat16, int64, int32, uint8, bool); once for all "
+                                                  "inputs or once per input; integer inputs are zeros")
+      ->capture_default_str();
+  app.add_option("--example", o.example_path, "torch.save'd example input (a tensor, or a tuple/list "
+                                              "of inputs) instead of --input-shape");
+  auto* mb = app.add_option("--microbatches", microbatches, "micro-batches in flight per step (memory "
+                                                            "estimate); default: job.json's, else")
+                 ->capture_default_str();
+  auto* opt = app.add_option("--optimizer", optimizer, "sgd, momentum, adam or adamw (optimizer state "
+                                                       "in the memory estimate); default: job.json's, else")
+                  ->capture_default_str();
+  app.add_option("--profile-runs", o.profile.timed_runs, "timed forward+backward runs per unit (median)")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   return cairn::runGuarded("clusterize", [&] {
-    const auto nodes = cairn::readNodeConfigs(nodes_path);
-    std::printf("%-12s %-22s %10s %14s %12s\n", "node", "address", "ram (GB)", "bandwidth (Mbps)",
-                "compute");
-    for (const auto& n : nodes) {
-      std::printf("%-12s %-22s %10.2f %16.1f %12s\n", n.name.c_str(), n.address().c_str(), n.ram_gb,
-                  n.bandwidth_mbps, n.compute ? std::to_string(*n.compute).c_str() : "-");
-    }
-    if (!model_path.empty()) {
-      std::fprintf(stderr, "clusterize: --model: cutting models is not implemented yet (issue [B])\n");
-      return 1;
-    }
+    o.granularity = parseGranularity(granularity);
+    if (mb->count() > 0) o.microbatches = microbatches;
+    if (opt->count() > 0) o.optimizer = optimizer;
+    const ClusterizeResult result = clusterize(o);
+    NodeDataWriter(out_dir).write(result.plan, result.job, result.nodes, result.stages);
+    printReport(result.plan, std::cout);
+    std::cout << "wrote " << out_dir << "/plan.json, job.json and " << result.nodes.size()
+              << " node folder(s) under " << out_dir << "/nodes\n";
     return 0;
   });
 }

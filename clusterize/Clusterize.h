@@ -1,0 +1,74 @@
+// Clusterize: the whole clusterize pipeline as a library call — load the model, profile it, form
+// clusters, split it, and describe every node — plus the human-readable report. The binary
+// (clusterize_main.cpp) parses flags into ClusterizeOptions, calls clusterize(), writes the result
+// with NodeDataWriter and prints the report. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <torch/script.h>
+
+#include "clusterize/CostModel.h"
+#include "clusterize/ModelGraph.h"
+#include "clusterize/PartitionPlan.h"
+#include "clusterize/Profiler.h"
+#include "core/NodeConfigs.h"
+#include "core/NodeData.h"
+
+namespace cairn::clusterize {
+
+struct ClusterizeOptions {
+  std::string model_path;                  // TorchScript model (required)
+  std::string nodes_path;                  // node_configs.json (required)
+  std::string job_path;                    // job.json to copy; empty: build one from the fields below
+  std::string job_id = "cairn";
+  std::string data_location = "/usr/share/datasets/fashion-mnist";
+  std::string data_format = "idx";
+  std::string loss = "cross_entropy";
+  double learning_rate = 0.001;
+  int local_steps = 10;
+  int clusters = 0;                        // 0: as many as memory allows
+  uint64_t seed = 0;
+  Granularity granularity = Granularity::kTop;
+  std::vector<std::string> input_shapes;   // one per model input: "64,1,28,28"
+  std::vector<std::string> input_dtypes = {"float32"};
+  std::string example_path;                // torch.save'd input(s), instead of shapes
+  std::optional<int> microbatches;         // default: job's training_definition.microbatches, else 4
+  std::optional<std::string> optimizer;    // default: job's training_definition.optimizer, else adam
+  ProfileOptions profile;
+};
+
+struct ClusterizeResult {
+  PartitionPlan plan;
+  JobSpec job;
+  std::vector<NodeSpec> nodes;                        // one per placed node
+  std::map<std::string, torch::jit::Module> stages;   // node name → its stage module
+};
+
+ClusterizeResult clusterize(const ClusterizeOptions& options);
+
+// The planning half (no model execution), for callers that already profiled.
+struct PlanSettings {
+  std::string model_path;
+  Granularity granularity = Granularity::kTop;
+  CostOptions cost;
+  int clusters = 0;
+  uint64_t seed = 0;
+  std::string nodes_source = "node_configs.json";  // names the file in messages
+};
+ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
+                           const std::vector<NodeConfig>& nodes, const JobSpec& job,
+                           const PlanSettings& settings);
+
+// Per-node speed relative to the profiling host: compute / mean compute (1 when absent).
+std::vector<double> relativeSpeeds(const std::vector<NodeConfig>& nodes);
+
+void printReport(const PartitionPlan& plan, std::ostream& out);
+std::string formatBytes(double bytes);  // "1.23 GB", "45.6 MB", "789 B" (decimal units)
+
+}  // namespace cairn::clusterize

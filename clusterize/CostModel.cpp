@@ -1,0 +1,81 @@
+#include "clusterize/CostModel.h"
+
+#include "core/Error.h"
+
+namespace cairn::clusterize {
+
+OptimizerKind parseOptimizer(const std::string& name) {
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "momentum") return OptimizerKind::kMomentum;
+  if (name == "adam") return OptimizerKind::kAdam;
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  CAIRN_THROW(BadInput, "optimizer must be sgd, momentum, adam or adamw (got \"", name, "\")");
+}
+
+std::string toString(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kMomentum:
+      return "momentum";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+  }
+  return "?";
+}
+
+int optimizerStateCopies(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return 0;
+    case OptimizerKind::kMomentum:
+      return 1;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      return 2;
+  }
+  return 2;
+}
+
+CostModel::CostModel(std::vector<AtomCost> atoms, std::vector<double> boundary_bytes,
+                     CostOptions options)
+    : atoms_(std::move(atoms)), boundary_(std::move(boundary_bytes)), options_(options) {
+  CAIRN_ENFORCE_EQ(boundary_.size(), atoms_.size() + 1);
+  CAIRN_ENFORCE(options_.microbatches >= 1, "microbatches must be positive");
+  const double copies = 1 + optimizerStateCopies(options_.optimizer);
+  static_prefix_.assign(atoms_.size() + 1, 0);
+  saved_prefix_.assign(atoms_.size() + 1, 0);
+  seconds_prefix_.assign(atoms_.size() + 1, 0);
+  for (size_t i = 0; i < atoms_.size(); ++i) {
+    const AtomCost& a = atoms_[i];
+    static_prefix_[i + 1] =
+        static_prefix_[i] + a.parameter_bytes + a.buffer_bytes + copies * a.trainable_bytes;
+    saved_prefix_[i + 1] = saved_prefix_[i] + a.saved_bytes;
+    seconds_prefix_[i + 1] = seconds_prefix_[i] + a.seconds;
+  }
+}
+
+double CostModel::memoryLowerBound(int begin, int end) const {
+  return static_prefix_[end] - static_prefix_[begin] +
+         options_.microbatches * (saved_prefix_[end] - saved_prefix_[begin]);
+}
+
+double CostModel::memoryBytes(int begin, int end) const {
+  const double in = boundary_[begin], out = boundary_[end];
+  return memoryLowerBound(begin, end) + options_.microbatches * in + in + out;
+}
+
+double CostModel::computeSeconds(int begin, int end) const {
+  return seconds_prefix_[end] - seconds_prefix_[begin];
+}
+
+double CostModel::transferBytes(int begin, int end) const {
+  double bytes = 0;
+  if (begin > 0) bytes += boundary_[begin];                    // gradients sent upstream
+  if (end < numAtoms()) bytes += boundary_[end];               // activations sent downstream
+  return bytes;
+}
+
+}  // namespace cairn::clusterize

@@ -1,0 +1,63 @@
+// CostModel: per-micro-batch time and memory of a stage that holds a contiguous range of atoms.
+// Pure arithmetic over prefix sums (O(1) per query); no torch. Thread-safe for reading.
+//
+// Memory of a stage holding atoms [b, e):
+//   parameters + buffers + trainable parameters * (1 gradient + optimizer copies)
+//   + microbatches * (bytes saved for backward + incoming boundary kept as autograd leaf)
+//   + incoming boundary + outgoing boundary (one receive/send buffer each)
+// optimizer copies: 0 SGD, 1 momentum, 2 Adam/AdamW. All micro-batches of a step are assumed in
+// flight (GPipe); 1F1B keeps fewer, so the estimate is an upper bound there.
+// Time of a stage on a node = compute seconds / speed + transfer bytes / bandwidth, where transfer
+// counts the boundary activations it sends downstream and the gradients it sends upstream.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cairn::clusterize {
+
+enum class OptimizerKind { kSgd, kMomentum, kAdam, kAdamW };
+OptimizerKind parseOptimizer(const std::string& name);  // sgd | momentum | adam | adamw
+std::string toString(OptimizerKind kind);
+int optimizerStateCopies(OptimizerKind kind);
+
+struct CostOptions {
+  OptimizerKind optimizer = OptimizerKind::kAdam;
+  int microbatches = 4;  // micro-batches in flight per step
+};
+
+struct AtomCost {
+  double parameter_bytes = 0;
+  double trainable_bytes = 0;
+  double buffer_bytes = 0;
+  double saved_bytes = 0;
+  double seconds = 0;  // forward + backward at the profiling host's speed
+};
+
+class CostModel {
+ public:
+  // boundary_bytes has atoms.size() + 1 entries (entry 0: the model inputs).
+  CostModel(std::vector<AtomCost> atoms, std::vector<double> boundary_bytes, CostOptions options);
+
+  int numAtoms() const { return static_cast<int>(atoms_.size()); }
+  const AtomCost& atom(int index) const { return atoms_.at(index); }
+  const CostOptions& options() const { return options_; }
+  double boundaryBytes(int cut) const { return boundary_[cut]; }
+
+  double memoryBytes(int begin, int end) const;
+  // memoryBytes without the boundary terms: grows as the range grows (used to stop searches).
+  double memoryLowerBound(int begin, int end) const;
+  double computeSeconds(int begin, int end) const;
+  // Bytes this stage sends per micro-batch: activations downstream + gradients upstream.
+  double transferBytes(int begin, int end) const;
+
+ private:
+  std::vector<AtomCost> atoms_;
+  std::vector<double> boundary_;
+  CostOptions options_;
+  std::vector<double> static_prefix_;  // parameters, buffers, gradients, optimizer state
+  std::vector<double> saved_prefix_;
+  std::vector<double> seconds_prefix_;
+};
+
+}  // namespace cairn::clusterize

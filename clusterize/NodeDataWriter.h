@@ -1,0 +1,35 @@
+// NodeDataWriter: writes a clusterize result into a node_data folder:
+//   plan.json, job.json, nodes/node_<id>/node.json, nodes/node_<id>/stage.pt
+// Every file is written to a temporary name and renamed into place. The folder keeps a list of the
+// files clusterize wrote (.clusterize-files.json); a re-run replaces those, removes the ones the new
+// plan no longer has (and node folders left empty by that), and never touches any other file.
+// Not thread-safe; one writer per folder at a time.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/script.h>
+
+#include "clusterize/PartitionPlan.h"
+#include "core/NodeData.h"
+
+namespace cairn::clusterize {
+
+class NodeDataWriter {
+ public:
+  explicit NodeDataWriter(std::string folder) : folder_(std::move(folder)) {}
+
+  // Returns the paths written, relative to the folder.
+  std::vector<std::string> write(const PartitionPlan& plan, const JobSpec& job,
+                                 const std::vector<NodeSpec>& nodes,
+                                 const std::map<std::string, torch::jit::Module>& stages) const;
+
+  static constexpr const char* kManifest = ".clusterize-files.json";
+
+ private:
+  std::string folder_;
+};
+
+}  // namespace cairn::clusterize

@@ -1,0 +1,74 @@
+#include "clusterize/PartitionPlan.h"
+
+namespace cairn::clusterize {
+namespace {
+
+nlohmann::json boundaryJson(const std::vector<BoundaryValue>& values) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& b : values)
+    out.push_back({{"name", b.name}, {"type", b.type}, {"dtype", b.dtype}, {"shape", b.shape}});
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json toJson(const PartitionPlan& plan) {
+  nlohmann::json j;
+  j["format"] = kNodeDataFormat;
+  j["job_id"] = plan.job_id;
+  j["model"] = plan.model;
+  j["granularity"] = plan.granularity;
+  j["optimizer"] = plan.optimizer;
+  j["microbatches"] = plan.microbatches;
+  j["seed"] = plan.seed;
+  j["units"] = nlohmann::json::array();
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    nlohmann::json u = {{"index", i}, {"label", plan.units[i].label},
+                        {"cut_before_allowed", plan.units[i].cut_before_allowed}};
+    if (!plan.units[i].why_not.empty()) u["why_not"] = plan.units[i].why_not;
+    j["units"].push_back(u);
+  }
+  j["atoms"] = nlohmann::json::array();
+  for (const auto& a : plan.atoms)
+    j["atoms"].push_back({{"units", {a.begin_unit, a.end_unit}},
+                          {"parameter_bytes", a.parameter_bytes},
+                          {"buffer_bytes", a.buffer_bytes},
+                          {"saved_bytes", a.saved_bytes},
+                          {"output_bytes", a.output_bytes},
+                          {"seconds", a.seconds}});
+  j["clusters"] = nlohmann::json::array();
+  for (size_t c = 0; c < plan.clusters.size(); ++c) {
+    const PlannedCluster& cluster = plan.clusters[c];
+    nlohmann::json cj = {{"index", c}, {"seconds_per_microbatch", cluster.seconds_per_microbatch}};
+    cj["chain"] = nlohmann::json::array();
+    cj["stages"] = nlohmann::json::array();
+    const int count = static_cast<int>(cluster.stages.size());
+    for (int s = 0; s < count; ++s) {
+      const PlannedStage& st = cluster.stages[s];
+      cj["chain"].push_back(st.node);
+      cj["stages"].push_back({{"stage", s},
+                              {"node", st.node},
+                              {"address", st.address},
+                              {"role", toString(roleForStage(s, count))},
+                              {"units", {st.begin_unit, st.end_unit}},
+                              {"unit_labels", st.units},
+                              {"parameters", st.parameters},
+                              {"buffers", st.buffers},
+                              {"parameter_count", st.parameter_count},
+                              {"inputs", boundaryJson(st.inputs)},
+                              {"outputs", boundaryJson(st.outputs)},
+                              {"memory_bytes", st.memory_bytes},
+                              {"capacity_bytes", st.capacity_bytes},
+                              {"seconds_per_microbatch", st.seconds}});
+    }
+    j["clusters"].push_back(cj);
+  }
+  j["spare_nodes"] = plan.spare_nodes;
+  j["rings"] = nlohmann::json::array();
+  for (const auto& r : plan.rings)
+    j["rings"].push_back({{"id", r.id}, {"parameters", r.parameters}, {"holders", r.holders}});
+  j["notes"] = plan.notes;
+  return j;
+}
+
+}  // namespace cairn::clusterize

@@ -1,0 +1,65 @@
+// PartitionPlan: everything clusterize decided, as plain data; written as node_data/plan.json
+// (docs/NODE_DATA.md, "## plan.json"). Only tools read plan.json; providers read node.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "clusterize/RingGroups.h"
+#include "core/NodeData.h"
+
+namespace cairn::clusterize {
+
+struct PlannedStage {
+  std::string node;     // "node_3"
+  std::string address;  // "127.0.0.1:5003"
+  int begin_unit = 0;   // units [begin_unit, end_unit) of the forward graph
+  int end_unit = 0;
+  std::vector<std::string> units;  // their labels
+  std::vector<std::string> parameters;
+  std::vector<std::string> buffers;
+  int64_t parameter_count = 0;  // elements
+  std::vector<BoundaryValue> inputs;
+  std::vector<BoundaryValue> outputs;
+  double memory_bytes = 0;    // estimate
+  double capacity_bytes = 0;  // the node's ram
+  double seconds = 0;         // estimated time per micro-batch on this node
+};
+
+struct PlannedCluster {
+  std::vector<PlannedStage> stages;  // pipeline order: Root first, Leaf last
+  double seconds_per_microbatch = 0;  // the slowest stage
+};
+
+struct UnitSummary {
+  std::string label;
+  bool cut_before_allowed = true;  // false: why_not says why
+  std::string why_not;
+};
+
+struct AtomSummary {
+  int begin_unit = 0, end_unit = 0;
+  double parameter_bytes = 0, buffer_bytes = 0, saved_bytes = 0, output_bytes = 0, seconds = 0;
+};
+
+struct PartitionPlan {
+  std::string job_id;
+  std::string model;
+  std::string granularity;
+  std::string optimizer;
+  int microbatches = 0;
+  uint64_t seed = 0;
+  std::vector<UnitSummary> units;
+  std::vector<AtomSummary> atoms;
+  std::vector<PlannedCluster> clusters;
+  std::vector<std::string> spare_nodes;
+  std::vector<RingGroup> rings;
+  std::vector<std::string> notes;
+};
+
+nlohmann::json toJson(const PartitionPlan& plan);
+
+}  // namespace cairn::clusterize

@@ -1,0 +1,38 @@
+// PartitionPlanner: the exact split of a model over an ordered list of nodes. Dynamic programming
+// over cut positions: best[k][j] = the smallest possible slowest-stage time when atoms [0, j) are
+// placed on the first k nodes, each node taking one contiguous (possibly empty: the node is left
+// out) range, subject to every node's memory. O(nodes * atoms * range) with ranges cut short by
+// memory. Thread-safe (pure function).
+#pragma once
+
+#include <vector>
+
+#include "clusterize/CostModel.h"
+
+namespace cairn::clusterize {
+
+struct PlannerNode {
+  double capacity_bytes = 0;
+  double speed = 1;                   // relative to the profiling host
+  double bandwidth_bytes_per_s = 1;
+};
+
+struct StagePlacement {
+  int node = 0;        // index into the node list given to partitionCluster
+  int begin_atom = 0;
+  int end_atom = 0;
+  double seconds = 0;  // per micro-batch
+  double memory_bytes = 0;
+};
+
+struct ClusterPartition {
+  bool feasible = false;
+  double bottleneck_seconds = 0;
+  std::vector<StagePlacement> stages;  // in pipeline order; nodes left out do not appear
+};
+
+double stageSeconds(const CostModel& cost, const PlannerNode& node, int begin, int end);
+
+ClusterPartition partitionCluster(const CostModel& cost, const std::vector<PlannerNode>& nodes);
+
+}  // namespace cairn::clusterize

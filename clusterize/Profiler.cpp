@@ -1,0 +1,256 @@
+#include "clusterize/Profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include "clusterize/MemoryMeter.h"
+#include "clusterize/StageBuilder.h"
+#include "core/Error.h"
+#include "core/Log.h"
+
+namespace cairn::clusterize {
+namespace {
+
+const std::vector<std::pair<std::string, c10::ScalarType>>& dtypeTable() {
+  static const std::vector<std::pair<std::string, c10::ScalarType>> table = {
+      {"float32", at::kFloat}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16},
+      {"float64", at::kDouble}, {"int64", at::kLong}, {"int32", at::kInt},
+      {"uint8", at::kByte},    {"bool", at::kBool}};
+  return table;
+}
+
+std::vector<BoundaryValue> describe(const std::string& name, const c10::IValue& value) {
+  BoundaryValue b;
+  b.name = name;
+  if (value.isTensor()) {
+    b.type = "tensor";
+    b.dtype = dtypeName(value.toTensor().scalar_type());
+    b.shape = value.toTensor().sizes().vec();
+  } else if (value.isInt()) {
+    b.type = "int";
+    b.dtype = "int64";
+  } else if (value.isDouble()) {
+    b.type = "float";
+    b.dtype = "float64";
+  } else if (value.isBool()) {
+    b.type = "bool";
+    b.dtype = "bool";
+  } else if (value.isIntList()) {
+    b.type = "int_list";
+    b.dtype = "int64";
+    b.shape = {static_cast<int64_t>(value.toIntList().size())};
+  } else if (value.isTuple()) {
+    std::vector<BoundaryValue> all;
+    const auto& elements = value.toTupleRef().elements();
+    for (size_t i = 0; i < elements.size(); ++i) {
+      auto inner = describe(name + "_" + std::to_string(i), elements[i]);
+      all.insert(all.end(), inner.begin(), inner.end());
+    }
+    return all;
+  } else {
+    CAIRN_THROW(BadInput, "value ", name, " of type ", value.tagKind(),
+                " cannot be described for node.json");
+  }
+  return {b};
+}
+
+// A fresh copy of a boundary value: tensors are cloned from `leaf` so that the copy is not a leaf
+// and the autograd graph does not keep it alive unless an op saves it.
+c10::IValue freshInput(const c10::IValue& leaf) {
+  if (!leaf.isTensor()) return leaf;
+  return leaf.toTensor().clone();
+}
+
+c10::IValue makeLeaf(const c10::IValue& value) {
+  if (!value.isTensor()) return value;
+  at::Tensor t = value.toTensor().detach().clone();
+  if (t.is_floating_point()) t.requires_grad_(true);
+  return t;
+}
+
+std::vector<at::Tensor> differentiableOutputs(const c10::IValue& out) {
+  std::vector<at::Tensor> tensors;
+  auto add = [&](const c10::IValue& v) {
+    if (v.isTensor() && v.toTensor().requires_grad()) tensors.push_back(v.toTensor());
+  };
+  if (out.isTuple()) {
+    for (const auto& e : out.toTupleRef().elements()) add(e);
+  } else {
+    add(out);
+  }
+  return tensors;
+}
+
+std::vector<c10::IValue> unpackOutputs(const c10::IValue& out, size_t count) {
+  if (count == 1) return {out};
+  CAIRN_ENFORCE(out.isTuple(), "a stage with several outputs returned ", out.tagKind());
+  return out.toTupleRef().elements().vec();
+}
+
+c10::IValue detachAll(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().detach();
+  if (v.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const auto& e : v.toTupleRef().elements()) elements.push_back(detachAll(e));
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string dtypeName(c10::ScalarType type) {
+  for (const auto& [name, t] : dtypeTable())
+    if (t == type) return name;
+  CAIRN_THROW(BadInput, "tensors of dtype ", c10::toString(type),
+              " cannot cross a stage boundary (the wire carries float32, float16, bfloat16, "
+              "float64, int64, int32, uint8, bool)");
+}
+
+c10::ScalarType parseDtype(const std::string& name) {
+  for (const auto& [n, t] : dtypeTable())
+    if (n == name) return t;
+  CAIRN_THROW(BadInput, "--input-dtype must be one of float32, float16, bfloat16, float64, int64, "
+                        "int32, uint8, bool (got \"", name, "\")");
+}
+
+int64_t transferBytes(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor().numel() * value.toTensor().element_size();
+  if (value.isIntList()) return 8 * static_cast<int64_t>(value.toIntList().size());
+  if (value.isTuple()) {
+    int64_t sum = 0;
+    for (const auto& e : value.toTupleRef().elements()) sum += transferBytes(e);
+    return sum;
+  }
+  return 8;
+}
+
+std::vector<BoundaryValue> ModelProfile::describeCut(const ModelGraph& graph, int cut) const {
+  std::vector<BoundaryValue> out;
+  for (const torch::jit::Value* v : graph.boundary(cut)) {
+    auto it = values.find(v);
+    CAIRN_ENFORCE(it != values.end(), "value ", graph.valueName(v), " at cut ", cut,
+                  " was not profiled");
+    out.insert(out.end(), it->second.begin(), it->second.end());
+  }
+  return out;
+}
+
+ModelProfile profileModel(const ModelGraph& graph, const std::vector<c10::IValue>& inputs,
+                          const ProfileOptions& options) {
+  const auto& model_inputs = graph.boundary(0);
+  if (inputs.size() != model_inputs.size())
+    CAIRN_THROW(BadInput, "the model takes ", model_inputs.size(), " input(s) but the example has ",
+                inputs.size(), " (give --input-shape once per input, or --example)");
+  ModelProfile profile;
+  profile.cuts = graph.atomCuts();
+  std::map<const torch::jit::Value*, c10::IValue> env;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto kind = valueKindOf(model_inputs[i]->type());
+    if (kind == ValueKind::kTensor && !inputs[i].isTensor())
+      CAIRN_THROW(BadInput, "model input ", i, " (", graph.valueName(model_inputs[i]),
+                  ") is a tensor but the example gives ", inputs[i].tagKind());
+    env[model_inputs[i]] = inputs[i];
+  }
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& p : graph.model().named_parameters(true)) tensors[p.name] = p.value;
+  for (const auto& b : graph.model().named_buffers(true)) tensors[b.name] = b.value;
+
+  StageBuilder builder(graph);
+  const size_t atom_count = profile.cuts.size() - 1;
+  auto record = [&](int cut) {
+    int64_t bytes = 0;
+    for (const torch::jit::Value* v : graph.boundary(cut)) {
+      const c10::IValue& value = env.at(v);
+      bytes += transferBytes(value);
+      if (!profile.values.count(v)) profile.values[v] = describe(graph.valueName(v), value);
+    }
+    profile.boundary_bytes.push_back(bytes);
+  };
+  record(0);
+  for (size_t a = 0; a < atom_count; ++a) {
+    AtomProfile atom;
+    atom.begin_unit = profile.cuts[a];
+    atom.end_unit = profile.cuts[a + 1];
+    StageModule stage = builder.build(atom.begin_unit, atom.end_unit, "Atom" + std::to_string(a));
+    stage.module.train();
+
+    std::set<std::string> params, buffers;
+    for (int u = atom.begin_unit; u < atom.end_unit; ++u) {
+      params.insert(graph.units()[u].parameters.begin(), graph.units()[u].parameters.end());
+      buffers.insert(graph.units()[u].buffers.begin(), graph.units()[u].buffers.end());
+    }
+    atom.parameters.assign(params.begin(), params.end());
+    atom.buffers.assign(buffers.begin(), buffers.end());
+    std::set<const c10::TensorImpl*> counted;
+    for (const auto& name : atom.parameters) {
+      const at::Tensor& t = tensors.at(name);
+      if (!counted.insert(t.unsafeGetTensorImpl()).second) continue;
+      atom.parameter_bytes += t.numel() * t.element_size();
+      if (t.requires_grad()) atom.trainable_bytes += t.numel() * t.element_size();
+    }
+    for (const auto& name : atom.buffers) {
+      const at::Tensor& t = tensors.at(name);
+      if (counted.insert(t.unsafeGetTensorImpl()).second)
+        atom.buffer_bytes += t.numel() * t.element_size();
+    }
+
+    std::vector<c10::IValue> leaves;
+    for (const torch::jit::Value* v : stage.inputs) leaves.push_back(makeLeaf(env.at(v)));
+    auto runOnce = [&](bool measure_memory, c10::IValue* /*unused*/) -> double {
+      std::vector<c10::IValue> args;
+      std::optional<MemoryMeter> meter;
+      int64_t before = 0;
+      if (measure_memory) {
+        meter.emplace();
+        before = meter->liveBytes();
+      }
+      const auto start = std::chrono::steady_clock::now();
+      for (const auto& leaf : leaves) args.push_back(freshInput(leaf));
+      c10::IValue out = stage.module.forward(args);
+      auto grads_for = differentiableOutputs(out);
+      if (measure_memory) {
+        // Keep only what autograd keeps: drop our handles to inputs and outputs.
+        std::vector<std::shared_ptr<torch::autograd::Node>> graphs;
+        for (const auto& t : grads_for) graphs.push_back(t.grad_fn());
+        args.clear();
+        out = c10::IValue();
+        grads_for.clear();
+        atom.saved_bytes = std::max<int64_t>(0, meter->liveBytes() - before);
+        meter.reset();
+        return 0;
+      }
+      if (!grads_for.empty()) {
+        std::vector<at::Tensor> ones;
+        for (const auto& t : grads_for) ones.push_back(torch::ones_like(t));
+        torch::autograd::backward(grads_for, ones);
+      }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    c10::IValue output;
+    runOnce(true, nullptr);
+    {
+      torch::NoGradGuard no_grad;
+      std::vector<c10::IValue> args;
+      for (const auto& leaf : leaves) args.push_back(freshInput(leaf));
+      output = detachAll(stage.module.forward(args));
+    }
+    for (int i = 0; i < options.warmup_runs; ++i) runOnce(false, nullptr);
+    std::vector<double> times;
+    for (int i = 0; i < std::max(1, options.timed_runs); ++i) times.push_back(runOnce(false, nullptr));
+    std::sort(times.begin(), times.end());
+    atom.seconds = times[times.size() / 2];
+
+    const auto outs = unpackOutputs(output, stage.outputs.size());
+    for (size_t i = 0; i < outs.size(); ++i) env[stage.outputs[i]] = outs[i];
+    record(atom.end_unit);
+    atom.output_bytes = profile.boundary_bytes.back();
+    profile.atoms.push_back(std::move(atom));
+  }
+  return profile;
+}
+
+}  // namespace cairn::clusterize

@@ -1,0 +1,143 @@
+// The clusterize binary end to end: node_data that core's readers accept, stages that Debian's
+// Python torch loads and chains to the model's output, re-runs that keep foreign files, and clear
+// exit-2 messages for infeasible inputs.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "TestModels.h"
+#include "core/JsonReader.h"
+#include "core/NodeData.h"
+
+namespace cairn::clusterize {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int code = -1;
+  std::string output;  // stdout + stderr
+};
+
+CliRun run(const std::string& arguments) {
+  const std::string command = std::string(CAIRN_CLUSTERIZE_BINARY) + " " + arguments + " 2>&1";
+  CliRun r;
+  FILE* pipe = popen(command.c_str(), "r");
+  std::array<char, 4096> buffer{};
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) r.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string writeNodes(const std::string& dir, int count, double ram_gb) {
+  nlohmann::json nodes = nlohmann::json::object();
+  for (int i = 0; i < count; ++i)
+    nodes[std::to_string(i)] = {{"IP", "127.0.0.1:" + std::to_string(6100 + i)},
+                                {"benchmarks", {{"ram", ram_gb}, {"bandwidth", 100 + 50 * i}}}};
+  const std::string path = dir + "/node_configs.json";
+  writeJsonFile(path, nodes);
+  return path;
+}
+
+TEST(ClusterizeCli, WritesNodeDataThatCoreAndPythonAccept) {
+  const std::string dir = testing::temporaryDirectory("cli");
+  const std::string out = dir + "/node_data";
+  // 12 MB nodes: the CNN with 4 micro-batches of 32 (~20 MB estimated, its largest unit ~9 MB)
+  // needs two or more per cluster.
+  const std::string nodes = writeNodes(dir, 7, 0.012);
+  const CliRun r = run("--model " + testing::modelPath("cnn") + " --nodes " + nodes + " --out " + out +
+                    " --input-shape 32,1,28,28 --microbatches 4 --profile-runs 1 --seed 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("cluster 0: node_"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\u2192"), std::string::npos) << "expected a multi-stage chain:\n" << r.output;
+
+  const nlohmann::json plan = readJsonFile(out + "/plan.json");
+  readJobSpec(out + "/job.json");
+  int placed = 0;
+  for (const auto& cluster : plan.at("clusters")) {
+    const auto& stages = cluster.at("stages");
+    ASSERT_GE(stages.size(), 2u);
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const std::string name = stages[s].at("node");
+      const NodeSpec node = readNodeSpec(nodeSpecPath(out, name));  // core's validation
+      ++placed;
+      EXPECT_EQ(node.stage, static_cast<int>(s));
+      EXPECT_EQ(node.num_stages, static_cast<int>(stages.size()));
+      if (s > 0) EXPECT_EQ(node.upstream->name, stages[s - 1].at("node").get<std::string>());
+      if (s + 1 < stages.size()) EXPECT_EQ(node.downstream->name, stages[s + 1].at("node").get<std::string>());
+      EXPECT_TRUE(fs::exists(nodeDirectory(out, name) + "/stage.pt"));
+      for (const auto& ring : node.rings) {
+        EXPECT_EQ(ring.members.size(), plan.at("clusters").size());
+        EXPECT_EQ(ring.members[ring.rank].name, name);
+      }
+    }
+  }
+  EXPECT_EQ(placed + static_cast<int>(plan.at("spare_nodes").size()), 7);
+
+  const std::string check = "/usr/bin/python3 " + testing::sourceDirectory() + "/check_stages.py " +
+                            out + " " + testing::modelPath("cnn") + " float:5,1,28,28";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+
+  // Re-run on nodes 0..2 only: foreign files stay, files clusterize wrote for nodes 3..6 go, and so
+  // do their folders unless something else lives there.
+  std::vector<std::string> gone;
+  for (int i = 3; i < 7; ++i)
+    if (fs::exists(out + "/nodes/node_" + std::to_string(i))) gone.push_back("node_" + std::to_string(i));
+  ASSERT_GE(gone.size(), 2u);
+  std::ofstream(out + "/nodes/" + gone[0] + "/notes.txt") << "mine";
+  std::ofstream(out + "/README.md") << "mine";
+  const std::string fewer = writeNodes(dir, 3, 1.0);
+  const CliRun again = run("--model " + testing::modelPath("cnn") + " --nodes " + fewer + " --out " +
+                           out + " --input-shape 32,1,28,28 --profile-runs 1");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_TRUE(fs::exists(out + "/README.md"));
+  EXPECT_TRUE(fs::exists(out + "/nodes/" + gone[0] + "/notes.txt"));
+  EXPECT_FALSE(fs::exists(out + "/nodes/" + gone[0] + "/node.json"));
+  EXPECT_FALSE(fs::exists(out + "/nodes/" + gone[1]));
+  EXPECT_TRUE(fs::exists(out + "/nodes/node_0/stage.pt"));
+}
+
+TEST(ClusterizeCli, GptAndTwoInputModelsLoadInPython) {
+  const std::string dir = testing::temporaryDirectory("cli_more");
+  const std::string nodes = writeNodes(dir, 4, 0.002);
+  CliRun r = run("--model " + testing::modelPath("gpt") + " --nodes " + nodes + " --out " + dir +
+              "/gpt --input-shape 8,16 --input-dtype int64 --profile-runs 1 --clusters 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::string check = "/usr/bin/python3 " + testing::sourceDirectory() + "/check_stages.py " + dir +
+                      "/gpt " + testing::modelPath("gpt") + " ids50:3,12";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  r = run("--model " + testing::modelPath("two_input") + " --nodes " + nodes + " --out " + dir +
+          "/two --input-shape 8,12 --input-shape 8,6 --profile-runs 1 --clusters 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  check = "/usr/bin/python3 " + testing::sourceDirectory() + "/check_stages.py " + dir + "/two " +
+          testing::modelPath("two_input") + " float:3,12 float:3,6";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+}
+
+TEST(ClusterizeCli, InfeasibleInputsExitTwoWithTheReason) {
+  const std::string dir = testing::temporaryDirectory("cli_bad");
+  const std::string model = " --model " + testing::modelPath("cnn") + " --input-shape 32,1,28,28 --profile-runs 1 --out " + dir + "/out";
+  writeJsonFile(dir + "/empty.json", nlohmann::json::object());
+  CliRun r = run("--nodes " + dir + "/empty.json" + model);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("empty.json: no nodes"), std::string::npos) << r.output;
+
+  // The small GPT needs ~4.5 MB in all, ~1.5 MB for its largest block.
+  r = run("--nodes " + writeNodes(dir, 2, 0.0018) + " --model " + testing::modelPath("gpt") +
+          " --input-shape 8,16 --input-dtype int64 --profile-runs 1 --out " + dir + "/out");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("but all 2 nodes together have 0.0036 GB: short by 0.00"), std::string::npos)
+      << r.output;
+
+  r = run("--nodes " + writeNodes(dir, 60, 0.004) + model);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("as a stage of its own but the largest node (node_"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/out/plan.json"));
+}
+
+}  // namespace
+}  // namespace cairn::clusterize

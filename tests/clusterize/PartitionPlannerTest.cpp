@@ -1,0 +1,188 @@
+// The DP split against a brute-force search over every assignment, cluster formation rules, and
+// ring grouping, on synthetic cost models (no torch execution).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "clusterize/ClusterFormer.h"
+#include "clusterize/CostModel.h"
+#include "clusterize/PartitionPlanner.h"
+#include "clusterize/RingGroups.h"
+#include "core/Error.h"
+
+namespace cairn::clusterize {
+namespace {
+
+CostModel randomCost(std::mt19937& rng, int atoms, int microbatches = 2) {
+  std::uniform_real_distribution<double> bytes(1e6, 1e7), secs(1e-3, 1e-2);
+  std::vector<AtomCost> list;
+  for (int a = 0; a < atoms; ++a) {
+    const double params = bytes(rng);
+    list.push_back({params, params, bytes(rng) / 10, bytes(rng), secs(rng)});
+  }
+  std::vector<double> boundary;
+  for (int c = 0; c <= atoms; ++c) boundary.push_back(bytes(rng) / 5);
+  return CostModel(list, boundary, {OptimizerKind::kAdam, microbatches});
+}
+
+// Every way to give each node (in order) an empty or contiguous non-empty range covering all atoms.
+double bruteForce(const CostModel& cost, const std::vector<PlannerNode>& nodes) {
+  double best = std::numeric_limits<double>::infinity();
+  std::function<void(size_t, int, double)> go = [&](size_t k, int placed, double worst) {
+    if (k == nodes.size()) {
+      if (placed == cost.numAtoms()) best = std::min(best, worst);
+      return;
+    }
+    go(k + 1, placed, worst);  // node left out
+    for (int end = placed + 1; end <= cost.numAtoms(); ++end) {
+      if (cost.memoryBytes(placed, end) > nodes[k].capacity_bytes) continue;
+      const double t = cost.computeSeconds(placed, end) / nodes[k].speed +
+                       cost.transferBytes(placed, end) / nodes[k].bandwidth_bytes_per_s;
+      go(k + 1, end, std::max(worst, t));
+    }
+  };
+  go(0, 0, 0);
+  return best;
+}
+
+TEST(PartitionPlanner, MatchesBruteForceOnSmallRandomCases) {
+  std::mt19937 rng(42);
+  int feasible = 0, infeasible = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int atoms = 1 + static_cast<int>(rng() % 7);
+    const int count = 1 + static_cast<int>(rng() % 4);
+    const CostModel cost = randomCost(rng, atoms);
+    std::uniform_real_distribution<double> cap(1e7, 1.5e8), speed(0.5, 2.0), bw(1e7, 1e9);
+    std::vector<PlannerNode> nodes;
+    for (int k = 0; k < count; ++k) nodes.push_back({cap(rng), speed(rng), bw(rng)});
+    const double expected = bruteForce(cost, nodes);
+    const ClusterPartition got = partitionCluster(cost, nodes);
+    if (expected == std::numeric_limits<double>::infinity()) {
+      EXPECT_FALSE(got.feasible) << "trial " << trial;
+      ++infeasible;
+      continue;
+    }
+    ++feasible;
+    ASSERT_TRUE(got.feasible) << "trial " << trial;
+    EXPECT_NEAR(got.bottleneck_seconds, expected, 1e-12) << "trial " << trial;
+    // The returned stages are a real plan with that bottleneck.
+    int next = 0;
+    double worst = 0;
+    int last_node = -1;
+    for (const auto& s : got.stages) {
+      EXPECT_EQ(s.begin_atom, next);
+      EXPECT_GT(s.end_atom, s.begin_atom);
+      EXPECT_GT(s.node, last_node);
+      EXPECT_LE(cost.memoryBytes(s.begin_atom, s.end_atom), nodes[s.node].capacity_bytes);
+      worst = std::max(worst, stageSeconds(cost, nodes[s.node], s.begin_atom, s.end_atom));
+      next = s.end_atom;
+      last_node = s.node;
+    }
+    EXPECT_EQ(next, atoms);
+    EXPECT_NEAR(worst, got.bottleneck_seconds, 1e-12);
+  }
+  EXPECT_GT(feasible, 50);  // both branches exercised
+  EXPECT_GT(infeasible, 5);
+}
+
+TEST(CostModel, OptimizerStateAndMicrobatchesEnterMemory) {
+  const std::vector<AtomCost> atoms = {{100, 100, 10, 1000, 1}, {50, 0, 0, 500, 1}};
+  const std::vector<double> boundary = {40, 30, 20};
+  const CostModel sgd(atoms, boundary, {OptimizerKind::kSgd, 1});
+  const CostModel adam(atoms, boundary, {OptimizerKind::kAdam, 3});
+  // params 150 + buffers 10 + trainable 100 * (1 grad + k) + M * (saved 1500 + in 40) + in 40 + out 20
+  EXPECT_DOUBLE_EQ(sgd.memoryBytes(0, 2), 150 + 10 + 100 + 1 * (1500 + 40) + 40 + 20);
+  EXPECT_DOUBLE_EQ(adam.memoryBytes(0, 2), 150 + 10 + 300 + 3 * (1500 + 40) + 40 + 20);
+  EXPECT_DOUBLE_EQ(adam.transferBytes(0, 1), 30);       // root sends activations only
+  EXPECT_DOUBLE_EQ(adam.transferBytes(1, 2), 30);       // leaf sends input gradients only
+  EXPECT_DOUBLE_EQ(adam.transferBytes(0, 2), 0);        // one stage sends nothing
+}
+
+std::vector<PlannerNode> uniformNodes(int count, double capacity) {
+  return std::vector<PlannerNode>(count, PlannerNode{capacity, 1.0, 1e8});
+}
+
+TEST(ClusterFormer, MakesAsManyClustersAsMemoryAllowsAndReportsSpares) {
+  std::mt19937 rng(1);
+  const CostModel cost = randomCost(rng, 12);
+  const double whole = cost.memoryBytes(0, cost.numAtoms());
+  // 7 nodes that each hold the whole model: 7 one-node clusters.
+  auto formation = formClusters(cost, uniformNodes(7, whole * 1.01), {});
+  EXPECT_EQ(formation.clusters.size(), 7u);
+  EXPECT_TRUE(formation.spare.empty());
+  // Nodes holding ~40% of the model: three per cluster are needed; 10 nodes → 3 clusters + 1 spare.
+  formation = formClusters(cost, uniformNodes(10, whole * 0.45), {});
+  EXPECT_EQ(formation.clusters.size(), 3u);
+  std::set<int> used;
+  for (const auto& c : formation.clusters) {
+    EXPECT_TRUE(c.partition.feasible);
+    for (const auto& s : c.partition.stages) EXPECT_TRUE(used.insert(c.nodes[s.node]).second);
+  }
+  EXPECT_EQ(used.size() + formation.spare.size(), 10u);
+  // Two nodes too small for any atom: dealt into clusters but left out by the split → spare.
+  auto nodes = uniformNodes(7, whole * 1.01);
+  nodes.push_back({1.0, 1.0, 1e8});
+  nodes.push_back({2.0, 1.0, 1e8});
+  formation = formClusters(cost, nodes, {});
+  EXPECT_EQ(formation.clusters.size(), 7u);
+  EXPECT_EQ(formation.spare, (std::vector<int>{7, 8}));
+}
+
+TEST(ClusterFormer, ForcedClusterCountAndClearFailure) {
+  std::mt19937 rng(2);
+  const CostModel cost = randomCost(rng, 10);
+  const double whole = cost.memoryBytes(0, cost.numAtoms());
+  ClusterFormerOptions options;
+  options.clusters = 2;
+  EXPECT_EQ(formClusters(cost, uniformNodes(6, whole * 1.01), options).clusters.size(), 2u);
+  options.clusters = 4;
+  try {
+    formClusters(cost, uniformNodes(6, whole * 0.45), options);
+    FAIL() << "accepted 4 clusters";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("--clusters 4: the nodes cannot be split into 4 clusters"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ClusterFormer, DeterministicForASeedAndBalanced) {
+  std::mt19937 rng(3);
+  const CostModel cost = randomCost(rng, 20);
+  const double whole = cost.memoryBytes(0, cost.numAtoms());
+  std::vector<PlannerNode> nodes;
+  std::uniform_real_distribution<double> speed(0.5, 2.0);
+  for (int i = 0; i < 24; ++i) nodes.push_back({whole * (0.3 + 0.05 * (i % 4)), speed(rng), 1e8});
+  ClusterFormerOptions options;
+  options.seed = 9;
+  const auto a = formClusters(cost, nodes, options);
+  const auto b = formClusters(cost, nodes, options);
+  ASSERT_EQ(a.clusters.size(), b.clusters.size());
+  for (size_t c = 0; c < a.clusters.size(); ++c) EXPECT_EQ(a.clusters[c].nodes, b.clusters[c].nodes);
+  double slow = 0, fast = 1e30;
+  for (const auto& c : a.clusters) {
+    slow = std::max(slow, c.partition.bottleneck_seconds);
+    fast = std::min(fast, c.partition.bottleneck_seconds);
+  }
+  EXPECT_GE(a.clusters.size(), 4u);
+  EXPECT_LT(slow / fast, 2.0) << "clusters are badly unbalanced";
+}
+
+TEST(RingGroups, GroupsParametersWithTheSameHoldersInEveryCluster) {
+  // Cluster 0 cuts after b, cluster 1 after a: a|b|c → rings {a}, {b}, {c}; d goes with c.
+  const std::vector<std::string> params = {"a", "b", "c", "d"};
+  const auto rings = groupRings(params, {{"n0", "n0", "n1", "n1"}, {"n2", "n3", "n3", "n3"}});
+  ASSERT_EQ(rings.size(), 3u);
+  EXPECT_EQ(rings[0].parameters, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(rings[0].holders, (std::vector<std::string>{"n0", "n2"}));
+  EXPECT_EQ(rings[1].parameters, (std::vector<std::string>{"b"}));
+  EXPECT_EQ(rings[1].holders, (std::vector<std::string>{"n0", "n3"}));
+  EXPECT_EQ(rings[2].parameters, (std::vector<std::string>{"c", "d"}));
+  EXPECT_EQ(rings[2].id, "ring_2");
+}
+
+}  // namespace
+}  // namespace cairn::clusterize

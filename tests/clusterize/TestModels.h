@@ -1,0 +1,22 @@
+// Test models for clusterize_tests: scripted once per test run by Debian's Python torch
+// (make_models.py) into a temporary folder, plus helpers shared by the suites.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/script.h>
+
+namespace cairn::clusterize::testing {
+
+// Folder holding cnn.pt, wrapped_cnn.pt, resnet.pt, gpt.pt, gpt_tied.pt, two_input.pt (created on
+// first use; the test fails if Python cannot script them).
+const std::string& modelDirectory();
+std::string modelPath(const std::string& name);
+// A fresh temporary folder under the model folder.
+std::string temporaryDirectory(const std::string& tag);
+// Deterministic example inputs for each test model (batch sizes small to keep tests fast).
+std::vector<c10::IValue> exampleInputs(const std::string& name, int64_t batch = 4);
+std::string sourceDirectory();  // tests/clusterize in the source tree
+
+}  // namespace cairn::clusterize::testing
