@@ -30,7 +30,7 @@ DEFAULT_JOB = {
     },
     "training_definition": {
         "batch_size": 128,
-        "microbatches": 2,
+        "microbatches": 4,
         "epochs": 6,
         "seed": 0,
         "optimizer": {"name": "adamw", "lr": 0.003, "weight_decay": 0.01},
