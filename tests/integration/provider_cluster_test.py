@@ -10,6 +10,8 @@ CASE:
   match_pytorch   3 providers, 20 SGD+momentum steps of a BatchNorm-free CNN: the trained stage
                   weights equal PyTorch (python) training the unsplit model on the Root's recorded
                   batches, max abs diff <= 1e-5
+  launcher_stops_all  one node cannot load its stage: tools/launch_local returns that node's exit
+                  code (2) and stops the others long before their startup timeout
   never_starts    only the Root starts; it must fail with the startup-timeout error naming its
                   missing neighbour, non-zero, within the configured time (+ slack)
 """
@@ -198,9 +200,29 @@ def case_never_starts(args):
         fail(f"the error does not name the missing neighbour: {last}")
 
 
+def case_launcher_stops_all(args):
+    settings = dict(training_settings(10), timeouts={"startup_s": 60, "peer_s": 60})
+    _, node_data = make_node_data(args.work, args.port, 3, True, settings, {"train_samples": 1000})
+    with open(os.path.join(node_data, "nodes/node_2/stage.pt"), "wb") as f:
+        f.write(b"not a TorchScript file")
+    start = time.time()
+    env = dict(os.environ, PROVIDER=args.provider)
+    proc = subprocess.run([os.path.join(REPO, "tools/launch_local"), node_data], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    seconds = time.time() - start
+    print(proc.stdout[-2000:])
+    print(f"launch_local exit code {proc.returncode} after {seconds:.1f} s")
+    if proc.returncode != 2:
+        fail(f"expected node_2's exit code 2, got {proc.returncode}")
+    if seconds > 20:
+        fail(f"the other providers were not stopped ({seconds:.1f} s; their startup timeout is 60 s)")
+    if "[node_2]" not in proc.stdout or "stage.pt: cannot load" not in proc.stdout:
+        fail("node_2's error line (prefixed [node_2]) is missing")
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["three_nodes", "one_node", "match_pytorch", "never_starts"])
+    parser.add_argument("case", choices=["three_nodes", "one_node", "match_pytorch", "never_starts", "launcher_stops_all"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
