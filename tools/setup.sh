@@ -11,7 +11,7 @@ PACKAGES=(
   libtorch-dev python3-torch
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev nlohmann-json3-dev libhwloc-dev libcli11-dev
   libgtest-dev libgmock-dev zlib1g-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist time
 )
 
 missing=()
