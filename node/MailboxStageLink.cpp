@@ -55,7 +55,8 @@ void MailboxStageLink::connect() {
   std::vector<std::pair<Neighbour, PeerRef>> neighbours;
   if (node_.upstream) neighbours.emplace_back(Neighbour::kUpstream, *node_.upstream);
   if (node_.downstream) neighbours.emplace_back(Neighbour::kDownstream, *node_.downstream);
-  for (const auto& [dir, p] : neighbours) mailbox_.transport().addPeer(p.name, "tcp://" + p.address);
+  for (const auto& [dir, p] : neighbours)
+    mailbox_.transport().addPeer(p.name, "tcp://" + p.address);
   const auto deadline = std::chrono::steady_clock::now() + timeouts_.startup;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(0),
@@ -63,8 +64,8 @@ void MailboxStageLink::connect() {
                         deadline - std::chrono::steady_clock::now()));
   };
   auto unreachable = [&](Neighbour dir, const PeerRef& p, const char* what) {
-    CAIRN_THROW(PeerLost, "startup timeout: ", what, " ", toString(dir), " neighbour ", p.name, " at ",
-                p.address, " within ", seconds(timeouts_.startup),
+    CAIRN_THROW(PeerLost, "startup timeout: ", what, " ", toString(dir), " neighbour ", p.name,
+                " at ", p.address, " within ", seconds(timeouts_.startup),
                 " s (training_definition.timeouts.startup_s); is its provider running?");
   };
   for (const auto& [dir, p] : neighbours) {
@@ -106,9 +107,9 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   for (const auto& [name, t] : packet.tensors) m.tensors.push_back({name, t.detach().contiguous()});
   const SendStatus status = mailbox_.send(p.name, m, timeouts_.peer);
   if (status != SendStatus::kSent)
-    CAIRN_THROW(PeerLost, toString(to), " neighbour ", p.name, " at ", p.address, " did not take a ",
-                toString(packet.kind), " message (step ", packet.step, ", micro-batch ",
-                packet.microbatch, ") within ", seconds(timeouts_.peer),
+    CAIRN_THROW(PeerLost, toString(to), " neighbour ", p.name, " at ", p.address,
+                " did not take a ", toString(packet.kind), " message (step ", packet.step,
+                ", micro-batch ", packet.microbatch, ") within ", seconds(timeouts_.peer),
                 " s (training_definition.timeouts.peer_s): ", toString(status));
 }
 

@@ -1,7 +1,7 @@
 // provider: the one binary a volunteer runs. See `provider --help` and docs/THREADS.md.
 #include <ATen/Parallel.h>
-#include <CLI/CLI.hpp>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <set>
 
@@ -55,8 +55,10 @@ torch::jit::Module loadStage(const std::string& path) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "provider: run one node of a cairn plan: load nodes/<name>/{node.json,stage.pt} and job.json,\n"
-      "connect to the pipeline neighbours, train, evaluate, and write nodes/<name>/trained_stage.pt\n"
+      "provider: run one node of a cairn plan: load nodes/<name>/{node.json,stage.pt} and "
+      "job.json,\n"
+      "connect to the pipeline neighbours, train, evaluate, and write "
+      "nodes/<name>/trained_stage.pt\n"
       "and nodes/<name>/metrics.jsonl."};
   std::string name;
   std::string node_data = "node_data";
@@ -93,8 +95,8 @@ int main(int argc, char** argv) {
     zmq::context_t context;
     cairn::ZmqTransport transport(context, name, "tcp://" + node.address);
     cairn::Mailbox mailbox(transport);
-    CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, " of ", config.num_clusters, ", stage ",
-               node.stage + 1, "/", node.num_stages, " (", cairn::toString(node.role),
+    CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, " of ", config.num_clusters,
+               ", stage ", node.stage + 1, "/", node.num_stages, " (", cairn::toString(node.role),
                "), listening on ", node.address);
     cairn::LinkTimeouts timeouts;
     timeouts.startup = std::chrono::milliseconds(int64_t(config.options.timeouts.startup_s * 1000));
@@ -119,7 +121,8 @@ int main(int argc, char** argv) {
                          {"perplexity", result.final_eval->perplexity}};
     }
     cairn::writeJsonFile(dir + "/result.json", summary);
-    CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ", weights);
+    CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ",
+               weights);
     transport.flushAndClose(std::chrono::milliseconds(5000));
     return 0;
   });

@@ -5,9 +5,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "core/Error.h"
 #include "core/Log.h"
@@ -137,9 +136,10 @@ torch::Tensor limitRows(torch::Tensor t, int64_t limit) {
 
 torch::ScalarType safetensorsDtype(const std::string& name, const std::string& path) {
   static const std::map<std::string, torch::ScalarType> types = {
-      {"F32", torch::kFloat}, {"F64", torch::kDouble}, {"F16", torch::kHalf},
-      {"BF16", torch::kBFloat16}, {"I64", torch::kLong}, {"I32", torch::kInt},
-      {"I16", torch::kShort}, {"I8", torch::kChar}, {"U8", torch::kByte}, {"BOOL", torch::kBool}};
+      {"F32", torch::kFloat},     {"F64", torch::kDouble}, {"F16", torch::kHalf},
+      {"BF16", torch::kBFloat16}, {"I64", torch::kLong},   {"I32", torch::kInt},
+      {"I16", torch::kShort},     {"I8", torch::kChar},    {"U8", torch::kByte},
+      {"BOOL", torch::kBool}};
   auto it = types.find(name);
   if (it == types.end()) CAIRN_THROW(BadInput, path, ": unsupported safetensors dtype ", name);
   return it->second;
@@ -147,17 +147,28 @@ torch::ScalarType safetensorsDtype(const std::string& name, const std::string& p
 
 std::string safetensorsDtypeName(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat: return "F32";
-    case torch::kDouble: return "F64";
-    case torch::kHalf: return "F16";
-    case torch::kBFloat16: return "BF16";
-    case torch::kLong: return "I64";
-    case torch::kInt: return "I32";
-    case torch::kShort: return "I16";
-    case torch::kChar: return "I8";
-    case torch::kByte: return "U8";
-    case torch::kBool: return "BOOL";
-    default: CAIRN_THROW(InternalError, "no safetensors dtype for ", type);
+    case torch::kFloat:
+      return "F32";
+    case torch::kDouble:
+      return "F64";
+    case torch::kHalf:
+      return "F16";
+    case torch::kBFloat16:
+      return "BF16";
+    case torch::kLong:
+      return "I64";
+    case torch::kInt:
+      return "I32";
+    case torch::kShort:
+      return "I16";
+    case torch::kChar:
+      return "I8";
+    case torch::kByte:
+      return "U8";
+    case torch::kBool:
+      return "BOOL";
+    default:
+      CAIRN_THROW(InternalError, "no safetensors dtype for ", type);
   }
 }
 
@@ -237,7 +248,8 @@ std::vector<std::pair<std::string, torch::Tensor>> readSafetensors(const std::st
       const uint64_t length = uint64_t(count) * c10::elementSize(type);
       if (offsets.size() != 2 || offsets[1] < offsets[0] || offsets[1] - offsets[0] != length ||
           data_begin + offsets[1] > bytes.size())
-        CAIRN_THROW(BadInput, path, ": tensor ", name, " has data_offsets that do not fit its shape or the file");
+        CAIRN_THROW(BadInput, path, ": tensor ", name,
+                    " has data_offsets that do not fit its shape or the file");
       torch::Tensor t = torch::empty(shape, type);
       if (length) std::memcpy(t.data_ptr(), bytes.data() + data_begin + offsets[0], length);
       out.emplace_back(name, t);
@@ -270,7 +282,8 @@ void writeSafetensors(const std::string& path,
     uint64_t n = text.size();
     for (int i = 0; i < 8; ++i) out.put(char((n >> (8 * i)) & 0xff));
     out.write(text.data(), int64_t(text.size()));
-    for (const auto& t : contiguous) out.write(static_cast<const char*>(t.data_ptr()), int64_t(t.nbytes()));
+    for (const auto& t : contiguous)
+      out.write(static_cast<const char*>(t.data_ptr()), int64_t(t.nbytes()));
     if (!out) CAIRN_THROW(BadInput, temporary, ": write failed (disk full?)");
   }
   if (std::rename(temporary.c_str(), path.c_str()) != 0)
@@ -280,14 +293,18 @@ void writeSafetensors(const std::string& path,
 DatasetPair loadDatasets(const DataOptions& o, uint64_t seed) {
   DatasetPair pair;
   if (o.format == "idx") {
-    torch::Tensor train_images = limitRows(readIdx(findIdx(o.location, "train-images-idx3-ubyte")), o.train_samples);
-    torch::Tensor train_labels = limitRows(readIdx(findIdx(o.location, "train-labels-idx1-ubyte")), o.train_samples);
+    torch::Tensor train_images =
+        limitRows(readIdx(findIdx(o.location, "train-images-idx3-ubyte")), o.train_samples);
+    torch::Tensor train_labels =
+        limitRows(readIdx(findIdx(o.location, "train-labels-idx1-ubyte")), o.train_samples);
     if (train_images.size(0) != train_labels.size(0))
       CAIRN_THROW(BadInput, o.location, ": train images and labels differ in count");
     pair.train = std::make_unique<ImageDataset>(train_images, train_labels, o.normalize,
                                                 o.random_flip, seed);
-    torch::Tensor test_images = limitRows(readIdx(findIdx(o.location, "t10k-images-idx3-ubyte")), o.test_samples);
-    torch::Tensor test_labels = limitRows(readIdx(findIdx(o.location, "t10k-labels-idx1-ubyte")), o.test_samples);
+    torch::Tensor test_images =
+        limitRows(readIdx(findIdx(o.location, "t10k-images-idx3-ubyte")), o.test_samples);
+    torch::Tensor test_labels =
+        limitRows(readIdx(findIdx(o.location, "t10k-labels-idx1-ubyte")), o.test_samples);
     if (test_images.size(0) != test_labels.size(0))
       CAIRN_THROW(BadInput, o.location, ": test images and labels differ in count");
     pair.test = std::make_unique<ImageDataset>(test_images, test_labels, o.normalize, false, seed);
@@ -316,7 +333,8 @@ DatasetPair loadDatasets(const DataOptions& o, uint64_t seed) {
     if (pair.train->size() == 0)
       CAIRN_THROW(BadInput, o.location, ": shorter than one block of ", o.block_length, " bytes");
   } else {
-    CAIRN_THROW(BadInput, "job.json: data.format \"", o.format, "\" is not idx, safetensors or tokens");
+    CAIRN_THROW(BadInput, "job.json: data.format \"", o.format,
+                "\" is not idx, safetensors or tokens");
   }
   if (o.format != "idx" && o.train_samples > 0 && o.format == "tokens")
     CAIRN_WARN("data.train_samples is ignored for the tokens format");

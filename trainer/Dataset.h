@@ -1,7 +1,8 @@
 // Datasets the Root feeds the pipeline from, named in job.json `data`:
 //   idx          MNIST-style IDX files (gzip or raw) in a folder: train-images-idx3-ubyte[.gz],
-//                train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz];
-//                images become float (N, 1, H, W), normalised as data.normalize says
+//                train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz],
+//                t10k-labels-idx1-ubyte[.gz]; images become float (N, 1, H, W), normalised as
+//                data.normalize says
 //   safetensors  a tensor file holding `inputs` and `targets` (first dimension = samples); the
 //                test set comes from data.test_location (or there is none)
 //   tokens       a text file read as bytes; sample i is block i of `block_length` bytes (int64) and
@@ -9,12 +10,12 @@
 // A Dataset returns a batch for a list of sample ids; only the Root's trainer thread uses it.
 #pragma once
 
+#include <torch/script.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/script.h>
 
 #include "trainer/TrainOptions.h"
 

@@ -26,9 +26,9 @@ torch::Tensor microbatchLoss(const LossOptions& options, const torch::Tensor& ou
 
 // Evaluation figures of one batch (no gradient).
 struct EvalTally {
-  double loss_sum = 0;   // sum of loss terms
-  int64_t terms = 0;     // loss terms counted
-  int64_t correct = 0;   // top-1 hits (classification losses only)
+  double loss_sum = 0;  // sum of loss terms
+  int64_t terms = 0;    // loss terms counted
+  int64_t correct = 0;  // top-1 hits (classification losses only)
 };
 EvalTally evaluationTally(const LossOptions& options, const torch::Tensor& output,
                           const torch::Tensor& targets);

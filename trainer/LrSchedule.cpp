@@ -8,7 +8,8 @@ namespace cairn {
 LrSchedule::LrSchedule(double base_lr, const LrScheduleOptions& options, int64_t run_total_steps)
     : base_lr_(base_lr),
       options_(options),
-      total_(options.total_steps > 0 ? options.total_steps : std::max<int64_t>(run_total_steps, 1)) {}
+      total_(options.total_steps > 0 ? options.total_steps
+                                     : std::max<int64_t>(run_total_steps, 1)) {}
 
 double LrSchedule::at(int64_t step) const {
   const double pi = std::acos(-1.0);

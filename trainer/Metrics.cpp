@@ -25,7 +25,8 @@ std::string formatDuration(double seconds) {
   const int64_t s = int64_t(seconds + 0.5);
   char buffer[32];
   if (s >= 3600)
-    std::snprintf(buffer, sizeof buffer, "%lldh%02lldm", (long long)(s / 3600), (long long)(s / 60 % 60));
+    std::snprintf(buffer, sizeof buffer, "%lldh%02lldm", (long long)(s / 3600),
+                  (long long)(s / 60 % 60));
   else if (s >= 60)
     std::snprintf(buffer, sizeof buffer, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
   else
@@ -43,10 +44,10 @@ void ProgressLine::update(const Progress& p) {
   const double remaining =
       p.step > 0 ? p.elapsed_seconds / double(p.step) * double(p.total_steps - p.step) : NAN;
   char line[256];
-  std::snprintf(line, sizeof line, "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
-                (long long)(p.epoch + 1), (long long)p.epochs, (long long)p.step,
-                (long long)p.total_steps, p.loss, p.samples_per_second,
-                formatDuration(remaining).c_str());
+  std::snprintf(
+      line, sizeof line, "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
+      (long long)(p.epoch + 1), (long long)p.epochs, (long long)p.step, (long long)p.total_steps,
+      p.loss, p.samples_per_second, formatDuration(remaining).c_str());
   if (live_ && terminal_) {
     if (since < 0.2 && !last_step && !first_) return;
     std::fprintf(stderr, "\r\033[K%s", line);

@@ -6,9 +6,8 @@
 
 #include <chrono>
 #include <fstream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace cairn {
 
@@ -25,9 +24,9 @@ class MetricsLog {
 };
 
 struct Progress {
-  int64_t epoch = 0;   // 0-based
+  int64_t epoch = 0;  // 0-based
   int64_t epochs = 0;
-  int64_t step = 0;    // steps done
+  int64_t step = 0;  // steps done
   int64_t total_steps = 0;
   double loss = 0;
   double samples_per_second = 0;

@@ -6,7 +6,8 @@ namespace cairn {
 
 Optimizer::Optimizer(std::vector<torch::Tensor> parameters, const OptimizerOptions& options)
     : parameters_(std::move(parameters)), states_(parameters_.size()), options_(options) {
-  if (options_.weight_decay < 0) options_.weight_decay = options_.kind == OptimizerKind::kAdamW ? 0.01 : 0;
+  if (options_.weight_decay < 0)
+    options_.weight_decay = options_.kind == OptimizerKind::kAdamW ? 0.01 : 0;
 }
 
 void Optimizer::zeroGrad() {

@@ -5,10 +5,10 @@
 // module's, and are updated in place). Thread-safety: one thread (the node's trainer thread).
 #pragma once
 
+#include <torch/script.h>
+
 #include <memory>
 #include <vector>
-
-#include <torch/script.h>
 
 #include "trainer/TrainOptions.h"
 

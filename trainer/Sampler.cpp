@@ -41,7 +41,8 @@ ShardSampler::ShardSampler(int64_t dataset_size, int cluster, int clusters, int6
 std::vector<int64_t> ShardSampler::epochOrder(int64_t epoch) const {
   std::vector<int64_t> order = shard_;
   // Fisher-Yates with mt19937_64 (fully specified by the standard, unlike std::shuffle).
-  std::mt19937_64 rng(splitmix64(seed_ ^ splitmix64(uint64_t(cluster_) * 1000003u + uint64_t(epoch))));
+  std::mt19937_64 rng(
+      splitmix64(seed_ ^ splitmix64(uint64_t(cluster_) * 1000003u + uint64_t(epoch))));
   for (size_t i = order.size(); i > 1; --i) {
     const size_t j = static_cast<size_t>(rng() % i);
     std::swap(order[i - 1], order[j]);

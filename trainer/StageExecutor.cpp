@@ -15,10 +15,11 @@ StageExecutor::StageExecutor(torch::jit::Module module, std::vector<BoundaryValu
   module_.train();
 }
 
-std::vector<torch::IValue> StageExecutor::toArguments(const std::vector<torch::Tensor>& inputs) const {
+std::vector<torch::IValue> StageExecutor::toArguments(
+    const std::vector<torch::Tensor>& inputs) const {
   if (inputs.size() != input_specs_.size())
-    CAIRN_THROW(BadInput, "stage expects ", input_specs_.size(), " input(s) (node.json inputs) but got ",
-                inputs.size());
+    CAIRN_THROW(BadInput, "stage expects ", input_specs_.size(),
+                " input(s) (node.json inputs) but got ", inputs.size());
   std::vector<torch::IValue> args;
   args.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -76,7 +77,8 @@ std::vector<torch::Tensor> StageExecutor::fromResult(const torch::IValue& result
   return out;
 }
 
-std::vector<torch::Tensor> StageExecutor::forward(uint64_t id, const std::vector<torch::Tensor>& inputs) {
+std::vector<torch::Tensor> StageExecutor::forward(uint64_t id,
+                                                  const std::vector<torch::Tensor>& inputs) {
   CAIRN_ENFORCE(!pending_.count(id), "micro-batch ", id, " is already in flight");
   Pending pending;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -166,7 +168,8 @@ std::vector<torch::Tensor> StageExecutor::parameters() const {
 
 std::vector<std::pair<std::string, torch::Tensor>> StageExecutor::namedParameters() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& p : module_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
+  for (const auto& p : module_.named_parameters(/*recurse=*/true))
+    out.emplace_back(p.name, p.value);
   return out;
 }
 

@@ -11,12 +11,12 @@
 // Ownership: owns the module (shares its parameters with the Optimizer). Thread-safety: one thread.
 #pragma once
 
+#include <torch/script.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
-
-#include <torch/script.h>
 
 #include "core/NodeData.h"
 

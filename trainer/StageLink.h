@@ -6,12 +6,12 @@
 // Thread-safety: called by the one thread that owns the node (docs/THREADS.md).
 #pragma once
 
+#include <torch/script.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <torch/script.h>
 
 namespace cairn {
 

@@ -21,7 +21,9 @@ namespace cairn {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 const char* kTargets = "__targets";
 const char* kIds = "__ids";
@@ -110,7 +112,8 @@ struct StageTrainer::Impl {
       if (p.requires_grad()) trainable.push_back(p);
     optimizer = std::make_unique<Optimizer>(trainable, opt.optimizer);
     if (!cfg.metrics_path.empty()) metrics = MetricsLog(cfg.metrics_path);
-    torch::manual_seed(opt.seed * 1000003u + uint64_t(cfg.node.cluster) * 7919u + uint64_t(cfg.node.stage));
+    torch::manual_seed(opt.seed * 1000003u + uint64_t(cfg.node.cluster) * 7919u +
+                       uint64_t(cfg.node.stage));
   }
 
   // ---- timing helpers -------------------------------------------------------------------------
@@ -119,7 +122,8 @@ struct StageTrainer::Impl {
     link.send(to, p);
     send_s += secondsSince(t);
   }
-  StagePacket receive(Neighbour from, PacketKind kind, uint64_t s, uint64_t mb, const std::string& tag) {
+  StagePacket receive(Neighbour from, PacketKind kind, uint64_t s, uint64_t mb,
+                      const std::string& tag) {
     const auto t = Clock::now();
     StagePacket p = link.receive(from, kind, s, mb, tag);
     wait_s += secondsSince(t);
@@ -130,8 +134,9 @@ struct StageTrainer::Impl {
   void makePlan() {
     if (is_root) {
       data = loadDatasets(cfg.data, opt.seed);
-      sampler = std::make_unique<ShardSampler>(data.train->size(), cfg.node.cluster, cfg.num_clusters,
-                                               cfg.data.chunks, cfg.data.chunk, opt.seed);
+      sampler =
+          std::make_unique<ShardSampler>(data.train->size(), cfg.node.cluster, cfg.num_clusters,
+                                         cfg.data.chunks, cfg.data.chunk, opt.seed);
       const int64_t shard = int64_t(sampler->shard().size());
       steps_per_epoch = shard / opt.batch_size;
       if (steps_per_epoch == 0)
@@ -202,7 +207,8 @@ struct StageTrainer::Impl {
     if (is_root) {
       inputs = mb.inputs;
     } else {
-      StagePacket in = receive(Neighbour::kUpstream, PacketKind::kActivation, uint64_t(step), uint64_t(k), "");
+      StagePacket in =
+          receive(Neighbour::kUpstream, PacketKind::kActivation, uint64_t(step), uint64_t(k), "");
       const size_t n = cfg.node.inputs.size();
       if (in.tensors.size() < n)
         CAIRN_THROW(BadInput, "activation for step ", step, " micro-batch ", k, " has ",
@@ -251,7 +257,8 @@ struct StageTrainer::Impl {
       input_grads = executor->backwardFromLoss(uint64_t(k), mb.loss);
       compute_s += secondsSince(t);
     } else {
-      StagePacket in = receive(Neighbour::kDownstream, PacketKind::kGradient, uint64_t(step), uint64_t(k), "");
+      StagePacket in =
+          receive(Neighbour::kDownstream, PacketKind::kGradient, uint64_t(step), uint64_t(k), "");
       const auto& outputs = executor->outputsOf(uint64_t(k));
       std::vector<torch::Tensor> grads;
       for (size_t i = 0; i < outputs.size(); ++i) {
@@ -293,13 +300,16 @@ struct StageTrainer::Impl {
       return p;
     };
     if (!is_leaf)
-      partial += receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0, "norm_partial")
-                     .tensor(kNorm).item<double>();
+      partial +=
+          receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0, "norm_partial")
+              .tensor(kNorm)
+              .item<double>();
     double total = partial;
     if (!is_root) {
       send(Neighbour::kUpstream, control("norm_partial", partial));
       total = receive(Neighbour::kUpstream, PacketKind::kControl, uint64_t(step), 0, "norm_total")
-                  .tensor(kNorm).item<double>();
+                  .tensor(kNorm)
+                  .item<double>();
     }
     if (!is_leaf) send(Neighbour::kDownstream, control("norm_total", total));
     grad_norm = std::sqrt(total);
@@ -318,13 +328,15 @@ struct StageTrainer::Impl {
       if (is_root) {
         const int64_t n = data.test->size();
         std::vector<int64_t> ids;
-        for (int64_t i = b * opt.eval_batch_size; i < std::min(n, (b + 1) * opt.eval_batch_size); ++i)
+        for (int64_t i = b * opt.eval_batch_size; i < std::min(n, (b + 1) * opt.eval_batch_size);
+             ++i)
           ids.push_back(i);
         Batch batch = data.test->get(ids, /*training=*/false);
         targets = batch.targets;
         outputs = executor->evaluate({batch.inputs});
       } else {
-        StagePacket in = receive(Neighbour::kUpstream, PacketKind::kEvaluation, uint64_t(step), uint64_t(b), "");
+        StagePacket in =
+            receive(Neighbour::kUpstream, PacketKind::kEvaluation, uint64_t(step), uint64_t(b), "");
         std::vector<torch::Tensor> inputs;
         for (size_t i = 0; i < cfg.node.inputs.size() && i < in.tensors.size(); ++i)
           inputs.push_back(in.tensors[i].second);
@@ -362,7 +374,8 @@ struct StageTrainer::Impl {
     }
     nlohmann::json j;
     if (!is_leaf) {
-      StagePacket in = receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0, "eval_result");
+      StagePacket in =
+          receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0, "eval_result");
       j = nlohmann::json::parse(in.text, nullptr, false);
       if (j.is_discarded()) CAIRN_THROW(BadInput, "malformed evaluation result from downstream");
       result.samples = j.value("samples", int64_t(0));
@@ -370,8 +383,11 @@ struct StageTrainer::Impl {
       result.accuracy = j.value("accuracy", -1.0);
       result.perplexity = j.value("perplexity", -1.0);
     } else {
-      j = {{"step", result.step}, {"samples", result.samples}, {"loss", result.loss},
-           {"accuracy", result.accuracy}, {"perplexity", result.perplexity}};
+      j = {{"step", result.step},
+           {"samples", result.samples},
+           {"loss", result.loss},
+           {"accuracy", result.accuracy},
+           {"perplexity", result.perplexity}};
     }
     if (!is_root) {
       StagePacket out;
@@ -383,7 +399,8 @@ struct StageTrainer::Impl {
     }
     metrics.write({{"eval", j}});
     std::string line = "evaluation after step " + std::to_string(step) + ": " +
-                       std::to_string(result.samples) + " test samples, loss " + std::to_string(result.loss);
+                       std::to_string(result.samples) + " test samples, loss " +
+                       std::to_string(result.loss);
     if (result.accuracy >= 0) {
       char buffer[64];
       std::snprintf(buffer, sizeof buffer, ", accuracy %.2f%%", 100.0 * result.accuracy);
@@ -438,7 +455,8 @@ struct StageTrainer::Impl {
         }
         schedule.complete(a);
       }
-      CAIRN_ENFORCE(executor->pendingMicrobatches() == 0, "micro-batches left in flight after a step");
+      CAIRN_ENFORCE(executor->pendingMicrobatches() == 0,
+                    "micro-batches left in flight after a step");
       const double step_seconds = secondsSince(last);
       last = Clock::now();
       const double samples_per_second = double(opt.batch_size) / std::max(step_seconds, 1e-9);
@@ -459,7 +477,8 @@ struct StageTrainer::Impl {
       progress.update({step / steps_per_epoch, epochs, step + 1, total_steps, step_loss,
                        double((step + 1) * opt.batch_size) / std::max(elapsed, 1e-9), elapsed});
       const bool last_step = step + 1 == total_steps;
-      if (!last_step && opt.eval_every > 0 && (step + 1) % opt.eval_every == 0 && eval_batches > 0) {
+      if (!last_step && opt.eval_every > 0 && (step + 1) % opt.eval_every == 0 &&
+          eval_batches > 0) {
         ++step;  // evaluation messages carry the number of steps done
         progress.finish();
         evaluate();
@@ -469,19 +488,23 @@ struct StageTrainer::Impl {
     progress.finish();
     result.steps = total_steps;
     const double train_seconds = secondsSince(start);
-    result.samples_per_second = double(total_steps * opt.batch_size) / std::max(train_seconds, 1e-9);
+    result.samples_per_second =
+        double(total_steps * opt.batch_size) / std::max(train_seconds, 1e-9);
     step = total_steps;
     if (eval_batches > 0) result.final_eval = evaluate();
     result.seconds = secondsSince(start);
-    metrics.write({{"done", {{"steps", result.steps}, {"seconds", result.seconds},
-                             {"train_samples_per_s", result.samples_per_second}}}});
+    metrics.write({{"done",
+                    {{"steps", result.steps},
+                     {"seconds", result.seconds},
+                     {"train_samples_per_s", result.samples_per_second}}}});
     return result;
   }
 };
 
 StageTrainer::StageTrainer(StageTrainerConfig config, torch::jit::Module stage, StageLink& link,
                            TrainerObserver observer)
-    : impl_(std::make_unique<Impl>(std::move(config), std::move(stage), link, std::move(observer))) {}
+    : impl_(
+          std::make_unique<Impl>(std::move(config), std::move(stage), link, std::move(observer))) {}
 StageTrainer::~StageTrainer() = default;
 TrainerResult StageTrainer::run() { return impl_->run(); }
 StageExecutor& StageTrainer::executor() { return *impl_->executor; }

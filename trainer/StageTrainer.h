@@ -10,16 +10,17 @@
 //
 // Before the first step the Root sends the run plan (total steps, steps per epoch, evaluation
 // batches) downstream; other nodes learn it from there (only the Root has the data).
-// Ownership: owns the executor, optimizer and datasets; borrows the link. Thread-safety: one thread.
+// Ownership: owns the executor, optimizer and datasets; borrows the link. Thread-safety: one
+// thread.
 #pragma once
+
+#include <torch/script.h>
 
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <torch/script.h>
 
 #include "core/NodeData.h"
 #include "trainer/StageLink.h"
@@ -30,11 +31,11 @@ namespace cairn {
 class StageExecutor;
 
 struct EvalResult {
-  int64_t step = 0;       // optimizer steps done when it ran
+  int64_t step = 0;  // optimizer steps done when it ran
   int64_t samples = 0;
-  double loss = 0;        // mean loss per term
-  double accuracy = -1;   // top-1 (classification), -1 otherwise
-  double perplexity = -1; // exp(loss) for token streams, -1 otherwise
+  double loss = 0;         // mean loss per term
+  double accuracy = -1;    // top-1 (classification), -1 otherwise
+  double perplexity = -1;  // exp(loss) for token streams, -1 otherwise
 };
 
 struct TrainerResult {

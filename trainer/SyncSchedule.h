@@ -27,7 +27,9 @@ struct ScheduleAction {
   enum class Kind { kForward, kBackward, kReduceGradNorm, kOptimizerStep, kStepDone };
   Kind kind = Kind::kStepDone;
   int microbatch = -1;  // for kForward / kBackward
-  bool operator==(const ScheduleAction& o) const { return kind == o.kind && microbatch == o.microbatch; }
+  bool operator==(const ScheduleAction& o) const {
+    return kind == o.kind && microbatch == o.microbatch;
+  }
 };
 std::string toString(const ScheduleAction& action);
 

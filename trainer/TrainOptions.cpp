@@ -14,8 +14,9 @@ OptimizerOptions parseOptimizer(const JsonReader& r) {
   std::string name;
   if (r.raw().contains("optimizer") && r.raw()["optimizer"].is_string()) {
     name = r.choice("optimizer", {"sgd", "adam", "adamw"});
-    o.kind = name == "sgd" ? OptimizerKind::kSgd
-                           : name == "adam" ? OptimizerKind::kAdam : OptimizerKind::kAdamW;
+    o.kind = name == "sgd"    ? OptimizerKind::kSgd
+             : name == "adam" ? OptimizerKind::kAdam
+                              : OptimizerKind::kAdamW;
     o.weight_decay = o.kind == OptimizerKind::kAdamW ? 0.01 : 0;
     return o;
   }
@@ -25,11 +26,12 @@ OptimizerOptions parseOptimizer(const JsonReader& r) {
     return o;
   }
   const JsonReader& opt = *maybe;
-  opt.rejectUnknownKeys({"name", "lr", "weight_decay", "momentum", "dampening", "nesterov", "betas",
-                         "eps"});
+  opt.rejectUnknownKeys(
+      {"name", "lr", "weight_decay", "momentum", "dampening", "nesterov", "betas", "eps"});
   name = opt.choiceOr("name", {"sgd", "adam", "adamw"}, "adamw");
-  o.kind = name == "sgd" ? OptimizerKind::kSgd
-                         : name == "adam" ? OptimizerKind::kAdam : OptimizerKind::kAdamW;
+  o.kind = name == "sgd"    ? OptimizerKind::kSgd
+           : name == "adam" ? OptimizerKind::kAdam
+                            : OptimizerKind::kAdamW;
   o.lr = opt.numberOr("lr", o.lr);
   if (!(o.lr >= 0)) opt.fail("lr", "must be a non-negative number");
   o.weight_decay = opt.numberOr("weight_decay", o.kind == OptimizerKind::kAdamW ? 0.01 : 0.0);
@@ -63,10 +65,10 @@ LrScheduleOptions parseLrSchedule(const JsonReader& r) {
   LrScheduleOptions s;
   const std::vector<std::string> names = {"constant", "step", "cosine", "warmup_cosine"};
   auto kindOf = [](const std::string& n) {
-    return n == "step" ? LrScheduleKind::kStep
-                       : n == "cosine" ? LrScheduleKind::kCosine
-                                       : n == "warmup_cosine" ? LrScheduleKind::kWarmupCosine
-                                                              : LrScheduleKind::kConstant;
+    return n == "step"            ? LrScheduleKind::kStep
+           : n == "cosine"        ? LrScheduleKind::kCosine
+           : n == "warmup_cosine" ? LrScheduleKind::kWarmupCosine
+                                  : LrScheduleKind::kConstant;
   };
   if (!r.has("lr_scheduler") || r.raw()["lr_scheduler"].is_null()) return s;
   if (r.raw()["lr_scheduler"].is_string()) {
@@ -130,7 +132,8 @@ std::string toString(LossKind kind) {
   return "?";
 }
 
-TrainOptions parseTrainOptions(const nlohmann::json& training_definition, const std::string& source) {
+TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
+                               const std::string& source) {
   JsonReader r(training_definition, source, "training_definition");
   r.rejectUnknownKeys({"batch_size", "microbatches", "epochs", "max_steps", "schedule", "pipeline",
                        "seed", "optimizer", "lr_scheduler", "loss_fn", "clip_grad_norm",
@@ -144,7 +147,8 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition, const 
                                std::to_string(o.batch_size) + ")");
   o.epochs = r.integerOr("epochs", 0, 1 << 20, o.epochs);
   o.max_steps = r.integerOr("max_steps", 0, kBig, o.max_steps);
-  if (o.epochs == 0 && o.max_steps == 0) r.fail("epochs", "and max_steps are both 0: nothing to train");
+  if (o.epochs == 0 && o.max_steps == 0)
+    r.fail("epochs", "and max_steps are both 0: nothing to train");
   o.schedule = r.choiceOr("schedule", {"sync"}, "sync");
   o.pipeline = r.choiceOr("pipeline", {"1f1b", "gpipe"}, "1f1b") == "gpipe" ? PipelineOrder::kGPipe
                                                                             : PipelineOrder::k1F1B;

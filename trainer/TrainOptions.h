@@ -5,10 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/NodeData.h"
 
@@ -28,7 +27,7 @@ struct OptimizerOptions {
   bool nesterov = false;     // sgd (needs momentum > 0 and dampening 0, as in PyTorch)
   double beta1 = 0.9;        // adam/adamw "betas": [0.9, 0.999]
   double beta2 = 0.999;
-  double eps = 1e-8;         // adam/adamw
+  double eps = 1e-8;  // adam/adamw
 };
 
 struct LrScheduleOptions {
@@ -42,7 +41,7 @@ struct LrScheduleOptions {
 
 struct LossOptions {
   LossKind kind = LossKind::kCrossEntropy;  // "loss_fn": "cross_entropy" | "mse" | "nll"
-  int64_t ignore_index = -100;  // cross_entropy/nll: targets equal to this are left out
+  int64_t ignore_index = -100;              // cross_entropy/nll: targets equal to this are left out
 };
 
 struct TimeoutOptions {
@@ -55,33 +54,33 @@ struct TrainOptions {
   int64_t microbatches = 4;  // the batch is cut into this many micro-batches (≤ batch_size)
   int64_t epochs = 1;        // passes over this cluster's shard
   int64_t max_steps = 0;     // > 0: stop after this many optimizer steps (whichever ends first)
-  std::string schedule = "sync";                // only "sync" for now
+  std::string schedule = "sync";                  // only "sync" for now
   PipelineOrder pipeline = PipelineOrder::k1F1B;  // "pipeline": "1f1b" | "gpipe"
-  uint64_t seed = 0;                            // shuffling and dropout
-  OptimizerOptions optimizer;                   // "optimizer": "adamw" or {name, lr, ...}
-  LrScheduleOptions lr_scheduler;               // "lr_scheduler": "constant" or {name, ...}
-  LossOptions loss;                             // "loss_fn": "cross_entropy" or {name, ignore_index}
-  double clip_grad_norm = 0;   // > 0: clip gradients to this GLOBAL norm (all stages together)
-  int64_t eval_every = 0;      // > 0: evaluate every this many steps (always at the end)
+  uint64_t seed = 0;                              // shuffling and dropout
+  OptimizerOptions optimizer;                     // "optimizer": "adamw" or {name, lr, ...}
+  LrScheduleOptions lr_scheduler;                 // "lr_scheduler": "constant" or {name, ...}
+  LossOptions loss;               // "loss_fn": "cross_entropy" or {name, ignore_index}
+  double clip_grad_norm = 0;      // > 0: clip gradients to this GLOBAL norm (all stages together)
+  int64_t eval_every = 0;         // > 0: evaluate every this many steps (always at the end)
   int64_t eval_batch_size = 500;  // samples per evaluation batch
-  int64_t local_steps = 1;     // steps between cross-cluster averaging (issue [D]; unused by sync)
-  TimeoutOptions timeouts;     // "timeouts": {startup_s, peer_s}
-  int threads = 1;             // torch intra-op threads per provider
-  double log_every_s = 10;     // plain progress lines when stderr is not a terminal
+  int64_t local_steps = 1;  // steps between cross-cluster averaging (issue [D]; unused by sync)
+  TimeoutOptions timeouts;  // "timeouts": {startup_s, peer_s}
+  int threads = 1;          // torch intra-op threads per provider
+  double log_every_s = 10;  // plain progress lines when stderr is not a terminal
   bool record_sample_ids = false;  // write sample_ids.jsonl at the Root (tests, audits)
 };
 
 // Image normalisation: x = (pixel / scale - mean) / std, per channel when lists have C entries.
 struct NormalizeOptions {
-  double scale = 255;            // divide raw uint8 pixels by this first
+  double scale = 255;  // divide raw uint8 pixels by this first
   std::vector<double> mean{0.0};
   std::vector<double> std{1.0};
 };
 
 struct DataOptions {
-  std::string location;  // idx: folder; safetensors: file; tokens: text file
-  std::string format;    // idx | safetensors | tokens
-  std::string test_location;  // safetensors/tokens: optional separate test file
+  std::string location;        // idx: folder; safetensors: file; tokens: text file
+  std::string format;          // idx | safetensors | tokens
+  std::string test_location;   // safetensors/tokens: optional separate test file
   std::vector<int64_t> chunk;  // chunk ids to train on (empty: all); see docs/NODE_DATA.md
   int64_t chunks = 0;          // the train set is cut into this many chunks (0: one per cluster)
   int64_t train_samples = 0;   // > 0: use only the first N training samples (a slice)
@@ -93,7 +92,8 @@ struct DataOptions {
 };
 
 // `source` names job.json in errors ("node_data/job.json: training_definition.optimizer.lr ...").
-TrainOptions parseTrainOptions(const nlohmann::json& training_definition, const std::string& source);
+TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
+                               const std::string& source);
 DataOptions parseDataOptions(const DataSpec& data, const std::string& source);
 
 std::string toString(OptimizerKind kind);

@@ -36,21 +36,28 @@ Reference trainReference(const std::string& full_model, const BatchFn& batch_of,
   for (const auto& p : model.named_parameters()) params.push_back(p.value);
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (o.kind == OptimizerKind::kSgd) {
-    optimizer = std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay).nesterov(o.nesterov));
+    optimizer = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr)
+                                                                .momentum(o.momentum)
+                                                                .weight_decay(o.weight_decay)
+                                                                .nesterov(o.nesterov));
   } else if (o.kind == OptimizerKind::kAdamW) {
-    optimizer = std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay).eps(o.eps).betas({o.beta1, o.beta2}));
+    optimizer = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(o.lr)
+                                                                  .weight_decay(o.weight_decay)
+                                                                  .eps(o.eps)
+                                                                  .betas({o.beta1, o.beta2}));
   } else {
-    optimizer = std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay).eps(o.eps).betas({o.beta1, o.beta2}));
+    optimizer = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr)
+                                                                 .weight_decay(o.weight_decay)
+                                                                 .eps(o.eps)
+                                                                 .betas({o.beta1, o.beta2}));
   }
   Reference ref;
   for (const auto& ids : batches) {
     auto [inputs, targets] = batch_of(ids);
     optimizer->zero_grad();
     torch::Tensor out = model.forward({inputs}).toTensor();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), targets.reshape({-1}));
+    torch::Tensor loss = torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}),
+                                                              targets.reshape({-1}));
     loss.backward();
     if (clip > 0) torch::nn::utils::clip_grad_norm_(params, clip);
     optimizer->step();
@@ -74,7 +81,8 @@ BatchFn cnnBatches() {
 
 BatchFn gptBatches() {
   std::ifstream in(modelsDir() + "/gpt/text.txt", std::ios::binary);
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
   return [bytes](const std::vector<int64_t>& ids) {
     const int64_t L = 16;
     torch::Tensor x = torch::empty({int64_t(ids.size()), L}, torch::kLong);
@@ -104,7 +112,8 @@ std::string caseName(const ::testing::TestParamInfo<Case>& info) {
 class SyncEquivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SyncEquivalence, ThreeStagesMatchUnsplitModel) {
-  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set (ctest fixture trainer_models)";
+  ASSERT_FALSE(modelsDir().empty())
+      << "CAIRN_TEST_MODELS is not set (ctest fixture trainer_models)";
   const Case c = GetParam();
   OptimizerOptions o;
   o.kind = c.optimizer;
@@ -125,10 +134,12 @@ TEST_P(SyncEquivalence, ThreeStagesMatchUnsplitModel) {
     t.max_steps = 10;
   });
   ASSERT_EQ(run.batches.size(), 10u);
-  Reference ref = trainReference(modelsDir() + "/" + c.model + "/full.pt",
-                                 c.model == "cnn" ? cnnBatches() : gptBatches(), run.batches, o, c.clip);
+  Reference ref =
+      trainReference(modelsDir() + "/" + c.model + "/full.pt",
+                     c.model == "cnn" ? cnnBatches() : gptBatches(), run.batches, o, c.clip);
   ASSERT_EQ(run.losses.size(), ref.losses.size());
-  for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(run.losses[i], ref.losses[i], 1e-5) << "step " << i;
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(run.losses[i], ref.losses[i], 1e-5) << "step " << i;
   ASSERT_EQ(run.parameters.size(), ref.parameters.size());
   double max_diff = 0, max_change = 0;
   torch::jit::Module initial = torch::jit::load(modelsDir() + "/" + c.model + "/full.pt");
@@ -140,7 +151,8 @@ TEST_P(SyncEquivalence, ThreeStagesMatchUnsplitModel) {
     max_change = std::max(max_change, (expected - start[name]).abs().max().item<double>());
   }
   EXPECT_LE(max_diff, 1e-5);
-  EXPECT_GT(max_change, 1e-3) << "training did not move the parameters: the comparison would prove nothing";
+  EXPECT_GT(max_change, 1e-3)
+      << "training did not move the parameters: the comparison would prove nothing";
   if (c.clip > 0) EXPECT_LT(c.clip, 5.0);
 }
 
@@ -186,20 +198,27 @@ TEST_P(OptimizerMatchesTorch, TwentySteps) {
   std::unique_ptr<torch::optim::Optimizer> reference;
   switch (GetParam()) {
     case 0:
-      o.kind = OptimizerKind::kSgd, o.lr = 0.1, o.momentum = 0.9, o.nesterov = true, o.weight_decay = 0.01;
-      reference = std::make_unique<torch::optim::SGD>(theirs, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01));
+      o.kind = OptimizerKind::kSgd, o.lr = 0.1, o.momentum = 0.9, o.nesterov = true,
+      o.weight_decay = 0.01;
+      reference = std::make_unique<torch::optim::SGD>(
+          theirs, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01));
       break;
     case 1:
-      o.kind = OptimizerKind::kSgd, o.lr = 0.1, o.momentum = 0.5, o.dampening = 0.3, o.weight_decay = 0;
-      reference = std::make_unique<torch::optim::SGD>(theirs, torch::optim::SGDOptions(0.1).momentum(0.5).dampening(0.3));
+      o.kind = OptimizerKind::kSgd, o.lr = 0.1, o.momentum = 0.5, o.dampening = 0.3,
+      o.weight_decay = 0;
+      reference = std::make_unique<torch::optim::SGD>(
+          theirs, torch::optim::SGDOptions(0.1).momentum(0.5).dampening(0.3));
       break;
     case 2:
       o.kind = OptimizerKind::kAdam, o.lr = 0.01, o.weight_decay = 0.1;
-      reference = std::make_unique<torch::optim::Adam>(theirs, torch::optim::AdamOptions(0.01).weight_decay(0.1));
+      reference = std::make_unique<torch::optim::Adam>(
+          theirs, torch::optim::AdamOptions(0.01).weight_decay(0.1));
       break;
     default:
-      o.kind = OptimizerKind::kAdamW, o.lr = 0.01, o.weight_decay = 0.05, o.beta1 = 0.8, o.beta2 = 0.99;
-      reference = std::make_unique<torch::optim::AdamW>(theirs, torch::optim::AdamWOptions(0.01).weight_decay(0.05).betas({0.8, 0.99}));
+      o.kind = OptimizerKind::kAdamW, o.lr = 0.01, o.weight_decay = 0.05, o.beta1 = 0.8,
+      o.beta2 = 0.99;
+      reference = std::make_unique<torch::optim::AdamW>(
+          theirs, torch::optim::AdamWOptions(0.01).weight_decay(0.05).betas({0.8, 0.99}));
   }
   Optimizer optimizer(mine, o);
   for (int step = 0; step < 20; ++step) {

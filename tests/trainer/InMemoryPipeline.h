@@ -3,6 +3,8 @@
 // runs it, minus the transport.
 #pragma once
 
+#include <torch/script.h>
+
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -12,8 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <torch/script.h>
 
 #include "core/Error.h"
 #include "core/NodeData.h"
@@ -33,22 +33,25 @@ class InMemoryHub {
     box.packets.push_back({from, std::move(packet)});
     box.ready.notify_all();
   }
-  StagePacket pop(int at, int from, PacketKind kind, uint64_t step, uint64_t mb, const std::string& tag) {
+  StagePacket pop(int at, int from, PacketKind kind, uint64_t step, uint64_t mb,
+                  const std::string& tag) {
     Inbox& box = inboxes_[size_t(at)];
     std::unique_lock<std::mutex> lock(box.mutex);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (;;) {
       for (auto it = box.packets.begin(); it != box.packets.end(); ++it) {
         const StagePacket& p = it->second;
-        if (it->first == from && p.kind == kind && p.step == step && p.microbatch == mb && p.tag == tag) {
+        if (it->first == from && p.kind == kind && p.step == step && p.microbatch == mb &&
+            p.tag == tag) {
           StagePacket found = std::move(it->second);
           box.packets.erase(it);
           return found;
         }
       }
       if (box.ready.wait_until(lock, deadline) == std::cv_status::timeout)
-        CAIRN_THROW(PeerLost, "in-memory pipeline: node ", at, " waited 60 s for a ", toString(kind),
-                    " from node ", from, " (step ", step, ", micro-batch ", mb, ", tag ", tag, ")");
+        CAIRN_THROW(PeerLost, "in-memory pipeline: node ", at, " waited 60 s for a ",
+                    toString(kind), " from node ", from, " (step ", step, ", micro-batch ", mb,
+                    ", tag ", tag, ")");
     }
   }
 
@@ -71,7 +74,8 @@ class InMemoryLink : public StageLink {
   }
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t mb,
                       const std::string& tag) override {
-    return hub_.pop(stage_, from == Neighbour::kUpstream ? stage_ - 1 : stage_ + 1, kind, step, mb, tag);
+    return hub_.pop(stage_, from == Neighbour::kUpstream ? stage_ - 1 : stage_ + 1, kind, step, mb,
+                    tag);
   }
 
  private:
@@ -80,8 +84,8 @@ class InMemoryLink : public StageLink {
 };
 
 struct PipelineRun {
-  std::vector<std::vector<int64_t>> batches;  // sample ids per step (from the Root)
-  std::vector<double> losses;                  // per step (from the Leaf)
+  std::vector<std::vector<int64_t>> batches;        // sample ids per step (from the Root)
+  std::vector<double> losses;                       // per step (from the Leaf)
   std::map<std::string, torch::Tensor> parameters;  // trained, by dotted name, all stages
   std::vector<TrainerResult> results;
 };
@@ -111,7 +115,9 @@ inline PipelineRun runInMemoryPipeline(const std::string& node_data,
     config.show_progress = false;
     TrainerObserver observer;
     if (i == 0)
-      observer.on_batch = [&run](int64_t, const std::vector<int64_t>& ids) { run.batches.push_back(ids); };
+      observer.on_batch = [&run](int64_t, const std::vector<int64_t>& ids) {
+        run.batches.push_back(ids);
+      };
     if (i == n - 1)
       observer.on_step_loss = [&run](int64_t, double loss) { run.losses.push_back(loss); };
     links.push_back(std::make_unique<InMemoryLink>(hub, i));
@@ -133,7 +139,8 @@ inline PipelineRun runInMemoryPipeline(const std::string& node_data,
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   for (auto& t : trainers)
-    for (auto& [name, p] : t->executor().namedParameters()) run.parameters[name] = p.detach().clone();
+    for (auto& [name, p] : t->executor().namedParameters())
+      run.parameters[name] = p.detach().clone();
   return run;
 }
 

@@ -16,9 +16,12 @@ std::string sequence(const SyncSchedule& s) {
 
 TEST(SyncSchedule, OneFOneBOrderPerStage) {
   // 3 stages, 4 micro-batches: the Root warms up with 2 forwards, the Leaf with none.
-  EXPECT_EQ(sequence(SyncSchedule(0, 3, 4, PipelineOrder::k1F1B, false)), "F0 F1 F2 B0 F3 B1 B2 B3 S ");
-  EXPECT_EQ(sequence(SyncSchedule(1, 3, 4, PipelineOrder::k1F1B, false)), "F0 F1 B0 F2 B1 F3 B2 B3 S ");
-  EXPECT_EQ(sequence(SyncSchedule(2, 3, 4, PipelineOrder::k1F1B, true)), "F0 B0 F1 B1 F2 B2 F3 B3 N S ");
+  EXPECT_EQ(sequence(SyncSchedule(0, 3, 4, PipelineOrder::k1F1B, false)),
+            "F0 F1 F2 B0 F3 B1 B2 B3 S ");
+  EXPECT_EQ(sequence(SyncSchedule(1, 3, 4, PipelineOrder::k1F1B, false)),
+            "F0 F1 B0 F2 B1 F3 B2 B3 S ");
+  EXPECT_EQ(sequence(SyncSchedule(2, 3, 4, PipelineOrder::k1F1B, true)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 N S ");
   EXPECT_EQ(sequence(SyncSchedule(0, 3, 2, PipelineOrder::kGPipe, false)), "F0 F1 B0 B1 S ");
 }
 
@@ -48,7 +51,8 @@ TEST_P(SyncScheduleSimulation, CompletesWithoutDeadlock) {
     schedules.emplace_back(s, S, M, shape.order, true);
     schedules.back().begin();
   }
-  std::vector<std::vector<bool>> forwarded(S, std::vector<bool>(M)), backwarded(S, std::vector<bool>(M));
+  std::vector<std::vector<bool>> forwarded(S, std::vector<bool>(M)),
+      backwarded(S, std::vector<bool>(M));
   std::vector<int> in_flight(S), max_in_flight(S);
   int norm_partial = S - 1;  // the Leaf can send its partial sum at once
   std::vector<bool> norm_done(S);
@@ -87,7 +91,8 @@ TEST_P(SyncScheduleSimulation, CompletesWithoutDeadlock) {
     }
   }
   for (int s = 0; s < S; ++s) {
-    EXPECT_TRUE(schedules[size_t(s)].done()) << "stage " << s << " stuck at " << toString(schedules[size_t(s)].next());
+    EXPECT_TRUE(schedules[size_t(s)].done())
+        << "stage " << s << " stuck at " << toString(schedules[size_t(s)].next());
     if (shape.order == PipelineOrder::k1F1B) {
       EXPECT_LE(max_in_flight[s], S - s);
     }

@@ -1,14 +1,13 @@
 // Unit tests of the trainer's parts against independent references (ATen's own losses, known
 // files, closed-form schedules).
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
-#include <filesystem>
-
-#include <ATen/ATen.h>
 
 #include "core/Error.h"
 #include "trainer/Dataset.h"
@@ -31,9 +30,12 @@ TEST(Loss, MicrobatchSharesAddUpToTheBatchMean) {
   double total = 0;
   for (int64_t start : {0, 5, 9}) {
     const int64_t len = start == 0 ? 5 : start == 5 ? 4 : 3;
-    total += microbatchLoss(o, logits.narrow(0, start, len), targets.narrow(0, start, len), denominator).item<double>();
+    total +=
+        microbatchLoss(o, logits.narrow(0, start, len), targets.narrow(0, start, len), denominator)
+            .item<double>();
   }
-  const double reference = at::cross_entropy_loss(logits.reshape({-1, 9}), targets.reshape({-1})).item<double>();
+  const double reference =
+      at::cross_entropy_loss(logits.reshape({-1, 9}), targets.reshape({-1})).item<double>();
   EXPECT_NEAR(total, reference, 1e-5);
 
   LossOptions mse;
@@ -48,7 +50,8 @@ TEST(Loss, MicrobatchSharesAddUpToTheBatchMean) {
   nll.kind = LossKind::kNll;
   torch::Tensor lp = at::log_softmax(torch::randn({10, 4}), 1);
   torch::Tensor t = torch::randint(0, 4, {10}, torch::kLong);
-  EXPECT_NEAR(microbatchLoss(nll, lp, t, 10).item<double>(), at::nll_loss(lp, t).item<double>(), 1e-6);
+  EXPECT_NEAR(microbatchLoss(nll, lp, t, 10).item<double>(), at::nll_loss(lp, t).item<double>(),
+              1e-6);
 }
 
 TEST(Loss, EvaluationCountsTopOneHits) {
@@ -107,7 +110,8 @@ TEST(ShardSampler, EpochOrderIsASeededPermutation) {
 
 TEST(Dataset, FashionMnistIdxGzipAndRaw) {
   const std::string dir = "/usr/share/datasets/fashion-mnist";
-  if (!std::ifstream(dir + "/train-labels-idx1-ubyte.gz").good()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  if (!std::ifstream(dir + "/train-labels-idx1-ubyte.gz").good())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
   DataOptions o;
   o.location = dir;
   o.format = "idx";
@@ -127,10 +131,11 @@ TEST(Dataset, FashionMnistIdxGzipAndRaw) {
   // The same labels from an uncompressed copy.
   const std::string raw = ::testing::TempDir() + "/cairn_idx_raw";
   std::filesystem::create_directories(raw);
-  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                        "t10k-labels-idx1-ubyte"}) {
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
     auto bytes = readMaybeGzipFile(dir + "/" + f + ".gz");
-    std::ofstream(raw + "/" + f, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), int64_t(bytes.size()));
+    std::ofstream(raw + "/" + f, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), int64_t(bytes.size()));
   }
   o.location = raw;
   o.normalize.mean = {0.5};
@@ -186,8 +191,12 @@ TEST(TrainOptions, DefaultsAndErrorsNameTheKey) {
   EXPECT_EQ(message({{"optimizer", {{"name", "sgd"}, {"lr", -1}}}}),
             "job.json: training_definition.optimizer.lr must be a non-negative number");
   EXPECT_NE(message({{"batch_sise", 3}}).find("batch_sise"), std::string::npos);
-  EXPECT_NE(message({{"batch_size", 2}, {"microbatches", 4}}).find("training_definition.microbatches"), std::string::npos);
-  EXPECT_NE(message({{"optimizer", {{"name", "adamw"}, {"momentum", 0.9}}}}).find("optimizer.momentum"), std::string::npos);
+  EXPECT_NE(
+      message({{"batch_size", 2}, {"microbatches", 4}}).find("training_definition.microbatches"),
+      std::string::npos);
+  EXPECT_NE(
+      message({{"optimizer", {{"name", "adamw"}, {"momentum", 0.9}}}}).find("optimizer.momentum"),
+      std::string::npos);
 }
 
 TEST(StageExecutor, NonTensorInputsAndInputGradients) {
@@ -197,8 +206,8 @@ TEST(StageExecutor, NonTensorInputsAndInputGradients) {
     def forward(self, x: Tensor, k: int, s: float) -> Tuple[Tensor, int]:
         return x * k * s, k + 1
   )");
-  std::vector<BoundaryValue> in = {{"x", "tensor", "float32", {}}, {"k", "int", "int64", {}},
-                                   {"s", "float", "float64", {}}};
+  std::vector<BoundaryValue> in = {
+      {"x", "tensor", "float32", {}}, {"k", "int", "int64", {}}, {"s", "float", "float64", {}}};
   std::vector<BoundaryValue> out = {{"y", "tensor", "float32", {}}, {"k1", "int", "int64", {}}};
   StageExecutor e(m, in, out, /*inputs_need_grad=*/true);
   torch::Tensor x = torch::ones({2, 2});

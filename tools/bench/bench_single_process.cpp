@@ -2,8 +2,8 @@
 // over the UNSPLIT TorchScript model, same data, batch size, optimizer and intra-op thread count as
 // the pipeline run it is compared with. Prints "single_process_samples_per_s <n>".
 #include <ATen/Parallel.h>
-#include <CLI/CLI.hpp>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 
 #include "core/MainGuard.h"
@@ -55,15 +55,18 @@ int main(int argc, char** argv) {
     for (int64_t step = 0; step < warmup + steps; ++step) {
       if (step == warmup) start = std::chrono::steady_clock::now();
       const int64_t position = step % per_epoch;
-      std::vector<int64_t> ids(order.begin() + position * batch_size, order.begin() + (position + 1) * batch_size);
+      std::vector<int64_t> ids(order.begin() + position * batch_size,
+                               order.begin() + (position + 1) * batch_size);
       cairn::Batch batch = datasets.train->get(ids, true);
       torch::Tensor out = model.forward({batch.inputs}).toTensor();
-      torch::Tensor loss = cairn::microbatchLoss(loss_options, out, batch.targets, double(batch_size));
+      torch::Tensor loss =
+          cairn::microbatchLoss(loss_options, out, batch.targets, double(batch_size));
       loss.backward();
       optimizer.step(lr);
       optimizer.zeroGrad();
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("single_process_samples_per_s %.1f\n", double(steps * batch_size) / seconds);
     return 0;
   });
