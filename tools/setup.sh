@@ -3,6 +3,7 @@
 # into build/. Safe to re-run; as root it uses apt-get directly, otherwise sudo.
 #   tools/setup.sh            # install + build
 #   CAIRN_BUILD_DIR=... CAIRN_JOBS=... tools/setup.sh
+#   CAIRN_TARGETS="provider" tools/setup.sh   # build only these targets (tools/demo.sh does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,4 +34,9 @@ JOBS=${CAIRN_JOBS:-$(nproc)}
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$BUILD_DIR" -j "$JOBS"
+if [[ -n "${CAIRN_TARGETS:-}" ]]; then
+  # shellcheck disable=SC2086
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target ${CAIRN_TARGETS}
+else
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+fi
