@@ -1,21 +1,69 @@
-// provider: the one binary a volunteer runs. See `provider --help`.
-#include <CLI/CLI.hpp>
+// provider: the one binary a volunteer runs. See `provider --help` and docs/THREADS.md.
+#include <ATen/Parallel.h>
 
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <set>
+
+#include "core/JsonReader.h"
 #include "core/Log.h"
 #include "core/MainGuard.h"
 #include "core/NodeData.h"
+#include "node/MailboxStageLink.h"
 #include "node/ZmqTransport.h"
+#include "trainer/StageExecutor.h"
+#include "trainer/StageTrainer.h"
+
+namespace {
+
+// How many clusters train this job: node.json extra.num_clusters when clusterize wrote it, else the
+// plan's cluster list, else the distinct clusters of the node folders present, else 1.
+int countClusters(const std::string& node_data, const cairn::NodeSpec& node) {
+  if (node.extra.contains("num_clusters") && node.extra["num_clusters"].is_number_integer())
+    return std::max(1, node.extra["num_clusters"].get<int>());
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(cairn::planPath(node_data), ec)) {
+    const nlohmann::json plan = cairn::readJsonFile(cairn::planPath(node_data));
+    if (plan.contains("num_clusters") && plan["num_clusters"].is_number_integer())
+      return std::max(1, plan["num_clusters"].get<int>());
+    if (plan.contains("clusters") && plan["clusters"].is_array() && !plan["clusters"].empty())
+      return int(plan["clusters"].size());
+  }
+  std::set<int> clusters{node.cluster};
+  for (const auto& entry : fs::directory_iterator(node_data + "/nodes", ec)) {
+    const std::string spec = entry.path().string() + "/node.json";
+    if (!fs::exists(spec, ec)) continue;
+    try {
+      clusters.insert(cairn::readNodeSpec(spec).cluster);
+    } catch (const cairn::Error&) {
+    }
+  }
+  return int(clusters.size());
+}
+
+torch::jit::Module loadStage(const std::string& path) {
+  try {
+    return torch::jit::load(path);
+  } catch (const c10::Error& e) {
+    CAIRN_THROW(BadInput, path, ": cannot load the TorchScript stage: ",
+                std::string(e.what_without_backtrace()).substr(0, 300));
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "provider: run one node of a cairn plan.\n"
-      "Status: loads and validates nodes/<name>/node.json and job.json and binds the node's\n"
-      "endpoint. Training (issue [C]) is not implemented yet; the command then exits 1."};
+      "provider: run one node of a cairn plan: load nodes/<name>/{node.json,stage.pt} and "
+      "job.json,\n"
+      "connect to the pipeline neighbours, train, evaluate, and write "
+      "nodes/<name>/trained_stage.pt\n"
+      "and nodes/<name>/metrics.jsonl."};
   std::string name;
   std::string node_data = "node_data";
   app.add_option("--name", name, "node name as in node_data/nodes/ (e.g. node_3)")->required();
-  app.add_option("--node-data", node_data, "folder written by clusterize")
-      ->capture_default_str();
+  app.add_option("--node-data", node_data, "folder written by clusterize")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -23,13 +71,59 @@ int main(int argc, char** argv) {
   }
   return cairn::runGuarded("provider", [&] {
     cairn::setLogTag(name);
+    const std::string job_path = cairn::jobSpecPath(node_data);
     const cairn::NodeSpec node = cairn::readNodeSpec(cairn::nodeSpecPath(node_data, name));
-    const cairn::JobSpec job = cairn::readJobSpec(cairn::jobSpecPath(node_data));
+    const cairn::JobSpec job = cairn::readJobSpec(job_path);
+    if (node.name != name)
+      CAIRN_THROW(BadInput, cairn::nodeSpecPath(node_data, name), ": name is \"", node.name,
+                  "\", not \"", name, "\"");
+    if (node.job_id != job.job_id)
+      CAIRN_THROW(BadInput, cairn::nodeSpecPath(node_data, name), ": job_id \"", node.job_id,
+                  "\" differs from job.json's \"", job.job_id, "\"");
+    cairn::StageTrainerConfig config;
+    config.node = node;
+    config.options = cairn::parseTrainOptions(job.training, job_path);
+    config.data = cairn::parseDataOptions(job.data, job_path);
+    config.num_clusters = countClusters(node_data, node);
+    const std::string dir = cairn::nodeDirectory(node_data, name);
+    config.metrics_path = dir + "/metrics.jsonl";
+    config.sample_ids_path = dir + "/sample_ids.jsonl";
+    at::set_num_threads(config.options.threads);
+    at::set_num_interop_threads(1);
+
+    torch::jit::Module stage = loadStage(dir + "/" + node.stage_file);
     zmq::context_t context;
     cairn::ZmqTransport transport(context, name, "tcp://" + node.address);
-    CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, ", stage ", node.stage + 1, "/",
-               node.num_stages, " (", cairn::toString(node.role), "), listening on ", node.address);
-    CAIRN_ERROR("training is not implemented yet (issue [C])");
-    return 1;
+    cairn::Mailbox mailbox(transport);
+    CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, " of ", config.num_clusters,
+               ", stage ", node.stage + 1, "/", node.num_stages, " (", cairn::toString(node.role),
+               "), listening on ", node.address);
+    cairn::LinkTimeouts timeouts;
+    timeouts.startup = std::chrono::milliseconds(int64_t(config.options.timeouts.startup_s * 1000));
+    timeouts.peer = std::chrono::milliseconds(int64_t(config.options.timeouts.peer_s * 1000));
+    cairn::MailboxStageLink link(mailbox, node, timeouts);
+    link.connect();
+
+    cairn::StageTrainer trainer(config, std::move(stage), link);
+    const cairn::TrainerResult result = trainer.run();
+    const std::string weights = dir + "/trained_stage.pt";
+    trainer.executor().module().save(weights + ".tmp");
+    std::filesystem::rename(weights + ".tmp", weights);
+    nlohmann::json summary = {{"steps", result.steps},
+                              {"last_loss", result.last_loss},
+                              {"seconds", result.seconds},
+                              {"train_samples_per_s", result.samples_per_second},
+                              {"weights", weights}};
+    if (result.final_eval) {
+      summary["eval"] = {{"samples", result.final_eval->samples},
+                         {"loss", result.final_eval->loss},
+                         {"accuracy", result.final_eval->accuracy},
+                         {"perplexity", result.final_eval->perplexity}};
+    }
+    cairn::writeJsonFile(dir + "/result.json", summary);
+    CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ",
+               weights);
+    transport.flushAndClose(std::chrono::milliseconds(5000));
+    return 0;
   });
 }

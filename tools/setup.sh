@@ -3,6 +3,7 @@
 # into build/. Safe to re-run; as root it uses apt-get directly, otherwise sudo.
 #   tools/setup.sh            # install + build
 #   CAIRN_BUILD_DIR=... CAIRN_JOBS=... tools/setup.sh
+#   CAIRN_TARGETS="provider" tools/setup.sh   # build only these targets (tools/demo.sh does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,8 +11,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev python3-torch
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev nlohmann-json3-dev libhwloc-dev libcli11-dev
-  libgtest-dev libgmock-dev
-  dataset-fashion-mnist
+  libgtest-dev libgmock-dev zlib1g-dev
+  dataset-fashion-mnist time
   python3-matplotlib
 )
 
@@ -34,4 +35,9 @@ JOBS=${CAIRN_JOBS:-$(nproc)}
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$BUILD_DIR" -j "$JOBS"
+if [[ -n "${CAIRN_TARGETS:-}" ]]; then
+  # shellcheck disable=SC2086
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target ${CAIRN_TARGETS}
+else
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+fi

@@ -1,0 +1,237 @@
+#!/usr/bin/python3
+"""Integration tests: real `provider` processes on tcp loopback, started by tools/launch_local.
+
+    provider_cluster_test.py CASE --provider BUILD/node/provider --work DIR --port BASE
+
+CASE:
+  three_nodes     3 providers train a Fashion-MNIST slice for 300 steps: test accuracy > 80%,
+                  and the Leaf received exactly the sample ids the Root sent, step by step
+  one_node        the same model as a one-node cluster (Root and Leaf at once)
+  match_pytorch   3 providers, 20 SGD+momentum steps of a BatchNorm-free CNN: the trained stage
+                  weights equal PyTorch (python) training the unsplit model on the Root's recorded
+                  batches, max abs diff <= 1e-5
+  launcher_stops_all  one node cannot load its stage: tools/launch_local returns that node's exit
+                  code (2) and stops the others long before their startup timeout
+  never_starts    only the Root starts; it must fail with the startup-timeout error naming its
+                  missing neighbour, non-zero, within the configured time (+ slack)
+"""
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
+FASHION = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530
+MASK = (1 << 64) - 1
+
+
+def fail(message):
+    print("FAIL: " + message, file=sys.stderr)
+    sys.exit(1)
+
+
+def make_node_data(work, port, stages, batchnorm, settings, data_settings):
+    os.makedirs(work, exist_ok=True)
+    model = os.path.join(work, "model.pt")
+    cmd = [sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model]
+    if not batchnorm:
+        cmd.append("--no-batchnorm")
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    configs = {str(i): {"IP": f"127.0.0.1:{port + i}", "benchmarks": {"ram": 1, "bandwidth": 1000}} for i in range(3)}
+    with open(os.path.join(work, "node_configs.json"), "w") as f:
+        json.dump(configs, f)
+    node_data = os.path.join(work, "node_data")
+    shutil.rmtree(node_data, ignore_errors=True)
+    cmd = [sys.executable, os.path.join(EXAMPLE, "make_node_data_by_hand.py"), "--model", model,
+           "--nodes", os.path.join(work, "node_configs.json"), "--out", node_data, "--stages", str(stages)]
+    for k, v in settings.items():
+        cmd += ["--set", f"{k}={json.dumps(v)}"]
+    for k, v in data_settings.items():
+        cmd += ["--data-set", f"{k}={json.dumps(v)}"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return model, node_data
+
+
+def launch(node_data, provider, limit):
+    start = time.time()
+    env = dict(os.environ, PROVIDER=provider)
+    proc = subprocess.run([os.path.join(REPO, "tools/launch_local"), node_data], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=limit)
+    sys.stdout.write(proc.stdout[-4000:])
+    if proc.returncode != 0:
+        fail(f"launch_local exited {proc.returncode}")
+    return time.time() - start
+
+
+def metrics(node_data, node):
+    with open(os.path.join(node_data, "nodes", node, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def check_accuracy(node_data, leaf, floor):
+    result = json.load(open(os.path.join(node_data, "nodes", leaf, "result.json")))
+    accuracy = result["eval"]["accuracy"]
+    print(f"test accuracy {accuracy:.4f} on {result['eval']['samples']} samples ({result['steps']} steps)")
+    if not accuracy > floor:
+        fail(f"accuracy {accuracy:.4f} is not above {floor}")
+    for node in os.listdir(os.path.join(node_data, "nodes")):
+        if not os.path.exists(os.path.join(node_data, "nodes", node, "trained_stage.pt")):
+            fail(f"{node} wrote no trained_stage.pt")
+
+
+def training_settings(steps):
+    return {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": steps, "seed": 1,
+            "optimizer": {"name": "adamw", "lr": 0.003}, "lr_scheduler": {"name": "cosine"},
+            "record_sample_ids": True, "timeouts": {"startup_s": 30, "peer_s": 60}}
+
+
+def case_three_nodes(args):
+    _, node_data = make_node_data(args.work, args.port, 3, True, training_settings(300),
+                                  {"train_samples": 12000, "test_samples": 2000})
+    seconds = launch(node_data, args.provider, 240)
+    print(f"3 providers: {seconds:.1f} s")
+    check_accuracy(node_data, "node_2", 0.80)
+    root, leaf = metrics(node_data, "node_0"), metrics(node_data, "node_2")
+    root_steps = [m for m in root if "step" in m]
+    leaf_steps = [m for m in leaf if "step" in m]
+    if len(root_steps) != 300 or len(leaf_steps) != 300:
+        fail(f"expected 300 step records, got {len(root_steps)} (root) and {len(leaf_steps)} (leaf)")
+    recorded = [json.loads(line) for line in open(os.path.join(node_data, "nodes/node_0/sample_ids.jsonl"))]
+    seen = set()
+    for r, l, ids in zip(root_steps, leaf_steps, recorded):
+        expected = sum(splitmix64(i) for i in ids["ids"]) & MASK
+        if len(ids["ids"]) != 32 or len(set(ids["ids"])) != 32:
+            fail(f"step {ids['step']}: the Root did not send 32 distinct samples")
+        if l["sample_checksum"] != expected or r["sample_checksum"] != expected:
+            fail(f"step {r['step']}: the Leaf's sample ids (checksum {l['sample_checksum']}) are not the ones "
+                 f"the Root recorded ({expected})")
+        if abs(r["loss"] - l["loss"]) > 1e-9:
+            fail(f"step {r['step']}: Root and Leaf disagree on the loss")
+        seen.update(ids["ids"])
+    # 300 steps x 32 = 9600 of 12000 samples: one epoch, so no sample twice.
+    if len(seen) != 9600:
+        fail(f"an epoch repeated samples: {len(seen)} distinct of 9600")
+    print("sample ids aligned at the Leaf on all 300 steps")
+
+
+def case_one_node(args):
+    _, node_data = make_node_data(args.work, args.port, 1, True, training_settings(300),
+                                  {"train_samples": 12000, "test_samples": 2000})
+    seconds = launch(node_data, args.provider, 240)
+    print(f"1 provider: {seconds:.1f} s")
+    check_accuracy(node_data, "node_0", 0.80)
+
+
+def load_idx(name, offset):
+    return np.frombuffer(gzip.open(os.path.join(FASHION, name)).read(), np.uint8, offset=offset)
+
+
+def case_match_pytorch(args):
+    settings = {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": 20, "seed": 5,
+                "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.001},
+                "lr_scheduler": "constant",
+                "record_sample_ids": True, "timeouts": {"startup_s": 30, "peer_s": 60}}
+    model_path, node_data = make_node_data(args.work, args.port, 3, False, settings,
+                                           {"train_samples": 2000, "test_samples": 100})
+    launch(node_data, args.provider, 120)
+    images = torch.tensor(load_idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28).copy())
+    labels = torch.tensor(load_idx("train-labels-idx1-ubyte.gz", 8).astype(np.int64))
+    model = torch.jit.load(model_path)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.001)
+    recorded = [json.loads(line) for line in open(os.path.join(node_data, "nodes/node_0/sample_ids.jsonl"))]
+    losses = [m["loss"] for m in metrics(node_data, "node_0") if "step" in m]
+    if len(recorded) != 20:
+        fail(f"expected 20 recorded batches, got {len(recorded)}")
+    for step, entry in enumerate(recorded):
+        ids = torch.tensor(entry["ids"])
+        x = (images[ids].float() / 255 - MEAN) / STD
+        loss = torch.nn.functional.cross_entropy(model(x), labels[ids])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if abs(loss.item() - losses[step]) > 1e-5:
+            fail(f"step {step}: provider loss {losses[step]} vs PyTorch {loss.item()}")
+    reference = dict(model.named_parameters())
+    worst, compared = 0.0, 0
+    for node in ("node_0", "node_1", "node_2"):
+        trained = torch.jit.load(os.path.join(node_data, "nodes", node, "trained_stage.pt"))
+        for name, p in trained.named_parameters():
+            worst = max(worst, (p - reference[name]).abs().max().item())
+            compared += 1
+    if compared != len(reference):
+        fail(f"compared {compared} parameters, the model has {len(reference)}")
+    print(f"max abs difference to PyTorch after 20 steps: {worst:.3g}")
+    if not worst <= 1e-5:
+        fail(f"trained weights differ from PyTorch by {worst}")
+
+
+def case_never_starts(args):
+    settings = dict(training_settings(10), timeouts={"startup_s": 3, "peer_s": 10})
+    _, node_data = make_node_data(args.work, args.port, 3, True, settings, {"train_samples": 1000})
+    start = time.time()
+    proc = subprocess.run([args.provider, "--name", "node_0", "--node-data", node_data],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    seconds = time.time() - start
+    print(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(no stderr)")
+    print(f"exit code {proc.returncode} after {seconds:.1f} s")
+    if proc.returncode == 0:
+        fail("the provider succeeded without its neighbour")
+    if not 3.0 <= seconds <= 3.0 + 7.0:
+        fail(f"took {seconds:.1f} s; the startup timeout is 3 s")
+    last = proc.stderr.strip().splitlines()[-1]
+    if "startup timeout" not in last or "node_1" not in last or f"127.0.0.1:{args.port + 1}" not in last:
+        fail(f"the error does not name the missing neighbour: {last}")
+
+
+def case_launcher_stops_all(args):
+    settings = dict(training_settings(10), timeouts={"startup_s": 60, "peer_s": 60})
+    _, node_data = make_node_data(args.work, args.port, 3, True, settings, {"train_samples": 1000})
+    with open(os.path.join(node_data, "nodes/node_2/stage.pt"), "wb") as f:
+        f.write(b"not a TorchScript file")
+    start = time.time()
+    env = dict(os.environ, PROVIDER=args.provider)
+    proc = subprocess.run([os.path.join(REPO, "tools/launch_local"), node_data], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    seconds = time.time() - start
+    print(proc.stdout[-2000:])
+    print(f"launch_local exit code {proc.returncode} after {seconds:.1f} s")
+    if proc.returncode != 2:
+        fail(f"expected node_2's exit code 2, got {proc.returncode}")
+    if seconds > 20:
+        fail(f"the other providers were not stopped ({seconds:.1f} s; their startup timeout is 60 s)")
+    if "[node_2]" not in proc.stdout or "stage.pt: cannot load" not in proc.stdout:
+        fail("node_2's error line (prefixed [node_2]) is missing")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=["three_nodes", "one_node", "match_pytorch", "never_starts", "launcher_stops_all"])
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    shutil.rmtree(args.work, ignore_errors=True)
+    globals()["case_" + args.case](args)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

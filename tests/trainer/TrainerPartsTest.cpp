@@ -1,0 +1,225 @@
+// Unit tests of the trainer's parts against independent references (ATen's own losses, known
+// files, closed-form schedules).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/Error.h"
+#include "trainer/Dataset.h"
+#include "trainer/Loss.h"
+#include "trainer/LrSchedule.h"
+#include "trainer/Sampler.h"
+#include "trainer/StageExecutor.h"
+#include "trainer/TrainOptions.h"
+
+namespace cairn {
+namespace {
+
+TEST(Loss, MicrobatchSharesAddUpToTheBatchMean) {
+  torch::manual_seed(1);
+  torch::Tensor logits = torch::randn({12, 6, 9});
+  torch::Tensor targets = torch::randint(0, 9, {12, 6}, torch::kLong);
+  targets.index_put_({torch::randint(0, 2, {12, 6}, torch::kLong).to(torch::kBool)}, -100);
+  LossOptions o;
+  const double denominator = double(lossTermCount(o, targets));
+  double total = 0;
+  for (int64_t start : {0, 5, 9}) {
+    const int64_t len = start == 0 ? 5 : start == 5 ? 4 : 3;
+    total +=
+        microbatchLoss(o, logits.narrow(0, start, len), targets.narrow(0, start, len), denominator)
+            .item<double>();
+  }
+  const double reference =
+      at::cross_entropy_loss(logits.reshape({-1, 9}), targets.reshape({-1})).item<double>();
+  EXPECT_NEAR(total, reference, 1e-5);
+
+  LossOptions mse;
+  mse.kind = LossKind::kMse;
+  torch::Tensor a = torch::randn({8, 3}), b = torch::randn({8, 3});
+  const double d = double(lossTermCount(mse, b));
+  const double split = microbatchLoss(mse, a.narrow(0, 0, 3), b.narrow(0, 0, 3), d).item<double>() +
+                       microbatchLoss(mse, a.narrow(0, 3, 5), b.narrow(0, 3, 5), d).item<double>();
+  EXPECT_NEAR(split, at::mse_loss(a, b).item<double>(), 1e-6);
+
+  LossOptions nll;
+  nll.kind = LossKind::kNll;
+  torch::Tensor lp = at::log_softmax(torch::randn({10, 4}), 1);
+  torch::Tensor t = torch::randint(0, 4, {10}, torch::kLong);
+  EXPECT_NEAR(microbatchLoss(nll, lp, t, 10).item<double>(), at::nll_loss(lp, t).item<double>(),
+              1e-6);
+}
+
+TEST(Loss, EvaluationCountsTopOneHits) {
+  torch::Tensor logits = torch::tensor({{0.f, 2.f}, {3.f, 1.f}, {0.f, 1.f}});
+  torch::Tensor targets = torch::tensor({1, 1, 1}, torch::kLong);
+  EvalTally t = evaluationTally(LossOptions{}, logits, targets);
+  EXPECT_EQ(t.correct, 2);
+  EXPECT_EQ(t.terms, 3);
+}
+
+TEST(LrSchedule, ClosedForms) {
+  LrScheduleOptions o;
+  EXPECT_DOUBLE_EQ(LrSchedule(0.1, o, 100).at(57), 0.1);
+  o.kind = LrScheduleKind::kStep;
+  o.step_size = 10;
+  o.gamma = 0.5;
+  EXPECT_DOUBLE_EQ(LrSchedule(0.1, o, 100).at(9), 0.1);
+  EXPECT_DOUBLE_EQ(LrSchedule(0.1, o, 100).at(25), 0.025);
+  o.kind = LrScheduleKind::kCosine;
+  o.min_lr = 0.01;
+  EXPECT_DOUBLE_EQ(LrSchedule(0.1, o, 100).at(0), 0.1);
+  EXPECT_NEAR(LrSchedule(0.1, o, 100).at(50), 0.055, 1e-12);
+  EXPECT_NEAR(LrSchedule(0.1, o, 100).at(100), 0.01, 1e-12);
+  o.kind = LrScheduleKind::kWarmupCosine;
+  o.warmup_steps = 10;
+  EXPECT_NEAR(LrSchedule(0.1, o, 110).at(0), 0.01, 1e-12);
+  EXPECT_NEAR(LrSchedule(0.1, o, 110).at(9), 0.1, 1e-12);
+  EXPECT_NEAR(LrSchedule(0.1, o, 110).at(10), 0.1, 1e-12);
+  EXPECT_NEAR(LrSchedule(0.1, o, 110).at(60), 0.055, 1e-12);
+}
+
+TEST(ShardSampler, ShardsAreDisjointAndCoverTheData) {
+  std::set<int64_t> seen;
+  for (int c = 0; c < 3; ++c) {
+    ShardSampler s(1000, c, 3, 0, {}, 42);
+    for (int64_t id : s.shard()) EXPECT_TRUE(seen.insert(id).second) << id << " in two shards";
+  }
+  EXPECT_EQ(seen.size(), 1000u);
+  // chunk list: chunks 1 and 3 of 4, dealt to 2 clusters.
+  ShardSampler a(400, 0, 2, 4, {1, 3}, 0), b(400, 1, 2, 4, {1, 3}, 0);
+  EXPECT_EQ(a.shard().front(), 100);
+  EXPECT_EQ(a.shard().back(), 199);
+  EXPECT_EQ(b.shard().front(), 300);
+  EXPECT_THROW(ShardSampler(400, 0, 3, 4, {1, 3}, 0), BadInput);
+}
+
+TEST(ShardSampler, EpochOrderIsASeededPermutation) {
+  ShardSampler s(500, 0, 1, 0, {}, 7);
+  auto e0 = s.epochOrder(0), e1 = s.epochOrder(1);
+  EXPECT_NE(e0, e1);
+  EXPECT_EQ(e0, ShardSampler(500, 0, 1, 0, {}, 7).epochOrder(0));
+  EXPECT_NE(e0, ShardSampler(500, 0, 1, 0, {}, 8).epochOrder(0));
+  std::sort(e0.begin(), e0.end());
+  for (int64_t i = 0; i < 500; ++i) EXPECT_EQ(e0[size_t(i)], i);
+}
+
+TEST(Dataset, FashionMnistIdxGzipAndRaw) {
+  const std::string dir = "/usr/share/datasets/fashion-mnist";
+  if (!std::ifstream(dir + "/train-labels-idx1-ubyte.gz").good())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  DataOptions o;
+  o.location = dir;
+  o.format = "idx";
+  o.test_samples = 100;
+  DatasetPair d = loadDatasets(o, 0);
+  EXPECT_EQ(d.train->size(), 60000);
+  EXPECT_EQ(d.test->size(), 100);
+  // Published facts of Fashion-MNIST: the first training label is 9 (ankle boot), the first test
+  // label is 9, the second training label is 0 (T-shirt/top).
+  Batch b = d.train->get({0, 1}, false);
+  EXPECT_EQ(b.targets[0].item<int64_t>(), 9);
+  EXPECT_EQ(b.targets[1].item<int64_t>(), 0);
+  EXPECT_EQ(d.test->get({0}, false).targets[0].item<int64_t>(), 9);
+  EXPECT_EQ(b.inputs.sizes(), (std::vector<int64_t>{2, 1, 28, 28}));
+  EXPECT_GE(b.inputs.min().item<float>(), 0.f);
+  EXPECT_LE(b.inputs.max().item<float>(), 1.f);
+  // The same labels from an uncompressed copy.
+  const std::string raw = ::testing::TempDir() + "/cairn_idx_raw";
+  std::filesystem::create_directories(raw);
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    auto bytes = readMaybeGzipFile(dir + "/" + f + ".gz");
+    std::ofstream(raw + "/" + f, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), int64_t(bytes.size()));
+  }
+  o.location = raw;
+  o.normalize.mean = {0.5};
+  o.normalize.std = {0.25};
+  DatasetPair r = loadDatasets(o, 0);
+  Batch rb = r.train->get({0, 1}, false);
+  EXPECT_TRUE(rb.targets.equal(b.targets));
+  EXPECT_TRUE(rb.inputs.allclose((b.inputs - 0.5) / 0.25));
+}
+
+TEST(Dataset, SafetensorsRoundTripAndTokens) {
+  const std::string path = ::testing::TempDir() + "/cairn_data.safetensors";
+  torch::Tensor inputs = torch::randn({10, 3}), targets = torch::arange(10, torch::kLong);
+  writeSafetensors(path, {{"inputs", inputs}, {"targets", targets}});
+  DataOptions o;
+  o.location = path;
+  o.format = "safetensors";
+  DatasetPair d = loadDatasets(o, 0);
+  Batch b = d.train->get({7, 2}, false);
+  EXPECT_TRUE(b.inputs.equal(torch::stack({inputs[7], inputs[2]})));
+  EXPECT_EQ(b.targets[0].item<int64_t>(), 7);
+
+  const std::string text = ::testing::TempDir() + "/cairn_tokens.txt";
+  std::ofstream(text) << "abcdefghijklmnopqrstuvwxyz";  // 26 bytes
+  DataOptions t;
+  t.location = text;
+  t.format = "tokens";
+  t.block_length = 5;
+  t.test_fraction = 0.2;
+  DatasetPair tok = loadDatasets(t, 0);
+  EXPECT_EQ(tok.train->size(), 4);  // 5 blocks in all, the last one is the test set
+  EXPECT_EQ(tok.test->size(), 1);
+  Batch tb = tok.train->get({1}, false);
+  EXPECT_EQ(tb.inputs[0][0].item<int64_t>(), 'f');
+  EXPECT_EQ(tb.targets[0][0].item<int64_t>(), 'g');
+  EXPECT_EQ(tb.targets[0][4].item<int64_t>(), 'k');
+  EXPECT_EQ(tok.test->get({0}, false).inputs[0][0].item<int64_t>(), 'u');
+}
+
+TEST(TrainOptions, DefaultsAndErrorsNameTheKey) {
+  TrainOptions d = parseTrainOptions(nlohmann::json::object(), "job.json");
+  EXPECT_EQ(d.batch_size, 64);
+  EXPECT_EQ(d.optimizer.kind, OptimizerKind::kAdamW);
+  EXPECT_DOUBLE_EQ(d.optimizer.weight_decay, 0.01);
+  auto message = [](const nlohmann::json& j) {
+    try {
+      parseTrainOptions(j, "job.json");
+    } catch (const BadInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message({{"optimizer", {{"name", "sgd"}, {"lr", -1}}}}),
+            "job.json: training_definition.optimizer.lr must be a non-negative number");
+  EXPECT_NE(message({{"batch_sise", 3}}).find("batch_sise"), std::string::npos);
+  EXPECT_NE(
+      message({{"batch_size", 2}, {"microbatches", 4}}).find("training_definition.microbatches"),
+      std::string::npos);
+  EXPECT_NE(
+      message({{"optimizer", {{"name", "adamw"}, {"momentum", 0.9}}}}).find("optimizer.momentum"),
+      std::string::npos);
+}
+
+TEST(StageExecutor, NonTensorInputsAndInputGradients) {
+  // forward(x: Tensor, k: int, s: float) -> (x * k * s, k + 1)
+  torch::jit::Module m("m");
+  m.define(R"(
+    def forward(self, x: Tensor, k: int, s: float) -> Tuple[Tensor, int]:
+        return x * k * s, k + 1
+  )");
+  std::vector<BoundaryValue> in = {
+      {"x", "tensor", "float32", {}}, {"k", "int", "int64", {}}, {"s", "float", "float64", {}}};
+  std::vector<BoundaryValue> out = {{"y", "tensor", "float32", {}}, {"k1", "int", "int64", {}}};
+  StageExecutor e(m, in, out, /*inputs_need_grad=*/true);
+  torch::Tensor x = torch::ones({2, 2});
+  auto y = e.forward(0, {x, torch::tensor(int64_t(3)), torch::tensor(0.5, torch::kDouble)});
+  EXPECT_TRUE(y[0].allclose(torch::full({2, 2}, 1.5)));
+  EXPECT_EQ(y[1].item<int64_t>(), 4);
+  EXPECT_EQ(e.pendingMicrobatches(), 1u);
+  auto g = e.backward(0, {torch::ones({2, 2}), torch::Tensor()});
+  EXPECT_TRUE(g[0].allclose(torch::full({2, 2}, 1.5)));
+  EXPECT_FALSE(g[1].defined());
+  EXPECT_EQ(e.pendingMicrobatches(), 0u);
+}
+
+}  // namespace
+}  // namespace cairn

@@ -1,0 +1,73 @@
+// bench_single_process: the baseline for bench_pipeline — one process, one libtorch training loop
+// over the UNSPLIT TorchScript model, same data, batch size, optimizer and intra-op thread count as
+// the pipeline run it is compared with. Prints "single_process_samples_per_s <n>".
+#include <ATen/Parallel.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+
+#include "core/MainGuard.h"
+#include "trainer/Dataset.h"
+#include "trainer/Loss.h"
+#include "trainer/Optimizer.h"
+#include "trainer/Sampler.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_single_process: train the unsplit model in one process and report samples/s"};
+  std::string model_path, data = "/usr/share/datasets/fashion-mnist";
+  int64_t steps = 200, batch_size = 128, warmup = 10;
+  int threads = 1;
+  double lr = 0.003;
+  app.add_option("--model", model_path, "TorchScript model (.pt)")->required();
+  app.add_option("--data", data, "IDX folder")->capture_default_str();
+  app.add_option("--steps", steps, "timed optimizer steps")->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--batch-size", batch_size)->capture_default_str();
+  app.add_option("--threads", threads, "torch intra-op threads")->capture_default_str();
+  app.add_option("--lr", lr)->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return cairn::runGuarded("bench_single_process", [&] {
+    at::set_num_threads(threads);
+    at::set_num_interop_threads(1);
+    cairn::DataOptions d;
+    d.location = data;
+    d.format = "idx";
+    d.normalize.mean = {0.2860};
+    d.normalize.std = {0.3530};
+    cairn::DatasetPair datasets = cairn::loadDatasets(d, 0);
+    cairn::ShardSampler sampler(datasets.train->size(), 0, 1, 0, {}, 0);
+    std::vector<int64_t> order = sampler.epochOrder(0);
+    torch::jit::Module model = torch::jit::load(model_path);
+    model.train();
+    std::vector<torch::Tensor> params;
+    for (const auto& p : model.parameters()) params.push_back(p);
+    cairn::OptimizerOptions o;
+    o.lr = lr;
+    o.weight_decay = 0.01;
+    cairn::Optimizer optimizer(params, o);
+    cairn::LossOptions loss_options;
+    const int64_t per_epoch = int64_t(order.size()) / batch_size;
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t step = 0; step < warmup + steps; ++step) {
+      if (step == warmup) start = std::chrono::steady_clock::now();
+      const int64_t position = step % per_epoch;
+      std::vector<int64_t> ids(order.begin() + position * batch_size,
+                               order.begin() + (position + 1) * batch_size);
+      cairn::Batch batch = datasets.train->get(ids, true);
+      torch::Tensor out = model.forward({batch.inputs}).toTensor();
+      torch::Tensor loss =
+          cairn::microbatchLoss(loss_options, out, batch.targets, double(batch_size));
+      loss.backward();
+      optimizer.step(lr);
+      optimizer.zeroGrad();
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("single_process_samples_per_s %.1f\n", double(steps * batch_size) / seconds);
+    return 0;
+  });
+}

@@ -1,0 +1,91 @@
+#include "trainer/Optimizer.h"
+
+#include <cmath>
+
+namespace cairn {
+
+Optimizer::Optimizer(std::vector<torch::Tensor> parameters, const OptimizerOptions& options)
+    : parameters_(std::move(parameters)), states_(parameters_.size()), options_(options) {
+  if (options_.weight_decay < 0)
+    options_.weight_decay = options_.kind == OptimizerKind::kAdamW ? 0.01 : 0;
+}
+
+void Optimizer::zeroGrad() {
+  for (auto& p : parameters_) {
+    if (p.grad().defined()) {
+      p.mutable_grad().detach_();
+      p.mutable_grad().zero_();
+    }
+  }
+}
+
+void Optimizer::step(double lr) {
+  torch::NoGradGuard no_grad;
+  const auto& o = options_;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    torch::Tensor& p = parameters_[i];
+    if (!p.grad().defined()) continue;
+    State& s = states_[i];
+    torch::Tensor grad = p.grad();
+    switch (o.kind) {
+      case OptimizerKind::kSgd: {
+        // torch/optim/sgd.py _single_tensor_sgd
+        if (o.weight_decay != 0) grad = grad.add(p, o.weight_decay);
+        if (o.momentum != 0) {
+          if (!s.momentum_buffer.defined()) {
+            s.momentum_buffer = grad.clone().detach();
+          } else {
+            s.momentum_buffer.mul_(o.momentum).add_(grad, 1 - o.dampening);
+          }
+          grad = o.nesterov ? grad.add(s.momentum_buffer, o.momentum) : s.momentum_buffer;
+        }
+        p.add_(grad, -lr);
+        break;
+      }
+      case OptimizerKind::kAdam:
+      case OptimizerKind::kAdamW: {
+        // torch/optim/adam.py and adamw.py _single_tensor_*
+        if (!s.exp_avg.defined()) {
+          s.exp_avg = torch::zeros_like(p, at::MemoryFormat::Preserve);
+          s.exp_avg_sq = torch::zeros_like(p, at::MemoryFormat::Preserve);
+        }
+        s.step += 1;
+        if (o.kind == OptimizerKind::kAdamW) {
+          p.mul_(1 - lr * o.weight_decay);
+        } else if (o.weight_decay != 0) {
+          grad = grad.add(p, o.weight_decay);
+        }
+        s.exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
+        s.exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad.conj(), 1 - o.beta2);
+        const double bias_correction1 = 1 - std::pow(o.beta1, double(s.step));
+        const double bias_correction2 = 1 - std::pow(o.beta2, double(s.step));
+        const double step_size = lr / bias_correction1;
+        const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+        torch::Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
+        p.addcdiv_(s.exp_avg, denom, -step_size);
+        break;
+      }
+    }
+  }
+}
+
+double squaredGradientNorm(const std::vector<torch::Tensor>& parameters) {
+  double sum = 0;
+  for (const auto& p : parameters) {
+    if (!p.grad().defined()) continue;
+    const double n = p.grad().detach().norm(2).item<double>();
+    sum += n * n;
+  }
+  return sum;
+}
+
+void scaleGradientsForClipping(const std::vector<torch::Tensor>& parameters, double total_norm,
+                               double max_norm) {
+  const double coefficient = max_norm / (total_norm + 1e-6);
+  if (coefficient >= 1) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& p : parameters)
+    if (p.grad().defined()) p.grad().mul_(coefficient);
+}
+
+}  // namespace cairn

@@ -1,0 +1,44 @@
+// Optimizer: SGD (momentum, dampening, nesterov, weight decay), Adam and AdamW over one stage's
+// parameters, written out to match torch.optim's update rules (PyTorch 1.13, single-tensor path)
+// step for step. The learning rate is passed to every step() so the LR schedule stays a pure
+// function of the step index. Owns its state tensors; borrows the parameters (they alias the stage
+// module's, and are updated in place). Thread-safety: one thread (the node's trainer thread).
+#pragma once
+
+#include <torch/script.h>
+
+#include <memory>
+#include <vector>
+
+#include "trainer/TrainOptions.h"
+
+namespace cairn {
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<torch::Tensor> parameters, const OptimizerOptions& options);
+  // One update with learning rate `lr`; parameters without a gradient are skipped (as in PyTorch).
+  void step(double lr);
+  void zeroGrad();
+  const std::vector<torch::Tensor>& parameters() const { return parameters_; }
+
+ private:
+  struct State {
+    torch::Tensor momentum_buffer;  // sgd
+    torch::Tensor exp_avg;          // adam/adamw
+    torch::Tensor exp_avg_sq;
+    int64_t step = 0;
+  };
+  std::vector<torch::Tensor> parameters_;
+  std::vector<State> states_;
+  OptimizerOptions options_;
+};
+
+// Sum over `gradients` of the squared L2 norm of each, in float64 (one stage's share of the global
+// gradient norm: nodes add their shares along the pipeline, then take the square root).
+double squaredGradientNorm(const std::vector<torch::Tensor>& parameters);
+// Multiplies every gradient by min(1, max_norm / (total_norm + 1e-6)), as clip_grad_norm_ does.
+void scaleGradientsForClipping(const std::vector<torch::Tensor>& parameters, double total_norm,
+                               double max_norm);
+
+}  // namespace cairn

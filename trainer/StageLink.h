@@ -1,0 +1,45 @@
+// StageLink: a stage's two pipeline neighbours as the trainer sees them. trainer/ has no socket
+// code: node/ implements this over its Mailbox and transport (MailboxStageLink), tests implement it
+// with in-memory queues between threads. Every receive waits at most the peer timeout and then
+// throws PeerLost naming the neighbour and what was awaited; send throws PeerLost when the
+// neighbour's queue stays full for that long.
+// Thread-safety: called by the one thread that owns the node (docs/THREADS.md).
+#pragma once
+
+#include <torch/script.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cairn {
+
+enum class Neighbour { kUpstream, kDownstream };
+enum class PacketKind { kActivation, kGradient, kEvaluation, kControl };
+const char* toString(Neighbour neighbour);
+const char* toString(PacketKind kind);
+
+struct StagePacket {
+  PacketKind kind = PacketKind::kControl;
+  uint64_t step = 0;
+  uint64_t microbatch = 0;
+  std::string tag;   // control packets: what this is ("plan", "norm_partial", ...)
+  std::string text;  // control packets: JSON
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+
+  // The tensor named `name`; BadInput naming the packet when it is missing.
+  const torch::Tensor& tensor(const std::string& name) const;
+  bool has(const std::string& name) const;
+};
+
+class StageLink {
+ public:
+  virtual ~StageLink() = default;
+  virtual void send(Neighbour to, const StagePacket& packet) = 0;
+  // The packet of `kind` for (step, microbatch, tag) from that neighbour; others wait their turn.
+  virtual StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
+                              const std::string& tag) = 0;
+};
+
+}  // namespace cairn

@@ -1,0 +1,512 @@
+#include "trainer/StageTrainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "trainer/Dataset.h"
+#include "trainer/Loss.h"
+#include "trainer/LrSchedule.h"
+#include "trainer/Metrics.h"
+#include "trainer/Optimizer.h"
+#include "trainer/Sampler.h"
+#include "trainer/StageExecutor.h"
+#include "trainer/SyncSchedule.h"
+
+namespace cairn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+const char* kTargets = "__targets";
+const char* kIds = "__ids";
+const char* kDenominator = "__denominator";
+const char* kLoss = "__loss";
+const char* kNorm = "__norm";
+
+torch::Tensor scalar64(double v) { return torch::tensor(v, torch::kDouble); }
+
+}  // namespace
+
+const char* toString(Neighbour n) { return n == Neighbour::kUpstream ? "upstream" : "downstream"; }
+
+const char* toString(PacketKind k) {
+  switch (k) {
+    case PacketKind::kActivation:
+      return "activation";
+    case PacketKind::kGradient:
+      return "gradient";
+    case PacketKind::kEvaluation:
+      return "evaluation";
+    case PacketKind::kControl:
+      return "control";
+  }
+  return "?";
+}
+
+bool StagePacket::has(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return true;
+  return false;
+}
+
+const torch::Tensor& StagePacket::tensor(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return t;
+  CAIRN_THROW(BadInput, toString(kind), " packet for step ", step, " micro-batch ", microbatch,
+              " lacks tensor ", name);
+}
+
+struct StageTrainer::Impl {
+  struct Microbatch {
+    std::vector<torch::Tensor> inputs;  // Root: data inputs
+    torch::Tensor targets, ids, denominator;
+    torch::Tensor loss;  // Leaf: this micro-batch's share of the batch loss
+  };
+
+  StageTrainerConfig cfg;
+  StageLink& link;
+  TrainerObserver observer;
+  const TrainOptions& opt;
+  bool is_root, is_leaf;
+  std::unique_ptr<StageExecutor> executor;
+  std::unique_ptr<Optimizer> optimizer;
+  DatasetPair data;
+  std::unique_ptr<ShardSampler> sampler;
+  SyncSchedule schedule;
+  MetricsLog metrics;
+  std::ofstream sample_ids_out;
+  ProgressLine progress;
+
+  // The run plan (computed by the Root, learnt by the others).
+  int64_t total_steps = 0, steps_per_epoch = 0, eval_batches = 0;
+
+  // Per step.
+  int64_t step = 0;
+  std::map<int, Microbatch> micro;
+  double step_loss = 0, compute_s = 0, send_s = 0, wait_s = 0, grad_norm = -1;
+  uint64_t checksum = 0;
+  std::vector<int64_t> epoch_order;
+
+  Impl(StageTrainerConfig c, torch::jit::Module stage, StageLink& l, TrainerObserver o)
+      : cfg(std::move(c)),
+        link(l),
+        observer(std::move(o)),
+        opt(cfg.options),
+        is_root(cfg.node.stage == 0),
+        is_leaf(cfg.node.stage == cfg.node.num_stages - 1),
+        schedule(cfg.node.stage, cfg.node.num_stages, int(cfg.options.microbatches),
+                 cfg.options.pipeline, cfg.options.clip_grad_norm > 0),
+        progress(is_leaf && cfg.show_progress, cfg.options.log_every_s) {
+    executor = std::make_unique<StageExecutor>(std::move(stage), cfg.node.inputs, cfg.node.outputs,
+                                               /*inputs_need_grad=*/!is_root);
+    std::vector<torch::Tensor> trainable;
+    for (auto& p : executor->parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    optimizer = std::make_unique<Optimizer>(trainable, opt.optimizer);
+    if (!cfg.metrics_path.empty()) metrics = MetricsLog(cfg.metrics_path);
+    torch::manual_seed(opt.seed * 1000003u + uint64_t(cfg.node.cluster) * 7919u +
+                       uint64_t(cfg.node.stage));
+  }
+
+  // ---- timing helpers -------------------------------------------------------------------------
+  void send(Neighbour to, const StagePacket& p) {
+    const auto t = Clock::now();
+    link.send(to, p);
+    send_s += secondsSince(t);
+  }
+  StagePacket receive(Neighbour from, PacketKind kind, uint64_t s, uint64_t mb,
+                      const std::string& tag) {
+    const auto t = Clock::now();
+    StagePacket p = link.receive(from, kind, s, mb, tag);
+    wait_s += secondsSince(t);
+    return p;
+  }
+
+  // ---- the plan -------------------------------------------------------------------------------
+  void makePlan() {
+    if (is_root) {
+      data = loadDatasets(cfg.data, opt.seed);
+      sampler =
+          std::make_unique<ShardSampler>(data.train->size(), cfg.node.cluster, cfg.num_clusters,
+                                         cfg.data.chunks, cfg.data.chunk, opt.seed);
+      const int64_t shard = int64_t(sampler->shard().size());
+      steps_per_epoch = shard / opt.batch_size;
+      if (steps_per_epoch == 0)
+        CAIRN_THROW(BadInput, "job.json: training_definition.batch_size (", opt.batch_size,
+                    ") exceeds this cluster's shard of ", shard, " samples");
+      total_steps = opt.epochs > 0 ? opt.epochs * steps_per_epoch : opt.max_steps;
+      if (opt.max_steps > 0) total_steps = std::min(total_steps, opt.max_steps);
+      const int64_t test = data.test ? data.test->size() : 0;
+      eval_batches = (test + opt.eval_batch_size - 1) / opt.eval_batch_size;
+      CAIRN_INFO("data: ", data.train->size(), " training samples (this cluster's shard: ", shard,
+                 "), ", test, " test samples; ", total_steps, " steps of ", opt.batch_size,
+                 " samples in ", opt.microbatches, " micro-batches");
+      if (opt.record_sample_ids && !cfg.sample_ids_path.empty()) {
+        sample_ids_out.open(cfg.sample_ids_path, std::ios::trunc);
+        if (!sample_ids_out) CAIRN_THROW(BadInput, cfg.sample_ids_path, ": cannot write");
+      }
+    } else {
+      StagePacket plan = receive(Neighbour::kUpstream, PacketKind::kControl, 0, 0, "plan");
+      nlohmann::json j = nlohmann::json::parse(plan.text, nullptr, false);
+      if (j.is_discarded() || !j.contains("total_steps"))
+        CAIRN_THROW(BadInput, "malformed run plan from upstream: ", plan.text);
+      total_steps = j["total_steps"].get<int64_t>();
+      steps_per_epoch = j["steps_per_epoch"].get<int64_t>();
+      eval_batches = j["eval_batches"].get<int64_t>();
+    }
+    if (!is_leaf) {
+      StagePacket plan;
+      plan.kind = PacketKind::kControl;
+      plan.tag = "plan";
+      plan.text = nlohmann::json{{"total_steps", total_steps},
+                                 {"steps_per_epoch", steps_per_epoch},
+                                 {"eval_batches", eval_batches}}
+                      .dump();
+      send(Neighbour::kDownstream, plan);
+    }
+  }
+
+  // ---- one step -------------------------------------------------------------------------------
+  void loadBatch() {
+    const int64_t position = step % steps_per_epoch;
+    if (position == 0) epoch_order = sampler->epochOrder(step / steps_per_epoch);
+    std::vector<int64_t> ids(epoch_order.begin() + position * opt.batch_size,
+                             epoch_order.begin() + (position + 1) * opt.batch_size);
+    if (observer.on_batch) observer.on_batch(step, ids);
+    if (sample_ids_out.is_open())
+      sample_ids_out << nlohmann::json{{"step", step}, {"ids", ids}}.dump() << '\n' << std::flush;
+    checksum = sampleIdChecksum(ids.data(), ids.size());
+    Batch batch = data.train->get(ids, /*training=*/true);
+    const int64_t terms = lossTermCount(opt.loss, batch.targets);
+    torch::Tensor denominator = scalar64(double(std::max<int64_t>(terms, 1)));
+    torch::Tensor id_tensor = torch::tensor(ids, torch::kLong);
+    const int64_t m = opt.microbatches, base = opt.batch_size / m, extra = opt.batch_size % m;
+    int64_t offset = 0;
+    for (int64_t k = 0; k < m; ++k) {
+      const int64_t size = base + (k < extra ? 1 : 0);
+      Microbatch& mb = micro[int(k)];
+      mb.inputs = {batch.inputs.narrow(0, offset, size)};
+      mb.targets = batch.targets.narrow(0, offset, size);
+      mb.ids = id_tensor.narrow(0, offset, size);
+      mb.denominator = denominator;
+      offset += size;
+    }
+  }
+
+  void forward(int k) {
+    Microbatch& mb = micro[k];
+    std::vector<torch::Tensor> inputs;
+    if (is_root) {
+      inputs = mb.inputs;
+    } else {
+      StagePacket in =
+          receive(Neighbour::kUpstream, PacketKind::kActivation, uint64_t(step), uint64_t(k), "");
+      const size_t n = cfg.node.inputs.size();
+      if (in.tensors.size() < n)
+        CAIRN_THROW(BadInput, "activation for step ", step, " micro-batch ", k, " has ",
+                    in.tensors.size(), " tensors, fewer than the stage's ", n, " inputs");
+      for (size_t i = 0; i < n; ++i) inputs.push_back(in.tensors[i].second);
+      mb.targets = in.tensor(kTargets);
+      mb.ids = in.tensor(kIds);
+      mb.denominator = in.tensor(kDenominator);
+    }
+    const auto t = Clock::now();
+    std::vector<torch::Tensor> outputs = executor->forward(uint64_t(k), inputs);
+    if (is_leaf) {
+      if (mb.targets.size(0) != mb.ids.size(0))
+        CAIRN_THROW(BadInput, "micro-batch ", k, " of step ", step, ": ", mb.targets.size(0),
+                    " targets for ", mb.ids.size(0), " sample ids");
+      mb.loss = microbatchLoss(opt.loss, outputs.at(0), mb.targets, mb.denominator.item<double>());
+      compute_s += secondsSince(t);
+      if (!is_root) {
+        torch::Tensor ids = mb.ids.to(torch::kLong).contiguous();
+        checksum += sampleIdChecksum(ids.data_ptr<int64_t>(), size_t(ids.numel()));
+      }
+      return;
+    }
+    compute_s += secondsSince(t);
+    StagePacket out;
+    out.kind = PacketKind::kActivation;
+    out.step = uint64_t(step);
+    out.microbatch = uint64_t(k);
+    for (size_t i = 0; i < outputs.size(); ++i)
+      out.tensors.emplace_back(cfg.node.outputs[i].name, outputs[i].detach());
+    out.tensors.emplace_back(kTargets, mb.targets);
+    out.tensors.emplace_back(kIds, mb.ids);
+    out.tensors.emplace_back(kDenominator, mb.denominator);
+    send(Neighbour::kDownstream, out);
+  }
+
+  void backward(int k) {
+    auto it = micro.find(k);
+    CAIRN_ENFORCE(it != micro.end());
+    Microbatch& mb = it->second;
+    std::vector<torch::Tensor> input_grads;
+    double loss_share = 0;
+    if (is_leaf) {
+      const auto t = Clock::now();
+      loss_share = mb.loss.item<double>();
+      input_grads = executor->backwardFromLoss(uint64_t(k), mb.loss);
+      compute_s += secondsSince(t);
+    } else {
+      StagePacket in =
+          receive(Neighbour::kDownstream, PacketKind::kGradient, uint64_t(step), uint64_t(k), "");
+      const auto& outputs = executor->outputsOf(uint64_t(k));
+      std::vector<torch::Tensor> grads;
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        torch::Tensor g = i < in.tensors.size() ? in.tensors[i].second : torch::Tensor();
+        if (g.defined() && g.numel() == 0 && outputs[i].numel() != 0) g = torch::Tensor();
+        grads.push_back(g);
+      }
+      loss_share = in.tensor(kLoss).item<double>();
+      const auto t = Clock::now();
+      input_grads = executor->backward(uint64_t(k), grads);
+      compute_s += secondsSince(t);
+    }
+    step_loss += loss_share;
+    if (!is_root) {
+      StagePacket out;
+      out.kind = PacketKind::kGradient;
+      out.step = uint64_t(step);
+      out.microbatch = uint64_t(k);
+      for (size_t i = 0; i < input_grads.size(); ++i)
+        out.tensors.emplace_back(cfg.node.inputs[i].name,
+                                 input_grads[i].defined() ? input_grads[i] : torch::empty({0}));
+      out.tensors.emplace_back(kLoss, scalar64(loss_share));
+      send(Neighbour::kUpstream, out);
+    }
+    micro.erase(it);
+  }
+
+  // Global gradient norm: partial sums of squares Leaf -> Root, the total back Root -> Leaf.
+  void reduceGradNorm() {
+    auto t = Clock::now();
+    double partial = squaredGradientNorm(optimizer->parameters());
+    compute_s += secondsSince(t);
+    auto control = [&](const char* tag, double value) {
+      StagePacket p;
+      p.kind = PacketKind::kControl;
+      p.step = uint64_t(step);
+      p.tag = tag;
+      p.tensors.emplace_back(kNorm, scalar64(value));
+      return p;
+    };
+    if (!is_leaf)
+      partial +=
+          receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0, "norm_partial")
+              .tensor(kNorm)
+              .item<double>();
+    double total = partial;
+    if (!is_root) {
+      send(Neighbour::kUpstream, control("norm_partial", partial));
+      total = receive(Neighbour::kUpstream, PacketKind::kControl, uint64_t(step), 0, "norm_total")
+                  .tensor(kNorm)
+                  .item<double>();
+    }
+    if (!is_leaf) send(Neighbour::kDownstream, control("norm_total", total));
+    grad_norm = std::sqrt(total);
+    t = Clock::now();
+    scaleGradientsForClipping(optimizer->parameters(), grad_norm, opt.clip_grad_norm);
+    compute_s += secondsSince(t);
+  }
+
+  // ---- evaluation -----------------------------------------------------------------------------
+  EvalResult evaluate() {
+    EvalTally tally;
+    int64_t samples = 0;
+    for (int64_t b = 0; b < eval_batches; ++b) {
+      torch::Tensor targets;
+      std::vector<torch::Tensor> outputs;
+      if (is_root) {
+        const int64_t n = data.test->size();
+        std::vector<int64_t> ids;
+        for (int64_t i = b * opt.eval_batch_size; i < std::min(n, (b + 1) * opt.eval_batch_size);
+             ++i)
+          ids.push_back(i);
+        Batch batch = data.test->get(ids, /*training=*/false);
+        targets = batch.targets;
+        outputs = executor->evaluate({batch.inputs});
+      } else {
+        StagePacket in =
+            receive(Neighbour::kUpstream, PacketKind::kEvaluation, uint64_t(step), uint64_t(b), "");
+        std::vector<torch::Tensor> inputs;
+        for (size_t i = 0; i < cfg.node.inputs.size() && i < in.tensors.size(); ++i)
+          inputs.push_back(in.tensors[i].second);
+        targets = in.tensor(kTargets);
+        outputs = executor->evaluate(inputs);
+      }
+      if (is_leaf) {
+        EvalTally t = evaluationTally(opt.loss, outputs.at(0), targets);
+        tally.loss_sum += t.loss_sum;
+        tally.terms += t.terms;
+        tally.correct += t.correct;
+        samples += targets.size(0);
+      } else {
+        StagePacket out;
+        out.kind = PacketKind::kEvaluation;
+        out.step = uint64_t(step);
+        out.microbatch = uint64_t(b);
+        for (size_t i = 0; i < outputs.size(); ++i)
+          out.tensors.emplace_back(cfg.node.outputs[i].name, outputs[i]);
+        out.tensors.emplace_back(kTargets, targets);
+        send(Neighbour::kDownstream, out);
+      }
+    }
+    EvalResult result;
+    result.step = step;
+    if (is_leaf) {
+      result.samples = samples;
+      result.loss = tally.terms ? tally.loss_sum / double(tally.terms) : 0;
+      if (opt.loss.kind != LossKind::kMse && cfg.data.format != "tokens")
+        result.accuracy = tally.terms ? double(tally.correct) / double(tally.terms) : 0;
+      if (cfg.data.format == "tokens") {
+        result.perplexity = std::exp(result.loss);
+        result.accuracy = tally.terms ? double(tally.correct) / double(tally.terms) : 0;
+      }
+    }
+    nlohmann::json j;
+    if (!is_leaf) {
+      StagePacket in =
+          receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0, "eval_result");
+      j = nlohmann::json::parse(in.text, nullptr, false);
+      if (j.is_discarded()) CAIRN_THROW(BadInput, "malformed evaluation result from downstream");
+      result.samples = j.value("samples", int64_t(0));
+      result.loss = j.value("loss", 0.0);
+      result.accuracy = j.value("accuracy", -1.0);
+      result.perplexity = j.value("perplexity", -1.0);
+    } else {
+      j = {{"step", result.step},
+           {"samples", result.samples},
+           {"loss", result.loss},
+           {"accuracy", result.accuracy},
+           {"perplexity", result.perplexity}};
+    }
+    if (!is_root) {
+      StagePacket out;
+      out.kind = PacketKind::kControl;
+      out.step = uint64_t(step);
+      out.tag = "eval_result";
+      out.text = j.dump();
+      send(Neighbour::kUpstream, out);
+    }
+    metrics.write({{"eval", j}});
+    std::string line = "evaluation after step " + std::to_string(step) + ": " +
+                       std::to_string(result.samples) + " test samples, loss " +
+                       std::to_string(result.loss);
+    if (result.accuracy >= 0) {
+      char buffer[64];
+      std::snprintf(buffer, sizeof buffer, ", accuracy %.2f%%", 100.0 * result.accuracy);
+      line += buffer;
+    }
+    if (result.perplexity >= 0) line += ", perplexity " + std::to_string(result.perplexity);
+    CAIRN_INFO(line);
+    return result;
+  }
+
+  // ---- the run --------------------------------------------------------------------------------
+  TrainerResult run() {
+    const auto start = Clock::now();
+    makePlan();
+    LrSchedule lr_schedule(opt.optimizer.lr, opt.lr_scheduler, total_steps);
+    TrainerResult result;
+    const int64_t epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
+    auto last = Clock::now();
+    for (step = 0; step < total_steps; ++step) {
+      step_loss = compute_s = send_s = wait_s = 0;
+      grad_norm = -1;
+      checksum = 0;
+      micro.clear();
+      if (is_root) {
+        const auto t = Clock::now();
+        loadBatch();
+        compute_s += secondsSince(t);
+      }
+      const double lr = lr_schedule.at(step);
+      schedule.begin();
+      for (ScheduleAction a = schedule.next(); a.kind != ScheduleAction::Kind::kStepDone;
+           a = schedule.next()) {
+        switch (a.kind) {
+          case ScheduleAction::Kind::kForward:
+            forward(a.microbatch);
+            break;
+          case ScheduleAction::Kind::kBackward:
+            backward(a.microbatch);
+            break;
+          case ScheduleAction::Kind::kReduceGradNorm:
+            reduceGradNorm();
+            break;
+          case ScheduleAction::Kind::kOptimizerStep: {
+            const auto t = Clock::now();
+            optimizer->step(lr);
+            optimizer->zeroGrad();
+            compute_s += secondsSince(t);
+            break;
+          }
+          case ScheduleAction::Kind::kStepDone:
+            break;
+        }
+        schedule.complete(a);
+      }
+      CAIRN_ENFORCE(executor->pendingMicrobatches() == 0,
+                    "micro-batches left in flight after a step");
+      const double step_seconds = secondsSince(last);
+      last = Clock::now();
+      const double samples_per_second = double(opt.batch_size) / std::max(step_seconds, 1e-9);
+      if (observer.on_step_loss) observer.on_step_loss(step, step_loss);
+      nlohmann::json record = {{"step", step + 1},
+                               {"epoch", step / steps_per_epoch},
+                               {"loss", step_loss},
+                               {"lr", lr},
+                               {"samples_per_s", samples_per_second},
+                               {"compute_s", compute_s},
+                               {"send_s", send_s},
+                               {"wait_s", wait_s}};
+      if (is_root || is_leaf) record["sample_checksum"] = checksum;
+      if (grad_norm >= 0) record["grad_norm"] = grad_norm;
+      metrics.write(record);
+      result.last_loss = step_loss;
+      const double elapsed = secondsSince(start);
+      progress.update({step / steps_per_epoch, epochs, step + 1, total_steps, step_loss,
+                       double((step + 1) * opt.batch_size) / std::max(elapsed, 1e-9), elapsed});
+      const bool last_step = step + 1 == total_steps;
+      if (!last_step && opt.eval_every > 0 && (step + 1) % opt.eval_every == 0 &&
+          eval_batches > 0) {
+        ++step;  // evaluation messages carry the number of steps done
+        progress.finish();
+        evaluate();
+        --step;
+      }
+    }
+    progress.finish();
+    result.steps = total_steps;
+    const double train_seconds = secondsSince(start);
+    result.samples_per_second =
+        double(total_steps * opt.batch_size) / std::max(train_seconds, 1e-9);
+    step = total_steps;
+    if (eval_batches > 0) result.final_eval = evaluate();
+    result.seconds = secondsSince(start);
+    metrics.write({{"done",
+                    {{"steps", result.steps},
+                     {"seconds", result.seconds},
+                     {"train_samples_per_s", result.samples_per_second}}}});
+    return result;
+  }
+};
+
+StageTrainer::StageTrainer(StageTrainerConfig config, torch::jit::Module stage, StageLink& link,
+                           TrainerObserver observer)
+    : impl_(
+          std::make_unique<Impl>(std::move(config), std::move(stage), link, std::move(observer))) {}
+StageTrainer::~StageTrainer() = default;
+TrainerResult StageTrainer::run() { return impl_->run(); }
+StageExecutor& StageTrainer::executor() { return *impl_->executor; }
+
+}  // namespace cairn

@@ -1,0 +1,78 @@
+// StageTrainer: one node's whole training run, independent of sockets. It walks the sync schedule
+// for every optimizer step, running its StageExecutor and talking to its neighbours through a
+// StageLink; it evaluates, writes metrics.jsonl and reports progress.
+//
+// One step, as data (docs/TRAINING.md): the Root takes the step's sample ids from its ShardSampler,
+// loads inputs and targets, cuts them into micro-batches and sends each micro-batch's boundary
+// tensors downstream together with "__targets", "__ids" and "__denominator" (the number of loss
+// terms in the whole batch), so the Leaf never needs a data loader of its own. Gradients flow back
+// with "__loss" (each micro-batch's share of the batch loss) so every node knows the step loss.
+//
+// Before the first step the Root sends the run plan (total steps, steps per epoch, evaluation
+// batches) downstream; other nodes learn it from there (only the Root has the data).
+// Ownership: owns the executor, optimizer and datasets; borrows the link. Thread-safety: one
+// thread.
+#pragma once
+
+#include <torch/script.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/NodeData.h"
+#include "trainer/StageLink.h"
+#include "trainer/TrainOptions.h"
+
+namespace cairn {
+
+class StageExecutor;
+
+struct EvalResult {
+  int64_t step = 0;  // optimizer steps done when it ran
+  int64_t samples = 0;
+  double loss = 0;         // mean loss per term
+  double accuracy = -1;    // top-1 (classification), -1 otherwise
+  double perplexity = -1;  // exp(loss) for token streams, -1 otherwise
+};
+
+struct TrainerResult {
+  int64_t steps = 0;
+  double last_loss = 0;
+  std::optional<EvalResult> final_eval;
+  double seconds = 0;
+  double samples_per_second = 0;  // over the whole run
+};
+
+// Hooks for tests and tools (all optional, called on the trainer thread).
+struct TrainerObserver {
+  std::function<void(int64_t step, const std::vector<int64_t>& sample_ids)> on_batch;  // Root
+  std::function<void(int64_t step, double loss)> on_step_loss;
+};
+
+struct StageTrainerConfig {
+  NodeSpec node;
+  TrainOptions options;
+  DataOptions data;
+  int num_clusters = 1;
+  std::string metrics_path;     // "" = no metrics.jsonl
+  std::string sample_ids_path;  // used when options.record_sample_ids
+  bool show_progress = true;
+};
+
+class StageTrainer {
+ public:
+  StageTrainer(StageTrainerConfig config, torch::jit::Module stage, StageLink& link,
+               TrainerObserver observer = {});
+  ~StageTrainer();
+  TrainerResult run();
+  StageExecutor& executor();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cairn

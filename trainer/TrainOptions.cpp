@@ -1,0 +1,214 @@
+#include "trainer/TrainOptions.h"
+
+#include <limits>
+
+#include "core/JsonReader.h"
+
+namespace cairn {
+namespace {
+
+constexpr int64_t kBig = int64_t{1} << 40;
+
+OptimizerOptions parseOptimizer(const JsonReader& r) {
+  OptimizerOptions o;
+  std::string name;
+  if (r.raw().contains("optimizer") && r.raw()["optimizer"].is_string()) {
+    name = r.choice("optimizer", {"sgd", "adam", "adamw"});
+    o.kind = name == "sgd"    ? OptimizerKind::kSgd
+             : name == "adam" ? OptimizerKind::kAdam
+                              : OptimizerKind::kAdamW;
+    o.weight_decay = o.kind == OptimizerKind::kAdamW ? 0.01 : 0;
+    return o;
+  }
+  auto maybe = r.optionalObject("optimizer");
+  if (!maybe) {
+    o.weight_decay = 0.01;
+    return o;
+  }
+  const JsonReader& opt = *maybe;
+  opt.rejectUnknownKeys(
+      {"name", "lr", "weight_decay", "momentum", "dampening", "nesterov", "betas", "eps"});
+  name = opt.choiceOr("name", {"sgd", "adam", "adamw"}, "adamw");
+  o.kind = name == "sgd"    ? OptimizerKind::kSgd
+           : name == "adam" ? OptimizerKind::kAdam
+                            : OptimizerKind::kAdamW;
+  o.lr = opt.numberOr("lr", o.lr);
+  if (!(o.lr >= 0)) opt.fail("lr", "must be a non-negative number");
+  o.weight_decay = opt.numberOr("weight_decay", o.kind == OptimizerKind::kAdamW ? 0.01 : 0.0);
+  if (!(o.weight_decay >= 0)) opt.fail("weight_decay", "must be a non-negative number");
+  if (o.kind == OptimizerKind::kSgd) {
+    o.momentum = opt.numberOr("momentum", 0);
+    o.dampening = opt.numberOr("dampening", 0);
+    o.nesterov = opt.booleanOr("nesterov", false);
+    if (!(o.momentum >= 0)) opt.fail("momentum", "must be a non-negative number");
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      opt.fail("nesterov", "requires momentum > 0 and dampening 0 (as in PyTorch)");
+    for (const char* key : {"betas", "eps"})
+      if (opt.has(key)) opt.fail(key, "is an adam/adamw option, not an sgd one");
+  } else {
+    if (opt.has("betas")) {
+      const auto betas = opt.numberList("betas");
+      if (betas.size() != 2 || !(betas[0] >= 0 && betas[0] < 1) || !(betas[1] >= 0 && betas[1] < 1))
+        opt.fail("betas", "must be two numbers in [0, 1)");
+      o.beta1 = betas[0];
+      o.beta2 = betas[1];
+    }
+    o.eps = opt.numberOr("eps", o.eps);
+    if (!(o.eps > 0)) opt.fail("eps", "must be a positive number");
+    for (const char* key : {"momentum", "dampening", "nesterov"})
+      if (opt.has(key)) opt.fail(key, "is an sgd option, not an adam/adamw one");
+  }
+  return o;
+}
+
+LrScheduleOptions parseLrSchedule(const JsonReader& r) {
+  LrScheduleOptions s;
+  const std::vector<std::string> names = {"constant", "step", "cosine", "warmup_cosine"};
+  auto kindOf = [](const std::string& n) {
+    return n == "step"            ? LrScheduleKind::kStep
+           : n == "cosine"        ? LrScheduleKind::kCosine
+           : n == "warmup_cosine" ? LrScheduleKind::kWarmupCosine
+                                  : LrScheduleKind::kConstant;
+  };
+  if (!r.has("lr_scheduler") || r.raw()["lr_scheduler"].is_null()) return s;
+  if (r.raw()["lr_scheduler"].is_string()) {
+    s.kind = kindOf(r.choice("lr_scheduler", names));
+    return s;
+  }
+  JsonReader l = r.object("lr_scheduler");
+  l.rejectUnknownKeys({"name", "step_size", "gamma", "warmup_steps", "min_lr", "total_steps"});
+  s.kind = kindOf(l.choice("name", names));
+  s.step_size = l.integerOr("step_size", 1, kBig, s.step_size);
+  s.gamma = l.numberOr("gamma", s.gamma);
+  if (!(s.gamma > 0)) l.fail("gamma", "must be a positive number");
+  s.warmup_steps = l.integerOr("warmup_steps", 0, kBig, 0);
+  s.min_lr = l.numberOr("min_lr", 0);
+  if (!(s.min_lr >= 0)) l.fail("min_lr", "must be a non-negative number");
+  s.total_steps = l.integerOr("total_steps", 0, kBig, 0);
+  return s;
+}
+
+LossOptions parseLoss(const JsonReader& r) {
+  LossOptions l;
+  const std::vector<std::string> names = {"cross_entropy", "mse", "nll"};
+  auto kindOf = [](const std::string& n) {
+    return n == "mse" ? LossKind::kMse : n == "nll" ? LossKind::kNll : LossKind::kCrossEntropy;
+  };
+  if (!r.has("loss_fn")) return l;
+  if (r.raw()["loss_fn"].is_string()) {
+    l.kind = kindOf(r.choice("loss_fn", names));
+    return l;
+  }
+  JsonReader o = r.object("loss_fn");
+  o.rejectUnknownKeys({"name", "ignore_index"});
+  l.kind = kindOf(o.choice("name", names));
+  l.ignore_index = o.integerOr("ignore_index", -kBig, kBig, l.ignore_index);
+  return l;
+}
+
+}  // namespace
+
+std::string toString(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+  }
+  return "?";
+}
+
+std::string toString(LossKind kind) {
+  switch (kind) {
+    case LossKind::kCrossEntropy:
+      return "cross_entropy";
+    case LossKind::kMse:
+      return "mse";
+    case LossKind::kNll:
+      return "nll";
+  }
+  return "?";
+}
+
+TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
+                               const std::string& source) {
+  JsonReader r(training_definition, source, "training_definition");
+  r.rejectUnknownKeys({"batch_size", "microbatches", "epochs", "max_steps", "schedule", "pipeline",
+                       "seed", "optimizer", "lr_scheduler", "loss_fn", "clip_grad_norm",
+                       "eval_every", "eval_batch_size", "local_steps", "timeouts", "threads",
+                       "log_every_s", "record_sample_ids", "accelerate_config"});
+  TrainOptions o;
+  o.batch_size = r.integerOr("batch_size", 1, 1 << 24, o.batch_size);
+  o.microbatches = r.integerOr("microbatches", 1, 1 << 16, o.microbatches);
+  if (o.microbatches > o.batch_size)
+    r.fail("microbatches", "(" + std::to_string(o.microbatches) + ") must not exceed batch_size (" +
+                               std::to_string(o.batch_size) + ")");
+  o.epochs = r.integerOr("epochs", 0, 1 << 20, o.epochs);
+  o.max_steps = r.integerOr("max_steps", 0, kBig, o.max_steps);
+  if (o.epochs == 0 && o.max_steps == 0)
+    r.fail("epochs", "and max_steps are both 0: nothing to train");
+  o.schedule = r.choiceOr("schedule", {"sync"}, "sync");
+  o.pipeline = r.choiceOr("pipeline", {"1f1b", "gpipe"}, "1f1b") == "gpipe" ? PipelineOrder::kGPipe
+                                                                            : PipelineOrder::k1F1B;
+  o.seed = static_cast<uint64_t>(r.integerOr("seed", 0, kBig, 0));
+  o.optimizer = parseOptimizer(r);
+  o.lr_scheduler = parseLrSchedule(r);
+  o.loss = parseLoss(r);
+  o.clip_grad_norm = r.numberOr("clip_grad_norm", 0);
+  if (!(o.clip_grad_norm >= 0)) r.fail("clip_grad_norm", "must be a non-negative number (0: off)");
+  o.eval_every = r.integerOr("eval_every", 0, kBig, 0);
+  o.eval_batch_size = r.integerOr("eval_batch_size", 1, 1 << 24, o.eval_batch_size);
+  o.local_steps = r.integerOr("local_steps", 1, kBig, 1);
+  if (auto t = r.optionalObject("timeouts")) {
+    t->rejectUnknownKeys({"startup_s", "peer_s"});
+    o.timeouts.startup_s = t->numberOr("startup_s", o.timeouts.startup_s);
+    o.timeouts.peer_s = t->numberOr("peer_s", o.timeouts.peer_s);
+    if (!(o.timeouts.startup_s > 0)) t->fail("startup_s", "must be a positive number of seconds");
+    if (!(o.timeouts.peer_s > 0)) t->fail("peer_s", "must be a positive number of seconds");
+  }
+  o.threads = static_cast<int>(r.integerOr("threads", 1, 1024, 1));
+  o.log_every_s = r.numberOr("log_every_s", o.log_every_s);
+  if (!(o.log_every_s > 0)) r.fail("log_every_s", "must be a positive number of seconds");
+  o.record_sample_ids = r.booleanOr("record_sample_ids", false);
+  return o;
+}
+
+DataOptions parseDataOptions(const DataSpec& data, const std::string& source) {
+  DataOptions d;
+  d.location = data.location;
+  d.format = data.format;
+  d.chunk = data.chunk;
+  JsonReader r(data.options, source, "data");
+  r.rejectUnknownKeys({"test_location", "chunks", "train_samples", "test_samples", "normalize",
+                       "random_flip", "block_length", "test_fraction"});
+  d.test_location = r.stringOr("test_location", "");
+  d.chunks = r.integerOr("chunks", 0, 1 << 30, 0);
+  for (int64_t c : d.chunk)
+    if (d.chunks > 0 && c >= d.chunks)
+      r.fail("chunk", "lists chunk " + std::to_string(c) + " but data.chunks is " +
+                          std::to_string(d.chunks));
+  d.train_samples = r.integerOr("train_samples", 0, kBig, 0);
+  d.test_samples = r.integerOr("test_samples", 0, kBig, 0);
+  if (auto n = r.optionalObject("normalize")) {
+    n->rejectUnknownKeys({"scale", "mean", "std"});
+    d.normalize.scale = n->numberOr("scale", 255);
+    if (!(d.normalize.scale > 0)) n->fail("scale", "must be a positive number");
+    if (n->has("mean")) d.normalize.mean = n->numberList("mean");
+    if (n->has("std")) d.normalize.std = n->numberList("std");
+    if (d.normalize.mean.empty()) n->fail("mean", "must list at least one number");
+    if (d.normalize.std.empty()) n->fail("std", "must list at least one number");
+    for (double s : d.normalize.std)
+      if (!(s > 0)) n->fail("std", "must hold positive numbers");
+  }
+  d.random_flip = r.booleanOr("random_flip", false);
+  d.block_length = r.integerOr("block_length", 1, 1 << 20, d.block_length);
+  d.test_fraction = r.numberOr("test_fraction", d.test_fraction);
+  if (!(d.test_fraction >= 0 && d.test_fraction < 1)) r.fail("test_fraction", "must be in [0, 1)");
+  if (d.format != "idx" && (r.has("normalize") || r.has("random_flip")))
+    r.fail("normalize", "and random_flip apply to the idx format only");
+  return d;
+}
+
+}  // namespace cairn

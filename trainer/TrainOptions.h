@@ -1,0 +1,102 @@
+// TrainOptions: everything job.json says about how to train, validated in ONE place
+// (parseTrainOptions / parseDataOptions). Every field has its default written next to it;
+// docs/TRAINING.md and docs/NODE_DATA.md ("## job.json") describe the same fields for users.
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/NodeData.h"
+
+namespace cairn {
+
+enum class PipelineOrder { k1F1B, kGPipe };
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+enum class LrScheduleKind { kConstant, kStep, kCosine, kWarmupCosine };
+enum class LossKind { kCrossEntropy, kMse, kNll };
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kAdamW;  // "name": "sgd" | "adam" | "adamw" (default adamw)
+  double lr = 1e-3;                            // base learning rate
+  double weight_decay = -1;  // < 0 until parsed: sgd/adam default 0, adamw default 0.01
+  double momentum = 0;       // sgd
+  double dampening = 0;      // sgd
+  bool nesterov = false;     // sgd (needs momentum > 0 and dampening 0, as in PyTorch)
+  double beta1 = 0.9;        // adam/adamw "betas": [0.9, 0.999]
+  double beta2 = 0.999;
+  double eps = 1e-8;  // adam/adamw
+};
+
+struct LrScheduleOptions {
+  LrScheduleKind kind = LrScheduleKind::kConstant;  // "name": constant|step|cosine|warmup_cosine
+  int64_t step_size = 1000;  // step: multiply by gamma every step_size optimizer steps
+  double gamma = 0.1;        // step
+  int64_t warmup_steps = 0;  // warmup_cosine: linear ramp from lr/warmup_steps to lr
+  double min_lr = 0;         // cosine, warmup_cosine: the floor reached at the last step
+  int64_t total_steps = 0;   // cosine horizon; 0 = the run's total optimizer steps
+};
+
+struct LossOptions {
+  LossKind kind = LossKind::kCrossEntropy;  // "loss_fn": "cross_entropy" | "mse" | "nll"
+  int64_t ignore_index = -100;              // cross_entropy/nll: targets equal to this are left out
+};
+
+struct TimeoutOptions {
+  double startup_s = 60;  // "startup_s": how long to wait for every neighbour to say hello
+  double peer_s = 120;    // "peer_s": longest wait for one message from a neighbour mid-run
+};
+
+struct TrainOptions {
+  int64_t batch_size = 64;   // samples per optimizer step (per cluster)
+  int64_t microbatches = 4;  // the batch is cut into this many micro-batches (≤ batch_size)
+  int64_t epochs = 1;        // passes over this cluster's shard
+  int64_t max_steps = 0;     // > 0: stop after this many optimizer steps (whichever ends first)
+  std::string schedule = "sync";                  // only "sync" for now
+  PipelineOrder pipeline = PipelineOrder::k1F1B;  // "pipeline": "1f1b" | "gpipe"
+  uint64_t seed = 0;                              // shuffling and dropout
+  OptimizerOptions optimizer;                     // "optimizer": "adamw" or {name, lr, ...}
+  LrScheduleOptions lr_scheduler;                 // "lr_scheduler": "constant" or {name, ...}
+  LossOptions loss;               // "loss_fn": "cross_entropy" or {name, ignore_index}
+  double clip_grad_norm = 0;      // > 0: clip gradients to this GLOBAL norm (all stages together)
+  int64_t eval_every = 0;         // > 0: evaluate every this many steps (always at the end)
+  int64_t eval_batch_size = 500;  // samples per evaluation batch
+  int64_t local_steps = 1;  // steps between cross-cluster averaging (issue [D]; unused by sync)
+  TimeoutOptions timeouts;  // "timeouts": {startup_s, peer_s}
+  int threads = 1;          // torch intra-op threads per provider
+  double log_every_s = 10;  // plain progress lines when stderr is not a terminal
+  bool record_sample_ids = false;  // write sample_ids.jsonl at the Root (tests, audits)
+};
+
+// Image normalisation: x = (pixel / scale - mean) / std, per channel when lists have C entries.
+struct NormalizeOptions {
+  double scale = 255;  // divide raw uint8 pixels by this first
+  std::vector<double> mean{0.0};
+  std::vector<double> std{1.0};
+};
+
+struct DataOptions {
+  std::string location;        // idx: folder; safetensors: file; tokens: text file
+  std::string format;          // idx | safetensors | tokens
+  std::string test_location;   // safetensors/tokens: optional separate test file
+  std::vector<int64_t> chunk;  // chunk ids to train on (empty: all); see docs/NODE_DATA.md
+  int64_t chunks = 0;          // the train set is cut into this many chunks (0: one per cluster)
+  int64_t train_samples = 0;   // > 0: use only the first N training samples (a slice)
+  int64_t test_samples = 0;    // > 0: evaluate on the first N test samples only
+  NormalizeOptions normalize;  // idx only
+  bool random_flip = false;    // idx only: mirror each training image left-right with p = 0.5
+  int64_t block_length = 64;   // tokens: bytes per sample
+  double test_fraction = 0.1;  // tokens without test_location: the last blocks are the test set
+};
+
+// `source` names job.json in errors ("node_data/job.json: training_definition.optimizer.lr ...").
+TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
+                               const std::string& source);
+DataOptions parseDataOptions(const DataSpec& data, const std::string& source);
+
+std::string toString(OptimizerKind kind);
+std::string toString(LossKind kind);
+
+}  // namespace cairn
