@@ -183,7 +183,8 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
   m.tensors.push_back({"", view});
   // A ring never fills a live peer's queue (max_in_flight); a full one means the peer stopped
   // reading. Wait in slices, telling the others we are alive and whom we wait for.
-  const auto deadline = Clock::now() + options_.timeout;
+  const auto began = Clock::now();
+  const auto deadline = began + options_.timeout;
   for (;;) {
     const auto now = Clock::now();
     const auto slice_end = std::min(deadline, now + keepAliveInterval());
@@ -201,6 +202,7 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
   }
   ++stats_.messages_sent;
   stats_.bytes_sent += view.nbytes();
+  stats_.seconds_sending += std::chrono::duration<double>(Clock::now() - began).count();
   m.tensors.clear();
   op.sent.emplace_back(to_rank, std::move(view));
 }
@@ -250,6 +252,12 @@ bool ProcessGroup::acceptStashed(Operation& op, int from_rank, uint64_t index,
 
 torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t index,
                                          torch::ScalarType dtype, int64_t numel) {
+  const auto began = Clock::now();
+  struct AddElapsed {
+    double& total;
+    Clock::time_point began;
+    ~AddElapsed() { total += std::chrono::duration<double>(Clock::now() - began).count(); }
+  } add_elapsed{stats_.seconds_receiving, began};
   torch::Tensor result;
   if (acceptStashed(op, from_rank, index, dtype, numel, &result)) {
     ++stats_.messages_received;
@@ -266,7 +274,7 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
   // `from_rank` must show life within `timeout` (a chunk, or a keep-alive saying it waits for
   // someone other than us) and deliver within twice that: a member that waits on a lost one
   // keeps its neighbours waiting until the abort naming the lost one arrives.
-  const auto start = Clock::now();
+  const auto start = began;
   auto silent_deadline = start + options_.timeout;
   const auto hard_deadline = start + 2 * options_.timeout;
   auto next_keep_alive = start + keepAliveInterval();
@@ -358,7 +366,8 @@ void ProcessGroup::fail(Operation& op, int lost_rank, const std::string& why) {
 }
 
 void ProcessGroup::waitForSendsToComplete(Operation& op) {
-  const auto deadline = Clock::now() + options_.timeout;
+  const auto began = Clock::now();
+  const auto deadline = began + options_.timeout;
   auto next_keep_alive = Clock::now() + keepAliveInterval();
   for (auto& [to_rank, view] : op.sent) {
     while (view.use_count() > 1) {
@@ -374,6 +383,7 @@ void ProcessGroup::waitForSendsToComplete(Operation& op) {
     }
   }
   op.sent.clear();
+  stats_.seconds_completing += std::chrono::duration<double>(Clock::now() - began).count();
 }
 
 // ---------------------------------------------------------------------------------------------

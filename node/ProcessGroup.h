@@ -51,7 +51,8 @@ struct ProcessGroupOptions {
   // Longest wait for any one expected message (or for room to send one) before PeerLost.
   std::chrono::milliseconds timeout{30000};
   // Size of one pipelined segment on the wire. Large enough that per-message costs vanish, small
-  // enough that several segments are in flight on every link.
+  // enough that several segments are in flight on every link. Chunk sizes follow from it: every
+  // member of a group must use the same value.
   size_t segment_bytes = 1 << 20;
   // Messages a node may have sent ahead of what it has received in a ring. Must stay below the
   // transport's per-peer queue (TransportOptions send + receive high-water marks, 16 + 16 by
@@ -67,6 +68,9 @@ struct ProcessGroupStats {
   uint64_t dropped_malformed = 0;     // wrong dtype / size / tensor count, non-member sender
   uint64_t dropped_unexpected = 0;    // duplicates, indices the operation never expects
   uint64_t dropped_stale = 0;         // belonging to an operation this group already finished
+  double seconds_receiving = 0;       // blocked waiting for chunks (includes decoding them)
+  double seconds_sending = 0;         // handing chunks to the transport (waiting for room)
+  double seconds_completing = 0;      // waiting for the transport to let go of the last chunks
 };
 
 class ProcessGroup {

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
 
     std::vector<std::string> names;
     for (int r = 0; r < n; ++r) names.push_back("rank" + std::to_string(r));
-    zmq::context_t context;
+    zmq::context_t context(2);  // as a real node: reads and writes on separate I/O threads
     cairn::ZmqTransport transport(context, names[rank], "tcp://127.0.0.1:" + ports[rank]);
     for (int r = 0; r < n; ++r)
       if (r != rank) transport.addPeer(names[r], "tcp://127.0.0.1:" + ports[r]);
