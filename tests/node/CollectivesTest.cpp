@@ -131,8 +131,9 @@ INSTANTIATE_TEST_SUITE_P(Small, CollectivesOverThreads,
                          ::testing::Combine(::testing::Range(1, 9),
                                             ::testing::Values<int64_t>(0, 1, 7, 1000), kAllDtypes),
                          caseName);
-// 10^6 elements (many pipelined segments): every group size in float32, two sizes (odd, and the
-// largest) for every other dtype — enough to cover each reduction path without a long suite.
+// 10^6 elements (many pipelined segments): every group size in float32; two sizes (odd, and the
+// largest) for float16 (float32 partials) and int64 (exact); one for the other dtypes — enough to
+// cover each reduction path without a long suite.
 INSTANTIATE_TEST_SUITE_P(Large, CollectivesOverThreads,
                          ::testing::Combine(::testing::Range(1, 9),
                                             ::testing::Values<int64_t>(1000000),
@@ -141,8 +142,12 @@ INSTANTIATE_TEST_SUITE_P(Large, CollectivesOverThreads,
 INSTANTIATE_TEST_SUITE_P(LargeOtherDtypes, CollectivesOverThreads,
                          ::testing::Combine(::testing::Values(3, 8),
                                             ::testing::Values<int64_t>(1000000),
-                                            ::testing::Values(torch::kFloat16, torch::kBFloat16,
-                                                              torch::kFloat64, torch::kInt64,
+                                            ::testing::Values(torch::kFloat16, torch::kInt64)),
+                         caseName);
+INSTANTIATE_TEST_SUITE_P(LargeRemainingDtypes, CollectivesOverThreads,
+                         ::testing::Combine(::testing::Values(5),
+                                            ::testing::Values<int64_t>(1000000),
+                                            ::testing::Values(torch::kBFloat16, torch::kFloat64,
                                                               torch::kInt32, torch::kUInt8,
                                                               torch::kBool)),
                          caseName);
