@@ -1,5 +1,9 @@
 #include "node/ZmqTransport.h"
 
+#include <malloc.h>
+
+#include <mutex>
+
 #include <zmq_addon.hpp>
 
 #include "core/Error.h"
@@ -19,14 +23,28 @@ const char* toString(SendStatus status) {
   return "?";
 }
 
+namespace {
+void keepMessageMemory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  });
+}
+}  // namespace
+
 ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
                            const std::string& bind_endpoint, TransportOptions options)
     : context_(context),
       name_(std::move(name)),
       options_(options),
       inbound_(context, zmq::socket_type::pull) {
+  if (options_.keep_message_memory) keepMessageMemory();
   inbound_.set(zmq::sockopt::rcvhwm, options_.receive_high_water_mark);
   inbound_.set(zmq::sockopt::linger, 0);
+  // With two or more ZeroMQ I/O threads, incoming connections are read by the first and outgoing
+  // ones written by the second, so that a node streaming both ways (a ring) copies in parallel.
+  if (context_.get(zmq::ctxopt::io_threads) >= 2) inbound_.set(zmq::sockopt::affinity, uint64_t{1});
   // Header + all tensors; a little slack for the header frame.
   inbound_.set(zmq::sockopt::maxmsgsize,
                static_cast<int64_t>(options_.codec.max_message_bytes + options_.codec.max_header_bytes));
@@ -67,6 +85,7 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
     socket.set(zmq::sockopt::curve_publickey, options_.curve->own.public_key);
     socket.set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_key);
   }
+  if (context_.get(zmq::ctxopt::io_threads) >= 2) socket.set(zmq::sockopt::affinity, uint64_t{2});
   try {
     socket.connect(endpoint);
   } catch (const zmq::error_t& e) {

@@ -1,0 +1,486 @@
+// Collectives: ranks as threads over inproc:// (one zmq context), parametrised over group size ×
+// element count × dtype, and ranks as processes over tcp://127.0.0.1 (collectives_rank). Every
+// result is compared with a direct computation from all ranks' inputs (CollectiveChecks).
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include "core/Error.h"
+#include "node/ZmqTransport.h"
+#include "tests/node/CollectiveChecks.h"
+
+#ifndef CAIRN_COLLECTIVES_RANK_BINARY
+#error "the build passes the path of collectives_rank"
+#endif
+
+namespace cairn {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> rankNames(int n) {
+  std::vector<std::string> names;
+  for (int r = 0; r < n; ++r) names.push_back("rank" + std::to_string(r));
+  return names;
+}
+
+// What each rank thread ended with: "" or the error it threw (with its kind).
+struct RankOutcome {
+  std::string error;
+  std::optional<ErrorKind> kind;
+};
+
+// Runs body(rank, group) on one thread per rank, each with its own ZmqTransport over inproc://
+// and a ProcessGroup over its Mailbox. `silent` ranks bind their transport but never call a
+// collective (they hold it until the others are done); `absent` ranks never bind at all.
+std::vector<RankOutcome> runRanks(int n, const ProcessGroupOptions& options,
+                                  const std::function<void(int, ProcessGroup&)>& body,
+                                  std::vector<int> silent = {}, std::vector<int> absent = {}) {
+  static std::atomic<int> run_counter{0};
+  const std::string prefix = "inproc://collectives" + std::to_string(run_counter++) + "_";
+  const auto names = rankNames(n);
+  zmq::context_t context;
+  std::vector<RankOutcome> outcomes(n);
+  std::atomic<int> active{0};
+  std::vector<std::thread> threads;
+  auto contains = [](const std::vector<int>& v, int r) {
+    return std::find(v.begin(), v.end(), r) != v.end();
+  };
+  for (int r = 0; r < n; ++r) {
+    if (contains(absent, r) || contains(silent, r)) continue;
+    ++active;
+  }
+  for (int r = 0; r < n; ++r) {
+    if (contains(absent, r)) continue;
+    threads.emplace_back([&, r] {
+      try {
+        ZmqTransport transport(context, names[r], prefix + names[r]);
+        for (int p = 0; p < n; ++p)
+          if (p != r) transport.addPeer(names[p], prefix + names[p]);
+        if (contains(silent, r)) {
+          while (active.load() > 0) std::this_thread::sleep_for(5ms);
+          return;
+        }
+        Mailbox mailbox(transport);
+        ProcessGroup group(mailbox, "test", names, names[r], options);
+        try {
+          body(r, group);
+        } catch (...) {
+          --active;
+          throw;
+        }
+        --active;
+      } catch (const Error& e) {
+        outcomes[r] = {e.what(), e.kind()};
+      } catch (const std::exception& e) {
+        outcomes[r] = {e.what(), std::nullopt};
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return outcomes;
+}
+
+ProcessGroupOptions testOptions() {
+  ProcessGroupOptions options;
+  options.timeout = 20s;            // a hang fails the test instead of stalling it
+  options.segment_bytes = 64 * 1024;  // 10^6 elements cross the wire in many pipelined segments
+  return options;
+}
+
+using CollectiveCase = std::tuple<int, int64_t, torch::ScalarType>;
+
+class CollectivesOverThreads : public ::testing::TestWithParam<CollectiveCase> {};
+
+TEST_P(CollectivesOverThreads, MatchDirectComputation) {
+  const auto [n, numel, dtype] = GetParam();
+  std::vector<testing::CheckResult> results(n);
+  auto outcomes = runRanks(n, testOptions(), [&, dtype = dtype, numel = numel](int r, ProcessGroup& g) {
+    results[r] = testing::checkAllCollectives(g, dtype, numel);
+  });
+  testing::clearCaches();
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(outcomes[r].error, "") << "rank " << r;
+    for (const auto& f : results[r].failures) ADD_FAILURE() << "rank " << r << ": " << f;
+  }
+  // Every block is finished by one rank and copied to the others: the results are bit-identical.
+  for (int r = 1; r < n; ++r)
+    EXPECT_TRUE(torch::equal(results[r].all_reduce_sum, results[0].all_reduce_sum)) << "rank " << r;
+}
+
+std::string caseName(const ::testing::TestParamInfo<CollectiveCase>& info) {
+  const auto [n, numel, dtype] = info.param;
+  return "n" + std::to_string(n) + "_numel" + std::to_string(numel) + "_" + dtypeName(dtype);
+}
+
+const auto kAllDtypes = ::testing::Values(torch::kFloat32, torch::kFloat16, torch::kBFloat16,
+                                          torch::kFloat64, torch::kInt64, torch::kInt32,
+                                          torch::kUInt8, torch::kBool);
+
+INSTANTIATE_TEST_SUITE_P(Small, CollectivesOverThreads,
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::Values<int64_t>(0, 1, 7, 1000), kAllDtypes),
+                         caseName);
+// 10^6 elements (many pipelined segments): every group size in float32; two sizes (odd, and the
+// largest) for float16 (float32 partials) and int64 (exact); one for the other dtypes — enough to
+// cover each reduction path without a long suite.
+INSTANTIATE_TEST_SUITE_P(Large, CollectivesOverThreads,
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::Values<int64_t>(1000000),
+                                            ::testing::Values(torch::kFloat32)),
+                         caseName);
+INSTANTIATE_TEST_SUITE_P(LargeOtherDtypes, CollectivesOverThreads,
+                         ::testing::Combine(::testing::Values(3, 8),
+                                            ::testing::Values<int64_t>(1000000),
+                                            ::testing::Values(torch::kFloat16, torch::kInt64)),
+                         caseName);
+INSTANTIATE_TEST_SUITE_P(LargeRemainingDtypes, CollectivesOverThreads,
+                         ::testing::Combine(::testing::Values(5),
+                                            ::testing::Values<int64_t>(1000000),
+                                            ::testing::Values(torch::kBFloat16, torch::kFloat64,
+                                                              torch::kInt32, torch::kUInt8,
+                                                              torch::kBool)),
+                         caseName);
+
+// Tiny segments and a window of one or two messages: many more messages than the window, so
+// the ring's flow control (send t once t−m arrived, at most max_in_flight ahead) is exercised.
+TEST(Collectives, ManyTinySegmentsThroughANarrowWindow) {
+  for (int window : {1, 2, 5}) {
+    for (int n : {2, 3, 5}) {
+      ProcessGroupOptions options = testOptions();
+      options.segment_bytes = 8;
+      options.max_in_flight = window;
+      std::vector<testing::CheckResult> results(n);
+      auto outcomes = runRanks(n, options, [&](int r, ProcessGroup& g) {
+        results[r] = testing::checkAllCollectives(g, torch::kFloat32, 1000);
+      });
+      testing::clearCaches();
+      for (int r = 0; r < n; ++r) {
+        ASSERT_EQ(outcomes[r].error, "") << "window " << window << " n " << n << " rank " << r;
+        for (const auto& f : results[r].failures)
+          ADD_FAILURE() << "window " << window << " n " << n << " rank " << r << ": " << f;
+      }
+    }
+  }
+}
+
+// Two groups over the same four nodes' mailboxes, members in different orders: node 3 belongs
+// only to group "b" and starts it at once, so its chunks reach nodes 1 and 2 while they are
+// still inside group "a"'s all-reduce. Each group's result must be its own members' sum.
+TEST(Collectives, ConcurrentGroupsDoNotConfuseMessages) {
+  const auto names = rankNames(4);
+  const std::vector<std::string> a = {"rank0", "rank1", "rank2"};
+  const std::vector<std::string> b = {"rank3", "rank2", "rank1"};
+  zmq::context_t context;
+  std::vector<std::string> errors(4);
+  std::vector<torch::Tensor> a_results(4), b_results(4);
+  auto input = [](int node, int group_salt) {
+    return torch::arange(5000, torch::kFloat64) * (node + 1) + group_salt;
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ZmqTransport transport(context, names[r], "inproc://groups_" + names[r]);
+        for (int p = 0; p < 4; ++p)
+          if (p != r) transport.addPeer(names[p], "inproc://groups_" + names[p]);
+        Mailbox mailbox(transport);
+        ProcessGroupOptions options = testOptions();
+        options.segment_bytes = 1024;  // many messages per operation
+        std::optional<ProcessGroup> ga, gb;
+        if (r != 3) ga.emplace(mailbox, "a", a, names[r], options);
+        if (r != 0) gb.emplace(mailbox, "b", b, names[r], options);
+        for (int round = 0; round < 3; ++round) {
+          if (ga) {
+            a_results[r] = input(r, 1000 * round);
+            ga->allReduce(a_results[r]);
+          }
+          if (gb) {
+            b_results[r] = input(r, 2000 * round + 7);
+            gb->allReduce(b_results[r], ReduceOp::kMax);
+          }
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 4; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  const torch::Tensor a_expected = input(0, 2000) + input(1, 2000) + input(2, 2000);
+  const torch::Tensor b_expected = torch::maximum(torch::maximum(input(1, 4007), input(2, 4007)),
+                                                  input(3, 4007));
+  for (int r : {0, 1, 2}) EXPECT_TRUE(torch::equal(a_results[r], a_expected)) << "rank " << r;
+  for (int r : {1, 2, 3}) EXPECT_TRUE(torch::equal(b_results[r], b_expected)) << "rank " << r;
+}
+
+// An intruder sends chunks that look like ours: a wrong dtype and size claiming to be rank0, one
+// from a name outside the group, and a stale one for an operation already finished. Each is
+// dropped and counted, and the real all-reduces still give the right sums.
+TEST(Collectives, MalformedAndForeignChunksAreDroppedAndCounted) {
+  zmq::context_t context;
+  ZmqTransport intruder(context, "intruder", "inproc://intr_x");
+  intruder.addPeer("rank1", "inproc://intr_rank1");
+  auto forged = [](const std::string& sender, uint64_t step, torch::Tensor t) {
+    Message m;
+    m.kind = MessageKind::kCollective;
+    m.sender = sender;
+    m.tag = "coll:test";
+    m.step = step;
+    m.microbatch = 0;
+    m.tensors.push_back({"", t});
+    return m;
+  };
+  // Queued before the group starts, so rank1 reads them before rank0's real chunk of step 0.
+  ASSERT_EQ(intruder.send("rank1", forged("rank0", 0, torch::zeros({3}, torch::kFloat64)), 1s),
+            SendStatus::kSent);
+  ASSERT_EQ(intruder.send("rank1", forged("mallory", 0, torch::zeros({50})), 1s), SendStatus::kSent);
+
+  ProcessGroupStats rank1_stats;
+  torch::Tensor results[2];
+  std::string errors[2];
+  std::thread threads[2];
+  std::atomic<bool> first_done{false};
+  for (int r = 0; r < 2; ++r) {
+    threads[r] = std::thread([&, r] {
+      try {
+        const auto names = rankNames(2);
+        ZmqTransport transport(context, names[r], "inproc://intr_" + names[r]);
+        transport.addPeer(names[1 - r], "inproc://intr_" + names[1 - r]);
+        Mailbox mailbox(transport);
+        ProcessGroup group(mailbox, "test", names, names[r], testOptions());
+        torch::Tensor t = torch::full({100}, float(r + 1));
+        group.allReduce(t);
+        if (r == 1) {
+          // A late copy of operation 0's chunk arrives during operation 1: stale.
+          ASSERT_EQ(intruder.send("rank1", forged("rank0", 0, torch::zeros({50})), 1s),
+                    SendStatus::kSent);
+          first_done = true;
+        } else {
+          while (!first_done) std::this_thread::sleep_for(1ms);
+        }
+        results[r] = torch::full({100}, float(10 * (r + 1)));
+        group.allReduce(results[r]);
+        if (r == 1) rank1_stats = group.stats();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  for (auto& r : results) EXPECT_TRUE(torch::equal(r, torch::full({100}, 30.f)));
+  EXPECT_EQ(rank1_stats.dropped_malformed, 2u);  // wrong dtype/size; non-member sender
+  EXPECT_EQ(rank1_stats.dropped_stale, 1u);
+  EXPECT_EQ(rank1_stats.operations, 2u);
+}
+
+// A member that binds its endpoint but never joins the operation: everyone else gets PeerLost
+// naming it — the neighbour that waits for it directly, the others through the abort — and
+// within twice the timeout (a liveness bound, not a performance figure).
+TEST(Collectives, SilentMemberYieldsPeerLostNamingIt) {
+  for (int silent : {0, 2}) {
+    const int n = 4;
+    ProcessGroupOptions options = testOptions();
+    options.timeout = 600ms;
+    const auto start = Clock::now();
+    std::vector<Clock::duration> took(n);
+    auto outcomes = runRanks(
+        n, options,
+        [&](int r, ProcessGroup& g) {
+          torch::Tensor t = torch::ones({300000});
+          try {
+            g.allReduce(t);
+          } catch (...) {
+            took[r] = Clock::now() - start;
+            throw;
+          }
+        },
+        /*silent=*/{silent});
+    for (int r = 0; r < n; ++r) {
+      if (r == silent) continue;
+      EXPECT_EQ(outcomes[r].kind, ErrorKind::kPeerLost) << "rank " << r << ": " << outcomes[r].error;
+      EXPECT_NE(outcomes[r].error.find("rank" + std::to_string(silent) + " "), std::string::npos)
+          << "rank " << r << ": " << outcomes[r].error;
+      EXPECT_LT(took[r], 2 * options.timeout) << "rank " << r;
+    }
+  }
+}
+
+// A member that never even started (nothing bound at its endpoint), and an operation after a
+// failure: the group is broken and says so at once.
+TEST(Collectives, AbsentMemberYieldsPeerLostAndTheGroupStaysBroken) {
+  const int n = 3;
+  ProcessGroupOptions options = testOptions();
+  options.timeout = 400ms;
+  std::vector<std::string> second_error(n);
+  auto outcomes = runRanks(
+      n, options,
+      [&](int r, ProcessGroup& g) {
+        try {
+          g.barrier();
+        } catch (const PeerLost&) {
+          try {
+            g.barrier();
+          } catch (const PeerLost& again) {
+            second_error[r] = again.what();
+          }
+          throw;
+        }
+      },
+      /*silent=*/{}, /*absent=*/{1});
+  for (int r : {0, 2}) {
+    EXPECT_EQ(outcomes[r].kind, ErrorKind::kPeerLost) << outcomes[r].error;
+    EXPECT_NE(outcomes[r].error.find("rank1 "), std::string::npos) << outcomes[r].error;
+    EXPECT_EQ(second_error[r], outcomes[r].error);
+  }
+}
+
+TEST(Collectives, RejectsBadArguments) {
+  zmq::context_t context;
+  ZmqTransport transport(context, "solo", "inproc://solo");
+  Mailbox mailbox(transport);
+  EXPECT_THROW(ProcessGroup(mailbox, "", {"solo"}, "solo"), BadInput);
+  EXPECT_THROW(ProcessGroup(mailbox, "g", {"solo", "solo"}, "solo"), BadInput);
+  EXPECT_THROW(ProcessGroup(mailbox, "g", {"a", "b"}, "solo"), BadInput);
+  ProcessGroup group(mailbox, "g", {"solo"}, "solo");
+  torch::Tensor ints = torch::ones({4}, torch::kInt64);
+  EXPECT_THROW(group.allReduce(ints, ReduceOp::kAverage), BadInput);
+  torch::Tensor flags = torch::ones({4}, torch::kBool);
+  EXPECT_THROW(group.allReduce(flags, ReduceOp::kAverage), BadInput);
+  torch::Tensor floats = torch::ones({4});
+  EXPECT_THROW(group.broadcast(floats, 1), BadInput);
+  torch::Tensor complex = torch::ones({4}, torch::kComplexFloat);
+  EXPECT_THROW(group.allReduce(complex), BadInput);
+  EXPECT_THROW(group.scatter(floats, {}, 0), BadInput);  // the root must pass one per rank
+  // A rejected call consumes no sequence number: the group still works.
+  group.allReduce(floats, ReduceOp::kAverage);
+  EXPECT_TRUE(torch::equal(floats, torch::ones({4})));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ranks as processes over tcp://127.0.0.1.
+
+std::vector<int> freeLoopbackPorts(int count) {
+  std::vector<int> ports, fds;
+  for (int i = 0; i < count; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw std::runtime_error("bind");
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    ports.push_back(ntohs(addr.sin_port));
+    fds.push_back(fd);
+  }
+  for (int fd : fds) ::close(fd);
+  return ports;
+}
+
+struct RankProcess {
+  pid_t pid = -1;
+  std::string stderr_path;
+};
+
+std::vector<RankProcess> startRanks(int n, const std::vector<std::string>& extra_args) {
+  const auto ports = freeLoopbackPorts(n);
+  std::string port_list;
+  for (int p : ports) port_list += (port_list.empty() ? "" : ",") + std::to_string(p);
+  std::vector<RankProcess> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    ranks[r].stderr_path = ::testing::TempDir() + "collectives_rank_" + std::to_string(::getpid()) +
+                           "_" + std::to_string(r) + ".err";
+    std::vector<std::string> args = {CAIRN_COLLECTIVES_RANK_BINARY, "--rank", std::to_string(r),
+                                     "--ports", port_list};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      FILE* err = std::freopen(ranks[r].stderr_path.c_str(), "w", stderr);
+      (void)err;
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ranks[r].pid = pid;
+  }
+  return ranks;
+}
+
+int waitForExit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + WTERMSIG(status);
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+using ProcessCase = std::tuple<int, int64_t, torch::ScalarType>;
+class CollectivesOverProcesses : public ::testing::TestWithParam<ProcessCase> {};
+
+TEST_P(CollectivesOverProcesses, MatchDirectComputation) {
+  const auto [n, numel, dtype] = GetParam();
+  auto ranks = startRanks(n, {"--dtype", dtypeName(dtype), "--numel", std::to_string(numel)});
+  for (int r = 0; r < n; ++r) {
+    const int code = waitForExit(ranks[r].pid);
+    EXPECT_EQ(code, 0) << "rank " << r << ": " << readFile(ranks[r].stderr_path);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tcp, CollectivesOverProcesses,
+    ::testing::Values(ProcessCase{2, 1000000, torch::kFloat32}, ProcessCase{3, 1000, torch::kFloat16},
+                      ProcessCase{4, 7, torch::kInt64}, ProcessCase{4, 1000000, torch::kBFloat16},
+                      ProcessCase{5, 0, torch::kFloat64}, ProcessCase{3, 1, torch::kBool}),
+    caseName);
+
+// SIGKILL one rank while all of them all-reduce in a loop: every survivor exits with PeerLost
+// (exit code 3) naming the killed rank, within about twice the timeout of the kill.
+TEST(CollectivesOverProcessesKill, KilledRankIsNamedByEverySurvivor) {
+  const int n = 4, victim = 2;
+  const auto timeout = 1000ms;
+  auto ranks = startRanks(n, {"--mode", "loop", "--timeout-ms", std::to_string(timeout.count())});
+  // Kill only once every rank is inside the loop (has finished one all-reduce).
+  for (int r = 0; r < n; ++r) {
+    const auto give_up = Clock::now() + 60s;
+    while (readFile(ranks[r].stderr_path).find("looping") == std::string::npos) {
+      ASSERT_LT(Clock::now(), give_up) << "rank " << r << " never started looping";
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  const auto killed_at = Clock::now();
+  ::kill(ranks[victim].pid, SIGKILL);
+  EXPECT_EQ(waitForExit(ranks[victim].pid), 128 + SIGKILL);
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    const int code = waitForExit(ranks[r].pid);
+    const auto took = Clock::now() - killed_at;
+    const std::string err = readFile(ranks[r].stderr_path);
+    EXPECT_EQ(code, 3) << "rank " << r << ": " << err;
+    EXPECT_NE(err.find("rank" + std::to_string(victim) + " "), std::string::npos) << "rank " << r << ": " << err;
+    EXPECT_LT(took, 2 * timeout + 500ms) << "rank " << r;  // + process exit
+  }
+}
+
+}  // namespace
+}  // namespace cairn
