@@ -49,10 +49,11 @@ void loadInitialWeights(torch::jit::Module& model, const std::string& weights_pa
     const auto it = in_file.find(name);
     if (it == in_file.end()) {
       bool alias_given = false;
-      for (const auto& alias : aliases[t.unsafeGetTensorImpl()]) alias_given |= in_file.count(alias) > 0;
+      for (const auto& alias : aliases[t.unsafeGetTensorImpl()])
+        alias_given |= in_file.count(alias) > 0;
       if (!alias_given)
-        missing.push_back("missing in file: " + inQuotes(name) + " (the model's is " + dtypeText(t) +
-                          " " + shapeText(t) + ")");
+        missing.push_back("missing in file: " + inQuotes(name) + " (the model's is " +
+                          dtypeText(t) + " " + shapeText(t) + ")");
       continue;
     }
     const torch::Tensor& given = it->second;
@@ -65,8 +66,8 @@ void loadInitialWeights(torch::jit::Module& model, const std::string& weights_pa
   }
   for (const auto& [name, t] : file)
     if (!in_model.count(name))
-      unknown.push_back("unknown name: " + inQuotes(name) + " (" + dtypeText(t) + " " + shapeText(t) +
-                        ") is not a parameter or buffer of the model");
+      unknown.push_back("unknown name: " + inQuotes(name) + " (" + dtypeText(t) + " " +
+                        shapeText(t) + ") is not a parameter or buffer of the model");
   for (const auto& [impl, names] : aliases) {
     const torch::Tensor* first = nullptr;
     std::string first_name;

@@ -8,9 +8,9 @@
 // Not thread-safe (writes into the module).
 #pragma once
 
-#include <string>
-
 #include <torch/script.h>
+
+#include <string>
 
 namespace cairn::clusterize {
 

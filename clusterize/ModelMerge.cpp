@@ -47,14 +47,16 @@ PlanForMerge readPlan(const std::string& node_data) {
   for (const JsonReader& cluster : plan.objectList("clusters")) {
     std::vector<PlanStage> stages;
     for (const JsonReader& stage : cluster.objectList("stages"))
-      stages.push_back({stage.string("node"), stage.stringList("parameters"), stage.stringList("buffers")});
+      stages.push_back(
+          {stage.string("node"), stage.stringList("parameters"), stage.stringList("buffers")});
     out.clusters.push_back(std::move(stages));
   }
   if (out.clusters.empty()) CAIRN_THROW(BadInput, path, ": lists no clusters");
   for (const JsonReader& ring : plan.objectList("rings")) {
     const auto holders = ring.stringList("holders");
     if (holders.size() != out.clusters.size())
-      ring.fail("holders", "must name one node per cluster (" + std::to_string(out.clusters.size()) + ")");
+      ring.fail("holders",
+                "must name one node per cluster (" + std::to_string(out.clusters.size()) + ")");
     for (const auto& name : ring.stringList("parameters")) out.ring_holders[name] = holders;
   }
   return out;
@@ -64,8 +66,8 @@ torch::jit::Module loadModule(const std::string& path, const std::string& what) 
   try {
     return torch::jit::load(path);
   } catch (const c10::Error& e) {
-    CAIRN_THROW(BadInput, path, ": cannot load ", what, " as a TorchScript module: ",
-                e.what_without_backtrace());
+    CAIRN_THROW(BadInput, path, ": cannot load ", what,
+                " as a TorchScript module: ", e.what_without_backtrace());
   }
 }
 
@@ -91,19 +93,21 @@ ModuleState stateOf(const torch::jit::Module& module) {
 }
 
 // One cluster's trained values, checked against the plan and the model.
-std::map<std::string, torch::Tensor> readCluster(const std::string& node_data, const PlanForMerge& plan,
-                                                 int cluster, const ModuleState& model,
+std::map<std::string, torch::Tensor> readCluster(const std::string& node_data,
+                                                 const PlanForMerge& plan, int cluster,
+                                                 const ModuleState& model,
                                                  const std::string& model_path) {
   const std::string plan_file = planPath(node_data);
   std::map<std::string, torch::Tensor> values;
   std::map<std::string, std::string> holder;
   for (size_t s = 0; s < plan.clusters[cluster].size(); ++s) {
     const PlanStage& stage = plan.clusters[cluster][s];
-    const std::string where = "node " + stage.node + " (cluster " + std::to_string(cluster) + ", stage " +
-                              std::to_string(s) + ")";
+    const std::string where = "node " + stage.node + " (cluster " + std::to_string(cluster) +
+                              ", stage " + std::to_string(s) + ")";
     const std::string file = nodeDirectory(node_data, stage.node) + "/" + kTrainedStageFile;
     if (!fs::exists(file))
-      CAIRN_THROW(BadInput, file, ": missing: ", where, " has no trained weights (run its provider "
+      CAIRN_THROW(BadInput, file, ": missing: ", where,
+                  " has no trained weights (run its provider "
                   "to the end, or merge one --cluster that finished)");
     const ModuleState trained = stateOf(loadModule(file, "trained stage"));
 
@@ -120,9 +124,10 @@ std::map<std::string, torch::Tensor> readCluster(const std::string& node_data, c
         if (it == trained.tensors.end() || trained.buffers.count(name) != size_t(buffers))
           CAIRN_THROW(BadInput, file, ": ", where, ": ", kind, " ", inQuotes(name), " is missing");
         const torch::Tensor& t = it->second;
-        if (t.sizes() != in_model->second.sizes() || t.scalar_type() != in_model->second.scalar_type())
-          CAIRN_THROW(BadInput, file, ": ", where, ": ", kind, " ", inQuotes(name), " is ", describe(t),
-                      " but the model's is ", describe(in_model->second));
+        if (t.sizes() != in_model->second.sizes() ||
+            t.scalar_type() != in_model->second.scalar_type())
+          CAIRN_THROW(BadInput, file, ": ", where, ": ", kind, " ", inQuotes(name), " is ",
+                      describe(t), " but the model's is ", describe(in_model->second));
         const auto [previous, added] = holder.emplace(name, stage.node);
         if (!added)
           CAIRN_THROW(BadInput, plan_file, ": cluster ", cluster, ": ", inQuotes(name),
@@ -174,7 +179,8 @@ MergedModel mergeTrainedStages(const MergeOptions& options) {
   const std::string model_path = options.model_path.empty() ? plan.model : options.model_path;
   if (!fs::exists(model_path))
     CAIRN_THROW(BadInput, model_path, ": the original model is missing (",
-                options.model_path.empty() ? "plan.json's \"model\"; give --model" : "--model", ")");
+                options.model_path.empty() ? "plan.json's \"model\"; give --model" : "--model",
+                ")");
 
   MergedModel merged;
   merged.model = loadModule(model_path, "the original model");

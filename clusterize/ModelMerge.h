@@ -13,29 +13,29 @@
 // trained and keeps the model file's value. Not thread-safe; a plain function of files.
 #pragma once
 
+#include <torch/script.h>
+
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <torch/script.h>
 
 #include "core/Safetensors.h"
 
 namespace cairn::clusterize {
 
 struct MergeOptions {
-  std::string node_data;        // folder holding plan.json and nodes/<name>/trained_stage.pt
-  std::string model_path;       // the original model; empty: plan.json's "model"
-  std::optional<int> cluster;   // take this cluster's values; empty: combine all clusters
+  std::string node_data;       // folder holding plan.json and nodes/<name>/trained_stage.pt
+  std::string model_path;      // the original model; empty: plan.json's "model"
+  std::optional<int> cluster;  // take this cluster's values; empty: combine all clusters
 };
 
 enum class MergeFormat { kTorchScript, kSafetensors };
 MergeFormat parseMergeFormat(const std::string& text);  // "torchscript" | "safetensors"
 
 struct MergedModel {
-  torch::jit::Module model;   // the original model holding the trained values
-  NamedTensors state;         // its parameters, then buffers, under their original names
-  std::vector<int> clusters;  // clusters whose values went in
+  torch::jit::Module model;            // the original model holding the trained values
+  NamedTensors state;                  // its parameters, then buffers, under their original names
+  std::vector<int> clusters;           // clusters whose values went in
   std::vector<std::string> untouched;  // state no stage holds: kept from the model file
 };
 

@@ -5,9 +5,8 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/Error.h"
 
@@ -61,7 +60,8 @@ Entry parseEntry(const std::string& path, const std::string& name, const nlohman
   uint64_t elements = 1;
   bool zero = false, saturated = false;
   for (const auto& d : value["shape"]) {
-    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    if (!d.is_number_unsigned() ||
+        d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
       CAIRN_THROW(BadInput, where, ": shape must be a list of non-negative integers (got ",
                   value["shape"].dump(), ")");
     const uint64_t size = d.get<uint64_t>();
@@ -69,8 +69,10 @@ Entry parseEntry(const std::string& path, const std::string& name, const nlohman
     if (size == 0) {
       zero = true;
     } else if (!saturated) {
-      if (elements > std::numeric_limits<uint64_t>::max() / size) saturated = true;
-      else elements *= size;
+      if (elements > std::numeric_limits<uint64_t>::max() / size)
+        saturated = true;
+      else
+        elements *= size;
     }
   }
   if (zero) elements = 0, saturated = false;
@@ -95,7 +97,8 @@ Entry parseEntry(const std::string& path, const std::string& name, const nlohman
 
 Header readHeader(std::ifstream& in, const std::string& path) {
   const uint64_t size = fileSize(in);
-  if (size < 8) CAIRN_THROW(BadInput, path, ": too short for a safetensors file (", size, " bytes)");
+  if (size < 8)
+    CAIRN_THROW(BadInput, path, ": too short for a safetensors file (", size, " bytes)");
   unsigned char length_bytes[8];
   in.read(reinterpret_cast<char*>(length_bytes), 8);
   uint64_t header_size = 0;
@@ -113,7 +116,8 @@ Header readHeader(std::ifstream& in, const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     CAIRN_THROW(BadInput, path, ": safetensors header is not JSON: ", e.what());
   }
-  if (!document.is_object()) CAIRN_THROW(BadInput, path, ": safetensors header is not a JSON object");
+  if (!document.is_object())
+    CAIRN_THROW(BadInput, path, ": safetensors header is not a JSON object");
 
   Header header;
   header.data_begin = 8 + header_size;
@@ -144,13 +148,14 @@ Header readHeader(std::ifstream& in, const std::string& path) {
                   ", ", e.end, ") of the data section)");
     if (e.begin > covered)
       CAIRN_THROW(BadInput, path, ": bytes [", covered, ", ", e.begin,
-                  ") of the data section belong to no tensor (before tensor ", inQuotes(e.name), ")");
+                  ") of the data section belong to no tensor (before tensor ", inQuotes(e.name),
+                  ")");
     covered = e.end;
     previous = &e;
   }
   if (covered != data_size)
-    CAIRN_THROW(BadInput, path, ": the data section has ", data_size, " bytes but its tensors cover ",
-                covered);
+    CAIRN_THROW(BadInput, path, ": the data section has ", data_size,
+                " bytes but its tensors cover ", covered);
   return header;
 }
 
@@ -158,9 +163,9 @@ Header readHeader(std::ifstream& in, const std::string& path) {
 
 torch::ScalarType safetensorsDtype(const std::string& name, const std::string& source) {
   static const std::map<std::string, torch::ScalarType> types = {
-      {"F64", torch::kDouble}, {"F32", torch::kFloat}, {"F16", torch::kHalf},
-      {"BF16", torch::kBFloat16}, {"I64", torch::kLong}, {"I32", torch::kInt},
-      {"I16", torch::kShort}, {"I8", torch::kChar}, {"U8", torch::kByte},
+      {"F64", torch::kDouble},    {"F32", torch::kFloat}, {"F16", torch::kHalf},
+      {"BF16", torch::kBFloat16}, {"I64", torch::kLong},  {"I32", torch::kInt},
+      {"I16", torch::kShort},     {"I8", torch::kChar},   {"U8", torch::kByte},
       {"BOOL", torch::kBool}};
   auto it = types.find(name);
   if (it == types.end())
@@ -171,17 +176,28 @@ torch::ScalarType safetensorsDtype(const std::string& name, const std::string& s
 
 std::string safetensorsDtypeName(torch::ScalarType type) {
   switch (type) {
-    case torch::kDouble: return "F64";
-    case torch::kFloat: return "F32";
-    case torch::kHalf: return "F16";
-    case torch::kBFloat16: return "BF16";
-    case torch::kLong: return "I64";
-    case torch::kInt: return "I32";
-    case torch::kShort: return "I16";
-    case torch::kChar: return "I8";
-    case torch::kByte: return "U8";
-    case torch::kBool: return "BOOL";
-    default: CAIRN_THROW(BadInput, "safetensors has no dtype for torch ", c10::toString(type));
+    case torch::kDouble:
+      return "F64";
+    case torch::kFloat:
+      return "F32";
+    case torch::kHalf:
+      return "F16";
+    case torch::kBFloat16:
+      return "BF16";
+    case torch::kLong:
+      return "I64";
+    case torch::kInt:
+      return "I32";
+    case torch::kShort:
+      return "I16";
+    case torch::kChar:
+      return "I8";
+    case torch::kByte:
+      return "U8";
+    case torch::kBool:
+      return "BOOL";
+    default:
+      CAIRN_THROW(BadInput, "safetensors has no dtype for torch ", c10::toString(type));
   }
 }
 

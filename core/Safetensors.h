@@ -12,12 +12,12 @@
 // Free functions on CPU tensors; thread-safe (no shared state).
 #pragma once
 
+#include <torch/script.h>
+
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <torch/script.h>
 
 namespace cairn {
 

@@ -80,7 +80,8 @@ torch::Tensor runPipeline(const std::string& node_data, const std::vector<std::s
                           std::vector<c10::IValue> values) {
   for (const auto& name : chain) {
     const NodeSpec spec = readNodeSpec(nodeSpecPath(node_data, name));
-    torch::jit::Module stage = torch::jit::load(nodeDirectory(node_data, name) + "/trained_stage.pt");
+    torch::jit::Module stage =
+        torch::jit::load(nodeDirectory(node_data, name) + "/trained_stage.pt");
     stage.eval();
     c10::IValue out = stage.forward(values);
     if (spec.outputs.size() > 1) {
@@ -116,8 +117,8 @@ void expectMergeMatchesPipeline(const std::string& model_name, const std::string
   const std::string dir = testing::temporaryDirectory("merge_" + model_name);
   const std::string node_data = dir + "/node_data";
   const auto planned = runClusterize("--model " + testing::modelPath(model_name) + " --nodes " +
-                                     testing::writeNodes(dir, ram_gb) + " --out " + node_data + " " +
-                                     plan_flags + " --profile-runs 1 --clusters 2");
+                                     testing::writeNodes(dir, ram_gb) + " --out " + node_data +
+                                     " " + plan_flags + " --profile-runs 1 --clusters 2");
   ASSERT_EQ(planned.code, 0) << planned.output;
   const auto all = chains(node_data);
   ASSERT_EQ(all.size(), 2u);
@@ -129,16 +130,17 @@ void expectMergeMatchesPipeline(const std::string& model_name, const std::string
   torch::NoGradGuard no_grad;
   for (int c = 0; c < 2; ++c) {
     const std::string out = dir + "/cluster" + std::to_string(c) + ".pt";
-    const auto merged = runClusterize("--merge " + node_data + " --out " + out + " --cluster " +
-                                      std::to_string(c));
+    const auto merged =
+        runClusterize("--merge " + node_data + " --out " + out + " --cluster " + std::to_string(c));
     ASSERT_EQ(merged.code, 0) << merged.output;
     const torch::Tensor expected = runPipeline(node_data, all[c], inputs);
     const torch::Tensor got = runModel(out, inputs);
     ASSERT_EQ(got.sizes(), expected.sizes());
     EXPECT_LE((got - expected).abs().max().item<double>(), 1e-6) << "cluster " << c;
     // The trained values really moved: the original model answers differently.
-    EXPECT_GT((runModel(testing::modelPath(model_name), inputs) - expected).abs().max().item<double>(),
-              1e-3);
+    EXPECT_GT(
+        (runModel(testing::modelPath(model_name), inputs) - expected).abs().max().item<double>(),
+        1e-3);
   }
 
   // Default: the average over both clusters, whichever node held each tensor.
@@ -156,9 +158,10 @@ void expectMergeMatchesPipeline(const std::string& model_name, const std::string
     ASSERT_TRUE(first.count(name) && second.count(name)) << name;
     const torch::Tensor& a = first.at(name);
     const torch::Tensor& b = second.at(name);
-    const torch::Tensor expected = a.is_floating_point()
-                                       ? ((a.to(torch::kDouble) + b.to(torch::kDouble)) / 2).to(a.scalar_type())
-                                       : torch::maximum(a, b);
+    const torch::Tensor expected =
+        a.is_floating_point()
+            ? ((a.to(torch::kDouble) + b.to(torch::kDouble)) / 2).to(a.scalar_type())
+            : torch::maximum(a, b);
     EXPECT_TRUE(torch::equal(value, expected)) << name;
     EXPECT_FALSE(torch::equal(a, b)) << name << ": the fake training should differ per cluster";
   }
@@ -166,7 +169,8 @@ void expectMergeMatchesPipeline(const std::string& model_name, const std::string
 
 TEST(ModelMerge, CnnWithBatchNormMatchesItsPipelineAndAveragesClusters) {
   // 30 MB holds the whole CNN; 16-20 MB nodes need two per cluster: cluster cuts differ.
-  expectMergeMatchesPipeline("cnn", "--input-shape 32,1,28,28", {0.030, 0.012, 0.016, 0.020, 0.018});
+  expectMergeMatchesPipeline("cnn", "--input-shape 32,1,28,28",
+                             {0.030, 0.012, 0.016, 0.020, 0.018});
 }
 
 TEST(ModelMerge, GptMatchesItsPipelineAndAveragesClusters) {
@@ -178,17 +182,19 @@ TEST(ModelMerge, SafetensorsReadByAnIndependentReader) {
   const std::string dir = testing::temporaryDirectory("merge_safetensors");
   const std::string node_data = dir + "/node_data";
   // gpt_tied: tok.weight and head.weight are one tensor; both names are written.
-  const auto planned = runClusterize("--model " + testing::modelPath("gpt_tied") + " --nodes " +
-                                     testing::writeNodes(dir, 2, 0.01) + " --out " + node_data +
-                                     " --input-shape 8,16 --input-dtype int64 --profile-runs 1 --clusters 2");
+  const auto planned =
+      runClusterize("--model " + testing::modelPath("gpt_tied") + " --nodes " +
+                    testing::writeNodes(dir, 2, 0.01) + " --out " + node_data +
+                    " --input-shape 8,16 --input-dtype int64 --profile-runs 1 --clusters 2");
   ASSERT_EQ(planned.code, 0) << planned.output;
   fakeTraining(node_data);
   auto r = runClusterize("--merge " + node_data + " --out " + dir + "/trained.pt");
   ASSERT_EQ(r.code, 0) << r.output;
-  r = runClusterize("--merge " + node_data + " --out " + dir + "/trained.safetensors --format safetensors");
+  r = runClusterize("--merge " + node_data + " --out " + dir +
+                    "/trained.safetensors --format safetensors");
   ASSERT_EQ(r.code, 0) << r.output;
-  const std::string check = python("safetensors_reader.py") + " " + dir + "/trained.safetensors " +
-                            dir + "/trained.pt";
+  const std::string check =
+      python("safetensors_reader.py") + " " + dir + "/trained.safetensors " + dir + "/trained.pt";
   EXPECT_EQ(std::system(check.c_str()), 0) << check;
 
   // The tie survives the merge.
@@ -204,10 +210,10 @@ TEST(ModelMerge, SafetensorsReadByAnIndependentReader) {
 TEST(ModelMerge, BadTrainedFilesExitTwoNamingNodeFileAndTensor) {
   const std::string dir = testing::temporaryDirectory("merge_bad");
   const std::string node_data = dir + "/node_data";
-  const auto planned = runClusterize("--model " + testing::modelPath("cnn") + " --nodes " +
-                                     testing::writeNodes(dir, {0.030, 0.012, 0.016, 0.020, 0.018}) +
-                                     " --out " + node_data +
-                                     " --input-shape 32,1,28,28 --profile-runs 1 --clusters 2");
+  const auto planned =
+      runClusterize("--model " + testing::modelPath("cnn") + " --nodes " +
+                    testing::writeNodes(dir, {0.030, 0.012, 0.016, 0.020, 0.018}) + " --out " +
+                    node_data + " --input-shape 32,1,28,28 --profile-runs 1 --clusters 2");
   ASSERT_EQ(planned.code, 0) << planned.output;
   fakeTraining(node_data);
   const auto all = chains(node_data);
@@ -245,8 +251,9 @@ TEST(ModelMerge, BadTrainedFilesExitTwoNamingNodeFileAndTensor) {
   stage.save(leaf_file);
   r = runClusterize("--merge " + node_data + out);
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_EQ(r.output, "clusterize: error: " + leaf_file + ": " + where +
-                          ": parameter \"13.weight\" is Float [10, 65] but the model's is Float [10, 64]\n");
+  EXPECT_EQ(r.output,
+            "clusterize: error: " + leaf_file + ": " + where +
+                ": parameter \"13.weight\" is Float [10, 65] but the model's is Float [10, 64]\n");
 
   // A missing parameter (the stage from another layer range has no 13.bias).
   fs::copy_file(nodeDirectory(node_data, all[multi].front()) + "/trained_stage.pt", leaf_file,
@@ -260,15 +267,21 @@ TEST(ModelMerge, BadTrainedFilesExitTwoNamingNodeFileAndTensor) {
   fs::rename(leaf_file + ".away", leaf_file);
   r = runClusterize("--merge " + node_data + out + " --cluster 2");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_EQ(r.output, "clusterize: error: --cluster 2: " + node_data + "/plan.json has clusters 0..1\n");
+  EXPECT_EQ(r.output,
+            "clusterize: error: --cluster 2: " + node_data + "/plan.json has clusters 0..1\n");
   r = runClusterize("--merge " + node_data + out + " --format onnx");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_EQ(r.output, "clusterize: error: --format must be torchscript or safetensors (got \"onnx\")\n");
+  EXPECT_EQ(r.output,
+            "clusterize: error: --format must be torchscript or safetensors (got \"onnx\")\n");
   r = runClusterize("--merge " + node_data + out + " --input-shape 3,4");
   EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_EQ(r.output,
+            "clusterize: error: --merge takes only --out, --format, --cluster and --model (got "
+            "--input-shape)\n");
   r = runClusterize("--merge " + node_data + out + " --model " + dir + "/nothing.pt");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_EQ(r.output, "clusterize: error: " + dir + "/nothing.pt: the original model is missing (--model)\n");
+  EXPECT_EQ(r.output,
+            "clusterize: error: " + dir + "/nothing.pt: the original model is missing (--model)\n");
 }
 
 TEST(InitialWeights, StagesStartFromTheFileValues) {
@@ -280,7 +293,8 @@ TEST(InitialWeights, StagesStartFromTheFileValues) {
                                 weights + " " + reference;
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
     const std::string node_data = dir + "/" + name + "_node_data";
-    const std::string shape = name == "cnn" ? "--input-shape 8,1,28,28" : "--input-shape 4,16 --input-dtype int64";
+    const std::string shape =
+        name == "cnn" ? "--input-shape 8,1,28,28" : "--input-shape 4,16 --input-dtype int64";
     const auto r = runClusterize("--model " + testing::modelPath(name) + " --weights " + weights +
                                  " --nodes " + testing::writeNodes(dir, 3, 0.004) + " --out " +
                                  node_data + " " + shape + " --profile-runs 1 --clusters 1");
@@ -293,7 +307,8 @@ TEST(InitialWeights, StagesStartFromTheFileValues) {
     size_t compared = 0;
     const auto chain = chains(node_data).at(0);
     for (const auto& node : chain) {
-      const torch::jit::Module stage = torch::jit::load(nodeDirectory(node_data, node) + "/stage.pt");
+      const torch::jit::Module stage =
+          torch::jit::load(nodeDirectory(node_data, node) + "/stage.pt");
       for (const auto& p : stage.named_parameters(true)) {
         EXPECT_TRUE(torch::equal(p.value, expected.at(p.name))) << name << ": " << p.name;
         ++compared;
@@ -328,17 +343,19 @@ TEST(InitialWeights, EveryMismatchIsListedByName) {
   const std::string file = dir + "/bad.safetensors";
   writeSafetensors(file, bad);
   const std::string nodes = testing::writeNodes(dir, 2, 0.1);
-  const auto r = runClusterize("--model " + testing::modelPath("cnn") + " --weights " + file +
-                               " --nodes " + nodes + " --out " + dir + "/out --input-shape 8,1,28,28");
+  const auto r =
+      runClusterize("--model " + testing::modelPath("cnn") + " --weights " + file + " --nodes " +
+                    nodes + " --out " + dir + "/out --input-shape 8,1,28,28");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_EQ(r.output,
-            "clusterize: error: " + file + " does not fit " + testing::modelPath("cnn") +
-                " (5 mismatches):\n"
-                "  missing in file: \"13.bias\" (the model's is F32 [10])\n"
-                "  missing in file: \"5.running_var\" (the model's is F32 [16])\n"
-                "  unknown name: \"14.weight\" (F32 [2, 2]) is not a parameter or buffer of the model\n"
-                "  shape: \"4.weight\" is [16, 8, 5, 5] in the file, [16, 8, 3, 3] in the model\n"
-                "  dtype: \"1.running_mean\" is F64 in the file, F32 in the model\n");
+  EXPECT_EQ(
+      r.output,
+      "clusterize: error: " + file + " does not fit " + testing::modelPath("cnn") +
+          " (5 mismatches):\n"
+          "  missing in file: \"13.bias\" (the model's is F32 [10])\n"
+          "  missing in file: \"5.running_var\" (the model's is F32 [16])\n"
+          "  unknown name: \"14.weight\" (F32 [2, 2]) is not a parameter or buffer of the model\n"
+          "  shape: \"4.weight\" is [16, 8, 5, 5] in the file, [16, 8, 3, 3] in the model\n"
+          "  dtype: \"1.running_mean\" is F64 in the file, F32 in the model\n");
   EXPECT_FALSE(fs::exists(dir + "/out/plan.json"));
 }
 
@@ -361,8 +378,9 @@ TEST(InitialWeights, TiedTensorsNeedOneNameAndMustAgree) {
     FAIL() << "expected BadInput";
   } catch (const BadInput& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("tied: \"") , std::string::npos) << what;
-    EXPECT_NE(what.find("are one tensor in the model but differ in the file"), std::string::npos) << what;
+    EXPECT_NE(what.find("tied: \""), std::string::npos) << what;
+    EXPECT_NE(what.find("are one tensor in the model but differ in the file"), std::string::npos)
+        << what;
     EXPECT_NE(what.find("\"head.weight\""), std::string::npos) << what;
   }
 }

@@ -1,6 +1,7 @@
 // core/Safetensors: round trips of every dtype (empty and 0-d tensors included) and one hand-made
 // malformed file per validation rule, each rejected with a BadInput naming the file and tensor.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -14,10 +15,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A folder of this process's files, removed when the tests end.
+struct TemporaryFolder {
+  fs::path path = fs::temp_directory_path() / ("cairn_safetensors_" + std::to_string(getpid()));
+  TemporaryFolder() { fs::create_directories(path); }
+  ~TemporaryFolder() { fs::remove_all(path); }
+};
+
 std::string temporaryFile(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("cairn_safetensors_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
+  static const TemporaryFolder folder;
+  return (folder.path / name).string();
 }
 
 // A file made by hand: 8-byte little-endian length (`claimed_length`, default the header's), the
@@ -109,17 +116,22 @@ TEST(Safetensors, MalformedFilesAreRejectedByName) {
   EXPECT_EQ(readError(p), p + ": tensor \"a\": unsupported safetensors dtype \"F8\" (cairn reads "
                               "F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
 
-  p = craft("negative.safetensors", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8);
-  EXPECT_EQ(readError(p), p + ": tensor \"a\": shape must be a list of non-negative integers (got [-2])");
+  p = craft("negative.safetensors", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})",
+            8);
+  EXPECT_EQ(readError(p),
+            p + ": tensor \"a\": shape must be a list of non-negative integers (got [-2])");
 
-  p = craft("key.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", 8);
+  p = craft("key.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})",
+            8);
   EXPECT_EQ(readError(p), p + ": tensor \"a\": unknown header key \"x\"");
 
   p = craft("outside.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
-  EXPECT_EQ(readError(p), p + ": tensor \"a\": data_offsets [0, 16] lie outside the data section of 8 bytes");
+  EXPECT_EQ(readError(p),
+            p + ": tensor \"a\": data_offsets [0, 16] lie outside the data section of 8 bytes");
 
   p = craft("length.safetensors", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
-  EXPECT_EQ(readError(p), p + ": tensor \"a\": data_offsets [0, 8] hold 8 bytes but shape [3] of F32 needs 12");
+  EXPECT_EQ(readError(p),
+            p + ": tensor \"a\": data_offsets [0, 8] hold 8 bytes but shape [3] of F32 needs 12");
 
   // A shape whose byte count overflows 64 bits must not wrap around to a small number.
   p = craft("overflow.safetensors",
@@ -127,15 +139,19 @@ TEST(Safetensors, MalformedFilesAreRejectedByName) {
   EXPECT_EQ(readError(p), p + ": tensor \"a\": data_offsets [0, 0] hold 0 bytes but shape "
                               "[4611686018427387904,4] of F32 needs more than 2^64");
 
-  p = craft("overlap.safetensors",
-            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-            8);
-  EXPECT_EQ(readError(p), p + ": tensors \"a\" and \"b\" overlap (bytes [0, 8) and [4, 8) of the data section)");
+  p = craft(
+      "overlap.safetensors",
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+      8);
+  EXPECT_EQ(readError(p),
+            p + ": tensors \"a\" and \"b\" overlap (bytes [0, 8) and [4, 8) of the data section)");
 
-  p = craft("hole.safetensors",
-            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-            12);
-  EXPECT_EQ(readError(p), p + ": bytes [4, 8) of the data section belong to no tensor (before tensor \"b\")");
+  p = craft(
+      "hole.safetensors",
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+      12);
+  EXPECT_EQ(readError(p),
+            p + ": bytes [4, 8) of the data section belong to no tensor (before tensor \"b\")");
 
   p = craft("trailing.safetensors", ok, 12);
   EXPECT_EQ(readError(p), p + ": the data section has 12 bytes but its tensors cover 8");
