@@ -64,7 +64,7 @@ PlanForMerge readPlan(const std::string& node_data) {
 
 torch::jit::Module loadModule(const std::string& path, const std::string& what) {
   try {
-    return torch::jit::load(path);
+    return torch::jit::load(path, torch::kCPU);  // a stage trained on a GPU merges on the CPU
   } catch (const c10::Error& e) {
     CAIRN_THROW(BadInput, path, ": cannot load ", what,
                 " as a TorchScript module: ", e.what_without_backtrace());
