@@ -8,6 +8,7 @@
 
 #include "clusterize/ClusterFormer.h"
 #include "clusterize/ExampleInputs.h"
+#include "clusterize/InitialWeights.h"
 #include "clusterize/PartitionPlanner.h"
 #include "clusterize/RingGroups.h"
 #include "clusterize/StageBuilder.h"
@@ -283,6 +284,10 @@ ClusterizeResult clusterize(const ClusterizeOptions& options) {
   } catch (const c10::Error& e) {
     CAIRN_THROW(BadInput, options.model_path, ": cannot load as a TorchScript model: ",
                 e.what_without_backtrace());
+  }
+  if (!options.weights_path.empty()) {
+    loadInitialWeights(model, options.weights_path, options.model_path);
+    CAIRN_INFO("clusterize: initial weights from ", options.weights_path);
   }
   const ModelGraph graph(model, options.granularity);
   CAIRN_INFO("clusterize: ", options.model_path, ": ", graph.numUnits(), " units, ",

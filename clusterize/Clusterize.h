@@ -24,6 +24,7 @@ namespace cairn::clusterize {
 
 struct ClusterizeOptions {
   std::string model_path;                  // TorchScript model (required)
+  std::string weights_path;                // safetensors initial weights; empty: the model's own
   std::string nodes_path;                  // node_configs.json (required)
   std::string job_path;                    // job.json to copy; empty: build one from the fields below
   std::string job_id = "cairn";

@@ -1,11 +1,13 @@
 // clusterize: plan a cairn job — profile a TorchScript model, cut it into stages, place them on the
-// nodes of node_configs.json, write node_data/. See `clusterize --help` and docs/CLUSTERIZE.md.
+// nodes of node_configs.json, write node_data/ — and, after training, merge the trained stages
+// back into the original model (--merge). See `clusterize --help` and docs/CLUSTERIZE.md.
+#include <CLI/CLI.hpp>
 #include <iostream>
 
-#include <CLI/CLI.hpp>
-
 #include "clusterize/Clusterize.h"
+#include "clusterize/ModelMerge.h"
 #include "clusterize/NodeDataWriter.h"
+#include "core/Error.h"
 #include "core/MainGuard.h"
 
 int main(int argc, char** argv) {
@@ -13,57 +15,134 @@ int main(int argc, char** argv) {
   CLI::App app{
       "clusterize: profile a TorchScript model, cut its forward graph into stages, form clusters "
       "of nodes and write node_data/ (plan.json, job.json, nodes/node_<id>/{stage.pt,node.json}).\n"
-      "Example: clusterize --model cnn.pt --nodes node_data/node_configs.json --input-shape 64,1,28,28"};
+      "Example: clusterize --model cnn.pt --nodes node_data/node_configs.json --input-shape "
+      "64,1,28,28\n"
+      "After training: clusterize --merge node_data --out trained.pt [--format safetensors] "
+      "[--cluster N]"};
   ClusterizeOptions o;
   o.nodes_path = "node_data/node_configs.json";
   std::string out_dir = "node_data";
   std::string granularity = "top";
   int microbatches = 4;
   std::string optimizer = "adam";
-  app.add_option("--model", o.model_path, "TorchScript model file (torch.jit.save / Module::save); required");
-  app.add_option("--nodes", o.nodes_path, "node_configs.json (Ravnest format: IP, benchmarks.ram GB, "
-                                          "benchmarks.bandwidth Mbps, optional benchmarks.compute)")
+  auto* model = app.add_option("--model", o.model_path,
+                               "TorchScript model file (torch.jit.save / Module::save); "
+                               "required for planning; with --merge: default plan.json's");
+  app.add_option("--weights", o.weights_path,
+                 "safetensors file of initial weights loaded into the model "
+                 "before cutting (names, shapes and dtypes must match the "
+                 "model's parameters and buffers); default: the model's own");
+  app.add_option("--nodes", o.nodes_path,
+                 "node_configs.json (Ravnest format: IP, benchmarks.ram GB, "
+                 "benchmarks.bandwidth Mbps, optional benchmarks.compute)")
       ->capture_default_str();
-  app.add_option("--out", out_dir, "output folder; only files clusterize wrote are replaced")
+  auto* out = app.add_option("--out", out_dir,
+                             "output folder; only files clusterize wrote are replaced. "
+                             "With --merge: the model file to write (default "
+                             "NODE_DATA/trained.pt, or trained.safetensors)")
+                  ->capture_default_str();
+  app.add_option("--job", o.job_path,
+                 "job.json to use (validated; its training_definition.optimizer "
+                 "and .microbatches apply unless the flags are given); default: "
+                 "built from the flags below");
+  app.add_option("--job-id", o.job_id, "job id when job.json is built from flags")
       ->capture_default_str();
-  app.add_option("--job", o.job_path, "job.json to use (validated; its training_definition.optimizer "
-                                      "and .microbatches apply unless the flags are given); default: "
-                                      "built from the flags below");
-  app.add_option("--job-id", o.job_id, "job id when job.json is built from flags")->capture_default_str();
   app.add_option("--data", o.data_location, "data location when job.json is built from flags")
       ->capture_default_str();
   app.add_option("--data-format", o.data_format, "data format: idx, safetensors or tokens")
       ->capture_default_str();
   app.add_option("--loss", o.loss, "loss_fn written to job.json")->capture_default_str();
-  app.add_option("--lr", o.learning_rate, "learning rate written to job.json")->capture_default_str();
-  app.add_option("--local-steps", o.local_steps, "local_steps written to job.json")->capture_default_str();
-  app.add_option("--clusters", o.clusters, "number of clusters; 0 = as many as the nodes' memory allows")
+  app.add_option("--lr", o.learning_rate, "learning rate written to job.json")
+      ->capture_default_str();
+  app.add_option("--local-steps", o.local_steps, "local_steps written to job.json")
+      ->capture_default_str();
+  app.add_option("--clusters", o.clusters,
+                 "number of clusters; 0 = as many as the nodes' memory allows")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed for tie-breaking among equal nodes and for example inputs")
       ->capture_default_str();
-  app.add_option("--granularity", granularity, "units to cut between: top (top-level forward nodes) or "
-                                               "expand-containers (also the elements of child nn.Sequential)")
+  app.add_option("--granularity", granularity,
+                 "units to cut between: top (top-level forward nodes) or "
+                 "expand-containers (also the elements of child nn.Sequential)")
       ->capture_default_str();
-  app.add_option("--input-shape", o.input_shapes, "example input shape, e.g. 64,1,28,28 (first dim = "
-                                                  "micro-batch size); repeat once per model input");
-  app.add_option("--input-dtype", o.input_dtypes, "example input dtype (float32, float64, float16, "
-                                                  "bfloat16, int64, int32, uint8, bool); once for all "
-                                                  "inputs or once per input; integer inputs are zeros")
+  app.add_option("--input-shape", o.input_shapes,
+                 "example input shape, e.g. 64,1,28,28 (first dim = "
+                 "micro-batch size); repeat once per model input");
+  app.add_option("--input-dtype", o.input_dtypes,
+                 "example input dtype (float32, float64, float16, "
+                 "bfloat16, int64, int32, uint8, bool); once for all "
+                 "inputs or once per input; integer inputs are zeros")
       ->capture_default_str();
-  app.add_option("--example", o.example_path, "torch.save'd example input (a tensor, or a tuple/list "
-                                              "of inputs) instead of --input-shape");
-  auto* mb = app.add_option("--microbatches", microbatches, "micro-batches in flight per step (memory "
-                                                            "estimate); default: job.json's, else")
+  app.add_option("--example", o.example_path,
+                 "torch.save'd example input (a tensor, or a tuple/list "
+                 "of inputs) instead of --input-shape");
+  auto* mb = app.add_option("--microbatches", microbatches,
+                            "micro-batches in flight per step (memory "
+                            "estimate); default: job.json's, else")
                  ->capture_default_str();
-  auto* opt = app.add_option("--optimizer", optimizer, "sgd, momentum, adam or adamw (optimizer state "
-                                                       "in the memory estimate); default: job.json's, else")
+  auto* opt = app.add_option("--optimizer", optimizer,
+                             "sgd, momentum, adam or adamw (optimizer state "
+                             "in the memory estimate); default: job.json's, else")
                   ->capture_default_str();
-  app.add_option("--profile-runs", o.profile.timed_runs, "timed forward+backward runs per unit (median)")
+  app.add_option("--profile-runs", o.profile.timed_runs,
+                 "timed forward+backward runs per unit (median)")
       ->capture_default_str();
+  std::string merge_from;
+  std::string format = "torchscript";
+  int cluster = 0;
+  auto* merge = app.add_option("--merge", merge_from,
+                               "merge mode: read NODE_DATA/plan.json and every "
+                               "node's trained_stage.pt and write the trained "
+                               "original model to --out; no planning");
+  auto* format_option = app.add_option("--format", format,
+                                       "with --merge: torchscript (loads with "
+                                       "torch.jit.load) or safetensors (original "
+                                       "parameter and buffer names)")
+                            ->capture_default_str()
+                            ->needs(merge);
+  auto* cluster_option = app.add_option("--cluster", cluster,
+                                        "with --merge: take cluster N's weights; "
+                                        "default: average floating-point tensors "
+                                        "over all clusters, maximum of integer ones")
+                             ->needs(merge);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (merge->count() > 0) {
+    return cairn::runGuarded("clusterize", [&] {
+      for (const CLI::Option* given : app.get_options())
+        if (given->count() > 0 && given != merge && given != out && given != format_option &&
+            given != cluster_option && given != model)
+          CAIRN_THROW(BadInput,
+                      "--merge takes only --out, --format, --cluster and --model (got ",
+                      given->get_name(), ")");
+      MergeOptions m;
+      m.node_data = merge_from;
+      m.model_path = o.model_path;
+      if (cluster_option->count() > 0) m.cluster = cluster;
+      const MergeFormat merge_format = parseMergeFormat(format);
+      const std::string target =
+          out->count() > 0
+              ? out_dir
+              : merge_from + (merge_format == MergeFormat::kSafetensors ? "/trained.safetensors"
+                                                                        : "/trained.pt");
+      const MergedModel merged = mergeTrainedStages(m);
+      saveMergedModel(merged, target, merge_format);
+      std::cout << "merged " << merged.state.size() << " parameters and buffers from "
+                << (m.cluster ? "cluster " + std::to_string(*m.cluster)
+                              : std::to_string(merged.clusters.size()) +
+                                    " cluster(s) (floating point "
+                                    "averaged, integers maximum)")
+                << " into " << target << " (" << format << ")\n";
+      if (!merged.untouched.empty()) {
+        std::cout << "kept from the model file (no stage uses them):";
+        for (const auto& name : merged.untouched) std::cout << " " << name;
+        std::cout << "\n";
+      }
+      return 0;
+    });
   }
   return cairn::runGuarded("clusterize", [&] {
     o.granularity = parseGranularity(granularity);

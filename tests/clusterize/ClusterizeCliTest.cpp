@@ -3,7 +3,6 @@
 // exit-2 messages for infeasible inputs.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,31 +16,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int code = -1;
-  std::string output;  // stdout + stderr
-};
-
-CliRun run(const std::string& arguments) {
-  const std::string command = std::string(CAIRN_CLUSTERIZE_BINARY) + " " + arguments + " 2>&1";
-  CliRun r;
-  FILE* pipe = popen(command.c_str(), "r");
-  std::array<char, 4096> buffer{};
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) r.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string writeNodes(const std::string& dir, int count, double ram_gb) {
-  nlohmann::json nodes = nlohmann::json::object();
-  for (int i = 0; i < count; ++i)
-    nodes[std::to_string(i)] = {{"IP", "127.0.0.1:" + std::to_string(6100 + i)},
-                                {"benchmarks", {{"ram", ram_gb}, {"bandwidth", 100 + 50 * i}}}};
-  const std::string path = dir + "/node_configs.json";
-  writeJsonFile(path, nodes);
-  return path;
-}
+using testing::CliRun;
+using testing::writeNodes;
+CliRun run(const std::string& arguments) { return testing::runClusterize(arguments); }
 
 TEST(ClusterizeCli, WritesNodeDataThatCoreAndPythonAccept) {
   const std::string dir = testing::temporaryDirectory("cli");

@@ -1,9 +1,13 @@
 #include "TestModels.h"
 
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
 #include <gtest/gtest.h>
+
+#include "core/JsonReader.h"
 
 namespace cairn::clusterize::testing {
 
@@ -40,6 +44,31 @@ std::vector<c10::IValue> exampleInputs(const std::string& name, int64_t batch) {
   if (name == "gpt" || name == "gpt_tied") return {torch::randint(0, 50, {batch, 10})};
   if (name == "two_input") return {torch::randn({batch, 12}), torch::randn({batch, 6})};
   throw std::runtime_error("no inputs for " + name);
+}
+
+CliRun runClusterize(const std::string& arguments) {
+  const std::string command = std::string(CAIRN_CLUSTERIZE_BINARY) + " " + arguments + " 2>&1";
+  CliRun r;
+  FILE* pipe = popen(command.c_str(), "r");
+  std::array<char, 4096> buffer{};
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) r.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string writeNodes(const std::string& dir, const std::vector<double>& ram_gb) {
+  nlohmann::json nodes = nlohmann::json::object();
+  for (size_t i = 0; i < ram_gb.size(); ++i)
+    nodes[std::to_string(i)] = {{"IP", "127.0.0.1:" + std::to_string(6100 + i)},
+                                {"benchmarks", {{"ram", ram_gb[i]}, {"bandwidth", 100 + 50 * i}}}};
+  const std::string path = dir + "/node_configs.json";
+  writeJsonFile(path, nodes);
+  return path;
+}
+
+std::string writeNodes(const std::string& dir, int count, double ram_gb) {
+  return writeNodes(dir, std::vector<double>(count, ram_gb));
 }
 
 }  // namespace cairn::clusterize::testing

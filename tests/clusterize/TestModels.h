@@ -19,4 +19,15 @@ std::string temporaryDirectory(const std::string& tag);
 std::vector<c10::IValue> exampleInputs(const std::string& name, int64_t batch = 4);
 std::string sourceDirectory();  // tests/clusterize in the source tree
 
+// The clusterize binary run with `arguments` (shell words), stdout and stderr together.
+struct CliRun {
+  int code = -1;
+  std::string output;
+};
+CliRun runClusterize(const std::string& arguments);
+// node_configs.json in `dir` with `count` nodes of `ram_gb` each (bandwidths 100, 150, ...).
+std::string writeNodes(const std::string& dir, int count, double ram_gb);
+// The same with one RAM figure per node.
+std::string writeNodes(const std::string& dir, const std::vector<double>& ram_gb);
+
 }  // namespace cairn::clusterize::testing
