@@ -134,44 +134,6 @@ torch::Tensor limitRows(torch::Tensor t, int64_t limit) {
   return limit > 0 && limit < t.size(0) ? t.slice(0, 0, limit) : t;
 }
 
-torch::ScalarType safetensorsDtype(const std::string& name, const std::string& path) {
-  static const std::map<std::string, torch::ScalarType> types = {
-      {"F32", torch::kFloat},     {"F64", torch::kDouble}, {"F16", torch::kHalf},
-      {"BF16", torch::kBFloat16}, {"I64", torch::kLong},   {"I32", torch::kInt},
-      {"I16", torch::kShort},     {"I8", torch::kChar},    {"U8", torch::kByte},
-      {"BOOL", torch::kBool}};
-  auto it = types.find(name);
-  if (it == types.end()) CAIRN_THROW(BadInput, path, ": unsupported safetensors dtype ", name);
-  return it->second;
-}
-
-std::string safetensorsDtypeName(torch::ScalarType type) {
-  switch (type) {
-    case torch::kFloat:
-      return "F32";
-    case torch::kDouble:
-      return "F64";
-    case torch::kHalf:
-      return "F16";
-    case torch::kBFloat16:
-      return "BF16";
-    case torch::kLong:
-      return "I64";
-    case torch::kInt:
-      return "I32";
-    case torch::kShort:
-      return "I16";
-    case torch::kChar:
-      return "I8";
-    case torch::kByte:
-      return "U8";
-    case torch::kBool:
-      return "BOOL";
-    default:
-      CAIRN_THROW(InternalError, "no safetensors dtype for ", type);
-  }
-}
-
 std::pair<torch::Tensor, torch::Tensor> readInputsTargets(const std::string& path) {
   torch::Tensor inputs, targets;
   for (auto& [name, tensor] : readSafetensors(path)) {
@@ -217,78 +179,6 @@ std::vector<uint8_t> readMaybeGzipFile(const std::string& path) {
   return out;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> readSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) CAIRN_THROW(BadInput, path, ": cannot open");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 8) CAIRN_THROW(BadInput, path, ": too short for a safetensors file");
-  uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | uint8_t(bytes[i]);
-  if (header_size > bytes.size() - 8)
-    CAIRN_THROW(BadInput, path, ": safetensors header size ", header_size, " exceeds the file");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + int64_t(header_size));
-  } catch (const nlohmann::json::exception& e) {
-    CAIRN_THROW(BadInput, path, ": safetensors header is not JSON: ", e.what());
-  }
-  const size_t data_begin = 8 + header_size;
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    try {
-      const torch::ScalarType type = safetensorsDtype(entry.at("dtype").get<std::string>(), path);
-      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      int64_t count = 1;
-      for (int64_t d : shape) {
-        if (d < 0) CAIRN_THROW(BadInput, path, ": tensor ", name, " has a negative dimension");
-        count *= d;
-      }
-      const uint64_t length = uint64_t(count) * c10::elementSize(type);
-      if (offsets.size() != 2 || offsets[1] < offsets[0] || offsets[1] - offsets[0] != length ||
-          data_begin + offsets[1] > bytes.size())
-        CAIRN_THROW(BadInput, path, ": tensor ", name,
-                    " has data_offsets that do not fit its shape or the file");
-      torch::Tensor t = torch::empty(shape, type);
-      if (length) std::memcpy(t.data_ptr(), bytes.data() + data_begin + offsets[0], length);
-      out.emplace_back(name, t);
-    } catch (const nlohmann::json::exception& e) {
-      CAIRN_THROW(BadInput, path, ": tensor ", name, ": malformed entry: ", e.what());
-    }
-  }
-  return out;
-}
-
-void writeSafetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-  nlohmann::json header = nlohmann::json::object();
-  uint64_t offset = 0;
-  std::vector<torch::Tensor> contiguous;
-  for (const auto& [name, tensor] : tensors) {
-    torch::Tensor t = tensor.detach().cpu().contiguous();
-    header[name] = {{"dtype", safetensorsDtypeName(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
-    contiguous.push_back(t);
-  }
-  std::string text = header.dump();
-  while (text.size() % 8) text.push_back(' ');
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) CAIRN_THROW(BadInput, temporary, ": cannot write");
-    uint64_t n = text.size();
-    for (int i = 0; i < 8; ++i) out.put(char((n >> (8 * i)) & 0xff));
-    out.write(text.data(), int64_t(text.size()));
-    for (const auto& t : contiguous)
-      out.write(static_cast<const char*>(t.data_ptr()), int64_t(t.nbytes()));
-    if (!out) CAIRN_THROW(BadInput, temporary, ": write failed (disk full?)");
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0)
-    CAIRN_THROW(BadInput, path, ": cannot rename ", temporary, " into place");
-}
 
 DatasetPair loadDatasets(const DataOptions& o, uint64_t seed) {
   DatasetPair pair;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/Safetensors.h"  // readSafetensors / writeSafetensors (moved to core)
 #include "trainer/TrainOptions.h"
 
 namespace cairn {
@@ -43,11 +44,6 @@ struct DatasetPair {
 // `seed` seeds augmentation.
 DatasetPair loadDatasets(const DataOptions& options, uint64_t seed);
 
-// Reads a safetensors file into named CPU tensors (all of it).
-std::vector<std::pair<std::string, torch::Tensor>> readSafetensors(const std::string& path);
-// Writes named CPU tensors as a safetensors file (tests and tools).
-void writeSafetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
 // Reads a whole file, transparently gunzipping it when it is gzip-compressed.
 std::vector<uint8_t> readMaybeGzipFile(const std::string& path);
 
