@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job end to end: set up and build, make the Fashion-MNIST CNN, cut it into 3 stages,
-# train it on 3 local providers (tools/launch_local), print the final test accuracy.
+# train it on 3 local providers (tools/launch_local), merge the trained stages back into one
+# TorchScript model (node_data/fashion_mnist/trained.pt), print the final test accuracy.
 #   tools/demo.sh            (see examples/fashion_mnist/README.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,8 @@ echo "demo: 2/3 clusterize: profile the model, cut it into stages, place them on
   --job examples/fashion_mnist/job.json --clusters 1 --input-shape 32,1,28,28 --out "$OUT"
 echo "demo: 3/3 train on 3 local providers"
 CAIRN_BUILD_DIR=$BUILD_DIR tools/launch_local "$OUT"
+echo "demo: the trained model back in one file"
+"$BUILD_DIR/clusterize/clusterize" --merge "$OUT" --out "$OUT/trained.pt"
 end=$(date +%s)
 LEAF=$($PY -c "import json,sys; c=json.load(open(sys.argv[1]))['clusters'][0]; print(c['chain'][-1])" "$OUT/plan.json")
 $PY - "$OUT/nodes/$LEAF/result.json" "$((end - built))" "$((end - start))" <<'PYEOF'

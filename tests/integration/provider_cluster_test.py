@@ -12,6 +12,10 @@ CASE:
                   batches, max abs diff <= 1e-5
   launcher_stops_all  one node cannot load its stage: tools/launch_local returns that node's exit
                   code (2) and stops the others long before their startup timeout
+  clusterize_merge  the real chain: clusterize cuts the BatchNorm CNN for 3 nodes, providers train
+                  it, clusterize --merge puts the trained stages back into the original model; the
+                  merged model, evaluated here by PyTorch itself on the same test images, gives the
+                  pipeline's own reported accuracy and loss
   never_starts    only the Root starts; it must fail with the startup-timeout error naming its
                   missing neighbour, non-zero, within the configured time (+ slack)
 """
@@ -220,12 +224,63 @@ def case_launcher_stops_all(args):
         fail("node_2's error line (prefixed [node_2]) is missing")
 
 
+def case_clusterize_merge(args):
+    if not args.clusterize:
+        fail("clusterize_merge needs --clusterize")
+    os.makedirs(args.work, exist_ok=True)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    configs = {str(i): {"IP": f"127.0.0.1:{args.port + i}", "benchmarks": {"ram": 1, "bandwidth": 10000}}
+               for i in range(3)}
+    test_samples = 2000
+    job = {"format": 1, "job_id": "merge-check", "driver": "cairn", "model": model,
+           "data": {"location": FASHION, "format": "idx", "normalize": {"mean": [MEAN], "std": [STD]},
+                    "train_samples": 8000, "test_samples": test_samples},
+           "training_definition": training_settings(150)}
+    for name, doc in (("node_configs.json", configs), ("job.json", job)):
+        with open(os.path.join(args.work, name), "w") as f:
+            json.dump(doc, f)
+    node_data = os.path.join(args.work, "node_data")
+    subprocess.run([args.clusterize, "--model", model, "--nodes", os.path.join(args.work, "node_configs.json"),
+                    "--job", os.path.join(args.work, "job.json"), "--clusters", "1",
+                    "--input-shape", "8,1,28,28", "--out", node_data], check=True)
+    chain = json.load(open(os.path.join(node_data, "plan.json")))["clusters"][0]["chain"]
+    if len(chain) < 2:
+        fail(f"clusterize planned a single stage ({chain}); this case needs a pipeline")
+    launch(node_data, args.provider, 240)
+    result = json.load(open(os.path.join(node_data, "nodes", chain[-1], "result.json")))["eval"]
+    merged = os.path.join(args.work, "trained.pt")
+    subprocess.run([args.clusterize, "--merge", node_data, "--out", merged], check=True)
+    net = torch.jit.load(merged)
+    net.eval()
+    images = load_idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)[:test_samples]
+    labels = torch.from_numpy(load_idx("t10k-labels-idx1-ubyte.gz", 8)[:test_samples].astype(np.int64))
+    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - MEAN) / STD
+    with torch.no_grad():
+        logits = torch.cat([net(x[i:i + 250]) for i in range(0, test_samples, 250)])
+    loss = torch.nn.functional.cross_entropy(logits, labels).item()
+    accuracy = (logits.argmax(1) == labels).double().mean().item()
+    print(f"{len(chain)}-stage pipeline: accuracy {result['accuracy']:.4f}, loss {result['loss']:.6f}; "
+          f"merged model in PyTorch: accuracy {accuracy:.4f}, loss {loss:.6f}")
+    if result["samples"] != test_samples:
+        fail(f"the pipeline evaluated {result['samples']} samples, expected {test_samples}")
+    if abs(accuracy - result["accuracy"]) > 1e-9:
+        fail("the merged model's accuracy differs from the pipeline's")
+    if abs(loss - result["loss"]) > 1e-4 * max(1.0, loss):
+        fail("the merged model's loss differs from the pipeline's")
+    if accuracy <= 0.70:
+        fail(f"accuracy {accuracy:.4f} after 150 steps is not above 0.70")
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["three_nodes", "one_node", "match_pytorch", "never_starts", "launcher_stops_all"])
+    parser.add_argument("case", choices=["three_nodes", "one_node", "match_pytorch", "never_starts", "launcher_stops_all",
+                                          "clusterize_merge"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--clusterize", help="clusterize binary (clusterize_merge)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
