@@ -8,8 +8,10 @@
 #include "core/JsonReader.h"
 #include "core/Log.h"
 #include "core/MainGuard.h"
+#include "core/NodeConfigs.h"
 #include "core/NodeData.h"
 #include "node/MailboxStageLink.h"
+#include "node/Probe.h"
 #include "node/ZmqTransport.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/StageTrainer.h"
@@ -62,12 +64,53 @@ int main(int argc, char** argv) {
       "and nodes/<name>/metrics.jsonl."};
   std::string name;
   std::string node_data = "node_data";
-  app.add_option("--name", name, "node name as in node_data/nodes/ (e.g. node_3)")->required();
+  app.add_option("--name", name, "node name as in node_data/nodes/ (e.g. node_3); required to train");
   app.add_option("--node-data", node_data, "folder written by clusterize")->capture_default_str();
+  // Know your machine: print this machine's node_configs.json entry (tools/make_node_configs
+  // gathers them), measuring bandwidth against a peer running --probe-serve, or loopback.
+  bool probe = false;
+  std::string probe_address = "127.0.0.1:5500", probe_peer, probe_serve;
+  int probe_megabytes = 256;
+  app.add_flag("--probe", probe,
+               "print this machine's node_configs.json entry: RAM and cores (hwloc, cgroup limit "
+               "applied), matmul GFLOPS, bandwidth (Mbps) to --peer or over loopback");
+  app.add_option("--address", probe_address, "with --probe: the IP (host:port) to write in the entry")
+      ->capture_default_str();
+  app.add_option("--peer", probe_peer, "with --probe: host:port of a `provider --probe-serve`");
+  app.add_option("--probe-megabytes", probe_megabytes, "with --probe: MiB sent to measure bandwidth")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--probe-serve", probe_serve,
+                 "serve bandwidth probes on host:port until interrupted (for --probe --peer)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (probe || !probe_serve.empty()) {
+    return cairn::runGuarded("provider", [&] {
+      if (!probe_serve.empty()) {
+        std::string host;
+        int port = 0;
+        cairn::parseHostPort(probe_serve, "command line", "--probe-serve", &host, &port);
+        cairn::serveBandwidthProbes(probe_serve);
+        return 0;
+      }
+      std::string host;
+      int port = 0;
+      cairn::parseHostPort(probe_address, "command line", "--address", &host, &port);
+      if (!probe_peer.empty()) cairn::parseHostPort(probe_peer, "command line", "--peer", &host, &port);
+      cairn::MachineProbe measured;
+      cairn::probeMemoryAndCores(&measured);
+      measured.compute_gflops = cairn::probeComputeGflops();
+      measured.bandwidth_mbps = cairn::probeBandwidthMbps(
+          probe_peer.empty() ? std::nullopt : std::optional<std::string>(probe_peer), probe_megabytes);
+      std::printf("%s\n", cairn::nodeConfigEntry(measured, probe_address).dump(2).c_str());
+      return 0;
+    });
+  }
+  if (name.empty()) {
+    std::fprintf(stderr, "provider: error: --name is required (or --probe / --probe-serve)\n");
+    return 2;
   }
   return cairn::runGuarded("provider", [&] {
     cairn::setLogTag(name);
