@@ -16,6 +16,8 @@ CASE:
                   every 5 steps with BatchNorm: after the run (the last step is a reduce) every
                   parameter and buffer of stage s is bit-identical in both clusters, and differs
                   from the initial weights
+  two_clusters_gradients, two_clusters_diloco  the same with "gradients" (every step) and
+                  "diloco" (outer step every 5 steps)
   never_starts    only the Root starts; it must fail with the startup-timeout error naming its
                   missing neighbour, non-zero, within the configured time (+ slack)
 """
@@ -186,9 +188,18 @@ def case_match_pytorch(args):
         fail(f"trained weights differ from PyTorch by {worst}")
 
 
-def case_two_clusters_average(args):
+def case_two_clusters_gradients(args):
+    case_two_clusters_average(args, "gradients")
+
+
+def case_two_clusters_diloco(args):
+    case_two_clusters_average(args, "diloco")
+
+
+def case_two_clusters_average(args, mode="average"):
     settings = training_settings(20)
-    settings.update({"local_steps": 5, "sync": "average", "record_sample_ids": False})
+    settings.update({"local_steps": 1 if mode == "gradients" else 5, "sync": mode,
+                     "record_sample_ids": False})
     data = {"train_samples": 4000, "test_samples": 500}
     halves = []
     for c in range(2):
@@ -254,7 +265,7 @@ def case_two_clusters_average(args):
         steps = [m for m in metrics(node_data, f"node_{n}") if "step" in m]
         if len(steps) != 20 or "sync_s" not in steps[-1]:
             fail(f"node_{n}: expected 20 step records with sync_s")
-    print(f"{compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
+    print(f"sync {mode}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
     check_accuracy(node_data, "node_2", 0.3)
     check_accuracy(node_data, "node_5", 0.3)
 
@@ -299,7 +310,7 @@ def case_launcher_stops_all(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["two_clusters_average", "three_nodes", "one_node", "match_pytorch", "never_starts", "launcher_stops_all"])
+    parser.add_argument("case", choices=["two_clusters_average", "two_clusters_gradients", "two_clusters_diloco", "three_nodes", "one_node", "match_pytorch", "never_starts", "launcher_stops_all"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
