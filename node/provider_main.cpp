@@ -12,6 +12,7 @@
 #include "core/NodeData.h"
 #include "node/MailboxStageLink.h"
 #include "node/Probe.h"
+#include "node/RingClusterSync.h"
 #include "node/ZmqTransport.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/StageTrainer.h"
@@ -144,6 +145,12 @@ int main(int argc, char** argv) {
     cairn::LinkTimeouts timeouts;
     timeouts.startup = std::chrono::milliseconds(int64_t(config.options.timeouts.startup_s * 1000));
     timeouts.peer = std::chrono::milliseconds(int64_t(config.options.timeouts.peer_s * 1000));
+    // Ring members (other clusters) become transport peers before the pipeline handshake; the
+    // first collective (the initial-weights check) waits for late members up to this timeout.
+    cairn::RingClusterSync cluster_sync(mailbox, node, config.options.sync,
+                                        config.options.local_steps,
+                                        std::max(timeouts.startup, timeouts.peer));
+    config.cluster_sync = &cluster_sync;
     cairn::MailboxStageLink link(mailbox, node, timeouts);
     link.connect();
 

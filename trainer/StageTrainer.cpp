@@ -8,6 +8,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "trainer/ClusterSync.h"
 #include "trainer/Dataset.h"
 #include "trainer/Loss.h"
 #include "trainer/LrSchedule.h"
@@ -92,6 +93,7 @@ struct StageTrainer::Impl {
   int64_t step = 0;
   std::map<int, Microbatch> micro;
   double step_loss = 0, compute_s = 0, send_s = 0, wait_s = 0, grad_norm = -1;
+  double sync_s = 0;  // cross-cluster sync (ClusterSync) within the step
   uint64_t checksum = 0;
   std::vector<int64_t> epoch_order;
 
@@ -415,12 +417,13 @@ struct StageTrainer::Impl {
   TrainerResult run() {
     const auto start = Clock::now();
     makePlan();
+    if (cfg.cluster_sync) cfg.cluster_sync->start(executor->module());
     LrSchedule lr_schedule(opt.optimizer.lr, opt.lr_scheduler, total_steps);
     TrainerResult result;
     const int64_t epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
     auto last = Clock::now();
     for (step = 0; step < total_steps; ++step) {
-      step_loss = compute_s = send_s = wait_s = 0;
+      step_loss = compute_s = send_s = wait_s = sync_s = 0;
       grad_norm = -1;
       checksum = 0;
       micro.clear();
@@ -430,6 +433,14 @@ struct StageTrainer::Impl {
         compute_s += secondsSince(t);
       }
       const double lr = lr_schedule.at(step);
+      bool gradients_synced = false;
+      auto syncGradients = [&] {
+        if (gradients_synced || !cfg.cluster_sync) return;
+        gradients_synced = true;
+        const auto t = Clock::now();
+        cfg.cluster_sync->beforeOptimizerStep(step, executor->module());
+        sync_s += secondsSince(t);
+      };
       schedule.begin();
       for (ScheduleAction a = schedule.next(); a.kind != ScheduleAction::Kind::kStepDone;
            a = schedule.next()) {
@@ -441,13 +452,20 @@ struct StageTrainer::Impl {
             backward(a.microbatch);
             break;
           case ScheduleAction::Kind::kReduceGradNorm:
+            syncGradients();
             reduceGradNorm();
             break;
           case ScheduleAction::Kind::kOptimizerStep: {
+            syncGradients();
             const auto t = Clock::now();
             optimizer->step(lr);
             optimizer->zeroGrad();
             compute_s += secondsSince(t);
+            if (cfg.cluster_sync) {
+              const auto ts = Clock::now();
+              cfg.cluster_sync->afterOptimizerStep(step, executor->module());
+              sync_s += secondsSince(ts);
+            }
             break;
           }
           case ScheduleAction::Kind::kStepDone:
@@ -471,6 +489,7 @@ struct StageTrainer::Impl {
                                {"wait_s", wait_s}};
       if (is_root || is_leaf) record["sample_checksum"] = checksum;
       if (grad_norm >= 0) record["grad_norm"] = grad_norm;
+      if (cfg.cluster_sync) record["sync_s"] = sync_s;
       metrics.write(record);
       result.last_loss = step_loss;
       const double elapsed = secondsSince(start);
@@ -486,6 +505,7 @@ struct StageTrainer::Impl {
       }
     }
     progress.finish();
+    if (cfg.cluster_sync) cfg.cluster_sync->finish(total_steps, executor->module());
     result.steps = total_steps;
     const double train_seconds = secondsSince(start);
     result.samples_per_second =

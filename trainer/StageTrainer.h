@@ -29,6 +29,7 @@
 namespace cairn {
 
 class StageExecutor;
+class ClusterSync;
 
 struct EvalResult {
   int64_t step = 0;  // optimizer steps done when it ran
@@ -60,6 +61,8 @@ struct StageTrainerConfig {
   std::string metrics_path;     // "" = no metrics.jsonl
   std::string sample_ids_path;  // used when options.record_sample_ids
   bool show_progress = true;
+  // Cross-cluster sync (borrowed, may be null: no sync). See trainer/ClusterSync.h.
+  ClusterSync* cluster_sync = nullptr;
 };
 
 class StageTrainer {

@@ -61,6 +61,34 @@ OptimizerOptions parseOptimizer(const JsonReader& r) {
   return o;
 }
 
+SyncOptions parseSync(const JsonReader& r) {
+  SyncOptions s;
+  const std::vector<std::string> names = {"average", "diloco", "gradients"};
+  auto kindOf = [](const std::string& n) {
+    return n == "diloco" ? SyncMode::kDiLoCo : n == "gradients" ? SyncMode::kGradients
+                                                                : SyncMode::kAverage;
+  };
+  if (!r.has("sync") || r.raw()["sync"].is_null()) return s;
+  if (r.raw()["sync"].is_string()) {
+    s.mode = kindOf(r.choice("sync", names));
+    return s;
+  }
+  JsonReader o = r.object("sync");
+  o.rejectUnknownKeys({"name", "outer_lr", "outer_momentum", "outer_nesterov"});
+  s.mode = kindOf(o.choiceOr("name", names, "average"));
+  s.outer_lr = o.numberOr("outer_lr", s.outer_lr);
+  s.outer_momentum = o.numberOr("outer_momentum", s.outer_momentum);
+  s.outer_nesterov = o.booleanOr("outer_nesterov", s.outer_nesterov);
+  if (!(s.outer_lr > 0)) o.fail("outer_lr", "must be a positive number");
+  if (!(s.outer_momentum >= 0 && s.outer_momentum < 1)) o.fail("outer_momentum", "must be in [0, 1)");
+  if (s.outer_nesterov && s.outer_momentum == 0)
+    o.fail("outer_nesterov", "requires outer_momentum > 0 (as in PyTorch)");
+  if (s.mode != SyncMode::kDiLoCo)
+    for (const char* key : {"outer_lr", "outer_momentum", "outer_nesterov"})
+      if (o.has(key)) o.fail(key, "is a diloco option");
+  return s;
+}
+
 LrScheduleOptions parseLrSchedule(const JsonReader& r) {
   LrScheduleOptions s;
   const std::vector<std::string> names = {"constant", "step", "cosine", "warmup_cosine"};
@@ -132,13 +160,25 @@ std::string toString(LossKind kind) {
   return "?";
 }
 
+std::string toString(SyncMode mode) {
+  switch (mode) {
+    case SyncMode::kAverage:
+      return "average";
+    case SyncMode::kDiLoCo:
+      return "diloco";
+    case SyncMode::kGradients:
+      return "gradients";
+  }
+  return "?";
+}
+
 TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
                                const std::string& source) {
   JsonReader r(training_definition, source, "training_definition");
   r.rejectUnknownKeys({"batch_size", "microbatches", "epochs", "max_steps", "schedule", "pipeline",
                        "seed", "optimizer", "lr_scheduler", "loss_fn", "clip_grad_norm",
                        "eval_every", "eval_batch_size", "local_steps", "timeouts", "threads",
-                       "log_every_s", "record_sample_ids", "accelerate_config"});
+                       "log_every_s", "record_sample_ids", "accelerate_config", "sync"});
   TrainOptions o;
   o.batch_size = r.integerOr("batch_size", 1, 1 << 24, o.batch_size);
   o.microbatches = r.integerOr("microbatches", 1, 1 << 16, o.microbatches);
@@ -161,6 +201,7 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.eval_every = r.integerOr("eval_every", 0, kBig, 0);
   o.eval_batch_size = r.integerOr("eval_batch_size", 1, 1 << 24, o.eval_batch_size);
   o.local_steps = r.integerOr("local_steps", 1, kBig, 1);
+  o.sync = parseSync(r);
   if (auto t = r.optionalObject("timeouts")) {
     t->rejectUnknownKeys({"startup_s", "peer_s"});
     o.timeouts.startup_s = t->numberOr("startup_s", o.timeouts.startup_s);

@@ -17,6 +17,7 @@ enum class PipelineOrder { k1F1B, kGPipe };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 enum class LrScheduleKind { kConstant, kStep, kCosine, kWarmupCosine };
 enum class LossKind { kCrossEntropy, kMse, kNll };
+enum class SyncMode { kAverage, kDiLoCo, kGradients };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;  // "name": "sgd" | "adam" | "adamw" (default adamw)
@@ -49,6 +50,16 @@ struct TimeoutOptions {
   double peer_s = 120;    // "peer_s": longest wait for one message from a neighbour mid-run
 };
 
+// How clusters that hold the same parameters bring them together (docs/TRAINING.md "Across
+// clusters"). "sync": "average" | "diloco" | "gradients", or {name, outer_lr, outer_momentum,
+// outer_nesterov}. With one cluster every ring has one member and nothing is exchanged.
+struct SyncOptions {
+  SyncMode mode = SyncMode::kAverage;  // "name" (default "average")
+  double outer_lr = 0.7;               // diloco: outer SGD learning rate
+  double outer_momentum = 0.9;         // diloco: outer SGD momentum
+  bool outer_nesterov = true;          // diloco: Nesterov momentum
+};
+
 struct TrainOptions {
   int64_t batch_size = 64;   // samples per optimizer step (per cluster)
   int64_t microbatches = 4;  // the batch is cut into this many micro-batches (≤ batch_size)
@@ -63,7 +74,9 @@ struct TrainOptions {
   double clip_grad_norm = 0;      // > 0: clip gradients to this GLOBAL norm (all stages together)
   int64_t eval_every = 0;         // > 0: evaluate every this many steps (always at the end)
   int64_t eval_batch_size = 500;  // samples per evaluation batch
-  int64_t local_steps = 1;  // steps between cross-cluster averaging (issue [D]; unused by sync)
+  int64_t local_steps = 1;  // optimizer steps between cross-cluster syncs (average, diloco);
+                            // gradients: steps between buffer averages (gradients every step)
+  SyncOptions sync;         // "sync": "average" (default) | "diloco" | "gradients" | {name, ...}
   TimeoutOptions timeouts;  // "timeouts": {startup_s, peer_s}
   int threads = 1;          // torch intra-op threads per provider
   double log_every_s = 10;  // plain progress lines when stderr is not a terminal
@@ -98,5 +111,6 @@ DataOptions parseDataOptions(const DataSpec& data, const std::string& source);
 
 std::string toString(OptimizerKind kind);
 std::string toString(LossKind kind);
+std::string toString(SyncMode mode);
 
 }  // namespace cairn

@@ -16,6 +16,12 @@ CASE:
                   it, clusterize --merge puts the trained stages back into the original model; the
                   merged model, evaluated here by PyTorch itself on the same test images, gives the
                   pipeline's own reported accuracy and loss
+  two_clusters_average  2 clusters x 3 providers (the by-hand cut twice, ring per stage), "average"
+                  every 5 steps with BatchNorm: after the run (the last step is a reduce) every
+                  parameter and buffer of stage s is bit-identical in both clusters, and differs
+                  from the initial weights
+  two_clusters_gradients, two_clusters_diloco  the same with "gradients" (every step) and
+                  "diloco" (outer step every 5 steps)
   never_starts    only the Root starts; it must fail with the startup-timeout error naming its
                   missing neighbour, non-zero, within the configured time (+ slack)
 """
@@ -186,6 +192,88 @@ def case_match_pytorch(args):
         fail(f"trained weights differ from PyTorch by {worst}")
 
 
+def case_two_clusters_gradients(args):
+    case_two_clusters_average(args, "gradients")
+
+
+def case_two_clusters_diloco(args):
+    case_two_clusters_average(args, "diloco")
+
+
+def case_two_clusters_average(args, mode="average"):
+    settings = training_settings(20)
+    settings.update({"local_steps": 1 if mode == "gradients" else 5, "sync": mode,
+                     "record_sample_ids": False})
+    data = {"train_samples": 4000, "test_samples": 500}
+    halves = []
+    for c in range(2):
+        work = os.path.join(args.work, f"cluster{c}")
+        os.makedirs(work, exist_ok=True)
+        configs = {str(3 * c + i): {"IP": f"127.0.0.1:{args.port + 3 * c + i}",
+                                    "benchmarks": {"ram": 1, "bandwidth": 1000}} for i in range(3)}
+        with open(os.path.join(work, "node_configs.json"), "w") as f:
+            json.dump(configs, f)
+        model = os.path.join(args.work, "model.pt")
+        if c == 0:
+            subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model],
+                           check=True, stdout=subprocess.DEVNULL)
+        out = os.path.join(work, "node_data")
+        cmd = [sys.executable, os.path.join(EXAMPLE, "make_node_data_by_hand.py"), "--model", model,
+               "--nodes", os.path.join(work, "node_configs.json"), "--out", out, "--stages", "3"]
+        for k, v in settings.items():
+            cmd += ["--set", f"{k}={json.dumps(v)}"]
+        for k, v in data.items():
+            cmd += ["--data-set", f"{k}={json.dumps(v)}"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        halves.append(out)
+    # Merge cluster 1 into cluster 0's folder: one ring per stage, members in cluster order.
+    node_data = halves[0]
+    for s in range(3):
+        shutil.copytree(os.path.join(halves[1], "nodes", f"node_{3 + s}"),
+                        os.path.join(node_data, "nodes", f"node_{3 + s}"))
+    specs = {}
+    for n in range(6):
+        path = os.path.join(node_data, "nodes", f"node_{n}", "node.json")
+        specs[n] = (path, json.load(open(path)))
+    for n, (path, spec) in specs.items():
+        c, s = divmod(n, 3)
+        spec["cluster"] = c
+        spec["extra"]["num_clusters"] = 2
+        members = [{"name": specs[s + 3 * k][1]["name"], "address": specs[s + 3 * k][1]["address"]}
+                   for k in range(2)]
+        spec["rings"] = [{"id": f"ring_{s}", "parameters": spec["parameters"] + spec["buffers"],
+                          "members": members, "rank": c}]
+        json.dump(spec, open(path, "w"), indent=1)
+    plan_path = os.path.join(node_data, "plan.json")
+    plan = json.load(open(plan_path))
+    plan["num_clusters"] = 2
+    json.dump(plan, open(plan_path, "w"))
+    initial = [dict(torch.jit.load(os.path.join(node_data, "nodes", f"node_{s}", "stage.pt")).state_dict())
+               for s in range(3)]
+    seconds = launch(node_data, args.provider, 240)
+    print(f"2 clusters x 3 providers: {seconds:.1f} s")
+    compared = 0
+    for s in range(3):
+        a = torch.jit.load(os.path.join(node_data, "nodes", f"node_{s}", "trained_stage.pt")).state_dict()
+        b = torch.jit.load(os.path.join(node_data, "nodes", f"node_{s + 3}", "trained_stage.pt")).state_dict()
+        if sorted(a) != sorted(b):
+            fail(f"stage {s}: the clusters' stages hold different tensors")
+        for name in a:
+            if not torch.equal(a[name], b[name]):
+                diff = (a[name].double() - b[name].double()).abs().max().item()
+                fail(f"stage {s} {name}: clusters differ after the final reduce (max abs diff {diff:g})")
+            compared += 1
+        if all(torch.equal(a[name], initial[s][name]) for name in a):
+            fail(f"stage {s}: weights did not change")
+    for n in range(6):
+        steps = [m for m in metrics(node_data, f"node_{n}") if "step" in m]
+        if len(steps) != 20 or "sync_s" not in steps[-1]:
+            fail(f"node_{n}: expected 20 step records with sync_s")
+    print(f"sync {mode}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
+    check_accuracy(node_data, "node_2", 0.3)
+    check_accuracy(node_data, "node_5", 0.3)
+
+
 def case_never_starts(args):
     settings = dict(training_settings(10), timeouts={"startup_s": 3, "peer_s": 10})
     _, node_data = make_node_data(args.work, args.port, 3, True, settings, {"train_samples": 1000})
@@ -275,8 +363,9 @@ def case_clusterize_merge(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["three_nodes", "one_node", "match_pytorch", "never_starts", "launcher_stops_all",
-                                          "clusterize_merge"])
+    parser.add_argument("case", choices=["two_clusters_average", "two_clusters_gradients", "two_clusters_diloco",
+                                         "three_nodes", "one_node", "match_pytorch", "never_starts",
+                                         "launcher_stops_all", "clusterize_merge"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)

@@ -175,6 +175,28 @@ TEST(Dataset, SafetensorsRoundTripAndTokens) {
   EXPECT_EQ(tok.test->get({0}, false).inputs[0][0].item<int64_t>(), 'u');
 }
 
+TEST(TrainOptions, SyncModes) {
+  EXPECT_EQ(parseTrainOptions(nlohmann::json::object(), "job.json").sync.mode, SyncMode::kAverage);
+  EXPECT_EQ(parseTrainOptions({{"sync", "gradients"}}, "job.json").sync.mode, SyncMode::kGradients);
+  SyncOptions d = parseTrainOptions({{"sync", "diloco"}}, "job.json").sync;
+  EXPECT_EQ(d.mode, SyncMode::kDiLoCo);
+  EXPECT_DOUBLE_EQ(d.outer_lr, 0.7);
+  EXPECT_DOUBLE_EQ(d.outer_momentum, 0.9);
+  EXPECT_TRUE(d.outer_nesterov);
+  d = parseTrainOptions({{"sync", {{"name", "diloco"}, {"outer_lr", 0.5}, {"outer_nesterov", false}}}},
+                        "job.json")
+          .sync;
+  EXPECT_DOUBLE_EQ(d.outer_lr, 0.5);
+  EXPECT_FALSE(d.outer_nesterov);
+  try {
+    parseTrainOptions({{"sync", {{"name", "average"}, {"outer_lr", 0.5}}}}, "job.json");
+    FAIL();
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("training_definition.sync.outer_lr"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(TrainOptions, DefaultsAndErrorsNameTheKey) {
   TrainOptions d = parseTrainOptions(nlohmann::json::object(), "job.json");
   EXPECT_EQ(d.batch_size, 64);

@@ -1,0 +1,34 @@
+// ClusterSync: how a node brings the state it shares with other clusters together (parameter
+// average, DiLoCo outer step, or gradient all-reduce; docs/TRAINING.md "Across clusters"). The
+// trainer knows only this interface (no sockets in trainer/); node/RingClusterSync implements it
+// over one ProcessGroup per ring group of node.json.
+//
+// StageTrainer calls, on its own thread, in this order:
+//   start(stage)                         once, after the run plan is known and before step 0
+//   beforeOptimizerStep(step, stage)     every step, after the last backward and before gradient
+//                                        clipping and the optimizer step
+//   afterOptimizerStep(step, stage)      every step, after the optimizer step (0-based `step`)
+//   finish(steps, stage)                 once, after the last step and before the final evaluation
+// The implementation decides from its options what each call does (e.g. average only every
+// `local_steps` steps). Every node of every cluster makes the same calls for the same steps, which
+// is what keeps the collectives of a ring in step.
+// Ownership: the caller owns it and keeps it alive for the run; it borrows nothing from the
+// trainer between calls. Thread-safety: the trainer thread only.
+#pragma once
+
+#include <torch/script.h>
+
+#include <cstdint>
+
+namespace cairn {
+
+class ClusterSync {
+ public:
+  virtual ~ClusterSync() = default;
+  virtual void start(torch::jit::Module& stage) = 0;
+  virtual void beforeOptimizerStep(int64_t step, torch::jit::Module& stage) = 0;
+  virtual void afterOptimizerStep(int64_t step, torch::jit::Module& stage) = 0;
+  virtual void finish(int64_t steps, torch::jit::Module& stage) = 0;
+};
+
+}  // namespace cairn
