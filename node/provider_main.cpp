@@ -10,6 +10,7 @@
 #include "core/MainGuard.h"
 #include "core/NodeData.h"
 #include "node/MailboxStageLink.h"
+#include "node/NodeSecurity.h"
 #include "node/ZmqTransport.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/StageTrainer.h"
@@ -64,6 +65,12 @@ int main(int argc, char** argv) {
   std::string node_data = "node_data";
   app.add_option("--name", name, "node name as in node_data/nodes/ (e.g. node_3)")->required();
   app.add_option("--node-data", node_data, "folder written by clusterize")->capture_default_str();
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "talk plain TCP without CurveZMQ: no encryption, anyone who reaches the port can "
+               "send tensors.\nFor local debugging and plans without keys only; by default the "
+               "node reads nodes/<name>/secret.key\nand admits only the public keys of its "
+               "neighbours and ring peers listed in its node.json");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -93,7 +100,20 @@ int main(int argc, char** argv) {
 
     torch::jit::Module stage = loadStage(dir + "/" + node.stage_file);
     zmq::context_t context;
-    cairn::ZmqTransport transport(context, name, "tcp://" + node.address);
+    cairn::TransportOptions transport_options;
+    std::unique_ptr<cairn::ZapAuthenticator> authenticator;  // before the transport, outlives it
+    if (insecure) {
+      CAIRN_WARN("--insecure: CurveZMQ is off; messages are neither encrypted nor authenticated "
+                 "and anyone who can reach ", node.address, " can talk to this node");
+    } else {
+      transport_options.curve = cairn::curveOptionsForNode(
+          node, cairn::nodeSpecPath(node_data, name), dir + "/" + cairn::kSecretKeyFile);
+      authenticator = std::make_unique<cairn::ZapAuthenticator>(
+          context, cairn::admittedKeys(*transport_options.curve));
+      CAIRN_INFO("CurveZMQ on: admitting ", transport_options.curve->peer_public_keys.size(),
+                 " peer keys");
+    }
+    cairn::ZmqTransport transport(context, name, "tcp://" + node.address, transport_options);
     cairn::Mailbox mailbox(transport);
     CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, " of ", config.num_clusters,
                ", stage ", node.stage + 1, "/", node.num_stages, " (", cairn::toString(node.role),
@@ -120,10 +140,20 @@ int main(int argc, char** argv) {
                          {"accuracy", result.final_eval->accuracy},
                          {"perplexity", result.final_eval->perplexity}};
     }
+    const cairn::TransportStats stats = transport.stats();
+    summary["transport"] = {{"messages_received", stats.messages_received},
+                            {"messages_dropped", stats.messages_dropped},
+                            {"messages_forged", stats.messages_forged},
+                            {"curve", !insecure},
+                            {"connections_refused", authenticator ? authenticator->rejected() : 0}};
     cairn::writeJsonFile(dir + "/result.json", summary);
     CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ",
                weights);
     transport.flushAndClose(std::chrono::milliseconds(5000));
+    CAIRN_INFO("transport: ", stats.messages_received, " messages received, ",
+               stats.messages_dropped, " dropped (", stats.messages_forged, " forged)",
+               authenticator ? ", " + std::to_string(authenticator->rejected()) +
+                                   " connections refused" : std::string());
     return 0;
   });
 }
