@@ -99,8 +99,21 @@ int main(int argc, char** argv) {
     at::set_num_interop_threads(1);
 
     torch::jit::Module stage = loadStage(dir + "/" + node.stage_file);
+    // What pipeline messages may look like (MailboxStageLink checks every one).
+    cairn::LinkChecks checks;
+    checks.max_microbatch_rows = (config.options.batch_size + config.options.microbatches - 1) /
+                                 config.options.microbatches;
+    checks.max_eval_rows = config.options.eval_batch_size;
+    checks.step_window = uint64_t(config.options.step_window);
+    checks.stop_on_nonfinite = config.options.nonfinite == "stop";
+    // ZMQ_MAXMSGSIZE: the largest planned message, pipeline or ring (parameters of this stage).
+    uint64_t parameter_bytes = 0;
+    for (const auto& p : stage.named_parameters()) parameter_bytes += p.value.nbytes();
+    for (const auto& b : stage.named_buffers()) parameter_bytes += b.value.nbytes();
     zmq::context_t context;
     cairn::TransportOptions transport_options;
+    transport_options.codec.max_message_bytes =
+        std::max(cairn::plannedMessageBytes(node, checks), parameter_bytes + (1u << 20));
     std::unique_ptr<cairn::ZapAuthenticator> authenticator;  // before the transport, outlives it
     if (insecure) {
       CAIRN_WARN("--insecure: CurveZMQ is off; messages are neither encrypted nor authenticated "
@@ -121,7 +134,7 @@ int main(int argc, char** argv) {
     cairn::LinkTimeouts timeouts;
     timeouts.startup = std::chrono::milliseconds(int64_t(config.options.timeouts.startup_s * 1000));
     timeouts.peer = std::chrono::milliseconds(int64_t(config.options.timeouts.peer_s * 1000));
-    cairn::MailboxStageLink link(mailbox, node, timeouts);
+    cairn::MailboxStageLink link(mailbox, node, timeouts, checks);
     link.connect();
 
     cairn::StageTrainer trainer(config, std::move(stage), link);
@@ -145,7 +158,9 @@ int main(int argc, char** argv) {
                             {"messages_dropped", stats.messages_dropped},
                             {"messages_forged", stats.messages_forged},
                             {"curve", !insecure},
-                            {"connections_refused", authenticator ? authenticator->rejected() : 0}};
+                            {"connections_refused", authenticator ? authenticator->rejected() : 0},
+                            {"pipeline_accepted", link.stats().accepted},
+                            {"pipeline_dropped", link.stats().dropped}};
     cairn::writeJsonFile(dir + "/result.json", summary);
     CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ",
                weights);
