@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/CurveKeys.h"
+#include "core/Error.h"
 #include "core/JsonReader.h"
 #include "core/Log.h"
 #include "core/MainGuard.h"

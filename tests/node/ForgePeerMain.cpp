@@ -6,6 +6,7 @@
 // target's real public key but a key pair of its own that no node.json lists.
 // Prints how many messages the transport took ("sent N timed_out M") and exits 0.
 #include <CLI/CLI.hpp>
+#include <cstdio>
 
 #include "core/CurveKeys.h"
 #include "core/NodeData.h"

@@ -3,6 +3,7 @@
 // against what the test sent) and count the forgery under the rule's reason.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "core/Error.h"
