@@ -67,7 +67,7 @@ struct Fixture {
         down(context, "down", "inproc://" + p + "down"),
         stranger(context, "stranger", "inproc://" + p + "stranger"),
         mailbox(stem),
-        link(mailbox, stemSpec(), LinkTimeouts{10s, 10s}, checks) {
+        link(mailbox, stemSpec(), LinkTimeouts{10s, 500ms}, checks) {
     for (ZmqTransport* t : {&up, &down, &stranger}) t->addPeer("stem", "inproc://" + p + "stem");
   }
   void send(ZmqTransport& from, const Message& m) {
@@ -107,6 +107,9 @@ TEST_P(StageLinkValidation, ForgedMessageIsDroppedAndCountedGenuineOneIsUsed) {
     StagePacket got = f.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, "");
     EXPECT_TRUE(torch::equal(got.tensor("x"), torch::full({8, 4}, 0.5)));
   }
+  // A forgery from another socket may arrive after the genuine message (fair queueing): wait for a
+  // message nobody sent, which screens everything that arrived meanwhile, until the peer timeout.
+  EXPECT_THROW((void)f.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 3, ""), PeerLost);
   const LinkStats& stats = f.link.stats();
   EXPECT_EQ(stats.accepted, 1u);
   EXPECT_EQ(stats.droppedTotal(), 1u);
