@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <set>
 
+#include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
 #include "core/Log.h"
@@ -12,8 +13,12 @@ namespace cairn::clusterize {
 namespace fs = std::filesystem;
 
 std::vector<std::string> NodeDataWriter::write(
-    const PartitionPlan& plan, const JobSpec& job, const std::vector<NodeSpec>& nodes,
+    const PartitionPlan& plan, const JobSpec& job, const std::vector<NodeSpec>& planned_nodes,
     const std::map<std::string, torch::jit::Module>& stages) const {
+  // One CURVE key pair per node: the public keys go into the node.json of everyone who talks to
+  // that node, the secret only into the node's own folder (mode 0600).
+  std::vector<NodeSpec> nodes = planned_nodes;
+  const std::map<std::string, CurveKeyPair> keys = assignCurveKeys(nodes);
   std::error_code ec;
   fs::create_directories(folder_, ec);
   if (ec) CAIRN_THROW(BadInput, folder_, ": cannot create the output folder: ", ec.message());
@@ -45,6 +50,8 @@ std::vector<std::string> NodeDataWriter::write(
     parseNodeSpec(toJson(node), relative + "/node.json");
     writeJsonFile((root / relative / "node.json").string(), toJson(node));
     written.push_back(relative + "/node.json");
+    writeKeyFile((root / relative / kSecretKeyFile).string(), keys.at(node.name));
+    written.push_back(relative + "/" + kSecretKeyFile);
     const fs::path stage_path = root / relative / node.stage_file;
     const fs::path temporary = stage_path.string() + ".tmp";
     stages.at(node.name).save(temporary.string());

@@ -1,5 +1,7 @@
 // NodeDataWriter: writes a clusterize result into a node_data folder:
-//   plan.json, job.json, nodes/node_<id>/node.json, nodes/node_<id>/stage.pt
+//   plan.json, job.json, nodes/node_<id>/node.json, nodes/node_<id>/stage.pt,
+//   nodes/node_<id>/secret.key (a fresh CURVE key pair per node, mode 0600; the public keys of a
+//   node's neighbours and ring peers are in its node.json, its own in extra.public_key)
 // Every file is written to a temporary name and renamed into place. The folder keeps a list of the
 // files clusterize wrote (.clusterize-files.json); a re-run replaces those, removes the ones the new
 // plan no longer has (and node folders left empty by that), and never touches any other file.

@@ -15,21 +15,9 @@
 
 #include <zmq.hpp>
 
+#include "core/CurveKeys.h"
+
 namespace cairn {
-
-struct CurveKeyPair {
-  std::string public_key;  // Z85, 40 characters
-  std::string secret_key;  // Z85, 40 characters; never leaves the node's own folder
-};
-
-CurveKeyPair generateCurveKeyPair();
-bool isZ85Key(const std::string& key);
-
-// A secret key file holds two lines, "public <key>" and "secret <key>", with mode 0600.
-// Writing creates it with 0600 (atomically); reading refuses a file others can read (BadInput
-// naming the file and its mode) and a malformed one.
-void writeKeyFile(const std::string& path, const CurveKeyPair& keys);
-CurveKeyPair readKeyFile(const std::string& path);
 
 // The ZAP handler (RFC 27) of one zmq::context_t: a thread owning a REP socket bound at
 // inproc://zeromq.zap.01. Construct it before binding any CURVE server socket in that context;

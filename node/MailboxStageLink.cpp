@@ -40,10 +40,149 @@ std::optional<PacketKind> packetKind(MessageKind k) {
 
 double seconds(std::chrono::milliseconds ms) { return double(ms.count()) / 1000.0; }
 
+bool carriesTensors(MessageKind k) {
+  return k == MessageKind::kActivation || k == MessageKind::kGradient ||
+         k == MessageKind::kEvaluation;
+}
+
+std::string shapeText(at::IntArrayRef shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// Bytes of one boundary value at `rows` rows (its first dimension), as planned.
+uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows) {
+  uint64_t total = 0;
+  for (const BoundaryValue& v : values) {
+    if (v.type != "tensor") {
+      total += 4096 * 8;
+      continue;
+    }
+    auto type = scalarTypeForName(v.dtype);
+    uint64_t n = type ? c10::elementSize(*type) : 8;
+    for (size_t d = 0; d < v.shape.size(); ++d) n *= uint64_t(d == 0 ? rows : std::max<int64_t>(v.shape[d], 1));
+    total += n;
+  }
+  return total;
+}
+
 }  // namespace
 
-MailboxStageLink::MailboxStageLink(Mailbox& mailbox, const NodeSpec& node, LinkTimeouts timeouts)
-    : mailbox_(mailbox), node_(node), timeouts_(timeouts) {}
+uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks) {
+  const int64_t rows = std::max(checks.max_microbatch_rows, checks.max_eval_rows);
+  if (rows <= 0) return 0;
+  return std::max(plannedBytes(node.inputs, rows), plannedBytes(node.outputs, rows)) + (1u << 20);
+}
+
+uint64_t LinkStats::droppedTotal() const {
+  uint64_t total = 0;
+  for (const auto& [reason, n] : dropped) total += n;
+  return total;
+}
+
+MailboxStageLink::MailboxStageLink(Mailbox& mailbox, const NodeSpec& node, LinkTimeouts timeouts,
+                                   LinkChecks checks)
+    : mailbox_(mailbox), node_(node), timeouts_(timeouts), checks_(checks) {
+  max_message_bytes_ = checks_.max_message_bytes;
+  if (max_message_bytes_ == 0) max_message_bytes_ = plannedMessageBytes(node_, checks_);
+  if (max_message_bytes_ == 0) max_message_bytes_ = UINT64_MAX;
+}
+
+std::optional<std::string> MailboxStageLink::rejectReason(const Message& m, uint64_t awaited_step,
+                                                          bool deep, std::string* detail) const {
+  auto why = [&](const char* reason, std::string text) -> std::optional<std::string> {
+    if (detail) *detail = std::move(text);
+    return std::string(reason);
+  };
+  const bool from_upstream = node_.upstream && m.sender == node_.upstream->name;
+  const bool from_downstream = node_.downstream && m.sender == node_.downstream->name;
+  if (!from_upstream && !from_downstream)
+    return why("unknown_peer", "\"" + m.sender + "\" is neither upstream nor downstream of " +
+                                   node_.name);
+  const bool allowed = m.kind == MessageKind::kControl ||
+                       ((m.kind == MessageKind::kActivation || m.kind == MessageKind::kEvaluation)
+                            ? from_upstream
+                            : m.kind == MessageKind::kGradient && from_downstream);
+  if (!allowed)
+    return why("kind_not_allowed", std::string(toString(m.kind)) + " messages may not come from " +
+                                       (from_upstream ? "upstream" : "downstream"));
+  if (m.job_id != node_.job_id)
+    return why("job_id", "job \"" + m.job_id + "\", this node runs \"" + node_.job_id + "\"");
+  if (!carriesTensors(m.kind)) return std::nullopt;
+  const uint64_t distance = m.step > awaited_step ? m.step - awaited_step : awaited_step - m.step;
+  if (distance > checks_.step_window)
+    return why("step_window", "step " + std::to_string(m.step) + " while working on step " +
+                                  std::to_string(awaited_step) + " (window " +
+                                  std::to_string(checks_.step_window) + ")");
+  if (!deep) return std::nullopt;
+
+  const bool gradient = m.kind == MessageKind::kGradient;
+  const std::vector<BoundaryValue>& planned = gradient ? node_.outputs : node_.inputs;
+  const int64_t rows =
+      m.kind == MessageKind::kEvaluation ? checks_.max_eval_rows : checks_.max_microbatch_rows;
+  if (m.tensors.size() < planned.size() || m.tensors.size() > planned.size() + checks_.max_extra_tensors)
+    return why("tensor_count", std::to_string(m.tensors.size()) + " tensors; the plan has " +
+                                   std::to_string(planned.size()) + " (+ at most " +
+                                   std::to_string(checks_.max_extra_tensors) + " bookkeeping)");
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const NamedTensor& t = m.tensors[i];
+    bytes += t.tensor.defined() ? uint64_t(t.tensor.nbytes()) : 0;
+    if (!t.tensor.defined()) return why("shape", "tensor \"" + t.name + "\" is undefined");
+    if (i >= planned.size()) {
+      if (t.name.rfind("__", 0) != 0)
+        return why("tensor_name", "extra tensor \"" + t.name + "\" is not a bookkeeping (__) tensor");
+      if (t.tensor.dim() > 2 || t.tensor.numel() > std::max<int64_t>(rows, 1) * 64)
+        return why("shape", "bookkeeping tensor \"" + t.name + "\" has shape " +
+                                shapeText(t.tensor.sizes()));
+      continue;
+    }
+    const BoundaryValue& v = planned[i];
+    if (t.name != v.name)
+      return why("tensor_name", "tensor " + std::to_string(i) + " is \"" + t.name +
+                                    "\"; the plan says \"" + v.name + "\"");
+    if (gradient && t.tensor.numel() == 0) continue;  // "no gradient" for this output
+    if (v.type != "tensor") {
+      if (t.tensor.numel() > 4096)
+        return why("shape", "\"" + t.name + "\" (" + v.type + ") has " +
+                                std::to_string(t.tensor.numel()) + " elements");
+      continue;
+    }
+    auto type = scalarTypeForName(v.dtype);
+    if (!type || t.tensor.scalar_type() != *type)
+      return why("dtype", "\"" + t.name + "\" is " + dtypeName(t.tensor.scalar_type()) +
+                              "; the plan says " + v.dtype);
+    const auto shape = t.tensor.sizes();
+    bool same = shape.size() == v.shape.size();
+    for (size_t d = 1; same && d < shape.size(); ++d) same = shape[d] == v.shape[d];
+    if (same && !shape.empty())
+      same = shape[0] >= 1 && (rows <= 0 || shape[0] <= rows);
+    if (!same)
+      return why("shape", "\"" + t.name + "\" has shape " + shapeText(shape) + "; the plan says " +
+                              shapeText(v.shape) + " with the first dimension 1.." +
+                              (rows > 0 ? std::to_string(rows) : std::string("any")));
+  }
+  if (bytes > max_message_bytes_)
+    return why("bytes", std::to_string(bytes) + " tensor bytes; the limit is " +
+                            std::to_string(max_message_bytes_));
+  for (const NamedTensor& t : m.tensors)
+    if (at::isFloatingType(t.tensor.scalar_type()) && t.tensor.numel() > 0 &&
+        !torch::isfinite(t.tensor).all().item<bool>())
+      return why("nonfinite", "\"" + t.name + "\" holds NaN or Inf");
+  return std::nullopt;
+}
+
+void MailboxStageLink::drop(const Message& m, const std::string& reason, const std::string& detail) {
+  const uint64_t n = ++stats_.dropped[reason];
+  if (n <= 5 || (n & (n - 1)) == 0)  // the first few, then at powers of two
+    CAIRN_WARN("dropped a ", toString(m.kind), " message from ", m.sender, " (step ", m.step,
+               ", micro-batch ", m.microbatch, "): ", reason, ": ", detail, " [", n, " so far]");
+  if (reason == "nonfinite" && checks_.stop_on_nonfinite)
+    CAIRN_THROW(BadInput, "peer ", m.sender, " sent a ", toString(m.kind), " message (step ", m.step,
+                ", micro-batch ", m.microbatch, ") with ", detail,
+                "; stopping (training_definition.nonfinite = \"stop\")");
+}
 
 const PeerRef& MailboxStageLink::peer(Neighbour n) const {
   const auto& p = n == Neighbour::kUpstream ? node_.upstream : node_.downstream;
@@ -117,12 +256,34 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
                                       uint64_t microbatch, const std::string& tag) {
   const PeerRef& p = peer(from);
   const MessageKind wire = wireKind(kind);
-  auto got = mailbox_.receive(
-      [&](const Message& m) {
-        return m.kind == wire && m.sender == p.name && m.step == step &&
-               m.microbatch == microbatch && m.tag == tag && m.job_id == node_.job_id;
-      },
-      timeouts_.peer);
+  const auto deadline = std::chrono::steady_clock::now() + timeouts_.peer;
+  std::optional<Message> got;
+  for (;;) {
+    std::optional<std::string> rejected;
+    std::string detail;
+    const auto left = std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   deadline - std::chrono::steady_clock::now()));
+    got = mailbox_.receive(
+        [&](const Message& m) {
+          // Pipeline traffic is ours to screen: tensor kinds from anyone, control from neighbours.
+          const bool neighbour = (node_.upstream && m.sender == node_.upstream->name) ||
+                                 (node_.downstream && m.sender == node_.downstream->name);
+          if (!carriesTensors(m.kind) && !(neighbour && m.kind == MessageKind::kControl))
+            return false;
+          rejected = rejectReason(m, step, /*deep=*/false, &detail);
+          if (rejected) return true;  // taken out of the mailbox to be dropped
+          return m.kind == wire && m.sender == p.name && m.step == step &&
+                 m.microbatch == microbatch && m.tag == tag;
+        },
+        left);
+    if (!got) break;
+    if (!rejected) rejected = rejectReason(*got, step, /*deep=*/true, &detail);
+    if (!rejected) break;
+    drop(*got, *rejected, detail);
+    got.reset();
+  }
+  if (got) ++stats_.accepted;
   if (!got)
     CAIRN_THROW(PeerLost, toString(from), " neighbour ", p.name, " at ", p.address, " sent no ",
                 toString(kind), tag.empty() ? "" : " \"" + tag + "\"", " message for step ", step,

@@ -7,10 +7,20 @@
 // connect() is the start-up handshake: it says hello to every neighbour (retrying while the
 // neighbour's socket is not up yet) and waits for each neighbour's hello, so nodes may start in any
 // order. A neighbour that never appears within the startup timeout is a PeerLost naming it.
+// Every received pipeline message is checked against what this node expects before the trainer
+// sees it (LinkChecks): activations and evaluation batches only from the upstream neighbour,
+// gradients only from the downstream one, this job's id, a step within the window, the planned
+// boundary (tensor count, names, dtypes, shapes with the first dimension at most the micro-batch
+// or evaluation batch size), a byte limit, and finite values. A message that fails is dropped,
+// counted by reason (stats()) and logged; with nonfinite "stop" a NaN/Inf ends the run with
+// BadInput naming the peer. Messages of other kinds from other peers (collectives) are left in the
+// mailbox for their owners.
 // Ownership: borrows the mailbox. Thread-safety: the transport's owning thread only.
 #pragma once
 
 #include <chrono>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "core/NodeData.h"
@@ -24,21 +34,57 @@ struct LinkTimeouts {
   std::chrono::milliseconds peer{120000};
 };
 
+// What a received pipeline message may look like; the provider fills it from job.json.
+struct LinkChecks {
+  int64_t max_microbatch_rows = 0;  // activations/gradients: first dimension at most this (0: any)
+  int64_t max_eval_rows = 0;        // evaluation batches: first dimension at most this (0: any)
+  uint64_t step_window = 8;         // |message step - awaited step| at most this
+  size_t max_extra_tensors = 4;     // tensors beyond the planned boundary ("__"-named, bookkeeping)
+  uint64_t max_message_bytes = 0;   // all tensor bytes of one message (0: from the plan, see below)
+  bool stop_on_nonfinite = false;   // NaN/Inf: false = drop and count, true = throw BadInput
+};
+
+// Why received messages were dropped, by reason ("unknown_peer", "kind_not_allowed", "job_id",
+// "step_window", "tensor_count", "tensor_name", "dtype", "shape", "bytes", "nonfinite").
+struct LinkStats {
+  uint64_t accepted = 0;
+  std::map<std::string, uint64_t> dropped;
+  uint64_t droppedTotal() const;
+};
+
+// The largest pipeline message the plan allows: the bigger boundary (inputs or outputs) at the
+// larger of the two row limits, plus 1 MiB for bookkeeping tensors; 0 when no row limit is set.
+uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks);
+
 class MailboxStageLink : public StageLink {
  public:
-  MailboxStageLink(Mailbox& mailbox, const NodeSpec& node, LinkTimeouts timeouts);
+  MailboxStageLink(Mailbox& mailbox, const NodeSpec& node, LinkTimeouts timeouts,
+                   LinkChecks checks = {});
   // Adds the neighbours to the transport and runs the hello handshake.
   void connect();
   void send(Neighbour to, const StagePacket& packet) override;
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                       const std::string& tag) override;
+  const LinkStats& stats() const { return stats_; }
+  // The byte limit in force: checks.max_message_bytes, or the planned boundary at the largest
+  // batch plus 1 MiB for bookkeeping tensors.
+  uint64_t maxMessageBytes() const { return max_message_bytes_; }
+
+  // Why `m` may not be used (nullopt: it may): `awaited_step` is the step being worked on.
+  // `deep` adds the per-tensor checks (boundary, bytes, finite values). Exposed for tests.
+  std::optional<std::string> rejectReason(const Message& m, uint64_t awaited_step, bool deep,
+                                          std::string* detail) const;
 
  private:
   const PeerRef& peer(Neighbour n) const;
+  void drop(const Message& m, const std::string& reason, const std::string& detail);
 
   Mailbox& mailbox_;
   NodeSpec node_;
   LinkTimeouts timeouts_;
+  LinkChecks checks_;
+  uint64_t max_message_bytes_ = 0;
+  LinkStats stats_;
 };
 
 }  // namespace cairn

@@ -13,6 +13,7 @@
 #include "node/MailboxStageLink.h"
 #include "node/Probe.h"
 #include "node/RingClusterSync.h"
+#include "node/NodeSecurity.h"
 #include "node/ZmqTransport.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/StageTrainer.h"
@@ -82,6 +83,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--probe-serve", probe_serve,
                  "serve bandwidth probes on host:port until interrupted (for --probe --peer)");
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "talk plain TCP without CurveZMQ: no encryption, anyone who reaches the port can "
+               "send tensors.\nFor local debugging and plans without keys only; by default the "
+               "node reads nodes/<name>/secret.key\nand admits only the public keys of its "
+               "neighbours and ring peers listed in its node.json");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -136,8 +143,34 @@ int main(int argc, char** argv) {
     at::set_num_interop_threads(1);
 
     torch::jit::Module stage = loadStage(dir + "/" + node.stage_file);
+    // What pipeline messages may look like (MailboxStageLink checks every one).
+    cairn::LinkChecks checks;
+    checks.max_microbatch_rows = (config.options.batch_size + config.options.microbatches - 1) /
+                                 config.options.microbatches;
+    checks.max_eval_rows = config.options.eval_batch_size;
+    checks.step_window = uint64_t(config.options.step_window);
+    checks.stop_on_nonfinite = config.options.nonfinite == "stop";
+    // ZMQ_MAXMSGSIZE: the largest planned message, pipeline or ring (parameters of this stage).
+    uint64_t parameter_bytes = 0;
+    for (const auto& p : stage.named_parameters()) parameter_bytes += p.value.nbytes();
+    for (const auto& b : stage.named_buffers()) parameter_bytes += b.value.nbytes();
     zmq::context_t context;
-    cairn::ZmqTransport transport(context, name, "tcp://" + node.address);
+    cairn::TransportOptions transport_options;
+    transport_options.codec.max_message_bytes =
+        std::max(cairn::plannedMessageBytes(node, checks), parameter_bytes + (1u << 20));
+    std::unique_ptr<cairn::ZapAuthenticator> authenticator;  // before the transport, outlives it
+    if (insecure) {
+      CAIRN_WARN("--insecure: CurveZMQ is off; messages are neither encrypted nor authenticated "
+                 "and anyone who can reach ", node.address, " can talk to this node");
+    } else {
+      transport_options.curve = cairn::curveOptionsForNode(
+          node, cairn::nodeSpecPath(node_data, name), dir + "/" + cairn::kSecretKeyFile);
+      authenticator = std::make_unique<cairn::ZapAuthenticator>(
+          context, cairn::admittedKeys(*transport_options.curve));
+      CAIRN_INFO("CurveZMQ on: admitting ", transport_options.curve->peer_public_keys.size(),
+                 " peer keys");
+    }
+    cairn::ZmqTransport transport(context, name, "tcp://" + node.address, transport_options);
     cairn::Mailbox mailbox(transport);
     CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, " of ", config.num_clusters,
                ", stage ", node.stage + 1, "/", node.num_stages, " (", cairn::toString(node.role),
@@ -151,7 +184,7 @@ int main(int argc, char** argv) {
                                         config.options.local_steps,
                                         std::max(timeouts.startup, timeouts.peer));
     config.cluster_sync = &cluster_sync;
-    cairn::MailboxStageLink link(mailbox, node, timeouts);
+    cairn::MailboxStageLink link(mailbox, node, timeouts, checks);
     link.connect();
 
     cairn::StageTrainer trainer(config, std::move(stage), link);
@@ -170,10 +203,22 @@ int main(int argc, char** argv) {
                          {"accuracy", result.final_eval->accuracy},
                          {"perplexity", result.final_eval->perplexity}};
     }
+    const cairn::TransportStats stats = transport.stats();
+    summary["transport"] = {{"messages_received", stats.messages_received},
+                            {"messages_dropped", stats.messages_dropped},
+                            {"messages_forged", stats.messages_forged},
+                            {"curve", !insecure},
+                            {"connections_refused", authenticator ? authenticator->rejected() : 0},
+                            {"pipeline_accepted", link.stats().accepted},
+                            {"pipeline_dropped", link.stats().dropped}};
     cairn::writeJsonFile(dir + "/result.json", summary);
     CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ",
                weights);
     transport.flushAndClose(std::chrono::milliseconds(5000));
+    CAIRN_INFO("transport: ", stats.messages_received, " messages received, ",
+               stats.messages_dropped, " dropped (", stats.messages_forged, " forged)",
+               authenticator ? ", " + std::to_string(authenticator->rejected()) +
+                                   " connections refused" : std::string());
     return 0;
   });
 }

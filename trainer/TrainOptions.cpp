@@ -178,7 +178,8 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   r.rejectUnknownKeys({"batch_size", "microbatches", "epochs", "max_steps", "schedule", "pipeline",
                        "seed", "optimizer", "lr_scheduler", "loss_fn", "clip_grad_norm",
                        "eval_every", "eval_batch_size", "local_steps", "timeouts", "threads",
-                       "log_every_s", "record_sample_ids", "accelerate_config", "sync"});
+                       "log_every_s", "record_sample_ids", "accelerate_config", "sync",
+                       "nonfinite", "step_window"});
   TrainOptions o;
   o.batch_size = r.integerOr("batch_size", 1, 1 << 24, o.batch_size);
   o.microbatches = r.integerOr("microbatches", 1, 1 << 16, o.microbatches);
@@ -213,6 +214,8 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.log_every_s = r.numberOr("log_every_s", o.log_every_s);
   if (!(o.log_every_s > 0)) r.fail("log_every_s", "must be a positive number of seconds");
   o.record_sample_ids = r.booleanOr("record_sample_ids", false);
+  o.nonfinite = r.choiceOr("nonfinite", {"drop", "stop"}, o.nonfinite);
+  o.step_window = r.integerOr("step_window", 1, 1 << 20, o.step_window);
   return o;
 }
 

@@ -81,6 +81,11 @@ struct TrainOptions {
   int threads = 1;          // torch intra-op threads per provider
   double log_every_s = 10;  // plain progress lines when stderr is not a terminal
   bool record_sample_ids = false;  // write sample_ids.jsonl at the Root (tests, audits)
+  // Received activations/gradients holding NaN or Inf: "drop" the message (counted, the sender's
+  // next copy or the peer timeout decides) or "stop" the node with a message naming the peer.
+  std::string nonfinite = "drop";
+  // Pipeline messages more than this many steps away from the step being worked on are dropped.
+  int64_t step_window = 8;
 };
 
 // Image normalisation: x = (pixel / scale - mean) / std, per channel when lists have C entries.

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "TestModels.h"
+#include "core/CurveKeys.h"
 #include "core/JsonReader.h"
 #include "core/NodeData.h"
 
@@ -47,6 +48,16 @@ TEST(ClusterizeCli, WritesNodeDataThatCoreAndPythonAccept) {
       if (s > 0) EXPECT_EQ(node.upstream->name, stages[s - 1].at("node").get<std::string>());
       if (s + 1 < stages.size()) EXPECT_EQ(node.downstream->name, stages[s + 1].at("node").get<std::string>());
       EXPECT_TRUE(fs::exists(nodeDirectory(out, name) + "/stage.pt"));
+      // CURVE: the secret only in the node's folder, owner-only; neighbours know its public key.
+      const std::string key_file = nodeDirectory(out, name) + "/secret.key";
+      EXPECT_EQ(fs::status(key_file).permissions() & fs::perms::mask, fs::perms::owner_read | fs::perms::owner_write);
+      const CurveKeyPair keys = readKeyFile(key_file);
+      EXPECT_EQ(node.extra.at("public_key").get<std::string>(), keys.public_key);
+      if (s > 0) {
+        const NodeSpec up = readNodeSpec(nodeSpecPath(out, node.upstream->name));
+        EXPECT_EQ(up.downstream->public_key, keys.public_key);
+        EXPECT_TRUE(isZ85Key(node.upstream->public_key));
+      }
       for (const auto& ring : node.rings) {
         EXPECT_EQ(ring.members.size(), plan.at("clusters").size());
         EXPECT_EQ(ring.members[ring.rank].name, name);

@@ -22,6 +22,10 @@ CASE:
                   from the initial weights
   two_clusters_gradients, two_clusters_diloco  the same with "gradients" (every step) and
                   "diloco" (outer step every 5 steps)
+  stranger        a plan with CURVE keys (cairn_keys); a forger claiming to be the Root floods the
+                  Stem with well-formed activations before the real Root starts: with keys
+                  (no key / a wrong key) the per-step losses equal an undisturbed run exactly;
+                  with --insecure (the control) the same forgery changes them
   never_starts    only the Root starts; it must fail with the startup-timeout error naming its
                   missing neighbour, non-zero, within the configured time (+ slack)
 """
@@ -42,6 +46,7 @@ EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
 FASHION = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530
 MASK = (1 << 64) - 1
+KEYS = None
 
 
 def fail(message):
@@ -68,6 +73,8 @@ def make_node_data(work, port, stages, batchnorm, settings, data_settings):
     for k, v in data_settings.items():
         cmd += ["--data-set", f"{k}={json.dumps(v)}"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    # Providers run secured by default: give the hand-made plan keys as clusterize would.
+    subprocess.run([KEYS, node_data], check=True, stdout=subprocess.DEVNULL)
     return model, node_data
 
 
@@ -248,6 +255,8 @@ def case_two_clusters_average(args, mode="average"):
     plan = json.load(open(plan_path))
     plan["num_clusters"] = 2
     json.dump(plan, open(plan_path, "w"))
+    # Keys last: they cover the neighbours and the ring peers written above.
+    subprocess.run([KEYS, node_data], check=True, stdout=subprocess.DEVNULL)
     initial = [dict(torch.jit.load(os.path.join(node_data, "nodes", f"node_{s}", "stage.pt")).state_dict())
                for s in range(3)]
     seconds = launch(node_data, args.provider, 240)
@@ -272,6 +281,66 @@ def case_two_clusters_average(args, mode="average"):
     print(f"sync {mode}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
     check_accuracy(node_data, "node_2", 0.3)
     check_accuracy(node_data, "node_5", 0.3)
+def losses_of(node_data, node):
+    return [m["loss"] for m in metrics(node_data, node) if "step" in m]
+
+
+def run_attacked(args, node_data, forger_mode, provider_args):
+    """Stem and Leaf start, the forger sends everything it can, then the Root starts."""
+    procs = {}
+    def start(name):
+        procs[name] = subprocess.Popen([args.provider, "--name", name, "--node-data", node_data] + provider_args,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    start("node_1")
+    start("node_2")
+    if forger_mode:
+        time.sleep(1.0)  # let the Stem bind (only makes the forgery more likely to land)
+        out = subprocess.run([args.forger, "--node-data", node_data, "--target", "node_1", "--claim", "node_0",
+                              "--mode", forger_mode, "--steps", "20", "--microbatches", "4",
+                              "--micro-batch-size", "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, timeout=60)
+        print(f"forger ({forger_mode}): {out.stdout.strip().splitlines()[-1]}")
+    start("node_0")
+    codes = {}
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=120)
+        codes[name] = proc.returncode
+        if proc.returncode != 0:
+            print(f"[{name}] " + "\n[{name}] ".join(out.strip().splitlines()[-5:]))
+    return codes
+
+
+def case_stranger(args):
+    settings = {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": 20, "seed": 3,
+                "optimizer": {"name": "sgd", "lr": 0.05}, "lr_scheduler": "constant", "threads": 1,
+                "timeouts": {"startup_s": 30, "peer_s": 30}}
+    _, node_data = make_node_data(args.work, args.port, 3, False, settings,
+                                  {"train_samples": 1000, "test_samples": 100})
+    codes = run_attacked(args, node_data, None, [])
+    if any(codes.values()):
+        fail(f"the undisturbed secured run failed: {codes}")
+    reference = losses_of(node_data, "node_0")
+    if len(reference) != 20:
+        fail(f"expected 20 losses, got {len(reference)}")
+    for mode in ("plain", "wrong_key"):
+        codes = run_attacked(args, node_data, mode, [])
+        if any(codes.values()):
+            fail(f"secured run with a {mode} forger failed: {codes}")
+        attacked = losses_of(node_data, "node_0")
+        worst = max(abs(a - b) for a, b in zip(attacked, reference))
+        transport = json.load(open(os.path.join(node_data, "nodes/node_1/result.json")))["transport"]
+        print(f"{mode} forger vs CURVE: max loss difference {worst:.3g}; Stem transport {transport}")
+        if len(attacked) != 20 or worst > 1e-9:
+            fail(f"a {mode} forger changed the training (max loss difference {worst})")
+        if mode == "wrong_key" and transport["connections_refused"] < 1:
+            fail("the Stem did not refuse the forger's key")
+    # The control: without CURVE the very same forgery is taken (so the check above can fail).
+    codes = run_attacked(args, node_data, "plain", ["--insecure"])
+    attacked = losses_of(node_data, "node_0") if codes["node_0"] == 0 else []
+    changed = len(attacked) != 20 or max(abs(a - b) for a, b in zip(attacked, reference)) > 1e-6
+    print(f"control (--insecure): exit codes {codes}, training changed: {changed}")
+    if not changed:
+        fail("the forgery had no effect even without CURVE: the test proves nothing")
 
 
 def case_never_starts(args):
@@ -365,12 +434,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("case", choices=["two_clusters_average", "two_clusters_gradients", "two_clusters_diloco",
                                          "three_nodes", "one_node", "match_pytorch", "never_starts",
-                                         "launcher_stops_all", "clusterize_merge"])
+                                         "launcher_stops_all", "clusterize_merge", "stranger"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--clusterize", help="clusterize binary (clusterize_merge)")
+    parser.add_argument("--forger", help="forge_peer binary (stranger)")
+    parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
     args = parser.parse_args()
+    global KEYS
+    KEYS = args.keys or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.provider))),
+                                     "clusterize", "cairn_keys")
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
     globals()["case_" + args.case](args)

@@ -1,0 +1,239 @@
+// Every validation rule of MailboxStageLink, each with a forged message: the forgery is sent first,
+// then the genuine message; the link must hand the trainer the genuine one (its values, checked
+// against what the test sent) and count the forgery under the rule's reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "core/Error.h"
+#include "node/MailboxStageLink.h"
+#include "node/ZmqTransport.h"
+
+namespace cairn {
+namespace {
+
+using namespace std::chrono_literals;
+
+NodeSpec stemSpec() {
+  NodeSpec n;
+  n.name = "stem";
+  n.job_id = "job";
+  n.address = "127.0.0.1:1";
+  n.stage = 1;
+  n.num_stages = 3;
+  n.role = StageRole::kStem;
+  n.upstream = PeerRef{"up", "127.0.0.1:2", ""};
+  n.downstream = PeerRef{"down", "127.0.0.1:3", ""};
+  n.inputs = {BoundaryValue{"x", "tensor", "float32", {8, 4}}};
+  n.outputs = {BoundaryValue{"y", "tensor", "float32", {8, 2}}};
+  return n;
+}
+
+Message genuineActivation(uint64_t step = 0, uint64_t microbatch = 0) {
+  Message m;
+  m.kind = MessageKind::kActivation;
+  m.job_id = "job";
+  m.sender = "up";
+  m.step = step;
+  m.microbatch = microbatch;
+  m.tensors.push_back({"x", torch::full({8, 4}, 0.5)});
+  m.tensors.push_back({"__targets", torch::zeros({8}, torch::kLong)});
+  return m;
+}
+
+Message genuineGradient() {
+  Message m;
+  m.kind = MessageKind::kGradient;
+  m.job_id = "job";
+  m.sender = "down";
+  m.tensors.push_back({"y", torch::full({8, 2}, 0.25)});
+  m.tensors.push_back({"__loss", torch::tensor(1.0, torch::kDouble)});
+  return m;
+}
+
+// Three neighbours of "stem" (and a stranger) as real transports on inproc.
+struct Fixture {
+  zmq::context_t context;
+  std::string prefix;
+  ZmqTransport stem, up, down, stranger;
+  Mailbox mailbox;
+  MailboxStageLink link;
+
+  explicit Fixture(const std::string& p, LinkChecks checks)
+      : prefix(p),
+        stem(context, "stem", "inproc://" + p + "stem"),
+        up(context, "up", "inproc://" + p + "up"),
+        down(context, "down", "inproc://" + p + "down"),
+        stranger(context, "stranger", "inproc://" + p + "stranger"),
+        mailbox(stem),
+        link(mailbox, stemSpec(), LinkTimeouts{10s, 500ms}, checks) {
+    for (ZmqTransport* t : {&up, &down, &stranger}) t->addPeer("stem", "inproc://" + p + "stem");
+  }
+  void send(ZmqTransport& from, const Message& m) {
+    ASSERT_EQ(from.send("stem", m, 5s), SendStatus::kSent);
+  }
+};
+
+LinkChecks defaultChecks() {
+  LinkChecks c;
+  c.max_microbatch_rows = 8;
+  c.max_eval_rows = 16;
+  c.step_window = 4;
+  return c;
+}
+
+struct Rule {
+  std::string name;
+  std::string reason;
+  bool gradient;  // the genuine message is a gradient from downstream (else an activation)
+  std::function<void(Fixture&)> forge;
+};
+
+class StageLinkValidation : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(StageLinkValidation, ForgedMessageIsDroppedAndCountedGenuineOneIsUsed) {
+  const Rule& rule = GetParam();
+  LinkChecks checks = defaultChecks();
+  if (rule.reason == "bytes") checks.max_message_bytes = 200;  // the genuine one is 128 + 64
+  Fixture f("v_" + rule.name + "_", checks);
+  rule.forge(f);
+  if (rule.gradient) {
+    f.send(f.down, genuineGradient());
+    StagePacket got = f.link.receive(Neighbour::kDownstream, PacketKind::kGradient, 0, 0, "");
+    EXPECT_TRUE(torch::equal(got.tensor("y"), torch::full({8, 2}, 0.25)));
+  } else {
+    f.send(f.up, genuineActivation());
+    StagePacket got = f.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, "");
+    EXPECT_TRUE(torch::equal(got.tensor("x"), torch::full({8, 4}, 0.5)));
+  }
+  // A forgery from another socket may arrive after the genuine message (fair queueing): wait for a
+  // message nobody sent, which screens everything that arrived meanwhile, until the peer timeout.
+  EXPECT_THROW((void)f.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 3, ""), PeerLost);
+  const LinkStats& stats = f.link.stats();
+  EXPECT_EQ(stats.accepted, 1u);
+  EXPECT_EQ(stats.droppedTotal(), 1u);
+  EXPECT_EQ(stats.dropped.count(rule.reason), 1u) << "expected reason " << rule.reason;
+}
+
+Message activationWith(std::function<void(Message&)> change) {
+  Message m = genuineActivation();
+  for (auto& t : m.tensors) t.tensor = t.tensor.clone();
+  m.tensors[0].tensor.fill_(99.0);  // a forgery the test would notice if it were used
+  change(m);
+  return m;
+}
+
+std::vector<Rule> rules() {
+  return {
+      {"unknown_peer", "unknown_peer", false,
+       [](Fixture& f) { f.send(f.stranger, activationWith([](Message& m) { m.sender = "stranger"; })); }},
+      {"activation_from_downstream", "kind_not_allowed", false,
+       [](Fixture& f) { f.send(f.down, activationWith([](Message& m) { m.sender = "down"; })); }},
+      {"gradient_from_upstream", "kind_not_allowed", true,
+       [](Fixture& f) {
+         Message g = genuineGradient();
+         g.sender = "up";
+         g.tensors[0].tensor = torch::full({8, 2}, 99.0);
+         f.send(f.up, g);
+       }},
+      {"job_id", "job_id", false,
+       [](Fixture& f) { f.send(f.up, activationWith([](Message& m) { m.job_id = "other"; })); }},
+      {"step_window", "step_window", false,
+       [](Fixture& f) { f.send(f.up, activationWith([](Message& m) { m.step = 1000; })); }},
+      {"too_few_tensors", "tensor_count", false,
+       [](Fixture& f) { f.send(f.up, activationWith([](Message& m) { m.tensors.clear(); })); }},
+      {"too_many_tensors", "tensor_count", false,
+       [](Fixture& f) {
+         f.send(f.up, activationWith([](Message& m) {
+           for (int i = 0; i < 6; ++i) m.tensors.push_back({"__more" + std::to_string(i), torch::zeros({1})});
+         }));
+       }},
+      {"tensor_name", "tensor_name", false,
+       [](Fixture& f) { f.send(f.up, activationWith([](Message& m) { m.tensors[0].name = "z"; })); }},
+      {"extra_not_bookkeeping", "tensor_name", false,
+       [](Fixture& f) { f.send(f.up, activationWith([](Message& m) { m.tensors[1].name = "targets"; })); }},
+      {"dtype", "dtype", false,
+       [](Fixture& f) {
+         f.send(f.up, activationWith([](Message& m) { m.tensors[0].tensor = m.tensors[0].tensor.to(torch::kDouble); }));
+       }},
+      {"shape_inner", "shape", false,
+       [](Fixture& f) {
+         f.send(f.up, activationWith([](Message& m) { m.tensors[0].tensor = torch::full({8, 5}, 99.0); }));
+       }},
+      {"shape_rows_above_microbatch", "shape", false,
+       [](Fixture& f) {
+         f.send(f.up, activationWith([](Message& m) { m.tensors[0].tensor = torch::full({9, 4}, 99.0); }));
+       }},
+      {"shape_rank", "shape", false,
+       [](Fixture& f) {
+         f.send(f.up, activationWith([](Message& m) { m.tensors[0].tensor = torch::full({8, 4, 1}, 99.0); }));
+       }},
+      {"gradient_shape", "shape", true,
+       [](Fixture& f) {
+         Message g = genuineGradient();
+         g.tensors[0].tensor = torch::full({8, 3}, 99.0);
+         f.send(f.down, g);
+       }},
+      {"bytes", "bytes", false,
+       [](Fixture& f) {
+         f.send(f.up, activationWith([](Message& m) {
+           m.tensors.push_back({"__pad", torch::zeros({64}, torch::kLong)});  // 512 more bytes
+         }));
+       }},
+      {"nan_activation", "nonfinite", false,
+       [](Fixture& f) {
+         f.send(f.up, activationWith([](Message& m) { m.tensors[0].tensor[3][1] = NAN; }));
+       }},
+      {"inf_gradient", "nonfinite", true,
+       [](Fixture& f) {
+         Message g = genuineGradient();
+         g.tensors[0].tensor = torch::full({8, 2}, 0.25);
+         g.tensors[0].tensor[0][0] = INFINITY;
+         f.send(f.down, g);
+       }},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(EachRule, StageLinkValidation, ::testing::ValuesIn(rules()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(StageLinkValidationPolicy, NonFiniteStopNamesThePeer) {
+  LinkChecks checks = defaultChecks();
+  checks.stop_on_nonfinite = true;
+  Fixture f("stop_", checks);
+  Message m = genuineActivation();
+  m.tensors[0].tensor[0][0] = NAN;
+  f.send(f.up, m);
+  try {
+    (void)f.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, "");
+    FAIL() << "a NaN activation was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("peer up"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("NaN"), std::string::npos) << e.what();
+  }
+}
+
+TEST(StageLinkValidationPolicy, ShorterMicroBatchAndNoGradientAreAccepted) {
+  Fixture f("short_", defaultChecks());
+  Message a = genuineActivation(2, 1);
+  a.tensors[0].tensor = torch::ones({7, 4});  // batch 31 in 4 micro-batches: 8, 8, 8, 7
+  f.send(f.up, a);
+  StagePacket got = f.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 2, 1, "");
+  EXPECT_EQ(got.tensor("x").size(0), 7);
+  Message g = genuineGradient();
+  g.tensors[0].tensor = torch::empty({0});  // "no gradient" for this output
+  f.send(f.down, g);
+  got = f.link.receive(Neighbour::kDownstream, PacketKind::kGradient, 0, 0, "");
+  EXPECT_EQ(got.tensor("y").numel(), 0);
+  EXPECT_EQ(f.link.stats().droppedTotal(), 0u);
+}
+
+TEST(StageLinkValidationPolicy, PlannedMessageBytesCoversTheLargerBoundary) {
+  LinkChecks checks = defaultChecks();  // 16 evaluation rows
+  // inputs: 16 x 4 float32 = 256 bytes; outputs: 16 x 2 float32 = 128 bytes; + 1 MiB bookkeeping
+  EXPECT_EQ(plannedMessageBytes(stemSpec(), checks), 256u + (1u << 20));
+}
+
+}  // namespace
+}  // namespace cairn
