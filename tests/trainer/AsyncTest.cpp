@@ -186,3 +186,31 @@ TEST(AsyncSchedule, OptionsNameTheKey) {
 
 }  // namespace
 }  // namespace cairn
+
+namespace cairn {
+namespace {
+
+// Fashion-MNIST slice, sync vs async on the same samples and steps. Runs when
+// CAIRN_FASHION_NODE_DATA names node data made by examples/fashion_mnist (make_node_data_by_hand).
+TEST(AsyncSchedule, FashionMnistSliceSyncVsAsync) {
+  const char* dir = std::getenv("CAIRN_FASHION_NODE_DATA");
+  if (!dir) GTEST_SKIP() << "CAIRN_FASHION_NODE_DATA not set";
+  double accuracy[2] = {0, 0};
+  for (int async = 0; async < 2; ++async) {
+    testing::PipelineRun run = testing::runInMemoryPipeline(dir, [&](TrainOptions& t) {
+      t.epochs = 1;
+      t.max_steps = 0;
+      t.eval_every = 0;
+      if (async) t.schedule = "async";
+    });
+    ASSERT_TRUE(run.results.back().final_eval.has_value());
+    accuracy[async] = run.results.back().final_eval->accuracy;
+    std::printf("fashion-mnist %s: %zu steps, accuracy %.2f%%, %.1f s\n", async ? "async" : "sync",
+                run.losses.size(), 100 * accuracy[async], run.results.back().seconds);
+  }
+  EXPECT_GT(accuracy[1], 0.80);
+  EXPECT_GT(accuracy[1], accuracy[0] - 0.02);
+}
+
+}  // namespace
+}  // namespace cairn
