@@ -2,6 +2,8 @@
 
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
+
 #include "core/Error.h"
 
 namespace cairn {
@@ -88,7 +90,30 @@ std::vector<torch::Tensor> StageExecutor::forward(uint64_t id,
     if (wants_grad) t = t.detach().requires_grad_(true);
     pending.inputs.push_back(t);
   }
-  torch::IValue result = module_.forward(toArguments(pending.inputs));
+  torch::IValue result;
+  if (stashing_) {
+    Version& v = versions_[current_version_];
+    if (v.tensors.empty() && !stashed_.empty()) {
+      torch::NoGradGuard no_grad;
+      for (const Slot& s : stashed_)
+        v.tensors.push_back(s.master.detach().clone().requires_grad_(true));
+      ++stash_stats_.copies;
+    }
+    ++v.in_flight;
+    pending.version = current_version_;
+    updateStashStats();
+    setParameters(true, &v);
+    try {
+      result = module_.forward(toArguments(pending.inputs));
+    } catch (...) {
+      setParameters(false, nullptr);
+      releaseVersion(pending.version, false);
+      throw;
+    }
+    setParameters(false, nullptr);
+  } else {
+    result = module_.forward(toArguments(pending.inputs));
+  }
   pending.outputs = fromResult(result);
   auto& stored = pending_[id] = std::move(pending);
   return stored.outputs;
@@ -134,6 +159,7 @@ std::vector<torch::Tensor> StageExecutor::backward(uint64_t id,
     grads.push_back(g.to(out.scalar_type()));
   }
   if (!roots.empty()) torch::autograd::backward(roots, grads);
+  if (pending.version >= 0) releaseVersion(pending.version, true);
   return inputGradients(pending);
 }
 
@@ -143,6 +169,7 @@ std::vector<torch::Tensor> StageExecutor::backwardFromLoss(uint64_t id, const to
   Pending pending = std::move(it->second);
   pending_.erase(it);
   if (loss.requires_grad()) torch::autograd::backward({loss}, {});
+  if (pending.version >= 0) releaseVersion(pending.version, true);
   return inputGradients(pending);
 }
 
@@ -158,6 +185,72 @@ std::vector<torch::Tensor> StageExecutor::evaluate(const std::vector<torch::Tens
   }
   module_.train();
   return out;
+}
+
+void StageExecutor::enableWeightStashing() {
+  CAIRN_ENFORCE(pending_.empty(), "weight stashing must be enabled before the first forward");
+  stashing_ = true;
+  stashed_.clear();
+  for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
+    if (!p.value.requires_grad()) continue;
+    Slot slot;
+    slot.owner = module_;
+    std::string name = p.name;
+    for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.')) {
+      slot.owner = slot.owner.attr(name.substr(0, dot)).toModule();
+      name = name.substr(dot + 1);
+    }
+    slot.name = name;
+    slot.master = p.value;
+    stashed_.push_back(std::move(slot));
+  }
+}
+
+void StageExecutor::setParameters(bool use_version, const Version* version) {
+  for (size_t i = 0; i < stashed_.size(); ++i)
+    stashed_[i].owner.setattr(stashed_[i].name,
+                              use_version ? version->tensors[i] : stashed_[i].master);
+}
+
+void StageExecutor::releaseVersion(int64_t version, bool move_gradients) {
+  auto it = versions_.find(version);
+  CAIRN_ENFORCE(it != versions_.end(), "weight version ", version, " is not held");
+  Version& v = it->second;
+  if (move_gradients) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < stashed_.size() && i < v.tensors.size(); ++i) {
+      torch::Tensor& t = v.tensors[i];
+      if (!t.grad().defined()) continue;
+      torch::Tensor& master = stashed_[i].master;
+      if (master.grad().defined())
+        master.mutable_grad().add_(t.grad());
+      else
+        master.mutable_grad() = t.grad().detach();
+      t.mutable_grad().reset();
+    }
+  }
+  if (--v.in_flight == 0 && version != current_version_) versions_.erase(it);
+  updateStashStats();
+}
+
+void StageExecutor::newVersion() {
+  if (!stashing_) return;
+  auto it = versions_.find(current_version_);
+  if (it != versions_.end() && it->second.in_flight == 0) versions_.erase(it);
+  ++current_version_;
+  updateStashStats();
+}
+
+void StageExecutor::updateStashStats() {
+  int64_t per_version = 0;
+  for (const Slot& s : stashed_) per_version += int64_t(s.master.numel() * s.master.element_size());
+  int64_t held = 0;
+  for (const auto& [id, v] : versions_)
+    if (!v.tensors.empty()) ++held;
+  stash_stats_.versions = held;
+  stash_stats_.bytes = held * per_version;
+  stash_stats_.max_versions = std::max(stash_stats_.max_versions, held);
+  stash_stats_.max_bytes = std::max(stash_stats_.max_bytes, stash_stats_.bytes);
 }
 
 std::vector<torch::Tensor> StageExecutor::parameters() const {

@@ -8,6 +8,15 @@
 // `int_list` arrive as small int64/float64 tensors and are converted to the IValue the module's
 // forward expects (and converted back on the way out). Only floating-point tensor inputs of a
 // stage that has an upstream get gradients; the others come back as undefined tensors.
+//
+// Weight stashing (schedule "async", PipeDream): with enableWeightStashing() every forward runs on
+// a *version* of the trainable parameters and its backward goes through the same version, however
+// many optimizer steps happened in between. The module keeps its own parameter tensors (the
+// "master" copy that the Optimizer, ClusterSync and checkpoints see, updated in place); a version
+// is one copy of them, made at the first forward after newVersion() and shared by every forward
+// until the next newVersion(). Backward accumulates into the version's tensors and the gradients
+// are moved onto the master parameters at once. A version is dropped when its last in-flight
+// micro-batch has done its backward, so at most (micro-batches in flight) versions live.
 // Ownership: owns the module (shares its parameters with the Optimizer). Thread-safety: one thread.
 #pragma once
 
@@ -41,13 +50,37 @@ class StageExecutor {
   std::vector<torch::Tensor> parameters() const;
   std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const;
   size_t pendingMicrobatches() const { return pending_.size(); }
+
+  // Weight stashing (see above). Call newVersion() right before the master parameters change
+  // (optimizer step); forwards after it use (a copy of) the new values.
+  void enableWeightStashing();
+  void newVersion();
+  struct StashStats {
+    int64_t versions = 0, max_versions = 0;  // parameter versions held now / at most
+    int64_t bytes = 0, max_bytes = 0;        // their bytes
+    int64_t copies = 0;                      // versions made so far
+  };
+  const StashStats& stashStats() const { return stash_stats_; }
   torch::jit::Module& module() { return module_; }
 
  private:
   struct Pending {
     std::vector<torch::Tensor> inputs;   // leaves whose .grad() backward fills
     std::vector<torch::Tensor> outputs;  // as returned to the caller
+    int64_t version = -1;                // weight stashing: the parameter version forward used
   };
+  struct Version {
+    std::vector<torch::Tensor> tensors;  // one per stashed_ parameter
+    int64_t in_flight = 0;
+  };
+  struct Slot {
+    torch::jit::Module owner;  // the (sub)module holding the parameter
+    std::string name;          // its attribute name there
+    torch::Tensor master;      // the module's own tensor
+  };
+  void setParameters(bool use_version, const Version* version);
+  void releaseVersion(int64_t version, bool move_gradients);
+  void updateStashStats();
   std::vector<torch::IValue> toArguments(const std::vector<torch::Tensor>& inputs) const;
   std::vector<torch::Tensor> fromResult(const torch::IValue& result) const;
   std::vector<torch::Tensor> inputGradients(Pending& pending) const;
@@ -57,6 +90,11 @@ class StageExecutor {
   std::vector<BoundaryValue> output_specs_;
   bool inputs_need_grad_;
   std::map<uint64_t, Pending> pending_;
+  bool stashing_ = false;
+  std::vector<Slot> stashed_;  // trainable parameters
+  std::map<int64_t, Version> versions_;
+  int64_t current_version_ = 0;
+  StashStats stash_stats_;
 };
 
 }  // namespace cairn

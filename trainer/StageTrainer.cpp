@@ -415,6 +415,7 @@ struct StageTrainer::Impl {
 
   // ---- the run --------------------------------------------------------------------------------
   TrainerResult run() {
+    if (opt.schedule == "async") return runAsync();
     const auto start = Clock::now();
     makePlan();
     if (cfg.cluster_sync) cfg.cluster_sync->start(executor->module());
@@ -517,6 +518,222 @@ struct StageTrainer::Impl {
                     {{"steps", result.steps},
                      {"seconds", result.seconds},
                      {"train_samples_per_s", result.samples_per_second}}}});
+    return result;
+  }
+
+  // ---- schedule "async" (docs/TRAINING.md "Async schedule") ------------------------------------
+  // Micro-batch g (0 <= g < total_steps * microbatches) belongs to step g / M as micro-batch
+  // g % M; packets keep the sync addressing (step, micro-batch). Each node runs the fixed order
+  // F^W (B F)* B^W with W = max(1, K - stage) forwards ahead (the Leaf: 1): deadlock-free because W
+  // never grows downstream. The optimizer steps after every `update_frequency` backwards (and after
+  // the last one); every forward and its backward use the same weights (StageExecutor stashing).
+  struct AsyncStep {
+    double loss = 0;
+    uint64_t checksum = 0;
+  };
+  std::map<int64_t, Microbatch> async_micro;
+  std::map<int64_t, AsyncStep> async_steps;
+
+  void asyncForward(int64_t g) {
+    const int64_t M = opt.microbatches, s = g / M, k = g % M;
+    std::vector<torch::Tensor> inputs;
+    Microbatch* mb = nullptr;
+    if (is_root) {
+      if (k == 0) {
+        const auto t = Clock::now();
+        step = s;
+        micro.clear();
+        loadBatch();
+        for (auto& [i, m] : micro) async_micro[s * M + i] = std::move(m);
+        micro.clear();
+        async_steps[s].checksum = checksum;
+        compute_s += secondsSince(t);
+      }
+      mb = &async_micro.at(g);
+      inputs = mb->inputs;
+    } else {
+      mb = &async_micro[g];
+      StagePacket in =
+          receive(Neighbour::kUpstream, PacketKind::kActivation, uint64_t(s), uint64_t(k), "");
+      const size_t n = cfg.node.inputs.size();
+      if (in.tensors.size() < n)
+        CAIRN_THROW(BadInput, "activation for step ", s, " micro-batch ", k, " has ",
+                    in.tensors.size(), " tensors, fewer than the stage's ", n, " inputs");
+      for (size_t i = 0; i < n; ++i) inputs.push_back(in.tensors[i].second);
+      mb->targets = in.tensor(kTargets);
+      mb->ids = in.tensor(kIds);
+      mb->denominator = in.tensor(kDenominator);
+    }
+    const auto t = Clock::now();
+    std::vector<torch::Tensor> outputs = executor->forward(uint64_t(g), inputs);
+    if (is_leaf) {
+      if (mb->targets.size(0) != mb->ids.size(0))
+        CAIRN_THROW(BadInput, "micro-batch ", k, " of step ", s, ": ", mb->targets.size(0),
+                    " targets for ", mb->ids.size(0), " sample ids");
+      mb->loss =
+          microbatchLoss(opt.loss, outputs.at(0), mb->targets, mb->denominator.item<double>());
+      compute_s += secondsSince(t);
+      if (!is_root) {
+        torch::Tensor ids = mb->ids.to(torch::kLong).contiguous();
+        async_steps[s].checksum += sampleIdChecksum(ids.data_ptr<int64_t>(), size_t(ids.numel()));
+      }
+      return;
+    }
+    compute_s += secondsSince(t);
+    StagePacket out;
+    out.kind = PacketKind::kActivation;
+    out.step = uint64_t(s);
+    out.microbatch = uint64_t(k);
+    for (size_t i = 0; i < outputs.size(); ++i)
+      out.tensors.emplace_back(cfg.node.outputs[i].name, outputs[i].detach());
+    out.tensors.emplace_back(kTargets, mb->targets);
+    out.tensors.emplace_back(kIds, mb->ids);
+    out.tensors.emplace_back(kDenominator, mb->denominator);
+    mb->inputs.clear();
+    send(Neighbour::kDownstream, out);
+  }
+
+  void asyncBackward(int64_t g) {
+    const int64_t M = opt.microbatches, s = g / M, k = g % M;
+    auto it = async_micro.find(g);
+    CAIRN_ENFORCE(it != async_micro.end());
+    Microbatch& mb = it->second;
+    std::vector<torch::Tensor> input_grads;
+    double loss_share = 0;
+    if (is_leaf) {
+      const auto t = Clock::now();
+      loss_share = mb.loss.item<double>();
+      input_grads = executor->backwardFromLoss(uint64_t(g), mb.loss);
+      compute_s += secondsSince(t);
+    } else {
+      StagePacket in =
+          receive(Neighbour::kDownstream, PacketKind::kGradient, uint64_t(s), uint64_t(k), "");
+      const auto& outputs = executor->outputsOf(uint64_t(g));
+      std::vector<torch::Tensor> grads;
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        torch::Tensor gr = i < in.tensors.size() ? in.tensors[i].second : torch::Tensor();
+        if (gr.defined() && gr.numel() == 0 && outputs[i].numel() != 0) gr = torch::Tensor();
+        grads.push_back(gr);
+      }
+      loss_share = in.tensor(kLoss).item<double>();
+      const auto t = Clock::now();
+      input_grads = executor->backward(uint64_t(g), grads);
+      compute_s += secondsSince(t);
+    }
+    async_steps[s].loss += loss_share;
+    if (!is_root) {
+      StagePacket out;
+      out.kind = PacketKind::kGradient;
+      out.step = uint64_t(s);
+      out.microbatch = uint64_t(k);
+      for (size_t i = 0; i < input_grads.size(); ++i)
+        out.tensors.emplace_back(cfg.node.inputs[i].name,
+                                 input_grads[i].defined() ? input_grads[i] : torch::empty({0}));
+      out.tensors.emplace_back(kLoss, scalar64(loss_share));
+      send(Neighbour::kUpstream, out);
+    }
+    async_micro.erase(it);
+  }
+
+  TrainerResult runAsync() {
+    const auto start = Clock::now();
+    makePlan();
+    executor->enableWeightStashing();
+    if (cfg.cluster_sync) cfg.cluster_sync->start(executor->module());
+    LrSchedule lr_schedule(opt.optimizer.lr, opt.lr_scheduler, total_steps);
+    TrainerResult result;
+    const int64_t M = opt.microbatches, total = total_steps * M;
+    const int64_t K = opt.max_in_flight > 0 ? opt.max_in_flight : cfg.node.num_stages;
+    const int64_t ahead = is_leaf ? 1 : std::max<int64_t>(1, K - cfg.node.stage);
+    const int64_t epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
+    int64_t forwards = 0, backwards = 0, updates = 0, since_update = 0;
+    auto last = Clock::now();
+    compute_s = send_s = wait_s = sync_s = 0;
+    while (backwards < total) {
+      if (forwards < total && forwards - backwards < ahead) {
+        asyncForward(forwards++);
+        continue;
+      }
+      const int64_t g = backwards++;
+      asyncBackward(g);
+      const int64_t s = g / M;
+      if (++since_update == opt.update_frequency || backwards == total) {
+        since_update = 0;
+        const double lr = lr_schedule.at(s);
+        if (cfg.cluster_sync) {
+          const auto t = Clock::now();
+          cfg.cluster_sync->beforeOptimizerStep(updates, executor->module());
+          sync_s += secondsSince(t);
+        }
+        const auto t = Clock::now();
+        executor->newVersion();  // forwards in flight keep the weights they used
+        optimizer->step(lr);
+        optimizer->zeroGrad();
+        compute_s += secondsSince(t);
+        if (cfg.cluster_sync) {
+          const auto ts = Clock::now();
+          cfg.cluster_sync->afterOptimizerStep(updates, executor->module());
+          sync_s += secondsSince(ts);
+        }
+        ++updates;
+      }
+      if (g % M != M - 1) continue;
+      // Step s is complete on this node: record it.
+      step = s;
+      const AsyncStep done = async_steps[s];
+      async_steps.erase(s);
+      const double step_seconds = secondsSince(last);
+      last = Clock::now();
+      if (observer.on_step_loss) observer.on_step_loss(s, done.loss);
+      const auto& stash = executor->stashStats();
+      nlohmann::json record = {{"step", s + 1},
+                               {"epoch", s / steps_per_epoch},
+                               {"loss", done.loss},
+                               {"lr", lr_schedule.at(s)},
+                               {"samples_per_s", double(opt.batch_size) / std::max(step_seconds, 1e-9)},
+                               {"compute_s", compute_s},
+                               {"send_s", send_s},
+                               {"wait_s", wait_s},
+                               {"updates", updates},
+                               {"in_flight", forwards - backwards},
+                               {"stash_versions", stash.versions},
+                               {"stash_bytes", stash.bytes},
+                               {"stash_max_versions", stash.max_versions},
+                               {"stash_max_bytes", stash.max_bytes}};
+      if (is_root || is_leaf) record["sample_checksum"] = done.checksum;
+      if (cfg.cluster_sync) record["sync_s"] = sync_s;
+      metrics.write(record);
+      compute_s = send_s = wait_s = sync_s = 0;
+      result.last_loss = done.loss;
+      const double elapsed = secondsSince(start);
+      progress.update({s / steps_per_epoch, epochs, s + 1, total_steps, done.loss,
+                       double((s + 1) * opt.batch_size) / std::max(elapsed, 1e-9), elapsed});
+      if (s + 1 < total_steps && opt.eval_every > 0 && (s + 1) % opt.eval_every == 0 &&
+          eval_batches > 0) {
+        step = s + 1;  // evaluation messages carry the number of steps done
+        progress.finish();
+        evaluate();
+      }
+    }
+    CAIRN_ENFORCE(executor->pendingMicrobatches() == 0, "micro-batches left in flight at the end");
+    progress.finish();
+    if (cfg.cluster_sync) cfg.cluster_sync->finish(updates, executor->module());
+    result.steps = total_steps;
+    const double train_seconds = secondsSince(start);
+    result.samples_per_second =
+        double(total_steps * opt.batch_size) / std::max(train_seconds, 1e-9);
+    step = total_steps;
+    if (eval_batches > 0) result.final_eval = evaluate();
+    result.seconds = secondsSince(start);
+    const auto& stash = executor->stashStats();
+    metrics.write({{"done",
+                    {{"steps", result.steps},
+                     {"updates", updates},
+                     {"seconds", result.seconds},
+                     {"train_samples_per_s", result.samples_per_second},
+                     {"stash_max_versions", stash.max_versions},
+                     {"stash_max_bytes", stash.max_bytes},
+                     {"stash_copies", stash.copies}}}});
     return result;
   }
 };

@@ -179,7 +179,7 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
                        "seed", "optimizer", "lr_scheduler", "loss_fn", "clip_grad_norm",
                        "eval_every", "eval_batch_size", "local_steps", "timeouts", "threads",
                        "log_every_s", "record_sample_ids", "accelerate_config", "sync",
-                       "nonfinite", "step_window"});
+                       "nonfinite", "step_window", "max_in_flight", "update_frequency"});
   TrainOptions o;
   o.batch_size = r.integerOr("batch_size", 1, 1 << 24, o.batch_size);
   o.microbatches = r.integerOr("microbatches", 1, 1 << 16, o.microbatches);
@@ -190,7 +190,16 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.max_steps = r.integerOr("max_steps", 0, kBig, o.max_steps);
   if (o.epochs == 0 && o.max_steps == 0)
     r.fail("epochs", "and max_steps are both 0: nothing to train");
-  o.schedule = r.choiceOr("schedule", {"sync"}, "sync");
+  o.schedule = r.choiceOr("schedule", {"sync", "async"}, "sync");
+  if (o.schedule == "async") {
+    o.max_in_flight = r.integerOr("max_in_flight", 0, 1 << 16, 0);
+    o.update_frequency = r.integerOr("update_frequency", 1, 1 << 20, 1);
+    if (r.has("pipeline"))
+      r.fail("pipeline", "applies to schedule \"sync\" only (async runs its own order)");
+  } else {
+    for (const char* key : {"max_in_flight", "update_frequency"})
+      if (r.has(key)) r.fail(key, "applies to schedule \"async\" only");
+  }
   o.pipeline = r.choiceOr("pipeline", {"1f1b", "gpipe"}, "1f1b") == "gpipe" ? PipelineOrder::kGPipe
                                                                             : PipelineOrder::k1F1B;
   o.seed = static_cast<uint64_t>(r.integerOr("seed", 0, kBig, 0));
@@ -199,6 +208,9 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.loss = parseLoss(r);
   o.clip_grad_norm = r.numberOr("clip_grad_norm", 0);
   if (!(o.clip_grad_norm >= 0)) r.fail("clip_grad_norm", "must be a non-negative number (0: off)");
+  if (o.schedule == "async" && o.clip_grad_norm > 0)
+    r.fail("clip_grad_norm", "is not supported with schedule \"async\" (a global norm would need a "
+                             "barrier per optimizer step)");
   o.eval_every = r.integerOr("eval_every", 0, kBig, 0);
   o.eval_batch_size = r.integerOr("eval_batch_size", 1, 1 << 24, o.eval_batch_size);
   o.local_steps = r.integerOr("local_steps", 1, kBig, 1);

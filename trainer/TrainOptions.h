@@ -65,7 +65,9 @@ struct TrainOptions {
   int64_t microbatches = 4;  // the batch is cut into this many micro-batches (≤ batch_size)
   int64_t epochs = 1;        // passes over this cluster's shard
   int64_t max_steps = 0;     // > 0: stop after this many optimizer steps (whichever ends first)
-  std::string schedule = "sync";                  // only "sync" for now
+  std::string schedule = "sync";                  // "sync" | "async" (docs/TRAINING.md)
+  int64_t max_in_flight = 0;     // async: micro-batches the Root keeps in flight (0: #stages)
+  int64_t update_frequency = 1;  // async: optimizer step every this many backwards (accumulating)
   PipelineOrder pipeline = PipelineOrder::k1F1B;  // "pipeline": "1f1b" | "gpipe"
   uint64_t seed = 0;                              // shuffling and dropout
   OptimizerOptions optimizer;                     // "optimizer": "adamw" or {name, lr, ...}
