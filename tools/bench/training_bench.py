@@ -147,7 +147,7 @@ def launch(nd, refused_key=None):
                           capture_output=True, text=True, timeout=900)
     text = proc.stdout + proc.stderr
     if proc.returncode == 2 and refused_key and re.search(refused_key, text):
-        lines = [l for l in text.splitlines() if re.search(refused_key, l)]
+        lines = [l for l in text.splitlines() if re.search(refused_key, l) and "error" in l]
         return (lines[0] if lines else "refused")[-200:]
     if proc.returncode != 0:
         sys.stderr.write(text[-6000:])
@@ -258,24 +258,27 @@ def cmd_ddp(args):
                                        "batch_size": args.batch_size, "microbatches": args.microbatches,
                                        "optimizer": {"name": "adamw", "lr": args.lr, "weight_decay": 0.01}})
     job["data"]["test_samples"] = args.test_samples
+    job["data"]["train_samples"] = args.train_samples
     # 2 clusters x 1 node: each cluster trains half the global batch on its half of the data
     dp = plan(model, job, flags, 1, 2, os.path.join(work, "clusters2"))
     pp = plan(model, job, flags, 2, 1, os.path.join(work, "pipeline2"))
     common = ["--model", model, "--steps", str(args.steps), "--eval-every", str(args.eval_every),
               "--target", str(args.target), "--threads", "1", "--lr", str(args.lr),
-              "--warmup", str(args.warmup), "--test-samples", str(args.test_samples)]
+              "--warmup", str(args.warmup), "--test-samples", str(args.test_samples),
+              "--train-samples", str(args.train_samples)]
     pairs = [
         ("ours_gradients", "pytorch_ddp"),
         ("ours_param_avg", None),
         ("ours_pipeline", "pytorch_rpc_pipeline"),
     ]
+    pairs = [pair for pair in pairs if pair[0] in args.cases]
     results = {k: [] for pair in pairs for k in pair if k}
     unavailable = {}
     for r in range(args.rounds):
         for ours, peer in pairs:
             if ours in unavailable:
                 continue
-            if ours == "pipeline" or ours == "ours_pipeline":
+            if ours == "ours_pipeline":
                 set_training(pp, batch_size=args.batch_size, microbatches=args.microbatches)
                 launch(pp)
                 res = ours_to_target(pp, args.batch_size, 1, args.target, args.warmup)
@@ -316,6 +319,7 @@ def cmd_ddp(args):
 
     for ours, peer in pairs:
         row = {"table": "ddp", "case": ours, "peer": peer, "batch_size": args.batch_size,
+               "eval_every": args.eval_every, "warmup": args.warmup,
                "microbatches": args.microbatches, "target": args.target, "steps": args.steps,
                "rounds": args.rounds, "ours": summary(ours)}
         if peer:
@@ -373,6 +377,8 @@ def main():
     d.add_argument("--warmup", type=int, default=10)
     d.add_argument("--test-samples", type=int, default=0, help="0: the full 10,000 test images")
     d.add_argument("--rounds", type=int, default=1)
+    d.add_argument("--train-samples", type=int, default=0, help="0: all 60,000 training images")
+    d.add_argument("--cases", type=lambda s: s.split(","), default=["ours_gradients", "ours_param_avg", "ours_pipeline"])
     m = sub.add_parser("memory")
     m.add_argument("--stages", type=ints, default=[1, 2, 3])
     m.add_argument("--steps", type=int, default=20)
