@@ -148,7 +148,7 @@ def launch(nd, refused_key=None):
     text = proc.stdout + proc.stderr
     if proc.returncode == 2 and refused_key and re.search(refused_key, text):
         lines = [l for l in text.splitlines() if re.search(refused_key, l) and "error" in l]
-        return (lines[0] if lines else "refused")[-200:]
+        return (lines[0] if lines else "refused")[:400]
     if proc.returncode != 0:
         sys.stderr.write(text[-6000:])
         raise SystemExit(f"training_bench: launch_local {nd} failed with exit code {proc.returncode}")
