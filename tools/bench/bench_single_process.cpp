@@ -1,6 +1,9 @@
 // bench_single_process: the baseline for bench_pipeline — one process, one libtorch training loop
 // over the UNSPLIT TorchScript model, same data, batch size, optimizer and intra-op thread count as
 // the pipeline run it is compared with. Prints "single_process_samples_per_s <n>".
+// --job JOB.json takes data, batch size, optimizer, lr and loss from a job.json (the one the pipeline
+// ran with; schedule/pipeline/sync keys are ignored: one process has no pipeline), so any example
+// (Fashion-MNIST idx, tiny GPT tokens) is compared on exactly its own training definition.
 #include <ATen/Parallel.h>
 
 #include <CLI/CLI.hpp>
@@ -11,15 +14,19 @@
 #include "trainer/Loss.h"
 #include "trainer/Optimizer.h"
 #include "trainer/Sampler.h"
+#include "trainer/TrainOptions.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_single_process: train the unsplit model in one process and report samples/s"};
-  std::string model_path, data = "/usr/share/datasets/fashion-mnist";
+  std::string model_path, job_path, data = "/usr/share/datasets/fashion-mnist";
   int64_t steps = 200, batch_size = 128, warmup = 10;
   int threads = 1;
   double lr = 0.003;
   app.add_option("--model", model_path, "TorchScript model (.pt)")->required();
   app.add_option("--data", data, "IDX folder")->capture_default_str();
+  app.add_option("--job", job_path,
+                 "job.json: data, batch_size, optimizer and loss_fn from it (overrides --data, "
+                 "--batch-size, --lr)");
   app.add_option("--steps", steps, "timed optimizer steps")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
   app.add_option("--batch-size", batch_size)->capture_default_str();
@@ -38,6 +45,22 @@ int main(int argc, char** argv) {
     d.format = "idx";
     d.normalize.mean = {0.2860};
     d.normalize.std = {0.3530};
+    cairn::OptimizerOptions o;
+    o.lr = lr;
+    o.weight_decay = 0.01;
+    cairn::LossOptions loss_options;
+    if (!job_path.empty()) {
+      cairn::JobSpec job = cairn::readJobSpec(job_path);
+      for (const char* key : {"schedule", "pipeline", "sync"}) job.training.erase(key);
+      const cairn::TrainOptions t = cairn::parseTrainOptions(job.training, job_path);
+      d = cairn::parseDataOptions(job.data, job_path);
+      d.chunk.clear();
+      d.chunks = 1;
+      batch_size = t.batch_size;
+      o = t.optimizer;
+      lr = o.lr;
+      loss_options = t.loss;
+    }
     cairn::DatasetPair datasets = cairn::loadDatasets(d, 0);
     cairn::ShardSampler sampler(datasets.train->size(), 0, 1, 0, {}, 0);
     std::vector<int64_t> order = sampler.epochOrder(0);
@@ -45,11 +68,7 @@ int main(int argc, char** argv) {
     model.train();
     std::vector<torch::Tensor> params;
     for (const auto& p : model.parameters()) params.push_back(p);
-    cairn::OptimizerOptions o;
-    o.lr = lr;
-    o.weight_decay = 0.01;
     cairn::Optimizer optimizer(params, o);
-    cairn::LossOptions loss_options;
     const int64_t per_epoch = int64_t(order.size()) / batch_size;
     auto start = std::chrono::steady_clock::now();
     for (int64_t step = 0; step < warmup + steps; ++step) {
@@ -60,7 +79,8 @@ int main(int argc, char** argv) {
       cairn::Batch batch = datasets.train->get(ids, true);
       torch::Tensor out = model.forward({batch.inputs}).toTensor();
       torch::Tensor loss =
-          cairn::microbatchLoss(loss_options, out, batch.targets, double(batch_size));
+          cairn::microbatchLoss(loss_options, out, batch.targets,
+                              double(cairn::lossTermCount(loss_options, batch.targets)));
       loss.backward();
       optimizer.step(lr);
       optimizer.zeroGrad();

@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""PyTorch's own data-parallel training of the Fashion-MNIST CNN, the reference for cairn's
+"2 clusters x 1 node, gradients" row (tools/bench/run_all table 4).
+
+    /usr/bin/python3 tools/bench/ddp_reference.py --model model.pt --procs 2 --batch-size 128 \
+        --threads 1 --steps 400 --eval-every 50 --target 0.85
+
+Idiomatic DDP: torch.multiprocessing.spawn of --procs processes, gloo process group on 127.0.0.1,
+DistributedDataParallel around the model, DistributedSampler (shuffle, seed 0), global batch
+--batch-size (each process takes batch/procs), AdamW(lr, weight_decay 0.01), constant lr, cross
+entropy, torch.set_num_threads(--threads) in every process. Same initial weights and data
+normalisation as cairn (fmnist_common.py). Timing: each training step is timed on rank 0 (after a
+barrier-free loop; DDP's all-reduce synchronises the ranks); samples/s counts steps after
+--warmup; time to target = sum of ALL step times until the first evaluation at or above --target
+(evaluation pauses and start-up excluded, as on the cairn side). Evaluation: rank 0, full test set
+(or --test-samples), every --eval-every steps. Prints one JSON line.
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import fmnist_common as common
+
+
+def worker(rank, args):
+    torch.set_num_threads(args.threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(args.port)
+    dist.init_process_group("gloo", rank=rank, world_size=args.procs)
+    torch.manual_seed(args.seed)
+    x, y = common.load_split(args.data, True, args.train_samples)
+    tx, ty = common.load_split(args.data, False, args.test_samples) if rank == 0 else (None, None)
+    dataset = TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, num_replicas=args.procs, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=args.batch_size // args.procs, sampler=sampler,
+                        drop_last=True, num_workers=0)
+    model = DDP(common.make_model(args.model))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    step, times, evals, reached = 0, [], [], None
+    epoch = 0
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for inputs, targets in loader:
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            times.append(time.perf_counter() - start)
+            step += 1
+            if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
+                if rank == 0:
+                    model.eval()
+                    acc = common.accuracy(model.module, tx, ty)
+                    model.train()
+                    evals.append({"step": step, "accuracy": acc, "train_s": sum(times)})
+                    if reached is None and acc >= args.target:
+                        reached = evals[-1]
+                flag = torch.tensor([1 if reached else 0])
+                dist.broadcast(flag, 0)
+                if args.stop_at_target and int(flag):
+                    step = args.steps
+            if step >= args.steps:
+                break
+        epoch += 1
+    if rank == 0:
+        timed = times[args.warmup:]
+        print(json.dumps({
+            "side": "pytorch_ddp", "procs": args.procs, "batch_size": args.batch_size,
+            "steps": len(times),
+            "samples_per_s": args.batch_size * len(timed) / sum(timed) if timed else None,
+            "target": args.target,
+            "time_to_target_s": reached["train_s"] if reached else None,
+            "steps_to_target": reached["step"] if reached else None,
+            "last_accuracy": evals[-1]["accuracy"] if evals else None,
+            "evals": evals}), flush=True)
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="TorchScript model.pt (initial weights)")
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=128, help="GLOBAL batch (all processes)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
+    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--steps", type=int, default=400, help="most optimizer steps")
+    p.add_argument("--warmup", type=int, default=10, help="steps left out of samples/s")
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--target", type=float, default=0.85)
+    p.add_argument("--stop-at-target", action="store_true")
+    p.add_argument("--train-samples", type=int, default=0)
+    p.add_argument("--test-samples", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port", type=int, default=29531)
+    args = p.parse_args()
+    mp.spawn(worker, args=(args,), nprocs=args.procs, join=True)
+
+
+if __name__ == "__main__":
+    main()

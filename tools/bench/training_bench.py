@@ -1,0 +1,391 @@
+#!/usr/bin/python3
+"""Training benchmarks of tools/bench/run_all tables 3-5; each subcommand prints one JSON line per row.
+
+    /usr/bin/python3 tools/bench/training_bench.py pipeline --model cnn --stages 2,3 --microbatches 1,2,4,8,16
+    /usr/bin/python3 tools/bench/training_bench.py ddp --steps 200 --eval-every 25 --target 0.85
+    /usr/bin/python3 tools/bench/training_bench.py memory --stages 1,2,3
+
+pipeline  cairn's pipeline (clusterize plan with exactly P stages: P equal nodes of 2 GB, 10 Gbps;
+          the planner's DP puts one stage on each) for each micro-batch count M and schedule, next to
+          bench_single_process (the unsplit model, one process, P intra-op threads = the pipeline's
+          total) on the same job.json (batch, optimizer, data); pipeline and single process alternate
+          row by row, the single-process figure is the median of all its runs for that model and P.
+          Bubble = mean over nodes of wait_s / (compute_s + send_s + wait_s) over the steps after
+          --warmup; textbook (P-1)/(M+P-1). A schedule the provider refuses (exit code 2 naming the
+          key) is reported as unavailable, never as a number.
+ddp       2 processes, same CNN, data, initial weights, global batch, AdamW/constant lr, 1 thread
+          per process: cairn 2 clusters x 1 node with training_definition.sync = "gradients" vs
+          ddp_reference.py; cairn 2 clusters x 1 node averaging parameters every step (local_steps 1,
+          the mode that exists today) for context; cairn 1 cluster x 2 nodes vs
+          rpc_pipeline_reference.py. Runs alternate ours/peer for --rounds rounds; medians.
+          Time to target = sum of training step times until the first evaluation >= --target
+          (evaluations and start-up excluded on both sides).
+memory    peak RSS (/usr/bin/time %M) of every provider for 1, 2, 3 stages of the CNN (clusterize
+          plans as above) vs bench_single_process's peak on the same job, and vs clusterize's
+          node.json estimates.memory_bytes.
+Needs the build (provider, clusterize, bench_single_process); CAIRN_BUILD_DIR picks it, PROVIDER
+overrides the provider binary.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.path.join(ROOT, os.environ.get("CAIRN_BUILD_DIR", "build"))
+PY = "/usr/bin/python3"
+PROVIDER = os.environ.get("PROVIDER", os.path.join(BUILD, "node", "provider"))
+CLUSTERIZE = os.path.join(BUILD, "clusterize", "clusterize")
+SINGLE = os.path.join(BUILD, "tools", "bench", "bench_single_process")
+PORT_BASE = 31000 + (os.getpid() % 900) * 20
+
+
+def log(msg):
+    print("training_bench: " + msg, file=sys.stderr, flush=True)
+
+
+def sh(cmd, check=True, timeout=900):
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"training_bench: failed ({proc.returncode}): {' '.join(cmd)}")
+    return proc
+
+
+# ---- models and plans -------------------------------------------------------------------------
+
+def cnn_job(steps):
+    job = json.load(open(os.path.join(ROOT, "examples", "fashion_mnist", "job.json")))
+    job["training_definition"].update({"epochs": 0, "max_steps": steps, "lr_scheduler": "constant",
+                                       "threads": 1, "eval_every": 0})
+    job["data"]["test_samples"] = 500
+    return job
+
+
+def make_model(kind, work):
+    """Returns (model.pt, job dict, clusterize input flags)."""
+    os.makedirs(work, exist_ok=True)
+    if kind == "cnn":
+        model = os.path.join(work, "cnn.pt")
+        if not os.path.exists(model):
+            sh([PY, "examples/fashion_mnist/make_model.py", "--out", model])
+        return model, cnn_job(20), ["--input-shape", "32,1,28,28"]
+    model, corpus = os.path.join(work, "gpt.pt"), os.path.join(work, "corpus.txt")
+    if not os.path.exists(model):
+        sh([PY, "examples/tiny_gpt/make_model.py", "--out", model])
+        sh(["bash", "examples/tiny_gpt/make_corpus.sh", corpus])
+    job = {"format": 1, "job_id": "tiny-gpt", "driver": "cairn", "model": model,
+           "data": {"location": corpus, "format": "tokens", "block_length": 64, "test_fraction": 0.05},
+           "training_definition": {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": 20,
+                                   "seed": 0, "optimizer": {"name": "adamw", "lr": 0.001},
+                                   "loss_fn": "cross_entropy", "threads": 1}}
+    return model, job, ["--input-shape", "8,64", "--input-dtype", "int64", "--granularity",
+                        "expand-containers"]
+
+
+def plan(model, job, shape_flags, stages, clusters, out):
+    """clusterize with exactly stages*clusters equal nodes; checks every cluster got `stages` stages."""
+    global PORT_BASE
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    n = stages * clusters
+    nodes = {str(i): {"IP": f"127.0.0.1:{PORT_BASE + i}", "benchmarks": {"ram": 2, "bandwidth": 10000}}
+             for i in range(n)}
+    PORT_BASE += 20
+    json.dump(nodes, open(os.path.join(out, "node_configs.json"), "w"))
+    json.dump(job, open(os.path.join(out, "job.in.json"), "w"))
+    sh([CLUSTERIZE, "--model", model, "--nodes", os.path.join(out, "node_configs.json"), "--job",
+        os.path.join(out, "job.in.json"), "--clusters", str(clusters), "--profile-runs", "1",
+        "--out", out] + shape_flags)
+    specs = node_specs(out)
+    per_cluster = {}
+    for s in specs.values():
+        per_cluster[s["cluster"]] = per_cluster.get(s["cluster"], 0) + 1
+    if sorted(per_cluster.values()) != [stages] * clusters:
+        raise SystemExit(f"training_bench: clusterize made {per_cluster} stages per cluster, wanted {stages}")
+    return out
+
+
+def node_specs(nd):
+    names = sorted(os.listdir(os.path.join(nd, "nodes")))
+    return {n: json.load(open(os.path.join(nd, "nodes", n, "node.json"))) for n in names
+            if os.path.exists(os.path.join(nd, "nodes", n, "node.json"))}
+
+
+def set_training(nd, **fields):
+    path = os.path.join(nd, "job.json")
+    job = json.load(open(path))
+    for k, v in fields.items():
+        if v is None:
+            job["training_definition"].pop(k, None)
+        else:
+            job["training_definition"][k] = v
+    json.dump(job, open(path, "w"), indent=1)
+    return job
+
+
+def launch(nd, refused_key=None):
+    """Runs every provider of nd (through a wrapper recording peak RSS). Returns None, or the reason
+    when the provider refuses `refused_key` (exit code 2 naming it)."""
+    for name in node_specs(nd):
+        d = os.path.join(nd, "nodes", name)
+        for f in ("metrics.jsonl", "result.json", "peak_rss_kb"):
+            if os.path.exists(os.path.join(d, f)):
+                os.remove(os.path.join(d, f))
+    wrapper = os.path.join(nd, "rss_provider.sh")
+    with open(wrapper, "w") as f:
+        f.write('#!/bin/sh\n# records the provider\'s peak RSS (KiB) in nodes/NAME/peak_rss_kb\n'
+                f'exec /usr/bin/time -f %M -o "$4/nodes/$2/peak_rss_kb" "{PROVIDER}" "$@"\n')
+    os.chmod(wrapper, 0o755)
+    env = dict(os.environ, PROVIDER=wrapper)
+    proc = subprocess.run([os.path.join(ROOT, "tools", "launch_local"), nd], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    text = proc.stdout + proc.stderr
+    if proc.returncode == 2 and refused_key and re.search(refused_key, text):
+        lines = [l for l in text.splitlines() if re.search(refused_key, l) and "error" in l]
+        return (lines[0] if lines else "refused")[:400]
+    if proc.returncode != 0:
+        sys.stderr.write(text[-6000:])
+        raise SystemExit(f"training_bench: launch_local {nd} failed with exit code {proc.returncode}")
+    return None
+
+
+def metrics(nd, name):
+    steps, evals = [], []
+    for line in open(os.path.join(nd, "nodes", name, "metrics.jsonl")):
+        r = json.loads(line)
+        if "samples_per_s" in r:
+            steps.append(r)
+        elif "eval" in r:
+            evals.append(r["eval"])
+    return steps, evals
+
+
+def step_seconds(r, batch):
+    return batch / r["samples_per_s"]
+
+
+def pipeline_figures(nd, batch, warmup):
+    specs = node_specs(nd)
+    leaf = [n for n, s in specs.items() if s["role"] in ("leaf", "root_leaf") and s["cluster"] == 0][0]
+    steps, _ = metrics(nd, leaf)
+    timed = steps[warmup:]
+    sps = batch * len(timed) / sum(step_seconds(r, batch) for r in timed)
+    idle = []
+    for name in specs:
+        st = metrics(nd, name)[0][warmup:]
+        busy = sum(r["compute_s"] + r["send_s"] + r["wait_s"] for r in st)
+        idle.append(sum(r["wait_s"] for r in st) / busy if busy else 0.0)
+    return sps, statistics.mean(idle)
+
+
+def single_process(model, nd, threads, steps, warmup):
+    proc = sh(["/usr/bin/time", "-f", "peak_rss_kb %M", SINGLE, "--model", model, "--job",
+               os.path.join(nd, "job.json"), "--steps", str(steps), "--warmup", str(warmup),
+               "--threads", str(threads)])
+    sps = float(re.search(r"single_process_samples_per_s ([0-9.]+)", proc.stdout).group(1))
+    rss = int(re.search(r"peak_rss_kb (\d+)", proc.stderr).group(1))
+    return sps, rss
+
+
+# ---- table 3 ----------------------------------------------------------------------------------
+
+def cmd_pipeline(args):
+    work = os.path.join(args.work, "pipeline")
+    rows = []
+    for kind in args.model:
+        model, job, flags = make_model(kind, os.path.join(args.work, "models"))
+        batch = job["training_definition"]["batch_size"]
+        for p in args.stages:
+            nd = plan(model, job, flags, p, 1, os.path.join(work, f"{kind}_{p}"))
+            singles = []
+            for m in args.microbatches:
+                for schedule in args.schedules:
+                    set_training(nd, microbatches=m, schedule=schedule, max_steps=args.steps + args.warmup,
+                                 threads=1)
+                    refused = launch(nd, refused_key="schedule" if schedule != "sync" else None)
+                    row = {"table": "pipeline", "model": kind, "stages": p, "microbatches": m,
+                           "schedule": schedule, "batch_size": batch, "steps": args.steps,
+                           "textbook_bubble": (p - 1) / (m + p - 1)}
+                    if refused:
+                        row["unavailable"] = refused
+                    else:
+                        row["pipeline_samples_per_s"], row["bubble"] = pipeline_figures(nd, batch, args.warmup)
+                    rows.append(row)
+                    # alternate: one single-process run after every pipeline run
+                    singles.append(single_process(model, nd, p, args.steps, args.warmup)[0])
+                    log(json.dumps(row))
+            median = statistics.median(singles)
+            for row in rows:
+                if row["model"] == kind and row["stages"] == p:
+                    row["single_samples_per_s"] = median
+                    row["single_runs"] = len(singles)
+                    if "pipeline_samples_per_s" in row:
+                        row["ratio"] = row["pipeline_samples_per_s"] / median
+    for row in rows:
+        print(json.dumps(row), flush=True)
+
+
+# ---- table 4 ----------------------------------------------------------------------------------
+
+def ours_to_target(nd, batch_per_cluster, clusters, target, warmup):
+    specs = node_specs(nd)
+    name = [n for n, s in specs.items() if s["cluster"] == 0 and s["role"] in ("root", "root_leaf")][0]
+    steps, evals = metrics(nd, name)
+    times = [step_seconds(r, batch_per_cluster) for r in steps]
+    timed = times[warmup:]
+    out = {"samples_per_s": clusters * batch_per_cluster * len(timed) / sum(timed), "steps": len(steps),
+           "time_to_target_s": None, "steps_to_target": None,
+           "last_accuracy": evals[-1]["accuracy"] if evals else None,
+           "evals": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals]}
+    for e in evals:
+        if e["accuracy"] >= target:
+            out["time_to_target_s"] = sum(times[:e["step"]])
+            out["steps_to_target"] = e["step"]
+            break
+    return out
+
+
+def cmd_ddp(args):
+    work = os.path.join(args.work, "ddp")
+    model, job, flags = make_model("cnn", os.path.join(args.work, "models"))
+    job["training_definition"].update({"max_steps": args.steps, "eval_every": args.eval_every,
+                                       "batch_size": args.batch_size, "microbatches": args.microbatches,
+                                       "optimizer": {"name": "adamw", "lr": args.lr, "weight_decay": 0.01}})
+    job["data"]["test_samples"] = args.test_samples
+    job["data"]["train_samples"] = args.train_samples
+    # 2 clusters x 1 node: each cluster trains half the global batch on its half of the data
+    dp = plan(model, job, flags, 1, 2, os.path.join(work, "clusters2"))
+    pp = plan(model, job, flags, 2, 1, os.path.join(work, "pipeline2"))
+    common = ["--model", model, "--steps", str(args.steps), "--eval-every", str(args.eval_every),
+              "--target", str(args.target), "--threads", "1", "--lr", str(args.lr),
+              "--warmup", str(args.warmup), "--test-samples", str(args.test_samples),
+              "--train-samples", str(args.train_samples)]
+    pairs = [
+        ("ours_gradients", "pytorch_ddp"),
+        ("ours_param_avg", None),
+        ("ours_pipeline", "pytorch_rpc_pipeline"),
+    ]
+    pairs = [pair for pair in pairs if pair[0] in args.cases]
+    results = {k: [] for pair in pairs for k in pair if k}
+    unavailable = {}
+    for r in range(args.rounds):
+        for ours, peer in pairs:
+            if ours in unavailable:
+                continue
+            if ours == "ours_pipeline":
+                set_training(pp, batch_size=args.batch_size, microbatches=args.microbatches)
+                launch(pp)
+                res = ours_to_target(pp, args.batch_size, 1, args.target, args.warmup)
+            else:
+                half = args.batch_size // 2
+                sync = "gradients" if ours == "ours_gradients" else None
+                set_training(dp, batch_size=half, microbatches=1, local_steps=1, sync=sync)
+                refused = launch(dp, refused_key="sync" if sync else None)
+                if refused:
+                    unavailable[ours] = refused
+                    res = None
+                else:
+                    res = ours_to_target(dp, half, 2, args.target, args.warmup)
+            if res:
+                results[ours].append(res)
+                log(f"round {r} {ours}: {json.dumps(res)}")
+            if peer:
+                script = "ddp_reference.py" if peer == "pytorch_ddp" else "rpc_pipeline_reference.py"
+                extra = ["--procs", "2"] if peer == "pytorch_ddp" else ["--microbatches", str(args.microbatches)]
+                proc = sh([PY, os.path.join(HERE, script), "--batch-size", str(args.batch_size),
+                           "--port", str(PORT_BASE + 500 + r * 7)] + common + extra)
+                res = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")][-1]
+                results[peer].append(res)
+                log(f"round {r} {peer}: {json.dumps(res)}")
+
+    def summary(key):
+        runs = results.get(key, [])
+        if not runs:
+            return {"unavailable": unavailable.get(key, "not run")}
+        ttt = [x["time_to_target_s"] for x in runs if x["time_to_target_s"] is not None]
+        return {"samples_per_s": statistics.median(x["samples_per_s"] for x in runs),
+                "time_to_target_s": statistics.median(ttt) if len(ttt) == len(runs) else None,
+                "steps_to_target": statistics.median(x["steps_to_target"] for x in runs)
+                if len(ttt) == len(runs) else None,
+                "last_accuracy": statistics.median(x["last_accuracy"] for x in runs if x["last_accuracy"] is not None)
+                if any(x["last_accuracy"] is not None for x in runs) else None,
+                "runs": len(runs)}
+
+    for ours, peer in pairs:
+        row = {"table": "ddp", "case": ours, "peer": peer, "batch_size": args.batch_size,
+               "eval_every": args.eval_every, "warmup": args.warmup,
+               "microbatches": args.microbatches, "target": args.target, "steps": args.steps,
+               "rounds": args.rounds, "ours": summary(ours)}
+        if peer:
+            row["theirs"] = summary(peer)
+        print(json.dumps(row), flush=True)
+
+
+# ---- table 5 ----------------------------------------------------------------------------------
+
+def cmd_memory(args):
+    work = os.path.join(args.work, "memory")
+    model, job, flags = make_model("cnn", os.path.join(args.work, "models"))
+    job["training_definition"].update({"max_steps": args.steps, "microbatches": args.microbatches})
+    single_rss = []
+    rows = []
+    for p in args.stages:
+        nd = plan(model, job, flags, p, 1, os.path.join(work, f"cnn_{p}"))
+        launch(nd)
+        single_rss.append(single_process(model, nd, 1, args.steps, 0)[1] * 1024)
+        for name, spec in sorted(node_specs(nd).items(), key=lambda kv: kv[1]["stage"]):
+            rss = int(open(os.path.join(nd, "nodes", name, "peak_rss_kb")).read().split()[-1]) * 1024
+            rows.append({"table": "memory", "model": "cnn", "stages": p, "stage": spec["stage"], "node": name,
+                         "peak_rss_bytes": rss, "estimate_bytes": spec["estimates"]["memory_bytes"],
+                         "batch_size": job["training_definition"]["batch_size"],
+                         "microbatches": args.microbatches, "steps": args.steps})
+    single = statistics.median(single_rss)
+    for row in rows:
+        row["single_peak_rss_bytes"] = single
+        row["single_runs"] = len(single_rss)
+        print(json.dumps(row), flush=True)
+
+
+def ints(text):
+    return [int(x) for x in text.split(",")]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default=os.path.join(BUILD, "bench_training"))
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("pipeline")
+    a.add_argument("--model", type=lambda s: s.split(","), default=["cnn", "gpt"])
+    a.add_argument("--stages", type=ints, default=[2, 3])
+    a.add_argument("--microbatches", type=ints, default=[1, 2, 4, 8, 16])
+    a.add_argument("--schedules", type=lambda s: s.split(","), default=["sync", "async"])
+    a.add_argument("--steps", type=int, default=15, help="timed steps per row")
+    a.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    d = sub.add_parser("ddp")
+    d.add_argument("--steps", type=int, default=200)
+    d.add_argument("--eval-every", type=int, default=25)
+    d.add_argument("--target", type=float, default=0.85)
+    d.add_argument("--batch-size", type=int, default=128, help="global batch")
+    d.add_argument("--microbatches", type=int, default=4, help="pipeline rows")
+    d.add_argument("--lr", type=float, default=0.003)
+    d.add_argument("--warmup", type=int, default=10)
+    d.add_argument("--test-samples", type=int, default=0, help="0: the full 10,000 test images")
+    d.add_argument("--rounds", type=int, default=1)
+    d.add_argument("--train-samples", type=int, default=0, help="0: all 60,000 training images")
+    d.add_argument("--cases", type=lambda s: s.split(","), default=["ours_gradients", "ours_param_avg", "ours_pipeline"])
+    m = sub.add_parser("memory")
+    m.add_argument("--stages", type=ints, default=[1, 2, 3])
+    m.add_argument("--steps", type=int, default=20)
+    m.add_argument("--microbatches", type=int, default=4)
+    args = p.parse_args()
+    {"pipeline": cmd_pipeline, "ddp": cmd_ddp, "memory": cmd_memory}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
