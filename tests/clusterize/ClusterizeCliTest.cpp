@@ -45,8 +45,12 @@ TEST(ClusterizeCli, WritesNodeDataThatCoreAndPythonAccept) {
       ++placed;
       EXPECT_EQ(node.stage, static_cast<int>(s));
       EXPECT_EQ(node.num_stages, static_cast<int>(stages.size()));
-      if (s > 0) EXPECT_EQ(node.upstream->name, stages[s - 1].at("node").get<std::string>());
-      if (s + 1 < stages.size()) EXPECT_EQ(node.downstream->name, stages[s + 1].at("node").get<std::string>());
+      if (s > 0) {
+        EXPECT_EQ(node.upstream->name, stages[s - 1].at("node").get<std::string>());
+      }
+      if (s + 1 < stages.size()) {
+        EXPECT_EQ(node.downstream->name, stages[s + 1].at("node").get<std::string>());
+      }
       EXPECT_TRUE(fs::exists(nodeDirectory(out, name) + "/stage.pt"));
       // CURVE: the secret only in the node's folder, owner-only; neighbours know its public key.
       const std::string key_file = nodeDirectory(out, name) + "/secret.key";
