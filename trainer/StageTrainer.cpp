@@ -247,32 +247,42 @@ struct StageTrainer::Impl {
     send(Neighbour::kDownstream, out);
   }
 
+  // One micro-batch's backward, shared by the sync and async schedules: the Leaf starts from its
+  // loss; other stages receive the gradient of their outputs for (step, microbatch) from
+  // downstream (an empty tensor means "no gradient"). `id` is the executor's micro-batch key.
+  // Returns the input gradients; *loss_share gets this micro-batch's share of the step loss.
+  std::vector<torch::Tensor> backwardOf(Microbatch& mb, uint64_t id, uint64_t step_number,
+                                        uint64_t microbatch, double* loss_share) {
+    if (is_leaf) {
+      const auto t = Clock::now();
+      *loss_share = mb.loss.item<double>();
+      auto input_grads = executor->backwardFromLoss(id, mb.loss);
+      compute_s += secondsSince(t);
+      return input_grads;
+    }
+    StagePacket in =
+        receive(Neighbour::kDownstream, PacketKind::kGradient, step_number, microbatch, "");
+    const auto& outputs = executor->outputsOf(id);
+    std::vector<torch::Tensor> grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      torch::Tensor g = i < in.tensors.size() ? in.tensors[i].second : torch::Tensor();
+      if (g.defined() && g.numel() == 0 && outputs[i].numel() != 0) g = torch::Tensor();
+      grads.push_back(g);
+    }
+    *loss_share = in.tensor(kLoss).item<double>();
+    const auto t = Clock::now();
+    auto input_grads = executor->backward(id, grads);
+    compute_s += secondsSince(t);
+    return input_grads;
+  }
+
   void backward(int k) {
     auto it = micro.find(k);
     CAIRN_ENFORCE(it != micro.end());
     Microbatch& mb = it->second;
-    std::vector<torch::Tensor> input_grads;
     double loss_share = 0;
-    if (is_leaf) {
-      const auto t = Clock::now();
-      loss_share = mb.loss.item<double>();
-      input_grads = executor->backwardFromLoss(uint64_t(k), mb.loss);
-      compute_s += secondsSince(t);
-    } else {
-      StagePacket in =
-          receive(Neighbour::kDownstream, PacketKind::kGradient, uint64_t(step), uint64_t(k), "");
-      const auto& outputs = executor->outputsOf(uint64_t(k));
-      std::vector<torch::Tensor> grads;
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        torch::Tensor g = i < in.tensors.size() ? in.tensors[i].second : torch::Tensor();
-        if (g.defined() && g.numel() == 0 && outputs[i].numel() != 0) g = torch::Tensor();
-        grads.push_back(g);
-      }
-      loss_share = in.tensor(kLoss).item<double>();
-      const auto t = Clock::now();
-      input_grads = executor->backward(uint64_t(k), grads);
-      compute_s += secondsSince(t);
-    }
+    std::vector<torch::Tensor> input_grads =
+        backwardOf(mb, uint64_t(k), uint64_t(step), uint64_t(k), &loss_share);
     step_loss += loss_share;
     if (!is_root) {
       StagePacket out;
@@ -598,28 +608,9 @@ struct StageTrainer::Impl {
     auto it = async_micro.find(g);
     CAIRN_ENFORCE(it != async_micro.end());
     Microbatch& mb = it->second;
-    std::vector<torch::Tensor> input_grads;
     double loss_share = 0;
-    if (is_leaf) {
-      const auto t = Clock::now();
-      loss_share = mb.loss.item<double>();
-      input_grads = executor->backwardFromLoss(uint64_t(g), mb.loss);
-      compute_s += secondsSince(t);
-    } else {
-      StagePacket in =
-          receive(Neighbour::kDownstream, PacketKind::kGradient, uint64_t(s), uint64_t(k), "");
-      const auto& outputs = executor->outputsOf(uint64_t(g));
-      std::vector<torch::Tensor> grads;
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        torch::Tensor gr = i < in.tensors.size() ? in.tensors[i].second : torch::Tensor();
-        if (gr.defined() && gr.numel() == 0 && outputs[i].numel() != 0) gr = torch::Tensor();
-        grads.push_back(gr);
-      }
-      loss_share = in.tensor(kLoss).item<double>();
-      const auto t = Clock::now();
-      input_grads = executor->backward(uint64_t(g), grads);
-      compute_s += secondsSince(t);
-    }
+    std::vector<torch::Tensor> input_grads =
+        backwardOf(mb, uint64_t(g), uint64_t(s), uint64_t(k), &loss_share);
     async_steps[s].loss += loss_share;
     if (!is_root) {
       StagePacket out;
