@@ -276,6 +276,21 @@ struct StageTrainer::Impl {
     return input_grads;
   }
 
+  // Sends a micro-batch's input gradients upstream (an empty tensor for "no gradient") with its
+  // share of the step loss; shared by the sync and async schedules.
+  void sendInputGradients(uint64_t step_number, uint64_t microbatch,
+                          const std::vector<torch::Tensor>& input_grads, double loss_share) {
+    StagePacket out;
+    out.kind = PacketKind::kGradient;
+    out.step = step_number;
+    out.microbatch = microbatch;
+    for (size_t i = 0; i < input_grads.size(); ++i)
+      out.tensors.emplace_back(cfg.node.inputs[i].name,
+                               input_grads[i].defined() ? input_grads[i] : torch::empty({0}));
+    out.tensors.emplace_back(kLoss, scalar64(loss_share));
+    send(Neighbour::kUpstream, out);
+  }
+
   void backward(int k) {
     auto it = micro.find(k);
     CAIRN_ENFORCE(it != micro.end());
@@ -284,17 +299,7 @@ struct StageTrainer::Impl {
     std::vector<torch::Tensor> input_grads =
         backwardOf(mb, uint64_t(k), uint64_t(step), uint64_t(k), &loss_share);
     step_loss += loss_share;
-    if (!is_root) {
-      StagePacket out;
-      out.kind = PacketKind::kGradient;
-      out.step = uint64_t(step);
-      out.microbatch = uint64_t(k);
-      for (size_t i = 0; i < input_grads.size(); ++i)
-        out.tensors.emplace_back(cfg.node.inputs[i].name,
-                                 input_grads[i].defined() ? input_grads[i] : torch::empty({0}));
-      out.tensors.emplace_back(kLoss, scalar64(loss_share));
-      send(Neighbour::kUpstream, out);
-    }
+    if (!is_root) sendInputGradients(uint64_t(step), uint64_t(k), input_grads, loss_share);
     micro.erase(it);
   }
 
@@ -612,17 +617,7 @@ struct StageTrainer::Impl {
     std::vector<torch::Tensor> input_grads =
         backwardOf(mb, uint64_t(g), uint64_t(s), uint64_t(k), &loss_share);
     async_steps[s].loss += loss_share;
-    if (!is_root) {
-      StagePacket out;
-      out.kind = PacketKind::kGradient;
-      out.step = uint64_t(s);
-      out.microbatch = uint64_t(k);
-      for (size_t i = 0; i < input_grads.size(); ++i)
-        out.tensors.emplace_back(cfg.node.inputs[i].name,
-                                 input_grads[i].defined() ? input_grads[i] : torch::empty({0}));
-      out.tensors.emplace_back(kLoss, scalar64(loss_share));
-      send(Neighbour::kUpstream, out);
-    }
+    if (!is_root) sendInputGradients(uint64_t(s), uint64_t(k), input_grads, loss_share);
     async_micro.erase(it);
   }
 
