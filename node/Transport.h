@@ -30,6 +30,18 @@ struct TransportStats {
   uint64_t send_timeouts = 0;
 };
 
+// What the transport knows of a peer's connection (docs/OPERATIONS.md "Failures while training").
+enum class PeerState {
+  kUnknown,       // never connected, or the transport cannot tell
+  kConnected,     // connected (and, with heartbeats, answering them)
+  kDisconnected,  // was connected; the connection is down (closed, or heartbeats went unanswered)
+};
+const char* toString(PeerState state);
+struct PeerLiveness {
+  PeerState state = PeerState::kUnknown;
+  std::chrono::steady_clock::time_point since{};  // when it entered this state
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -42,6 +54,9 @@ class Transport {
   // nothing valid arrived within `timeout`.
   [[nodiscard]] virtual std::optional<Message> receive(std::chrono::milliseconds timeout) = 0;
   virtual TransportStats stats() const = 0;
+  // The connection state of an added peer as of the last send/receive call (those calls update
+  // it); transports that cannot tell answer kUnknown. Callers combine it with their own timeouts.
+  virtual PeerLiveness liveness(const std::string& /*peer*/) const { return {}; }
   // Waits up to `timeout` for queued outgoing messages to leave, then closes every socket.
   // Without a call, destruction abandons queued messages (linger 0).
   virtual void flushAndClose(std::chrono::milliseconds timeout) = 0;

@@ -23,6 +23,18 @@ const char* toString(SendStatus status) {
   return "?";
 }
 
+const char* toString(PeerState state) {
+  switch (state) {
+    case PeerState::kUnknown:
+      return "unknown";
+    case PeerState::kConnected:
+      return "connected";
+    case PeerState::kDisconnected:
+      return "disconnected";
+  }
+  return "?";
+}
+
 namespace {
 void keepMessageMemory() {
   static std::once_flag once;

@@ -19,6 +19,10 @@
 #include <torch/script.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace cairn {
 
@@ -29,6 +33,15 @@ class ClusterSync {
   virtual void beforeOptimizerStep(int64_t step, torch::jit::Module& stage) = 0;
   virtual void afterOptimizerStep(int64_t step, torch::jit::Module& stage) = 0;
   virtual void finish(int64_t steps, torch::jit::Module& stage) = 0;
+
+  // Checkpoints (trainer/Checkpoint.h): the state this object must carry across a restart (DiLoCo
+  // outer parameters and momentum, the step of the last sync, ...) as named tensors plus JSON.
+  // saveState is called right after a checkpointed step's afterOptimizerStep; loadState, when
+  // resuming, before start(). Names must not start with "stage." or "optim." (the trainer's).
+  virtual void saveState(std::vector<std::pair<std::string, torch::Tensor>>* /*tensors*/,
+                         nlohmann::json* /*meta*/) const {}
+  virtual void loadState(const std::vector<std::pair<std::string, torch::Tensor>>& /*tensors*/,
+                         const nlohmann::json& /*meta*/) {}
 };
 
 }  // namespace cairn

@@ -45,6 +45,9 @@ struct TrainerResult {
   std::optional<EvalResult> final_eval;
   double seconds = 0;
   double samples_per_second = 0;  // over the whole run
+  // Stopped early because StageTrainerConfig::stop_requested asked (a checkpoint of step `steps`
+  // was written when checkpoints are on); false when the run went to its end.
+  bool stopped = false;
 };
 
 // Hooks for tests and tools (all optional, called on the trainer thread).
@@ -63,6 +66,17 @@ struct StageTrainerConfig {
   bool show_progress = true;
   // Cross-cluster sync (borrowed, may be null: no sync). See trainer/ClusterSync.h.
   ClusterSync* cluster_sync = nullptr;
+  // Checkpoints (trainer/Checkpoint.h, docs/OPERATIONS.md): written every
+  // options.checkpoint_every steps into this folder ("" = none), newest options.keep_checkpoints
+  // kept.
+  std::string checkpoint_dir;
+  // >= 0: start from the checkpoint of this step in checkpoint_dir (it must exist and verify);
+  // the run continues as if it had never stopped (same data order, RNG, optimizer state).
+  int64_t resume_step = -1;
+  // Polled between steps (may be empty): when it returns true the cluster stops cleanly at a step
+  // boundary, every node of the cluster at the same step, writes a checkpoint of it (when
+  // checkpoint_dir is set) and run() returns with TrainerResult::stopped.
+  std::function<bool()> stop_requested;
 };
 
 class StageTrainer {

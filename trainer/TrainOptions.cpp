@@ -179,7 +179,8 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
                        "seed", "optimizer", "lr_scheduler", "loss_fn", "clip_grad_norm",
                        "eval_every", "eval_batch_size", "local_steps", "timeouts", "threads",
                        "log_every_s", "record_sample_ids", "accelerate_config", "sync",
-                       "nonfinite", "step_window", "max_in_flight", "update_frequency"});
+                       "nonfinite", "step_window", "max_in_flight", "update_frequency",
+                       "checkpoint_every", "keep_checkpoints"});
   TrainOptions o;
   o.batch_size = r.integerOr("batch_size", 1, 1 << 24, o.batch_size);
   o.microbatches = r.integerOr("microbatches", 1, 1 << 16, o.microbatches);
@@ -216,11 +217,17 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.local_steps = r.integerOr("local_steps", 1, kBig, 1);
   o.sync = parseSync(r);
   if (auto t = r.optionalObject("timeouts")) {
-    t->rejectUnknownKeys({"startup_s", "peer_s"});
+    t->rejectUnknownKeys({"startup_s", "peer_s", "peer_timeout_s", "max_wait_s"});
     o.timeouts.startup_s = t->numberOr("startup_s", o.timeouts.startup_s);
     o.timeouts.peer_s = t->numberOr("peer_s", o.timeouts.peer_s);
+    o.timeouts.peer_timeout_s = t->numberOr("peer_timeout_s", o.timeouts.peer_timeout_s);
+    o.timeouts.max_wait_s = t->numberOr("max_wait_s", o.timeouts.max_wait_s);
     if (!(o.timeouts.startup_s > 0)) t->fail("startup_s", "must be a positive number of seconds");
     if (!(o.timeouts.peer_s > 0)) t->fail("peer_s", "must be a positive number of seconds");
+    if (!(o.timeouts.peer_timeout_s > 0))
+      t->fail("peer_timeout_s", "must be a positive number of seconds");
+    if (!(o.timeouts.max_wait_s >= 0))
+      t->fail("max_wait_s", "must be a non-negative number of seconds");
   }
   o.threads = static_cast<int>(r.integerOr("threads", 1, 1024, 1));
   o.log_every_s = r.numberOr("log_every_s", o.log_every_s);
@@ -228,6 +235,8 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.record_sample_ids = r.booleanOr("record_sample_ids", false);
   o.nonfinite = r.choiceOr("nonfinite", {"drop", "stop"}, o.nonfinite);
   o.step_window = r.integerOr("step_window", 1, 1 << 20, o.step_window);
+  o.checkpoint_every = r.integerOr("checkpoint_every", 0, kBig, o.checkpoint_every);
+  o.keep_checkpoints = r.integerOr("keep_checkpoints", 1, 1 << 20, o.keep_checkpoints);
   return o;
 }
 

@@ -48,6 +48,12 @@ struct LossOptions {
 struct TimeoutOptions {
   double startup_s = 60;  // "startup_s": how long to wait for every neighbour to say hello
   double peer_s = 120;    // "peer_s": longest wait for one message from a neighbour mid-run
+  // "peer_timeout_s": a neighbour or ring peer whose connection has been down (or silent to
+  // heartbeats) this long is declared lost (docs/OPERATIONS.md "Failures while training").
+  double peer_timeout_s = 10;
+  // "max_wait_s": how long the rest of a cluster waits, paused, for a lost node to come back with
+  // --resume before it gives up with a message naming the node and how to resume.
+  double max_wait_s = 600;
 };
 
 // How clusters that hold the same parameters bring them together (docs/TRAINING.md "Across
@@ -88,6 +94,11 @@ struct TrainOptions {
   std::string nonfinite = "drop";
   // Pipeline messages more than this many steps away from the step being worked on are dropped.
   int64_t step_window = 8;
+  // Checkpoints (docs/OPERATIONS.md "Checkpoints and resume"): every this many optimizer steps each
+  // node writes its stage state to nodes/<name>/checkpoints/ (0: never); the newest
+  // `keep_checkpoints` are kept.
+  int64_t checkpoint_every = 0;
+  int64_t keep_checkpoints = 3;
 };
 
 // Image normalisation: x = (pixel / scale - mean) / std, per channel when lists have C entries.

@@ -1,0 +1,37 @@
+// Checkpoint: one node's stage state at a step boundary, written atomically and verified on read
+// (docs/OPERATIONS.md "Checkpoints and resume"). Files: <dir>/step_<N>.ckpt, N = optimizer steps
+// done. Written to a temporary file, fsync'd, renamed, the folder fsync'd; the newest
+// `keep` are kept. A file that is truncated or whose checksum does not match is skipped with a
+// warning naming it, never loaded.
+// Thread-safety: free functions; callers serialise writes to one folder.
+#pragma once
+
+#include <torch/script.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cairn {
+
+struct CheckpointData {
+  int64_t step = 0;  // optimizer steps done
+  // Named tensors: "stage.<dotted name>" parameters and buffers, "optim.<i>.<field>" optimizer
+  // state, "rng.<...>" generator state, "sync.<...>" ClusterSync::saveState.
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  nlohmann::json meta = nlohmann::json::object();  // data cursor, sync state, job id, ...
+};
+
+// Path of the checkpoint of `step` in `dir`.
+std::string checkpointPath(const std::string& dir, int64_t step);
+// Writes atomically, then deletes all but the newest `keep` checkpoints in `dir`.
+void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t keep);
+// Steps of the checkpoints in `dir` that verify, ascending (corrupt ones skipped with a warning;
+// a missing folder gives none).
+std::vector<int64_t> validCheckpointSteps(const std::string& dir);
+// Reads and verifies one checkpoint; BadInput naming the file when it is missing or corrupt.
+CheckpointData readCheckpoint(const std::string& dir, int64_t step);
+
+}  // namespace cairn
