@@ -287,6 +287,9 @@ void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module&) {
   last_synced_step_ = done;
 }
 
+// TODO([E] ring failures): tell the ring peers; implemented on the issue-ring branch.
+void RingClusterSync::leave() {}
+
 void RingClusterSync::finish(int64_t steps, torch::jit::Module&) {
   if (activeRings() == 0) return;
   if (steps != last_synced_step_) synchronize();

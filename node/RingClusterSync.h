@@ -62,6 +62,17 @@ class RingClusterSync : public ClusterSync {
   void afterOptimizerStep(int64_t step, torch::jit::Module& stage) override;
   void finish(int64_t steps, torch::jit::Module& stage) override;
 
+  // Failures ([E], docs/OPERATIONS.md "Failures while training"). A ring member lost during a sync
+  // is dropped from the ring: the others complete the sync without it and keep training.
+  // leave(): this node stops taking part (its cluster pauses, it shuts down, or its run ended);
+  // the ring peers drop it at once instead of waiting for a timeout. Idempotent.
+  void leave();
+  // Call before start() when this node (re)starts while other clusters may be training (provider
+  // --resume, or resuming after its cluster paused): start() then asks the live ring peers to
+  // admit it and copies their current parameters and buffers (and DiLoCo outer state) into the
+  // stage before training; when no ring peer is live it falls back to the ordinary start.
+  void setJoining(bool joining) { joining_ = joining; }
+
   // The sync itself (average or DiLoCo outer step, by mode), callable directly by tests.
   void synchronize();
   // Rings with more than one member (the others need no exchange).
@@ -81,6 +92,7 @@ class RingClusterSync : public ClusterSync {
   std::vector<std::unique_ptr<Ring>> rings_;  // ring id order
   int64_t last_synced_step_ = 0;              // optimizer steps done at the last sync
   bool started_ = false;
+  bool joining_ = false;
   RingClusterSyncStats stats_;
 };
 
