@@ -5,6 +5,17 @@
 namespace cairn {
 
 std::optional<Message> Mailbox::receive(const Match& match, std::chrono::milliseconds timeout) {
+  return receive(match, timeout, {});
+}
+
+size_t Mailbox::purge(const Match& match) {
+  const size_t before = buffer_.size();
+  for (auto it = buffer_.begin(); it != buffer_.end();) it = match(*it) ? buffer_.erase(it) : it + 1;
+  return before - buffer_.size();
+}
+
+std::optional<Message> Mailbox::receive(const Match& match, std::chrono::milliseconds timeout,
+                                        const std::function<bool()>& give_up) {
   for (auto it = buffer_.begin(); it != buffer_.end(); ++it) {
     if (match(*it)) {
       Message found = std::move(*it);
@@ -16,8 +27,13 @@ std::optional<Message> Mailbox::receive(const Match& match, std::chrono::millise
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    auto message = transport_.receive(std::max(left, std::chrono::milliseconds(0)));
-    if (!message) return std::nullopt;
+    const auto wait = std::max(left, std::chrono::milliseconds(0));
+    auto message = give_up ? transport_.receiveOrLivenessChange(wait) : transport_.receive(wait);
+    if (!message) {
+      // Woken early by a liveness change: stop if the caller says so, else wait on.
+      if (!give_up || give_up() || std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+      continue;
+    }
     if (match(*message)) return message;
     if (buffer_.size() >= max_buffered_) {
       ++dropped_for_space_;

@@ -23,6 +23,17 @@ class Mailbox {
   // The oldest buffered or arriving message for which `match` is true; nullopt after `timeout`.
   [[nodiscard]] std::optional<Message> receive(const Match& match,
                                                std::chrono::milliseconds timeout);
+  // The same, but also gives up (nullopt) as soon as `give_up` returns true; it is asked whenever
+  // the transport reports a change in a peer's liveness or a signal (receiveOrLivenessChange), so
+  // a waiter for one peer sees its connection go down without polling.
+  [[nodiscard]] std::optional<Message> receive(const Match& match,
+                                               std::chrono::milliseconds timeout,
+                                               const std::function<bool()>& give_up);
+  // Removes every buffered message for which `match` is true (stale messages of an abandoned
+  // run); returns how many.
+  size_t purge(const Match& match);
+  // Puts a message taken by receive() back at the front (it was someone else's to handle).
+  void putBack(Message message) { buffer_.push_front(std::move(message)); }
   [[nodiscard]] SendStatus send(const std::string& peer, const Message& message,
                                 std::chrono::milliseconds timeout) {
     return transport_.send(peer, message, timeout);

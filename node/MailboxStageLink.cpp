@@ -1,5 +1,6 @@
 #include "node/MailboxStageLink.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -190,13 +191,68 @@ const PeerRef& MailboxStageLink::peer(Neighbour n) const {
   return *p;
 }
 
-void MailboxStageLink::connect() {
+bool MailboxStageLink::isNeighbour(const std::string& name) const {
+  return (node_.upstream && name == node_.upstream->name) ||
+         (node_.downstream && name == node_.downstream->name);
+}
+
+void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, LostPeer lost,
+                                 const std::string& what) {
+  std::string how;
+  if (lost.how == "disconnected")
+    how = "its connection has been down for " + std::to_string(seconds(timeouts_.lost)) +
+          " s (training_definition.timeouts.peer_timeout_s)";
+  else if (lost.how == "left")
+    how = "it is leaving (" + (lost.reason.empty() ? std::string("no reason given") : lost.reason) + ")";
+  else
+    how = "it restarted (said hello again)";
+  lost_ = std::move(lost);
+  CAIRN_THROW(PeerLost, toString(dir), " neighbour ", p.name, " at ", p.address, " is lost: ", how,
+              "; was waiting for ", what);
+}
+
+void MailboxStageLink::checkConnection(const PeerRef& p, Neighbour dir, const std::string& what) {
+  const PeerLiveness live = mailbox_.transport().liveness(p.name);
+  if (live.state == PeerState::kDisconnected &&
+      std::chrono::steady_clock::now() - live.since >= timeouts_.lost)
+    throwLost(p, dir, LostPeer{p.name, "disconnected", "", p.name}, what);
+}
+
+void MailboxStageLink::announceLeaving(const std::string& reason, const std::string& lost,
+                                       const std::string& except, std::chrono::milliseconds timeout) {
+  for (const auto* p : {&node_.upstream, &node_.downstream}) {
+    if (!p->has_value() || (*p)->name == except) continue;
+    Message m;
+    m.kind = MessageKind::kControl;
+    m.job_id = node_.job_id;
+    m.sender = node_.name;
+    m.tag = "leaving";
+    m.text = nlohmann::json{{"reason", reason}, {"lost", lost}}.dump();
+    const SendStatus status = mailbox_.send((*p)->name, m, timeout);
+    CAIRN_INFO("told ", (*p)->name, " this node is leaving (", reason, "): ", toString(status));
+  }
+}
+
+size_t MailboxStageLink::purgeStale() {
+  const size_t n = mailbox_.purge([&](const Message& m) {
+    if (!isNeighbour(m.sender)) return false;
+    if (m.kind == MessageKind::kControl)
+      return m.tag != "hello" && m.tag != "ckpt_steps" && m.tag != "resume_at";
+    return carriesTensors(m.kind);
+  });
+  if (n) CAIRN_INFO("dropped ", n, " buffered pipeline messages of the abandoned run");
+  return n;
+}
+
+void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout) {
+  lost_.reset();
   std::vector<std::pair<Neighbour, PeerRef>> neighbours;
   if (node_.upstream) neighbours.emplace_back(Neighbour::kUpstream, *node_.upstream);
   if (node_.downstream) neighbours.emplace_back(Neighbour::kDownstream, *node_.downstream);
   for (const auto& [dir, p] : neighbours)
     mailbox_.transport().addPeer(p.name, "tcp://" + p.address);
-  const auto deadline = std::chrono::steady_clock::now() + timeouts_.startup;
+  const auto wait = timeout.value_or(timeouts_.startup);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(0),
                     std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -204,7 +260,7 @@ void MailboxStageLink::connect() {
   };
   auto unreachable = [&](Neighbour dir, const PeerRef& p, const char* what) {
     CAIRN_THROW(PeerLost, "startup timeout: ", what, " ", toString(dir), " neighbour ", p.name,
-                " at ", p.address, " within ", seconds(timeouts_.startup),
+                " at ", p.address, " within ", seconds(wait),
                 " s (training_definition.timeouts.startup_s); is its provider running?");
   };
   for (const auto& [dir, p] : neighbours) {
@@ -215,8 +271,14 @@ void MailboxStageLink::connect() {
     hello.tag = "hello";
     hello.text = nlohmann::json{{"stage", node_.stage}, {"cluster", node_.cluster}}.dump();
     CAIRN_INFO("waiting for ", toString(dir), " neighbour ", p.name, " at ", p.address);
-    if (mailbox_.send(p.name, hello, left()) != SendStatus::kSent)
-      unreachable(dir, p, "could not reach");
+    SendStatus status = SendStatus::kTimedOut;
+    // In slices so a stop request (signal) is seen while a neighbour is still away.
+    while ((status = mailbox_.send(p.name, hello, std::min(left(), std::chrono::milliseconds(500)))) ==
+               SendStatus::kTimedOut &&
+           left() > std::chrono::milliseconds(0)) {
+      if (interrupted_ && interrupted_()) CAIRN_THROW(Interrupted, "stopped by a signal while waiting for ", p.name);
+    }
+    if (status != SendStatus::kSent) unreachable(dir, p, "could not reach");
   }
   for (const auto& [dir, p] : neighbours) {
     const std::string name = p.name;
@@ -224,7 +286,9 @@ void MailboxStageLink::connect() {
         [&](const Message& m) {
           return m.kind == MessageKind::kControl && m.tag == "hello" && m.sender == name;
         },
-        left());
+        left(), [&] { return interrupted_ && interrupted_(); });
+    if (!got && interrupted_ && interrupted_())
+      CAIRN_THROW(Interrupted, "stopped by a signal while waiting for ", name);
     if (!got) unreachable(dir, p, "no hello from");
     if (got->job_id != node_.job_id)
       CAIRN_THROW(BadInput, toString(dir), " neighbour ", p.name, " runs job \"", got->job_id,
@@ -244,7 +308,22 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   m.tag = packet.tag;
   m.text = packet.text;
   for (const auto& [name, t] : packet.tensors) m.tensors.push_back({name, t.detach().contiguous()});
-  const SendStatus status = mailbox_.send(p.name, m, timeouts_.peer);
+  // In slices, so a neighbour whose connection went down is declared lost after timeouts.lost
+  // instead of blocking the whole peer timeout (a send waits only while the peer's queue is full
+  // or its connection is down).
+  const auto deadline = std::chrono::steady_clock::now() + timeouts_.peer;
+  const std::string what = std::string("room for a ") + toString(packet.kind) + " message (step " +
+                           std::to_string(packet.step) + ")";
+  SendStatus status = SendStatus::kTimedOut;
+  for (;;) {
+    checkConnection(p, to, what);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    status = mailbox_.send(p.name, m, std::clamp(left, std::chrono::milliseconds(0),
+                                                 std::chrono::milliseconds(500)));
+    if (status != SendStatus::kTimedOut || std::chrono::steady_clock::now() >= deadline) break;
+  }
+  if (status != SendStatus::kSent) lost_ = LostPeer{p.name, "silent", "", p.name};
   if (status != SendStatus::kSent)
     CAIRN_THROW(PeerLost, toString(to), " neighbour ", p.name, " at ", p.address,
                 " did not take a ", toString(packet.kind), " message (step ", packet.step,
@@ -257,26 +336,62 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
   const PeerRef& p = peer(from);
   const MessageKind wire = wireKind(kind);
   const auto deadline = std::chrono::steady_clock::now() + timeouts_.peer;
+  const std::string what = std::string(toString(kind)) + (tag.empty() ? "" : " \"" + tag + "\"") +
+                           " message for step " + std::to_string(step) + ", micro-batch " +
+                           std::to_string(microbatch);
+  std::vector<std::pair<Neighbour, const PeerRef*>> neighbours;
+  if (node_.upstream) neighbours.emplace_back(Neighbour::kUpstream, &*node_.upstream);
+  if (node_.downstream) neighbours.emplace_back(Neighbour::kDownstream, &*node_.downstream);
   std::optional<Message> got;
   for (;;) {
+    // Any neighbour down for timeouts.lost ends the wait (the pipeline cannot go on without it);
+    // wake up when the earliest of them reaches that, or on the next liveness change.
+    auto wake = deadline;
+    for (const auto& [dir, n] : neighbours) {
+      checkConnection(*n, dir, what);
+      const PeerLiveness live = mailbox_.transport().liveness(n->name);
+      if (live.state == PeerState::kDisconnected) wake = std::min(wake, live.since + timeouts_.lost);
+    }
     std::optional<std::string> rejected;
     std::string detail;
+    bool recovery = false;  // "leaving" or "hello" from a neighbour
     const auto left = std::max(std::chrono::milliseconds(0),
                                std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   deadline - std::chrono::steady_clock::now()));
+                                   wake - std::chrono::steady_clock::now()) +
+                                   std::chrono::milliseconds(1));
     got = mailbox_.receive(
         [&](const Message& m) {
           // Pipeline traffic is ours to screen: tensor kinds from anyone, control from neighbours.
-          const bool neighbour = (node_.upstream && m.sender == node_.upstream->name) ||
-                                 (node_.downstream && m.sender == node_.downstream->name);
+          const bool neighbour = isNeighbour(m.sender);
           if (!carriesTensors(m.kind) && !(neighbour && m.kind == MessageKind::kControl))
             return false;
           rejected = rejectReason(m, step, /*deep=*/false, &detail);
           if (rejected) return true;  // taken out of the mailbox to be dropped
+          if (m.kind == MessageKind::kControl && (m.tag == "leaving" || m.tag == "hello"))
+            return recovery = true;
           return m.kind == wire && m.sender == p.name && m.step == step &&
                  m.microbatch == microbatch && m.tag == tag;
         },
-        left);
+        left, [] { return true; });  // back to the checks above on every liveness change
+    if (got && recovery) {
+      const Neighbour dir = node_.upstream && got->sender == node_.upstream->name
+                                ? Neighbour::kUpstream
+                                : Neighbour::kDownstream;
+      LostPeer lost{got->sender, got->tag == "hello" ? "restarted" : "left", "", got->sender};
+      if (got->tag == "leaving") {
+        const auto j = nlohmann::json::parse(got->text, nullptr, false);
+        if (j.is_object() && j.contains("reason") && j["reason"].is_string())
+          lost.reason = j["reason"].get<std::string>().substr(0, 64);
+        // A pause spreading along the pipeline names the node that was lost in the first place.
+        if (j.is_object() && j.contains("lost") && j["lost"].is_string() &&
+            isNeighbour(got->sender) && !j["lost"].get<std::string>().empty())
+          lost.origin = j["lost"].get<std::string>().substr(0, 256);
+      }
+      // The restarted neighbour's hello is for the next handshake (connect()).
+      if (got->tag == "hello") mailbox_.putBack(std::move(*got));
+      throwLost(peer(dir), dir, std::move(lost), what);
+    }
+    if (!got && std::chrono::steady_clock::now() < deadline) continue;
     if (!got) break;
     if (!rejected) rejected = rejectReason(*got, step, /*deep=*/true, &detail);
     if (!rejected) break;
@@ -284,6 +399,7 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
     got.reset();
   }
   if (got) ++stats_.accepted;
+  if (!got) lost_ = LostPeer{p.name, "silent", "", p.name};
   if (!got)
     CAIRN_THROW(PeerLost, toString(from), " neighbour ", p.name, " at ", p.address, " sent no ",
                 toString(kind), tag.empty() ? "" : " \"" + tag + "\"", " message for step ", step,

@@ -7,6 +7,13 @@
 // connect() is the start-up handshake: it says hello to every neighbour (retrying while the
 // neighbour's socket is not up yet) and waits for each neighbour's hello, so nodes may start in any
 // order. A neighbour that never appears within the startup timeout is a PeerLost naming it.
+//
+// Lost neighbours (docs/OPERATIONS.md "Failures while training"): while waiting, a neighbour is
+// declared lost — PeerLost naming it, and lost() says how — when its connection has been down
+// (Transport::liveness kDisconnected) for `timeouts.lost` (training_definition.timeouts.
+// peer_timeout_s), when it sent "leaving" (clean shutdown or a pause spreading along the pipeline),
+// or when it says "hello" mid-run (it restarted). The long `timeouts.peer` stays the fallback for a
+// neighbour that is connected but silent.
 // Every received pipeline message is checked against what this node expects before the trainer
 // sees it (LinkChecks): activations and evaluation batches only from the upstream neighbour,
 // gradients only from the downstream one, this job's id, a step within the window, the planned
@@ -23,15 +30,35 @@
 #include <optional>
 #include <string>
 
+#include "core/Error.h"
 #include "core/NodeData.h"
 #include "node/Mailbox.h"
 #include "trainer/StageLink.h"
+
+#include <nlohmann/json.hpp>
 
 namespace cairn {
 
 struct LinkTimeouts {
   std::chrono::milliseconds startup{60000};
   std::chrono::milliseconds peer{120000};
+  // A neighbour whose connection is down this long is lost (timeouts.peer_timeout_s).
+  std::chrono::milliseconds lost{10000};
+};
+
+// How a neighbour was lost (set when receive/send threw PeerLost for it).
+struct LostPeer {
+  std::string name;
+  std::string how;     // "disconnected", "left", "restarted", "silent" (peer_s ran out)
+  std::string reason;  // with "left": the reason it gave ("stopped", "paused", "failed", …)
+  std::string origin;  // the node lost in the first place (a pause names it as it spreads)
+};
+
+// Thrown by connect() when `interrupted` (a stop flag set by a signal handler) became true while
+// it waited for a neighbour.
+struct Interrupted : Error {
+  explicit Interrupted(std::string m, const char* f = "", int l = 0)
+      : Error(ErrorKind::kPeerLost, std::move(m), f, l) {}
 };
 
 // What a received pipeline message may look like; the provider fills it from job.json.
@@ -60,8 +87,23 @@ class MailboxStageLink : public StageLink {
  public:
   MailboxStageLink(Mailbox& mailbox, const NodeSpec& node, LinkTimeouts timeouts,
                    LinkChecks checks = {});
-  // Adds the neighbours to the transport and runs the hello handshake.
-  void connect();
+  // Adds the neighbours to the transport and runs the hello handshake, waiting at most `timeout`
+  // (default: timeouts.startup) for the neighbours. Called again after a pause: a fresh handshake.
+  void connect(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Sends a "leaving" control message ({"reason": reason, "lost": lost}) to every neighbour except
+  // `except`, waiting at most `timeout` each; failures are ignored (the neighbour may be gone).
+  void announceLeaving(const std::string& reason, const std::string& lost = "",
+                       const std::string& except = "",
+                       std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
+  // Drops buffered pipeline messages (tensor kinds and control, but not the recovery protocol's
+  // hello/ckpt_steps/resume_at) from the neighbours: what is left of an abandoned run.
+  size_t purgeStale();
+  // The neighbour lost by the last PeerLost this link threw (cleared by connect()).
+  const std::optional<LostPeer>& lost() const { return lost_; }
+  const NodeSpec& node() const { return node_; }
+  const LinkTimeouts& timeouts() const { return timeouts_; }
+  // Asked while connect() waits (a stop flag): when true it throws Interrupted.
+  void setInterrupted(std::function<bool()> interrupted) { interrupted_ = std::move(interrupted); }
   void send(Neighbour to, const StagePacket& packet) override;
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                       const std::string& tag) override;
@@ -77,6 +119,10 @@ class MailboxStageLink : public StageLink {
 
  private:
   const PeerRef& peer(Neighbour n) const;
+  [[noreturn]] void throwLost(const PeerRef& p, Neighbour dir, LostPeer lost, const std::string& what);
+  // Throws PeerLost when `p` has been disconnected for timeouts.lost.
+  void checkConnection(const PeerRef& p, Neighbour dir, const std::string& what);
+  bool isNeighbour(const std::string& name) const;
   void drop(const Message& m, const std::string& reason, const std::string& detail);
 
   Mailbox& mailbox_;
@@ -85,6 +131,8 @@ class MailboxStageLink : public StageLink {
   LinkChecks checks_;
   uint64_t max_message_bytes_ = 0;
   LinkStats stats_;
+  std::optional<LostPeer> lost_;
+  std::function<bool()> interrupted_;
 };
 
 }  // namespace cairn

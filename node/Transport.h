@@ -53,9 +53,17 @@ class Transport {
   // The next message that decodes; malformed ones are dropped, counted and logged. nullopt when
   // nothing valid arrived within `timeout`.
   [[nodiscard]] virtual std::optional<Message> receive(std::chrono::milliseconds timeout) = 0;
+  // Like receive(), but also returns nullopt early when some peer's liveness() changed or a signal
+  // interrupted the wait, so a caller waiting on one peer can react to its connection going down
+  // (or to a stop flag) without polling. Transports that
+  // cannot tell liveness just receive().
+  [[nodiscard]] virtual std::optional<Message> receiveOrLivenessChange(
+      std::chrono::milliseconds timeout) {
+    return receive(timeout);
+  }
   virtual TransportStats stats() const = 0;
   // The connection state of an added peer as of the last send/receive call (those calls update
-  // it); transports that cannot tell answer kUnknown. Callers combine it with their own timeouts.
+  // it; ZmqTransport: our outbound connection to the peer, with ZMTP heartbeats); transports that cannot tell answer kUnknown. Callers combine it with their own timeouts.
   virtual PeerLiveness liveness(const std::string& /*peer*/) const { return {}; }
   // Waits up to `timeout` for queued outgoing messages to leave, then closes every socket.
   // Without a call, destruction abandons queued messages (linger 0).

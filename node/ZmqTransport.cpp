@@ -2,6 +2,8 @@
 
 #include <malloc.h>
 
+#include <atomic>
+#include <cstring>
 #include <mutex>
 
 #include <zmq_addon.hpp>
@@ -42,6 +44,26 @@ void keepMessageMemory() {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
   });
+}
+
+// zmq::poll that returns false instead of throwing when a signal interrupted it (EINTR): the
+// callers' loops recompute their deadlines, and receiveOrLivenessChange returns so that a caller
+// can look at a flag its signal handler set.
+template <typename Items>
+bool pollOrInterrupted(Items&& items, std::chrono::milliseconds timeout) {
+  try {
+    zmq::poll(items, timeout);
+    return true;
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+    return false;
+  }
+}
+
+// Each monitor needs its own inproc endpoint, unique within the context (the process).
+std::string nextMonitorEndpoint(const std::string& name, const std::string& peer) {
+  static std::atomic<uint64_t> counter{0};
+  return "inproc://cairn-monitor-" + name + "-" + peer + "-" + std::to_string(counter++);
 }
 }  // namespace
 
@@ -88,6 +110,12 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
   socket.set(zmq::sockopt::linger, 0);
   socket.set(zmq::sockopt::reconnect_ivl, 100);
   socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  if (options_.heartbeat_interval.count() > 0) {
+    socket.set(zmq::sockopt::heartbeat_ivl, int(options_.heartbeat_interval.count()));
+    socket.set(zmq::sockopt::heartbeat_timeout, int(options_.heartbeat_timeout.count()));
+    // Tells the peer to drop its side too when our pings stop for as long.
+    socket.set(zmq::sockopt::heartbeat_ttl, int(options_.heartbeat_timeout.count()));
+  }
   if (options_.curve) {
     auto key = options_.curve->peer_public_keys.find(peer);
     if (key == options_.curve->peer_public_keys.end())
@@ -98,12 +126,53 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
     socket.set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_key);
   }
   if (context_.get(zmq::ctxopt::io_threads) >= 2) socket.set(zmq::sockopt::affinity, uint64_t{2});
+  // The monitor is attached before connect() so no event is missed.
+  const std::string monitor_endpoint = nextMonitorEndpoint(name_, peer);
+  if (zmq_socket_monitor(socket.handle(), monitor_endpoint.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0)
+    CAIRN_THROW(InternalError, name_, ": zmq_socket_monitor for peer ", peer, ": ",
+                zmq_strerror(zmq_errno()));
+  zmq::socket_t monitor(context_, zmq::socket_type::pair);
+  monitor.set(zmq::sockopt::linger, 0);
+  monitor.connect(monitor_endpoint);
   try {
     socket.connect(endpoint);
   } catch (const zmq::error_t& e) {
+    zmq_socket_monitor(socket.handle(), nullptr, 0);
     CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", endpoint, ": ", e.what());
   }
-  outbound_.emplace(peer, std::move(socket));
+  outbound_.emplace(peer, Peer{std::move(socket), std::move(monitor), {}});
+}
+
+PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
+  auto it = outbound_.find(peer);
+  return it == outbound_.end() ? PeerLiveness{} : it->second.liveness;
+}
+
+bool ZmqTransport::drainMonitors() {
+  bool changed = false;
+  for (auto& [peer, p] : outbound_) {
+    for (;;) {
+      // A monitor event is two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
+      std::vector<zmq::message_t> frames;
+      auto got = zmq::recv_multipart(p.monitor, std::back_inserter(frames), zmq::recv_flags::dontwait);
+      if (!got) break;
+      if (frames.empty() || frames[0].size() < sizeof(uint16_t)) continue;
+      uint16_t event = 0;
+      std::memcpy(&event, frames[0].data(), sizeof(event));
+      PeerState next = p.liveness.state;
+      if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) next = PeerState::kConnected;
+      // A connection that never completed a handshake (peer not up, wrong key) stays kUnknown.
+      if (event == ZMQ_EVENT_DISCONNECTED && p.liveness.state == PeerState::kConnected)
+        next = PeerState::kDisconnected;
+      if (next != p.liveness.state) {
+        p.liveness = {next, std::chrono::steady_clock::now()};
+        CAIRN_DEBUG("connection to ", peer, ": ", toString(next));
+        changed = true;
+      }
+    }
+  }
+  return changed;
 }
 
 SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
@@ -111,7 +180,8 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
   auto it = outbound_.find(peer);
   if (it == outbound_.end()) return SendStatus::kUnknownPeer;
   std::vector<zmq::message_t> frames = encodeMessage(message, options_.codec);
-  zmq::socket_t& socket = it->second;
+  drainMonitors();
+  zmq::socket_t& socket = it->second.socket;
   // Try at once; only when the peer's queue is full (or it is not connected yet) wait for room,
   // at most `timeout`. Once the first frame is queued, ZeroMQ queues the rest atomically.
   auto first = socket.send(frames[0], (frames.size() > 1 ? zmq::send_flags::sndmore
@@ -123,7 +193,9 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
     for (;;) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
-      zmq::poll(&item, 1, std::max(left, std::chrono::milliseconds(0)));
+      std::vector<zmq::pollitem_t> items{item};
+      pollOrInterrupted(items, std::max(left, std::chrono::milliseconds(0)));
+      item.revents = items[0].revents;
       if (item.revents & ZMQ_POLLOUT) {
         first = socket.send(frames[0], (frames.size() > 1 ? zmq::send_flags::sndmore
                                                            : zmq::send_flags::none) |
@@ -150,10 +222,23 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
 }
 
 std::optional<Message> ZmqTransport::receive(std::chrono::milliseconds timeout) {
+  return receiveImpl(timeout, /*wake_on_liveness=*/false);
+}
+
+std::optional<Message> ZmqTransport::receiveOrLivenessChange(std::chrono::milliseconds timeout) {
+  return receiveImpl(timeout, /*wake_on_liveness=*/true);
+}
+
+std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeout,
+                                                 bool wake_on_liveness) {
   CAIRN_ENFORCE(!closed_, "transport is closed");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  zmq::pollitem_t item{static_cast<void*>(inbound_), 0, ZMQ_POLLIN, 0};
+  // The PULL socket and every peer's monitor, polled together: a connection going down is seen
+  // while waiting, not only at the next call.
+  std::vector<zmq::pollitem_t> items{{static_cast<void*>(inbound_), 0, ZMQ_POLLIN, 0}};
+  for (auto& [peer, p] : outbound_) items.push_back({static_cast<void*>(p.monitor), 0, ZMQ_POLLIN, 0});
   for (;;) {
+    if (drainMonitors() && wake_on_liveness) return std::nullopt;
     std::vector<zmq::message_t> frames;
     // Take what is queued without a poll first; poll (bounded by the deadline) only when empty.
     // A multipart message arrives whole, so once its first frame is readable all of it is.
@@ -162,7 +247,7 @@ std::optional<Message> ZmqTransport::receive(std::chrono::milliseconds timeout) 
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left <= std::chrono::milliseconds(0)) return std::nullopt;
-      zmq::poll(&item, 1, left);
+      if (!pollOrInterrupted(items, left) && wake_on_liveness) return std::nullopt;
       continue;
     }
     std::string authenticated;
@@ -195,9 +280,11 @@ std::optional<Message> ZmqTransport::receive(std::chrono::milliseconds timeout) 
 void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
   if (closed_) return;
   closed_ = true;
-  for (auto& [peer, socket] : outbound_) {
-    socket.set(zmq::sockopt::linger, static_cast<int>(timeout.count()));
-    socket.close();
+  for (auto& [peer, p] : outbound_) {
+    zmq_socket_monitor(p.socket.handle(), nullptr, 0);
+    p.socket.set(zmq::sockopt::linger, static_cast<int>(timeout.count()));
+    p.socket.close();
+    p.monitor.close();
   }
   outbound_.clear();
   inbound_.close();

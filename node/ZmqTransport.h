@@ -7,6 +7,13 @@
 // wait behind gradients flowing up. The PULL socket fair-queues between peers and refuses
 // messages larger than max_message_bytes (ZMQ_MAXMSGSIZE) before they are buffered.
 //
+// Liveness (docs/OPERATIONS.md "Failures while training"): every PUSH socket sends ZMTP heartbeats
+// (ZMQ_HEARTBEAT_IVL/TIMEOUT/TTL; ZeroMQ's I/O thread sends and answers them, so a node busy
+// computing still answers) and is watched by a socket monitor (zmq_socket_monitor → an inproc PAIR
+// socket owned by the same thread). receive() polls the monitors together with the PULL socket, so
+// liveness(peer) follows the connection while waiting: kConnected after a completed handshake
+// (CURVE included), kDisconnected when a connection that was up closes or misses heartbeats.
+//
 // Ownership: the transport owns its sockets; the zmq::context_t is borrowed (inproc:// endpoints
 // need one context shared by both ends) and must outlive it. Thread-safety: one thread owns an
 // instance and makes every call (docs/THREADS.md).
@@ -38,6 +45,10 @@ struct TransportOptions {
   // process raises glibc's mmap threshold (32 MiB) and trim threshold (256 MiB) so that message
   // buffers are reused instead: up to that much freed memory stays with the process.
   bool keep_message_memory = true;
+  // ZMTP heartbeats on every PUSH socket: a PING every interval; no traffic for `timeout` closes the
+  // connection (→ kDisconnected). 0 switches heartbeats off (a closed TCP connection is still seen).
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{3000};
 };
 
 class ZmqTransport : public Transport {
@@ -55,6 +66,9 @@ class ZmqTransport : public Transport {
   [[nodiscard]] SendStatus send(const std::string& peer, const Message& message,
                                 std::chrono::milliseconds timeout) override;
   [[nodiscard]] std::optional<Message> receive(std::chrono::milliseconds timeout) override;
+  [[nodiscard]] std::optional<Message> receiveOrLivenessChange(
+      std::chrono::milliseconds timeout) override;
+  PeerLiveness liveness(const std::string& peer) const override;
   TransportStats stats() const override { return stats_; }
   void flushAndClose(std::chrono::milliseconds timeout) override;
 
@@ -65,8 +79,17 @@ class ZmqTransport : public Transport {
   zmq::context_t& context_;
   std::string name_;
   TransportOptions options_;
+  struct Peer {
+    zmq::socket_t socket;   // PUSH, connected to the peer's PULL
+    zmq::socket_t monitor;  // PAIR receiving `socket`'s monitor events
+    PeerLiveness liveness;
+  };
+  // Reads every pending monitor event; true when some peer's state changed.
+  bool drainMonitors();
+  std::optional<Message> receiveImpl(std::chrono::milliseconds timeout, bool wake_on_liveness);
+
   zmq::socket_t inbound_;
-  std::map<std::string, zmq::socket_t> outbound_;
+  std::map<std::string, Peer> outbound_;
   TransportStats stats_;
   std::optional<DecodeError> last_error_;
   bool closed_ = false;

@@ -2,8 +2,11 @@
 #include <ATen/Parallel.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <set>
+#include <unistd.h>
 
 #include "core/JsonReader.h"
 #include "core/Log.h"
@@ -11,6 +14,7 @@
 #include "core/NodeConfigs.h"
 #include "core/NodeData.h"
 #include "node/MailboxStageLink.h"
+#include "node/NodeRunner.h"
 #include "node/Probe.h"
 #include "node/RingClusterSync.h"
 #include "node/NodeSecurity.h"
@@ -46,6 +50,25 @@ int countClusters(const std::string& node_data, const cairn::NodeSpec& node) {
   return int(clusters.size());
 }
 
+// SIGINT/SIGTERM: the first asks for a clean stop (the trainer stops the cluster at a step boundary
+// and checkpoints); a second exits at once. Only async-signal-safe calls in the handler.
+std::atomic<int> g_signals{0};
+extern "C" void onStopSignal(int sig) {
+  if (g_signals.fetch_add(1) >= 1) {
+    static const char text[] = "provider: second signal, exiting at once\n";
+    (void)!::write(2, text, sizeof(text) - 1);
+    std::_Exit(128 + sig);
+  }
+}
+void installStopHandlers() {
+  struct sigaction action {};
+  action.sa_handler = onStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = 0;  // no SA_RESTART: a blocking wait returns (EINTR) and sees the flag
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
 torch::jit::Module loadStage(const std::string& path) {
   try {
     return torch::jit::load(path);
@@ -63,7 +86,13 @@ int main(int argc, char** argv) {
       "job.json,\n"
       "connect to the pipeline neighbours, train, evaluate, and write "
       "nodes/<name>/trained_stage.pt\n"
-      "and nodes/<name>/metrics.jsonl."};
+      "and nodes/<name>/metrics.jsonl.\n\n"
+      "Failures (docs/OPERATIONS.md): with training_definition.checkpoint_every > 0 each node\n"
+      "checkpoints into nodes/<name>/checkpoints/. A pipeline neighbour lost mid-run (connection\n"
+      "down for timeouts.peer_timeout_s) pauses the cluster; it continues when the node is\n"
+      "restarted with --resume, or exits 3 after timeouts.max_wait_s naming it.\n"
+      "SIGINT/SIGTERM: stop at a step boundary, checkpoint, tell the neighbours, exit 0 (the\n"
+      "whole cluster stops; restart every node with --resume). A second signal exits at once."};
   std::string name;
   std::string node_data = "node_data";
   app.add_option("--name", name, "node name as in node_data/nodes/ (e.g. node_3); required to train");
@@ -83,6 +112,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--probe-serve", probe_serve,
                  "serve bandwidth probes on host:port until interrupted (for --probe --peer)");
+  bool resume = false;
+  app.add_flag("--resume", resume,
+               "restart from the newest step for which every node of this cluster has a valid\n"
+               "checkpoint (nodes/<name>/checkpoints/; the nodes agree on it over the wire). When\n"
+               "the cluster holds no common checkpoint the node starts from step 0 with a warning");
   bool insecure = false;
   app.add_flag("--insecure", insecure,
                "talk plain TCP without CurveZMQ: no encryption, anyone who reaches the port can "
@@ -139,10 +173,14 @@ int main(int argc, char** argv) {
     const std::string dir = cairn::nodeDirectory(node_data, name);
     config.metrics_path = dir + "/metrics.jsonl";
     config.sample_ids_path = dir + "/sample_ids.jsonl";
+    if (config.options.checkpoint_every > 0) config.checkpoint_dir = dir + "/checkpoints";
+    installStopHandlers();
+    config.stop_requested = [] { return g_signals.load() > 0; };
     at::set_num_threads(config.options.threads);
     at::set_num_interop_threads(1);
 
-    torch::jit::Module stage = loadStage(dir + "/" + node.stage_file);
+    torch::jit::Module stage = loadStage(dir + "/" + node.stage_file);  // checked here; the
+    // runner loads it afresh for every attempt
     // What pipeline messages may look like (MailboxStageLink checks every one).
     cairn::LinkChecks checks;
     checks.max_microbatch_rows = (config.options.batch_size + config.options.microbatches - 1) /
@@ -178,6 +216,7 @@ int main(int argc, char** argv) {
     cairn::LinkTimeouts timeouts;
     timeouts.startup = std::chrono::milliseconds(int64_t(config.options.timeouts.startup_s * 1000));
     timeouts.peer = std::chrono::milliseconds(int64_t(config.options.timeouts.peer_s * 1000));
+    timeouts.lost = std::chrono::milliseconds(int64_t(config.options.timeouts.peer_timeout_s * 1000));
     // Ring members (other clusters) become transport peers before the pipeline handshake; the
     // first collective (the initial-weights check) waits for late members up to this timeout.
     cairn::RingClusterSync cluster_sync(mailbox, node, config.options.sync,
@@ -185,18 +224,29 @@ int main(int argc, char** argv) {
                                         std::max(timeouts.startup, timeouts.peer));
     config.cluster_sync = &cluster_sync;
     cairn::MailboxStageLink link(mailbox, node, timeouts, checks);
-    link.connect();
-
-    cairn::StageTrainer trainer(config, std::move(stage), link);
-    const cairn::TrainerResult result = trainer.run();
+    cairn::NodeRunnerConfig run_config;
+    run_config.trainer = config;
+    run_config.stage_path = dir + "/" + node.stage_file;
+    run_config.node_data = node_data;
+    run_config.resume = resume;
+    run_config.max_wait = std::chrono::milliseconds(int64_t(config.options.timeouts.max_wait_s * 1000));
+    stage = torch::jit::Module();
+    cairn::NodeRunner runner(run_config, mailbox, link, &cluster_sync);
+    const cairn::NodeRunResult run = runner.run();
+    const cairn::TrainerResult& result = run.result;
     const std::string weights = dir + "/trained_stage.pt";
-    trainer.executor().module().save(weights + ".tmp");
-    std::filesystem::rename(weights + ".tmp", weights);
     nlohmann::json summary = {{"steps", result.steps},
                               {"last_loss", result.last_loss},
                               {"seconds", result.seconds},
                               {"train_samples_per_s", result.samples_per_second},
-                              {"weights", weights}};
+                              {"stopped", result.stopped},
+                              {"pauses", run.pauses},
+                              {"resumed_from", run.resumed_from}};
+    if (!result.stopped) {  // a stopped run's state is in its checkpoint
+      runner.trainer().executor().module().save(weights + ".tmp");
+      std::filesystem::rename(weights + ".tmp", weights);
+      summary["weights"] = weights;
+    }
     if (result.final_eval) {
       summary["eval"] = {{"samples", result.final_eval->samples},
                          {"loss", result.final_eval->loss},
@@ -212,8 +262,12 @@ int main(int argc, char** argv) {
                             {"pipeline_accepted", link.stats().accepted},
                             {"pipeline_dropped", link.stats().dropped}};
     cairn::writeJsonFile(dir + "/result.json", summary);
-    CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ",
-               weights);
+    if (result.stopped)
+      CAIRN_INFO("stopped: ", result.steps, " steps; resume with `provider --name ", name,
+                 " --node-data ", node_data, " --resume`");
+    else
+      CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ",
+                 weights);
     transport.flushAndClose(std::chrono::milliseconds(5000));
     CAIRN_INFO("transport: ", stats.messages_received, " messages received, ",
                stats.messages_dropped, " dropped (", stats.messages_forged, " forged)",

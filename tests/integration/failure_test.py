@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Integration tests for failures while training ([E]): real provider processes on tcp loopback,
+a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_1–node_2), threads 1.
+
+    failure_test.py CASE --provider BUILD/node/provider --work DIR --port BASE
+
+  kill_stem_resume  SIGKILL the Stem mid-run, restart it with --resume a few seconds later: all exit
+                    0 and the final test loss is within 2% of an uninterrupted run with the same
+                    seed. Prints the time the neighbours took to notice (kill → their "lost" log
+                    line) and to resume (restart → first step after resuming).
+  lost_for_good     SIGKILL the Stem and never restart it: the others exit 3 within max_wait_s +
+                    slack with a message naming the Stem and "--resume".
+  sigterm_resume    SIGTERM the Stem: all exit 0 with "stopped"; restart all with --resume: they
+                    finish with the weights of an uninterrupted run. Needs the trainer's stop and
+                    checkpoint support (trainer/Checkpoint.cpp): skipped (exit 77) without it.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provider_cluster_test as pct  # noqa: E402  (node data building, shared with the other cases)
+
+NODES = ["node_0", "node_1", "node_2"]
+SKIP = 77
+
+
+def fail(message):
+    pct.fail(message)
+
+
+def settings(steps, peer_timeout_s, max_wait_s, checkpoint_every):
+    s = pct.training_settings(steps)
+    s["record_sample_ids"] = False
+    s["checkpoint_every"] = checkpoint_every
+    s["timeouts"] = {"startup_s": 30, "peer_s": 60, "peer_timeout_s": peer_timeout_s, "max_wait_s": max_wait_s}
+    return s
+
+
+DATA = {"train_samples": 4000, "test_samples": 1000}
+
+
+class Node:
+    """One provider process; a reader thread keeps (time, line) of everything it prints."""
+
+    def __init__(self, provider, node_data, name, extra=()):
+        self.name = name
+        self.lines = []
+        self.started = time.time()
+        self.proc = subprocess.Popen([provider, "--name", name, "--node-data", node_data] + list(extra),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    def wait(self, limit):
+        try:
+            code = self.proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.dump()
+            fail(f"{self.name} did not exit within {limit:.0f} s")
+        self.reader.join(timeout=10)
+        return code
+
+    def first(self, text, after=0.0):
+        for t, line in self.lines:
+            if t >= after and text in line:
+                return t, line
+        return None
+
+    def dump(self, n=8):
+        for _, line in self.lines[-n:]:
+            print(f"[{self.name}] {line}")
+
+
+def steps_done(node_data, node):
+    try:
+        return len(pct.losses_of(node_data, node))
+    except (OSError, ValueError):
+        return 0
+
+
+def wait_for_steps(node_data, node, n, limit):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if steps_done(node_data, node) >= n:
+            return
+        time.sleep(0.2)
+    fail(f"{node} did not reach {n} steps within {limit} s")
+
+
+def reference_run(args, tag, s):
+    """The uninterrupted run with the same seed and settings."""
+    _, node_data = pct.make_node_data(os.path.join(args.work, tag), args.port, 3, True, s, DATA)
+    seconds = pct.launch(node_data, args.provider, 240)
+    print(f"uninterrupted run: {seconds:.1f} s")
+    return node_data
+
+
+def eval_loss(node_data, leaf="node_2"):
+    return json.load(open(os.path.join(node_data, "nodes", leaf, "result.json")))["eval"]["loss"]
+
+
+def case_kill_stem_resume(args):
+    s = settings(200, 2, 60, 20)
+    reference = reference_run(args, "reference", s)
+    _, node_data = pct.make_node_data(os.path.join(args.work, "run"), args.port, 3, True, s, DATA)
+    nodes = {n: Node(args.provider, node_data, n) for n in NODES}
+    wait_for_steps(node_data, "node_2", 60, 120)
+    killed = time.time()
+    nodes["node_1"].proc.send_signal(signal.SIGKILL)
+    nodes["node_1"].wait(10)
+    time.sleep(5)
+    restarted = time.time()
+    stem = Node(args.provider, node_data, "node_1", ["--resume"])
+    codes = {n: nodes[n].wait(180) for n in ("node_0", "node_2")}
+    codes["node_1"] = stem.wait(60)
+    for n, code in codes.items():
+        if code != 0:
+            (stem if n == "node_1" else nodes[n]).dump(15)
+            fail(f"{n} exited {code}")
+    noticed = [nodes[n].first("lost (", killed) for n in ("node_0", "node_2")]
+    if any(x is None for x in noticed):
+        fail("a neighbour of the Stem never logged it lost")
+    resumed = nodes["node_0"].first("first step after resuming", restarted)
+    if resumed is None:
+        fail("the Root never logged its first step after resuming")
+    for t, line in noticed:
+        print(f"noticed: {line.strip()[:160]}")
+    print(f"time to notice (SIGKILL -> neighbours' 'lost'): "
+          f"{', '.join(f'{t - killed:.2f} s' for t, _ in noticed)} (peer_timeout_s 2)")
+    print(f"time to resume (restart -> Root's first step after resuming): {resumed[0] - restarted:.2f} s")
+    agreed = nodes["node_0"].first("resume:", restarted)
+    print(f"Root: {agreed[1].strip()[:200] if agreed else '(no resume line)'}")
+    a, b = eval_loss(reference), eval_loss(node_data)
+    diff = abs(b - a) / a
+    print(f"final test loss: uninterrupted {a:.6f}, killed and resumed {b:.6f}: difference {100 * diff:.3f}%")
+    if not diff <= 0.02:
+        fail(f"final test loss differs by {100 * diff:.2f}% (limit 2%)")
+    # The steps run after the resume replay the uninterrupted run's exactly when resume is exact.
+    ref_losses = pct.losses_of(reference, "node_2")
+    got = [m for m in pct.metrics(node_data, "node_2") if "step" in m]
+    same = sum(1 for m in got if m["step"] < len(ref_losses) and m["loss"] == ref_losses[m["step"]])
+    print(f"{same} of {len(got)} logged steps after the resume have exactly the uninterrupted losses")
+    if got and same != len(got):
+        fail("resume is not exact: logged losses differ from the uninterrupted run's")
+
+
+def case_lost_for_good(args):
+    max_wait = 8
+    s = settings(400, 2, max_wait, 20)
+    _, node_data = pct.make_node_data(args.work, args.port, 3, True, s, DATA)
+    nodes = {n: Node(args.provider, node_data, n) for n in NODES}
+    wait_for_steps(node_data, "node_2", 30, 120)
+    killed = time.time()
+    nodes["node_1"].proc.send_signal(signal.SIGKILL)
+    nodes["node_1"].wait(10)
+    for n in ("node_0", "node_2"):
+        code = nodes[n].wait(max_wait + 2 + 30)
+        took = time.time() - killed
+        last = nodes[n].lines[-1][1] if nodes[n].lines else ""
+        print(f"{n}: exit {code} {took:.1f} s after the kill: {last.strip()[:300]}")
+        if code != 3:
+            nodes[n].dump(15)
+            fail(f"{n} exited {code}, expected 3 (peer lost)")
+        if "node_1" not in last or "--resume" not in last:
+            fail(f"{n}'s last line does not name node_1 and --resume: {last}")
+    noticed = [nodes[n].first("lost (", killed) for n in ("node_0", "node_2")]
+    if any(x is None for x in noticed):
+        fail("a neighbour of the Stem never logged it lost")
+    print(f"time to notice: {', '.join(f'{t - killed:.2f} s' for t, _ in noticed)} (peer_timeout_s 2)")
+
+
+def case_sigterm_resume(args):
+    if not os.path.exists(os.path.join(pct.REPO, "trainer", "Checkpoint.cpp")):
+        print("SKIP: the trainer's checkpoint/stop support (trainer/Checkpoint.cpp, branch issue-ckpt) "
+              "is not in this tree yet")
+        sys.exit(SKIP)
+    s = settings(200, 2, 60, 20)
+    reference = reference_run(args, "reference", s)
+    _, node_data = pct.make_node_data(os.path.join(args.work, "run"), args.port, 3, True, s, DATA)
+    nodes = {n: Node(args.provider, node_data, n) for n in NODES}
+    wait_for_steps(node_data, "node_2", 60, 120)
+    nodes["node_1"].proc.send_signal(signal.SIGTERM)
+    for n in NODES:
+        code = nodes[n].wait(60)
+        result = json.load(open(os.path.join(node_data, "nodes", n, "result.json")))
+        print(f"{n}: exit {code}, stopped at step {result['steps']}")
+        if code != 0 or not result.get("stopped"):
+            nodes[n].dump(15)
+            fail(f"{n}: exit {code}, stopped {result.get('stopped')}: expected 0 and true")
+    nodes = {n: Node(args.provider, node_data, n, ["--resume"]) for n in NODES}
+    for n in NODES:
+        if nodes[n].wait(180) != 0:
+            nodes[n].dump(15)
+            fail(f"{n} did not finish after --resume")
+    import torch
+    for n in NODES:
+        a = torch.jit.load(os.path.join(reference, "nodes", n, "trained_stage.pt")).state_dict()
+        b = torch.jit.load(os.path.join(node_data, "nodes", n, "trained_stage.pt")).state_dict()
+        worst = max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
+        print(f"{n}: largest weight difference to the uninterrupted run {worst:.3g}")
+        if worst != 0.0:
+            fail(f"{n}'s weights differ from the uninterrupted run's")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=["kill_stem_resume", "lost_for_good", "sigterm_resume"])
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
+    args = parser.parse_args()
+    pct.KEYS = args.keys or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.provider))),
+                                         "clusterize", "cairn_keys")
+    import torch
+    torch.set_num_threads(1)
+    shutil.rmtree(args.work, ignore_errors=True)
+    globals()["case_" + args.case](args)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
