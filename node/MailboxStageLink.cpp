@@ -244,7 +244,8 @@ size_t MailboxStageLink::purgeStale() {
   return n;
 }
 
-void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout) {
+void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
+                               const std::string& timeout_key) {
   lost_.reset();
   std::vector<std::pair<Neighbour, PeerRef>> neighbours;
   if (node_.upstream) neighbours.emplace_back(Neighbour::kUpstream, *node_.upstream);
@@ -259,9 +260,9 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout)
                         deadline - std::chrono::steady_clock::now()));
   };
   auto unreachable = [&](Neighbour dir, const PeerRef& p, const char* what) {
-    CAIRN_THROW(PeerLost, "startup timeout: ", what, " ", toString(dir), " neighbour ", p.name,
-                " at ", p.address, " within ", seconds(wait),
-                " s (training_definition.timeouts.startup_s); is its provider running?");
+    CAIRN_THROW(PeerLost, timeout ? "" : "startup timeout: ", what, " ", toString(dir),
+                " neighbour ", p.name, " at ", p.address, " within ", seconds(wait), " s (",
+                timeout_key, "); is its provider running?");
   };
   for (const auto& [dir, p] : neighbours) {
     Message hello;
@@ -339,19 +340,15 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
   const std::string what = std::string(toString(kind)) + (tag.empty() ? "" : " \"" + tag + "\"") +
                            " message for step " + std::to_string(step) + ", micro-batch " +
                            std::to_string(microbatch);
-  std::vector<std::pair<Neighbour, const PeerRef*>> neighbours;
-  if (node_.upstream) neighbours.emplace_back(Neighbour::kUpstream, &*node_.upstream);
-  if (node_.downstream) neighbours.emplace_back(Neighbour::kDownstream, &*node_.downstream);
   std::optional<Message> got;
   for (;;) {
-    // Any neighbour down for timeouts.lost ends the wait (the pipeline cannot go on without it);
-    // wake up when the earliest of them reaches that, or on the next liveness change.
+    // The awaited neighbour down for timeouts.lost ends the wait; wake up when it reaches that, or
+    // on the next liveness change. (The other neighbour's loss is seen when this node next sends
+    // to it or waits for it, or through its "leaving".)
     auto wake = deadline;
-    for (const auto& [dir, n] : neighbours) {
-      checkConnection(*n, dir, what);
-      const PeerLiveness live = mailbox_.transport().liveness(n->name);
-      if (live.state == PeerState::kDisconnected) wake = std::min(wake, live.since + timeouts_.lost);
-    }
+    checkConnection(p, from, what);
+    const PeerLiveness live = mailbox_.transport().liveness(p.name);
+    if (live.state == PeerState::kDisconnected) wake = std::min(wake, live.since + timeouts_.lost);
     std::optional<std::string> rejected;
     std::string detail;
     bool recovery = false;  // "leaving" or "hello" from a neighbour

@@ -89,7 +89,9 @@ class MailboxStageLink : public StageLink {
                    LinkChecks checks = {});
   // Adds the neighbours to the transport and runs the hello handshake, waiting at most `timeout`
   // (default: timeouts.startup) for the neighbours. Called again after a pause: a fresh handshake.
-  void connect(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // `timeout_key` names the setting `timeout` comes from, for the error message.
+  void connect(std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+               const std::string& timeout_key = "training_definition.timeouts.startup_s");
   // Sends a "leaving" control message ({"reason": reason, "lost": lost}) to every neighbour except
   // `except`, waiting at most `timeout` each; failures are ignored (the neighbour may be gone).
   void announceLeaving(const std::string& reason, const std::string& lost = "",

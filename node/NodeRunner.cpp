@@ -35,7 +35,8 @@ nlohmann::json awaitControl(Mailbox& mailbox, const MailboxStageLink& link, cons
   if (!got)
     CAIRN_THROW(PeerLost, "neighbour ", from.name, " at ", from.address, " sent no \"", tag,
                 "\" (resume agreement) within ", seconds(timeout),
-                " s (training_definition.timeouts.max_wait_s)");
+                " s (training_definition.timeouts.max_wait_s); restart it with `provider --name ",
+                from.name, " --resume`");
   auto body = nlohmann::json::parse(got->text, nullptr, false);
   if (!body.is_object())
     CAIRN_THROW(BadInput, "peer ", from.name, " sent a \"", tag, "\" message that is not a JSON object");
@@ -116,7 +117,13 @@ NodeRunResult NodeRunner::run() {
   const std::string resume_hint = "provider --name " + name + " --node-data " + config_.node_data +
                                   " --resume";
   link_.setInterrupted(config_.trainer.stop_requested);
-  link_.connect();
+  try {
+    link_.connect();
+  } catch (const Interrupted&) {
+    CAIRN_WARN("stopped by a signal before training started");
+    out.result.stopped = true;
+    return out;
+  }
   bool resuming = config_.resume;
   for (;;) {
     StageTrainerConfig cfg = config_.trainer;
@@ -179,16 +186,16 @@ NodeRunResult NodeRunner::run() {
       if (cluster_sync_) cluster_sync_->leave();
       trainer_.reset();
       try {
-        link_.connect(config_.max_wait);
+        link_.connect(config_.max_wait, "training_definition.timeouts.max_wait_s");
       } catch (const Interrupted&) {
         CAIRN_WARN("stopped by a signal while paused; resume the cluster later with --resume");
         out.result.stopped = true;
         return out;
       } catch (const PeerLost& wait) {
-        CAIRN_THROW(PeerLost, "node ", lost->origin, " was lost and did not come back within ",
-                    seconds(config_.max_wait), " s (training_definition.timeouts.max_wait_s): ",
-                    std::string(wait.what()), ". Restart it with `provider --name ", lost->origin,
-                    " --resume` (and this node with `", resume_hint, "`)");
+        CAIRN_THROW(PeerLost, "gave up waiting for the lost node ", lost->origin, " after ",
+                    seconds(config_.max_wait), " s (training_definition.timeouts.max_wait_s) [",
+                    std::string(wait.what()), "]; restart it with `provider --name ", lost->origin,
+                    " --resume` and this node with `", resume_hint, "`");
       }
       ++out.pauses;
       resuming = true;

@@ -1,0 +1,185 @@
+// Lost neighbours and the resume agreement over real tcp loopback transports (one thread per node,
+// each owning its transport as a provider's main thread does). References: what the test made the
+// peers do (destroy a transport, send "leaving", say hello again) and the set intersection of the
+// checkpoint steps computed here directly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <future>
+#include <memory>
+#include <thread>
+
+#include "core/Error.h"
+#include "node/MailboxStageLink.h"
+#include "node/NodeRunner.h"
+#include "node/ZmqTransport.h"
+
+namespace cairn {
+namespace {
+
+using namespace std::chrono_literals;
+
+int port(int offset) { return 28000 + (::getpid() % 1000) * 8 + offset; }
+std::string address(int offset) { return "127.0.0.1:" + std::to_string(port(offset)); }
+
+// A pipeline of `names` (Root first); node i listens on address(base + i).
+NodeSpec spec(const std::vector<std::string>& names, size_t i, int base) {
+  NodeSpec n;
+  n.name = names[i];
+  n.job_id = "job";
+  n.address = address(base + int(i));
+  n.stage = int(i);
+  n.num_stages = int(names.size());
+  n.role = i == 0 ? StageRole::kRoot : i + 1 == names.size() ? StageRole::kLeaf : StageRole::kStem;
+  if (i > 0) n.upstream = PeerRef{names[i - 1], address(base + int(i) - 1), ""};
+  if (i + 1 < names.size()) n.downstream = PeerRef{names[i + 1], address(base + int(i) + 1), ""};
+  return n;
+}
+
+// One node: transport, mailbox, link — created and used by one thread.
+struct Node {
+  zmq::context_t context;
+  ZmqTransport transport;
+  Mailbox mailbox;
+  MailboxStageLink link;
+  Node(const NodeSpec& n, LinkTimeouts timeouts)
+      : transport(context, n.name, "tcp://" + n.address), mailbox(transport),
+        link(mailbox, n, timeouts) {}
+};
+
+LinkTimeouts quick() {
+  LinkTimeouts t;
+  t.startup = 20s;
+  t.peer = 60s;  // far beyond the test: a loss must be recognised as such, not as silence
+  t.lost = 300ms;
+  return t;
+}
+
+TEST(Recovery, DisconnectedNeighbourIsLostNotSilent) {
+  const std::vector<std::string> names{"a", "b"};
+  std::thread a_thread([&] {
+    Node a(spec(names, 0, 0), quick());
+    a.link.connect();
+  });  // a's transport is destroyed when the thread ends: its sockets close
+  Node b(spec(names, 1, 0), quick());
+  b.link.connect();
+  a_thread.join();
+  try {
+    (void)b.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, "");
+    FAIL() << "no PeerLost";
+  } catch (const PeerLost& e) {
+    ASSERT_TRUE(b.link.lost().has_value());
+    EXPECT_EQ(b.link.lost()->name, "a");
+    EXPECT_EQ(b.link.lost()->how, "disconnected") << e.what();
+    EXPECT_NE(std::string(e.what()).find("peer_timeout_s"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Recovery, LeavingAndHelloMidRunEndTheWaitAndTheHelloIsKeptForTheNextHandshake) {
+  const std::vector<std::string> names{"a", "b"};
+  std::promise<void> b_saw_leaving;
+  std::thread a_thread([&] {
+    Node a(spec(names, 0, 2), quick());
+    a.link.connect();
+    a.link.announceLeaving("stopped");
+    b_saw_leaving.get_future().wait();
+    a.link.connect();  // as a restarted node would: hello again, wait for b's
+  });
+  Node b(spec(names, 1, 2), quick());
+  b.link.connect();
+  EXPECT_THROW((void)b.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, ""), PeerLost);
+  ASSERT_TRUE(b.link.lost().has_value());
+  EXPECT_EQ(b.link.lost()->how, "left");
+  EXPECT_EQ(b.link.lost()->reason, "stopped");
+  b_saw_leaving.set_value();
+  EXPECT_THROW((void)b.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, ""), PeerLost);
+  ASSERT_TRUE(b.link.lost().has_value());
+  EXPECT_EQ(b.link.lost()->how, "restarted");
+  b.link.connect();  // completes with the hello the receive put back (and answers a's wait)
+  EXPECT_FALSE(b.link.lost().has_value());
+  a_thread.join();
+}
+
+// Runs the agreement on a 3-node pipeline with these checkpoint steps; the Root first sends the
+// Stem a stale activation, which the agreement must purge.
+std::vector<int64_t> agree(const std::vector<std::vector<int64_t>>& steps, int base,
+                           size_t* stale_left) {
+  const std::vector<std::string> names{"root", "stem", "leaf"};
+  std::vector<int64_t> agreed(3, -2);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 3; ++i)
+    threads.emplace_back([&, i] {
+      Node n(spec(names, i, base), quick());
+      n.link.connect();
+      if (i == 0) {
+        Message stale;
+        stale.kind = MessageKind::kActivation;
+        stale.job_id = "job";
+        stale.sender = "root";
+        stale.step = 7;
+        stale.tensors = {{"x", torch::ones({2})}};
+        EXPECT_EQ(n.mailbox.send("stem", stale, 5s), SendStatus::kSent);
+      }
+      agreed[i] = NodeRunner::agreeOnResumeStep(n.mailbox, n.link, steps[i], 20s);
+      if (i == 1) {
+        auto left = n.mailbox.receive([](const Message& m) { return m.kind == MessageKind::kActivation; }, 300ms);
+        *stale_left = left ? 1 : 0;
+      }
+      std::this_thread::sleep_for(200ms);  // let the last resume_at leave before closing
+    });
+  for (auto& t : threads) t.join();
+  return agreed;
+}
+
+TEST(Recovery, ClusterAgreesOnTheNewestStepEveryNodeHolds) {
+  const std::vector<std::vector<int64_t>> steps{{20, 40, 60}, {60, 20, 40, 80}, {40, 60, 80, 20}};
+  // Reference: the intersection, computed directly.
+  std::vector<int64_t> common = steps[0];
+  for (size_t i = 1; i < steps.size(); ++i) {
+    std::vector<int64_t> s = steps[i], out;
+    std::sort(s.begin(), s.end());
+    std::sort(common.begin(), common.end());
+    std::set_intersection(common.begin(), common.end(), s.begin(), s.end(), std::back_inserter(out));
+    common = out;
+  }
+  ASSERT_FALSE(common.empty());
+  size_t stale_left = 9;
+  const auto agreed = agree(steps, 3, &stale_left);
+  for (int64_t a : agreed) EXPECT_EQ(a, common.back());
+  EXPECT_EQ(stale_left, 0u) << "the stale activation survived the agreement";
+}
+
+TEST(Recovery, NoCommonCheckpointAgreesOnNone) {
+  size_t stale_left = 9;
+  const auto agreed = agree({{20, 40}, {20, 40}, {}}, 3, &stale_left);
+  for (int64_t a : agreed) EXPECT_EQ(a, -1);
+}
+
+TEST(Recovery, MalformedCheckpointListIsABadInputNamingThePeer) {
+  const std::vector<std::string> names{"root", "stem"};
+  std::thread stem_thread([&] {
+    Node stem(spec(names, 1, 6), quick());
+    stem.link.connect();
+    Message m;
+    m.kind = MessageKind::kControl;
+    m.job_id = "job";
+    m.sender = "stem";
+    m.tag = "ckpt_steps";
+    m.text = R"({"steps": [10, "twenty"]})";
+    EXPECT_EQ(stem.mailbox.send("root", m, 5s), SendStatus::kSent);
+    std::this_thread::sleep_for(300ms);
+  });
+  Node root(spec(names, 0, 6), quick());
+  root.link.connect();
+  try {
+    (void)NodeRunner::agreeOnResumeStep(root.mailbox, root.link, {10}, 10s);
+    ADD_FAILURE() << "no BadInput";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("stem"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ckpt_steps"), std::string::npos) << e.what();
+  }
+  stem_thread.join();
+}
+
+}  // namespace
+}  // namespace cairn
