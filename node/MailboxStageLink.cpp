@@ -200,8 +200,8 @@ void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, LostPeer lost,
                                  const std::string& what) {
   std::string how;
   if (lost.how == "disconnected")
-    how = "its connection has been down for " + std::to_string(seconds(timeouts_.lost)) +
-          " s (training_definition.timeouts.peer_timeout_s)";
+    how = detail::concat("its connection has been down for ", seconds(timeouts_.lost),
+                         " s (training_definition.timeouts.peer_timeout_s)");
   else if (lost.how == "left")
     how = "it is leaving (" + (lost.reason.empty() ? std::string("no reason given") : lost.reason) + ")";
   else

@@ -8,6 +8,8 @@ a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_
                     0 and the final test loss is within 2% of an uninterrupted run with the same
                     seed. Prints the time the neighbours took to notice (kill → their "lost" log
                     line) and to resume (restart → first step after resuming).
+  stem_restarts_quickly  the same, restarted after 0.5 s with peer_timeout_s 10: the neighbours
+                    notice its hello mid-run (it restarted) instead of the dropped connection.
   lost_for_good     SIGKILL the Stem and never restart it: the others exit 3 within max_wait_s +
                     slack with a message naming the Stem and "--resume".
   sigterm_resume    SIGTERM the Stem: all exit 0 with "stopped"; restart all with --resume: they
@@ -112,8 +114,8 @@ def eval_loss(node_data, leaf="node_2"):
     return json.load(open(os.path.join(node_data, "nodes", leaf, "result.json")))["eval"]["loss"]
 
 
-def case_kill_stem_resume(args):
-    s = settings(200, 2, 60, 20)
+def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0):
+    s = settings(200, peer_timeout, 60, 20)
     reference = reference_run(args, "reference", s)
     _, node_data = pct.make_node_data(os.path.join(args.work, "run"), args.port, 3, True, s, DATA)
     nodes = {n: Node(args.provider, node_data, n) for n in NODES}
@@ -121,7 +123,7 @@ def case_kill_stem_resume(args):
     killed = time.time()
     nodes["node_1"].proc.send_signal(signal.SIGKILL)
     nodes["node_1"].wait(10)
-    time.sleep(5)
+    time.sleep(downtime)
     restarted = time.time()
     stem = Node(args.provider, node_data, "node_1", ["--resume"])
     codes = {n: nodes[n].wait(180) for n in ("node_0", "node_2")}
@@ -132,6 +134,8 @@ def case_kill_stem_resume(args):
             fail(f"{n} exited {code}")
     noticed = [nodes[n].first("lost (", killed) for n in ("node_0", "node_2")]
     if any(x is None for x in noticed):
+        for n in ("node_0", "node_2"):
+            nodes[n].dump(20)
         fail("a neighbour of the Stem never logged it lost")
     resumed = nodes["node_0"].first("first step after resuming", restarted)
     if resumed is None:
@@ -139,10 +143,13 @@ def case_kill_stem_resume(args):
     for t, line in noticed:
         print(f"noticed: {line.strip()[:160]}")
     print(f"time to notice (SIGKILL -> neighbours' 'lost'): "
-          f"{', '.join(f'{t - killed:.2f} s' for t, _ in noticed)} (peer_timeout_s 2)")
+          f"{', '.join(f'{t - killed:.2f} s' for t, _ in noticed)} (peer_timeout_s {peer_timeout}, "
+          f"Stem restarted after {downtime} s)")
     print(f"time to resume (restart -> Root's first step after resuming): {resumed[0] - restarted:.2f} s")
-    agreed = nodes["node_0"].first("resume:", restarted)
-    print(f"Root: {agreed[1].strip()[:200] if agreed else '(no resume line)'}")
+    for text in ("resume: this node holds", "resume: the cluster agreed", "resume: no checkpoint step"):
+        line = nodes["node_0"].first(text, restarted)
+        if line:
+            print(f"Root: {line[1].strip()[:200]}")
     a, b = eval_loss(reference), eval_loss(node_data)
     diff = abs(b - a) / a
     print(f"final test loss: uninterrupted {a:.6f}, killed and resumed {b:.6f}: difference {100 * diff:.3f}%")
@@ -157,6 +164,11 @@ def case_kill_stem_resume(args):
           f"have exactly the uninterrupted run's loss")
     if not got or same != len(got):
         fail("resume is not exact: logged losses differ from the uninterrupted run's")
+
+
+def case_stem_restarts_quickly(args):
+    """The Stem is back before its neighbours' peer_timeout_s ran out: they see its hello mid-run."""
+    case_kill_stem_resume(args, peer_timeout=10, downtime=0.5)
 
 
 def case_lost_for_good(args):
@@ -219,7 +231,7 @@ def case_sigterm_resume(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["kill_stem_resume", "lost_for_good", "sigterm_resume"])
+    parser.add_argument("case", choices=["kill_stem_resume", "stem_restarts_quickly", "lost_for_good", "sigterm_resume"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
