@@ -48,7 +48,7 @@ struct TransportOptions {
   // ZMTP heartbeats on every PUSH socket: a PING every interval; no traffic for `timeout` closes the
   // connection (→ kDisconnected). 0 switches heartbeats off (a closed TCP connection is still seen).
   std::chrono::milliseconds heartbeat_interval{1000};
-  std::chrono::milliseconds heartbeat_timeout{3000};
+  std::chrono::milliseconds heartbeat_timeout{5000};
 };
 
 class ZmqTransport : public Transport {

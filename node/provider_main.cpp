@@ -6,7 +6,9 @@
 #include <csignal>
 #include <filesystem>
 #include <set>
-#include <unistd.h>
+#include <pthread.h>
+#include <cstring>
+#include <thread>
 
 #include "core/JsonReader.h"
 #include "core/Log.h"
@@ -51,22 +53,37 @@ int countClusters(const std::string& node_data, const cairn::NodeSpec& node) {
 }
 
 // SIGINT/SIGTERM: the first asks for a clean stop (the trainer stops the cluster at a step boundary
-// and checkpoints); a second exits at once. Only async-signal-safe calls in the handler.
-std::atomic<int> g_signals{0};
-extern "C" void onStopSignal(int sig) {
-  if (g_signals.fetch_add(1) >= 1) {
-    static const char text[] = "provider: second signal, exiting at once\n";
-    (void)!::write(2, text, sizeof(text) - 1);
-    std::_Exit(128 + sig);
-  }
-}
-void installStopHandlers() {
-  struct sigaction action {};
-  action.sa_handler = onStopSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = 0;  // no SA_RESTART: a blocking wait returns (EINTR) and sees the flag
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+// and checkpoints); a second exits at once. Both are blocked in every thread (set before any thread
+// starts, so ZeroMQ's, the ZAP handler's and torch's threads inherit it) and taken by one thread in
+// sigwait(), which sets the flag and wakes the main thread with SIGUSR1 (a no-op handler installed
+// without SA_RESTART): the main thread's blocking wait returns with EINTR and reads the flag.
+std::atomic<bool> g_stop{false};
+extern "C" void onWake(int) {}
+void installStopHandling() {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  struct sigaction wake {};
+  wake.sa_handler = onWake;
+  sigemptyset(&wake.sa_mask);
+  wake.sa_flags = 0;
+  sigaction(SIGUSR1, &wake, nullptr);
+  const pthread_t main_thread = pthread_self();
+  std::thread([stop_signals, main_thread] {
+    for (int count = 0;; ++count) {
+      int sig = 0;
+      if (sigwait(&stop_signals, &sig) != 0) continue;
+      if (count >= 1) {
+        std::fprintf(stderr, "provider: second signal (%s), exiting at once\n", strsignal(sig));
+        std::_Exit(128 + sig);
+      }
+      CAIRN_WARN("signal ", strsignal(sig), ": stopping at the next step boundary (again to exit at once)");
+      g_stop = true;
+      pthread_kill(main_thread, SIGUSR1);
+    }
+  }).detach();
 }
 
 torch::jit::Module loadStage(const std::string& path) {
@@ -154,6 +171,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "provider: error: --name is required (or --probe / --probe-serve)\n");
     return 2;
   }
+  installStopHandling();  // before any thread starts
   return cairn::runGuarded("provider", [&] {
     cairn::setLogTag(name);
     const std::string job_path = cairn::jobSpecPath(node_data);
@@ -174,8 +192,7 @@ int main(int argc, char** argv) {
     config.metrics_path = dir + "/metrics.jsonl";
     config.sample_ids_path = dir + "/sample_ids.jsonl";
     if (config.options.checkpoint_every > 0) config.checkpoint_dir = dir + "/checkpoints";
-    installStopHandlers();
-    config.stop_requested = [] { return g_signals.load() > 0; };
+    config.stop_requested = [] { return g_stop.load(); };
     at::set_num_threads(config.options.threads);
     at::set_num_interop_threads(1);
 
