@@ -15,6 +15,7 @@
 #include "core/Error.h"
 #include "tests/trainer/InMemoryPipeline.h"
 #include "trainer/Checkpoint.h"
+#include "trainer/ClusterSync.h"
 
 namespace cairn {
 namespace {
@@ -198,6 +199,69 @@ TEST(CheckpointResume, AsyncStopDrainsAndResumeIsBitIdentical) {
   for (size_t i = 0; i < a.tensors.size(); ++i)
     if (a.tensors[i].first != "rng.cpu")  // node 1 never draws; its snapshot is of a shared one
       EXPECT_TRUE(torch::equal(a.tensors[i].second, b.tensors[i].second)) << a.tensors[i].first;
+  fs::remove_all(dir);
+}
+
+// A ClusterSync that keeps state of its own: the number of afterOptimizerStep calls and the sum of
+// one parameter's values after each (an "outer" state that depends on the whole history).
+class RecordingSync : public ClusterSync {
+ public:
+  void start(torch::jit::Module&) override { started_after_load = loaded || !expect_load; }
+  void beforeOptimizerStep(int64_t, torch::jit::Module&) override {}
+  void afterOptimizerStep(int64_t step, torch::jit::Module& stage) override {
+    steps.push_back(step);
+    const auto p = *stage.parameters().begin();
+    history = history.defined() ? history + p.detach() : p.detach().clone();
+  }
+  void finish(int64_t, torch::jit::Module&) override {}
+  void saveState(std::vector<std::pair<std::string, torch::Tensor>>* tensors,
+                 nlohmann::json* meta) const override {
+    tensors->emplace_back("sync.history", history);
+    (*meta)["calls"] = steps.size();
+  }
+  void loadState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                 const nlohmann::json& meta) override {
+    loaded = true;
+    ASSERT_EQ(tensors.size(), 1u);
+    EXPECT_EQ(tensors[0].first, "sync.history");
+    history = tensors[0].second.clone();
+    loaded_calls = meta.at("calls").get<int64_t>();
+  }
+  bool expect_load = false, loaded = false, started_after_load = false;
+  int64_t loaded_calls = -1;
+  std::vector<int64_t> steps;
+  torch::Tensor history;
+};
+
+TEST(CheckpointResume, ClusterSyncStateIsSavedAndLoadedBeforeStart) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = scratch("sync_state");
+  RecordingSync reference_sync[3], stopped_sync[3], resumed_sync[3];
+  testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
+    c.cluster_sync = &reference_sync[i];
+  });
+  const testing::PipelineRun stopped =
+      testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
+        c.cluster_sync = &stopped_sync[i];
+        c.checkpoint_dir = nodeDir(dir, i);
+        if (i == 1) c.stop_requested = stopFromPoll(4);
+      });
+  ASSERT_EQ(stopped.results[0].steps, 5);
+  testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
+    resumed_sync[i].expect_load = true;
+    c.cluster_sync = &resumed_sync[i];
+    c.checkpoint_dir = nodeDir(dir, i);
+    c.resume_step = 5;
+  });
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(resumed_sync[i].loaded);
+    EXPECT_TRUE(resumed_sync[i].started_after_load);
+    EXPECT_EQ(resumed_sync[i].loaded_calls, 5);
+    std::vector<int64_t> later(reference_sync[i].steps.begin() + 5, reference_sync[i].steps.end());
+    EXPECT_EQ(resumed_sync[i].steps, later);
+    EXPECT_TRUE(torch::equal(resumed_sync[i].history, reference_sync[i].history));
+  }
   fs::remove_all(dir);
 }
 
