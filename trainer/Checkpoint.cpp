@@ -128,8 +128,16 @@ void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t
                 std::strerror(errno));
   syncPath(dir, true);
 
-  // Keep the newest `keep` (by step), delete the rest and any temporary files left by a crash.
-  const std::vector<int64_t> steps = namedSteps(dir);
+  // Checkpoints of later steps belong to a run that was resumed from an earlier one: this one
+  // supersedes them. Then keep the newest `keep` (by step), delete the rest and any temporary
+  // files left by a crash.
+  std::vector<int64_t> steps;
+  for (int64_t s : namedSteps(dir)) {
+    if (s > data.step)
+      fs::remove(checkpointPath(dir, s), ec);
+    else
+      steps.push_back(s);
+  }
   if (keep > 0 && int64_t(steps.size()) > keep)
     for (size_t i = 0; i + size_t(keep) < steps.size(); ++i)
       fs::remove(checkpointPath(dir, steps[i]), ec);

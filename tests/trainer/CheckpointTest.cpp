@@ -88,6 +88,9 @@ TEST_F(CheckpointFiles, KeepLeavesExactlyTheNewest) {
   for (const auto& e : fs::directory_iterator(dir_)) ++files, (void)e;
   EXPECT_EQ(files, 3);
   EXPECT_NE(readError(dir_, 2).find("no such checkpoint"), std::string::npos);
+  // A run resumed from step 6 writes step 7: 8 and 10 belong to the abandoned continuation.
+  writeCheckpoint(dir_, sample(7), 3);
+  EXPECT_EQ(validCheckpointSteps(dir_), (std::vector<int64_t>{6, 7}));
 }
 
 TEST_F(CheckpointFiles, CorruptFilesAreSkippedWithAWarningAndRefused) {
