@@ -459,10 +459,19 @@ struct StageTrainer::Impl {
   void readStopAt(const StagePacket& in) {
     if (!in.has(kStopAt)) return;
     const torch::Tensor& t = in.tensor(kStopAt);
-    if (t.numel() != 1 || t.scalar_type() != torch::kLong || t.item<int64_t>() < 1)
-      CAIRN_THROW(BadInput, "activation for step ", in.step, " micro-batch ", in.microbatch,
-                  ": ", kStopAt, " must be one positive int64");
-    stop_at = t.item<int64_t>();
+    // The stop step must lie after the packet's step and never change once announced.
+    const int64_t value = t.numel() == 1 && t.scalar_type() == torch::kLong ? t.item<int64_t>() : -1;
+    const int64_t clamped = std::min(value, total_steps);  // past the end: the normal end
+    const std::string got = t.numel() == 1 && t.scalar_type() == torch::kLong
+                                ? std::to_string(value)
+                                : std::string("a ") + c10::toString(t.scalar_type()) +
+                                      " tensor of " + std::to_string(t.numel()) + " elements";
+    if (value <= int64_t(in.step) || (stop_at >= 0 && clamped != stop_at))
+      CAIRN_THROW(BadInput, "activation from upstream for step ", in.step, " micro-batch ",
+                  in.microbatch, ": ", kStopAt, " must be one int64 greater than the step",
+                  stop_at >= 0 ? " and equal to the announced " + std::to_string(stop_at) : "",
+                  " (got ", got, ")");
+    stop_at = clamped;
   }
 
   // One micro-batch's backward, shared by the sync and async schedules: the Leaf starts from its

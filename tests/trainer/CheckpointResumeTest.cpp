@@ -379,5 +379,45 @@ TEST(CheckpointResume, CheckpointOfAnotherNodeOrJobIsRefused) {
   fs::remove_all(dir);
 }
 
+// A broken or hostile upstream announcing a stop step that is not after the packet's step is a
+// BadInput naming the packet, not a hang or a crash.
+TEST(CheckpointResume, BadStopAtFromUpstreamIsRefused) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const JobSpec job = readJobSpec(jobSpecPath(nodeData()));
+  StageTrainerConfig c;
+  c.node = readNodeSpec(nodeSpecPath(nodeData(), "node_1"));
+  c.options = parseTrainOptions(job.training, jobSpecPath(nodeData()));
+  c.data = parseDataOptions(job.data, jobSpecPath(nodeData()));
+  c.show_progress = false;
+  for (const int64_t bad : {int64_t(0), int64_t(-3)}) {
+    testing::InMemoryHub hub(3);
+    testing::InMemoryLink link(hub, 1);
+    StagePacket plan;
+    plan.tag = "plan";
+    plan.text = R"({"total_steps": 4, "steps_per_epoch": 16, "eval_batches": 0})";
+    hub.push(1, 0, plan);
+    StagePacket activation;
+    activation.kind = PacketKind::kActivation;
+    activation.tensors = {{"a", torch::randn({8, 4, 4, 4})},
+                          {"__targets", torch::zeros({8}, torch::kLong)},
+                          {"__ids", torch::arange(8)},
+                          {"__denominator", torch::tensor(32.0, torch::kDouble)},
+                          {"__stop_at", torch::tensor(bad)}};
+    hub.push(1, 0, activation);
+    StageTrainer trainer(c, torch::jit::load(nodeDirectory(nodeData(), "node_1") + "/stage.pt"),
+                         link);
+    try {
+      trainer.run();
+      ADD_FAILURE() << "ran with __stop_at " << bad;
+    } catch (const BadInput& e) {
+      EXPECT_NE(std::string(e.what()).find("__stop_at must be one int64 greater than the step"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("got " + std::to_string(bad)), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cairn
