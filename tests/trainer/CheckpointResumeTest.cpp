@@ -379,6 +379,47 @@ TEST(CheckpointResume, CheckpointOfAnotherNodeOrJobIsRefused) {
   fs::remove_all(dir);
 }
 
+// Real data: the Fashion-MNIST slice (ctest fixture trainer.make_fashion_slice) with random flips
+// (the augmentation cursor is part of the checkpoint), stopped from the Leaf and resumed: losses,
+// parameters, buffers and the final test loss equal the uninterrupted run's.
+TEST(CheckpointResume, FashionMnistSliceStopAndResumeWithAugmentation) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string data = modelsDir() + "/fashion_slice";
+  const std::string dir = scratch("fashion");
+  auto options = [](TrainOptions& t) {
+    t.epochs = 0;
+    t.max_steps = kSteps;
+    t.eval_every = 0;
+  };
+  auto flips = [](StageTrainerConfig& c) { c.data.random_flip = true; };
+  const testing::PipelineRun reference = testing::runInMemoryPipeline(
+      data, options, [&](int, StageTrainerConfig& c) { flips(c); });
+  const testing::PipelineRun stopped =
+      testing::runInMemoryPipeline(data, options, [&](int i, StageTrainerConfig& c) {
+        flips(c);
+        c.checkpoint_dir = nodeDir(dir, i);
+        if (i == 2) c.stop_requested = stopFromPoll(7);  // start of step 6: 8 steps done
+      });
+  const int64_t S = stopped.results[0].steps;
+  EXPECT_EQ(S, 8);
+  for (const auto& r : stopped.results) EXPECT_TRUE(r.stopped && r.steps == S);
+  const testing::PipelineRun resumed =
+      testing::runInMemoryPipeline(data, options, [&](int i, StageTrainerConfig& c) {
+        flips(c);
+        c.checkpoint_dir = nodeDir(dir, i);
+        c.resume_step = S;
+      });
+  expectSameLosses(reference.losses, stopped.losses, S, resumed.losses);
+  expectSameState(reference, resumed);
+  ASSERT_TRUE(reference.results.back().final_eval && resumed.results.back().final_eval);
+  EXPECT_EQ(resumed.results.back().final_eval->loss, reference.results.back().final_eval->loss);
+  std::printf("[ figure ] fashion-mnist slice, %lld steps: final test loss %.6f uninterrupted, "
+              "%.6f stopped at %lld and resumed\n",
+              (long long)kSteps, reference.results.back().final_eval->loss,
+              resumed.results.back().final_eval->loss, (long long)S);
+  fs::remove_all(dir);
+}
+
 // A broken or hostile upstream announcing a stop step that is not after the packet's step is a
 // BadInput naming the packet, not a hang or a crash.
 TEST(CheckpointResume, BadStopAtFromUpstreamIsRefused) {
