@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -11,10 +12,15 @@
 namespace cairn {
 
 nlohmann::json readJsonFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    CAIRN_THROW(BadInput, path, ": is a directory, expected a JSON file");
   std::ifstream in(path, std::ios::binary);
   if (!in) CAIRN_THROW(BadInput, path, ": cannot open (does the file exist and is it readable?)");
   std::ostringstream text;
   text << in.rdbuf();
+  if (text.str().find_first_not_of(" \t\r\n") == std::string::npos)
+    CAIRN_THROW(BadInput, path, ": is empty, expected a JSON document");
   try {
     return nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::parse_error& e) {

@@ -1,6 +1,7 @@
 #include "core/NodeData.h"
 
 #include <algorithm>
+#include <set>
 
 #include "core/JsonReader.h"
 #include "core/NodeConfigs.h"
@@ -145,6 +146,15 @@ NodeSpec parseNodeSpec(const nlohmann::json& document, const std::string& source
   if (n.outputs.empty()) r.fail("outputs", "must list at least one value");
   n.parameters = r.stringList("parameters");
   n.buffers = r.has("buffers") ? r.stringList("buffers") : std::vector<std::string>{};
+  {
+    // A tensor listed twice would be loaded, trained and ring-reduced twice.
+    std::set<std::string> seen;
+    for (const auto* list : {&n.parameters, &n.buffers})
+      for (const auto& t : *list)
+        if (!seen.insert(t).second)
+          r.fail(list == &n.parameters ? "parameters" : "buffers",
+                 "names \"" + t + "\" twice (each parameter and buffer must be listed once)");
+  }
   if (r.has("rings")) {
     for (const auto& rr : r.objectList("rings")) {
       rr.rejectUnknownKeys({"id", "parameters", "members", "rank"});

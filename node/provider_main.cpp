@@ -191,7 +191,9 @@ int main(int argc, char** argv) {
     const std::string dir = cairn::nodeDirectory(node_data, name);
     config.metrics_path = dir + "/metrics.jsonl";
     config.sample_ids_path = dir + "/sample_ids.jsonl";
-    if (config.options.checkpoint_every > 0) config.checkpoint_dir = dir + "/checkpoints";
+    // Always set: a stop (signal) checkpoints even when checkpoint_every is 0; periodic
+    // checkpoints (and so pausing on a lost neighbour) need checkpoint_every > 0.
+    config.checkpoint_dir = dir + "/checkpoints";
     config.stop_requested = [] { return g_stop.load(); };
     at::set_num_threads(config.options.threads);
     at::set_num_interop_threads(1);

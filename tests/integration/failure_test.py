@@ -155,14 +155,25 @@ def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0):
     print(f"final test loss: uninterrupted {a:.6f}, killed and resumed {b:.6f}: difference {100 * diff:.3f}%")
     if not diff <= 0.02:
         fail(f"final test loss differs by {100 * diff:.2f}% (limit 2%)")
-    # The steps run after the resume replay the uninterrupted run's exactly when resume is exact
-    # (the trainer restores data order, RNG and optimizer state; docs/OPERATIONS.md).
+    # Resume is exact (the trainer restores data order, RNG and optimizer state; docs/OPERATIONS.md
+    # "Checkpoints and resume"): every logged step loss, before the kill and after the resume (the
+    # replayed steps included), equals the uninterrupted run's.
+    resumed_from = json.load(open(os.path.join(node_data, "nodes", "node_0", "result.json")))["resumed_from"]
+    print(f"the cluster resumed from step {resumed_from} (checkpoint_every {s['checkpoint_every']})")
+    if resumed_from <= 0:
+        fail("the cluster did not resume from a checkpoint")
     ref = {m["step"]: m["loss"] for m in pct.metrics(reference, "node_2") if "step" in m}
-    got = [m for m in pct.metrics(node_data, "node_2") if "step" in m]
-    same = sum(1 for m in got if ref.get(m["step"]) == m["loss"])
-    print(f"{same} of {len(got)} steps logged after the resume (from step {got[0]['step'] if got else '-'}) "
-          f"have exactly the uninterrupted run's loss")
-    if not got or same != len(got):
+    records = pct.metrics(node_data, "node_2")
+    marks = [i for i, m in enumerate(records) if "resumed_from" in m]
+    if not marks:
+        fail("node_2's metrics.jsonl has no resumed_from record")
+    after = [m for m in records[marks[-1]:] if "step" in m]
+    every = [m for m in records if "step" in m]
+    same = sum(1 for m in every if ref.get(m["step"]) == m["loss"])
+    replayed = sum(1 for m in after if m["step"] <= max(x["step"] for x in records[:marks[-1]] if "step" in x))
+    print(f"{same} of {len(every)} logged step losses equal the uninterrupted run's exactly "
+          f"({len(after)} after the resume from step {after[0]['step'] if after else '-'}, {replayed} of them replayed)")
+    if not after or same != len(every):
         fail("resume is not exact: logged losses differ from the uninterrupted run's")
 
 

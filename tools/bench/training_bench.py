@@ -20,6 +20,10 @@ ddp       2 processes, same CNN, data, initial weights, global batch, AdamW/cons
           rpc_pipeline_reference.py. Runs alternate ours/peer for --rounds rounds; medians.
           Time to target = sum of training step times until the first evaluation >= --target
           (evaluations and start-up excluded on both sides).
+clusters  issue [D]: the CNN as 2 clusters x 2 nodes under sync average / diloco / gradients vs 1
+          cluster x 2 nodes with the same global batch: samples/s, time to --target (and to
+          --fallback-target), best accuracy within --steps; then sync vs async throughput on 1 x 2
+          (same batch and micro-batches), --async-rounds alternating rounds, medians.
 memory    peak RSS (/usr/bin/time %M) of every provider for 1, 2, 3 stages of the CNN (clusterize
           plans as above) vs bench_single_process's peak on the same job, and vs clusterize's
           node.json estimates.memory_bytes.
@@ -43,6 +47,10 @@ PROVIDER = os.environ.get("PROVIDER", os.path.join(BUILD, "node", "provider"))
 CLUSTERIZE = os.path.join(BUILD, "clusterize", "clusterize")
 SINGLE = os.path.join(BUILD, "tools", "bench", "bench_single_process")
 PORT_BASE = 31000 + (os.getpid() % 900) * 20
+# Every process this script starts (providers, bench_single_process, the PyTorch references): OpenMP
+# threads sleep instead of spinning when they wait. On a 2-core machine shared with other work a
+# spinning multi-threaded single process loses up to half its speed; same setting on both sides.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def log(msg):
@@ -80,7 +88,7 @@ def make_model(kind, work):
         sh([PY, "examples/tiny_gpt/make_model.py", "--out", model])
         sh(["bash", "examples/tiny_gpt/make_corpus.sh", corpus])
     job = {"format": 1, "job_id": "tiny-gpt", "driver": "cairn", "model": model,
-           "data": {"location": corpus, "format": "tokens", "block_length": 64, "test_fraction": 0.05},
+           "data": {"location": corpus, "format": "tokens", "block_length": 64, "test_fraction": 0.01},
            "training_definition": {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": 20,
                                    "seed": 0, "optimizer": {"name": "adamw", "lr": 0.001},
                                    "loss_fn": "cross_entropy", "threads": 1}}
@@ -200,26 +208,31 @@ def cmd_pipeline(args):
     rows = []
     for kind in args.model:
         model, job, flags = make_model(kind, os.path.join(args.work, "models"))
+        # The GPT is ~20x slower per sample than the CNN on this CPU: its own (trimmed) grid and steps.
+        steps, warmup = (args.steps, args.warmup) if kind == "cnn" else (args.gpt_steps, args.gpt_warmup)
+        grid = args.microbatches if kind == "cnn" else args.gpt_microbatches
+        if kind == "gpt":
+            job["training_definition"]["batch_size"] = args.gpt_batch
         batch = job["training_definition"]["batch_size"]
         for p in args.stages:
             nd = plan(model, job, flags, p, 1, os.path.join(work, f"{kind}_{p}"))
             singles = []
-            for m in args.microbatches:
+            for m in grid:
                 for schedule in args.schedules:
-                    set_training(nd, microbatches=m, schedule=schedule, max_steps=args.steps + args.warmup,
+                    set_training(nd, microbatches=m, schedule=schedule, max_steps=steps + warmup,
                                  threads=1)
                     refused = launch(nd, refused_key="schedule" if schedule != "sync" else None)
                     row = {"table": "pipeline", "model": kind, "stages": p, "microbatches": m,
-                           "schedule": schedule, "batch_size": batch, "steps": args.steps,
+                           "schedule": schedule, "batch_size": batch, "steps": steps, "warmup": warmup,
                            "textbook_bubble": (p - 1) / (m + p - 1)}
                     if refused:
                         row["unavailable"] = refused
                     else:
-                        row["pipeline_samples_per_s"], row["bubble"] = pipeline_figures(nd, batch, args.warmup)
+                        row["pipeline_samples_per_s"], row["bubble"] = pipeline_figures(nd, batch, warmup)
                     rows.append(row)
-                    # alternate: one single-process run after every pipeline run
-                    singles.append(single_process(model, nd, p, args.steps, args.warmup)[0])
                     log(json.dumps(row))
+                # alternate: one single-process run after the pipeline runs of every M
+                singles.append(single_process(model, nd, p, steps, warmup)[0])
             median = statistics.median(singles)
             for row in rows:
                 if row["model"] == kind and row["stages"] == p:
@@ -321,10 +334,83 @@ def cmd_ddp(args):
         row = {"table": "ddp", "case": ours, "peer": peer, "batch_size": args.batch_size,
                "eval_every": args.eval_every, "warmup": args.warmup,
                "microbatches": args.microbatches, "target": args.target, "steps": args.steps,
+               "test_samples": args.test_samples,
                "rounds": args.rounds, "ours": summary(ours)}
         if peer:
             row["theirs"] = summary(peer)
         print(json.dumps(row), flush=True)
+
+
+# ---- table 7: across clusters (issue [D]) --------------------------------------------------------
+
+def leaf_run(nd, batch_per_cluster, clusters, targets, warmup):
+    """Figures of one run from cluster 0's leaf: samples/s over the steps after `warmup` (all
+    clusters' samples), time to each target accuracy (sum of step times, sync included, until the
+    first evaluation at or above it), best and last accuracy."""
+    specs = node_specs(nd)
+    name = [n for n, s in specs.items() if s["cluster"] == 0 and s["role"] in ("leaf", "root_leaf")][0]
+    steps, evals = metrics(nd, name)
+    times = [step_seconds(r, batch_per_cluster) for r in steps]
+    timed = times[warmup:]
+    out = {"samples_per_s": clusters * batch_per_cluster * len(timed) / sum(timed), "steps": len(steps),
+           "train_seconds": sum(times), "sync_s": sum(r.get("sync_s", 0.0) for r in steps),
+           "best_accuracy": max((e["accuracy"] for e in evals), default=None),
+           "last_accuracy": evals[-1]["accuracy"] if evals else None,
+           "evals": [[e["step"], round(e["accuracy"], 4)] for e in evals], "to_target": {}}
+    for t in targets:
+        hit = next((e for e in evals if e["accuracy"] >= t), None)
+        out["to_target"][str(t)] = None if hit is None else {"seconds": sum(times[:hit["step"]]),
+                                                              "step": hit["step"]}
+    return out
+
+
+def cmd_clusters(args):
+    """Fashion-MNIST CNN, 2 stages per cluster: 2 clusters x 2 nodes under each `sync` vs 1 cluster x
+    2 nodes with the same global batch (so the same samples per step), then sync vs async on 1 x 2."""
+    work = os.path.join(args.work, "clusters")
+    model, job, flags = make_model("cnn", os.path.join(args.work, "models"))
+    job["training_definition"].update({"max_steps": args.steps, "eval_every": args.eval_every,
+                                       "optimizer": {"name": "adamw", "lr": args.lr, "weight_decay": 0.01}})
+    job["data"]["test_samples"] = args.test_samples
+    job["data"].pop("train_samples", None)
+    one = plan(model, job, flags, 2, 1, os.path.join(work, "one_cluster"))
+    two = plan(model, job, flags, 2, 2, os.path.join(work, "two_clusters"))
+    g, mb = args.batch_size, args.microbatch_size
+    cases = [("one_cluster", one, None, 1)] + [(m, two, m, 2) for m in args.modes]
+    targets = sorted({args.target, args.fallback_target})
+    for name, nd, mode, clusters in cases:
+        batch = g // clusters
+        fields = {"batch_size": batch, "microbatches": max(1, batch // mb), "schedule": "sync",
+                  "max_steps": args.steps, "eval_every": args.eval_every}
+        if mode:
+            fields.update(sync=mode, local_steps=1 if mode == "gradients" else args.local_steps)
+        else:
+            fields.update(sync=None, local_steps=None)
+        set_training(nd, **fields)
+        launch(nd)
+        res = leaf_run(nd, batch, clusters, targets, args.warmup)
+        row = {"table": "clusters", "case": name, "clusters": clusters, "nodes_per_cluster": 2,
+               "sync": mode, "local_steps": fields.get("local_steps"), "batch_per_cluster": batch,
+               "microbatches": fields["microbatches"], "global_batch": g, "max_steps": args.steps,
+               "eval_every": args.eval_every, "test_samples": args.test_samples, "targets": targets,
+               "lr": args.lr, "warmup": args.warmup, **res}
+        log(json.dumps(row))
+        print(json.dumps(row), flush=True)
+    # async vs sync: same plan (1 cluster x 2 nodes), batch, micro-batches; alternating rounds, medians
+    runs = {"sync": [], "async": []}
+    for r in range(args.async_rounds):
+        for schedule in ("sync", "async") if r % 2 == 0 else ("async", "sync"):
+            set_training(one, batch_size=g, microbatches=max(1, g // mb), schedule=schedule, sync=None,
+                         local_steps=None, max_steps=args.async_steps + args.warmup, eval_every=0)
+            launch(one)
+            runs[schedule].append(pipeline_figures(one, g, args.warmup)[0])
+            log(f"round {r} {schedule}: {runs[schedule][-1]:.1f} samples/s")
+    for schedule, values in runs.items():
+        print(json.dumps({"table": "clusters", "case": f"schedule_{schedule}", "schedule": schedule,
+                          "clusters": 1, "nodes_per_cluster": 2, "batch_size": g,
+                          "microbatches": max(1, g // mb), "steps": args.async_steps, "warmup": args.warmup,
+                          "rounds": len(values), "samples_per_s_runs": values,
+                          "samples_per_s": statistics.median(values)}), flush=True)
 
 
 # ---- table 5 ----------------------------------------------------------------------------------
@@ -365,8 +451,12 @@ def main():
     a.add_argument("--stages", type=ints, default=[2, 3])
     a.add_argument("--microbatches", type=ints, default=[1, 2, 4, 8, 16])
     a.add_argument("--schedules", type=lambda s: s.split(","), default=["sync", "async"])
-    a.add_argument("--steps", type=int, default=15, help="timed steps per row")
-    a.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    a.add_argument("--steps", type=int, default=10, help="CNN: timed steps per row")
+    a.add_argument("--warmup", type=int, default=2, help="CNN: untimed steps first")
+    a.add_argument("--gpt-microbatches", type=ints, default=[1, 8])
+    a.add_argument("--gpt-batch", type=int, default=16, help="GPT: sequences of 64 bytes per step")
+    a.add_argument("--gpt-steps", type=int, default=3, help="GPT: timed steps per row")
+    a.add_argument("--gpt-warmup", type=int, default=1, help="GPT: untimed steps first")
     d = sub.add_parser("ddp")
     d.add_argument("--steps", type=int, default=200)
     d.add_argument("--eval-every", type=int, default=25)
@@ -379,12 +469,26 @@ def main():
     d.add_argument("--rounds", type=int, default=1)
     d.add_argument("--train-samples", type=int, default=0, help="0: all 60,000 training images")
     d.add_argument("--cases", type=lambda s: s.split(","), default=["ours_gradients", "ours_param_avg", "ours_pipeline"])
+    c = sub.add_parser("clusters")
+    c.add_argument("--steps", type=int, default=100, help="at most this many steps per run")
+    c.add_argument("--eval-every", type=int, default=20)
+    c.add_argument("--target", type=float, default=0.9)
+    c.add_argument("--fallback-target", type=float, default=0.85)
+    c.add_argument("--batch-size", type=int, default=128, help="global batch (all clusters)")
+    c.add_argument("--microbatch-size", type=int, default=32)
+    c.add_argument("--lr", type=float, default=0.003)
+    c.add_argument("--local-steps", type=int, default=5, help="average and diloco")
+    c.add_argument("--modes", type=lambda s: s.split(","), default=["average", "diloco", "gradients"])
+    c.add_argument("--test-samples", type=int, default=2000)
+    c.add_argument("--warmup", type=int, default=5)
+    c.add_argument("--async-steps", type=int, default=30)
+    c.add_argument("--async-rounds", type=int, default=2)
     m = sub.add_parser("memory")
     m.add_argument("--stages", type=ints, default=[1, 2, 3])
     m.add_argument("--steps", type=int, default=20)
     m.add_argument("--microbatches", type=int, default=4)
     args = p.parse_args()
-    {"pipeline": cmd_pipeline, "ddp": cmd_ddp, "memory": cmd_memory}[args.cmd](args)
+    {"pipeline": cmd_pipeline, "ddp": cmd_ddp, "memory": cmd_memory, "clusters": cmd_clusters}[args.cmd](args)
 
 
 if __name__ == "__main__":
