@@ -76,10 +76,10 @@ void Optimizer::exportState(std::vector<std::pair<std::string, torch::Tensor>>* 
     const State& s = states_[i];
     const std::string prefix = "optim." + std::to_string(i) + ".";
     if (s.momentum_buffer.defined())
-      tensors->emplace_back(prefix + "momentum_buffer", s.momentum_buffer.detach().clone());
+      tensors->emplace_back(prefix + "momentum_buffer", s.momentum_buffer.detach());
     if (s.exp_avg.defined()) {
-      tensors->emplace_back(prefix + "exp_avg", s.exp_avg.detach().clone());
-      tensors->emplace_back(prefix + "exp_avg_sq", s.exp_avg_sq.detach().clone());
+      tensors->emplace_back(prefix + "exp_avg", s.exp_avg.detach());
+      tensors->emplace_back(prefix + "exp_avg_sq", s.exp_avg_sq.detach());
     }
     if (s.step != 0) tensors->emplace_back(prefix + "step", torch::tensor(s.step, torch::kLong));
   }

@@ -26,8 +26,9 @@ class Optimizer {
 
   // Checkpoints: the state as named tensors "optim.<i>.momentum_buffer" / ".exp_avg" /
   // ".exp_avg_sq" / ".step" (int64 scalar), i = the parameter's index; state not created yet is
-  // left out. importState restores exactly that (state absent from `tensors` is reset); BadInput
-  // naming `source` and the tensor when a shape or dtype does not match its parameter.
+  // left out; the tensors alias the live state (write them before the next step). importState
+  // restores exactly that (state absent from `tensors` is reset); BadInput naming `source` and the
+  // tensor when a shape or dtype does not match its parameter.
   void exportState(std::vector<std::pair<std::string, torch::Tensor>>* tensors) const;
   void importState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                    const std::string& source);

@@ -157,16 +157,17 @@ struct StageTrainer::Impl {
     const auto t = Clock::now();
     CheckpointData d;
     d.step = steps_done;
+    // No copies: nothing changes the tensors while this thread writes them.
     for (const auto& p : executor->module().named_parameters(/*recurse=*/true))
-      d.tensors.emplace_back("stage." + p.name, p.value.detach().clone());
+      d.tensors.emplace_back("stage." + p.name, p.value.detach());
     for (const auto& b : executor->module().named_buffers(/*recurse=*/true))
-      d.tensors.emplace_back("stage." + b.name, b.value.detach().clone());
+      d.tensors.emplace_back("stage." + b.name, b.value.detach());
     optimizer->exportState(&d.tensors);
     if (since_update > 0) {  // async: gradients accumulated towards the next update
       const auto& params = optimizer->parameters();
       for (size_t i = 0; i < params.size(); ++i)
         if (params[i].grad().defined())
-          d.tensors.emplace_back("grad." + std::to_string(i), params[i].grad().detach().clone());
+          d.tensors.emplace_back("grad." + std::to_string(i), params[i].grad().detach());
     }
     d.tensors.emplace_back("rng.cpu", cpuGeneratorState());
     nlohmann::json sync_meta = nlohmann::json::object(), sync_names = nlohmann::json::array();
