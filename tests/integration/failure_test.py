@@ -12,6 +12,8 @@ a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_
                     notice its hello mid-run (it restarted) instead of the dropped connection.
   lost_for_good     SIGKILL the Stem and never restart it: the others exit 3 within max_wait_s +
                     slack with a message naming the Stem and "--resume".
+  lost_without_checkpoints  the same with checkpoint_every 0: they exit 3 at once, naming the Stem
+                    and hinting at checkpoint_every.
   sigterm_resume    SIGTERM the Stem: all exit 0 with "stopped"; restart all with --resume: they
                     finish with the weights of an uninterrupted run. Needs the trainer's stop and
                     checkpoint support (trainer/Checkpoint.cpp): skipped (exit 77) without it.
@@ -182,9 +184,9 @@ def case_stem_restarts_quickly(args):
     case_kill_stem_resume(args, peer_timeout=10, downtime=0.5)
 
 
-def case_lost_for_good(args):
+def case_lost_for_good(args, checkpoint_every=20):
     max_wait = 8
-    s = settings(400, 2, max_wait, 20)
+    s = settings(400, 2, max_wait, checkpoint_every)
     _, node_data = pct.make_node_data(args.work, args.port, 3, True, s, DATA)
     nodes = {n: Node(args.provider, node_data, n) for n in NODES}
     wait_for_steps(node_data, "node_2", 30, 120)
@@ -199,12 +201,18 @@ def case_lost_for_good(args):
         if code != 3:
             nodes[n].dump(15)
             fail(f"{n} exited {code}, expected 3 (peer lost)")
-        if "node_1" not in last or "--resume" not in last:
-            fail(f"{n}'s last line does not name node_1 and --resume: {last}")
-    noticed = [nodes[n].first("lost (", killed) for n in ("node_0", "node_2")]
+        expected = "--resume" if checkpoint_every else "checkpoint_every"
+        if "node_1" not in last or expected not in last:
+            fail(f"{n}'s last line does not name node_1 and {expected}: {last}")
+    noticed = [nodes[n].first("is lost", killed) for n in ("node_0", "node_2")]
     if any(x is None for x in noticed):
         fail("a neighbour of the Stem never logged it lost")
     print(f"time to notice: {', '.join(f'{t - killed:.2f} s' for t, _ in noticed)} (peer_timeout_s 2)")
+
+
+def case_lost_without_checkpoints(args):
+    """checkpoint_every 0: nothing to resume from, so no pause: exit 3 naming the Stem, with a hint."""
+    case_lost_for_good(args, checkpoint_every=0)
 
 
 def case_sigterm_resume(args):
@@ -242,7 +250,8 @@ def case_sigterm_resume(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["kill_stem_resume", "stem_restarts_quickly", "lost_for_good", "sigterm_resume"])
+    parser.add_argument("case", choices=["kill_stem_resume", "stem_restarts_quickly", "lost_for_good", "lost_without_checkpoints",
+                                         "sigterm_resume"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
