@@ -10,6 +10,8 @@ a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_
                     line) and to resume (restart → first step after resuming).
   stem_restarts_quickly  the same, restarted after 0.5 s with peer_timeout_s 10: the neighbours
                     notice its hello mid-run (it restarted) instead of the dropped connection.
+  frozen_stem       SIGSTOP the Stem (connections stay open): the neighbours notice through the
+                    missing heartbeat answers; then it is killed and restarted with --resume.
   lost_for_good     SIGKILL the Stem and never restart it: the others exit 3 within max_wait_s +
                     slack with a message naming the Stem and "--resume".
   lost_without_checkpoints  the same with checkpoint_every 0: they exit 3 at once, naming the Stem
@@ -116,13 +118,22 @@ def eval_loss(node_data, leaf="node_2"):
     return json.load(open(os.path.join(node_data, "nodes", leaf, "result.json")))["eval"]["loss"]
 
 
-def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0):
+def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0, freeze=False):
     s = settings(200, peer_timeout, 60, 20)
     reference = reference_run(args, "reference", s)
     _, node_data = pct.make_node_data(os.path.join(args.work, "run"), args.port, 3, True, s, DATA)
     nodes = {n: Node(args.provider, node_data, n) for n in NODES}
     wait_for_steps(node_data, "node_2", 60, 120)
     killed = time.time()
+    if freeze:
+        # SIGSTOP: its TCP connections stay open, only the missing heartbeat answers give it away.
+        nodes["node_1"].proc.send_signal(signal.SIGSTOP)
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(nodes[n].first("lost (", killed) for n in ("node_0", "node_2")):
+            time.sleep(0.2)
+        if not all(nodes[n].first("lost (", killed) for n in ("node_0", "node_2")):
+            nodes["node_1"].proc.send_signal(signal.SIGKILL)
+            fail("the neighbours did not notice the frozen Stem within 60 s")
     nodes["node_1"].proc.send_signal(signal.SIGKILL)
     nodes["node_1"].wait(10)
     time.sleep(downtime)
@@ -144,9 +155,9 @@ def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0):
         fail("the Root never logged its first step after resuming")
     for t, line in noticed:
         print(f"noticed: {line.strip()[:160]}")
-    print(f"time to notice (SIGKILL -> neighbours' 'lost'): "
+    print(f"time to notice ({'SIGSTOP' if freeze else 'SIGKILL'} -> neighbours' 'lost'): "
           f"{', '.join(f'{t - killed:.2f} s' for t, _ in noticed)} (peer_timeout_s {peer_timeout}, "
-          f"Stem restarted after {downtime} s)")
+          f"Stem restarted after {downtime} s{', frozen (SIGSTOP) first' if freeze else ''})")
     print(f"time to resume (restart -> Root's first step after resuming): {resumed[0] - restarted:.2f} s")
     for text in ("resume: this node holds", "resume: the cluster agreed", "resume: no checkpoint step"):
         line = nodes["node_0"].first(text, restarted)
@@ -182,6 +193,13 @@ def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0):
 def case_stem_restarts_quickly(args):
     """The Stem is back before its neighbours' peer_timeout_s ran out: they see its hello mid-run."""
     case_kill_stem_resume(args, peer_timeout=10, downtime=0.5)
+
+
+def case_frozen_stem(args):
+    """SIGSTOP the Stem: only ZMTP heartbeats can tell (its connections stay open). The neighbours
+    declare it lost after the heartbeat timeout (5 s) + peer_timeout_s; then it is killed and
+    restarted with --resume."""
+    case_kill_stem_resume(args, peer_timeout=2, downtime=1.0, freeze=True)
 
 
 def case_lost_for_good(args, checkpoint_every=20):
@@ -250,7 +268,7 @@ def case_sigterm_resume(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["kill_stem_resume", "stem_restarts_quickly", "lost_for_good", "lost_without_checkpoints",
+    parser.add_argument("case", choices=["kill_stem_resume", "stem_restarts_quickly", "frozen_stem", "lost_for_good", "lost_without_checkpoints",
                                          "sigterm_resume"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
