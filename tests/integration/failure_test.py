@@ -10,8 +10,12 @@ a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_
                     line) and to resume (restart → first step after resuming).
   stem_restarts_quickly  the same, restarted after 0.5 s with peer_timeout_s 10: the neighbours
                     notice its hello mid-run (it restarted) instead of the dropped connection.
+  frozen_stem       SIGSTOP the Stem (connections stay open): the neighbours notice through the
+                    missing heartbeat answers; then it is killed and restarted with --resume.
   lost_for_good     SIGKILL the Stem and never restart it: the others exit 3 within max_wait_s +
                     slack with a message naming the Stem and "--resume".
+  lost_without_checkpoints  the same with checkpoint_every 0: they exit 3 at once, naming the Stem
+                    and hinting at checkpoint_every.
   sigterm_resume    SIGTERM the Stem: all exit 0 with "stopped"; restart all with --resume: they
                     finish with the weights of an uninterrupted run. Needs the trainer's stop and
                     checkpoint support (trainer/Checkpoint.cpp): skipped (exit 77) without it.
@@ -114,13 +118,22 @@ def eval_loss(node_data, leaf="node_2"):
     return json.load(open(os.path.join(node_data, "nodes", leaf, "result.json")))["eval"]["loss"]
 
 
-def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0):
+def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0, freeze=False):
     s = settings(200, peer_timeout, 60, 20)
     reference = reference_run(args, "reference", s)
     _, node_data = pct.make_node_data(os.path.join(args.work, "run"), args.port, 3, True, s, DATA)
     nodes = {n: Node(args.provider, node_data, n) for n in NODES}
     wait_for_steps(node_data, "node_2", 60, 120)
     killed = time.time()
+    if freeze:
+        # SIGSTOP: its TCP connections stay open, only the missing heartbeat answers give it away.
+        nodes["node_1"].proc.send_signal(signal.SIGSTOP)
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(nodes[n].first("lost (", killed) for n in ("node_0", "node_2")):
+            time.sleep(0.2)
+        if not all(nodes[n].first("lost (", killed) for n in ("node_0", "node_2")):
+            nodes["node_1"].proc.send_signal(signal.SIGKILL)
+            fail("the neighbours did not notice the frozen Stem within 60 s")
     nodes["node_1"].proc.send_signal(signal.SIGKILL)
     nodes["node_1"].wait(10)
     time.sleep(downtime)
@@ -142,9 +155,9 @@ def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0):
         fail("the Root never logged its first step after resuming")
     for t, line in noticed:
         print(f"noticed: {line.strip()[:160]}")
-    print(f"time to notice (SIGKILL -> neighbours' 'lost'): "
+    print(f"time to notice ({'SIGSTOP' if freeze else 'SIGKILL'} -> neighbours' 'lost'): "
           f"{', '.join(f'{t - killed:.2f} s' for t, _ in noticed)} (peer_timeout_s {peer_timeout}, "
-          f"Stem restarted after {downtime} s)")
+          f"Stem restarted after {downtime} s{', frozen (SIGSTOP) first' if freeze else ''})")
     print(f"time to resume (restart -> Root's first step after resuming): {resumed[0] - restarted:.2f} s")
     for text in ("resume: this node holds", "resume: the cluster agreed", "resume: no checkpoint step"):
         line = nodes["node_0"].first(text, restarted)
@@ -182,9 +195,16 @@ def case_stem_restarts_quickly(args):
     case_kill_stem_resume(args, peer_timeout=10, downtime=0.5)
 
 
-def case_lost_for_good(args):
+def case_frozen_stem(args):
+    """SIGSTOP the Stem: only ZMTP heartbeats can tell (its connections stay open). The neighbours
+    declare it lost after the heartbeat timeout (5 s) + peer_timeout_s; then it is killed and
+    restarted with --resume."""
+    case_kill_stem_resume(args, peer_timeout=2, downtime=1.0, freeze=True)
+
+
+def case_lost_for_good(args, checkpoint_every=20):
     max_wait = 8
-    s = settings(400, 2, max_wait, 20)
+    s = settings(400, 2, max_wait, checkpoint_every)
     _, node_data = pct.make_node_data(args.work, args.port, 3, True, s, DATA)
     nodes = {n: Node(args.provider, node_data, n) for n in NODES}
     wait_for_steps(node_data, "node_2", 30, 120)
@@ -199,12 +219,18 @@ def case_lost_for_good(args):
         if code != 3:
             nodes[n].dump(15)
             fail(f"{n} exited {code}, expected 3 (peer lost)")
-        if "node_1" not in last or "--resume" not in last:
-            fail(f"{n}'s last line does not name node_1 and --resume: {last}")
-    noticed = [nodes[n].first("lost (", killed) for n in ("node_0", "node_2")]
+        expected = "--resume" if checkpoint_every else "checkpoint_every"
+        if "node_1" not in last or expected not in last:
+            fail(f"{n}'s last line does not name node_1 and {expected}: {last}")
+    noticed = [nodes[n].first("is lost", killed) for n in ("node_0", "node_2")]
     if any(x is None for x in noticed):
         fail("a neighbour of the Stem never logged it lost")
     print(f"time to notice: {', '.join(f'{t - killed:.2f} s' for t, _ in noticed)} (peer_timeout_s 2)")
+
+
+def case_lost_without_checkpoints(args):
+    """checkpoint_every 0: nothing to resume from, so no pause: exit 3 naming the Stem, with a hint."""
+    case_lost_for_good(args, checkpoint_every=0)
 
 
 def case_sigterm_resume(args):
@@ -242,7 +268,8 @@ def case_sigterm_resume(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["kill_stem_resume", "stem_restarts_quickly", "lost_for_good", "sigterm_resume"])
+    parser.add_argument("case", choices=["kill_stem_resume", "stem_restarts_quickly", "frozen_stem", "lost_for_good", "lost_without_checkpoints",
+                                         "sigterm_resume"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
