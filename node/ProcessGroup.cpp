@@ -19,6 +19,10 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kAbortIndex = std::numeric_limits<uint64_t>::max();
 // microbatch value of "still here, waiting for <text>", sent while a wait drags on.
 constexpr uint64_t kKeepAliveIndex = kAbortIndex - 1;
+// microbatch value of "I (the sender) leave this group", sent by sendLeave().
+constexpr uint64_t kLeaveIndex = kAbortIndex - 2;
+// Longest single wait inside an operation, so a transport's liveness report is acted on promptly.
+constexpr std::chrono::milliseconds kLivenessPoll{100};
 constexpr size_t kMaxGroupIdBytes = 200;  // the wire tag is ≤ 256 bytes
 // Early messages of the current operation kept aside (gather and barrier receive from several
 // members, whose messages may arrive in any order).
@@ -187,7 +191,7 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
   const auto deadline = began + options_.timeout;
   for (;;) {
     const auto now = Clock::now();
-    const auto slice_end = std::min(deadline, now + keepAliveInterval());
+    const auto slice_end = std::min({deadline, now + keepAliveInterval(), now + kLivenessPoll});
     const SendStatus status = mailbox_.send(
         members_[to_rank], m,
         std::chrono::duration_cast<std::chrono::milliseconds>(slice_end - now));
@@ -198,6 +202,10 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
     if (Clock::now() >= deadline)
       fail(op, to_rank, "took no message for " + millis(options_.timeout) + " (chunk " +
                             std::to_string(index) + " could not be sent)");
+    if (disconnectedTooLong(to_rank))
+      fail(op, to_rank, "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
+                            " (chunk " + std::to_string(index) + " could not be sent)");
+    checkNotices(op);
     sendKeepAlives(op, to_rank);
   }
   ++stats_.messages_sent;
@@ -205,6 +213,26 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
   stats_.seconds_sending += std::chrono::duration<double>(Clock::now() - began).count();
   m.tensors.clear();
   op.sent.emplace_back(to_rank, std::move(view));
+}
+
+bool ProcessGroup::disconnectedTooLong(int rank) const {
+  const PeerLiveness live = mailbox_.transport().liveness(members_[rank]);
+  if (live.state != PeerState::kDisconnected) return false;
+  return Clock::now() - live.since >= std::min(options_.disconnected_grace, options_.timeout);
+}
+
+void ProcessGroup::sendLeave(std::chrono::milliseconds timeout) {
+  Message leave;
+  leave.kind = MessageKind::kCollective;
+  leave.sender = members_[rank_];
+  leave.tag = wire_tag_;
+  leave.step = next_sequence_;
+  leave.microbatch = kLeaveIndex;
+  leave.text = members_[rank_];
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_) continue;
+    (void)mailbox_.send(members_[r], leave, timeout);  // best effort
+  }
 }
 
 std::chrono::milliseconds ProcessGroup::keepAliveInterval() const {
@@ -265,11 +293,11 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
   }
   const uint64_t sequence = op.sequence;
   const std::string& tag = wire_tag_;
-  // Ours: this group's messages of this or an earlier operation, and aborts and keep-alives of
-  // any operation. Later operations' chunks stay in the mailbox until we get there.
+  // Ours: this group's messages of this or an earlier operation, and aborts, keep-alives and
+  // leaves of any operation. Later operations' chunks stay in the mailbox until we get there.
   auto ours = [&tag, sequence](const Message& m) {
     return m.kind == MessageKind::kCollective && m.tag == tag &&
-           (m.step <= sequence || m.microbatch >= kKeepAliveIndex);
+           (m.step <= sequence || m.microbatch >= kLeaveIndex);
   };
   // `from_rank` must show life within `timeout` (a chunk, or a keep-alive saying it waits for
   // someone other than us) and deliver within twice that: a member that waits on a lost one
@@ -285,6 +313,10 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
       sendKeepAlives(op, from_rank);
       next_keep_alive = now + keepAliveInterval();
     }
+    if (disconnectedTooLong(from_rank))
+      fail(op, from_rank, "is disconnected (transport) for over " +
+                              millis(options_.disconnected_grace) + " (waiting for chunk " +
+                              std::to_string(index) + ")");
     if (now >= silent_deadline || now >= hard_deadline) {
       std::string why = now >= silent_deadline
                             ? "sent nothing for " + millis(options_.timeout)
@@ -294,7 +326,7 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
       if (!op.last_malformed.empty()) why += "; last malformed chunk dropped: " + op.last_malformed;
       fail(op, from_rank, why);
     }
-    const auto wake = std::min({silent_deadline, hard_deadline, next_keep_alive});
+    const auto wake = std::min({silent_deadline, hard_deadline, next_keep_alive, now + kLivenessPoll});
     std::optional<Message> m = mailbox_.receive(
         ours, std::max(std::chrono::milliseconds(0),
                        std::chrono::duration_cast<std::chrono::milliseconds>(wake - now)));
@@ -307,16 +339,9 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
                  m->sender, "\"");
       continue;
     }
-    if (m->microbatch == kAbortIndex) {
-      const auto lost = std::find(members_.begin(), members_.end(), m->text);
-      if (lost == members_.end()) {
-        ++stats_.dropped_malformed;
-        continue;
-      }
-      broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(sequence) +
-                ": peer " + m->text + " (rank " + std::to_string(lost - members_.begin()) +
-                ") was lost, reported by " + m->sender;
-      CAIRN_THROW(PeerLost, broken_);
+    if (m->microbatch == kLeaveIndex || m->microbatch == kAbortIndex) {
+      failOnNotice(op, *m, sender_rank);
+      continue;  // malformed: counted
     }
     if (m->microbatch == kKeepAliveIndex) {
       // Alive and waiting for someone else: the trouble is further along; keep waiting. Waiting
@@ -348,7 +373,46 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
   }
 }
 
+void ProcessGroup::failOnNotice(Operation& op, const Message& m, int sender_rank) {
+  if (m.microbatch == kLeaveIndex) {
+    lost_peer_ = m.sender;
+    lost_by_leave_ = true;
+    broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) +
+              ": peer " + m.sender + " (rank " + std::to_string(sender_rank) + ") left the group";
+    CAIRN_THROW(PeerLost, broken_);
+  }
+  const auto lost = std::find(members_.begin(), members_.end(), m.text);
+  if (lost == members_.end()) {
+    ++stats_.dropped_malformed;
+    return;
+  }
+  lost_peer_ = m.text;
+  broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
+            m.text + " (rank " + std::to_string(lost - members_.begin()) +
+            ") was lost, reported by " + m.sender;
+  CAIRN_THROW(PeerLost, broken_);
+}
+
+// While a send waits for room: an abort or leave of this group already in the mailbox ends it.
+void ProcessGroup::checkNotices(Operation& op) {
+  const std::string& tag = wire_tag_;
+  const std::string& self = members_[rank_];
+  auto notice = [&tag, &self](const Message& m) {
+    return m.kind == MessageKind::kCollective && m.tag == tag && m.sender != self &&
+           (m.microbatch == kAbortIndex || m.microbatch == kLeaveIndex);
+  };
+  while (auto m = mailbox_.receive(notice, std::chrono::milliseconds(0))) {
+    const auto sender = std::find(members_.begin(), members_.end(), m->sender);
+    if (sender == members_.end()) {
+      ++stats_.dropped_malformed;
+      continue;
+    }
+    failOnNotice(op, *m, static_cast<int>(sender - members_.begin()));
+  }
+}
+
 void ProcessGroup::fail(Operation& op, int lost_rank, const std::string& why) {
+  lost_peer_ = members_[lost_rank];
   broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
             members_[lost_rank] + " (rank " + std::to_string(lost_rank) + ") " + why;
   Message abort;

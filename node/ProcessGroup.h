@@ -22,7 +22,12 @@
 // A member that has waited a quarter of the timeout tells the others it is alive and whom it
 // waits for (a keep-alive), so that its neighbours blame the lost member, not it; no wait lasts
 // more than twice the timeout. After a failure the group is broken: every later call throws the
-// same PeerLost.
+// same PeerLost, and lostPeer() names the member blamed.
+// Fail fast: when the transport reports the awaited member kDisconnected (Transport::liveness) for
+// `disconnected_grace`, the wait ends at once as if the timeout had passed (same abort).
+// Leave: sendLeave() tells every other member that this node is going away; a member receiving it
+// inside an operation of this group (of any sequence number) throws PeerLost naming the leaver
+// at once (lostByLeave() true) instead of waiting for a timeout.
 //
 // Ownership: borrows the Mailbox (and through it the transport), which must outlive the group and
 // must already know every other member as a peer (Transport::addPeer). Thread-safety: the
@@ -58,6 +63,9 @@ struct ProcessGroupOptions {
   // transport's per-peer queue (TransportOptions send + receive high-water marks, 16 + 16 by
   // default) so that a full ring can never block with every node waiting to send.
   int max_in_flight = 8;
+  // A member the transport has reported kDisconnected for this long is treated as lost at once
+  // (capped at `timeout`). Transports that cannot tell (kUnknown) leave only the timeout.
+  std::chrono::milliseconds disconnected_grace{1000};
 };
 
 struct ProcessGroupStats {
@@ -107,6 +115,14 @@ class ProcessGroup {
   // Returns once every member has entered barrier().
   void barrier();
 
+  // Best effort, at most `timeout` per member: tells every other member this node leaves the
+  // group (a leave message). The group stays usable for this node (callers stop using it).
+  void sendLeave(std::chrono::milliseconds timeout);
+  // After a PeerLost: the member blamed (empty before any failure), and whether it announced
+  // its leave rather than being found silent.
+  const std::string& lostPeer() const { return lost_peer_; }
+  bool lostByLeave() const { return lost_by_leave_; }
+
  private:
   struct Operation;
 
@@ -120,6 +136,11 @@ class ProcessGroup {
   std::chrono::milliseconds keepAliveInterval() const;
   void sendKeepAlives(Operation& op, int waiting_on);
   [[noreturn]] void fail(Operation& op, int lost_rank, const std::string& why);
+  bool disconnectedTooLong(int rank) const;
+  // Throws PeerLost for a valid abort or leave message `m` (from member `sender_rank`); counts and
+  // returns for a malformed one.
+  void failOnNotice(Operation& op, const Message& m, int sender_rank);
+  void checkNotices(Operation& op);
   void waitForSendsToComplete(Operation& op);
   bool acceptStashed(Operation& op, int from_rank, uint64_t index, torch::ScalarType dtype,
                      int64_t numel, torch::Tensor* out);
@@ -134,6 +155,8 @@ class ProcessGroup {
   ProcessGroupOptions options_;
   uint64_t next_sequence_ = 0;
   std::string broken_;  // non-empty after a failure: the PeerLost message every call repeats
+  std::string lost_peer_;
+  bool lost_by_leave_ = false;
   ProcessGroupStats stats_;
 };
 
