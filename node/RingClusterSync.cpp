@@ -103,8 +103,15 @@ struct RingClusterSync::Ring {
           t.mutable_grad().copy_(part);
         else
           t.mutable_grad() = part.clone();
-      } else {
+      } else if (is_parameter[i]) {
         t.copy_(part);
+      } else {
+        // Buffers (BatchNorm running statistics) are saved by the autograd graphs of micro-batches
+        // still in flight under the async schedule; their backward never reads them in training
+        // mode, but a copy_ would bump the version counter and make that backward throw. Write
+        // through variable_data() (Python's .data: same storage, its own version counter), as
+        // BatchNorm's own in-place update of the statistics does.
+        t.variable_data().copy_(part);
       }
     }
   }

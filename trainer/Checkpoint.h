@@ -1,8 +1,8 @@
 // Checkpoint: one node's stage state at a step boundary, written atomically and verified on read
 // (docs/OPERATIONS.md "Checkpoints and resume"). Files: <dir>/step_<N>.ckpt, N = optimizer steps
-// done. Written to a temporary file, fsync'd, renamed, the folder fsync'd; the newest
-// `keep` are kept. A file that is truncated or whose checksum does not match is skipped with a
-// warning naming it, never loaded.
+// done. Written to a temporary file, fsync'd, renamed, the folder fsync'd; the newest `keep` are
+// kept (later steps than the one written are deleted: a resumed run supersedes them). A file that
+// is truncated or whose checksum does not match is skipped with a warning naming it, never loaded.
 // Thread-safety: free functions; callers serialise writes to one folder.
 #pragma once
 
@@ -26,7 +26,8 @@ struct CheckpointData {
 
 // Path of the checkpoint of `step` in `dir`.
 std::string checkpointPath(const std::string& dir, int64_t step);
-// Writes atomically, then deletes all but the newest `keep` checkpoints in `dir`.
+// Writes atomically, then deletes all but the newest `keep` checkpoints in `dir` (and any of a
+// later step than data.step: they belong to a run resumed from an earlier step, now superseded).
 void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t keep);
 // Steps of the checkpoints in `dir` that verify, ascending (corrupt ones skipped with a warning;
 // a missing folder gives none).

@@ -102,6 +102,8 @@ class ImageDataset : public Dataset {
     }
     return {x.contiguous(), labels_.index_select(0, index)};
   }
+  uint64_t trainingDraws() const override { return draws_; }
+  void setTrainingDraws(uint64_t draws) override { draws_ = draws; }
 
  private:
   torch::Tensor images_, labels_, mean_, std_;

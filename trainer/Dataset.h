@@ -33,6 +33,10 @@ class Dataset {
   virtual int64_t size() const = 0;
   // Samples `ids` (each in [0, size())), in that order. `training` enables augmentation.
   virtual Batch get(const std::vector<int64_t>& ids, bool training) const = 0;
+  // Checkpoints: the augmentation cursor (training batches drawn so far; 0 for datasets without
+  // augmentation), so a resumed run flips the same samples as an uninterrupted one.
+  virtual uint64_t trainingDraws() const { return 0; }
+  virtual void setTrainingDraws(uint64_t /*draws*/) {}
 };
 
 struct DatasetPair {

@@ -10,7 +10,8 @@
 
 namespace cairn {
 
-MetricsLog::MetricsLog(const std::string& path) : out_(path, std::ios::trunc), path_(path) {
+MetricsLog::MetricsLog(const std::string& path, bool append)
+    : out_(path, append ? std::ios::app : std::ios::trunc), path_(path) {
   if (!out_) CAIRN_THROW(BadInput, path, ": cannot write metrics");
 }
 

@@ -14,7 +14,8 @@ namespace cairn {
 class MetricsLog {
  public:
   MetricsLog() = default;  // writes nothing
-  explicit MetricsLog(const std::string& path);
+  // `append`: keep what the file holds (a resumed run adds to its metrics.jsonl); else truncate.
+  explicit MetricsLog(const std::string& path, bool append = false);
   void write(const nlohmann::json& record);
   bool enabled() const { return out_.is_open(); }
 

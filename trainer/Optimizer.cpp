@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/Error.h"
+
 namespace cairn {
 
 Optimizer::Optimizer(std::vector<torch::Tensor> parameters, const OptimizerOptions& options)
@@ -67,6 +69,66 @@ void Optimizer::step(double lr) {
       }
     }
   }
+}
+
+void Optimizer::exportState(std::vector<std::pair<std::string, torch::Tensor>>* tensors) const {
+  for (size_t i = 0; i < states_.size(); ++i) {
+    const State& s = states_[i];
+    const std::string prefix = "optim." + std::to_string(i) + ".";
+    if (s.momentum_buffer.defined())
+      tensors->emplace_back(prefix + "momentum_buffer", s.momentum_buffer.detach().clone());
+    if (s.exp_avg.defined()) {
+      tensors->emplace_back(prefix + "exp_avg", s.exp_avg.detach().clone());
+      tensors->emplace_back(prefix + "exp_avg_sq", s.exp_avg_sq.detach().clone());
+    }
+    if (s.step != 0) tensors->emplace_back(prefix + "step", torch::tensor(s.step, torch::kLong));
+  }
+}
+
+void Optimizer::importState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                            const std::string& source) {
+  std::vector<State> states(parameters_.size());
+  for (const auto& [name, tensor] : tensors) {
+    if (name.rfind("optim.", 0) != 0) continue;
+    const size_t dot = name.find('.', 6);
+    size_t i = 0;
+    bool index_ok = dot != std::string::npos && dot > 6;
+    try {
+      if (index_ok) i = size_t(std::stoull(name.substr(6, dot - 6)));
+    } catch (const std::exception&) {
+      index_ok = false;
+    }
+    if (!index_ok || i >= parameters_.size())
+      CAIRN_THROW(BadInput, source, ": optimizer tensor \"", name, "\" names no parameter (this ",
+                  "stage's optimizer has ", parameters_.size(), ")");
+    const std::string field = name.substr(dot + 1);
+    const torch::Tensor& p = parameters_[i];
+    State& s = states[i];
+    if (field == "step") {
+      if (tensor.numel() != 1 || tensor.scalar_type() != torch::kLong)
+        CAIRN_THROW(BadInput, source, ": optimizer tensor \"", name, "\" must be one int64");
+      s.step = tensor.item<int64_t>();
+      continue;
+    }
+    if (tensor.sizes() != p.sizes() || tensor.scalar_type() != p.scalar_type())
+      CAIRN_THROW(BadInput, source, ": optimizer tensor \"", name, "\" is ",
+                  c10::toString(tensor.scalar_type()), " ", tensor.sizes(), " but parameter ", i,
+                  " is ", c10::toString(p.scalar_type()), " ", p.sizes());
+    torch::Tensor copy = tensor.detach().clone().to(p.device());
+    if (field == "momentum_buffer")
+      s.momentum_buffer = copy;
+    else if (field == "exp_avg")
+      s.exp_avg = copy;
+    else if (field == "exp_avg_sq")
+      s.exp_avg_sq = copy;
+    else
+      CAIRN_THROW(BadInput, source, ": unknown optimizer state \"", name, "\"");
+  }
+  for (size_t i = 0; i < states.size(); ++i)
+    if (states[i].exp_avg.defined() != states[i].exp_avg_sq.defined())
+      CAIRN_THROW(BadInput, source, ": optimizer state of parameter ", i,
+                  " has only one of exp_avg and exp_avg_sq");
+  states_ = std::move(states);
 }
 
 double squaredGradientNorm(const std::vector<torch::Tensor>& parameters) {

@@ -8,6 +8,8 @@
 #include <torch/script.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "trainer/TrainOptions.h"
@@ -21,6 +23,14 @@ class Optimizer {
   void step(double lr);
   void zeroGrad();
   const std::vector<torch::Tensor>& parameters() const { return parameters_; }
+
+  // Checkpoints: the state as named tensors "optim.<i>.momentum_buffer" / ".exp_avg" /
+  // ".exp_avg_sq" / ".step" (int64 scalar), i = the parameter's index; state not created yet is
+  // left out. importState restores exactly that (state absent from `tensors` is reset); BadInput
+  // naming `source` and the tensor when a shape or dtype does not match its parameter.
+  void exportState(std::vector<std::pair<std::string, torch::Tensor>>* tensors) const;
+  void importState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                   const std::string& source);
 
  private:
   struct State {

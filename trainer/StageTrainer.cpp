@@ -1,13 +1,17 @@
 #include "trainer/StageTrainer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <mutex>
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "trainer/Checkpoint.h"
 #include "trainer/ClusterSync.h"
 #include "trainer/Dataset.h"
 #include "trainer/Loss.h"
@@ -31,6 +35,11 @@ const char* kIds = "__ids";
 const char* kDenominator = "__denominator";
 const char* kLoss = "__loss";
 const char* kNorm = "__norm";
+// Clean stop (docs/TRAINING.md "Stopping"): "__stop" rides upstream on gradient packets once a node
+// (or one downstream of it) was asked to stop; "__stop_at" rides downstream on activation packets
+// once the Root has decided the step count at which the whole cluster stops.
+const char* kStop = "__stop";
+const char* kStopAt = "__stop_at";
 
 torch::Tensor scalar64(double v) { return torch::tensor(v, torch::kDouble); }
 
@@ -96,6 +105,14 @@ struct StageTrainer::Impl {
   double sync_s = 0;  // cross-cluster sync (ClusterSync) within the step
   uint64_t checksum = 0;
   std::vector<int64_t> epoch_order;
+  int64_t epoch_of_order = -1;  // the epoch epoch_order belongs to
+
+  // Checkpoints and clean stop (docs/OPERATIONS.md "Checkpoints and resume").
+  int64_t start_step = 0;        // resumed: the checkpoint's step
+  nlohmann::json resumed_meta;   // resumed: the checkpoint's meta (checked against the plan)
+  int64_t resumed_updates = 0, resumed_since_update = 0;  // async counters of the checkpoint
+  bool stop_flag = false;        // this node, or one downstream of it, asked to stop
+  int64_t stop_at = -1;          // steps done when the cluster stops (Root decides; -1: none)
 
   Impl(StageTrainerConfig c, torch::jit::Module stage, StageLink& l, TrainerObserver o)
       : cfg(std::move(c)),
@@ -113,9 +130,195 @@ struct StageTrainer::Impl {
     for (auto& p : executor->parameters())
       if (p.requires_grad()) trainable.push_back(p);
     optimizer = std::make_unique<Optimizer>(trainable, opt.optimizer);
-    if (!cfg.metrics_path.empty()) metrics = MetricsLog(cfg.metrics_path);
+    if (!cfg.metrics_path.empty())
+      metrics = MetricsLog(cfg.metrics_path, /*append=*/cfg.resume_step >= 0);
     torch::manual_seed(opt.seed * 1000003u + uint64_t(cfg.node.cluster) * 7919u +
                        uint64_t(cfg.node.stage));
+    if (cfg.resume_step >= 0) loadCheckpoint();
+  }
+
+  // ---- checkpoints ----------------------------------------------------------------------------
+  bool checkpointsOn() const { return !cfg.checkpoint_dir.empty(); }
+  bool checkpointDue(int64_t steps_done) const {
+    return checkpointsOn() && opt.checkpoint_every > 0 && steps_done > 0 &&
+           steps_done % opt.checkpoint_every == 0;
+  }
+
+  static torch::Tensor cpuGeneratorState() {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  }
+
+  // Writes the checkpoint of `steps_done` (the pipeline is drained: no micro-batch in flight).
+  // `updates` / `since_update`: the async schedule's optimizer counters (sync: steps, 0).
+  void saveCheckpoint(int64_t steps_done, int64_t updates, int64_t since_update) {
+    CAIRN_ENFORCE(executor->pendingMicrobatches() == 0, "checkpoint with micro-batches in flight");
+    const auto t = Clock::now();
+    CheckpointData d;
+    d.step = steps_done;
+    for (const auto& p : executor->module().named_parameters(/*recurse=*/true))
+      d.tensors.emplace_back("stage." + p.name, p.value.detach().clone());
+    for (const auto& b : executor->module().named_buffers(/*recurse=*/true))
+      d.tensors.emplace_back("stage." + b.name, b.value.detach().clone());
+    optimizer->exportState(&d.tensors);
+    if (since_update > 0) {  // async: gradients accumulated towards the next update
+      const auto& params = optimizer->parameters();
+      for (size_t i = 0; i < params.size(); ++i)
+        if (params[i].grad().defined())
+          d.tensors.emplace_back("grad." + std::to_string(i), params[i].grad().detach().clone());
+    }
+    d.tensors.emplace_back("rng.cpu", cpuGeneratorState());
+    nlohmann::json sync_meta = nlohmann::json::object(), sync_names = nlohmann::json::array();
+    if (cfg.cluster_sync) {
+      std::vector<std::pair<std::string, torch::Tensor>> sync_tensors;
+      cfg.cluster_sync->saveState(&sync_tensors, &sync_meta);
+      for (auto& [name, tensor] : sync_tensors) {
+        for (const char* own : {"stage.", "optim.", "grad.", "rng."})
+          CAIRN_ENFORCE(name.rfind(own, 0) != 0, "ClusterSync::saveState tensor ", name,
+                        " uses the trainer's prefix ", own);
+        sync_names.push_back(name);
+        d.tensors.emplace_back(name, tensor);
+      }
+    }
+    d.meta = {{"job_id", cfg.node.job_id},
+              {"node", cfg.node.name},
+              {"cluster", cfg.node.cluster},
+              {"stage", cfg.node.stage},
+              {"num_stages", cfg.node.num_stages},
+              {"schedule", opt.schedule},
+              {"total_steps", total_steps},
+              {"steps_per_epoch", steps_per_epoch},
+              // The data cursor: ShardSampler's order is a pure function of (seed, cluster,
+              // epoch), so (epoch, position) = (step / steps_per_epoch, step % steps_per_epoch).
+              {"epoch", steps_done / steps_per_epoch},
+              {"position", steps_done % steps_per_epoch},
+              {"augmentation_draws", data.train ? data.train->trainingDraws() : 0},
+              {"updates", updates},
+              {"since_update", since_update},
+              {"sync", sync_meta},
+              {"sync_tensors", sync_names}};
+    writeCheckpoint(cfg.checkpoint_dir, d, opt.keep_checkpoints);
+    const double seconds = secondsSince(t);
+    CAIRN_INFO("checkpoint of step ", steps_done, " written to ",
+               checkpointPath(cfg.checkpoint_dir, steps_done), " (", seconds, " s)");
+    metrics.write({{"checkpoint", {{"step", steps_done}, {"seconds", seconds}}}});
+  }
+
+  // Resume: loads the checkpoint of cfg.resume_step into the stage, optimizer, RNG and ClusterSync.
+  // The run plan (received later) is checked against it in checkResumedPlan().
+  void loadCheckpoint() {
+    if (cfg.checkpoint_dir.empty())
+      CAIRN_THROW(BadInput, "resume from step ", cfg.resume_step,
+                  " needs a checkpoint folder (StageTrainerConfig::checkpoint_dir is empty)");
+    const std::string path = checkpointPath(cfg.checkpoint_dir, cfg.resume_step);
+    CheckpointData d = readCheckpoint(cfg.checkpoint_dir, cfg.resume_step);
+    const nlohmann::json& m = d.meta;
+    auto expect = [&](const char* key, const nlohmann::json& want) {
+      if (!m.contains(key) || m[key] != want)
+        CAIRN_THROW(BadInput, path, ": checkpoint of ", key, " ",
+                    m.contains(key) ? m[key].dump() : std::string("(none)"), ", but this is ", key,
+                    " ", want.dump(), " (node ", cfg.node.name, " of job ", cfg.node.job_id,
+                    "): refusing to load another node's or job's state");
+    };
+    expect("job_id", cfg.node.job_id);
+    expect("node", cfg.node.name);
+    expect("cluster", cfg.node.cluster);
+    expect("stage", cfg.node.stage);
+    expect("num_stages", cfg.node.num_stages);
+    expect("schedule", opt.schedule);
+    std::map<std::string, torch::Tensor> by_name(d.tensors.begin(), d.tensors.end());
+    auto restore = [&](const std::string& name, torch::Tensor target) {
+      auto it = by_name.find("stage." + name);
+      if (it == by_name.end())
+        CAIRN_THROW(BadInput, path, ": lacks stage tensor \"", name, "\"");
+      if (it->second.sizes() != target.sizes() ||
+          it->second.scalar_type() != target.scalar_type())
+        CAIRN_THROW(BadInput, path, ": stage tensor \"", name, "\" is ",
+                    c10::toString(it->second.scalar_type()), " ", it->second.sizes(),
+                    "; the stage has ", c10::toString(target.scalar_type()), " ", target.sizes());
+      target.copy_(it->second);
+      by_name.erase(it);
+    };
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& p : executor->module().named_parameters(/*recurse=*/true))
+        restore(p.name, p.value);
+      for (const auto& b : executor->module().named_buffers(/*recurse=*/true))
+        restore(b.name, b.value);
+    }
+    for (const auto& [name, t] : by_name)
+      if (name.rfind("stage.", 0) == 0)
+        CAIRN_THROW(BadInput, path, ": stage tensor \"", name.substr(6),
+                    "\" is not in this node's stage");
+    optimizer->importState(d.tensors, path);
+    const auto& params = optimizer->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto it = by_name.find("grad." + std::to_string(i));
+      if (it == by_name.end()) continue;
+      if (it->second.sizes() != params[i].sizes())
+        CAIRN_THROW(BadInput, path, ": gradient ", it->first, " does not fit its parameter");
+      params[i].mutable_grad() = it->second.clone();
+    }
+    auto rng = by_name.find("rng.cpu");
+    if (rng == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks the generator state rng.cpu");
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      try {
+        gen.set_state(rng->second);
+      } catch (const c10::Error& e) {
+        CAIRN_THROW(BadInput, path, ": rng.cpu is not a CPU generator state: ", e.what_without_backtrace());
+      }
+    }
+    if (cfg.cluster_sync) {
+      std::vector<std::pair<std::string, torch::Tensor>> sync_tensors;
+      for (const auto& name : m.value("sync_tensors", nlohmann::json::array())) {
+        auto it = by_name.find(name.get<std::string>());
+        if (it == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks sync tensor ", name.dump());
+        sync_tensors.emplace_back(it->first, it->second);
+      }
+      cfg.cluster_sync->loadState(sync_tensors, m.value("sync", nlohmann::json::object()));
+    }
+    try {
+      resumed_updates = m.at("updates").get<int64_t>();
+      resumed_since_update = m.at("since_update").get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      CAIRN_THROW(BadInput, path, ": checkpoint meta lacks an integer updates/since_update: ",
+                  e.what());
+    }
+    start_step = d.step;
+    resumed_meta = m;
+    CAIRN_INFO("resuming from ", path, " (step ", start_step, ")");
+    metrics.write({{"resumed_from", start_step}});
+  }
+
+  // After the plan: the checkpoint must belong to this run plan; the Root restores the data cursor.
+  void checkResumedPlan() {
+    if (cfg.resume_step < 0) return;
+    const std::string path = checkpointPath(cfg.checkpoint_dir, cfg.resume_step);
+    if (resumed_meta.value("total_steps", int64_t(-1)) != total_steps ||
+        resumed_meta.value("steps_per_epoch", int64_t(-1)) != steps_per_epoch)
+      CAIRN_THROW(BadInput, path, ": written for a run of ", resumed_meta.value("total_steps", -1),
+                  " steps (", resumed_meta.value("steps_per_epoch", -1),
+                  " per epoch) but this run plans ", total_steps, " (", steps_per_epoch,
+                  " per epoch): job.json changed?");
+    if (start_step > total_steps)
+      CAIRN_THROW(BadInput, path, ": step ", start_step, " is past the run's ", total_steps);
+    if (data.train) data.train->setTrainingDraws(resumed_meta.value("augmentation_draws", uint64_t(0)));
+  }
+
+  // Between steps: asks stop_requested (when set). Returns true the first time it says yes.
+  bool pollStop() {
+    if (stop_flag || !cfg.stop_requested || !cfg.stop_requested()) return false;
+    stop_flag = true;
+    CAIRN_INFO("stop requested: the cluster finishes the current step, writes a checkpoint and ",
+               "stops");
+    return true;
+  }
+  // Stopping after `steps_done` steps (and not at the run's natural end)?
+  bool stopsAfter(int64_t steps_done) const {
+    return stop_at == steps_done && steps_done < total_steps;
   }
 
   // ---- timing helpers -------------------------------------------------------------------------
@@ -152,7 +355,8 @@ struct StageTrainer::Impl {
                  "), ", test, " test samples; ", total_steps, " steps of ", opt.batch_size,
                  " samples in ", opt.microbatches, " micro-batches");
       if (opt.record_sample_ids && !cfg.sample_ids_path.empty()) {
-        sample_ids_out.open(cfg.sample_ids_path, std::ios::trunc);
+        sample_ids_out.open(cfg.sample_ids_path,
+                            cfg.resume_step >= 0 ? std::ios::app : std::ios::trunc);
         if (!sample_ids_out) CAIRN_THROW(BadInput, cfg.sample_ids_path, ": cannot write");
       }
     } else {
@@ -179,7 +383,10 @@ struct StageTrainer::Impl {
   // ---- one step -------------------------------------------------------------------------------
   void loadBatch() {
     const int64_t position = step % steps_per_epoch;
-    if (position == 0) epoch_order = sampler->epochOrder(step / steps_per_epoch);
+    if (epoch_of_order != step / steps_per_epoch) {
+      epoch_of_order = step / steps_per_epoch;
+      epoch_order = sampler->epochOrder(epoch_of_order);
+    }
     std::vector<int64_t> ids(epoch_order.begin() + position * opt.batch_size,
                              epoch_order.begin() + (position + 1) * opt.batch_size);
     if (observer.on_batch) observer.on_batch(step, ids);
@@ -219,6 +426,7 @@ struct StageTrainer::Impl {
       mb.targets = in.tensor(kTargets);
       mb.ids = in.tensor(kIds);
       mb.denominator = in.tensor(kDenominator);
+      readStopAt(in);
     }
     const auto t = Clock::now();
     std::vector<torch::Tensor> outputs = executor->forward(uint64_t(k), inputs);
@@ -244,7 +452,26 @@ struct StageTrainer::Impl {
     out.tensors.emplace_back(kTargets, mb.targets);
     out.tensors.emplace_back(kIds, mb.ids);
     out.tensors.emplace_back(kDenominator, mb.denominator);
+    if (stop_at >= 0) out.tensors.emplace_back(kStopAt, torch::tensor(stop_at, torch::kLong));
     send(Neighbour::kDownstream, out);
+  }
+
+  void readStopAt(const StagePacket& in) {
+    if (!in.has(kStopAt)) return;
+    const torch::Tensor& t = in.tensor(kStopAt);
+    // The stop step must lie after the packet's step and never change once announced.
+    const int64_t value = t.numel() == 1 && t.scalar_type() == torch::kLong ? t.item<int64_t>() : -1;
+    const int64_t clamped = std::min(value, total_steps);  // past the end: the normal end
+    const std::string got = t.numel() == 1 && t.scalar_type() == torch::kLong
+                                ? std::to_string(value)
+                                : std::string("a ") + c10::toString(t.scalar_type()) +
+                                      " tensor of " + std::to_string(t.numel()) + " elements";
+    if (value <= int64_t(in.step) || (stop_at >= 0 && clamped != stop_at))
+      CAIRN_THROW(BadInput, "activation from upstream for step ", in.step, " micro-batch ",
+                  in.microbatch, ": ", kStopAt, " must be one int64 greater than the step",
+                  stop_at >= 0 ? " and equal to the announced " + std::to_string(stop_at) : "",
+                  " (got ", got, ")");
+    stop_at = clamped;
   }
 
   // One micro-batch's backward, shared by the sync and async schedules: the Leaf starts from its
@@ -270,6 +497,7 @@ struct StageTrainer::Impl {
       grads.push_back(g);
     }
     *loss_share = in.tensor(kLoss).item<double>();
+    if (in.has(kStop)) stop_flag = true;
     const auto t = Clock::now();
     auto input_grads = executor->backward(id, grads);
     compute_s += secondsSince(t);
@@ -288,6 +516,7 @@ struct StageTrainer::Impl {
       out.tensors.emplace_back(cfg.node.inputs[i].name,
                                input_grads[i].defined() ? input_grads[i] : torch::empty({0}));
     out.tensors.emplace_back(kLoss, scalar64(loss_share));
+    if (stop_flag) out.tensors.emplace_back(kStop, torch::tensor(int64_t(1), torch::kLong));
     send(Neighbour::kUpstream, out);
   }
 
@@ -433,12 +662,18 @@ struct StageTrainer::Impl {
     if (opt.schedule == "async") return runAsync();
     const auto start = Clock::now();
     makePlan();
+    checkResumedPlan();
     if (cfg.cluster_sync) cfg.cluster_sync->start(executor->module());
     LrSchedule lr_schedule(opt.optimizer.lr, opt.lr_scheduler, total_steps);
     TrainerResult result;
     const int64_t epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
     auto last = Clock::now();
-    for (step = 0; step < total_steps; ++step) {
+    for (step = start_step; step < total_steps; ++step) {
+      // Clean stop (docs/TRAINING.md "Stopping"): the Root's own request ends the run after this
+      // step; a request from downstream (a "__stop" on this step's gradients) after the next one,
+      // whose activations carry the decision ("__stop_at") to every node.
+      pollStop();
+      if (is_root && stop_flag && stop_at < 0) stop_at = step + 1;
       step_loss = compute_s = send_s = wait_s = sync_s = 0;
       grad_norm = -1;
       checksum = 0;
@@ -491,6 +726,7 @@ struct StageTrainer::Impl {
       }
       CAIRN_ENFORCE(executor->pendingMicrobatches() == 0,
                     "micro-batches left in flight after a step");
+      if (is_root && stop_flag && stop_at < 0) stop_at = step + 2;
       const double step_seconds = secondsSince(last);
       last = Clock::now();
       const double samples_per_second = double(opt.batch_size) / std::max(step_seconds, 1e-9);
@@ -511,6 +747,18 @@ struct StageTrainer::Impl {
       const double elapsed = secondsSince(start);
       progress.update({step / steps_per_epoch, epochs, step + 1, total_steps, step_loss,
                        double((step + 1) * opt.batch_size) / std::max(elapsed, 1e-9), elapsed});
+      const bool stopping = stopsAfter(step + 1);
+      if (checkpointDue(step + 1) || (stopping && checkpointsOn()))
+        saveCheckpoint(step + 1, step + 1, 0);
+      if (stopping) {
+        progress.finish();
+        CAIRN_INFO("stopped cleanly after step ", step + 1, " of ", total_steps);
+        result.stopped = true;
+        result.steps = step + 1;
+        result.seconds = secondsSince(start);
+        metrics.write({{"stopped", {{"steps", result.steps}, {"seconds", result.seconds}}}});
+        return result;
+      }
       const bool last_step = step + 1 == total_steps;
       if (!last_step && opt.eval_every > 0 && (step + 1) % opt.eval_every == 0 &&
           eval_batches > 0) {
@@ -578,6 +826,7 @@ struct StageTrainer::Impl {
       mb->targets = in.tensor(kTargets);
       mb->ids = in.tensor(kIds);
       mb->denominator = in.tensor(kDenominator);
+      readStopAt(in);
     }
     const auto t = Clock::now();
     std::vector<torch::Tensor> outputs = executor->forward(uint64_t(g), inputs);
@@ -604,6 +853,7 @@ struct StageTrainer::Impl {
     out.tensors.emplace_back(kTargets, mb->targets);
     out.tensors.emplace_back(kIds, mb->ids);
     out.tensors.emplace_back(kDenominator, mb->denominator);
+    if (stop_at >= 0) out.tensors.emplace_back(kStopAt, torch::tensor(stop_at, torch::kLong));
     mb->inputs.clear();
     send(Neighbour::kDownstream, out);
   }
@@ -624,6 +874,7 @@ struct StageTrainer::Impl {
   TrainerResult runAsync() {
     const auto start = Clock::now();
     makePlan();
+    checkResumedPlan();
     executor->enableWeightStashing();
     if (cfg.cluster_sync) cfg.cluster_sync->start(executor->module());
     LrSchedule lr_schedule(opt.optimizer.lr, opt.lr_scheduler, total_steps);
@@ -632,16 +883,30 @@ struct StageTrainer::Impl {
     const int64_t K = opt.max_in_flight > 0 ? opt.max_in_flight : cfg.node.num_stages;
     const int64_t ahead = is_leaf ? 1 : std::max<int64_t>(1, K - cfg.node.stage);
     const int64_t epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
-    int64_t forwards = 0, backwards = 0, updates = 0, since_update = 0;
+    int64_t forwards = start_step * M, backwards = start_step * M;
+    int64_t updates = resumed_updates, since_update = resumed_since_update;
     auto last = Clock::now();
     compute_s = send_s = wait_s = sync_s = 0;
-    while (backwards < total) {
-      if (forwards < total && forwards - backwards < ahead) {
+    // Micro-batches this run goes to: all, or up to the step the cluster stops at (the Root
+    // decides it as soon as it learns of a stop request, as the step after the one it is feeding,
+    // and tells downstream with "__stop_at" on every activation from then on).
+    auto end = [&] { return stop_at >= 0 ? std::min(total, stop_at * M) : total; };
+    auto decideStop = [&] {
+      if (is_root && stop_flag && stop_at < 0) stop_at = forwards / M + 1;
+    };
+    pollStop();
+    decideStop();
+    while (backwards < end()) {
+      // A checkpoint must be consistent: before the first forward of a checkpointed step the
+      // pipeline drains (every earlier micro-batch finishes its backward; docs/TRAINING.md).
+      const bool drain = forwards % M == 0 && checkpointDue(forwards / M) && backwards < forwards;
+      if (forwards < end() && forwards - backwards < ahead && !drain) {
         asyncForward(forwards++);
         continue;
       }
       const int64_t g = backwards++;
       asyncBackward(g);
+      decideStop();
       const int64_t s = g / M;
       if (++since_update == opt.update_frequency || backwards == total) {
         since_update = 0;
@@ -694,6 +959,22 @@ struct StageTrainer::Impl {
       const double elapsed = secondsSince(start);
       progress.update({s / steps_per_epoch, epochs, s + 1, total_steps, done.loss,
                        double((s + 1) * opt.batch_size) / std::max(elapsed, 1e-9), elapsed});
+      pollStop();
+      decideStop();
+      const bool stopping = stopsAfter(s + 1);
+      if (checkpointDue(s + 1) || (stopping && checkpointsOn())) {
+        CAIRN_ENFORCE(forwards == backwards, "async checkpoint without draining");
+        saveCheckpoint(s + 1, updates, since_update);
+      }
+      if (stopping) {
+        progress.finish();
+        CAIRN_INFO("stopped cleanly after step ", s + 1, " of ", total_steps);
+        result.stopped = true;
+        result.steps = s + 1;
+        result.seconds = secondsSince(start);
+        metrics.write({{"stopped", {{"steps", result.steps}, {"seconds", result.seconds}}}});
+        return result;
+      }
       if (s + 1 < total_steps && opt.eval_every > 0 && (s + 1) % opt.eval_every == 0 &&
           eval_batches > 0) {
         step = s + 1;  // evaluation messages carry the number of steps done

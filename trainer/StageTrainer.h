@@ -10,6 +10,12 @@
 //
 // Before the first step the Root sends the run plan (total steps, steps per epoch, evaluation
 // batches) downstream; other nodes learn it from there (only the Root has the data).
+//
+// Checkpoints, resume and the clean stop (docs/OPERATIONS.md "Checkpoints and resume",
+// docs/TRAINING.md "Stopping"): every `checkpoint_every` steps (async: after draining the pipeline)
+// each node writes trainer/Checkpoint files; a resumed trainer loads one in its constructor and
+// continues bit-identically; a stop request anywhere in the cluster travels upstream as "__stop" on
+// gradients, the Root fixes the step and sends it downstream as "__stop_at" on activations.
 // Ownership: owns the executor, optimizer and datasets; borrows the link. Thread-safety: one
 // thread.
 #pragma once

@@ -22,6 +22,8 @@ CASE:
                   from the initial weights
   two_clusters_gradients, two_clusters_diloco  the same with "gradients" (every step) and
                   "diloco" (outer step every 5 steps)
+  two_clusters_async  "diloco" every 5 optimizer steps under the async schedule (weight stashing,
+                  several micro-batches in flight): the same bit-identity after the final reduce
   stranger        a plan with CURVE keys (cairn_keys); a forger claiming to be the Root floods the
                   Stem with well-formed activations before the real Root starts: with keys
                   (no key / a wrong key) the per-step losses equal an undisturbed run exactly;
@@ -207,10 +209,14 @@ def case_two_clusters_diloco(args):
     case_two_clusters_average(args, "diloco")
 
 
-def case_two_clusters_average(args, mode="average"):
+def case_two_clusters_async(args):
+    case_two_clusters_average(args, "diloco", schedule="async")
+
+
+def case_two_clusters_average(args, mode="average", schedule="sync"):
     settings = training_settings(20)
     settings.update({"local_steps": 1 if mode == "gradients" else 5, "sync": mode,
-                     "record_sample_ids": False})
+                     "record_sample_ids": False, "schedule": schedule})
     data = {"train_samples": 4000, "test_samples": 500}
     halves = []
     for c in range(2):
@@ -278,7 +284,7 @@ def case_two_clusters_average(args, mode="average"):
         steps = [m for m in metrics(node_data, f"node_{n}") if "step" in m]
         if len(steps) != 20 or "sync_s" not in steps[-1]:
             fail(f"node_{n}: expected 20 step records with sync_s")
-    print(f"sync {mode}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
+    print(f"sync {mode}, schedule {schedule}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
     check_accuracy(node_data, "node_2", 0.3)
     check_accuracy(node_data, "node_5", 0.3)
 def losses_of(node_data, node):
@@ -433,7 +439,7 @@ def case_clusterize_merge(args):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("case", choices=["two_clusters_average", "two_clusters_gradients", "two_clusters_diloco",
-                                         "three_nodes", "one_node", "match_pytorch", "never_starts",
+                                         "two_clusters_async", "three_nodes", "one_node", "match_pytorch", "never_starts",
                                          "launcher_stops_all", "clusterize_merge", "stranger"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)

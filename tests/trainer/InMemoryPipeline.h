@@ -87,12 +87,15 @@ struct PipelineRun {
   std::vector<std::vector<int64_t>> batches;        // sample ids per step (from the Root)
   std::vector<double> losses;                       // per step (from the Leaf)
   std::map<std::string, torch::Tensor> parameters;  // trained, by dotted name, all stages
+  std::map<std::string, torch::Tensor> buffers;     // BatchNorm statistics etc., all stages
   std::vector<TrainerResult> results;
 };
 
-// Runs every node of `node_data` (one cluster) in threads. `adjust` may change the options.
-inline PipelineRun runInMemoryPipeline(const std::string& node_data,
-                                       const std::function<void(TrainOptions&)>& adjust) {
+// Runs every node of `node_data` (one cluster) in threads. `adjust` may change the options,
+// `configure` (optional) the whole config of node i (checkpoints, resume, stop).
+inline PipelineRun runInMemoryPipeline(
+    const std::string& node_data, const std::function<void(TrainOptions&)>& adjust,
+    const std::function<void(int, StageTrainerConfig&)>& configure = {}) {
   const JobSpec job = readJobSpec(jobSpecPath(node_data));
   std::vector<NodeSpec> nodes;
   for (int i = 0;; ++i) {
@@ -113,6 +116,7 @@ inline PipelineRun runInMemoryPipeline(const std::string& node_data,
     adjust(config.options);
     config.data = parseDataOptions(job.data, jobSpecPath(node_data));
     config.show_progress = false;
+    if (configure) configure(i, config);
     TrainerObserver observer;
     if (i == 0)
       observer.on_batch = [&run](int64_t, const std::vector<int64_t>& ids) {
@@ -141,6 +145,9 @@ inline PipelineRun runInMemoryPipeline(const std::string& node_data,
   for (auto& t : trainers)
     for (auto& [name, p] : t->executor().namedParameters())
       run.parameters[name] = p.detach().clone();
+  for (auto& t : trainers)
+    for (const auto& b : t->executor().module().named_buffers(/*recurse=*/true))
+      run.buffers[b.name] = b.value.detach().clone();
   return run;
 }
 

@@ -5,6 +5,8 @@ hand-cut into 3 TorchScript stages with node_data folders (stand-in for clusteri
     /usr/bin/python3 tests/trainer/make_test_models.py OUTDIR
 
 OUTDIR/cnn/{full.pt,data.safetensors,node_data/...}  OUTDIR/gpt/{full.pt,text.txt,node_data/...}
+OUTDIR/cnn_bn_dropout/node_data/...: the CNN with BatchNorm in stages 0 and 1 and dropout in the
+Leaf (state beyond parameters for the checkpoint tests: running statistics, the dropout RNG).
 The GPT's stages pass the sequence length as an `int` boundary value next to the hidden states, so
 the non-tensor path of the executor and the wire is exercised.
 """
@@ -79,6 +81,38 @@ class CnnStage2(nn.Module):
 
     def forward(self, x):
         return self.fc(torch.flatten(x, 1))
+
+
+class BnDropStage0(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+
+
+class BnDropStage1(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv2 = nn.Conv2d(4, 8, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+
+
+class BnDropStage2(nn.Module):
+    # Dropout only in the Leaf: the in-memory tests run all stages as threads of one process, which
+    # share libtorch's one CPU generator (a provider is one process per node).
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.3)
+        self.fc = nn.Linear(8 * 2 * 2, 5)
+
+    def forward(self, x):
+        return self.fc(self.drop(torch.flatten(x, 1)))
 
 
 # ---- GPT ------------------------------------------------------------------------------------
@@ -187,6 +221,15 @@ def main():
     write_node_data(f"{out}/cnn/node_data", "cnn_test", stages,
                     [[boundary("x", [1, 1, 8, 8])], [boundary("a", [1, 4, 4, 4])],
                      [boundary("b", [1, 8, 2, 2])], [boundary("logits", [1, 5])]], addresses(5800), job)
+
+    # The same data through a CNN with BatchNorm and dropout (checkpoint tests).
+    job = {"data": {"location": f"{out}/cnn/data.safetensors", "format": "safetensors"},
+           "training_definition": {"batch_size": 32, "microbatches": 4, "max_steps": 12, "epochs": 0,
+                                   "seed": 5, "loss_fn": "cross_entropy"}}
+    stages = [torch.jit.script(S()) for S in (BnDropStage0, BnDropStage1, BnDropStage2)]
+    write_node_data(f"{out}/cnn_bn_dropout/node_data", "cnn_bn_dropout_test", stages,
+                    [[boundary("x", [1, 1, 8, 8])], [boundary("a", [1, 4, 4, 4])],
+                     [boundary("b", [1, 8, 2, 2])], [boundary("logits", [1, 5])]], addresses(5820), job)
 
     # GPT on a byte stream, next-token targets.
     os.makedirs(f"{out}/gpt", exist_ok=True)

@@ -1,0 +1,423 @@
+// Checkpoint, clean stop and resume of the in-memory 3-stage pipeline (BatchNorm in stages 0 and 1,
+// dropout in the Leaf, AdamW), against the independent reference of an uninterrupted run with the
+// same seed: a run stopped through stop_requested on a NON-root node and resumed by new trainers
+// from its checkpoint must give bit-identical per-step losses, parameters and buffers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <iterator>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "core/Error.h"
+#include "tests/trainer/InMemoryPipeline.h"
+#include "trainer/Checkpoint.h"
+#include "trainer/ClusterSync.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string modelsDir() {
+  const char* dir = std::getenv("CAIRN_TEST_MODELS");
+  return dir ? dir : "";
+}
+std::string nodeData() { return modelsDir() + "/cnn_bn_dropout/node_data"; }
+
+std::string scratch(const std::string& name) {
+  const std::string dir = (fs::temp_directory_path() /
+                           ("cairn_resume_" + std::to_string(::getpid()) + "_" + name))
+                              .string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string nodeDir(const std::string& root, int node) {
+  return root + "/node_" + std::to_string(node);
+}
+
+constexpr int64_t kSteps = 20;  // crosses the epoch boundary (16 steps per epoch)
+
+void syncOptions(TrainOptions& t) {
+  t.optimizer.kind = OptimizerKind::kAdamW;
+  t.optimizer.lr = 1e-2;
+  t.optimizer.weight_decay = 0.01;
+  t.microbatches = 4;
+  t.max_steps = kSteps;
+  t.clip_grad_norm = 1.0;
+}
+
+void asyncOptions(TrainOptions& t) {
+  syncOptions(t);
+  t.clip_grad_norm = 0;
+  t.schedule = "async";
+  t.update_frequency = 3;  // updates fall mid-step: checkpoints carry accumulated gradients
+}
+
+// stop_requested for node 1 that says yes from its `nth` poll on.
+std::function<bool()> stopFromPoll(int nth) {
+  auto calls = std::make_shared<int>(0);
+  return [calls, nth] { return ++*calls >= nth; };
+}
+
+void expectSameState(const testing::PipelineRun& expected, const testing::PipelineRun& actual) {
+  ASSERT_EQ(expected.parameters.size(), actual.parameters.size());
+  for (const auto& [name, t] : expected.parameters)
+    EXPECT_TRUE(torch::equal(t, actual.parameters.at(name)))
+        << name << " differs by " << (t - actual.parameters.at(name)).abs().max().item<double>();
+  ASSERT_EQ(expected.buffers.size(), actual.buffers.size());
+  ASSERT_FALSE(expected.buffers.empty()) << "the model should have BatchNorm buffers";
+  for (const auto& [name, t] : expected.buffers)
+    EXPECT_TRUE(torch::equal(t, actual.buffers.at(name))) << name;
+}
+
+// The losses of the stopped run followed by the resumed run's must be the uninterrupted run's.
+void expectSameLosses(const std::vector<double>& reference, const std::vector<double>& before,
+                      int64_t resumed_from, const std::vector<double>& after) {
+  ASSERT_EQ(int64_t(reference.size()), kSteps);
+  ASSERT_GE(int64_t(before.size()), resumed_from);
+  std::vector<double> joined(before.begin(), before.begin() + resumed_from);
+  joined.insert(joined.end(), after.begin(), after.end());
+  ASSERT_EQ(joined.size(), reference.size());
+  for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], reference[i]) << "step " << i;
+}
+
+TEST(CheckpointResume, SyncStopOnANonRootNodeThenResumeIsBitIdentical) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = scratch("sync");
+  const testing::PipelineRun reference = testing::runInMemoryPipeline(nodeData(), syncOptions);
+
+  // Stopped: node 1 is asked from its 4th poll (the start of step 3); its gradients of step 3 carry
+  // the request to the Root, which stops the cluster after step 4 (5 steps done).
+  const testing::PipelineRun stopped = testing::runInMemoryPipeline(
+      nodeData(),
+      [](TrainOptions& t) {
+        syncOptions(t);
+        t.checkpoint_every = 2;
+      },
+      [&](int i, StageTrainerConfig& c) {
+        c.checkpoint_dir = nodeDir(dir, i);
+        if (i == 2) c.metrics_path = dir + "/metrics_node_2.jsonl";
+        if (i == 1) c.stop_requested = stopFromPoll(4);
+      });
+  for (const auto& r : stopped.results) {
+    EXPECT_TRUE(r.stopped);
+    EXPECT_EQ(r.steps, 5);
+  }
+  ASSERT_EQ(stopped.results[0].steps, 5);
+  for (int i = 0; i < 3; ++i)  // every 2 steps and at the stop; keep_checkpoints 3 (default)
+    EXPECT_EQ(validCheckpointSteps(nodeDir(dir, i)), (std::vector<int64_t>{2, 4, 5}));
+
+  const testing::PipelineRun resumed = testing::runInMemoryPipeline(
+      nodeData(),
+      [](TrainOptions& t) {
+        syncOptions(t);
+        t.checkpoint_every = 2;
+      },
+      [&](int i, StageTrainerConfig& c) {
+        c.checkpoint_dir = nodeDir(dir, i);
+        c.resume_step = 5;
+        if (i == 2) c.metrics_path = dir + "/metrics_node_2.jsonl";
+      });
+  for (const auto& r : resumed.results) {
+    EXPECT_FALSE(r.stopped);
+    EXPECT_EQ(r.steps, kSteps);
+  }
+  expectSameLosses(reference.losses, stopped.losses, 5, resumed.losses);
+  expectSameState(reference, resumed);
+  EXPECT_EQ(stopped.batches.size() + resumed.batches.size(), reference.batches.size());
+  for (size_t i = 0; i < resumed.batches.size(); ++i)
+    EXPECT_EQ(resumed.batches[i], reference.batches[5 + i]) << "step " << 5 + i;
+
+  // metrics.jsonl was appended to: steps 1..5, {"resumed_from": 5}, steps 6..20.
+  std::ifstream in(dir + "/metrics_node_2.jsonl");
+  std::vector<int64_t> steps;
+  int resumed_records = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("resumed_from")) {
+      EXPECT_EQ(j["resumed_from"], 5);
+      EXPECT_EQ(steps.size(), 5u);
+      ++resumed_records;
+    }
+    if (j.contains("step") && j.contains("loss")) steps.push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(resumed_records, 1);
+  ASSERT_EQ(int64_t(steps.size()), kSteps);
+  for (int64_t i = 0; i < kSteps; ++i) EXPECT_EQ(steps[size_t(i)], i + 1);
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointResume, AsyncStopDrainsAndResumeIsBitIdentical) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = scratch("async");
+  // Stopped (checkpoints only at the stop): node 1 asks after its 3rd completed step.
+  const testing::PipelineRun stopped = testing::runInMemoryPipeline(
+      nodeData(), asyncOptions, [&](int i, StageTrainerConfig& c) {
+        c.checkpoint_dir = nodeDir(dir + "/stopped", i);
+        if (i == 1) c.stop_requested = stopFromPoll(4);
+      });
+  const int64_t S = stopped.results[0].steps;
+  for (const auto& r : stopped.results) {
+    EXPECT_TRUE(r.stopped);
+    EXPECT_EQ(r.steps, S);
+  }
+  ASSERT_GT(S, 3);
+  ASSERT_LT(S, kSteps);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(validCheckpointSteps(nodeDir(dir + "/stopped", i)), std::vector<int64_t>{S});
+
+  // The async schedule drains the pipeline at every checkpoint, which changes which weights the
+  // forwards in flight see; the reference therefore checkpoints every S steps (it drains at S,
+  // 2S, ... as the stopped + resumed pair does), uninterrupted.
+  auto everyS = [S](TrainOptions& t) {
+    asyncOptions(t);
+    t.checkpoint_every = S;
+    t.keep_checkpoints = kSteps;  // the reference's step S is compared below
+  };
+  const testing::PipelineRun reference =
+      testing::runInMemoryPipeline(nodeData(), everyS, [&](int i, StageTrainerConfig& c) {
+        c.checkpoint_dir = nodeDir(dir + "/reference", i);
+      });
+  const testing::PipelineRun resumed =
+      testing::runInMemoryPipeline(nodeData(), everyS, [&](int i, StageTrainerConfig& c) {
+        c.checkpoint_dir = nodeDir(dir + "/stopped", i);
+        c.resume_step = S;
+      });
+  for (const auto& r : resumed.results) EXPECT_EQ(r.steps, kSteps);
+  expectSameLosses(reference.losses, stopped.losses, S, resumed.losses);
+  expectSameState(reference, resumed);
+  // The reference's own checkpoint of step S holds the same parameters as the stopped run's.
+  const CheckpointData a = readCheckpoint(nodeDir(dir + "/reference", 1), S);
+  const CheckpointData b = readCheckpoint(nodeDir(dir + "/stopped", 1), S);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i)
+    if (a.tensors[i].first != "rng.cpu")  // node 1 never draws; its snapshot is of a shared one
+      EXPECT_TRUE(torch::equal(a.tensors[i].second, b.tensors[i].second)) << a.tensors[i].first;
+  fs::remove_all(dir);
+}
+
+// A ClusterSync that keeps state of its own: the number of afterOptimizerStep calls and the sum of
+// one parameter's values after each (an "outer" state that depends on the whole history).
+class RecordingSync : public ClusterSync {
+ public:
+  void start(torch::jit::Module&) override { started_after_load = loaded || !expect_load; }
+  void beforeOptimizerStep(int64_t, torch::jit::Module&) override {}
+  void afterOptimizerStep(int64_t step, torch::jit::Module& stage) override {
+    steps.push_back(step);
+    const auto p = *stage.parameters().begin();
+    history = history.defined() ? history + p.detach() : p.detach().clone();
+  }
+  void finish(int64_t, torch::jit::Module&) override {}
+  void saveState(std::vector<std::pair<std::string, torch::Tensor>>* tensors,
+                 nlohmann::json* meta) const override {
+    tensors->emplace_back("sync.history", history);
+    (*meta)["calls"] = steps.size();
+  }
+  void loadState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                 const nlohmann::json& meta) override {
+    loaded = true;
+    ASSERT_EQ(tensors.size(), 1u);
+    EXPECT_EQ(tensors[0].first, "sync.history");
+    history = tensors[0].second.clone();
+    loaded_calls = meta.at("calls").get<int64_t>();
+  }
+  bool expect_load = false, loaded = false, started_after_load = false;
+  int64_t loaded_calls = -1;
+  std::vector<int64_t> steps;
+  torch::Tensor history;
+};
+
+TEST(CheckpointResume, ClusterSyncStateIsSavedAndLoadedBeforeStart) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = scratch("sync_state");
+  RecordingSync reference_sync[3], stopped_sync[3], resumed_sync[3];
+  testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
+    c.cluster_sync = &reference_sync[i];
+  });
+  const testing::PipelineRun stopped =
+      testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
+        c.cluster_sync = &stopped_sync[i];
+        c.checkpoint_dir = nodeDir(dir, i);
+        if (i == 1) c.stop_requested = stopFromPoll(4);
+      });
+  ASSERT_EQ(stopped.results[0].steps, 5);
+  testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
+    resumed_sync[i].expect_load = true;
+    c.cluster_sync = &resumed_sync[i];
+    c.checkpoint_dir = nodeDir(dir, i);
+    c.resume_step = 5;
+  });
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(resumed_sync[i].loaded);
+    EXPECT_TRUE(resumed_sync[i].started_after_load);
+    EXPECT_EQ(resumed_sync[i].loaded_calls, 5);
+    std::vector<int64_t> later(reference_sync[i].steps.begin() + 5, reference_sync[i].steps.end());
+    EXPECT_EQ(resumed_sync[i].steps, later);
+    EXPECT_TRUE(torch::equal(resumed_sync[i].history, reference_sync[i].history));
+  }
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointResume, CorruptNewestCheckpointFallsBackToThePreviousValidOne) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = scratch("fallback");
+  auto every2 = [](TrainOptions& t) {
+    syncOptions(t);
+    t.checkpoint_every = 2;
+  };
+  const testing::PipelineRun stopped =
+      testing::runInMemoryPipeline(nodeData(), every2, [&](int i, StageTrainerConfig& c) {
+        c.checkpoint_dir = nodeDir(dir, i);
+        if (i == 1) c.stop_requested = stopFromPoll(4);
+      });
+  ASSERT_EQ(stopped.results[0].steps, 5);
+  // A flipped bit in node 1's newest checkpoint.
+  const std::string newest = checkpointPath(nodeDir(dir, 1), 5);
+  {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-7, std::ios::end);
+    const char c = char(f.get());
+    f.seekp(-7, std::ios::end);
+    f.put(char(c ^ 0x01));
+  }
+  // The cluster resumes from the newest step every node holds a valid checkpoint of.
+  std::vector<int64_t> common = validCheckpointSteps(nodeDir(dir, 0));
+  for (int i = 1; i < 3; ++i) {
+    const std::vector<int64_t> mine = validCheckpointSteps(nodeDir(dir, i));
+    std::vector<int64_t> both;
+    std::set_intersection(common.begin(), common.end(), mine.begin(), mine.end(),
+                          std::back_inserter(both));
+    common = both;
+  }
+  EXPECT_EQ(validCheckpointSteps(nodeDir(dir, 1)), (std::vector<int64_t>{2, 4}));
+  ASSERT_EQ(common, (std::vector<int64_t>{2, 4}));
+  const int64_t from = common.back();
+  const testing::PipelineRun resumed =
+      testing::runInMemoryPipeline(nodeData(), every2, [&](int i, StageTrainerConfig& c) {
+        c.checkpoint_dir = nodeDir(dir, i);
+        c.resume_step = from;
+      });
+  const testing::PipelineRun reference = testing::runInMemoryPipeline(nodeData(), syncOptions);
+  expectSameLosses(reference.losses, stopped.losses, from, resumed.losses);
+  expectSameState(reference, resumed);
+  // Loading the corrupt file itself is refused, naming it.
+  try {
+    readCheckpoint(nodeDir(dir, 1), 5);
+    ADD_FAILURE() << "a corrupt checkpoint was read";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find(newest), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointResume, CheckpointOfAnotherNodeOrJobIsRefused) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = scratch("refuse");
+  testing::runInMemoryPipeline(
+      nodeData(),
+      [](TrainOptions& t) {
+        syncOptions(t);
+        t.max_steps = 2;
+        t.checkpoint_every = 2;
+      },
+      [&](int i, StageTrainerConfig& c) { c.checkpoint_dir = nodeDir(dir, i); });
+  ASSERT_EQ(validCheckpointSteps(nodeDir(dir, 0)), std::vector<int64_t>{2});
+
+  const JobSpec job = readJobSpec(jobSpecPath(nodeData()));
+  auto configFor = [&](int node) {
+    StageTrainerConfig c;
+    c.node = readNodeSpec(nodeSpecPath(nodeData(), "node_" + std::to_string(node)));
+    c.options = parseTrainOptions(job.training, jobSpecPath(nodeData()));
+    c.data = parseDataOptions(job.data, jobSpecPath(nodeData()));
+    c.show_progress = false;
+    c.resume_step = 2;
+    return c;
+  };
+  auto resumeError = [&](StageTrainerConfig c) -> std::string {
+    testing::InMemoryHub hub(3);
+    testing::InMemoryLink link(hub, c.node.stage);
+    try {
+      StageTrainer trainer(
+          c, torch::jit::load(nodeDirectory(nodeData(), c.node.name) + "/stage.pt"), link);
+    } catch (const BadInput& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // node_1 pointed at node_0's checkpoints.
+  StageTrainerConfig other_node = configFor(1);
+  other_node.checkpoint_dir = nodeDir(dir, 0);
+  const std::string e1 = resumeError(other_node);
+  EXPECT_NE(e1.find(checkpointPath(nodeDir(dir, 0), 2)), std::string::npos) << e1;
+  EXPECT_NE(e1.find("\"node_0\""), std::string::npos) << e1;
+  EXPECT_NE(e1.find("refusing"), std::string::npos) << e1;
+
+  // node_1's own checkpoint rewritten (validly) as if of another job.
+  CheckpointData d = readCheckpoint(nodeDir(dir, 1), 2);
+  d.meta["job_id"] = "some_other_job";
+  writeCheckpoint(dir + "/other_job", d, 3);
+  StageTrainerConfig other_job = configFor(1);
+  other_job.checkpoint_dir = dir + "/other_job";
+  const std::string e2 = resumeError(other_job);
+  EXPECT_NE(e2.find("some_other_job"), std::string::npos) << e2;
+  EXPECT_NE(e2.find("job_id"), std::string::npos) << e2;
+
+  // Its own checkpoint loads (the refusals above are about identity, not the file).
+  StageTrainerConfig own = configFor(1);
+  own.checkpoint_dir = nodeDir(dir, 1);
+  EXPECT_EQ(resumeError(own), "");
+  // And a missing one is a BadInput naming the file.
+  own.resume_step = 7;
+  EXPECT_NE(resumeError(own).find(checkpointPath(nodeDir(dir, 1), 7)), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// A broken or hostile upstream announcing a stop step that is not after the packet's step is a
+// BadInput naming the packet, not a hang or a crash.
+TEST(CheckpointResume, BadStopAtFromUpstreamIsRefused) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const JobSpec job = readJobSpec(jobSpecPath(nodeData()));
+  StageTrainerConfig c;
+  c.node = readNodeSpec(nodeSpecPath(nodeData(), "node_1"));
+  c.options = parseTrainOptions(job.training, jobSpecPath(nodeData()));
+  c.data = parseDataOptions(job.data, jobSpecPath(nodeData()));
+  c.show_progress = false;
+  for (const int64_t bad : {int64_t(0), int64_t(-3)}) {
+    testing::InMemoryHub hub(3);
+    testing::InMemoryLink link(hub, 1);
+    StagePacket plan;
+    plan.tag = "plan";
+    plan.text = R"({"total_steps": 4, "steps_per_epoch": 16, "eval_batches": 0})";
+    hub.push(1, 0, plan);
+    StagePacket activation;
+    activation.kind = PacketKind::kActivation;
+    activation.tensors = {{"a", torch::randn({8, 4, 4, 4})},
+                          {"__targets", torch::zeros({8}, torch::kLong)},
+                          {"__ids", torch::arange(8)},
+                          {"__denominator", torch::tensor(32.0, torch::kDouble)},
+                          {"__stop_at", torch::tensor(bad)}};
+    hub.push(1, 0, activation);
+    StageTrainer trainer(c, torch::jit::load(nodeDirectory(nodeData(), "node_1") + "/stage.pt"),
+                         link);
+    try {
+      trainer.run();
+      ADD_FAILURE() << "ran with __stop_at " << bad;
+    } catch (const BadInput& e) {
+      EXPECT_NE(std::string(e.what()).find("__stop_at must be one int64 greater than the step"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("got " + std::to_string(bad)), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cairn
