@@ -799,9 +799,9 @@ void RingClusterSync::saveState(std::vector<std::pair<std::string, torch::Tensor
     }
     rings[ring->spec.id] = {{"generation", ring->generation}, {"view", ring->view}};
   }
-  (*meta)["sync"] = {{"last_synced_step", last_synced_step_},
-                     {"mode", toString(sync_.mode)},
-                     {"rings", rings}};
+  (*meta)["last_synced_step"] = last_synced_step_;
+  (*meta)["mode"] = toString(sync_.mode);
+  (*meta)["rings"] = rings;
 }
 
 void RingClusterSync::loadState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
@@ -809,13 +809,12 @@ void RingClusterSync::loadState(const std::vector<std::pair<std::string, torch::
   loaded_.clear();
   for (const auto& [name, t] : tensors)
     if (name.rfind("sync.", 0) == 0) loaded_[name] = t;
-  if (meta.contains("sync")) {
-    const auto& s = meta["sync"];
-    if (!s.is_object() || !s.contains("last_synced_step") ||
-        !s["last_synced_step"].is_number_integer() || s["last_synced_step"].get<int64_t>() < 0)
+  if (meta.is_object() && meta.contains("last_synced_step")) {
+    const auto& s = meta["last_synced_step"];
+    if (!s.is_number_integer() || s.get<int64_t>() < 0)
       CAIRN_THROW(BadInput, "checkpoint meta key sync.last_synced_step: expected a non-negative "
                             "integer, got ", s.dump());
-    last_synced_step_ = s["last_synced_step"].get<int64_t>();
+    last_synced_step_ = s.get<int64_t>();
   }
 }
 

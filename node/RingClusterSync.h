@@ -96,8 +96,9 @@ class RingClusterSync : public ClusterSync {
   void afterOptimizerStep(int64_t step, torch::jit::Module& stage) override;
   void finish(int64_t steps, torch::jit::Module& stage) override;
   // Checkpoint state: per ring and DiLoCo bucket i, "sync.<ring>.previous.<i>" (θ_prev, flat) and
-  // "sync.<ring>.momentum.<i>" (the outer momentum, once it exists); meta "sync":
-  // {"last_synced_step", "mode", "rings": {id: {"generation", "view"}}}. loadState (before
+  // "sync.<ring>.momentum.<i>" (the outer momentum, once it exists); meta (the trainer keeps it
+  // under the checkpoint's "sync" key): {"last_synced_step", "mode", "rings": {id: {"generation",
+  // "view"}}}. loadState (before
   // start()) checks names, dtypes and sizes against the stage's buckets in start() (BadInput
   // naming the tensor).
   void saveState(std::vector<std::pair<std::string, torch::Tensor>>* tensors,

@@ -781,7 +781,7 @@ TEST(RingClusterSyncFailures, SavedOuterStateReproducesTheUninterruptedDiLoCoRun
     sync.saveState(&saved[i].first, &saved[i].second);
     mid[i] = stateOf(stage);
   });
-  EXPECT_EQ(saved[0].second["sync"]["last_synced_step"], 1);
+  EXPECT_EQ(saved[0].second["last_synced_step"], 1);
   MemberSetup load;
   load.before_start = [&](RingClusterSync& sync, FaultyTransport& faulty) {
     const size_t i = faulty.name() == "d0" ? 0 : 1;
