@@ -185,6 +185,7 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
   // A fresh view: its reference count tells when the transport has let go of the bytes.
   torch::Tensor view = data.view({-1});
   m.tensors.push_back({"", view});
+  if (left_ranks_.count(to_rank)) failLeft(op, to_rank);  // it reads nothing any more
   // A ring never fills a live peer's queue (max_in_flight); a full one means the peer stopped
   // reading. Wait in slices, telling the others we are alive and whom we wait for.
   const auto began = Clock::now();
@@ -205,7 +206,7 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
     if (disconnectedTooLong(to_rank))
       fail(op, to_rank, "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
                             " (chunk " + std::to_string(index) + " could not be sent)");
-    checkNotices(op);
+    checkNotices(op, to_rank);
     sendKeepAlives(op, to_rank);
   }
   ++stats_.messages_sent;
@@ -327,9 +328,14 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
       fail(op, from_rank, why);
     }
     const auto wake = std::min({silent_deadline, hard_deadline, next_keep_alive, now + kLivenessPoll});
+    // A member that left sent everything it will ever send before its leave (one FIFO pipe): what
+    // is not already here never comes.
+    const bool gone = left_ranks_.count(from_rank) > 0;
     std::optional<Message> m = mailbox_.receive(
-        ours, std::max(std::chrono::milliseconds(0),
-                       std::chrono::duration_cast<std::chrono::milliseconds>(wake - now)));
+        ours, gone ? std::chrono::milliseconds(0)
+                   : std::max(std::chrono::milliseconds(0),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(wake - now)));
+    if (!m && gone) failLeft(op, from_rank);
     if (!m) continue;
     const auto sender = std::find(members_.begin(), members_.end(), m->sender);
     const int sender_rank = static_cast<int>(sender - members_.begin());
@@ -339,7 +345,11 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
                  m->sender, "\"");
       continue;
     }
-    if (m->microbatch == kLeaveIndex || m->microbatch == kAbortIndex) {
+    if (m->microbatch == kLeaveIndex) {
+      onLeaveNotice(op, *m, sender_rank, from_rank);
+      continue;  // it may have sent all we need from it; we fail when we wait on it
+    }
+    if (m->microbatch == kAbortIndex) {
       failOnNotice(op, *m, sender_rank);
       continue;  // malformed: counted
     }
@@ -373,14 +383,45 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
   }
 }
 
-void ProcessGroup::failOnNotice(Operation& op, const Message& m, int sender_rank) {
-  if (m.microbatch == kLeaveIndex) {
-    lost_peer_ = m.sender;
-    lost_by_leave_ = true;
-    broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) +
-              ": peer " + m.sender + " (rank " + std::to_string(sender_rank) + ") left the group";
-    CAIRN_THROW(PeerLost, broken_);
+void ProcessGroup::failLeft(Operation& op, int rank) {
+  lost_peer_ = members_[rank];
+  lost_by_leave_ = true;
+  broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
+            members_[rank] + " (rank " + std::to_string(rank) + ") left the group";
+  // Members waiting on us (not on the leaver) learn it from the leave, forwarded by us.
+  sendAborts(op, rank, /*left=*/true);
+  CAIRN_THROW(PeerLost, broken_);
+}
+
+void ProcessGroup::sendAborts(Operation& op, int lost_rank, bool left) {
+  Message abort;
+  abort.kind = MessageKind::kCollective;
+  abort.sender = members_[rank_];
+  abort.tag = wire_tag_;
+  abort.step = op.sequence;
+  abort.microbatch = left ? kLeaveIndex : kAbortIndex;  // a forwarded leave keeps the reason
+  abort.text = members_[lost_rank];
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_ || r == lost_rank) continue;
+    (void)mailbox_.send(members_[r], abort, kAbortSendTimeout);  // best effort
   }
+}
+
+// Leave notices: `txt` names the member that left. From that member itself, it is noted (and fails
+// the operation only when we wait on it: `wait_rank`); forwarded by another member, that member's
+// operation failed on it, so ours fails too.
+void ProcessGroup::onLeaveNotice(Operation& op, const Message& m, int sender_rank, int wait_rank) {
+  const auto leaver = std::find(members_.begin(), members_.end(), m.text);
+  if (leaver == members_.end() || static_cast<int>(leaver - members_.begin()) == rank_) {
+    ++stats_.dropped_malformed;
+    return;
+  }
+  const int left_rank = static_cast<int>(leaver - members_.begin());
+  left_ranks_.insert(left_rank);
+  if (left_rank != sender_rank || left_rank == wait_rank) failLeft(op, left_rank);
+}
+
+void ProcessGroup::failOnNotice(Operation& op, const Message& m, int sender_rank) {
   const auto lost = std::find(members_.begin(), members_.end(), m.text);
   if (lost == members_.end()) {
     ++stats_.dropped_malformed;
@@ -393,8 +434,9 @@ void ProcessGroup::failOnNotice(Operation& op, const Message& m, int sender_rank
   CAIRN_THROW(PeerLost, broken_);
 }
 
-// While a send waits for room: an abort or leave of this group already in the mailbox ends it.
-void ProcessGroup::checkNotices(Operation& op) {
+// While a send to `to_rank` waits for room: an abort of this group, or a leave of `to_rank`, in
+// the mailbox ends it (other leaves are noted).
+void ProcessGroup::checkNotices(Operation& op, int to_rank) {
   const std::string& tag = wire_tag_;
   const std::string& self = members_[rank_];
   auto notice = [&tag, &self](const Message& m) {
@@ -407,7 +449,12 @@ void ProcessGroup::checkNotices(Operation& op) {
       ++stats_.dropped_malformed;
       continue;
     }
-    failOnNotice(op, *m, static_cast<int>(sender - members_.begin()));
+    const int sender_rank = static_cast<int>(sender - members_.begin());
+    if (m->microbatch == kLeaveIndex) {
+      onLeaveNotice(op, *m, sender_rank, to_rank);
+      continue;
+    }
+    failOnNotice(op, *m, sender_rank);
   }
 }
 
@@ -415,17 +462,7 @@ void ProcessGroup::fail(Operation& op, int lost_rank, const std::string& why) {
   lost_peer_ = members_[lost_rank];
   broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
             members_[lost_rank] + " (rank " + std::to_string(lost_rank) + ") " + why;
-  Message abort;
-  abort.kind = MessageKind::kCollective;
-  abort.sender = members_[rank_];
-  abort.tag = wire_tag_;
-  abort.step = op.sequence;
-  abort.microbatch = kAbortIndex;
-  abort.text = members_[lost_rank];
-  for (int r = 0; r < size(); ++r) {
-    if (r == rank_ || r == lost_rank) continue;
-    (void)mailbox_.send(members_[r], abort, kAbortSendTimeout);  // best effort
-  }
+  sendAborts(op, lost_rank, /*left=*/false);
   CAIRN_THROW(PeerLost, broken_);
 }
 

@@ -25,9 +25,10 @@
 // same PeerLost, and lostPeer() names the member blamed.
 // Fail fast: when the transport reports the awaited member kDisconnected (Transport::liveness) for
 // `disconnected_grace`, the wait ends at once as if the timeout had passed (same abort).
-// Leave: sendLeave() tells every other member that this node is going away; a member receiving it
-// inside an operation of this group (of any sequence number) throws PeerLost naming the leaver
-// at once (lostByLeave() true) instead of waiting for a timeout.
+// Leave: sendLeave() tells every other member that this node is going away. A member that has it
+// throws PeerLost naming the leaver (lostByLeave() true) as soon as it waits for a message the
+// leaver did not send before leaving, or would send to it — never after a timeout; a leave from a
+// member that already sent all this operation needs from it does not fail the operation.
 //
 // Ownership: borrows the Mailbox (and through it the transport), which must outlive the group and
 // must already know every other member as a peer (Transport::addPeer). Thread-safety: the
@@ -37,6 +38,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -140,7 +142,10 @@ class ProcessGroup {
   // Throws PeerLost for a valid abort or leave message `m` (from member `sender_rank`); counts and
   // returns for a malformed one.
   void failOnNotice(Operation& op, const Message& m, int sender_rank);
-  void checkNotices(Operation& op);
+  [[noreturn]] void failLeft(Operation& op, int rank);
+  void sendAborts(Operation& op, int lost_rank, bool left);
+  void onLeaveNotice(Operation& op, const Message& m, int sender_rank, int wait_rank);
+  void checkNotices(Operation& op, int to_rank);
   void waitForSendsToComplete(Operation& op);
   bool acceptStashed(Operation& op, int from_rank, uint64_t index, torch::ScalarType dtype,
                      int64_t numel, torch::Tensor* out);
@@ -157,6 +162,7 @@ class ProcessGroup {
   std::string broken_;  // non-empty after a failure: the PeerLost message every call repeats
   std::string lost_peer_;
   bool lost_by_leave_ = false;
+  std::set<int> left_ranks_;  // members whose leave message arrived
   ProcessGroupStats stats_;
 };
 

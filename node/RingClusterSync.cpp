@@ -367,25 +367,48 @@ bool RingClusterSync::join() {
     for (const auto& m : ring->spec.members)
       if (m.name != node_.name) (void)mailbox_.send(m.name, request, kJoinRequestSendTimeout);
   }
+  // A member that restarted quickly may still be in the live members' view: they need up to two
+  // timeouts to drop it (ProcessGroup's keep-alive rule), then up to local_steps steps to reach a
+  // sync boundary. Hence three timeouts, unless every other member is itself asking to join.
+  const auto wait = 3 * timeout_;
   CAIRN_INFO("cross-cluster sync: asked the ring peers to admit ", node_.name, " (", shared.size(),
-             " ring(s)); waiting up to ", timeout_.count(), " ms for a welcome");
-  const auto deadline = Clock::now() + timeout_;
+             " ring(s)); waiting up to ", wait.count(), " ms for a welcome");
+  const auto deadline = Clock::now() + wait;
   size_t welcomed = 0;
-  for (Ring* ring : shared) {
-    const std::string tag = controlTag(ring->spec.id);
+  std::set<Ring*> done;
+  auto everyoneJoining = [&] {
+    for (Ring* ring : shared)
+      for (const auto& m : ring->spec.members)
+        if (m.name != node_.name && !ring->join_requests.count(m.name)) return false;
+    return true;
+  };
+  while (done.size() < shared.size()) {
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    if (welcomed == 0 && everyoneJoining()) {
+      CAIRN_INFO("cross-cluster sync: every other ring member is joining too (all restarting)");
+      break;
+    }
+    auto m = mailbox_.receive(
+        [&shared](const Message& x) {
+          if (x.kind != MessageKind::kCollective) return false;
+          for (Ring* ring : shared)
+            if (x.tag == controlTag(ring->spec.id)) return true;
+          return false;
+        },
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    if (!m) break;
+    Ring* ring = nullptr;
+    for (Ring* r : shared)
+      if (m->tag == controlTag(r->spec.id)) ring = r;
     std::set<std::string> members;
-    for (const auto& m : ring->spec.members) members.insert(m.name);
-    bool done = false;
-    while (!done) {
-      const auto now = Clock::now();
-      if (now >= deadline) break;
-      auto m = mailbox_.receive(
-          [&tag](const Message& x) {
-            return x.kind == MessageKind::kCollective && x.tag == tag &&
-                   x.text.find("\"welcome\"") != std::string::npos;
-          },
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-      if (!m) break;
+    for (const auto& member : ring->spec.members) members.insert(member.name);
+    if (m->text.find("\"join\"") != std::string::npos) {
+      if (members.count(m->sender) && m->sender != node_.name) ring->join_requests.insert(m->sender);
+      continue;
+    }
+    if (done.count(ring)) continue;
+    {
       // A welcome from a non-member or one that does not fit this stage is dropped, not trusted.
       std::string problem;
       nlohmann::json j = nlohmann::json::parse(m->text, nullptr, /*allow_exceptions=*/false);
@@ -394,9 +417,10 @@ bool RingClusterSync::join() {
       std::map<std::string, torch::Tensor> named;
       if (!members.count(m->sender) || m->sender == node_.name) {
         problem = "sender is not a ring member";
-      } else if (!j.is_object() || !j.contains("generation") || !j["generation"].is_number_integer() ||
-                 !j.contains("view") || !j["view"].is_array()) {
-        problem = "text must be a JSON object with integer \"generation\" and array \"view\"";
+      } else if (!j.is_object() || j.value("type", "") != "welcome" || !j.contains("generation") ||
+                 !j["generation"].is_number_integer() || !j.contains("view") ||
+                 !j["view"].is_array()) {
+        problem = "text must be a JSON welcome with integer \"generation\" and array \"view\"";
       } else {
         generation = j["generation"].get<int64_t>();
         for (const auto& v : j["view"]) {
@@ -461,19 +485,19 @@ bool RingClusterSync::join() {
       CAIRN_INFO("ring ", ring->spec.id, ": joined from ", m->sender, " at its step ",
                  j.value("step", int64_t(-1)), ", generation ", generation, ", view ",
                  joined(ordered), "; fetched weights checksum ", sum);
-      done = true;
+      done.insert(ring);
       ++welcomed;
     }
   }
   if (welcomed == 0) {
-    CAIRN_WARN("cross-cluster sync: no ring peer admitted ", node_.name, " within ",
-               timeout_.count(), " ms (every cluster starting or resuming together?): ordinary "
-               "start with the identical-weights check");
+    CAIRN_WARN("cross-cluster sync: no ring peer admitted ", node_.name,
+               " (every cluster starting or resuming together?): ordinary start with the "
+               "identical-weights check");
     return false;
   }
   for (Ring* ring : shared)
-    if (ring->generation == 0) {
-      CAIRN_WARN("ring ", ring->spec.id, ": no welcome within ", timeout_.count(),
+    if (!done.count(ring)) {
+      CAIRN_WARN("ring ", ring->spec.id, ": no welcome within ", wait.count(),
                  " ms; this node trains without the ring (its syncs are no-ops)");
       regroup(*ring, {node_.name}, 0);
     }
@@ -783,6 +807,9 @@ void RingClusterSync::finish(int64_t steps, torch::jit::Module&) {
              " tensor bytes sent; members lost ", stats_.members_lost, ", left ",
              stats_.members_left, ", joined ", stats_.members_joined, ", syncs redone ",
              stats_.redone_syncs);
+  // The run ended: members still training (a joiner that resumed from an older step) drop this
+  // node at once instead of timing out on it.
+  leave();
 }
 
 void RingClusterSync::saveState(std::vector<std::pair<std::string, torch::Tensor>>* tensors,

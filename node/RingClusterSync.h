@@ -16,7 +16,7 @@
 //   gradients  before every optimizer step: average the gradients (data-parallel, as DDP); a
 //              parameter without a gradient contributes zeros. Buffers averaged every local_steps.
 // finish() runs one more sync (average/diloco) when steps were done since the last one, and a
-// buffer average (gradients), so every cluster ends the run with the same weights.
+// buffer average (gradients), so every cluster ends the run with the same weights; then leave().
 //
 // start() checks that every cluster starts from identical state: per ring, an FNV-1a hash of the
 // names, dtypes, shapes and bytes of its tensors is all-gathered; a differing member is named in a
@@ -115,7 +115,8 @@ class RingClusterSync : public ClusterSync {
   // Call before start() when this node (re)starts while other clusters may be training (provider
   // --resume, or resuming after its cluster paused): start() then asks the live ring peers to
   // admit it and copies their current parameters and buffers (and DiLoCo outer state) into the
-  // stage before training; when no ring peer is live it falls back to the ordinary start.
+  // stage before training; when no ring peer admits it within 3 × timeout (at once when every
+  // other member is asking to join too) it falls back to the ordinary start.
   void setJoining(bool joining) { joining_ = joining; }
 
   // The sync itself (average or DiLoCo outer step, by mode), callable directly by tests.

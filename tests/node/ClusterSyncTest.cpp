@@ -638,6 +638,36 @@ TEST(RingClusterSyncFailures, LeavingMemberIsDroppedWithoutWaitingForATimeout) {
   }
 }
 
+TEST(RingClusterSyncFailures, FinishLeavesWithoutAnyoneDroppingAnyone) {
+  // finish() = the final sync, then leave(): a fast finisher's leave reaching the others inside
+  // the final commit must not make them drop it (it sent everything before leaving).
+  const State init = layerState("0", 4, 38);
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  std::vector<State> before(3), after(3);
+  std::vector<RingClusterSyncStats> stats(3);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(600000);  // only a leave could end a wait in time
+  for (int repeat = 0; repeat < 5; ++repeat) {
+    runNodes(
+        nodes, rings, {init, init, init}, {},
+        [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+          perturbSeeded(stage, 600 + 10 * uint64_t(repeat) + i);
+          before[i] = stateOf(stage);
+          sync.finish(1, stage);
+          after[i] = stateOf(stage);
+          stats[i] = sync.stats();
+        },
+        setup);
+    SCOPED_TRACE("repeat " + std::to_string(repeat));
+    expectAverages(before, after, rings, nodes);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(stats[i].members_left + stats[i].members_lost, 0) << i;
+      EXPECT_EQ(stats[i].syncs, 1) << i;
+    }
+  }
+}
+
 TEST(RingClusterSyncFailures, JoinerGetsTheLiveWeightsAndOuterStateAndTheNextSyncIncludesIt) {
   torch::manual_seed(35);
   const State init = {{"0.weight", torch::randn({3, 5})},
