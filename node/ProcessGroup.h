@@ -27,8 +27,9 @@
 // `disconnected_grace`, the wait ends at once as if the timeout had passed (same abort).
 // Leave: sendLeave() tells every other member that this node is going away. A member that has it
 // throws PeerLost naming the leaver (lostByLeave() true) as soon as it waits for a message the
-// leaver did not send before leaving, or would send to it — never after a timeout; a leave from a
-// member that already sent all this operation needs from it does not fail the operation.
+// leaver did not send before leaving, or would send to it — never after a timeout — and forwards
+// the leave to the others (who then fail at once); a leave from a member that already sent all
+// this operation needs from it does not fail the operation.
 //
 // Ownership: borrows the Mailbox (and through it the transport), which must outlive the group and
 // must already know every other member as a peer (Transport::addPeer). Thread-safety: the
