@@ -417,7 +417,8 @@ bool RingClusterSync::join() {
       std::map<std::string, torch::Tensor> named;
       if (!members.count(m->sender) || m->sender == node_.name) {
         problem = "sender is not a ring member";
-      } else if (!j.is_object() || j.value("type", "") != "welcome" || !j.contains("generation") ||
+      } else if (!j.is_object() || !j.contains("type") || j["type"] != "welcome" ||
+                 !j.contains("generation") ||
                  !j["generation"].is_number_integer() || !j.contains("view") ||
                  !j["view"].is_array()) {
         problem = "text must be a JSON welcome with integer \"generation\" and array \"view\"";
@@ -430,6 +431,9 @@ bool RingClusterSync::join() {
           }
           view.push_back(v.get<std::string>());
         }
+        for (const char* key : {"step", "transactions", "checksum"})
+          if (problem.empty() && (!j.contains(key) || !j[key].is_number_integer()))
+            problem = std::string("\"") + key + "\" must be an integer";
         if (problem.empty() && (generation < 1 ||
                                 std::find(view.begin(), view.end(), node_.name) == view.end() ||
                                 std::find(view.begin(), view.end(), m->sender) == view.end()))
@@ -470,7 +474,7 @@ bool RingClusterSync::join() {
         }
       }
       const uint64_t sum = checksum(*ring);
-      const uint64_t claimed = j.value("checksum", uint64_t(0));
+      const uint64_t claimed = j["checksum"].get<uint64_t>();
       if (sum != claimed)
         CAIRN_WARN("ring ", ring->spec.id, ": welcome from ", m->sender, " claims checksum ",
                    claimed, " but its tensors hash to ", sum);
@@ -479,11 +483,11 @@ bool RingClusterSync::join() {
         if (std::find(view.begin(), view.end(), member.name) != view.end())
           ordered.push_back(member.name);
       regroup(*ring, ordered, generation);
-      ring->transactions = j.value("transactions", int64_t(0));
+      ring->transactions = j["transactions"].get<int64_t>();
       ++stats_.joined_rings;
       stats_.last_welcome_checksum = sum;
       CAIRN_INFO("ring ", ring->spec.id, ": joined from ", m->sender, " at its step ",
-                 j.value("step", int64_t(-1)), ", generation ", generation, ", view ",
+                 j["step"].get<int64_t>(), ", generation ", generation, ", view ",
                  joined(ordered), "; fetched weights checksum ", sum);
       done.insert(ring);
       ++welcomed;

@@ -785,6 +785,68 @@ TEST(RingClusterSyncFailures, JoinerGetsTheLiveWeightsAndOuterStateAndTheNextSyn
     EXPECT_LE((final_after[i].at("0.running_mean") - mean).abs().max().item<double>(), 1e-6);
 }
 
+TEST(RingClusterSyncFailures, MalformedWelcomesAreDroppedAndAValidOneIsApplied) {
+  // A broken ring peer answers the join with welcomes that do not fit (not JSON, wrong types,
+  // a wrong tensor size), then a valid one: the joiner survives the first and applies the last.
+  torch::manual_seed(39);
+  const State init = {{"0.weight", torch::randn({3, 4})}};
+  const std::vector<TestNode> nodes = {{"w0", 0, {"0.weight"}}, {"w1", 1, {"0.weight"}}};
+  const std::vector<TestRing> rings = {{"ring_0", {"0.weight"}, {"w0", "w1"}}};
+  const torch::Tensor live = torch::randn({3, 4});
+  zmq::context_t context;
+  const std::string prefix = "inproc://welcome" + std::to_string(run_counter++) + "_";
+  std::exception_ptr fake_error;
+  std::thread fake([&] {
+    try {
+      ZmqTransport transport(context, "w0", prefix + "w0");
+      transport.addPeer("w1", prefix + "w1");
+      auto request = transport.receive(std::chrono::milliseconds(20000));
+      ASSERT_TRUE(request.has_value());
+      ASSERT_NE(request->text.find("join"), std::string::npos);
+      auto welcome = [&](std::string text, torch::Tensor value) {
+        Message m;
+        m.kind = MessageKind::kCollective;
+        m.sender = "w0";
+        m.tag = "ring:ring_0";
+        m.text = std::move(text);
+        if (value.defined()) m.tensors.push_back({"value.0", value});
+        ASSERT_EQ(transport.send("w1", m, std::chrono::milliseconds(2000)), SendStatus::kSent);
+      };
+      const std::string good =
+          R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":7,"transactions":3,"checksum":1})";
+      welcome("welcome, not JSON", live.reshape({-1}));
+      welcome(R"({"type":5,"generation":1,"view":["w0","w1"]})", live.reshape({-1}));
+      welcome(R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":"x","transactions":0,"checksum":1})",
+              live.reshape({-1}));
+      welcome(R"({"type":"welcome","generation":1,"view":["w0","stranger"],"step":7,"transactions":3,"checksum":1})",
+              live.reshape({-1}));
+      welcome(good, torch::zeros({5}));  // wrong element count
+      welcome(good, live.reshape({-1}).to(torch::kDouble));  // wrong dtype
+      welcome(good, live.reshape({-1}));
+      transport.flushAndClose(std::chrono::milliseconds(2000));
+    } catch (...) {
+      fake_error = std::current_exception();
+    }
+  });
+  State joined;
+  std::vector<std::string> view;
+  RingClusterSyncStats stats;
+  MemberSetup joiner;
+  joiner.joining = true;
+  joiner.timeout = std::chrono::milliseconds(20000);
+  runMember(context, prefix, nodes[1], rings, init, {}, joiner,
+            [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport&) {
+              joined = stateOf(stage);
+              view = sync.view("ring_0");
+              stats = sync.stats();
+            });
+  fake.join();
+  if (fake_error) std::rethrow_exception(fake_error);
+  EXPECT_TRUE(torch::equal(joined.at("0.weight"), live));
+  EXPECT_EQ(view, (std::vector<std::string>{"w0", "w1"}));
+  EXPECT_EQ(stats.joined_rings, 1);
+}
+
 TEST(RingClusterSyncFailures, SavedOuterStateReproducesTheUninterruptedDiLoCoRun) {
   torch::manual_seed(36);
   const State init = {{"0.weight", torch::randn({3, 5})}, {"0.bias", torch::randn({3}, torch::kDouble)}};
