@@ -309,6 +309,7 @@ void RingClusterSync::start(torch::jit::Module& stage) {
   int64_t bytes = 0;
   left_ = false;
   for (auto& ring : rings_) {
+    if (ring->spec.members.size() <= 1) continue;  // nothing is ever exchanged
     buildBuckets(*ring, stage);
     for (const auto& t : ring->tensors) {
       ++tensors;
@@ -318,7 +319,7 @@ void RingClusterSync::start(torch::jit::Module& stage) {
   }
   if (!loaded_.empty())
     CAIRN_THROW(BadInput, "checkpoint tensor ", loaded_.begin()->first,
-                " names no ring of node ", node_.name);
+                " names no ring that node ", node_.name, " shares with other clusters");
   const bool joined_any = joining_ && join();
   if (!joined_any)
     for (auto& ring : rings_) {

@@ -902,8 +902,7 @@ TEST(RingClusterSyncFailures, SavedOuterStateReproducesTheUninterruptedDiLoCoRun
     sync.loadState(bad.first, bad.second);
   };
   try {
-    runNodes({nodes[0]}, {{"ring_0", names, {"d0"}}}, {mid[0]}, options,
-             [](size_t, RingClusterSync&, auto&) {}, bad_load);
+    runNodes(nodes, rings, mid, options, [](size_t, RingClusterSync&, auto&) {}, bad_load);
     FAIL() << "a checkpoint tensor of the wrong size was accepted";
   } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find(bad_name), std::string::npos) << e.what();
