@@ -6,7 +6,27 @@ namespace cairn {
 
 void FaultyTransport::disconnect(const std::string& peer) {
   std::lock_guard<std::mutex> lock(cut_mutex_);
-  cut_peers_.insert(peer);
+  cut_peers_.emplace(peer, std::chrono::steady_clock::now());
+}
+
+void FaultyTransport::disconnectAll(bool on) {
+  std::lock_guard<std::mutex> lock(cut_mutex_);
+  if (on && !disconnect_all_) all_cut_since_ = std::chrono::steady_clock::now();
+  disconnect_all_ = on;
+}
+
+void FaultyTransport::setDisconnectAfterSends(uint64_t sends) {
+  disconnect_at_send_ = sends == 0 ? 0 : sends_ + sends;
+}
+
+PeerLiveness FaultyTransport::liveness(const std::string& peer) const {
+  {
+    std::lock_guard<std::mutex> lock(cut_mutex_);
+    if (disconnect_all_) return {PeerState::kDisconnected, all_cut_since_};
+    auto it = cut_peers_.find(peer);
+    if (it != cut_peers_.end()) return {PeerState::kDisconnected, it->second};
+  }
+  return inner_.liveness(peer);
 }
 
 void FaultyTransport::reconnect(const std::string& peer) {
@@ -29,14 +49,16 @@ double FaultyTransport::uniform() {
 
 SendStatus FaultyTransport::send(const std::string& peer, const Message& message,
                                  std::chrono::milliseconds timeout) {
-  ++sends_;
+  const uint64_t sent = ++sends_;
+  if (const uint64_t at = disconnect_at_send_; at != 0 && sent > at && !disconnect_all_)
+    disconnectAll(true);
   if (isCut(peer)) {
     // A vanished peer looks like a full queue that never drains.
     std::this_thread::sleep_for(timeout);
     return SendStatus::kTimedOut;
   }
   const int every = drop_every_;
-  if ((every > 0 && sends_ % every == 0) || (drop_probability_ > 0 && uniform() < drop_probability_)) {
+  if ((every > 0 && sent % every == 0) || (drop_probability_ > 0 && uniform() < drop_probability_)) {
     ++dropped_;
     return SendStatus::kSent;  // the sender believes it went out
   }

@@ -5,13 +5,16 @@
 //   delay      — each outgoing message waits this long first (a slow link)
 //   duplicate  — each outgoing message is sent twice (a retransmitting link)
 //   corrupt    — outgoing tensor bytes get one flipped bit (a lying peer); header kept valid
-//   disconnect — nothing goes out and nothing comes in (a vanished peer), per peer or for all
+//   disconnect — nothing goes out and nothing comes in (a vanished peer), per peer or for all;
+//                liveness() then reports the peer kDisconnected since the cut (as ZmqTransport's
+//                heartbeats would), and setDisconnectAfterSends(n) cuts everything after the n-th
+//                further send (a node that dies in the middle of a collective, deterministically)
 // Ownership: wraps and borrows the inner transport.
 #pragma once
 
 #include <atomic>
 #include <mutex>
-#include <set>
+#include <map>
 
 #include "node/Transport.h"
 
@@ -30,8 +33,10 @@ class FaultyTransport : public Transport {
   void setCorrupt(bool on) { corrupt_ = on; }
   // Cut the link to one peer (both directions: its messages are discarded on receive), or all.
   void disconnect(const std::string& peer);
-  void disconnectAll(bool on) { disconnect_all_ = on; }
+  void disconnectAll(bool on);
   void reconnect(const std::string& peer);
+  // After `sends` more sends (counting from this call), behave as disconnectAll(true). 0: off.
+  void setDisconnectAfterSends(uint64_t sends);
   void setSeed(uint64_t seed) { rng_state_ = seed | 1; }
 
   uint64_t dropped() const { return dropped_; }
@@ -46,6 +51,7 @@ class FaultyTransport : public Transport {
                                 std::chrono::milliseconds timeout) override;
   [[nodiscard]] std::optional<Message> receive(std::chrono::milliseconds timeout) override;
   TransportStats stats() const override { return inner_.stats(); }
+  PeerLiveness liveness(const std::string& peer) const override;
   void flushAndClose(std::chrono::milliseconds timeout) override { inner_.flushAndClose(timeout); }
 
  private:
@@ -58,9 +64,11 @@ class FaultyTransport : public Transport {
   std::atomic<int> delay_ms_{0};
   std::atomic<bool> duplicate_{false}, corrupt_{false}, disconnect_all_{false};
   mutable std::mutex cut_mutex_;
-  std::set<std::string> cut_peers_;
+  std::map<std::string, std::chrono::steady_clock::time_point> cut_peers_;  // peer → since
+  std::chrono::steady_clock::time_point all_cut_since_{};
+  std::atomic<uint64_t> disconnect_at_send_{0};
   uint64_t rng_state_ = 0x9E3779B97F4A7C15ull;
-  uint64_t sends_ = 0;
+  std::atomic<uint64_t> sends_{0};
   std::atomic<uint64_t> dropped_{0}, duplicated_{0}, corrupted_{0};
 };
 

@@ -19,6 +19,10 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kAbortIndex = std::numeric_limits<uint64_t>::max();
 // microbatch value of "still here, waiting for <text>", sent while a wait drags on.
 constexpr uint64_t kKeepAliveIndex = kAbortIndex - 1;
+// microbatch value of "I (the sender) leave this group", sent by sendLeave().
+constexpr uint64_t kLeaveIndex = kAbortIndex - 2;
+// Longest single wait inside an operation, so a transport's liveness report is acted on promptly.
+constexpr std::chrono::milliseconds kLivenessPoll{100};
 constexpr size_t kMaxGroupIdBytes = 200;  // the wire tag is ≤ 256 bytes
 // Early messages of the current operation kept aside (gather and barrier receive from several
 // members, whose messages may arrive in any order).
@@ -181,13 +185,14 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
   // A fresh view: its reference count tells when the transport has let go of the bytes.
   torch::Tensor view = data.view({-1});
   m.tensors.push_back({"", view});
+  if (left_ranks_.count(to_rank)) failLeft(op, to_rank);  // it reads nothing any more
   // A ring never fills a live peer's queue (max_in_flight); a full one means the peer stopped
   // reading. Wait in slices, telling the others we are alive and whom we wait for.
   const auto began = Clock::now();
   const auto deadline = began + options_.timeout;
   for (;;) {
     const auto now = Clock::now();
-    const auto slice_end = std::min(deadline, now + keepAliveInterval());
+    const auto slice_end = std::min({deadline, now + keepAliveInterval(), now + kLivenessPoll});
     const SendStatus status = mailbox_.send(
         members_[to_rank], m,
         std::chrono::duration_cast<std::chrono::milliseconds>(slice_end - now));
@@ -198,6 +203,10 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
     if (Clock::now() >= deadline)
       fail(op, to_rank, "took no message for " + millis(options_.timeout) + " (chunk " +
                             std::to_string(index) + " could not be sent)");
+    if (disconnectedTooLong(to_rank))
+      fail(op, to_rank, "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
+                            " (chunk " + std::to_string(index) + " could not be sent)");
+    checkNotices(op, to_rank);
     sendKeepAlives(op, to_rank);
   }
   ++stats_.messages_sent;
@@ -205,6 +214,26 @@ void ProcessGroup::sendChunk(Operation& op, int to_rank, uint64_t index, const t
   stats_.seconds_sending += std::chrono::duration<double>(Clock::now() - began).count();
   m.tensors.clear();
   op.sent.emplace_back(to_rank, std::move(view));
+}
+
+bool ProcessGroup::disconnectedTooLong(int rank) const {
+  const PeerLiveness live = mailbox_.transport().liveness(members_[rank]);
+  if (live.state != PeerState::kDisconnected) return false;
+  return Clock::now() - live.since >= std::min(options_.disconnected_grace, options_.timeout);
+}
+
+void ProcessGroup::sendLeave(std::chrono::milliseconds timeout) {
+  Message leave;
+  leave.kind = MessageKind::kCollective;
+  leave.sender = members_[rank_];
+  leave.tag = wire_tag_;
+  leave.step = next_sequence_;
+  leave.microbatch = kLeaveIndex;
+  leave.text = members_[rank_];
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_) continue;
+    (void)mailbox_.send(members_[r], leave, timeout);  // best effort
+  }
 }
 
 std::chrono::milliseconds ProcessGroup::keepAliveInterval() const {
@@ -265,11 +294,11 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
   }
   const uint64_t sequence = op.sequence;
   const std::string& tag = wire_tag_;
-  // Ours: this group's messages of this or an earlier operation, and aborts and keep-alives of
-  // any operation. Later operations' chunks stay in the mailbox until we get there.
+  // Ours: this group's messages of this or an earlier operation, and aborts, keep-alives and
+  // leaves of any operation. Later operations' chunks stay in the mailbox until we get there.
   auto ours = [&tag, sequence](const Message& m) {
     return m.kind == MessageKind::kCollective && m.tag == tag &&
-           (m.step <= sequence || m.microbatch >= kKeepAliveIndex);
+           (m.step <= sequence || m.microbatch >= kLeaveIndex);
   };
   // `from_rank` must show life within `timeout` (a chunk, or a keep-alive saying it waits for
   // someone other than us) and deliver within twice that: a member that waits on a lost one
@@ -285,6 +314,10 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
       sendKeepAlives(op, from_rank);
       next_keep_alive = now + keepAliveInterval();
     }
+    if (disconnectedTooLong(from_rank))
+      fail(op, from_rank, "is disconnected (transport) for over " +
+                              millis(options_.disconnected_grace) + " (waiting for chunk " +
+                              std::to_string(index) + ")");
     if (now >= silent_deadline || now >= hard_deadline) {
       std::string why = now >= silent_deadline
                             ? "sent nothing for " + millis(options_.timeout)
@@ -294,10 +327,15 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
       if (!op.last_malformed.empty()) why += "; last malformed chunk dropped: " + op.last_malformed;
       fail(op, from_rank, why);
     }
-    const auto wake = std::min({silent_deadline, hard_deadline, next_keep_alive});
+    const auto wake = std::min({silent_deadline, hard_deadline, next_keep_alive, now + kLivenessPoll});
+    // A member that left sent everything it will ever send before its leave (one FIFO pipe): what
+    // is not already here never comes.
+    const bool gone = left_ranks_.count(from_rank) > 0;
     std::optional<Message> m = mailbox_.receive(
-        ours, std::max(std::chrono::milliseconds(0),
-                       std::chrono::duration_cast<std::chrono::milliseconds>(wake - now)));
+        ours, gone ? std::chrono::milliseconds(0)
+                   : std::max(std::chrono::milliseconds(0),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(wake - now)));
+    if (!m && gone) failLeft(op, from_rank);
     if (!m) continue;
     const auto sender = std::find(members_.begin(), members_.end(), m->sender);
     const int sender_rank = static_cast<int>(sender - members_.begin());
@@ -307,16 +345,13 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
                  m->sender, "\"");
       continue;
     }
+    if (m->microbatch == kLeaveIndex) {
+      onLeaveNotice(op, *m, sender_rank, from_rank);
+      continue;  // it may have sent all we need from it; we fail when we wait on it
+    }
     if (m->microbatch == kAbortIndex) {
-      const auto lost = std::find(members_.begin(), members_.end(), m->text);
-      if (lost == members_.end()) {
-        ++stats_.dropped_malformed;
-        continue;
-      }
-      broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(sequence) +
-                ": peer " + m->text + " (rank " + std::to_string(lost - members_.begin()) +
-                ") was lost, reported by " + m->sender;
-      CAIRN_THROW(PeerLost, broken_);
+      failOnNotice(op, *m, sender_rank);
+      continue;  // malformed: counted
     }
     if (m->microbatch == kKeepAliveIndex) {
       // Alive and waiting for someone else: the trouble is further along; keep waiting. Waiting
@@ -348,20 +383,86 @@ torch::Tensor ProcessGroup::receiveChunk(Operation& op, int from_rank, uint64_t 
   }
 }
 
-void ProcessGroup::fail(Operation& op, int lost_rank, const std::string& why) {
+void ProcessGroup::failLeft(Operation& op, int rank) {
+  lost_peer_ = members_[rank];
+  lost_by_leave_ = true;
   broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
-            members_[lost_rank] + " (rank " + std::to_string(lost_rank) + ") " + why;
+            members_[rank] + " (rank " + std::to_string(rank) + ") left the group";
+  // Members waiting on us (not on the leaver) learn it from the leave, forwarded by us.
+  sendAborts(op, rank, /*left=*/true);
+  CAIRN_THROW(PeerLost, broken_);
+}
+
+void ProcessGroup::sendAborts(Operation& op, int lost_rank, bool left) {
   Message abort;
   abort.kind = MessageKind::kCollective;
   abort.sender = members_[rank_];
   abort.tag = wire_tag_;
   abort.step = op.sequence;
-  abort.microbatch = kAbortIndex;
+  abort.microbatch = left ? kLeaveIndex : kAbortIndex;  // a forwarded leave keeps the reason
   abort.text = members_[lost_rank];
   for (int r = 0; r < size(); ++r) {
     if (r == rank_ || r == lost_rank) continue;
     (void)mailbox_.send(members_[r], abort, kAbortSendTimeout);  // best effort
   }
+}
+
+// Leave notices: `txt` names the member that left. From that member itself, it is noted (and fails
+// the operation only when we wait on it: `wait_rank`); forwarded by another member, that member's
+// operation failed on it, so ours fails too.
+void ProcessGroup::onLeaveNotice(Operation& op, const Message& m, int sender_rank, int wait_rank) {
+  const auto leaver = std::find(members_.begin(), members_.end(), m.text);
+  if (leaver == members_.end() || static_cast<int>(leaver - members_.begin()) == rank_) {
+    ++stats_.dropped_malformed;
+    return;
+  }
+  const int left_rank = static_cast<int>(leaver - members_.begin());
+  left_ranks_.insert(left_rank);
+  if (left_rank != sender_rank || left_rank == wait_rank) failLeft(op, left_rank);
+}
+
+void ProcessGroup::failOnNotice(Operation& op, const Message& m, int sender_rank) {
+  const auto lost = std::find(members_.begin(), members_.end(), m.text);
+  if (lost == members_.end()) {
+    ++stats_.dropped_malformed;
+    return;
+  }
+  lost_peer_ = m.text;
+  broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
+            m.text + " (rank " + std::to_string(lost - members_.begin()) +
+            ") was lost, reported by " + m.sender;
+  CAIRN_THROW(PeerLost, broken_);
+}
+
+// While a send to `to_rank` waits for room: an abort of this group, or a leave of `to_rank`, in
+// the mailbox ends it (other leaves are noted).
+void ProcessGroup::checkNotices(Operation& op, int to_rank) {
+  const std::string& tag = wire_tag_;
+  const std::string& self = members_[rank_];
+  auto notice = [&tag, &self](const Message& m) {
+    return m.kind == MessageKind::kCollective && m.tag == tag && m.sender != self &&
+           (m.microbatch == kAbortIndex || m.microbatch == kLeaveIndex);
+  };
+  while (auto m = mailbox_.receive(notice, std::chrono::milliseconds(0))) {
+    const auto sender = std::find(members_.begin(), members_.end(), m->sender);
+    if (sender == members_.end()) {
+      ++stats_.dropped_malformed;
+      continue;
+    }
+    const int sender_rank = static_cast<int>(sender - members_.begin());
+    if (m->microbatch == kLeaveIndex) {
+      onLeaveNotice(op, *m, sender_rank, to_rank);
+      continue;
+    }
+    failOnNotice(op, *m, sender_rank);
+  }
+}
+
+void ProcessGroup::fail(Operation& op, int lost_rank, const std::string& why) {
+  lost_peer_ = members_[lost_rank];
+  broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
+            members_[lost_rank] + " (rank " + std::to_string(lost_rank) + ") " + why;
+  sendAborts(op, lost_rank, /*left=*/false);
   CAIRN_THROW(PeerLost, broken_);
 }
 

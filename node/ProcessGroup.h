@@ -22,7 +22,14 @@
 // A member that has waited a quarter of the timeout tells the others it is alive and whom it
 // waits for (a keep-alive), so that its neighbours blame the lost member, not it; no wait lasts
 // more than twice the timeout. After a failure the group is broken: every later call throws the
-// same PeerLost.
+// same PeerLost, and lostPeer() names the member blamed.
+// Fail fast: when the transport reports the awaited member kDisconnected (Transport::liveness) for
+// `disconnected_grace`, the wait ends at once as if the timeout had passed (same abort).
+// Leave: sendLeave() tells every other member that this node is going away. A member that has it
+// throws PeerLost naming the leaver (lostByLeave() true) as soon as it waits for a message the
+// leaver did not send before leaving, or would send to it — never after a timeout — and forwards
+// the leave to the others (who then fail at once); a leave from a member that already sent all
+// this operation needs from it does not fail the operation.
 //
 // Ownership: borrows the Mailbox (and through it the transport), which must outlive the group and
 // must already know every other member as a peer (Transport::addPeer). Thread-safety: the
@@ -32,6 +39,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -58,6 +66,9 @@ struct ProcessGroupOptions {
   // transport's per-peer queue (TransportOptions send + receive high-water marks, 16 + 16 by
   // default) so that a full ring can never block with every node waiting to send.
   int max_in_flight = 8;
+  // A member the transport has reported kDisconnected for this long is treated as lost at once
+  // (capped at `timeout`). Transports that cannot tell (kUnknown) leave only the timeout.
+  std::chrono::milliseconds disconnected_grace{1000};
 };
 
 struct ProcessGroupStats {
@@ -107,6 +118,14 @@ class ProcessGroup {
   // Returns once every member has entered barrier().
   void barrier();
 
+  // Best effort, at most `timeout` per member: tells every other member this node leaves the
+  // group (a leave message). The group stays usable for this node (callers stop using it).
+  void sendLeave(std::chrono::milliseconds timeout);
+  // After a PeerLost: the member blamed (empty before any failure), and whether it announced
+  // its leave rather than being found silent.
+  const std::string& lostPeer() const { return lost_peer_; }
+  bool lostByLeave() const { return lost_by_leave_; }
+
  private:
   struct Operation;
 
@@ -120,6 +139,14 @@ class ProcessGroup {
   std::chrono::milliseconds keepAliveInterval() const;
   void sendKeepAlives(Operation& op, int waiting_on);
   [[noreturn]] void fail(Operation& op, int lost_rank, const std::string& why);
+  bool disconnectedTooLong(int rank) const;
+  // Throws PeerLost for a valid abort or leave message `m` (from member `sender_rank`); counts and
+  // returns for a malformed one.
+  void failOnNotice(Operation& op, const Message& m, int sender_rank);
+  [[noreturn]] void failLeft(Operation& op, int rank);
+  void sendAborts(Operation& op, int lost_rank, bool left);
+  void onLeaveNotice(Operation& op, const Message& m, int sender_rank, int wait_rank);
+  void checkNotices(Operation& op, int to_rank);
   void waitForSendsToComplete(Operation& op);
   bool acceptStashed(Operation& op, int from_rank, uint64_t index, torch::ScalarType dtype,
                      int64_t numel, torch::Tensor* out);
@@ -134,6 +161,9 @@ class ProcessGroup {
   ProcessGroupOptions options_;
   uint64_t next_sequence_ = 0;
   std::string broken_;  // non-empty after a failure: the PeerLost message every call repeats
+  std::string lost_peer_;
+  bool lost_by_leave_ = false;
+  std::set<int> left_ranks_;  // members whose leave message arrived
   ProcessGroupStats stats_;
 };
 

@@ -16,7 +16,7 @@
 //   gradients  before every optimizer step: average the gradients (data-parallel, as DDP); a
 //              parameter without a gradient contributes zeros. Buffers averaged every local_steps.
 // finish() runs one more sync (average/diloco) when steps were done since the last one, and a
-// buffer average (gradients), so every cluster ends the run with the same weights.
+// buffer average (gradients), so every cluster ends the run with the same weights; then leave().
 //
 // start() checks that every cluster starts from identical state: per ring, an FNV-1a hash of the
 // names, dtypes, shapes and bytes of its tensors is all-gathered; a differing member is named in a
@@ -25,12 +25,40 @@
 // Rings run one after another in ring id order (the same total order on every node, so two nodes
 // that share several rings can never wait on each other in a cycle); they are not concurrent.
 //
+// Lost and returning members (docs/TRAINING.md "Across clusters", "Lost and returning ring
+// members"). Each ring has a *view* (its live members, in cluster order) and a *generation*; the
+// ProcessGroup of generation g > 0 has group id "<ring id>@<g>", so messages of an aborted attempt
+// are never taken for the current one. Every sync (average, DiLoCo, gradients, buffer average) is
+// a transaction: the ring's tensors (and gradients, θ_prev, momentum) are copied first; the sync
+// ends with a barrier (the commit). When a member is lost (PeerLost: a timeout, an abort naming
+// it, its leave message, or the transport reporting it disconnected), every live member restores
+// its copy, drops the member named by the PeerLost (ProcessGroup's abort makes every survivor
+// name the same one), moves to generation g+1 and redoes the sync among the survivors. A ring
+// left with only this node makes its syncs no-ops (logged once).
+// Joining: every sync point of the average/DiLoCo/buffer kind starts with a tiny max-all-reduce of
+// the join requests each member has received (so all live members agree on whom to admit); after
+// the commit the lowest-ranked member of the view sends each admitted joiner a welcome (view,
+// generation, the ring's parameters, buffers and DiLoCo θ_prev/momentum, a checksum), and every
+// member moves to the next generation with the joiner included.
+// Recovery: after dropping a lost member, the survivors agree (a max-all-reduce of 2·S + "my work
+// phase did not complete", S = transactions committed so far) whether the failed attempt stands:
+// a member found dying inside the commit barrier has sent everything, so those who completed the
+// reductions keep them, and a member behind the others (they committed and went on) keeps its
+// result instead of redoing a sync nobody else will redo. Otherwise everyone restores and redoes.
+// Known limit: a join admitted at the very sync where a member is lost inside the commit barrier
+// can split the view (the admitting side moved on); the next loss detection repairs neither.
+//
+// Memory: a sync holds one copy of the ring's tensors (the restore point) while it runs.
+//
 // Ownership: borrows the Mailbox (it must outlive this object); the constructor adds every other
 // ring member as a transport peer. Thread-safety: the transport's owning thread only.
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +75,12 @@ struct RingClusterSyncStats {
   int64_t gradient_syncs = 0;  // gradient all-reduces done
   double seconds = 0;          // in collectives, all calls together
   uint64_t bytes_sent = 0;     // tensor bytes, all rings together
+  int64_t members_lost = 0;    // members dropped after a timeout, abort or disconnect
+  int64_t members_left = 0;    // members dropped because they announced leave()
+  int64_t members_joined = 0;  // joiners admitted by this node's rings (this node as joiner: 0)
+  int64_t redone_syncs = 0;    // sync attempts restored and redone after a loss
+  int64_t joined_rings = 0;    // rings this node joined through a welcome (setJoining)
+  uint64_t last_welcome_checksum = 0;  // FNV-1a of the ring tensors sent/received in the last welcome
 };
 
 class RingClusterSync : public ClusterSync {
@@ -61,31 +95,65 @@ class RingClusterSync : public ClusterSync {
   void beforeOptimizerStep(int64_t step, torch::jit::Module& stage) override;
   void afterOptimizerStep(int64_t step, torch::jit::Module& stage) override;
   void finish(int64_t steps, torch::jit::Module& stage) override;
+  // Checkpoint state: per ring and DiLoCo bucket i, "sync.<ring>.previous.<i>" (θ_prev, flat) and
+  // "sync.<ring>.momentum.<i>" (the outer momentum, once it exists); meta (the trainer keeps it
+  // under the checkpoint's "sync" key): {"last_synced_step", "mode", "rings": {id: {"generation",
+  // "view"}}}. loadState (before
+  // start()) checks names, dtypes and sizes against the stage's buckets in start() (BadInput
+  // naming the tensor).
+  void saveState(std::vector<std::pair<std::string, torch::Tensor>>* tensors,
+                 nlohmann::json* meta) const override;
+  void loadState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                 const nlohmann::json& meta) override;
 
   // Failures ([E], docs/OPERATIONS.md "Failures while training"). A ring member lost during a sync
   // is dropped from the ring: the others complete the sync without it and keep training.
   // leave(): this node stops taking part (its cluster pauses, it shuts down, or its run ended);
   // the ring peers drop it at once instead of waiting for a timeout. Idempotent.
+  // Best effort: at most ~100 ms per ring peer. Later syncs are no-ops until start() again.
   void leave();
   // Call before start() when this node (re)starts while other clusters may be training (provider
   // --resume, or resuming after its cluster paused): start() then asks the live ring peers to
   // admit it and copies their current parameters and buffers (and DiLoCo outer state) into the
-  // stage before training; when no ring peer is live it falls back to the ordinary start.
+  // stage before training; when no ring peer admits it within 3 × timeout (at once when every
+  // other member is asking to join too) it falls back to the ordinary start.
   void setJoining(bool joining) { joining_ = joining; }
 
   // The sync itself (average or DiLoCo outer step, by mode), callable directly by tests.
   void synchronize();
-  // Rings with more than one member (the others need no exchange).
+  // Rings whose current view has more than one member (the others need no exchange).
   size_t activeRings() const;
+  // The current view (live members, cluster order) and generation of ring `id` (tests, logs).
+  std::vector<std::string> view(const std::string& id) const;
+  int64_t generation(const std::string& id) const;
   const RingClusterSyncStats& stats() const { return stats_; }
 
  private:
   struct Ring;
+  struct Snapshot;
+  void buildBuckets(Ring& ring, torch::jit::Module& stage);
+  void checkIdenticalStart(Ring& ring);
+  void applyLoadedState(Ring& ring);
+  bool join();  // true when at least one ring was joined through a welcome
   void reduceBuckets(Ring& ring, bool parameters, bool buffers);
   void outerStep(Ring& ring);
   void averageGradients(Ring& ring);
+  // Runs `work` on `ring` as a transaction (see above): redone among the survivors after a loss;
+  // with `admit`, join requests are agreed on first and joiners admitted after the commit.
+  void transact(Ring& ring, bool gradients, bool admit, const std::function<void()>& work);
+  bool recover(Ring& ring, bool work_done);
+  void dropMember(Ring& ring, const std::string& lost, bool left, const std::string& why);
+  void regroup(Ring& ring, std::vector<std::string> view, int64_t generation);
+  void collectJoinRequests(Ring& ring);
+  void admit(Ring& ring, const std::vector<std::string>& joiners);
+  uint64_t checksum(const Ring& ring) const;
 
   Mailbox& mailbox_;
+  std::chrono::milliseconds timeout_;
+  ProcessGroupOptions group_options_;
+  std::map<std::string, torch::Tensor> loaded_;  // loadState's "sync.*" tensors, for start()
+  bool left_ = false;
+  uint64_t bytes_retired_ = 0;  // sent by the groups of earlier generations
   NodeSpec node_;
   SyncOptions sync_;
   int64_t local_steps_;

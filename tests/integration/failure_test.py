@@ -17,8 +17,7 @@ a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_
   lost_without_checkpoints  the same with checkpoint_every 0: they exit 3 at once, naming the Stem
                     and hinting at checkpoint_every.
   sigterm_resume    SIGTERM the Stem: all exit 0 with "stopped"; restart all with --resume: they
-                    finish with the weights of an uninterrupted run. Needs the trainer's stop and
-                    checkpoint support (trainer/Checkpoint.cpp): skipped (exit 77) without it.
+                    finish with the weights of an uninterrupted run.
 """
 import argparse
 import json
@@ -34,7 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import provider_cluster_test as pct  # noqa: E402  (node data building, shared with the other cases)
 
 NODES = ["node_0", "node_1", "node_2"]
-SKIP = 77
 
 
 def fail(message):
@@ -234,10 +232,6 @@ def case_lost_without_checkpoints(args):
 
 
 def case_sigterm_resume(args):
-    if not os.path.exists(os.path.join(pct.REPO, "trainer", "Checkpoint.cpp")):
-        print("SKIP: the trainer's checkpoint/stop support (trainer/Checkpoint.cpp, branch issue-ckpt) "
-              "is not in this tree yet")
-        sys.exit(SKIP)
     s = settings(200, 2, 60, 20)
     reference = reference_run(args, "reference", s)
     _, node_data = pct.make_node_data(os.path.join(args.work, "run"), args.port, 3, True, s, DATA)

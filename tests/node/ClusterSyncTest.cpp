@@ -8,8 +8,17 @@
 //                  union batch (max abs diff <= 1e-5)
 //   DiLoCo         two outer steps equal the direct Nesterov outer-SGD computation
 //   Mismatch       differing initial weights: refused, naming the differing node
+// Failures ([E]), 3 clusters × 1 node over FaultyTransport:
+//   lost mid-average / mid-gradients (dies after n sends), disconnected in DiLoCo (liveness, with a
+//   timeout far past the ctest limit): the other two finish that sync with the direct average /
+//   DiLoCo update over the two, bit-identical, and train on; the lost one restores its own state
+//   leave(): dropped without a timeout (huge timeout; counted as "left", not "lost")
+//   join: the joiner gets exactly x0's parameters, buffers and θ_prev/momentum; the next sync is
+//   the DiLoCo update over all three
+//   saveState/loadState: resuming from the saved outer state equals the uninterrupted run
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <atomic>
 #include <functional>
@@ -17,6 +26,7 @@
 #include <thread>
 
 #include "core/Error.h"
+#include "node/FaultyTransport.h"
 #include "node/RingClusterSync.h"
 #include "node/ZmqTransport.h"
 #include "trainer/Optimizer.h"
@@ -67,10 +77,85 @@ struct TestRing {
 
 std::atomic<int> run_counter{0};
 
+// Endpoints: `prefix` + name (inproc), or, for a prefix "tcp:<port>", tcp on loopback with one port
+// per member in cluster order from <port> on (a node that restarts must be reachable again, which
+// ZeroMQ's inproc transport does not do for a peer that rebinds).
+std::string endpointFor(const std::string& prefix, const std::string& name,
+                        const std::vector<std::string>& members) {
+  if (prefix.rfind("tcp:", 0) != 0) return prefix + name;
+  const int base = std::stoi(prefix.substr(4));
+  const auto at = std::find(members.begin(), members.end(), name) - members.begin();
+  return "tcp://127.0.0.1:" + std::to_string(base + int(at));
+}
+
+NodeSpec specOf(const TestNode& node, const std::vector<TestRing>& rings, const std::string& prefix) {
+  NodeSpec spec;
+  spec.name = node.name;
+  spec.cluster = node.cluster;
+  for (const auto& r : rings) {
+    auto self = std::find(r.members.begin(), r.members.end(), spec.name);
+    if (self == r.members.end()) continue;
+    RingSpec ring;
+    ring.id = r.id;
+    ring.parameters = r.names;
+    for (const auto& m : r.members) {
+      std::string endpoint = endpointFor(prefix, m, r.members);
+      if (endpoint.rfind("tcp://", 0) == 0) endpoint = endpoint.substr(6);
+      ring.members.push_back({m, endpoint, ""});
+    }
+    ring.rank = int(self - r.members.begin());
+    spec.rings.push_back(ring);
+    spec.address = endpointFor(prefix, spec.name, r.members);
+  }
+  if (spec.address.empty()) spec.address = prefix + spec.name;
+  return spec;
+}
+
+struct MemberSetup {
+  std::chrono::milliseconds timeout{20000};
+  int64_t local_steps = 1;
+  bool joining = false;
+  // Called before start() (e.g. loadState, fault settings).
+  std::function<void(RingClusterSync&, FaultyTransport&)> before_start;
+};
+
+using MemberBody = std::function<void(RingClusterSync&, torch::jit::Module&, FaultyTransport&)>;
+
+// One node's life: its transport (wrapped in a FaultyTransport), mailbox and RingClusterSync.
+void runMember(zmq::context_t& context, const std::string& prefix, const TestNode& node,
+               const std::vector<TestRing>& rings, const State& initial, SyncOptions options,
+               const MemberSetup& setup, const MemberBody& body) {
+  NodeSpec spec = specOf(node, rings, prefix);
+  // A node that restarts under the same name rebinds its inproc endpoint, which ZeroMQ releases
+  // shortly after the old socket closed.
+  std::unique_ptr<ZmqTransport> owned;
+  for (int attempt = 0; !owned; ++attempt) {
+    try {
+      owned = std::make_unique<ZmqTransport>(context, spec.name, spec.address);
+    } catch (const std::exception& e) {
+      if (attempt >= 100 || std::string(e.what()).find("already in use") == std::string::npos)
+        throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ZmqTransport& transport = *owned;
+  FaultyTransport faulty(transport);
+  Mailbox mailbox(faulty);
+  RingClusterSync sync(mailbox, spec, options, setup.local_steps, setup.timeout);
+  sync.setJoining(setup.joining);
+  torch::jit::Module stage = makeStage(initial);
+  if (setup.before_start) setup.before_start(sync, faulty);
+  sync.start(stage);
+  body(sync, stage, faulty);
+  transport.flushAndClose(std::chrono::milliseconds(2000));
+}
+
 // Runs body(i, sync, stage) for every node on its own thread; rethrows the first error.
 void runNodes(const std::vector<TestNode>& nodes, const std::vector<TestRing>& rings,
               const std::vector<State>& initial, SyncOptions options,
-              const std::function<void(size_t, RingClusterSync&, torch::jit::Module&)>& body) {
+              const std::function<void(size_t, RingClusterSync&, torch::jit::Module&)>& body,
+              MemberSetup setup = {},
+              const std::function<void(size_t, FaultyTransport&)>& faults = {}) {
   zmq::context_t context;
   const std::string prefix = "inproc://sync" + std::to_string(run_counter++) + "_";
   std::vector<std::exception_ptr> errors(nodes.size());
@@ -78,26 +163,11 @@ void runNodes(const std::vector<TestNode>& nodes, const std::vector<TestRing>& r
   for (size_t i = 0; i < nodes.size(); ++i)
     threads.emplace_back([&, i] {
       try {
-        NodeSpec spec;
-        spec.name = nodes[i].name;
-        spec.cluster = nodes[i].cluster;
-        for (const auto& r : rings) {
-          auto self = std::find(r.members.begin(), r.members.end(), spec.name);
-          if (self == r.members.end()) continue;
-          RingSpec ring;
-          ring.id = r.id;
-          ring.parameters = r.names;
-          for (const auto& m : r.members) ring.members.push_back({m, prefix + m, ""});
-          ring.rank = int(self - r.members.begin());
-          spec.rings.push_back(ring);
-        }
-        ZmqTransport transport(context, spec.name, prefix + spec.name);
-        Mailbox mailbox(transport);
-        RingClusterSync sync(mailbox, spec, options, 1, std::chrono::milliseconds(20000));
-        torch::jit::Module stage = makeStage(initial[i]);
-        sync.start(stage);
-        body(i, sync, stage);
-        transport.flushAndClose(std::chrono::milliseconds(2000));
+        runMember(context, prefix, nodes[i], rings, initial[i], options, setup,
+                  [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport& faulty) {
+                    if (faults) faults(i, faulty);
+                    body(i, sync, stage);
+                  });
       } catch (...) {
         errors[i] = std::current_exception();
       }
@@ -316,6 +386,526 @@ TEST(RingClusterSync, RefusesDifferentInitialWeightsNamingTheNode) {
     EXPECT_NE(what.find("m1 (cluster 1) starts from different weights than m0"), std::string::npos)
         << what;
     EXPECT_NE(what.find("ring_0"), std::string::npos) << what;
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Lost, leaving and returning ring members ([E]): 3 clusters × 1 node, one ring over all tensors.
+namespace {
+
+const std::vector<std::string> kThree = {"x0", "x1", "x2"};
+
+std::vector<std::string> namesOf(const State& s) {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : s) n.push_back(k);
+  return n;
+}
+
+std::vector<TestNode> threeNodes(const State& s) {
+  return {{"x0", 0, namesOf(s)}, {"x1", 1, namesOf(s)}, {"x2", 2, namesOf(s)}};
+}
+
+// Local training stand-in with its own generator (threads must not share torch's global one when
+// runs are compared with each other).
+void perturbSeeded(torch::jit::Module& stage, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (const auto& p : stage.named_parameters(true))
+    p.value.add_(at::randn(p.value.sizes(), gen, p.value.options()));
+  for (const auto& b : stage.named_buffers(true)) {
+    if (b.value.is_floating_point())
+      b.value.add_(at::randn(b.value.sizes(), gen, b.value.options()));
+    else
+      b.value.add_(int64_t(seed % 7));
+  }
+}
+
+void expectSameState(const State& a, const State& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [name, t] : a)
+    EXPECT_TRUE(torch::equal(t, b.at(name))) << what << ": " << name << " differs";
+}
+
+// Sends the lost member makes before it vanishes: the join agreement (one 3-element all-reduce,
+// 4 sends) and 5 sends of the values: it dies inside the second bucket's all-reduce.
+constexpr uint64_t kDieAfterSends = 4 + 5;
+
+}  // namespace
+
+TEST(RingClusterSyncFailures, MemberDyingMidAverageIsDroppedAndTheOthersAverageWithoutIt) {
+  const State init = layerState("0", 5, 31);
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  std::vector<std::vector<State>> before(2, std::vector<State>(3)), after(2, std::vector<State>(3));
+  std::vector<RingClusterSyncStats> stats(3);
+  std::vector<std::vector<std::string>> views(3);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(1500);
+  runNodes(
+      nodes, rings, {init, init, init}, {},
+      [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+        for (size_t round = 0; round < 2; ++round) {
+          perturbSeeded(stage, 100 * round + i);
+          before[round][i] = stateOf(stage);
+          sync.synchronize();
+          after[round][i] = stateOf(stage);
+        }
+        stats[i] = sync.stats();
+        views[i] = sync.view("ring_0");
+      },
+      setup,
+      [](size_t i, FaultyTransport& faulty) {
+        if (i == 2) faulty.setDisconnectAfterSends(kDieAfterSends);
+      });
+  const std::vector<TestRing> survivors = {{"ring_0", namesOf(init), {"x0", "x1"}}};
+  for (size_t round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    expectAverages(before[round], after[round], survivors, nodes);
+    // The lost member restored its own pre-sync tensors and now trains alone.
+    expectSameState(after[round][2], before[round][2], "x2 after its failed sync");
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(stats[i].members_lost, 1) << i;
+    EXPECT_EQ(stats[i].redone_syncs, 1) << i;
+    EXPECT_EQ(views[i], (std::vector<std::string>{"x0", "x1"}));
+  }
+  EXPECT_EQ(views[2], (std::vector<std::string>{"x2"}));
+  std::printf("lost mid-average: survivors redid 1 sync; x2 dropped %lld member(s)\n",
+              static_cast<long long>(stats[2].members_lost));
+}
+
+TEST(RingClusterSyncFailures, MemberDyingInsideTheCommitLeavesTheFullAverageEverywhere) {
+  // x2 sends everything of the reductions (4 agreement + 4 buckets × 4) and one barrier message:
+  // every member has the full average of the three; none may redo the sync without x2.
+  const State init = layerState("0", 5, 37);
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  std::vector<std::vector<State>> before(2, std::vector<State>(3)), after(2, std::vector<State>(3));
+  std::vector<RingClusterSyncStats> stats(3);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(1500);
+  runNodes(
+      nodes, rings, {init, init, init}, {},
+      [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+        for (size_t round = 0; round < 2; ++round) {
+          perturbSeeded(stage, 500 + 100 * round + i);
+          before[round][i] = stateOf(stage);
+          sync.synchronize();
+          after[round][i] = stateOf(stage);
+        }
+        stats[i] = sync.stats();
+      },
+      setup,
+      [](size_t i, FaultyTransport& faulty) {
+        if (i == 2) faulty.setDisconnectAfterSends(4 + 16 + 1);
+      });
+  expectAverages(before[0], after[0], rings, nodes);  // all three, x2 included
+  expectAverages(before[1], after[1], {{"ring_0", namesOf(init), {"x0", "x1"}}}, nodes);
+  EXPECT_EQ(stats[0].members_lost, 1);
+  EXPECT_EQ(stats[1].members_lost, 1);
+}
+
+TEST(RingClusterSyncFailures, DisconnectedMemberInDiLoCoIsDroppedThroughLivenessNotTheTimeout) {
+  torch::manual_seed(32);
+  const State init = {{"0.weight", torch::randn({3, 5})},
+                      {"0.bias", torch::randn({3}, torch::kDouble)},
+                      {"0.running_mean", torch::randn({3})}};
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  SyncOptions options;
+  options.mode = SyncMode::kDiLoCo;  // lr 0.7, momentum 0.9, Nesterov
+  std::vector<State> before(3), after(3), again(3);
+  std::vector<RingClusterSyncStats> stats(3);
+  MemberSetup setup;
+  // Far beyond the ctest limit of this test: only the transport's disconnected report (after
+  // disconnected_grace, 1 s) can end the waits in time.
+  setup.timeout = std::chrono::milliseconds(600000);
+  runNodes(
+      nodes, rings, {init, init, init}, options,
+      [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+        perturbSeeded(stage, 7 + i);
+        before[i] = stateOf(stage);
+        sync.synchronize();
+        after[i] = stateOf(stage);
+        perturbSeeded(stage, 70 + i);
+        sync.synchronize();  // training goes on among the survivors
+        again[i] = stateOf(stage);
+        stats[i] = sync.stats();
+      },
+      setup,
+      [](size_t i, FaultyTransport& faulty) {
+        if (i == 2)
+          faulty.disconnectAll(true);
+        else
+          faulty.disconnect("x2");
+      });
+  for (const std::string name : {"0.weight", "0.bias"}) {
+    const torch::Tensor prev = init.at(name).to(torch::kDouble);
+    const torch::Tensor delta = ((prev - before[0].at(name).to(torch::kDouble)) +
+                                 (prev - before[1].at(name).to(torch::kDouble))) /
+                                2;
+    const torch::Tensor expected = prev - 0.7 * (delta + 0.9 * delta);
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_LE((after[i].at(name).to(torch::kDouble) - expected).abs().max().item<double>(), 1e-6)
+          << name << " at x" << i;
+    EXPECT_TRUE(torch::equal(after[0].at(name), after[1].at(name))) << name;
+    EXPECT_TRUE(torch::equal(again[0].at(name), again[1].at(name))) << name;
+  }
+  const torch::Tensor mean = (before[0].at("0.running_mean") + before[1].at("0.running_mean")) / 2;
+  EXPECT_LE((after[0].at("0.running_mean") - mean).abs().max().item<double>(), 1e-6);
+  expectSameState(after[2], before[2], "x2 after its failed sync");
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(stats[i].members_lost, 1) << i;
+    EXPECT_EQ(stats[i].syncs, 2) << i;
+  }
+}
+
+TEST(RingClusterSyncFailures, MemberDyingMidGradientAverageIsDropped) {
+  torch::manual_seed(33);
+  const State init = {{"0.weight", torch::randn({4, 6})}, {"0.bias", torch::randn({4})}};
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  SyncOptions options;
+  options.mode = SyncMode::kGradients;
+  std::vector<State> grads_before(3), grads_after(3);
+  std::vector<RingClusterSyncStats> stats(3);
+  auto gradsOf = [](torch::jit::Module& stage) {
+    State g;
+    for (const auto& p : stage.named_parameters(true)) g[p.name] = p.value.grad().clone();
+    return g;
+  };
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(1500);
+  runNodes(
+      nodes, rings, {init, init, init}, options,
+      [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+        at::Generator gen = at::detail::createCPUGenerator(50 + i);
+        for (const auto& p : stage.named_parameters(true))
+          p.value.mutable_grad() = at::randn(p.value.sizes(), gen, p.value.options());
+        grads_before[i] = gradsOf(stage);
+        sync.beforeOptimizerStep(0, stage);
+        grads_after[i] = gradsOf(stage);
+        stats[i] = sync.stats();
+      },
+      setup,
+      [](size_t i, FaultyTransport& faulty) {
+        if (i == 2) faulty.setDisconnectAfterSends(2);  // inside the gradient all-reduce
+      });
+  for (const auto& [name, g0] : grads_before[0]) {
+    const torch::Tensor expected = (g0.to(torch::kDouble) + grads_before[1].at(name).to(torch::kDouble)) / 2;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_LE((grads_after[i].at(name).to(torch::kDouble) - expected).abs().max().item<double>(),
+                1e-6)
+          << name << " at x" << i;
+    EXPECT_TRUE(torch::equal(grads_after[0].at(name), grads_after[1].at(name))) << name;
+  }
+  expectSameState(grads_after[2], grads_before[2], "x2's gradients after its failed sync");
+  EXPECT_EQ(stats[0].members_lost, 1);
+  EXPECT_EQ(stats[1].members_lost, 1);
+}
+
+TEST(RingClusterSyncFailures, LeavingMemberIsDroppedWithoutWaitingForATimeout) {
+  const State init = layerState("0", 4, 34);
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  std::vector<std::vector<State>> before(2, std::vector<State>(3)), after(2, std::vector<State>(3));
+  std::vector<RingClusterSyncStats> stats(3);
+  MemberSetup setup;
+  // Far beyond the ctest limit of this test: waiting for x2 to time out would fail it.
+  setup.timeout = std::chrono::milliseconds(600000);
+  runNodes(
+      nodes, rings, {init, init, init}, {},
+      [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+        perturbSeeded(stage, 200 + i);
+        before[0][i] = stateOf(stage);
+        sync.synchronize();
+        after[0][i] = stateOf(stage);
+        if (i == 2) sync.leave();
+        perturbSeeded(stage, 300 + i);
+        before[1][i] = stateOf(stage);
+        sync.synchronize();  // x2: a no-op after leave()
+        after[1][i] = stateOf(stage);
+        stats[i] = sync.stats();
+      },
+      setup);
+  expectAverages(before[0], after[0], rings, nodes);
+  expectAverages(before[1], after[1], {{"ring_0", namesOf(init), {"x0", "x1"}}}, nodes);
+  expectSameState(after[1][2], before[1][2], "x2 after leaving");
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(stats[i].members_left, 1) << i;
+    EXPECT_EQ(stats[i].members_lost, 0) << i;
+  }
+}
+
+TEST(RingClusterSyncFailures, FinishLeavesWithoutAnyoneDroppingAnyone) {
+  // finish() = the final sync, then leave(): a fast finisher's leave reaching the others inside
+  // the final commit must not make them drop it (it sent everything before leaving).
+  const State init = layerState("0", 4, 38);
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  std::vector<State> before(3), after(3);
+  std::vector<RingClusterSyncStats> stats(3);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(600000);  // only a leave could end a wait in time
+  for (int repeat = 0; repeat < 5; ++repeat) {
+    runNodes(
+        nodes, rings, {init, init, init}, {},
+        [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+          perturbSeeded(stage, 600 + 10 * uint64_t(repeat) + i);
+          before[i] = stateOf(stage);
+          sync.finish(1, stage);
+          after[i] = stateOf(stage);
+          stats[i] = sync.stats();
+        },
+        setup);
+    SCOPED_TRACE("repeat " + std::to_string(repeat));
+    expectAverages(before, after, rings, nodes);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(stats[i].members_left + stats[i].members_lost, 0) << i;
+      EXPECT_EQ(stats[i].syncs, 1) << i;
+    }
+  }
+}
+
+TEST(RingClusterSyncFailures, JoinerGetsTheLiveWeightsAndOuterStateAndTheNextSyncIncludesIt) {
+  torch::manual_seed(35);
+  const State init = {{"0.weight", torch::randn({3, 5})},
+                      {"0.bias", torch::randn({3}, torch::kDouble)},
+                      {"0.running_mean", torch::randn({3})},
+                      {"0.num_batches_tracked", torch::tensor(int64_t(2))}};
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  SyncOptions options;
+  options.mode = SyncMode::kDiLoCo;
+  using Saved = std::pair<std::vector<std::pair<std::string, torch::Tensor>>, nlohmann::json>;
+  std::vector<State> admitted(3), final_before(3), final_after(3);
+  std::vector<Saved> saved(3);
+  std::vector<RingClusterSyncStats> stats(3);
+  std::vector<int64_t> generations(3);
+  zmq::context_t context;
+  const std::string prefix = "tcp:6380";  // ports 6380-6382 (this test only)
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(20000);
+  std::vector<std::exception_ptr> errors(3);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 3; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        auto finalRound = [&](RingClusterSync& sync, torch::jit::Module& stage) {
+          perturbSeeded(stage, 900 + i);
+          final_before[i] = stateOf(stage);
+          sync.synchronize();
+          final_after[i] = stateOf(stage);
+          stats[i] = sync.stats();
+          generations[i] = sync.generation("ring_0");
+        };
+        if (i == 2) {
+          // First life: one sync with everyone, then leave. Second life: join with stale weights.
+          runMember(context, prefix, nodes[i], rings, init, options, setup,
+                    [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport&) {
+                      perturbSeeded(stage, 400);
+                      sync.synchronize();
+                      sync.leave();
+                    });
+          MemberSetup joiner = setup;
+          joiner.joining = true;
+          runMember(context, prefix, nodes[i], rings, init, options, joiner,
+                    [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport&) {
+                      admitted[i] = stateOf(stage);
+                      saved[i].first.clear();
+                      sync.saveState(&saved[i].first, &saved[i].second);
+                      finalRound(sync, stage);
+                    });
+          return;
+        }
+        runMember(context, prefix, nodes[i], rings, init, options, setup,
+                  [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport&) {
+                    perturbSeeded(stage, 400 + i);
+                    sync.synchronize();
+                    // Train on (rounds of the two) until the ring has admitted the joiner; both
+                    // survivors agree on the round (the admission is agreed by an all-reduce).
+                    for (int round = 1; sync.stats().members_joined == 0; ++round) {
+                      ASSERT_LT(round, 2000) << "the joiner was never admitted";
+                      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                      perturbSeeded(stage, 400 + 10 * uint64_t(round) + i);
+                      sync.synchronize();
+                      admitted[i] = stateOf(stage);
+                      saved[i].first.clear();
+                      sync.saveState(&saved[i].first, &saved[i].second);
+                    }
+                    finalRound(sync, stage);
+                  });
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  // The joiner holds exactly the live members' parameters, buffers and outer state.
+  expectSameState(admitted[2], admitted[0], "joiner vs x0 at admission");
+  expectSameState(admitted[1], admitted[0], "x1 vs x0 at admission");
+  ASSERT_EQ(saved[2].first.size(), saved[0].first.size());
+  std::map<std::string, torch::Tensor> outer;
+  for (const auto& [name, t] : saved[0].first) outer[name] = t;
+  for (const auto& [name, t] : saved[2].first) {
+    ASSERT_TRUE(outer.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, outer.at(name))) << "joiner's " << name << " differs from x0's";
+  }
+  EXPECT_EQ(stats[0].members_joined, 1);
+  EXPECT_EQ(stats[2].joined_rings, 1);
+  EXPECT_EQ(stats[2].last_welcome_checksum, stats[0].last_welcome_checksum);
+  EXPECT_EQ(generations, (std::vector<int64_t>{2, 2, 2}));  // 1: x2 left; 2: x2 admitted
+  // The next sync includes the joiner: the DiLoCo update over all three, from the outer state.
+  for (const std::string name : {"0.weight", "0.bias"}) {
+    const torch::ScalarType dtype = init.at(name).scalar_type();
+    torch::Tensor momentum;
+    for (const auto& [key, t] : saved[0].first)
+      if (key.find(".momentum.") != std::string::npos && t.scalar_type() == dtype)
+        momentum = t.to(torch::kDouble).view(init.at(name).sizes());
+    ASSERT_TRUE(momentum.defined()) << name;
+    const torch::Tensor prev = admitted[0].at(name).to(torch::kDouble);
+    torch::Tensor delta = torch::zeros_like(prev);
+    for (size_t i = 0; i < 3; ++i) delta += prev - final_before[i].at(name).to(torch::kDouble);
+    delta /= 3;
+    const torch::Tensor next_momentum = 0.9 * momentum + delta;
+    const torch::Tensor expected = prev - 0.7 * (delta + 0.9 * next_momentum);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_LE((final_after[i].at(name).to(torch::kDouble) - expected).abs().max().item<double>(),
+                1e-5)
+          << name << " at x" << i;
+      EXPECT_TRUE(torch::equal(final_after[i].at(name), final_after[0].at(name))) << name << i;
+    }
+  }
+  const torch::Tensor mean = (final_before[0].at("0.running_mean") +
+                              final_before[1].at("0.running_mean") +
+                              final_before[2].at("0.running_mean")) / 3;
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_LE((final_after[i].at("0.running_mean") - mean).abs().max().item<double>(), 1e-6);
+}
+
+TEST(RingClusterSyncFailures, MalformedWelcomesAreDroppedAndAValidOneIsApplied) {
+  // A broken ring peer answers the join with welcomes that do not fit (not JSON, wrong types,
+  // a wrong tensor size), then a valid one: the joiner survives the first and applies the last.
+  torch::manual_seed(39);
+  const State init = {{"0.weight", torch::randn({3, 4})}};
+  const std::vector<TestNode> nodes = {{"w0", 0, {"0.weight"}}, {"w1", 1, {"0.weight"}}};
+  const std::vector<TestRing> rings = {{"ring_0", {"0.weight"}, {"w0", "w1"}}};
+  const torch::Tensor live = torch::randn({3, 4});
+  zmq::context_t context;
+  const std::string prefix = "inproc://welcome" + std::to_string(run_counter++) + "_";
+  std::exception_ptr fake_error;
+  std::thread fake([&] {
+    try {
+      ZmqTransport transport(context, "w0", prefix + "w0");
+      transport.addPeer("w1", prefix + "w1");
+      auto request = transport.receive(std::chrono::milliseconds(20000));
+      ASSERT_TRUE(request.has_value());
+      ASSERT_NE(request->text.find("join"), std::string::npos);
+      auto welcome = [&](std::string text, torch::Tensor value) {
+        Message m;
+        m.kind = MessageKind::kCollective;
+        m.sender = "w0";
+        m.tag = "ring:ring_0";
+        m.text = std::move(text);
+        if (value.defined()) m.tensors.push_back({"value.0", value});
+        ASSERT_EQ(transport.send("w1", m, std::chrono::milliseconds(2000)), SendStatus::kSent);
+      };
+      const std::string good =
+          R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":7,"transactions":3,"checksum":1})";
+      welcome("welcome, not JSON", live.reshape({-1}));
+      welcome(R"({"type":5,"generation":1,"view":["w0","w1"]})", live.reshape({-1}));
+      welcome(R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":"x","transactions":0,"checksum":1})",
+              live.reshape({-1}));
+      welcome(R"({"type":"welcome","generation":1,"view":["w0","stranger"],"step":7,"transactions":3,"checksum":1})",
+              live.reshape({-1}));
+      welcome(good, torch::zeros({5}));  // wrong element count
+      welcome(good, live.reshape({-1}).to(torch::kDouble));  // wrong dtype
+      welcome(good, live.reshape({-1}));
+      transport.flushAndClose(std::chrono::milliseconds(2000));
+    } catch (...) {
+      fake_error = std::current_exception();
+    }
+  });
+  State joined;
+  std::vector<std::string> view;
+  RingClusterSyncStats stats;
+  MemberSetup joiner;
+  joiner.joining = true;
+  joiner.timeout = std::chrono::milliseconds(20000);
+  runMember(context, prefix, nodes[1], rings, init, {}, joiner,
+            [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport&) {
+              joined = stateOf(stage);
+              view = sync.view("ring_0");
+              stats = sync.stats();
+            });
+  fake.join();
+  if (fake_error) std::rethrow_exception(fake_error);
+  EXPECT_TRUE(torch::equal(joined.at("0.weight"), live));
+  EXPECT_EQ(view, (std::vector<std::string>{"w0", "w1"}));
+  EXPECT_EQ(stats.joined_rings, 1);
+}
+
+TEST(RingClusterSyncFailures, SavedOuterStateReproducesTheUninterruptedDiLoCoRun) {
+  torch::manual_seed(36);
+  const State init = {{"0.weight", torch::randn({3, 5})}, {"0.bias", torch::randn({3}, torch::kDouble)}};
+  const std::vector<std::string> names = namesOf(init);
+  const std::vector<TestNode> nodes = {{"d0", 0, names}, {"d1", 1, names}};
+  const std::vector<TestRing> rings = {{"ring_0", names, {"d0", "d1"}}};
+  SyncOptions options;
+  options.mode = SyncMode::kDiLoCo;
+  using Saved = std::pair<std::vector<std::pair<std::string, torch::Tensor>>, nlohmann::json>;
+  // Uninterrupted: two outer steps.
+  std::vector<State> straight(2), mid(2), resumed(2), fresh(2);
+  std::vector<Saved> saved(2);
+  runNodes(nodes, rings, {init, init}, options, [&](size_t i, RingClusterSync& sync, auto& stage) {
+    perturbSeeded(stage, 10 + i);
+    sync.afterOptimizerStep(0, stage);
+    perturbSeeded(stage, 20 + i);
+    sync.afterOptimizerStep(1, stage);
+    straight[i] = stateOf(stage);
+  });
+  // Interrupted after the first outer step: checkpoint, then new objects resume from it.
+  runNodes(nodes, rings, {init, init}, options, [&](size_t i, RingClusterSync& sync, auto& stage) {
+    perturbSeeded(stage, 10 + i);
+    sync.afterOptimizerStep(0, stage);
+    sync.saveState(&saved[i].first, &saved[i].second);
+    mid[i] = stateOf(stage);
+  });
+  EXPECT_EQ(saved[0].second["last_synced_step"], 1);
+  MemberSetup load;
+  load.before_start = [&](RingClusterSync& sync, FaultyTransport& faulty) {
+    const size_t i = faulty.name() == "d0" ? 0 : 1;
+    sync.loadState(saved[i].first, saved[i].second);
+  };
+  runNodes(nodes, rings, mid, options, [&](size_t i, RingClusterSync& sync, auto& stage) {
+    perturbSeeded(stage, 20 + i);
+    sync.afterOptimizerStep(1, stage);
+    resumed[i] = stateOf(stage);
+  }, load);
+  for (size_t i = 0; i < 2; ++i) expectSameState(resumed[i], straight[i], "resumed vs uninterrupted");
+  // Control: resuming without the outer state (θ_prev from the weights, no momentum) differs.
+  runNodes(nodes, rings, mid, options, [&](size_t i, RingClusterSync& sync, auto& stage) {
+    perturbSeeded(stage, 20 + i);
+    sync.afterOptimizerStep(1, stage);
+    fresh[i] = stateOf(stage);
+  });
+  EXPECT_FALSE(torch::equal(fresh[0].at("0.weight"), straight[0].at("0.weight")));
+  // A checkpoint tensor that does not fit is refused, naming it.
+  Saved bad = saved[0];
+  for (auto& [name, t] : bad.first)
+    if (name.find(".previous.") != std::string::npos) t = torch::zeros({t.numel() + 1}, t.options());
+  const std::string bad_name = bad.first.at(0).first;
+  MemberSetup bad_load;
+  bad_load.before_start = [&](RingClusterSync& sync, FaultyTransport&) {
+    sync.loadState(bad.first, bad.second);
+  };
+  try {
+    runNodes(nodes, rings, mid, options, [](size_t, RingClusterSync&, auto&) {}, bad_load);
+    FAIL() << "a checkpoint tensor of the wrong size was accepted";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find(bad_name), std::string::npos) << e.what();
   }
 }
 

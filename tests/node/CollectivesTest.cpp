@@ -347,6 +347,38 @@ TEST(Collectives, AbsentMemberYieldsPeerLostAndTheGroupStaysBroken) {
   }
 }
 
+// A member that announces its leave: every other member fails at once naming it (lostByLeave),
+// also the one blocked sending to it, with a timeout no test could wait for.
+TEST(Collectives, LeaveMakesEveryOtherMemberFailNamingTheLeaver) {
+  const int n = 4;
+  ProcessGroupOptions options = testOptions();
+  options.timeout = 600s;
+  std::vector<std::string> lost(n);
+  std::vector<int> by_leave(n, -1);
+  auto outcomes = runRanks(n, options, [&](int r, ProcessGroup& g) {
+    if (r == 3) {
+      g.sendLeave(100ms);
+      return;
+    }
+    torch::Tensor t = torch::ones({300000});
+    try {
+      g.allReduce(t);
+    } catch (const PeerLost&) {
+      lost[r] = g.lostPeer();
+      by_leave[r] = g.lostByLeave() ? 1 : 0;
+      throw;
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(outcomes[r].kind, ErrorKind::kPeerLost) << "rank " << r << ": " << outcomes[r].error;
+    EXPECT_NE(outcomes[r].error.find("rank3 (rank 3) left the group"), std::string::npos)
+        << outcomes[r].error;
+    EXPECT_EQ(lost[r], "rank3");
+    EXPECT_EQ(by_leave[r], 1);
+  }
+  EXPECT_EQ(outcomes[3].error, "");
+}
+
 TEST(Collectives, RejectsBadArguments) {
   zmq::context_t context;
   ZmqTransport transport(context, "solo", "inproc://solo");

@@ -79,6 +79,33 @@ TEST(FaultyTransport, DisconnectCutsBothDirectionsAndReconnectRestores) {
   EXPECT_EQ(drain(p.b), (std::vector<int>{3}));
 }
 
+TEST(FaultyTransport, CutPeerIsReportedDisconnectedSinceTheCut) {
+  Pair p;
+  EXPECT_EQ(p.faulty_a.liveness("b").state, PeerState::kUnknown);  // inproc ZmqTransport: unknown
+  const auto before = std::chrono::steady_clock::now();
+  p.faulty_a.disconnect("b");
+  const PeerLiveness cut = p.faulty_a.liveness("b");
+  EXPECT_EQ(cut.state, PeerState::kDisconnected);
+  EXPECT_GE(cut.since, before);
+  p.faulty_a.reconnect("b");
+  EXPECT_EQ(p.faulty_a.liveness("b").state, PeerState::kUnknown);
+  p.faulty_a.disconnectAll(true);
+  EXPECT_EQ(p.faulty_a.liveness("b").state, PeerState::kDisconnected);
+  EXPECT_EQ(p.faulty_a.liveness("anyone").state, PeerState::kDisconnected);
+}
+
+TEST(FaultyTransport, DisconnectAfterSendsCutsEverythingAfterTheNth) {
+  Pair p;
+  ASSERT_EQ(p.faulty_a.send("b", numbered(1), 1s), SendStatus::kSent);  // before: not counted
+  p.faulty_a.setDisconnectAfterSends(2);
+  EXPECT_EQ(p.faulty_a.send("b", numbered(2), 1s), SendStatus::kSent);
+  EXPECT_EQ(p.faulty_a.send("b", numbered(3), 1s), SendStatus::kSent);
+  EXPECT_EQ(p.faulty_a.liveness("b").state, PeerState::kUnknown);
+  EXPECT_EQ(p.faulty_a.send("b", numbered(4), 50ms), SendStatus::kTimedOut);
+  EXPECT_EQ(p.faulty_a.liveness("b").state, PeerState::kDisconnected);
+  EXPECT_EQ(drain(p.b), (std::vector<int>{1, 2, 3}));
+}
+
 TEST(FaultyTransport, DelayHoldsEachSend) {
   Pair p;
   p.faulty_a.setDelay(100ms);
