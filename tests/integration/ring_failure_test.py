@@ -14,7 +14,7 @@ CASE:
                 at a sync boundary and sends it the ring's current weights: the checksum node_2
                 logs for what it fetched ("fetched weights checksum H") must equal the checksum the
                 admitting member logs for what it sent at that sync ("sent weights checksum H");
-                node_2 then trains to the end (exit 0). Needs --resume (issue-live).
+                node_2 then trains to the end (exit 0).
 
 Ports BASE .. BASE+2. Figures (seconds to detect the loss, to rejoin) are printed, not asserted.
 """
