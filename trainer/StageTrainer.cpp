@@ -411,18 +411,23 @@ struct StageTrainer::Impl {
     }
   }
 
-  void forward(int k) {
-    Microbatch& mb = micro[k];
+  // One micro-batch's forward, shared by the sync and async schedules: the Root runs mb.inputs;
+  // other stages receive the activation for (step_number, microbatch) from upstream with its
+  // targets, ids and denominator. The Leaf computes the micro-batch's loss share (and, when it is
+  // not also the Root, adds its sample ids to *id_checksum); other stages send their outputs on.
+  // `id` is the executor's micro-batch key.
+  void forwardOf(Microbatch& mb, uint64_t id, int64_t step_number, int64_t microbatch,
+                 uint64_t* id_checksum) {
     std::vector<torch::Tensor> inputs;
     if (is_root) {
       inputs = mb.inputs;
     } else {
-      StagePacket in =
-          receive(Neighbour::kUpstream, PacketKind::kActivation, uint64_t(step), uint64_t(k), "");
+      StagePacket in = receive(Neighbour::kUpstream, PacketKind::kActivation,
+                               uint64_t(step_number), uint64_t(microbatch), "");
       const size_t n = cfg.node.inputs.size();
       if (in.tensors.size() < n)
-        CAIRN_THROW(BadInput, "activation for step ", step, " micro-batch ", k, " has ",
-                    in.tensors.size(), " tensors, fewer than the stage's ", n, " inputs");
+        CAIRN_THROW(BadInput, "activation for step ", step_number, " micro-batch ", microbatch,
+                    " has ", in.tensors.size(), " tensors, fewer than the stage's ", n, " inputs");
       for (size_t i = 0; i < n; ++i) inputs.push_back(in.tensors[i].second);
       mb.targets = in.tensor(kTargets);
       mb.ids = in.tensor(kIds);
@@ -430,32 +435,35 @@ struct StageTrainer::Impl {
       readStopAt(in);
     }
     const auto t = Clock::now();
-    std::vector<torch::Tensor> outputs = executor->forward(uint64_t(k), inputs);
+    std::vector<torch::Tensor> outputs = executor->forward(id, inputs);
     if (is_leaf) {
       if (mb.targets.size(0) != mb.ids.size(0))
-        CAIRN_THROW(BadInput, "micro-batch ", k, " of step ", step, ": ", mb.targets.size(0),
-                    " targets for ", mb.ids.size(0), " sample ids");
+        CAIRN_THROW(BadInput, "micro-batch ", microbatch, " of step ", step_number, ": ",
+                    mb.targets.size(0), " targets for ", mb.ids.size(0), " sample ids");
       mb.loss = microbatchLoss(opt.loss, outputs.at(0), mb.targets, mb.denominator.item<double>());
       compute_s += secondsSince(t);
       if (!is_root) {
         torch::Tensor ids = mb.ids.to(torch::kLong).contiguous();
-        checksum += sampleIdChecksum(ids.data_ptr<int64_t>(), size_t(ids.numel()));
+        *id_checksum += sampleIdChecksum(ids.data_ptr<int64_t>(), size_t(ids.numel()));
       }
       return;
     }
     compute_s += secondsSince(t);
     StagePacket out;
     out.kind = PacketKind::kActivation;
-    out.step = uint64_t(step);
-    out.microbatch = uint64_t(k);
+    out.step = uint64_t(step_number);
+    out.microbatch = uint64_t(microbatch);
     for (size_t i = 0; i < outputs.size(); ++i)
       out.tensors.emplace_back(cfg.node.outputs[i].name, outputs[i].detach());
     out.tensors.emplace_back(kTargets, mb.targets);
     out.tensors.emplace_back(kIds, mb.ids);
     out.tensors.emplace_back(kDenominator, mb.denominator);
     if (stop_at >= 0) out.tensors.emplace_back(kStopAt, torch::tensor(stop_at, torch::kLong));
+    mb.inputs.clear();  // not needed after the forward (the executor keeps what backward needs)
     send(Neighbour::kDownstream, out);
   }
+
+  void forward(int k) { forwardOf(micro[k], uint64_t(k), step, k, &checksum); }
 
   void readStopAt(const StagePacket& in) {
     if (!in.has(kStopAt)) return;
@@ -800,63 +808,18 @@ struct StageTrainer::Impl {
 
   void asyncForward(int64_t g) {
     const int64_t M = opt.microbatches, s = g / M, k = g % M;
-    std::vector<torch::Tensor> inputs;
-    Microbatch* mb = nullptr;
-    if (is_root) {
-      if (k == 0) {
-        const auto t = Clock::now();
-        step = s;
-        micro.clear();
-        loadBatch();
-        for (auto& [i, m] : micro) async_micro[s * M + i] = std::move(m);
-        micro.clear();
-        async_steps[s].checksum = checksum;
-        compute_s += secondsSince(t);
-      }
-      mb = &async_micro.at(g);
-      inputs = mb->inputs;
-    } else {
-      mb = &async_micro[g];
-      StagePacket in =
-          receive(Neighbour::kUpstream, PacketKind::kActivation, uint64_t(s), uint64_t(k), "");
-      const size_t n = cfg.node.inputs.size();
-      if (in.tensors.size() < n)
-        CAIRN_THROW(BadInput, "activation for step ", s, " micro-batch ", k, " has ",
-                    in.tensors.size(), " tensors, fewer than the stage's ", n, " inputs");
-      for (size_t i = 0; i < n; ++i) inputs.push_back(in.tensors[i].second);
-      mb->targets = in.tensor(kTargets);
-      mb->ids = in.tensor(kIds);
-      mb->denominator = in.tensor(kDenominator);
-      readStopAt(in);
-    }
-    const auto t = Clock::now();
-    std::vector<torch::Tensor> outputs = executor->forward(uint64_t(g), inputs);
-    if (is_leaf) {
-      if (mb->targets.size(0) != mb->ids.size(0))
-        CAIRN_THROW(BadInput, "micro-batch ", k, " of step ", s, ": ", mb->targets.size(0),
-                    " targets for ", mb->ids.size(0), " sample ids");
-      mb->loss =
-          microbatchLoss(opt.loss, outputs.at(0), mb->targets, mb->denominator.item<double>());
+    if (is_root && k == 0) {
+      const auto t = Clock::now();
+      step = s;
+      micro.clear();
+      loadBatch();
+      for (auto& [i, m] : micro) async_micro[s * M + i] = std::move(m);
+      micro.clear();
+      async_steps[s].checksum = checksum;
       compute_s += secondsSince(t);
-      if (!is_root) {
-        torch::Tensor ids = mb->ids.to(torch::kLong).contiguous();
-        async_steps[s].checksum += sampleIdChecksum(ids.data_ptr<int64_t>(), size_t(ids.numel()));
-      }
-      return;
     }
-    compute_s += secondsSince(t);
-    StagePacket out;
-    out.kind = PacketKind::kActivation;
-    out.step = uint64_t(s);
-    out.microbatch = uint64_t(k);
-    for (size_t i = 0; i < outputs.size(); ++i)
-      out.tensors.emplace_back(cfg.node.outputs[i].name, outputs[i].detach());
-    out.tensors.emplace_back(kTargets, mb->targets);
-    out.tensors.emplace_back(kIds, mb->ids);
-    out.tensors.emplace_back(kDenominator, mb->denominator);
-    if (stop_at >= 0) out.tensors.emplace_back(kStopAt, torch::tensor(stop_at, torch::kLong));
-    mb->inputs.clear();
-    send(Neighbour::kDownstream, out);
+    Microbatch& mb = is_root ? async_micro.at(g) : async_micro[g];
+    forwardOf(mb, uint64_t(g), s, k, &async_steps[s].checksum);
   }
 
   void asyncBackward(int64_t g) {
