@@ -41,6 +41,7 @@ bool FaultyTransport::isCut(const std::string& peer) const {
 }
 
 double FaultyTransport::uniform() {
+  std::lock_guard<std::mutex> lock(rng_mutex_);
   rng_state_ ^= rng_state_ >> 12;
   rng_state_ ^= rng_state_ << 25;
   rng_state_ ^= rng_state_ >> 27;

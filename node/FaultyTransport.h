@@ -1,6 +1,7 @@
 // FaultyTransport: a Transport decorator that injects faults, for reliability tests (leveldb's
 // fault-injection Env, applied to the network). Faults are switched on and off at run time through
-// atomic settings, from any thread; sends and receives still happen on the owning thread.
+// atomic settings, from any thread. Like the transport it wraps, send/receive/liveness may be
+// called from several threads at once.
 //   drop       — outgoing messages silently vanish (a lossy link)
 //   delay      — each outgoing message waits this long first (a slow link)
 //   duplicate  — each outgoing message is sent twice (a retransmitting link)
@@ -37,7 +38,10 @@ class FaultyTransport : public Transport {
   void reconnect(const std::string& peer);
   // After `sends` more sends (counting from this call), behave as disconnectAll(true). 0: off.
   void setDisconnectAfterSends(uint64_t sends);
-  void setSeed(uint64_t seed) { rng_state_ = seed | 1; }
+  void setSeed(uint64_t seed) {
+    std::lock_guard<std::mutex> lock(rng_mutex_);
+    rng_state_ = seed | 1;
+  }
 
   uint64_t dropped() const { return dropped_; }
   uint64_t duplicated() const { return duplicated_; }
@@ -67,7 +71,8 @@ class FaultyTransport : public Transport {
   std::map<std::string, std::chrono::steady_clock::time_point> cut_peers_;  // peer → since
   std::chrono::steady_clock::time_point all_cut_since_{};
   std::atomic<uint64_t> disconnect_at_send_{0};
-  uint64_t rng_state_ = 0x9E3779B97F4A7C15ull;
+  std::mutex rng_mutex_;
+  uint64_t rng_state_ = 0x9E3779B97F4A7C15ull;  // under rng_mutex_
   std::atomic<uint64_t> sends_{0};
   std::atomic<uint64_t> dropped_{0}, duplicated_{0}, corrupted_{0};
 };

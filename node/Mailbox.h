@@ -3,11 +3,20 @@
 // step…) and the mailbox keeps the others, oldest first, for whoever asks for them next.
 // The buffer is bounded: past `max_buffered` messages the oldest is dropped and counted, so a
 // peer flooding us with messages nobody asks for cannot exhaust memory.
-// Ownership: borrows the transport. Thread-safety: the transport's owning thread only.
+// Ownership: borrows the transport.
+// Thread-safety: every call may come from several threads at once (a node's rings sync
+// concurrently, one thread per ring; docs/THREADS.md). One waiter at a time reads the transport
+// (the *receiver*); it files what is not its own in the buffer and wakes the other waiters, which
+// look there and take over the transport when it returns (the leader/follower pattern). A waiter
+// never holds the transport past its own timeout, and sends go straight to the transport (which
+// takes its own per-peer locks), so a thread waiting for room to send never keeps the others from
+// receiving. With one thread, this is the plain selective receive it always was.
 #pragma once
 
+#include <condition_variable>
 #include <deque>
 #include <functional>
+#include <mutex>
 
 #include "node/Transport.h"
 
@@ -33,20 +42,27 @@ class Mailbox {
   // run); returns how many.
   size_t purge(const Match& match);
   // Puts a message taken by receive() back at the front (it was someone else's to handle).
-  void putBack(Message message) { buffer_.push_front(std::move(message)); }
+  void putBack(Message message);
   [[nodiscard]] SendStatus send(const std::string& peer, const Message& message,
                                 std::chrono::milliseconds timeout) {
     return transport_.send(peer, message, timeout);
   }
   Transport& transport() { return transport_; }
-  size_t buffered() const { return buffer_.size(); }
-  uint64_t droppedForSpace() const { return dropped_for_space_; }
+  size_t buffered() const;
+  uint64_t droppedForSpace() const;
 
  private:
+  // Appends a message nobody asked for yet (dropping the oldest when full). Caller holds mutex_.
+  void file(Message message);
+
   Transport& transport_;
   size_t max_buffered_;
-  std::deque<Message> buffer_;
-  uint64_t dropped_for_space_ = 0;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;  // a message was filed, the receiver left, or liveness moved
+  bool receiving_ = false;           // some waiter is reading the transport
+  uint64_t wakeups_ = 0;             // transport returns early (liveness change, signal)
+  std::deque<Message> buffer_;       // under mutex_
+  uint64_t dropped_for_space_ = 0;   // under mutex_
 };
 
 }  // namespace cairn

@@ -1,10 +1,15 @@
 #include "node/RingClusterSync.h"
 
+#include <ATen/ThreadLocalState.h>
+
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <map>
 #include <set>
 #include <sstream>
+#include <system_error>
+#include <thread>
 
 #include "core/Error.h"
 #include "core/Log.h"
@@ -142,6 +147,12 @@ RingClusterSync::RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOpt
             [](const RingSpec& a, const RingSpec& b) { return a.id < b.id; });
   std::set<std::string> added;
   group_options_.timeout = timeout;
+  // Concurrent rings that share a link share its queues: each keeps a proportional share of the
+  // in-flight window (see the header).
+  const int shared_rings = static_cast<int>(std::count_if(
+      specs.begin(), specs.end(), [](const RingSpec& s) { return s.members.size() > 1; }));
+  if (sync_.concurrent_rings && shared_rings > 1)
+    group_options_.max_in_flight = std::max(1, group_options_.max_in_flight / shared_rings);
   for (auto& spec : specs) {
     auto ring = std::make_unique<Ring>();
     ring->spec = spec;
@@ -187,7 +198,10 @@ int64_t RingClusterSync::generation(const std::string& id) const {
 void RingClusterSync::regroup(Ring& ring, std::vector<std::string> view, int64_t generation) {
   ring.view = std::move(view);
   ring.generation = generation;
-  if (ring.group) bytes_retired_ += ring.group->stats().bytes_sent;
+  if (ring.group) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    bytes_retired_ += ring.group->stats().bytes_sent;
+  }
   ring.group.reset();
   if (ring.view.size() > 1)
     ring.group = std::make_unique<ProcessGroup>(mailbox_, groupIdOf(ring.spec.id, generation),
@@ -257,7 +271,10 @@ void RingClusterSync::checkIdenticalStart(Ring& ring) {
   torch::Tensor mine = torch::tensor({int64_t(checksum(ring))}, torch::kLong);
   const auto t0 = Clock::now();
   std::vector<torch::Tensor> all = ring.group->allGather(mine);
-  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
   const auto& members = ring.spec.members;
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].item<int64_t>() == all[0].item<int64_t>()) continue;
@@ -321,15 +338,18 @@ void RingClusterSync::start(torch::jit::Module& stage) {
     CAIRN_THROW(BadInput, "checkpoint tensor ", loaded_.begin()->first,
                 " names no ring that node ", node_.name, " shares with other clusters");
   const bool joined_any = joining_ && join();
-  if (!joined_any)
+  if (!joined_any) {
+    std::vector<Ring*> shared;
     for (auto& ring : rings_) {
       if (ring->spec.members.size() <= 1) continue;
       std::vector<std::string> all;
       for (const auto& m : ring->spec.members) all.push_back(m.name);
       if (ring->generation != 0 || ring->view != all) regroup(*ring, all, 0);
       ring->transactions = 0;
-      checkIdenticalStart(*ring);
+      shared.push_back(ring.get());
     }
+    forEachRing(shared, [this](Ring& ring) { checkIdenticalStart(ring); });
+  }
   joining_ = false;
   started_ = true;
   if (activeRings() > 0) {
@@ -485,8 +505,11 @@ bool RingClusterSync::join() {
           ordered.push_back(member.name);
       regroup(*ring, ordered, generation);
       ring->transactions = j["transactions"].get<int64_t>();
-      ++stats_.joined_rings;
-      stats_.last_welcome_checksum = sum;
+      {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        ++stats_.joined_rings;
+        stats_.last_welcome_checksum = sum;
+      }
       CAIRN_INFO("ring ", ring->spec.id, ": joined from ", m->sender, " at its step ",
                  j["step"].get<int64_t>(), ", generation ", generation, ", view ",
                  joined(ordered), "; fetched weights checksum ", sum);
@@ -566,7 +589,10 @@ void RingClusterSync::admit(Ring& ring, const std::vector<std::string>& joiners)
         CAIRN_WARN("ring ", ring.spec.id, ": welcome to ", j, " not sent (", toString(status),
                    "); it will be found lost at the next sync");
     }
-    stats_.last_welcome_checksum = sum;
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      stats_.last_welcome_checksum = sum;
+    }
     CAIRN_INFO("ring ", ring.spec.id, ": admitted ", joined(joiners), " at step ",
                last_synced_step_, ", generation ", generation, ", view ", joined(next),
                "; sent weights checksum ", sum);
@@ -575,7 +601,10 @@ void RingClusterSync::admit(Ring& ring, const std::vector<std::string>& joiners)
                ", generation ", generation, ", view ", joined(next));
   }
   for (const auto& j : joiners) ring.join_requests.erase(j);
-  stats_.members_joined += int64_t(joiners.size());
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.members_joined += int64_t(joiners.size());
+  }
   ring.alone_logged = false;
   regroup(ring, next, generation);
 }
@@ -587,7 +616,10 @@ void RingClusterSync::dropMember(Ring& ring, const std::string& lost, bool left,
     if (m != lost) next.push_back(m);
   CAIRN_ENFORCE(next.size() < ring.view.size(), "ring ", ring.spec.id, ": lost member ", lost,
                 " is not in the view ", joined(ring.view));
-  ++(left ? stats_.members_left : stats_.members_lost);
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++(left ? stats_.members_left : stats_.members_lost);
+  }
   CAIRN_WARN("ring ", ring.spec.id, ": dropped ", lost, left ? " (it left)" : " (lost)", "; ",
              why, "; continuing with ", joined(next), ", generation ", ring.generation + 1);
   regroup(ring, next, ring.generation + 1);
@@ -681,7 +713,10 @@ void RingClusterSync::transact(Ring& ring, bool gradients, bool admit_joiners,
           b.previous = snap.previous[i].defined() ? snap.previous[i].clone() : torch::Tensor();
           b.momentum = snap.momentum[i].defined() ? snap.momentum[i].clone() : torch::Tensor();
         }
-        ++stats_.redone_syncs;
+        {
+          std::lock_guard<std::mutex> lock(stats_mutex_);
+          ++stats_.redone_syncs;
+        }
         continue;
       }
       CAIRN_INFO("ring ", ring.spec.id, ": the sync had completed everywhere before ", lost,
@@ -735,13 +770,49 @@ void RingClusterSync::averageGradients(Ring& ring) {
   }
 }
 
+void RingClusterSync::forEachRing(const std::vector<Ring*>& rings,
+                                  const std::function<void(Ring&)>& body) {
+  if (rings.size() <= 1 || !sync_.concurrent_rings) {
+    for (Ring* ring : rings) body(*ring);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(rings.size());
+  const at::ThreadLocalState torch_state;  // grad mode and the like, as on the calling thread
+  auto run = [&](size_t i) {
+    try {
+      body(*rings[i]);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  std::vector<size_t> inline_rings = {0};
+  for (size_t i = 1; i < rings.size(); ++i) {
+    try {
+      threads.emplace_back([&run, &torch_state, i] {
+        at::ThreadLocalStateGuard guard(torch_state);
+        run(i);
+      });
+    } catch (const std::system_error& e) {  // no thread to be had: this ring runs here
+      CAIRN_WARN("ring ", rings[i]->spec.id, ": no thread for it (", e.what(),
+                 "); it runs after the others on this one");
+      inline_rings.push_back(i);
+    }
+  }
+  for (size_t i : inline_rings) run(i);
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 void RingClusterSync::synchronize() {
   CAIRN_ENFORCE(started_, "RingClusterSync::synchronize before start()");
   if (left_) return;
   const auto t0 = Clock::now();
-  for (auto& ring : rings_) {
-    if (ring->spec.members.size() <= 1) continue;
-    Ring& r = *ring;
+  std::vector<Ring*> shared;
+  for (auto& ring : rings_)
+    if (ring->spec.members.size() > 1) shared.push_back(ring.get());
+  forEachRing(shared, [this](Ring& r) {
     transact(r, /*gradients=*/false, /*admit=*/true, [this, &r] {
       switch (sync_.mode) {
         case SyncMode::kAverage:
@@ -755,7 +826,8 @@ void RingClusterSync::synchronize() {
           break;
       }
     });
-  }
+  });
+  std::lock_guard<std::mutex> lock(stats_mutex_);
   ++stats_.syncs;
   stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   stats_.bytes_sent = bytes_retired_;
@@ -766,11 +838,13 @@ void RingClusterSync::synchronize() {
 void RingClusterSync::beforeOptimizerStep(int64_t, torch::jit::Module&) {
   if (sync_.mode != SyncMode::kGradients || activeRings() == 0 || left_) return;
   const auto t0 = Clock::now();
-  for (auto& ring : rings_) {
-    if (!ring->group) continue;
-    Ring& r = *ring;
+  std::vector<Ring*> active;
+  for (auto& ring : rings_)
+    if (ring->group) active.push_back(ring.get());
+  forEachRing(active, [this](Ring& r) {
     transact(r, /*gradients=*/true, /*admit=*/false, [this, &r] { averageGradients(r); });
-  }
+  });
+  std::lock_guard<std::mutex> lock(stats_mutex_);
   ++stats_.gradient_syncs;
   stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }

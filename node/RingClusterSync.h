@@ -22,8 +22,19 @@
 // names, dtypes, shapes and bytes of its tensors is all-gathered; a differing member is named in a
 // BadInput and nothing is trained.
 //
-// Rings run one after another in ring id order (the same total order on every node, so two nodes
-// that share several rings can never wait on each other in a cycle); they are not concurrent.
+// Several rings (clusters cut differently: one node shares different tensors with different
+// peers) run concurrently, one thread per ring with more than one live member (the calling thread
+// takes the first), for the identical-start check, every sync and every gradient average; the call
+// returns when all have. Each ring's transaction (below) is its own: a loss in one ring re-forms
+// that ring only. The threads share the node's Mailbox and transport, which are thread-safe (one
+// receiver at a time, per-peer send locks; docs/THREADS.md), and each ring's collective messages
+// carry its own group id, so rings never wait on each other: no order between them is needed.
+// Flow control: with k concurrent rings each ring keeps at most max(1, 8 / k) messages in flight
+// per link (ProcessGroupOptions::max_in_flight), so the rings sharing a link together stay within
+// the transport's per-peer queues. SyncOptions::concurrent_rings = false (job.json
+// "sync": {"concurrent_rings": false}) runs them one after another in ring id order instead (the
+// same total order on every node, so two nodes sharing several rings never wait in a cycle).
+// Torch thread-local state (grad mode…) is carried into the ring threads.
 //
 // Lost and returning members (docs/TRAINING.md "Across clusters", "Lost and returning ring
 // members"). Each ring has a *view* (its live members, in cluster order) and a *generation*; the
@@ -48,16 +59,19 @@
 // Known limit: a join admitted at the very sync where a member is lost inside the commit barrier
 // can split the view (the admitting side moved on); the next loss detection repairs neither.
 //
-// Memory: a sync holds one copy of the ring's tensors (the restore point) while it runs.
+// Memory: a sync holds one copy of each ring's tensors (the restore point) while it runs; with
+// concurrent rings, every ring's copy at once (at most one copy of the tensors the node shares).
 //
 // Ownership: borrows the Mailbox (it must outlive this object); the constructor adds every other
-// ring member as a transport peer. Thread-safety: the transport's owning thread only.
+// ring member as a transport peer. Thread-safety: one calling thread (the trainer's); the ring
+// threads it starts live only inside a call.
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -141,6 +155,9 @@ class RingClusterSync : public ClusterSync {
   // Runs `work` on `ring` as a transaction (see above): redone among the survivors after a loss;
   // with `admit`, join requests are agreed on first and joiners admitted after the commit.
   void transact(Ring& ring, bool gradients, bool admit, const std::function<void()>& work);
+  // Runs body(ring) for each ring of `rings`, concurrently when there are several and
+  // sync_.concurrent_rings (else in order); rethrows the first error in ring order once all ended.
+  void forEachRing(const std::vector<Ring*>& rings, const std::function<void(Ring&)>& body);
   bool recover(Ring& ring, bool work_done);
   void dropMember(Ring& ring, const std::string& lost, bool left, const std::string& why);
   void regroup(Ring& ring, std::vector<std::string> view, int64_t generation);
@@ -153,6 +170,8 @@ class RingClusterSync : public ClusterSync {
   ProcessGroupOptions group_options_;
   std::map<std::string, torch::Tensor> loaded_;  // loadState's "sync.*" tensors, for start()
   bool left_ = false;
+  // Guards stats_ and bytes_retired_, which the ring threads of one call update together.
+  mutable std::mutex stats_mutex_;
   uint64_t bytes_retired_ = 0;  // sent by the groups of earlier generations
   NodeSpec node_;
   SyncOptions sync_;

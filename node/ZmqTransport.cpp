@@ -146,7 +146,9 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
 
 PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
   auto it = outbound_.find(peer);
-  return it == outbound_.end() ? PeerLiveness{} : it->second.liveness;
+  if (it == outbound_.end()) return PeerLiveness{};
+  std::lock_guard<std::mutex> lock(liveness_mutex_);
+  return it->second.liveness;
 }
 
 bool ZmqTransport::drainMonitors() {
@@ -160,6 +162,7 @@ bool ZmqTransport::drainMonitors() {
       if (frames.empty() || frames[0].size() < sizeof(uint16_t)) continue;
       uint16_t event = 0;
       std::memcpy(&event, frames[0].data(), sizeof(event));
+      std::lock_guard<std::mutex> lock(liveness_mutex_);
       PeerState next = p.liveness.state;
       if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) next = PeerState::kConnected;
       // A connection that never completed a handshake (peer not up, wrong key) stays kUnknown.
@@ -180,7 +183,13 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
   auto it = outbound_.find(peer);
   if (it == outbound_.end()) return SendStatus::kUnknownPeer;
   std::vector<zmq::message_t> frames = encodeMessage(message, options_.codec);
-  drainMonitors();
+  {
+    // The monitors belong to whoever receives; a send only reads them when nobody does (the
+    // receiver drains them while it waits anyway).
+    std::unique_lock<std::mutex> receiving(receive_mutex_, std::try_to_lock);
+    if (receiving.owns_lock()) drainMonitors();
+  }
+  std::lock_guard<std::mutex> sending(*it->second.send_mutex);
   zmq::socket_t& socket = it->second.socket;
   // Try at once; only when the peer's queue is full (or it is not connected yet) wait for room,
   // at most `timeout`. Once the first frame is queued, ZeroMQ queues the rest atomically.
@@ -203,6 +212,7 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
         if (first) break;
       }
       if (std::chrono::steady_clock::now() >= deadline) {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
         ++stats_.send_timeouts;
         return SendStatus::kTimedOut;
       }
@@ -216,6 +226,7 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
     auto sent = socket.send(frames[i], flags | zmq::send_flags::dontwait);
     CAIRN_ENFORCE(sent.has_value(), "ZeroMQ refused frame ", i, " of a multipart message");
   }
+  std::lock_guard<std::mutex> lock(stats_mutex_);
   ++stats_.messages_sent;
   stats_.bytes_sent += bytes;
   return SendStatus::kSent;
@@ -232,6 +243,7 @@ std::optional<Message> ZmqTransport::receiveOrLivenessChange(std::chrono::millis
 std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeout,
                                                  bool wake_on_liveness) {
   CAIRN_ENFORCE(!closed_, "transport is closed");
+  std::lock_guard<std::mutex> receiving(receive_mutex_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   // The PULL socket and every peer's monitor, polled together: a connection going down is seen
   // while waiting, not only at the next call.
@@ -258,12 +270,16 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
     }
     DecodeResult decoded = decodeMessage(std::move(frames), options_.codec);
     if (decoded.ok() && options_.curve && decoded.message->sender != authenticated) {
-      ++stats_.messages_dropped;
-      ++stats_.messages_forged;
+      {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        ++stats_.messages_dropped;
+        ++stats_.messages_forged;
+      }
       CAIRN_WARN("dropped a message claiming to come from \"", decoded.message->sender,
                  "\" on the connection authenticated as \"", authenticated, "\"");
       continue;
     }
+    std::lock_guard<std::mutex> lock(stats_mutex_);
     if (decoded.ok()) {
       ++stats_.messages_received;
       for (const auto& t : decoded.message->tensors) stats_.bytes_received += t.tensor.nbytes();

@@ -15,12 +15,19 @@
 // (CURVE included), kDisconnected when a connection that was up closes or misses heartbeats.
 //
 // Ownership: the transport owns its sockets; the zmq::context_t is borrowed (inproc:// endpoints
-// need one context shared by both ends) and must outlive it. Thread-safety: one thread owns an
-// instance and makes every call (docs/THREADS.md).
+// need one context shared by both ends) and must outlive it.
+// Thread-safety (docs/THREADS.md): send, receive, receiveOrLivenessChange, liveness and stats may
+// be called from several threads at once (the rings of a node sync concurrently). Every socket is
+// still used by one thread at a time, under a lock that gives ZeroMQ the memory barrier it asks
+// for when a socket moves between threads: the PULL socket and the monitors under one receive
+// lock (one receiver at a time; Mailbox makes the others wait for it), each PUSH socket under its
+// own send lock (a send to one peer never waits behind a send to another). addPeer and
+// flushAndClose are set-up and tear-down: they must not run concurrently with any other call.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <mutex>
 
 #include "node/CurveSecurity.h"
 #include "node/Transport.h"
@@ -69,10 +76,13 @@ class ZmqTransport : public Transport {
   [[nodiscard]] std::optional<Message> receiveOrLivenessChange(
       std::chrono::milliseconds timeout) override;
   PeerLiveness liveness(const std::string& peer) const override;
-  TransportStats stats() const override { return stats_; }
+  TransportStats stats() const override {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    return stats_;
+  }
   void flushAndClose(std::chrono::milliseconds timeout) override;
 
-  // The last decode error seen (for tests and metrics).
+  // The last decode error seen (for tests and metrics; read it while no other thread receives).
   const std::optional<DecodeError>& lastDecodeError() const { return last_error_; }
 
  private:
@@ -80,18 +90,23 @@ class ZmqTransport : public Transport {
   std::string name_;
   TransportOptions options_;
   struct Peer {
-    zmq::socket_t socket;   // PUSH, connected to the peer's PULL
-    zmq::socket_t monitor;  // PAIR receiving `socket`'s monitor events
-    PeerLiveness liveness;
+    zmq::socket_t socket;   // PUSH, connected to the peer's PULL; used under *send_mutex
+    zmq::socket_t monitor;  // PAIR receiving `socket`'s monitor events; under receive_mutex_
+    PeerLiveness liveness;  // under liveness_mutex_
+    std::unique_ptr<std::mutex> send_mutex = std::make_unique<std::mutex>();
   };
-  // Reads every pending monitor event; true when some peer's state changed.
+  // Reads every pending monitor event; true when some peer's state changed. Caller holds
+  // receive_mutex_.
   bool drainMonitors();
   std::optional<Message> receiveImpl(std::chrono::milliseconds timeout, bool wake_on_liveness);
 
-  zmq::socket_t inbound_;
-  std::map<std::string, Peer> outbound_;
-  TransportStats stats_;
-  std::optional<DecodeError> last_error_;
+  zmq::socket_t inbound_;  // under receive_mutex_
+  std::map<std::string, Peer> outbound_;  // the map itself changes only in addPeer/flushAndClose
+  std::mutex receive_mutex_;
+  mutable std::mutex liveness_mutex_;
+  mutable std::mutex stats_mutex_;
+  TransportStats stats_;                   // under stats_mutex_
+  std::optional<DecodeError> last_error_;  // written under receive_mutex_
   bool closed_ = false;
 };
 

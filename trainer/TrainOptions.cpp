@@ -74,11 +74,12 @@ SyncOptions parseSync(const JsonReader& r) {
     return s;
   }
   JsonReader o = r.object("sync");
-  o.rejectUnknownKeys({"name", "outer_lr", "outer_momentum", "outer_nesterov"});
+  o.rejectUnknownKeys({"name", "outer_lr", "outer_momentum", "outer_nesterov", "concurrent_rings"});
   s.mode = kindOf(o.choiceOr("name", names, "average"));
   s.outer_lr = o.numberOr("outer_lr", s.outer_lr);
   s.outer_momentum = o.numberOr("outer_momentum", s.outer_momentum);
   s.outer_nesterov = o.booleanOr("outer_nesterov", s.outer_nesterov);
+  s.concurrent_rings = o.booleanOr("concurrent_rings", s.concurrent_rings);
   if (!(s.outer_lr > 0)) o.fail("outer_lr", "must be a positive number");
   if (!(s.outer_momentum >= 0 && s.outer_momentum < 1)) o.fail("outer_momentum", "must be in [0, 1)");
   if (s.outer_nesterov && s.outer_momentum == 0)

@@ -64,6 +64,9 @@ struct SyncOptions {
   double outer_lr = 0.7;               // diloco: outer SGD learning rate
   double outer_momentum = 0.9;         // diloco: outer SGD momentum
   bool outer_nesterov = true;          // diloco: Nesterov momentum
+  // A node in several rings (clusters cut differently) runs them at once, one thread per ring;
+  // false: one after another in ring id order (less memory: one ring's restore copy at a time).
+  bool concurrent_rings = true;
 };
 
 struct TrainOptions {

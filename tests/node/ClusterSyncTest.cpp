@@ -3,7 +3,10 @@
 //   SameCut        2 clusters × 2 nodes, average: parameters and buffers bit-identical across
 //                  clusters right after the reduce, equal to the mean (integers: the max)
 //   DifferentCuts  cluster 0 = 1 node, cluster 1 = 2 nodes: one node in two rings with different
-//                  partners; every tensor equals the average of its pre-reduce copies
+//                  partners; every tensor equals the average of its pre-reduce copies (rings run
+//                  concurrently, and one after another); the same for "gradients"
+//   Concurrently   that node's rings progress at the same time (a wait that would deadlock rings
+//                  taken in order completes)
 //   Gradients      "gradients" for 10 Adam steps equals libtorch's own torch::optim::Adam on the
 //                  union batch (max abs diff <= 1e-5)
 //   DiLoCo         two outer steps equal the direct Nesterov outer-SGD computation
@@ -21,7 +24,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <map>
 #include <thread>
 
@@ -270,15 +275,107 @@ TEST(RingClusterSync, DifferentCutsAverageEveryCopy) {
                                  {"b", 1, names(l0)},
                                  {"c", 1, n12}};
   std::vector<TestRing> rings = {{"ring_0", names(l0), {"a", "b"}}, {"ring_1", n12, {"a", "c"}}};
+  for (bool concurrent : {true, false}) {
+    SCOPED_TRACE(concurrent ? "rings concurrently" : "rings one after another");
+    SyncOptions options;
+    options.concurrent_rings = concurrent;
+    std::vector<State> before(3), after(3);
+    runNodes(nodes, rings, {merge(merge(l0, l1), l2), l0, merge(l1, l2)}, options,
+             [&](size_t i, RingClusterSync& sync, auto& stage) {
+               perturb(stage, int(i) + 1);
+               before[i] = stateOf(stage);
+               sync.synchronize();
+               after[i] = stateOf(stage);
+               if (i == 0) EXPECT_EQ(sync.activeRings(), 2u);
+             });
+    expectAverages(before, after, rings, nodes);
+  }
+}
+
+// The rings of one node run at the same time, not one after another: "a" shares ring_0 with "b"
+// and ring_1 with "c", and "b" holds back its sync until "c" has finished its own. Rings taken in
+// ring id order would have "a" wait in ring_0 for "b", which waits for "c", which waits in ring_1
+// for "a": nobody moves until the 10 s timeout drops someone, and the averages come out wrong.
+// Reference: the direct average of every tensor's copies.
+TEST(RingClusterSync, RingsOfOneNodeRunConcurrently) {
+  const State l0 = layerState("0", 6, 21), l1 = layerState("1", 5, 22);
+  auto names = [](const State& s) {
+    std::vector<std::string> n;
+    for (const auto& [k, v] : s) n.push_back(k);
+    return n;
+  };
+  std::vector<TestNode> nodes = {{"a", 0, names(merge(l0, l1))}, {"b", 1, names(l0)},
+                                 {"c", 1, names(l1)}};
+  std::vector<TestRing> rings = {{"ring_0", names(l0), {"a", "b"}},
+                                 {"ring_1", names(l1), {"a", "c"}}};
+  std::mutex mutex;
+  std::condition_variable c_done;
+  bool c_finished = false;
+  bool b_waited_in_vain = false;
   std::vector<State> before(3), after(3);
-  runNodes(nodes, rings, {merge(merge(l0, l1), l2), l0, merge(l1, l2)}, {},
-           [&](size_t i, RingClusterSync& sync, auto& stage) {
-             perturb(stage, int(i) + 1);
-             before[i] = stateOf(stage);
-             sync.synchronize();
-             after[i] = stateOf(stage);
-           });
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(10000);
+  runNodes(
+      nodes, rings, {merge(l0, l1), l0, l1}, {},
+      [&](size_t i, RingClusterSync& sync, auto& stage) {
+        perturb(stage, int(i) + 7);
+        before[i] = stateOf(stage);
+        if (i == 1) {  // b: only after c's sync has returned
+          std::unique_lock<std::mutex> lock(mutex);
+          b_waited_in_vain =
+              !c_done.wait_for(lock, std::chrono::seconds(60), [&] { return c_finished; });
+        }
+        sync.synchronize();
+        if (i == 2) {
+          std::lock_guard<std::mutex> lock(mutex);
+          c_finished = true;
+          c_done.notify_all();
+        }
+        after[i] = stateOf(stage);
+        EXPECT_EQ(sync.stats().members_lost, 0) << nodes[i].name;
+      },
+      setup);
+  EXPECT_FALSE(b_waited_in_vain);
   expectAverages(before, after, rings, nodes);
+}
+
+// "gradients" with clusters cut differently: the node in two rings averages each ring's gradients
+// with that ring's partner (both rings at once). Reference: the mean of the copies' gradients.
+TEST(RingClusterSync, DifferentCutsGradientsAreAveragedPerRing) {
+  const State l0 = {{"0.weight", torch::randn({4, 3})}, {"0.bias", torch::randn({4})}};
+  const State l1 = {{"1.weight", torch::randn({2, 4})}};
+  std::vector<TestNode> nodes = {{"a", 0, {"0.bias", "0.weight", "1.weight"}},
+                                 {"b", 1, {"0.bias", "0.weight"}},
+                                 {"c", 1, {"1.weight"}}};
+  std::vector<TestRing> rings = {{"ring_0", {"0.bias", "0.weight"}, {"a", "b"}},
+                                 {"ring_1", {"1.weight"}, {"a", "c"}}};
+  SyncOptions options;
+  options.mode = SyncMode::kGradients;
+  std::vector<State> grads_before(3), grads_after(3);
+  auto gradsOf = [](torch::jit::Module& stage) {
+    State g;
+    for (const auto& p : stage.named_parameters(true)) g[p.name] = p.value.grad().clone();
+    return g;
+  };
+  runNodes(nodes, rings, {merge(l0, l1), l0, l1}, options,
+           [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+             torch::manual_seed(300 + uint64_t(i));
+             for (const auto& p : stage.named_parameters(true))
+               p.value.mutable_grad() = torch::randn_like(p.value);
+             grads_before[i] = gradsOf(stage);
+             sync.beforeOptimizerStep(0, stage);
+             grads_after[i] = gradsOf(stage);
+           });
+  for (const auto& r : rings)
+    for (const auto& name : r.names) {
+      const size_t x = 0, y = r.members[1] == "b" ? 1 : 2;
+      const torch::Tensor expected = (grads_before[x].at(name) + grads_before[y].at(name)) / 2;
+      for (size_t i : {x, y}) {
+        EXPECT_LE((grads_after[i].at(name) - expected).abs().max().item<double>(), 1e-6)
+            << name << " at " << nodes[i].name;
+        EXPECT_TRUE(torch::equal(grads_after[i].at(name), grads_after[x].at(name))) << name;
+      }
+    }
 }
 
 TEST(RingClusterSync, GradientsEqualTrainingOnTheUnionBatch) {

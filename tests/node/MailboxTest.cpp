@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "node/Mailbox.h"
 #include "node/ZmqTransport.h"
 
@@ -57,6 +60,99 @@ TEST(Mailbox, BoundedBufferDropsOldestUnwanted) {
   auto oldest = box.receive([](const Message&) { return true; }, 50ms);
   ASSERT_TRUE(oldest);
   EXPECT_EQ(oldest->tag, "junk2");
+}
+
+
+// Concurrent rings share one mailbox: several threads each wait for their own tag while one
+// sender interleaves all tags over tcp. Reference: the order each tag was sent in. Every thread
+// must get exactly its own messages, in that order, none lost, none taken by another thread.
+TEST(Mailbox, ConcurrentReceiversEachGetTheirOwnMessagesInOrder) {
+  zmq::context_t context;
+  ZmqTransport a(context, "a", "inproc://mbc_a"), receiver(context, "b", "inproc://mbc_b");
+  a.addPeer("b", "inproc://mbc_b");
+  Mailbox box(receiver);
+  constexpr int kTags = 4, kPerTag = 300;
+  std::vector<std::vector<uint64_t>> got(kTags);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kTags; ++t)
+    threads.emplace_back([&box, &got, t] {
+      const std::string tag = "ring" + std::to_string(t);
+      for (int i = 0; i < kPerTag; ++i) {
+        auto m = box.receive([&tag](const Message& x) { return x.tag == tag; }, 20s);
+        if (!m) return;  // the check below reports what is missing
+        got[size_t(t)].push_back(m->step);
+      }
+    });
+  // Bursts of 1..5 messages of one tag, tags in a seeded random order, so that every thread's
+  // messages are often read (and filed) by the others.
+  std::vector<int> next(kTags, 0);
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  auto draw = [&rng](int n) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return int(rng % uint64_t(n));
+  };
+  for (int left = kTags * kPerTag; left > 0;) {
+    const int t = draw(kTags), burst = 1 + draw(5);
+    for (int c = 0; c < burst && next[size_t(t)] < kPerTag; ++c, --left) {
+      Message m = tagged(MessageKind::kCollective, "ring" + std::to_string(t));
+      m.step = uint64_t(next[size_t(t)]++);
+      if (a.send("b", m, 10s) != SendStatus::kSent) {
+        ADD_FAILURE() << "send to b timed out";
+        left = 0;
+        break;
+      }
+    }
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kTags; ++t) {
+    ASSERT_EQ(got[size_t(t)].size(), size_t(kPerTag)) << "tag ring" << t;
+    for (int i = 0; i < kPerTag; ++i) EXPECT_EQ(got[size_t(t)][size_t(i)], uint64_t(i)) << "ring" << t;
+  }
+  EXPECT_EQ(box.buffered(), 0u);
+  EXPECT_EQ(box.droppedForSpace(), 0u);
+}
+
+// A thread blocked sending to a peer that reads nothing (its queue is full) must not keep another
+// thread of the same node from receiving: the send and the receive hold different locks.
+TEST(Mailbox, ABlockedSendDoesNotStopAnotherThreadReceiving) {
+  zmq::context_t context;
+  TransportOptions small;
+  small.send_high_water_mark = 1;
+  small.receive_high_water_mark = 1;
+  ZmqTransport node(context, "n", "inproc://mbs_n", small);
+  ZmqTransport slow(context, "slow", "inproc://mbs_slow", small);
+  ZmqTransport other(context, "other", "inproc://mbs_other");
+  node.addPeer("slow", "inproc://mbs_slow");
+  other.addPeer("n", "inproc://mbs_n");
+  Mailbox box(node);
+  // Fill the path to "slow" until a send would wait.
+  int queued = 0;
+  while (box.send("slow", tagged(MessageKind::kCollective, "fill"), 50ms) == SendStatus::kSent) {
+    ASSERT_LT(++queued, 1000) << "the queue to slow never filled";
+  }
+  std::atomic<bool> sending{true};
+  SendStatus status = SendStatus::kTimedOut;
+  std::thread blocked([&] {
+    status = box.send("slow", tagged(MessageKind::kCollective, "late"), 60s);
+    sending = false;
+  });
+  EXPECT_EQ(other.send("n", tagged(MessageKind::kCollective, "hello"), 5s), SendStatus::kSent);
+  auto got = box.receive([](const Message& m) { return m.tag == "hello"; }, 30s);
+  EXPECT_TRUE(got);
+  EXPECT_TRUE(sending) << "the receive waited for the blocked send to end";
+  // Now "slow" reads; the blocked send gets its room and completes.
+  int drained = 0;
+  while (sending || drained <= queued) {
+    if (!slow.receive(100ms)) {
+      if (!sending) break;
+      continue;
+    }
+    ++drained;
+  }
+  blocked.join();
+  EXPECT_EQ(status, SendStatus::kSent);
 }
 
 }  // namespace

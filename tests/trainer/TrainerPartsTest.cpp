@@ -188,6 +188,18 @@ TEST(TrainOptions, SyncModes) {
           .sync;
   EXPECT_DOUBLE_EQ(d.outer_lr, 0.5);
   EXPECT_FALSE(d.outer_nesterov);
+  EXPECT_TRUE(d.concurrent_rings);
+  EXPECT_FALSE(parseTrainOptions({{"sync", {{"name", "gradients"}, {"concurrent_rings", false}}}},
+                                 "job.json")
+                   .sync.concurrent_rings);
+  try {
+    parseTrainOptions({{"sync", {{"name", "average"}, {"concurrent_rings", "yes"}}}}, "job.json");
+    FAIL();
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("training_definition.sync.concurrent_rings"),
+              std::string::npos)
+        << e.what();
+  }
   try {
     parseTrainOptions({{"sync", {{"name", "average"}, {"outer_lr", 0.5}}}}, "job.json");
     FAIL();
