@@ -64,6 +64,11 @@ SendStatus FaultyTransport::send(const std::string& peer, const Message& message
     return SendStatus::kSent;  // the sender believes it went out
   }
   if (const int d = delay_ms_; d > 0) std::this_thread::sleep_for(std::chrono::milliseconds(d));
+  if (const double rate = bytes_per_second_; rate > 0) {
+    size_t bytes = 0;
+    for (const auto& t : message.tensors) bytes += t.tensor.nbytes();
+    std::this_thread::sleep_for(std::chrono::duration<double>(double(bytes) / rate));
+  }
   const Message* outgoing = &message;
   Message corrupted;
   if (corrupt_) {

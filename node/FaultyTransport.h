@@ -4,6 +4,8 @@
 // called from several threads at once.
 //   drop       — outgoing messages silently vanish (a lossy link)
 //   delay      — each outgoing message waits this long first (a slow link)
+//   bandwidth  — each outgoing message waits its tensor bytes / rate first, in the sending thread
+//                (a thin link: a volunteer's uplink; concurrent senders each wait their own)
 //   duplicate  — each outgoing message is sent twice (a retransmitting link)
 //   corrupt    — outgoing tensor bytes get one flipped bit (a lying peer); header kept valid
 //   disconnect — nothing goes out and nothing comes in (a vanished peer), per peer or for all;
@@ -30,6 +32,8 @@ class FaultyTransport : public Transport {
   void setDropProbability(double p) { drop_probability_ = p; }
   void setDropEvery(int n) { drop_every_ = n; }
   void setDelay(std::chrono::milliseconds d) { delay_ms_ = static_cast<int>(d.count()); }
+  // Bytes per second; 0: off.
+  void setBandwidth(double bytes_per_second) { bytes_per_second_ = bytes_per_second; }
   void setDuplicate(bool on) { duplicate_ = on; }
   void setCorrupt(bool on) { corrupt_ = on; }
   // Cut the link to one peer (both directions: its messages are discarded on receive), or all.
@@ -66,6 +70,7 @@ class FaultyTransport : public Transport {
   std::atomic<double> drop_probability_{0};
   std::atomic<int> drop_every_{0};
   std::atomic<int> delay_ms_{0};
+  std::atomic<double> bytes_per_second_{0};
   std::atomic<bool> duplicate_{false}, corrupt_{false}, disconnect_all_{false};
   mutable std::mutex cut_mutex_;
   std::map<std::string, std::chrono::steady_clock::time_point> cut_peers_;  // peer → since

@@ -114,5 +114,14 @@ TEST(FaultyTransport, DelayHoldsEachSend) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
 }
 
+TEST(FaultyTransport, BandwidthHoldsEachSendForItsBytes) {
+  Pair p;
+  p.faulty_a.setBandwidth(8 * 1000.0);  // 8 float32 = 32 bytes per message: 4 ms each
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(p.faulty_a.send("b", numbered(i), 1s), SendStatus::kSent);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 40ms);
+  EXPECT_EQ(drain(p.b).size(), 10u);
+}
+
 }  // namespace
 }  // namespace cairn

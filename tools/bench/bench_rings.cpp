@@ -6,11 +6,15 @@
 //   sequential   SyncOptions::concurrent_rings = false: ring after ring in ring id order
 //   concurrent   the default: one thread per ring, all at once
 // Processes: K + 1 on tcp://127.0.0.1 (one ZeroMQ I/O thread each, as the provider), exec'd from
-// this binary. Every process adds its own constant to its tensors before a round (hub +1, spokes
+// this binary. --link-mbps B emulates thin volunteer links (FaultyTransport's bandwidth fault: every
+// message waits bytes / B in its sending thread), so each hub–spoke link carries at most B Mbit/s
+// each way while the hub's own connection is not the limit; without it, loopback is limited only
+// by the CPU. Every process adds its own constant to its tensors before a round (hub +1, spokes
 // +3), so after r rounds every copy must be the initial value + 2r; the hub checks that it is.
 // Prints one JSON line per way (tools/bench/run_all's "rings" table puts them side by side):
-//   {"impl":"cairn-rings","mode":"concurrent","rings":K,"mb_per_ring":S,"median_s":…,"rounds_s":[…]}
+//   {"impl":"cairn-rings","mode":"concurrent","rings":K,"mb_per_ring":S,"link_mbps":B,"median_s":…,…}
 //   build/tools/bench/bench_rings --rings 3 --mb 25 --rounds 5
+//   build/tools/bench/bench_rings --rings 3 --mb 4 --rounds 3 --link-mbps 100
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +27,7 @@
 
 #include "core/Error.h"
 #include "core/MainGuard.h"
+#include "node/FaultyTransport.h"
 #include "node/RingClusterSync.h"
 #include "node/ZmqTransport.h"
 
@@ -37,6 +42,7 @@ struct BenchOptions {
   int rounds = 5;
   int port = 5800;
   int io_threads = 1;
+  double link_mbps = 0;  // 0: loopback as it is
 };
 
 std::string nameOf(int process) { return process == 0 ? "hub" : "spoke" + std::to_string(process); }
@@ -70,7 +76,9 @@ int runProcess(int process, bool concurrent, int port, const BenchOptions& o) {
   }
   zmq::context_t context(o.io_threads);
   cairn::ZmqTransport transport(context, spec.name, "tcp://" + spec.address);
-  cairn::Mailbox mailbox(transport);
+  cairn::FaultyTransport link(transport);
+  link.setBandwidth(o.link_mbps * 1e6 / 8);
+  cairn::Mailbox mailbox(link);
   cairn::SyncOptions sync;
   sync.mode = cairn::SyncMode::kAverage;
   sync.concurrent_rings = concurrent;
@@ -104,9 +112,10 @@ int runProcess(int process, bool concurrent, int port, const BenchOptions& o) {
     std::ostringstream rounds;
     for (size_t i = 0; i < timed.size(); ++i) rounds << (i ? "," : "") << timed[i];
     std::printf(
-        "{\"impl\":\"cairn-rings\",\"mode\":\"%s\",\"rings\":%d,\"mb_per_ring\":%.1f,"
-        "\"median_s\":%.6f,\"rounds_s\":[%s]}\n",
-        concurrent ? "concurrent" : "sequential", o.rings, o.mb, median, rounds.str().c_str());
+        "{\"impl\":\"cairn-rings\",\"mode\":\"%s\",\"rings\":%d,\"mb_per_ring\":%g,"
+        "\"link_mbps\":%g,\"median_s\":%.6f,\"rounds_s\":[%s]}\n",
+        concurrent ? "concurrent" : "sequential", o.rings, o.mb, o.link_mbps, median,
+        rounds.str().c_str());
     std::fflush(stdout);
   }
   transport.flushAndClose(seconds(5));
@@ -134,6 +143,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--io-threads", o.io_threads, "ZeroMQ I/O threads per process")
       ->capture_default_str();
+  app.add_option("--link-mbps", o.link_mbps,
+                 "emulate hub-spoke links of this many Mbit/s each way (0: plain loopback)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--process", process, "(internal) run as this process");
   app.add_option("--mode", mode, "(internal) sequential | concurrent");
   app.add_option("--process-port", port, "(internal) first port of this way");
