@@ -32,9 +32,11 @@
 // this operation needs from it does not fail the operation.
 //
 // Ownership: borrows the Mailbox (and through it the transport), which must outlive the group and
-// must already know every other member as a peer (Transport::addPeer). Thread-safety: the
-// transport's owning thread only, like the Mailbox. Several groups may share one Mailbox; their
-// operations interleave safely as long as each node runs them in a compatible order.
+// must already know every other member as a peer (Transport::addPeer). Thread-safety: one thread
+// at a time per group. Several groups may share one Mailbox: run from one thread, their operations
+// interleave safely as long as each node runs them in a compatible order; run from different
+// threads at once (RingClusterSync's concurrent rings), they need no order at all, each taking
+// its share of the in-flight window when they share a link (ProcessGroupOptions::max_in_flight).
 #pragma once
 
 #include <chrono>

@@ -1,7 +1,9 @@
 // The transport interface the rest of node/ is written against: send a Message to a named peer,
 // receive the next valid Message from anyone, each with a timeout. Implementations: ZmqTransport
 // (tcp:// for real runs, inproc:// for fast tests); later decorators (fault injection) wrap it.
-// Thread-safety: an instance is owned and called by one thread (see docs/THREADS.md).
+// Thread-safety (docs/THREADS.md): implementations take send, receive, receiveOrLivenessChange,
+// liveness and stats from several threads at once (a node's rings sync concurrently over one
+// transport); addPeer and flushAndClose only while no other thread uses the instance.
 #pragma once
 
 #include <chrono>
