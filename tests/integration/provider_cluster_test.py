@@ -24,6 +24,9 @@ CASE:
                   "diloco" (outer step every 5 steps)
   two_clusters_async  "diloco" every 5 optimizer steps under the async schedule (weight stashing,
                   several micro-batches in flight): the same bit-identity after the final reduce
+  two_clusters_cut_differently  cluster 0 is one provider holding the whole model, cluster 1 cuts it
+                  into 3 stages: the one node is in 3 rings (run concurrently), "average" every 5
+                  steps; after the run every tensor is bit-identical in both of its copies
   stranger        a plan with CURVE keys (cairn_keys); a forger claiming to be the Root floods the
                   Stem with well-formed activations before the real Root starts: with keys
                   (no key / a wrong key) the per-step losses equal an undisturbed run exactly;
@@ -213,17 +216,22 @@ def case_two_clusters_async(args):
     case_two_clusters_average(args, "diloco", schedule="async")
 
 
-def case_two_clusters_average(args, mode="average", schedule="sync"):
+def case_two_clusters_cut_differently(args):
+    case_two_clusters_average(args, stages=(1, 3))
+
+
+def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 3)):
     settings = training_settings(20)
     settings.update({"local_steps": 1 if mode == "gradients" else 5, "sync": mode,
                      "record_sample_ids": False, "schedule": schedule})
     data = {"train_samples": 4000, "test_samples": 500}
     halves = []
+    first = [0, stages[0]]  # node number of each cluster's Root
     for c in range(2):
         work = os.path.join(args.work, f"cluster{c}")
         os.makedirs(work, exist_ok=True)
-        configs = {str(3 * c + i): {"IP": f"127.0.0.1:{args.port + 3 * c + i}",
-                                    "benchmarks": {"ram": 1, "bandwidth": 1000}} for i in range(3)}
+        configs = {str(first[c] + i): {"IP": f"127.0.0.1:{args.port + first[c] + i}",
+                                       "benchmarks": {"ram": 1, "bandwidth": 1000}} for i in range(stages[c])}
         with open(os.path.join(work, "node_configs.json"), "w") as f:
             json.dump(configs, f)
         model = os.path.join(args.work, "model.pt")
@@ -232,61 +240,72 @@ def case_two_clusters_average(args, mode="average", schedule="sync"):
                            check=True, stdout=subprocess.DEVNULL)
         out = os.path.join(work, "node_data")
         cmd = [sys.executable, os.path.join(EXAMPLE, "make_node_data_by_hand.py"), "--model", model,
-               "--nodes", os.path.join(work, "node_configs.json"), "--out", out, "--stages", "3"]
+               "--nodes", os.path.join(work, "node_configs.json"), "--out", out, "--stages", str(stages[c])]
         for k, v in settings.items():
             cmd += ["--set", f"{k}={json.dumps(v)}"]
         for k, v in data.items():
             cmd += ["--data-set", f"{k}={json.dumps(v)}"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         halves.append(out)
-    # Merge cluster 1 into cluster 0's folder: one ring per stage, members in cluster order.
+    # Merge cluster 1 into cluster 0's folder.
     node_data = halves[0]
-    for s in range(3):
-        shutil.copytree(os.path.join(halves[1], "nodes", f"node_{3 + s}"),
-                        os.path.join(node_data, "nodes", f"node_{3 + s}"))
+    nodes = [[f"node_{first[c] + i}" for i in range(stages[c])] for c in range(2)]
+    for name in nodes[1]:
+        shutil.copytree(os.path.join(halves[1], "nodes", name), os.path.join(node_data, "nodes", name))
     specs = {}
-    for n in range(6):
-        path = os.path.join(node_data, "nodes", f"node_{n}", "node.json")
-        specs[n] = (path, json.load(open(path)))
-    for n, (path, spec) in specs.items():
-        c, s = divmod(n, 3)
-        spec["cluster"] = c
-        spec["extra"]["num_clusters"] = 2
-        members = [{"name": specs[s + 3 * k][1]["name"], "address": specs[s + 3 * k][1]["address"]}
-                   for k in range(2)]
-        spec["rings"] = [{"id": f"ring_{s}", "parameters": spec["parameters"] + spec["buffers"],
-                          "members": members, "rank": c}]
-        json.dump(spec, open(path, "w"), indent=1)
+    for name in nodes[0] + nodes[1]:
+        path = os.path.join(node_data, "nodes", name, "node.json")
+        specs[name] = (path, json.load(open(path)))
+    # One ring per pair of nodes of the two clusters that hold tensors in common (clusters cut the
+    # same way: one ring per stage; cut differently: the 1-node cluster's node is in one ring per
+    # stage of the other cluster), members in cluster order, as clusterize forms them.
+    rings = []
+    for a in nodes[0]:
+        for b in nodes[1]:
+            held = set(specs[b][1]["parameters"] + specs[b][1]["buffers"])
+            shared = [n for n in specs[a][1]["parameters"] + specs[a][1]["buffers"] if n in held]
+            if shared:
+                rings.append({"id": f"ring_{len(rings)}", "parameters": shared,
+                              "members": [{"name": n, "address": specs[n][1]["address"]} for n in (a, b)]})
+    for c in range(2):
+        for name in nodes[c]:
+            path, spec = specs[name]
+            spec["cluster"] = c
+            spec["extra"]["num_clusters"] = 2
+            spec["rings"] = [dict(r, rank=c) for r in rings if r["members"][c]["name"] == name]
+            json.dump(spec, open(path, "w"), indent=1)
     plan_path = os.path.join(node_data, "plan.json")
     plan = json.load(open(plan_path))
     plan["num_clusters"] = 2
     json.dump(plan, open(plan_path, "w"))
     # Keys last: they cover the neighbours and the ring peers written above.
     subprocess.run([KEYS, node_data], check=True, stdout=subprocess.DEVNULL)
-    initial = [dict(torch.jit.load(os.path.join(node_data, "nodes", f"node_{s}", "stage.pt")).state_dict())
-               for s in range(3)]
+    stage_of = lambda name: os.path.join(node_data, "nodes", name, "stage.pt")
+    initial = {name: dict(torch.jit.load(stage_of(name)).state_dict()) for name in nodes[0]}
     seconds = launch(node_data, args.provider, 240)
-    print(f"2 clusters x 3 providers: {seconds:.1f} s")
+    print(f"{stages[0]} + {stages[1]} providers in 2 clusters, {len(rings)} ring(s): {seconds:.1f} s")
+    trained = lambda name: torch.jit.load(
+        os.path.join(node_data, "nodes", name, "trained_stage.pt")).state_dict()
     compared = 0
-    for s in range(3):
-        a = torch.jit.load(os.path.join(node_data, "nodes", f"node_{s}", "trained_stage.pt")).state_dict()
-        b = torch.jit.load(os.path.join(node_data, "nodes", f"node_{s + 3}", "trained_stage.pt")).state_dict()
-        if sorted(a) != sorted(b):
-            fail(f"stage {s}: the clusters' stages hold different tensors")
-        for name in a:
+    for r in rings:
+        a_name, b_name = (m["name"] for m in r["members"])
+        a, b = trained(a_name), trained(b_name)
+        for name in r["parameters"]:
             if not torch.equal(a[name], b[name]):
                 diff = (a[name].double() - b[name].double()).abs().max().item()
-                fail(f"stage {s} {name}: clusters differ after the final reduce (max abs diff {diff:g})")
+                fail(f"{r['id']} {name}: {a_name} and {b_name} differ after the final reduce (max abs diff {diff:g})")
             compared += 1
-        if all(torch.equal(a[name], initial[s][name]) for name in a):
-            fail(f"stage {s}: weights did not change")
-    for n in range(6):
-        steps = [m for m in metrics(node_data, f"node_{n}") if "step" in m]
+        if all(torch.equal(a[name], initial[a_name][name]) for name in r["parameters"]):
+            fail(f"{r['id']}: weights did not change")
+    for name in nodes[0] + nodes[1]:
+        steps = [m for m in metrics(node_data, name) if "step" in m]
         if len(steps) != 20 or "sync_s" not in steps[-1]:
-            fail(f"node_{n}: expected 20 step records with sync_s")
+            fail(f"{name}: expected 20 step records with sync_s")
     print(f"sync {mode}, schedule {schedule}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
-    check_accuracy(node_data, "node_2", 0.3)
-    check_accuracy(node_data, "node_5", 0.3)
+    check_accuracy(node_data, nodes[0][-1], 0.3)
+    check_accuracy(node_data, nodes[1][-1], 0.3)
+
+
 def losses_of(node_data, node):
     return [m["loss"] for m in metrics(node_data, node) if "step" in m]
 
@@ -439,7 +458,7 @@ def case_clusterize_merge(args):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("case", choices=["two_clusters_average", "two_clusters_gradients", "two_clusters_diloco",
-                                         "two_clusters_async", "three_nodes", "one_node", "match_pytorch", "never_starts",
+                                         "two_clusters_async", "two_clusters_cut_differently", "three_nodes", "one_node", "match_pytorch", "never_starts",
                                          "launcher_stops_all", "clusterize_merge", "stranger"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)

@@ -40,7 +40,7 @@ struct BenchOptions {
   double mb = 25;  // per ring, float32, 10^6 bytes
   int warmup = 1;
   int rounds = 5;
-  int port = 5800;
+  int port = 6400;
   int io_threads = 1;
   double link_mbps = 0;  // 0: loopback as it is
 };
