@@ -271,10 +271,9 @@ void RingClusterSync::checkIdenticalStart(Ring& ring) {
   torch::Tensor mine = torch::tensor({int64_t(checksum(ring))}, torch::kLong);
   const auto t0 = Clock::now();
   std::vector<torch::Tensor> all = ring.group->allGather(mine);
-  {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-  }
+  countStats([&](RingClusterSyncStats& s) {
+    s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  });
   const auto& members = ring.spec.members;
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].item<int64_t>() == all[0].item<int64_t>()) continue;
@@ -505,11 +504,10 @@ bool RingClusterSync::join() {
           ordered.push_back(member.name);
       regroup(*ring, ordered, generation);
       ring->transactions = j["transactions"].get<int64_t>();
-      {
-        std::lock_guard<std::mutex> lock(stats_mutex_);
-        ++stats_.joined_rings;
-        stats_.last_welcome_checksum = sum;
-      }
+      countStats([&](RingClusterSyncStats& s) {
+        ++s.joined_rings;
+        s.last_welcome_checksum = sum;
+      });
       CAIRN_INFO("ring ", ring->spec.id, ": joined from ", m->sender, " at its step ",
                  j["step"].get<int64_t>(), ", generation ", generation, ", view ",
                  joined(ordered), "; fetched weights checksum ", sum);
@@ -589,10 +587,7 @@ void RingClusterSync::admit(Ring& ring, const std::vector<std::string>& joiners)
         CAIRN_WARN("ring ", ring.spec.id, ": welcome to ", j, " not sent (", toString(status),
                    "); it will be found lost at the next sync");
     }
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex_);
-      stats_.last_welcome_checksum = sum;
-    }
+    countStats([&](RingClusterSyncStats& s) { s.last_welcome_checksum = sum; });
     CAIRN_INFO("ring ", ring.spec.id, ": admitted ", joined(joiners), " at step ",
                last_synced_step_, ", generation ", generation, ", view ", joined(next),
                "; sent weights checksum ", sum);
@@ -601,10 +596,7 @@ void RingClusterSync::admit(Ring& ring, const std::vector<std::string>& joiners)
                ", generation ", generation, ", view ", joined(next));
   }
   for (const auto& j : joiners) ring.join_requests.erase(j);
-  {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    stats_.members_joined += int64_t(joiners.size());
-  }
+  countStats([&](RingClusterSyncStats& s) { s.members_joined += int64_t(joiners.size()); });
   ring.alone_logged = false;
   regroup(ring, next, generation);
 }
@@ -616,10 +608,7 @@ void RingClusterSync::dropMember(Ring& ring, const std::string& lost, bool left,
     if (m != lost) next.push_back(m);
   CAIRN_ENFORCE(next.size() < ring.view.size(), "ring ", ring.spec.id, ": lost member ", lost,
                 " is not in the view ", joined(ring.view));
-  {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    ++(left ? stats_.members_left : stats_.members_lost);
-  }
+  countStats([&](RingClusterSyncStats& s) { ++(left ? s.members_left : s.members_lost); });
   CAIRN_WARN("ring ", ring.spec.id, ": dropped ", lost, left ? " (it left)" : " (lost)", "; ",
              why, "; continuing with ", joined(next), ", generation ", ring.generation + 1);
   regroup(ring, next, ring.generation + 1);
@@ -713,10 +702,7 @@ void RingClusterSync::transact(Ring& ring, bool gradients, bool admit_joiners,
           b.previous = snap.previous[i].defined() ? snap.previous[i].clone() : torch::Tensor();
           b.momentum = snap.momentum[i].defined() ? snap.momentum[i].clone() : torch::Tensor();
         }
-        {
-          std::lock_guard<std::mutex> lock(stats_mutex_);
-          ++stats_.redone_syncs;
-        }
+        countStats([&](RingClusterSyncStats& s) { ++s.redone_syncs; });
         continue;
       }
       CAIRN_INFO("ring ", ring.spec.id, ": the sync had completed everywhere before ", lost,

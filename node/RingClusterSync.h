@@ -164,6 +164,12 @@ class RingClusterSync : public ClusterSync {
   void collectJoinRequests(Ring& ring);
   void admit(Ring& ring, const std::vector<std::string>& joiners);
   uint64_t checksum(const Ring& ring) const;
+  // Updates stats_ under stats_mutex_ (ring threads count losses, joins and redone syncs at once).
+  template <typename F>
+  void countStats(F&& update) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    update(stats_);
+  }
 
   Mailbox& mailbox_;
   std::chrono::milliseconds timeout_;

@@ -100,7 +100,7 @@ class ZmqTransport : public Transport {
   bool drainMonitors();
   std::optional<Message> receiveImpl(std::chrono::milliseconds timeout, bool wake_on_liveness);
 
-  zmq::socket_t inbound_;  // under receive_mutex_
+  zmq::socket_t inbound_;                 // under receive_mutex_
   std::map<std::string, Peer> outbound_;  // the map itself changes only in addPeer/flushAndClose
   std::mutex receive_mutex_;
   mutable std::mutex liveness_mutex_;

@@ -62,7 +62,6 @@ TEST(Mailbox, BoundedBufferDropsOldestUnwanted) {
   EXPECT_EQ(oldest->tag, "junk2");
 }
 
-
 // Concurrent rings share one mailbox: several threads each wait for their own tag while one
 // sender interleaves all tags over tcp. Reference: the order each tag was sent in. Every thread
 // must get exactly its own messages, in that order, none lost, none taken by another thread.
@@ -108,7 +107,8 @@ TEST(Mailbox, ConcurrentReceiversEachGetTheirOwnMessagesInOrder) {
   for (auto& th : threads) th.join();
   for (int t = 0; t < kTags; ++t) {
     ASSERT_EQ(got[size_t(t)].size(), size_t(kPerTag)) << "tag ring" << t;
-    for (int i = 0; i < kPerTag; ++i) EXPECT_EQ(got[size_t(t)][size_t(i)], uint64_t(i)) << "ring" << t;
+    for (int i = 0; i < kPerTag; ++i)
+      EXPECT_EQ(got[size_t(t)][size_t(i)], uint64_t(i)) << "ring" << t;
   }
   EXPECT_EQ(box.buffered(), 0u);
   EXPECT_EQ(box.droppedForSpace(), 0u);

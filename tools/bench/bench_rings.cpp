@@ -6,24 +6,23 @@
 //   sequential   SyncOptions::concurrent_rings = false: ring after ring in ring id order
 //   concurrent   the default: one thread per ring, all at once
 // Processes: K + 1 on tcp://127.0.0.1 (one ZeroMQ I/O thread each, as the provider), exec'd from
-// this binary. --link-mbps B emulates thin volunteer links (FaultyTransport's bandwidth fault: every
-// message waits bytes / B in its sending thread), so each hub–spoke link carries at most B Mbit/s
-// each way while the hub's own connection is not the limit; without it, loopback is limited only
-// by the CPU. Every process adds its own constant to its tensors before a round (hub +1, spokes
-// +3), so after r rounds every copy must be the initial value + 2r; the hub checks that it is.
-// Prints one JSON line per way (tools/bench/run_all's "rings" table puts them side by side):
+// this binary. --link-mbps B emulates thin volunteer links (FaultyTransport's bandwidth fault:
+// every message waits bytes / B in its sending thread), so each hub–spoke link carries at most B
+// Mbit/s each way while the hub's own connection is not the limit; without it, loopback is limited
+// only by the CPU. Every process adds its own constant to its tensors before a round (hub +1,
+// spokes +3), so after r rounds every copy must be the initial value + 2r; the hub checks that it
+// is. Prints one JSON line per way (tools/bench/run_all's "rings" table puts them side by side):
 //   {"impl":"cairn-rings","mode":"concurrent","rings":K,"mb_per_ring":S,"link_mbps":B,"median_s":…,…}
 //   build/tools/bench/bench_rings --rings 3 --mb 25 --rounds 5
 //   build/tools/bench/bench_rings --rings 3 --mb 4 --rounds 3 --link-mbps 100
+#include <ATen/Parallel.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
-
-#include <ATen/Parallel.h>
-#include <CLI/CLI.hpp>
 
 #include "core/Error.h"
 #include "core/MainGuard.h"
@@ -107,8 +106,9 @@ int runProcess(int process, bool concurrent, int port, const BenchOptions& o) {
   if (process == 0) {
     std::vector<double> sorted = timed;
     std::sort(sorted.begin(), sorted.end());
-    const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                            : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+    const double median = sorted.size() % 2
+                              ? sorted[sorted.size() / 2]
+                              : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
     std::ostringstream rounds;
     for (size_t i = 0; i < timed.size(); ++i) rounds << (i ? "," : "") << timed[i];
     std::printf(
@@ -133,11 +133,14 @@ int main(int argc, char** argv) {
   std::string mode;
   int port = -1;
   app.add_option("--rings", o.rings, "rings of the hub (one spoke process each)")
-      ->capture_default_str()->check(CLI::Range(1, 32));
-  app.add_option("--mb", o.mb, "MB (10^6 bytes) of float32 per ring")->capture_default_str()
+      ->capture_default_str()
+      ->check(CLI::Range(1, 32));
+  app.add_option("--mb", o.mb, "MB (10^6 bytes) of float32 per ring")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed rounds")->capture_default_str();
-  app.add_option("--rounds", o.rounds, "timed rounds (median reported)")->capture_default_str()
+  app.add_option("--rounds", o.rounds, "timed rounds (median reported)")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--port", o.port, "first loopback port (2 x (rings + 1) are used)")
       ->capture_default_str();
@@ -145,7 +148,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--link-mbps", o.link_mbps,
                  "emulate hub-spoke links of this many Mbit/s each way (0: plain loopback)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--process", process, "(internal) run as this process");
   app.add_option("--mode", mode, "(internal) sequential | concurrent");
   app.add_option("--process-port", port, "(internal) first port of this way");
@@ -155,9 +159,8 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (process >= 0)
-    return cairn::runGuarded("bench_rings", [&] {
-      return runProcess(process, mode == "concurrent", port, o);
-    });
+    return cairn::runGuarded("bench_rings",
+                             [&] { return runProcess(process, mode == "concurrent", port, o); });
 
   int rc = 0;
   for (const bool concurrent : {false, true}) {
@@ -167,10 +170,10 @@ int main(int argc, char** argv) {
       const pid_t pid = ::fork();
       if (pid == 0) {  // exec, so that no process inherits torch's threads
         std::vector<std::string> args(argv, argv + argc);
-        for (const std::string& a : {std::string("--process"), std::to_string(p),
-                                     std::string("--mode"),
-                                     std::string(concurrent ? "concurrent" : "sequential"),
-                                     std::string("--process-port"), std::to_string(first_port)})
+        for (const std::string& a :
+             {std::string("--process"), std::to_string(p), std::string("--mode"),
+              std::string(concurrent ? "concurrent" : "sequential"), std::string("--process-port"),
+              std::to_string(first_port)})
           args.push_back(a);
         std::vector<char*> child_argv;
         for (auto& a : args) child_argv.push_back(a.data());
