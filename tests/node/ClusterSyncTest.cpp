@@ -15,6 +15,8 @@
 //   lost mid-average / mid-gradients (dies after n sends), disconnected in DiLoCo (liveness, with a
 //   timeout far past the ctest limit): the other two finish that sync with the direct average /
 //   DiLoCo update over the two, bit-identical, and train on; the lost one restores its own state
+//   concurrent rings: a death in one of a node's rings re-forms that ring only; the other ring's
+//   average is exact and loses nobody
 //   leave(): dropped without a timeout (huge timeout; counted as "left", not "lost")
 //   join: the joiner gets exactly x0's parameters, buffers and θ_prev/momentum; the next sync is
 //   the DiLoCo update over all three
@@ -570,6 +572,50 @@ TEST(RingClusterSyncFailures, MemberDyingMidAverageIsDroppedAndTheOthersAverageW
   EXPECT_EQ(views[2], (std::vector<std::string>{"x2"}));
   std::printf("lost mid-average: survivors redid 1 sync; x2 dropped %lld member(s)\n",
               static_cast<long long>(stats[2].members_lost));
+}
+
+// Concurrent rings fail independently: "a" is in ring_0 {a, b, d} and ring_1 {a, c}, which run at
+// the same time; "b" dies in the middle of ring_0's average. ring_0 drops it and "a" and "d"
+// average without it; ring_1 completes the exact average of "a" and "c" with nobody lost.
+TEST(RingClusterSyncFailures, ALossInOneOfConcurrentRingsReformsOnlyThatRing) {
+  const State l0 = layerState("0", 5, 41), l1 = layerState("1", 4, 42);
+  const std::vector<TestNode> nodes = {{"a", 0, namesOf(merge(l0, l1))},
+                                       {"b", 1, namesOf(l0)},
+                                       {"c", 1, namesOf(l1)},
+                                       {"d", 2, namesOf(l0)}};
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(l0), {"a", "b", "d"}},
+                                       {"ring_1", namesOf(l1), {"a", "c"}}};
+  std::vector<State> before(4), after(4);
+  std::vector<RingClusterSyncStats> stats(4);
+  std::vector<std::vector<std::string>> views0(4), views1(4);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(1500);
+  runNodes(
+      nodes, rings, {merge(l0, l1), l0, l1, l0}, {},
+      [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+        perturbSeeded(stage, 500 + i);
+        before[i] = stateOf(stage);
+        sync.synchronize();
+        after[i] = stateOf(stage);
+        stats[i] = sync.stats();
+        if (i != 2) views0[i] = sync.view("ring_0");
+        if (i == 0 || i == 2) views1[i] = sync.view("ring_1");
+      },
+      setup,
+      [](size_t i, FaultyTransport& faulty) {
+        if (i == 1) faulty.setDisconnectAfterSends(kDieAfterSends);
+      });
+  expectAverages(before, after,
+                 {{"ring_0", namesOf(l0), {"a", "d"}}, {"ring_1", namesOf(l1), {"a", "c"}}}, nodes);
+  expectSameState(after[1], before[1], "b after its failed sync");
+  EXPECT_EQ(stats[0].members_lost, 1);
+  EXPECT_EQ(stats[0].redone_syncs, 1);
+  EXPECT_EQ(stats[2].members_lost, 0);
+  EXPECT_EQ(stats[2].redone_syncs, 0);
+  EXPECT_EQ(views0[0], (std::vector<std::string>{"a", "d"}));
+  EXPECT_EQ(views0[3], (std::vector<std::string>{"a", "d"}));
+  EXPECT_EQ(views1[0], (std::vector<std::string>{"a", "c"}));
+  EXPECT_EQ(views1[2], (std::vector<std::string>{"a", "c"}));
 }
 
 TEST(RingClusterSyncFailures, MemberDyingInsideTheCommitLeavesTheFullAverageEverywhere) {
