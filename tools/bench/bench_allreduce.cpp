@@ -7,12 +7,8 @@
 // rounds are timed; the result is checked against the known sum. Rank 0 prints one JSON line per
 // size: {"impl":"cairn","ranks":N,"bytes":B,"median_s":…,"algbw_GBps":B/median/1e9,"rounds_s":[…]}
 //   build/tools/bench/bench_allreduce --ranks 4 --sizes-mb 100 --rounds 5
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <sstream>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -21,6 +17,7 @@
 #include "core/MainGuard.h"
 #include "node/ProcessGroup.h"
 #include "node/ZmqTransport.h"
+#include "tools/bench/BenchProcesses.h"
 
 using namespace std::chrono;
 
@@ -75,18 +72,13 @@ int runRank(int rank, const BenchOptions& o) {
     if (!torch::equal(data, torch::full_like(data, expected)))
       CAIRN_THROW(InternalError, "all-reduce result is wrong on ", names[rank]);
     if (rank == 0) {
-      std::vector<double> sorted = timed;
-      std::sort(sorted.begin(), sorted.end());
-      const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                              : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+      const double median = cairn::bench::median(timed);
       const double bytes = double(elements) * 4;
-      std::ostringstream rounds;
-      for (size_t i = 0; i < timed.size(); ++i) rounds << (i ? "," : "") << timed[i];
       std::printf(
           "{\"impl\":\"cairn\",\"ranks\":%d,\"bytes\":%.0f,\"median_s\":%.6f,\"algbw_GBps\":%.4f,"
           "\"segment_kb\":%zu,\"in_flight\":%d,\"rounds_s\":[%s]}\n",
           o.ranks, bytes, median, bytes / median / 1e9, o.segment_kb, o.in_flight,
-          rounds.str().c_str());
+          cairn::bench::joined(timed).c_str());
       std::fflush(stdout);
     }
   }
@@ -126,28 +118,8 @@ int main(int argc, char** argv) {
   }
   if (rank >= 0) return cairn::runGuarded("bench_allreduce", [&] { return runRank(rank, o); });
 
-  // Launcher: start one process per rank (exec, so that no rank inherits torch's threads).
-  std::vector<pid_t> children;
-  for (int r = 0; r < o.ranks; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      std::vector<std::string> args(argv, argv + argc);
-      args.push_back("--rank");
-      args.push_back(std::to_string(r));
-      std::vector<char*> child_argv;
-      for (auto& a : args) child_argv.push_back(a.data());
-      child_argv.push_back(nullptr);
-      ::execv("/proc/self/exe", child_argv.data());
-      ::_exit(127);
-    }
-    children.push_back(pid);
-  }
-  int rc = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-    if (code != 0 && rc == 0) rc = code;
-  }
-  return rc;
+  // Launcher: one process per rank.
+  return cairn::bench::runCopies(argc, argv, o.ranks, [](int r) {
+    return std::vector<std::string>{"--rank", std::to_string(r)};
+  });
 }

@@ -16,19 +16,16 @@
 //   build/tools/bench/bench_rings --rings 3 --mb 25 --rounds 5
 //   build/tools/bench/bench_rings --rings 3 --mb 4 --rounds 3 --link-mbps 100
 #include <ATen/Parallel.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <cstdio>
-#include <sstream>
 
 #include "core/Error.h"
 #include "core/MainGuard.h"
 #include "node/FaultyTransport.h"
 #include "node/RingClusterSync.h"
 #include "node/ZmqTransport.h"
+#include "tools/bench/BenchProcesses.h"
 
 using namespace std::chrono;
 
@@ -104,18 +101,12 @@ int runProcess(int process, bool concurrent, int port, const BenchOptions& o) {
                   diff);
   }
   if (process == 0) {
-    std::vector<double> sorted = timed;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted.size() % 2
-                              ? sorted[sorted.size() / 2]
-                              : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
-    std::ostringstream rounds;
-    for (size_t i = 0; i < timed.size(); ++i) rounds << (i ? "," : "") << timed[i];
+    const double median = cairn::bench::median(timed);
     std::printf(
         "{\"impl\":\"cairn-rings\",\"mode\":\"%s\",\"rings\":%d,\"mb_per_ring\":%g,"
         "\"link_mbps\":%g,\"median_s\":%.6f,\"rounds_s\":[%s]}\n",
         concurrent ? "concurrent" : "sequential", o.rings, o.mb, o.link_mbps, median,
-        rounds.str().c_str());
+        cairn::bench::joined(timed).c_str());
     std::fflush(stdout);
   }
   transport.flushAndClose(seconds(5));
@@ -165,30 +156,12 @@ int main(int argc, char** argv) {
   int rc = 0;
   for (const bool concurrent : {false, true}) {
     const int first_port = o.port + (concurrent ? o.rings + 1 : 0);
-    std::vector<pid_t> children;
-    for (int p = 0; p <= o.rings; ++p) {
-      const pid_t pid = ::fork();
-      if (pid == 0) {  // exec, so that no process inherits torch's threads
-        std::vector<std::string> args(argv, argv + argc);
-        for (const std::string& a :
-             {std::string("--process"), std::to_string(p), std::string("--mode"),
-              std::string(concurrent ? "concurrent" : "sequential"), std::string("--process-port"),
-              std::to_string(first_port)})
-          args.push_back(a);
-        std::vector<char*> child_argv;
-        for (auto& a : args) child_argv.push_back(a.data());
-        child_argv.push_back(nullptr);
-        ::execv("/proc/self/exe", child_argv.data());
-        ::_exit(127);
-      }
-      children.push_back(pid);
-    }
-    for (pid_t pid : children) {
-      int status = 0;
-      ::waitpid(pid, &status, 0);
-      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-      if (code != 0 && rc == 0) rc = code;
-    }
+    const int code = cairn::bench::runCopies(argc, argv, o.rings + 1, [&](int p) {
+      return std::vector<std::string>{"--process", std::to_string(p), "--mode",
+                                      concurrent ? "concurrent" : "sequential", "--process-port",
+                                      std::to_string(first_port)};
+    });
+    if (code != 0 && rc == 0) rc = code;
   }
   return rc;
 }
