@@ -30,8 +30,9 @@ import time
 
 import torch
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
-EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provider_cluster_test as pct  # noqa: E402  (multi-cluster node data, shared with the other cases)
+
 STEPS, LOCAL_STEPS, CHECKPOINT_EVERY, KILL_AFTER = 400, 5, 10, 60
 NODES = ["node_0", "node_1", "node_2"]
 
@@ -50,44 +51,9 @@ def make_plan(args, keys):
                 # The ring waits max(startup_s, peer_s) for a member: the loss is found within that.
                 "timeouts": {"startup_s": 10, "peer_s": 5}}
     data = {"train_samples": 6000, "test_samples": 500}
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model],
-                   check=True, stdout=subprocess.DEVNULL)
-    parts = []
-    for c in range(3):
-        work = os.path.join(args.work, f"cluster{c}")
-        os.makedirs(work, exist_ok=True)
-        configs = {str(c): {"IP": f"127.0.0.1:{args.port + c}", "benchmarks": {"ram": 1, "bandwidth": 1000}}}
-        with open(os.path.join(work, "node_configs.json"), "w") as f:
-            json.dump(configs, f)
-        out = os.path.join(work, "node_data")
-        cmd = [sys.executable, os.path.join(EXAMPLE, "make_node_data_by_hand.py"), "--model", model,
-               "--nodes", os.path.join(work, "node_configs.json"), "--out", out, "--stages", "1"]
-        for k, v in settings.items():
-            cmd += ["--set", f"{k}={json.dumps(v)}"]
-        for k, v in data.items():
-            cmd += ["--data-set", f"{k}={json.dumps(v)}"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        parts.append(out)
-    node_data = parts[0]
-    for c in (1, 2):
-        shutil.copytree(os.path.join(parts[c], "nodes", f"node_{c}"), os.path.join(node_data, "nodes", f"node_{c}"))
-    specs = {}
-    for c in range(3):
-        path = os.path.join(node_data, "nodes", f"node_{c}", "node.json")
-        specs[c] = (path, json.load(open(path)))
-    members = [{"name": specs[c][1]["name"], "address": specs[c][1]["address"]} for c in range(3)]
-    for c, (path, spec) in specs.items():
-        spec["cluster"] = c
-        spec["extra"]["num_clusters"] = 3
-        spec["rings"] = [{"id": "ring_0", "parameters": spec["parameters"] + spec["buffers"],
-                          "members": members, "rank": c}]
-        json.dump(spec, open(path, "w"), indent=1)
-    plan_path = os.path.join(node_data, "plan.json")
-    plan = json.load(open(plan_path))
-    plan["num_clusters"] = 3
-    json.dump(plan, open(plan_path, "w"))
-    subprocess.run([keys, node_data], check=True, stdout=subprocess.DEVNULL)  # keys cover the ring peers
+    node_data, _, rings = pct.make_clusters_node_data(args.work, args.port, (1, 1, 1), settings, data, keys)
+    if len(rings) != 1:
+        fail(f"expected one ring over the whole stage, the plan has {len(rings)}")
     return node_data
 
 
