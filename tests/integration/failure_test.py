@@ -269,8 +269,7 @@ def main():
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
     args = parser.parse_args()
-    pct.KEYS = args.keys or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.provider))),
-                                         "clusterize", "cairn_keys")
+    pct.KEYS = pct.keys_binary(args)
     import torch
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)

@@ -54,6 +54,12 @@ MASK = (1 << 64) - 1
 KEYS = None
 
 
+def keys_binary(args):
+    """--keys, or cairn_keys in the build the provider comes from."""
+    return args.keys or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.provider))),
+                                     "clusterize", "cairn_keys")
+
+
 def fail(message):
     print("FAIL: " + message, file=sys.stderr)
     sys.exit(1)
@@ -478,8 +484,7 @@ def main():
     parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
     args = parser.parse_args()
     global KEYS
-    KEYS = args.keys or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.provider))),
-                                     "clusterize", "cairn_keys")
+    KEYS = keys_binary(args)
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
     globals()["case_" + args.case](args)

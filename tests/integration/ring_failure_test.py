@@ -83,9 +83,7 @@ def log_text(args, log_name):
 
 
 def run(args, rejoin):
-    keys = args.keys or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.provider))),
-                                     "clusterize", "cairn_keys")
-    node_data = make_plan(args, keys)
+    node_data = make_plan(args, pct.keys_binary(args))
     initial = dict(torch.jit.load(os.path.join(node_data, "nodes", "node_0", "stage.pt")).state_dict())
     procs = {n: start(args, node_data, n, [], f"{n}.log") for n in NODES}
     deadline = time.time() + 120
