@@ -52,6 +52,12 @@ void syncOptions(TrainOptions& t) {
   t.clip_grad_norm = 1.0;
 }
 
+// syncOptions with a checkpoint every 2 steps.
+void syncCheckpointEvery2(TrainOptions& t) {
+  syncOptions(t);
+  t.checkpoint_every = 2;
+}
+
 void asyncOptions(TrainOptions& t) {
   syncOptions(t);
   t.clip_grad_norm = 0;
@@ -95,12 +101,7 @@ TEST(CheckpointResume, SyncStopOnANonRootNodeThenResumeIsBitIdentical) {
   // Stopped: node 1 is asked from its 4th poll (the start of step 3); its gradients of step 3 carry
   // the request to the Root, which stops the cluster after step 4 (5 steps done).
   const testing::PipelineRun stopped = testing::runInMemoryPipeline(
-      nodeData(),
-      [](TrainOptions& t) {
-        syncOptions(t);
-        t.checkpoint_every = 2;
-      },
-      [&](int i, StageTrainerConfig& c) {
+      nodeData(), syncCheckpointEvery2, [&](int i, StageTrainerConfig& c) {
         c.checkpoint_dir = nodeDir(dir, i);
         if (i == 2) c.metrics_path = dir + "/metrics_node_2.jsonl";
         if (i == 1) c.stop_requested = stopFromPoll(4);
@@ -114,12 +115,7 @@ TEST(CheckpointResume, SyncStopOnANonRootNodeThenResumeIsBitIdentical) {
     EXPECT_EQ(validCheckpointSteps(nodeDir(dir, i)), (std::vector<int64_t>{2, 4, 5}));
 
   const testing::PipelineRun resumed = testing::runInMemoryPipeline(
-      nodeData(),
-      [](TrainOptions& t) {
-        syncOptions(t);
-        t.checkpoint_every = 2;
-      },
-      [&](int i, StageTrainerConfig& c) {
+      nodeData(), syncCheckpointEvery2, [&](int i, StageTrainerConfig& c) {
         c.checkpoint_dir = nodeDir(dir, i);
         c.resume_step = 5;
         if (i == 2) c.metrics_path = dir + "/metrics_node_2.jsonl";
@@ -268,12 +264,8 @@ TEST(CheckpointResume, ClusterSyncStateIsSavedAndLoadedBeforeStart) {
 TEST(CheckpointResume, CorruptNewestCheckpointFallsBackToThePreviousValidOne) {
   ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const std::string dir = scratch("fallback");
-  auto every2 = [](TrainOptions& t) {
-    syncOptions(t);
-    t.checkpoint_every = 2;
-  };
-  const testing::PipelineRun stopped =
-      testing::runInMemoryPipeline(nodeData(), every2, [&](int i, StageTrainerConfig& c) {
+  const testing::PipelineRun stopped = testing::runInMemoryPipeline(
+      nodeData(), syncCheckpointEvery2, [&](int i, StageTrainerConfig& c) {
         c.checkpoint_dir = nodeDir(dir, i);
         if (i == 1) c.stop_requested = stopFromPoll(4);
       });
@@ -299,8 +291,8 @@ TEST(CheckpointResume, CorruptNewestCheckpointFallsBackToThePreviousValidOne) {
   EXPECT_EQ(validCheckpointSteps(nodeDir(dir, 1)), (std::vector<int64_t>{2, 4}));
   ASSERT_EQ(common, (std::vector<int64_t>{2, 4}));
   const int64_t from = common.back();
-  const testing::PipelineRun resumed =
-      testing::runInMemoryPipeline(nodeData(), every2, [&](int i, StageTrainerConfig& c) {
+  const testing::PipelineRun resumed = testing::runInMemoryPipeline(
+      nodeData(), syncCheckpointEvery2, [&](int i, StageTrainerConfig& c) {
         c.checkpoint_dir = nodeDir(dir, i);
         c.resume_step = from;
       });
