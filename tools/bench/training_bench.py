@@ -253,22 +253,32 @@ def cmd_pipeline(args):
 
 # ---- table 4 ----------------------------------------------------------------------------------
 
-def ours_to_target(nd, batch_per_cluster, clusters, target, warmup):
+def cluster0_run(nd, roles, batch_per_cluster, clusters, warmup):
+    """Step records, evaluations and step times of cluster 0's node with one of `roles`, and the
+    samples/s of all clusters over the steps after `warmup`."""
     specs = node_specs(nd)
-    name = [n for n, s in specs.items() if s["cluster"] == 0 and s["role"] in ("root", "root_leaf")][0]
+    name = [n for n, s in specs.items() if s["cluster"] == 0 and s["role"] in roles][0]
     steps, evals = metrics(nd, name)
     times = [step_seconds(r, batch_per_cluster) for r in steps]
     timed = times[warmup:]
-    out = {"samples_per_s": clusters * batch_per_cluster * len(timed) / sum(timed), "steps": len(steps),
-           "time_to_target_s": None, "steps_to_target": None,
-           "last_accuracy": evals[-1]["accuracy"] if evals else None,
-           "evals": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals]}
-    for e in evals:
-        if e["accuracy"] >= target:
-            out["time_to_target_s"] = sum(times[:e["step"]])
-            out["steps_to_target"] = e["step"]
-            break
-    return out
+    return steps, evals, times, clusters * batch_per_cluster * len(timed) / sum(timed)
+
+
+def first_reaching(evals, times, target):
+    """(seconds, step) of the first evaluation at or above `target`: the sum of the step times
+    until it; None when never reached."""
+    hit = next((e for e in evals if e["accuracy"] >= target), None)
+    return None if hit is None else (sum(times[:hit["step"]]), hit["step"])
+
+
+def ours_to_target(nd, batch_per_cluster, clusters, target, warmup):
+    steps, evals, times, samples_per_s = cluster0_run(nd, ("root", "root_leaf"), batch_per_cluster,
+                                                      clusters, warmup)
+    hit = first_reaching(evals, times, target)
+    return {"samples_per_s": samples_per_s, "steps": len(steps),
+            "time_to_target_s": hit and hit[0], "steps_to_target": hit and hit[1],
+            "last_accuracy": evals[-1]["accuracy"] if evals else None,
+            "evals": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals]}
 
 
 def cmd_ddp(args):
@@ -354,20 +364,16 @@ def leaf_run(nd, batch_per_cluster, clusters, targets, warmup):
     """Figures of one run from cluster 0's leaf: samples/s over the steps after `warmup` (all
     clusters' samples), time to each target accuracy (sum of step times, sync included, until the
     first evaluation at or above it), best and last accuracy."""
-    specs = node_specs(nd)
-    name = [n for n, s in specs.items() if s["cluster"] == 0 and s["role"] in ("leaf", "root_leaf")][0]
-    steps, evals = metrics(nd, name)
-    times = [step_seconds(r, batch_per_cluster) for r in steps]
-    timed = times[warmup:]
-    out = {"samples_per_s": clusters * batch_per_cluster * len(timed) / sum(timed), "steps": len(steps),
+    steps, evals, times, samples_per_s = cluster0_run(nd, ("leaf", "root_leaf"), batch_per_cluster,
+                                                      clusters, warmup)
+    out = {"samples_per_s": samples_per_s, "steps": len(steps),
            "train_seconds": sum(times), "sync_s": sum(r.get("sync_s", 0.0) for r in steps),
            "best_accuracy": max((e["accuracy"] for e in evals), default=None),
            "last_accuracy": evals[-1]["accuracy"] if evals else None,
            "evals": [[e["step"], round(e["accuracy"], 4)] for e in evals], "to_target": {}}
     for t in targets:
-        hit = next((e for e in evals if e["accuracy"] >= t), None)
-        out["to_target"][str(t)] = None if hit is None else {"seconds": sum(times[:hit["step"]]),
-                                                              "step": hit["step"]}
+        hit = first_reaching(evals, times, t)
+        out["to_target"][str(t)] = None if hit is None else {"seconds": hit[0], "step": hit[1]}
     return out
 
 
