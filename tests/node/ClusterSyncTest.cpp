@@ -70,6 +70,12 @@ State stateOf(const torch::jit::Module& stage) {
   return s;
 }
 
+std::vector<std::string> namesOf(const State& s) {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : s) n.push_back(k);
+  return n;
+}
+
 struct TestNode {
   std::string name;
   int cluster = 0;
@@ -232,10 +238,10 @@ void expectAverages(const std::vector<State>& before, const std::vector<State>& 
       const torch::Tensor first = after[index(r.members[0])].at(name);
       for (const auto& m : r.members) {
         const torch::Tensor got = after[index(m)].at(name);
-        EXPECT_TRUE(torch::equal(got, first)) << name << " at " << m << " differs from "
-                                              << r.members[0] << " (not bit-identical)";
-        const double diff = (got.to(torch::kDouble) - expected.to(torch::kDouble)).abs().max()
-                                .item<double>();
+        EXPECT_TRUE(torch::equal(got, first))
+            << name << " at " << m << " differs from " << r.members[0] << " (not bit-identical)";
+        const double diff =
+            (got.to(torch::kDouble) - expected.to(torch::kDouble)).abs().max().item<double>();
         EXPECT_LE(diff, 1e-6) << name << " at " << m;
       }
     }
@@ -243,15 +249,12 @@ void expectAverages(const std::vector<State>& before, const std::vector<State>& 
 
 TEST(RingClusterSync, SameCutAverageIsBitIdentical) {
   const State l0 = layerState("0", 5, 1), l1 = layerState("1", 2, 2);
-  auto names = [](const State& s) {
-    std::vector<std::string> n;
-    for (const auto& [k, v] : s) n.push_back(k);
-    return n;
-  };
-  std::vector<TestNode> nodes = {{"c0s0", 0, names(l0)}, {"c0s1", 0, names(l1)},
-                                 {"c1s0", 1, names(l0)}, {"c1s1", 1, names(l1)}};
-  std::vector<TestRing> rings = {{"ring_0", names(l0), {"c0s0", "c1s0"}},
-                                 {"ring_1", names(l1), {"c0s1", "c1s1"}}};
+  std::vector<TestNode> nodes = {{"c0s0", 0, namesOf(l0)},
+                                 {"c0s1", 0, namesOf(l1)},
+                                 {"c1s0", 1, namesOf(l0)},
+                                 {"c1s1", 1, namesOf(l1)}};
+  std::vector<TestRing> rings = {{"ring_0", namesOf(l0), {"c0s0", "c1s0"}},
+                                 {"ring_1", namesOf(l1), {"c0s1", "c1s1"}}};
   std::vector<State> before(4), after(4);
   runNodes(nodes, rings, {l0, l1, l0, l1}, {}, [&](size_t i, RingClusterSync& sync, auto& stage) {
     perturb(stage, int(i));
@@ -266,17 +269,11 @@ TEST(RingClusterSync, SameCutAverageIsBitIdentical) {
 
 TEST(RingClusterSync, DifferentCutsAverageEveryCopy) {
   const State l0 = layerState("0", 5, 3), l1 = layerState("1", 4, 4), l2 = layerState("2", 3, 5);
-  auto names = [](const State& s) {
-    std::vector<std::string> n;
-    for (const auto& [k, v] : s) n.push_back(k);
-    return n;
-  };
   // Cluster 0: one node with everything; cluster 1: {0} and {1, 2}.
-  std::vector<std::string> n12 = names(merge(l1, l2));
-  std::vector<TestNode> nodes = {{"a", 0, names(merge(merge(l0, l1), l2))},
-                                 {"b", 1, names(l0)},
-                                 {"c", 1, n12}};
-  std::vector<TestRing> rings = {{"ring_0", names(l0), {"a", "b"}}, {"ring_1", n12, {"a", "c"}}};
+  std::vector<std::string> n12 = namesOf(merge(l1, l2));
+  std::vector<TestNode> nodes = {
+      {"a", 0, namesOf(merge(merge(l0, l1), l2))}, {"b", 1, namesOf(l0)}, {"c", 1, n12}};
+  std::vector<TestRing> rings = {{"ring_0", namesOf(l0), {"a", "b"}}, {"ring_1", n12, {"a", "c"}}};
   for (bool concurrent : {true, false}) {
     SCOPED_TRACE(concurrent ? "rings concurrently" : "rings one after another");
     SyncOptions options;
@@ -301,15 +298,10 @@ TEST(RingClusterSync, DifferentCutsAverageEveryCopy) {
 // Reference: the direct average of every tensor's copies.
 TEST(RingClusterSync, RingsOfOneNodeRunConcurrently) {
   const State l0 = layerState("0", 6, 21), l1 = layerState("1", 5, 22);
-  auto names = [](const State& s) {
-    std::vector<std::string> n;
-    for (const auto& [k, v] : s) n.push_back(k);
-    return n;
-  };
-  std::vector<TestNode> nodes = {{"a", 0, names(merge(l0, l1))}, {"b", 1, names(l0)},
-                                 {"c", 1, names(l1)}};
-  std::vector<TestRing> rings = {{"ring_0", names(l0), {"a", "b"}},
-                                 {"ring_1", names(l1), {"a", "c"}}};
+  std::vector<TestNode> nodes = {
+      {"a", 0, namesOf(merge(l0, l1))}, {"b", 1, namesOf(l0)}, {"c", 1, namesOf(l1)}};
+  std::vector<TestRing> rings = {{"ring_0", namesOf(l0), {"a", "b"}},
+                                 {"ring_1", namesOf(l1), {"a", "c"}}};
   std::mutex mutex;
   std::condition_variable c_done;
   bool c_finished = false;
@@ -494,12 +486,6 @@ TEST(RingClusterSync, RefusesDifferentInitialWeightsNamingTheNode) {
 namespace {
 
 const std::vector<std::string> kThree = {"x0", "x1", "x2"};
-
-std::vector<std::string> namesOf(const State& s) {
-  std::vector<std::string> n;
-  for (const auto& [k, v] : s) n.push_back(k);
-  return n;
-}
 
 std::vector<TestNode> threeNodes(const State& s) {
   return {{"x0", 0, namesOf(s)}, {"x1", 1, namesOf(s)}, {"x2", 2, namesOf(s)}};
