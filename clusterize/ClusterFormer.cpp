@@ -17,10 +17,10 @@ std::vector<PlannerNode> pick(const std::vector<PlannerNode>& nodes, const std::
 }
 
 FormedCluster plan(const CostModel& cost, const std::vector<PlannerNode>& nodes,
-                   std::vector<int> ids, bool try_orders) {
+                   std::vector<int> ids, bool try_orders, int span) {
   FormedCluster best;
   best.nodes = ids;
-  best.partition = partitionCluster(cost, pick(nodes, ids));
+  best.partition = partitionCluster(cost, pick(nodes, ids), span);
   if (!try_orders) return best;
   auto by = [&](auto key) {
     std::vector<int> order = ids;
@@ -30,7 +30,7 @@ FormedCluster plan(const CostModel& cost, const std::vector<PlannerNode>& nodes,
   for (const auto& order : {by([](const PlannerNode& n) { return n.capacity_bytes; }),
                             by([](const PlannerNode& n) { return n.speed; }),
                             by([](const PlannerNode& n) { return n.bandwidth_bytes_per_s; })}) {
-    ClusterPartition p = partitionCluster(cost, pick(nodes, order));
+    ClusterPartition p = partitionCluster(cost, pick(nodes, order), span);
     if (p.feasible && (!best.partition.feasible ||
                        p.bottleneck_seconds < best.partition.bottleneck_seconds)) {
       best.nodes = order;
@@ -59,10 +59,11 @@ std::vector<std::vector<int>> deal(const std::vector<PlannerNode>& nodes,
 }
 
 bool allFeasible(const CostModel& cost, const std::vector<PlannerNode>& nodes,
-                 const std::vector<std::vector<int>>& groups, std::vector<FormedCluster>* out) {
+                 const std::vector<std::vector<int>>& groups, int span,
+                 std::vector<FormedCluster>* out) {
   std::vector<FormedCluster> formed;
   for (const auto& group : groups) {
-    formed.push_back(plan(cost, nodes, group, false));
+    formed.push_back(plan(cost, nodes, group, false, span));
     if (!formed.back().partition.feasible) return false;
   }
   if (out) *out = std::move(formed);
@@ -75,6 +76,7 @@ ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNo
                               const ClusterFormerOptions& options) {
   const int n = static_cast<int>(nodes.size());
   if (n == 0) CAIRN_THROW(BadInput, "there are no nodes to place the model on");
+  const int span = options.max_atoms_per_stage;
   // 1. Order: seeded shuffle, then a stable sort by memory, speed, bandwidth (largest first).
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -100,23 +102,23 @@ ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNo
     if (options.clusters > n)
       CAIRN_THROW(BadInput, "--clusters ", options.clusters, " asks for more clusters than the ", n,
                   " nodes");
-    if (!allFeasible(cost, nodes, deal(nodes, order, options.clusters), &clusters)) {
+    if (!allFeasible(cost, nodes, deal(nodes, order, options.clusters), span, &clusters)) {
       int fits = 0;
       for (int k = std::min(upper, options.clusters - 1); k >= 1 && fits == 0; --k)
-        if (allFeasible(cost, nodes, deal(nodes, order, k), nullptr)) fits = k;
+        if (allFeasible(cost, nodes, deal(nodes, order, k), span, nullptr)) fits = k;
       CAIRN_THROW(BadInput, "--clusters ", options.clusters, ": the nodes cannot be split into ",
                   options.clusters, " clusters that each hold the model",
                   fits > 0 ? " (at most " + std::to_string(fits) + " fit)" : std::string());
     }
   } else {
-    if (!allFeasible(cost, nodes, deal(nodes, order, 1), &clusters))
+    if (!allFeasible(cost, nodes, deal(nodes, order, 1), span, &clusters))
       CAIRN_THROW(BadInput, "the model does not fit on these nodes: even all ", n,
                   " nodes in one pipeline cannot hold it (units too large for the nodes' memory)");
     int low = 1, high = upper;  // low is feasible
     while (low < high) {
       const int mid = low + (high - low + 1) / 2;
       std::vector<FormedCluster> attempt;
-      if (allFeasible(cost, nodes, deal(nodes, order, mid), &attempt)) {
+      if (allFeasible(cost, nodes, deal(nodes, order, mid), span, &attempt)) {
         low = mid;
         clusters = std::move(attempt);
       } else {
@@ -142,9 +144,9 @@ ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNo
       std::pair<FormedCluster, FormedCluster> best;
       auto consider = [&](std::vector<int> slow_ids, std::vector<int> fast_ids) {
         if (fast_ids.empty()) return;
-        FormedCluster s = plan(cost, nodes, std::move(slow_ids), false);
+        FormedCluster s = plan(cost, nodes, std::move(slow_ids), false, span);
         if (!s.partition.feasible || bottleneck(s) >= best_value) return;
-        FormedCluster f = plan(cost, nodes, std::move(fast_ids), false);
+        FormedCluster f = plan(cost, nodes, std::move(fast_ids), false, span);
         const double value = std::max(bottleneck(s), bottleneck(f));
         if (value < best_value * (1 - 1e-9)) {
           best_value = value;
@@ -177,7 +179,7 @@ ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNo
   ClusterFormation formation;
   std::vector<bool> used(n, false);
   for (auto& cluster : clusters) {
-    FormedCluster final_cluster = plan(cost, nodes, cluster.nodes, true);
+    FormedCluster final_cluster = plan(cost, nodes, cluster.nodes, true, span);
     CAIRN_ENFORCE(final_cluster.partition.feasible, "a feasible cluster became infeasible");
     for (const auto& stage : final_cluster.partition.stages) used[final_cluster.nodes[stage.node]] = true;
     formation.clusters.push_back(std::move(final_cluster));

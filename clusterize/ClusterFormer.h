@@ -29,6 +29,7 @@ struct ClusterFormerOptions {
   int clusters = 0;         // 0: as many as memory allows
   uint64_t seed = 0;        // tie-breaking among equal nodes
   int balance_rounds = 1000;  // step 3's limit
+  int max_atoms_per_stage = 0;  // passed to partitionCluster (1: one atom per stage; 0: any)
 };
 
 struct FormedCluster {

@@ -58,6 +58,57 @@ JobSpec jobFromOptions(const ClusterizeOptions& o, const std::vector<std::vector
   return job;
 }
 
+// The atoms the planner chooses among. Without fixed cuts: the profile's atoms. With them: the
+// profile's atoms merged between consecutive fixed cuts, so that each merged atom is one stage.
+// `first_atom[k]` is the profile atom where merged atom k begins (one extra entry at the end).
+struct PlanningAtoms {
+  std::vector<AtomCost> atoms;
+  std::vector<double> boundary_bytes;
+  std::vector<int> first_atom;
+};
+
+PlanningAtoms planningAtoms(const ModelGraph& graph, const ModelProfile& profile,
+                            const std::vector<int>& fixed_cuts) {
+  const int fine = static_cast<int>(profile.atoms.size());
+  std::vector<int> first_atom;
+  if (fixed_cuts.empty()) {
+    for (int a = 0; a <= fine; ++a) first_atom.push_back(a);
+  } else {
+    first_atom.push_back(0);
+    int previous = 0;
+    for (int unit : fixed_cuts) {
+      if (unit <= previous || unit >= graph.numUnits())
+        CAIRN_THROW(BadInput, "--cuts ", unit, ": cuts must be strictly increasing unit indices in 1..",
+                    graph.numUnits() - 1, " (the model has ", graph.numUnits(), " units)");
+      const auto at = std::find(profile.cuts.begin(), profile.cuts.end(), unit);
+      if (at == profile.cuts.end())
+        CAIRN_THROW(BadInput, "--cuts ", unit, ": the model cannot be cut before unit ", unit, " (",
+                    graph.units()[unit].label, "): ",
+                    graph.isValidCut(unit) ? std::string("not a cut at this granularity")
+                                           : graph.whyInvalid(unit));
+      first_atom.push_back(static_cast<int>(at - profile.cuts.begin()));
+      previous = unit;
+    }
+    first_atom.push_back(fine);
+  }
+  PlanningAtoms out;
+  out.first_atom = first_atom;
+  for (size_t k = 0; k + 1 < first_atom.size(); ++k) {
+    AtomCost merged;
+    for (int a = first_atom[k]; a < first_atom[k + 1]; ++a) {
+      const AtomProfile& p = profile.atoms[a];
+      merged.parameter_bytes += static_cast<double>(p.parameter_bytes);
+      merged.trainable_bytes += static_cast<double>(p.trainable_bytes);
+      merged.buffer_bytes += static_cast<double>(p.buffer_bytes);
+      merged.saved_bytes += static_cast<double>(p.saved_bytes);
+      merged.seconds += p.seconds;
+    }
+    out.atoms.push_back(merged);
+  }
+  for (int a : first_atom) out.boundary_bytes.push_back(static_cast<double>(profile.boundary_bytes[a]));
+  return out;
+}
+
 }  // namespace
 
 std::string formatBytes(double bytes) {
@@ -93,12 +144,18 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
                            const std::vector<NodeConfig>& configs, const JobSpec& job,
                            const PlanSettings& settings) {
   if (configs.empty()) CAIRN_THROW(BadInput, settings.nodes_source, ": lists no nodes");
-  std::vector<AtomCost> atoms;
-  for (const auto& a : profile.atoms)
-    atoms.push_back({static_cast<double>(a.parameter_bytes), static_cast<double>(a.trainable_bytes),
-                     static_cast<double>(a.buffer_bytes), static_cast<double>(a.saved_bytes), a.seconds});
-  std::vector<double> boundary(profile.boundary_bytes.begin(), profile.boundary_bytes.end());
-  const CostModel cost(atoms, boundary, settings.cost);
+  const PlanningAtoms planning = planningAtoms(graph, profile, settings.cuts);
+  const CostModel cost(planning.atoms, planning.boundary_bytes, settings.cost);
+  // Unit where planning atom k begins (k = numAtoms: the end of the model).
+  auto unitOf = [&](int planning_atom) { return profile.cuts[planning.first_atom[planning_atom]]; };
+  const int fixed_stages = settings.cuts.empty() ? 0 : static_cast<int>(settings.cuts.size()) + 1;
+  if (fixed_stages > 0) {
+    const int wanted_clusters = std::max(settings.clusters, 1);
+    if (fixed_stages * wanted_clusters > static_cast<int>(configs.size()))
+      CAIRN_THROW(BadInput, "--cuts makes ", fixed_stages, " stages per cluster, so ",
+                  wanted_clusters, " cluster(s) need ", fixed_stages * wanted_clusters, " nodes, but ",
+                  settings.nodes_source, " lists ", configs.size());
+  }
 
   const auto speeds = relativeSpeeds(configs);
   std::vector<PlannerNode> nodes;
@@ -113,7 +170,7 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
   for (int a = 0; a < cost.numAtoms(); ++a) {
     const double need = cost.memoryBytes(a, a + 1);
     if (need > nodes[largest].capacity_bytes)
-      CAIRN_THROW(BadInput, atomLabel(graph, profile.cuts[a], profile.cuts[a + 1]), " needs ",
+      CAIRN_THROW(BadInput, atomLabel(graph, unitOf(a), unitOf(a + 1)), " needs ",
                   gb(need), " as a stage of its own but the largest node (", configs[largest].name,
                   ") has ", gb(nodes[largest].capacity_bytes));
   }
@@ -127,6 +184,7 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
   ClusterFormerOptions former;
   former.clusters = settings.clusters;
   former.seed = settings.seed;
+  former.max_atoms_per_stage = fixed_stages > 0 ? 1 : 0;
   const ClusterFormation formation = formClusters(cost, nodes, former);
 
   ClusterizeResult result;
@@ -165,10 +223,11 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
       PlannedStage stage;
       stage.node = config.name;
       stage.address = config.address();
-      stage.begin_unit = profile.cuts[placement.begin_atom];
-      stage.end_unit = profile.cuts[placement.end_atom];
+      stage.begin_unit = unitOf(placement.begin_atom);
+      stage.end_unit = unitOf(placement.end_atom);
       std::set<std::string> params, buffers;
-      for (int a = placement.begin_atom; a < placement.end_atom; ++a) {
+      for (int a = planning.first_atom[placement.begin_atom];
+           a < planning.first_atom[placement.end_atom]; ++a) {
         params.insert(profile.atoms[a].parameters.begin(), profile.atoms[a].parameters.end());
         buffers.insert(profile.atoms[a].buffers.begin(), profile.atoms[a].buffers.end());
       }
@@ -318,6 +377,7 @@ ClusterizeResult clusterize(const ClusterizeOptions& options) {
   settings.cost.microbatches = microbatches;
   settings.clusters = options.clusters;
   settings.seed = options.seed;
+  settings.cuts = options.cuts;
   settings.nodes_source = options.nodes_path;
   ClusterizeResult result = planModel(graph, profile, configs, job, settings);
 

@@ -41,6 +41,10 @@ struct ClusterizeOptions {
   std::string example_path;                // torch.save'd input(s), instead of shapes
   std::optional<int> microbatches;         // default: job's training_definition.microbatches, else 4
   std::optional<std::string> optimizer;    // default: job's training_definition.optimizer, else adam
+  // Stage boundaries fixed by the user (--cuts): unit indices where stage 1, 2, ... begin, strictly
+  // increasing, each a valid cut. Empty: the planner chooses the cuts. Given, every cluster has
+  // exactly cuts.size() + 1 stages; the planner still chooses which node holds which stage.
+  std::vector<int> cuts;
   ProfileOptions profile;
 };
 
@@ -60,6 +64,7 @@ struct PlanSettings {
   CostOptions cost;
   int clusters = 0;
   uint64_t seed = 0;
+  std::vector<int> cuts;  // ClusterizeOptions::cuts
   std::string nodes_source = "node_configs.json";  // names the file in messages
 };
 ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,

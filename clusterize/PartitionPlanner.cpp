@@ -10,7 +10,8 @@ double stageSeconds(const CostModel& cost, const PlannerNode& node, int begin, i
          cost.transferBytes(begin, end) / node.bandwidth_bytes_per_s;
 }
 
-ClusterPartition partitionCluster(const CostModel& cost, const std::vector<PlannerNode>& nodes) {
+ClusterPartition partitionCluster(const CostModel& cost, const std::vector<PlannerNode>& nodes,
+                                  int max_atoms_per_stage) {
   const int atoms = cost.numAtoms();
   const int count = static_cast<int>(nodes.size());
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -26,7 +27,8 @@ ClusterPartition partitionCluster(const CostModel& cost, const std::vector<Plann
     for (int j = 0; j <= atoms; ++j) {
       row[j] = prev[j];
       choice[j] = -1;
-      for (int i = j - 1; i >= 0; --i) {
+      const int lowest = max_atoms_per_stage > 0 ? std::max(0, j - max_atoms_per_stage) : 0;
+      for (int i = j - 1; i >= lowest; --i) {
         if (cost.memoryLowerBound(i, j) > node.capacity_bytes) break;
         if (prev[i] >= row[j]) continue;
         if (cost.memoryBytes(i, j) > node.capacity_bytes) continue;

@@ -33,6 +33,9 @@ struct ClusterPartition {
 
 double stageSeconds(const CostModel& cost, const PlannerNode& node, int begin, int end);
 
-ClusterPartition partitionCluster(const CostModel& cost, const std::vector<PlannerNode>& nodes);
+// max_atoms_per_stage > 0 limits how many atoms one stage may hold (1: every stage is exactly one
+// atom, as when the user fixed the cuts and each atom is one of their stages); 0: no limit.
+ClusterPartition partitionCluster(const CostModel& cost, const std::vector<PlannerNode>& nodes,
+                                  int max_atoms_per_stage = 0);
 
 }  // namespace cairn::clusterize

@@ -84,6 +84,12 @@ int main(int argc, char** argv) {
                              "sgd, momentum, adam or adamw (optimizer state "
                              "in the memory estimate); default: job.json's, else")
                   ->capture_default_str();
+  app.add_option("--cuts", o.cuts,
+                 "fix the stage boundaries instead of letting the planner choose: unit "
+                 "indices where stages 1, 2, ... begin, e.g. --cuts 4,9 (3 stages); each "
+                 "cluster gets exactly these stages, the planner still places them on nodes. "
+                 "plan.json's \"units\" lists the units and which are valid cuts")
+      ->delimiter(',');
   app.add_option("--profile-runs", o.profile.timed_runs,
                  "timed forward+backward runs per unit (median)")
       ->capture_default_str();

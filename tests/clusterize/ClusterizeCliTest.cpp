@@ -110,6 +110,70 @@ TEST(ClusterizeCli, GptAndTwoInputModelsLoadInPython) {
   EXPECT_EQ(std::system(check.c_str()), 0) << check;
 }
 
+// --cuts fixes the stage boundaries: whatever the profiled timings, every cluster has exactly the
+// stages asked for, and they still chain to the model's output in Python (check_stages.py).
+TEST(ClusterizeCli, FixedCutsAreTakenAsGiven) {
+  const std::string dir = testing::temporaryDirectory("cli_cuts");
+  const std::string nodes = writeNodes(dir, 9, 1.0);
+  const std::string base = " --model " + testing::modelPath("cnn") +
+                           " --input-shape 32,1,28,28 --profile-runs 1";
+  const std::string model = base + " --nodes " + nodes;
+  // The valid cuts, as ModelGraph reports them in a planner-chosen plan.
+  CliRun r = run(model + " --out " + dir + "/free --clusters 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<int> valid;
+  const nlohmann::json units = readJsonFile(dir + "/free/plan.json").at("units");
+  for (const auto& u : units)
+    if (u.at("cut_before_allowed").get<bool>() && u.at("index").get<int>() > 0)
+      valid.push_back(u.at("index").get<int>());
+  ASSERT_GE(valid.size(), 3u) << "the CNN should have several places to cut";
+  const int total = static_cast<int>(units.size());
+  // First, middle and last valid cut: 4 stages per cluster, 2 clusters on 9 nodes (one spare).
+  const std::vector<int> cuts = {valid.front(), valid[valid.size() / 2], valid.back()};
+  r = run(model + " --out " + dir + "/fixed --clusters 2 --cuts " + std::to_string(cuts[0]) + "," +
+          std::to_string(cuts[1]) + "," + std::to_string(cuts[2]));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json plan = readJsonFile(dir + "/fixed/plan.json");
+  ASSERT_EQ(plan.at("clusters").size(), 2u);
+  const std::vector<int> bounds = {0, cuts[0], cuts[1], cuts[2], total};
+  for (const auto& cluster : plan.at("clusters")) {
+    const auto& stages = cluster.at("stages");
+    ASSERT_EQ(stages.size(), 4u) << plan.dump(2);
+    for (size_t s = 0; s < stages.size(); ++s) {
+      EXPECT_EQ(stages[s].at("units")[0].get<int>(), bounds[s]);
+      EXPECT_EQ(stages[s].at("units")[1].get<int>(), bounds[s + 1]);
+    }
+  }
+  EXPECT_EQ(plan.at("spare_nodes").size(), 1u);
+  const std::string check = "/usr/bin/python3 " + testing::sourceDirectory() + "/check_stages.py " +
+                            dir + "/fixed " + testing::modelPath("cnn") + " float:5,1,28,28";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+
+  // Bad cuts: exit 2, naming the flag and the unit.
+  r = run(model + " --out " + dir + "/bad --cuts " + std::to_string(cuts[1]) + "," +
+          std::to_string(cuts[0]));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--cuts " + std::to_string(cuts[0]) + ": cuts must be strictly increasing"),
+            std::string::npos) << r.output;
+  r = run(model + " --out " + dir + "/bad --cuts " + std::to_string(total));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--cuts " + std::to_string(total)), std::string::npos) << r.output;
+  r = run(base + " --out " + dir + "/bad --clusters 2 --cuts " + std::to_string(cuts[0]) + "," +
+          std::to_string(cuts[1]) + "," + std::to_string(cuts[2]) + " --nodes " + writeNodes(dir, 5, 1.0));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--cuts makes 4 stages per cluster, so 2 cluster(s) need 8 nodes"),
+            std::string::npos) << r.output;
+  for (int u = 1; u < total; ++u)
+    if (!units[u].at("cut_before_allowed").get<bool>()) {
+      r = run(model + " --out " + dir + "/bad --cuts " + std::to_string(u));
+      EXPECT_EQ(r.code, 2) << r.output;
+      EXPECT_NE(r.output.find("--cuts " + std::to_string(u) + ": the model cannot be cut before unit"),
+                std::string::npos) << r.output;
+      break;
+    }
+  EXPECT_FALSE(fs::exists(dir + "/bad/plan.json"));
+}
+
 TEST(ClusterizeCli, InfeasibleInputsExitTwoWithTheReason) {
   const std::string dir = testing::temporaryDirectory("cli_bad");
   const std::string model = " --model " + testing::modelPath("cnn") + " --input-shape 32,1,28,28 --profile-runs 1 --out " + dir + "/out";

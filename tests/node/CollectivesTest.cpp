@@ -16,6 +16,7 @@
 
 #include "core/Error.h"
 #include "node/ZmqTransport.h"
+#include "tests/common/LoopbackPorts.h"
 #include "tests/node/CollectiveChecks.h"
 
 #ifndef CAIRN_COLLECTIVES_RANK_BINARY
@@ -404,31 +405,13 @@ TEST(Collectives, RejectsBadArguments) {
 // ---------------------------------------------------------------------------------------------
 // Ranks as processes over tcp://127.0.0.1.
 
-std::vector<int> freeLoopbackPorts(int count) {
-  std::vector<int> ports, fds;
-  for (int i = 0; i < count; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw std::runtime_error("bind");
-    socklen_t len = sizeof addr;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    ports.push_back(ntohs(addr.sin_port));
-    fds.push_back(fd);
-  }
-  for (int fd : fds) ::close(fd);
-  return ports;
-}
-
 struct RankProcess {
   pid_t pid = -1;
   std::string stderr_path;
 };
 
 std::vector<RankProcess> startRanks(int n, const std::vector<std::string>& extra_args) {
-  const auto ports = freeLoopbackPorts(n);
+  const auto ports = testutil::freeLoopbackPorts(n);  // tests/common/LoopbackPorts.h
   std::string port_list;
   for (int p : ports) port_list += (port_list.empty() ? "" : ",") + std::to_string(p);
   std::vector<RankProcess> ranks(n);

@@ -4,13 +4,18 @@
 #include "core/Error.h"
 #include "node/CurveSecurity.h"
 #include "node/ZmqTransport.h"
+#include "tests/common/LoopbackPorts.h"
 
 namespace cairn {
 namespace {
 
 using namespace std::chrono_literals;
 
-int port(int offset) { return 23000 + (::getpid() % 1000) * 8 + offset; }
+// Ports from the kernel, fresh in every test process (tests/common/LoopbackPorts.h).
+int port(int offset) {
+  static const std::vector<int> ports = testutil::freeLoopbackPorts(12);
+  return ports.at(offset);
+}
 std::string tcp(int offset) { return "tcp://127.0.0.1:" + std::to_string(port(offset)); }
 
 Message hello(const std::string& sender) {
@@ -68,21 +73,47 @@ TEST(CurveSecurity, UnknownKeyCannotGetATensorAccepted) {
   EXPECT_EQ(r.b->stats().messages_received, 0u);
 }
 
+// The positive control, in the same test as each refusal: the same receiver, still running, takes
+// a message from the known client "a" afterwards — so "nothing arrived" means "refused", not "the
+// receiver was dead". The authenticator's counters say the refused client never got in.
+void expectKnownClientStillGetsThrough(SecureReceiver& r, int self_offset, int server_offset) {
+  zmq::context_t ctx;
+  auto a = client(ctx, "a", r.a_keys, r.b_keys.public_key, self_offset, server_offset);
+  ASSERT_EQ(a->send("b", hello("a"), 5s), SendStatus::kSent);
+  auto got = r.b->receive(5s);
+  ASSERT_TRUE(got.has_value()) << "the receiver took nothing even from the known client";
+  EXPECT_EQ(got->sender, "a");
+  EXPECT_EQ(r.zap.accepted(), 1u);
+  EXPECT_EQ(r.b->stats().messages_received, 1u);
+}
+
 TEST(CurveSecurity, WrongServerKeyGetsNothingThrough) {
   SecureReceiver r(4);
-  zmq::context_t ctx;
-  auto a = client(ctx, "a", r.a_keys, generateCurveKeyPair().public_key, 5, 4);
-  (void)a->send("b", hello("a"), 1s);
-  EXPECT_FALSE(r.b->receive(1500ms).has_value());
+  {
+    zmq::context_t ctx;
+    // "a"'s own keys are the admitted ones, but it expects another server key: its HELLO cannot
+    // be read by b, so the handshake fails before b's authenticator is even asked.
+    auto a = client(ctx, "a", r.a_keys, generateCurveKeyPair().public_key, 5, 4);
+    (void)a->send("b", hello("a"), 1s);
+    EXPECT_FALSE(r.b->receive(1500ms).has_value());
+    EXPECT_EQ(r.zap.accepted(), 0u);
+    EXPECT_EQ(r.b->stats().messages_received, 0u);
+  }
+  expectKnownClientStillGetsThrough(r, 10, 4);
 }
 
 TEST(CurveSecurity, PlainTextClientIsRefused) {
   SecureReceiver r(6);
-  zmq::context_t ctx;
-  ZmqTransport plain(ctx, "a", tcp(7));
-  plain.addPeer("b", tcp(6));
-  (void)plain.send("b", hello("a"), 1s);
-  EXPECT_FALSE(r.b->receive(1500ms).has_value());
+  {
+    zmq::context_t ctx;
+    ZmqTransport plain(ctx, "a", tcp(7));
+    plain.addPeer("b", tcp(6));
+    (void)plain.send("b", hello("a"), 1s);
+    EXPECT_FALSE(r.b->receive(1500ms).has_value());
+    EXPECT_EQ(r.zap.accepted(), 0u);
+    EXPECT_EQ(r.b->stats().messages_received, 0u);
+  }
+  expectKnownClientStillGetsThrough(r, 11, 6);
 }
 
 TEST(CurveSecurity, AuthenticatedPeerCannotSpeakForAnother) {

@@ -7,13 +7,18 @@
 
 #include "node/CurveSecurity.h"
 #include "node/ZmqTransport.h"
+#include "tests/common/LoopbackPorts.h"
 
 namespace cairn {
 namespace {
 
 using namespace std::chrono_literals;
 
-int port(int offset) { return 26000 + (::getpid() % 1000) * 4 + offset; }
+// Ports from the kernel, fresh in every test process (tests/common/LoopbackPorts.h).
+int port(int offset) {
+  static const std::vector<int> ports = testutil::freeLoopbackPorts(8);
+  return ports.at(offset);
+}
 std::string tcp(int offset) { return "tcp://127.0.0.1:" + std::to_string(port(offset)); }
 
 // Waits (blocking in receiveOrLivenessChange, woken by monitor events) until `peer` is in `want`

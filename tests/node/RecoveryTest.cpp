@@ -13,13 +13,18 @@
 #include "node/MailboxStageLink.h"
 #include "node/NodeRunner.h"
 #include "node/ZmqTransport.h"
+#include "tests/common/LoopbackPorts.h"
 
 namespace cairn {
 namespace {
 
 using namespace std::chrono_literals;
 
-int port(int offset) { return 28000 + (::getpid() % 1000) * 8 + offset; }
+// Ports from the kernel, fresh in every test process (tests/common/LoopbackPorts.h).
+int port(int offset) {
+  static const std::vector<int> ports = testutil::freeLoopbackPorts(16);
+  return ports.at(offset);
+}
 std::string address(int offset) { return "127.0.0.1:" + std::to_string(port(offset)); }
 
 // A pipeline of `names` (Root first); node i listens on address(base + i).

@@ -33,6 +33,15 @@ class InMemoryHub {
     box.packets.push_back({from, std::move(packet)});
     box.ready.notify_all();
   }
+  // Packets sent but never received, over all nodes (0 after a run that ended cleanly).
+  size_t undelivered() {
+    size_t count = 0;
+    for (Inbox& box : inboxes_) {
+      std::lock_guard<std::mutex> lock(box.mutex);
+      count += box.packets.size();
+    }
+    return count;
+  }
   StagePacket pop(int at, int from, PacketKind kind, uint64_t step, uint64_t mb,
                   const std::string& tag) {
     Inbox& box = inboxes_[size_t(at)];
@@ -89,6 +98,7 @@ struct PipelineRun {
   std::map<std::string, torch::Tensor> parameters;  // trained, by dotted name, all stages
   std::map<std::string, torch::Tensor> buffers;     // BatchNorm statistics etc., all stages
   std::vector<TrainerResult> results;
+  size_t undelivered = 0;  // packets sent that no node received
 };
 
 // Runs every node of `node_data` (one cluster) in threads. `adjust` may change the options,
@@ -142,6 +152,7 @@ inline PipelineRun runInMemoryPipeline(
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+  run.undelivered = hub.undelivered();
   for (auto& t : trainers)
     for (auto& [name, p] : t->executor().namedParameters())
       run.parameters[name] = p.detach().clone();
