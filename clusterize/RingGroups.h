@@ -1,5 +1,5 @@
 // RingGroups: which node holds each parameter in each cluster, and the groups of parameters that
-// have the same holders everywhere (Ravnest's "ring IDs"). [D] runs one ring all-reduce per group
+// have the same holders everywhere (Ravnest's "ring IDs"). node/RingClusterSync runs one ring all-reduce per group
 // among its holders; clusters may be cut differently, so one node can be in several groups.
 // Pure function; thread-safe.
 #pragma once

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -81,11 +82,22 @@ double probeComputeGflops(int size, std::chrono::milliseconds duration) {
   return rates[rates.size() / 2];
 }
 
+namespace {
+// "tcp://127.0.0.1:41873" → "127.0.0.1:41873"
+std::string hostPortOf(const std::string& endpoint) {
+  const std::string scheme = "tcp://";
+  return endpoint.rfind(scheme, 0) == 0 ? endpoint.substr(scheme.size()) : endpoint;
+}
+}  // namespace
+
 void serveBandwidthProbes(const std::string& address, int max_probes,
-                          std::chrono::milliseconds idle_timeout) {
+                          std::chrono::milliseconds idle_timeout,
+                          const std::function<void(const std::string&)>& on_listening) {
   zmq::context_t context;
   ZmqTransport transport(context, "probe-server", "tcp://" + address);
-  CAIRN_INFO("serving bandwidth probes on ", address);
+  const std::string bound = hostPortOf(transport.boundEndpoint());
+  CAIRN_INFO("serving bandwidth probes on ", bound);
+  if (on_listening) on_listening(bound);
   for (int served = 0; max_probes == 0 || served < max_probes;) {
     auto hello = transport.receive(idle_timeout);
     if (!hello) break;
@@ -115,22 +127,34 @@ double probeBandwidthMbps(const std::optional<std::string>& peer, int megabytes,
   std::thread server;
   std::string target = peer.value_or("");
   if (!peer) {
-    // Loopback: a server thread on a free-ish port derived from our pid.
-    target = "127.0.0.1:" + std::to_string(42000 + ::getpid() % 10000);
-    server = std::thread([target, timeout] {
+    // Loopback: a server thread on a port the kernel picks, which it reports once it listens.
+    std::promise<std::string> listening;
+    std::future<std::string> bound = listening.get_future();
+    server = std::thread([timeout, &listening] {
+      bool reported = false;
       try {
-        serveBandwidthProbes(target, 1, timeout);
+        serveBandwidthProbes("127.0.0.1:*", 1, timeout, [&](const std::string& address) {
+          listening.set_value(address);
+          reported = true;
+        });
       } catch (const std::exception& e) {
         CAIRN_ERROR("loopback probe server: ", e.what());
+        if (!reported) listening.set_exception(std::current_exception());
       }
     });
+    try {
+      target = bound.get();
+    } catch (...) {
+      server.join();
+      throw;
+    }
   }
-  const std::string self_address = "127.0.0.1:" + std::to_string(52000 + ::getpid() % 10000);
   double mbps = 0;
   std::exception_ptr failure;
   try {
     zmq::context_t context;
-    ZmqTransport transport(context, "probe", "tcp://" + self_address);
+    ZmqTransport transport(context, "probe", "tcp://127.0.0.1:*");
+    const std::string self_address = hostPortOf(transport.boundEndpoint());
     transport.addPeer("server", "tcp://" + target);
     Message hello;
     hello.kind = MessageKind::kControl;

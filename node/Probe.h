@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -30,11 +31,13 @@ double probeComputeGflops(int size = 512, std::chrono::milliseconds duration = s
 // 127.0.0.1 and measures loopback. Throws PeerLost naming the peer if it does not answer in time.
 double probeBandwidthMbps(const std::optional<std::string>& peer, int megabytes = 256,
                           std::chrono::seconds timeout = std::chrono::seconds(30));
-// Serves bandwidth probes on `address` ("host:port") until `max_probes` have been answered
-// (0: no limit) or nothing arrives for `idle_timeout`. Each probe: receive the announced number
-// of messages, then acknowledge.
+// Serves bandwidth probes on `address` ("host:port"; port "*": one the kernel picks) until
+// `max_probes` have been answered (0: no limit) or nothing arrives for `idle_timeout`. Each probe:
+// receive the announced number of messages, then acknowledge. `on_listening` (optional) is called
+// with the bound "host:port" once the server listens.
 void serveBandwidthProbes(const std::string& address, int max_probes = 0,
-                          std::chrono::milliseconds idle_timeout = std::chrono::hours(24 * 365));
+                          std::chrono::milliseconds idle_timeout = std::chrono::hours(24 * 365),
+                          const std::function<void(const std::string&)>& on_listening = {});
 
 // {"IP": "<address>", "benchmarks": {"ram": …, "bandwidth": …, "compute": …, "cores": …}}
 nlohmann::json nodeConfigEntry(const MachineProbe& probe, const std::string& address);

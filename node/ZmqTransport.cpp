@@ -89,6 +89,7 @@ ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
   }
   try {
     inbound_.bind(bind_endpoint);
+    bound_endpoint_ = inbound_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
     CAIRN_THROW(BadInput, name_, ": cannot listen on ", bind_endpoint, ": ", e.what(),
                 e.num() == EADDRINUSE ? " (another process uses this port)" : "");

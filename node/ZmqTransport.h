@@ -82,12 +82,17 @@ class ZmqTransport : public Transport {
   }
   void flushAndClose(std::chrono::milliseconds timeout) override;
 
+  // The endpoint actually bound: with "tcp://127.0.0.1:*" (a port the kernel picks), the port it
+  // picked, e.g. "tcp://127.0.0.1:41873". Safe from any thread (set in the constructor).
+  const std::string& boundEndpoint() const { return bound_endpoint_; }
+
   // The last decode error seen (for tests and metrics; read it while no other thread receives).
   const std::optional<DecodeError>& lastDecodeError() const { return last_error_; }
 
  private:
   zmq::context_t& context_;
   std::string name_;
+  std::string bound_endpoint_;
   TransportOptions options_;
   struct Peer {
     zmq::socket_t socket;   // PUSH, connected to the peer's PULL; used under *send_mutex

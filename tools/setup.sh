@@ -33,7 +33,9 @@ fi
 BUILD_DIR=${CAIRN_BUILD_DIR:-build}
 JOBS=${CAIRN_JOBS:-$(nproc)}
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  # CI (CI=true) builds with -Werror; CAIRN_WERROR=ON asks for it anywhere.
+  WERROR=${CAIRN_WERROR:-$([[ "${CI:-}" == "true" ]] && echo ON || echo OFF)}
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR="$WERROR"
 fi
 if [[ -n "${CAIRN_TARGETS:-}" ]]; then
   # shellcheck disable=SC2086

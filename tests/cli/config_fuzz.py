@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Config fuzz at the binary level (issue [E]): broken node.json / job.json / plan.json files fed to
+"""Config fuzz at the binary level: broken node.json / job.json / plan.json files fed to
 the real `provider --name node_0` and `clusterize --merge`, each expected to exit with code 2 and
 one error naming the file and the key (or what is wrong with the file).
 

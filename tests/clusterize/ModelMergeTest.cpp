@@ -3,7 +3,7 @@
 // trained files, an independent Python reader of the safetensors output, `--weights` against a
 // file and reference model written by Python, and the exact messages of bad inputs.
 //
-// Training itself is [C]'s; these tests stand in for it by writing trained_stage.pt files whose
+// Training itself is the trainer's; these tests stand in for it by writing trained_stage.pt files whose
 // values differ from stage.pt and between clusters (see fakeTraining).
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Integration tests for failures while training ([E]): real provider processes on tcp loopback,
+"""Integration tests for failures while training (docs/OPERATIONS.md): real provider processes on tcp loopback,
 a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_1–node_2), threads 1.
 
     failure_test.py CASE --provider BUILD/node/provider --work DIR --port BASE

@@ -11,7 +11,7 @@
 //                  union batch (max abs diff <= 1e-5)
 //   DiLoCo         two outer steps equal the direct Nesterov outer-SGD computation
 //   Mismatch       differing initial weights: refused, naming the differing node
-// Failures ([E]), 3 clusters × 1 node over FaultyTransport:
+// Failures (docs/OPERATIONS.md "Failures while training"), 3 clusters × 1 node over FaultyTransport:
 //   lost mid-average / mid-gradients (dies after n sends), disconnected in DiLoCo (liveness, with a
 //   timeout far past the ctest limit): the other two finish that sync with the direct average /
 //   DiLoCo update over the two, bit-identical, and train on; the lost one restores its own state
@@ -285,7 +285,9 @@ TEST(RingClusterSync, DifferentCutsAverageEveryCopy) {
                before[i] = stateOf(stage);
                sync.synchronize();
                after[i] = stateOf(stage);
-               if (i == 0) EXPECT_EQ(sync.activeRings(), 2u);
+               if (i == 0) {
+                 EXPECT_EQ(sync.activeRings(), 2u);
+               }
              });
     expectAverages(before, after, rings, nodes);
   }
@@ -482,7 +484,7 @@ TEST(RingClusterSync, RefusesDifferentInitialWeightsNamingTheNode) {
 
 
 // ---------------------------------------------------------------------------------------------
-// Lost, leaving and returning ring members ([E]): 3 clusters × 1 node, one ring over all tensors.
+// Lost, leaving and returning ring members: 3 clusters × 1 node, one ring over all tensors.
 namespace {
 
 const std::vector<std::string> kThree = {"x0", "x1", "x2"};

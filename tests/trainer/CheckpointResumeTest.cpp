@@ -192,9 +192,11 @@ TEST(CheckpointResume, AsyncStopDrainsAndResumeIsBitIdentical) {
   const CheckpointData a = readCheckpoint(nodeDir(dir + "/reference", 1), S);
   const CheckpointData b = readCheckpoint(nodeDir(dir + "/stopped", 1), S);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  for (size_t i = 0; i < a.tensors.size(); ++i)
-    if (a.tensors[i].first != "rng.cpu")  // node 1 never draws; its snapshot is of a shared one
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    if (a.tensors[i].first != "rng.cpu") {  // node 1 never draws; its snapshot is of a shared one
       EXPECT_TRUE(torch::equal(a.tensors[i].second, b.tensors[i].second)) << a.tensors[i].first;
+    }
+  }
   fs::remove_all(dir);
 }
 

@@ -153,7 +153,9 @@ TEST_P(SyncEquivalence, ThreeStagesMatchUnsplitModel) {
   EXPECT_LE(max_diff, 1e-5);
   EXPECT_GT(max_change, 1e-3)
       << "training did not move the parameters: the comparison would prove nothing";
-  if (c.clip > 0) EXPECT_LT(c.clip, 5.0);
+  if (c.clip > 0) {
+    EXPECT_LT(c.clip, 5.0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Test fixtures for trainer_tests: a small CNN and a small GPT, each saved whole (reference) and
-hand-cut into 3 TorchScript stages with node_data folders (stand-in for clusterize until [B]).
+hand-cut into 3 TorchScript stages with node_data folders (the cut is written out here, independently
+of clusterize, so the trainer is tested against a reference that does not depend on it).
 
     /usr/bin/python3 tests/trainer/make_test_models.py OUTDIR
 

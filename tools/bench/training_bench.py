@@ -20,7 +20,7 @@ ddp       2 processes, same CNN, data, initial weights, global batch, AdamW/cons
           rpc_pipeline_reference.py. Runs alternate ours/peer for --rounds rounds; medians.
           Time to target = sum of training step times until the first evaluation >= --target
           (evaluations and start-up excluded on both sides).
-clusters  issue [D]: the CNN as 2 clusters x 2 nodes under sync average / diloco / gradients vs 1
+clusters  the CNN as 2 clusters x 2 nodes under sync average / diloco / gradients vs 1
           cluster x 2 nodes with the same global batch: samples/s, time to --target (and to
           --fallback-target), best accuracy within --steps; then sync vs async throughput on 1 x 2
           (same batch and micro-batches), --async-rounds alternating rounds, medians.
@@ -358,7 +358,7 @@ def cmd_ddp(args):
         print(json.dumps(row), flush=True)
 
 
-# ---- table 7: across clusters (issue [D]) --------------------------------------------------------
+# ---- table 7: across clusters ------------------------------------------------------------------
 
 def leaf_run(nd, batch_per_cluster, clusters, targets, warmup):
     """Figures of one run from cluster 0's leaf: samples/s over the steps after `warmup` (all
