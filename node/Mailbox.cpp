@@ -33,7 +33,7 @@ uint64_t Mailbox::droppedForSpace() const {
   return dropped_for_space_;
 }
 
-void Mailbox::file(Message message) {
+void Mailbox::keepForLater(Message message) {
   if (buffer_.size() >= max_buffered_) {
     ++dropped_for_space_;
     CAIRN_WARN("mailbox full (", max_buffered_, " messages): dropped a ",
@@ -101,7 +101,7 @@ std::optional<Message> Mailbox::receive(const Match& match, std::chrono::millise
       changed_.notify_all();  // the transport is free again for the next waiter
       return message;
     }
-    file(std::move(*message));
+    keepForLater(std::move(*message));
     changed_.notify_all();
     if (Clock::now() >= deadline) return std::nullopt;
   }

@@ -11,6 +11,10 @@
 // never holds the transport past its own timeout, and sends go straight to the transport (which
 // takes its own per-peer locks), so a thread waiting for room to send never keeps the others from
 // receiving. With one thread, this is the plain selective receive it always was.
+// Callbacks: `match` and `give_up` run on the calling thread WITH THE MAILBOX LOCK HELD (while the
+// buffer is scanned and while a message read from the transport is checked). They must be quick,
+// must not block, and must not call this Mailbox (it would deadlock); reading atomics or the
+// message itself is what they are for.
 #pragma once
 
 #include <condition_variable>
@@ -52,8 +56,9 @@ class Mailbox {
   uint64_t droppedForSpace() const;
 
  private:
-  // Appends a message nobody asked for yet (dropping the oldest when full). Caller holds mutex_.
-  void file(Message message);
+  // Keeps a message nobody asked for yet in the buffer (dropping the oldest when full). Caller
+  // holds mutex_.
+  void keepForLater(Message message);
 
   Transport& transport_;
   size_t max_buffered_;
