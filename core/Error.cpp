@@ -7,6 +7,22 @@ Error::Error(ErrorKind kind, std::string message, const char* file, int line)
   if (file && *file) where_ = std::string(file) + ":" + std::to_string(line);
 }
 
+const char* toString(LossCause cause) {
+  switch (cause) {
+    case LossCause::kSilent:
+      return "silent";
+    case LossCause::kDisconnected:
+      return "disconnected";
+    case LossCause::kLeft:
+      return "left";
+    case LossCause::kRestarted:
+      return "restarted";
+    case LossCause::kAborted:
+      return "aborted";
+  }
+  return "unknown";
+}
+
 int Error::exitCode() const {
   switch (kind_) {
     case ErrorKind::kBadInput:

@@ -3,6 +3,8 @@
 // Thread-safety: plain value type.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -32,9 +34,37 @@ struct BadInput : Error {
   explicit BadInput(std::string m, const char* f = "", int l = 0)
       : Error(ErrorKind::kBadInput, std::move(m), f, l) {}
 };
+// Why a peer counts as lost.
+enum class LossCause : uint8_t {
+  kSilent,        // connected, but nothing arrived (or nothing was taken) within the timeout
+  kDisconnected,  // its connection has been down longer than the grace period
+  kLeft,          // it said it is leaving (PeerLoss::reason says why)
+  kRestarted,     // it said hello again: a new process has taken its place
+  kAborted,       // another member of a collective reported it lost, or its wait timed out there
+};
+const char* toString(LossCause cause);  // "silent", "disconnected", "left", "restarted", "aborted"
+
+// Who was lost and how; carried by the PeerLost that reports it.
+struct PeerLoss {
+  std::string peer;
+  LossCause cause = LossCause::kSilent;
+  std::string reason;  // with kLeft: the reason it gave ("stopped", "paused", "failed", …)
+  std::string origin;  // the node lost in the first place (a pause names it as it spreads); peer
+                       // when it is the one
+};
+
+// A peer did not answer in time or went away. Raised where the peer is known, it carries the
+// PeerLoss (CAIRN_THROW_LOST), so that whoever catches it needs no side channel to learn who.
 struct PeerLost : Error {
   explicit PeerLost(std::string m, const char* f = "", int l = 0)
       : Error(ErrorKind::kPeerLost, std::move(m), f, l) {}
+  PeerLost(std::string m, PeerLoss loss, const char* f = "", int l = 0)
+      : Error(ErrorKind::kPeerLost, std::move(m), f, l), loss_(std::move(loss)) {}
+  // Who and how, when the thrower knew.
+  const std::optional<PeerLoss>& loss() const { return loss_; }
+
+ private:
+  std::optional<PeerLoss> loss_;
 };
 struct InternalError : Error {
   explicit InternalError(std::string m, const char* f = "", int l = 0)
@@ -56,6 +86,10 @@ std::string concat(const Args&... args) {
 // streamed arguments, recording file:line.
 #define CAIRN_THROW(TYPE, ...) \
   throw ::cairn::TYPE(::cairn::detail::concat(__VA_ARGS__), __FILE__, __LINE__)
+
+// Throw a PeerLost carrying `LOSS` (a PeerLoss), with a message built from the streamed arguments.
+#define CAIRN_THROW_LOST(LOSS, ...) \
+  throw ::cairn::PeerLost(::cairn::detail::concat(__VA_ARGS__), LOSS, __FILE__, __LINE__)
 
 // Internal invariants (not for user input: use BadInput with a message naming the file/key).
 #define CAIRN_ENFORCE(cond, ...)                                                           \

@@ -196,26 +196,26 @@ bool MailboxStageLink::isNeighbour(const std::string& name) const {
          (node_.downstream && name == node_.downstream->name);
 }
 
-void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, LostPeer lost,
+void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost,
                                  const std::string& what) {
   std::string how;
-  if (lost.how == "disconnected")
+  if (lost.cause == LossCause::kDisconnected)
     how = detail::concat("its connection has been down for ", seconds(timeouts_.lost),
                          " s (training_definition.timeouts.peer_timeout_s)");
-  else if (lost.how == "left")
+  else if (lost.cause == LossCause::kLeft)
     how = "it is leaving (" + (lost.reason.empty() ? std::string("no reason given") : lost.reason) + ")";
   else
     how = "it restarted (said hello again)";
-  lost_ = std::move(lost);
-  CAIRN_THROW(PeerLost, toString(dir), " neighbour ", p.name, " at ", p.address, " is lost: ", how,
-              "; was waiting for ", what);
+  lost_ = lost;
+  CAIRN_THROW_LOST(std::move(lost), toString(dir), " neighbour ", p.name, " at ", p.address,
+                   " is lost: ", how, "; was waiting for ", what);
 }
 
 void MailboxStageLink::checkConnection(const PeerRef& p, Neighbour dir, const std::string& what) {
   const PeerLiveness live = mailbox_.transport().liveness(p.name);
   if (live.state == PeerState::kDisconnected &&
       std::chrono::steady_clock::now() - live.since >= timeouts_.lost)
-    throwLost(p, dir, LostPeer{p.name, "disconnected", "", p.name}, what);
+    throwLost(p, dir, PeerLoss{p.name, LossCause::kDisconnected, "", p.name}, what);
 }
 
 void MailboxStageLink::announceLeaving(const std::string& reason, const std::string& lost,
@@ -324,9 +324,9 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
                                                  std::chrono::milliseconds(500)));
     if (status != SendStatus::kTimedOut || std::chrono::steady_clock::now() >= deadline) break;
   }
-  if (status != SendStatus::kSent) lost_ = LostPeer{p.name, "silent", "", p.name};
+  if (status != SendStatus::kSent) lost_ = PeerLoss{p.name, LossCause::kSilent, "", p.name};
   if (status != SendStatus::kSent)
-    CAIRN_THROW(PeerLost, toString(to), " neighbour ", p.name, " at ", p.address,
+    CAIRN_THROW_LOST(*lost_, toString(to), " neighbour ", p.name, " at ", p.address,
                 " did not take a ", toString(packet.kind), " message (step ", packet.step,
                 ", micro-batch ", packet.microbatch, ") within ", seconds(timeouts_.peer),
                 " s (training_definition.timeouts.peer_s): ", toString(status));
@@ -374,7 +374,8 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
       const Neighbour dir = node_.upstream && got->sender == node_.upstream->name
                                 ? Neighbour::kUpstream
                                 : Neighbour::kDownstream;
-      LostPeer lost{got->sender, got->tag == "hello" ? "restarted" : "left", "", got->sender};
+      PeerLoss lost{got->sender, got->tag == "hello" ? LossCause::kRestarted : LossCause::kLeft, "",
+                    got->sender};
       if (got->tag == "leaving") {
         const auto j = nlohmann::json::parse(got->text, nullptr, false);
         if (j.is_object() && j.contains("reason") && j["reason"].is_string())
@@ -396,9 +397,9 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
     got.reset();
   }
   if (got) ++stats_.accepted;
-  if (!got) lost_ = LostPeer{p.name, "silent", "", p.name};
+  if (!got) lost_ = PeerLoss{p.name, LossCause::kSilent, "", p.name};
   if (!got)
-    CAIRN_THROW(PeerLost, toString(from), " neighbour ", p.name, " at ", p.address, " sent no ",
+    CAIRN_THROW_LOST(*lost_, toString(from), " neighbour ", p.name, " at ", p.address, " sent no ",
                 toString(kind), tag.empty() ? "" : " \"" + tag + "\"", " message for step ", step,
                 ", micro-batch ", microbatch, " within ", seconds(timeouts_.peer),
                 " s (training_definition.timeouts.peer_s)");

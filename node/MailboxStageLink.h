@@ -46,14 +46,6 @@ struct LinkTimeouts {
   std::chrono::milliseconds lost{10000};
 };
 
-// How a neighbour was lost (set when receive/send threw PeerLost for it).
-struct LostPeer {
-  std::string name;
-  std::string how;     // "disconnected", "left", "restarted", "silent" (peer_s ran out)
-  std::string reason;  // with "left": the reason it gave ("stopped", "paused", "failed", …)
-  std::string origin;  // the node lost in the first place (a pause names it as it spreads)
-};
-
 // Thrown by connect() when `interrupted` (a stop flag set by a signal handler) became true while
 // it waited for a neighbour.
 struct Interrupted : Error {
@@ -100,9 +92,12 @@ class MailboxStageLink : public StageLink {
   // Drops buffered pipeline messages (tensor kinds and control, but not the recovery protocol's
   // hello/ckpt_steps/resume_at) from the neighbours: what is left of an abandoned run.
   size_t purgeStale();
-  // The neighbour lost by the last PeerLost this link threw (cleared by connect()).
-  const std::optional<LostPeer>& lost() const { return lost_; }
+  // The neighbour lost by the last PeerLost this link threw (cleared by connect()); the same
+  // PeerLoss the exception carries (PeerLost::loss()), kept for diagnostics and tests.
+  const std::optional<PeerLoss>& lost() const { return lost_; }
   const NodeSpec& node() const { return node_; }
+  // True for the upstream or downstream neighbour's name.
+  bool isNeighbour(const std::string& name) const;
   const LinkTimeouts& timeouts() const { return timeouts_; }
   // Asked while connect() waits (a stop flag): when true it throws Interrupted.
   void setInterrupted(std::function<bool()> interrupted) { interrupted_ = std::move(interrupted); }
@@ -121,10 +116,9 @@ class MailboxStageLink : public StageLink {
 
  private:
   const PeerRef& peer(Neighbour n) const;
-  [[noreturn]] void throwLost(const PeerRef& p, Neighbour dir, LostPeer lost, const std::string& what);
+  [[noreturn]] void throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost, const std::string& what);
   // Throws PeerLost when `p` has been disconnected for timeouts.lost.
   void checkConnection(const PeerRef& p, Neighbour dir, const std::string& what);
-  bool isNeighbour(const std::string& name) const;
   void drop(const Message& m, const std::string& reason, const std::string& detail);
 
   Mailbox& mailbox_;
@@ -133,7 +127,7 @@ class MailboxStageLink : public StageLink {
   LinkChecks checks_;
   uint64_t max_message_bytes_ = 0;
   LinkStats stats_;
-  std::optional<LostPeer> lost_;
+  std::optional<PeerLoss> lost_;
   std::function<bool()> interrupted_;
 };
 

@@ -164,13 +164,16 @@ NodeRunResult NodeRunner::run() {
     try {
       out.result = trainer_->run();
     } catch (const PeerLost& e) {
-      const std::optional<LostPeer> lost = link_.lost();
-      if (!lost || lost->how == "silent") throw;  // a connected but silent neighbour: peer_s
-      if (lost->how == "left" && lost->reason == "stopped") {
+      // Only the loss of a pipeline neighbour pauses the cluster; anything else (a ring member the
+      // rings could not do without, a PeerLost without a known peer) ends the run.
+      const std::optional<PeerLoss>& lost = e.loss();
+      if (!lost || !link_.isNeighbour(lost->peer) || lost->cause == LossCause::kSilent)
+        throw;  // a connected but silent neighbour: peer_s
+      if (lost->cause == LossCause::kLeft && lost->reason == "stopped") {
         // The neighbour stopped on a signal; the cluster stops with it.
-        CAIRN_WARN("neighbour ", lost->name, " stopped (signal); this node stops too. Restart the "
+        CAIRN_WARN("neighbour ", lost->peer, " stopped (signal); this node stops too. Restart the "
                    "cluster with --resume");
-        link_.announceLeaving("stopped", lost->origin, lost->name);
+        link_.announceLeaving("stopped", lost->origin, lost->peer);
         if (cluster_sync_) cluster_sync_->leave();
         out.result.stopped = true;
         return out;
@@ -178,11 +181,11 @@ NodeRunResult NodeRunner::run() {
       if (!checkpoints)
         CAIRN_THROW(PeerLost, std::string(e.what()), ". Checkpoints are off, so the cluster cannot pause and "
                     "resume: set training_definition.checkpoint_every > 0 and restart the cluster");
-      CAIRN_WARN("neighbour ", lost->name, " lost (", lost->how,
+      CAIRN_WARN("neighbour ", lost->peer, " lost (", toString(lost->cause),
                  lost->reason.empty() ? "" : ": " + lost->reason, "): ", std::string(e.what()));
       CAIRN_WARN("pausing: waiting up to ", seconds(config_.max_wait), " s for ", lost->origin,
                  " to come back (", "provider --name ", lost->origin, " --resume)");
-      link_.announceLeaving("paused", lost->origin, lost->name);
+      link_.announceLeaving("paused", lost->origin, lost->peer);
       if (cluster_sync_) cluster_sync_->leave();
       trainer_.reset();
       try {

@@ -74,8 +74,12 @@ TEST(Recovery, DisconnectedNeighbourIsLostNotSilent) {
     FAIL() << "no PeerLost";
   } catch (const PeerLost& e) {
     ASSERT_TRUE(b.link.lost().has_value());
-    EXPECT_EQ(b.link.lost()->name, "a");
-    EXPECT_EQ(b.link.lost()->how, "disconnected") << e.what();
+    EXPECT_EQ(b.link.lost()->peer, "a");
+    EXPECT_EQ(b.link.lost()->cause, LossCause::kDisconnected) << e.what();
+    // The exception itself carries the same loss: no side channel needed.
+    ASSERT_TRUE(e.loss().has_value());
+    EXPECT_EQ(e.loss()->peer, "a");
+    EXPECT_EQ(e.loss()->cause, LossCause::kDisconnected);
     EXPECT_NE(std::string(e.what()).find("peer_timeout_s"), std::string::npos) << e.what();
   }
 }
@@ -94,12 +98,12 @@ TEST(Recovery, LeavingAndHelloMidRunEndTheWaitAndTheHelloIsKeptForTheNextHandsha
   b.link.connect();
   EXPECT_THROW((void)b.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, ""), PeerLost);
   ASSERT_TRUE(b.link.lost().has_value());
-  EXPECT_EQ(b.link.lost()->how, "left");
+  EXPECT_EQ(b.link.lost()->cause, LossCause::kLeft);
   EXPECT_EQ(b.link.lost()->reason, "stopped");
   b_saw_leaving.set_value();
   EXPECT_THROW((void)b.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, ""), PeerLost);
   ASSERT_TRUE(b.link.lost().has_value());
-  EXPECT_EQ(b.link.lost()->how, "restarted");
+  EXPECT_EQ(b.link.lost()->cause, LossCause::kRestarted);
   b.link.connect();  // completes with the hello the receive put back (and answers a's wait)
   EXPECT_FALSE(b.link.lost().has_value());
   a_thread.join();
