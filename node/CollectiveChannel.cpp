@@ -1,0 +1,395 @@
+#include "node/CollectiveChannel.h"
+
+#include <algorithm>
+#include <limits>
+#include <thread>
+
+#include "core/Error.h"
+#include "core/Log.h"
+
+namespace cairn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// microbatch value of the message that tells the other members an operation failed; its text
+// names the member that was lost.
+constexpr uint64_t kAbortIndex = std::numeric_limits<uint64_t>::max();
+// microbatch value of "still here, waiting for <text>", sent while a wait drags on.
+constexpr uint64_t kKeepAliveIndex = kAbortIndex - 1;
+// microbatch value of "I (the sender) leave this group", sent by sendLeave().
+constexpr uint64_t kLeaveIndex = kAbortIndex - 2;
+// Longest single wait inside an operation, so a transport's liveness report is acted on promptly.
+constexpr std::chrono::milliseconds kLivenessPoll{100};
+constexpr size_t kMaxGroupIdBytes = 200;  // the wire tag is ≤ 256 bytes
+// Early messages of the current operation kept aside (gather and barrier receive from several
+// members, whose messages may arrive in any order).
+constexpr size_t kMaxStashedMessages = 1 << 16;
+// How long a failing member spends telling each other member about it.
+constexpr std::chrono::milliseconds kAbortSendTimeout{200};
+
+std::string millis(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
+
+}  // namespace
+
+CollectiveChannel::CollectiveChannel(Mailbox& mailbox, std::string group_id,
+                                     std::vector<std::string> members, const std::string& self,
+                                     ProcessGroupOptions options)
+    : mailbox_(mailbox),
+      group_id_(std::move(group_id)),
+      wire_tag_("coll:" + group_id_),
+      members_(std::move(members)),
+      options_(options) {
+  if (group_id_.empty() || group_id_.size() > kMaxGroupIdBytes)
+    CAIRN_THROW(BadInput, "collective group id must have 1 to ", kMaxGroupIdBytes, " bytes, got \"",
+                group_id_, "\"");
+  if (members_.empty()) CAIRN_THROW(BadInput, "group ", group_id_, ": no members");
+  auto sorted = members_;
+  std::sort(sorted.begin(), sorted.end());
+  auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup != sorted.end())
+    CAIRN_THROW(BadInput, "group ", group_id_, ": member \"", *dup, "\" appears twice");
+  auto me = std::find(members_.begin(), members_.end(), self);
+  if (me == members_.end())
+    CAIRN_THROW(BadInput, "group ", group_id_, ": \"", self, "\" is not a member");
+  rank_ = static_cast<int>(me - members_.begin());
+  if (options_.timeout.count() <= 0)
+    CAIRN_THROW(BadInput, "group ", group_id_, ": timeout must be positive");
+  if (options_.segment_bytes == 0)
+    CAIRN_THROW(BadInput, "group ", group_id_, ": segment_bytes must be positive");
+  if (options_.max_in_flight < 1)
+    CAIRN_THROW(BadInput, "group ", group_id_, ": max_in_flight must be at least 1");
+}
+
+CollectiveChannel::Operation CollectiveChannel::begin(const char* name) {
+  if (!broken_.empty()) CAIRN_THROW(PeerLost, broken_);
+  Operation op;
+  op.sequence = next_sequence_++;
+  op.name = name;
+  return op;
+}
+
+void CollectiveChannel::finish(Operation& op) {
+  waitForSendsToComplete(op);
+  stats_.dropped_unexpected += op.stash.size();
+  ++stats_.operations;
+}
+
+void CollectiveChannel::sendChunk(Operation& op, int to_rank, uint64_t index,
+                                  const torch::Tensor& data) {
+  Message m;
+  m.kind = MessageKind::kCollective;
+  m.sender = members_[rank_];
+  m.tag = wire_tag_;
+  m.step = op.sequence;
+  m.microbatch = index;
+  // A fresh view: its reference count tells when the transport has let go of the bytes.
+  torch::Tensor view = data.view({-1});
+  m.tensors.push_back({"", view});
+  if (left_ranks_.count(to_rank)) failLeft(op, to_rank);  // it reads nothing any more
+  // A ring never fills a live peer's queue (max_in_flight); a full one means the peer stopped
+  // reading. Wait in slices, telling the others we are alive and whom we wait for.
+  const auto began = Clock::now();
+  const auto deadline = began + options_.timeout;
+  for (;;) {
+    const auto now = Clock::now();
+    const auto slice_end = std::min({deadline, now + keepAliveInterval(), now + kLivenessPoll});
+    const SendStatus status =
+        mailbox_.send(members_[to_rank], m,
+                      std::chrono::duration_cast<std::chrono::milliseconds>(slice_end - now));
+    if (status == SendStatus::kSent) break;
+    if (status == SendStatus::kUnknownPeer)
+      CAIRN_THROW(InternalError, "group ", group_id_, ": member ", members_[to_rank],
+                  " was never added as a peer of the transport");
+    if (Clock::now() >= deadline)
+      fail(op, to_rank,
+           "took no message for " + millis(options_.timeout) + " (chunk " + std::to_string(index) +
+               " could not be sent)");
+    if (disconnectedTooLong(to_rank))
+      fail(op, to_rank,
+           "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
+               " (chunk " + std::to_string(index) + " could not be sent)");
+    checkNotices(op, to_rank);
+    sendKeepAlives(op, to_rank);
+  }
+  ++stats_.messages_sent;
+  stats_.bytes_sent += view.nbytes();
+  stats_.seconds_sending += std::chrono::duration<double>(Clock::now() - began).count();
+  m.tensors.clear();
+  op.sent.emplace_back(to_rank, std::move(view));
+}
+
+bool CollectiveChannel::disconnectedTooLong(int rank) const {
+  const PeerLiveness live = mailbox_.transport().liveness(members_[rank]);
+  if (live.state != PeerState::kDisconnected) return false;
+  return Clock::now() - live.since >= std::min(options_.disconnected_grace, options_.timeout);
+}
+
+void CollectiveChannel::sendLeave(std::chrono::milliseconds timeout) {
+  Message leave;
+  leave.kind = MessageKind::kCollective;
+  leave.sender = members_[rank_];
+  leave.tag = wire_tag_;
+  leave.step = next_sequence_;
+  leave.microbatch = kLeaveIndex;
+  leave.text = members_[rank_];
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_) continue;
+    (void)mailbox_.send(members_[r], leave, timeout);  // best effort
+  }
+}
+
+std::chrono::milliseconds CollectiveChannel::keepAliveInterval() const {
+  return std::max(std::chrono::milliseconds(10), options_.timeout / 4);
+}
+
+void CollectiveChannel::sendKeepAlives(Operation& op, int waiting_on) {
+  Message alive;
+  alive.kind = MessageKind::kCollective;
+  alive.sender = members_[rank_];
+  alive.tag = wire_tag_;
+  alive.step = op.sequence;
+  alive.microbatch = kKeepAliveIndex;
+  alive.text = members_[waiting_on];
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_) continue;
+    (void)mailbox_.send(members_[r], alive, std::chrono::milliseconds(0));  // best effort
+  }
+}
+
+bool CollectiveChannel::acceptStashed(Operation& op, int from_rank, uint64_t index,
+                                      torch::ScalarType dtype, int64_t numel, torch::Tensor* out) {
+  auto it = op.stash.find({from_rank, index});
+  if (it == op.stash.end()) return false;
+  Message m = std::move(it->second);
+  op.stash.erase(it);
+  const auto& t = m.tensors;
+  if (t.size() == 1 && t[0].tensor.dim() == 1 && t[0].tensor.scalar_type() == dtype &&
+      t[0].tensor.numel() == numel) {
+    *out = t[0].tensor;
+    return true;
+  }
+  ++stats_.dropped_malformed;
+  op.last_malformed = "chunk " + std::to_string(index) + " from " + members_[from_rank] +
+                      " should hold one 1-d " + dtypeName(dtype) + " tensor of " +
+                      std::to_string(numel) + " elements";
+  if (t.size() == 1)
+    op.last_malformed += ", got " + dtypeName(t[0].tensor.scalar_type()) + " with " +
+                         std::to_string(t[0].tensor.numel()) + " elements";
+  else
+    op.last_malformed += ", got " + std::to_string(t.size()) + " tensors";
+  CAIRN_WARN("group ", group_id_, " ", op.name, " #", op.sequence, ": dropped ", op.last_malformed);
+  return false;
+}
+
+torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint64_t index,
+                                              torch::ScalarType dtype, int64_t numel) {
+  const auto began = Clock::now();
+  struct AddElapsed {
+    double& total;
+    Clock::time_point began;
+    ~AddElapsed() { total += std::chrono::duration<double>(Clock::now() - began).count(); }
+  } add_elapsed{stats_.seconds_receiving, began};
+  torch::Tensor result;
+  if (acceptStashed(op, from_rank, index, dtype, numel, &result)) {
+    ++stats_.messages_received;
+    return result;
+  }
+  const uint64_t sequence = op.sequence;
+  const std::string& tag = wire_tag_;
+  // Ours: this group's messages of this or an earlier operation, and aborts, keep-alives and
+  // leaves of any operation. Later operations' chunks stay in the mailbox until we get there.
+  auto ours = [&tag, sequence](const Message& m) {
+    return m.kind == MessageKind::kCollective && m.tag == tag &&
+           (m.step <= sequence || m.microbatch >= kLeaveIndex);
+  };
+  // `from_rank` must show life within `timeout` (a chunk, or a keep-alive saying it waits for
+  // someone other than us) and deliver within twice that: a member that waits on a lost one
+  // keeps its neighbours waiting until the abort naming the lost one arrives.
+  const auto start = began;
+  auto silent_deadline = start + options_.timeout;
+  const auto hard_deadline = start + 2 * options_.timeout;
+  auto next_keep_alive = start + keepAliveInterval();
+  std::string peer_waits_on;
+  for (;;) {
+    auto now = Clock::now();
+    if (now >= next_keep_alive) {
+      sendKeepAlives(op, from_rank);
+      next_keep_alive = now + keepAliveInterval();
+    }
+    if (disconnectedTooLong(from_rank))
+      fail(op, from_rank,
+           "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
+               " (waiting for chunk " + std::to_string(index) + ")");
+    if (now >= silent_deadline || now >= hard_deadline) {
+      std::string why = now >= silent_deadline
+                            ? "sent nothing for " + millis(options_.timeout)
+                            : "is alive (waiting for " + peer_waits_on +
+                                  ") but sent no chunk for " + millis(2 * options_.timeout);
+      why += " (waiting for chunk " + std::to_string(index) + ")";
+      if (!op.last_malformed.empty()) why += "; last malformed chunk dropped: " + op.last_malformed;
+      fail(op, from_rank, why);
+    }
+    const auto wake =
+        std::min({silent_deadline, hard_deadline, next_keep_alive, now + kLivenessPoll});
+    // A member that left sent everything it will ever send before its leave (one FIFO pipe): what
+    // is not already here never comes.
+    const bool gone = left_ranks_.count(from_rank) > 0;
+    std::optional<Message> m = mailbox_.receive(
+        ours, gone ? std::chrono::milliseconds(0)
+                   : std::max(std::chrono::milliseconds(0),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(wake - now)));
+    if (!m && gone) failLeft(op, from_rank);
+    if (!m) continue;
+    const auto sender = std::find(members_.begin(), members_.end(), m->sender);
+    const int sender_rank = static_cast<int>(sender - members_.begin());
+    if (sender == members_.end() || sender_rank == rank_) {
+      ++stats_.dropped_malformed;
+      CAIRN_WARN("group ", group_id_, ": dropped a collective message claiming to be from \"",
+                 m->sender, "\"");
+      continue;
+    }
+    if (m->microbatch == kLeaveIndex) {
+      onLeaveNotice(op, *m, sender_rank, from_rank);
+      continue;  // it may have sent all we need from it; we fail when we wait on it
+    }
+    if (m->microbatch == kAbortIndex) {
+      failOnNotice(op, *m, sender_rank);
+      continue;  // malformed: counted
+    }
+    if (m->microbatch == kKeepAliveIndex) {
+      // Alive and waiting for someone else: the trouble is further along; keep waiting. Waiting
+      // for us while we wait for it would be a cycle, which only the deadline ends.
+      if (sender_rank == from_rank && m->text != members_[rank_]) {
+        silent_deadline = Clock::now() + options_.timeout;
+        peer_waits_on = m->text;
+      }
+      continue;
+    }
+    if (m->step < sequence) {
+      ++stats_.dropped_stale;
+      continue;
+    }
+    if (sender_rank == from_rank && m->microbatch == index) {
+      op.stash.emplace(std::make_pair(from_rank, index), std::move(*m));
+      if (acceptStashed(op, from_rank, index, dtype, numel, &result)) {
+        ++stats_.messages_received;
+        return result;
+      }
+      continue;
+    }
+    const auto key = std::make_pair(sender_rank, m->microbatch);
+    if (op.stash.size() >= kMaxStashedMessages || op.stash.count(key)) {
+      ++stats_.dropped_unexpected;
+      continue;
+    }
+    op.stash.emplace(key, std::move(*m));
+  }
+}
+
+void CollectiveChannel::failLeft(Operation& op, int rank) {
+  lost_peer_ = members_[rank];
+  lost_by_leave_ = true;
+  broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
+            members_[rank] + " (rank " + std::to_string(rank) + ") left the group";
+  // Members waiting on us (not on the leaver) learn it from the leave, forwarded by us.
+  sendAborts(op, rank, /*left=*/true);
+  CAIRN_THROW(PeerLost, broken_);
+}
+
+void CollectiveChannel::sendAborts(Operation& op, int lost_rank, bool left) {
+  Message abort;
+  abort.kind = MessageKind::kCollective;
+  abort.sender = members_[rank_];
+  abort.tag = wire_tag_;
+  abort.step = op.sequence;
+  abort.microbatch = left ? kLeaveIndex : kAbortIndex;  // a forwarded leave keeps the reason
+  abort.text = members_[lost_rank];
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_ || r == lost_rank) continue;
+    (void)mailbox_.send(members_[r], abort, kAbortSendTimeout);  // best effort
+  }
+}
+
+// Leave notices: `txt` names the member that left. From that member itself, it is noted (and fails
+// the operation only when we wait on it: `wait_rank`); forwarded by another member, that member's
+// operation failed on it, so ours fails too.
+void CollectiveChannel::onLeaveNotice(Operation& op, const Message& m, int sender_rank,
+                                      int wait_rank) {
+  const auto leaver = std::find(members_.begin(), members_.end(), m.text);
+  if (leaver == members_.end() || static_cast<int>(leaver - members_.begin()) == rank_) {
+    ++stats_.dropped_malformed;
+    return;
+  }
+  const int left_rank = static_cast<int>(leaver - members_.begin());
+  left_ranks_.insert(left_rank);
+  if (left_rank != sender_rank || left_rank == wait_rank) failLeft(op, left_rank);
+}
+
+void CollectiveChannel::failOnNotice(Operation& op, const Message& m, int sender_rank) {
+  const auto lost = std::find(members_.begin(), members_.end(), m.text);
+  if (lost == members_.end()) {
+    ++stats_.dropped_malformed;
+    return;
+  }
+  lost_peer_ = m.text;
+  broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
+            m.text + " (rank " + std::to_string(lost - members_.begin()) +
+            ") was lost, reported by " + m.sender;
+  CAIRN_THROW(PeerLost, broken_);
+}
+
+// While a send to `to_rank` waits for room: an abort of this group, or a leave of `to_rank`, in
+// the mailbox ends it (other leaves are noted).
+void CollectiveChannel::checkNotices(Operation& op, int to_rank) {
+  const std::string& tag = wire_tag_;
+  const std::string& self = members_[rank_];
+  auto notice = [&tag, &self](const Message& m) {
+    return m.kind == MessageKind::kCollective && m.tag == tag && m.sender != self &&
+           (m.microbatch == kAbortIndex || m.microbatch == kLeaveIndex);
+  };
+  while (auto m = mailbox_.receive(notice, std::chrono::milliseconds(0))) {
+    const auto sender = std::find(members_.begin(), members_.end(), m->sender);
+    if (sender == members_.end()) {
+      ++stats_.dropped_malformed;
+      continue;
+    }
+    const int sender_rank = static_cast<int>(sender - members_.begin());
+    if (m->microbatch == kLeaveIndex) {
+      onLeaveNotice(op, *m, sender_rank, to_rank);
+      continue;
+    }
+    failOnNotice(op, *m, sender_rank);
+  }
+}
+
+void CollectiveChannel::fail(Operation& op, int lost_rank, const std::string& why) {
+  lost_peer_ = members_[lost_rank];
+  broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
+            members_[lost_rank] + " (rank " + std::to_string(lost_rank) + ") " + why;
+  sendAborts(op, lost_rank, /*left=*/false);
+  CAIRN_THROW(PeerLost, broken_);
+}
+
+void CollectiveChannel::waitForSendsToComplete(Operation& op) {
+  const auto began = Clock::now();
+  const auto deadline = began + options_.timeout;
+  auto next_keep_alive = Clock::now() + keepAliveInterval();
+  for (auto& [to_rank, view] : op.sent) {
+    while (view.use_count() > 1) {
+      const auto now = Clock::now();
+      if (now >= deadline)
+        fail(op, to_rank,
+             "did not take the last chunks sent to it within " + millis(options_.timeout));
+      if (now >= next_keep_alive) {
+        sendKeepAlives(op, to_rank);
+        next_keep_alive = now + keepAliveInterval();
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  op.sent.clear();
+  stats_.seconds_completing += std::chrono::duration<double>(Clock::now() - began).count();
+}
+
+}  // namespace cairn

@@ -1,0 +1,50 @@
+// RingBuckets: the module tensors one ring brings together (the parameters AND buffers node.json
+// lists for it, dotted names as inside stage.pt), cut into buckets of one dtype and role
+// (parameters / buffers) so a ring costs one all-reduce per bucket, not one per tensor; each
+// bucket flattens into one 1-d tensor and back. Also the FNV-1a checksum of the ring's tensors
+// (names, dtypes, shapes, bytes) that the identical-start check and the welcome carry.
+//
+// Ownership: `tensors` alias the stage module's parameters and buffers (writing a bucket back
+// writes the module); the DiLoCo outer state (θ_prev, momentum) is owned per bucket.
+// Thread-safety: one thread at a time (the ring's thread during a sync).
+#pragma once
+
+#include <torch/script.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/NodeData.h"
+
+namespace cairn {
+
+struct RingBucket {
+  torch::ScalarType dtype;
+  bool parameters = false;
+  std::vector<size_t> members;  // indices into RingBuckets::tensors
+  int64_t numel = 0;
+  torch::Tensor previous;  // diloco: θ_prev, flat
+  torch::Tensor momentum;  // diloco: outer momentum buffer, flat (undefined before the first)
+};
+
+struct RingBuckets {
+  std::vector<torch::Tensor> tensors;  // alias the stage module's parameters and buffers
+  std::vector<bool> is_parameter;
+  std::vector<RingBucket> buckets;
+
+  // Collects `names` from `stage` (BadInput naming `node`'s node.json and `stage_file` for a name
+  // the module has neither as a parameter nor as a buffer). With `diloco`, floating parameter
+  // buckets start their θ_prev from the stage.
+  void build(const std::vector<std::string>& names, torch::jit::Module& stage,
+             const std::string& node, const std::string& ring_id, const std::string& stage_file,
+             bool diloco);
+  // The bucket's tensors (or their gradients, zeros for a tensor without one), flat, in order.
+  torch::Tensor flatten(const RingBucket& b, bool gradients) const;
+  // Writes `flat` back into the bucket's tensors (or their gradients).
+  void unflatten(const RingBucket& b, const torch::Tensor& flat, bool gradients);
+  // FNV-1a of names (`names[i]` for tensors[i]), dtypes, shapes and bytes.
+  uint64_t checksum(const std::vector<std::string>& names) const;
+};
+
+}  // namespace cairn
