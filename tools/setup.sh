@@ -4,6 +4,7 @@
 #   tools/setup.sh            # install + build
 #   CAIRN_BUILD_DIR=... CAIRN_JOBS=... tools/setup.sh
 #   CAIRN_TARGETS="provider" tools/setup.sh   # build only these targets (tools/demo.sh does)
+#   CAIRN_SETUP_PACKAGES_ONLY=1 tools/setup.sh # install packages, build nothing (tools/tsan.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,8 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+if [[ -n "${CAIRN_SETUP_PACKAGES_ONLY:-}" ]]; then exit 0; fi
 
 BUILD_DIR=${CAIRN_BUILD_DIR:-build}
 JOBS=${CAIRN_JOBS:-$(nproc)}

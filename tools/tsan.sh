@@ -9,7 +9,7 @@
 # them, never a report in cairn's code. docs/THREADS.md says which thread touches what.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh >/dev/null  # packages (the normal build is not needed, but setup is idempotent)
+CAIRN_SETUP_PACKAGES_ONLY=1 tools/setup.sh  # the Debian packages only; build-tsan/ is built below
 if ! dpkg-query -W -f='${Status}' libtsan2 2>/dev/null | grep -q "install ok installed"; then
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   $SUDO apt-get install -y -qq --no-install-recommends libtsan2
