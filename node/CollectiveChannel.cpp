@@ -1,24 +1,17 @@
 #include "node/CollectiveChannel.h"
 
 #include <algorithm>
-#include <limits>
 #include <thread>
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "node/protocol/CollectiveNotices.h"
 
 namespace cairn {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// microbatch value of the message that tells the other members an operation failed; its text
-// names the member that was lost.
-constexpr uint64_t kAbortIndex = std::numeric_limits<uint64_t>::max();
-// microbatch value of "still here, waiting for <text>", sent while a wait drags on.
-constexpr uint64_t kKeepAliveIndex = kAbortIndex - 1;
-// microbatch value of "I (the sender) leave this group", sent by sendLeave().
-constexpr uint64_t kLeaveIndex = kAbortIndex - 2;
 // Longest single wait inside an operation, so a transport's liveness report is acted on promptly.
 constexpr std::chrono::milliseconds kLivenessPoll{100};
 constexpr size_t kMaxGroupIdBytes = 200;  // the wire tag is ≤ 256 bytes
@@ -37,7 +30,7 @@ CollectiveChannel::CollectiveChannel(Mailbox& mailbox, std::string group_id,
                                      ProcessGroupOptions options)
     : mailbox_(mailbox),
       group_id_(std::move(group_id)),
-      wire_tag_("coll:" + group_id_),
+      wire_tag_(collectiveTag(group_id_)),
       members_(std::move(members)),
       options_(options) {
   if (group_id_.empty() || group_id_.size() > kMaxGroupIdBytes)
@@ -62,7 +55,7 @@ CollectiveChannel::CollectiveChannel(Mailbox& mailbox, std::string group_id,
 }
 
 CollectiveChannel::Operation CollectiveChannel::begin(const char* name) {
-  if (!broken_.empty()) CAIRN_THROW(PeerLost, broken_);
+  if (!broken_.empty()) CAIRN_THROW_LOST(loss_, broken_);
   Operation op;
   op.sequence = next_sequence_++;
   op.name = name;
@@ -102,11 +95,11 @@ void CollectiveChannel::sendChunk(Operation& op, int to_rank, uint64_t index,
       CAIRN_THROW(InternalError, "group ", group_id_, ": member ", members_[to_rank],
                   " was never added as a peer of the transport");
     if (Clock::now() >= deadline)
-      fail(op, to_rank,
+      fail(op, to_rank, LossCause::kSilent,
            "took no message for " + millis(options_.timeout) + " (chunk " + std::to_string(index) +
                " could not be sent)");
     if (disconnectedTooLong(to_rank))
-      fail(op, to_rank,
+      fail(op, to_rank, LossCause::kDisconnected,
            "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
                " (chunk " + std::to_string(index) + " could not be sent)");
     checkNotices(op, to_rank);
@@ -126,13 +119,8 @@ bool CollectiveChannel::disconnectedTooLong(int rank) const {
 }
 
 void CollectiveChannel::sendLeave(std::chrono::milliseconds timeout) {
-  Message leave;
-  leave.kind = MessageKind::kCollective;
-  leave.sender = members_[rank_];
-  leave.tag = wire_tag_;
-  leave.step = next_sequence_;
-  leave.microbatch = kLeaveIndex;
-  leave.text = members_[rank_];
+  const Message leave =
+      encode(LeaveNotice{members_[rank_], wire_tag_, next_sequence_, members_[rank_]});
   for (int r = 0; r < size(); ++r) {
     if (r == rank_) continue;
     (void)mailbox_.send(members_[r], leave, timeout);  // best effort
@@ -144,13 +132,8 @@ std::chrono::milliseconds CollectiveChannel::keepAliveInterval() const {
 }
 
 void CollectiveChannel::sendKeepAlives(Operation& op, int waiting_on) {
-  Message alive;
-  alive.kind = MessageKind::kCollective;
-  alive.sender = members_[rank_];
-  alive.tag = wire_tag_;
-  alive.step = op.sequence;
-  alive.microbatch = kKeepAliveIndex;
-  alive.text = members_[waiting_on];
+  const Message alive =
+      encode(KeepAliveNotice{members_[rank_], wire_tag_, op.sequence, members_[waiting_on]});
   for (int r = 0; r < size(); ++r) {
     if (r == rank_) continue;
     (void)mailbox_.send(members_[r], alive, std::chrono::milliseconds(0));  // best effort
@@ -201,7 +184,7 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
   // leaves of any operation. Later operations' chunks stay in the mailbox until we get there.
   auto ours = [&tag, sequence](const Message& m) {
     return m.kind == MessageKind::kCollective && m.tag == tag &&
-           (m.step <= sequence || m.microbatch >= kLeaveIndex);
+           (m.step <= sequence || collectiveMessageType(m) != CollectiveMessageType::kChunk);
   };
   // `from_rank` must show life within `timeout` (a chunk, or a keep-alive saying it waits for
   // someone other than us) and deliver within twice that: a member that waits on a lost one
@@ -218,7 +201,7 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
       next_keep_alive = now + keepAliveInterval();
     }
     if (disconnectedTooLong(from_rank))
-      fail(op, from_rank,
+      fail(op, from_rank, LossCause::kDisconnected,
            "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
                " (waiting for chunk " + std::to_string(index) + ")");
     if (now >= silent_deadline || now >= hard_deadline) {
@@ -228,7 +211,7 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
                                   ") but sent no chunk for " + millis(2 * options_.timeout);
       why += " (waiting for chunk " + std::to_string(index) + ")";
       if (!op.last_malformed.empty()) why += "; last malformed chunk dropped: " + op.last_malformed;
-      fail(op, from_rank, why);
+      fail(op, from_rank, LossCause::kSilent, why);
     }
     const auto wake =
         std::min({silent_deadline, hard_deadline, next_keep_alive, now + kLivenessPoll});
@@ -249,21 +232,22 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
                  m->sender, "\"");
       continue;
     }
-    if (m->microbatch == kLeaveIndex) {
-      onLeaveNotice(op, *m, sender_rank, from_rank);
-      continue;  // it may have sent all we need from it; we fail when we wait on it
-    }
-    if (m->microbatch == kAbortIndex) {
-      failOnNotice(op, *m, sender_rank);
-      continue;  // malformed: counted
-    }
-    if (m->microbatch == kKeepAliveIndex) {
+    const CollectiveMessageType type = collectiveMessageType(*m);
+    if (type == CollectiveMessageType::kKeepAlive) {
       // Alive and waiting for someone else: the trouble is further along; keep waiting. Waiting
       // for us while we wait for it would be a cycle, which only the deadline ends.
-      if (sender_rank == from_rank && m->text != members_[rank_]) {
+      const auto alive = decodeKeepAlive(*m, nullptr);
+      if (!alive) {
+        ++stats_.dropped_malformed;
+      } else if (sender_rank == from_rank && alive->waiting_for != members_[rank_]) {
         silent_deadline = Clock::now() + options_.timeout;
-        peer_waits_on = m->text;
+        peer_waits_on = alive->waiting_for;
       }
+      continue;
+    }
+    if (type != CollectiveMessageType::kChunk) {
+      // A leave may come from a member that sent all we need from it: we fail when we wait on it.
+      onNotice(op, *m, sender_rank, from_rank);
       continue;
     }
     if (m->step < sequence) {
@@ -288,35 +272,49 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
 }
 
 void CollectiveChannel::failLeft(Operation& op, int rank) {
-  lost_peer_ = members_[rank];
-  lost_by_leave_ = true;
+  loss_ = PeerLoss{members_[rank], LossCause::kLeft, "", members_[rank]};
   broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
             members_[rank] + " (rank " + std::to_string(rank) + ") left the group";
   // Members waiting on us (not on the leaver) learn it from the leave, forwarded by us.
   sendAborts(op, rank, /*left=*/true);
-  CAIRN_THROW(PeerLost, broken_);
+  CAIRN_THROW_LOST(loss_, broken_);
 }
 
 void CollectiveChannel::sendAborts(Operation& op, int lost_rank, bool left) {
-  Message abort;
-  abort.kind = MessageKind::kCollective;
-  abort.sender = members_[rank_];
-  abort.tag = wire_tag_;
-  abort.step = op.sequence;
-  abort.microbatch = left ? kLeaveIndex : kAbortIndex;  // a forwarded leave keeps the reason
-  abort.text = members_[lost_rank];
+  const std::string& self = members_[rank_];
+  const std::string& lost = members_[lost_rank];
+  // A forwarded leave keeps the reason.
+  const Message abort = left ? encode(LeaveNotice{self, wire_tag_, op.sequence, lost})
+                             : encode(AbortNotice{self, wire_tag_, op.sequence, lost});
   for (int r = 0; r < size(); ++r) {
     if (r == rank_ || r == lost_rank) continue;
     (void)mailbox_.send(members_[r], abort, kAbortSendTimeout);  // best effort
   }
 }
 
-// Leave notices: `txt` names the member that left. From that member itself, it is noted (and fails
-// the operation only when we wait on it: `wait_rank`); forwarded by another member, that member's
-// operation failed on it, so ours fails too.
-void CollectiveChannel::onLeaveNotice(Operation& op, const Message& m, int sender_rank,
-                                      int wait_rank) {
-  const auto leaver = std::find(members_.begin(), members_.end(), m.text);
+// An abort or leave notice `m` from member `sender_rank` (malformed ones are counted and dropped).
+// An abort fails the operation. A leave names the member that left: from that member itself, it
+// is noted (and fails the operation only when we wait on it: `wait_rank`); forwarded by another
+// member, that member's operation failed on it, so ours fails too.
+void CollectiveChannel::onNotice(Operation& op, const Message& m, int sender_rank, int wait_rank) {
+  std::string why;
+  if (collectiveMessageType(m) == CollectiveMessageType::kAbort) {
+    const auto abort = decodeAbort(m, &why);
+    const auto lost =
+        abort ? std::find(members_.begin(), members_.end(), abort->lost) : members_.end();
+    if (lost == members_.end()) {
+      ++stats_.dropped_malformed;
+      return;
+    }
+    loss_ = PeerLoss{abort->lost, LossCause::kAborted, "", abort->lost};
+    broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) +
+              ": peer " + abort->lost + " (rank " + std::to_string(lost - members_.begin()) +
+              ") was lost, reported by " + abort->sender;
+    CAIRN_THROW_LOST(loss_, broken_);
+  }
+  const auto leave = decodeLeave(m, &why);
+  const auto leaver =
+      leave ? std::find(members_.begin(), members_.end(), leave->leaver) : members_.end();
   if (leaver == members_.end() || static_cast<int>(leaver - members_.begin()) == rank_) {
     ++stats_.dropped_malformed;
     return;
@@ -326,19 +324,6 @@ void CollectiveChannel::onLeaveNotice(Operation& op, const Message& m, int sende
   if (left_rank != sender_rank || left_rank == wait_rank) failLeft(op, left_rank);
 }
 
-void CollectiveChannel::failOnNotice(Operation& op, const Message& m, int sender_rank) {
-  const auto lost = std::find(members_.begin(), members_.end(), m.text);
-  if (lost == members_.end()) {
-    ++stats_.dropped_malformed;
-    return;
-  }
-  lost_peer_ = m.text;
-  broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
-            m.text + " (rank " + std::to_string(lost - members_.begin()) +
-            ") was lost, reported by " + m.sender;
-  CAIRN_THROW(PeerLost, broken_);
-}
-
 // While a send to `to_rank` waits for room: an abort of this group, or a leave of `to_rank`, in
 // the mailbox ends it (other leaves are noted).
 void CollectiveChannel::checkNotices(Operation& op, int to_rank) {
@@ -346,7 +331,8 @@ void CollectiveChannel::checkNotices(Operation& op, int to_rank) {
   const std::string& self = members_[rank_];
   auto notice = [&tag, &self](const Message& m) {
     return m.kind == MessageKind::kCollective && m.tag == tag && m.sender != self &&
-           (m.microbatch == kAbortIndex || m.microbatch == kLeaveIndex);
+           (collectiveMessageType(m) == CollectiveMessageType::kAbort ||
+            collectiveMessageType(m) == CollectiveMessageType::kLeave);
   };
   while (auto m = mailbox_.receive(notice, std::chrono::milliseconds(0))) {
     const auto sender = std::find(members_.begin(), members_.end(), m->sender);
@@ -354,21 +340,17 @@ void CollectiveChannel::checkNotices(Operation& op, int to_rank) {
       ++stats_.dropped_malformed;
       continue;
     }
-    const int sender_rank = static_cast<int>(sender - members_.begin());
-    if (m->microbatch == kLeaveIndex) {
-      onLeaveNotice(op, *m, sender_rank, to_rank);
-      continue;
-    }
-    failOnNotice(op, *m, sender_rank);
+    onNotice(op, *m, static_cast<int>(sender - members_.begin()), to_rank);
   }
 }
 
-void CollectiveChannel::fail(Operation& op, int lost_rank, const std::string& why) {
-  lost_peer_ = members_[lost_rank];
+void CollectiveChannel::fail(Operation& op, int lost_rank, LossCause cause,
+                             const std::string& why) {
+  loss_ = PeerLoss{members_[lost_rank], cause, "", members_[lost_rank]};
   broken_ = "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": peer " +
             members_[lost_rank] + " (rank " + std::to_string(lost_rank) + ") " + why;
   sendAborts(op, lost_rank, /*left=*/false);
-  CAIRN_THROW(PeerLost, broken_);
+  CAIRN_THROW_LOST(loss_, broken_);
 }
 
 void CollectiveChannel::waitForSendsToComplete(Operation& op) {
@@ -379,7 +361,7 @@ void CollectiveChannel::waitForSendsToComplete(Operation& op) {
     while (view.use_count() > 1) {
       const auto now = Clock::now();
       if (now >= deadline)
-        fail(op, to_rank,
+        fail(op, to_rank, LossCause::kSilent,
              "did not take the last chunks sent to it within " + millis(options_.timeout));
       if (now >= next_keep_alive) {
         sendKeepAlives(op, to_rank);

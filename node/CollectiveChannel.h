@@ -4,7 +4,8 @@
 // lost member fail everyone promptly (abort, keep-alive, leave).
 //
 // Messages: kind kCollective, tag "coll:<group id>", step = this group's operation sequence
-// number, microbatch = the index of the message within the operation. A received chunk is
+// number, microbatch = the index of the message within the operation; the abort, keep-alive and
+// leave notices are defined in node/protocol/CollectiveNotices.h. A received chunk is
 // validated (member sender, expected index, one tensor, dtype, element count) before use; a bad
 // one is dropped and counted, never trusted. Messages of other groups, of later operations and
 // of other kinds stay in the mailbox for whoever asks for them. Chunks that arrive before they
@@ -16,7 +17,9 @@
 // A member that has waited a quarter of the timeout tells the others it is alive and whom it
 // waits for (a keep-alive), so that its neighbours blame the lost member, not it; no wait lasts
 // more than twice the timeout. After a failure the channel is broken: every later operation
-// throws the same PeerLost, and lostPeer() names the member blamed.
+// throws the same PeerLost, and lostPeer() names the member blamed. Every PeerLost carries the
+// PeerLoss (core/Error.h): kSilent (timeout), kDisconnected (transport), kAborted (another
+// member's abort), kLeft (a leave).
 // Fail fast: when the transport reports the awaited member kDisconnected (Transport::liveness) for
 // `disconnected_grace`, the wait ends at once as if the timeout had passed (same abort).
 // Leave: sendLeave() tells every other member that this node is going away. A member that has it
@@ -42,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/Error.h"
 #include "node/Mailbox.h"
 
 namespace cairn {
@@ -118,19 +122,21 @@ class CollectiveChannel {
   void sendLeave(std::chrono::milliseconds timeout);
   // After a PeerLost: the member blamed (empty before any failure), and whether it announced
   // its leave rather than being found silent.
-  const std::string& lostPeer() const { return lost_peer_; }
-  bool lostByLeave() const { return lost_by_leave_; }
+  const std::string& lostPeer() const { return loss_.peer; }
+  bool lostByLeave() const { return !loss_.peer.empty() && loss_.cause == LossCause::kLeft; }
+  // Who and how (the PeerLoss every PeerLost of this channel carries); peer empty before any.
+  const PeerLoss& loss() const { return loss_; }
 
  private:
   std::chrono::milliseconds keepAliveInterval() const;
   void sendKeepAlives(Operation& op, int waiting_on);
-  [[noreturn]] void fail(Operation& op, int lost_rank, const std::string& why);
+  [[noreturn]] void fail(Operation& op, int lost_rank, LossCause cause, const std::string& why);
   bool disconnectedTooLong(int rank) const;
-  // Throws PeerLost for a valid abort message `m`; counts and returns for a malformed one.
-  void failOnNotice(Operation& op, const Message& m, int sender_rank);
   [[noreturn]] void failLeft(Operation& op, int rank);
   void sendAborts(Operation& op, int lost_rank, bool left);
-  void onLeaveNotice(Operation& op, const Message& m, int sender_rank, int wait_rank);
+  // An abort or leave notice (node/protocol/CollectiveNotices.h): throws PeerLost for a valid
+  // abort, or for a leave that ends this operation; counts and returns for a malformed one.
+  void onNotice(Operation& op, const Message& m, int sender_rank, int wait_rank);
   void checkNotices(Operation& op, int to_rank);
   void waitForSendsToComplete(Operation& op);
   bool acceptStashed(Operation& op, int from_rank, uint64_t index, torch::ScalarType dtype,
@@ -143,9 +149,8 @@ class CollectiveChannel {
   int rank_ = 0;
   ProcessGroupOptions options_;
   uint64_t next_sequence_ = 0;
-  std::string broken_;  // non-empty after a failure: the PeerLost message every call repeats
-  std::string lost_peer_;
-  bool lost_by_leave_ = false;
+  std::string broken_;        // non-empty after a failure: the PeerLost message every call repeats
+  PeerLoss loss_;             // after a failure: the member blamed and why
   std::set<int> left_ranks_;  // members whose leave message arrived
   ProcessGroupStats stats_;
 };

@@ -5,15 +5,109 @@
 #include <set>
 
 #include "core/Log.h"
+#include "node/protocol/RingJoin.h"
 
 namespace cairn {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Control messages of the ring membership protocol (docs/PROTOCOL.md "Ring membership").
-std::string controlTag(const std::string& ring_id) { return "ring:" + ring_id; }
 constexpr std::chrono::milliseconds kJoinRequestSendTimeout{200};
+
+std::set<std::string> membersOf(const Ring& ring) {
+  std::set<std::string> members;
+  for (const auto& m : ring.spec.members) members.insert(m.name);
+  return members;
+}
+
+// Why `welcome` does not fit `ring` at this node (empty when it does): sender and view must be
+// ring members, the view must hold this node and the sender, and every bucket's tensor must be
+// present, 1-d, of the bucket's dtype and element count.
+std::string misfit(const RingContext& context, const Ring& ring, const Welcome& welcome) {
+  const std::set<std::string> members = membersOf(ring);
+  if (!members.count(welcome.sender) || welcome.sender == context.node.name)
+    return "sender is not a ring member";
+  for (const auto& v : welcome.view)
+    if (!members.count(v)) return "view names a non-member";
+  const auto& view = welcome.view;
+  if (std::find(view.begin(), view.end(), context.node.name) == view.end() ||
+      std::find(view.begin(), view.end(), welcome.sender) == view.end())
+    return "view must hold this node and the sender";
+  std::map<std::string, torch::Tensor> named;
+  for (const auto& t : welcome.tensors) named[t.name] = t.tensor;
+  std::string problem;
+  for (size_t i = 0; problem.empty() && i < ring.buckets.size(); ++i) {
+    const auto& b = ring.buckets[i];
+    auto check = [&](const std::string& key, bool required) {
+      auto it = named.find(key);
+      if (it == named.end()) {
+        if (required) problem = "tensor " + key + " missing";
+        return;
+      }
+      if (it->second.scalar_type() != b.dtype || it->second.dim() != 1 ||
+          it->second.numel() != b.numel)
+        problem = "tensor " + key + " should be 1-d " + dtypeName(b.dtype) + " of " +
+                  std::to_string(b.numel) + " elements";
+    };
+    check("value." + std::to_string(i), b.numel > 0);
+    if (b.previous.defined()) {
+      check("previous." + std::to_string(i), true);
+      check("momentum." + std::to_string(i), false);
+    }
+  }
+  return problem;
+}
+
+// Copies a welcome that fits into the stage and the ring's outer state, and enters its view and
+// generation.
+void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome) {
+  std::map<std::string, torch::Tensor> named;
+  for (const auto& t : welcome.tensors) named[t.name] = t.tensor;
+  for (size_t i = 0; i < ring.buckets.size(); ++i) {
+    auto& b = ring.buckets[i];
+    const std::string n = std::to_string(i);
+    if (b.numel > 0) ring.unflatten(b, named.at("value." + n), false);
+    if (b.previous.defined()) {
+      b.previous = named.at("previous." + n).clone();
+      auto mo = named.find("momentum." + n);
+      b.momentum = mo == named.end() ? torch::Tensor() : mo->second.clone();
+    }
+  }
+  const uint64_t sum = ring.checksum();
+  if (sum != welcome.checksum)
+    CAIRN_WARN("ring ", ring.spec.id, ": welcome from ", welcome.sender, " claims checksum ",
+               welcome.checksum, " but its tensors hash to ", sum);
+  std::vector<std::string> ordered;  // cluster order, whatever order the sender used
+  for (const auto& member : ring.spec.members)
+    if (std::find(welcome.view.begin(), welcome.view.end(), member.name) != welcome.view.end())
+      ordered.push_back(member.name);
+  regroup(context, ring, ordered, welcome.generation);
+  ring.transactions = welcome.transactions;
+  context.countStats([&](RingClusterSyncStats& s) {
+    ++s.joined_rings;
+    s.last_welcome_checksum = sum;
+  });
+  CAIRN_INFO("ring ", ring.spec.id, ": joined from ", welcome.sender, " at its step ", welcome.step,
+             ", generation ", welcome.generation, ", view ", joinedNames(ordered),
+             "; fetched weights checksum ", sum);
+}
+
+// A join request from a ring member other than this node is noted; anything else is dropped with
+// a warning.
+void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
+  std::string why;
+  const auto request = decodeJoinRequest(m, &why);
+  if (!request) {
+    CAIRN_WARN("ring ", ring.spec.id, ": dropped a message from \"", m.sender, "\": ", why);
+    return;
+  }
+  if (!membersOf(ring).count(request->sender) || request->sender == context.node.name) {
+    CAIRN_WARN("ring ", ring.spec.id, ": ignored a join request from non-member \"",
+               request->sender, "\"");
+    return;
+  }
+  ring.join_requests.insert(request->sender);
+}
 
 }  // namespace
 
@@ -22,11 +116,7 @@ constexpr std::chrono::milliseconds kJoinRequestSendTimeout{200};
 bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
   if (shared.empty()) return false;
   for (Ring* ring : shared) {
-    Message request;
-    request.kind = MessageKind::kCollective;
-    request.sender = context.node.name;
-    request.tag = controlTag(ring->spec.id);
-    request.text = nlohmann::json{{"type", "join"}}.dump();
+    const Message request = encode(JoinRequest{context.node.name, ring->spec.id});
     for (const auto& m : ring->spec.members)
       if (m.name != context.node.name)
         (void)context.mailbox.send(m.name, request, kJoinRequestSendTimeout);
@@ -57,109 +147,32 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
         [&shared](const Message& x) {
           if (x.kind != MessageKind::kCollective) return false;
           for (Ring* ring : shared)
-            if (x.tag == controlTag(ring->spec.id)) return true;
+            if (x.tag == ringControlTag(ring->spec.id)) return true;
           return false;
         },
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
     if (!m) break;
     Ring* ring = nullptr;
     for (Ring* r : shared)
-      if (m->tag == controlTag(r->spec.id)) ring = r;
-    std::set<std::string> members;
-    for (const auto& member : ring->spec.members) members.insert(member.name);
-    if (m->text.find("\"join\"") != std::string::npos) {
-      if (members.count(m->sender) && m->sender != context.node.name)
-        ring->join_requests.insert(m->sender);
+      if (m->tag == ringControlTag(r->spec.id)) ring = r;
+    if (!isWelcome(*m)) {
+      noteJoinRequest(context, *ring, *m);
       continue;
     }
     if (done.count(ring)) continue;
-    {
-      // A welcome from a non-member or one that does not fit this stage is dropped, not trusted.
-      std::string problem;
-      nlohmann::json j = nlohmann::json::parse(m->text, nullptr, /*allow_exceptions=*/false);
-      std::vector<std::string> view;
-      int64_t generation = -1;
-      std::map<std::string, torch::Tensor> named;
-      if (!members.count(m->sender) || m->sender == context.node.name) {
-        problem = "sender is not a ring member";
-      } else if (!j.is_object() || !j.contains("type") || j["type"] != "welcome" ||
-                 !j.contains("generation") || !j["generation"].is_number_integer() ||
-                 !j.contains("view") || !j["view"].is_array()) {
-        problem = "text must be a JSON welcome with integer \"generation\" and array \"view\"";
-      } else {
-        generation = j["generation"].get<int64_t>();
-        for (const auto& v : j["view"]) {
-          if (!v.is_string() || !members.count(v.get<std::string>())) {
-            problem = "view names a non-member";
-            break;
-          }
-          view.push_back(v.get<std::string>());
-        }
-        for (const char* key : {"step", "transactions", "checksum"})
-          if (problem.empty() && (!j.contains(key) || !j[key].is_number_integer()))
-            problem = std::string("\"") + key + "\" must be an integer";
-        if (problem.empty() &&
-            (generation < 1 ||
-             std::find(view.begin(), view.end(), context.node.name) == view.end() ||
-             std::find(view.begin(), view.end(), m->sender) == view.end()))
-          problem = "view must hold this node and the sender, generation must be >= 1";
-      }
-      for (auto& t : m->tensors) named[t.name] = t.tensor;
-      for (size_t i = 0; problem.empty() && i < ring->buckets.size(); ++i) {
-        const auto& b = ring->buckets[i];
-        auto check = [&](const std::string& key, bool required) {
-          auto it = named.find(key);
-          if (it == named.end()) {
-            if (required) problem = "tensor " + key + " missing";
-            return;
-          }
-          if (it->second.scalar_type() != b.dtype || it->second.dim() != 1 ||
-              it->second.numel() != b.numel)
-            problem = "tensor " + key + " should be 1-d " + dtypeName(b.dtype) + " of " +
-                      std::to_string(b.numel) + " elements";
-        };
-        check("value." + std::to_string(i), b.numel > 0);
-        if (b.previous.defined()) {
-          check("previous." + std::to_string(i), true);
-          check("momentum." + std::to_string(i), false);
-        }
-      }
-      if (!problem.empty()) {
-        CAIRN_WARN("ring ", ring->spec.id, ": dropped a welcome from ", m->sender, ": ", problem);
-        continue;
-      }
-      for (size_t i = 0; i < ring->buckets.size(); ++i) {
-        auto& b = ring->buckets[i];
-        const std::string n = std::to_string(i);
-        if (b.numel > 0) ring->unflatten(b, named.at("value." + n), false);
-        if (b.previous.defined()) {
-          b.previous = named.at("previous." + n).clone();
-          auto mo = named.find("momentum." + n);
-          b.momentum = mo == named.end() ? torch::Tensor() : mo->second.clone();
-        }
-      }
-      const uint64_t sum = ring->checksum();
-      const uint64_t claimed = j["checksum"].get<uint64_t>();
-      if (sum != claimed)
-        CAIRN_WARN("ring ", ring->spec.id, ": welcome from ", m->sender, " claims checksum ",
-                   claimed, " but its tensors hash to ", sum);
-      std::vector<std::string> ordered;  // cluster order, whatever order the sender used
-      for (const auto& member : ring->spec.members)
-        if (std::find(view.begin(), view.end(), member.name) != view.end())
-          ordered.push_back(member.name);
-      regroup(context, *ring, ordered, generation);
-      ring->transactions = j["transactions"].get<int64_t>();
-      context.countStats([&](RingClusterSyncStats& s) {
-        ++s.joined_rings;
-        s.last_welcome_checksum = sum;
-      });
-      CAIRN_INFO("ring ", ring->spec.id, ": joined from ", m->sender, " at its step ",
-                 j["step"].get<int64_t>(), ", generation ", generation, ", view ",
-                 joinedNames(ordered), "; fetched weights checksum ", sum);
-      done.insert(ring);
-      ++welcomed;
+    // A welcome from a non-member or one that does not fit this stage is dropped, not trusted.
+    std::string problem;
+    const auto welcome = decodeWelcome(*m, &problem);
+    if (welcome) problem = misfit(context, *ring, *welcome);
+    if (!problem.empty()) {
+      CAIRN_WARN("ring ", ring->spec.id, ": dropped a welcome from ", m->sender, ": ", problem);
+      continue;
     }
+    applyWelcome(context, *ring, *welcome);
+    done.insert(ring);
+    ++welcomed;
   }
+
   if (welcomed == 0) {
     CAIRN_WARN("cross-cluster sync: no ring peer admitted ", context.node.name,
                " (every cluster starting or resuming together?): ordinary start with the "
@@ -178,22 +191,14 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
 // Drains this ring's join requests from the mailbox. Requests from members of the view are kept
 // (a member that restarted before it was found lost): they count once it has been dropped.
 void collectJoinRequests(RingContext& context, Ring& ring) {
-  const std::string tag = controlTag(ring.spec.id);
-  std::set<std::string> members;
-  for (const auto& m : ring.spec.members) members.insert(m.name);
+  const std::string tag = ringControlTag(ring.spec.id);
   auto match = [&tag](const Message& x) {
-    return x.kind == MessageKind::kCollective && x.tag == tag &&
-           x.text.find("\"join\"") != std::string::npos;
+    return x.kind == MessageKind::kCollective && x.tag == tag && !isWelcome(x);
   };
   for (int i = 0; i < 1024; ++i) {
     auto m = context.mailbox.receive(match, std::chrono::milliseconds(0));
     if (!m) break;
-    if (!members.count(m->sender) || m->sender == context.node.name) {
-      CAIRN_WARN("ring ", ring.spec.id, ": ignored a join request from non-member \"", m->sender,
-                 "\"");
-      continue;
-    }
-    ring.join_requests.insert(m->sender);
+    noteJoinRequest(context, ring, *m);
   }
 }
 
@@ -207,19 +212,8 @@ void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joi
       next.push_back(m.name);
   const int64_t generation = ring.generation + 1;
   if (ring.view.front() == context.node.name) {
-    Message welcome;
-    welcome.kind = MessageKind::kCollective;
-    welcome.sender = context.node.name;
-    welcome.tag = controlTag(ring.spec.id);
-    const uint64_t sum = ring.checksum();
-    welcome.text = nlohmann::json{
-        {"type", "welcome"},
-        {"generation", generation},
-        {"view", next},
-        {"step", context.last_synced_step},
-        {"transactions", ring.transactions},
-        {"checksum",
-         sum}}.dump();
+    Welcome welcome{context.node.name,        ring.spec.id,      generation,      next,
+                    context.last_synced_step, ring.transactions, ring.checksum(), {}};
     for (size_t i = 0; i < ring.buckets.size(); ++i) {
       const auto& b = ring.buckets[i];
       const std::string n = std::to_string(i);
@@ -228,8 +222,10 @@ void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joi
       if (b.previous.defined()) welcome.tensors.push_back({"previous." + n, b.previous.clone()});
       if (b.momentum.defined()) welcome.tensors.push_back({"momentum." + n, b.momentum.clone()});
     }
+    const uint64_t sum = welcome.checksum;
+    const Message message = encode(welcome);
     for (const auto& j : joiners) {
-      const SendStatus status = context.mailbox.send(j, welcome, context.timeout);
+      const SendStatus status = context.mailbox.send(j, message, context.timeout);
       if (status != SendStatus::kSent)
         CAIRN_WARN("ring ", ring.spec.id, ": welcome to ", j, " not sent (", toString(status),
                    "); it will be found lost at the next sync");

@@ -1,0 +1,23 @@
+#include "node/protocol/SubProtocols.h"
+
+namespace cairn {
+
+const std::vector<SubProtocol>& subProtocols() {
+  static const std::vector<SubProtocol> table = {
+      {"collective chunk", MessageKind::kCollective, "tag coll:<group>, mb < 2^64-3",
+       "node/CollectiveChannel.h", "one 1-d tensor of a collective operation, mb = its index"},
+      {"collective abort", MessageKind::kCollective, "tag coll:<group>, mb 2^64-1",
+       "node/protocol/CollectiveNotices.h", "an operation failed: txt names the lost member"},
+      {"collective keep-alive", MessageKind::kCollective, "tag coll:<group>, mb 2^64-2",
+       "node/protocol/CollectiveNotices.h", "the sender is alive and waits for the member in txt"},
+      {"collective leave", MessageKind::kCollective, "tag coll:<group>, mb 2^64-3",
+       "node/protocol/CollectiveNotices.h", "the member in txt left the group"},
+      {"ring join request", MessageKind::kCollective, "tag ring:<ring>, txt type \"join\"",
+       "node/protocol/RingJoin.h", "a (re)starting node asks a ring member to admit it"},
+      {"ring welcome", MessageKind::kCollective, "tag ring:<ring>, txt type \"welcome\"",
+       "node/protocol/RingJoin.h", "a joiner's view, generation and the ring's tensors"},
+  };
+  return table;
+}
+
+}  // namespace cairn
