@@ -6,6 +6,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "node/protocol/PipelineControl.h"
 
 namespace cairn {
 namespace {
@@ -222,12 +223,7 @@ void MailboxStageLink::announceLeaving(const std::string& reason, const std::str
                                        const std::string& except, std::chrono::milliseconds timeout) {
   for (const auto* p : {&node_.upstream, &node_.downstream}) {
     if (!p->has_value() || (*p)->name == except) continue;
-    Message m;
-    m.kind = MessageKind::kControl;
-    m.job_id = node_.job_id;
-    m.sender = node_.name;
-    m.tag = "leaving";
-    m.text = nlohmann::json{{"reason", reason}, {"lost", lost}}.dump();
+    const Message m = encode(ControlOrigin{node_.job_id, node_.name}, Leaving{reason, lost});
     const SendStatus status = mailbox_.send((*p)->name, m, timeout);
     CAIRN_INFO("told ", (*p)->name, " this node is leaving (", reason, "): ", toString(status));
   }
@@ -237,7 +233,7 @@ size_t MailboxStageLink::purgeStale() {
   const size_t n = mailbox_.purge([&](const Message& m) {
     if (!isNeighbour(m.sender)) return false;
     if (m.kind == MessageKind::kControl)
-      return m.tag != "hello" && m.tag != "ckpt_steps" && m.tag != "resume_at";
+      return m.tag != kHelloTag && m.tag != kCheckpointStepsTag && m.tag != kResumeAtTag;
     return carriesTensors(m.kind);
   });
   if (n) CAIRN_INFO("dropped ", n, " buffered pipeline messages of the abandoned run");
@@ -265,12 +261,8 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
                 timeout_key, "); is its provider running?");
   };
   for (const auto& [dir, p] : neighbours) {
-    Message hello;
-    hello.kind = MessageKind::kControl;
-    hello.job_id = node_.job_id;
-    hello.sender = node_.name;
-    hello.tag = "hello";
-    hello.text = nlohmann::json{{"stage", node_.stage}, {"cluster", node_.cluster}}.dump();
+    const Message hello =
+        encode(ControlOrigin{node_.job_id, node_.name}, Hello{node_.stage, node_.cluster});
     CAIRN_INFO("waiting for ", toString(dir), " neighbour ", p.name, " at ", p.address);
     SendStatus status = SendStatus::kTimedOut;
     // In slices so a stop request (signal) is seen while a neighbour is still away.
@@ -285,7 +277,7 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
     const std::string name = p.name;
     auto got = mailbox_.receive(
         [&](const Message& m) {
-          return m.kind == MessageKind::kControl && m.tag == "hello" && m.sender == name;
+          return isControl(m, kHelloTag) && m.sender == name;
         },
         left(), [&] { return interrupted_ && interrupted_(); });
     if (!got && interrupted_ && interrupted_())
@@ -364,8 +356,7 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
             return false;
           rejected = rejectReason(m, step, /*deep=*/false, &detail);
           if (rejected) return true;  // taken out of the mailbox to be dropped
-          if (m.kind == MessageKind::kControl && (m.tag == "leaving" || m.tag == "hello"))
-            return recovery = true;
+          if (isControl(m, kLeavingTag) || isControl(m, kHelloTag)) return recovery = true;
           return m.kind == wire && m.sender == p.name && m.step == step &&
                  m.microbatch == microbatch && m.tag == tag;
         },
@@ -374,19 +365,15 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
       const Neighbour dir = node_.upstream && got->sender == node_.upstream->name
                                 ? Neighbour::kUpstream
                                 : Neighbour::kDownstream;
-      PeerLoss lost{got->sender, got->tag == "hello" ? LossCause::kRestarted : LossCause::kLeft, "",
-                    got->sender};
-      if (got->tag == "leaving") {
-        const auto j = nlohmann::json::parse(got->text, nullptr, false);
-        if (j.is_object() && j.contains("reason") && j["reason"].is_string())
-          lost.reason = j["reason"].get<std::string>().substr(0, 64);
+      const bool hello = isControl(*got, kHelloTag);
+      PeerLoss lost{got->sender, hello ? LossCause::kRestarted : LossCause::kLeft, "", got->sender};
+      if (const auto leaving = decodeLeaving(*got, nullptr)) {
+        lost.reason = leaving->reason;
         // A pause spreading along the pipeline names the node that was lost in the first place.
-        if (j.is_object() && j.contains("lost") && j["lost"].is_string() &&
-            isNeighbour(got->sender) && !j["lost"].get<std::string>().empty())
-          lost.origin = j["lost"].get<std::string>().substr(0, 256);
+        if (isNeighbour(got->sender) && !leaving->lost.empty()) lost.origin = leaving->lost;
       }
       // The restarted neighbour's hello is for the next handshake (connect()).
-      if (got->tag == "hello") mailbox_.putBack(std::move(*got));
+      if (hello) mailbox_.putBack(std::move(*got));
       throwLost(peer(dir), dir, std::move(lost), what);
     }
     if (!got && std::chrono::steady_clock::now() < deadline) continue;

@@ -6,6 +6,7 @@
 #include "core/Error.h"
 #include "core/Log.h"
 #include "node/RingClusterSync.h"
+#include "node/protocol/PipelineControl.h"
 #include "trainer/Checkpoint.h"
 
 namespace cairn {
@@ -13,23 +14,18 @@ namespace {
 
 double seconds(std::chrono::milliseconds ms) { return double(ms.count()) / 1000.0; }
 
-Message control(const MailboxStageLink& link, const std::string& tag, nlohmann::json body) {
-  Message m;
-  m.kind = MessageKind::kControl;
-  m.job_id = link.node().job_id;
-  m.sender = link.node().name;
-  m.tag = tag;
-  m.text = body.dump();
-  return m;
+ControlOrigin originOf(const MailboxStageLink& link) {
+  return ControlOrigin{link.node().job_id, link.node().name};
 }
 
-// The JSON body of a control message `tag` from `from`, waited for up to `timeout`.
-nlohmann::json awaitControl(Mailbox& mailbox, const MailboxStageLink& link, const PeerRef& from,
-                            const std::string& tag, std::chrono::milliseconds timeout) {
+// The control message `tag` from `from`, waited for up to `timeout` and decoded by `decode`
+// (node/protocol/PipelineControl.h); a malformed one is a BadInput naming the peer.
+template <typename Decode>
+auto awaitControl(Mailbox& mailbox, const MailboxStageLink& link, const PeerRef& from,
+                  const char* tag, std::chrono::milliseconds timeout, Decode decode) {
   auto got = mailbox.receive(
       [&](const Message& m) {
-        return m.kind == MessageKind::kControl && m.sender == from.name && m.tag == tag &&
-               m.job_id == link.node().job_id;
+        return isControl(m, tag) && m.sender == from.name && m.job_id == link.node().job_id;
       },
       timeout);
   if (!got)
@@ -37,10 +33,10 @@ nlohmann::json awaitControl(Mailbox& mailbox, const MailboxStageLink& link, cons
                 "\" (resume agreement) within ", seconds(timeout),
                 " s (training_definition.timeouts.max_wait_s); restart it with `provider --name ",
                 from.name, " --resume`");
-  auto body = nlohmann::json::parse(got->text, nullptr, false);
-  if (!body.is_object())
-    CAIRN_THROW(BadInput, "peer ", from.name, " sent a \"", tag, "\" message that is not a JSON object");
-  return body;
+  std::string why;
+  auto decoded = decode(*got, &why);
+  if (!decoded) CAIRN_THROW(BadInput, "peer ", from.name, " sent ", why);
+  return *decoded;
 }
 
 }  // namespace
@@ -51,17 +47,10 @@ int64_t NodeRunner::agreeOnResumeStep(Mailbox& mailbox, MailboxStageLink& link,
   std::sort(steps.begin(), steps.end());
   // Leaf → Root: every node intersects what downstream holds with its own steps.
   if (node.downstream) {
-    const auto body = awaitControl(mailbox, link, *node.downstream, "ckpt_steps", timeout);
-    if (!body.contains("steps") || !body["steps"].is_array() || body["steps"].size() > 100000)
-      CAIRN_THROW(BadInput, "peer ", node.downstream->name,
-                  " sent \"ckpt_steps\" without a \"steps\" array (of at most 100000 steps)");
-    std::vector<int64_t> theirs;
-    for (const auto& s : body["steps"]) {
-      if (!s.is_number_integer() || s.get<int64_t>() < 0)
-        CAIRN_THROW(BadInput, "peer ", node.downstream->name,
-                    " sent \"ckpt_steps\" with a step that is not a non-negative integer: ", s.dump());
-      theirs.push_back(s.get<int64_t>());
-    }
+    std::vector<int64_t> theirs =
+        awaitControl(mailbox, link, *node.downstream, kCheckpointStepsTag, timeout,
+                     decodeCheckpointSteps)
+            .steps;
     std::sort(theirs.begin(), theirs.end());
     std::vector<int64_t> both;
     std::set_intersection(steps.begin(), steps.end(), theirs.begin(), theirs.end(),
@@ -71,15 +60,12 @@ int64_t NodeRunner::agreeOnResumeStep(Mailbox& mailbox, MailboxStageLink& link,
   int64_t step = steps.empty() ? -1 : steps.back();
   if (node.upstream) {
     const SendStatus status = mailbox.send(node.upstream->name,
-                                           control(link, "ckpt_steps", {{"steps", steps}}), timeout);
+                                           encode(originOf(link), CheckpointSteps{steps}), timeout);
     if (status != SendStatus::kSent)
       CAIRN_THROW(PeerLost, "upstream neighbour ", node.upstream->name, " did not take \"ckpt_steps\": ",
                   toString(status));
     // Root → Leaf: the Root decides.
-    const auto body = awaitControl(mailbox, link, *node.upstream, "resume_at", timeout);
-    if (!body.contains("step") || !body["step"].is_number_integer())
-      CAIRN_THROW(BadInput, "peer ", node.upstream->name, " sent \"resume_at\" without an integer \"step\"");
-    step = body["step"].get<int64_t>();
+    step = awaitControl(mailbox, link, *node.upstream, kResumeAtTag, timeout, decodeResumeAt).step;
     if (step != -1 && !std::binary_search(steps.begin(), steps.end(), step))
       CAIRN_THROW(BadInput, "peer ", node.upstream->name, " asks to resume at step ", step,
                   ", which is not among the checkpoints this node and its downstream hold");
@@ -88,7 +74,7 @@ int64_t NodeRunner::agreeOnResumeStep(Mailbox& mailbox, MailboxStageLink& link,
   link.purgeStale();
   if (node.downstream) {
     const SendStatus status = mailbox.send(node.downstream->name,
-                                           control(link, "resume_at", {{"step", step}}), timeout);
+                                           encode(originOf(link), ResumeAt{step}), timeout);
     if (status != SendStatus::kSent)
       CAIRN_THROW(PeerLost, "downstream neighbour ", node.downstream->name,
                   " did not take \"resume_at\": ", toString(status));
