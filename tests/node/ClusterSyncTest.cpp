@@ -33,7 +33,7 @@
 #include <thread>
 
 #include "core/Error.h"
-#include "node/FaultyTransport.h"
+#include "node/testing/FaultyTransport.h"
 #include "node/RingClusterSync.h"
 #include "node/ZmqTransport.h"
 #include "trainer/Optimizer.h"

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "node/FaultyTransport.h"
+#include "node/testing/FaultyTransport.h"
 #include "node/ZmqTransport.h"
 
 namespace cairn {

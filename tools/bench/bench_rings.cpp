@@ -22,7 +22,7 @@
 
 #include "core/Error.h"
 #include "core/MainGuard.h"
-#include "node/FaultyTransport.h"
+#include "node/testing/FaultyTransport.h"
 #include "node/RingClusterSync.h"
 #include "node/ZmqTransport.h"
 #include "tools/bench/BenchProcesses.h"

@@ -1,4 +1,4 @@
-#include "node/FaultyTransport.h"
+#include "node/testing/FaultyTransport.h"
 
 #include <thread>
 
