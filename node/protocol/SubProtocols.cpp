@@ -4,6 +4,14 @@ namespace cairn {
 
 const std::vector<SubProtocol>& subProtocols() {
   static const std::vector<SubProtocol> table = {
+      {"pipeline hello", MessageKind::kControl, "tag hello", "node/protocol/PipelineControl.h",
+       "start-up handshake between neighbours; mid-run, the sender restarted"},
+      {"pipeline leaving", MessageKind::kControl, "tag leaving", "node/protocol/PipelineControl.h",
+       "the sender stops taking part (stopped, paused, ...) and names the node lost first"},
+      {"pipeline checkpoint steps", MessageKind::kControl, "tag ckpt_steps",
+       "node/protocol/PipelineControl.h", "resume agreement, downstream to upstream: steps held"},
+      {"pipeline resume at", MessageKind::kControl, "tag resume_at",
+       "node/protocol/PipelineControl.h", "resume agreement, the Root's decision: the step"},
       {"collective chunk", MessageKind::kCollective, "tag coll:<group>, mb < 2^64-3",
        "node/CollectiveChannel.h", "one 1-d tensor of a collective operation, mb = its index"},
       {"collective abort", MessageKind::kCollective, "tag coll:<group>, mb 2^64-1",
