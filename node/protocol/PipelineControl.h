@@ -1,7 +1,7 @@
 // PipelineControl: the one place that defines the control messages pipeline neighbours exchange
-// besides their tensors (docs/PROTOCOL.md "Pipeline control"), with one encode and one validating
-// decode per message. All are kind kControl, told apart by their tag, with a small JSON object in
-// `text`:
+// besides their tensors (docs/PROTOCOL.md "Pipeline control messages"), with one encode and one
+// validating decode per message. All are kind kControl, told apart by their tag, with a small JSON
+// object in `text`:
 //   hello       {"stage": int, "cluster": int}  the handshake, and a restarted neighbour's return
 //   leaving     {"reason": str, "lost": str}     the sender stops ("stopped", "paused", "failed",
 //                                                …); `lost` names the node lost in the first place
