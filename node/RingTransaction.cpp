@@ -29,9 +29,9 @@ bool recover(RingContext& context, Ring& ring, bool work_done) {
     try {
       ring.group->allReduce(vote, ReduceOp::kMax);
     } catch (const PeerLost& e) {
-      const std::string lost = ring.group->lostPeer();
-      if (lost.empty()) throw;
-      dropMember(context, ring, lost, ring.group->lostByLeave(), e.what());
+      // The group's PeerLost says whom it blames (every survivor blames the same member).
+      if (!e.loss() || e.loss()->peer.empty()) throw;
+      dropMember(context, ring, e.loss()->peer, e.loss()->cause == LossCause::kLeft, e.what());
       continue;
     }
     const int64_t v = vote.item<int64_t>();
@@ -90,9 +90,9 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
       work_done = true;
       ring.group->barrier();  // the commit
     } catch (const PeerLost& e) {
-      const std::string lost = ring.group->lostPeer();
-      if (lost.empty()) throw;
-      dropMember(context, ring, lost, ring.group->lostByLeave(), e.what());
+      // The group's PeerLost says whom it blames (every survivor blames the same member).
+      if (!e.loss() || e.loss()->peer.empty()) throw;
+      dropMember(context, ring, e.loss()->peer, e.loss()->cause == LossCause::kLeft, e.what());
       if (!recover(context, ring, work_done)) {
         for (size_t i = 0; i < ring.buckets.size(); ++i) {
           auto& b = ring.buckets[i];
@@ -104,7 +104,7 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
         context.countStats([&](RingClusterSyncStats& s) { ++s.redone_syncs; });
         continue;
       }
-      CAIRN_INFO("ring ", ring.spec.id, ": the sync had completed everywhere before ", lost,
+      CAIRN_INFO("ring ", ring.spec.id, ": the sync had completed everywhere before ", e.loss()->peer,
                  " was lost; its result stands");
     }
     ++ring.transactions;
