@@ -1,0 +1,65 @@
+#include "trainer/BatchFeeder.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "trainer/Loss.h"
+
+namespace cairn {
+
+RunPlan BatchFeeder::open() {
+  const TrainOptions& opt = ctx_.opt;
+  const StageTrainerConfig& cfg = ctx_.cfg;
+  data_ = loadDatasets(cfg.data, opt.seed);
+  sampler_ = std::make_unique<ShardSampler>(data_.train->size(), cfg.node.cluster,
+                                            cfg.num_clusters, cfg.data.chunks, cfg.data.chunk,
+                                            opt.seed);
+  const int64_t shard = int64_t(sampler_->shard().size());
+  const int64_t test = data_.test ? data_.test->size() : 0;
+  const RunPlan plan = RunPlan::forShard(opt, shard, test);
+  CAIRN_INFO("data: ", data_.train->size(), " training samples (this cluster's shard: ", shard,
+             "), ", test, " test samples; ", plan.total_steps, " steps of ", opt.batch_size,
+             " samples in ", opt.microbatches, " micro-batches");
+  if (opt.record_sample_ids && !cfg.sample_ids_path.empty()) {
+    sample_ids_out_.open(cfg.sample_ids_path,
+                         cfg.resume_step >= 0 ? std::ios::app : std::ios::trunc);
+    if (!sample_ids_out_) CAIRN_THROW(BadInput, cfg.sample_ids_path, ": cannot write");
+  }
+  return plan;
+}
+
+uint64_t BatchFeeder::load(int64_t step, std::map<int, Microbatch>* micro) {
+  const TrainOptions& opt = ctx_.opt;
+  const int64_t steps_per_epoch = ctx_.plan.steps_per_epoch;
+  const int64_t position = step % steps_per_epoch;
+  if (epoch_of_order_ != step / steps_per_epoch) {
+    epoch_of_order_ = step / steps_per_epoch;
+    epoch_order_ = sampler_->epochOrder(epoch_of_order_);
+  }
+  std::vector<int64_t> ids(epoch_order_.begin() + position * opt.batch_size,
+                           epoch_order_.begin() + (position + 1) * opt.batch_size);
+  if (ctx_.observer.on_batch) ctx_.observer.on_batch(step, ids);
+  if (sample_ids_out_.is_open())
+    sample_ids_out_ << nlohmann::json{{"step", step}, {"ids", ids}}.dump() << '\n' << std::flush;
+  const uint64_t checksum = sampleIdChecksum(ids.data(), ids.size());
+  Batch batch = data_.train->get(ids, /*training=*/true);
+  const int64_t terms = lossTermCount(opt.loss, batch.targets);
+  torch::Tensor denominator = scalar64(double(std::max<int64_t>(terms, 1)));
+  torch::Tensor id_tensor = torch::tensor(ids, torch::kLong);
+  const int64_t m = opt.microbatches, base = opt.batch_size / m, extra = opt.batch_size % m;
+  int64_t offset = 0;
+  for (int64_t k = 0; k < m; ++k) {
+    const int64_t size = base + (k < extra ? 1 : 0);
+    Microbatch& mb = (*micro)[int(k)];
+    mb.inputs = {batch.inputs.narrow(0, offset, size)};
+    mb.targets = batch.targets.narrow(0, offset, size);
+    mb.ids = id_tensor.narrow(0, offset, size);
+    mb.denominator = denominator;
+    offset += size;
+  }
+  return checksum;
+}
+
+}  // namespace cairn

@@ -1,0 +1,44 @@
+// BatchFeeder: the Root's data loading (docs/TRAINING.md "One step, as data"). It loads the
+// datasets and this cluster's ShardSampler, computes the run plan from them, and for every step
+// takes the step's sample ids from the sampler, loads inputs and targets and cuts them into
+// micro-batches; each carries its targets, sample ids and the batch's loss-term count, which
+// travel downstream as "__targets", "__ids" and "__denominator" (trainer/ReservedTensors.h), so
+// the Leaf never needs a data loader of its own. Records the ids (observer, sample_ids.jsonl).
+// Ownership: owns the sampler and the sample-id file; fills the borrowed DatasetPair.
+// Thread-safety: one thread (the node's trainer thread).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "trainer/Dataset.h"
+#include "trainer/RunPlan.h"
+#include "trainer/Sampler.h"
+#include "trainer/TrainerContext.h"
+
+namespace cairn {
+
+class BatchFeeder {
+ public:
+  BatchFeeder(TrainerContext& ctx, DatasetPair& data) : ctx_(ctx), data_(data) {}
+
+  // Loads the datasets and the sampler and returns the Root's run plan (BadInput when the batch
+  // does not fit this cluster's shard); opens sample_ids.jsonl when asked to record ids.
+  RunPlan open();
+  // The micro-batches of step `step` (0-based) into *micro, keyed 0..microbatches-1. Returns the
+  // checksum of the step's sample ids.
+  uint64_t load(int64_t step, std::map<int, Microbatch>* micro);
+
+ private:
+  TrainerContext& ctx_;
+  DatasetPair& data_;
+  std::unique_ptr<ShardSampler> sampler_;
+  std::ofstream sample_ids_out_;
+  std::vector<int64_t> epoch_order_;
+  int64_t epoch_of_order_ = -1;  // the epoch epoch_order_ belongs to
+};
+
+}  // namespace cairn

@@ -1,0 +1,110 @@
+#include "trainer/MicrobatchPasses.h"
+
+#include "core/Error.h"
+#include "trainer/Loss.h"
+#include "trainer/ReservedTensors.h"
+#include "trainer/RunPlan.h"
+#include "trainer/Sampler.h"
+#include "trainer/StageExecutor.h"
+
+namespace cairn {
+
+void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_t microbatch,
+                               uint64_t* id_checksum) {
+  const StageTrainerConfig& cfg = ctx_.cfg;
+  std::vector<torch::Tensor> inputs;
+  if (ctx_.is_root) {
+    inputs = mb.inputs;
+  } else {
+    StagePacket in = link_.receive(Neighbour::kUpstream, PacketKind::kActivation, uint64_t(step),
+                                   uint64_t(microbatch), "");
+    const size_t n = cfg.node.inputs.size();
+    if (in.tensors.size() < n)
+      CAIRN_THROW(BadInput, "activation for step ", step, " micro-batch ", microbatch, " has ",
+                  in.tensors.size(), " tensors, fewer than the stage's ", n, " inputs");
+    for (size_t i = 0; i < n; ++i) inputs.push_back(in.tensors[i].second);
+    mb.targets = in.tensor(kTargetsTensor);
+    mb.ids = in.tensor(kIdsTensor);
+    mb.denominator = in.tensor(kDenominatorTensor);
+    stop_.readStopAt(in, ctx_.plan.total_steps);
+  }
+  const auto t = TrainerClock::now();
+  std::vector<torch::Tensor> outputs = ctx_.executor.forward(id, inputs);
+  if (ctx_.is_leaf) {
+    if (mb.targets.size(0) != mb.ids.size(0))
+      CAIRN_THROW(BadInput, "micro-batch ", microbatch, " of step ", step, ": ",
+                  mb.targets.size(0), " targets for ", mb.ids.size(0), " sample ids");
+    mb.loss = microbatchLoss(ctx_.opt.loss, outputs.at(0), mb.targets,
+                             mb.denominator.item<double>());
+    ctx_.times.compute_s += secondsSince(t);
+    if (!ctx_.is_root) {
+      torch::Tensor ids = mb.ids.to(torch::kLong).contiguous();
+      *id_checksum += sampleIdChecksum(ids.data_ptr<int64_t>(), size_t(ids.numel()));
+    }
+    return;
+  }
+  ctx_.times.compute_s += secondsSince(t);
+  StagePacket out;
+  out.kind = PacketKind::kActivation;
+  out.step = uint64_t(step);
+  out.microbatch = uint64_t(microbatch);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    out.tensors.emplace_back(cfg.node.outputs[i].name, outputs[i].detach());
+  out.tensors.emplace_back(kTargetsTensor, mb.targets);
+  out.tensors.emplace_back(kIdsTensor, mb.ids);
+  out.tensors.emplace_back(kDenominatorTensor, mb.denominator);
+  stop_.attachStopAt(out);
+  mb.inputs.clear();  // not needed after the forward (the executor keeps what backward needs)
+  link_.send(Neighbour::kDownstream, out);
+}
+
+double MicrobatchPasses::backward(Microbatch& mb, uint64_t id, uint64_t step,
+                                  uint64_t microbatch) {
+  double loss_share = 0;
+  std::vector<torch::Tensor> input_grads = backwardOf(mb, id, step, microbatch, &loss_share);
+  if (!ctx_.is_root) sendInputGradients(step, microbatch, input_grads, loss_share);
+  return loss_share;
+}
+
+std::vector<torch::Tensor> MicrobatchPasses::backwardOf(Microbatch& mb, uint64_t id,
+                                                        uint64_t step, uint64_t microbatch,
+                                                        double* loss_share) {
+  if (ctx_.is_leaf) {
+    const auto t = TrainerClock::now();
+    *loss_share = mb.loss.item<double>();
+    auto input_grads = ctx_.executor.backwardFromLoss(id, mb.loss);
+    ctx_.times.compute_s += secondsSince(t);
+    return input_grads;
+  }
+  StagePacket in = link_.receive(Neighbour::kDownstream, PacketKind::kGradient, step, microbatch, "");
+  const auto& outputs = ctx_.executor.outputsOf(id);
+  std::vector<torch::Tensor> grads;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    torch::Tensor g = i < in.tensors.size() ? in.tensors[i].second : torch::Tensor();
+    if (g.defined() && g.numel() == 0 && outputs[i].numel() != 0) g = torch::Tensor();
+    grads.push_back(g);
+  }
+  *loss_share = in.tensor(kLossTensor).item<double>();
+  stop_.readStop(in);
+  const auto t = TrainerClock::now();
+  auto input_grads = ctx_.executor.backward(id, grads);
+  ctx_.times.compute_s += secondsSince(t);
+  return input_grads;
+}
+
+void MicrobatchPasses::sendInputGradients(uint64_t step, uint64_t microbatch,
+                                          const std::vector<torch::Tensor>& input_grads,
+                                          double loss_share) {
+  StagePacket out;
+  out.kind = PacketKind::kGradient;
+  out.step = step;
+  out.microbatch = microbatch;
+  for (size_t i = 0; i < input_grads.size(); ++i)
+    out.tensors.emplace_back(ctx_.cfg.node.inputs[i].name,
+                             input_grads[i].defined() ? input_grads[i] : torch::empty({0}));
+  out.tensors.emplace_back(kLossTensor, scalar64(loss_share));
+  stop_.attachStop(out);
+  link_.send(Neighbour::kUpstream, out);
+}
+
+}  // namespace cairn

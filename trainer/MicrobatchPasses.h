@@ -1,0 +1,47 @@
+// MicrobatchPasses: one micro-batch's forward and backward through this stage and across its
+// neighbours, shared by the sync and async loops. Activations go downstream with the boundary
+// tensors plus "__targets", "__ids" and "__denominator" (and "__stop_at" once the Root decided a
+// stop); gradients come back with "__loss", each micro-batch's share of the batch loss, so every
+// node knows the step loss (and "__stop" when a node downstream asked to stop). Reserved names:
+// trainer/ReservedTensors.h.
+// Ownership: borrows the context, the link and the stop coordinator. Thread-safety: one thread
+// (the node's trainer thread).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trainer/StopCoordinator.h"
+#include "trainer/TrainerContext.h"
+
+namespace cairn {
+
+class MicrobatchPasses {
+ public:
+  MicrobatchPasses(TrainerContext& ctx, TimedLink& link, StopCoordinator& stop)
+      : ctx_(ctx), link_(link), stop_(stop) {}
+
+  // The Root runs mb.inputs; other stages receive the activation for (step, microbatch) from
+  // upstream with its targets, ids and denominator. The Leaf computes the micro-batch's loss share
+  // (and, when it is not also the Root, adds its sample ids to *id_checksum); other stages send
+  // their outputs on. `id` is the executor's micro-batch key.
+  void forward(Microbatch& mb, uint64_t id, int64_t step, int64_t microbatch,
+               uint64_t* id_checksum);
+  // The Leaf starts from its loss; other stages receive the gradient of their outputs for
+  // (step, microbatch) from downstream (an empty tensor means "no gradient"). Then, on every stage
+  // but the Root, the input gradients go upstream (an empty tensor for "no gradient") with the
+  // micro-batch's share of the step loss, which is returned.
+  double backward(Microbatch& mb, uint64_t id, uint64_t step, uint64_t microbatch);
+
+ private:
+  std::vector<torch::Tensor> backwardOf(Microbatch& mb, uint64_t id, uint64_t step,
+                                        uint64_t microbatch, double* loss_share);
+  void sendInputGradients(uint64_t step, uint64_t microbatch,
+                          const std::vector<torch::Tensor>& input_grads, double loss_share);
+
+  TrainerContext& ctx_;
+  TimedLink& link_;
+  StopCoordinator& stop_;
+};
+
+}  // namespace cairn

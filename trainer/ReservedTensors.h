@@ -1,0 +1,35 @@
+// ReservedTensors: the names of the bookkeeping tensors that ride on pipeline packets next to a
+// stage's boundary tensors, defined once (docs/TRAINING.md "One step, as data", "Stopping").
+// Every name starts with kReservedPrefix, which no boundary tensor may use: receivers tell
+// bookkeeping from boundary tensors by that prefix alone.
+// Ownership: constants only. Thread-safety: immutable.
+#pragma once
+
+#include <string>
+
+namespace cairn {
+
+// The prefix that marks a tensor name as bookkeeping rather than a stage boundary value.
+inline constexpr const char* kReservedPrefix = "__";
+
+// Activations (Root -> Leaf): the micro-batch's targets, its sample ids, and the number of loss
+// terms in the whole batch (so the Leaf computes each micro-batch's share of the batch loss).
+inline constexpr const char* kTargetsTensor = "__targets";
+inline constexpr const char* kIdsTensor = "__ids";
+inline constexpr const char* kDenominatorTensor = "__denominator";
+// Gradients (Leaf -> Root): the micro-batch's share of the step loss.
+inline constexpr const char* kLossTensor = "__loss";
+// Control packets "norm_partial" / "norm_total": a partial or total squared gradient norm.
+inline constexpr const char* kNormTensor = "__norm";
+// Clean stop: "__stop" rides upstream on gradient packets once a node (or one downstream of it)
+// was asked to stop; "__stop_at" rides downstream on activation packets once the Root has decided
+// the step count at which the whole cluster stops.
+inline constexpr const char* kStopTensor = "__stop";
+inline constexpr const char* kStopAtTensor = "__stop_at";
+
+// True for names that start with kReservedPrefix (bookkeeping, not a boundary tensor).
+inline bool isReservedTensorName(const std::string& name) {
+  return name.rfind(kReservedPrefix, 0) == 0;
+}
+
+}  // namespace cairn

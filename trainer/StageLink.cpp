@@ -1,0 +1,36 @@
+#include "trainer/StageLink.h"
+
+#include "core/Error.h"
+
+namespace cairn {
+
+const char* toString(Neighbour n) { return n == Neighbour::kUpstream ? "upstream" : "downstream"; }
+
+const char* toString(PacketKind k) {
+  switch (k) {
+    case PacketKind::kActivation:
+      return "activation";
+    case PacketKind::kGradient:
+      return "gradient";
+    case PacketKind::kEvaluation:
+      return "evaluation";
+    case PacketKind::kControl:
+      return "control";
+  }
+  return "?";
+}
+
+bool StagePacket::has(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return true;
+  return false;
+}
+
+const torch::Tensor& StagePacket::tensor(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return t;
+  CAIRN_THROW(BadInput, toString(kind), " packet for step ", step, " micro-batch ", microbatch,
+              " lacks tensor ", name);
+}
+
+}  // namespace cairn

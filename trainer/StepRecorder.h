@@ -1,0 +1,60 @@
+// StepRecorder: what happens when a step ends, the same for the sync and the async loop: the
+// observer's callback, the step's metrics.jsonl line and the progress line; then, at the step
+// boundary, the checkpoint (every `checkpoint_every` steps, and when stopping), the clean stop,
+// and the evaluation every `eval_every` steps; at the end of the run the final evaluation and
+// the "done" record (docs/TRAINING.md "Metrics", docs/OPERATIONS.md "Checkpoints and resume").
+// Ownership: owns the progress line; borrows the context and the units it calls.
+// Thread-safety: one thread (the node's trainer thread).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "trainer/Evaluator.h"
+#include "trainer/Metrics.h"
+#include "trainer/StopCoordinator.h"
+#include "trainer/TrainerCheckpoints.h"
+#include "trainer/TrainerContext.h"
+
+namespace cairn {
+
+// One finished step, as recorded.
+struct StepRecord {
+  int64_t step = 0;  // 0-based
+  double loss = 0;
+  double lr = 0;
+  uint64_t sample_checksum = 0;  // recorded by the Root and the Leaf
+  double grad_norm = -1;         // recorded when >= 0 (clip_grad_norm)
+  nlohmann::json extra = nlohmann::json::object();  // the loop's own fields (async: stash, ...)
+};
+
+class StepRecorder {
+ public:
+  StepRecorder(TrainerContext& ctx, StopCoordinator& stop, TrainerCheckpoints& checkpoints,
+               Evaluator& evaluator);
+
+  // The run (its first step) starts now: times per step and in total count from here.
+  void begin(TrainerClock::time_point run_start);
+  // Observer, metrics line, progress; result->last_loss.
+  void record(const StepRecord& step, TrainerResult* result);
+  // At the boundary after `steps_done` steps: checkpoint (with the async `updates` /
+  // `since_update` counters; `drained`: no micro-batch in flight), clean stop, or evaluation.
+  // Returns true when the run stops here (*result says so).
+  bool atBoundary(int64_t steps_done, int64_t updates, int64_t since_update, bool drained,
+                  TrainerResult* result);
+  // After the last step: ClusterSync::finish(sync_steps), the final evaluation and the "done"
+  // record, to which `add_done_fields` (may be empty) adds the loop's own fields.
+  void finishRun(int64_t sync_steps, const std::function<void(nlohmann::json&)>& add_done_fields,
+                 TrainerResult* result);
+
+ private:
+  TrainerContext& ctx_;
+  StopCoordinator& stop_;
+  TrainerCheckpoints& checkpoints_;
+  Evaluator& evaluator_;
+  ProgressLine progress_;
+  TrainerClock::time_point start_, last_;
+};
+
+}  // namespace cairn

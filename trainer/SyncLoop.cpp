@@ -1,0 +1,86 @@
+#include "trainer/SyncLoop.h"
+
+#include "core/Error.h"
+#include "trainer/LrSchedule.h"
+#include "trainer/RunPlan.h"
+#include "trainer/StageExecutor.h"
+
+namespace cairn {
+
+void SyncLoop::forward(int k) { passes_.forward(micro_[k], uint64_t(k), step_, k, &checksum_); }
+
+void SyncLoop::backward(int k) {
+  auto it = micro_.find(k);
+  CAIRN_ENFORCE(it != micro_.end());
+  step_loss_ += passes_.backward(it->second, uint64_t(k), uint64_t(step_), uint64_t(k));
+  micro_.erase(it);
+}
+
+TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_start) {
+  const RunPlan& plan = ctx_.plan;
+  LrSchedule lr_schedule(ctx_.opt.optimizer.lr, ctx_.opt.lr_scheduler, plan.total_steps);
+  TrainerResult result;
+  recorder_.begin(run_start);
+  for (step_ = start_step; step_ < plan.total_steps; ++step_) {
+    // Clean stop (docs/TRAINING.md "Stopping"): the Root's own request ends the run after this
+    // step; a request from downstream (a "__stop" on this step's gradients) after the next one,
+    // whose activations carry the decision ("__stop_at") to every node.
+    stop_.poll();
+    stop_.decide(step_ + 1);
+    ctx_.times.reset();
+    step_loss_ = 0;
+    double grad_norm = -1;
+    checksum_ = 0;
+    micro_.clear();
+    if (ctx_.is_root) {
+      const auto t = TrainerClock::now();
+      checksum_ = feeder_.load(step_, &micro_);
+      ctx_.times.compute_s += secondsSince(t);
+    }
+    const double lr = lr_schedule.at(step_);
+    bool gradients_synced = false;
+    auto syncGradients = [&] {
+      if (gradients_synced) return;
+      gradients_synced = true;
+      syncBeforeOptimizerStep(ctx_, step_);
+    };
+    schedule_.begin();
+    for (ScheduleAction a = schedule_.next(); a.kind != ScheduleAction::Kind::kStepDone;
+         a = schedule_.next()) {
+      switch (a.kind) {
+        case ScheduleAction::Kind::kForward:
+          forward(a.microbatch);
+          break;
+        case ScheduleAction::Kind::kBackward:
+          backward(a.microbatch);
+          break;
+        case ScheduleAction::Kind::kReduceGradNorm:
+          syncGradients();
+          grad_norm = norm_.reduceAndClip(step_);
+          break;
+        case ScheduleAction::Kind::kOptimizerStep:
+          syncGradients();
+          optimizerStep(ctx_, lr, step_, /*new_version=*/false);
+          break;
+        case ScheduleAction::Kind::kStepDone:
+          break;
+      }
+      schedule_.complete(a);
+    }
+    CAIRN_ENFORCE(ctx_.executor.pendingMicrobatches() == 0,
+                  "micro-batches left in flight after a step");
+    stop_.decide(step_ + 2);
+    StepRecord record;
+    record.step = step_;
+    record.loss = step_loss_;
+    record.lr = lr;
+    record.sample_checksum = checksum_;
+    record.grad_norm = grad_norm;
+    recorder_.record(record, &result);
+    if (recorder_.atBoundary(step_ + 1, step_ + 1, 0, /*drained=*/true, &result)) return result;
+  }
+  recorder_.finishRun(plan.total_steps, {}, &result);
+  return result;
+}
+
+}  // namespace cairn

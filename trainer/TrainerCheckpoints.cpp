@@ -1,0 +1,192 @@
+#include "trainer/TrainerCheckpoints.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "trainer/Checkpoint.h"
+#include "trainer/ClusterSync.h"
+#include "trainer/Metrics.h"
+#include "trainer/Optimizer.h"
+#include "trainer/RunPlan.h"
+#include "trainer/StageExecutor.h"
+
+namespace cairn {
+namespace {
+
+torch::Tensor cpuGeneratorState() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+}  // namespace
+
+bool TrainerCheckpoints::on() const { return !ctx_.cfg.checkpoint_dir.empty(); }
+
+bool TrainerCheckpoints::due(int64_t steps_done) const {
+  return on() && ctx_.opt.checkpoint_every > 0 && steps_done > 0 &&
+         steps_done % ctx_.opt.checkpoint_every == 0;
+}
+
+void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since_update) {
+  CAIRN_ENFORCE(ctx_.executor.pendingMicrobatches() == 0, "checkpoint with micro-batches in flight");
+  const auto t = TrainerClock::now();
+  CheckpointData d;
+  d.step = steps_done;
+  // No copies: nothing changes the tensors while this thread writes them.
+  for (const auto& p : ctx_.executor.module().named_parameters(/*recurse=*/true))
+    d.tensors.emplace_back("stage." + p.name, p.value.detach());
+  for (const auto& b : ctx_.executor.module().named_buffers(/*recurse=*/true))
+    d.tensors.emplace_back("stage." + b.name, b.value.detach());
+  ctx_.optimizer.exportState(&d.tensors);
+  if (since_update > 0) {  // async: gradients accumulated towards the next update
+    const auto& params = ctx_.optimizer.parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].grad().defined())
+        d.tensors.emplace_back("grad." + std::to_string(i), params[i].grad().detach());
+  }
+  d.tensors.emplace_back("rng.cpu", cpuGeneratorState());
+  nlohmann::json sync_meta = nlohmann::json::object(), sync_names = nlohmann::json::array();
+  if (ctx_.cfg.cluster_sync) {
+    std::vector<std::pair<std::string, torch::Tensor>> sync_tensors;
+    ctx_.cfg.cluster_sync->saveState(&sync_tensors, &sync_meta);
+    for (auto& [name, tensor] : sync_tensors) {
+      for (const char* own : {"stage.", "optim.", "grad.", "rng."})
+        CAIRN_ENFORCE(name.rfind(own, 0) != 0, "ClusterSync::saveState tensor ", name,
+                      " uses the trainer's prefix ", own);
+      sync_names.push_back(name);
+      d.tensors.emplace_back(name, tensor);
+    }
+  }
+  d.meta = {{"job_id", ctx_.cfg.node.job_id},
+            {"node", ctx_.cfg.node.name},
+            {"cluster", ctx_.cfg.node.cluster},
+            {"stage", ctx_.cfg.node.stage},
+            {"num_stages", ctx_.cfg.node.num_stages},
+            {"schedule", ctx_.opt.schedule},
+            {"total_steps", ctx_.plan.total_steps},
+            {"steps_per_epoch", ctx_.plan.steps_per_epoch},
+            // The data cursor: ShardSampler's order is a pure function of (seed, cluster,
+            // epoch), so (epoch, position) = (step / steps_per_epoch, step % steps_per_epoch).
+            {"epoch", steps_done / ctx_.plan.steps_per_epoch},
+            {"position", steps_done % ctx_.plan.steps_per_epoch},
+            {"augmentation_draws", data_.train ? data_.train->trainingDraws() : 0},
+            {"updates", updates},
+            {"since_update", since_update},
+            {"sync", sync_meta},
+            {"sync_tensors", sync_names}};
+  writeCheckpoint(ctx_.cfg.checkpoint_dir, d, ctx_.opt.keep_checkpoints);
+  const double seconds = secondsSince(t);
+  CAIRN_INFO("checkpoint of step ", steps_done, " written to ",
+             checkpointPath(ctx_.cfg.checkpoint_dir, steps_done), " (", seconds, " s)");
+  ctx_.metrics.write({{"checkpoint", {{"step", steps_done}, {"seconds", seconds}}}});
+}
+
+void TrainerCheckpoints::load() {
+  if (ctx_.cfg.checkpoint_dir.empty())
+    CAIRN_THROW(BadInput, "resume from step ", ctx_.cfg.resume_step,
+                " needs a checkpoint folder (StageTrainerConfig::checkpoint_dir is empty)");
+  const std::string path = checkpointPath(ctx_.cfg.checkpoint_dir, ctx_.cfg.resume_step);
+  CheckpointData d = readCheckpoint(ctx_.cfg.checkpoint_dir, ctx_.cfg.resume_step);
+  const nlohmann::json& m = d.meta;
+  auto expect = [&](const char* key, const nlohmann::json& want) {
+    if (!m.contains(key) || m[key] != want)
+      CAIRN_THROW(BadInput, path, ": checkpoint of ", key, " ",
+                  m.contains(key) ? m[key].dump() : std::string("(none)"), ", but this is ", key,
+                  " ", want.dump(), " (node ", ctx_.cfg.node.name, " of job ", ctx_.cfg.node.job_id,
+                  "): refusing to load another node's or job's state");
+  };
+  expect("job_id", ctx_.cfg.node.job_id);
+  expect("node", ctx_.cfg.node.name);
+  expect("cluster", ctx_.cfg.node.cluster);
+  expect("stage", ctx_.cfg.node.stage);
+  expect("num_stages", ctx_.cfg.node.num_stages);
+  expect("schedule", ctx_.opt.schedule);
+  std::map<std::string, torch::Tensor> by_name(d.tensors.begin(), d.tensors.end());
+  auto restore = [&](const std::string& name, torch::Tensor target) {
+    auto it = by_name.find("stage." + name);
+    if (it == by_name.end())
+      CAIRN_THROW(BadInput, path, ": lacks stage tensor \"", name, "\"");
+    if (it->second.sizes() != target.sizes() ||
+        it->second.scalar_type() != target.scalar_type())
+      CAIRN_THROW(BadInput, path, ": stage tensor \"", name, "\" is ",
+                  c10::toString(it->second.scalar_type()), " ", it->second.sizes(),
+                  "; the stage has ", c10::toString(target.scalar_type()), " ", target.sizes());
+    target.copy_(it->second);
+    by_name.erase(it);
+  };
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : ctx_.executor.module().named_parameters(/*recurse=*/true))
+      restore(p.name, p.value);
+    for (const auto& b : ctx_.executor.module().named_buffers(/*recurse=*/true))
+      restore(b.name, b.value);
+  }
+  for (const auto& [name, t] : by_name)
+    if (name.rfind("stage.", 0) == 0)
+      CAIRN_THROW(BadInput, path, ": stage tensor \"", name.substr(6),
+                  "\" is not in this node's stage");
+  ctx_.optimizer.importState(d.tensors, path);
+  const auto& params = ctx_.optimizer.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = by_name.find("grad." + std::to_string(i));
+    if (it == by_name.end()) continue;
+    if (it->second.sizes() != params[i].sizes())
+      CAIRN_THROW(BadInput, path, ": gradient ", it->first, " does not fit its parameter");
+    params[i].mutable_grad() = it->second.clone();
+  }
+  auto rng = by_name.find("rng.cpu");
+  if (rng == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks the generator state rng.cpu");
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    try {
+      gen.set_state(rng->second);
+    } catch (const c10::Error& e) {
+      CAIRN_THROW(BadInput, path, ": rng.cpu is not a CPU generator state: ", e.what_without_backtrace());
+    }
+  }
+  if (ctx_.cfg.cluster_sync) {
+    std::vector<std::pair<std::string, torch::Tensor>> sync_tensors;
+    for (const auto& name : m.value("sync_tensors", nlohmann::json::array())) {
+      auto it = by_name.find(name.get<std::string>());
+      if (it == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks sync tensor ", name.dump());
+      sync_tensors.emplace_back(it->first, it->second);
+    }
+    ctx_.cfg.cluster_sync->loadState(sync_tensors, m.value("sync", nlohmann::json::object()));
+  }
+  try {
+    resume_.updates = m.at("updates").get<int64_t>();
+    resume_.since_update = m.at("since_update").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    CAIRN_THROW(BadInput, path, ": checkpoint meta lacks an integer updates/since_update: ",
+                e.what());
+  }
+  resume_.start_step = d.step;
+  resumed_meta_ = m;
+  CAIRN_INFO("resuming from ", path, " (step ", resume_.start_step, ")");
+  ctx_.metrics.write({{"resumed_from", resume_.start_step}});
+}
+
+void TrainerCheckpoints::checkResumedPlan() {
+  if (ctx_.cfg.resume_step < 0) return;
+  const std::string path = checkpointPath(ctx_.cfg.checkpoint_dir, ctx_.cfg.resume_step);
+  if (resumed_meta_.value("total_steps", int64_t(-1)) != ctx_.plan.total_steps ||
+      resumed_meta_.value("steps_per_epoch", int64_t(-1)) != ctx_.plan.steps_per_epoch)
+    CAIRN_THROW(BadInput, path, ": written for a run of ", resumed_meta_.value("total_steps", -1),
+                " steps (", resumed_meta_.value("steps_per_epoch", -1),
+                " per epoch) but this run plans ", ctx_.plan.total_steps, " (", ctx_.plan.steps_per_epoch,
+                " per epoch): job.json changed?");
+  if (resume_.start_step > ctx_.plan.total_steps)
+    CAIRN_THROW(BadInput, path, ": step ", resume_.start_step, " is past the run's ", ctx_.plan.total_steps);
+  if (data_.train) data_.train->setTrainingDraws(resumed_meta_.value("augmentation_draws", uint64_t(0)));
+}
+
+}  // namespace cairn

@@ -1,0 +1,43 @@
+#include "trainer/TrainerContext.h"
+
+#include "trainer/ClusterSync.h"
+#include "trainer/Optimizer.h"
+#include "trainer/StageExecutor.h"
+
+namespace cairn {
+
+void TimedLink::send(Neighbour to, const StagePacket& packet) {
+  const auto t = TrainerClock::now();
+  link_.send(to, packet);
+  times_.send_s += secondsSince(t);
+}
+
+StagePacket TimedLink::receive(Neighbour from, PacketKind kind, uint64_t step,
+                               uint64_t microbatch, const std::string& tag) {
+  const auto t = TrainerClock::now();
+  StagePacket p = link_.receive(from, kind, step, microbatch, tag);
+  times_.wait_s += secondsSince(t);
+  return p;
+}
+
+void syncBeforeOptimizerStep(TrainerContext& ctx, int64_t sync_step) {
+  if (!ctx.cfg.cluster_sync) return;
+  const auto t = TrainerClock::now();
+  ctx.cfg.cluster_sync->beforeOptimizerStep(sync_step, ctx.executor.module());
+  ctx.times.sync_s += secondsSince(t);
+}
+
+void optimizerStep(TrainerContext& ctx, double lr, int64_t sync_step, bool new_version) {
+  const auto t = TrainerClock::now();
+  if (new_version) ctx.executor.newVersion();  // forwards in flight keep the weights they used
+  ctx.optimizer.step(lr);
+  ctx.optimizer.zeroGrad();
+  ctx.times.compute_s += secondsSince(t);
+  if (ctx.cfg.cluster_sync) {
+    const auto ts = TrainerClock::now();
+    ctx.cfg.cluster_sync->afterOptimizerStep(sync_step, ctx.executor.module());
+    ctx.times.sync_s += secondsSince(ts);
+  }
+}
+
+}  // namespace cairn

@@ -1,0 +1,81 @@
+// TrainerContext: what the parts of one node's training run (trainer/StageTrainer.cpp and the
+// units it is made of) share, passed to each by reference so every unit's dependencies show in its
+// constructor: the configuration and the node's role, the stage's executor and optimizer, the
+// metrics log, the run plan, and the timing of the current step. Also the few timed operations
+// every loop uses (a packet sent or awaited, the optimizer step with the cross-cluster hooks).
+// Ownership: StageTrainer owns every object referenced here and outlives the units that use them.
+// Thread-safety: one thread (the node's trainer thread).
+#pragma once
+
+#include <torch/script.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/StageLink.h"
+#include "trainer/StageTrainer.h"
+
+namespace cairn {
+
+class MetricsLog;
+class Optimizer;
+class StageExecutor;
+struct RunPlan;
+
+using TrainerClock = std::chrono::steady_clock;
+inline double secondsSince(TrainerClock::time_point t) {
+  return std::chrono::duration<double>(TrainerClock::now() - t).count();
+}
+
+// A float64 scalar tensor (losses, norms, denominators travel as these).
+inline torch::Tensor scalar64(double v) { return torch::tensor(v, torch::kDouble); }
+
+// Where the current step's time went (metrics.jsonl: compute_s, send_s, wait_s, sync_s).
+struct StepTimes {
+  double compute_s = 0, send_s = 0, wait_s = 0;
+  double sync_s = 0;  // cross-cluster sync (ClusterSync) within the step
+  void reset() { compute_s = send_s = wait_s = sync_s = 0; }
+};
+
+// One micro-batch between its forward and its backward.
+struct Microbatch {
+  std::vector<torch::Tensor> inputs;  // Root: data inputs
+  torch::Tensor targets, ids, denominator;
+  torch::Tensor loss;  // Leaf: this micro-batch's share of the batch loss
+};
+
+// The StageLink with the time spent sending (send_s) and waiting (wait_s) counted.
+class TimedLink {
+ public:
+  TimedLink(StageLink& link, StepTimes& times) : link_(link), times_(times) {}
+  void send(Neighbour to, const StagePacket& packet);
+  StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
+                      const std::string& tag);
+
+ private:
+  StageLink& link_;
+  StepTimes& times_;
+};
+
+struct TrainerContext {
+  const StageTrainerConfig& cfg;
+  const TrainOptions& opt;
+  bool is_root, is_leaf;
+  StageExecutor& executor;
+  Optimizer& optimizer;
+  MetricsLog& metrics;
+  const RunPlan& plan;  // negotiated before the first step (trainer/RunPlan.h)
+  StepTimes& times;
+  TrainerObserver& observer;
+};
+
+// ClusterSync::beforeOptimizerStep (when there is a ClusterSync), timed into sync_s.
+void syncBeforeOptimizerStep(TrainerContext& ctx, int64_t sync_step);
+// The optimizer step with learning rate `lr` (timed into compute_s), then
+// ClusterSync::afterOptimizerStep (timed into sync_s). `new_version`: weight stashing is on, the
+// forwards in flight keep the weights they used (StageExecutor::newVersion).
+void optimizerStep(TrainerContext& ctx, double lr, int64_t sync_step, bool new_version);
+
+}  // namespace cairn
