@@ -23,12 +23,16 @@ cmake --build "$BUILD_DIR" -j "${CAIRN_JOBS:-$(nproc)}" \
 export TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp halt_on_error=1 abort_on_error=0 exitcode=66 second_deadlock_stack=1"
 export OMP_NUM_THREADS=1
 cd "$BUILD_DIR/tests"
-# Every case of the three executables (the process-rank collectives too: each rank is a TSan
-# process). TSan slows the code 5-15x; the suites still finish in minutes.
+# Every case of the three executables, except the collectives whose ranks are separate processes
+# (one thread each, so nothing for TSan to see; their 10 s peer timeouts do not survive TSan's
+# 5-15x slow-down, which would fail them for the wrong reason). The ranks-as-threads suites run the
+# same algorithms with every rank in one process.
 status=0
 for suite in node_tests cluster_sync_tests collectives_tests; do
-  echo "tsan: $suite"
-  if ! ./"$suite" --gtest_brief=1 "$@"; then
+  filter="*"
+  [[ "$suite" == collectives_tests ]] && filter="-*OverProcesses*"
+  echo "tsan: $suite (--gtest_filter=$filter)"
+  if ! ./"$suite" --gtest_brief=1 --gtest_filter="$filter" "$@"; then
     echo "tsan: $suite FAILED (a ThreadSanitizer report exits 66; see above)"
     status=1
   fi
