@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
                                  config.options.microbatches;
     checks.max_eval_rows = config.options.eval_batch_size;
     checks.step_window = uint64_t(config.options.step_window);
-    checks.stop_on_nonfinite = config.options.nonfinite == "stop";
+    checks.stop_on_nonfinite = config.options.nonfinite == cairn::NonFiniteAction::kStop;
     // ZMQ_MAXMSGSIZE: the largest planned message, pipeline or ring (parameters of this stage).
     uint64_t parameter_bytes = 0;
     for (const auto& p : stage.named_parameters()) parameter_bytes += p.value.nbytes();

@@ -49,8 +49,8 @@ class AsyncLoop {
   StopCoordinator& stop_;
   TrainerCheckpoints& checkpoints_;
   StepRecorder& recorder_;
-  std::map<int64_t, Microbatch> micro_;   // by global micro-batch index g
-  std::map<int64_t, StepTally> steps_;    // steps with micro-batches in flight
+  std::map<int64_t, Microbatch> micro_;  // by global micro-batch index g
+  std::map<int64_t, StepTally> steps_;   // steps with micro-batches in flight
 };
 
 }  // namespace cairn

@@ -13,9 +13,8 @@ RunPlan BatchFeeder::open() {
   const TrainOptions& opt = ctx_.opt;
   const StageTrainerConfig& cfg = ctx_.cfg;
   data_ = loadDatasets(cfg.data, opt.seed);
-  sampler_ = std::make_unique<ShardSampler>(data_.train->size(), cfg.node.cluster,
-                                            cfg.num_clusters, cfg.data.chunks, cfg.data.chunk,
-                                            opt.seed);
+  sampler_ = std::make_unique<ShardSampler>(data_.train->size(), cfg.node.cluster, cfg.num_clusters,
+                                            cfg.data.chunks, cfg.data.chunk, opt.seed);
   const int64_t shard = int64_t(sampler_->shard().size());
   const int64_t test = data_.test ? data_.test->size() : 0;
   const RunPlan plan = RunPlan::forShard(opt, shard, test);

@@ -26,15 +26,15 @@ EvalResult Evaluator::evaluate(int64_t step) {
     if (ctx_.is_root) {
       const int64_t n = data_.test->size();
       std::vector<int64_t> ids;
-      for (int64_t i = b * ctx_.opt.eval_batch_size; i < std::min(n, (b + 1) * ctx_.opt.eval_batch_size);
-           ++i)
+      for (int64_t i = b * ctx_.opt.eval_batch_size;
+           i < std::min(n, (b + 1) * ctx_.opt.eval_batch_size); ++i)
         ids.push_back(i);
       Batch batch = data_.test->get(ids, /*training=*/false);
       targets = batch.targets;
       outputs = ctx_.executor.evaluate({batch.inputs});
     } else {
-      StagePacket in =
-          link_.receive(Neighbour::kUpstream, PacketKind::kEvaluation, uint64_t(step), uint64_t(b), "");
+      StagePacket in = link_.receive(Neighbour::kUpstream, PacketKind::kEvaluation, uint64_t(step),
+                                     uint64_t(b), "");
       std::vector<torch::Tensor> inputs;
       for (size_t i = 0; i < ctx_.cfg.node.inputs.size() && i < in.tensors.size(); ++i)
         inputs.push_back(in.tensors[i].second);
@@ -72,8 +72,8 @@ EvalResult Evaluator::evaluate(int64_t step) {
   }
   nlohmann::json j;
   if (!ctx_.is_leaf) {
-    StagePacket in =
-        link_.receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0, "eval_result");
+    StagePacket in = link_.receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0,
+                                   "eval_result");
     j = nlohmann::json::parse(in.text, nullptr, false);
     if (j.is_discarded()) CAIRN_THROW(BadInput, "malformed evaluation result from downstream");
     result.samples = j.value("samples", int64_t(0));

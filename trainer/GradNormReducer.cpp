@@ -20,16 +20,18 @@ double GradNormReducer::reduceAndClip(int64_t step) {
     return p;
   };
   if (!ctx_.is_leaf)
-    partial +=
-        link_.receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0, "norm_partial")
-            .tensor(kNormTensor)
-            .item<double>();
+    partial += link_
+                   .receive(Neighbour::kDownstream, PacketKind::kControl, uint64_t(step), 0,
+                            "norm_partial")
+                   .tensor(kNormTensor)
+                   .item<double>();
   double total = partial;
   if (!ctx_.is_root) {
     link_.send(Neighbour::kUpstream, control("norm_partial", partial));
-    total = link_.receive(Neighbour::kUpstream, PacketKind::kControl, uint64_t(step), 0, "norm_total")
-                .tensor(kNormTensor)
-                .item<double>();
+    total =
+        link_.receive(Neighbour::kUpstream, PacketKind::kControl, uint64_t(step), 0, "norm_total")
+            .tensor(kNormTensor)
+            .item<double>();
   }
   if (!ctx_.is_leaf) link_.send(Neighbour::kDownstream, control("norm_total", total));
   const double norm = std::sqrt(total);

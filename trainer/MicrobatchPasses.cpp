@@ -32,10 +32,10 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
   std::vector<torch::Tensor> outputs = ctx_.executor.forward(id, inputs);
   if (ctx_.is_leaf) {
     if (mb.targets.size(0) != mb.ids.size(0))
-      CAIRN_THROW(BadInput, "micro-batch ", microbatch, " of step ", step, ": ",
-                  mb.targets.size(0), " targets for ", mb.ids.size(0), " sample ids");
-    mb.loss = microbatchLoss(ctx_.opt.loss, outputs.at(0), mb.targets,
-                             mb.denominator.item<double>());
+      CAIRN_THROW(BadInput, "micro-batch ", microbatch, " of step ", step, ": ", mb.targets.size(0),
+                  " targets for ", mb.ids.size(0), " sample ids");
+    mb.loss =
+        microbatchLoss(ctx_.opt.loss, outputs.at(0), mb.targets, mb.denominator.item<double>());
     ctx_.times.compute_s += secondsSince(t);
     if (!ctx_.is_root) {
       torch::Tensor ids = mb.ids.to(torch::kLong).contiguous();
@@ -58,17 +58,15 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
   link_.send(Neighbour::kDownstream, out);
 }
 
-double MicrobatchPasses::backward(Microbatch& mb, uint64_t id, uint64_t step,
-                                  uint64_t microbatch) {
+double MicrobatchPasses::backward(Microbatch& mb, uint64_t id, uint64_t step, uint64_t microbatch) {
   double loss_share = 0;
   std::vector<torch::Tensor> input_grads = backwardOf(mb, id, step, microbatch, &loss_share);
   if (!ctx_.is_root) sendInputGradients(step, microbatch, input_grads, loss_share);
   return loss_share;
 }
 
-std::vector<torch::Tensor> MicrobatchPasses::backwardOf(Microbatch& mb, uint64_t id,
-                                                        uint64_t step, uint64_t microbatch,
-                                                        double* loss_share) {
+std::vector<torch::Tensor> MicrobatchPasses::backwardOf(Microbatch& mb, uint64_t id, uint64_t step,
+                                                        uint64_t microbatch, double* loss_share) {
   if (ctx_.is_leaf) {
     const auto t = TrainerClock::now();
     *loss_share = mb.loss.item<double>();
@@ -76,7 +74,8 @@ std::vector<torch::Tensor> MicrobatchPasses::backwardOf(Microbatch& mb, uint64_t
     ctx_.times.compute_s += secondsSince(t);
     return input_grads;
   }
-  StagePacket in = link_.receive(Neighbour::kDownstream, PacketKind::kGradient, step, microbatch, "");
+  StagePacket in =
+      link_.receive(Neighbour::kDownstream, PacketKind::kGradient, step, microbatch, "");
   const auto& outputs = ctx_.executor.outputsOf(id);
   std::vector<torch::Tensor> grads;
   for (size_t i = 0; i < outputs.size(); ++i) {

@@ -33,8 +33,7 @@
 namespace cairn {
 namespace {
 
-std::unique_ptr<Optimizer> makeOptimizer(StageExecutor& executor,
-                                         const OptimizerOptions& options) {
+std::unique_ptr<Optimizer> makeOptimizer(StageExecutor& executor, const OptimizerOptions& options) {
   std::vector<torch::Tensor> trainable;
   for (auto& p : executor.parameters())
     if (p.requires_grad()) trainable.push_back(p);
@@ -81,8 +80,8 @@ struct StageTrainer::Impl {
                                                  /*inputs_need_grad=*/!is_root)),
         optimizer(makeOptimizer(*executor, cfg.options.optimizer)),
         metrics(openMetrics(cfg)),
-        ctx{cfg, cfg.options, is_root, is_leaf, *executor, *optimizer, metrics, plan, times,
-            observer},
+        ctx{cfg,        cfg.options, is_root, is_leaf, *executor,
+            *optimizer, metrics,     plan,    times,   observer},
         link(l, times),
         stop(cfg, is_root),
         checkpoints(ctx, data),
@@ -108,7 +107,7 @@ struct StageTrainer::Impl {
     const auto start = TrainerClock::now();
     negotiatePlan();
     checkpoints.checkResumedPlan();
-    const bool async = cfg.options.schedule == "async";
+    const bool async = cfg.options.schedule == ScheduleKind::kAsync;
     if (async) executor->enableWeightStashing();
     if (cfg.cluster_sync) cfg.cluster_sync->start(executor->module());
     if (async)

@@ -24,8 +24,8 @@ struct StepRecord {
   int64_t step = 0;  // 0-based
   double loss = 0;
   double lr = 0;
-  uint64_t sample_checksum = 0;  // recorded by the Root and the Leaf
-  double grad_norm = -1;         // recorded when >= 0 (clip_grad_norm)
+  uint64_t sample_checksum = 0;                     // recorded by the Root and the Leaf
+  double grad_norm = -1;                            // recorded when >= 0 (clip_grad_norm)
   nlohmann::json extra = nlohmann::json::object();  // the loop's own fields (async: stash, ...)
 };
 

@@ -34,8 +34,8 @@ void StopCoordinator::readStopAt(const StagePacket& in, int64_t total_steps) {
   const int64_t clamped = std::min(value, total_steps);  // past the end: the normal end
   const std::string got = t.numel() == 1 && t.scalar_type() == torch::kLong
                               ? std::to_string(value)
-                              : std::string("a ") + c10::toString(t.scalar_type()) +
-                                    " tensor of " + std::to_string(t.numel()) + " elements";
+                              : std::string("a ") + c10::toString(t.scalar_type()) + " tensor of " +
+                                    std::to_string(t.numel()) + " elements";
   if (value <= int64_t(in.step) || (stop_at_ >= 0 && clamped != stop_at_))
     CAIRN_THROW(BadInput, "activation from upstream for step ", in.step, " micro-batch ",
                 in.microbatch, ": ", kStopAtTensor, " must be one int64 greater than the step",
@@ -45,7 +45,8 @@ void StopCoordinator::readStopAt(const StagePacket& in, int64_t total_steps) {
 }
 
 void StopCoordinator::attachStop(StagePacket& gradient) const {
-  if (stop_flag_) gradient.tensors.emplace_back(kStopTensor, torch::tensor(int64_t(1), torch::kLong));
+  if (stop_flag_)
+    gradient.tensors.emplace_back(kStopTensor, torch::tensor(int64_t(1), torch::kLong));
 }
 
 void StopCoordinator::readStop(const StagePacket& gradient) {

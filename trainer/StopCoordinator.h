@@ -23,7 +23,7 @@ class StopCoordinator {
   // The Root, once it knows of a stop request: the cluster stops after `steps_done` steps (a
   // decision, once made, never changes). Other nodes: nothing.
   void decide(int64_t steps_done);
-  // Steps done when the cluster stops, as decided by the Root (-1: no stop decided).
+  // Steps done when the cluster stops, as the Root decided it (-1: not decided / not yet heard).
   int64_t stopAt() const { return stop_at_; }
   // Stopping after `steps_done` steps (and not at the run's natural end of `total_steps`)?
   bool stopsAfter(int64_t steps_done, int64_t total_steps) const {

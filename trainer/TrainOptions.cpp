@@ -161,6 +161,26 @@ std::string toString(LossKind kind) {
   return "?";
 }
 
+std::string toString(ScheduleKind kind) {
+  return kind == ScheduleKind::kAsync ? "async" : "sync";
+}
+
+std::optional<ScheduleKind> parseScheduleKind(const std::string& name) {
+  if (name == "sync") return ScheduleKind::kSync;
+  if (name == "async") return ScheduleKind::kAsync;
+  return std::nullopt;
+}
+
+std::string toString(NonFiniteAction action) {
+  return action == NonFiniteAction::kStop ? "stop" : "drop";
+}
+
+std::optional<NonFiniteAction> parseNonFiniteAction(const std::string& name) {
+  if (name == "drop") return NonFiniteAction::kDrop;
+  if (name == "stop") return NonFiniteAction::kStop;
+  return std::nullopt;
+}
+
 std::string toString(SyncMode mode) {
   switch (mode) {
     case SyncMode::kAverage:
@@ -192,8 +212,9 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.max_steps = r.integerOr("max_steps", 0, kBig, o.max_steps);
   if (o.epochs == 0 && o.max_steps == 0)
     r.fail("epochs", "and max_steps are both 0: nothing to train");
-  o.schedule = r.choiceOr("schedule", {"sync", "async"}, "sync");
-  if (o.schedule == "async") {
+  o.schedule = *parseScheduleKind(
+      r.choiceOr("schedule", {"sync", "async"}, toString(ScheduleKind::kSync)));
+  if (o.schedule == ScheduleKind::kAsync) {
     o.max_in_flight = r.integerOr("max_in_flight", 0, 1 << 16, 0);
     o.update_frequency = r.integerOr("update_frequency", 1, 1 << 20, 1);
     if (r.has("pipeline"))
@@ -210,7 +231,7 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.loss = parseLoss(r);
   o.clip_grad_norm = r.numberOr("clip_grad_norm", 0);
   if (!(o.clip_grad_norm >= 0)) r.fail("clip_grad_norm", "must be a non-negative number (0: off)");
-  if (o.schedule == "async" && o.clip_grad_norm > 0)
+  if (o.schedule == ScheduleKind::kAsync && o.clip_grad_norm > 0)
     r.fail("clip_grad_norm", "is not supported with schedule \"async\" (a global norm would need a "
                              "barrier per optimizer step)");
   o.eval_every = r.integerOr("eval_every", 0, kBig, 0);
@@ -234,7 +255,8 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.log_every_s = r.numberOr("log_every_s", o.log_every_s);
   if (!(o.log_every_s > 0)) r.fail("log_every_s", "must be a positive number of seconds");
   o.record_sample_ids = r.booleanOr("record_sample_ids", false);
-  o.nonfinite = r.choiceOr("nonfinite", {"drop", "stop"}, o.nonfinite);
+  o.nonfinite =
+      *parseNonFiniteAction(r.choiceOr("nonfinite", {"drop", "stop"}, toString(o.nonfinite)));
   o.step_window = r.integerOr("step_window", 1, 1 << 20, o.step_window);
   o.checkpoint_every = r.integerOr("checkpoint_every", 0, kBig, o.checkpoint_every);
   o.keep_checkpoints = r.integerOr("keep_checkpoints", 1, 1 << 20, o.keep_checkpoints);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,17 @@ enum class OptimizerKind { kSgd, kAdam, kAdamW };
 enum class LrScheduleKind { kConstant, kStep, kCosine, kWarmupCosine };
 enum class LossKind { kCrossEntropy, kMse, kNll };
 enum class SyncMode { kAverage, kDiLoCo, kGradients };
+// "schedule": how a node orders its micro-batches (docs/TRAINING.md "Schedules").
+enum class ScheduleKind { kSync, kAsync };
+// "nonfinite": what a node does with received activations/gradients holding NaN or Inf.
+enum class NonFiniteAction { kDrop, kStop };
+
+// The job.json names ("sync" | "async", "drop" | "stop") and back; parse gives nullopt for any
+// other name (parseTrainOptions reports those, naming the key and the choices).
+std::string toString(ScheduleKind kind);
+std::optional<ScheduleKind> parseScheduleKind(const std::string& name);
+std::string toString(NonFiniteAction action);
+std::optional<NonFiniteAction> parseNonFiniteAction(const std::string& name);
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;  // "name": "sgd" | "adam" | "adamw" (default adamw)
@@ -74,7 +86,7 @@ struct TrainOptions {
   int64_t microbatches = 4;  // the batch is cut into this many micro-batches (≤ batch_size)
   int64_t epochs = 1;        // passes over this cluster's shard
   int64_t max_steps = 0;     // > 0: stop after this many optimizer steps (whichever ends first)
-  std::string schedule = "sync";                  // "sync" | "async" (docs/TRAINING.md)
+  ScheduleKind schedule = ScheduleKind::kSync;  // "schedule": "sync" | "async" (docs/TRAINING.md)
   int64_t max_in_flight = 0;     // async: micro-batches the Root keeps in flight (0: #stages)
   int64_t update_frequency = 1;  // async: optimizer step every this many backwards (accumulating)
   PipelineOrder pipeline = PipelineOrder::k1F1B;  // "pipeline": "1f1b" | "gpipe"
@@ -94,7 +106,7 @@ struct TrainOptions {
   bool record_sample_ids = false;  // write sample_ids.jsonl at the Root (tests, audits)
   // Received activations/gradients holding NaN or Inf: "drop" the message (counted, the sender's
   // next copy or the peer timeout decides) or "stop" the node with a message naming the peer.
-  std::string nonfinite = "drop";
+  NonFiniteAction nonfinite = NonFiniteAction::kDrop;
   // Pipeline messages more than this many steps away from the step being worked on are dropped.
   int64_t step_window = 8;
   // Checkpoints (docs/OPERATIONS.md "Checkpoints and resume"): every this many optimizer steps each

@@ -36,7 +36,8 @@ bool TrainerCheckpoints::due(int64_t steps_done) const {
 }
 
 void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since_update) {
-  CAIRN_ENFORCE(ctx_.executor.pendingMicrobatches() == 0, "checkpoint with micro-batches in flight");
+  CAIRN_ENFORCE(ctx_.executor.pendingMicrobatches() == 0,
+                "checkpoint with micro-batches in flight");
   const auto t = TrainerClock::now();
   CheckpointData d;
   d.step = steps_done;
@@ -70,7 +71,7 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
             {"cluster", ctx_.cfg.node.cluster},
             {"stage", ctx_.cfg.node.stage},
             {"num_stages", ctx_.cfg.node.num_stages},
-            {"schedule", ctx_.opt.schedule},
+            {"schedule", toString(ctx_.opt.schedule)},
             {"total_steps", ctx_.plan.total_steps},
             {"steps_per_epoch", ctx_.plan.steps_per_epoch},
             // The data cursor: ShardSampler's order is a pure function of (seed, cluster,
@@ -108,14 +109,12 @@ void TrainerCheckpoints::load() {
   expect("cluster", ctx_.cfg.node.cluster);
   expect("stage", ctx_.cfg.node.stage);
   expect("num_stages", ctx_.cfg.node.num_stages);
-  expect("schedule", ctx_.opt.schedule);
+  expect("schedule", toString(ctx_.opt.schedule));
   std::map<std::string, torch::Tensor> by_name(d.tensors.begin(), d.tensors.end());
   auto restore = [&](const std::string& name, torch::Tensor target) {
     auto it = by_name.find("stage." + name);
-    if (it == by_name.end())
-      CAIRN_THROW(BadInput, path, ": lacks stage tensor \"", name, "\"");
-    if (it->second.sizes() != target.sizes() ||
-        it->second.scalar_type() != target.scalar_type())
+    if (it == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks stage tensor \"", name, "\"");
+    if (it->second.sizes() != target.sizes() || it->second.scalar_type() != target.scalar_type())
       CAIRN_THROW(BadInput, path, ": stage tensor \"", name, "\" is ",
                   c10::toString(it->second.scalar_type()), " ", it->second.sizes(),
                   "; the stage has ", c10::toString(target.scalar_type()), " ", target.sizes());
@@ -150,7 +149,8 @@ void TrainerCheckpoints::load() {
     try {
       gen.set_state(rng->second);
     } catch (const c10::Error& e) {
-      CAIRN_THROW(BadInput, path, ": rng.cpu is not a CPU generator state: ", e.what_without_backtrace());
+      CAIRN_THROW(BadInput, path,
+                  ": rng.cpu is not a CPU generator state: ", e.what_without_backtrace());
     }
   }
   if (ctx_.cfg.cluster_sync) {
@@ -166,8 +166,8 @@ void TrainerCheckpoints::load() {
     resume_.updates = m.at("updates").get<int64_t>();
     resume_.since_update = m.at("since_update").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
-    CAIRN_THROW(BadInput, path, ": checkpoint meta lacks an integer updates/since_update: ",
-                e.what());
+    CAIRN_THROW(BadInput, path,
+                ": checkpoint meta lacks an integer updates/since_update: ", e.what());
   }
   resume_.start_step = d.step;
   resumed_meta_ = m;
@@ -182,11 +182,13 @@ void TrainerCheckpoints::checkResumedPlan() {
       resumed_meta_.value("steps_per_epoch", int64_t(-1)) != ctx_.plan.steps_per_epoch)
     CAIRN_THROW(BadInput, path, ": written for a run of ", resumed_meta_.value("total_steps", -1),
                 " steps (", resumed_meta_.value("steps_per_epoch", -1),
-                " per epoch) but this run plans ", ctx_.plan.total_steps, " (", ctx_.plan.steps_per_epoch,
-                " per epoch): job.json changed?");
+                " per epoch) but this run plans ", ctx_.plan.total_steps, " (",
+                ctx_.plan.steps_per_epoch, " per epoch): job.json changed?");
   if (resume_.start_step > ctx_.plan.total_steps)
-    CAIRN_THROW(BadInput, path, ": step ", resume_.start_step, " is past the run's ", ctx_.plan.total_steps);
-  if (data_.train) data_.train->setTrainingDraws(resumed_meta_.value("augmentation_draws", uint64_t(0)));
+    CAIRN_THROW(BadInput, path, ": step ", resume_.start_step, " is past the run's ",
+                ctx_.plan.total_steps);
+  if (data_.train)
+    data_.train->setTrainingDraws(resumed_meta_.value("augmentation_draws", uint64_t(0)));
 }
 
 }  // namespace cairn

@@ -18,8 +18,8 @@ namespace cairn {
 
 // What a resumed run continues from.
 struct ResumePoint {
-  int64_t start_step = 0;                         // the checkpoint's step (0: a fresh run)
-  int64_t updates = 0, since_update = 0;          // async counters of the checkpoint
+  int64_t start_step = 0;                 // the checkpoint's step (0: a fresh run)
+  int64_t updates = 0, since_update = 0;  // async counters of the checkpoint
 };
 
 class TrainerCheckpoints {

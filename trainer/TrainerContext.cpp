@@ -12,8 +12,8 @@ void TimedLink::send(Neighbour to, const StagePacket& packet) {
   times_.send_s += secondsSince(t);
 }
 
-StagePacket TimedLink::receive(Neighbour from, PacketKind kind, uint64_t step,
-                               uint64_t microbatch, const std::string& tag) {
+StagePacket TimedLink::receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
+                               const std::string& tag) {
   const auto t = TrainerClock::now();
   StagePacket p = link_.receive(from, kind, step, microbatch, tag);
   times_.wait_s += secondsSince(t);

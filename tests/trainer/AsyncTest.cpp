@@ -119,7 +119,7 @@ TEST(AsyncSchedule, OneInFlightAndOneUpdatePerBatchIsTheSyncSchedule) {
   testing::PipelineRun sync = testing::runInMemoryPipeline(node_data, common);
   testing::PipelineRun async = testing::runInMemoryPipeline(node_data, [&](TrainOptions& t) {
     common(t);
-    t.schedule = "async";
+    t.schedule = ScheduleKind::kAsync;
     t.max_in_flight = 1;
     t.update_frequency = 4;
   });
@@ -137,7 +137,7 @@ TEST(AsyncSchedule, ManyInFlightEndsCleanlyAndLearns) {
   const std::string node_data = modelsDir() + "/cnn/node_data";
   for (int64_t k : {3, 6}) {
     testing::PipelineRun run = testing::runInMemoryPipeline(node_data, [&](TrainOptions& t) {
-      t.schedule = "async";
+      t.schedule = ScheduleKind::kAsync;
       t.max_in_flight = k;
       t.update_frequency = 1;
       t.optimizer.kind = OptimizerKind::kAdamW;
@@ -164,7 +164,7 @@ TEST(AsyncSchedule, ManyInFlightEndsCleanlyAndLearns) {
 
 TEST(AsyncSchedule, OptionsNameTheKey) {
   TrainOptions a = parseTrainOptions({{"schedule", "async"}}, "job.json");
-  EXPECT_EQ(a.schedule, "async");
+  EXPECT_EQ(a.schedule, ScheduleKind::kAsync);
   EXPECT_EQ(a.max_in_flight, 0);
   EXPECT_EQ(a.update_frequency, 1);
   a = parseTrainOptions({{"schedule", "async"}, {"max_in_flight", 5}, {"update_frequency", 2}},
@@ -211,7 +211,7 @@ TEST(AsyncSchedule, FashionMnistSliceSyncVsAsync) {
       t.epochs = 1;
       t.max_steps = 0;
       t.eval_every = 0;
-      if (async) t.schedule = "async";
+      if (async) t.schedule = ScheduleKind::kAsync;
     });
     ASSERT_TRUE(run.results.back().final_eval.has_value());
     accuracy[async] = run.results.back().final_eval->accuracy;

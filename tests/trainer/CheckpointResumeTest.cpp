@@ -61,7 +61,7 @@ void syncCheckpointEvery2(TrainOptions& t) {
 void asyncOptions(TrainOptions& t) {
   syncOptions(t);
   t.clip_grad_norm = 0;
-  t.schedule = "async";
+  t.schedule = ScheduleKind::kAsync;
   t.update_frequency = 3;  // updates fall mid-step: checkpoints carry accumulated gradients
 }
 
