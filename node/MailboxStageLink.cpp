@@ -7,6 +7,7 @@
 #include "core/Error.h"
 #include "core/Log.h"
 #include "node/protocol/PipelineControl.h"
+#include "trainer/ReservedTensors.h"
 
 namespace cairn {
 namespace {
@@ -133,7 +134,7 @@ std::optional<std::string> MailboxStageLink::rejectReason(const Message& m, uint
     bytes += t.tensor.defined() ? uint64_t(t.tensor.nbytes()) : 0;
     if (!t.tensor.defined()) return why("shape", "tensor \"" + t.name + "\" is undefined");
     if (i >= planned.size()) {
-      if (t.name.rfind("__", 0) != 0)
+      if (!isReservedTensorName(t.name))
         return why("tensor_name", "extra tensor \"" + t.name + "\" is not a bookkeeping (__) tensor");
       if (t.tensor.dim() > 2 || t.tensor.numel() > std::max<int64_t>(rows, 1) * 64)
         return why("shape", "bookkeeping tensor \"" + t.name + "\" has shape " +

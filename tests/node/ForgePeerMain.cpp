@@ -12,6 +12,7 @@
 #include "core/NodeData.h"
 #include "node/WireCodec.h"
 #include "node/ZmqTransport.h"
+#include "trainer/ReservedTensors.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"forge_peer: send forged activations to a provider (security test helper)"};
@@ -67,9 +68,9 @@ int main(int argc, char** argv) {
         m.tensors.push_back(
             {input.name, torch::randn(shape).to(*cairn::scalarTypeForName(input.dtype)) * 100});
       }
-      m.tensors.push_back({"__targets", torch::zeros({micro_batch_size}, torch::kLong)});
-      m.tensors.push_back({"__ids", torch::arange(micro_batch_size, torch::kLong)});
-      m.tensors.push_back({"__denominator", torch::tensor(double(4 * micro_batch_size))});
+      m.tensors.push_back({cairn::kTargetsTensor, torch::zeros({micro_batch_size}, torch::kLong)});
+      m.tensors.push_back({cairn::kIdsTensor, torch::arange(micro_batch_size, torch::kLong)});
+      m.tensors.push_back({cairn::kDenominatorTensor, torch::tensor(double(4 * micro_batch_size))});
       post(m);
     }
   }
