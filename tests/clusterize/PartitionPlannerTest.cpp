@@ -28,8 +28,9 @@ CostModel randomCost(std::mt19937& rng, int atoms, int microbatches = 2) {
   return CostModel(list, boundary, {OptimizerKind::kAdam, microbatches});
 }
 
-// Every way to give each node (in order) an empty or contiguous non-empty range covering all atoms.
-double bruteForce(const CostModel& cost, const std::vector<PlannerNode>& nodes) {
+// Every way to give each node (in order) an empty or contiguous non-empty range covering all atoms
+// (ranges of at most `span` atoms when span > 0).
+double bruteForce(const CostModel& cost, const std::vector<PlannerNode>& nodes, int span = 0) {
   double best = std::numeric_limits<double>::infinity();
   std::function<void(size_t, int, double)> go = [&](size_t k, int placed, double worst) {
     if (k == nodes.size()) {
@@ -38,6 +39,7 @@ double bruteForce(const CostModel& cost, const std::vector<PlannerNode>& nodes) 
     }
     go(k + 1, placed, worst);  // node left out
     for (int end = placed + 1; end <= cost.numAtoms(); ++end) {
+      if (span > 0 && end - placed > span) break;
       if (cost.memoryBytes(placed, end) > nodes[k].capacity_bytes) continue;
       const double t = cost.computeSeconds(placed, end) / nodes[k].speed +
                        cost.transferBytes(placed, end) / nodes[k].bandwidth_bytes_per_s;
@@ -46,6 +48,36 @@ double bruteForce(const CostModel& cost, const std::vector<PlannerNode>& nodes) 
   };
   go(0, 0, 0);
   return best;
+}
+
+// Fixed cuts (clusterize --cuts) run the DP with at most one (merged) atom per stage: the same
+// brute force, limited the same way, gives the same optimum, and every stage is one atom.
+TEST(PartitionPlanner, OneAtomPerStageMatchesBruteForce) {
+  std::mt19937 rng(7);
+  int feasible = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int atoms = 1 + static_cast<int>(rng() % 5);
+    const int count = 1 + static_cast<int>(rng() % 6);
+    const CostModel cost = randomCost(rng, atoms);
+    std::uniform_real_distribution<double> cap(3e7, 1.5e8), speed(0.5, 2.0), bw(1e7, 1e9);
+    std::vector<PlannerNode> nodes;
+    for (int k = 0; k < count; ++k) nodes.push_back({cap(rng), speed(rng), bw(rng)});
+    const double expected = bruteForce(cost, nodes, 1);
+    const ClusterPartition got = partitionCluster(cost, nodes, 1);
+    ASSERT_EQ(got.feasible, expected != std::numeric_limits<double>::infinity()) << "trial " << trial;
+    if (count < atoms) {
+      EXPECT_FALSE(got.feasible) << "trial " << trial << ": fewer nodes than stages";
+    }
+    if (!got.feasible) continue;
+    ++feasible;
+    EXPECT_NEAR(got.bottleneck_seconds, expected, 1e-12) << "trial " << trial;
+    ASSERT_EQ(static_cast<int>(got.stages.size()), atoms) << "trial " << trial;
+    for (int s = 0; s < atoms; ++s) {
+      EXPECT_EQ(got.stages[s].begin_atom, s);
+      EXPECT_EQ(got.stages[s].end_atom, s + 1);
+    }
+  }
+  EXPECT_GT(feasible, 100);
 }
 
 TEST(PartitionPlanner, MatchesBruteForceOnSmallRandomCases) {
