@@ -8,7 +8,7 @@
 namespace cairn {
 
 ZapAuthenticator::ZapAuthenticator(zmq::context_t& context, std::map<std::string, std::string> allowed)
-    : context_(context), allowed_(std::move(allowed)), socket_(context, zmq::socket_type::rep) {
+    : allowed_(std::move(allowed)), socket_(context, zmq::socket_type::rep) {
   socket_.set(zmq::sockopt::linger, 0);
   socket_.bind("inproc://zeromq.zap.01");
   thread_ = std::thread([this] { run(); });

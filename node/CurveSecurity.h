@@ -36,7 +36,6 @@ class ZapAuthenticator {
  private:
   void run();
 
-  zmq::context_t& context_;
   std::map<std::string, std::string> allowed_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> accepted_{0}, rejected_{0};
