@@ -314,6 +314,10 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
 ClusterizeResult clusterize(const ClusterizeOptions& options) {
   const auto configs = readNodeConfigs(options.nodes_path);  // validated first: cheap, clear errors
   if (configs.empty()) CAIRN_THROW(BadInput, options.nodes_path, ": lists no nodes");
+  return planNodes(prepareModel(options), configs, options.nodes_path);
+}
+
+PreparedModel prepareModel(const ClusterizeOptions& options) {
   if (options.model_path.empty()) CAIRN_THROW(BadInput, "--model is required");
 
   std::optional<JobSpec> given_job;
@@ -348,7 +352,10 @@ ClusterizeResult clusterize(const ClusterizeOptions& options) {
     loadInitialWeights(model, options.weights_path, options.model_path);
     CAIRN_INFO("clusterize: initial weights from ", options.weights_path);
   }
-  const ModelGraph graph(model, options.granularity);
+  PreparedModel prepared;
+  prepared.model = model;
+  prepared.graph = std::make_shared<const ModelGraph>(model, options.granularity);
+  const ModelGraph& graph = *prepared.graph;
   CAIRN_INFO("clusterize: ", options.model_path, ": ", graph.numUnits(), " units, ",
              graph.atomCuts().size() - 1, " atoms between valid cuts");
 
@@ -366,11 +373,12 @@ ClusterizeResult clusterize(const ClusterizeOptions& options) {
   } else {
     inputs = makeExampleInputs(shapes, options.input_dtypes, options.seed);
   }
-  const ModelProfile profile = profileModel(graph, inputs, options.profile);
+  prepared.profile = profileModel(graph, inputs, options.profile);
 
-  JobSpec job = given_job ? *given_job : jobFromOptions(options, shapes, microbatches, optimizer);
+  JobSpec& job = prepared.job;
+  job = given_job ? *given_job : jobFromOptions(options, shapes, microbatches, optimizer);
   if (job.model.empty()) job.model = options.model_path;
-  PlanSettings settings;
+  PlanSettings& settings = prepared.settings;
   settings.model_path = options.model_path;
   settings.granularity = options.granularity;
   settings.cost.optimizer = optimizer_kind;
@@ -378,10 +386,16 @@ ClusterizeResult clusterize(const ClusterizeOptions& options) {
   settings.clusters = options.clusters;
   settings.seed = options.seed;
   settings.cuts = options.cuts;
-  settings.nodes_source = options.nodes_path;
-  ClusterizeResult result = planModel(graph, profile, configs, job, settings);
+  return prepared;
+}
 
-  StageBuilder builder(graph);
+ClusterizeResult planNodes(const PreparedModel& prepared, const std::vector<NodeConfig>& configs,
+                           const std::string& nodes_source) {
+  PlanSettings settings = prepared.settings;
+  settings.nodes_source = nodes_source;
+  ClusterizeResult result = planModel(*prepared.graph, prepared.profile, configs, prepared.job, settings);
+
+  StageBuilder builder(*prepared.graph);
   std::map<std::pair<int, int>, torch::jit::Module> built;
   for (size_t c = 0; c < result.plan.clusters.size(); ++c) {
     const auto& stages = result.plan.clusters[c].stages;

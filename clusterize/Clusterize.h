@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -55,8 +56,6 @@ struct ClusterizeResult {
   std::map<std::string, torch::jit::Module> stages;   // node name → its stage module
 };
 
-ClusterizeResult clusterize(const ClusterizeOptions& options);
-
 // The planning half (no model execution), for callers that already profiled.
 struct PlanSettings {
   std::string model_path;
@@ -70,6 +69,23 @@ struct PlanSettings {
 ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
                            const std::vector<NodeConfig>& nodes, const JobSpec& job,
                            const PlanSettings& settings);
+
+ClusterizeResult clusterize(const ClusterizeOptions& options);
+
+// clusterize() in two halves, for the coordinator (`clusterize --serve`), which profiles the model
+// once at start and plans when volunteers have joined: prepareModel loads, profiles and builds the
+// job (everything that does not depend on the nodes); planNodes places it on `configs` and builds
+// the stage modules. clusterize() is prepareModel + planNodes(readNodeConfigs(nodes_path)).
+struct PreparedModel {
+  torch::jit::Module model;
+  std::shared_ptr<const ModelGraph> graph;
+  ModelProfile profile;
+  JobSpec job;
+  PlanSettings settings;
+};
+PreparedModel prepareModel(const ClusterizeOptions& options);
+ClusterizeResult planNodes(const PreparedModel& prepared, const std::vector<NodeConfig>& configs,
+                           const std::string& nodes_source);
 
 // Per-node speed relative to the profiling host: compute / mean compute (1 when absent).
 std::vector<double> relativeSpeeds(const std::vector<NodeConfig>& nodes);

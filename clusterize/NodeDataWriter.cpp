@@ -18,7 +18,8 @@ std::vector<std::string> NodeDataWriter::write(
   // One CURVE key pair per node: the public keys go into the node.json of everyone who talks to
   // that node, the secret only into the node's own folder (mode 0600).
   std::vector<NodeSpec> nodes = planned_nodes;
-  const std::map<std::string, CurveKeyPair> keys = assignCurveKeys(nodes);
+  std::map<std::string, CurveKeyPair> keys;
+  if (generate_keys_) keys = assignCurveKeys(nodes);
   std::error_code ec;
   fs::create_directories(folder_, ec);
   if (ec) CAIRN_THROW(BadInput, folder_, ": cannot create the output folder: ", ec.message());
@@ -50,8 +51,10 @@ std::vector<std::string> NodeDataWriter::write(
     parseNodeSpec(toJson(node), relative + "/node.json");
     writeJsonFile((root / relative / "node.json").string(), toJson(node));
     written.push_back(relative + "/node.json");
-    writeKeyFile((root / relative / kSecretKeyFile).string(), keys.at(node.name));
-    written.push_back(relative + "/" + kSecretKeyFile);
+    if (generate_keys_) {
+      writeKeyFile((root / relative / kSecretKeyFile).string(), keys.at(node.name));
+      written.push_back(relative + "/" + kSecretKeyFile);
+    }
     const fs::path stage_path = root / relative / node.stage_file;
     const fs::path temporary = stage_path.string() + ".tmp";
     stages.at(node.name).save(temporary.string());

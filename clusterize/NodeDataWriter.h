@@ -22,6 +22,10 @@ namespace cairn::clusterize {
 class NodeDataWriter {
  public:
   explicit NodeDataWriter(std::string folder) : folder_(std::move(folder)) {}
+  // Keys made elsewhere (volunteers make their own): the nodes' public keys are already in their
+  // specs, and no secret.key is written.
+  struct KeysGiven {};
+  NodeDataWriter(std::string folder, KeysGiven) : folder_(std::move(folder)), generate_keys_(false) {}
 
   // Returns the paths written, relative to the folder.
   std::vector<std::string> write(const PartitionPlan& plan, const JobSpec& job,
@@ -32,6 +36,7 @@ class NodeDataWriter {
 
  private:
   std::string folder_;
+  bool generate_keys_ = true;
 };
 
 }  // namespace cairn::clusterize

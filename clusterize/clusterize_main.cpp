@@ -4,11 +4,52 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include <atomic>
+#include <csignal>
+#include <fstream>
+#include <set>
+
 #include "clusterize/Clusterize.h"
 #include "clusterize/ModelMerge.h"
 #include "clusterize/NodeDataWriter.h"
+#include "coordinator/Coordinator.h"
+#include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/MainGuard.h"
+
+namespace {
+
+// --serve: SIGINT/SIGTERM stop the coordinator at its next loop turn; its state stays in
+// coordinator.db. Training on the volunteers goes on without it.
+std::atomic<bool> g_serve_stop{false};
+extern "C" void onServeSignal(int) { g_serve_stop = true; }
+void installServeStop() {
+  struct sigaction action {};
+  action.sa_handler = onServeSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+std::set<std::string> readAllowedKeys(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) CAIRN_THROW(BadInput, path, ": cannot read the --allow-keys file");
+  std::set<std::string> keys;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#') continue;
+    const std::string key = line.substr(first, line.find_last_not_of(" \t\r") - first + 1);
+    if (!cairn::isZ85Key(key))
+      CAIRN_THROW(BadInput, path, ":", number, ": \"", key.substr(0, 60),
+                  "\" is not a CURVE public key (40 Z85 characters)");
+    keys.insert(key);
+  }
+  if (keys.empty()) CAIRN_THROW(BadInput, path, ": lists no keys");
+  return keys;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace cairn::clusterize;
@@ -93,6 +134,46 @@ int main(int argc, char** argv) {
   app.add_option("--profile-runs", o.profile.timed_runs,
                  "timed forward+backward runs per unit (median)")
       ->capture_default_str();
+  // Serve mode: volunteers join by invite instead of --nodes (coordinator/, docs/OPERATIONS.md).
+  cairn::coordinator::CoordinatorOptions serve;
+  double gather_s = 30, reach_timeout_s = 5;
+  std::string allow_keys_path;
+  auto* serve_option = app.add_option(
+      "--serve", serve.listen,
+      "coordinator mode: listen on HOST:PORT for volunteers (`provider --join INVITE`) instead "
+      "of reading --nodes; print the invite, plan once enough have joined, send each its stage, "
+      "keep the rest as spares, collect the trained stages and merge them into "
+      "OUT/trained.pt and OUT/trained.safetensors. State in OUT/coordinator.db: run the same "
+      "command again to pick the run up");
+  app.add_option("--advertise", serve.advertise,
+                 "with --serve: the HOST:PORT volunteers dial (default: the --serve address; "
+                 "required when it is 0.0.0.0)")
+      ->needs(serve_option);
+  app.add_option("--min-volunteers", serve.min_volunteers,
+                 "with --serve: plan once this many volunteers have joined")
+      ->check(CLI::Range(1, 100000))->capture_default_str()->needs(serve_option);
+  app.add_option("--max-volunteers", serve.max_volunteers,
+                 "with --serve: plan at once when this many have joined (default: "
+                 "--min-volunteers); between the two, wait up to --gather-s for more")
+      ->check(CLI::Range(0, 100000))->needs(serve_option);
+  app.add_option("--gather-s", gather_s,
+                 "with --serve: seconds to wait for more volunteers once --min-volunteers joined")
+      ->check(CLI::Range(0.0, 86400.0))->capture_default_str()->needs(serve_option);
+  app.add_option("--reach-timeout-s", reach_timeout_s,
+                 "with --serve: seconds a joining volunteer's advertised address has to answer "
+                 "the coordinator's dial-back")
+      ->check(CLI::Range(0.1, 600.0))->capture_default_str()->needs(serve_option);
+  app.add_option("--token", serve.token,
+                 "with --serve: the invite token (32-128 lowercase hex digits); default: the "
+                 "stored one, else a fresh random one")
+      ->needs(serve_option);
+  app.add_option("--allow-keys", allow_keys_path,
+                 "with --serve: a file of volunteer public keys (Z85, one per line; # comments): "
+                 "only these may join, token or not")
+      ->needs(serve_option);
+  app.add_option("--invite-file", serve.invite_file,
+                 "with --serve: also write the invite to this file")
+      ->needs(serve_option);
   std::string merge_from;
   std::string format = "torchscript";
   int cluster = 0;
@@ -148,6 +229,21 @@ int main(int argc, char** argv) {
         std::cout << "\n";
       }
       return 0;
+    });
+  }
+  if (serve_option->count() > 0) {
+    installServeStop();
+    return cairn::runGuarded("clusterize", [&] {
+      o.granularity = parseGranularity(granularity);
+      if (mb->count() > 0) o.microbatches = microbatches;
+      if (opt->count() > 0) o.optimizer = optimizer;
+      serve.out = out_dir;
+      serve.gather = std::chrono::milliseconds(int64_t(gather_s * 1000));
+      serve.reach_timeout = std::chrono::milliseconds(int64_t(reach_timeout_s * 1000));
+      if (!allow_keys_path.empty()) serve.allowed_keys = readAllowedKeys(allow_keys_path);
+      serve.stop_requested = [] { return g_serve_stop.load(); };
+      cairn::coordinator::Coordinator coordinator(serve, prepareModel(o));
+      return coordinator.run();
     });
   }
   return cairn::runGuarded("clusterize", [&] {

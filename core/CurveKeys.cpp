@@ -84,4 +84,21 @@ std::map<std::string, CurveKeyPair> assignCurveKeys(std::vector<NodeSpec>& nodes
   return keys;
 }
 
+void applyPublicKeys(std::vector<NodeSpec>& nodes, const std::map<std::string, std::string>& public_keys) {
+  for (const NodeSpec& node : nodes)
+    if (!public_keys.count(node.name))
+      CAIRN_THROW(BadInput, "node ", node.name, " is placed but has no public key");
+  auto fill = [&](PeerRef& peer) {
+    auto it = public_keys.find(peer.name);
+    if (it != public_keys.end()) peer.public_key = it->second;
+  };
+  for (NodeSpec& node : nodes) {
+    if (node.upstream) fill(*node.upstream);
+    if (node.downstream) fill(*node.downstream);
+    for (RingSpec& ring : node.rings)
+      for (PeerRef& member : ring.members) fill(member);
+    node.extra["public_key"] = public_keys.at(node.name);
+  }
+}
+
 }  // namespace cairn

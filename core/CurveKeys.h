@@ -33,4 +33,9 @@ constexpr const char* kSecretKeyFile = "secret.key";
 // Returns node name → its key pair (the caller writes each secret into that node's folder only).
 std::map<std::string, CurveKeyPair> assignCurveKeys(std::vector<NodeSpec>& nodes);
 
+// The same for keys the nodes made themselves (volunteers that joined a coordinator): fills every
+// PeerRef naming a node of `public_keys` and extra.public_key. BadInput naming the node when a
+// placed node has no key in the map.
+void applyPublicKeys(std::vector<NodeSpec>& nodes, const std::map<std::string, std::string>& public_keys);
+
 }  // namespace cairn

@@ -14,6 +14,17 @@ ZapAuthenticator::ZapAuthenticator(zmq::context_t& context, std::map<std::string
   thread_ = std::thread([this] { run(); });
 }
 
+ZapAuthenticator::ZapAuthenticator(zmq::context_t& context, AnyKey)
+    : ZapAuthenticator(context, std::map<std::string, std::string>{}) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  any_key_ = true;
+}
+
+void ZapAuthenticator::setAllowed(std::map<std::string, std::string> allowed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  allowed_ = std::move(allowed);
+}
+
 ZapAuthenticator::~ZapAuthenticator() {
   stop_ = true;
   thread_.join();
@@ -33,11 +44,13 @@ void ZapAuthenticator::run() {
         request[6].size() == 32) {
       char z85[41];
       zmq_z85_encode(z85, static_cast<const uint8_t*>(request[6].data()), 32);
+      std::unique_lock<std::mutex> lock(mutex_);
       auto it = allowed_.find(z85);
-      if (it != allowed_.end()) {
-        status = "200", text = "OK", user = it->second;
+      if (it != allowed_.end() || any_key_) {
+        status = "200", text = "OK", user = it != allowed_.end() ? it->second : std::string(z85);
         ++accepted_;
       } else {
+        lock.unlock();
         ++rejected_;
         CAIRN_WARN("refused a connection from ", request.size() > 3 ? request[3].to_string() : "?",
                    ": its CURVE key ", z85, " is not on this node's list");

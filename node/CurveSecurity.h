@@ -11,6 +11,7 @@
 #include <atomic>
 #include <map>
 #include <string>
+#include <mutex>
 #include <thread>
 
 #include <zmq.hpp>
@@ -26,6 +27,13 @@ namespace cairn {
 class ZapAuthenticator {
  public:
   ZapAuthenticator(zmq::context_t& context, std::map<std::string, std::string> allowed);
+  // Any key gets in (the coordinator: a joining volunteer proves itself with the invite's token,
+  // not with a key known in advance); its User-Id is the key itself (Z85), so every message says
+  // which key sent it. Keys in `allowed` still get their name as User-Id.
+  struct AnyKey {};
+  ZapAuthenticator(zmq::context_t& context, AnyKey);
+  // Replaces the admitted keys (a peer replaced mid-run); connections already up stay up.
+  void setAllowed(std::map<std::string, std::string> allowed);
   ~ZapAuthenticator();
   ZapAuthenticator(const ZapAuthenticator&) = delete;
   ZapAuthenticator& operator=(const ZapAuthenticator&) = delete;
@@ -36,7 +44,9 @@ class ZapAuthenticator {
  private:
   void run();
 
+  std::mutex mutex_;  // guards allowed_ (setAllowed from another thread)
   std::map<std::string, std::string> allowed_;
+  bool any_key_ = false;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> accepted_{0}, rejected_{0};
   zmq::socket_t socket_;

@@ -12,7 +12,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev python3-torch
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev nlohmann-json3-dev libhwloc-dev libcli11-dev
-  libgtest-dev libgmock-dev zlib1g-dev
+  libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
   dataset-fashion-mnist time
   python3-matplotlib
 )

@@ -1,0 +1,414 @@
+#include "coordinator/Coordinator.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "coordinator/CoordinatorStore.h"
+#include "coordinator/JoinPolicy.h"
+#include "clusterize/ModelMerge.h"
+#include "coordinator/RunAssembly.h"
+#include "core/CurveKeys.h"
+#include "core/Error.h"
+#include "core/JsonReader.h"
+#include "core/Log.h"
+#include "core/NodeConfigs.h"
+#include "core/NodeData.h"
+#include "node/CoordinationSocket.h"
+#include "node/CurveSecurity.h"
+
+namespace cairn::coordinator {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMaxBandwidthProbeBytes = size_t(64) << 20;
+
+double wallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string randomHex(size_t bytes) {
+  std::random_device device;  // the kernel's entropy source on Linux
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < bytes; ++i) {
+    const unsigned v = device() & 0xff;
+    out.push_back(digits[v >> 4]);
+    out.push_back(digits[v & 15]);
+  }
+  return out;
+}
+
+void writeFileAtomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), std::streamsize(bytes.size()));
+    if (!f) CAIRN_THROW(InternalError, tmp, ": cannot write");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+// A join waiting for the coordinator's dial-back to the volunteer's advertised address.
+struct PendingReach {
+  std::string key, routing_id, nonce;
+  JoinAsk ask;
+  JoinDecision decision;
+  zmq::socket_t socket;
+  Clock::time_point deadline;
+};
+
+}  // namespace
+
+struct Coordinator::Impl {
+  CoordinatorOptions o;
+  clusterize::PreparedModel prepared;
+  std::unique_ptr<CoordinatorStore> store;
+  CurveKeyPair keys;
+  std::string token;
+  std::string invite;
+  zmq::context_t context;
+  std::unique_ptr<ZapAuthenticator> zap;  // before the ROUTER, destroyed after it
+  zmq::socket_t router;
+  std::map<std::string, std::string> routes;  // public key → routing id of its last message
+  std::vector<std::unique_ptr<PendingReach>> pending;
+  std::optional<Clock::time_point> enough_since;
+  int needed = 1;  // spares needed before planning (grows when a plan fails)
+  CoordinatorStats stats;
+
+  std::string phase() const { return store->meta("phase").value_or("gathering"); }
+
+  void reply(const std::string& key, const Frames& frames) {
+    auto it = routes.find(key);
+    if (it != routes.end()) sendRouted(router, it->second, frames);
+  }
+
+  void refuse(const std::string& routing_id, const std::string& who, const std::string& reason) {
+    ++stats.refused_joins;
+    CAIRN_WARN("coordinator: refused ", who, ": ", reason);
+    sendRouted(router, routing_id, encode(Rejected{reason}));
+  }
+
+  void handle(const Routed& r) {
+    ++stats.messages;
+    std::string why;
+    const auto message = decodeToCoordinator(r.frames, o.max_attachment_bytes, &why);
+    const std::optional<Member> member = store->memberByKey(r.user_id);
+    if (!message) {
+      ++stats.malformed;
+      CAIRN_WARN("coordinator: dropped a message from ", member ? member->name : "key " + r.user_id,
+                 ": ", why);
+      sendRouted(router, r.routing_id, encode(Rejected{"malformed message: " + why}));
+      return;
+    }
+    routes[r.user_id] = r.routing_id;
+    if (const auto* join = std::get_if<JoinAsk>(&*message)) return onJoin(r, *join);
+    if (const auto* probe = std::get_if<BandwidthProbeMsg>(&*message)) {
+      if (probe->payload.size() > kMaxBandwidthProbeBytes)
+        return refuse(r.routing_id, "a bandwidth probe", "probes are at most 64 MiB");
+      sendRouted(router, r.routing_id, encode(BandwidthAck{int64_t(probe->payload.size())}));
+      return;
+    }
+    // Everything else speaks for a member: the key must be that member's.
+    auto speaker = [&](const std::string& name) -> bool {
+      if (member && member->name == name) return true;
+      ++stats.malformed;
+      CAIRN_WARN("coordinator: dropped a message claiming to be ", name, " from ",
+                 member ? member->name : "key " + r.user_id, " (a volunteer speaks only for itself)");
+      sendRouted(router, r.routing_id, encode(Rejected{"you are not " + name + ": join first"}));
+      return false;
+    };
+    if (const auto* beat = std::get_if<Heartbeat>(&*message)) {
+      if (speaker(beat->name)) store->touch(beat->name, wallSeconds());
+    } else if (const auto* result = std::get_if<ResultUpload>(&*message)) {
+      if (speaker(result->name)) onResult(*result);
+    } else if (const auto* ckpt = std::get_if<CheckpointUpload>(&*message)) {
+      if (speaker(ckpt->name)) onCheckpoint(*ckpt);
+    } else if (const auto* leaving = std::get_if<LeavingNotice>(&*message)) {
+      if (speaker(leaving->name)) {
+        CAIRN_WARN("coordinator: ", leaving->name, " is leaving (", leaving->reason, ")");
+        store->setState(leaving->name, MemberState::kLeft);
+      }
+    }
+  }
+
+  void onJoin(const Routed& r, const JoinAsk& ask) {
+    const std::string who = ask.advertise.empty() ? "key " + r.user_id : ask.advertise;
+    if (phase() == "done") return refuse(r.routing_id, who, "this run is over");
+    for (const auto& p : pending)
+      if (p->key == r.user_id)
+        return refuse(r.routing_id, who, "a join from this key is already being checked");
+    JoinDecision decision = decideJoin(ask, r.user_id, token, o.allowed_keys, store->members());
+    if (decision.kind == JoinDecision::Kind::kRefused) return refuse(r.routing_id, who, decision.reason);
+    // Dial the advertised address back before accepting: peers will have to reach it.
+    auto p = std::make_unique<PendingReach>();
+    p->key = r.user_id;
+    p->routing_id = r.routing_id;
+    p->nonce = randomHex(16);
+    p->ask = ask;
+    p->decision = std::move(decision);
+    p->deadline = Clock::now() + o.reach_timeout;
+    p->socket = coordinationClient(context, zmq::socket_type::dealer, keys, r.user_id, ask.advertise,
+                                   kMaxCoordinationHeaderBytes);
+    sendFrames(p->socket, encode(ReachCheck{p->nonce}));
+    pending.push_back(std::move(p));
+  }
+
+  void pollReach() {
+    for (size_t i = 0; i < pending.size();) {
+      PendingReach& p = *pending[i];
+      bool done = false;
+      while (auto frames = recvFrames(p.socket, std::chrono::milliseconds(0))) {
+        std::string why;
+        const auto m = decodeReach(*frames, &why);
+        const auto* ok = m ? std::get_if<ReachOk>(&*m) : nullptr;
+        if (ok && ok->nonce == p.nonce) {
+          admit(p);
+          done = true;
+          break;
+        }
+      }
+      if (!done && Clock::now() >= p.deadline) {
+        refuse(p.routing_id, p.ask.advertise,
+               "not reachable at " + p.ask.advertise + " within " +
+                   std::to_string(o.reach_timeout.count() / 1000.0).substr(0, 4) +
+                   " s: other volunteers must be able to dial this address (check provider "
+                   "--listen/--advertise, firewalls and port forwarding)");
+        done = true;
+      }
+      if (done) {
+        pending.erase(pending.begin() + long(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  void admit(const PendingReach& p) {
+    Member m;
+    const bool returning = p.decision.kind == JoinDecision::Kind::kReturning;
+    if (returning) {
+      m = *p.decision.member;
+    } else {
+      m.name = store->nextMemberName();
+      m.public_key = p.key;
+      m.state = MemberState::kSpare;
+      m.joined_at = wallSeconds();
+    }
+    m.advertise = p.ask.advertise;
+    m.probe_json = nlohmann::json{{"ram_gb", p.ask.probe.ram_gb},
+                                  {"cores", p.ask.probe.cores},
+                                  {"compute_gflops", p.ask.probe.compute_gflops},
+                                  {"bandwidth_mbps", p.ask.probe.bandwidth_mbps}}
+                       .dump();
+    m.last_seen = wallSeconds();
+    store->putMember(m);
+    CAIRN_INFO("coordinator: ", returning ? "back: " : "joined: ", m.name, " at ", m.advertise, " (",
+               p.ask.probe.ram_gb, " GB, ", p.ask.probe.cores, " cores, ", p.ask.probe.compute_gflops,
+               " GFLOPS, ", p.ask.probe.bandwidth_mbps, " Mbps), ", toString(m.state));
+    sendRouted(router, p.routing_id, encode(Accepted{m.name, toString(m.state)}));
+    if (m.state == MemberState::kAssigned) resendAssignment(m);
+  }
+
+  // A placed volunteer that joined again (its process restarted) gets its assignment again.
+  void resendAssignment(const Member& m) {
+    const NodeSpec node = readNodeSpec(nodeSpecPath(o.out, m.name));
+    const JobSpec job = readJobSpec(jobSpecPath(o.out));
+    Assignment a;
+    a.name = m.name;
+    a.node = toJson(node);
+    a.job = toJson(job);
+    a.num_clusters = node.extra.value("num_clusters", 1);
+    std::ifstream in(nodeDirectory(o.out, m.name) + "/" + node.stage_file, std::ios::binary);
+    a.stage.assign(std::istreambuf_iterator<char>(in), {});
+    reply(m.public_key, encode(a));
+  }
+
+  void maybePlan() {
+    if (phase() != "gathering") return;
+    std::vector<Member> spares;
+    for (const Member& m : store->members())
+      if (m.state == MemberState::kSpare) spares.push_back(m);
+    const int want = std::max(needed, o.max_volunteers > 0 ? o.max_volunteers : needed);
+    if (int(spares.size()) < needed) {
+      enough_since.reset();
+      return;
+    }
+    if (!enough_since) {
+      enough_since = Clock::now();
+      CAIRN_INFO("coordinator: ", spares.size(), " volunteers joined; planning when ", want,
+                 " have joined or in ", o.gather.count() / 1000.0, " s");
+    }
+    if (int(spares.size()) < want && Clock::now() - *enough_since < o.gather) return;
+    PlannedRun run;
+    try {
+      run = planVolunteers(prepared, spares, o.out);
+    } catch (const Error& e) {
+      needed = int(spares.size()) + 1;
+      enough_since.reset();
+      CAIRN_WARN("coordinator: cannot plan with ", spares.size(), " volunteers (", e.what(),
+                 "); waiting for ", needed);
+      return;
+    }
+    std::cout << run.report << std::flush;
+    for (const Assignment& a : run.assignments) {
+      const auto m = store->memberByName(a.name);
+      store->setState(a.name, MemberState::kAssigned);
+      reply(m->public_key, encode(a));
+    }
+    nlohmann::json placed = nlohmann::json::array();
+    for (const Assignment& a : run.assignments) placed.push_back(a.name);
+    store->setMeta("placed", placed.dump());
+    store->setMeta("num_clusters", std::to_string(run.num_clusters));
+    store->setMeta("phase", "planned");
+    CAIRN_INFO("coordinator: planned ", run.num_clusters, " cluster(s) on ", run.assignments.size(),
+               " volunteers", run.unplaced.empty() ? "" : "; spares: " + std::to_string(run.unplaced.size()));
+  }
+
+  std::vector<std::string> placed() const {
+    std::vector<std::string> names;
+    const auto text = store->meta("placed");
+    if (text) names = nlohmann::json::parse(*text).get<std::vector<std::string>>();
+    return names;
+  }
+
+  void onResult(const ResultUpload& r) {
+    const std::vector<std::string> names = placed();
+    if (std::find(names.begin(), names.end(), r.name) == names.end()) {
+      CAIRN_WARN("coordinator: ", r.name, " sent a result but holds no stage of the plan; dropped");
+      return;
+    }
+    const std::string dir = nodeDirectory(o.out, r.name);
+    const std::string weights = dir + "/" + clusterize::kTrainedStageFile;
+    writeFileAtomically(weights, r.trained_stage);
+    writeJsonFile(dir + "/result.json", r.summary);
+    store->putResult({r.name, weights, r.summary.dump()});
+    store->setState(r.name, MemberState::kDone);
+    const auto m = store->memberByName(r.name);
+    reply(m->public_key, encode(ResultAck{r.name}));
+    CAIRN_INFO("coordinator: result of ", r.name, " (", r.trained_stage.size(), " bytes)");
+    const auto results = store->results();
+    std::set<std::string> have;
+    for (const auto& s : results) have.insert(s.name);
+    for (const auto& n : names)
+      if (!have.count(n)) return;
+    finish(results);
+  }
+
+  void onCheckpoint(const CheckpointUpload& c) {
+    const auto previous = store->checkpoint(c.name);
+    if (previous && previous->step >= c.step) return;
+    const std::string dir = o.out + "/checkpoints/" + c.name;
+    std::filesystem::create_directories(dir);
+    const std::string path = dir + "/step_" + std::to_string(c.step) + ".ckpt";
+    writeFileAtomically(path, c.file);
+    store->putCheckpoint({c.name, c.step, path, c.checksum});
+    if (previous && previous->path != path) std::filesystem::remove(previous->path);
+  }
+
+  void finish(const std::vector<StoredResult>& results) {
+    const FinishedRun f = finishRun(o.out, results);
+    std::cout << f.lines << std::flush;
+    store->setMeta("phase", "done");
+    for (const auto& [key, route] : routes) sendRouted(router, route, encode(Finished{"the run is over"}));
+  }
+};
+
+Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel prepared)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.o = std::move(options);
+  s.prepared = std::move(prepared);
+  s.needed = std::max(1, s.o.min_volunteers);
+  std::filesystem::create_directories(s.o.out);
+  s.store = std::make_unique<CoordinatorStore>(s.o.out + "/coordinator.db");
+  const std::string key_path = s.o.out + "/coordinator.key";
+  if (std::filesystem::exists(key_path)) {
+    s.keys = readKeyFile(key_path);
+  } else {
+    s.keys = generateCurveKeyPair();
+    writeKeyFile(key_path, s.keys);
+  }
+  if (!s.o.token.empty()) {
+    if (s.o.token.size() < 32 || s.o.token.size() > 128 ||
+        s.o.token.find_first_not_of("0123456789abcdef") != std::string::npos)
+      CAIRN_THROW(BadInput, "--token must be 32 to 128 lowercase hex digits");
+    s.token = s.o.token;
+  } else {
+    s.token = s.store->meta("token").value_or(randomHex(16));
+  }
+  s.store->setMeta("token", s.token);
+  s.zap = std::make_unique<ZapAuthenticator>(s.context, ZapAuthenticator::AnyKey{});
+  std::string bound;
+  s.router = coordinationServer(s.context, s.keys, s.o.listen, s.o.max_attachment_bytes + (1 << 20), &bound);
+  std::string bound_host, advertise_host;
+  int bound_port = 0, advertise_port = 0;
+  parseHostPort(bound, "coordinator", "bound address", &bound_host, &bound_port);
+  if (!s.o.advertise.empty()) {
+    parseHostPort(s.o.advertise, "command line", "--advertise", &advertise_host, &advertise_port);
+  } else {
+    advertise_host = bound_host;
+    advertise_port = bound_port;
+    if (advertise_host == "0.0.0.0")
+      CAIRN_THROW(BadInput, "--serve ", s.o.listen,
+                  " listens on every interface: give --advertise HOST:PORT, the address volunteers "
+                  "dial");
+  }
+  s.invite = formatInvite(Invite{advertise_host, advertise_port, s.keys.public_key, s.token});
+  if (!s.o.invite_file.empty()) {
+    std::ofstream f(s.o.invite_file + ".tmp");
+    f << s.invite << "\n";
+    f.close();
+    std::filesystem::rename(s.o.invite_file + ".tmp", s.o.invite_file);
+  }
+}
+
+Coordinator::~Coordinator() = default;
+
+std::string Coordinator::invite() const { return impl_->invite; }
+const CoordinatorStats& Coordinator::stats() const { return impl_->stats; }
+
+int Coordinator::run() {
+  Impl& s = *impl_;
+  std::cout << "invite: " << s.invite << "\n"
+            << "volunteers join with: provider --join " << s.invite
+            << " --listen HOST:PORT [--advertise HOST:PORT]\n"
+            << std::flush;
+  if (s.phase() == "done") {
+    std::cout << "this run is finished; its results are in " << s.o.out << "/run_result.json\n";
+    return 0;
+  }
+  if (s.phase() == "planned")
+    CAIRN_INFO("coordinator: resuming a planned run (", s.placed().size(),
+               " placed volunteers); waiting for their results");
+  while (true) {
+    if (s.o.stop_requested && s.o.stop_requested()) {
+      CAIRN_INFO("coordinator: stopping; its state is in ", s.o.out,
+                 "/coordinator.db (run the same command to pick it up)");
+      return 0;
+    }
+    const auto routed = recvRouted(s.router, std::chrono::milliseconds(100), &s.stats.malformed);
+    if (routed) {
+      try {
+        s.handle(*routed);
+      } catch (const Error& e) {
+        if (e.kind() == ErrorKind::kInternal) throw;
+        ++s.stats.malformed;
+        CAIRN_WARN("coordinator: a message from key ", routed->user_id, " was refused: ", e.what());
+        sendRouted(s.router, routed->routing_id, encode(Rejected{e.what()}));
+      }
+    }
+    s.pollReach();
+    s.maybePlan();
+    if (s.phase() == "done") {
+      // Let the `finished` and `result_ack` messages leave before the socket closes.
+      s.router.set(zmq::sockopt::linger, 2000);
+      return 0;
+    }
+  }
+}
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,65 @@
+// Coordinator: `clusterize --serve`. Volunteers join by invite; once enough have joined it plans
+// with the existing planner, sends each placed volunteer its stage, node.json and job.json, keeps
+// the others as spares, and collects the trained stages at the end, merging them into
+// <out>/trained.pt and trained.safetensors. docs/OPERATIONS.md "Volunteers join".
+//
+// It is never on the training hot path: activations, gradients and ring syncs go directly between
+// volunteers; the coordinator only hears heartbeats and results. Its state is in
+// <out>/coordinator.db (CoordinatorStore), its key in <out>/coordinator.key (0600), so a restarted
+// coordinator has the same invite and picks the run up where it was.
+//
+// One thread: a loop over the ROUTER socket (volunteers' DEALERs) and the pending reachability
+// checks. Every message is decoded by node/protocol/Coordination and checked against the sender's
+// CURVE key (ZAP User-Id): a volunteer can only speak for itself. A malformed message is counted
+// and answered with `rejected` where a reply makes sense; nothing a volunteer sends can stop the
+// loop.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "clusterize/Clusterize.h"
+
+namespace cairn::coordinator {
+
+struct CoordinatorOptions {
+  std::string listen = "0.0.0.0:7000";  // what the ROUTER binds (port 0: the kernel picks)
+  std::string advertise;                // host:port in the invite; empty: listen (not 0.0.0.0)
+  std::string out = "node_data";        // coordinator.db, coordinator.key, plan, results
+  int min_volunteers = 1;               // plan once this many have joined …
+  int max_volunteers = 0;               // … and this many (0: = min) or `gather` has passed
+  std::chrono::milliseconds gather{30000};
+  std::chrono::milliseconds reach_timeout{5000};
+  std::string token;                    // empty: the stored one, else a fresh random one
+  std::set<std::string> allowed_keys;   // empty: any key holding the token
+  std::string invite_file;              // also write the invite here
+  size_t max_attachment_bytes = size_t(1) << 31;
+  std::function<bool()> stop_requested;  // checked every loop turn (signals)
+};
+
+struct CoordinatorStats {
+  uint64_t messages = 0;
+  uint64_t malformed = 0;     // dropped: undecodable or from a key that is not a member
+  uint64_t refused_joins = 0;
+};
+
+class Coordinator {
+ public:
+  // `prepared` is the profiled model (clusterize's prepareModel); planning uses it.
+  Coordinator(CoordinatorOptions options, clusterize::PreparedModel prepared);
+  ~Coordinator();
+  // Serves until the run's results are merged (0) or a stop is requested (0, state kept).
+  int run();
+  const CoordinatorStats& stats() const;
+  // The invite volunteers pass to `provider --join` (valid once constructed).
+  std::string invite() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,228 @@
+#include "coordinator/CoordinatorStore.h"
+
+#include <sqlite3.h>
+
+#include <functional>
+
+#include "core/Error.h"
+
+namespace cairn::coordinator {
+namespace {
+
+// A prepared statement, finalized on scope exit; binds text/int64/double by position (from 1).
+class Statement {
+ public:
+  Statement(sqlite3* db, const std::string& path, const char* sql) : db_(db), path_(path) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK)
+      CAIRN_THROW(InternalError, path_, ": SQL error in \"", sql, "\": ", sqlite3_errmsg(db));
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement& text(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), int(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Statement& integer(int i, int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  Statement& real(int i, double v) {
+    sqlite3_bind_double(stmt_, i, v);
+    return *this;
+  }
+  // One step: true while a row is available.
+  bool step() {
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    CAIRN_THROW(InternalError, path_, ": SQLite: ", sqlite3_errmsg(db_));
+  }
+  std::string column(int i) const {
+    const unsigned char* t = sqlite3_column_text(stmt_, i);
+    return t ? std::string(reinterpret_cast<const char*>(t), size_t(sqlite3_column_bytes(stmt_, i)))
+             : std::string();
+  }
+  int64_t columnInt(int i) const { return sqlite3_column_int64(stmt_, i); }
+  double columnReal(int i) const { return sqlite3_column_double(stmt_, i); }
+
+ private:
+  sqlite3* db_;
+  std::string path_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+constexpr const char* kMemberColumns =
+    "name, public_key, advertise, probe, state, joined_at, last_seen";
+
+Member readMember(const Statement& s) {
+  Member m;
+  m.name = s.column(0);
+  m.public_key = s.column(1);
+  m.advertise = s.column(2);
+  m.probe_json = s.column(3);
+  m.state = parseMemberState(s.column(4));
+  m.joined_at = s.columnReal(5);
+  m.last_seen = s.columnReal(6);
+  return m;
+}
+
+}  // namespace
+
+std::string toString(MemberState state) {
+  switch (state) {
+    case MemberState::kJoining: return "joining";
+    case MemberState::kSpare: return "spare";
+    case MemberState::kAssigned: return "assigned";
+    case MemberState::kDone: return "done";
+    case MemberState::kLost: return "lost";
+    case MemberState::kLeft: return "left";
+  }
+  return "?";
+}
+
+MemberState parseMemberState(const std::string& text) {
+  for (MemberState s : {MemberState::kJoining, MemberState::kSpare, MemberState::kAssigned,
+                        MemberState::kDone, MemberState::kLost, MemberState::kLeft})
+    if (toString(s) == text) return s;
+  CAIRN_THROW(InternalError, "coordinator.db: unknown member state \"", text, "\"");
+}
+
+CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
+  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
+      SQLITE_OK) {
+    const std::string why = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    db_ = nullptr;
+    CAIRN_THROW(BadInput, path, ": cannot open the coordinator database: ", why);
+  }
+  sqlite3_busy_timeout(db_, 5000);
+  try {
+    exec("PRAGMA journal_mode=WAL");
+    exec("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
+    exec("CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY, public_key TEXT NOT NULL "
+         "UNIQUE, advertise TEXT NOT NULL, probe TEXT NOT NULL, state TEXT NOT NULL, joined_at "
+         "REAL NOT NULL, last_seen REAL NOT NULL)");
+    exec("CREATE TABLE IF NOT EXISTS results (name TEXT PRIMARY KEY, path TEXT NOT NULL, summary "
+         "TEXT NOT NULL)");
+    exec("CREATE TABLE IF NOT EXISTS checkpoints (name TEXT PRIMARY KEY, step INTEGER NOT NULL, "
+         "path TEXT NOT NULL, checksum TEXT NOT NULL)");
+  } catch (const Error& e) {
+    sqlite3_close(db_);
+    db_ = nullptr;
+    CAIRN_THROW(BadInput, path, ": not a coordinator database (", e.what(), ")");
+  }
+}
+
+CoordinatorStore::~CoordinatorStore() { sqlite3_close(db_); }
+
+void CoordinatorStore::exec(const std::string& sql) {
+  char* error = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error) != SQLITE_OK) {
+    const std::string why = error ? error : "unknown error";
+    sqlite3_free(error);
+    CAIRN_THROW(InternalError, path_, ": SQLite: ", why);
+  }
+}
+
+std::optional<std::string> CoordinatorStore::meta(const std::string& key) const {
+  Statement s(db_, path_, "SELECT value FROM meta WHERE key = ?");
+  s.text(1, key);
+  if (!s.step()) return std::nullopt;
+  return s.column(0);
+}
+
+void CoordinatorStore::setMeta(const std::string& key, const std::string& value) {
+  Statement s(db_, path_, "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)");
+  s.text(1, key).text(2, value);
+  s.step();
+}
+
+std::string CoordinatorStore::nextMemberName() const {
+  Statement s(db_, path_, "SELECT name FROM members");
+  int64_t next = 0;
+  while (s.step()) {
+    const std::string name = s.column(0);
+    if (name.rfind("node_", 0) == 0) {
+      try {
+        next = std::max<int64_t>(next, std::stoll(name.substr(5)) + 1);
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  return "node_" + std::to_string(next);
+}
+
+void CoordinatorStore::putMember(const Member& m) {
+  Statement s(db_, path_,
+              "INSERT OR REPLACE INTO members (name, public_key, advertise, probe, state, "
+              "joined_at, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?)");
+  s.text(1, m.name).text(2, m.public_key).text(3, m.advertise).text(4, m.probe_json);
+  s.text(5, toString(m.state)).real(6, m.joined_at).real(7, m.last_seen);
+  s.step();
+}
+
+std::optional<Member> CoordinatorStore::memberByName(const std::string& name) const {
+  Statement s(db_, path_,
+              (std::string("SELECT ") + kMemberColumns + " FROM members WHERE name = ?").c_str());
+  s.text(1, name);
+  if (!s.step()) return std::nullopt;
+  return readMember(s);
+}
+
+std::optional<Member> CoordinatorStore::memberByKey(const std::string& key) const {
+  Statement s(db_, path_,
+              (std::string("SELECT ") + kMemberColumns + " FROM members WHERE public_key = ?").c_str());
+  s.text(1, key);
+  if (!s.step()) return std::nullopt;
+  return readMember(s);
+}
+
+std::vector<Member> CoordinatorStore::members() const {
+  Statement s(db_, path_,
+              (std::string("SELECT ") + kMemberColumns +
+               " FROM members ORDER BY joined_at, CAST(SUBSTR(name, 6) AS INTEGER), name")
+                  .c_str());
+  std::vector<Member> out;
+  while (s.step()) out.push_back(readMember(s));
+  return out;
+}
+
+void CoordinatorStore::setState(const std::string& name, MemberState state) {
+  Statement s(db_, path_, "UPDATE members SET state = ? WHERE name = ?");
+  s.text(1, toString(state)).text(2, name);
+  s.step();
+}
+
+void CoordinatorStore::touch(const std::string& name, double now) {
+  Statement s(db_, path_, "UPDATE members SET last_seen = ? WHERE name = ?");
+  s.real(1, now).text(2, name);
+  s.step();
+}
+
+void CoordinatorStore::putResult(const StoredResult& r) {
+  Statement s(db_, path_, "INSERT OR REPLACE INTO results (name, path, summary) VALUES (?, ?, ?)");
+  s.text(1, r.name).text(2, r.path).text(3, r.summary_json);
+  s.step();
+}
+
+std::vector<StoredResult> CoordinatorStore::results() const {
+  Statement s(db_, path_, "SELECT name, path, summary FROM results ORDER BY name");
+  std::vector<StoredResult> out;
+  while (s.step()) out.push_back({s.column(0), s.column(1), s.column(2)});
+  return out;
+}
+
+void CoordinatorStore::putCheckpoint(const StoredCheckpoint& c) {
+  Statement s(db_, path_,
+              "INSERT OR REPLACE INTO checkpoints (name, step, path, checksum) VALUES (?, ?, ?, ?)");
+  s.text(1, c.name).integer(2, c.step).text(3, c.path).text(4, std::to_string(c.checksum));
+  s.step();
+}
+
+std::optional<StoredCheckpoint> CoordinatorStore::checkpoint(const std::string& name) const {
+  Statement s(db_, path_, "SELECT name, step, path, checksum FROM checkpoints WHERE name = ?");
+  s.text(1, name);
+  if (!s.step()) return std::nullopt;
+  return StoredCheckpoint{s.column(0), s.columnInt(1), s.column(2), std::stoull(s.column(3))};
+}
+
+}  // namespace cairn::coordinator

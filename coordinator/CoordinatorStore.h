@@ -1,0 +1,83 @@
+// CoordinatorStore: what a coordinator (`clusterize --serve`) must not forget, in one SQLite file
+// (<out>/coordinator.db), so that a restarted coordinator picks the run up where it was:
+//   meta         key → value: the invite token, the run's phase (gathering | planned | done),
+//                the number of clusters
+//   members      one row per volunteer: name, public key, advertised address, probe figures,
+//                state, when it joined and was last heard from
+//   results      the trained stages received: node name → file, summary (result.json)
+//   checkpoints  the newest checkpoint held per node: node name → step, file, checksum
+// Every write is one transaction (SQLite's journal makes it atomic); files themselves are written
+// by the caller before their row (a row never names a file that is not complete).
+// Ownership: owns the connection. Thread-safety: one thread (the coordinator's loop).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+struct sqlite3;
+
+namespace cairn::coordinator {
+
+enum class MemberState { kJoining, kSpare, kAssigned, kDone, kLost, kLeft };
+std::string toString(MemberState state);
+MemberState parseMemberState(const std::string& text);  // Internal error on anything else
+
+struct Member {
+  std::string name;        // "node_4"
+  std::string public_key;  // Z85
+  std::string advertise;   // host:port peers dial
+  std::string probe_json;  // {"ram_gb":…,"cores":…,"compute_gflops":…,"bandwidth_mbps":…}
+  MemberState state = MemberState::kJoining;
+  double joined_at = 0;    // seconds since the epoch
+  double last_seen = 0;
+};
+
+struct StoredResult {
+  std::string name;
+  std::string path;
+  std::string summary_json;
+};
+
+struct StoredCheckpoint {
+  std::string name;
+  int64_t step = 0;
+  std::string path;
+  uint64_t checksum = 0;
+};
+
+class CoordinatorStore {
+ public:
+  // Opens (creating if needed) the database at `path`; BadInput naming the file when it is not a
+  // coordinator database or cannot be opened.
+  explicit CoordinatorStore(const std::string& path);
+  ~CoordinatorStore();
+  CoordinatorStore(const CoordinatorStore&) = delete;
+  CoordinatorStore& operator=(const CoordinatorStore&) = delete;
+
+  std::optional<std::string> meta(const std::string& key) const;
+  void setMeta(const std::string& key, const std::string& value);
+
+  // The next free name: node_<n> with n one more than the largest taken.
+  std::string nextMemberName() const;
+  void putMember(const Member& member);  // insert or replace by name
+  std::optional<Member> memberByName(const std::string& name) const;
+  std::optional<Member> memberByKey(const std::string& public_key) const;
+  std::vector<Member> members() const;   // by join time, then name
+  void setState(const std::string& name, MemberState state);
+  void touch(const std::string& name, double now);
+
+  void putResult(const StoredResult& result);
+  std::vector<StoredResult> results() const;
+
+  void putCheckpoint(const StoredCheckpoint& checkpoint);
+  std::optional<StoredCheckpoint> checkpoint(const std::string& name) const;
+
+ private:
+  void exec(const std::string& sql);
+  std::string path_;
+  sqlite3* db_ = nullptr;
+};
+
+}  // namespace cairn::coordinator

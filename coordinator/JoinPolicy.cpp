@@ -1,0 +1,88 @@
+#include "coordinator/JoinPolicy.h"
+
+#include "core/CurveKeys.h"
+#include "core/Error.h"
+#include "core/NodeConfigs.h"
+
+namespace cairn::coordinator {
+namespace {
+
+// Figures no real machine reports: a probe that claims them is broken or lying.
+std::string probeProblem(const VolunteerProbe& p) {
+  if (!(p.ram_gb > 0.05 && p.ram_gb <= 1e5))
+    return "probe.ram_gb " + std::to_string(p.ram_gb) + " is not a machine's memory (0.05 to 100000 GB)";
+  if (p.cores < 1 || p.cores > 100000)
+    return "probe.cores " + std::to_string(p.cores) + " is not in 1..100000";
+  if (!(p.compute_gflops > 0 && p.compute_gflops <= 1e7))
+    return "probe.compute_gflops " + std::to_string(p.compute_gflops) + " is not in (0, 1e7]";
+  if (!(p.bandwidth_mbps > 0 && p.bandwidth_mbps <= 1e7))
+    return "probe.bandwidth_mbps " + std::to_string(p.bandwidth_mbps) + " is not in (0, 1e7]";
+  return {};
+}
+
+bool active(MemberState s) {
+  return s == MemberState::kJoining || s == MemberState::kSpare || s == MemberState::kAssigned;
+}
+
+}  // namespace
+
+bool sameSecret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % (b.size() + 1)]);
+  return diff == 0;
+}
+
+JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::string& token,
+                        const std::set<std::string>& allowed_keys, const std::vector<Member>& members) {
+  JoinDecision d;
+  auto refuse = [&](std::string why) {
+    d.kind = JoinDecision::Kind::kRefused;
+    d.reason = std::move(why);
+    return d;
+  };
+  if (!sameSecret(ask.token, token)) return refuse("wrong invite token");
+  if (!isZ85Key(key)) return refuse("the connection has no CURVE key");
+  if (!allowed_keys.empty() && !allowed_keys.count(key))
+    return refuse("this volunteer's public key " + key + " is not on the coordinator's allowlist");
+  if (const std::string problem = probeProblem(ask.probe); !problem.empty()) return refuse(problem);
+  std::string host;
+  int port = 0;
+  try {
+    parseHostPort(ask.advertise, "join", "advertise", &host, &port);
+  } catch (const Error& e) {
+    return refuse(e.what());
+  }
+  if (host == "0.0.0.0" || host == "*" || host == "::" || host.empty())
+    return refuse("advertise " + ask.advertise +
+                  " is not an address peers can dial (give provider --advertise HOST:PORT)");
+
+  const Member* by_key = nullptr;
+  const Member* by_name = nullptr;
+  for (const Member& m : members) {
+    if (m.public_key == key) by_key = &m;
+    if (!ask.name.empty() && m.name == ask.name) by_name = &m;
+  }
+  if (!ask.name.empty()) {
+    if (!by_name) return refuse("no member is called " + ask.name + " in this run");
+    if (by_name->public_key != key)
+      return refuse(ask.name + " belongs to another key (was this volunteer replaced? join again "
+                               "without its old workdir)");
+  }
+  const Member* known = by_name ? by_name : by_key;
+  if (known && !active(known->state))
+    return refuse(known->name + " is " + toString(known->state) +
+                  " in this run and cannot come back (it was replaced or left)");
+  for (const Member& m : members)
+    if (m.public_key != key && active(m.state) && m.advertise == ask.advertise)
+      return refuse("advertise " + ask.advertise + " is already taken by " + m.name +
+                    " (two volunteers cannot share one address)");
+  if (known) {
+    d.kind = JoinDecision::Kind::kReturning;
+    d.member = *known;
+    return d;
+  }
+  d.kind = JoinDecision::Kind::kNew;
+  return d;
+}
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,31 @@
+// JoinPolicy: whether a volunteer's join request may be accepted, before the reachability check.
+// Pure checks of the request against the invite's token, the optional key allowlist, sane probe
+// figures and the addresses other members already advertise. Each refusal is one line the
+// volunteer prints (`provider: error: the coordinator refused to join: <reason>`).
+// Thread-safety: pure functions.
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "coordinator/CoordinatorStore.h"
+#include "node/protocol/Coordination.h"
+
+namespace cairn::coordinator {
+
+struct JoinDecision {
+  enum class Kind { kNew, kReturning, kRefused } kind = Kind::kRefused;
+  std::string reason;            // kRefused: why
+  std::optional<Member> member;  // kReturning: the member it was
+};
+
+// `key`: the sender's CURVE public key (ZAP User-Id); `members`: everyone the store knows.
+JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::string& token,
+                        const std::set<std::string>& allowed_keys, const std::vector<Member>& members);
+
+// Constant-time comparison (the token is a secret).
+bool sameSecret(const std::string& a, const std::string& b);
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,122 @@
+#include "coordinator/RunAssembly.h"
+
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+#include "clusterize/ModelMerge.h"
+#include "clusterize/NodeDataWriter.h"
+#include "core/CurveKeys.h"
+#include "core/Error.h"
+#include "core/JsonReader.h"
+#include "core/NodeConfigs.h"
+#include "core/NodeData.h"
+
+namespace cairn::coordinator {
+namespace {
+
+std::string readFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) CAIRN_THROW(InternalError, path, ": cannot read");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers) {
+  std::vector<NodeConfig> configs;
+  for (const Member& m : volunteers) {
+    NodeConfig c;
+    c.name = m.name;
+    c.id = m.name.rfind("node_", 0) == 0 ? m.name.substr(5) : m.name;
+    parseHostPort(m.advertise, "coordinator.db: member " + m.name, "advertise", &c.host, &c.port);
+    const nlohmann::json probe = nlohmann::json::parse(m.probe_json);
+    JsonReader p(probe, "coordinator.db: member " + m.name, "probe");
+    c.ram_gb = p.positiveNumber("ram_gb");
+    c.bandwidth_mbps = p.positiveNumber("bandwidth_mbps");
+    c.compute = p.positiveNumber("compute_gflops");
+    configs.push_back(c);
+  }
+  return configs;
+}
+
+PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
+                          const std::vector<Member>& volunteers, const std::string& out) {
+  const std::vector<NodeConfig> configs = volunteerConfigs(volunteers);
+  clusterize::ClusterizeResult result =
+      clusterize::planNodes(prepared, configs, "the volunteers that joined");
+  std::map<std::string, std::string> keys;
+  for (const Member& m : volunteers) keys[m.name] = m.public_key;
+  std::vector<NodeSpec> placed = result.nodes;
+  // Only the placed nodes need keys; applyPublicKeys checks each has one.
+  applyPublicKeys(placed, keys);
+  PlannedRun run;
+  run.num_clusters = static_cast<int>(result.plan.clusters.size());
+  for (NodeSpec& node : placed) node.extra["num_clusters"] = run.num_clusters;
+  clusterize::NodeDataWriter(out, clusterize::NodeDataWriter::KeysGiven{})
+      .write(result.plan, result.job, placed, result.stages);
+  std::ostringstream report;
+  clusterize::printReport(result.plan, report);
+  run.report = report.str();
+  const nlohmann::json job = toJson(result.job);
+  std::set<std::string> placed_names;
+  for (const NodeSpec& node : placed) {
+    Assignment a;
+    a.name = node.name;
+    a.node = toJson(node);
+    a.job = job;
+    a.num_clusters = run.num_clusters;
+    a.stage = readFileBytes(nodeDirectory(out, node.name) + "/" + node.stage_file);
+    run.assignments.push_back(std::move(a));
+    placed_names.insert(node.name);
+  }
+  for (const Member& m : volunteers)
+    if (!placed_names.count(m.name)) run.unplaced.push_back(m.name);
+  return run;
+}
+
+FinishedRun finishRun(const std::string& out, const std::vector<StoredResult>& results) {
+  clusterize::MergeOptions options;
+  options.node_data = out;
+  const clusterize::MergedModel merged = clusterize::mergeTrainedStages(options);
+  const std::string pt = out + "/trained.pt", st = out + "/trained.safetensors";
+  clusterize::saveMergedModel(merged, pt, clusterize::MergeFormat::kTorchScript);
+  clusterize::saveMergedModel(merged, st, clusterize::MergeFormat::kSafetensors);
+  FinishedRun f;
+  std::ostringstream lines;
+  nlohmann::json clusters = nlohmann::json::array();
+  for (const StoredResult& r : results) {
+    const NodeSpec node = readNodeSpec(nodeSpecPath(out, r.name));
+    if (node.role != StageRole::kLeaf && node.role != StageRole::kRootLeaf) continue;
+    const nlohmann::json summary = nlohmann::json::parse(r.summary_json);
+    nlohmann::json entry = {{"cluster", node.cluster}, {"leaf", node.name}};
+    if (summary.contains("steps")) entry["steps"] = summary["steps"];
+    if (summary.contains("last_loss")) entry["last_loss"] = summary["last_loss"];
+    lines << "cluster " << node.cluster << " (" << node.name << "): "
+          << (summary.contains("steps") ? summary["steps"].dump() : "?") << " steps";
+    if (summary.contains("eval") && summary["eval"].is_object()) {
+      entry["eval"] = summary["eval"];
+      const auto& e = summary["eval"];
+      lines << std::fixed << std::setprecision(4);
+      if (e.contains("loss") && e["loss"].is_number()) lines << ", eval loss " << e["loss"].get<double>();
+      if (e.contains("accuracy") && e["accuracy"].is_number())
+        lines << ", eval accuracy " << e["accuracy"].get<double>();
+      if (e.contains("samples") && e["samples"].is_number())
+        lines << " on " << e["samples"].get<int64_t>() << " samples";
+    }
+    lines << "\n";
+    clusters.push_back(entry);
+  }
+  lines << "merged " << merged.state.size() << " parameters and buffers from "
+        << merged.clusters.size() << " cluster(s) into " << pt << " and " << st << "\n";
+  f.summary = {{"clusters", clusters}, {"trained_torchscript", pt}, {"trained_safetensors", st},
+               {"merged_clusters", merged.clusters}};
+  writeJsonFile(out + "/run_result.json", f.summary);
+  f.lines = lines.str();
+  return f;
+}
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,42 @@
+// RunAssembly: the coordinator's two file-level jobs around training.
+//   planVolunteers  spares → node configs → the existing planner (clusterize's planNodes) with the
+//                   volunteers' own public keys → node_data/ in the coordinator's out folder
+//                   (no secret keys: volunteers made their own) and one Assignment per placed node
+//   finishRun       every placed node's trained stage received → the existing merge
+//                   (ModelMerge) into <out>/trained.pt and trained.safetensors, the Leaves' final
+//                   evaluations, <out>/run_result.json
+// Thread-safety: plain functions of files; the coordinator's thread.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "clusterize/Clusterize.h"
+#include "coordinator/CoordinatorStore.h"
+#include "node/protocol/Coordination.h"
+
+namespace cairn::coordinator {
+
+struct PlannedRun {
+  std::vector<Assignment> assignments;  // one per placed volunteer
+  std::vector<std::string> unplaced;    // volunteers left as spares
+  int num_clusters = 0;
+  std::string report;                   // clusterize's human-readable plan
+};
+
+// Throws BadInput with the planner's reason when these volunteers cannot hold the model.
+PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
+                          const std::vector<Member>& volunteers, const std::string& out);
+
+// The node configs the planner sees for `volunteers` (id = the number in node_<n>).
+std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers);
+
+struct FinishedRun {
+  nlohmann::json summary;   // what run_result.json holds
+  std::string lines;        // human-readable: one line per cluster's final evaluation + files
+};
+FinishedRun finishRun(const std::string& out, const std::vector<StoredResult>& results);
+
+}  // namespace cairn::coordinator

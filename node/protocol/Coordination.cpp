@@ -1,0 +1,402 @@
+#include "node/protocol/Coordination.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "core/CurveKeys.h"
+#include "core/Error.h"
+
+namespace cairn {
+namespace {
+
+constexpr size_t kMaxNameBytes = 128;
+constexpr size_t kMaxTokenBytes = 256;
+constexpr size_t kMaxAddressBytes = 300;
+constexpr size_t kMaxStateBytes = 64;
+
+Frames frames(nlohmann::json header, std::vector<std::string> attachments = {}) {
+  header["protocol"] = kCoordinationProtocol;
+  Frames out;
+  out.reserve(1 + attachments.size());
+  out.push_back(header.dump());
+  for (auto& a : attachments) out.push_back(std::move(a));
+  return out;
+}
+
+// Field access that records the first problem instead of throwing.
+class Fields {
+ public:
+  Fields(const nlohmann::json& j, std::string type, std::string* why)
+      : j_(j), type_(std::move(type)), why_(why) {}
+  bool ok() const { return ok_; }
+
+  std::string string(const char* key, size_t max_bytes, bool allow_empty = false) {
+    if (!ok_) return {};
+    auto it = j_.find(key);
+    if (it == j_.end() || !it->is_string()) return fail(key, "a string");
+    std::string v = it->get<std::string>();
+    if (v.size() > max_bytes) return fail(key, "at most " + std::to_string(max_bytes) + " bytes");
+    if (!allow_empty && v.empty()) return fail(key, "a non-empty string");
+    return v;
+  }
+  std::string optionalString(const char* key, size_t max_bytes) {
+    if (!ok_ || !j_.contains(key)) return {};
+    return string(key, max_bytes, /*allow_empty=*/true);
+  }
+  int64_t integer(const char* key, int64_t min, int64_t max) {
+    if (!ok_) return 0;
+    auto it = j_.find(key);
+    if (it == j_.end() || !it->is_number_integer()) {
+      fail(key, "an integer");
+      return 0;
+    }
+    const int64_t v = it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)
+                          ? INT64_MAX
+                          : it->get<int64_t>();
+    if (v < min || v > max) {
+      fail(key, "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+      return 0;
+    }
+    return v;
+  }
+  uint64_t unsignedInteger(const char* key) {
+    if (!ok_) return 0;
+    auto it = j_.find(key);
+    if (it == j_.end() || !it->is_number_unsigned()) {
+      fail(key, "a non-negative integer");
+      return 0;
+    }
+    return it->get<uint64_t>();
+  }
+  double number(const char* key) {
+    if (!ok_) return 0;
+    auto it = j_.find(key);
+    if (it == j_.end() || !it->is_number() || !std::isfinite(it->get<double>())) {
+      fail(key, "a finite number");
+      return 0;
+    }
+    return it->get<double>();
+  }
+  bool boolean(const char* key) {
+    if (!ok_) return false;
+    auto it = j_.find(key);
+    if (it == j_.end() || !it->is_boolean()) {
+      fail(key, "true or false");
+      return false;
+    }
+    return it->get<bool>();
+  }
+  nlohmann::json object(const char* key) {
+    if (!ok_) return {};
+    auto it = j_.find(key);
+    if (it == j_.end() || !it->is_object()) {
+      fail(key, "an object");
+      return {};
+    }
+    return *it;
+  }
+
+ private:
+  std::string fail(const char* key, const std::string& expected) {
+    if (ok_ && why_) *why_ = type_ + ": \"" + key + "\" must be " + expected;
+    ok_ = false;
+    return {};
+  }
+  const nlohmann::json& j_;
+  std::string type_;
+  std::string* why_;
+  bool ok_ = true;
+};
+
+// Parses frame 0 and checks the envelope; returns the header and sets `*type`.
+std::optional<nlohmann::json> header(const Frames& f, size_t attachment_limit, std::string* type,
+                                     std::string* why) {
+  auto fail = [&](const std::string& reason) -> std::optional<nlohmann::json> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  if (f.empty()) return fail("empty message");
+  if (f[0].size() > kMaxCoordinationHeaderBytes)
+    return fail("header of " + std::to_string(f[0].size()) + " bytes exceeds " +
+                std::to_string(kMaxCoordinationHeaderBytes));
+  nlohmann::json j = nlohmann::json::parse(f[0], nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return fail("header is not a JSON object");
+  auto p = j.find("protocol");
+  if (p == j.end() || !p->is_number_integer() || p->get<int64_t>() != kCoordinationProtocol)
+    return fail("\"protocol\" must be " + std::to_string(kCoordinationProtocol) +
+                " (a different cairn version?)");
+  auto t = j.find("type");
+  if (t == j.end() || !t->is_string() || t->get<std::string>().size() > 64)
+    return fail("header has no string \"type\"");
+  for (size_t i = 1; i < f.size(); ++i)
+    if (f[i].size() > attachment_limit)
+      return fail(t->get<std::string>() + ": attachment of " + std::to_string(f[i].size()) +
+                  " bytes exceeds the limit of " + std::to_string(attachment_limit));
+  *type = t->get<std::string>();
+  return j;
+}
+
+bool attachments(const Frames& f, size_t min, size_t max, const std::string& type, std::string* why) {
+  const size_t n = f.size() - 1;
+  if (n >= min && n <= max) return true;
+  if (why)
+    *why = type + ": " + std::to_string(n) + " attachments, expected " +
+           (min == max ? std::to_string(min) : std::to_string(min) + " to " + std::to_string(max));
+  return false;
+}
+
+template <typename Variant, typename T>
+std::optional<Variant> done(Fields& fields, T value) {
+  if (!fields.ok()) return std::nullopt;
+  return Variant(std::move(value));
+}
+
+bool isHex(const std::string& s) {
+  for (char c : s)
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+}  // namespace
+
+Frames encode(const JoinAsk& m) {
+  nlohmann::json h = {{"type", "join"},
+                      {"token", m.token},
+                      {"advertise", m.advertise},
+                      {"probe",
+                       {{"ram_gb", m.probe.ram_gb},
+                        {"cores", m.probe.cores},
+                        {"compute_gflops", m.probe.compute_gflops},
+                        {"bandwidth_mbps", m.probe.bandwidth_mbps}}}};
+  if (!m.name.empty()) h["name"] = m.name;
+  return frames(std::move(h));
+}
+Frames encode(const BandwidthProbeMsg& m) {
+  return frames({{"type", "bandwidth"}, {"bytes", m.payload.size()}}, {m.payload});
+}
+Frames encode(const Heartbeat& m) {
+  return frames({{"type", "heartbeat"}, {"name", m.name}, {"state", m.state}, {"step", m.step}});
+}
+Frames encode(const ResultUpload& m) {
+  return frames({{"type", "result"}, {"name", m.name}, {"summary", m.summary}}, {m.trained_stage});
+}
+Frames encode(const CheckpointUpload& m) {
+  return frames({{"type", "checkpoint"}, {"name", m.name}, {"step", m.step}, {"checksum", m.checksum}},
+                {m.file});
+}
+Frames encode(const LeavingNotice& m) {
+  return frames({{"type", "leaving"}, {"name", m.name}, {"reason", m.reason}});
+}
+Frames encode(const Accepted& m) {
+  return frames({{"type", "accepted"}, {"name", m.name}, {"state", m.state}});
+}
+Frames encode(const Rejected& m) { return frames({{"type", "rejected"}, {"reason", m.reason}}); }
+Frames encode(const BandwidthAck& m) { return frames({{"type", "bandwidth_ack"}, {"bytes", m.bytes}}); }
+Frames encode(const Assignment& m) {
+  std::vector<std::string> att{m.stage};
+  if (m.checkpoint) att.push_back(*m.checkpoint);
+  return frames({{"type", "assignment"},
+                 {"name", m.name},
+                 {"node", m.node},
+                 {"job", m.job},
+                 {"num_clusters", m.num_clusters},
+                 {"resume", m.checkpoint.has_value()},
+                 {"checkpoint_step", m.checkpoint_step}},
+                std::move(att));
+}
+Frames encode(const PeersUpdate& m) {
+  return frames({{"type", "peers"}, {"name", m.name}, {"node", m.node}});
+}
+Frames encode(const ResultAck& m) { return frames({{"type", "result_ack"}, {"name", m.name}}); }
+Frames encode(const Finished& m) { return frames({{"type", "finished"}, {"reason", m.reason}}); }
+Frames encode(const ReachCheck& m) { return frames({{"type", "reach"}, {"nonce", m.nonce}}); }
+Frames encode(const ReachOk& m) { return frames({{"type", "reach_ok"}, {"nonce", m.nonce}}); }
+
+std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, std::string* why) {
+  std::string type;
+  const auto h = header(f, limit, &type, why);
+  if (!h) return std::nullopt;
+  Fields in(*h, type, why);
+  using V = ToCoordinator;
+  if (type == "join") {
+    if (!attachments(f, 0, 0, type, why)) return std::nullopt;
+    JoinAsk m;
+    m.token = in.string("token", kMaxTokenBytes);
+    m.advertise = in.string("advertise", kMaxAddressBytes);
+    m.name = in.optionalString("name", kMaxNameBytes);
+    const nlohmann::json probe = in.object("probe");
+    if (!in.ok()) return std::nullopt;
+    Fields p(probe, "join: probe", why);
+    m.probe.ram_gb = p.number("ram_gb");
+    m.probe.cores = p.integer("cores", 0, 1 << 20);
+    m.probe.compute_gflops = p.number("compute_gflops");
+    m.probe.bandwidth_mbps = p.number("bandwidth_mbps");
+    return done<V>(p, std::move(m));
+  }
+  if (type == "bandwidth") {
+    if (!attachments(f, 1, 1, type, why)) return std::nullopt;
+    const int64_t bytes = in.integer("bytes", 0, int64_t(limit));
+    if (in.ok() && size_t(bytes) != f[1].size()) {
+      if (why) *why = "bandwidth: \"bytes\" says " + std::to_string(bytes) + " but the attachment has " +
+                      std::to_string(f[1].size());
+      return std::nullopt;
+    }
+    return done<V>(in, BandwidthProbeMsg{f[1]});
+  }
+  if (type == "heartbeat") {
+    if (!attachments(f, 0, 0, type, why)) return std::nullopt;
+    Heartbeat m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.state = in.string("state", kMaxStateBytes);
+    m.step = in.integer("step", -1, INT64_MAX);
+    return done<V>(in, std::move(m));
+  }
+  if (type == "result") {
+    if (!attachments(f, 1, 1, type, why)) return std::nullopt;
+    ResultUpload m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.summary = in.object("summary");
+    m.trained_stage = f[1];
+    return done<V>(in, std::move(m));
+  }
+  if (type == "checkpoint") {
+    if (!attachments(f, 1, 1, type, why)) return std::nullopt;
+    CheckpointUpload m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.step = in.integer("step", 0, INT64_MAX);
+    m.checksum = in.unsignedInteger("checksum");
+    m.file = f[1];
+    if (in.ok() && fnv1a64(m.file) != m.checksum) {
+      if (why) *why = "checkpoint: the attachment does not match its checksum";
+      return std::nullopt;
+    }
+    return done<V>(in, std::move(m));
+  }
+  if (type == "leaving") {
+    if (!attachments(f, 0, 0, type, why)) return std::nullopt;
+    LeavingNotice m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.reason = in.string("reason", kMaxReasonBytes, /*allow_empty=*/true);
+    return done<V>(in, std::move(m));
+  }
+  if (why) *why = "unknown message type \"" + type + "\" for the coordinator";
+  return std::nullopt;
+}
+
+std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std::string* why) {
+  std::string type;
+  const auto h = header(f, limit, &type, why);
+  if (!h) return std::nullopt;
+  Fields in(*h, type, why);
+  using V = ToVolunteer;
+  if (type == "assignment") {
+    const bool resume = in.boolean("resume");
+    if (!in.ok() || !attachments(f, resume ? 2 : 1, resume ? 2 : 1, type, why)) return std::nullopt;
+    Assignment m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.node = in.object("node");
+    m.job = in.object("job");
+    m.num_clusters = in.integer("num_clusters", 1, 1 << 20);
+    m.checkpoint_step = in.integer("checkpoint_step", -1, INT64_MAX);
+    m.stage = f[1];
+    if (resume) m.checkpoint = f[2];
+    return done<V>(in, std::move(m));
+  }
+  if (!attachments(f, 0, 0, type, why)) return std::nullopt;
+  if (type == "accepted") {
+    Accepted m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.state = in.string("state", kMaxStateBytes);
+    return done<V>(in, std::move(m));
+  }
+  if (type == "rejected") return done<V>(in, Rejected{in.string("reason", kMaxReasonBytes)});
+  if (type == "bandwidth_ack")
+    return done<V>(in, BandwidthAck{in.integer("bytes", 0, INT64_MAX)});
+  if (type == "peers") {
+    PeersUpdate m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.node = in.object("node");
+    return done<V>(in, std::move(m));
+  }
+  if (type == "result_ack") return done<V>(in, ResultAck{in.string("name", kMaxNameBytes)});
+  if (type == "finished")
+    return done<V>(in, Finished{in.string("reason", kMaxReasonBytes, /*allow_empty=*/true)});
+  if (why) *why = "unknown message type \"" + type + "\" for a volunteer";
+  return std::nullopt;
+}
+
+std::optional<ReachMessage> decodeReach(const Frames& f, std::string* why) {
+  std::string type;
+  const auto h = header(f, 0, &type, why);
+  if (!h) return std::nullopt;
+  if (!attachments(f, 0, 0, type, why)) return std::nullopt;
+  Fields in(*h, type, why);
+  if (type == "reach") return done<ReachMessage>(in, ReachCheck{in.string("nonce", 128)});
+  if (type == "reach_ok") return done<ReachMessage>(in, ReachOk{in.string("nonce", 128)});
+  if (why) *why = "unknown message type \"" + type + "\" for a reachability check";
+  return std::nullopt;
+}
+
+uint64_t fnv1a64(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+namespace {
+constexpr const char* kInvitePrefix = "cairn-invite:1:";
+std::string toHex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 15]);
+  }
+  return out;
+}
+}  // namespace
+
+std::string formatInvite(const Invite& invite) {
+  return std::string(kInvitePrefix) + invite.host + ":" + std::to_string(invite.port) + ":" +
+         toHex(invite.coordinator_key) + ":" + invite.token;
+}
+
+Invite parseInvite(const std::string& text) {
+  const std::string prefix = kInvitePrefix;
+  auto bad = [&](const std::string& what) {
+    CAIRN_THROW(BadInput, "--join: the invite \"", text.substr(0, 200), "\" ", what,
+                " (expected cairn-invite:1:<host>:<port>:<coordinator key, 80 hex>:<token hex>, "
+                "as `clusterize --serve` prints it)");
+  };
+  if (text.compare(0, prefix.size(), prefix) != 0) bad("does not start with " + prefix);
+  // host may itself contain ':' only as an IPv6 literal in brackets; split from the right.
+  const std::string rest = text.substr(prefix.size());
+  const size_t token_colon = rest.rfind(':');
+  if (token_colon == std::string::npos) bad("has no token");
+  const size_t key_colon = rest.rfind(':', token_colon - 1);
+  if (key_colon == std::string::npos || token_colon == 0) bad("has no coordinator key");
+  const size_t port_colon = key_colon == 0 ? std::string::npos : rest.rfind(':', key_colon - 1);
+  if (port_colon == std::string::npos || port_colon == 0) bad("has no host:port");
+  Invite invite;
+  invite.host = rest.substr(0, port_colon);
+  const std::string port = rest.substr(port_colon + 1, key_colon - port_colon - 1);
+  const std::string key_hex = rest.substr(key_colon + 1, token_colon - key_colon - 1);
+  invite.token = rest.substr(token_colon + 1);
+  if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) ||
+      std::stoi(port) < 1 || std::stoi(port) > 65535)
+    bad("has port \"" + port + "\", not a number in 1..65535");
+  invite.port = std::stoi(port);
+  if (key_hex.size() != 80 || !isHex(key_hex)) bad("has a coordinator key that is not 80 hex digits");
+  for (size_t i = 0; i < key_hex.size(); i += 2)
+    invite.coordinator_key.push_back(char(std::stoi(key_hex.substr(i, 2), nullptr, 16)));
+  if (!isZ85Key(invite.coordinator_key)) bad("has a coordinator key that is not a CURVE public key");
+  if (invite.token.size() < 32 || invite.token.size() > 128 || !isHex(invite.token))
+    bad("has a token that is not 32 to 128 hex digits");
+  return invite;
+}
+
+}  // namespace cairn

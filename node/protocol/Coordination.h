@@ -1,0 +1,174 @@
+// Coordination: the messages between volunteers (`provider --join`) and the coordinator
+// (`clusterize --serve`), docs/PROTOCOL.md "Coordination". One encode and one validating decode
+// per message. This is not the pipeline wire: it runs on its own CurveZMQ connection (a volunteer's
+// DEALER to the coordinator's ROUTER; the coordinator's DEALER to a joining volunteer's listen
+// address for the reachability check), never on the training hot path.
+//
+// A message is a list of frames: frame 0 is a JSON object (at most kMaxCoordinationHeaderBytes)
+// whose "type" names the message; frames 1… are binary attachments (a stage file, a checkpoint,
+// trained weights, probe bytes), each at most the receiver's limit. Every message carries
+// "protocol": kCoordinationProtocol.
+//
+//   volunteer → coordinator
+//     join       {token, advertise, probe{ram_gb, cores, compute_gflops, bandwidth_mbps},
+//                 name?}                      ask to take part; `name`: the name a restarted
+//                                             volunteer held before (it keeps its key)
+//     bandwidth  {bytes} + 1 attachment       bandwidth probe: `bytes` must equal its size
+//     heartbeat  {name, state, step}          every few seconds; state: waiting|training|done|…
+//     result     {name, summary{…}} + 1 attachment (trained_stage.pt)
+//     checkpoint {name, step, checksum} + 1 attachment (the stage's checkpoint file)
+//     leaving    {name, reason}               a clean stop (signal): replace me
+//   coordinator → volunteer
+//     accepted   {name, state}                joined; `state` is "spare" until it is assigned
+//     rejected   {reason}                     not joined (the volunteer prints the reason, exits 2)
+//     bandwidth_ack {bytes}
+//     assignment {name, node{node.json}, job{job.json}, num_clusters, resume} + 1 or 2
+//                 attachments: stage.pt, and the newest checkpoint when `resume` is true
+//     peers      {name, node{node.json}}      the node's updated neighbours / ring peers
+//     result_ack {name}
+//     finished   {reason}                     the run is over; the volunteer may exit
+//   coordinator → volunteer's listen address (reachability check)
+//     reach      {nonce}                      answered with
+//     reach_ok   {nonce}
+//
+// Decoding never throws: a malformed message yields nullopt and the reason (type, key and what
+// was expected). Whether a token, name or figure is acceptable is the coordinator's business.
+// Ownership: plain values. Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace cairn {
+
+constexpr int kCoordinationProtocol = 1;
+constexpr size_t kMaxCoordinationHeaderBytes = 1 << 20;  // node.json of a big stage fits
+constexpr size_t kMaxReasonBytes = 512;
+
+// The frames of one coordination message: [0] the JSON header, [1…] attachments.
+using Frames = std::vector<std::string>;
+
+struct VolunteerProbe {
+  double ram_gb = 0;
+  int64_t cores = 0;
+  double compute_gflops = 0;
+  double bandwidth_mbps = 0;
+};
+
+struct JoinAsk {
+  std::string token;
+  std::string advertise;  // host:port peers dial
+  VolunteerProbe probe;
+  std::string name;       // empty: a new volunteer
+};
+struct BandwidthProbeMsg {
+  std::string payload;
+};
+struct Heartbeat {
+  std::string name;
+  std::string state;
+  int64_t step = 0;
+};
+struct ResultUpload {
+  std::string name;
+  nlohmann::json summary;  // the provider's result.json
+  std::string trained_stage;
+};
+struct CheckpointUpload {
+  std::string name;
+  int64_t step = 0;
+  uint64_t checksum = 0;  // FNV-1a 64 of `file`
+  std::string file;
+};
+struct LeavingNotice {
+  std::string name;
+  std::string reason;
+};
+
+struct Accepted {
+  std::string name;
+  std::string state;  // "spare" | "assigned"
+};
+struct Rejected {
+  std::string reason;
+};
+struct BandwidthAck {
+  int64_t bytes = 0;
+};
+struct Assignment {
+  std::string name;
+  nlohmann::json node;  // node.json (validated by the receiver with parseNodeSpec)
+  nlohmann::json job;   // job.json (parseJobSpec)
+  int64_t num_clusters = 1;
+  std::string stage;    // stage.pt bytes
+  std::optional<std::string> checkpoint;  // the newest checkpoint file the coordinator holds
+  int64_t checkpoint_step = -1;
+};
+struct PeersUpdate {
+  std::string name;
+  nlohmann::json node;
+};
+struct ResultAck {
+  std::string name;
+};
+struct Finished {
+  std::string reason;
+};
+struct ReachCheck {
+  std::string nonce;
+};
+struct ReachOk {
+  std::string nonce;
+};
+
+using ToCoordinator =
+    std::variant<JoinAsk, BandwidthProbeMsg, Heartbeat, ResultUpload, CheckpointUpload, LeavingNotice>;
+using ToVolunteer =
+    std::variant<Accepted, Rejected, BandwidthAck, Assignment, PeersUpdate, ResultAck, Finished>;
+using ReachMessage = std::variant<ReachCheck, ReachOk>;
+
+Frames encode(const JoinAsk& m);
+Frames encode(const BandwidthProbeMsg& m);
+Frames encode(const Heartbeat& m);
+Frames encode(const ResultUpload& m);
+Frames encode(const CheckpointUpload& m);
+Frames encode(const LeavingNotice& m);
+Frames encode(const Accepted& m);
+Frames encode(const Rejected& m);
+Frames encode(const BandwidthAck& m);
+Frames encode(const Assignment& m);
+Frames encode(const PeersUpdate& m);
+Frames encode(const ResultAck& m);
+Frames encode(const Finished& m);
+Frames encode(const ReachCheck& m);
+Frames encode(const ReachOk& m);
+
+// `max_attachment_bytes` bounds each attachment. nullopt with `*why` set on anything malformed.
+std::optional<ToCoordinator> decodeToCoordinator(const Frames& frames, size_t max_attachment_bytes,
+                                                 std::string* why);
+std::optional<ToVolunteer> decodeToVolunteer(const Frames& frames, size_t max_attachment_bytes,
+                                             std::string* why);
+std::optional<ReachMessage> decodeReach(const Frames& frames, std::string* why);
+
+// FNV-1a 64 over bytes (checkpoint uploads).
+uint64_t fnv1a64(const std::string& bytes);
+
+// The invite a coordinator prints and a volunteer passes to `provider --join`:
+//   cairn-invite:1:<host>:<port>:<coordinator public key, 40 Z85 chars as hex (80)>:<token hex>
+// Hex keeps it one shell word without quoting. parseInvite throws BadInput naming what is wrong.
+struct Invite {
+  std::string host;
+  int port = 0;
+  std::string coordinator_key;  // Z85
+  std::string token;            // hex, 32..128 chars
+  std::string address() const { return host + ":" + std::to_string(port); }
+};
+std::string formatInvite(const Invite& invite);
+Invite parseInvite(const std::string& text);
+
+}  // namespace cairn

@@ -1,0 +1,341 @@
+// The coordinator's own parts: its SQLite store (and that a reopened store is the same run), the
+// join policy against each bad join, and a live coordinator on loopback refusing each bad join
+// over real CurveZMQ sockets (the whole flow with real providers is
+// tests/integration/volunteer_test.py).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "coordinator/Coordinator.h"
+#include "coordinator/CoordinatorStore.h"
+#include "coordinator/JoinPolicy.h"
+#include "core/CurveKeys.h"
+#include "core/Error.h"
+#include "node/CoordinationSocket.h"
+#include "node/CurveSecurity.h"
+#include "tests/common/LoopbackPorts.h"
+
+namespace cairn::coordinator {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+std::string freshDir(const std::string& name) {
+  const std::string dir = (fs::temp_directory_path() / ("cairn_coord_" + name + "_" +
+                                                        std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+const std::string kToken = "0123456789abcdef0123456789abcdef";
+
+JoinAsk goodAsk(const std::string& advertise) {
+  JoinAsk a;
+  a.token = kToken;
+  a.advertise = advertise;
+  a.probe = {8.0, 4, 50.0, 1000.0};
+  return a;
+}
+
+Member member(const std::string& name, const std::string& key, const std::string& advertise,
+              MemberState state) {
+  Member m;
+  m.name = name;
+  m.public_key = key;
+  m.advertise = advertise;
+  m.probe_json = R"({"ram_gb":8,"cores":4,"compute_gflops":50,"bandwidth_mbps":1000})";
+  m.state = state;
+  return m;
+}
+
+TEST(CoordinatorStore, KeepsTheRunAcrossReopening) {
+  const std::string dir = freshDir("store");
+  const std::string key0 = generateCurveKeyPair().public_key, key1 = generateCurveKeyPair().public_key;
+  {
+    CoordinatorStore store(dir + "/coordinator.db");
+    EXPECT_EQ(store.nextMemberName(), "node_0");
+    store.setMeta("token", kToken);
+    store.putMember(member("node_0", key0, "127.0.0.1:7001", MemberState::kSpare));
+    store.putMember(member("node_1", key1, "127.0.0.1:7002", MemberState::kSpare));
+    store.setState("node_1", MemberState::kAssigned);
+    store.touch("node_1", 1234.5);
+    store.putResult({"node_1", dir + "/w.pt", R"({"steps":3})"});
+    store.putCheckpoint({"node_1", 40, dir + "/c40", 99});
+    store.putCheckpoint({"node_1", 50, dir + "/c50", 100});
+  }
+  CoordinatorStore store(dir + "/coordinator.db");
+  EXPECT_EQ(store.meta("token").value_or(""), kToken);
+  EXPECT_FALSE(store.meta("phase").has_value());
+  EXPECT_EQ(store.nextMemberName(), "node_2");
+  const auto m1 = store.memberByKey(key1);
+  ASSERT_TRUE(m1.has_value());
+  EXPECT_EQ(m1->name, "node_1");
+  EXPECT_EQ(m1->state, MemberState::kAssigned);
+  EXPECT_EQ(m1->advertise, "127.0.0.1:7002");
+  EXPECT_DOUBLE_EQ(m1->last_seen, 1234.5);
+  ASSERT_EQ(store.members().size(), 2u);
+  ASSERT_EQ(store.results().size(), 1u);
+  EXPECT_EQ(store.results()[0].summary_json, R"({"steps":3})");
+  const auto c = store.checkpoint("node_1");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->step, 50);
+  EXPECT_EQ(c->checksum, 100u);
+  EXPECT_FALSE(store.checkpoint("node_0").has_value());
+}
+
+TEST(CoordinatorStore, RefusesAFileThatIsNotADatabase) {
+  const std::string dir = freshDir("notdb");
+  {
+    std::ofstream f(dir + "/coordinator.db");
+    f << "this is not an SQLite file, but long enough to look like a header to sqlite3 ......\n";
+  }
+  try {
+    CoordinatorStore store(dir + "/coordinator.db");
+    FAIL() << "opened a text file as the coordinator database";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_NE(std::string(e.what()).find("coordinator.db"), std::string::npos) << e.what();
+  }
+}
+
+TEST(JoinPolicy, EachBadJoinIsRefusedWithItsReason) {
+  const std::string key = generateCurveKeyPair().public_key, other = generateCurveKeyPair().public_key;
+  const std::vector<Member> members = {
+      member("node_0", other, "127.0.0.1:7001", MemberState::kAssigned),
+      member("node_1", generateCurveKeyPair().public_key, "127.0.0.1:7009", MemberState::kLost)};
+  auto reason = [&](JoinAsk ask, const std::set<std::string>& allowed = {},
+                    const std::string& k = "") {
+    const JoinDecision d = decideJoin(ask, k.empty() ? key : k, kToken, allowed, members);
+    EXPECT_EQ(d.kind, JoinDecision::Kind::kRefused) << "accepted: " << ask.advertise;
+    return d.reason;
+  };
+  JoinAsk ask = goodAsk("127.0.0.1:7100");
+  ask.token = "ffff" + kToken.substr(4);
+  EXPECT_EQ(reason(ask), "wrong invite token");
+  EXPECT_NE(reason(goodAsk("127.0.0.1:7100"), {other}).find("not on the coordinator's allowlist"),
+            std::string::npos);
+  ask = goodAsk("127.0.0.1:7100");
+  ask.probe.ram_gb = -1;
+  EXPECT_NE(reason(ask).find("probe.ram_gb"), std::string::npos);
+  ask = goodAsk("127.0.0.1:7100");
+  ask.probe.cores = 0;
+  EXPECT_NE(reason(ask).find("probe.cores"), std::string::npos);
+  ask = goodAsk("127.0.0.1:7100");
+  ask.probe.compute_gflops = 1e12;
+  EXPECT_NE(reason(ask).find("probe.compute_gflops"), std::string::npos);
+  ask = goodAsk("127.0.0.1:7100");
+  ask.probe.bandwidth_mbps = 0;
+  EXPECT_NE(reason(ask).find("probe.bandwidth_mbps"), std::string::npos);
+  EXPECT_NE(reason(goodAsk("0.0.0.0:7100")).find("not an address peers can dial"), std::string::npos);
+  EXPECT_NE(reason(goodAsk("127.0.0.1")).find("host:port"), std::string::npos);
+  EXPECT_NE(reason(goodAsk("127.0.0.1:7001")).find("already taken by node_0"), std::string::npos);
+  ask = goodAsk("127.0.0.1:7100");
+  ask.name = "node_0";
+  EXPECT_NE(reason(ask).find("belongs to another key"), std::string::npos);
+  ask.name = "node_7";
+  EXPECT_NE(reason(ask).find("no member is called node_7"), std::string::npos);
+  // The stale volunteer that was lost (and replaced) cannot come back under its key.
+  EXPECT_NE(reason(goodAsk("127.0.0.1:7100"), {}, members[1].public_key).find("is lost"),
+            std::string::npos);
+  EXPECT_NE(reason(goodAsk("127.0.0.1:7100"), {}, "not a key").find("no CURVE key"), std::string::npos);
+
+  // And the two good cases.
+  EXPECT_EQ(decideJoin(goodAsk("127.0.0.1:7100"), key, kToken, {}, members).kind,
+            JoinDecision::Kind::kNew);
+  ask = goodAsk("127.0.0.1:7002");  // node_0 back at a new address, under its own key
+  ask.name = "node_0";
+  const JoinDecision back = decideJoin(ask, other, kToken, {key, other}, members);
+  EXPECT_EQ(back.kind, JoinDecision::Kind::kReturning);
+  ASSERT_TRUE(back.member.has_value());
+  EXPECT_EQ(back.member->name, "node_0");
+}
+
+TEST(JoinPolicy, TokenComparisonNeedsEveryCharacter) {
+  EXPECT_TRUE(sameSecret(kToken, kToken));
+  EXPECT_FALSE(sameSecret(kToken, kToken.substr(0, 31)));
+  EXPECT_FALSE(sameSecret(kToken + "0", kToken));
+  EXPECT_FALSE(sameSecret("", kToken));
+  std::string last = kToken;
+  last.back() = 'e';
+  EXPECT_FALSE(sameSecret(last, kToken));
+}
+
+// A coordinator on a kernel port in a thread; stopped and joined at the end of the test.
+class LiveCoordinator {
+ public:
+  explicit LiveCoordinator(const std::string& out, milliseconds reach_timeout = milliseconds(800)) {
+    CoordinatorOptions o;
+    o.listen = "127.0.0.1:0";
+    o.out = out;
+    o.min_volunteers = 1000;  // never plans: these tests are about joining
+    o.token = kToken;
+    o.reach_timeout = reach_timeout;
+    o.max_attachment_bytes = 1 << 20;
+    o.stop_requested = [this] { return stop_.load(); };
+    coordinator_ = std::make_unique<Coordinator>(o, clusterize::PreparedModel{});
+    invite_ = parseInvite(coordinator_->invite());
+    thread_ = std::thread([this] { coordinator_->run(); });
+  }
+  ~LiveCoordinator() { stop(); }
+  const CoordinatorStats& stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return coordinator_->stats();
+  }
+  const Invite& invite() const { return invite_; }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::unique_ptr<Coordinator> coordinator_;
+  Invite invite_;
+  std::thread thread_;
+};
+
+// A volunteer's DEALER to the coordinator; `server_key` defaults to the invite's.
+struct Client {
+  Client(zmq::context_t& ctx, const Invite& invite, const std::string& server_key = "")
+      : keys(generateCurveKeyPair()),
+        socket(coordinationClient(ctx, zmq::socket_type::dealer, keys,
+                                  server_key.empty() ? invite.coordinator_key : server_key,
+                                  invite.address(), 4 << 20)) {}
+  std::optional<ToVolunteer> ask(const Frames& frames, milliseconds timeout = milliseconds(10000)) {
+    sendFrames(socket, frames);
+    const auto reply = recvFrames(socket, timeout);
+    if (!reply) return std::nullopt;
+    std::string why;
+    auto m = decodeToVolunteer(*reply, 4 << 20, &why);
+    EXPECT_TRUE(m.has_value()) << why;
+    return m;
+  }
+  std::string refusal(const Frames& frames) {
+    const auto m = ask(frames);
+    if (!m) return "(no answer)";
+    if (const auto* r = std::get_if<Rejected>(&*m)) return r->reason;
+    return "(not rejected)";
+  }
+  CurveKeyPair keys;
+  zmq::socket_t socket;
+};
+
+// What a volunteer's listen address does for the dial-back: answer `reach` to the coordinator's key.
+class FakeResponder {
+ public:
+  FakeResponder(const CurveKeyPair& keys, const std::string& coordinator_key)
+      : zap_(context_, {{coordinator_key, "coordinator"}}) {
+    socket_ = coordinationServer(context_, keys, "127.0.0.1:0", 1 << 16, &address_);
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        const auto r = recvRouted(socket_, milliseconds(50));
+        if (!r) continue;
+        std::string why;
+        const auto m = decodeReach(r->frames, &why);
+        if (const auto* check = m ? std::get_if<ReachCheck>(&*m) : nullptr)
+          sendRouted(socket_, r->routing_id, encode(ReachOk{check->nonce}));
+      }
+    });
+  }
+  ~FakeResponder() {
+    stop_ = true;
+    thread_.join();
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  zmq::context_t context_;
+  ZapAuthenticator zap_;
+  zmq::socket_t socket_;
+  std::string address_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(LiveCoordinator, AdmitsAReachableVolunteerAndRefusesEachBadJoin) {
+  const std::string out = freshDir("live");
+  LiveCoordinator coordinator(out);
+  zmq::context_t ctx;
+
+  // The good join: token right, address answers the dial-back with the volunteer's own key.
+  Client good(ctx, coordinator.invite());
+  FakeResponder responder(good.keys, coordinator.invite().coordinator_key);
+  const auto accepted = good.ask(encode(goodAsk(responder.address())));
+  ASSERT_TRUE(accepted.has_value());
+  ASSERT_TRUE(std::holds_alternative<Accepted>(*accepted));
+  EXPECT_EQ(std::get<Accepted>(*accepted).name, "node_0");
+  EXPECT_EQ(std::get<Accepted>(*accepted).state, "spare");
+
+  Client bad(ctx, coordinator.invite());
+  JoinAsk wrong_token = goodAsk("127.0.0.1:7100");
+  wrong_token.token = std::string(32, 'a');
+  EXPECT_EQ(bad.refusal(encode(wrong_token)), "wrong invite token");
+  // Another volunteer cannot take an address a member advertises.
+  EXPECT_NE(bad.refusal(encode(goodAsk(responder.address()))).find("already taken by node_0"),
+            std::string::npos);
+  // An address nobody answers at (a kernel port just released) is refused after the dial-back.
+  const int dead_port = testutil::freeLoopbackPorts(1)[0];
+  EXPECT_NE(bad.refusal(encode(goodAsk("127.0.0.1:" + std::to_string(dead_port))))
+                .find("not reachable at 127.0.0.1:" + std::to_string(dead_port)),
+            std::string::npos);
+  // An address that answers, but with another volunteer's key: the CURVE handshake fails, so
+  // the dial-back gets no answer — the key in the join and the address must belong together.
+  EXPECT_NE(bad.refusal(encode(goodAsk(FakeResponder(generateCurveKeyPair(),
+                                                     coordinator.invite().coordinator_key)
+                                           .address())))
+                .find("not reachable"),
+            std::string::npos);
+  // Malformed and oversized messages.
+  EXPECT_NE(bad.refusal({"{not json"}).find("header is not a JSON object"), std::string::npos);
+  EXPECT_NE(bad.refusal({R"({"type":"join","protocol":99})"}).find("\"protocol\" must be 1"),
+            std::string::npos);
+  EXPECT_NE(bad.refusal({R"({"type":"join","protocol":1,"token":5})"}).find("\"token\" must be a string"),
+            std::string::npos);
+  BandwidthProbeMsg big{std::string((1 << 20) + 10, 'x')};
+  EXPECT_NE(bad.refusal(encode(big)).find("exceeds the limit"), std::string::npos);
+  // Speaking for a member it is not.
+  EXPECT_NE(bad.refusal(encode(Heartbeat{"node_0", "training", 5})).find("you are not node_0"),
+            std::string::npos);
+  // The member itself may heartbeat (no answer expected, and no refusal).
+  EXPECT_FALSE(good.ask(encode(Heartbeat{"node_0", "waiting", -1}), milliseconds(300)).has_value());
+
+  // A client holding the wrong coordinator key never gets through: no answer, nothing counted.
+  Client stranger(ctx, coordinator.invite(), generateCurveKeyPair().public_key);
+  EXPECT_FALSE(stranger.ask(encode(goodAsk("127.0.0.1:7200")), milliseconds(1000)).has_value());
+
+  const CoordinatorStats& stats = coordinator.stop();
+  EXPECT_EQ(stats.refused_joins, 4u);  // token, taken, dead port, wrong key at the address
+  EXPECT_EQ(stats.malformed, 5u);      // not JSON, protocol, token type, big, not node_0
+  // 1 good join + 1 heartbeat + 4 refused joins + 5 malformed; the stranger's never arrived.
+  EXPECT_EQ(stats.messages, 11u);
+  CoordinatorStore store(out + "/coordinator.db");
+  ASSERT_EQ(store.members().size(), 1u);
+  EXPECT_EQ(store.members()[0].public_key, good.keys.public_key);
+}
+
+TEST(LiveCoordinator, KeepsItsInviteAcrossARestart) {
+  const std::string out = freshDir("restart");
+  std::string first;
+  {
+    CoordinatorOptions o;
+    o.listen = "127.0.0.1:0";
+    o.out = out;
+    Coordinator c(o, clusterize::PreparedModel{});
+    first = c.invite();
+  }
+  CoordinatorOptions o;
+  o.listen = "127.0.0.1:0";
+  o.out = out;
+  Coordinator again(o, clusterize::PreparedModel{});
+  const Invite a = parseInvite(first), b = parseInvite(again.invite());
+  EXPECT_EQ(a.coordinator_key, b.coordinator_key);
+  EXPECT_EQ(a.token, b.token);
+  EXPECT_EQ(fs::status(out + "/coordinator.key").permissions() &
+                (fs::perms::group_all | fs::perms::others_all),
+            fs::perms::none);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator

@@ -1,0 +1,278 @@
+#!/usr/bin/python3
+"""Volunteers join a run by invite: a real coordinator (`clusterize --serve`) and real
+`provider --join` processes on tcp loopback. No sleeps stand in for synchronisation: each step
+waits for the line or file that says the previous one happened.
+
+    volunteer_test.py CASE --provider BUILD/node/provider --clusterize BUILD/clusterize/clusterize --work DIR
+
+CASE:
+  join_train_merge  a coordinator and 6 volunteers that join at different moments (3, then 3 more
+                    once the first 3 are in) form 2 clusters x 3 stages, train a Fashion-MNIST slice
+                    with "average" syncs (the last step is a reduce), upload their trained stages;
+                    the coordinator merges them into trained.pt / trained.safetensors. PyTorch
+                    evaluates trained.pt on the same test images to exactly the accuracy both Leaves
+                    reported, and the safetensors file holds the same tensors.
+  bad_invites       what a volunteer sees when its invite is wrong: a wrong token is refused with
+                    the coordinator's reason (exit 2), a wrong coordinator key gets no answer and a
+                    clear timeout (exit 3), a malformed invite exits 2 before any network traffic
+"""
+import argparse
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
+FASHION = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530
+
+
+def fail(message):
+    print("FAIL: " + message, file=sys.stderr)
+    sys.exit(1)
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Process:
+    """A child process whose output lines are collected by a thread (and echoed with a tag)."""
+
+    def __init__(self, tag, cmd, cwd=None):
+        self.tag, self.lines, self.cond = tag, [], threading.Condition()
+        self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, bufsize=1)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            print(f"[{self.tag}] {line}", end="", flush=True)
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+
+    def wait_for(self, predicate, timeout, what):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for line in self.lines:
+                    if predicate(line):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None and not self.thread.is_alive():
+                    fail(f"{self.tag}: no line {what} within {timeout} s (exit {self.proc.poll()})")
+                self.cond.wait(min(left, 1.0))
+
+    def count(self, predicate):
+        with self.cond:
+            return sum(1 for line in self.lines if predicate(line))
+
+    def finish(self, timeout):
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            fail(f"{self.tag}: still running after {timeout} s")
+        self.thread.join(5)
+        return code
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def z85(data):
+    """ZeroMQ's Z85 encoding (RFC 32) of bytes whose length is a multiple of 4: a CURVE key."""
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+    out = []
+    for i in range(0, len(data), 4):
+        value = int.from_bytes(data[i:i + 4], "big")
+        out.extend(alphabet[value // 85 ** k % 85] for k in range(4, -1, -1))
+    return "".join(out)
+
+
+def load_idx(name, offset):
+    return np.frombuffer(gzip.open(os.path.join(FASHION, name)).read(), np.uint8, offset=offset)
+
+
+def write_job(work, model, steps, test_samples):
+    job = {"format": 1, "job_id": "volunteers", "driver": "cairn", "model": model,
+           "data": {"location": FASHION, "format": "idx", "normalize": {"mean": [MEAN], "std": [STD]},
+                    "train_samples": 6000, "test_samples": test_samples},
+           "training_definition": {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": steps,
+                                   "seed": 3, "optimizer": {"name": "adamw", "lr": 0.003},
+                                   "sync": "average", "local_steps": 5,
+                                   "timeouts": {"startup_s": 60, "peer_s": 60}}}
+    path = os.path.join(work, "job.json")
+    with open(path, "w") as f:
+        json.dump(job, f)
+    return path
+
+
+def start_coordinator(args, job, model, out, extra):
+    invite_file = os.path.join(args.work, "invite.txt")
+    cmd = [args.clusterize, "--model", model, "--job", job, "--input-shape", "8,1,28,28",
+           "--serve", "127.0.0.1:0", "--invite-file", invite_file, "--out", out] + extra
+    coordinator = Process("coordinator", cmd)
+    line = coordinator.wait_for(lambda l: l.startswith("invite: "), 120, "'invite: …'")
+    return coordinator, line.split()[1]
+
+
+def volunteer(args, invite, i, port, extra=()):
+    workdir = os.path.join(args.work, f"volunteer_{i}")
+    cmd = [args.provider, "--join", invite, "--listen", f"127.0.0.1:{port}", "--workdir", workdir,
+           "--probe-megabytes", "1"] + list(extra)
+    return Process(f"volunteer {i}", cmd), workdir
+
+
+def case_join_train_merge(args):
+    os.makedirs(args.work, exist_ok=True)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    test_samples = 1000
+    job = write_job(args.work, model, 60, test_samples)
+    out = os.path.join(args.work, "coordinator")
+    coordinator, invite = start_coordinator(
+        args, job, model, out, ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14"])
+    ports = free_ports(6)
+    volunteers = []
+    try:
+        for i in range(3):
+            volunteers.append(volunteer(args, invite, i, ports[i]))
+        # The first three are in (accepted as spares) before the others start.
+        for i in range(3):
+            coordinator.wait_for(lambda l, i=i: f"joined: node_{i} " in l, 120, f"'joined: node_{i}'")
+        if coordinator.count(lambda l: "planned" in l):
+            fail("the coordinator planned before --min-volunteers had joined")
+        for i in range(3, 6):
+            volunteers.append(volunteer(args, invite, i, ports[i]))
+        coordinator.wait_for(lambda l: "planned 2 cluster(s) on 6 volunteers" in l, 120, "'planned 2 cluster(s)'")
+        code = coordinator.finish(600)
+        if code != 0:
+            fail(f"the coordinator exited {code}")
+        for v, _ in volunteers:
+            c = v.finish(120)
+            if c != 0:
+                fail(f"{v.tag} exited {c}")
+    finally:
+        coordinator.kill()
+        for v, _ in volunteers:
+            v.kill()
+
+    # Secret keys never left the volunteers; the coordinator holds none.
+    for name in os.listdir(os.path.join(out, "nodes")):
+        if os.path.exists(os.path.join(out, "nodes", name, "secret.key")):
+            fail(f"the coordinator's folder holds a secret key for {name}")
+    summary = json.load(open(os.path.join(out, "run_result.json")))
+    clusters = summary["clusters"]
+    if sorted(c["cluster"] for c in clusters) != [0, 1]:
+        fail(f"expected the Leaves of clusters 0 and 1 in run_result.json, got {clusters}")
+    accuracies = [c["eval"]["accuracy"] for c in clusters]
+    if accuracies[0] != accuracies[1]:
+        fail(f"the two clusters' Leaves report different accuracies after the final reduce: {accuracies}")
+    plan = json.load(open(os.path.join(out, "plan.json")))
+    chains = [c["chain"] for c in plan["clusters"]]
+    if [len(c) for c in chains] != [3, 3]:
+        fail(f"expected 2 clusters x 3 stages, got {chains}")
+
+    net = torch.jit.load(summary["trained_torchscript"])
+    net.eval()
+    images = load_idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)[:test_samples]
+    labels = torch.from_numpy(load_idx("t10k-labels-idx1-ubyte.gz", 8)[:test_samples].astype(np.int64))
+    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - MEAN) / STD
+    with torch.no_grad():
+        logits = torch.cat([net(x[i:i + 250]) for i in range(0, test_samples, 250)])
+    accuracy = (logits.argmax(1) == labels).double().mean().item()
+    print(f"2 x 3 volunteers: Leaves report accuracy {accuracies[0]:.4f}; the merged model in PyTorch: {accuracy:.4f}")
+    if abs(accuracy - accuracies[0]) > 1e-9:
+        fail("the merged model's accuracy differs from the Leaves'")
+    if accuracy <= 0.5:
+        fail(f"accuracy {accuracy:.4f} after 60 steps is not above 0.5")
+    # The safetensors file holds the same values as the TorchScript one.
+    raw = open(summary["trained_safetensors"], "rb").read()
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + header_len])
+    state = dict(net.state_dict())
+    checked = 0
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = meta["data_offsets"]
+        dtype = {"F32": np.float32, "I64": np.int64}[meta["dtype"]]
+        value = np.frombuffer(raw[8 + header_len + begin:8 + header_len + end], dtype).reshape(meta["shape"])
+        if not np.array_equal(value, state[name].numpy()):
+            fail(f"trained.safetensors: {name} differs from trained.pt")
+        checked += 1
+    if checked != len(state):
+        fail(f"trained.safetensors holds {checked} tensors, trained.pt {len(state)}")
+
+
+def case_bad_invites(args):
+    os.makedirs(args.work, exist_ok=True)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    job = write_job(args.work, model, 10, 100)
+    out = os.path.join(args.work, "coordinator")
+    coordinator, invite = start_coordinator(args, job, model, out, ["--min-volunteers", "99"])
+    try:
+        head, key_hex, token = invite.rsplit(":", 2)
+        port = free_ports(1)[0]
+        # A wrong token: refused with the coordinator's reason.
+        v, _ = volunteer(args, f"{head}:{key_hex}:{'f' * len(token)}", "token", port)
+        code = v.finish(120)
+        if code != 2 or not v.count(lambda l: "refused" in l and "wrong invite token" in l):
+            fail(f"a wrong token: expected exit 2 and the coordinator's reason, got exit {code}")
+        # A wrong coordinator key (another valid key): the CURVE handshake fails silently, so
+        # the volunteer hears nothing and says so.
+        other = z85(os.urandom(32)).encode().hex()
+        v, _ = volunteer(args, f"{head}:{other}:{token}", "key", port, ["--coordinator-timeout-s", "3"])
+        code = v.finish(120)
+        if code != 3 or not v.count(lambda l: "did not answer" in l):
+            fail(f"a wrong coordinator key: expected exit 3 and 'did not answer', got exit {code}")
+        # A malformed invite never reaches the network.
+        v, _ = volunteer(args, "cairn-invite:1:127.0.0.1:notaport:00:00", "malformed", port)
+        code = v.finish(60)
+        if code != 2 or not v.count(lambda l: "invite" in l):
+            fail(f"a malformed invite: expected exit 2 naming the invite, got exit {code}")
+    finally:
+        coordinator.proc.terminate()
+        code = coordinator.finish(60)
+    if code != 0:
+        fail(f"the coordinator exited {code} on SIGTERM")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=["join_train_merge", "bad_invites"])
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--clusterize", required=True)
+    parser.add_argument("--work", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    shutil.rmtree(args.work, ignore_errors=True)
+    globals()["case_" + args.case](args)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
