@@ -243,6 +243,9 @@ struct Coordinator::Impl {
                  " have joined or in ", o.gather.count() / 1000.0, " s");
     }
     if (int(spares.size()) < want && Clock::now() - *enough_since < o.gather) return;
+    // At most `want` (--max-volunteers, default --min-volunteers) take part, first come first
+    // placed; later ones stay spares.
+    if (int(spares.size()) > want) spares.resize(size_t(want));
     PlannedRun run;
     try {
       run = planVolunteers(prepared, spares, o.out);

@@ -12,6 +12,11 @@ CASE:
                     the coordinator merges them into trained.pt / trained.safetensors. PyTorch
                     evaluates trained.pt on the same test images to exactly the accuracy both Leaves
                     reported, and the safetensors file holds the same tensors.
+  coordinator_restarts  3 volunteers form one 3-stage pipeline; the coordinator is SIGKILLed once it
+                    has planned. Training goes on without it (the Leaf keeps writing step records);
+                    the same command started again picks the run up from coordinator.db with the
+                    same invite, the volunteers' pending uploads reach it, and it merges the
+                    trained model, whose PyTorch accuracy equals the Leaf's.
   bad_invites       what a volunteer sees when its invite is wrong: a wrong token is refused with
                     the coordinator's reason (exit 2), a wrong coordinator key gets no answer and a
                     clear timeout (exit 3), a malformed invite exits 2 before any network traffic
@@ -127,10 +132,11 @@ def write_job(work, model, steps, test_samples):
     return path
 
 
-def start_coordinator(args, job, model, out, extra):
+def start_coordinator(args, job, model, out, extra, port=0):
+    """port 0: the kernel picks; a restart must name the port its invite holds."""
     invite_file = os.path.join(args.work, "invite.txt")
     cmd = [args.clusterize, "--model", model, "--job", job, "--input-shape", "8,1,28,28",
-           "--serve", "127.0.0.1:0", "--invite-file", invite_file, "--out", out] + extra
+           "--serve", f"127.0.0.1:{port}", "--invite-file", invite_file, "--out", out] + extra
     coordinator = Process("coordinator", cmd)
     line = coordinator.wait_for(lambda l: l.startswith("invite: "), 120, "'invite: …'")
     return coordinator, line.split()[1]
@@ -194,14 +200,8 @@ def case_join_train_merge(args):
     if [len(c) for c in chains] != [3, 3]:
         fail(f"expected 2 clusters x 3 stages, got {chains}")
 
+    accuracy = evaluate(summary["trained_torchscript"], test_samples)
     net = torch.jit.load(summary["trained_torchscript"])
-    net.eval()
-    images = load_idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)[:test_samples]
-    labels = torch.from_numpy(load_idx("t10k-labels-idx1-ubyte.gz", 8)[:test_samples].astype(np.int64))
-    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - MEAN) / STD
-    with torch.no_grad():
-        logits = torch.cat([net(x[i:i + 250]) for i in range(0, test_samples, 250)])
-    accuracy = (logits.argmax(1) == labels).double().mean().item()
     print(f"2 x 3 volunteers: Leaves report accuracy {accuracies[0]:.4f}; the merged model in PyTorch: {accuracy:.4f}")
     if abs(accuracy - accuracies[0]) > 1e-9:
         fail("the merged model's accuracy differs from the Leaves'")
@@ -224,6 +224,83 @@ def case_join_train_merge(args):
         checked += 1
     if checked != len(state):
         fail(f"trained.safetensors holds {checked} tensors, trained.pt {len(state)}")
+
+
+def evaluate(path, test_samples):
+    net = torch.jit.load(path)
+    net.eval()
+    images = load_idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)[:test_samples]
+    labels = torch.from_numpy(load_idx("t10k-labels-idx1-ubyte.gz", 8)[:test_samples].astype(np.int64))
+    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - MEAN) / STD
+    with torch.no_grad():
+        logits = torch.cat([net(x[i:i + 250]) for i in range(0, test_samples, 250)])
+    return (logits.argmax(1) == labels).double().mean().item()
+
+
+def step_records(path):
+    if not os.path.exists(path):
+        return 0
+    return sum(1 for line in open(path) if '"step"' in line)
+
+
+def wait_until(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.2)  # polling a file another process writes; no ordering is assumed
+
+
+def case_coordinator_restarts(args):
+    os.makedirs(args.work, exist_ok=True)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    test_samples = 1000
+    job = write_job(args.work, model, 150, test_samples)
+    out = os.path.join(args.work, "coordinator")
+    flags = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14"]
+    coordinator_port = free_ports(1)[0]
+    coordinator, invite = start_coordinator(args, job, model, out, flags, coordinator_port)
+    ports = free_ports(3)
+    volunteers = []
+    try:
+        for i in range(3):
+            volunteers.append(volunteer(args, invite, i, ports[i], ["--result-wait-s", "600"]))
+        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned'")
+        leaf = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][-1]
+        leaf_dir = next(w for v, w in volunteers if os.path.isdir(os.path.join(w, "node_data", "nodes", leaf)))
+        metrics = os.path.join(leaf_dir, "node_data", "nodes", leaf, "metrics.jsonl")
+        wait_until(lambda: step_records(metrics) >= 5, 120, "the Leaf's first steps")
+        coordinator.proc.kill()
+        coordinator.finish(30)
+        at_kill = step_records(metrics)
+        print(f"coordinator killed at the Leaf's step record {at_kill}")
+        # Training goes on without the coordinator.
+        wait_until(lambda: step_records(metrics) >= at_kill + 20, 300, "steps after the coordinator died")
+        again, invite_again = start_coordinator(args, job, model, out, flags, coordinator_port)
+        coordinator = again
+        if invite_again != invite:
+            fail("the restarted coordinator has another invite")
+        code = coordinator.finish(600)
+        if code != 0:
+            fail(f"the restarted coordinator exited {code}")
+        for v, _ in volunteers:
+            c = v.finish(120)
+            if c != 0:
+                fail(f"{v.tag} exited {c}")
+    finally:
+        coordinator.kill()
+        for v, _ in volunteers:
+            v.kill()
+    if step_records(metrics) != 150:
+        fail(f"the Leaf wrote {step_records(metrics)} step records, expected 150")
+    summary = json.load(open(os.path.join(out, "run_result.json")))
+    reported = summary["clusters"][0]["eval"]["accuracy"]
+    accuracy = evaluate(summary["trained_torchscript"], test_samples)
+    print(f"after a coordinator restart: Leaf accuracy {reported:.4f}, merged model in PyTorch {accuracy:.4f}")
+    if abs(accuracy - reported) > 1e-9:
+        fail("the merged model's accuracy differs from the Leaf's")
 
 
 def case_bad_invites(args):
@@ -263,7 +340,7 @@ def case_bad_invites(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["join_train_merge", "bad_invites"])
+    parser.add_argument("case", choices=["join_train_merge", "coordinator_restarts", "bad_invites"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
