@@ -63,12 +63,9 @@ EvalResult Evaluator::evaluate(int64_t step) {
   if (ctx_.is_leaf) {
     result.samples = samples;
     result.loss = tally.terms ? tally.loss_sum / double(tally.terms) : 0;
-    if (ctx_.opt.loss.kind != LossKind::kMse && ctx_.cfg.data.format != "tokens")
+    if (lossReportsAccuracy(ctx_.opt.loss))
       result.accuracy = tally.terms ? double(tally.correct) / double(tally.terms) : 0;
-    if (ctx_.cfg.data.format == "tokens") {
-      result.perplexity = std::exp(result.loss);
-      result.accuracy = tally.terms ? double(tally.correct) / double(tally.terms) : 0;
-    }
+    if (ctx_.cfg.data.format == "tokens") result.perplexity = std::exp(result.loss);
   }
   nlohmann::json j;
   if (!ctx_.is_leaf) {

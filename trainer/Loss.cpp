@@ -3,11 +3,19 @@
 #include <ATen/ATen.h>
 
 #include "core/Error.h"
+#include "trainer/ScriptedLoss.h"
 
 namespace cairn {
 namespace {
 
-bool isClassification(const LossOptions& o) { return o.kind != LossKind::kMse; }
+bool isClassification(const LossOptions& o) {
+  return o.kind == LossKind::kCrossEntropy || o.kind == LossKind::kNll;
+}
+
+ScriptedLoss& scripted(const LossOptions& o) {
+  CAIRN_ENFORCE(o.scripted != nullptr, "torchscript loss used before it was loaded");
+  return *o.scripted;
+}
 
 // Flattens (N, C) / (N, T, C) outputs and (N) / (N, T) targets to (M, C) and (M).
 void flattenClassification(const torch::Tensor& output, const torch::Tensor& targets,
@@ -24,9 +32,46 @@ void flattenClassification(const torch::Tensor& output, const torch::Tensor& tar
                 " does not match targets shape ", targets.sizes());
 }
 
+void checkSameShape(const char* loss, const torch::Tensor& output, const torch::Tensor& targets) {
+  if (output.sizes() != targets.sizes())
+    CAIRN_THROW(BadInput, loss, " loss: output shape ", output.sizes(),
+                " differs from targets shape ", targets.sizes());
+}
+
+// Sum of the classification terms (cross_entropy with its label smoothing, or nll).
+torch::Tensor classificationSum(const LossOptions& o, const torch::Tensor& flat_output,
+                                const torch::Tensor& flat_targets) {
+  const bool ce = o.kind == LossKind::kCrossEntropy;
+  const torch::Tensor log_probabilities = ce ? at::log_softmax(flat_output, 1) : flat_output;
+  torch::Tensor sum =
+      at::nll_loss(log_probabilities, flat_targets, {}, at::Reduction::Sum, o.ignore_index);
+  if (!ce || o.label_smoothing == 0) return sum;
+  // torch's cross_entropy_loss_label_smoothing: the uniform part over the same (kept) rows.
+  const torch::Tensor kept = flat_targets.ne(o.ignore_index);
+  const torch::Tensor smooth = -(log_probabilities.sum(1).masked_fill(kept.logical_not(), 0).sum());
+  const double classes = double(flat_output.size(1));
+  return sum * (1 - o.label_smoothing) + smooth * (o.label_smoothing / classes);
+}
+
+torch::Tensor bceSum(const LossOptions& o, const torch::Tensor& output,
+                     const torch::Tensor& targets) {
+  checkSameShape("bce_with_logits", output, targets);
+  torch::Tensor pos_weight;
+  if (!o.pos_weight.empty()) {
+    pos_weight = torch::tensor(o.pos_weight, torch::kDouble).to(output.scalar_type());
+    if (o.pos_weight.size() > 1 && (output.dim() == 0 || output.size(-1) != pos_weight.size(0)))
+      CAIRN_THROW(BadInput, "bce_with_logits loss: pos_weight has ", o.pos_weight.size(),
+                  " entries but the output's last dimension is ",
+                  output.dim() ? output.size(-1) : 0, " (shape ", output.sizes(), ")");
+  }
+  return at::binary_cross_entropy_with_logits(output, targets.to(output.scalar_type()), {},
+                                              pos_weight, at::Reduction::Sum);
+}
+
 }  // namespace
 
 int64_t lossTermCount(const LossOptions& options, const torch::Tensor& targets) {
+  if (options.kind == LossKind::kTorchScript) return scripted(options).count(targets);
   if (!isClassification(options)) return targets.numel();
   return targets.ne(options.ignore_index).sum().item<int64_t>();
 }
@@ -34,41 +79,61 @@ int64_t lossTermCount(const LossOptions& options, const torch::Tensor& targets) 
 torch::Tensor microbatchLoss(const LossOptions& options, const torch::Tensor& output,
                              const torch::Tensor& targets, double denominator) {
   CAIRN_ENFORCE(denominator > 0, "loss denominator must be positive");
-  if (!isClassification(options)) {
-    if (output.sizes() != targets.sizes())
-      CAIRN_THROW(BadInput, "mse loss: output shape ", output.sizes(),
-                  " differs from targets shape ", targets.sizes());
-    return at::mse_loss(output, targets.to(output.scalar_type()), at::Reduction::Sum) / denominator;
+  switch (options.kind) {
+    case LossKind::kTorchScript:
+      return scripted(options).microbatchLoss(output, targets, denominator);
+    case LossKind::kMse:
+      checkSameShape("mse", output, targets);
+      return at::mse_loss(output, targets.to(output.scalar_type()), at::Reduction::Sum) /
+             denominator;
+    case LossKind::kBceWithLogits:
+      return bceSum(options, output, targets) / denominator;
+    case LossKind::kCrossEntropy:
+    case LossKind::kNll:
+      break;
   }
   torch::Tensor flat_output, flat_targets;
   flattenClassification(output, targets, &flat_output, &flat_targets);
-  torch::Tensor log_probabilities =
-      options.kind == LossKind::kCrossEntropy ? at::log_softmax(flat_output, 1) : flat_output;
-  return at::nll_loss(log_probabilities, flat_targets, {}, at::Reduction::Sum,
-                      options.ignore_index) /
-         denominator;
+  return classificationSum(options, flat_output, flat_targets) / denominator;
 }
 
 EvalTally evaluationTally(const LossOptions& options, const torch::Tensor& output,
                           const torch::Tensor& targets) {
+  torch::NoGradGuard no_grad;
   EvalTally tally;
-  if (!isClassification(options)) {
-    tally.loss_sum =
-        at::mse_loss(output, targets.to(output.scalar_type()), at::Reduction::Sum).item<double>();
-    tally.terms = targets.numel();
-    return tally;
+  switch (options.kind) {
+    case LossKind::kTorchScript: {
+      auto [sum, count] = scripted(options).sumAndCount(output, targets);
+      tally.loss_sum = sum.item<double>();
+      tally.terms = count;
+      return tally;
+    }
+    case LossKind::kMse:
+      checkSameShape("mse", output, targets);
+      tally.loss_sum =
+          at::mse_loss(output, targets.to(output.scalar_type()), at::Reduction::Sum).item<double>();
+      tally.terms = targets.numel();
+      return tally;
+    case LossKind::kBceWithLogits:
+      tally.loss_sum = bceSum(options, output, targets).item<double>();
+      tally.terms = targets.numel();
+      tally.correct = output.gt(0).eq(targets.to(output.scalar_type()).ge(0.5)).sum().item<int64_t>();
+      return tally;
+    case LossKind::kCrossEntropy:
+    case LossKind::kNll:
+      break;
   }
   torch::Tensor flat_output, flat_targets;
   flattenClassification(output, targets, &flat_output, &flat_targets);
-  torch::Tensor log_probabilities =
-      options.kind == LossKind::kCrossEntropy ? at::log_softmax(flat_output, 1) : flat_output;
-  tally.loss_sum =
-      at::nll_loss(log_probabilities, flat_targets, {}, at::Reduction::Sum, options.ignore_index)
-          .item<double>();
+  tally.loss_sum = classificationSum(options, flat_output, flat_targets).item<double>();
   const torch::Tensor valid = flat_targets.ne(options.ignore_index);
   tally.terms = valid.sum().item<int64_t>();
   tally.correct = (flat_output.argmax(1).eq(flat_targets) & valid).sum().item<int64_t>();
   return tally;
+}
+
+bool lossReportsAccuracy(const LossOptions& options) {
+  return options.kind != LossKind::kMse && options.kind != LossKind::kTorchScript;
 }
 
 }  // namespace cairn

@@ -4,11 +4,17 @@
 // (the "denominator", counted by the Root, which sees the whole batch, and sent with each
 // micro-batch). The micro-batch losses then add up to exactly the batch mean, and so do their
 // gradients.
-//   cross_entropy: output (N, C) or (N, T, C) logits, targets (N) or (N, T) class ids;
-//                  terms = targets != ignore_index
-//   nll:           the same on log-probabilities
-//   mse:           output and targets of one shape; terms = every element
-// Thread-safety: free functions.
+//   cross_entropy:   output (N, C) or (N, T, C) logits, targets (N) or (N, T) class ids;
+//                    terms = targets != ignore_index. With label_smoothing e each term is
+//                    (1 - e) * -log p[target] + e / C * sum over classes of -log p[c], which is
+//                    torch's cross_entropy(label_smoothing=e) times its count.
+//   nll:             the same on log-probabilities (no smoothing)
+//   mse:             output and targets of one shape; terms = every element
+//   bce_with_logits: output and targets of one shape, targets in [0, 1]; terms = every element;
+//                    pos_weight broadcast over the last dimension, as in torch
+//   torchscript:     the module's (sum, count) (trainer/ScriptedLoss.h); the Root's count is the
+//                    module's count(target)
+// Thread-safety: free functions; a torchscript loss is used by one thread.
 #pragma once
 
 #include <torch/script.h>
@@ -28,9 +34,13 @@ torch::Tensor microbatchLoss(const LossOptions& options, const torch::Tensor& ou
 struct EvalTally {
   double loss_sum = 0;  // sum of loss terms
   int64_t terms = 0;    // loss terms counted
-  int64_t correct = 0;  // top-1 hits (classification losses only)
+  int64_t correct = 0;  // top-1 hits (classification losses), or labels on the right side of 0
+                        // (bce_with_logits); 0 where lossReportsAccuracy is false
 };
 EvalTally evaluationTally(const LossOptions& options, const torch::Tensor& output,
                           const torch::Tensor& targets);
+// Whether correct / terms is an accuracy (cross_entropy, nll, bce_with_logits; not mse, not a
+// torchscript loss, whose terms cairn knows nothing about).
+bool lossReportsAccuracy(const LossOptions& options);
 
 }  // namespace cairn

@@ -6,10 +6,23 @@
 
 namespace cairn {
 
-Optimizer::Optimizer(std::vector<torch::Tensor> parameters, const OptimizerOptions& options)
+Optimizer::Optimizer(std::vector<torch::Tensor> parameters, const OptimizerOptions& options,
+                     std::vector<int> groups)
     : parameters_(std::move(parameters)), states_(parameters_.size()), options_(options) {
   if (options_.weight_decay < 0)
     options_.weight_decay = options_.kind == OptimizerKind::kAdamW ? 0.01 : 0;
+  CAIRN_ENFORCE(groups.empty() || groups.size() == parameters_.size(),
+                "optimizer: ", groups.size(), " group indices for ", parameters_.size(),
+                " parameters");
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const int g = groups.empty() ? -1 : groups[i];
+    CAIRN_ENFORCE(g >= -1 && g < int(options_.param_groups.size()), "optimizer: parameter ", i,
+                  " is in group ", g, " of ", options_.param_groups.size());
+    const ParamGroupRule* rule = g < 0 ? nullptr : &options_.param_groups[size_t(g)];
+    weight_decay_.push_back(rule && rule->weight_decay >= 0 ? rule->weight_decay
+                                                            : options_.weight_decay);
+    lr_scale_.push_back(rule ? rule->lr_scale : 1.0);
+  }
 }
 
 void Optimizer::zeroGrad() {
@@ -21,7 +34,7 @@ void Optimizer::zeroGrad() {
   }
 }
 
-void Optimizer::step(double lr) {
+void Optimizer::step(double base_lr) {
   torch::NoGradGuard no_grad;
   const auto& o = options_;
   for (size_t i = 0; i < parameters_.size(); ++i) {
@@ -29,10 +42,12 @@ void Optimizer::step(double lr) {
     if (!p.grad().defined()) continue;
     State& s = states_[i];
     torch::Tensor grad = p.grad();
+    const double lr = base_lr * lr_scale_[i];
+    const double weight_decay = weight_decay_[i];
     switch (o.kind) {
       case OptimizerKind::kSgd: {
         // torch/optim/sgd.py _single_tensor_sgd
-        if (o.weight_decay != 0) grad = grad.add(p, o.weight_decay);
+        if (weight_decay != 0) grad = grad.add(p, weight_decay);
         if (o.momentum != 0) {
           if (!s.momentum_buffer.defined()) {
             s.momentum_buffer = grad.clone().detach();
@@ -53,9 +68,9 @@ void Optimizer::step(double lr) {
         }
         s.step += 1;
         if (o.kind == OptimizerKind::kAdamW) {
-          p.mul_(1 - lr * o.weight_decay);
-        } else if (o.weight_decay != 0) {
-          grad = grad.add(p, o.weight_decay);
+          p.mul_(1 - lr * weight_decay);
+        } else if (weight_decay != 0) {
+          grad = grad.add(p, weight_decay);
         }
         s.exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
         s.exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad.conj(), 1 - o.beta2);

@@ -1,7 +1,9 @@
 // Optimizer: SGD (momentum, dampening, nesterov, weight decay), Adam and AdamW over one stage's
 // parameters, written out to match torch.optim's update rules (PyTorch 1.13, single-tensor path)
 // step for step. The learning rate is passed to every step() so the LR schedule stays a pure
-// function of the step index. Owns its state tensors; borrows the parameters (they alias the stage
+// function of the step index. Parameter groups (OptimizerOptions::param_groups, trainer/ParamGroups.h)
+// give a parameter its group's weight decay and lr_scale, as torch.optim's groups do: the group's
+// lr is lr * lr_scale at every step. Owns its state tensors; borrows the parameters (they alias the stage
 // module's, and are updated in place). Thread-safety: one thread (the node's trainer thread).
 #pragma once
 
@@ -18,7 +20,10 @@ namespace cairn {
 
 class Optimizer {
  public:
-  Optimizer(std::vector<torch::Tensor> parameters, const OptimizerOptions& options);
+  // `groups[i]`: index into options.param_groups of parameter i's group, -1 for the optimizer's
+  // own settings; empty: every parameter has the optimizer's settings.
+  Optimizer(std::vector<torch::Tensor> parameters, const OptimizerOptions& options,
+            std::vector<int> groups = {});
   // One update with learning rate `lr`; parameters without a gradient are skipped (as in PyTorch).
   void step(double lr);
   void zeroGrad();
@@ -42,6 +47,8 @@ class Optimizer {
   };
   std::vector<torch::Tensor> parameters_;
   std::vector<State> states_;
+  std::vector<double> weight_decay_;  // per parameter (its group's)
+  std::vector<double> lr_scale_;      // per parameter (its group's)
   OptimizerOptions options_;
 };
 

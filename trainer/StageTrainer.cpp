@@ -21,6 +21,7 @@
 #include "trainer/Metrics.h"
 #include "trainer/MicrobatchPasses.h"
 #include "trainer/Optimizer.h"
+#include "trainer/ParamGroups.h"
 #include "trainer/RunPlan.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/StepRecorder.h"
@@ -32,13 +33,6 @@
 
 namespace cairn {
 namespace {
-
-std::unique_ptr<Optimizer> makeOptimizer(StageExecutor& executor, const OptimizerOptions& options) {
-  std::vector<torch::Tensor> trainable;
-  for (auto& p : executor.parameters())
-    if (p.requires_grad()) trainable.push_back(p);
-  return std::make_unique<Optimizer>(trainable, options);
-}
 
 MetricsLog openMetrics(const StageTrainerConfig& cfg) {
   if (cfg.metrics_path.empty()) return MetricsLog();
@@ -78,7 +72,7 @@ struct StageTrainer::Impl {
         executor(std::make_unique<StageExecutor>(std::move(stage), cfg.node.inputs,
                                                  cfg.node.outputs,
                                                  /*inputs_need_grad=*/!is_root)),
-        optimizer(makeOptimizer(*executor, cfg.options.optimizer)),
+        optimizer(makeStageOptimizer(executor->module(), cfg.options.optimizer)),
         metrics(openMetrics(cfg)),
         ctx{cfg,        cfg.options, is_root, is_leaf, *executor,
             *optimizer, metrics,     plan,    times,   observer},

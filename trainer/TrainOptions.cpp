@@ -1,8 +1,11 @@
 #include "trainer/TrainOptions.h"
 
+#include <filesystem>
 #include <limits>
 
 #include "core/JsonReader.h"
+#include "trainer/ParamGroups.h"
+#include "trainer/ScriptedLoss.h"
 
 namespace cairn {
 namespace {
@@ -26,8 +29,8 @@ OptimizerOptions parseOptimizer(const JsonReader& r) {
     return o;
   }
   const JsonReader& opt = *maybe;
-  opt.rejectUnknownKeys(
-      {"name", "lr", "weight_decay", "momentum", "dampening", "nesterov", "betas", "eps"});
+  opt.rejectUnknownKeys({"name", "lr", "weight_decay", "momentum", "dampening", "nesterov", "betas",
+                         "eps", "param_groups"});
   name = opt.choiceOr("name", {"sgd", "adam", "adamw"}, "adamw");
   o.kind = name == "sgd"    ? OptimizerKind::kSgd
            : name == "adam" ? OptimizerKind::kAdam
@@ -58,6 +61,7 @@ OptimizerOptions parseOptimizer(const JsonReader& r) {
     for (const char* key : {"momentum", "dampening", "nesterov"})
       if (opt.has(key)) opt.fail(key, "is an sgd option, not an adam/adamw one");
   }
+  o.param_groups = parseParamGroups(opt);
   return o;
 }
 
@@ -117,11 +121,14 @@ LrScheduleOptions parseLrSchedule(const JsonReader& r) {
   return s;
 }
 
-LossOptions parseLoss(const JsonReader& r) {
+LossOptions parseLoss(const JsonReader& r, const std::string& source) {
   LossOptions l;
-  const std::vector<std::string> names = {"cross_entropy", "mse", "nll"};
+  const std::vector<std::string> names = {"cross_entropy", "mse", "nll", "bce_with_logits"};
   auto kindOf = [](const std::string& n) {
-    return n == "mse" ? LossKind::kMse : n == "nll" ? LossKind::kNll : LossKind::kCrossEntropy;
+    return n == "mse"               ? LossKind::kMse
+           : n == "nll"             ? LossKind::kNll
+           : n == "bce_with_logits" ? LossKind::kBceWithLogits
+                                    : LossKind::kCrossEntropy;
   };
   if (!r.has("loss_fn")) return l;
   if (r.raw()["loss_fn"].is_string()) {
@@ -129,9 +136,37 @@ LossOptions parseLoss(const JsonReader& r) {
     return l;
   }
   JsonReader o = r.object("loss_fn");
-  o.rejectUnknownKeys({"name", "ignore_index"});
+  if (o.has("torchscript")) {  // {"torchscript": "loss.pt"}: a path relative to job.json's folder
+    o.rejectUnknownKeys({"torchscript"});
+    const std::string file = o.string("torchscript");
+    if (file.empty()) o.fail("torchscript", "must name a TorchScript file");
+    const std::filesystem::path path(file);
+    l.kind = LossKind::kTorchScript;
+    l.torchscript_path =
+        path.is_absolute() ? file : (std::filesystem::path(source).parent_path() / path).string();
+    l.scripted = ScriptedLoss::load(l.torchscript_path, source, o.path("torchscript"));
+    return l;
+  }
+  o.rejectUnknownKeys({"name", "ignore_index", "label_smoothing", "pos_weight"});
   l.kind = kindOf(o.choice("name", names));
+  const bool classification = l.kind == LossKind::kCrossEntropy || l.kind == LossKind::kNll;
+  if (o.has("ignore_index") && !classification)
+    o.fail("ignore_index", "applies to cross_entropy and nll only");
   l.ignore_index = o.integerOr("ignore_index", -kBig, kBig, l.ignore_index);
+  if (o.has("label_smoothing") && l.kind != LossKind::kCrossEntropy)
+    o.fail("label_smoothing", "applies to cross_entropy only");
+  l.label_smoothing = o.numberOr("label_smoothing", 0);
+  if (!(l.label_smoothing >= 0 && l.label_smoothing < 1))
+    o.fail("label_smoothing", "must be in [0, 1)");
+  if (o.has("pos_weight")) {
+    if (l.kind != LossKind::kBceWithLogits) o.fail("pos_weight", "applies to bce_with_logits only");
+    l.pos_weight = o.raw()["pos_weight"].is_number()
+                       ? std::vector<double>{o.number("pos_weight")}
+                       : o.numberList("pos_weight");
+    if (l.pos_weight.empty()) o.fail("pos_weight", "must be a number or a non-empty list");
+    for (double w : l.pos_weight)
+      if (!(w >= 0)) o.fail("pos_weight", "must hold non-negative numbers");
+  }
   return l;
 }
 
@@ -157,6 +192,10 @@ std::string toString(LossKind kind) {
       return "mse";
     case LossKind::kNll:
       return "nll";
+    case LossKind::kBceWithLogits:
+      return "bce_with_logits";
+    case LossKind::kTorchScript:
+      return "torchscript";
   }
   return "?";
 }
@@ -228,7 +267,7 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.seed = static_cast<uint64_t>(r.integerOr("seed", 0, kBig, 0));
   o.optimizer = parseOptimizer(r);
   o.lr_scheduler = parseLrSchedule(r);
-  o.loss = parseLoss(r);
+  o.loss = parseLoss(r, source);
   o.clip_grad_norm = r.numberOr("clip_grad_norm", 0);
   if (!(o.clip_grad_norm >= 0)) r.fail("clip_grad_norm", "must be a non-negative number (0: off)");
   if (o.schedule == ScheduleKind::kAsync && o.clip_grad_norm > 0)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -17,7 +18,8 @@ namespace cairn {
 enum class PipelineOrder { k1F1B, kGPipe };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 enum class LrScheduleKind { kConstant, kStep, kCosine, kWarmupCosine };
-enum class LossKind { kCrossEntropy, kMse, kNll };
+// "loss_fn": the built-ins, or a TorchScript module (docs/TRAINING.md "Loss").
+enum class LossKind { kCrossEntropy, kMse, kNll, kBceWithLogits, kTorchScript };
 enum class SyncMode { kAverage, kDiLoCo, kGradients };
 // "schedule": how a node orders its micro-batches (docs/TRAINING.md "Schedules").
 enum class ScheduleKind { kSync, kAsync };
@@ -31,6 +33,19 @@ std::optional<ScheduleKind> parseScheduleKind(const std::string& name);
 std::string toString(NonFiniteAction action);
 std::optional<NonFiniteAction> parseNonFiniteAction(const std::string& name);
 
+// "optimizer.param_groups[i]": a rule that puts parameters in a group of their own, as
+// torch.optim's parameter groups do. A parameter joins the FIRST rule that selects it by any of its
+// selectors; parameters no rule selects keep the optimizer's settings (docs/TRAINING.md).
+struct ParamGroupRule {
+  std::vector<std::string> names;  // "names": globs over dotted parameter names ("*.bias", "head.*")
+  bool biases = false;             // "biases": parameters named "bias" (last name component)
+  bool norm_layers = false;        // "norm_layers": parameters of a module whose class name has
+                                   // "Norm" in it (BatchNorm2d, LayerNorm, GroupNorm, RMSNorm, ...)
+  int64_t max_dim = -1;            // "max_dim": tensors of at most this many dimensions (-1: unused)
+  double weight_decay = -1;        // "weight_decay": this group's (< 0: the optimizer's)
+  double lr_scale = 1;             // "lr_scale": the group's lr = the scheduled lr times this
+};
+
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;  // "name": "sgd" | "adam" | "adamw" (default adamw)
   double lr = 1e-3;                            // base learning rate
@@ -41,6 +56,7 @@ struct OptimizerOptions {
   double beta1 = 0.9;        // adam/adamw "betas": [0.9, 0.999]
   double beta2 = 0.999;
   double eps = 1e-8;  // adam/adamw
+  std::vector<ParamGroupRule> param_groups;  // "param_groups": [] (one group: every parameter)
 };
 
 struct LrScheduleOptions {
@@ -52,9 +68,17 @@ struct LrScheduleOptions {
   int64_t total_steps = 0;   // cosine horizon; 0 = the run's total optimizer steps
 };
 
+class ScriptedLoss;  // trainer/ScriptedLoss.h
+
 struct LossOptions {
-  LossKind kind = LossKind::kCrossEntropy;  // "loss_fn": "cross_entropy" | "mse" | "nll"
-  int64_t ignore_index = -100;              // cross_entropy/nll: targets equal to this are left out
+  // "loss_fn": "cross_entropy" | "mse" | "nll" | "bce_with_logits", {name, ...}, or
+  // {"torchscript": "loss.pt"} (a path relative to job.json's folder, or absolute).
+  LossKind kind = LossKind::kCrossEntropy;
+  int64_t ignore_index = -100;      // cross_entropy/nll: targets equal to this are left out
+  double label_smoothing = 0;       // cross_entropy: in [0, 1), as torch's label_smoothing
+  std::vector<double> pos_weight;   // bce_with_logits: one weight, or one per class (last dim)
+  std::string torchscript_path;     // torchscript: the file, resolved against job.json's folder
+  std::shared_ptr<ScriptedLoss> scripted;  // torchscript: loaded and checked by parseTrainOptions
 };
 
 struct TimeoutOptions {
@@ -93,7 +117,7 @@ struct TrainOptions {
   uint64_t seed = 0;                              // shuffling and dropout
   OptimizerOptions optimizer;                     // "optimizer": "adamw" or {name, lr, ...}
   LrScheduleOptions lr_scheduler;                 // "lr_scheduler": "constant" or {name, ...}
-  LossOptions loss;               // "loss_fn": "cross_entropy" or {name, ignore_index}
+  LossOptions loss;               // "loss_fn": "cross_entropy", {name, ...} or {torchscript}
   double clip_grad_norm = 0;      // > 0: clip gradients to this GLOBAL norm (all stages together)
   int64_t eval_every = 0;         // > 0: evaluate every this many steps (always at the end)
   int64_t eval_batch_size = 500;  // samples per evaluation batch

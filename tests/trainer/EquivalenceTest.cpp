@@ -11,6 +11,7 @@
 #include "tests/trainer/InMemoryPipeline.h"
 #include "trainer/Dataset.h"
 #include "trainer/Optimizer.h"
+#include "trainer/ScriptedLoss.h"
 
 namespace cairn {
 namespace {
@@ -27,15 +28,62 @@ struct Reference {
 
 using BatchFn = std::function<std::pair<torch::Tensor, torch::Tensor>(const std::vector<int64_t>&)>;
 
+// A torch::optim parameter group of the reference: the parameters `selects` picks (first group
+// wins; the rest keep the optimizer's settings), with their lr scale and weight decay.
+struct RefGroup {
+  std::function<bool(const std::string& name)> selects;
+  double lr_scale = 1;
+  double weight_decay = 0;
+};
+
+std::unique_ptr<torch::optim::Optimizer> groupedReference(
+    const torch::jit::Module& model, const OptimizerOptions& o, const std::vector<RefGroup>& groups) {
+  std::vector<std::vector<torch::Tensor>> members(groups.size() + 1);
+  for (const auto& p : model.named_parameters()) {
+    size_t g = 0;
+    while (g < groups.size() && !groups[g].selects(p.name)) ++g;
+    members[g == groups.size() ? 0 : g + 1].push_back(p.value);
+  }
+  std::vector<torch::optim::OptimizerParamGroup> torch_groups;
+  for (size_t g = 0; g < members.size(); ++g) {
+    if (members[g].empty()) continue;
+    const double scale = g == 0 ? 1 : groups[g - 1].lr_scale;
+    const double decay = g == 0 ? o.weight_decay : groups[g - 1].weight_decay;
+    std::unique_ptr<torch::optim::OptimizerOptions> options;
+    if (o.kind == OptimizerKind::kSgd)
+      options = std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(o.lr * scale)
+                                                               .momentum(o.momentum)
+                                                               .weight_decay(decay)
+                                                               .nesterov(o.nesterov));
+    else if (o.kind == OptimizerKind::kAdamW)
+      options = std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(o.lr * scale).weight_decay(decay).eps(o.eps).betas(
+              {o.beta1, o.beta2}));
+    else
+      options = std::make_unique<torch::optim::AdamOptions>(
+          torch::optim::AdamOptions(o.lr * scale).weight_decay(decay).eps(o.eps).betas(
+              {o.beta1, o.beta2}));
+    torch_groups.emplace_back(members[g], std::move(options));
+  }
+  if (o.kind == OptimizerKind::kSgd)
+    return std::make_unique<torch::optim::SGD>(torch_groups, torch::optim::SGDOptions(o.lr));
+  if (o.kind == OptimizerKind::kAdamW)
+    return std::make_unique<torch::optim::AdamW>(torch_groups, torch::optim::AdamWOptions(o.lr));
+  return std::make_unique<torch::optim::Adam>(torch_groups, torch::optim::AdamOptions(o.lr));
+}
+
 Reference trainReference(const std::string& full_model, const BatchFn& batch_of,
                          const std::vector<std::vector<int64_t>>& batches,
-                         const OptimizerOptions& o, double clip) {
+                         const OptimizerOptions& o, double clip, double label_smoothing = 0,
+                         const std::vector<RefGroup>& groups = {}) {
   torch::jit::Module model = torch::jit::load(full_model);
   model.train();
   std::vector<torch::Tensor> params;
   for (const auto& p : model.named_parameters()) params.push_back(p.value);
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  if (o.kind == OptimizerKind::kSgd) {
+  if (!groups.empty()) {
+    optimizer = groupedReference(model, o, groups);
+  } else if (o.kind == OptimizerKind::kSgd) {
     optimizer = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr)
                                                                 .momentum(o.momentum)
                                                                 .weight_decay(o.weight_decay)
@@ -56,8 +104,9 @@ Reference trainReference(const std::string& full_model, const BatchFn& batch_of,
     auto [inputs, targets] = batch_of(ids);
     optimizer->zero_grad();
     torch::Tensor out = model.forward({inputs}).toTensor();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}),
-                                                              targets.reshape({-1}));
+    torch::Tensor loss = torch::nn::functional::cross_entropy(
+        out.reshape({-1, out.size(-1)}), targets.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(label_smoothing));
     loss.backward();
     if (clip > 0) torch::nn::utils::clip_grad_norm_(params, clip);
     optimizer->step();
@@ -168,6 +217,100 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt", OptimizerKind::kAdamW, 0.5, PipelineOrder::k1F1B},
                       Case{"cnn", OptimizerKind::kAdam, 0, PipelineOrder::kGPipe}),
     caseName);
+
+// The run's losses and trained parameters against the reference, which must have moved them.
+void expectRunMatches(const testing::PipelineRun& run, const Reference& ref,
+                      const std::string& full_model, double tolerance) {
+  ASSERT_EQ(run.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(run.losses[i], ref.losses[i], tolerance) << "step " << i;
+  torch::jit::Module initial = torch::jit::load(full_model);
+  std::map<std::string, torch::Tensor> start;
+  for (const auto& p : initial.named_parameters()) start[p.name] = p.value;
+  double max_diff = 0, max_change = 0;
+  for (const auto& [name, expected] : ref.parameters) {
+    ASSERT_TRUE(run.parameters.count(name)) << name << " missing from the stages";
+    max_diff = std::max(max_diff, (run.parameters.at(name) - expected).abs().max().item<double>());
+    max_change = std::max(max_change, (expected - start[name]).abs().max().item<double>());
+  }
+  EXPECT_LE(max_diff, tolerance);
+  EXPECT_GT(max_change, 1e-3) << "training did not move the parameters";
+}
+
+// A TorchScript loss (make_loss_references.py's hand-written cross-entropy: (sum, count) and
+// count(target)) over 3 stages, micro-batches of 8, 8, 7 and 7 samples: the unsplit model with
+// libtorch's cross_entropy on the whole batch.
+TEST(LossEquivalence, TorchScriptLossUnequalMicrobatches) {
+  const std::string dir = modelsDir() + "/cnn";
+  const std::string file = modelsDir() + "/losses/loss_ce.pt";
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdam;
+  o.lr = 1e-2;
+  o.weight_decay = 0;
+  testing::PipelineRun run = testing::runInMemoryPipeline(dir + "/node_data", [&](TrainOptions& t) {
+    t.loss.kind = LossKind::kTorchScript;  // each node its own module, as each provider
+    t.loss.torchscript_path = file;
+    t.loss.scripted = ScriptedLoss::load(file, "job.json", "loss_fn.torchscript");
+    t.optimizer = o;
+    t.batch_size = 30;
+    t.microbatches = 4;
+    t.max_steps = 8;
+  });
+  ASSERT_EQ(run.batches.size(), 8u);
+  ASSERT_EQ(run.batches[0].size(), 30u);
+  expectRunMatches(run, trainReference(dir + "/full.pt", cnnBatches(), run.batches, o, 0),
+                   dir + "/full.pt", 1e-5);
+}
+
+// Label smoothing on the GPT (sequence targets), against libtorch's cross_entropy(label_smoothing).
+TEST(LossEquivalence, LabelSmoothingMatchesUnsplitModel) {
+  const std::string dir = modelsDir() + "/gpt";
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kSgd;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.weight_decay = 0;
+  testing::PipelineRun run = testing::runInMemoryPipeline(dir + "/node_data", [&](TrainOptions& t) {
+    t.loss.label_smoothing = 0.1;
+    t.optimizer = o;
+    t.max_steps = 8;
+  });
+  expectRunMatches(run, trainReference(dir + "/full.pt", gptBatches(), run.batches, o, 0, 0.1),
+                   dir + "/full.pt", 1e-5);
+}
+
+// Parameter groups across the split GPT (LayerNorms and biases in every stage, the head in the
+// last): no weight decay on biases and norm layers, half the lr on the head, as torch::optim
+// param groups on the unsplit model selected by the names written out here.
+TEST(OptimizerEquivalence, ParamGroupsMatchTorchOptimGroups) {
+  const std::string dir = modelsDir() + "/gpt";
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdamW;
+  o.lr = 1e-2;
+  o.weight_decay = 0.05;
+  ParamGroupRule no_decay;
+  no_decay.biases = true;
+  no_decay.norm_layers = true;
+  no_decay.weight_decay = 0;
+  ParamGroupRule head;
+  head.names = {"head.*"};
+  head.lr_scale = 0.5;
+  o.param_groups = {no_decay, head};
+  testing::PipelineRun run = testing::runInMemoryPipeline(dir + "/node_data", [&](TrainOptions& t) {
+    t.optimizer = o;
+    t.max_steps = 8;
+  });
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  std::vector<RefGroup> groups = {
+      {[&](const std::string& n) { return ends_with(n, ".bias") || n.find("ln") != std::string::npos; },
+       1.0, 0.0},
+      {[](const std::string& n) { return n.rfind("head.", 0) == 0; }, 0.5, 0.05}};
+  expectRunMatches(run,
+                   trainReference(dir + "/full.pt", gptBatches(), run.batches, o, 0, 0, groups),
+                   dir + "/full.pt", 1e-5);
+}
 
 // Same job and seed twice: bit-identical losses.
 TEST(Reproducibility, SameSeedGivesBitIdenticalLosses) {

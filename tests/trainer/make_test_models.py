@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../examples/fashion_mnist"))
 from make_node_data_by_hand import boundary, write_node_data  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_loss_references  # noqa: E402
 
 
 def write_safetensors(path, tensors):
@@ -250,6 +252,8 @@ def main():
                      [boundary("h1", [1, 16, 32]), n], [boundary("logits", [1, 16, 256])]],
                     addresses(5810), job)
     print(f"make_test_models: wrote {out}/cnn and {out}/gpt")
+    # The loss and optimizer-group references (LossTest.cpp, ParamGroupsTest.cpp), same fixture.
+    make_loss_references.main(out)
 
 
 if __name__ == "__main__":
