@@ -24,6 +24,9 @@ const std::vector<SubProtocol>& subProtocols() {
        "node/protocol/RingJoin.h", "a (re)starting node asks a ring member to admit it"},
       {"ring welcome", MessageKind::kCollective, "tag ring:<ring>, txt type \"welcome\"",
        "node/protocol/RingJoin.h", "a joiner's view, generation and the ring's tensors"},
+      {"coordination", std::nullopt, "own CurveZMQ connection, JSON \"type\" (frame 0)",
+       "node/protocol/Coordination.h",
+       "volunteers and the coordinator: join, heartbeats, assignments, results, reachability"},
   };
   return table;
 }

@@ -7,6 +7,7 @@
 // Ownership: static data. Thread-safety: read-only, any thread.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "node/WireCodec.h"
@@ -15,7 +16,9 @@ namespace cairn {
 
 struct SubProtocol {
   const char* name;
-  MessageKind kind;
+  // The wire message kind; nullopt for a protocol on its own connection, not on the pipeline
+  // wire (coordination).
+  std::optional<MessageKind> kind;
   const char* recognised_by;  // tag (prefix), reserved microbatch value, JSON "type"
   const char* header;         // where its messages are defined
   const char* description;    // one line

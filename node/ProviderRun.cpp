@@ -1,0 +1,193 @@
+#include "node/ProviderRun.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "core/JsonReader.h"
+#include "core/Log.h"
+#include "core/NodeData.h"
+#include "node/MailboxStageLink.h"
+#include "node/NodeRunner.h"
+#include "node/NodeSecurity.h"
+#include "node/RingClusterSync.h"
+#include "node/ZmqTransport.h"
+#include "trainer/StageExecutor.h"
+#include "trainer/StageTrainer.h"
+
+namespace cairn {
+namespace {
+
+// How many clusters train this job: node.json extra.num_clusters when clusterize (or the
+// coordinator) wrote it, else the plan's cluster list, else the distinct clusters of the node
+// folders present, else 1.
+int countClusters(const std::string& node_data, const NodeSpec& node) {
+  if (node.extra.contains("num_clusters") && node.extra["num_clusters"].is_number_integer())
+    return std::max(1, node.extra["num_clusters"].get<int>());
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(planPath(node_data), ec)) {
+    const nlohmann::json plan = readJsonFile(planPath(node_data));
+    if (plan.contains("num_clusters") && plan["num_clusters"].is_number_integer())
+      return std::max(1, plan["num_clusters"].get<int>());
+    if (plan.contains("clusters") && plan["clusters"].is_array() && !plan["clusters"].empty())
+      return int(plan["clusters"].size());
+  }
+  std::set<int> clusters{node.cluster};
+  for (const auto& entry : fs::directory_iterator(node_data + "/nodes", ec)) {
+    const std::string spec = entry.path().string() + "/node.json";
+    if (!fs::exists(spec, ec)) continue;
+    try {
+      clusters.insert(readNodeSpec(spec).cluster);
+    } catch (const Error&) {
+    }
+  }
+  return int(clusters.size());
+}
+
+torch::jit::Module loadStage(const std::string& path) {
+  try {
+    return torch::jit::load(path);
+  } catch (const c10::Error& e) {
+    CAIRN_THROW(BadInput, path, ": cannot load the TorchScript stage: ",
+                std::string(e.what_without_backtrace()).substr(0, 300));
+  }
+}
+
+}  // namespace
+
+ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
+  const std::string& name = options.name;
+  const std::string& node_data = options.node_data;
+  setLogTag(name);
+  const std::string job_path = jobSpecPath(node_data);
+  const NodeSpec node = readNodeSpec(nodeSpecPath(node_data, name));
+  const JobSpec job = readJobSpec(job_path);
+  if (node.name != name)
+    CAIRN_THROW(BadInput, nodeSpecPath(node_data, name), ": name is \"", node.name, "\", not \"",
+                name, "\"");
+  if (node.job_id != job.job_id)
+    CAIRN_THROW(BadInput, nodeSpecPath(node_data, name), ": job_id \"", node.job_id,
+                "\" differs from job.json's \"", job.job_id, "\"");
+  StageTrainerConfig config;
+  config.node = node;
+  config.options = parseTrainOptions(job.training, job_path);
+  config.data = parseDataOptions(job.data, job_path);
+  config.num_clusters = countClusters(node_data, node);
+  const std::string dir = nodeDirectory(node_data, name);
+  config.metrics_path = dir + "/metrics.jsonl";
+  config.sample_ids_path = dir + "/sample_ids.jsonl";
+  // Always set: a stop (signal) checkpoints even when checkpoint_every is 0; periodic
+  // checkpoints (and so pausing on a lost neighbour) need checkpoint_every > 0.
+  config.checkpoint_dir = dir + "/checkpoints";
+  config.stop_requested = options.stop_requested;
+  at::set_num_threads(config.options.threads);
+  at::set_num_interop_threads(1);
+
+  torch::jit::Module stage = loadStage(dir + "/" + node.stage_file);  // checked here; the
+  // runner loads it afresh for every attempt
+  // What pipeline messages may look like (MailboxStageLink checks every one).
+  LinkChecks checks;
+  checks.max_microbatch_rows = (config.options.batch_size + config.options.microbatches - 1) /
+                               config.options.microbatches;
+  checks.max_eval_rows = config.options.eval_batch_size;
+  checks.step_window = uint64_t(config.options.step_window);
+  checks.stop_on_nonfinite = config.options.nonfinite == NonFiniteAction::kStop;
+  // ZMQ_MAXMSGSIZE: the largest planned message, pipeline or ring (parameters of this stage).
+  uint64_t parameter_bytes = 0;
+  for (const auto& p : stage.named_parameters()) parameter_bytes += p.value.nbytes();
+  for (const auto& b : stage.named_buffers()) parameter_bytes += b.value.nbytes();
+  zmq::context_t context;
+  TransportOptions transport_options;
+  transport_options.codec.max_message_bytes =
+      std::max(plannedMessageBytes(node, checks), parameter_bytes + (1u << 20));
+  std::unique_ptr<ZapAuthenticator> authenticator;  // before the transport, outlives it
+  if (options.insecure) {
+    CAIRN_WARN("--insecure: CurveZMQ is off; messages are neither encrypted nor authenticated "
+               "and anyone who can reach ", node.address, " can talk to this node");
+  } else {
+    transport_options.curve =
+        curveOptionsForNode(node, nodeSpecPath(node_data, name), dir + "/" + kSecretKeyFile);
+    authenticator =
+        std::make_unique<ZapAuthenticator>(context, admittedKeys(*transport_options.curve));
+    CAIRN_INFO("CurveZMQ on: admitting ", transport_options.curve->peer_public_keys.size(),
+               " peer keys");
+  }
+  const std::string bind = options.bind_address.empty() ? node.address : options.bind_address;
+  ZmqTransport transport(context, name, "tcp://" + bind, transport_options);
+  Mailbox mailbox(transport);
+  CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, " of ", config.num_clusters,
+             ", stage ", node.stage + 1, "/", node.num_stages, " (", toString(node.role),
+             "), listening on ", bind,
+             bind == node.address ? std::string() : " (peers dial " + node.address + ")");
+  LinkTimeouts timeouts;
+  timeouts.startup = std::chrono::milliseconds(int64_t(config.options.timeouts.startup_s * 1000));
+  timeouts.peer = std::chrono::milliseconds(int64_t(config.options.timeouts.peer_s * 1000));
+  timeouts.lost = std::chrono::milliseconds(int64_t(config.options.timeouts.peer_timeout_s * 1000));
+  // Ring members (other clusters) become transport peers before the pipeline handshake; the
+  // first collective (the initial-weights check) waits for late members up to this timeout.
+  RingClusterSync cluster_sync(mailbox, node, config.options.sync, config.options.local_steps,
+                               std::max(timeouts.startup, timeouts.peer));
+  config.cluster_sync = &cluster_sync;
+  MailboxStageLink link(mailbox, node, timeouts, checks);
+  NodeRunnerConfig run_config;
+  run_config.trainer = config;
+  run_config.stage_path = dir + "/" + node.stage_file;
+  run_config.node_data = node_data;
+  run_config.resume = options.resume;
+  run_config.max_wait = std::chrono::milliseconds(int64_t(config.options.timeouts.max_wait_s * 1000));
+  stage = torch::jit::Module();
+  NodeRunner runner(run_config, mailbox, link, &cluster_sync);
+  const NodeRunResult run = runner.run();
+  const TrainerResult& result = run.result;
+  ProviderRunOutcome outcome;
+  outcome.stopped = result.stopped;
+  outcome.result_path = dir + "/result.json";
+  const std::string weights = dir + "/trained_stage.pt";
+  nlohmann::json& summary = outcome.summary;
+  summary = {{"steps", result.steps},
+             {"last_loss", result.last_loss},
+             {"seconds", result.seconds},
+             {"train_samples_per_s", result.samples_per_second},
+             {"stopped", result.stopped},
+             {"pauses", run.pauses},
+             {"resumed_from", run.resumed_from}};
+  if (!result.stopped) {  // a stopped run's state is in its checkpoint
+    runner.trainer().executor().module().save(weights + ".tmp");
+    std::filesystem::rename(weights + ".tmp", weights);
+    summary["weights"] = weights;
+    outcome.weights_path = weights;
+  }
+  if (result.final_eval) {
+    summary["eval"] = {{"samples", result.final_eval->samples},
+                       {"loss", result.final_eval->loss},
+                       {"accuracy", result.final_eval->accuracy},
+                       {"perplexity", result.final_eval->perplexity}};
+  }
+  const TransportStats stats = transport.stats();
+  summary["transport"] = {{"messages_received", stats.messages_received},
+                          {"messages_dropped", stats.messages_dropped},
+                          {"messages_forged", stats.messages_forged},
+                          {"curve", !options.insecure},
+                          {"connections_refused", authenticator ? authenticator->rejected() : 0},
+                          {"pipeline_accepted", link.stats().accepted},
+                          {"pipeline_dropped", link.stats().dropped}};
+  writeJsonFile(outcome.result_path, summary);
+  if (result.stopped)
+    CAIRN_INFO("stopped: ", result.steps, " steps; resume with `provider --name ", name,
+               " --node-data ", node_data, " --resume`");
+  else
+    CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ",
+               weights);
+  transport.flushAndClose(std::chrono::milliseconds(5000));
+  CAIRN_INFO("transport: ", stats.messages_received, " messages received, ",
+             stats.messages_dropped, " dropped (", stats.messages_forged, " forged)",
+             authenticator ? ", " + std::to_string(authenticator->rejected()) +
+                                 " connections refused"
+                           : std::string());
+  return outcome;
+}
+
+}  // namespace cairn

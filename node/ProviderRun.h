@@ -1,0 +1,42 @@
+// ProviderRun: one node's training run as `provider` does it, from a node_data folder to
+// nodes/<name>/{trained_stage.pt, result.json}: read node.json and job.json, set up the transport
+// (CurveZMQ unless insecure), the rings (RingClusterSync), the pipeline link (MailboxStageLink) and
+// the NodeRunner, train, write the results. Used by `provider --name` (the static flow) and by
+// `provider --join` once the coordinator's assignment is written into the volunteer's work folder.
+//
+// Ownership: runProvider owns everything it builds (its own zmq::context_t, the transport, the
+// ZAP authenticator) and releases it before returning. Thread-safety: call from one thread;
+// `stop_requested` is polled from the trainer's thread between steps.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace cairn {
+
+struct ProviderRunOptions {
+  std::string node_data;  // folder with job.json and nodes/<name>/
+  std::string name;       // node name, e.g. "node_3"
+  bool resume = false;    // --resume: restart from the cluster's newest common checkpoint
+  bool insecure = false;  // --insecure: plain TCP, no CurveZMQ
+  // Empty: bind node.address. Otherwise what to bind ("host:port", `provider --listen`) while the
+  // peers dial node.address (the advertised address).
+  std::string bind_address;
+  // Polled between steps; true asks for a clean stop at a step boundary (a signal).
+  std::function<bool()> stop_requested;
+};
+
+struct ProviderRunOutcome {
+  nlohmann::json summary;   // what was written to nodes/<name>/result.json
+  std::string result_path;  // nodes/<name>/result.json
+  std::string weights_path; // nodes/<name>/trained_stage.pt; empty when stopped (not written)
+  bool stopped = false;     // stopped early by stop_requested (its state is in its checkpoint)
+};
+
+// Trains the node; throws cairn::Error (BadInput for bad files, PeerLost for a neighbour lost
+// beyond timeouts.max_wait_s) like the provider binary reports them.
+ProviderRunOutcome runProvider(const ProviderRunOptions& options);
+
+}  // namespace cairn

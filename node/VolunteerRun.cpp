@@ -1,0 +1,63 @@
+#include "node/VolunteerRun.h"
+
+#include "core/Log.h"
+#include "node/Probe.h"
+#include "node/ProviderRun.h"
+
+namespace cairn {
+
+int runVolunteer(const VolunteerConfig& config) {
+  setLogTag("volunteer");
+  VolunteerSession session(config);
+  session.startResponder();  // a --listen that cannot be bound fails before the probe
+  MachineProbe measured;
+  probeMemoryAndCores(&measured);
+  measured.compute_gflops = probeComputeGflops();
+  VolunteerProbe probe;
+  probe.ram_gb = measured.ram_gb;
+  probe.cores = measured.cores;
+  probe.compute_gflops = measured.compute_gflops;
+  const auto accepted = session.join(probe);
+  if (!accepted) {
+    CAIRN_INFO("stopped before the coordinator answered");
+    return 0;
+  }
+  setLogTag(session.name());
+  const AssignmentWait wait = session.waitForAssignment();
+  if (wait.end == AssignmentWait::End::kStopped) {
+    CAIRN_INFO("stopped while waiting for an assignment");
+    return 0;
+  }
+  if (wait.end == AssignmentWait::End::kFinished) {
+    CAIRN_INFO("the coordinator says the run is over (", wait.reason, "); nothing to train");
+    return 0;
+  }
+  ProviderRunOptions run;
+  run.node_data = wait.node_data;
+  run.name = wait.name;
+  run.bind_address = session.listenBound();
+  run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
+  run.stop_requested = config.stop_requested;
+  ProviderRunOutcome outcome;
+  {
+    auto heartbeats = session.trainingHeartbeats();
+    try {
+      outcome = runProvider(run);
+    } catch (const Error& e) {
+      heartbeats.reset();
+      session.sendLeaving(std::string("failed: ") + e.what());
+      throw;
+    }
+  }
+  if (outcome.stopped) {
+    session.sendLeaving("stopped");
+    return 0;
+  }
+  if (!session.uploadResult(outcome.summary, outcome.weights_path))
+    CAIRN_WARN("the coordinator at ", config.invite.address(),
+               " did not acknowledge the results; they stay in ", outcome.result_path, " and ",
+               outcome.weights_path);
+  return 0;
+}
+
+}  // namespace cairn
