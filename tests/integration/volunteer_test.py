@@ -240,7 +240,13 @@ def evaluate(path, test_samples):
 def step_records(path):
     if not os.path.exists(path):
         return 0
-    return sum(1 for line in open(path) if '"step"' in line)
+    # A step record has "step" at the top level (evaluation records nest theirs under "eval").
+    # The provider may be writing the last line right now: only complete lines count.
+    count = 0
+    for line in open(path):
+        if line.endswith("\n") and "step" in json.loads(line):
+            count += 1
+    return count
 
 
 def wait_until(condition, timeout, what):
@@ -269,8 +275,9 @@ def case_coordinator_restarts(args):
             volunteers.append(volunteer(args, invite, i, ports[i], ["--result-wait-s", "600"]))
         coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned'")
         leaf = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][-1]
-        leaf_dir = next(w for v, w in volunteers if os.path.isdir(os.path.join(w, "node_data", "nodes", leaf)))
-        metrics = os.path.join(leaf_dir, "node_data", "nodes", leaf, "metrics.jsonl")
+        leaf_metrics = [os.path.join(w, "node_data", "nodes", leaf, "metrics.jsonl") for _, w in volunteers]
+        wait_until(lambda: any(os.path.exists(m) for m in leaf_metrics), 120, f"{leaf}'s metrics.jsonl")
+        metrics = next(m for m in leaf_metrics if os.path.exists(m))
         wait_until(lambda: step_records(metrics) >= 5, 120, "the Leaf's first steps")
         coordinator.proc.kill()
         coordinator.finish(30)
