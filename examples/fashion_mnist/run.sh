@@ -12,13 +12,7 @@ start=$(date +%s)
 mkdir -p "$OUT"
 JOB=examples/fashion_mnist/job.json
 if [[ "${1:-}" == "--short" ]]; then
-  $PY - "$JOB" "$OUT/job_short.json" <<'PYEOF'
-import json, sys
-job = json.load(open(sys.argv[1]))
-job["training_definition"].update({"epochs": 0, "max_steps": 60})
-job["data"].update({"train_samples": 8000, "test_samples": 1000})
-json.dump(job, open(sys.argv[2], "w"), indent=2)
-PYEOF
+  $PY examples/fashion_mnist/short_job.py "$JOB" "$OUT/job_short.json"
   JOB=$OUT/job_short.json
 fi
 echo "fashion_mnist: 1/4 make the model"

@@ -149,6 +149,23 @@ def volunteer(args, invite, i, port, extra=()):
     return Process(f"volunteer {i}", cmd), workdir
 
 
+def all_finish(coordinator, volunteers):
+    """The coordinator ends the run (exit 0) and every volunteer exits 0 after it."""
+    code = coordinator.finish(600)
+    if code != 0:
+        fail(f"the coordinator exited {code}")
+    for v, _ in volunteers:
+        c = v.finish(120)
+        if c != 0:
+            fail(f"{v.tag} exited {c}")
+
+
+def kill_all(coordinator, volunteers):
+    coordinator.kill()
+    for v, _ in volunteers:
+        v.kill()
+
+
 def case_join_train_merge(args):
     os.makedirs(args.work, exist_ok=True)
     model = os.path.join(args.work, "model.pt")
@@ -172,17 +189,9 @@ def case_join_train_merge(args):
         for i in range(3, 6):
             volunteers.append(volunteer(args, invite, i, ports[i]))
         coordinator.wait_for(lambda l: "planned 2 cluster(s) on 6 volunteers" in l, 120, "'planned 2 cluster(s)'")
-        code = coordinator.finish(600)
-        if code != 0:
-            fail(f"the coordinator exited {code}")
-        for v, _ in volunteers:
-            c = v.finish(120)
-            if c != 0:
-                fail(f"{v.tag} exited {c}")
+        all_finish(coordinator, volunteers)
     finally:
-        coordinator.kill()
-        for v, _ in volunteers:
-            v.kill()
+        kill_all(coordinator, volunteers)
 
     # Secret keys never left the volunteers; the coordinator holds none.
     for name in os.listdir(os.path.join(out, "nodes")):
@@ -289,17 +298,9 @@ def case_coordinator_restarts(args):
         coordinator = again
         if invite_again != invite:
             fail("the restarted coordinator has another invite")
-        code = coordinator.finish(600)
-        if code != 0:
-            fail(f"the restarted coordinator exited {code}")
-        for v, _ in volunteers:
-            c = v.finish(120)
-            if c != 0:
-                fail(f"{v.tag} exited {c}")
+        all_finish(coordinator, volunteers)
     finally:
-        coordinator.kill()
-        for v, _ in volunteers:
-            v.kill()
+        kill_all(coordinator, volunteers)
     if step_records(metrics) != 150:
         fail(f"the Leaf wrote {step_records(metrics)} step records, expected 150")
     summary = json.load(open(os.path.join(out, "run_result.json")))
