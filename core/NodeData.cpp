@@ -200,7 +200,7 @@ JobSpec parseJobSpec(const nlohmann::json& document, const std::string& source) 
   job.model = r.stringOr("model", "");
   JsonReader data = r.object("data");
   job.data.location = data.string("location");
-  job.data.format = data.choice("format", {"idx", "safetensors", "tokens"});
+  job.data.format = data.choice("format", {"idx", "images", "safetensors", "npy", "tokens"});
   if (data.has("chunk")) job.data.chunk = data.integerList("chunk", 0, 1 << 30);
   job.data.options = data.raw();
   job.data.options.erase("location");

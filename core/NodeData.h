@@ -74,8 +74,8 @@ struct NodeSpec {
 
 // Data section of job.json: { "location": ..., "format": "idx", "chunk": [...] , ... }.
 struct DataSpec {
-  std::string location;  // folder or file
-  std::string format;    // idx | safetensors | tokens
+  std::string location;  // folder, file or glob pattern
+  std::string format;    // idx | images | safetensors | npy | tokens
   std::vector<int64_t> chunk;  // shard ids for this job (empty: automatic split by cluster)
   nlohmann::json options = nlohmann::json::object();  // format-specific (normalize, block_length…)
 };

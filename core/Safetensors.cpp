@@ -218,6 +218,16 @@ NamedTensors readSafetensors(const std::string& path) {
   return out;
 }
 
+std::vector<SafetensorsEntry> readSafetensorsIndex(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) CAIRN_THROW(BadInput, path, ": cannot open");
+  const Header header = readHeader(in, path);
+  std::vector<SafetensorsEntry> out;
+  for (const Entry& e : header.entries)
+    out.push_back({e.name, e.dtype, e.shape, header.data_begin + e.begin, e.end - e.begin});
+  return out;
+}
+
 std::map<std::string, std::string> readSafetensorsMetadata(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) CAIRN_THROW(BadInput, path, ": cannot open");

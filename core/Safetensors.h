@@ -25,6 +25,16 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Every tensor of the file as a CPU tensor that owns its memory, in data order.
 NamedTensors readSafetensors(const std::string& path);
+// Where each tensor of a file lies, without reading any data (to read rows of it in place);
+// validated like readSafetensors. `offset` counts from the start of the file.
+struct SafetensorsEntry {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+std::vector<SafetensorsEntry> readSafetensorsIndex(const std::string& path);
 // The "__metadata__" strings of a file (empty when it has none); validated like readSafetensors.
 std::map<std::string, std::string> readSafetensorsMetadata(const std::string& path);
 

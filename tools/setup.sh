@@ -13,6 +13,7 @@ PACKAGES=(
   libtorch-dev python3-torch
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev nlohmann-json3-dev libhwloc-dev libcli11-dev
   libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
+  libpng-dev libjpeg62-turbo-dev python3-pil
   dataset-fashion-mnist time
   python3-matplotlib
 )

@@ -13,14 +13,24 @@ RunPlan BatchFeeder::open() {
   const TrainOptions& opt = ctx_.opt;
   const StageTrainerConfig& cfg = ctx_.cfg;
   data_ = loadDatasets(cfg.data, opt.seed);
-  sampler_ = std::make_unique<ShardSampler>(data_.train->size(), cfg.node.cluster, cfg.num_clusters,
-                                            cfg.data.chunks, cfg.data.chunk, opt.seed);
+  const int64_t inputs = data_.train->inputCount(), stage_inputs = int64_t(cfg.node.inputs.size());
+  if (inputs != stage_inputs)
+    CAIRN_THROW(BadInput, "job.json: data gives the model ", inputs, " input(s)",
+                inputs > 1 || cfg.data.format == "safetensors" || cfg.data.format == "npy"
+                    ? " (data.inputs)"
+                    : "",
+                " but the Root stage ", cfg.node.name, " takes ", stage_inputs,
+                " (node.json inputs)");
+  sampler_ =
+      std::make_unique<ShardSampler>(chunkSizes(*data_.train, cfg.data, cfg.num_clusters),
+                                     cfg.node.cluster, cfg.num_clusters, cfg.data.chunk, opt.seed);
   const int64_t shard = int64_t(sampler_->shard().size());
   const int64_t test = data_.test ? data_.test->size() : 0;
   const RunPlan plan = RunPlan::forShard(opt, shard, test);
-  CAIRN_INFO("data: ", data_.train->size(), " training samples (this cluster's shard: ", shard,
-             "), ", test, " test samples; ", plan.total_steps, " steps of ", opt.batch_size,
-             " samples in ", opt.microbatches, " micro-batches");
+  CAIRN_INFO("data: ", data_.train->size(), " training samples in ", data_.train->shards().size(),
+             " file(s) (this cluster's shard: ", shard, "), ", test, " test samples; ",
+             plan.total_steps, " steps of ", opt.batch_size, " samples in ", opt.microbatches,
+             " micro-batches");
   if (opt.record_sample_ids && !cfg.sample_ids_path.empty()) {
     sample_ids_out_.open(cfg.sample_ids_path,
                          cfg.resume_step >= 0 ? std::ios::app : std::ios::trunc);
@@ -52,7 +62,9 @@ uint64_t BatchFeeder::load(int64_t step, std::map<int, Microbatch>* micro) {
   for (int64_t k = 0; k < m; ++k) {
     const int64_t size = base + (k < extra ? 1 : 0);
     Microbatch& mb = (*micro)[int(k)];
-    mb.inputs = {batch.inputs.narrow(0, offset, size)};
+    mb.inputs.clear();
+    for (const torch::Tensor& input : batch.modelInputs())
+      mb.inputs.push_back(input.narrow(0, offset, size));
     mb.targets = batch.targets.narrow(0, offset, size);
     mb.ids = id_tensor.narrow(0, offset, size);
     mb.denominator = denominator;

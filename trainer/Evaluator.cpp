@@ -31,7 +31,7 @@ EvalResult Evaluator::evaluate(int64_t step) {
         ids.push_back(i);
       Batch batch = data_.test->get(ids, /*training=*/false);
       targets = batch.targets;
-      outputs = ctx_.executor.evaluate({batch.inputs});
+      outputs = ctx_.executor.evaluate(batch.modelInputs());
     } else {
       StagePacket in = link_.receive(Neighbour::kUpstream, PacketKind::kEvaluation, uint64_t(step),
                                      uint64_t(b), "");

@@ -17,11 +17,26 @@ uint64_t splitmix64(uint64_t x) {
 
 }  // namespace
 
+std::vector<int64_t> ShardSampler::equalChunks(int64_t dataset_size, int64_t chunks, int clusters) {
+  if (chunks <= 0) chunks = clusters;
+  std::vector<int64_t> sizes;
+  for (int64_t c = 0; c < chunks; ++c)
+    sizes.push_back(dataset_size * (c + 1) / chunks - dataset_size * c / chunks);
+  return sizes;
+}
+
 ShardSampler::ShardSampler(int64_t dataset_size, int cluster, int clusters, int64_t chunks,
+                           const std::vector<int64_t>& chunk_ids, uint64_t seed)
+    : ShardSampler(equalChunks(dataset_size, chunks, clusters), cluster, clusters, chunk_ids,
+                   seed) {}
+
+ShardSampler::ShardSampler(const std::vector<int64_t>& chunk_sizes, int cluster, int clusters,
                            const std::vector<int64_t>& chunk_ids, uint64_t seed)
     : seed_(seed), cluster_(cluster) {
   CAIRN_ENFORCE(clusters >= 1 && cluster >= 0 && cluster < clusters);
-  if (chunks <= 0) chunks = clusters;
+  const int64_t chunks = int64_t(chunk_sizes.size());
+  std::vector<int64_t> begins(chunk_sizes.size() + 1, 0);
+  for (size_t k = 0; k < chunk_sizes.size(); ++k) begins[k + 1] = begins[k] + chunk_sizes[k];
   std::vector<int64_t> listed = chunk_ids;
   if (listed.empty())
     for (int64_t c = 0; c < chunks; ++c) listed.push_back(c);
@@ -33,8 +48,7 @@ ShardSampler::ShardSampler(int64_t dataset_size, int cluster, int clusters, int6
     const int64_t c = listed[i];
     if (c < 0 || c >= chunks)
       CAIRN_THROW(BadInput, "job.json: data.chunk lists chunk ", c, " but there are ", chunks);
-    const int64_t begin = dataset_size * c / chunks, end = dataset_size * (c + 1) / chunks;
-    for (int64_t id = begin; id < end; ++id) shard_.push_back(id);
+    for (int64_t id = begins[size_t(c)]; id < begins[size_t(c) + 1]; ++id) shard_.push_back(id);
   }
 }
 

@@ -309,7 +309,8 @@ DataOptions parseDataOptions(const DataSpec& data, const std::string& source) {
   d.chunk = data.chunk;
   JsonReader r(data.options, source, "data");
   r.rejectUnknownKeys({"test_location", "chunks", "train_samples", "test_samples", "normalize",
-                       "random_flip", "block_length", "test_fraction"});
+                       "random_flip", "resize", "random_crop", "channels", "inputs", "targets",
+                       "block_length", "test_fraction", "token_dtype"});
   d.test_location = r.stringOr("test_location", "");
   d.chunks = r.integerOr("chunks", 0, 1 << 30, 0);
   for (int64_t c : d.chunk)
@@ -330,11 +331,50 @@ DataOptions parseDataOptions(const DataSpec& data, const std::string& source) {
       if (!(s > 0)) n->fail("std", "must hold positive numbers");
   }
   d.random_flip = r.booleanOr("random_flip", false);
+  // [H, W] or one number for both.
+  auto imageSize = [](const JsonReader& reader, const std::string& key) {
+    if (reader.raw()[key].is_number()) {
+      const int64_t n = reader.integer(key, 1, 1 << 16);
+      return std::vector<int64_t>{n, n};
+    }
+    std::vector<int64_t> size = reader.integerList(key, 1, 1 << 16);
+    if (size.size() != 2) reader.fail(key, "must be [height, width] or one number");
+    return size;
+  };
+  if (r.has("resize")) d.resize = imageSize(r, "resize");
+  if (auto c = r.optionalObject("random_crop")) {
+    c->rejectUnknownKeys({"size", "padding"});
+    d.random_crop.size = imageSize(*c, "size");
+    d.random_crop.padding = c->integerOr("padding", 0, 1 << 12, 0);
+  }
+  d.channels = r.integerOr("channels", 1, 3, 3);
+  if (d.channels == 2) r.fail("channels", "must be 1 (grayscale) or 3 (RGB)");
+  if (r.has("inputs")) {
+    d.inputs = r.stringList("inputs");
+    if (d.inputs.empty()) r.fail("inputs", "must name at least one tensor");
+    for (size_t i = 0; i < d.inputs.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (d.inputs[i] == d.inputs[j]) r.fail("inputs", "names \"" + d.inputs[i] + "\" twice");
+  }
+  d.targets = r.stringOr("targets", d.targets);
+  for (const std::string& name : d.inputs)
+    if (name == d.targets) r.fail("targets", "\"" + name + "\" is also one of data.inputs");
   d.block_length = r.integerOr("block_length", 1, 1 << 20, d.block_length);
   d.test_fraction = r.numberOr("test_fraction", d.test_fraction);
   if (!(d.test_fraction >= 0 && d.test_fraction < 1)) r.fail("test_fraction", "must be in [0, 1)");
-  if (d.format != "idx" && (r.has("normalize") || r.has("random_flip")))
-    r.fail("normalize", "and random_flip apply to the idx format only");
+  d.token_dtype = r.choiceOr("token_dtype", {"uint8", "uint16", "uint32"}, d.token_dtype);
+  const bool images = d.format == "idx" || d.format == "images";
+  for (const char* key : {"normalize", "random_flip", "resize", "random_crop"})
+    if (!images && r.has(key)) r.fail(key, "applies to the idx and images formats only");
+  if (d.format != "images" && r.has("channels"))
+    r.fail("channels", "applies to the images format only");
+  for (const char* key : {"inputs", "targets"})
+    if (d.format != "safetensors" && d.format != "npy" && r.has(key))
+      r.fail(key, "applies to the safetensors and npy formats only");
+  if (d.format != "tokens" && r.has("token_dtype"))
+    r.fail("token_dtype", "applies to the tokens format only");
+  if (d.format == "idx" && r.has("test_location"))
+    r.fail("test_location", "does not apply to idx (its folder holds the t10k test files)");
   return d;
 }
 

@@ -147,18 +147,35 @@ struct NormalizeOptions {
   std::vector<double> std{1.0};
 };
 
+// data.random_crop: pad every side with `padding` zero pixels, then cut a random size[0] x size[1]
+// window (training); evaluation cuts the centre window of the unpadded image.
+struct RandomCropOptions {
+  std::vector<int64_t> size;  // [H, W]; empty: no crop
+  int64_t padding = 0;
+};
+
 struct DataOptions {
-  std::string location;        // idx: folder; safetensors: file; tokens: text file
-  std::string format;          // idx | safetensors | tokens
-  std::string test_location;   // safetensors/tokens: optional separate test file
+  // idx: folder; safetensors/tokens: a file, a folder of shard files or a glob pattern; npy: a
+  // folder of .npy files or of such folders (shards); images: a folder with one folder per class.
+  std::string location;
+  std::string format;          // idx | safetensors | npy | tokens | images
+  std::string test_location;   // all but idx: optional separate test set (same forms as location)
   std::vector<int64_t> chunk;  // chunk ids to train on (empty: all); see docs/NODE_DATA.md
-  int64_t chunks = 0;          // the train set is cut into this many chunks (0: one per cluster)
+  int64_t chunks = 0;  // one-shard data is cut into this many chunks (0: one per cluster); with
+                       // several shards each shard is a chunk
   int64_t train_samples = 0;   // > 0: use only the first N training samples (a slice)
   int64_t test_samples = 0;    // > 0: evaluate on the first N test samples only
-  NormalizeOptions normalize;  // idx only
-  bool random_flip = false;    // idx only: mirror each training image left-right with p = 0.5
-  int64_t block_length = 64;   // tokens: bytes per sample
+  NormalizeOptions normalize;  // idx, images
+  bool random_flip = false;    // idx, images: mirror each training image left-right with p = 0.5
+  std::vector<int64_t> resize;    // idx, images: [H, W] every image is resized to (empty: none)
+  RandomCropOptions random_crop;  // idx, images
+  int64_t channels = 3;           // images: 3 (RGB) or 1 (grayscale), whatever the files hold
+  std::vector<std::string> inputs{"inputs"};  // safetensors, npy: tensors fed to the model's
+                                              // inputs, in order
+  std::string targets = "targets";            // safetensors, npy: the targets tensor
+  int64_t block_length = 64;   // tokens: tokens per sample
   double test_fraction = 0.1;  // tokens without test_location: the last blocks are the test set
+  std::string token_dtype = "uint8";  // tokens: files without a header: uint8 | uint16 | uint32
 };
 
 // `source` names job.json in errors ("node_data/job.json: training_definition.optimizer.lr ...").
