@@ -106,7 +106,8 @@ TEST(NodeData, JobSpecRejectsUnknownDataFormat) {
     FAIL();
   } catch (const BadInput& e) {
     EXPECT_EQ(std::string(e.what()),
-              "job.json: data.format must be one of idx, safetensors, tokens (got \"csv\")");
+              "job.json: data.format must be one of idx, images, safetensors, npy, tokens (got "
+              "\"csv\")");
   }
 }
 
