@@ -90,7 +90,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--data", o.data_location, "data location when job.json is built from flags")
       ->capture_default_str();
-  app.add_option("--data-format", o.data_format, "data format: idx, safetensors or tokens")
+  app.add_option("--data-format", o.data_format,
+                 "data format: idx, images, safetensors, npy or tokens")
       ->capture_default_str();
   app.add_option("--loss", o.loss, "loss_fn written to job.json")->capture_default_str();
   app.add_option("--lr", o.learning_rate, "learning rate written to job.json")
