@@ -11,7 +11,7 @@ namespace cairn {
 VolunteerHeartbeats::VolunteerHeartbeats(zmq::context_t& context, const CurveKeyPair& own,
                                          const Invite& invite, std::string name, std::string state,
                                          std::chrono::milliseconds interval)
-    : socket_(volunteerSocket(context, own, invite, /*immediate=*/true, 1 << 20)),
+    : socket_(volunteerSocket(context, own, invite, /*immediate=*/true, 1 << 20, 8)),
       coordinator_(invite.address()),
       name_(std::move(name)),
       state_(std::move(state)),
@@ -50,7 +50,7 @@ void VolunteerHeartbeats::run() {
         if (!away && now - last_taken >= away_after) {
           away = true;
           CAIRN_WARN("the coordinator at ", coordinator_, " has taken no heartbeat for ",
-                     std::chrono::duration_cast<std::chrono::seconds>(now - last_taken).count(),
+                     std::chrono::duration<double>(now - last_taken).count(),
                      " s (down or unreachable); training goes on without it");
         }
       }

@@ -62,8 +62,10 @@ VolunteerSession::~VolunteerSession() {
 zmq::socket_t& VolunteerSession::mainSocket(bool immediate) {
   if (socket_ && socket_immediate_ == immediate) return socket_;
   closeMainSocket();
-  socket_ = volunteerSocket(context_, identity_, config_.invite, immediate, config_.max_message_bytes);
-  if (immediate) socket_.set(zmq::sockopt::sndhwm, 1);  // a result resent waits, not piles up
+  // With immediate (the result upload): one message queued at most, so a result resent while
+  // the previous copy is still queued waits instead of piling up.
+  socket_ = volunteerSocket(context_, identity_, config_.invite, immediate, config_.max_message_bytes,
+                            immediate ? 1 : 0);
   socket_immediate_ = immediate;
   return socket_;
 }

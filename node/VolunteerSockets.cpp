@@ -2,17 +2,24 @@
 
 #include <algorithm>
 
-#include "node/CoordinationSocket.h"
 
 namespace cairn {
 
 zmq::socket_t volunteerSocket(zmq::context_t& context, const CurveKeyPair& own, const Invite& invite,
-                              bool immediate, size_t max_message_bytes) {
-  zmq::socket_t s = coordinationClient(context, zmq::socket_type::dealer, own,
-                                       invite.coordinator_key, invite.address(), max_message_bytes);
+                              bool immediate, size_t max_message_bytes, int send_high_water_mark) {
+  // As coordinationClient, with the options that must be set before connect() (ZeroMQ applies
+  // immediate, heartbeats and high-water marks to the connections made after they are set).
+  zmq::socket_t s(context, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::maxmsgsize, int64_t(max_message_bytes));
+  s.set(zmq::sockopt::curve_publickey, own.public_key);
+  s.set(zmq::sockopt::curve_secretkey, own.secret_key);
+  s.set(zmq::sockopt::curve_serverkey, invite.coordinator_key);
   s.set(zmq::sockopt::immediate, immediate);
   s.set(zmq::sockopt::heartbeat_ivl, 2000);
   s.set(zmq::sockopt::heartbeat_timeout, 6000);
+  if (send_high_water_mark > 0) s.set(zmq::sockopt::sndhwm, send_high_water_mark);
+  s.connect("tcp://" + invite.address());
   return s;
 }
 

@@ -1,7 +1,7 @@
 // VolunteerSockets: how a volunteer's sockets to the coordinator are made and written to, shared
 // by VolunteerSession (join, wait, results) and VolunteerHeartbeats (heartbeats while training).
 // Every volunteer socket is a DEALER, a CurveZMQ client of the coordinator's key from the invite
-// (node/CoordinationSocket.h coordinationClient), with ZMTP heartbeats so that a coordinator gone
+// (as node/CoordinationSocket.h coordinationClient makes them), with ZMTP heartbeats so that a coordinator gone
 // without closing its connection is noticed, and ZeroMQ's own reconnection.
 // Ownership: returns owned sockets. Thread-safety: a socket belongs to one thread.
 #pragma once
@@ -20,8 +20,9 @@ namespace cairn {
 // `immediate`: queue messages only on a connection whose handshake is done (ZMQ_IMMEDIATE), so
 // that a send to a coordinator that is down fails at once instead of queueing (heartbeats and
 // result uploads); without it a message waits for the connection (join).
+// `send_high_water_mark` > 0: at most that many messages queued (ZMQ_SNDHWM).
 zmq::socket_t volunteerSocket(zmq::context_t& context, const CurveKeyPair& own, const Invite& invite,
-                              bool immediate, size_t max_message_bytes);
+                              bool immediate, size_t max_message_bytes, int send_high_water_mark = 0);
 
 // Never waits: false when the message cannot be queued now (no connection with `immediate`, or
 // the high-water mark reached) or a signal interrupted the attempt (EINTR).

@@ -23,6 +23,7 @@
 #include "node/NodeSecurity.h"
 #include "node/ReachabilityResponder.h"
 #include "node/VolunteerAssignment.h"
+#include "node/VolunteerHeartbeats.h"
 #include "node/VolunteerSession.h"
 #include "node/VolunteerWorkdir.h"
 #include "trainer/Checkpoint.h"
@@ -639,7 +640,7 @@ TEST(VolunteerSession, AnAssignmentIsWrittenThenHeartbeatsAndResultsGoToTheCoord
     {
       auto heartbeats = session.trainingHeartbeats();
       ASSERT_TRUE(eventually([&] { return stop_heartbeats.load(); }));
-      EXPECT_GE(heartbeats->sent(), 1u);
+      EXPECT_TRUE(eventually([&] { return heartbeats->sent() >= 1; }));  // counted after the send
     }
     uploaded = session.uploadResult(summary, weights);
   });
@@ -829,6 +830,41 @@ TEST(VolunteerWorkdir, AMalformedMembershipFileIsBadInputNamingItsKey) {
     EXPECT_NE(std::string(e.what()).find(workdir.membershipPath()), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("coordinator_key"), std::string::npos) << e.what();
   }
+}
+
+// Training must never wait for the coordinator: with nobody listening the heartbeats are not sent
+// (counted), stop() returns at once, and a coordinator that comes up gets them from then on.
+TEST(VolunteerHeartbeats, NeverWaitForACoordinatorThatIsDownAndReachOneThatComesUp) {
+  const CurveKeyPair volunteer = generateCurveKeyPair();
+  zmq::context_t context;
+  Invite invite;
+  const auto port = FakeCoordinator().bound;  // a kernel port, free again once that one is gone
+  invite.host = "127.0.0.1";
+  invite.port = std::stoi(port.substr(port.rfind(':') + 1));
+  invite.token = "00112233445566778899aabbccddeeff";
+  CurveKeyPair coordinator_keys = generateCurveKeyPair();
+  invite.coordinator_key = coordinator_keys.public_key;
+  VolunteerHeartbeats heartbeats(context, volunteer, invite, "node_6", "training", 10ms);
+  ASSERT_TRUE(eventually([&] { return heartbeats.unsent() >= 3; })) << heartbeats.sent() << " sent, " << heartbeats.unsent() << " unsent";
+  EXPECT_EQ(heartbeats.sent(), 0u);
+  // The coordinator comes up at that address.
+  zmq::context_t coordinator_context;
+  ZapAuthenticator zap(coordinator_context, ZapAuthenticator::AnyKey{});
+  std::string bound;
+  zmq::socket_t router = coordinationServer(coordinator_context, coordinator_keys,
+                                            invite.address(), kLimit, &bound);
+  auto in = recvRouted(router, 10s);
+  ASSERT_TRUE(in.has_value());
+  EXPECT_EQ(in->user_id, volunteer.public_key);
+  std::string why;
+  auto beat = decodeToCoordinator(in->frames, kLimit, &why);
+  ASSERT_TRUE(beat && std::holds_alternative<Heartbeat>(*beat)) << why;
+  EXPECT_EQ(std::get<Heartbeat>(*beat).name, "node_6");
+  EXPECT_EQ(std::get<Heartbeat>(*beat).state, "training");
+  EXPECT_TRUE(eventually([&] { return heartbeats.sent() >= 1; }));  // counted after the send
+  const auto before = std::chrono::steady_clock::now();
+  heartbeats.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - before, 5s);
 }
 
 }  // namespace
