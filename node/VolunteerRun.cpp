@@ -43,7 +43,7 @@ int runVolunteer(const VolunteerConfig& config) {
     auto heartbeats = session.trainingHeartbeats();
     try {
       outcome = runProvider(run);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       heartbeats.reset();
       session.sendLeaving(std::string("failed: ") + e.what());
       throw;
