@@ -20,9 +20,22 @@
 
 namespace cairn::testing {
 
+// The folders the fixture scripts wrote, removed when the test process exits.
+struct FixtureFolders {
+  std::map<std::string, std::string> by_script;
+  ~FixtureFolders() {
+    for (const auto& [script, folder] : by_script) {
+      std::error_code ignored;
+      std::filesystem::remove_all(folder, ignored);
+      std::filesystem::remove(folder + ".log", ignored);
+    }
+  }
+};
+
 // The folder the script wrote (created once per process; the script's output is shown on failure).
 inline std::string datasetFixture(const std::string& script) {
-  static std::map<std::string, std::string> made;
+  static FixtureFolders folders;
+  std::map<std::string, std::string>& made = folders.by_script;
   auto it = made.find(script);
   if (it != made.end()) return it->second;
   const std::string out = ::testing::TempDir() + "/cairn_" + script.substr(0, script.find('.')) +

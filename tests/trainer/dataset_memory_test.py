@@ -22,16 +22,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dataset_refs import write_llmc_shard  # noqa: E402
 
-L = 255
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--stream", required=True)
     p.add_argument("--megabytes", type=int, default=256)
     p.add_argument("--headroom-mb", type=int, default=64)
+    p.add_argument("--block-length", type=int, default=255)
     p.add_argument("--keep", help="write the shards here and keep them")
     args = p.parse_args()
+    L = args.block_length
     folder = args.keep or tempfile.mkdtemp(prefix="cairn_tokens_")
     os.makedirs(folder, exist_ok=True)
     try:
