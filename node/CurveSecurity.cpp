@@ -8,16 +8,18 @@
 namespace cairn {
 
 ZapAuthenticator::ZapAuthenticator(zmq::context_t& context, std::map<std::string, std::string> allowed)
-    : allowed_(std::move(allowed)), socket_(context, zmq::socket_type::rep) {
+    : ZapAuthenticator(context, std::move(allowed), /*any_key=*/false) {}
+
+ZapAuthenticator::ZapAuthenticator(zmq::context_t& context, AnyKey)
+    : ZapAuthenticator(context, {}, /*any_key=*/true) {}
+
+// The policy is set before the thread starts: no connection is ever judged by a half-made one.
+ZapAuthenticator::ZapAuthenticator(zmq::context_t& context, std::map<std::string, std::string> allowed,
+                                   bool any_key)
+    : allowed_(std::move(allowed)), any_key_(any_key), socket_(context, zmq::socket_type::rep) {
   socket_.set(zmq::sockopt::linger, 0);
   socket_.bind("inproc://zeromq.zap.01");
   thread_ = std::thread([this] { run(); });
-}
-
-ZapAuthenticator::ZapAuthenticator(zmq::context_t& context, AnyKey)
-    : ZapAuthenticator(context, std::map<std::string, std::string>{}) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  any_key_ = true;
 }
 
 void ZapAuthenticator::setAllowed(std::map<std::string, std::string> allowed) {

@@ -42,6 +42,7 @@ class ZapAuthenticator {
   uint64_t rejected() const { return rejected_.load(); }
 
  private:
+  ZapAuthenticator(zmq::context_t& context, std::map<std::string, std::string> allowed, bool any_key);
   void run();
 
   std::mutex mutex_;  // guards allowed_ (setAllowed from another thread)
