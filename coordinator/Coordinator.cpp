@@ -1,5 +1,10 @@
 #include "coordinator/Coordinator.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -47,8 +52,16 @@ void writeFileAtomically(const std::string& path, const std::string& bytes) {
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f.write(bytes.data(), std::streamsize(bytes.size()));
+    f.close();
     if (!f) CAIRN_THROW(InternalError, tmp, ": cannot write");
   }
+  // On disk before the rename, so that a crash leaves the old file or the whole new one.
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0) ::close(fd);
+    CAIRN_THROW(InternalError, tmp, ": cannot fsync: ", std::strerror(errno));
+  }
+  ::close(fd);
   std::filesystem::rename(tmp, path);
 }
 
@@ -303,13 +316,21 @@ struct Coordinator::Impl {
 
   void onCheckpoint(const CheckpointUpload& c) {
     const auto previous = store->checkpoint(c.name);
-    if (previous && previous->step >= c.step) return;
+    const auto m = store->memberByName(c.name);
+    if (previous && previous->step >= c.step) {  // a resend or an older one: say what it holds
+      if (m) reply(m->public_key, encode(CheckpointAck{c.name, previous->step}));
+      return;
+    }
     const std::string dir = o.out + "/checkpoints/" + c.name;
     std::filesystem::create_directories(dir);
     const std::string path = dir + "/step_" + std::to_string(c.step) + ".ckpt";
     writeFileAtomically(path, c.file);
     store->putCheckpoint({c.name, c.step, path, c.checksum});
-    if (previous && previous->path != path) std::filesystem::remove(previous->path);
+    std::error_code ec;  // the row names the new file; an old file left behind is only space
+    if (previous && previous->path != path && !std::filesystem::remove(previous->path, ec) && ec)
+      CAIRN_WARN("coordinator: cannot remove ", previous->path, ": ", ec.message());
+    if (m) reply(m->public_key, encode(CheckpointAck{c.name, c.step}));
+    CAIRN_INFO("coordinator: checkpoint of ", c.name, " at step ", c.step, " (", c.file.size(), " bytes)");
   }
 
   void finish(const std::vector<StoredResult>& results) {

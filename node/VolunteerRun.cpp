@@ -1,6 +1,7 @@
 #include "node/VolunteerRun.h"
 
 #include "core/Log.h"
+#include "core/NodeData.h"
 #include "node/Probe.h"
 #include "node/ProviderRun.h"
 
@@ -41,13 +42,18 @@ int runVolunteer(const VolunteerConfig& config) {
   ProviderRunOutcome outcome;
   {
     auto heartbeats = session.trainingHeartbeats();
+    auto uploads = session.checkpointUploads(nodeDirectory(run.node_data, run.name) + "/checkpoints");
     try {
       outcome = runProvider(run);
     } catch (const std::exception& e) {
+      uploads.reset();
       heartbeats.reset();
       session.sendLeaving(std::string("failed: ") + e.what());
       throw;
     }
+    // The last checkpoint (written at the end of training, or at a stop) goes up first: before
+    // the results, or before `leaving` (then for less time: a stop was asked for).
+    if (uploads) uploads->finish(std::chrono::milliseconds(outcome.stopped ? 10000 : 30000));
   }
   if (outcome.stopped) {
     session.sendLeaving("stopped");

@@ -258,6 +258,22 @@ std::unique_ptr<VolunteerHeartbeats> VolunteerSession::trainingHeartbeats() {
                                                "training", config_.heartbeat_interval);
 }
 
+std::unique_ptr<VolunteerCheckpoints> VolunteerSession::checkpointUploads(
+    const std::string& checkpoint_dir) {
+  CAIRN_ENFORCE(!name_.empty(), "checkpointUploads before join");
+  if (config_.upload_mbps <= 0) {
+    CAIRN_INFO("checkpoint uploads are off (--upload-mbps 0)");
+    return nullptr;
+  }
+  CheckpointUploadOptions options;
+  options.upload_mbps = config_.upload_mbps;
+  options.poll = config_.checkpoint_poll;
+  CAIRN_INFO("uploading new checkpoints of ", checkpoint_dir, " to the coordinator at up to ",
+             config_.upload_mbps, " Mbit/s");
+  return std::make_unique<VolunteerCheckpoints>(context_, identity_, config_.invite, name_,
+                                                checkpoint_dir, options);
+}
+
 bool VolunteerSession::uploadResult(const nlohmann::json& summary, const std::string& weights_path) {
   CAIRN_ENFORCE(!name_.empty(), "uploadResult before join");
   const Frames message = encode(ResultUpload{name_, summary, readWholeFile(weights_path)});

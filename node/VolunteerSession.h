@@ -7,6 +7,7 @@
 //   waitForAssignment()  heartbeat "waiting" until `assignment` (checked: VolunteerAssignment.h;
 //                        written into the work folder: VolunteerWorkdir.h) or `finished`
 //   trainingHeartbeats() the background heartbeats to run while training (VolunteerHeartbeats.h)
+//   checkpointUploads()  the background checkpoint uploads while training (VolunteerCheckpoints.h)
 //   uploadResult()       `result` + trained_stage.pt until `result_ack`
 //   sendLeaving()        `leaving{reason}`, best effort
 // The volunteer's key pair is made once in the work folder and reused; the coordinator is
@@ -14,7 +15,8 @@
 //
 // Ownership: owns the coordination zmq::context_t (separate from the training transport's: each
 // context has its own ZAP handler), the responder and the main DEALER socket.
-// Thread-safety: one thread (the volunteer's main thread); trainingHeartbeats() runs its own.
+// Thread-safety: one thread (the volunteer's main thread); trainingHeartbeats() and
+// checkpointUploads() run their own.
 #pragma once
 
 #include <chrono>
@@ -28,6 +30,7 @@
 
 #include "core/CurveKeys.h"
 #include "node/ReachabilityResponder.h"
+#include "node/VolunteerCheckpoints.h"
 #include "node/VolunteerHeartbeats.h"
 #include "node/VolunteerWorkdir.h"
 #include "node/protocol/Coordination.h"
@@ -45,6 +48,8 @@ struct VolunteerConfig {
   std::chrono::milliseconds result_wait{600000};  // how long to offer the results
   std::chrono::milliseconds result_resend{5000};  // resend the results when not acknowledged
   int probe_megabytes = 8;                        // bandwidth probe size (MiB)
+  double upload_mbps = 50;                        // checkpoint uploads (Mbit/s); 0: off
+  std::chrono::milliseconds checkpoint_poll{2000};  // how often to look for a new checkpoint
   size_t max_message_bytes = size_t(2) << 30;     // largest message taken from the coordinator
   std::function<bool()> stop_requested;           // a signal: stop waiting, say `leaving`
 };
@@ -98,6 +103,10 @@ class VolunteerSession {
 
   // Closes the main socket (training uses none) and starts "training" heartbeats.
   std::unique_ptr<VolunteerHeartbeats> trainingHeartbeats();
+
+  // The background checkpoint uploads of `checkpoint_dir` while training (VolunteerCheckpoints.h);
+  // null when upload_mbps is 0 (uploads off).
+  std::unique_ptr<VolunteerCheckpoints> checkpointUploads(const std::string& checkpoint_dir);
 
   // Sends `result{name, summary}` + the file at `weights_path` and waits for `result_ack`,
   // resending every result_resend, up to result_wait. False when it was not acknowledged (or a

@@ -58,8 +58,9 @@ bool wildcardHost(const std::string& host) {
 
 int runJoin(const std::string& invite_text, const std::string& listen, std::string advertise,
             const std::string& workdir, double coordinator_timeout_s, double result_wait_s,
-            int probe_megabytes) {
+            int probe_megabytes, double upload_mbps) {
   cairn::VolunteerConfig config;
+  config.upload_mbps = upload_mbps;
   config.invite = cairn::parseInvite(invite_text);
   if (listen.empty())
     CAIRN_THROW(BadInput, "--join needs --listen HOST:PORT: the address this volunteer binds for "
@@ -143,7 +144,7 @@ int main(int argc, char** argv) {
                "neighbours and ring peers listed in its node.json");
   // Volunteers: join a coordinator (`clusterize --serve`) instead of --name.
   std::string invite, listen, advertise, workdir = "cairn-volunteer";
-  double coordinator_timeout_s = 60, result_wait_s = 600;
+  double coordinator_timeout_s = 60, result_wait_s = 600, upload_mbps = 50;
   app.add_option("--join", invite,
                  "join the run of the coordinator whose invite (cairn-invite:1:…, printed by "
                  "`clusterize --serve`)\nthis is: probe this machine (RAM, cores, GFLOPS, "
@@ -172,6 +173,11 @@ int main(int argc, char** argv) {
                  "with --join: how long to offer the results to the coordinator (resent every 5 "
                  "s until\nacknowledged; then they stay in --workdir with a warning)")
       ->check(CLI::Range(0.0, 864000.0))->capture_default_str();
+  app.add_option("--upload-mbps", upload_mbps,
+                 "with --join: upload each new checkpoint to the coordinator in the background at "
+                 "up to\nthis many Mbit/s (after B bytes, nothing for B*8/rate s; only the newest "
+                 "is sent, one at\na time; training never waits for it); 0: uploads off")
+      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -187,11 +193,11 @@ int main(int argc, char** argv) {
     installStopHandling();  // before any thread starts
     return cairn::runGuarded("provider", [&] {
       return runJoin(invite, listen, advertise, workdir, coordinator_timeout_s, result_wait_s,
-                     probe_megabytes_option->count() > 0 ? probe_megabytes : 8);
+                     probe_megabytes_option->count() > 0 ? probe_megabytes : 8, upload_mbps);
     });
   }
   for (const char* flag : {"--listen", "--advertise", "--workdir", "--coordinator-timeout-s",
-                           "--result-wait-s"})
+                           "--result-wait-s", "--upload-mbps"})
     if (app.count(flag) > 0) {
       std::fprintf(stderr, "provider: error: %s is for --join\n", flag);
       return 2;

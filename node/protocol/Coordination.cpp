@@ -209,6 +209,9 @@ Frames encode(const PeersUpdate& m) {
   return frames({{"type", "peers"}, {"name", m.name}, {"node", m.node}});
 }
 Frames encode(const ResultAck& m) { return frames({{"type", "result_ack"}, {"name", m.name}}); }
+Frames encode(const CheckpointAck& m) {
+  return frames({{"type", "checkpoint_ack"}, {"name", m.name}, {"step", m.step}});
+}
 Frames encode(const Finished& m) { return frames({{"type", "finished"}, {"reason", m.reason}}); }
 Frames encode(const ReachCheck& m) { return frames({{"type", "reach"}, {"nonce", m.nonce}}); }
 Frames encode(const ReachOk& m) { return frames({{"type", "reach_ok"}, {"nonce", m.nonce}}); }
@@ -320,6 +323,12 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
     return done<V>(in, std::move(m));
   }
   if (type == "result_ack") return done<V>(in, ResultAck{in.string("name", kMaxNameBytes)});
+  if (type == "checkpoint_ack") {
+    CheckpointAck m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.step = in.integer("step", 0, INT64_MAX);
+    return done<V>(in, std::move(m));
+  }
   if (type == "finished")
     return done<V>(in, Finished{in.string("reason", kMaxReasonBytes, /*allow_empty=*/true)});
   if (why) *why = "unknown message type \"" + type + "\" for a volunteer";

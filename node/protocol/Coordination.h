@@ -26,6 +26,7 @@
 //                 attachments: stage.pt, and the newest checkpoint when `resume` is true
 //     peers      {name, node{node.json}}      the node's updated neighbours / ring peers
 //     result_ack {name}
+//     checkpoint_ack {name, step}            the newest checkpoint of `name` it holds is `step`
 //     finished   {reason}                     the run is over; the volunteer may exit
 //   coordinator → volunteer's listen address (reachability check)
 //     reach      {nonce}                      answered with
@@ -116,6 +117,10 @@ struct PeersUpdate {
 struct ResultAck {
   std::string name;
 };
+struct CheckpointAck {
+  std::string name;
+  int64_t step = 0;  // the newest checkpoint the coordinator holds for `name`
+};
 struct Finished {
   std::string reason;
 };
@@ -129,7 +134,8 @@ struct ReachOk {
 using ToCoordinator =
     std::variant<JoinAsk, BandwidthProbeMsg, Heartbeat, ResultUpload, CheckpointUpload, LeavingNotice>;
 using ToVolunteer =
-    std::variant<Accepted, Rejected, BandwidthAck, Assignment, PeersUpdate, ResultAck, Finished>;
+    std::variant<Accepted, Rejected, BandwidthAck, Assignment, PeersUpdate, ResultAck, Finished,
+                 CheckpointAck>;
 using ReachMessage = std::variant<ReachCheck, ReachOk>;
 
 Frames encode(const JoinAsk& m);
@@ -144,6 +150,7 @@ Frames encode(const BandwidthAck& m);
 Frames encode(const Assignment& m);
 Frames encode(const PeersUpdate& m);
 Frames encode(const ResultAck& m);
+Frames encode(const CheckpointAck& m);
 Frames encode(const Finished& m);
 Frames encode(const ReachCheck& m);
 Frames encode(const ReachOk& m);

@@ -132,6 +132,9 @@ TEST(Coordination, MessagesToTheVolunteerRoundTripFieldForField) {
   EXPECT_EQ(p.name, "node_9");
   EXPECT_EQ(p.node, (nlohmann::json{{"a", 1}}));
   EXPECT_EQ(roundTripToVolunteer<ResultAck>(encode(ResultAck{"node_9"})).name, "node_9");
+  const CheckpointAck ca = roundTripToVolunteer<CheckpointAck>(encode(CheckpointAck{"node_9", 40}));
+  EXPECT_EQ(ca.name, "node_9");
+  EXPECT_EQ(ca.step, 40);
   EXPECT_EQ(roundTripToVolunteer<Finished>(encode(Finished{"done"})).reason, "done");
 
   std::string why;
@@ -219,6 +222,10 @@ TEST(Coordination, MalformedMessagesAreRefusedWithTheirReason) {
             "accepted: \"name\" must be a string");
   EXPECT_EQ(whyToVolunteer(encode(Heartbeat{"n", "waiting", 1})),
             "unknown message type \"heartbeat\" for a volunteer");
+  EXPECT_EQ(whyToVolunteer(edited(encode(CheckpointAck{"n", 10}), [](auto& h) { h["step"] = -1; })),
+            "checkpoint_ack: \"step\" must be an integer in [0, 9223372036854775807]");
+  EXPECT_EQ(whyToVolunteer(edited(encode(CheckpointAck{"n", 10}), [](auto& h) { h.erase("name"); })),
+            "checkpoint_ack: \"name\" must be a string");
   std::string why;
   EXPECT_FALSE(decodeReach(encode(Accepted{"n", "spare"}), &why).has_value());
   EXPECT_EQ(why, "unknown message type \"accepted\" for a reachability check");
