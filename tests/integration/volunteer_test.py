@@ -17,6 +17,12 @@ CASE:
                     the same command started again picks the run up from coordinator.db with the
                     same invite, the volunteers' pending uploads reach it, and it merges the
                     trained model, whose PyTorch accuracy equals the Leaf's.
+  checkpoint_upload 3 volunteers form one 3-stage pipeline that checkpoints every 10 of 60 steps;
+                    each uploads its checkpoints in the background (--upload-mbps). After the run
+                    the coordinator's newest stored checkpoint of every node is a step that is a
+                    multiple of 10 up to 60, its coordinator.db row names it, and it is
+                    byte-identical to the volunteer's own file of that step. Prints the bytes and
+                    seconds of each upload from the volunteers' logs.
   bad_invites       what a volunteer sees when its invite is wrong: a wrong token is refused with
                     the coordinator's reason (exit 2), a wrong coordinator key gets no answer and a
                     clear timeout (exit 3), a malformed invite exits 2 before any network traffic
@@ -118,7 +124,7 @@ def load_idx(name, offset):
     return np.frombuffer(gzip.open(os.path.join(FASHION, name)).read(), np.uint8, offset=offset)
 
 
-def write_job(work, model, steps, test_samples):
+def write_job(work, model, steps, test_samples, training=None):
     job = {"format": 1, "job_id": "volunteers", "driver": "cairn", "model": model,
            "data": {"location": FASHION, "format": "idx", "normalize": {"mean": [MEAN], "std": [STD]},
                     "train_samples": 6000, "test_samples": test_samples},
@@ -126,6 +132,7 @@ def write_job(work, model, steps, test_samples):
                                    "seed": 3, "optimizer": {"name": "adamw", "lr": 0.003},
                                    "sync": "average", "local_steps": 5,
                                    "timeouts": {"startup_s": 60, "peer_s": 60}}}
+    job["training_definition"].update(training or {})
     path = os.path.join(work, "job.json")
     with open(path, "w") as f:
         json.dump(job, f)
@@ -233,6 +240,53 @@ def case_join_train_merge(args):
         checked += 1
     if checked != len(state):
         fail(f"trained.safetensors holds {checked} tensors, trained.pt {len(state)}")
+
+
+def case_checkpoint_upload(args):
+    os.makedirs(args.work, exist_ok=True)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    job = write_job(args.work, model, 60, 200, {"checkpoint_every": 10})
+    out = os.path.join(args.work, "coordinator")
+    coordinator, invite = start_coordinator(
+        args, job, model, out, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14"])
+    ports = free_ports(3)
+    volunteers = []
+    try:
+        for i in range(3):
+            volunteers.append(volunteer(args, invite, i, ports[i], ["--upload-mbps", "50"]))
+        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned 1 cluster(s)'")
+        all_finish(coordinator, volunteers)
+    finally:
+        kill_all(coordinator, volunteers)
+
+    import sqlite3
+    db = sqlite3.connect(os.path.join(out, "coordinator.db"))
+    for v, workdir in volunteers:
+        name = json.load(open(os.path.join(workdir, "membership.json")))["name"]
+        held = os.path.join(out, "checkpoints", name)
+        files = sorted(os.listdir(held)) if os.path.isdir(held) else []
+        if len(files) != 1 or not files[0].startswith("step_") or not files[0].endswith(".ckpt"):
+            fail(f"the coordinator holds {files} for {name}, expected exactly one step_<N>.ckpt")
+        step = int(files[0][len("step_"):-len(".ckpt")])
+        if step % 10 != 0 or not 10 <= step <= 60:
+            fail(f"{name}: the coordinator's checkpoint is of step {step}, not a multiple of 10 up to 60")
+        row = db.execute("SELECT step, path FROM checkpoints WHERE name = ?", (name,)).fetchone()
+        if row is None or row[0] != step or os.path.abspath(row[1]) != os.path.abspath(os.path.join(held, files[0])):
+            fail(f"{name}: coordinator.db says {row}, the folder holds step {step}")
+        own = os.path.join(workdir, "node_data", "nodes", name, "checkpoints", files[0])
+        if not os.path.exists(own):
+            fail(f"{name}: the volunteer no longer has {own} (it keeps its newest 3; the coordinator "
+                 f"should hold the newest)")
+        if open(own, "rb").read() != open(os.path.join(held, files[0]), "rb").read():
+            fail(f"{name}: the coordinator's step {step} differs from the volunteer's {own}")
+        uploads = [l.strip() for l in v.lines if "uploaded checkpoint step" in l]
+        if not uploads:
+            fail(f"{v.tag} ({name}) logged no upload")
+        print(f"{name}: coordinator holds step {step}, byte-identical to the volunteer's; uploads:")
+        for l in uploads:
+            print("   ", l[l.index("uploaded checkpoint"):])
 
 
 def evaluate(path, test_samples):
@@ -348,7 +402,8 @@ def case_bad_invites(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["join_train_merge", "coordinator_restarts", "bad_invites"])
+    parser.add_argument("case", choices=["join_train_merge", "coordinator_restarts", "bad_invites",
+                                            "checkpoint_upload"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
