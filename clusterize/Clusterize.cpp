@@ -13,6 +13,7 @@
 #include "clusterize/RingGroups.h"
 #include "clusterize/StageBuilder.h"
 #include "core/Error.h"
+#include "core/JobFiles.h"
 #include "core/JsonReader.h"
 #include "core/Log.h"
 
@@ -377,6 +378,10 @@ PreparedModel prepareModel(const ClusterizeOptions& options) {
 
   JobSpec& job = prepared.job;
   job = given_job ? *given_job : jobFromOptions(options, shapes, microbatches, optimizer);
+  // A TorchScript loss named in --job travels inside job.json to every node (core/JobFiles.h).
+  if (given_job && embedJobFiles(&job.training, options.job_path))
+    CAIRN_INFO("clusterize: ", job.training["loss_fn"]["torchscript"].get<std::string>(),
+               " embedded in job.json (training_definition.loss_fn.torchscript_base64)");
   if (job.model.empty()) job.model = options.model_path;
   PlanSettings& settings = prepared.settings;
   settings.model_path = options.model_path;

@@ -51,13 +51,35 @@ std::shared_ptr<ScriptedLoss> ScriptedLoss::load(const std::string& path, const 
     CAIRN_THROW(BadInput, where, ": no such file (a relative path is read from job.json's folder)");
   if (!std::filesystem::is_regular_file(path, ec))
     CAIRN_THROW(BadInput, where, ": not a file");
-  torch::jit::Module module;
   try {
-    module = torch::jit::load(path);
+    return checked(torch::jit::load(path), path, where);
+  } catch (const BadInput&) {
+    throw;
   } catch (const std::exception& e) {
     CAIRN_THROW(BadInput, where, ": not a TorchScript module (torch.jit.script(...).save): ",
                 messageOf(e));
   }
+}
+
+std::shared_ptr<ScriptedLoss> ScriptedLoss::loadBytes(const std::string& bytes,
+                                                      const std::string& name,
+                                                      const std::string& source,
+                                                      const std::string& key) {
+  const std::string where = source + ": " + key + " (" + name + ", embedded in job.json)";
+  std::istringstream in(bytes);
+  try {
+    return checked(torch::jit::load(in), name, where);
+  } catch (const BadInput&) {
+    throw;
+  } catch (const std::exception& e) {
+    CAIRN_THROW(BadInput, where, ": not a TorchScript module (torch.jit.script(...).save): ",
+                messageOf(e));
+  }
+}
+
+std::shared_ptr<ScriptedLoss> ScriptedLoss::checked(torch::jit::Module module,
+                                                    const std::string& path,
+                                                    const std::string& where) {
   auto forward = module.find_method("forward");
   if (!forward) CAIRN_THROW(BadInput, where, ": the module has no forward method");
   const c10::FunctionSchema& schema = forward->function().getSchema();

@@ -30,6 +30,10 @@ class ScriptedLoss {
   // Loads and checks `path`. `source` is job.json's path, `key` the dotted key that named the file.
   static std::shared_ptr<ScriptedLoss> load(const std::string& path, const std::string& source,
                                             const std::string& key);
+  // The same from the file's bytes (job.json's "torchscript_base64", core/JobFiles.h); `name` is
+  // the file's name for messages.
+  static std::shared_ptr<ScriptedLoss> loadBytes(const std::string& bytes, const std::string& name,
+                                                 const std::string& source, const std::string& key);
 
   // forward(output, target), checked: (sum, count).
   std::pair<torch::Tensor, int64_t> sumAndCount(const torch::Tensor& output,
@@ -45,6 +49,8 @@ class ScriptedLoss {
 
  private:
   ScriptedLoss(torch::jit::Module module, std::string path, std::string where, bool has_count);
+  static std::shared_ptr<ScriptedLoss> checked(torch::jit::Module module, const std::string& path,
+                                               const std::string& where);
   int64_t toCount(const c10::IValue& value, const char* what) const;
   [[noreturn]] void fail(const std::string& what) const;
 

@@ -61,8 +61,9 @@ std::vector<torch::Tensor> StageExecutor::fromResult(const torch::IValue& result
   std::vector<torch::Tensor> out;
   for (size_t i = 0; i < values.size(); ++i) {
     const torch::IValue& v = values[i];
-    if (v.isTensor()) {
-      out.push_back(v.toTensor());
+    if (v.isTensor()) {  // bf16: float32 again at the boundary (trainer/Precision.h)
+      out.push_back(precision_ == Precision::kFp32 ? v.toTensor()
+                                                   : toFloat32IfReduced(v.toTensor()));
     } else if (v.isInt()) {
       out.push_back(torch::tensor(v.toInt(), torch::kLong));
     } else if (v.isDouble()) {
@@ -104,6 +105,7 @@ std::vector<torch::Tensor> StageExecutor::forward(uint64_t id,
     updateStashStats();
     setParameters(true, &v);
     try {
+      AutocastScope autocast(precision_);
       result = module_.forward(toArguments(pending.inputs));
     } catch (...) {
       setParameters(false, nullptr);
@@ -112,6 +114,7 @@ std::vector<torch::Tensor> StageExecutor::forward(uint64_t id,
     }
     setParameters(false, nullptr);
   } else {
+    AutocastScope autocast(precision_);
     result = module_.forward(toArguments(pending.inputs));
   }
   pending.outputs = fromResult(result);
@@ -178,7 +181,12 @@ std::vector<torch::Tensor> StageExecutor::evaluate(const std::vector<torch::Tens
   module_.eval();
   std::vector<torch::Tensor> out;
   try {
-    out = fromResult(module_.forward(toArguments(inputs)));
+    torch::IValue result;
+    {
+      AutocastScope autocast(precision_);
+      result = module_.forward(toArguments(inputs));
+    }
+    out = fromResult(result);
   } catch (...) {
     module_.train();
     throw;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/NodeData.h"
+#include "trainer/Precision.h"
 
 namespace cairn {
 
@@ -62,6 +63,8 @@ class StageExecutor {
   };
   const StashStats& stashStats() const { return stash_stats_; }
   torch::jit::Module& module() { return module_; }
+  // "precision": bf16 runs forwards under CPU autocast and returns float32 outputs (Precision.h).
+  void setPrecision(Precision precision) { precision_ = precision; }
 
  private:
   struct Pending {
@@ -95,6 +98,7 @@ class StageExecutor {
   std::map<int64_t, Version> versions_;
   int64_t current_version_ = 0;
   StashStats stash_stats_;
+  Precision precision_ = Precision::kFp32;
 };
 
 }  // namespace cairn

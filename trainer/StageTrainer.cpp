@@ -87,6 +87,8 @@ struct StageTrainer::Impl {
     const TrainOptions& opt = cfg.options;
     torch::manual_seed(opt.seed * 1000003u + uint64_t(cfg.node.cluster) * 7919u +
                        uint64_t(cfg.node.stage));
+    executor->setPrecision(opt.precision);
+    announcePrecision(opt.precision);
     if (cfg.resume_step >= 0) checkpoints.load();
   }
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "core/JobFiles.h"
 #include "core/JsonReader.h"
 #include "trainer/ParamGroups.h"
 #include "trainer/ScriptedLoss.h"
@@ -137,14 +138,20 @@ LossOptions parseLoss(const JsonReader& r, const std::string& source) {
   }
   JsonReader o = r.object("loss_fn");
   if (o.has("torchscript")) {  // {"torchscript": "loss.pt"}: a path relative to job.json's folder
-    o.rejectUnknownKeys({"torchscript"});
+    o.rejectUnknownKeys({"torchscript", "torchscript_base64"});
     const std::string file = o.string("torchscript");
     if (file.empty()) o.fail("torchscript", "must name a TorchScript file");
     const std::filesystem::path path(file);
     l.kind = LossKind::kTorchScript;
     l.torchscript_path =
         path.is_absolute() ? file : (std::filesystem::path(source).parent_path() / path).string();
-    l.scripted = ScriptedLoss::load(l.torchscript_path, source, o.path("torchscript"));
+    if (o.has("torchscript_base64")) {  // embedded by clusterize (core/JobFiles.h)
+      const auto bytes = decodeBase64(o.string("torchscript_base64"));
+      if (!bytes) o.fail("torchscript_base64", "is not valid base64");
+      l.scripted = ScriptedLoss::loadBytes(*bytes, file, source, o.path("torchscript"));
+    } else {
+      l.scripted = ScriptedLoss::load(l.torchscript_path, source, o.path("torchscript"));
+    }
     return l;
   }
   o.rejectUnknownKeys({"name", "ignore_index", "label_smoothing", "pos_weight"});
@@ -200,6 +207,10 @@ std::string toString(LossKind kind) {
   return "?";
 }
 
+std::string toString(Precision precision) {
+  return precision == Precision::kBf16 ? "bf16" : "fp32";
+}
+
 std::string toString(ScheduleKind kind) {
   return kind == ScheduleKind::kAsync ? "async" : "sync";
 }
@@ -240,7 +251,7 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
                        "eval_every", "eval_batch_size", "local_steps", "timeouts", "threads",
                        "log_every_s", "record_sample_ids", "accelerate_config", "sync",
                        "nonfinite", "step_window", "max_in_flight", "update_frequency",
-                       "checkpoint_every", "keep_checkpoints"});
+                       "checkpoint_every", "keep_checkpoints", "precision"});
   TrainOptions o;
   o.batch_size = r.integerOr("batch_size", 1, 1 << 24, o.batch_size);
   o.microbatches = r.integerOr("microbatches", 1, 1 << 16, o.microbatches);
@@ -268,6 +279,8 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.optimizer = parseOptimizer(r);
   o.lr_scheduler = parseLrSchedule(r);
   o.loss = parseLoss(r, source);
+  o.precision = r.choiceOr("precision", {"fp32", "bf16"}, "fp32") == "bf16" ? Precision::kBf16
+                                                                           : Precision::kFp32;
   o.clip_grad_norm = r.numberOr("clip_grad_norm", 0);
   if (!(o.clip_grad_norm >= 0)) r.fail("clip_grad_norm", "must be a non-negative number (0: off)");
   if (o.schedule == ScheduleKind::kAsync && o.clip_grad_norm > 0)

@@ -21,6 +21,9 @@ enum class LrScheduleKind { kConstant, kStep, kCosine, kWarmupCosine };
 // "loss_fn": the built-ins, or a TorchScript module (docs/TRAINING.md "Loss").
 enum class LossKind { kCrossEntropy, kMse, kNll, kBceWithLogits, kTorchScript };
 enum class SyncMode { kAverage, kDiLoCo, kGradients };
+// "precision": "fp32", or "bf16": stage forwards under CPU autocast to bfloat16 with float32 master
+// weights, gradients and optimizer state (trainer/Precision.h, docs/TRAINING.md "Precision").
+enum class Precision { kFp32, kBf16 };
 // "schedule": how a node orders its micro-batches (docs/TRAINING.md "Schedules").
 enum class ScheduleKind { kSync, kAsync };
 // "nonfinite": what a node does with received activations/gradients holding NaN or Inf.
@@ -118,6 +121,7 @@ struct TrainOptions {
   OptimizerOptions optimizer;                     // "optimizer": "adamw" or {name, lr, ...}
   LrScheduleOptions lr_scheduler;                 // "lr_scheduler": "constant" or {name, ...}
   LossOptions loss;               // "loss_fn": "cross_entropy", {name, ...} or {torchscript}
+  Precision precision = Precision::kFp32;  // "precision": "fp32" | "bf16"
   double clip_grad_norm = 0;      // > 0: clip gradients to this GLOBAL norm (all stages together)
   int64_t eval_every = 0;         // > 0: evaluate every this many steps (always at the end)
   int64_t eval_batch_size = 500;  // samples per evaluation batch
@@ -185,6 +189,7 @@ DataOptions parseDataOptions(const DataSpec& data, const std::string& source);
 
 std::string toString(OptimizerKind kind);
 std::string toString(LossKind kind);
+std::string toString(Precision precision);
 std::string toString(SyncMode mode);
 
 }  // namespace cairn

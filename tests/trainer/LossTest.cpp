@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "core/Error.h"
+#include "core/JobFiles.h"
 #include "core/Safetensors.h"
 #include "trainer/Loss.h"
 #include "trainer/ScriptedLoss.h"
@@ -281,6 +282,66 @@ TEST_F(BadLossModule, WrongResultsAtTheFirstMicrobatch) {
        "  return torch.binary_cross_entropy_with_logits(output, target).sum(), 4\n");
   expectNamesKeyAndFile(trainingError("raises.pt", output, target), "raises.pt",
                         "forward(output Float [4, 3], target Long [4]) failed");
+}
+
+// A volunteer has job.json, node.json and stage.pt only: clusterize embeds the loss file in
+// job.json (core/JobFiles.h), and a provider in another folder, without the file, loads it.
+TEST_F(BadLossModule, EmbeddedInJobJsonTravelsWithIt) {
+  const std::filesystem::path user = dir_ / "user";
+  const std::filesystem::path volunteer = dir_ / "volunteer";
+  std::filesystem::create_directories(user);
+  std::filesystem::create_directories(volunteer);
+  std::filesystem::copy_file(lossDir() + "/loss_ce_ls.pt", user / "loss.pt");
+  nlohmann::json training = {{"loss_fn", {{"torchscript", "loss.pt"}}}};
+  ASSERT_TRUE(embedJobFiles(&training, (user / "job.json").string()));
+  EXPECT_FALSE(embedJobFiles(&training, (user / "job.json").string())) << "embedded twice";
+  std::ifstream in(user / "loss.pt", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(decodeBase64(training["loss_fn"]["torchscript_base64"].get<std::string>()), bytes);
+
+  const TrainOptions o = parseTrainOptions(training, (volunteer / "job.json").string());
+  ASSERT_EQ(o.loss.kind, LossKind::kTorchScript);
+  auto ref = references();
+  expectEqualTo(splitLoss(o.loss, ref["ce_logits"], ref["ce_targets"], {4, 9}), ref["ce_ls_loss"],
+                ref["ce_ls_grad"], 1e-12);
+
+  // Nothing to embed: built-in losses, or no loss_fn.
+  nlohmann::json builtin = {{"loss_fn", "mse"}};
+  EXPECT_FALSE(embedJobFiles(&builtin, (user / "job.json").string()));
+  // Errors name the job file, the key and the file.
+  nlohmann::json missing = {{"loss_fn", {{"torchscript", "gone.pt"}}}};
+  try {
+    embedJobFiles(&missing, (user / "job.json").string());
+    ADD_FAILURE() << "no error for a missing loss file";
+  } catch (const BadInput& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find((user / "job.json").string() + ": training_definition.loss_fn.torchscript"),
+              std::string::npos) << m;
+    EXPECT_NE(m.find((user / "gone.pt").string()), std::string::npos) << m;
+  }
+  nlohmann::json bad = {{"loss_fn", {{"torchscript", "loss.pt"}, {"torchscript_base64", "a$=="}}}};
+  EXPECT_NE(parseError(bad["loss_fn"]).find("training_definition.loss_fn.torchscript_base64 is not "
+                                            "valid base64"),
+            std::string::npos);
+  nlohmann::json garbage = {
+      {"loss_fn", {{"torchscript", "loss.pt"}, {"torchscript_base64", encodeBase64("no zip")}}}};
+  const std::string m = parseError(garbage["loss_fn"]);
+  EXPECT_NE(m.find("training_definition.loss_fn.torchscript (loss.pt, embedded in job.json): not a "
+                   "TorchScript module"),
+            std::string::npos) << m;
+}
+
+TEST(JobFiles, Base64RoundTripAndRejects) {
+  std::string all;
+  for (int c = 0; c < 256; ++c) all.push_back(char(c));
+  for (size_t n = 0; n <= all.size(); n += 37)
+    EXPECT_EQ(decodeBase64(encodeBase64(all.substr(0, n))), all.substr(0, n)) << n;
+  EXPECT_EQ(encodeBase64("Man"), "TWFu");  // RFC 4648 examples
+  EXPECT_EQ(encodeBase64("fo"), "Zm8=");
+  EXPECT_EQ(encodeBase64("f"), "Zg==");
+  EXPECT_EQ(decodeBase64("Zm9vYmFy"), "foobar");
+  for (const char* bad : {"Zg=", "Z===", "Zg==Zg==", "Zm9v YmFy", "Zm=v", "Zm9*"})
+    EXPECT_EQ(decodeBase64(bad), std::nullopt) << bad;
 }
 
 TEST(TrainOptions, LossFieldsAreValidated) {
