@@ -114,11 +114,12 @@ try:
     for line in open(f"{work}/uploads_{rate}.txt"):
         m = re.search(r"\[(\S+)\] uploaded checkpoint step (\d+): (\d+) bytes in (\S+) s", line)
         if m:
-            by_size.setdefault((m.group(1), int(m.group(3))), []).append(float(m.group(4)))
+            by_size.setdefault(int(m.group(3)), []).append(float(m.group(4)))
 except FileNotFoundError:
     pass
-for (node, size), secs in sorted(by_size.items()):
-    print(f"  {node}: {size} bytes per checkpoint, {len(secs)} uploads, median {statistics.median(secs)*1e3:.2f} ms "
+# Node names differ from run to run (the order of joining); a stage's checkpoint size does not.
+for size, secs in sorted(by_size.items()):
+    print(f"  a stage with {size} bytes per checkpoint: {len(secs)} uploads, median {statistics.median(secs)*1e3:.2f} ms "
           f"(send to acknowledgement), max {max(secs)*1e3:.2f} ms")
 if not by_size:
     print("  no upload lines found in the volunteers' logs")
