@@ -4,6 +4,7 @@
 // tests/integration/volunteer_test.py).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -335,6 +336,60 @@ TEST(LiveCoordinator, KeepsItsInviteAcrossARestart) {
   EXPECT_EQ(fs::status(out + "/coordinator.key").permissions() &
                 (fs::perms::group_all | fs::perms::others_all),
             fs::perms::none);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+// Checkpoint uploads: each is answered with `checkpoint_ack` naming the newest step held; only the
+// newest per node is kept on disk (the older file removed) and in coordinator.db; an older or
+// repeated upload changes nothing and is answered with the step held.
+TEST(LiveCoordinator, KeepsOnlyTheNewestCheckpointPerNodeAndAcknowledgesIt) {
+  const std::string out = freshDir("checkpoints");
+  LiveCoordinator coordinator(out);
+  zmq::context_t ctx;
+  Client member(ctx, coordinator.invite());
+  FakeResponder responder(member.keys, coordinator.invite().coordinator_key);
+  const auto accepted = member.ask(encode(goodAsk(responder.address())));
+  ASSERT_TRUE(accepted && std::holds_alternative<Accepted>(*accepted));
+  const std::string name = std::get<Accepted>(*accepted).name;
+  auto upload = [&](int64_t step, const std::string& bytes) -> int64_t {
+    const auto reply = member.ask(encode(CheckpointUpload{name, step, fnv1a64(bytes), bytes}));
+    if (!reply || !std::holds_alternative<CheckpointAck>(*reply)) return -1;
+    EXPECT_EQ(std::get<CheckpointAck>(*reply).name, name);
+    return std::get<CheckpointAck>(*reply).step;
+  };
+  auto held = [&] {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(out + "/checkpoints/" + name))
+      files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    return files;
+  };
+  auto contents = [&](const std::string& file) {
+    std::ifstream in(out + "/checkpoints/" + name + "/" + file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(upload(10, "ten"), 10);
+  EXPECT_EQ(held(), std::vector<std::string>{"step_10.ckpt"});
+  EXPECT_EQ(contents("step_10.ckpt"), "ten");
+  EXPECT_EQ(upload(20, "twenty"), 20);
+  EXPECT_EQ(held(), std::vector<std::string>{"step_20.ckpt"});
+  EXPECT_EQ(contents("step_20.ckpt"), "twenty");
+  EXPECT_EQ(upload(15, "fifteen"), 20);  // older: the coordinator keeps step 20
+  EXPECT_EQ(upload(20, "other"), 20);    // repeated step: kept as first stored
+  EXPECT_EQ(held(), std::vector<std::string>{"step_20.ckpt"});
+  EXPECT_EQ(contents("step_20.ckpt"), "twenty");
+  coordinator.stop();
+  CoordinatorStore store(out + "/coordinator.db");
+  const auto row = store.checkpoint(name);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->step, 20);
+  EXPECT_EQ(row->path, out + "/checkpoints/" + name + "/step_20.ckpt");
+  EXPECT_EQ(row->checksum, fnv1a64("twenty"));
 }
 
 }  // namespace
