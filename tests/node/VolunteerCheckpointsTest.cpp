@@ -3,7 +3,8 @@
 // newest valid checkpoint, byte-identical to the file on disk, with its FNV-1a checksum; at most
 // one is in flight (nothing more before the `checkpoint_ack`); the rate limit holds (with a rate
 // so low that the next send is due in an hour, a new checkpoint is not sent; with a high rate it
-// is); a corrupt newest file is skipped for the newest valid one.
+// is); a corrupt newest file is skipped for the newest valid one; a coordinator that is down gets
+// nothing queued and, once up, exactly the newest.
 #include <gtest/gtest.h>
 #include <torch/script.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "node/CurveSecurity.h"
 #include "node/VolunteerCheckpoints.h"
 #include "node/protocol/Coordination.h"
+#include "tests/common/LoopbackPorts.h"
 #include "trainer/Checkpoint.h"
 
 namespace cairn {
@@ -28,11 +30,14 @@ using namespace std::chrono_literals;
 constexpr size_t kLimit = 64 << 20;
 
 struct Coordinator {
-  CurveKeyPair keys = generateCurveKeyPair();
+  explicit Coordinator(int port = 0, CurveKeyPair k = generateCurveKeyPair())
+      : keys(std::move(k)),
+        router(coordinationServer(context, keys, "127.0.0.1:" + std::to_string(port), kLimit, &bound)) {}
+  CurveKeyPair keys;
   zmq::context_t context;
   ZapAuthenticator zap{context, ZapAuthenticator::AnyKey{}};
   std::string bound;
-  zmq::socket_t router = coordinationServer(context, keys, "127.0.0.1:0", kLimit, &bound);
+  zmq::socket_t router;
 
   Invite invite() const {
     Invite i;
@@ -187,6 +192,34 @@ TEST(VolunteerCheckpoints, ACorruptNewestIsSkippedAndFinishSendsTheLast) {
   EXPECT_EQ(last->second.step, 40);
   EXPECT_EQ(uploads.acknowledgedStep(), 40);
   EXPECT_EQ(uploads.sent(), 2u);
+}
+
+TEST(VolunteerCheckpoints, ACoordinatorThatIsDownIsSkippedAndGetsTheNewestWhenItComes) {
+  TempDir dir;
+  writeStep(dir.path, 10);
+  const int port = testutil::freeLoopbackPorts(1)[0];
+  const CurveKeyPair coordinator_keys = generateCurveKeyPair();
+  Invite invite;
+  invite.host = "127.0.0.1";
+  invite.port = port;
+  invite.coordinator_key = coordinator_keys.public_key;
+  invite.token = "00112233445566778899aabbccddeeff";
+  zmq::context_t context;
+  VolunteerCheckpoints uploads(context, generateCurveKeyPair(), invite, "node_5", dir.path, fast(1e6));
+  // Nobody listens: nothing is queued (a send is refused at once), however many polls go by.
+  std::this_thread::sleep_for(300ms);  // ~15 polls of 20 ms; not a synchronisation: sent() must stay 0
+  EXPECT_EQ(uploads.sent(), 0u);
+  writeStep(dir.path, 20);
+  writeStep(dir.path, 30);
+  Coordinator coordinator(port, coordinator_keys);  // the coordinator comes up
+  auto first = coordinator.upload(20s);
+  ASSERT_TRUE(first.has_value()) << "nothing after the coordinator came up";
+  EXPECT_EQ(first->second.step, 30);
+  EXPECT_EQ(first->second.file, fileBytes(checkpointPath(dir.path, 30)));
+  coordinator.ack(first->first, "node_5", 30);
+  ASSERT_TRUE(eventually([&] { return uploads.acknowledgedStep() == 30; }));
+  EXPECT_FALSE(coordinator.upload(300ms).has_value()) << "an older checkpoint was sent too";
+  EXPECT_EQ(uploads.sent(), 1u);
 }
 
 }  // namespace
