@@ -18,8 +18,9 @@ def write_safetensors(path, tensors):
         if isinstance(t, tuple):
             dtype, shape, data = t
         else:
+            shape = list(np.shape(t))  # before ascontiguousarray, which makes a 0-d array 1-d
             t = np.ascontiguousarray(t)
-            dtype, shape, data = _NAMES[t.dtype], list(t.shape), t.astype(t.dtype.newbyteorder("<")).tobytes()
+            dtype, data = _NAMES[t.dtype], t.astype(t.dtype.newbyteorder("<")).tobytes()
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)

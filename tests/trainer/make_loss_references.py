@@ -20,7 +20,6 @@ OUTDIR/groups/reference.safetensors the gradients fed at every step, the lr of e
 import fnmatch
 import json
 import os
-import struct
 import sys
 from typing import Tuple
 
@@ -28,26 +27,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dataset_refs  # noqa: E402  (the one safetensors writer of these fixtures)
+
 IGNORE = -100
 
 
 def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    names = {torch.float64: "F64", torch.float32: "F32", torch.int64: "I64"}
-    for name, t in tensors.items():
-        t = t.detach().contiguous()
-        data = t.numpy().tobytes()
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+    """Torch tensors to a safetensors file, written by dataset_refs' one writer."""
+    dataset_refs.write_safetensors(path, {name: t.detach().contiguous().numpy()
+                                          for name, t in tensors.items()})
 
 
 # ---- losses ---------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ the non-tensor path of the executor and the wire is exercised.
 """
 import json
 import os
-import struct
 import sys
 from typing import Tuple
 
@@ -25,24 +24,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../
 from make_node_data_by_hand import boundary, write_node_data  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_loss_references  # noqa: E402
+import dataset_refs  # noqa: E402
 
 
 def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    names = {torch.float32: "F32", torch.int64: "I64", torch.uint8: "U8"}
-    for name, t in tensors.items():
-        t = t.contiguous()
-        data = t.numpy().tobytes()
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+    """Torch tensors to a safetensors file, written by dataset_refs' one writer."""
+    dataset_refs.write_safetensors(path, {name: t.detach().contiguous().numpy()
+                                          for name, t in tensors.items()})
 
 
 # ---- CNN ------------------------------------------------------------------------------------
