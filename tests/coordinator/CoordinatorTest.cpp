@@ -169,7 +169,9 @@ TEST(JoinPolicy, TokenComparisonNeedsEveryCharacter) {
 // A coordinator on a kernel port in a thread; stopped and joined at the end of the test.
 class LiveCoordinator {
  public:
-  explicit LiveCoordinator(const std::string& out, milliseconds reach_timeout = milliseconds(800)) {
+  // The reach timeout is the production default: a good join's dial-back must never miss it on a
+  // loaded machine (the refusals of unreachable addresses wait for it, a few seconds each).
+  explicit LiveCoordinator(const std::string& out, milliseconds reach_timeout = milliseconds(5000)) {
     CoordinatorOptions o;
     o.listen = "127.0.0.1:0";
     o.out = out;
