@@ -16,6 +16,7 @@ PACKAGES=(
   libpng-dev libjpeg62-turbo-dev python3-pil
   dataset-fashion-mnist time
   python3-matplotlib
+  sentencepiece python3-sentencepiece bible-kjv
 )
 
 missing=()
