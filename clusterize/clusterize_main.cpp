@@ -9,6 +9,8 @@
 #include <fstream>
 #include <set>
 
+#include <unistd.h>
+
 #include "clusterize/Clusterize.h"
 #include "clusterize/ModelMerge.h"
 #include "clusterize/NodeDataWriter.h"
@@ -175,6 +177,13 @@ int main(int argc, char** argv) {
   app.add_option("--invite-file", serve.invite_file,
                  "with --serve: also write the invite to this file")
       ->needs(serve_option);
+  double view_every_s = -1;
+  app.add_option("--view-every-s", view_every_s,
+                 "with --serve: the live view of the run on stdout (per cluster step, loss, "
+                 "samples/s, ETA; per node role, state, heartbeat age, time split; events) every "
+                 "this many seconds: redrawn in place on a terminal, plain lines otherwise; "
+                 "0: off (default: 1 on a terminal, 10 otherwise)")
+      ->check(CLI::Range(0.0, 86400.0))->needs(serve_option);
   std::string merge_from;
   std::string format = "torchscript";
   int cluster = 0;
@@ -243,6 +252,8 @@ int main(int argc, char** argv) {
       serve.reach_timeout = std::chrono::milliseconds(int64_t(reach_timeout_s * 1000));
       if (!allow_keys_path.empty()) serve.allowed_keys = readAllowedKeys(allow_keys_path);
       serve.stop_requested = [] { return g_serve_stop.load(); };
+      if (view_every_s < 0) view_every_s = ::isatty(STDOUT_FILENO) == 1 ? 1 : 10;
+      serve.view_every = std::chrono::milliseconds(int64_t(view_every_s * 1000));
       cairn::coordinator::Coordinator coordinator(serve, prepareModel(o));
       return coordinator.run();
     });

@@ -16,6 +16,8 @@
 #include "coordinator/JoinPolicy.h"
 #include "clusterize/ModelMerge.h"
 #include "coordinator/RunAssembly.h"
+#include "coordinator/RunView.h"
+#include "coordinator/TerminalView.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
@@ -91,6 +93,45 @@ struct Coordinator::Impl {
   std::optional<Clock::time_point> enough_since;
   int needed = 1;  // spares needed before planning (grows when a plan fails)
   CoordinatorStats stats;
+  std::unique_ptr<RunView> view;  // the run as seen from here (RunView.h)
+  bool view_placed = false;       // the plan's nodes are placed in the view
+  Clock::time_point view_synced;
+
+  // The plan's nodes for the view (none while gathering).
+  std::vector<Placement> placement() {
+    std::vector<Placement> out;
+    if (phase() == "gathering") return out;
+    for (const std::string& name : placed()) {
+      const NodeSpec node = readNodeSpec(nodeSpecPath(o.out, name));
+      out.push_back({name, node.cluster, node.stage, node.num_stages});
+    }
+    return out;
+  }
+
+  // Members, phase and placement into the view, at most once a second (off the message path).
+  void syncView(bool now = false) {
+    if (!now && Clock::now() - view_synced < std::chrono::seconds(1)) return;
+    view_synced = Clock::now();
+    const std::string p = phase();
+    view->setPhase(p);
+    view->syncMembers(store->members(), wallSeconds());
+    if (view_placed || p == "gathering") return;
+    view_placed = true;
+    for (const Placement& node : placement()) view->place(node);
+    if (const auto n = store->meta("num_clusters")) view->setNumClusters(std::stoi(*n));
+  }
+
+  // What a member says about itself, for the view (the speaker check is handle()'s).
+  void observe(const ToCoordinator& m, const std::optional<Member>& member) {
+    if (!member) return;
+    const double now = wallSeconds();
+    if (const auto* beat = std::get_if<Heartbeat>(&m); beat && beat->name == member->name)
+      view->heartbeat(beat->name, beat->state, beat->step, now);
+    if (const auto* leaving = std::get_if<LeavingNotice>(&m); leaving && leaving->name == member->name)
+      view->event(leaving->name, "leaving", leaving->reason, now);
+    if (const auto* result = std::get_if<ResultUpload>(&m); result && result->name == member->name)
+      view->event(result->name, "result", std::to_string(result->trained_stage.size()) + " bytes", now);
+  }
 
   std::string phase() const { return store->meta("phase").value_or("gathering"); }
 
@@ -118,6 +159,7 @@ struct Coordinator::Impl {
       return;
     }
     routes[r.user_id] = r.routing_id;
+    observe(*message, member);
     if (const auto* join = std::get_if<JoinAsk>(&*message)) return onJoin(r, *join);
     if (const auto* probe = std::get_if<BandwidthProbeMsg>(&*message)) {
       if (probe->payload.size() > kMaxBandwidthProbeBytes)
@@ -140,6 +182,8 @@ struct Coordinator::Impl {
       if (speaker(result->name)) onResult(*result);
     } else if (const auto* ckpt = std::get_if<CheckpointUpload>(&*message)) {
       if (speaker(ckpt->name)) onCheckpoint(*ckpt);
+    } else if (const auto* batch = std::get_if<MetricsBatch>(&*message)) {
+      if (speaker(batch->name)) sendRouted(router, r.routing_id, encode(view->ingest(*batch, wallSeconds())));
     } else if (const auto* leaving = std::get_if<LeavingNotice>(&*message)) {
       if (speaker(leaving->name)) {
         CAIRN_WARN("coordinator: ", leaving->name, " is leaving (", leaving->reason, ")");
@@ -349,6 +393,10 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.needed = std::max(1, s.o.min_volunteers);
   std::filesystem::create_directories(s.o.out);
   s.store = std::make_unique<CoordinatorStore>(s.o.out + "/coordinator.db");
+  if (!s.store->meta("started_at")) s.store->setMeta("started_at", std::to_string(wallSeconds()));
+  s.view = std::make_unique<RunView>(s.o.out, s.placement());
+  s.view->setStartedAt(std::stod(*s.store->meta("started_at")));
+  s.syncView(/*now=*/true);
   const std::string key_path = s.o.out + "/coordinator.key";
   if (std::filesystem::exists(key_path)) {
     s.keys = readKeyFile(key_path);
@@ -394,6 +442,7 @@ Coordinator::~Coordinator() = default;
 
 std::string Coordinator::invite() const { return impl_->invite; }
 const CoordinatorStats& Coordinator::stats() const { return impl_->stats; }
+const RunView& Coordinator::view() const { return *impl_->view; }
 
 int Coordinator::run() {
   Impl& s = *impl_;
@@ -408,6 +457,8 @@ int Coordinator::run() {
   if (s.phase() == "planned")
     CAIRN_INFO("coordinator: resuming a planned run (", s.placed().size(),
                " placed volunteers); waiting for their results");
+  std::unique_ptr<TerminalView> terminal;  // the live view, on its own thread
+  if (s.o.view_every.count() > 0) terminal = std::make_unique<TerminalView>(*s.view, s.o.view_every);
   while (true) {
     if (s.o.stop_requested && s.o.stop_requested()) {
       CAIRN_INFO("coordinator: stopping; its state is in ", s.o.out,
@@ -427,7 +478,9 @@ int Coordinator::run() {
     }
     s.pollReach();
     s.maybePlan();
+    s.syncView();
     if (s.phase() == "done") {
+      s.syncView(/*now=*/true);
       // Let the `finished` and `result_ack` messages leave before the socket closes.
       s.router.set(zmq::sockopt::linger, 2000);
       return 0;

@@ -25,6 +25,8 @@
 
 namespace cairn::coordinator {
 
+class RunView;
+
 struct CoordinatorOptions {
   std::string listen = "0.0.0.0:7000";  // what the ROUTER binds (port 0: the kernel picks)
   std::string advertise;                // host:port in the invite; empty: listen (not 0.0.0.0)
@@ -38,6 +40,8 @@ struct CoordinatorOptions {
   std::string invite_file;              // also write the invite here
   size_t max_attachment_bytes = size_t(1) << 31;
   std::function<bool()> stop_requested;  // checked every loop turn (signals)
+  // The live view printed on stdout every this long while serving (TerminalView.h); 0: none.
+  std::chrono::milliseconds view_every{0};
 };
 
 struct CoordinatorStats {
@@ -56,6 +60,9 @@ class Coordinator {
   const CoordinatorStats& stats() const;
   // The invite volunteers pass to `provider --join` (valid once constructed).
   std::string invite() const;
+  // The run as the coordinator sees it (RunView.h): snapshot() and prometheus() may be called
+  // from any thread while run() serves (the web server's). Valid once constructed.
+  const RunView& view() const;
 
  private:
   struct Impl;

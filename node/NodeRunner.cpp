@@ -128,14 +128,17 @@ NodeRunResult NodeRunner::run() {
         CAIRN_INFO("resume: the cluster agreed on step ", step, "; training resumes from there");
       cfg.resume_step = step;
       out.resumed_from = step;
+      if (out.pauses > 0 && config_.on_state)
+        config_.on_state("resumed", step < 0 ? "from step 0" : "from step " + std::to_string(step));
       if (cluster_sync_) cluster_sync_->setJoining(true);
     }
-    TrainerObserver observer;
+    TrainerObserver observer = config_.observer;
     if (resuming) {
       auto logged = std::make_shared<bool>(false);
-      observer.on_step_loss = [logged](int64_t step, double loss) {
+      observer.on_step_loss = [logged, inner = config_.observer.on_step_loss](int64_t step, double loss) {
         if (!*logged) CAIRN_INFO("resume: first step after resuming done: step ", step, ", loss ", loss);
         *logged = true;
+        if (inner) inner(step, loss);
       };
     }
     torch::jit::Module stage;
@@ -171,6 +174,9 @@ NodeRunResult NodeRunner::run() {
                  lost->reason.empty() ? "" : ": " + lost->reason, "): ", std::string(e.what()));
       CAIRN_WARN("pausing: waiting up to ", seconds(config_.max_wait), " s for ", lost->origin,
                  " to come back (", "provider --name ", lost->origin, " --resume)");
+      if (config_.on_state)
+        config_.on_state("paused", "neighbour " + lost->peer + " lost (" + toString(lost->cause) +
+                                       "); waiting for " + lost->origin);
       link_.announceLeaving("paused", lost->origin, lost->peer);
       if (cluster_sync_) cluster_sync_->leave();
       trainer_.reset();

@@ -39,6 +39,10 @@ struct NodeRunnerConfig {
   std::chrono::milliseconds max_wait{600000};
   // Valid checkpoint steps in a folder, ascending (default: validCheckpointSteps).
   std::function<std::vector<int64_t>(const std::string&)> checkpoint_steps;
+  // Given to every attempt's trainer (provider --join streams its records with it).
+  TrainerObserver observer;
+  // "paused" (a neighbour lost) and "resumed" (the cluster agreed on the step), with a message.
+  std::function<void(const std::string& state, const std::string& message)> on_state;
 };
 
 struct NodeRunResult {

@@ -138,9 +138,32 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   run_config.node_data = node_data;
   run_config.resume = options.resume;
   run_config.max_wait = std::chrono::milliseconds(int64_t(config.options.timeouts.max_wait_s * 1000));
+  auto event = [&options](const std::string& state, const std::string& message) {
+    if (options.on_event) options.on_event({{"state", state}, {"message", message}});
+  };
+  run_config.observer.on_metrics_record = options.on_record;
+  if (options.on_event) {
+    run_config.observer.on_plan = [&options, batch = config.options.batch_size](int64_t total,
+                                                                                 int64_t per_epoch) {
+      options.on_event({{"plan", {{"total_steps", total}, {"steps_per_epoch", per_epoch},
+                                  {"batch_size", batch}}}});
+    };
+    run_config.on_state = event;
+  }
   stage = torch::jit::Module();
   NodeRunner runner(run_config, mailbox, link, &cluster_sync);
-  const NodeRunResult run = runner.run();
+  NodeRunResult run;
+  try {
+    run = runner.run();
+  } catch (const PeerLost& e) {
+    event("lost-peer", e.what());
+    throw;
+  } catch (const std::exception& e) {
+    event("failed", e.what());
+    throw;
+  }
+  event(run.result.stopped ? "stopped" : "finished",
+        std::to_string(run.result.steps) + " steps");
   const TrainerResult& result = run.result;
   ProviderRunOutcome outcome;
   outcome.stopped = result.stopped;

@@ -26,6 +26,13 @@ struct ProviderRunOptions {
   std::string bind_address;
   // Polled between steps; true asks for a clean stop at a step boundary (a signal).
   std::function<bool()> stop_requested;
+  // provider --join streams these to the coordinator (node/VolunteerMetrics.h); empty: nothing.
+  // Called on the trainer's thread, so they must not block. on_record: every record written to
+  // metrics.jsonl and its line. on_event: {"plan": {total_steps, steps_per_epoch, batch_size}}
+  // once the plan is known, and {"state": paused|resumed|stopped|lost-peer|failed|finished,
+  // "message": …} when the node's state changes.
+  std::function<void(const nlohmann::json& record, const std::string& line)> on_record;
+  std::function<void(const nlohmann::json& event)> on_event;
 };
 
 struct ProviderRunOutcome {

@@ -1,6 +1,7 @@
 #include "node/VolunteerHeartbeats.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "core/Log.h"
 #include "node/CoordinationSocket.h"
@@ -10,12 +11,13 @@ namespace cairn {
 
 VolunteerHeartbeats::VolunteerHeartbeats(zmq::context_t& context, const CurveKeyPair& own,
                                          const Invite& invite, std::string name, std::string state,
-                                         std::chrono::milliseconds interval)
+                                         std::chrono::milliseconds interval, Progress progress)
     : socket_(volunteerSocket(context, own, invite, /*immediate=*/true, 1 << 20, 8)),
       coordinator_(invite.address()),
       name_(std::move(name)),
       state_(std::move(state)),
-      interval_(interval) {
+      interval_(interval),
+      progress_(std::move(progress)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -28,7 +30,6 @@ void VolunteerHeartbeats::stop() {
 
 void VolunteerHeartbeats::run() {
   using Clock = std::chrono::steady_clock;
-  const Frames beat = encode(Heartbeat{name_, state_, -1});
   // A coordinator that has taken no heartbeat for this long counts as away (logged once); the
   // first connection gets the same grace.
   const auto away_after = 3 * interval_;
@@ -39,7 +40,11 @@ void VolunteerHeartbeats::run() {
     const auto now = Clock::now();
     if (now >= next) {
       next = now + interval_;
-      if (trySendFrames(socket_, beat)) {
+      Heartbeat beat{name_, state_, -1};
+      if (progress_) std::tie(beat.state, beat.step) = progress_();
+      if (beat.state.empty()) beat.state = state_;
+      beat.step = std::max<int64_t>(beat.step, -1);
+      if (trySendFrames(socket_, encode(beat))) {
         ++sent_;
         last_taken = now;
         if (away)

@@ -1,5 +1,6 @@
 // VolunteerHeartbeats: while a volunteer trains, a background thread tells the coordinator it is
-// alive: `heartbeat{name, state, step}` every interval (docs/PROTOCOL.md "Coordination"), on its
+// alive: `heartbeat{name, state, step}` every interval (docs/PROTOCOL.md "Coordination"; state and
+// step from `progress` when given: VolunteerMetrics::progress, else `state` and -1), on its
 // own DEALER socket (node/VolunteerSockets.h, ZMQ_IMMEDIATE). The coordinator is never on the
 // training path: a send never waits (a coordinator that is down just means the heartbeat is not
 // sent), ZeroMQ reconnects by itself, and the thread logs once when the coordinator stops taking
@@ -12,7 +13,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
+#include <utility>
 #include <thread>
 
 #include <zmq.hpp>
@@ -24,9 +27,12 @@ namespace cairn {
 
 class VolunteerHeartbeats {
  public:
+  // The node's state and its last step, read for every heartbeat (from the heartbeats' thread).
+  using Progress = std::function<std::pair<std::string, int64_t>()>;
   VolunteerHeartbeats(zmq::context_t& context, const CurveKeyPair& own, const Invite& invite,
                       std::string name, std::string state,
-                      std::chrono::milliseconds interval = std::chrono::milliseconds(2000));
+                      std::chrono::milliseconds interval = std::chrono::milliseconds(2000),
+                      Progress progress = {});
   ~VolunteerHeartbeats();  // stop()
   VolunteerHeartbeats(const VolunteerHeartbeats&) = delete;
   VolunteerHeartbeats& operator=(const VolunteerHeartbeats&) = delete;
@@ -45,6 +51,7 @@ class VolunteerHeartbeats {
   std::string coordinator_;  // for log lines
   std::string name_, state_;
   std::chrono::milliseconds interval_;
+  Progress progress_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> sent_{0}, unsent_{0}, received_{0};
   std::thread thread_;

@@ -39,21 +39,30 @@ int runVolunteer(const VolunteerConfig& config) {
   run.bind_address = session.listenBound();
   run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
   run.stop_requested = config.stop_requested;
+  // The trainer's records, plan and state changes go to the coordinator in the background.
+  auto metrics = session.metricsStream();
+  run.on_record = [m = metrics.get()](const nlohmann::json& r, const std::string& line) { m->record(r, line); };
+  run.on_event = [m = metrics.get()](const nlohmann::json& e) { m->event(e); };
   ProviderRunOutcome outcome;
   {
-    auto heartbeats = session.trainingHeartbeats();
+    auto heartbeats = session.trainingHeartbeats([m = metrics.get()] { return m->progress(); });
     auto uploads = session.checkpointUploads(nodeDirectory(run.node_data, run.name) + "/checkpoints");
     try {
       outcome = runProvider(run);
     } catch (const std::exception& e) {
       uploads.reset();
       heartbeats.reset();
+      metrics->finish(std::chrono::milliseconds(5000));  // the "lost-peer"/"failed" state
       session.sendLeaving(std::string("failed: ") + e.what());
       throw;
     }
     // The last checkpoint (written at the end of training, or at a stop) goes up first: before
     // the results, or before `leaving` (then for less time: a stop was asked for).
     if (uploads) uploads->finish(std::chrono::milliseconds(outcome.stopped ? 10000 : 30000));
+    // Every record still queued goes up before the results (or `leaving`).
+    if (!metrics->finish(std::chrono::milliseconds(outcome.stopped ? 10000 : 30000)))
+      CAIRN_WARN("the coordinator did not take every metrics record; they are in the node's "
+                 "metrics.jsonl");
   }
   if (outcome.stopped) {
     session.sendLeaving("stopped");

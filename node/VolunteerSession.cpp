@@ -251,11 +251,19 @@ AssignmentWait VolunteerSession::waitForAssignment() {
   }
 }
 
-std::unique_ptr<VolunteerHeartbeats> VolunteerSession::trainingHeartbeats() {
+std::unique_ptr<VolunteerHeartbeats> VolunteerSession::trainingHeartbeats(
+    VolunteerHeartbeats::Progress progress) {
   CAIRN_ENFORCE(!name_.empty(), "trainingHeartbeats before join");
   closeMainSocket();
   return std::make_unique<VolunteerHeartbeats>(context_, identity_, config_.invite, name_,
-                                               "training", config_.heartbeat_interval);
+                                               "training", config_.heartbeat_interval,
+                                               std::move(progress));
+}
+
+std::unique_ptr<VolunteerMetrics> VolunteerSession::metricsStream() {
+  CAIRN_ENFORCE(!name_.empty(), "metricsStream before join");
+  return std::make_unique<VolunteerMetrics>(context_, identity_, config_.invite, name_,
+                                            config_.metrics);
 }
 
 std::unique_ptr<VolunteerCheckpoints> VolunteerSession::checkpointUploads(

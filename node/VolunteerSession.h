@@ -8,6 +8,7 @@
 //                        written into the work folder: VolunteerWorkdir.h) or `finished`
 //   trainingHeartbeats() the background heartbeats to run while training (VolunteerHeartbeats.h)
 //   checkpointUploads()  the background checkpoint uploads while training (VolunteerCheckpoints.h)
+//   metricsStream()      the trainer's records streamed in the background (VolunteerMetrics.h)
 //   uploadResult()       `result` + trained_stage.pt until `result_ack`
 //   sendLeaving()        `leaving{reason}`, best effort
 // The volunteer's key pair is made once in the work folder and reused; the coordinator is
@@ -32,6 +33,7 @@
 #include "node/ReachabilityResponder.h"
 #include "node/VolunteerCheckpoints.h"
 #include "node/VolunteerHeartbeats.h"
+#include "node/VolunteerMetrics.h"
 #include "node/VolunteerWorkdir.h"
 #include "node/protocol/Coordination.h"
 
@@ -50,6 +52,7 @@ struct VolunteerConfig {
   int probe_megabytes = 8;                        // bandwidth probe size (MiB)
   double upload_mbps = 50;                        // checkpoint uploads (Mbit/s); 0: off
   std::chrono::milliseconds checkpoint_poll{2000};  // how often to look for a new checkpoint
+  MetricsStreamOptions metrics;                   // the trainer's records to the coordinator
   size_t max_message_bytes = size_t(2) << 30;     // largest message taken from the coordinator
   std::function<bool()> stop_requested;           // a signal: stop waiting, say `leaving`
 };
@@ -101,8 +104,12 @@ class VolunteerSession {
   // stopped (its port released for the training transport).
   AssignmentWait waitForAssignment();
 
-  // Closes the main socket (training uses none) and starts "training" heartbeats.
-  std::unique_ptr<VolunteerHeartbeats> trainingHeartbeats();
+  // Closes the main socket (training uses none) and starts "training" heartbeats; their state and
+  // step come from `progress` when given (VolunteerMetrics::progress).
+  std::unique_ptr<VolunteerHeartbeats> trainingHeartbeats(VolunteerHeartbeats::Progress progress = {});
+
+  // The background stream of the trainer's records to the coordinator (VolunteerMetrics.h).
+  std::unique_ptr<VolunteerMetrics> metricsStream();
 
   // The background checkpoint uploads of `checkpoint_dir` while training (VolunteerCheckpoints.h);
   // null when upload_mbps is 0 (uploads off).

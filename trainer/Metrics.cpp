@@ -16,9 +16,13 @@ MetricsLog::MetricsLog(const std::string& path, bool append)
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
-  if (!out_.is_open()) return;
-  out_ << record.dump() << '\n';
-  out_.flush();
+  if (!out_.is_open() && !tee_) return;
+  const std::string line = record.dump();
+  if (out_.is_open()) {
+    out_ << line << '\n';
+    out_.flush();
+  }
+  if (tee_) tee_(record, line);
 }
 
 std::string formatDuration(double seconds) {

@@ -1,11 +1,13 @@
 // MetricsLog writes one JSON object per line (metrics.jsonl next to node.json), flushed per
 // record so tools can follow a live run. ProgressLine shows the run to a person: a line redrawn in
 // place on a terminal, plain periodic log lines otherwise.
+// A tee (provider --join: node/VolunteerMetrics.h) is handed every record and its line as written.
 // Thread-safety: one thread (the node's trainer thread).
 #pragma once
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -18,10 +20,14 @@ class MetricsLog {
   explicit MetricsLog(const std::string& path, bool append = false);
   void write(const nlohmann::json& record);
   bool enabled() const { return out_.is_open(); }
+  // Also hand every record (and its line, without the newline) to `tee`, on the writer's thread.
+  using Tee = std::function<void(const nlohmann::json& record, const std::string& line)>;
+  void setTee(Tee tee) { tee_ = std::move(tee); }
 
  private:
   std::ofstream out_;
   std::string path_;
+  Tee tee_;
 };
 
 struct Progress {

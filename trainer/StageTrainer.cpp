@@ -84,6 +84,7 @@ struct StageTrainer::Impl {
         norm(ctx, link),
         evaluator(ctx, link, data),
         recorder(ctx, stop, checkpoints, evaluator) {
+    if (observer.on_metrics_record) metrics.setTee(observer.on_metrics_record);
     const TrainOptions& opt = cfg.options;
     torch::manual_seed(opt.seed * 1000003u + uint64_t(cfg.node.cluster) * 7919u +
                        uint64_t(cfg.node.stage));
@@ -102,6 +103,7 @@ struct StageTrainer::Impl {
   TrainerResult run() {
     const auto start = TrainerClock::now();
     negotiatePlan();
+    if (observer.on_plan) observer.on_plan(plan.total_steps, plan.steps_per_epoch);
     checkpoints.checkResumedPlan();
     const bool async = cfg.options.schedule == ScheduleKind::kAsync;
     if (async) executor->enableWeightStashing();

@@ -60,6 +60,10 @@ struct TrainerResult {
 struct TrainerObserver {
   std::function<void(int64_t step, const std::vector<int64_t>& sample_ids)> on_batch;  // Root
   std::function<void(int64_t step, double loss)> on_step_loss;
+  // Every record written to metrics.jsonl, and its line (MetricsLog::setTee).
+  std::function<void(const nlohmann::json& record, const std::string& line)> on_metrics_record;
+  // The run plan, once negotiated (before the first step).
+  std::function<void(int64_t total_steps, int64_t steps_per_epoch)> on_plan;
 };
 
 struct StageTrainerConfig {

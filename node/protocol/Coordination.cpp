@@ -158,6 +158,31 @@ bool isHex(const std::string& s) {
   return true;
 }
 
+bool validStream(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z'))) return false;
+  return true;
+}
+
+// Empty when `r` is an acceptable metrics record; else what is wrong with it. The coordinator
+// tags the lines it writes with node, cluster, stream and seq: a record may not carry them.
+std::string metricsRecordProblem(const nlohmann::json& r) {
+  if (!r.is_object()) return "must be a JSON object";
+  if (r.size() > 64) return "has more than 64 keys";
+  for (const char* reserved : {"node", "cluster", "stream", "seq"})
+    if (r.contains(reserved)) return std::string("has the key \"") + reserved + "\", which the coordinator adds";
+  auto step = r.find("step");
+  if (step != r.end() && !(step->is_number_integer() && step->get<int64_t>() >= 0 &&
+                           !(step->is_number_unsigned() && step->get<uint64_t>() > uint64_t(INT64_MAX))))
+    return "\"step\" must be a non-negative integer";
+  auto state = r.find("state");
+  if (state != r.end() && !(state->is_string() && !state->get<std::string>().empty() &&
+                            state->get<std::string>().size() <= kMaxStateBytes))
+    return "\"state\" must be a string of 1 to " + std::to_string(kMaxStateBytes) + " bytes";
+  return {};
+}
+
 }  // namespace
 
 Frames encode(const JoinAsk& m) {
@@ -187,6 +212,17 @@ Frames encode(const CheckpointUpload& m) {
 }
 Frames encode(const LeavingNotice& m) {
   return frames({{"type", "leaving"}, {"name", m.name}, {"reason", m.reason}});
+}
+Frames encode(const MetricsBatch& m) {
+  return frames({{"type", "metrics"},
+                 {"name", m.name},
+                 {"stream", m.stream},
+                 {"seq", m.seq},
+                 {"records", m.records},
+                 {"dropped", m.dropped}});
+}
+Frames encode(const MetricsAck& m) {
+  return frames({{"type", "metrics_ack"}, {"name", m.name}, {"stream", m.stream}, {"seq", m.seq}});
 }
 Frames encode(const Accepted& m) {
   return frames({{"type", "accepted"}, {"name", m.name}, {"state", m.state}});
@@ -283,6 +319,34 @@ std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, 
     m.reason = in.string("reason", kMaxReasonBytes, /*allow_empty=*/true);
     return done<V>(in, std::move(m));
   }
+  if (type == "metrics") {
+    if (!attachments(f, 0, 0, type, why)) return std::nullopt;
+    MetricsBatch m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.stream = in.string("stream", 64);
+    m.seq = in.integer("seq", 0, INT64_MAX / 2);
+    m.dropped = in.integer("dropped", 0, INT64_MAX / 2);
+    if (!in.ok()) return std::nullopt;
+    if (!validStream(m.stream)) {
+      if (why) *why = "metrics: \"stream\" must be 1 to 64 characters 0-9 and a-z";
+      return std::nullopt;
+    }
+    auto records = h->find("records");
+    if (records == h->end() || !records->is_array() || records->size() > kMaxMetricsRecords) {
+      if (why) *why = "metrics: \"records\" must be an array of at most " +
+                      std::to_string(kMaxMetricsRecords) + " records";
+      return std::nullopt;
+    }
+    for (size_t i = 0; i < records->size(); ++i) {
+      std::string problem = metricsRecordProblem((*records)[i]);
+      if (!problem.empty()) {
+        if (why) *why = "metrics: records[" + std::to_string(i) + "] " + problem;
+        return std::nullopt;
+      }
+    }
+    m.records = records->get<std::vector<nlohmann::json>>();
+    return ToCoordinator(std::move(m));
+  }
   if (why) *why = "unknown message type \"" + type + "\" for the coordinator";
   return std::nullopt;
 }
@@ -327,6 +391,13 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
     CheckpointAck m;
     m.name = in.string("name", kMaxNameBytes);
     m.step = in.integer("step", 0, INT64_MAX);
+    return done<V>(in, std::move(m));
+  }
+  if (type == "metrics_ack") {
+    MetricsAck m;
+    m.name = in.string("name", kMaxNameBytes);
+    m.stream = in.string("stream", 64);
+    m.seq = in.integer("seq", 0, INT64_MAX / 2);
     return done<V>(in, std::move(m));
   }
   if (type == "finished")

@@ -18,6 +18,10 @@
 //     result     {name, summary{…}} + 1 attachment (trained_stage.pt)
 //     checkpoint {name, step, checksum} + 1 attachment (the stage's checkpoint file)
 //     leaving    {name, reason}               a clean stop (signal): replace me
+//     metrics    {name, stream, seq, records[…], dropped}  the trainer's records (metrics.jsonl
+//                                             lines, state changes), numbered from `seq` within
+//                                             `stream` (one per volunteer process); answered by
+//                                             metrics_ack
 //   coordinator → volunteer
 //     accepted   {name, state}                joined; `state` is "spare" until it is assigned
 //     rejected   {reason}                     not joined (the volunteer prints the reason, exits 2)
@@ -27,6 +31,7 @@
 //     peers      {name, node{node.json}}      the node's updated neighbours / ring peers
 //     result_ack {name}
 //     checkpoint_ack {name, step}            the newest checkpoint of `name` it holds is `step`
+//     metrics_ack {name, stream, seq}         every record of `stream` before `seq` is held
 //     finished   {reason}                     the run is over; the volunteer may exit
 //   coordinator → volunteer's listen address (reachability check)
 //     reach      {nonce}                      answered with
@@ -91,6 +96,17 @@ struct LeavingNotice {
   std::string reason;
 };
 
+// The trainer's records in the background (node/VolunteerMetrics.h): record i has number seq + i
+// in `stream`; `dropped`: records this stream has dropped so far (its queue was full).
+struct MetricsBatch {
+  std::string name;
+  std::string stream;  // 1-64 characters [0-9a-z], new for every volunteer process
+  int64_t seq = 0;
+  std::vector<nlohmann::json> records;  // JSON objects
+  int64_t dropped = 0;
+};
+constexpr size_t kMaxMetricsRecords = 4096;  // per message (and the header's 1 MiB)
+
 struct Accepted {
   std::string name;
   std::string state;  // "spare" | "assigned"
@@ -124,6 +140,11 @@ struct CheckpointAck {
 struct Finished {
   std::string reason;
 };
+struct MetricsAck {
+  std::string name;
+  std::string stream;
+  int64_t seq = 0;  // the next record number expected: every one before it is held
+};
 struct ReachCheck {
   std::string nonce;
 };
@@ -132,10 +153,11 @@ struct ReachOk {
 };
 
 using ToCoordinator =
-    std::variant<JoinAsk, BandwidthProbeMsg, Heartbeat, ResultUpload, CheckpointUpload, LeavingNotice>;
+    std::variant<JoinAsk, BandwidthProbeMsg, Heartbeat, ResultUpload, CheckpointUpload, LeavingNotice,
+                 MetricsBatch>;
 using ToVolunteer =
     std::variant<Accepted, Rejected, BandwidthAck, Assignment, PeersUpdate, ResultAck, Finished,
-                 CheckpointAck>;
+                 CheckpointAck, MetricsAck>;
 using ReachMessage = std::variant<ReachCheck, ReachOk>;
 
 Frames encode(const JoinAsk& m);
@@ -144,6 +166,8 @@ Frames encode(const Heartbeat& m);
 Frames encode(const ResultUpload& m);
 Frames encode(const CheckpointUpload& m);
 Frames encode(const LeavingNotice& m);
+Frames encode(const MetricsBatch& m);
+Frames encode(const MetricsAck& m);
 Frames encode(const Accepted& m);
 Frames encode(const Rejected& m);
 Frames encode(const BandwidthAck& m);
