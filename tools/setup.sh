@@ -16,6 +16,7 @@ PACKAGES=(
   libpng-dev libjpeg62-turbo-dev python3-pil
   dataset-fashion-mnist time
   python3-matplotlib
+  libcpp-httplib-dev chromium  # the coordinator's web view, and the browser its test loads it in
   sentencepiece python3-sentencepiece bible-kjv
 )
 
