@@ -15,6 +15,8 @@
 #include "clusterize/ModelMerge.h"
 #include "clusterize/NodeDataWriter.h"
 #include "coordinator/Coordinator.h"
+#include "coordinator/RunView.h"
+#include "coordinator/WebServer.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/MainGuard.h"
@@ -49,6 +51,23 @@ std::set<std::string> readAllowedKeys(const std::string& path) {
   }
   if (keys.empty()) CAIRN_THROW(BadInput, path, ": lists no keys");
   return keys;
+}
+
+// --web: a bare port means 127.0.0.1:PORT (this machine only); other hosts must be named.
+std::string webAddress(const std::string& value) {
+  const bool bare_port = !value.empty() && value.size() <= 5 &&
+                         value.find_first_not_of("0123456789") == std::string::npos;
+  return bare_port ? "127.0.0.1:" + value : value;
+}
+
+// The web view starts before the model is profiled (a bad --web fails at once); until the
+// coordinator exists its state is this.
+nlohmann::json startingSnapshot() {
+  const double now = cairn::coordinator::unixNow();
+  return {{"run", {{"phase", "starting"}, {"now", now}, {"started_at", now}, {"num_clusters", 0},
+                   {"members", 0}, {"records", 0}, {"dropped", 0}}},
+          {"clusters", nlohmann::json::array()}, {"nodes", nlohmann::json::array()},
+          {"events", nlohmann::json::array()}};
 }
 
 }  // namespace
@@ -184,6 +203,15 @@ int main(int argc, char** argv) {
                  "this many seconds: redrawn in place on a terminal, plain lines otherwise; "
                  "0: off (default: 1 on a terminal, 10 otherwise)")
       ->check(CLI::Range(0.0, 86400.0))->needs(serve_option);
+  std::string web_listen;
+  app.add_option("--web", web_listen,
+                 "with --serve: serve the run's read-only live view on PORT or HOST:PORT: the "
+                 "page (charts of loss, evaluation, throughput and each node's time split; the "
+                 "clusters as chains of nodes; events), /api/state (JSON) and /metrics "
+                 "(Prometheus). A bare PORT binds 127.0.0.1 only; name a host (e.g. "
+                 "0.0.0.0:8080) to let other machines see it: the page has no login. Port 0: any "
+                 "free port. The URL is printed. Default: off")
+      ->needs(serve_option);
   std::string merge_from;
   std::string format = "torchscript";
   int cluster = 0;
@@ -254,7 +282,23 @@ int main(int argc, char** argv) {
       serve.stop_requested = [] { return g_serve_stop.load(); };
       if (view_every_s < 0) view_every_s = ::isatty(STDOUT_FILENO) == 1 ? 1 : 10;
       serve.view_every = std::chrono::milliseconds(int64_t(view_every_s * 1000));
+      std::atomic<const cairn::coordinator::RunView*> view{nullptr};
+      std::unique_ptr<cairn::coordinator::WebServer> web;
+      if (!web_listen.empty()) {
+        web = std::make_unique<cairn::coordinator::WebServer>(
+            webAddress(web_listen),
+            [&view] { return view ? view.load()->snapshot() : startingSnapshot(); },
+            [&view] { return view ? view.load()->prometheus() : std::string(); }, "--web");
+        std::cout << "web view: " << web->url() << std::endl;
+      }
       cairn::coordinator::Coordinator coordinator(serve, prepareModel(o));
+      // Declared after the coordinator, so destroyed before it: no request reads a view that is
+      // gone.
+      struct StopWeb {
+        cairn::coordinator::WebServer* web;
+        ~StopWeb() { if (web) web->stop(); }
+      } stop_web{web.get()};
+      view = &coordinator.view();
       return coordinator.run();
     });
   }

@@ -4,6 +4,7 @@ headless Chromium (Debian's `chromium`); the test reads the DOM Chromium rendere
 scripts ran (--dump-dom) and keeps a screenshot.
 
     coordinator_web_test.py fixture --server BUILD/tests/web_fixture_server --work DIR
+    coordinator_web_test.py live --clusterize BUILD/clusterize/clusterize --provider BUILD/node/provider --work DIR
 
 CASE:
   fixture  web_fixture_server answers /api/state with a fixed state (two clusters, a spare, every
@@ -15,6 +16,15 @@ CASE:
            hostile strings must appear as text and create no element (no img, b, svg, extra
            script; the title unchanged). Screenshot: DIR/live_view_fixture.png.
 
+  live     a real coordinator (clusterize --serve --web 127.0.0.1:0) and 3 real volunteers
+           (provider --join) train the Fashion-MNIST CNN as one 3-stage pipeline on loopback, with
+           an evaluation every 10 steps. Once /api/state shows loss and evaluation records, the
+           page is loaded while training goes on: the cluster's chain shows the three volunteers'
+           names in Root → Leaf order, every node has its row, and each chart's canvas reports at
+           least as many points as the state held before the page was loaded (and no more than it
+           held after). /metrics answers Prometheus text. Screenshot: DIR/live_view.png (the one
+           in docs/img/ is such a run). The run is stopped once the page is checked.
+
 Chromium runs with --virtual-time-budget, so the page's polls and chart layout happen in virtual
 time; no sleep stands in for them.
 """
@@ -25,6 +35,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 
 HOSTILE_NAME = "<img src=x onerror=\"document.title='PWNED'\">"
 HOSTILE_STATE = "<b>bold</b>"
@@ -271,13 +283,97 @@ def case_fixture(args):
         fail(f"web_fixture_server exited {server.returncode}")
 
 
+def fetch(url):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.headers.get("Content-Type"), response.read().decode()
+
+
+def case_live(args):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import volunteer_test as vt  # its coordinator/volunteer helpers (and its Fashion-MNIST job)
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model],
+                   check=True, stdout=subprocess.DEVNULL)
+    # Long enough that training is still going when the page is checked; stopped after that.
+    job = vt.write_job(args.work, model, 5000, 200, {"eval_every": 10})
+    out = os.path.join(args.work, "coordinator")
+    coordinator, invite = vt.start_coordinator(
+        args, job, model, out, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14",
+                                "--web", "127.0.0.1:0", "--view-every-s", "0"])
+    volunteers = []
+    try:
+        line = coordinator.wait_for(lambda l: l.startswith("web view: http://"), 10, "'web view: URL'")
+        url = line.split()[2]
+        ports = vt.free_ports(3)
+        for i in range(3):
+            volunteers.append(vt.volunteer(args, invite, i, ports[i]))
+        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120,
+                             "'planned 1 cluster(s)'")
+        # Wait (bounded) until the state holds loss and evaluation records of the placed cluster.
+        deadline = time.monotonic() + 180
+        while True:
+            _, body = fetch(url + "api/state")
+            before = json.loads(body)
+            c = before["clusters"][0] if before["clusters"] else {}
+            if len(c.get("loss_history", [])) >= 10 and c.get("eval_history") and \
+                    len(c.get("nodes", [])) == 3:
+                break
+            if time.monotonic() > deadline:
+                fail(f"no loss and evaluation records at {url}api/state after 180 s: {body[:2000]}")
+            time.sleep(0.5)  # polling a condition, as the page itself does
+        screenshot = os.path.join(args.work, "live_view.png")
+        root, raw = render(url, args.work, screenshot)
+        _, body = fetch(url + "api/state")
+        after = json.loads(body)
+        check_live_page(root, before, after)
+        check_screenshot(screenshot)
+        content_type, metrics = fetch(url + "metrics")
+        if not content_type.startswith("text/plain; version=0.0.4") or "cairn_" not in metrics:
+            fail(f"/metrics answered {content_type}: {metrics[:500]}")
+        print(f"/metrics: {len(metrics.splitlines())} lines of Prometheus text")
+    finally:
+        vt.kill_all(coordinator, volunteers)
+
+
+def check_live_page(root, before, after):
+    by_id = {e.attrs["id"]: e for e in root.walk() if "id" in e.attrs}
+    if by_id["status"].attrs.get("data-ok") != "true":
+        fail(f"the page did not draw a state: {by_id['status'].attrs}")
+    cluster = before["clusters"][0]
+    blocks = root.find_all(lambda e: e.attrs.get("data-cluster") == str(cluster["id"]))
+    names = [b.attrs["data-node"] for b in blocks[0].find_all(
+        lambda e: "node" in e.classes() and "data-node" in e.attrs)] if blocks else None
+    if names != cluster["nodes"]:
+        fail(f"cluster {cluster['id']}: the page's chain is {names}, the state's {cluster['nodes']}")
+    print(f"cluster {cluster['id']}: chain {' → '.join(names)}")
+    for n in after["nodes"]:
+        if not root.find_all(lambda e, n=n: e.tag == "tr" and e.attrs.get("data-node") == n["name"]):
+            fail(f"node {n['name']} has no row")
+    def count(state, key):
+        return sum(len(c[key]) for c in state["clusters"])
+    for chart, key in (("chart-loss", "loss_history"), ("chart-eval", "eval_history"),
+                       ("chart-throughput", "throughput_history")):
+        drawn = int(by_id[chart].attrs.get("data-points", "-1"))
+        if not count(before, key) <= drawn <= count(after, key) or drawn == 0:
+            fail(f"{chart}: {drawn} points drawn; the state held {count(before, key)} before the "
+                 f"page loaded and {count(after, key)} after")
+        print(f"{chart}: {drawn} points drawn ({count(before, key)}..{count(after, key)} in the state)")
+    bars = int(by_id["chart-split"].attrs.get("data-points", "-1"))
+    if bars < 3:
+        fail(f"chart-split: {bars} bars, expected compute/send/wait for the placed nodes")
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["fixture"])
+    parser.add_argument("case", choices=["fixture", "live"])
     parser.add_argument("--server", help="web_fixture_server (case fixture)")
+    parser.add_argument("--clusterize", help="clusterize (case live)")
+    parser.add_argument("--provider", help="provider (case live)")
     parser.add_argument("--work", required=True)
     args = parser.parse_args()
-    {"fixture": case_fixture}[args.case](args)
+    {"fixture": case_fixture, "live": case_live}[args.case](args)
     print("PASS")
 
 
