@@ -103,7 +103,8 @@ void TerminalView::run() {
   size_t drawn_lines = 0;
   double events_after = -1;
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!wake_.wait_for(lock, every_, [this] { return stop_; })) {
+  for (bool last = false; !last;) {
+    last = wake_.wait_for(lock, every_, [this] { return stop_; });  // stopping: one last frame
     const nlohmann::json snap = view_.snapshot();
     const std::string text = renderRunView(snap, tty_, events_after);
     if (!snap["events"].empty()) events_after = snap["events"].back()["t"].get<double>();

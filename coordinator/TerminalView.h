@@ -3,7 +3,8 @@
 // coordinator's loop never formats or prints it. On a terminal (stdout is a TTY) one block is
 // redrawn in place: per cluster its step, loss, samples/s and ETA; per node its role, stage,
 // state, heartbeat age and compute/send/wait split; the newest events. Otherwise plain lines
-// (one per cluster and per node, and the events since the last print) every `every`.
+// (one per cluster and per node, and the events since the last print) every `every`, and once
+// more when it stops (the coordinator's run ends).
 // Volunteer text (addresses, messages) is printed with control characters replaced by '?', so a
 // volunteer cannot move the cursor or recolour the terminal.
 //

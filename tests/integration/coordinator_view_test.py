@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""The coordinator sees the whole run (issue L, data half): real `clusterize --serve` and
+`provider --join` processes on tcp loopback (helpers from volunteer_test.py). No sleeps stand in
+for synchronisation: each step waits for the line or file that says the previous one happened.
+
+    coordinator_view_test.py CASE --provider BUILD/node/provider --clusterize BUILD/clusterize/clusterize --work DIR
+
+CASE:
+  stream_and_restart  3 volunteers form one 3-stage pipeline (150 steps, evaluations every 50).
+                    The coordinator is SIGKILLed once the Leaf has written 5 step records and
+                    started again after 20 more. Afterwards the coordinator's metrics.jsonl holds,
+                    for every node, exactly the records the volunteer wrote to its own
+                    metrics.jsonl, in its order, each once (none lost while it was down, none
+                    taken twice from a resend; the volunteers' queues dropped none), plus each
+                    node's state changes ("finished") and the Root's run plan (150 steps);
+                    tools/plot_metrics reads the same records from it; the coordinator's live
+                    view (plain lines, --view-every-s 1) ends showing the cluster at step 150/150.
+                    Prints the Leaf's median step time with the coordinator up and down (no
+                    assertion: timings are not tested).
+"""
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import volunteer_test as vt  # noqa: E402
+
+REPO = vt.REPO
+fail = vt.fail
+
+
+def lines_of(path):
+    """The complete lines of a JSON-lines file another process may be appending to."""
+    if not os.path.exists(path):
+        return []
+    return [json.loads(l) for l in open(path) if l.endswith("\n")]
+
+
+def plot_metrics_module():
+    loader = importlib.machinery.SourceFileLoader("plot_metrics", os.path.join(REPO, "tools/plot_metrics"))
+    spec = importlib.util.spec_from_loader("plot_metrics", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def case_stream_and_restart(args):
+    os.makedirs(args.work, exist_ok=True)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    steps = 150
+    job = vt.write_job(args.work, model, steps, 500, {"eval_every": 50})
+    out = os.path.join(args.work, "coordinator")
+    flags = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14", "--view-every-s", "1"]
+    coordinator_port = vt.free_ports(1)[0]
+    coordinator, invite = vt.start_coordinator(args, job, model, out, flags, coordinator_port)
+    ports = vt.free_ports(3)
+    volunteers = []
+    try:
+        for i in range(3):
+            volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--result-wait-s", "600"]))
+        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned'")
+        chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
+        leaf = chain[-1]
+        leaf_metrics = [os.path.join(w, "node_data", "nodes", leaf, "metrics.jsonl") for _, w in volunteers]
+        vt.wait_until(lambda: any(os.path.exists(m) for m in leaf_metrics), 120, f"{leaf}'s metrics.jsonl")
+        metrics = next(m for m in leaf_metrics if os.path.exists(m))
+        vt.wait_until(lambda: vt.step_records(metrics) >= 5, 120, "the Leaf's first steps")
+        coordinator.proc.kill()
+        coordinator.finish(30)
+        at_kill = vt.step_records(metrics)
+        print(f"coordinator killed at the Leaf's step record {at_kill}")
+        vt.wait_until(lambda: vt.step_records(metrics) >= at_kill + 20, 300, "steps after the coordinator died")
+        at_restart = vt.step_records(metrics)
+        coordinator, invite_again = vt.start_coordinator(args, job, model, out, flags, coordinator_port)
+        if invite_again != invite:
+            fail("the restarted coordinator has another invite")
+        vt.all_finish(coordinator, volunteers)
+    finally:
+        vt.kill_all(coordinator, volunteers)
+
+    # Every node's own records, as the coordinator holds them.
+    run_lines = lines_of(os.path.join(out, "metrics.jsonl"))
+    keys = [(l["stream"], l["seq"]) for l in run_lines]
+    if len(keys) != len(set(keys)):
+        fail("the coordinator's metrics.jsonl holds a record twice (a resend taken again)")
+    by_node = {}
+    for l in run_lines:
+        by_node.setdefault(l["node"], []).append(l)
+    placed = {}
+    for _, workdir in volunteers:
+        for name in os.listdir(os.path.join(workdir, "node_data", "nodes")):
+            placed[name] = os.path.join(workdir, "node_data", "nodes", name, "metrics.jsonl")
+    if sorted(placed) != sorted(chain):
+        fail(f"the volunteers hold {sorted(placed)}, the plan {chain}")
+    plot = plot_metrics_module().load_nodes(out)
+    plotted = {n["spec"]["name"]: n["records"] for n in plot}
+    for name, own_path in sorted(placed.items()):
+        own = lines_of(own_path)
+        held = [l for l in by_node.get(name, []) if "state" not in l and "plan" not in l]
+        for l in held:
+            if l["cluster"] != 0:
+                fail(f"{name}: a record tagged cluster {l['cluster']}, expected 0")
+        stripped = [{k: v for k, v in l.items() if k not in ("node", "cluster", "stream", "seq")} for l in held]
+        step_count = sum(1 for r in own if "step" in r)
+        if step_count != steps:
+            fail(f"{name} wrote {step_count} step records, expected {steps}")
+        if stripped != own:
+            first = next((i for i, (a, b) in enumerate(zip(stripped, own)) if a != b), min(len(own), len(stripped)))
+            fail(f"{name}: the coordinator holds {len(stripped)} records, the volunteer wrote {len(own)}; "
+                 f"first difference at record {first}")
+        if plotted.get(name) != own:
+            fail(f"{name}: tools/plot_metrics does not read the volunteer's records from the coordinator's file")
+        states = [l["state"] for l in by_node[name] if "state" in l]
+        if states[-1:] != ["finished"]:
+            fail(f"{name}: its state changes end {states}, expected 'finished'")
+        print(f"{name}: all {len(own)} records ({step_count} steps) at the coordinator, each once, in order; "
+              f"states {states}")
+    plans = [l["plan"] for l in by_node[chain[0]] if "plan" in l]
+    if not plans or plans[0]["total_steps"] != steps:
+        fail(f"the Root's plan is {plans}, expected total_steps {steps}")
+    # The live view's last frame (the plain lines) shows the cluster done.
+    coordinator.wait_for(lambda l: l.startswith(f"cluster 0: step {steps}/{steps}"), 5,
+                         f"'cluster 0: step {steps}/{steps}' in the live view")
+    # The Leaf's step times with the coordinator up and down (batch / samples_per_s), printed only.
+    leaf_steps = [r for r in lines_of(metrics) if "step" in r and "samples_per_s" in r]
+    def median_ms(rs):
+        return 1000 * statistics.median(32 / r["samples_per_s"] for r in rs) if rs else float("nan")
+    down = [r for r in leaf_steps if at_kill < r["step"] <= at_restart]
+    up = [r for r in leaf_steps if r["step"] > 10 and not (at_kill < r["step"] <= at_restart)]
+    print(f"Leaf median step time: {median_ms(up):.1f} ms with the coordinator up ({len(up)} steps), "
+          f"{median_ms(down):.1f} ms while it was down ({len(down)} steps)")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=["stream_and_restart"])
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--clusterize", required=True)
+    parser.add_argument("--work", required=True)
+    args = parser.parse_args()
+    vt.torch.set_num_threads(1)
+    shutil.rmtree(args.work, ignore_errors=True)
+    globals()["case_" + args.case](args)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
