@@ -15,10 +15,17 @@ CASE:
                     node's state changes ("finished") and the Root's run plan (150 steps);
                     tools/plot_metrics reads the same records from it; the coordinator's live
                     view (plain lines, --view-every-s 1) ends showing the cluster at step 150/150.
+                    While the restarted coordinator serves, its /metrics (--web 0) is parsed and
+                    checked against the volunteers' own metrics.jsonl: the cluster's step, loss,
+                    samples/s (the mean of its Leaf's last 20 steps) and ETA; each node's mean
+                    compute/send/wait seconds over 20 of its steps; nothing dropped.
                     Prints the Leaf's median step time with the coordinator up and down (no
                     assertion: timings are not tested).
 """
 import argparse
+import math
+import re
+import urllib.request
 import importlib.machinery
 import importlib.util
 import json
@@ -42,6 +49,66 @@ def lines_of(path):
     return [json.loads(l) for l in open(path) if l.endswith("\n")]
 
 
+def parse_prometheus(text):
+    """{(name, frozenset(labels.items())): value} from Prometheus' text exposition format."""
+    samples = {}
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+    label = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?')
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = sample.match(line)
+        if not m:
+            fail(f"/metrics: not a sample line: {line!r}")
+        labels = {}
+        for key, value in label.findall(m.group(2) or ""):
+            labels[key] = re.sub(r"\\(.)", lambda e: "\n" if e.group(1) == "n" else e.group(1), value)
+        samples[(m.group(1), frozenset(labels.items()))] = float(m.group(3))
+    return samples
+
+
+def mean(values):
+    total = 0.0
+    for v in values:
+        total += v
+    return total / len(values)
+
+
+def check_metrics_endpoint(url, placed, leaf, steps):
+    """One scrape of /metrics against the volunteers' own files (read after the scrape: they
+    only grow, and each figure names the step it comes from)."""
+    with urllib.request.urlopen(url + "metrics", timeout=10) as response:
+        text = response.read().decode()
+    m = parse_prometheus(text)
+    get = lambda name, **labels: m.get((name, frozenset(labels.items())))
+    own = {name: [r for r in lines_of(path) if "step" in r and "loss" in r] for name, path in placed.items()}
+    s = int(get("cairn_cluster_step", cluster="0"))
+    leaf_records = [r for r in own[leaf] if r["step"] <= s]
+    if not leaf_records or leaf_records[-1]["step"] != s:
+        fail(f"/metrics: cluster step {s} is not a step {leaf} recorded")
+    if get("cairn_cluster_loss", cluster="0") != leaf_records[-1]["loss"]:
+        fail(f"/metrics: cluster loss {get('cairn_cluster_loss', cluster='0')} != {leaf}'s step {s} loss {leaf_records[-1]['loss']}")
+    sps = mean([r["samples_per_s"] for r in leaf_records[-20:]])
+    if not math.isclose(get("cairn_cluster_samples_per_second", cluster="0"), sps, rel_tol=1e-9):
+        fail(f"/metrics: samples/s {get('cairn_cluster_samples_per_second', cluster='0')}, the Leaf's last 20: {sps}")
+    if get("cairn_cluster_max_steps", cluster="0") != steps:
+        fail(f"/metrics: max steps {get('cairn_cluster_max_steps', cluster='0')}, expected {steps}")
+    if not math.isclose(get("cairn_cluster_eta_seconds", cluster="0"), (steps - s) * 32 / sps, rel_tol=1e-9):
+        fail("/metrics: the ETA is not (max_steps - step) * batch / samples_per_s")
+    if get("cairn_records_dropped_total") != 0:
+        fail(f"/metrics: {get('cairn_records_dropped_total')} records dropped")
+    for name, records in own.items():
+        for key, metric in (("compute_s", "cairn_node_compute_seconds"), ("send_s", "cairn_node_send_seconds"),
+                            ("wait_s", "cairn_node_wait_seconds")):
+            value = get(metric, node=name, cluster="0")
+            windows = [mean([r[key] for r in records[k - 20:k]]) for k in range(20, len(records) + 1)]
+            if value is None or not any(math.isclose(value, w, rel_tol=1e-9) for w in windows):
+                fail(f"/metrics: {metric} of {name} = {value} is no mean of 20 of its steps")
+    print(f"/metrics at cluster step {s}: loss, samples/s, ETA and every node's time split match the "
+          f"volunteers' metrics.jsonl")
+    return s
+
+
 def plot_metrics_module():
     loader = importlib.machinery.SourceFileLoader("plot_metrics", os.path.join(REPO, "tools/plot_metrics"))
     spec = importlib.util.spec_from_loader("plot_metrics", loader)
@@ -58,7 +125,7 @@ def case_stream_and_restart(args):
     steps = 150
     job = vt.write_job(args.work, model, steps, 500, {"eval_every": 50})
     out = os.path.join(args.work, "coordinator")
-    flags = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14", "--view-every-s", "1"]
+    flags = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14", "--view-every-s", "1", "--web", "0"]
     coordinator_port = vt.free_ports(1)[0]
     coordinator, invite = vt.start_coordinator(args, job, model, out, flags, coordinator_port)
     ports = vt.free_ports(3)
@@ -82,6 +149,18 @@ def case_stream_and_restart(args):
         coordinator, invite_again = vt.start_coordinator(args, job, model, out, flags, coordinator_port)
         if invite_again != invite:
             fail("the restarted coordinator has another invite")
+        url = coordinator.wait_for(lambda l: l.startswith("web view: http://"), 10, "'web view: URL'").split()[2]
+        placed = {}
+        for _, workdir in volunteers:
+            for name in os.listdir(os.path.join(workdir, "node_data", "nodes")):
+                placed[name] = os.path.join(workdir, "node_data", "nodes", name, "metrics.jsonl")
+
+        def scraped_after_restart():
+            with urllib.request.urlopen(url + "metrics", timeout=10) as response:
+                step = parse_prometheus(response.read().decode()).get(("cairn_cluster_step", frozenset({("cluster", "0")})))
+            return step is not None and step >= at_restart + 5
+        vt.wait_until(scraped_after_restart, 300, "/metrics showing steps after the restart")
+        check_metrics_endpoint(url, placed, leaf, steps)
         vt.all_finish(coordinator, volunteers)
     finally:
         vt.kill_all(coordinator, volunteers)
@@ -94,10 +173,6 @@ def case_stream_and_restart(args):
     by_node = {}
     for l in run_lines:
         by_node.setdefault(l["node"], []).append(l)
-    placed = {}
-    for _, workdir in volunteers:
-        for name in os.listdir(os.path.join(workdir, "node_data", "nodes")):
-            placed[name] = os.path.join(workdir, "node_data", "nodes", name, "metrics.jsonl")
     if sorted(placed) != sorted(chain):
         fail(f"the volunteers hold {sorted(placed)}, the plan {chain}")
     plot = plot_metrics_module().load_nodes(out)

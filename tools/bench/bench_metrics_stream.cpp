@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
     VolunteerMetrics up(context, generateCurveKeyPair(), invite, "node_1", options);
     report("coordinator up (acknowledging):", measure(up, records));
     up.finish(std::chrono::seconds(30));
-    std::printf("  the coordinator took %lld records\n", (long long)taken.load());
+    std::printf("  the coordinator took %lld records; the queue dropped %lld (capacity %zu)\n",
+                (long long)taken.load(), (long long)up.queue().dropped(), capacity);
   }
   stop = true;
   server.join();
