@@ -55,9 +55,12 @@ std::set<std::string> readAllowedKeys(const std::string& path) {
 
 // --web: a bare port means 127.0.0.1:PORT (this machine only); other hosts must be named.
 std::string webAddress(const std::string& value) {
-  const bool bare_port = !value.empty() && value.size() <= 5 &&
-                         value.find_first_not_of("0123456789") == std::string::npos;
-  return bare_port ? "127.0.0.1:" + value : value;
+  const bool digits = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+  if (digits && value.size() <= 5) return "127.0.0.1:" + value;
+  if (digits || value.find(':') == std::string::npos)
+    CAIRN_THROW(BadInput, "--web must be PORT (127.0.0.1 only) or HOST:PORT, e.g. 8080 or "
+                "0.0.0.0:8080; got \"", value, "\"");
+  return value;
 }
 
 // The web view starts before the model is profiled (a bad --web fails at once); until the

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   return cairn::runGuarded("web_fixture_server", [&] {
-    nlohmann::json::parse(readFile(state_path));  // fail early on a bad file
+    if (!nlohmann::json::parse(readFile(state_path)).is_object())  // fail early on a bad file
+      CAIRN_THROW(BadInput, state_path, ": expected a JSON object (RunView::snapshot's schema)");
     cairn::coordinator::WebServer server(
         listen, [&] { return nlohmann::json::parse(readFile(state_path)); },
         [&] { return metrics_path.empty() ? std::string() : readFile(metrics_path); }, "--listen");

@@ -5,6 +5,7 @@ scripts ran (--dump-dom) and keeps a screenshot.
 
     coordinator_web_test.py fixture --server BUILD/tests/web_fixture_server --work DIR
     coordinator_web_test.py live --clusterize BUILD/clusterize/clusterize --provider BUILD/node/provider --work DIR
+    coordinator_web_test.py bad_address --clusterize BUILD/clusterize/clusterize --work DIR
 
 CASE:
   fixture  web_fixture_server answers /api/state with a fixed state (two clusters, a spare, every
@@ -24,6 +25,10 @@ CASE:
            least as many points as the state held before the page was loaded (and no more than it
            held after). /metrics answers Prometheus text. Screenshot: DIR/live_view.png (the one
            in docs/img/ is such a run). The run is stopped once the page is checked.
+
+  bad_address  clusterize --serve --web with a taken port, an address not this machine's and
+           malformed values: exit 2 with one line naming --web and the value, before the model
+           is read.
 
 Chromium runs with --virtual-time-budget, so the page's polls and chart layout happen in virtual
 time; no sleep stands in for them.
@@ -337,6 +342,33 @@ def case_live(args):
         vt.kill_all(coordinator, volunteers)
 
 
+def case_bad_address(args):
+    """--web that cannot be bound or parsed: exit 2 and one line naming the flag and the value,
+    before the model is even read (the model path given does not exist)."""
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    cases = [(str(port), f"--web 127.0.0.1:{port}: cannot listen there"),
+             (f"127.0.0.1:{port}", f"--web 127.0.0.1:{port}: cannot listen there"),
+             ("192.0.2.1:0", "--web 192.0.2.1:0: cannot listen there"),  # not this machine's
+             ("localhost", '--web must be PORT (127.0.0.1 only) or HOST:PORT, e.g. 8080 or 0.0.0.0:8080; got "localhost"'),
+             ("999999", '--web must be PORT (127.0.0.1 only) or HOST:PORT'),
+             ("127.0.0.1:70000", '--web must be HOST:PORT')]
+    for value, expected in cases:
+        result = subprocess.run([args.clusterize, "--model", "/nonexistent/model.pt", "--input-shape",
+                                 "1,1", "--serve", "127.0.0.1:0", "--web", value,
+                                 "--out", os.path.join(args.work, "unused")],
+                                capture_output=True, text=True, timeout=60)
+        lines = result.stderr.strip().splitlines()
+        if result.returncode != 2 or len(lines) != 1 or expected not in lines[0]:
+            fail(f"--web {value}: exit {result.returncode}, stderr {result.stderr!r}; expected exit 2 "
+                 f"and one line with {expected!r}")
+        print(f"--web {value}: exit 2, {lines[0]}")
+    taken.close()
+
+
 def check_live_page(root, before, after):
     by_id = {e.attrs["id"]: e for e in root.walk() if "id" in e.attrs}
     if by_id["status"].attrs.get("data-ok") != "true":
@@ -367,13 +399,14 @@ def check_live_page(root, before, after):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["fixture", "live"])
+    parser.add_argument("case", choices=["fixture", "live", "bad_address"])
     parser.add_argument("--server", help="web_fixture_server (case fixture)")
     parser.add_argument("--clusterize", help="clusterize (case live)")
     parser.add_argument("--provider", help="provider (case live)")
     parser.add_argument("--work", required=True)
     args = parser.parse_args()
-    {"fixture": case_fixture, "live": case_live}[args.case](args)
+    os.makedirs(args.work, exist_ok=True)
+    {"fixture": case_fixture, "live": case_live, "bad_address": case_bad_address}[args.case](args)
     print("PASS")
 
 
