@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   // Serve mode: volunteers join by invite instead of --nodes (coordinator/, docs/OPERATIONS.md).
   cairn::coordinator::CoordinatorOptions serve;
-  double gather_s = 30, reach_timeout_s = 5;
+  double gather_s = 30, reach_timeout_s = 5, lost_after_s = 15;
   std::string allow_keys_path;
   auto* serve_option = app.add_option(
       "--serve", serve.listen,
@@ -188,6 +188,11 @@ int main(int argc, char** argv) {
                  "with --serve: seconds a joining volunteer's advertised address has to answer "
                  "the coordinator's dial-back")
       ->check(CLI::Range(0.1, 600.0))->capture_default_str()->needs(serve_option);
+  app.add_option("--lost-after-s", lost_after_s,
+                 "with --serve: a placed volunteer whose heartbeats stop this long is lost; a "
+                 "waiting spare takes its node over from the newest checkpoint the coordinator "
+                 "holds, and its neighbours and ring peers are sent its new address and key")
+      ->check(CLI::Range(1.0, 86400.0))->capture_default_str()->needs(serve_option);
   app.add_option("--token", serve.token,
                  "with --serve: the invite token (32-128 lowercase hex digits); default: the "
                  "stored one, else a fresh random one")
@@ -281,6 +286,7 @@ int main(int argc, char** argv) {
       serve.out = out_dir;
       serve.gather = std::chrono::milliseconds(int64_t(gather_s * 1000));
       serve.reach_timeout = std::chrono::milliseconds(int64_t(reach_timeout_s * 1000));
+      serve.lost_after = std::chrono::milliseconds(int64_t(lost_after_s * 1000));
       if (!allow_keys_path.empty()) serve.allowed_keys = readAllowedKeys(allow_keys_path);
       serve.stop_requested = [] { return g_serve_stop.load(); };
       if (view_every_s < 0) view_every_s = ::isatty(STDOUT_FILENO) == 1 ? 1 : 10;

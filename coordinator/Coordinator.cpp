@@ -14,6 +14,7 @@
 
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/JoinPolicy.h"
+#include "coordinator/MemberReplacer.h"
 #include "clusterize/ModelMerge.h"
 #include "coordinator/RunAssembly.h"
 #include "coordinator/RunView.h"
@@ -82,6 +83,7 @@ struct Coordinator::Impl {
   CoordinatorOptions o;
   clusterize::PreparedModel prepared;
   std::unique_ptr<CoordinatorStore> store;
+  std::unique_ptr<MemberReplacer> replacer;  // lost volunteers → spares
   CurveKeyPair keys;
   std::string token;
   std::string invite;
@@ -177,7 +179,10 @@ struct Coordinator::Impl {
       return false;
     };
     if (const auto* beat = std::get_if<Heartbeat>(&*message)) {
-      if (speaker(beat->name)) store->touch(beat->name, wallSeconds());
+      if (speaker(beat->name)) {
+        store->touch(beat->name, wallSeconds());
+        replacer->onHeartbeat(beat->name);
+      }
     } else if (const auto* result = std::get_if<ResultUpload>(&*message)) {
       if (speaker(result->name)) onResult(*result);
     } else if (const auto* ckpt = std::get_if<CheckpointUpload>(&*message)) {
@@ -397,6 +402,9 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.view = std::make_unique<RunView>(s.o.out, s.placement());
   s.view->setStartedAt(std::stod(*s.store->meta("started_at")));
   s.syncView(/*now=*/true);
+  s.replacer = std::make_unique<MemberReplacer>(
+      *s.store, s.o.out, s.o.lost_after.count() / 1000.0, wallSeconds(),
+      [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   const std::string key_path = s.o.out + "/coordinator.key";
   if (std::filesystem::exists(key_path)) {
     s.keys = readKeyFile(key_path);
@@ -479,6 +487,7 @@ int Coordinator::run() {
     s.pollReach();
     s.maybePlan();
     s.syncView();
+    s.replacer->poll(wallSeconds());
     if (s.phase() == "done") {
       s.syncView(/*now=*/true);
       // Let the `finished` and `result_ack` messages leave before the socket closes.

@@ -35,6 +35,9 @@ struct CoordinatorOptions {
   int max_volunteers = 0;               // … and this many (0: = min) or `gather` has passed
   std::chrono::milliseconds gather{30000};
   std::chrono::milliseconds reach_timeout{5000};
+  // A placed volunteer silent this long is lost; a waiting spare takes its node over
+  // (MemberReplacer.h, --lost-after-s).
+  std::chrono::milliseconds lost_after{15000};
   std::string token;                    // empty: the stored one, else a fresh random one
   std::set<std::string> allowed_keys;   // empty: any key holding the token
   std::string invite_file;              // also write the invite here

@@ -198,6 +198,27 @@ void CoordinatorStore::touch(const std::string& name, double now) {
   s.step();
 }
 
+void CoordinatorStore::takeOver(const std::string& lost_name, const std::string& lost_row_name,
+                                const std::string& spare_name, double now) {
+  exec("BEGIN IMMEDIATE");
+  try {
+    {
+      Statement s(db_, path_, "UPDATE members SET name = ?, state = ? WHERE name = ?");
+      s.text(1, lost_row_name).text(2, toString(MemberState::kLost)).text(3, lost_name);
+      s.step();
+    }
+    Statement s(db_, path_, "UPDATE members SET name = ?, state = ?, last_seen = ? WHERE name = ?");
+    s.text(1, lost_name).text(2, toString(MemberState::kAssigned)).real(3, now).text(4, spare_name);
+    s.step();
+    if (sqlite3_changes(db_) != 1)
+      CAIRN_THROW(InternalError, path_, ": no spare called ", spare_name, " to take ", lost_name, " over");
+    exec("COMMIT");
+  } catch (...) {
+    exec("ROLLBACK");
+    throw;
+  }
+}
+
 void CoordinatorStore::putResult(const StoredResult& r) {
   Statement s(db_, path_, "INSERT OR REPLACE INTO results (name, path, summary) VALUES (?, ?, ?)");
   s.text(1, r.name).text(2, r.path).text(3, r.summary_json);

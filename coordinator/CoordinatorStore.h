@@ -3,7 +3,8 @@
 //   meta         key → value: the invite token, the run's phase (gathering | planned | done),
 //                the number of clusters
 //   members      one row per volunteer: name, public key, advertised address, probe figures,
-//                state, when it joined and was last heard from
+//                state, when it joined and was last heard from; a spare that took a lost
+//                volunteer's node over holds its name (the lost row is renamed <name>-lost-<n>)
 //   results      the trained stages received: node name → file, summary (result.json)
 //   checkpoints  the newest checkpoint held per node: node name → step, file, checksum
 // Every write is one transaction (SQLite's journal makes it atomic); files themselves are written
@@ -67,6 +68,11 @@ class CoordinatorStore {
   std::vector<Member> members() const;   // by join time, then name
   void setState(const std::string& name, MemberState state);
   void touch(const std::string& name, double now);
+  // A spare takes a lost member's node over (MemberReplacer), in one transaction: the lost row is
+  // renamed `lost_row_name` and marked lost (its key stays known, and refused if it comes back);
+  // the spare's row takes the name `lost_name`, state assigned, last_seen `now`.
+  void takeOver(const std::string& lost_name, const std::string& lost_row_name,
+                const std::string& spare_name, double now);
 
   void putResult(const StoredResult& result);
   std::vector<StoredResult> results() const;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <set>
 
 #include "core/JsonReader.h"
@@ -84,7 +85,10 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   config.checkpoint_dir = dir + "/checkpoints";
   config.stop_requested = options.stop_requested;
   at::set_num_threads(config.options.threads);
-  at::set_num_interop_threads(1);
+  // Once per process: libtorch refuses it after parallel work started (provider --join runs its
+  // stage again in-process after a peer was replaced, node/VolunteerPeers.h).
+  static std::once_flag interop_threads_set;
+  std::call_once(interop_threads_set, [] { at::set_num_interop_threads(1); });
 
   torch::jit::Module stage = loadStage(dir + "/" + node.stage_file);  // checked here; the
   // runner loads it afresh for every attempt

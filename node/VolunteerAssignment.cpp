@@ -27,10 +27,8 @@ CheckedAssignment checkAssignment(const Assignment& a, const std::string& accept
   auto bad = [&](const std::string& what) {
     CAIRN_THROW(BadInput, coordinator, " sent an assignment this volunteer cannot use: ", what);
   };
-  if (a.checkpoint)
-    bad("it asks to resume from its checkpoint of step " + std::to_string(a.checkpoint_step) +
-        ", and a volunteer cannot take over a stage from an uploaded checkpoint yet (a fresh "
-        "assignment, without one, works)");
+  if (a.checkpoint && a.checkpoint_step < 0)
+    bad("it carries a checkpoint but no checkpoint_step (>= 0) saying which step it is");
   if (a.name != accepted_name)
     bad("it is for \"" + a.name + "\" but the coordinator accepted this volunteer as \"" +
         accepted_name + "\"");
@@ -64,7 +62,39 @@ CheckedAssignment checkAssignment(const Assignment& a, const std::string& accept
   out.node.extra["num_clusters"] = a.num_clusters;
   out.node.extra["public_key"] = own_public_key;
   out.stage = a.stage;
+  out.checkpoint = a.checkpoint;
+  out.checkpoint_step = a.checkpoint_step;
   return out;
+}
+
+NodeSpec checkPeersUpdate(const PeersUpdate& update, const NodeSpec& current,
+                          const std::string& own_public_key, const std::string& coordinator) {
+  auto bad = [&](const std::string& what) {
+    CAIRN_THROW(BadInput, coordinator, " sent a peers update this volunteer cannot use: ", what);
+  };
+  if (update.name != current.name)
+    bad("it is for \"" + update.name + "\" but this volunteer holds \"" + current.name + "\"");
+  NodeSpec node;
+  try {
+    node = parseNodeSpec(update.node, "coordinator peers: node.json");
+  } catch (const BadInput& e) {
+    bad(e.what());
+  }
+  if (node.name != current.name || node.job_id != current.job_id || node.cluster != current.cluster ||
+      node.stage != current.stage || node.num_stages != current.num_stages ||
+      node.role != current.role || node.stage_file != current.stage_file)
+    bad("its node.json is another node (name, job_id, cluster, stage, role or stage file differ "
+        "from " + current.name + "'s); only the peers' addresses and keys may change");
+  if (node.address != current.address)
+    bad("it moves this node itself from " + current.address + " to " + node.address);
+  const nlohmann::json& extra = node.extra;
+  if (extra.contains("public_key") &&
+      (!extra["public_key"].is_string() || extra["public_key"].get<std::string>() != own_public_key))
+    bad("node.json: extra.public_key is " + extra["public_key"].dump() + ", not this volunteer's key " +
+        own_public_key);
+  node.extra["public_key"] = own_public_key;
+  if (current.extra.contains("num_clusters")) node.extra["num_clusters"] = current.extra["num_clusters"];
+  return node;
 }
 
 }  // namespace cairn

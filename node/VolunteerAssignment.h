@@ -2,8 +2,9 @@
 // writes anything (docs/PROTOCOL.md "Coordination"): the name is the one the coordinator accepted
 // it as (and a safe folder name), node.json and job.json validate (parseNodeSpec/parseJobSpec),
 // they name the same job, node.json's extra.public_key (when present) is this volunteer's own key,
-// the stage bytes load as TorchScript, and it is not a resume (resuming from a checkpoint the
-// coordinator holds is not implemented on the volunteer side yet: refused with that message).
+// the stage bytes load as TorchScript, and a checkpoint it carries (a spare taking over a lost
+// node) says its step. The `peers` update of a running volunteer is checked too: the same node,
+// only its peers' addresses and keys changed.
 // Any problem is BadInput naming the coordinator (address and key) and what was wrong.
 // Pure functions; any thread.
 #pragma once
@@ -27,5 +28,13 @@ std::string whyNotANodeName(const std::string& name);
 // node.extra.public_key to `own_public_key`.
 CheckedAssignment checkAssignment(const Assignment& assignment, const std::string& accepted_name,
                                   const std::string& own_public_key, const std::string& coordinator);
+
+// Validates `update` (docs/PROTOCOL.md `peers`) against the node.json the volunteer runs now:
+// the same name, job, cluster, stage, role, stage file and own address, and (when present) this
+// volunteer's public key; only upstream/downstream/ring peers may differ. Returns the new
+// node.json (extra.public_key and extra.num_clusters kept). BadInput naming `coordinator` and what
+// is wrong.
+NodeSpec checkPeersUpdate(const PeersUpdate& update, const NodeSpec& current,
+                          const std::string& own_public_key, const std::string& coordinator);
 
 }  // namespace cairn

@@ -28,6 +28,11 @@ void VolunteerHeartbeats::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void VolunteerHeartbeats::onPeers(std::function<void(const PeersUpdate&)> handler) {
+  std::lock_guard<std::mutex> lock(peers_mutex_);
+  on_peers_ = std::move(handler);
+}
+
 void VolunteerHeartbeats::run() {
   using Clock = std::chrono::steady_clock;
   // A coordinator that has taken no heartbeat for this long counts as away (logged once); the
@@ -65,7 +70,21 @@ void VolunteerHeartbeats::run() {
     uint64_t dropped = 0;
     if (auto in = recvFrames(socket_, std::max(wait, std::chrono::milliseconds(0)), &dropped)) {
       ++received_;
-      CAIRN_DEBUG("heartbeats: dropped a message from the coordinator (", in->size(), " frames)");
+      std::string why;
+      const auto message = decodeToVolunteer(*in, kMaxCoordinationHeaderBytes, &why);
+      const auto* peers = message ? std::get_if<PeersUpdate>(&*message) : nullptr;
+      std::function<void(const PeersUpdate&)> handler;
+      {
+        std::lock_guard<std::mutex> lock(peers_mutex_);
+        handler = on_peers_;
+      }
+      if (peers && handler) {
+        handler(*peers);
+      } else if (!message) {
+        CAIRN_WARN("the coordinator at ", coordinator_, " sent a malformed message (dropped): ", why);
+      } else {
+        CAIRN_DEBUG("heartbeats: dropped a message from the coordinator (", in->size(), " frames)");
+      }
     }
     received_ += dropped;
   }

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <functional>
 #include <string>
 #include <utility>
@@ -40,6 +41,11 @@ class VolunteerHeartbeats {
   // Stops the thread (within about 100 ms) and closes the socket.
   void stop();
 
+  // `peers` updates the coordinator sends on this socket (a neighbour or ring peer was replaced,
+  // docs/PROTOCOL.md) go to `handler`, called on the heartbeats' thread; without one they are
+  // dropped like any other message.
+  void onPeers(std::function<void(const PeersUpdate&)> handler);
+
   uint64_t sent() const { return sent_.load(); }
   uint64_t unsent() const { return unsent_.load(); }        // not sent: the coordinator was away
   uint64_t received() const { return received_.load(); }    // messages read and dropped
@@ -52,6 +58,8 @@ class VolunteerHeartbeats {
   std::string name_, state_;
   std::chrono::milliseconds interval_;
   Progress progress_;
+  std::mutex peers_mutex_;  // guards on_peers_ (set from the owner's thread)
+  std::function<void(const PeersUpdate&)> on_peers_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> sent_{0}, unsent_{0}, received_{0};
   std::thread thread_;

@@ -4,6 +4,8 @@
 #include "core/NodeData.h"
 #include "node/Probe.h"
 #include "node/ProviderRun.h"
+#include "node/VolunteerAssignment.h"
+#include "node/VolunteerPeers.h"
 
 namespace cairn {
 
@@ -38,17 +40,26 @@ int runVolunteer(const VolunteerConfig& config) {
   run.name = wait.name;
   run.bind_address = session.listenBound();
   run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
-  run.stop_requested = config.stop_requested;
+  // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
+  VolunteerPeers peers(run.node_data, run.name, session.publicKey(), describeCoordinator(config.invite));
+  run.stop_requested = peers.stopWhenReplaced(config.stop_requested);
   // The trainer's records, plan and state changes go to the coordinator in the background.
   auto metrics = session.metricsStream();
   run.on_record = [m = metrics.get()](const nlohmann::json& r, const std::string& line) { m->record(r, line); };
   run.on_event = [m = metrics.get()](const nlohmann::json& e) { m->event(e); };
+  run.on_event = peers.watch(run.on_event);  // notes "paused"
   ProviderRunOutcome outcome;
   {
     auto heartbeats = session.trainingHeartbeats([m = metrics.get()] { return m->progress(); });
     auto uploads = session.checkpointUploads(nodeDirectory(run.node_data, run.name) + "/checkpoints");
+    heartbeats->onPeers([&peers](const PeersUpdate& update) { peers.offer(update); });
     try {
       outcome = runProvider(run);
+      while (outcome.stopped && !(config.stop_requested && config.stop_requested()) &&
+             peers.applyPending()) {
+        run.resume = true;
+        outcome = runProvider(run);
+      }
     } catch (const std::exception& e) {
       uploads.reset();
       heartbeats.reset();

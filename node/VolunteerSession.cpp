@@ -191,7 +191,7 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
 AssignmentWait VolunteerSession::waitForAssignment() {
   CAIRN_ENFORCE(!name_.empty(), "waitForAssignment before join");
   zmq::socket_t& socket = mainSocket();
-  const Frames beat = encode(Heartbeat{name_, "waiting", -1});
+  Frames beat = encode(Heartbeat{name_, "waiting", -1});
   const auto start = Clock::now();
   auto next_beat = start;
   auto next_log = start + config_.waiting_log_interval;
@@ -244,6 +244,19 @@ AssignmentWait VolunteerSession::waitForAssignment() {
     }
     if (auto* r = std::get_if<Rejected>(&*message)) refused(r->reason);
     if (auto* a = std::get_if<Accepted>(&*message)) {
+      if (a->name != name_ && a->state == "assigned") {
+        // A spare chosen to take a lost volunteer's node over: it holds that node's name from
+        // now on (its checkpoints name it); the assignment follows.
+        if (const std::string why = whyNotANodeName(a->name); !why.empty())
+          CAIRN_THROW(BadInput, coordinator_, " gave this volunteer the name \"", a->name,
+                      "\", which ", why);
+        CAIRN_INFO("taking over the node ", a->name, " of a lost volunteer (this spare was ",
+                   name_, ")");
+        name_ = a->name;
+        workdir_.writeMembership({config_.invite.address(), config_.invite.coordinator_key, name_});
+        beat = encode(Heartbeat{name_, "waiting", -1});
+        continue;
+      }
       CAIRN_INFO("the coordinator confirms ", a->name, " (", a->state, ")");
       continue;
     }

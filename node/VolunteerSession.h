@@ -5,7 +5,9 @@
 //                        the bandwidth to the coordinator (one `bandwidth` message), send `join`
 //                        and wait for `accepted` / `rejected`
 //   waitForAssignment()  heartbeat "waiting" until `assignment` (checked: VolunteerAssignment.h;
-//                        written into the work folder: VolunteerWorkdir.h) or `finished`
+//                        written into the work folder: VolunteerWorkdir.h) or `finished`; an
+//                        `accepted{name, "assigned"}` with another name first makes this spare
+//                        the holder of a lost volunteer's node (it takes that name)
 //   trainingHeartbeats() the background heartbeats to run while training (VolunteerHeartbeats.h)
 //   checkpointUploads()  the background checkpoint uploads while training (VolunteerCheckpoints.h)
 //   metricsStream()      the trainer's records streamed in the background (VolunteerMetrics.h)

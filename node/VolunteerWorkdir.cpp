@@ -116,6 +116,23 @@ WrittenAssignment VolunteerWorkdir::writeAssignment(const CheckedAssignment& a,
   writeKeyFile(dir + "/" + kSecretKeyFile, identity);
   writeBytes(dir + "/" + a.node.stage_file, a.stage);
   writeJsonFile(nodeSpecPath(node_data, a.node.name), toJson(a.node));
+  if (a.checkpoint) {
+    const std::string checkpoints = dir + "/checkpoints";
+    fs::create_directories(checkpoints, ec);
+    const std::string file = checkpointPath(checkpoints, a.checkpoint_step);
+    writeBytes(file, *a.checkpoint);
+    try {
+      readCheckpoint(checkpoints, a.checkpoint_step);
+    } catch (const Error& e) {
+      fs::remove(file, ec);
+      CAIRN_THROW(BadInput, "the coordinator's checkpoint of step ", a.checkpoint_step, " for ",
+                  a.node.name, " does not verify: ", e.what());
+    }
+    out.checkpoint_steps = validCheckpointSteps(checkpoints);
+    out.resume = true;
+    CAIRN_INFO("taking ", a.node.name, " over from the coordinator's checkpoint of step ",
+               a.checkpoint_step, " (", a.checkpoint->size(), " bytes, written to ", file, ")");
+  }
   return out;
 }
 

@@ -8,7 +8,9 @@
 //                      nodes/<name>/{node.json, stage.pt, secret.key}), trained by runProvider;
 //                      an earlier assignment's folder is kept once as node_data.previous, unless
 //                      the new one is the same stage again (a restarted volunteer): then its
-//                      checkpoints stay and the run resumes from them (as `provider --resume`)
+//                      checkpoints stay and the run resumes from them (as `provider --resume`);
+//                      an assignment carrying a checkpoint (a spare taking over a lost node) has it
+//                      written to nodes/<name>/checkpoints/ and resumes from it
 // Ownership: plain paths and values. Thread-safety: one thread (the volunteer's main thread).
 #pragma once
 
@@ -34,6 +36,10 @@ struct CheckedAssignment {
   NodeSpec node;
   JobSpec job;
   std::string stage;  // stage.pt bytes (they load as TorchScript)
+  // A takeover (a spare given a lost volunteer's node): the newest checkpoint the coordinator
+  // holds for the node, written into nodes/<name>/checkpoints/ and resumed from.
+  std::optional<std::string> checkpoint;
+  int64_t checkpoint_step = -1;
 };
 
 struct WrittenAssignment {
@@ -65,7 +71,8 @@ class VolunteerWorkdir {
   // Writes `assignment` as node_data/ (job.json, nodes/<name>/{node.json, stage.pt, secret.key
   // holding `identity`}). An earlier node_data/ is moved to node_data.previous first, unless it
   // holds the same stage with valid checkpoints (see WrittenAssignment::resume): then the files
-  // are replaced in place and the checkpoints kept.
+  // are replaced in place and the checkpoints kept. The assignment's checkpoint, if any, is written
+  // and verified (BadInput naming it when it does not verify) and the run resumes from it.
   WrittenAssignment writeAssignment(const CheckedAssignment& assignment,
                                     const CurveKeyPair& identity) const;
 

@@ -151,7 +151,8 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
   // The monitor is attached before connect() so no event is missed.
   const std::string monitor_endpoint = nextMonitorEndpoint(name_, peer);
   if (zmq_socket_monitor(socket.handle(), monitor_endpoint.c_str(),
-                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0)
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
     CAIRN_THROW(InternalError, name_, ": zmq_socket_monitor for peer ", peer, ": ",
                 zmq_strerror(zmq_errno()));
   zmq::socket_t monitor(context_, zmq::socket_type::pair);
@@ -163,7 +164,9 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
     zmq_socket_monitor(socket.handle(), nullptr, 0);
     CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", endpoint, ": ", e.what());
   }
-  outbound_.emplace(peer, Peer{std::move(socket), std::move(monitor), {}});
+  Peer entry{std::move(socket), std::move(monitor), {}};
+  entry.endpoint = endpoint;
+  outbound_.emplace(peer, std::move(entry));
 }
 
 PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
@@ -184,6 +187,13 @@ bool ZmqTransport::drainMonitors() {
       if (frames.empty() || frames[0].size() < sizeof(uint16_t)) continue;
       uint16_t event = 0;
       std::memcpy(&event, frames[0].data(), sizeof(event));
+      if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        // The peer's ZAP refused our key: ZeroMQ treats that as a protocol error and never dials
+        // again by itself. The next send dials again (the peer may admit us by then).
+        p.refused->store(true);
+        CAIRN_DEBUG("connection to ", peer, ": our key was refused; dialling again on the next send");
+        continue;
+      }
       std::lock_guard<std::mutex> lock(liveness_mutex_);
       PeerState next = p.liveness.state;
       if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) next = PeerState::kConnected;
@@ -214,6 +224,13 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
   }
   std::lock_guard<std::mutex> sending(*it->second.send_mutex);
   zmq::socket_t& socket = it->second.socket;
+  if (it->second.refused->exchange(false)) {
+    try {
+      socket.disconnect(it->second.endpoint);  // may be gone already (ENOENT)
+    } catch (const zmq::error_t&) {
+    }
+    socket.connect(it->second.endpoint);
+  }
   // Try at once; only when the peer's queue is full (or it is not connected yet) wait for room,
   // at most `timeout`. Once the first frame is queued, ZeroMQ queues the rest atomically.
   auto first = socket.send(frames[0], (frames.size() > 1 ? zmq::send_flags::sndmore

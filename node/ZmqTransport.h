@@ -12,7 +12,9 @@
 // computing still answers) and is watched by a socket monitor (zmq_socket_monitor → an inproc PAIR
 // socket owned by the same thread). receive() polls the monitors together with the PULL socket, so
 // liveness(peer) follows the connection while waiting: kConnected after a completed handshake
-// (CURVE included), kDisconnected when a connection that was up closes or misses heartbeats.
+// (CURVE included), kDisconnected when a connection that was up closes or misses heartbeats. A
+// connection the peer's ZAP refused (our key not admitted yet) is dialled again on the next send:
+// ZeroMQ itself gives such a connection up for good.
 //
 // Ownership: the transport owns its sockets; the zmq::context_t is borrowed (inproc:// endpoints
 // need one context shared by both ends) and must outlive it.
@@ -25,6 +27,7 @@
 // flushAndClose are set-up and tear-down: they must not run concurrently with any other call.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -99,6 +102,10 @@ class ZmqTransport : public Transport {
     zmq::socket_t monitor;  // PAIR receiving `socket`'s monitor events; under receive_mutex_
     PeerLiveness liveness;  // under liveness_mutex_
     std::unique_ptr<std::mutex> send_mutex = std::make_unique<std::mutex>();
+    std::string endpoint;  // what `socket` connects to
+    // Set when the peer's ZAP refused our key (a peer that does not admit us yet: a replaced
+    // volunteer's neighbour before it applied the new peers); the next send dials again.
+    std::unique_ptr<std::atomic<bool>> refused = std::make_unique<std::atomic<bool>>(false);
   };
   // Reads every pending monitor event; true when some peer's state changed. Caller holds
   // receive_mutex_.

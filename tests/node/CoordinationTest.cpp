@@ -614,8 +614,9 @@ TEST(VolunteerSession, EachWrongAssignmentIsRefusedWithWhatIsWrong) {
   EXPECT_NE(errorOf(a, "node_4", own).find("does not load as TorchScript"), std::string::npos);
   a = good;
   a.checkpoint = "ckpt";
-  a.checkpoint_step = 30;
-  EXPECT_NE(errorOf(a, "node_4", own).find("resume from its checkpoint of step 30"), std::string::npos);
+  a.checkpoint_step = -1;
+  EXPECT_NE(errorOf(a, "node_4", own).find("carries a checkpoint but no checkpoint_step"),
+            std::string::npos);
   a = goodAssignment("../evil", "127.0.0.1:7001");
   EXPECT_NE(errorOf(a, "../evil", own).find("must use only letters"), std::string::npos);
   for (const auto& e : {errorOf(a, "node_5", own), errorOf(a, "../evil", own)})

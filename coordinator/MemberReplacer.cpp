@@ -1,0 +1,126 @@
+#include "coordinator/MemberReplacer.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/Replacement.h"
+#include "core/Error.h"
+#include "core/JsonReader.h"
+#include "core/Log.h"
+#include "core/NodeData.h"
+
+namespace cairn::coordinator {
+namespace {
+
+std::string readBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) CAIRN_THROW(InternalError, path, ": cannot read");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string joined(const std::vector<NodeSpec>& nodes) {
+  std::string out;
+  for (const NodeSpec& n : nodes) out += (out.empty() ? "" : ", ") + n.name;
+  return out.empty() ? "nobody" : out;
+}
+
+}  // namespace
+
+MemberReplacer::MemberReplacer(CoordinatorStore& store, std::string out, double lost_after_s,
+                               double started_at, Send send)
+    : store_(store),
+      out_(std::move(out)),
+      lost_after_s_(lost_after_s),
+      started_at_(started_at),
+      send_(std::move(send)) {}
+
+std::set<std::string> MemberReplacer::pending() const {
+  const auto text = store_.meta("peers_pending");
+  if (!text) return {};
+  return nlohmann::json::parse(*text).get<std::set<std::string>>();
+}
+
+void MemberReplacer::setPending(const std::set<std::string>& names) {
+  store_.setMeta("peers_pending", nlohmann::json(names).dump());
+}
+
+void MemberReplacer::poll(double now) {
+  if (store_.meta("phase").value_or("gathering") != "planned") return;
+  const auto placed_text = store_.meta("placed");
+  if (!placed_text) return;
+  const auto placed = nlohmann::json::parse(*placed_text).get<std::vector<std::string>>();
+  std::vector<Member> members = store_.members();
+  for (const LostNode& lost : findLost(members, placed, now, started_at_, lost_after_s_)) {
+    auto holder = store_.memberByName(lost.name);
+    if (!holder) continue;  // no row at all: nothing to take over from (not a state we write)
+    if (lost.newly) {
+      CAIRN_WARN("coordinator: lost: ", lost.name, " at ", holder->advertise, " (", lost.why, ")");
+      store_.setState(lost.name, MemberState::kLost);
+      holder->state = MemberState::kLost;
+    }
+    const std::optional<Member> spare = chooseSpare(members, *holder);
+    if (!spare) {
+      if (told_no_spare_.insert(lost.name).second)
+        CAIRN_WARN("coordinator: no spare can take ", lost.name, " over (", lost.why,
+                   "); its cluster waits (timeouts.max_wait_s) until a volunteer joins");
+      continue;
+    }
+    replace(*holder, *spare, now);
+    told_no_spare_.erase(lost.name);
+    members = store_.members();
+  }
+}
+
+void MemberReplacer::replace(const Member& lost, const Member& spare, double now) {
+  const auto placed = nlohmann::json::parse(store_.meta("placed").value_or("[]"))
+                          .get<std::vector<std::string>>();
+  std::vector<NodeSpec> nodes;
+  for (const std::string& name : placed) nodes.push_back(readNodeSpec(nodeSpecPath(out_, name)));
+  const ReplacementPlan plan = planReplacement(nodes, lost.name, spare.advertise, spare.public_key);
+
+  Assignment a;
+  a.name = lost.name;
+  a.node = toJson(plan.taken_over);
+  a.job = toJson(readJobSpec(jobSpecPath(out_)));
+  a.num_clusters = plan.taken_over.extra.value("num_clusters", 1);
+  a.stage = readBytes(nodeDirectory(out_, lost.name) + "/" + plan.taken_over.stage_file);
+  const std::optional<StoredCheckpoint> checkpoint = store_.checkpoint(lost.name);
+  if (checkpoint) {
+    a.checkpoint = readBytes(checkpoint->path);
+    a.checkpoint_step = checkpoint->step;
+  }
+
+  // The plan first (a restarted coordinator reads it), then the rows, then the messages.
+  writeJsonFile(nodeSpecPath(out_, lost.name), a.node);
+  for (const NodeSpec& n : plan.told) writeJsonFile(nodeSpecPath(out_, n.name), toJson(n));
+  store_.takeOver(lost.name, lostRowName(lost.name, store_.members()), spare.name, now);
+  std::set<std::string> owed = pending();
+  owed.erase(lost.name);  // its new holder gets the whole node.json in the assignment
+  for (const NodeSpec& n : plan.told) owed.insert(n.name);
+  setPending(owed);
+  send_(spare.public_key, encode(Accepted{lost.name, toString(MemberState::kAssigned)}));
+  send_(spare.public_key, encode(a));
+  ++replaced_;
+  CAIRN_INFO("coordinator: ", lost.name, " is taken over by spare ", spare.name, " at ",
+             spare.advertise, checkpoint ? " from its checkpoint of step " + std::to_string(checkpoint->step)
+                                         : std::string(" without a checkpoint (none was uploaded)"),
+             "; peers to tell: ", joined(plan.told));
+}
+
+void MemberReplacer::onHeartbeat(const std::string& name) {
+  std::set<std::string> owed = pending();
+  if (!owed.count(name)) return;
+  const auto m = store_.memberByName(name);
+  if (!m) return;
+  const NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
+  send_(m->public_key, encode(PeersUpdate{name, toJson(node)}));
+  owed.erase(name);
+  setPending(owed);
+  CAIRN_INFO("coordinator: sent ", name, " its updated peers");
+}
+
+}  // namespace cairn::coordinator

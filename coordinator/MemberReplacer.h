@@ -1,0 +1,53 @@
+// MemberReplacer: the coordinator carrying out Replacement.h's decisions (docs/OPERATIONS.md "A
+// lost volunteer is replaced by a spare"):
+//   poll()         every loop turn while the run is planned: a placed volunteer silent for longer
+//                  than --lost-after-s (or that said `leaving`) is marked lost; when a spare is
+//                  waiting it takes the node over: the store renames the rows (CoordinatorStore::
+//                  takeOver), node.json of the node and of every node naming it are rewritten in
+//                  <out>/nodes/ (the plan a restarted coordinator reads), the spare is sent
+//                  `accepted{name: the node's name, state: assigned}` and the `assignment` with
+//                  the newest checkpoint the coordinator holds for the node (resume), and the
+//                  members to tell are remembered in coordinator.db (meta peers_pending)
+//   onHeartbeat()  a member owed an update gets `peers{name, node}` on the connection its
+//                  heartbeat just came from (its heartbeat socket, the one it reads them on)
+// Without a spare the node stays lost (its cluster waits, timeouts.max_wait_s) until one joins.
+// Ownership: borrows the store; sends through the coordinator's `send`.
+// Thread-safety: the coordinator's loop thread only.
+#pragma once
+
+#include <functional>
+#include <set>
+#include <string>
+
+#include "coordinator/CoordinatorStore.h"
+#include "node/protocol/Coordination.h"
+
+namespace cairn::coordinator {
+
+class MemberReplacer {
+ public:
+  // Sends `frames` to the member holding `public_key` (on its last connection).
+  using Send = std::function<void(const std::string& public_key, const Frames& frames)>;
+  // `started_at`: when this coordinator started (seconds since the epoch, like last_seen).
+  MemberReplacer(CoordinatorStore& store, std::string out, double lost_after_s, double started_at,
+                 Send send);
+
+  void poll(double now);
+  void onHeartbeat(const std::string& name);
+
+  uint64_t replaced() const { return replaced_; }
+
+ private:
+  void replace(const Member& lost, const Member& spare, double now);
+  std::set<std::string> pending() const;
+  void setPending(const std::set<std::string>& names);
+
+  CoordinatorStore& store_;
+  std::string out_;
+  double lost_after_s_, started_at_;
+  Send send_;
+  std::set<std::string> told_no_spare_;  // lost nodes already logged as waiting for a spare
+  uint64_t replaced_ = 0;
+};
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,61 @@
+// Replacement: the coordinator's decisions when a placed volunteer is lost (docs/OPERATIONS.md
+// "A lost volunteer is replaced by a spare"), as pure functions of the members, the plan's node
+// names and node.json files — no store, no sockets, no clock:
+//   findLost          which placed nodes need a new holder: their volunteer sent no heartbeat for
+//                     longer than --lost-after-s (counted from the coordinator's own start too, so
+//                     a restarted coordinator does not call everyone lost), said `leaving`, or was
+//                     lost earlier and is still unreplaced
+//   chooseSpare       which waiting spare takes a lost node over
+//   planReplacement   the lost node's node.json with the spare's address and public key, and every
+//                     other node.json that names the lost node (pipeline neighbours, ring peers in
+//                     other clusters) re-pointed to them: those members are sent `peers`
+//   lostRowName       the name the lost volunteer's store row is kept under, so that the node name
+//                     passes to the spare while the lost key stays known (and refused if it
+//                     comes back)
+// MemberReplacer.h carries the decisions out. Thread-safety: pure functions.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/CoordinatorStore.h"
+#include "core/NodeData.h"
+
+namespace cairn::coordinator {
+
+struct LostNode {
+  std::string name;     // the node name (and its holder's member name)
+  std::string why;      // for the log: "no heartbeat for 16.2 s", "it left (stopped)", …
+  bool newly = false;   // true: its holder was still `assigned` (the store marks it lost now)
+};
+
+// `placed`: the plan's node names; `now`, `heard_since` (when this coordinator started) and
+// `lost_after_s` in seconds. A holder counts as silent when now - max(last_seen, heard_since) >
+// lost_after_s. Holders that are done (result received) are never lost. In `placed` order.
+std::vector<LostNode> findLost(const std::vector<Member>& members,
+                               const std::vector<std::string>& placed, double now,
+                               double heard_since, double lost_after_s);
+
+// The earliest-joined spare (members() order) whose probe reports at least the RAM the lost
+// holder reported (the plan put the stage where that much memory was); nullopt when none.
+std::optional<Member> chooseSpare(const std::vector<Member>& members, const Member& lost);
+
+struct ReplacementPlan {
+  NodeSpec taken_over;           // the lost node's node.json: the spare's address and public key
+  std::vector<NodeSpec> told;    // every other node naming the lost node, re-pointed, by name
+};
+
+// `nodes`: every placed node's node.json. BadInput when `lost_name` is not among them.
+ReplacementPlan planReplacement(const std::vector<NodeSpec>& nodes, const std::string& lost_name,
+                                const std::string& new_address, const std::string& new_public_key);
+
+// Re-points every reference to `peer` in `node` (upstream, downstream, ring members); true when
+// there was one.
+bool repointPeer(NodeSpec& node, const std::string& peer, const std::string& address,
+                 const std::string& public_key);
+
+// "<name>-lost-<n>" with the smallest n >= 1 no member is called.
+std::string lostRowName(const std::string& name, const std::vector<Member>& members);
+
+}  // namespace cairn::coordinator

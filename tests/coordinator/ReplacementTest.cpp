@@ -1,0 +1,315 @@
+// The coordinator's replacement of a lost volunteer (coordinator/Replacement.h decisions, and
+// MemberReplacer carrying them out against a real store and node_data folder). Expected values
+// are written out by hand from the plan each test builds.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "coordinator/CoordinatorStore.h"
+#include "coordinator/JoinPolicy.h"
+#include "coordinator/MemberReplacer.h"
+#include "coordinator/Replacement.h"
+#include "core/CurveKeys.h"
+#include "core/Error.h"
+#include "core/JsonReader.h"
+#include "core/NodeData.h"
+
+namespace cairn::coordinator {
+namespace {
+
+namespace fs = std::filesystem;
+
+Member member(const std::string& name, MemberState state, double last_seen, double ram_gb = 8,
+              double joined_at = 0) {
+  Member m;
+  m.name = name;
+  m.public_key = generateCurveKeyPair().public_key;
+  m.advertise = "127.0.0.1:" + std::to_string(7000 + std::stoi(name.substr(5)));
+  m.probe_json = nlohmann::json{{"ram_gb", ram_gb}, {"cores", 4}, {"compute_gflops", 50},
+                                {"bandwidth_mbps", 1000}}
+                     .dump();
+  m.state = state;
+  m.joined_at = joined_at;
+  m.last_seen = last_seen;
+  return m;
+}
+
+// One real key pair per node name (node.json files must hold Z85 CURVE keys).
+std::string keyOf(const std::string& name) {
+  static std::map<std::string, std::string> keys;
+  auto it = keys.find(name);
+  if (it == keys.end()) it = keys.emplace(name, generateCurveKeyPair().public_key).first;
+  return it->second;
+}
+
+PeerRef peerRef(const std::string& name) {
+  return {name, "10.0.0." + name.substr(5) + ":5000", keyOf(name)};
+}
+
+// 2 clusters x 3 stages: cluster c holds node_{3c}, node_{3c+1}, node_{3c+2}; stage s of both
+// clusters share one ring.
+std::vector<NodeSpec> twoByThree() {
+  std::vector<NodeSpec> nodes;
+  for (int c = 0; c < 2; ++c)
+    for (int s = 0; s < 3; ++s) {
+      NodeSpec n;
+      n.name = "node_" + std::to_string(3 * c + s);
+      n.job_id = "job";
+      n.address = peerRef(n.name).address;
+      n.cluster = c;
+      n.stage = s;
+      n.num_stages = 3;
+      n.role = s == 0 ? StageRole::kRoot : s == 2 ? StageRole::kLeaf : StageRole::kStem;
+      if (s > 0) n.upstream = peerRef("node_" + std::to_string(3 * c + s - 1));
+      if (s < 2) n.downstream = peerRef("node_" + std::to_string(3 * c + s + 1));
+      RingSpec ring;
+      ring.id = "ring_" + std::to_string(s);
+      ring.members = {peerRef("node_" + std::to_string(s)), peerRef("node_" + std::to_string(3 + s))};
+      ring.rank = c;
+      n.rings = {ring};
+      n.inputs = {{"x", "tensor", "float32", {1, 4}}};
+      n.outputs = {{"y", "tensor", "float32", {1, 4}}};
+      n.extra["public_key"] = keyOf(n.name);
+      n.extra["num_clusters"] = 2;
+      nodes.push_back(n);
+    }
+  return nodes;
+}
+
+TEST(Replacement, FindLostCountsSilenceFromTheCoordinatorsStartAndTakesLeftAndUnreplacedNodes) {
+  const std::vector<Member> members = {
+      member("node_0", MemberState::kAssigned, 100),  // silent for 30 s
+      member("node_1", MemberState::kAssigned, 125),  // heard 5 s ago
+      member("node_2", MemberState::kLeft, 129),      // said it leaves
+      member("node_3", MemberState::kDone, 10),       // result in: never lost
+      member("node_4", MemberState::kLost, 10),       // lost earlier, no spare yet
+      member("node_5", MemberState::kSpare, 10),      // not placed
+  };
+  const std::vector<std::string> placed = {"node_0", "node_1", "node_2", "node_3", "node_4"};
+  auto lost = findLost(members, placed, 130, /*heard_since=*/0, /*lost_after_s=*/15);
+  ASSERT_EQ(lost.size(), 3u);
+  EXPECT_EQ(lost[0].name, "node_0");
+  EXPECT_TRUE(lost[0].newly);
+  EXPECT_NE(lost[0].why.find("no heartbeat for 30.0 s"), std::string::npos) << lost[0].why;
+  EXPECT_EQ(lost[1].name, "node_2");
+  EXPECT_FALSE(lost[1].newly);
+  EXPECT_EQ(lost[2].name, "node_4");
+  EXPECT_FALSE(lost[2].newly);
+  // A coordinator that started at 120 (restarted) has heard nobody for only 10 s.
+  lost = findLost(members, placed, 130, /*heard_since=*/120, /*lost_after_s=*/15);
+  ASSERT_EQ(lost.size(), 2u);
+  EXPECT_EQ(lost[0].name, "node_2");
+  // Exactly at the threshold is not yet lost.
+  EXPECT_TRUE(findLost({member("node_0", MemberState::kAssigned, 100)}, {"node_0"}, 115, 0, 15).empty());
+}
+
+TEST(Replacement, ChoosesTheEarliestSpareWithAtLeastTheLostMembersRam) {
+  const Member lost = member("node_1", MemberState::kLost, 0, /*ram_gb=*/8);
+  std::vector<Member> members = {
+      member("node_0", MemberState::kAssigned, 0, 64, 1),
+      lost,
+      member("node_6", MemberState::kSpare, 0, 4, 2),   // too small
+      member("node_7", MemberState::kSpare, 0, 16, 3),
+      member("node_8", MemberState::kSpare, 0, 32, 4),
+  };
+  auto spare = chooseSpare(members, lost);
+  ASSERT_TRUE(spare.has_value());
+  EXPECT_EQ(spare->name, "node_7");
+  members[3].state = MemberState::kAssigned;
+  members[4].state = MemberState::kLeft;
+  EXPECT_FALSE(chooseSpare(members, lost).has_value());
+}
+
+TEST(Replacement, PlanRepointsTheNodeItsNeighboursAndItsRingPeersOnly) {
+  const std::vector<NodeSpec> nodes = twoByThree();
+  const std::string fresh = generateCurveKeyPair().public_key;
+  const ReplacementPlan plan = planReplacement(nodes, "node_1", "127.0.0.9:6001", fresh);
+  EXPECT_EQ(plan.taken_over.name, "node_1");
+  EXPECT_EQ(plan.taken_over.address, "127.0.0.9:6001");
+  EXPECT_EQ(plan.taken_over.extra["public_key"], fresh);
+  EXPECT_EQ(plan.taken_over.extra["num_clusters"], 2);
+  EXPECT_EQ(plan.taken_over.rings[0].members[0].address, "127.0.0.9:6001");  // itself in its ring
+  EXPECT_EQ(plan.taken_over.upstream->address, peerRef("node_0").address);       // its peers unchanged
+  EXPECT_EQ(plan.taken_over.rings[0].members[1].address, peerRef("node_4").address);
+  ASSERT_EQ(plan.told.size(), 3u);
+  EXPECT_EQ(plan.told[0].name, "node_0");
+  EXPECT_EQ(plan.told[0].downstream->address, "127.0.0.9:6001");
+  EXPECT_EQ(plan.told[0].downstream->public_key, fresh);
+  EXPECT_EQ(plan.told[0].address, peerRef("node_0").address);
+  EXPECT_EQ(plan.told[1].name, "node_2");
+  EXPECT_EQ(plan.told[1].upstream->address, "127.0.0.9:6001");
+  EXPECT_EQ(plan.told[2].name, "node_4");  // its ring peer in cluster 1
+  EXPECT_EQ(plan.told[2].rings[0].members[0].address, "127.0.0.9:6001");
+  EXPECT_EQ(plan.told[2].rings[0].members[0].public_key, fresh);
+  EXPECT_EQ(plan.told[2].upstream->address, peerRef("node_3").address);
+  EXPECT_THROW(planReplacement(nodes, "node_9", "a:1", "k"), BadInput);
+}
+
+TEST(Replacement, TheLostRowGetsTheFirstFreeLostName) {
+  const std::vector<Member> members = {member("node_1", MemberState::kAssigned, 0),
+                                       member("node_1-lost-1", MemberState::kLost, 0)};
+  EXPECT_EQ(lostRowName("node_1", members), "node_1-lost-2");
+  EXPECT_EQ(lostRowName("node_2", members), "node_2-lost-1");
+}
+
+std::string freshDir(const std::string& name) {
+  const std::string dir = (fs::temp_directory_path() / ("cairn_replace_" + name + "_" +
+                                                        std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold) {
+  const std::string out = freshDir("replacer");
+  CoordinatorStore store(out + "/coordinator.db");
+  std::vector<std::string> placed;
+  for (const NodeSpec& n : twoByThree()) {
+    fs::create_directories(nodeDirectory(out, n.name));
+    writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
+    std::ofstream(nodeDirectory(out, n.name) + "/stage.pt", std::ios::binary) << "stage of " << n.name;
+    Member m = member(n.name, MemberState::kAssigned, 100, 8, n.cluster * 3 + n.stage);
+    store.putMember(m);
+    placed.push_back(n.name);
+  }
+  JobSpec job;
+  job.job_id = "job";
+  job.data.location = "/data";
+  job.data.format = "idx";
+  writeJsonFile(jobSpecPath(out), toJson(job));
+  const Member spare = member("node_6", MemberState::kSpare, 100, 8, 10);
+  store.putMember(spare);
+  store.setMeta("placed", nlohmann::json(placed).dump());
+  store.setMeta("phase", "planned");
+  fs::create_directories(out + "/checkpoints/node_1");
+  const std::string ckpt = out + "/checkpoints/node_1/step_20.ckpt";
+  std::ofstream(ckpt, std::ios::binary) << "checkpoint bytes";
+  store.putCheckpoint({"node_1", 20, ckpt, 7});
+  const std::string lost_key = store.memberByName("node_1")->public_key;
+
+  std::vector<std::pair<std::string, Frames>> sent;
+  MemberReplacer replacer(store, out, 15, /*started_at=*/100,
+                          [&](const std::string& key, const Frames& f) { sent.emplace_back(key, f); });
+  // Everyone heard at 110 but node_1 (last at 100).
+  for (const auto& n : placed)
+    if (n != "node_1") store.touch(n, 110);
+  replacer.poll(114);  // 14 s of silence: not yet
+  EXPECT_TRUE(sent.empty());
+  replacer.poll(116);
+  EXPECT_EQ(replacer.replaced(), 1u);
+  ASSERT_EQ(sent.size(), 2u);
+  std::string why;
+  // To the spare: first its new name, then the assignment with the checkpoint.
+  EXPECT_EQ(sent[0].first, spare.public_key);
+  auto first = decodeToVolunteer(sent[0].second, 1 << 20, &why);
+  ASSERT_TRUE(first) << why;
+  const auto* accepted = std::get_if<Accepted>(&*first);
+  ASSERT_NE(accepted, nullptr);
+  EXPECT_EQ(accepted->name, "node_1");
+  EXPECT_EQ(accepted->state, "assigned");
+  EXPECT_EQ(sent[1].first, spare.public_key);
+  auto second = decodeToVolunteer(sent[1].second, 1 << 20, &why);
+  ASSERT_TRUE(second) << why;
+  const auto* a = std::get_if<Assignment>(&*second);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->name, "node_1");
+  EXPECT_EQ(a->stage, "stage of node_1");
+  ASSERT_TRUE(a->checkpoint.has_value());
+  EXPECT_EQ(*a->checkpoint, "checkpoint bytes");
+  EXPECT_EQ(a->checkpoint_step, 20);
+  EXPECT_EQ(a->num_clusters, 2);
+  const NodeSpec given = parseNodeSpec(a->node, "assignment");
+  EXPECT_EQ(given.address, spare.advertise);
+  EXPECT_EQ(given.extra["public_key"], spare.public_key);
+  EXPECT_EQ(parseJobSpec(a->job, "assignment").job_id, "job");
+
+  // The store: node_1 is now the spare's; the lost volunteer's row is kept, lost.
+  const auto holder = store.memberByName("node_1");
+  ASSERT_TRUE(holder);
+  EXPECT_EQ(holder->public_key, spare.public_key);
+  EXPECT_EQ(holder->state, MemberState::kAssigned);
+  EXPECT_FALSE(store.memberByName("node_6"));
+  const auto old = store.memberByKey(lost_key);
+  ASSERT_TRUE(old);
+  EXPECT_EQ(old->name, "node_1-lost-1");
+  EXPECT_EQ(old->state, MemberState::kLost);
+  // The lost volunteer coming back is refused, by its old name and by its key.
+  JoinAsk ask{"t", "127.0.0.1:7001", {8, 4, 50, 1000}, "node_1"};
+  EXPECT_NE(decideJoin(ask, lost_key, "t", {}, store.members()).reason.find("belongs to another key"),
+            std::string::npos);
+  ask.name.clear();
+  EXPECT_NE(decideJoin(ask, lost_key, "t", {}, store.members()).reason.find("is lost"),
+            std::string::npos);
+  // The plan on disk: node_1 and the three nodes naming it re-pointed.
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(out, "node_1")).address, spare.advertise);
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(out, "node_0")).downstream->address, spare.advertise);
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(out, "node_4")).rings[0].members[0].public_key, spare.public_key);
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(out, "node_3")).downstream->address, peerRef("node_4").address);
+
+  // Peers go out on each told member's next heartbeat, once; a restarted coordinator still owes
+  // the ones not sent yet.
+  sent.clear();
+  replacer.onHeartbeat("node_3");  // not told
+  EXPECT_TRUE(sent.empty());
+  replacer.onHeartbeat("node_0");
+  ASSERT_EQ(sent.size(), 1u);
+  auto peers = decodeToVolunteer(sent[0].second, 1 << 20, &why);
+  ASSERT_TRUE(peers) << why;
+  const auto* update = std::get_if<PeersUpdate>(&*peers);
+  ASSERT_NE(update, nullptr);
+  EXPECT_EQ(update->name, "node_0");
+  EXPECT_EQ(parseNodeSpec(update->node, "peers").downstream->public_key, spare.public_key);
+  replacer.onHeartbeat("node_0");
+  EXPECT_EQ(sent.size(), 1u);
+  MemberReplacer restarted(store, out, 15, 200,
+                           [&](const std::string& key, const Frames& f) { sent.emplace_back(key, f); });
+  restarted.onHeartbeat("node_2");
+  restarted.onHeartbeat("node_4");
+  EXPECT_EQ(sent.size(), 3u);
+  restarted.poll(210);  // everyone heard since its start: nothing lost, nothing sent
+  EXPECT_EQ(sent.size(), 3u);
+  fs::remove_all(out);
+}
+
+TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
+  const std::string out = freshDir("nospare");
+  CoordinatorStore store(out + "/coordinator.db");
+  NodeSpec n;
+  n.name = "node_0";
+  n.job_id = "job";
+  n.address = "127.0.0.1:7000";
+  n.inputs = {{"x", "tensor", "float32", {1, 4}}};
+  n.outputs = {{"y", "tensor", "float32", {1, 4}}};
+  fs::create_directories(nodeDirectory(out, n.name));
+  writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
+  std::ofstream(nodeDirectory(out, n.name) + "/stage.pt") << "s";
+  JobSpec job;
+  job.job_id = "job";
+  job.data.location = "/data";
+  job.data.format = "idx";
+  writeJsonFile(jobSpecPath(out), toJson(job));
+  store.putMember(member("node_0", MemberState::kAssigned, 0));
+  store.setMeta("placed", R"(["node_0"])");
+  store.setMeta("phase", "planned");
+  std::vector<Frames> sent;
+  MemberReplacer replacer(store, out, 5, 0, [&](const std::string&, const Frames& f) { sent.push_back(f); });
+  replacer.poll(10);
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kLost);
+  EXPECT_TRUE(sent.empty());
+  store.putMember(member("node_1", MemberState::kSpare, 10, 8, 5));
+  replacer.poll(11);
+  ASSERT_EQ(sent.size(), 2u);  // accepted + assignment, without a checkpoint (none uploaded)
+  std::string why;
+  auto a = decodeToVolunteer(sent[1], 1 << 20, &why);
+  ASSERT_TRUE(a) << why;
+  EXPECT_FALSE(std::get<Assignment>(*a).checkpoint.has_value());
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator

@@ -1,0 +1,186 @@
+#!/usr/bin/python3
+"""A lost volunteer is replaced by a spare (docs/OPERATIONS.md): a real coordinator
+(`clusterize --serve --lost-after-s`) and real `provider --join` processes on tcp loopback with
+CurveZMQ. No sleeps stand in for synchronisation: each step waits for the log line or file that
+says the previous one happened.
+
+    volunteer_replace_test.py spare_replaces_lost --provider BUILD/node/provider
+        --clusterize BUILD/clusterize/clusterize --work DIR
+
+spare_replaces_lost
+    Reference: 3 volunteers train one 3-stage pipeline for STEPS steps uninterrupted.
+    Run: the same job with 3 volunteers and a 4th that joins after planning (a spare). Once the
+    coordinator has acknowledged a checkpoint of step >= KILL_AFTER from the Stem's volunteer, that
+    volunteer is SIGKILLed. Its neighbours pause; the coordinator stops hearing it and gives its
+    node (name, stage, the newest checkpoint it holds) to the spare; the neighbours get `peers`,
+    restart their stage in-process, and the cluster resumes from the newest common checkpoint.
+    Checks: every step loss the Leaf logged (before the kill and after the resume, replayed steps
+    included) equals the uninterrupted run's; the run resumed from a checkpoint; the merged
+    trained.pt evaluated by PyTorch has exactly the accuracy the Leaf reported, which equals the
+    reference's; coordinator.db gives the node to the spare's key and keeps the lost key as lost.
+"""
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
+
+STEPS = 200
+KILL_AFTER = 20
+TEST_SAMPLES = 1000
+TRAINING = {"checkpoint_every": 10,
+            "timeouts": {"startup_s": 60, "peer_s": 60, "peer_timeout_s": 2, "max_wait_s": 300}}
+FLAGS = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14", "--lost-after-s", "8"]
+
+
+def name_of(workdir):
+    return json.load(open(os.path.join(workdir, "membership.json")))["name"]
+
+
+def leaf_records(workdir, leaf):
+    path = os.path.join(workdir, "node_data", "nodes", leaf, "metrics.jsonl")
+    return [json.loads(line) for line in open(path) if line.endswith("\n")]
+
+
+def run_reference(args, model, job):
+    work = os.path.join(args.work, "reference")
+    os.makedirs(work)
+    sub = argparse.Namespace(**vars(args))
+    sub.work = work
+    out = os.path.join(work, "coordinator")
+    coordinator, invite = vt.start_coordinator(sub, job, model, out, FLAGS)
+    ports = vt.free_ports(3)
+    volunteers = []
+    try:
+        for i in range(3):
+            volunteers.append(vt.volunteer(sub, invite, i, ports[i], ["--upload-mbps", "0"]))
+        vt.all_finish(coordinator, volunteers)
+    finally:
+        vt.kill_all(coordinator, volunteers)
+    leaf = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][-1]
+    workdir = next(w for _, w in volunteers if name_of(w) == leaf)
+    losses = {r["step"]: r["loss"] for r in leaf_records(workdir, leaf) if "step" in r}
+    summary = json.load(open(os.path.join(out, "run_result.json")))
+    return losses, summary["clusters"][0]["eval"]["accuracy"]
+
+
+def case_spare_replaces_lost(args):
+    os.makedirs(args.work, exist_ok=True)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    job = vt.write_job(args.work, model, STEPS, TEST_SAMPLES, TRAINING)
+    reference, reference_accuracy = run_reference(args, model, job)
+    if len(reference) != STEPS:
+        vt.fail(f"the reference Leaf logged {len(reference)} steps, expected {STEPS}")
+
+    out = os.path.join(args.work, "coordinator")
+    coordinator, invite = vt.start_coordinator(args, job, model, out, FLAGS)
+    ports = vt.free_ports(4)
+    volunteers = []
+    try:
+        for i in range(3):
+            volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--upload-mbps", "200"]))
+        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned'")
+        volunteers.append(vt.volunteer(args, invite, 3, ports[3]))
+        spare_line = coordinator.wait_for(lambda l: "joined: node_3 " in l, 120, "'joined: node_3' (the spare)")
+        if ", spare" not in spare_line:
+            vt.fail(f"the 4th volunteer did not wait as a spare: {spare_line.strip()}")
+        chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
+        stem, leaf = chain[1], chain[2]
+        victim = next(v for v in volunteers[:3] if name_of(v[1]) == stem)
+        leaf_workdir = next(w for _, w in volunteers[:3] if name_of(w) == leaf)
+
+        def acknowledged(line):
+            marker = f"coordinator: checkpoint of {stem} at step "
+            return marker in line and int(line.split(marker)[1].split()[0]) >= KILL_AFTER
+        ack = coordinator.wait_for(acknowledged, 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
+        victim[0].proc.kill()
+        victim[0].finish(30)
+        print(f"SIGKILLed {victim[0].tag} ({stem}) after: {ack.strip()}")
+        coordinator.wait_for(lambda l: f"coordinator: lost: {stem}" in l, 120, f"'lost: {stem}'")
+        taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_3" in l, 60,
+                                     "the takeover")
+        print(taken.strip())
+        code = coordinator.finish(600)
+        if code != 0:
+            vt.fail(f"the coordinator exited {code}")
+        for v, _ in volunteers:
+            if v is victim[0]:
+                continue
+            c = v.finish(120)
+            if c != 0:
+                vt.fail(f"{v.tag} exited {c}")
+    finally:
+        vt.kill_all(coordinator, volunteers)
+
+    spare_workdir = volunteers[3][1]
+    if name_of(spare_workdir) != stem:
+        vt.fail(f"the spare's membership.json names {name_of(spare_workdir)}, not {stem}")
+    for v, w in volunteers[:3]:
+        if v is victim[0]:
+            continue
+        if not v.count(lambda l: "peers updated in" in l):
+            vt.fail(f"{v.tag} ({name_of(w)}) never applied the coordinator's peers update")
+
+    # The store: the node belongs to the spare's key; the lost key is kept, lost.
+    db = sqlite3.connect(os.path.join(out, "coordinator.db"))
+    spare_key = open(os.path.join(spare_workdir, "identity.key")).read()
+    row = db.execute("SELECT public_key, state FROM members WHERE name = ?", (stem,)).fetchone()
+    if row is None or row[0] not in spare_key or row[1] != "done":
+        vt.fail(f"coordinator.db: {stem} is {row}, expected the spare's key and state done")
+    lost = db.execute("SELECT name, state FROM members WHERE name LIKE ?", (stem + "-lost-%",)).fetchall()
+    if lost != [(stem + "-lost-1", "lost")]:
+        vt.fail(f"coordinator.db: the lost volunteer's row is {lost}")
+
+    # Exact resume: every step loss the Leaf logged equals the uninterrupted run's.
+    records = leaf_records(leaf_workdir, leaf)
+    marks = [i for i, r in enumerate(records) if "resumed_from" in r]
+    if not marks:
+        vt.fail("the Leaf's metrics.jsonl has no resumed_from record")
+    resumed_from = records[marks[-1]]["resumed_from"]
+    if resumed_from < 10:
+        vt.fail(f"the cluster resumed from step {resumed_from}, not from a checkpoint")
+    every = [r for r in records if "step" in r]
+    after = [r for r in records[marks[-1]:] if "step" in r]
+    same = sum(1 for r in every if reference.get(r["step"]) == r["loss"])
+    steps = sorted({r["step"] for r in every})
+    print(f"resumed from step {resumed_from}; {same} of {len(every)} logged Leaf step losses equal the "
+          f"uninterrupted run's ({len(after)} after the resume)")
+    if same != len(every) or steps != list(range(1, STEPS + 1)) and steps != list(range(STEPS)):
+        vt.fail(f"resume is not exact or steps are missing: {same} of {len(every)} equal, steps "
+                f"{steps[:3]}..{steps[-3:]}")
+
+    summary = json.load(open(os.path.join(out, "run_result.json")))
+    reported = summary["clusters"][0]["eval"]["accuracy"]
+    accuracy = vt.evaluate(summary["trained_torchscript"], TEST_SAMPLES)
+    print(f"Leaf accuracy {reported:.4f}; merged model in PyTorch {accuracy:.4f}; uninterrupted run "
+          f"{reference_accuracy:.4f}")
+    if abs(accuracy - reported) > 1e-9:
+        vt.fail("the merged model's accuracy differs from the Leaf's")
+    if reported != reference_accuracy:
+        vt.fail("the replaced run's accuracy differs from the uninterrupted run's")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=["spare_replaces_lost"])
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--clusterize", required=True)
+    parser.add_argument("--work", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    shutil.rmtree(args.work, ignore_errors=True)
+    globals()["case_" + args.case](args)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

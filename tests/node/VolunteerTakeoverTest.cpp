@@ -1,0 +1,214 @@
+// A volunteer's side of a replacement (docs/OPERATIONS.md "A lost volunteer is replaced by a
+// spare"): a spare's assignment carrying the coordinator's checkpoint is written and verified, a
+// running volunteer's `peers` update is checked against the node it runs, and VolunteerPeers
+// stops a paused run only once an update is pending, then writes the new node.json.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "core/CurveKeys.h"
+#include "core/Error.h"
+#include "core/JsonReader.h"
+#include "node/VolunteerAssignment.h"
+#include "node/VolunteerPeers.h"
+#include "node/VolunteerWorkdir.h"
+#include "trainer/Checkpoint.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    path = (fs::temp_directory_path() / ("cairn_takeover_" + std::to_string(::getpid()) + "_" +
+                                         std::to_string(std::random_device{}())))
+               .string();
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string doublingStage() {
+  torch::jit::Module m("Doubling");
+  m.define("def forward(self, x):\n  return x * 2.0\n");
+  std::ostringstream bytes;
+  m.save(bytes);
+  return bytes.str();
+}
+
+NodeSpec stem(const std::string& own_key) {
+  NodeSpec node;
+  node.name = "node_1";
+  node.job_id = "job-7";
+  node.address = "127.0.0.1:7001";
+  node.cluster = 0;
+  node.stage = 1;
+  node.num_stages = 3;
+  node.role = StageRole::kStem;
+  node.upstream = PeerRef{"node_0", "127.0.0.1:7000", generateCurveKeyPair().public_key};
+  node.downstream = PeerRef{"node_2", "127.0.0.1:7002", generateCurveKeyPair().public_key};
+  node.inputs = {{"x", "tensor", "float32", {1, 4}}};
+  node.outputs = {{"y", "tensor", "float32", {1, 4}}};
+  node.extra["public_key"] = own_key;
+  node.extra["num_clusters"] = 1;
+  return node;
+}
+
+Assignment takeover(const NodeSpec& node, std::optional<std::string> checkpoint, int64_t step) {
+  JobSpec job;
+  job.job_id = node.job_id;
+  job.data.location = "/nonexistent/data";
+  job.data.format = "idx";
+  Assignment a;
+  a.name = node.name;
+  a.node = toJson(node);
+  a.job = toJson(job);
+  a.stage = doublingStage();
+  a.checkpoint = std::move(checkpoint);
+  a.checkpoint_step = step;
+  return a;
+}
+
+std::string checkpointBytes(const std::string& dir, int64_t step) {
+  CheckpointData data;
+  data.step = step;
+  data.tensors = {{"stage.w", torch::arange(4, torch::kFloat32)}};
+  writeCheckpoint(dir, data, 3);
+  std::ifstream in(checkpointPath(dir, step), std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+TEST(VolunteerTakeover, ASparesAssignmentWithACheckpointIsWrittenVerifiedAndResumed) {
+  TempDir dir;
+  VolunteerWorkdir workdir(dir.path + "/spare");
+  const CurveKeyPair identity = workdir.loadOrCreateIdentity();
+  const std::string bytes = checkpointBytes(dir.path + "/source", 40);
+  const CheckedAssignment a =
+      checkAssignment(takeover(stem(identity.public_key), bytes, 40), "node_1", identity.public_key, "c");
+  ASSERT_TRUE(a.checkpoint.has_value());
+  EXPECT_EQ(a.checkpoint_step, 40);
+  const WrittenAssignment written = workdir.writeAssignment(a, identity);
+  EXPECT_TRUE(written.resume);
+  EXPECT_EQ(written.checkpoint_steps, std::vector<int64_t>{40});
+  const std::string checkpoints = nodeDirectory(written.node_data, "node_1") + "/checkpoints";
+  // The very tensors of the coordinator's file.
+  const CheckpointData back = readCheckpoint(checkpoints, 40);
+  ASSERT_EQ(back.tensors.size(), 1u);
+  EXPECT_TRUE(torch::equal(back.tensors[0].second, torch::arange(4, torch::kFloat32)));
+
+  // A checkpoint that does not verify is refused, naming the step, and not left behind.
+  TempDir other;
+  VolunteerWorkdir second(other.path + "/spare");
+  std::string corrupt = bytes;
+  corrupt[corrupt.size() / 2] ^= 0x5a;
+  const CheckedAssignment bad =
+      checkAssignment(takeover(stem(identity.public_key), corrupt, 40), "node_1", identity.public_key, "c");
+  try {
+    second.writeAssignment(bad, identity);
+    FAIL() << "a corrupt checkpoint was accepted";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint of step 40 for node_1 does not verify"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(validCheckpointSteps(other.path + "/spare/node_data/nodes/node_1/checkpoints").empty());
+  // A checkpoint without its step is refused before anything is written.
+  EXPECT_THROW(checkAssignment(takeover(stem(identity.public_key), bytes, -1), "node_1",
+                               identity.public_key, "c"),
+               BadInput);
+}
+
+std::string peersError(const PeersUpdate& u, const NodeSpec& current, const std::string& key) {
+  try {
+    checkPeersUpdate(u, current, key, "the coordinator at c:1");
+  } catch (const BadInput& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(VolunteerTakeover, APeersUpdateMayOnlyMoveThePeers) {
+  const std::string own = generateCurveKeyPair().public_key;
+  const NodeSpec current = stem(own);
+  NodeSpec moved = current;
+  moved.downstream->address = "127.0.0.1:7009";
+  moved.downstream->public_key = generateCurveKeyPair().public_key;
+  moved.extra.erase("num_clusters");
+  const NodeSpec next = checkPeersUpdate({"node_1", toJson(moved)}, current, own, "c");
+  EXPECT_EQ(next.downstream->address, "127.0.0.1:7009");
+  EXPECT_EQ(next.downstream->public_key, moved.downstream->public_key);
+  EXPECT_EQ(next.extra["num_clusters"], 1);  // kept from the node it runs
+  EXPECT_EQ(next.extra["public_key"], own);
+
+  EXPECT_NE(peersError({"node_2", toJson(moved)}, current, own).find("is for \"node_2\""),
+            std::string::npos);
+  NodeSpec other = moved;
+  other.cluster = 1;
+  EXPECT_NE(peersError({"node_1", toJson(other)}, current, own).find("is another node"),
+            std::string::npos);
+  other = moved;
+  other.address = "127.0.0.1:7100";
+  EXPECT_NE(peersError({"node_1", toJson(other)}, current, own).find("moves this node itself"),
+            std::string::npos);
+  other = moved;
+  other.extra["public_key"] = generateCurveKeyPair().public_key;
+  EXPECT_NE(peersError({"node_1", toJson(other)}, current, own).find("not this volunteer's key"),
+            std::string::npos);
+  nlohmann::json broken = toJson(moved);
+  broken.erase("inputs");
+  EXPECT_NE(peersError({"node_1", broken}, current, own).find("coordinator peers: node.json"),
+            std::string::npos);
+  for (const std::string& e : {peersError({"node_2", toJson(moved)}, current, own)})
+    EXPECT_EQ(e.rfind("the coordinator at c:1 sent a peers update this volunteer cannot use: ", 0), 0u) << e;
+}
+
+TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedRunThenIsWritten) {
+  TempDir dir;
+  const std::string own = generateCurveKeyPair().public_key;
+  const NodeSpec current = stem(own);
+  const std::string node_data = dir.path + "/node_data";
+  fs::create_directories(nodeDirectory(node_data, "node_1"));
+  writeJsonFile(nodeSpecPath(node_data, "node_1"), toJson(current));
+  VolunteerPeers peers(node_data, "node_1", own, "c");
+  bool signal = false;
+  const auto stop = peers.stopWhenReplaced([&] { return signal; });
+  std::vector<std::string> seen;
+  const auto on_event = peers.watch([&](const nlohmann::json& e) { seen.push_back(e.dump()); });
+  EXPECT_FALSE(peers.applyPending());  // nothing pending
+  NodeSpec moved = current;
+  moved.upstream->address = "127.0.0.1:7555";
+  peers.offer({"node_1", toJson(moved)});
+  EXPECT_TRUE(peers.pending());
+  EXPECT_FALSE(stop());  // training: the update waits for the pause
+  on_event({{"state", "paused"}, {"message", "neighbour node_0 lost"}});
+  EXPECT_TRUE(stop());
+  on_event({{"state", "resumed"}, {"message", "from step 10"}});
+  EXPECT_FALSE(stop());
+  on_event({{"state", "paused"}, {"message", "again"}});
+  EXPECT_TRUE(stop());
+  EXPECT_EQ(seen.size(), 3u);  // every event still reaches the inner function
+  EXPECT_TRUE(peers.applyPending());
+  EXPECT_FALSE(peers.pending());
+  EXPECT_FALSE(stop());
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(node_data, "node_1")).upstream->address, "127.0.0.1:7555");
+  signal = true;
+  EXPECT_TRUE(stop());
+  // An update that does not check is dropped, the node.json kept.
+  NodeSpec wrong = current;
+  wrong.stage = 0;
+  peers.offer({"node_1", toJson(wrong)});
+  EXPECT_FALSE(peers.applyPending());
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(node_data, "node_1")).stage, 1);
+}
+
+}  // namespace
+}  // namespace cairn
