@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <fstream>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "coordinator/WebServer.h"
 #include "core/Error.h"
@@ -137,6 +139,64 @@ TEST_F(WebServerTest, EveryMethodButGetAndHeadIs405) {
   ASSERT_TRUE(head);
   EXPECT_EQ(head->status, 200);
   EXPECT_TRUE(head->body.empty());
+}
+
+// Several clients at once while the state changes under its own lock (as RunView's does): every
+// answer is a whole, consistent state, and each client sees its values never go backwards.
+TEST(WebServer, ServesConcurrentClientsWhileTheStateChanges) {
+  std::mutex mutex;
+  int64_t version = 0;
+  WebServer server(
+      "127.0.0.1:0",
+      [&] {
+        std::lock_guard<std::mutex> lock(mutex);
+        return nlohmann::json{{"version", version}, {"twice", 2 * version}};
+      },
+      [&] {
+        std::lock_guard<std::mutex> lock(mutex);
+        return "cairn_version " + std::to_string(version) + "\n";
+      });
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    while (!done) {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++version;
+    }
+  });
+  constexpr int kClients = 6, kRequests = 40;  // more clients than request threads
+  std::vector<std::thread> clients;
+  std::atomic<int> answered{0};
+  std::vector<std::string> failures(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      httplib::Client client("127.0.0.1", server.port());
+      client.set_read_timeout(10);
+      int64_t last = -1;
+      for (int i = 0; i < kRequests; ++i) {
+        auto response = client.Get(i % 4 == 3 ? "/metrics" : "/api/state");
+        if (!response || response->status != 200) {
+          failures[c] = "request " + std::to_string(i) + " failed";
+          return;
+        }
+        int64_t seen = 0;
+        if (i % 4 == 3) {
+          seen = std::stoll(response->body.substr(std::string("cairn_version ").size()));
+        } else {
+          const auto state = nlohmann::json::parse(response->body);
+          seen = state.at("version").get<int64_t>();
+          if (state.at("twice").get<int64_t>() != 2 * seen) failures[c] = "a torn state";
+        }
+        if (seen < last) failures[c] = "the version went backwards";
+        last = seen;
+        ++answered;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  done = true;
+  writer.join();
+  for (int c = 0; c < kClients; ++c) EXPECT_EQ(failures[c], "") << "client " << c;
+  EXPECT_EQ(answered.load(), kClients * kRequests);
 }
 
 TEST(WebServer, AFailingStateIsAnswered500AndTheServerGoesOn) {
