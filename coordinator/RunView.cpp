@@ -277,12 +277,24 @@ void RunView::setNumClusters(int num_clusters) {
 
 void RunView::syncMembers(const std::vector<Member>& members, double now) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A member renamed away (a spare that took a lost node over holds that node's name now) and
+  // never placed under its old name is no longer shown.
+  std::set<std::string> names;
+  for (const Member& m : members) names.insert(m.name);
+  for (auto it = s_->nodes.begin(); it != s_->nodes.end();) {
+    if (!names.count(it->first) && !it->second.cluster && !it->second.member_state.empty())
+      it = s_->nodes.erase(it);
+    else
+      ++it;
+  }
   for (const Member& m : members) {
     const bool known = s_->nodes.count(m.name) > 0;
     NodeState& n = s_->node(m.name);
     const std::string state = toString(m.state);
     if (!known || n.member_state.empty()) {
-      s_->addEvent(now, m.name, "joined", "at " + m.advertise + " (" + state + ")");
+      // A lost volunteer's row renamed <name>-lost-<n> appears as a member already lost.
+      const bool gone = m.state == MemberState::kLost || m.state == MemberState::kLeft;
+      s_->addEvent(now, m.name, gone ? state : "joined", "at " + m.advertise + " (" + state + ")");
     } else if (n.member_state != state) {
       s_->addEvent(now, m.name, state, "was " + n.member_state);
     }

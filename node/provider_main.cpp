@@ -58,9 +58,10 @@ bool wildcardHost(const std::string& host) {
 
 int runJoin(const std::string& invite_text, const std::string& listen, std::string advertise,
             const std::string& workdir, double coordinator_timeout_s, double result_wait_s,
-            int probe_megabytes, double upload_mbps) {
+            int probe_megabytes, double upload_mbps, int metrics_queue) {
   cairn::VolunteerConfig config;
   config.upload_mbps = upload_mbps;
+  config.metrics.capacity = size_t(metrics_queue);
   config.invite = cairn::parseInvite(invite_text);
   if (listen.empty())
     CAIRN_THROW(BadInput, "--join needs --listen HOST:PORT: the address this volunteer binds for "
@@ -152,7 +153,9 @@ int main(int argc, char** argv) {
                  "secret key never leaves this machine), authenticate the\ncoordinator by the "
                  "invite's key, wait (as a spare) for an assignment, train it, upload\nthe "
                  "trained stage. Exit 2 when the coordinator refuses (its reason is printed), 3 "
-                 "when it\ndoes not answer (a wrong key in the invite looks the same)");
+                 "when it\ndoes not answer (a wrong key in the invite looks the same). While it "
+                 "trains, its metrics.jsonl records,\nrun plan and state changes stream to the "
+                 "coordinator in the background (docs/OPERATIONS.md\n\"Watching a run\")");
   app.add_option("--listen", listen,
                  "with --join (required): host:port this volunteer binds: the coordinator's "
                  "reachability\ncheck while joining, then its pipeline neighbours and ring peers");
@@ -178,6 +181,12 @@ int main(int argc, char** argv) {
                  "up to\nthis many Mbit/s (after B bytes, nothing for B*8/rate s; only the newest "
                  "is sent, one at\na time; training never waits for it); 0: uploads off")
       ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  int metrics_queue = 20000;
+  app.add_option("--metrics-queue", metrics_queue,
+                 "with --join: how many of the trainer's records wait in memory for the "
+                 "coordinator while it is\ndown or slow; when full the oldest is dropped (and "
+                 "counted): training never waits for it")
+      ->check(CLI::Range(10, 10000000))->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -193,11 +202,12 @@ int main(int argc, char** argv) {
     installStopHandling();  // before any thread starts
     return cairn::runGuarded("provider", [&] {
       return runJoin(invite, listen, advertise, workdir, coordinator_timeout_s, result_wait_s,
-                     probe_megabytes_option->count() > 0 ? probe_megabytes : 8, upload_mbps);
+                     probe_megabytes_option->count() > 0 ? probe_megabytes : 8, upload_mbps,
+                     metrics_queue);
     });
   }
   for (const char* flag : {"--listen", "--advertise", "--workdir", "--coordinator-timeout-s",
-                           "--result-wait-s", "--upload-mbps"})
+                           "--result-wait-s", "--upload-mbps", "--metrics-queue"})
     if (app.count(flag) > 0) {
       std::fprintf(stderr, "provider: error: %s is for --join\n", flag);
       return 2;

@@ -221,6 +221,32 @@ TEST(RunView, MetricsJsonlHoldsEveryRecordOnceTaggedAndARestartContinues) {
   EXPECT_EQ(again.snapshot(2003)["clusters"][0]["step"], 31);
 }
 
+TEST(RunView, ASpareTakingALostNodeOverIsAReplacementAndTheLostRowAnEvent) {
+  RunView view("");
+  setUp(view);
+  // As CoordinatorStore::takeOver leaves the rows: node_5 (the spare) now holds node_3's name.
+  view.syncMembers({member("node_1", "10.0.0.1:1", MemberState::kAssigned),
+                    member("node_2", "10.0.0.2:1", MemberState::kAssigned),
+                    member("node_3", "10.0.0.5:1", MemberState::kAssigned),
+                    member(kEvil, "<b>x</b>:1", MemberState::kAssigned),
+                    member("node_3-lost-1", "10.0.0.3:1", MemberState::kLost)},
+                   1100);
+  const json snap = view.snapshot(1100);
+  std::map<std::string, json> nodes;
+  for (const auto& n : snap["nodes"]) nodes[n["name"].get<std::string>()] = n;
+  EXPECT_EQ(nodes.count("node_5"), 0u) << "the spare's old name is gone";
+  EXPECT_EQ(nodes["node_3"]["address"], "10.0.0.5:1");
+  EXPECT_EQ(nodes["node_3"]["cluster"], 1) << "the node keeps its place";
+  EXPECT_EQ(nodes["node_3-lost-1"]["state"], "lost");
+  EXPECT_EQ(nodes["node_3-lost-1"]["role"], "spare");
+  std::map<std::string, json> last_event;
+  for (const auto& e : snap["events"]) last_event[e["node"].get<std::string>()] = e;
+  EXPECT_EQ(last_event["node_3"]["kind"], "replaced");
+  EXPECT_EQ(last_event["node_3"]["message"], "now at 10.0.0.5:1 (was 10.0.0.3:1)");
+  EXPECT_EQ(last_event["node_3-lost-1"]["kind"], "lost");
+  EXPECT_EQ(snap["clusters"][1]["nodes"], json::array({"node_3", kEvil}));
+}
+
 TEST(RunView, HistoriesAreThinnedToAtMost500PointsKeepingTheFirstAndTheNewest) {
   RunView view("");
   view.place({"a", 0, 0, 1});

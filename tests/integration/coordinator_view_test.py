@@ -208,10 +208,14 @@ def case_stream_and_restart(args):
     leaf_steps = [r for r in lines_of(metrics) if "step" in r and "samples_per_s" in r]
     def median_ms(rs):
         return 1000 * statistics.median(32 / r["samples_per_s"] for r in rs) if rs else float("nan")
-    down = [r for r in leaf_steps if at_kill < r["step"] <= at_restart]
+    # While down: from the kill to the restart. Up: as many steps right after the restart (the
+    # restarted coordinator's catch-up included), and the rest of the run after step 10.
+    down = [r for r in leaf_steps if max(at_kill, 10) < r["step"] <= at_restart]
+    after = [r for r in leaf_steps if at_restart < r["step"] <= at_restart + len(down)]
     up = [r for r in leaf_steps if r["step"] > 10 and not (at_kill < r["step"] <= at_restart)]
-    print(f"Leaf median step time: {median_ms(up):.1f} ms with the coordinator up ({len(up)} steps), "
-          f"{median_ms(down):.1f} ms while it was down ({len(down)} steps)")
+    print(f"Leaf median step time: {median_ms(down):.1f} ms while the coordinator was down "
+          f"({len(down)} steps), {median_ms(after):.1f} ms for as many steps after its restart, "
+          f"{median_ms(up):.1f} ms over all steps > 10 with it up ({len(up)} steps)")
 
 
 def main():
