@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # ThreadSanitizer over the suites where cairn's own threads meet: node_tests (transport, mailbox,
-# liveness, ZAP), cluster_sync_tests (a node's rings on threads sharing one mailbox and transport)
-# and collectives_tests (ranks as threads). Builds them into build-tsan/ (-fsanitize=thread on
-# cairn's code; a clean build takes ~10 minutes on 2 cores) and runs them; any report fails the run.
+# liveness, ZAP), cluster_sync_tests (a node's rings on threads sharing one mailbox and transport),
+# collectives_tests (ranks as threads) and coordinator_web_tests (the coordinator's web server:
+# its listening and request threads, concurrent clients, stop). Builds them into build-tsan/
+# (-fsanitize=thread on cairn's code; a clean build takes ~10 minutes on 2 cores) and runs them;
+# any report fails the run.
 #   tools/tsan.sh [extra ctest args]        CAIRN_TSAN_BUILD_DIR=... to build elsewhere
 # The Debian libraries (libtorch, libzmq, libgomp) are not instrumented, so their own
 # synchronisation is invisible to TSan: tools/tsan.supp suppresses reports whose frames lie inside
@@ -19,7 +21,7 @@ if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_TSAN=ON
 fi
 cmake --build "$BUILD_DIR" -j "${CAIRN_JOBS:-$(nproc)}" \
-  --target node_tests cluster_sync_tests collectives_tests collectives_rank
+  --target node_tests cluster_sync_tests collectives_tests collectives_rank coordinator_web_tests
 export TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp halt_on_error=1 abort_on_error=0 exitcode=66 second_deadlock_stack=1"
 export OMP_NUM_THREADS=1
 cd "$BUILD_DIR/tests"
@@ -28,7 +30,7 @@ cd "$BUILD_DIR/tests"
 # 5-15x slow-down, which would fail them for the wrong reason). The ranks-as-threads suites run the
 # same algorithms with every rank in one process.
 status=0
-for suite in node_tests cluster_sync_tests collectives_tests; do
+for suite in node_tests cluster_sync_tests collectives_tests coordinator_web_tests; do
   filter="*"
   [[ "$suite" == collectives_tests ]] && filter="-*OverProcesses*"
   echo "tsan: $suite (--gtest_filter=$filter)"
@@ -37,5 +39,7 @@ for suite in node_tests cluster_sync_tests collectives_tests; do
     status=1
   fi
 done
-if ((status == 0)); then echo "tsan: node_tests, cluster_sync_tests, collectives_tests clean"; fi
+if ((status == 0)); then
+  echo "tsan: node_tests, cluster_sync_tests, collectives_tests, coordinator_web_tests clean"
+fi
 exit $status
