@@ -4,6 +4,8 @@
 # own work folder, key and port; the coordinator plans once 3 have joined, keeps the 4th as a spare,
 # sends each placed volunteer its stage, and merges the uploaded trained stages into trained.pt.
 #   examples/fashion_mnist/run_volunteers.sh [--short]   (tools/demo.sh --volunteers)
+#   CAIRN_WEB=8080 examples/fashion_mnist/run_volunteers.sh   also serves the live page at
+#                                                         http://127.0.0.1:8080/ (clusterize --web)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${CAIRN_BUILD_DIR:-build}
@@ -33,12 +35,16 @@ echo "volunteers: 2/4 the coordinator: profile the model, print the invite, wait
 # whole machine's memory, and the planner would keep this small CNN in one piece on one of them.
 "$BUILD_DIR/clusterize/clusterize" --model "$OUT/model.pt" --job "$JOB" --clusters 1 --cuts 7,14 \
   --input-shape 32,1,28,28 --serve "127.0.0.1:${PORTS[0]}" --min-volunteers 3 --gather-s 0 \
-  --invite-file "$OUT/invite.txt" --out "$OUT/coordinator" > "$OUT/coordinator.log" 2>&1 &
+  --invite-file "$OUT/invite.txt" --out "$OUT/coordinator" ${CAIRN_WEB:+--web "$CAIRN_WEB"} \
+  > "$OUT/coordinator.log" 2>&1 &
 coordinator=$!
 pids+=("$coordinator")
 for _ in $(seq 1 600); do [[ -s "$OUT/invite.txt" ]] && break; sleep 0.2; done
 [[ -s "$OUT/invite.txt" ]] || { cat "$OUT/coordinator.log"; echo "volunteers: no invite"; exit 1; }
 INVITE=$(cat "$OUT/invite.txt")
+if [[ -n "${CAIRN_WEB:-}" ]]; then
+  echo "volunteers: watch the run at $(sed -n 's/^web view: //p' "$OUT/coordinator.log")"
+fi
 echo "volunteers: invite $INVITE"
 echo "volunteers: 3/4 four volunteers join (each: provider --join INVITE --listen 127.0.0.1:PORT)"
 for i in 1 2 3 4; do
