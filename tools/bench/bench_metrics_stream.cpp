@@ -3,7 +3,10 @@
 // to a coordinator that acknowledges (an in-process CurveZMQ ROUTER), and while the coordinator is
 // down (nothing listens: the queue fills and drops its oldest). Prints median / p99 / max in
 // nanoseconds per record; docs/OPERATIONS.md "Watching a run" quotes it.
-//   bench_metrics_stream [--records N] [--capacity C]
+//   bench_metrics_stream [--records N] [--capacity C] [--step-us U]
+// --step-us 0 (default) pushes in bursts (64 records, then 200 µs): far more records per second
+// than a trainer writes, so batches are full (1,000 records) and the sender holds the queue's lock
+// longer; --step-us 1000 pushes one record per millisecond, a fast trainer's rate.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -35,7 +38,7 @@ void report(const char* what, std::vector<double> ns) {
               ns[ns.size() / 2], ns[ns.size() * 99 / 100], ns.back(), ns.size());
 }
 
-std::vector<double> measure(VolunteerMetrics& metrics, int records) {
+std::vector<double> measure(VolunteerMetrics& metrics, int records, int step_us) {
   std::vector<double> ns;
   ns.reserve(size_t(records));
   for (int64_t step = 1; step <= records; ++step) {
@@ -44,7 +47,29 @@ std::vector<double> measure(VolunteerMetrics& metrics, int records) {
     const auto t0 = Clock::now();
     metrics.record(r, line);
     ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
-    if (step % 64 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // steps take time
+    if (step_us > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(step_us));
+    else if (step % 64 == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return ns;
+}
+
+// The same loop copying the line into a vector instead: what a timed string copy costs on this
+// machine (its tail is the machine's: preemption, page faults), for comparison.
+std::vector<double> baseline(int records, int step_us) {
+  std::vector<double> ns;
+  std::vector<std::string> kept;
+  kept.reserve(size_t(records));
+  for (int64_t step = 1; step <= records; ++step) {
+    const std::string line = stepRecord(step).dump();
+    const auto t0 = Clock::now();
+    kept.push_back(line);
+    ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+    if (step_us > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(step_us));
+    else if (step % 64 == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return ns;
 }
@@ -55,12 +80,16 @@ int main(int argc, char** argv) {
   CLI::App app("trainer-thread cost of VolunteerMetrics::record per step record");
   int records = 20000;
   size_t capacity = 20000;
+  int step_us = 0;
   app.add_option("--records", records)->check(CLI::Range(100, 10000000));
   app.add_option("--capacity", capacity)->check(CLI::Range(size_t(1), size_t(100000000)));
+  app.add_option("--step-us", step_us, "microseconds between records (0: bursts)")
+      ->check(CLI::Range(0, 1000000));
   CLI11_PARSE(app, argc, argv);
   MetricsStreamOptions options;
   options.capacity = capacity;
 
+  report("baseline (copying the line only):", baseline(records, step_us));
   // A coordinator that acknowledges every batch, on its own thread.
   const CurveKeyPair keys = generateCurveKeyPair();
   zmq::context_t server_context;
@@ -89,7 +118,7 @@ int main(int argc, char** argv) {
   zmq::context_t context;
   {
     VolunteerMetrics up(context, generateCurveKeyPair(), invite, "node_1", options);
-    report("coordinator up (acknowledging):", measure(up, records));
+    report("coordinator up (acknowledging):", measure(up, records, step_us));
     up.finish(std::chrono::seconds(30));
     std::printf("  the coordinator took %lld records; the queue dropped %lld (capacity %zu)\n",
                 (long long)taken.load(), (long long)up.queue().dropped(), capacity);
@@ -100,7 +129,7 @@ int main(int argc, char** argv) {
   // Nothing listens on this port any more: every send is refused at once, the queue fills.
   {
     VolunteerMetrics down(context, generateCurveKeyPair(), invite, "node_1", options);
-    report("coordinator down (queue filling):", measure(down, records));
+    report("coordinator down (queue filling):", measure(down, records, step_us));
     std::printf("  queued %zu, dropped %lld (capacity %zu)\n", down.queue().size(),
                 (long long)down.queue().dropped(), capacity);
   }
