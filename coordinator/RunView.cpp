@@ -112,6 +112,16 @@ std::string role(const NodeState& n) {
   return "stem";
 }
 
+// At most kMaxEventText bytes of `text`, not cutting a UTF-8 sequence (volunteer text: a long
+// message would otherwise be kept 200 times over).
+constexpr size_t kMaxEventText = 512;
+std::string clip(const std::string& text) {
+  if (text.size() <= kMaxEventText) return text;
+  size_t end = kMaxEventText;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end) + "…";
+}
+
 std::string formatNumber(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
@@ -155,7 +165,7 @@ struct RunView::State {
   }
 
   void addEvent(double t, const std::string& node, const std::string& kind, const std::string& message) {
-    events.push_back({{"t", t}, {"node", node}, {"kind", kind}, {"message", message}});
+    events.push_back({{"t", t}, {"node", node}, {"kind", clip(kind)}, {"message", clip(message)}});
     if (events.size() > kEventsKept) events.pop_front();
   }
 

@@ -247,6 +247,18 @@ TEST(RunView, ASpareTakingALostNodeOverIsAReplacementAndTheLostRowAnEvent) {
   EXPECT_EQ(snap["clusters"][1]["nodes"], json::array({"node_3", kEvil}));
 }
 
+TEST(RunView, LongVolunteerMessagesAreClippedWithoutCuttingACharacter) {
+  RunView view("");
+  std::string message(510, 'a');
+  for (int i = 0; i < 1000; ++i) message += "\xc3\xa9";  // é, 2 bytes each
+  view.ingest({"n", "s", 0, {{{"state", "failed"}, {"message", message}}}, 0}, 5);
+  const json e = view.snapshot(5)["events"].back();
+  const std::string got = e["message"].get<std::string>();
+  EXPECT_EQ(got, std::string(510, 'a') + "\xc3\xa9" + "…") << "cut before the character that crosses 512 bytes";
+  EXPECT_NO_THROW(view.snapshot(5).dump()) << "valid UTF-8";
+  EXPECT_EQ(e["kind"], "failed");
+}
+
 TEST(RunView, HistoriesAreThinnedToAtMost500PointsKeepingTheFirstAndTheNewest) {
   RunView view("");
   view.place({"a", 0, 0, 1});
