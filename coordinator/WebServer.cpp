@@ -4,7 +4,9 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <exception>
 #include <thread>
@@ -47,6 +49,28 @@ void parseListen(const std::string& text, const std::string& flag, std::string* 
   *port = value;
 }
 
+// localhost, *.localhost, 127.0.0.0/8 as a dotted quad, and ::1 (lower case, no brackets, no port).
+bool isLoopbackName(const std::string& host) {
+  const std::string suffix = ".localhost";
+  const bool dotted_127 = host.rfind("127.", 0) == 0 &&
+                          host.find_first_not_of("0123456789.") == std::string::npos &&
+                          std::count(host.begin(), host.end(), '.') == 3;
+  return host == "localhost" || host == "::1" || dotted_127 ||
+         (host.size() > suffix.size() &&
+          host.compare(host.size() - suffix.size(), suffix.size(), suffix) == 0);
+}
+
+// The host name of a Host header: "[::1]:8080" → "::1", "Localhost:80" → "localhost".
+std::string hostName(std::string header) {
+  for (char& c : header) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!header.empty() && header.front() == '[') {
+    const auto close = header.find(']');
+    return close == std::string::npos ? header : header.substr(1, close - 1);
+  }
+  const auto colon = header.find(':');
+  return colon == std::string::npos ? header : header.substr(0, colon);
+}
+
 }  // namespace
 
 struct WebServer::Impl {
@@ -79,7 +103,21 @@ void WebServer::Impl::routes() {
                               {"Referrer-Policy", "no-referrer"},
                               {"Cache-Control", "no-store"}});
   // Read-only: GET (and HEAD, which is GET without the body) on the routes below, nothing else.
-  server.set_pre_routing_handler([](const httplib::Request& request, httplib::Response& response) {
+  // Bound to loopback, it answers only requests addressed to a loopback name: a web page the
+  // researcher visits cannot point a name of its own at 127.0.0.1 (DNS rebinding) and read the
+  // run through the researcher's browser. (Bound elsewhere, the operator chose to expose it.)
+  const bool loopback_only = isLoopbackName(hostName(host));
+  server.set_pre_routing_handler([loopback_only](const httplib::Request& request,
+                                                 httplib::Response& response) {
+    const std::string asked = request.get_header_value("Host");
+    if (loopback_only && !asked.empty() && !isLoopbackName(hostName(asked))) {
+      response.status = 403;
+      response.set_content("403 forbidden: this view listens on loopback and answers only to "
+                           "localhost, 127.0.0.1 or [::1] (got Host: " + asked.substr(0, 200) +
+                               ")\n",
+                           "text/plain; charset=utf-8");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (request.method == "GET" || request.method == "HEAD")
       return httplib::Server::HandlerResponse::Unhandled;
     response.status = 405;

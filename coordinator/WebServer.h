@@ -1,6 +1,8 @@
 // WebServer: the coordinator's read-only web view (`clusterize --serve … --web HOST:PORT`).
 // docs/OPERATIONS.md "Watching a run".
 //
+// Bound to a loopback address (127.0.0.0/8, ::1, localhost) it answers only requests whose Host
+// header names loopback (403 otherwise: no DNS rebinding from a page the researcher visits).
 // Routes (GET and HEAD only; any other method is 405, any other path 404):
 //   /            the page (coordinator/web/index.html)     text/html
 //   /app.js      the page's script                         application/javascript

@@ -199,6 +199,36 @@ TEST(WebServer, ServesConcurrentClientsWhileTheStateChanges) {
   EXPECT_EQ(answered.load(), kClients * kRequests);
 }
 
+// DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 sends Host:
+// evil.example; a loopback-bound server refuses it and answers loopback names (any port: an SSH
+// tunnel's local port differs from the bound one).
+TEST_F(WebServerTest, OnLoopbackOnlyLoopbackHostNamesAreAnswered) {
+  for (const char* host : {"evil.example", "evil.example:8080", "127.0.0.1.evil.example",
+                           "localhost.evil.example", "[::2]:80", "10.0.0.1"}) {
+    auto response = client_->Get("/api/state", {{"Host", host}});
+    ASSERT_TRUE(response) << host;
+    EXPECT_EQ(response->status, 403) << host;
+    EXPECT_NE(response->body.find("Host: " + std::string(host)), std::string::npos) << host;
+    expectSecurityHeaders(*response, host);
+  }
+  EXPECT_EQ(state_calls_.load(), 0);
+  for (const char* host : {"127.0.0.1", "127.0.0.1:9000", "LOCALHOST:9000", "localhost",
+                           "app.localhost:1", "[::1]:8080", "127.1.2.3"}) {
+    auto response = client_->Get("/api/state", {{"Host", host}});
+    ASSERT_TRUE(response) << host;
+    EXPECT_EQ(response->status, 200) << host;
+  }
+}
+
+TEST(WebServer, BoundElsewhereAnyHostNameIsAnswered) {
+  WebServer server("0.0.0.0:0", [] { return nlohmann::json("all"); }, [] { return std::string(); });
+  httplib::Client client("127.0.0.1", server.port());
+  auto response = client.Get("/api/state", {{"Host", "coordinator.example:8080"}});
+  ASSERT_TRUE(response);
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(response->body, "\"all\"");
+}
+
 TEST(WebServer, AFailingStateIsAnswered500AndTheServerGoesOn) {
   std::atomic<bool> fail{true};
   WebServer server(
