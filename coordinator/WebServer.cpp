@@ -197,6 +197,11 @@ WebServer::WebServer(const std::string& listen, StateFn state, MetricsFn metrics
   // the listening thread to get there (or to have failed), as httplib's own wait_until_ready does.
   while (!s.server.is_running() && !s.listen_returned)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (s.listen_returned) {
+    s.thread.join();
+    s.stopped = true;
+    CAIRN_THROW(BadInput, flag, " ", listen, ": bound, but could not listen there");
+  }
 }
 
 WebServer::~WebServer() { stop(); }
