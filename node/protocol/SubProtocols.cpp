@@ -27,6 +27,8 @@ const std::vector<SubProtocol>& subProtocols() {
       {"coordination", std::nullopt, "own CurveZMQ connection, JSON \"type\" (frame 0)",
        "node/protocol/Coordination.h",
        "volunteers and the coordinator: join, heartbeats, assignments, results, reachability"},
+      {"served chunks", std::nullopt, "own CurveZMQ connection, JSON \"type\" chunk_*",
+       "node/protocol/ChunkMessages.h", "a Root fetches its cluster's data chunks from the coordinator"},
   };
   return table;
 }
