@@ -10,6 +10,7 @@
 #include "core/JsonReader.h"
 #include "core/Log.h"
 #include "core/NodeData.h"
+#include "node/LivePeers.h"
 #include "node/MailboxStageLink.h"
 #include "node/NodeRunner.h"
 #include "node/NodeSecurity.h"
@@ -122,6 +123,17 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   const std::string bind = options.bind_address.empty() ? node.address : options.bind_address;
   ZmqTransport transport(context, name, "tcp://" + bind, transport_options);
   Mailbox mailbox(transport);
+  // A ring peer replaced mid-run is re-pointed live (provider --join); the hook is withdrawn
+  // before the transport closes (explicitly below, or by `withdraw` on an exception).
+  LivePeers live_peers(transport, authenticator.get(), node);
+  struct Withdraw {
+    const ProviderRunOptions& o;
+    ~Withdraw() {
+      if (o.on_live_peers) o.on_live_peers({});
+    }
+  } withdraw{options};
+  if (options.on_live_peers)
+    options.on_live_peers([&live_peers](const NodeSpec& updated) { return live_peers.apply(updated); });
   CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, " of ", config.num_clusters,
              ", stage ", node.stage + 1, "/", node.num_stages, " (", toString(node.role),
              "), listening on ", bind,
@@ -208,6 +220,7 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   else
     CAIRN_INFO("done: ", result.steps, " steps in ", result.seconds, " s; trained weights in ",
                weights);
+  if (options.on_live_peers) options.on_live_peers({});
   transport.flushAndClose(std::chrono::milliseconds(5000));
   CAIRN_INFO("transport: ", stats.messages_received, " messages received, ",
              stats.messages_dropped, " dropped (", stats.messages_forged, " forged)",

@@ -11,10 +11,17 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/NodeData.h"
+
 namespace cairn {
+
+// Applies an updated node.json's peers to the running transport (node/LivePeers.h); returns
+// "name at host:port" for each peer re-pointed.
+using LivePeersApply = std::function<std::vector<std::string>(const NodeSpec& updated)>;
 
 struct ProviderRunOptions {
   std::string node_data;  // folder with job.json and nodes/<name>/
@@ -26,6 +33,10 @@ struct ProviderRunOptions {
   std::string bind_address;
   // Polled between steps; true asks for a clean stop at a step boundary (a signal).
   std::function<bool()> stop_requested;
+  // provider --join (node/VolunteerPeers.h): once the transport is up, given the function that
+  // re-points peers live; given an empty one before the transport closes. Called on the run's
+  // thread; the function it is given may be called from any thread while it is set.
+  std::function<void(LivePeersApply)> on_live_peers;
   // provider --join streams these to the coordinator (node/VolunteerMetrics.h); empty: nothing.
   // Called on the trainer's thread, so they must not block. on_record: every record written to
   // metrics.jsonl and its line. on_event: {"plan": {total_steps, steps_per_epoch, batch_size}}

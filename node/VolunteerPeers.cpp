@@ -40,14 +40,42 @@ VolunteerPeers::VolunteerPeers(std::string node_data, std::string name, std::str
       coordinator_(std::move(coordinator)) {}
 
 void VolunteerPeers::offer(const PeersUpdate& update) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    update_ = update;
+  const std::string path = nodeSpecPath(node_data_, name_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  NodeSpec current, next;
+  try {
+    current = readNodeSpec(path);
+    next = checkPeersUpdate(update, current, own_public_key_, coordinator_);
+  } catch (const BadInput& e) {
+    CAIRN_WARN("ignored the coordinator's peers update: ", e.what());
+    return;
   }
+  auto same = [](const std::optional<PeerRef>& a, const std::optional<PeerRef>& b) {
+    return a.has_value() == b.has_value() &&
+           (!a || (a->address == b->address && a->public_key == b->public_key));
+  };
+  const bool neighbours = !same(current.upstream, next.upstream) || !same(current.downstream, next.downstream);
+  if (!neighbours && live_) {
+    const std::vector<std::string> moved = live_(next);
+    writeJsonFile(path, toJson(next));
+    std::string text;
+    for (const std::string& m : moved) text += (text.empty() ? "" : ", ") + m;
+    CAIRN_INFO("ring peers re-pointed live (", text.empty() ? "none of them was connected" : text,
+               "); ", path, " updated");
+    return;
+  }
+  update_ = update;
   has_pending_ = true;
   CAIRN_INFO("the coordinator sent updated peers (a peer was replaced); ",
              paused_.load() ? "this paused node restarts its stage with them"
                             : "applied once this node's cluster pauses on the lost peer");
+}
+
+std::function<void(LivePeersApply)> VolunteerPeers::liveHook() {
+  return [this](LivePeersApply apply) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ = std::move(apply);
+  };
 }
 
 std::function<void(const nlohmann::json&)> VolunteerPeers::watch(
@@ -70,11 +98,9 @@ std::function<bool()> VolunteerPeers::stopWhenReplaced(std::function<bool()> sig
 }
 
 bool VolunteerPeers::applyPending() {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::optional<PeersUpdate> update;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    update.swap(update_);
-  }
+  update.swap(update_);
   has_pending_ = false;
   paused_ = false;
   if (!update) return false;

@@ -1,12 +1,16 @@
 // VolunteerPeers: a training volunteer applying the coordinator's `peers` updates (a neighbour or
 // ring peer was lost and a spare took its node over; docs/OPERATIONS.md "A lost volunteer is
-// replaced by a spare"). What is built is the restart, not live re-pointing: an update waits
-// until this node's cluster has paused on the lost neighbour (NodeRunner's "paused" event), then
-// the paused run is stopped (stop_requested: the wait for the lost node ends, nothing is
-// announced to the neighbours), the checked node.json is written, and the volunteer runs its
-// stage again in-process with resume — the cluster agrees on the newest common checkpoint
-// exactly as `provider --resume` does, the replacement included. A node that never pauses (a
-// ring peer in another cluster) keeps its update pending: it is not applied there.
+// replaced by a spare"). Two ways, by what changed (the update is checked first,
+// checkPeersUpdate):
+//   * a pipeline neighbour (upstream/downstream): the update waits until this node's cluster has
+//     paused on the lost neighbour (NodeRunner's "paused" event), then the paused run is stopped
+//     (stop_requested: the wait for the lost node ends, nothing is announced to the neighbours),
+//     the node.json is written, and the volunteer runs its stage again in-process with resume —
+//     the cluster agrees on the newest common checkpoint exactly as `provider --resume` does, the
+//     replacement included;
+//   * only ring peers (the node is in another cluster and keeps training): applied live at once
+//     through the running provider's LivePeers (transport re-pointed, ZAP list replaced) and the
+//     node.json written, so the replacement's ring join is admitted and answered.
 //
 // Ownership: plain state. Thread-safety: offer() from the heartbeats' thread, the watch()ed
 // event function from the trainer's thread, the stop predicate from any, applyPending() from the
@@ -21,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "node/ProviderRun.h"
 #include "node/protocol/Coordination.h"
 
 namespace cairn {
@@ -30,8 +35,11 @@ class VolunteerPeers {
   VolunteerPeers(std::string node_data, std::string name, std::string own_public_key,
                  std::string coordinator);
 
-  // Keeps `update` (the newest wins) until the run pauses.
+  // Checks `update`; applies it live when only ring peers changed and a run is up, else keeps it
+  // (the newest wins) until the run pauses. One that does not check is logged and dropped.
   void offer(const PeersUpdate& update);
+  // ProviderRunOptions::on_live_peers: the running provider's live re-pointing (empty: none).
+  std::function<void(LivePeersApply)> liveHook();
   // Wraps a ProviderRunOptions::on_event: notes {"state": "paused"|"resumed"|…}, then calls `inner`.
   std::function<void(const nlohmann::json&)> watch(std::function<void(const nlohmann::json&)> inner);
   // A ProviderRunOptions::stop_requested: `signal` (may be empty), or an update is pending while
@@ -47,6 +55,7 @@ class VolunteerPeers {
   std::string node_data_, name_, own_public_key_, coordinator_;
   std::mutex mutex_;
   std::optional<PeersUpdate> update_;  // under mutex_
+  LivePeersApply live_;                // under mutex_
   std::atomic<bool> has_pending_{false}, paused_{false};
 };
 

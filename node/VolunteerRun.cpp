@@ -43,6 +43,7 @@ int runVolunteer(const VolunteerConfig& config) {
   // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
   VolunteerPeers peers(run.node_data, run.name, session.publicKey(), describeCoordinator(config.invite));
   run.stop_requested = peers.stopWhenReplaced(config.stop_requested);
+  run.on_live_peers = peers.liveHook();  // a ring peer replaced: re-pointed live
   // The trainer's records, plan and state changes go to the coordinator in the background.
   auto metrics = session.metricsStream();
   run.on_record = [m = metrics.get()](const nlohmann::json& r, const std::string& line) { m->record(r, line); };

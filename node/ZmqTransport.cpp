@@ -169,6 +169,28 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
   outbound_.emplace(peer, std::move(entry));
 }
 
+bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpoint,
+                               const std::string& public_key) {
+  CAIRN_ENFORCE(!closed_, "transport is closed");
+  auto it = outbound_.find(peer);
+  if (it == outbound_.end()) return false;
+  Peer& p = it->second;
+  std::lock_guard<std::mutex> sending(*p.send_mutex);
+  if (options_.curve) p.socket.set(zmq::sockopt::curve_serverkey, public_key);
+  try {
+    p.socket.disconnect(p.endpoint);  // may be gone already (ENOENT)
+  } catch (const zmq::error_t&) {
+  }
+  try {
+    p.socket.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", endpoint, ": ", e.what());
+  }
+  p.endpoint = endpoint;
+  p.refused->store(false);
+  return true;
+}
+
 PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
   auto it = outbound_.find(peer);
   if (it == outbound_.end()) return PeerLiveness{};

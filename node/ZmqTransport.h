@@ -85,6 +85,12 @@ class ZmqTransport : public Transport {
   }
   void flushAndClose(std::chrono::milliseconds timeout) override;
 
+  // Points the named peer at a new endpoint and CURVE server key (a ring peer whose volunteer
+  // was replaced by a spare, node/LivePeers.h): the old connection is dropped, the next one uses
+  // them. Done under that peer's send lock, like every send, so it may run while other threads
+  // send and receive. `public_key` is ignored without CURVE. False for an unknown peer.
+  bool repointPeer(const std::string& peer, const std::string& endpoint, const std::string& public_key);
+
   // The endpoint actually bound: with "tcp://127.0.0.1:*" (a port the kernel picks), the port it
   // picked, e.g. "tcp://127.0.0.1:41873". Safe from any thread (set in the constructor).
   const std::string& boundEndpoint() const { return bound_endpoint_; }

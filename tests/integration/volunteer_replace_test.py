@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 
 STEPS = 200
+RING_STEPS = 2500  # cluster 1 alone: ~2 min on 2 cores; the takeover (~10 s of timeouts) took 380 steps
 KILL_AFTER = 20
 TEST_SAMPLES = 1000
 TRAINING = {"checkpoint_every": 10,
@@ -169,9 +170,85 @@ def case_spare_replaces_lost(args):
         vt.fail("the replaced run's accuracy differs from the uninterrupted run's")
 
 
+def case_ring_peer_replaced(args):
+    """2 clusters x 3 stages and a spare; the Stem of cluster 0 is SIGKILLed after its checkpoint
+    ack. Its neighbours restart with the new peers; its ring peer (cluster 1's Stem, which keeps
+    training) re-points it live; the replacement joins the rings (a welcome from that ring peer:
+    impossible unless the peer admitted its new key and dials its new address); the run finishes.
+    Each cluster's own weights (`clusterize --merge --cluster N`, the replacement's stage included
+    for cluster 0) evaluated by PyTorch give exactly the accuracy that cluster's Leaf reported.
+    Cluster 1 keeps training meanwhile; with RING_STEPS it is still training when cluster 0
+    resumes (a precondition checked and reported as such: a resuming cluster cannot rejoin rings
+    whose other members have finished)."""
+    os.makedirs(args.work, exist_ok=True)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    job = vt.write_job(args.work, model, RING_STEPS, TEST_SAMPLES, TRAINING)
+    out = os.path.join(args.work, "coordinator")
+    flags = ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14", "--lost-after-s", "8"]
+    coordinator, invite = vt.start_coordinator(args, job, model, out, flags)
+    ports = vt.free_ports(7)
+    volunteers = []
+    try:
+        for i in range(6):
+            volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--upload-mbps", "200"]))
+        coordinator.wait_for(lambda l: "planned 2 cluster(s) on 6 volunteers" in l, 180, "'planned'")
+        volunteers.append(vt.volunteer(args, invite, 6, ports[6]))
+        coordinator.wait_for(lambda l: "joined: node_6 " in l and ", spare" in l, 120, "the spare")
+        chains = [c["chain"] for c in json.load(open(os.path.join(out, "plan.json")))["clusters"]]
+        stem, ring_peer = chains[0][1], chains[1][1]
+        victim = next(v for v in volunteers[:6] if name_of(v[1]) == stem)
+        peer_proc = next(v for v, w in volunteers[:6] if name_of(w) == ring_peer)
+
+        def acknowledged(line):
+            marker = f"coordinator: checkpoint of {stem} at step "
+            return marker in line and int(line.split(marker)[1].split()[0]) >= KILL_AFTER
+        coordinator.wait_for(acknowledged, 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
+        victim[0].proc.kill()
+        victim[0].finish(30)
+        taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_6" in l, 120,
+                                     "the takeover")
+        print(taken.strip())
+        if ring_peer not in taken:
+            vt.fail(f"the coordinator does not tell the ring peer {ring_peer}")
+        code = coordinator.finish(600)
+        if code != 0:
+            vt.fail(f"the coordinator exited {code}")
+        for v, _ in volunteers:
+            if v is not victim[0]:
+                c = v.finish(120)
+                if c != 0:
+                    vt.fail(f"{v.tag} exited {c}")
+    finally:
+        vt.kill_all(coordinator, volunteers)
+    spare = volunteers[6][0]
+    if not peer_proc.count(lambda l: "ring peers re-pointed live" in l and stem in l):
+        vt.fail(f"{ring_peer} never re-pointed {stem} live")
+    welcomed = [l for l in spare.lines if ": joined from " + ring_peer in l]
+    if not welcomed:
+        if peer_proc.count(lambda l: "done: " in l) and not peer_proc.count(lambda l: "admitted " + stem in l):
+            vt.fail(f"precondition: cluster 1 finished its {RING_STEPS} steps before the replacement "
+                    "could join its rings (a slow machine: raise RING_STEPS)")
+        vt.fail(f"the replacement never joined the rings with a welcome from {ring_peer}")
+    print("replacement:", welcomed[0].strip())
+    summary = json.load(open(os.path.join(out, "run_result.json")))
+    for entry in summary["clusters"]:
+        merged = os.path.join(args.work, f"cluster_{entry['cluster']}.pt")
+        subprocess.run([args.clusterize, "--merge", out, "--cluster", str(entry["cluster"]), "--out", merged],
+                       check=True, stdout=subprocess.DEVNULL)
+        accuracy = vt.evaluate(merged, TEST_SAMPLES)
+        reported = entry["eval"]["accuracy"]
+        print(f"cluster {entry['cluster']} ({entry['leaf']}): Leaf reports {reported:.4f}, its weights in "
+              f"PyTorch {accuracy:.4f}")
+        if abs(accuracy - reported) > 1e-9:
+            vt.fail(f"cluster {entry['cluster']}'s weights evaluate to {accuracy} in PyTorch, its Leaf "
+                    f"reported {reported}")
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["spare_replaces_lost"])
+    parser.add_argument("case", choices=["spare_replaces_lost", "ring_peer_replaced"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
