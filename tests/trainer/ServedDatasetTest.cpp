@@ -1,0 +1,117 @@
+// ServedDataset (trainer/data/ServedDataset.h): a Root's training set whose shards the coordinator
+// serves. Against numpy's reading of the same llm.c token shards (make_token_files.py): the served
+// dataset gives the same samples for the same ids, in the ids' order, opening a chunk only when a
+// sample of it is read (the chunk source is asked for nothing else); a chunk whose file holds
+// another sample count than the table is refused naming the chunk; firstNeedOrder.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "tests/trainer/DatasetTestSupport.h"
+#include "trainer/data/ServedDataset.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::datasetFixture;
+using testing::idsOf;
+using testing::readReference;
+
+DataOptions tokens(const std::string& location) {
+  DataOptions o;
+  o.format = "tokens";
+  o.location = location;
+  o.block_length = 16;
+  o.test_fraction = 0;
+  return o;
+}
+
+// Serves chunk k as a copy of the k-th local shard under another name, counting what is asked.
+struct CopyingSource : ChunkSource {
+  std::vector<ShardInfo> shards;
+  std::string dir;
+  std::vector<int64_t> asked;
+  std::string ready(int64_t chunk) override {
+    asked.push_back(chunk);
+    const std::string to = dir + "/cached_" + std::to_string(chunk);
+    fs::copy_file(shards.at(size_t(chunk)).path, to, fs::copy_options::overwrite_existing);
+    return to;
+  }
+};
+
+struct Served {
+  std::string fixture = datasetFixture("make_token_files.py");
+  DatasetPair local = loadDatasets(tokens(fixture + "/llmc/train_*.bin"), 0);
+  CopyingSource source;
+  std::vector<ServedShard> table;
+  Served() {
+    source.shards = local.train->shards();
+    source.dir = ::testing::TempDir() + "/cairn_served_" + std::to_string(::getpid());
+    fs::create_directories(source.dir);
+    for (size_t k = 0; k < source.shards.size(); ++k) {
+      const ShardInfo& s = source.shards[k];
+      table.push_back({int64_t(k), fs::path(s.path).filename().string(), s.bytes, s.samples,
+                       shardChecksum(s)});
+    }
+  }
+  ~Served() { fs::remove_all(source.dir); }
+};
+
+TEST(ServedDataset, GivesNumpysSamplesInTheIdsOrderOpeningOnlyTheChunksRead) {
+  Served s;
+  ASSERT_EQ(s.table.size(), 3u);  // 62, 48 and 93 samples
+  ServedDataset served(tokens("unused"), s.table, s.source);
+  EXPECT_EQ(served.size(), s.local.train->size());
+  // Only chunk 2's samples: the source is asked for chunk 2 alone, once.
+  const Batch only2 = served.get({200, 110, 150}, true);
+  EXPECT_EQ(s.source.asked, std::vector<int64_t>({2}));
+  EXPECT_TRUE(only2.inputs.equal(s.local.train->get({200, 110, 150}, true).inputs));
+  // numpy's reading of every sample, asked in a shuffled order that mixes the chunks.
+  auto ref = readReference(s.fixture + "/llmc_ref.safetensors");
+  std::vector<int64_t> ids = idsOf(ref["ids"]);
+  std::vector<int64_t> rows(ids.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t((i * 37) % rows.size());
+  ASSERT_EQ(std::set<int64_t>(rows.begin(), rows.end()).size(), rows.size());
+  std::vector<int64_t> shuffled;
+  for (int64_t r : rows) shuffled.push_back(ids[size_t(r)]);
+  const torch::Tensor index = torch::tensor(rows, torch::kLong);
+  const Batch b = served.get(shuffled, true);
+  EXPECT_EQ(b.inputs.scalar_type(), torch::kLong);
+  EXPECT_TRUE(b.inputs.equal(ref["inputs"].index_select(0, index)));
+  EXPECT_TRUE(b.targets.equal(ref["targets"].index_select(0, index)));
+  EXPECT_EQ(s.source.asked, std::vector<int64_t>({2, 0, 1})) << "each chunk opened once";
+  const std::vector<ShardInfo> shards = served.shards();
+  ASSERT_EQ(shards.size(), 3u);
+  EXPECT_EQ(shards[1].samples, 48);
+  EXPECT_EQ(shards[1].path, s.table[1].file);
+}
+
+TEST(ServedDataset, AChunkHoldingAnotherSampleCountThanTheTableIsRefusedNamingIt) {
+  Served s;
+  s.table[1].samples = 50;  // the file holds 48
+  ServedDataset served(tokens("unused"), s.table, s.source);
+  try {
+    served.get({70}, true);
+    FAIL() << "accepted";
+  } catch (const BadInput& e) {
+    EXPECT_EQ(std::string(e.what()), "served data: chunk 1 (" + s.table[1].file +
+                                         ") holds 48 samples, the chunk table says 50");
+  }
+  DataOptions npy = tokens("unused");
+  npy.format = "npy";
+  EXPECT_THROW(ServedDataset(npy, s.table, s.source), BadInput);
+  s.table[2].chunk = 5;
+  EXPECT_THROW(ServedDataset(tokens("unused"), s.table, s.source), BadInput);
+}
+
+TEST(ServedDataset, FirstNeedOrderIsTheOrderTheIdsFirstTouchTheChunks) {
+  const std::vector<ServedShard> table = {{0, "a", 1, 62, ""}, {1, "b", 1, 48, ""}, {2, "c", 1, 93, ""}};
+  EXPECT_EQ(firstNeedOrder(table, {100, 5, 70, 3, 61}), std::vector<int64_t>({1, 0}));
+  EXPECT_EQ(firstNeedOrder(table, {202, 62, 0, 110}), std::vector<int64_t>({2, 1, 0}));
+}
+
+}  // namespace
+}  // namespace cairn

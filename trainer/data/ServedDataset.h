@@ -1,0 +1,65 @@
+// ServedDataset: the training set of a Root whose data the coordinator serves (issue [K] part 2):
+// the shards live on the coordinator's machine; this Root has only the chunk table (each chunk's
+// file name, size, sample count and CRC-32) and, on demand, the verified files of its own
+// cluster's chunks from a ChunkSource (node/ChunkFetcher.h behind this trainer-side interface).
+// Sample ids are those of the same shards read locally (chunk after chunk, table order), so the
+// sampler's order — and the run — is the same as with local files. A chunk's file is opened on
+// its first read (after ChunkSource::ready) as a one-shard dataset of the table's format and
+// options, and must hold exactly the table's sample count.
+// Only formats whose shard is one file are served: tokens and safetensors.
+// Ownership: borrows the ChunkSource (it must outlive the dataset); owns the opened chunks.
+// Thread-safety: the Root's trainer thread only (as every Dataset).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/Dataset.h"
+
+namespace cairn {
+
+struct ServedShard {
+  int64_t chunk = 0;     // its index in the table (= its chunk id)
+  std::string file;      // the shard's file name on the coordinator
+  uint64_t bytes = 0;
+  int64_t samples = 0;   // training samples the dataset takes from it
+  std::string crc32;     // "crc32:xxxxxxxx"
+};
+
+class ChunkSource {
+ public:
+  virtual ~ChunkSource() = default;
+  // The local path of `chunk`'s verified file, once it is there; BadInput naming the chunk when it
+  // cannot be had.
+  virtual std::string ready(int64_t chunk) = 0;
+};
+
+class ServedDataset : public Dataset {
+ public:
+  // `options`: the job's data options (format, inputs/targets, block_length, token_dtype).
+  // BadInput when the format is not served or the table is empty or inconsistent.
+  ServedDataset(const DataOptions& options, std::vector<ServedShard> table, ChunkSource& source);
+  int64_t size() const override { return begins_.back(); }
+  Batch get(const std::vector<int64_t>& ids, bool training) const override;
+  std::vector<ShardInfo> shards() const override;
+  int64_t inputCount() const override;
+
+ private:
+  const Dataset& chunk(size_t k) const;
+
+  DataOptions options_;
+  std::vector<ServedShard> table_;
+  std::vector<int64_t> begins_;  // first sample id of each chunk, then size()
+  ChunkSource& source_;
+  mutable std::map<size_t, std::unique_ptr<Dataset>> open_;
+};
+
+// The chunks of `table` in the order `ids` first touch them (each once): the order a Root's
+// fetcher should fetch them in for a sampler order `ids`.
+std::vector<int64_t> firstNeedOrder(const std::vector<ServedShard>& table,
+                                    const std::vector<int64_t>& ids);
+
+}  // namespace cairn
