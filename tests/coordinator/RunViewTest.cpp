@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/RunView.h"
@@ -257,6 +259,36 @@ TEST(RunView, LongVolunteerMessagesAreClippedWithoutCuttingACharacter) {
   EXPECT_EQ(got, std::string(510, 'a') + "\xc3\xa9" + "…") << "cut before the character that crosses 512 bytes";
   EXPECT_NO_THROW(view.snapshot(5).dump()) << "valid UTF-8";
   EXPECT_EQ(e["kind"], "failed");
+}
+
+// The coordinator's thread writes while other threads (the web server's, the terminal view's)
+// read: every snapshot is whole (its record count never goes back, its Leaf step matches the
+// count) and the last one sees everything. tools/tsan.sh-style runs check the locking.
+TEST(RunView, ReadersOnOtherThreadsSeeWholeSnapshotsWhileTheCoordinatorWrites) {
+  RunView view("");
+  view.place({"a", 0, 0, 1});
+  std::atomic<bool> done{false};
+  std::vector<std::thread> readers;
+  std::atomic<int> bad{0};
+  for (int r = 0; r < 3; ++r)
+    readers.emplace_back([&] {
+      uint64_t last = 0;
+      while (!done) {
+        const json snap = view.snapshot(1);
+        const uint64_t records = snap["run"]["records"].get<uint64_t>();
+        if (records < last || snap["clusters"][0]["step"].get<uint64_t>() != records) ++bad;
+        last = records;
+        if (view.prometheus(1).find("cairn_cluster_step{cluster=\"0\"} " + std::to_string(records)) ==
+            std::string::npos && view.snapshot(1)["run"]["records"] == records)
+          ++bad;
+      }
+    });
+  for (int64_t step = 1; step <= 2000; ++step)
+    view.ingest({"a", "s", step - 1, {stepRecord(step, 1, 1, 0, 0, 0)}, 0}, 0);
+  done = true;
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(view.snapshot(1)["run"]["records"], 2000);
 }
 
 TEST(RunView, HistoriesAreThinnedToAtMost500PointsKeepingTheFirstAndTheNewest) {
