@@ -85,6 +85,7 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   // checkpoints (and so pausing on a lost neighbour) need checkpoint_every > 0.
   config.checkpoint_dir = dir + "/checkpoints";
   config.stop_requested = options.stop_requested;
+  config.chunk_source = options.chunk_source;  // data.source "coordinator" (provider --join)
   at::set_num_threads(config.options.threads);
   // Once per process: libtorch refuses it after parallel work started (provider --join runs its
   // stage again in-process after a peer was replaced, node/VolunteerPeers.h).

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@
 #include "core/NodeData.h"
 
 namespace cairn {
+
+class ChunkSource;  // trainer/data/ServedDataset.h
 
 // Applies an updated node.json's peers to the running transport (node/LivePeers.h); returns
 // "name at host:port" for each peer re-pointed.
@@ -44,6 +47,9 @@ struct ProviderRunOptions {
   // "message": …} when the node's state changes.
   std::function<void(const nlohmann::json& record, const std::string& line)> on_record;
   std::function<void(const nlohmann::json& event)> on_event;
+  // provider --join: where a Root of a job with data.source "coordinator" gets its chunks
+  // (node/ServedChunks.h); null: such a job is refused.
+  std::shared_ptr<ChunkSource> chunk_source;
 };
 
 struct ProviderRunOutcome {

@@ -4,6 +4,7 @@
 #include "core/NodeData.h"
 #include "node/Probe.h"
 #include "node/ProviderRun.h"
+#include "node/ServedChunks.h"
 #include "node/VolunteerAssignment.h"
 #include "node/VolunteerPeers.h"
 
@@ -40,6 +41,9 @@ int runVolunteer(const VolunteerConfig& config) {
   run.name = wait.name;
   run.bind_address = session.listenBound();
   run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
+  // data.source "coordinator": the Root fetches its cluster's chunks (node/ServedChunks.h).
+  run.chunk_source = std::make_shared<ServedChunks>(config.invite, session.workdir().loadOrCreateIdentity(),
+                                                    wait.name, session.workdir().path() + "/chunks");
   // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
   VolunteerPeers peers(run.node_data, run.name, session.publicKey(), describeCoordinator(config.invite));
   run.stop_requested = peers.stopWhenReplaced(config.stop_requested);

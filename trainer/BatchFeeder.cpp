@@ -6,13 +6,19 @@
 #include "core/Error.h"
 #include "core/Log.h"
 #include "trainer/Loss.h"
+#include "trainer/data/ServedDataset.h"
 
 namespace cairn {
 
 RunPlan BatchFeeder::open() {
   const TrainOptions& opt = ctx_.opt;
   const StageTrainerConfig& cfg = ctx_.cfg;
-  data_ = loadDatasets(cfg.data, opt.seed);
+  const bool served = cfg.data.source == "coordinator";
+  if (served) {
+    openServed();
+  } else {
+    data_ = loadDatasets(cfg.data, opt.seed);
+  }
   const int64_t inputs = data_.train->inputCount(), stage_inputs = int64_t(cfg.node.inputs.size());
   if (inputs != stage_inputs)
     CAIRN_THROW(BadInput, "job.json: data gives the model ", inputs, " input(s)",
@@ -24,6 +30,7 @@ RunPlan BatchFeeder::open() {
   sampler_ =
       std::make_unique<ShardSampler>(chunkSizes(*data_.train, cfg.data, cfg.num_clusters),
                                      cfg.node.cluster, cfg.num_clusters, cfg.data.chunk, opt.seed);
+  if (served) startFetching();
   const int64_t shard = int64_t(sampler_->shard().size());
   const int64_t test = data_.test ? data_.test->size() : 0;
   const RunPlan plan = RunPlan::forShard(opt, shard, test);
@@ -37,6 +44,42 @@ RunPlan BatchFeeder::open() {
     if (!sample_ids_out_) CAIRN_THROW(BadInput, cfg.sample_ids_path, ": cannot write");
   }
   return plan;
+}
+
+void BatchFeeder::openServed() {
+  const StageTrainerConfig& cfg = ctx_.cfg;
+  if (cfg.data.shards.empty())
+    CAIRN_THROW(BadInput, "job.json: data.source is \"coordinator\" but data.shards (the chunk "
+                          "table) is missing: such a job is run by volunteers of clusterize --serve, "
+                          "which writes it");
+  if (!cfg.chunk_source)
+    CAIRN_THROW(BadInput, "job.json: data.source is \"coordinator\": the chunks come from the "
+                          "coordinator, so this node must be a volunteer (provider --join)");
+  data_.train = std::make_unique<ServedDataset>(cfg.data, cfg.data.shards, *cfg.chunk_source);
+  data_.test = nullptr;
+}
+
+void BatchFeeder::startFetching() {
+  // The random sampler draws from every chunk of the shard throughout an epoch (the first batch
+  // already touches most of them), so a chunk released within an epoch would be fetched again
+  // at once: the cache must hold the cluster's chunks, all fetched ahead, in the order the first
+  // epoch needs them.
+  const StageTrainerConfig& cfg = ctx_.cfg;
+  std::vector<ServedShard> order;
+  uint64_t bytes = 0;
+  for (int64_t k : firstNeedOrder(cfg.data.shards, sampler_->epochOrder(0))) {
+    order.push_back(cfg.data.shards[size_t(k)]);
+    bytes += order.back().bytes;
+  }
+  const uint64_t cache = uint64_t(cfg.data.cache_mb) << 20;
+  if (bytes > cache)
+    CAIRN_THROW(BadInput, "job.json: data.cache_mb is ", cfg.data.cache_mb, " MiB but cluster ",
+                cfg.node.cluster, "'s ", order.size(), " chunks hold ", bytes, " bytes (",
+                (bytes + (1 << 20) - 1) >> 20, " MiB); every epoch reads all of them, so the cache "
+                "must hold them: raise data.cache_mb or use more clusters");
+  CAIRN_INFO("data: fetching this cluster's ", order.size(), " chunks (", bytes,
+             " bytes) from the coordinator ahead of need");
+  cfg.chunk_source->start(order, cache);
 }
 
 uint64_t BatchFeeder::load(int64_t step, std::map<int, Microbatch>* micro) {

@@ -33,6 +33,9 @@ class BatchFeeder {
   uint64_t load(int64_t step, std::map<int, Microbatch>* micro);
 
  private:
+  void openServed();     // data.source "coordinator": the dataset over the chunk table
+  void startFetching();  // … and this cluster's chunks fetched ahead, all of them
+
   TrainerContext& ctx_;
   DatasetPair& data_;
   std::unique_ptr<ShardSampler> sampler_;

@@ -36,6 +36,7 @@ namespace cairn {
 
 class StageExecutor;
 class ClusterSync;
+class ChunkSource;  // trainer/data/ServedDataset.h
 
 struct EvalResult {
   int64_t step = 0;  // optimizer steps done when it ran
@@ -87,6 +88,9 @@ struct StageTrainerConfig {
   // boundary, every node of the cluster at the same step, writes a checkpoint of it (when
   // checkpoint_dir is set) and run() returns with TrainerResult::stopped.
   std::function<bool()> stop_requested;
+  // data.source "coordinator": where the Root's chunk files come from (node/ServedChunks.h, made
+  // by provider --join); null otherwise.
+  std::shared_ptr<ChunkSource> chunk_source;
 };
 
 class StageTrainer {

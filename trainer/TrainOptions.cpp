@@ -315,6 +315,64 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   return o;
 }
 
+namespace {
+
+// data.source, data.cache_mb, data.shards (docs/NODE_DATA.md "Data served by the coordinator").
+void parseServedData(JsonReader& r, DataOptions* d) {
+  d->source = r.choiceOr("source", {"local", "coordinator"}, "local");
+  const bool served = d->source == "coordinator";
+  for (const char* key : {"cache_mb", "shards"})
+    if (!served && r.has(key)) r.fail(key, "applies only with data.source \"coordinator\"");
+  if (!served) return;
+  if (d->format != "tokens" && d->format != "safetensors")
+    r.fail("source", "\"coordinator\" serves the tokens and safetensors formats only (their "
+                     "shards are single files), not " + d->format);
+  if (!d->test_location.empty())
+    r.fail("test_location", "is not served by the coordinator: leave it out with data.source "
+                            "\"coordinator\" (no evaluation data)");
+  d->cache_mb = r.integerOr("cache_mb", 1, 1 << 30, d->cache_mb);
+  if (!r.has("shards")) return;
+  if (!r.raw()["shards"].is_array()) r.fail("shards", "must be a list of chunk table rows");
+  const nlohmann::json& rows = r.raw()["shards"];
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const std::string key = "shards[" + std::to_string(k) + "]";
+    const nlohmann::json& row = rows[k];
+    auto bad = [&](const std::string& sub, const std::string& what) { r.fail(key + sub, what); };
+    auto positive = [&](const char* k) {
+      return row.contains(k) && row[k].is_number_integer() && row[k].get<int64_t>() > 0;
+    };
+    if (!row.is_object()) bad("", "must be an object {chunk, file, bytes, samples, crc32}");
+    for (auto it = row.begin(); it != row.end(); ++it)
+      if (it.key() != "chunk" && it.key() != "file" && it.key() != "bytes" && it.key() != "samples" &&
+          it.key() != "crc32")
+        bad("", "has the unknown key \"" + it.key() + "\"");
+    ServedShard s;
+    if (!row.contains("chunk") || !row["chunk"].is_number_integer() || row["chunk"].get<int64_t>() != int64_t(k))
+      bad(".chunk", "must be " + std::to_string(k) + " (rows in chunk order)");
+    s.chunk = int64_t(k);
+    if (!row.contains("file") || !row["file"].is_string() || row["file"].get<std::string>().empty() ||
+        row["file"].get<std::string>().find('/') != std::string::npos || row["file"].get<std::string>()[0] == '.')
+      bad(".file", "must be a file name (no folder, not hidden)");
+    s.file = row["file"].get<std::string>();
+    if (!positive("bytes")) bad(".bytes", "must be a positive integer");
+    s.bytes = row["bytes"].get<uint64_t>();
+    if (!positive("samples")) bad(".samples", "must be a positive integer");
+    s.samples = row["samples"].get<int64_t>();
+    const std::string crc = row.contains("crc32") && row["crc32"].is_string() ? row["crc32"].get<std::string>() : "";
+    if (crc.size() != 14 || crc.rfind("crc32:", 0) != 0 ||
+        crc.find_first_not_of("0123456789abcdef", 6) != std::string::npos)
+      bad(".crc32", "must be \"crc32:\" and 8 lowercase hex digits");
+    s.crc32 = crc;
+    d->shards.push_back(std::move(s));
+  }
+  for (int64_t c : d->chunk)
+    if (!d->shards.empty() && c >= int64_t(d->shards.size()))
+      r.fail("chunk", "lists chunk " + std::to_string(c) + " but data.shards has " +
+                          std::to_string(d->shards.size()) + " rows");
+}
+
+}  // namespace
+
 DataOptions parseDataOptions(const DataSpec& data, const std::string& source) {
   DataOptions d;
   d.location = data.location;
@@ -323,7 +381,8 @@ DataOptions parseDataOptions(const DataSpec& data, const std::string& source) {
   JsonReader r(data.options, source, "data");
   r.rejectUnknownKeys({"test_location", "chunks", "train_samples", "test_samples", "normalize",
                        "random_flip", "resize", "random_crop", "channels", "inputs", "targets",
-                       "block_length", "test_fraction", "token_dtype"});
+                       "block_length", "test_fraction", "token_dtype", "source", "cache_mb",
+                       "shards"});
   d.test_location = r.stringOr("test_location", "");
   d.chunks = r.integerOr("chunks", 0, 1 << 30, 0);
   for (int64_t c : d.chunk)
@@ -388,6 +447,7 @@ DataOptions parseDataOptions(const DataSpec& data, const std::string& source) {
     r.fail("token_dtype", "applies to the tokens format only");
   if (d.format == "idx" && r.has("test_location"))
     r.fail("test_location", "does not apply to idx (its folder holds the t10k test files)");
+  parseServedData(r, &d);
   return d;
 }
 

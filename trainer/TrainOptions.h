@@ -158,6 +158,16 @@ struct RandomCropOptions {
   int64_t padding = 0;
 };
 
+// One row of the chunk table of data the coordinator serves (data.source "coordinator"):
+// clusterize --serve writes it into job.json as data.shards (docs/NODE_DATA.md).
+struct ServedShard {
+  int64_t chunk = 0;     // its index in the table (= its chunk id)
+  std::string file;      // the shard's file name on the coordinator
+  uint64_t bytes = 0;
+  int64_t samples = 0;   // training samples the dataset takes from it
+  std::string crc32;     // "crc32:xxxxxxxx"
+};
+
 struct DataOptions {
   // idx: folder; safetensors/tokens: a file, a folder of shard files or a glob pattern; npy: a
   // folder of .npy files or of such folders (shards); images: a folder with one folder per class.
@@ -180,6 +190,11 @@ struct DataOptions {
   int64_t block_length = 64;   // tokens: tokens per sample
   double test_fraction = 0.1;  // tokens without test_location: the last blocks are the test set
   std::string token_dtype = "uint8";  // tokens: files without a header: uint8 | uint16 | uint32
+  // "local": every Root reads `location`; "coordinator": `location` is on the coordinator's
+  // machine, which serves each cluster's chunks to its Root (issue K part 2).
+  std::string source = "local";
+  int64_t cache_mb = 1024;          // coordinator: the Root's chunk cache bound, MiB
+  std::vector<ServedShard> shards;  // coordinator: the chunk table (written by clusterize --serve)
 };
 
 // `source` names job.json in errors ("node_data/job.json: training_definition.optimizer.lr ...").

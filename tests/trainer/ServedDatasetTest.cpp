@@ -34,6 +34,7 @@ struct CopyingSource : ChunkSource {
   std::vector<ShardInfo> shards;
   std::string dir;
   std::vector<int64_t> asked;
+  void start(const std::vector<ServedShard>&, uint64_t) override {}
   std::string ready(int64_t chunk) override {
     asked.push_back(chunk);
     const std::string to = dir + "/cached_" + std::to_string(chunk);
@@ -111,6 +112,66 @@ TEST(ServedDataset, FirstNeedOrderIsTheOrderTheIdsFirstTouchTheChunks) {
   const std::vector<ServedShard> table = {{0, "a", 1, 62, ""}, {1, "b", 1, 48, ""}, {2, "c", 1, 93, ""}};
   EXPECT_EQ(firstNeedOrder(table, {100, 5, 70, 3, 61}), std::vector<int64_t>({1, 0}));
   EXPECT_EQ(firstNeedOrder(table, {202, 62, 0, 110}), std::vector<int64_t>({2, 1, 0}));
+}
+
+}  // namespace
+}  // namespace cairn
+
+namespace cairn {
+namespace {
+
+DataOptions parsed(const nlohmann::json& data) {
+  DataSpec spec;
+  spec.location = "/srv/tokens";
+  spec.format = data.value("format", "tokens");
+  spec.options = data;
+  spec.options.erase("format");
+  return parseDataOptions(spec, "job.json");
+}
+
+void expectRefused(const nlohmann::json& data, const std::string& part) {
+  try {
+    parsed(data);
+    ADD_FAILURE() << "accepted " << data.dump();
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(ServedDataOptions, TheChunkTableAndCacheAreReadAndEveryBadValueIsNamed) {
+  const nlohmann::json row = {{"chunk", 0}, {"file", "a.bin"}, {"bytes", 100}, {"samples", 5},
+                              {"crc32", "crc32:0123abcd"}};
+  nlohmann::json row1 = row;
+  row1["chunk"] = 1;
+  const DataOptions d = parsed({{"source", "coordinator"}, {"cache_mb", 64}, {"test_fraction", 0},
+                                {"shards", {row, row1}}});
+  EXPECT_EQ(d.source, "coordinator");
+  EXPECT_EQ(d.cache_mb, 64);
+  ASSERT_EQ(d.shards.size(), 2u);
+  EXPECT_EQ(d.shards[1].chunk, 1);
+  EXPECT_EQ(d.shards[1].file, "a.bin");
+  EXPECT_EQ(d.shards[1].bytes, 100u);
+  EXPECT_EQ(d.shards[1].samples, 5);
+  EXPECT_EQ(d.shards[1].crc32, "crc32:0123abcd");
+  EXPECT_EQ(parsed(nlohmann::json::object()).source, "local");
+  expectRefused({{"source", "nfs"}}, "data.source");
+  expectRefused({{"cache_mb", 5}}, "applies only with data.source \"coordinator\"");
+  expectRefused({{"source", "coordinator"}, {"format", "npy"}}, "serves the tokens and safetensors formats only");
+  expectRefused({{"source", "coordinator"}, {"test_location", "/x"}}, "data.test_location");
+  nlohmann::json bad = row1;
+  expectRefused({{"source", "coordinator"}, {"shards", {bad}}}, "data.shards[0].chunk must be 0");
+  bad = row;
+  bad["file"] = "../etc/passwd";
+  expectRefused({{"source", "coordinator"}, {"shards", {bad}}}, "data.shards[0].file must be a file name");
+  bad = row;
+  bad["crc32"] = "crc32:XYZ";
+  expectRefused({{"source", "coordinator"}, {"shards", {bad}}}, "data.shards[0].crc32 must be");
+  bad = row;
+  bad["samples"] = 0;
+  expectRefused({{"source", "coordinator"}, {"shards", {bad}}}, "data.shards[0].samples must be a positive integer");
+  bad = row;
+  bad["extra"] = 1;
+  expectRefused({{"source", "coordinator"}, {"shards", {bad}}}, "unknown key \"extra\"");
 }
 
 }  // namespace

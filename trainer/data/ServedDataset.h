@@ -21,17 +21,13 @@
 
 namespace cairn {
 
-struct ServedShard {
-  int64_t chunk = 0;     // its index in the table (= its chunk id)
-  std::string file;      // the shard's file name on the coordinator
-  uint64_t bytes = 0;
-  int64_t samples = 0;   // training samples the dataset takes from it
-  std::string crc32;     // "crc32:xxxxxxxx"
-};
-
+// ServedShard (a row of the chunk table) is in trainer/TrainOptions.h, with data.shards.
 class ChunkSource {
  public:
   virtual ~ChunkSource() = default;
+  // Starts fetching `order` (this cluster's chunks, in the order they are first needed) into a
+  // cache of at most `cache_bytes`; called once, before any ready().
+  virtual void start(const std::vector<ServedShard>& order, uint64_t cache_bytes) = 0;
   // The local path of `chunk`'s verified file, once it is there; BadInput naming the chunk when it
   // cannot be had.
   virtual std::string ready(int64_t chunk) = 0;
