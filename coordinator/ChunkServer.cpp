@@ -5,6 +5,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "trainer/Dataset.h"
 #include "trainer/data/FileReader.h"
 
 namespace cairn::coordinator {
@@ -30,9 +31,11 @@ Frames ChunkServer::answer(const ChunkRequest& ask, int cluster) {
   auto it = chunks_.find(ask.chunk);
   if (it == chunks_.end()) return refuse(ask.chunk, what + " is not served by this coordinator");
   const ServedChunk& c = it->second;
-  if (c.cluster != cluster)
-    return refuse(ask.chunk, what + " is dealt to cluster " + std::to_string(c.cluster) + ", not to " +
-                                 ask.name + "'s cluster " + std::to_string(cluster));
+  if (c.cluster != -1 && c.cluster != cluster)
+    return refuse(ask.chunk, c.cluster == -2 ? what + " is not among data.chunk"
+                                             : what + " is dealt to cluster " + std::to_string(c.cluster) +
+                                                   ", not to " + ask.name + "'s cluster " +
+                                                   std::to_string(cluster));
   if (ask.offset >= c.bytes)
     return refuse(ask.chunk, what + ": offset " + std::to_string(ask.offset) + " is past its end (" +
                                  std::to_string(c.bytes) + " bytes)");
@@ -59,6 +62,68 @@ Frames ChunkServer::answer(const ChunkRequest& ask, int cluster) {
     reader.reset();
     return refuse(ask.chunk, what + " cannot be read on the coordinator: " + e.what());
   }
+}
+
+namespace {
+
+// The job's training shards as the coordinator reads them locally (source "local").
+std::vector<ShardInfo> localShards(const JobSpec& job, DataOptions* data) {
+  *data = parseDataOptions(job.data, "job.json");
+  DataOptions local = *data;
+  local.source = "local";
+  local.shards.clear();
+  return loadDatasets(local, 0).train->shards();
+}
+
+}  // namespace
+
+void addServedChunkTable(JobSpec& job) {
+  DataOptions data;
+  if (job.data.options.value("source", "local") != "coordinator") return;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ShardInfo& s : localShards(job, &data))
+    rows.push_back({{"chunk", rows.size()}, {"file", std::filesystem::path(s.path).filename().string()},
+                    {"bytes", s.bytes}, {"samples", s.samples}, {"crc32", shardChecksum(s)}});
+  job.data.options["shards"] = rows;
+  CAIRN_INFO("coordinator: serving ", rows.size(), " chunks of ", job.data.location);
+}
+
+int dealtCluster(int64_t chunk, const std::vector<int64_t>& listed, int64_t chunks, int clusters) {
+  if (chunks == 1) return -1;
+  if (listed.empty()) return int(chunk % clusters);
+  for (size_t i = 0; i < listed.size(); ++i)
+    if (listed[i] == chunk) return int(int64_t(i) % clusters);
+  return -2;
+}
+
+Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string& out,
+                         const Frames& frames, const std::optional<std::string>& member) {
+  std::string why;
+  const auto ask = decodeChunkRequest(frames, &why);
+  if (!ask) return encode(Rejected{"malformed message: " + why});
+  if (!member || *member != ask->name)
+    return encode(ChunkRefused{ask->chunk, "chunk " + std::to_string(ask->chunk) + ": you are not " +
+                                               ask->name + " (a volunteer asks only for itself)"});
+  const std::string node_path = nodeSpecPath(out, ask->name);
+  if (!std::filesystem::exists(node_path) || !std::filesystem::exists(jobSpecPath(out)))
+    return encode(ChunkRefused{ask->chunk, "chunk " + std::to_string(ask->chunk) + ": " + ask->name +
+                                               " has no place in a planned run"});
+  const NodeSpec node = readNodeSpec(node_path);
+  if (!*server) {
+    const JobSpec job = readJobSpec(jobSpecPath(out));
+    DataOptions data;
+    const std::vector<ShardInfo> shards = localShards(job, &data);
+    if (data.source != "coordinator")
+      return encode(ChunkRefused{ask->chunk, "this run's data is not served (data.source is not "
+                                             "\"coordinator\")"});
+    const int clusters = node.extra.value("num_clusters", 1);
+    std::vector<ServedChunk> table;
+    for (size_t k = 0; k < shards.size() && k < data.shards.size(); ++k)
+      table.push_back({int64_t(k), shards[k].path, data.shards[k].bytes, data.shards[k].crc32,
+                       dealtCluster(int64_t(k), data.chunk, int64_t(shards.size()), clusters)});
+    *server = std::make_unique<ChunkServer>(std::move(table));
+  }
+  return (*server)->answer(*ask, node.cluster);
 }
 
 }  // namespace cairn::coordinator

@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/NodeData.h"
 #include "node/protocol/ChunkMessages.h"
 
 namespace cairn {
@@ -27,7 +29,7 @@ struct ServedChunk {
   std::string path;   // the shard file on the coordinator's machine
   uint64_t bytes = 0;
   std::string crc32;  // "crc32:xxxxxxxx" (trainer/data/ShardFiles.h shardChecksum)
-  int cluster = 0;    // the cluster it is dealt to
+  int cluster = 0;    // the cluster it is dealt to; -1: every cluster (a one-shard dataset)
 };
 
 class ChunkServer {
@@ -49,5 +51,22 @@ class ChunkServer {
   std::map<int64_t, std::unique_ptr<FileReader>> open_;  // opened on first request
   uint64_t pieces_ = 0, refused_ = 0;
 };
+
+// data.source "coordinator": writes the chunk table of the job's data (each shard's file name,
+// bytes, samples and CRC-32 — this reads every shard once) into job.data.options["shards"], so that
+// every Root knows the sample counts without the data; other jobs are left as they are. Planning
+// (RunAssembly) calls it before job.json is written.
+void addServedChunkTable(JobSpec& job);
+
+// The cluster chunk `chunk` of a `chunks`-row table is dealt to: data.chunk's listed chunks (all
+// when empty) round robin, as trainer/Sampler.h deals them; -1 for a one-row table (every
+// cluster cuts that one file) and -2 for a chunk not listed.
+int dealtCluster(int64_t chunk, const std::vector<int64_t>& listed, int64_t chunks, int clusters);
+
+// Answers one chunk_request (`frames`) from the member `member` (nullopt: a key that is not a
+// member), making `*server` from the planned run in `out` on first use. Never throws for what a
+// volunteer sent: malformed, not a member, not planned yet, are chunk_refused / rejected.
+Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string& out,
+                         const Frames& frames, const std::optional<std::string>& member);
 
 }  // namespace cairn::coordinator

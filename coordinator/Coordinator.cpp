@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "coordinator/ChunkServer.h"
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
@@ -36,18 +37,6 @@ constexpr size_t kMaxBandwidthProbeBytes = size_t(64) << 20;
 
 double wallSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string randomHex(size_t bytes) {
-  std::random_device device;  // the kernel's entropy source on Linux
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < bytes; ++i) {
-    const unsigned v = device() & 0xff;
-    out.push_back(digits[v >> 4]);
-    out.push_back(digits[v & 15]);
-  }
-  return out;
 }
 
 void writeFileAtomically(const std::string& path, const std::string& bytes) {
@@ -84,6 +73,7 @@ struct Coordinator::Impl {
   clusterize::PreparedModel prepared;
   std::unique_ptr<CoordinatorStore> store;
   std::unique_ptr<MemberReplacer> replacer;  // lost volunteers → spares
+  std::unique_ptr<ChunkServer> chunks;       // data.source "coordinator": made on first request
   CurveKeyPair keys;
   std::string token;
   std::string invite;
@@ -151,8 +141,12 @@ struct Coordinator::Impl {
   void handle(const Routed& r) {
     ++stats.messages;
     std::string why;
-    const auto message = decodeToCoordinator(r.frames, o.max_attachment_bytes, &why);
     const std::optional<Member> member = store->memberByKey(r.user_id);
+    if (isChunkRequest(r.frames))  // a Root fetching its cluster's data (ChunkServer.h)
+      return sendRouted(router, r.routing_id,
+                        serveChunkRequest(&chunks, o.out, r.frames,
+                                          member ? std::optional(member->name) : std::nullopt));
+    const auto message = decodeToCoordinator(r.frames, o.max_attachment_bytes, &why);
     if (!message) {
       ++stats.malformed;
       CAIRN_WARN("coordinator: dropped a message from ", member ? member->name : "key " + r.user_id,

@@ -1,5 +1,7 @@
 #include "coordinator/JoinPolicy.h"
 
+#include <random>
+
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/NodeConfigs.h"
@@ -83,6 +85,18 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
   }
   d.kind = JoinDecision::Kind::kNew;
   return d;
+}
+
+std::string randomHex(size_t bytes) {
+  std::random_device device;  // the kernel's entropy source on Linux
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < bytes; ++i) {
+    const unsigned v = device() & 0xff;
+    out.push_back(digits[v >> 4]);
+    out.push_back(digits[v & 15]);
+  }
+  return out;
 }
 
 }  // namespace cairn::coordinator

@@ -28,4 +28,7 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
 // Constant-time comparison (the token is a secret).
 bool sameSecret(const std::string& a, const std::string& b);
 
+// `bytes` random bytes from the kernel's entropy source as hex (tokens, nonces).
+std::string randomHex(size_t bytes);
+
 }  // namespace cairn::coordinator

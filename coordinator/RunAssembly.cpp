@@ -1,5 +1,7 @@
 #include "coordinator/RunAssembly.h"
 
+#include "coordinator/ChunkServer.h"
+
 #include <fstream>
 #include <iomanip>
 #include <map>
@@ -56,6 +58,7 @@ PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
   PlannedRun run;
   run.num_clusters = static_cast<int>(result.plan.clusters.size());
   for (NodeSpec& node : placed) node.extra["num_clusters"] = run.num_clusters;
+  addServedChunkTable(result.job);  // data.source "coordinator": data.shards into job.json
   clusterize::NodeDataWriter(out, clusterize::NodeDataWriter::KeysGiven{})
       .write(result.plan, result.job, placed, result.stages);
   std::ostringstream report;
