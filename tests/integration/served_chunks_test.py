@@ -1,0 +1,144 @@
+"""Chunks served by the coordinator (issue [K] part 2, docs/NODE_DATA.md "Data served by the
+coordinator"): a real coordinator (`clusterize --serve`) and two real `provider --join` volunteers
+on tcp loopback, 2 clusters of one stage each, training on four safetensors shards of Fashion-MNIST
+that only the coordinator's job names (data.source "coordinator"); each volunteer runs in its own
+empty work folder and fetches its cluster's chunks from the coordinator.
+
+Checks: every volunteer's chunk cache holds exactly its cluster's two shards (dealt round robin:
+cluster c gets shards c and c + 2), byte-identical to the coordinator's files (zlib.crc32), and
+every step loss of each cluster equals, exactly, that of the same job run with data.source "local"
+(the same volunteers' flow reading the files themselves): the sampler order is the same.
+
+    served_chunks_test.py --provider BUILD/node/provider --clusterize BUILD/clusterize/clusterize --work DIR
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import volunteer_test as vt  # noqa: E402  (its Process, ports, coordinator helpers)
+
+SHARDS, PER_SHARD = 4, 600
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, (dtype, array) in tensors.items():
+        data = np.ascontiguousarray(array).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def make_shards(folder):
+    os.makedirs(folder, exist_ok=True)
+    images = vt.load_idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)
+    labels = vt.load_idx("train-labels-idx1-ubyte.gz", 8).astype(np.int64)
+    for k in range(SHARDS):
+        rows = slice(k * PER_SHARD, (k + 1) * PER_SHARD)
+        x = ((images[rows].astype(np.float32) / 255.0 - vt.MEAN) / vt.STD).astype(np.float32)
+        write_safetensors(os.path.join(folder, f"train_{k}.safetensors"),
+                          {"inputs": ("F32", x), "targets": ("I64", labels[rows])})
+
+
+def write_job(work, name, model, data):
+    job = {"format": 1, "job_id": "served", "driver": "cairn", "model": model, "data": data,
+           "training_definition": {"batch_size": 32, "microbatches": 2, "epochs": 0, "max_steps": 40,
+                                   "seed": 5, "optimizer": {"name": "adamw", "lr": 0.003},
+                                   "sync": "average", "local_steps": 5,
+                                   "timeouts": {"startup_s": 60, "peer_s": 60}}}
+    path = os.path.join(work, name)
+    with open(path, "w") as f:
+        json.dump(job, f)
+    return path
+
+
+def run(args, label, job, model):
+    """One run: coordinator + 2 volunteers in empty folders; returns {cluster: [(step, loss)]} and
+    {cluster: volunteer work folder}."""
+    work = os.path.join(args.work, label)
+    os.makedirs(work)
+    out = os.path.join(work, "coordinator")
+    invite_file = os.path.join(work, "invite.txt")
+    cmd = [args.clusterize, "--model", model, "--job", job, "--input-shape", "8,1,28,28",
+           "--serve", "127.0.0.1:0", "--invite-file", invite_file, "--out", out,
+           "--min-volunteers", "2", "--clusters", "2"]
+    coordinator = vt.Process(f"{label} coordinator", cmd)
+    invite = coordinator.wait_for(lambda l: l.startswith("invite: "), 120, "'invite: …'").split()[1]
+    volunteers = []
+    try:
+        for i, port in enumerate(vt.free_ports(2)):
+            folder = os.path.join(work, f"volunteer_{i}")
+            os.makedirs(folder)  # its cwd and work folder: empty, no copy of the data
+            volunteers.append((vt.Process(f"{label} volunteer {i}",
+                                          [args.provider, "--join", invite, "--listen", f"127.0.0.1:{port}",
+                                           "--workdir", folder, "--probe-megabytes", "1"], cwd=folder), folder))
+        vt.all_finish(coordinator, volunteers)
+    finally:
+        vt.kill_all(coordinator, volunteers)
+    losses, folders = {}, {}
+    for _, folder in volunteers:
+        nodes = os.path.join(folder, "node_data", "nodes")
+        (name,) = os.listdir(nodes)
+        cluster = json.load(open(os.path.join(nodes, name, "node.json")))["cluster"]
+        records = [json.loads(l) for l in open(os.path.join(nodes, name, "metrics.jsonl"))]
+        losses[cluster] = [(r["step"], r["loss"]) for r in records if "step" in r and "loss" in r]
+        folders[cluster] = folder
+    return losses, folders
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--provider", required=True)
+    p.add_argument("--clusterize", required=True)
+    p.add_argument("--work", required=True)
+    args = p.parse_args()
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    model = os.path.join(args.work, "model.pt")
+    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    data_dir = os.path.join(args.work, "coordinator_data")
+    make_shards(data_dir)
+    data = {"location": data_dir, "format": "safetensors"}
+    served_job = write_job(args.work, "served.json", model, dict(data, source="coordinator", cache_mb=16))
+    local_job = write_job(args.work, "local.json", model, data)
+
+    served, folders = run(args, "served", served_job, model)
+    local, _ = run(args, "local", local_job, model)
+
+    crc = {k: zlib.crc32(open(os.path.join(data_dir, f"train_{k}.safetensors"), "rb").read()) for k in range(SHARDS)}
+    for cluster, folder in sorted(folders.items()):
+        cached = sorted(os.listdir(os.path.join(folder, "chunks")))
+        expected = sorted(f"{k}-train_{k}.safetensors" for k in range(SHARDS) if k % 2 == cluster)
+        if cached != expected:
+            vt.fail(f"cluster {cluster}'s chunk cache holds {cached}, expected {expected}")
+        for name in cached:
+            k = int(name.split("-")[0])
+            got = zlib.crc32(open(os.path.join(folder, "chunks", name), "rb").read())
+            if got != crc[k]:
+                vt.fail(f"cluster {cluster}'s cached chunk {k} differs from the coordinator's file")
+    for cluster in (0, 1):
+        a, b = served.get(cluster, []), local.get(cluster, [])
+        if len(a) != 40 or a != b:
+            vt.fail(f"cluster {cluster}: served losses {a[:3]}… ({len(a)}) differ from local {b[:3]}… ({len(b)})")
+        print(f"cluster {cluster}: 40 step losses equal with served and local data "
+              f"(first {a[0][1]:.6f}, last {a[-1][1]:.6f}); cache {sorted(os.listdir(os.path.join(folders[cluster], 'chunks')))}")
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()
