@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
+#include <set>
 
 #include "coordinator/ChunkServer.h"
 
@@ -65,6 +67,40 @@ TEST(ChunkServer, ServesPiecesOfItsClustersChunksAndRefusesTheRestNamingTheChunk
             "the run was planned: it changed");
   EXPECT_EQ(server.piecesServed(), 3u);
   EXPECT_EQ(server.refused(), 4u);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
+
+#include "trainer/Sampler.h"
+
+namespace cairn::coordinator {
+namespace {
+
+// The coordinator deals chunks to clusters exactly as the Roots' samplers do: for each cluster,
+// the chunks whose samples ShardSampler puts in that cluster's shard are those dealtCluster gives
+// it (the sampler is the reference: it decides what a Root reads).
+TEST(ChunkServer, DealsChunksAsTheSamplerDoes) {
+  const std::vector<int64_t> sizes = {5, 7, 3, 9, 4, 6};
+  std::vector<int64_t> begins{0};
+  for (int64_t s : sizes) begins.push_back(begins.back() + s);
+  for (const std::vector<int64_t>& listed :
+       {std::vector<int64_t>{}, std::vector<int64_t>{4, 1, 5}, std::vector<int64_t>{2, 0, 3, 5, 1}})
+    for (int clusters : {1, 2, 3}) {
+      for (int c = 0; c < clusters; ++c) {
+        ShardSampler sampler(sizes, c, clusters, listed, 7);
+        std::set<int64_t> sampled;
+        for (int64_t id : sampler.shard())
+          sampled.insert(int64_t(std::upper_bound(begins.begin(), begins.end(), id) - begins.begin()) - 1);
+        std::set<int64_t> dealt;
+        for (int64_t k = 0; k < int64_t(sizes.size()); ++k)
+          if (dealtCluster(k, listed, int64_t(sizes.size()), clusters) == c) dealt.insert(k);
+        EXPECT_EQ(dealt, sampled) << "cluster " << c << " of " << clusters << ", " << listed.size()
+                                  << " listed";
+      }
+    }
+  EXPECT_EQ(dealtCluster(3, {4, 1}, 6, 2), -2) << "not listed";
+  EXPECT_EQ(dealtCluster(0, {}, 1, 3), -1) << "one shard: every cluster";
 }
 
 }  // namespace
