@@ -16,6 +16,7 @@
 #include "node/MetricsQueue.h"
 #include "node/VolunteerMetrics.h"
 #include "node/protocol/Coordination.h"
+#include "tests/common/FakeCoordinator.h"
 #include "tests/common/LoopbackPorts.h"
 
 namespace cairn {
@@ -114,37 +115,15 @@ TEST(MetricsQueue, DropsTheOldestWhenFullAndCountsIt) {
   EXPECT_EQ(q.frontSeq(), 6);
 }
 
-struct FakeCoordinator {
+// The fake coordinator (tests/common/FakeCoordinator.h) reading metrics batches.
+struct FakeCoordinator : testing::FakeCoordinator {
   explicit FakeCoordinator(int port = 0, CurveKeyPair k = generateCurveKeyPair())
-      : keys(std::move(k)),
-        router(coordinationServer(context, keys, "127.0.0.1:" + std::to_string(port), 1 << 20, &bound)) {}
-  CurveKeyPair keys;
-  zmq::context_t context;
-  ZapAuthenticator zap{context, ZapAuthenticator::AnyKey{}};
-  std::string bound;
-  zmq::socket_t router;
-
-  Invite invite() const {
-    Invite i;
-    const auto colon = bound.rfind(':');
-    i.host = bound.substr(0, colon);
-    i.port = std::stoi(bound.substr(colon + 1));
-    i.coordinator_key = keys.public_key;
-    i.token = "00112233445566778899aabbccddeeff";
-    return i;
-  }
+      : testing::FakeCoordinator(1 << 20, port, std::move(k)) {}
   std::optional<std::pair<Routed, MetricsBatch>> batch(std::chrono::milliseconds wait) {
-    auto in = recvRouted(router, wait);
-    if (!in) return std::nullopt;
-    std::string why;
-    auto m = decodeToCoordinator(in->frames, 1 << 20, &why);
-    if (!m || !std::holds_alternative<MetricsBatch>(*m))
-      throw std::runtime_error("the fake coordinator got something else than metrics: " + why);
-    return std::make_pair(*in, std::get<MetricsBatch>(*m));
+    return next<MetricsBatch>(wait, "metrics");
   }
   void ack(const Routed& to, const MetricsBatch& b) {
-    sendRouted(router, to.routing_id,
-               encode(MetricsAck{b.name, b.stream, b.seq + int64_t(b.records.size())}));
+    answer(to, MetricsAck{b.name, b.stream, b.seq + int64_t(b.records.size())});
   }
 };
 

@@ -19,6 +19,7 @@
 #include "node/CurveSecurity.h"
 #include "node/VolunteerCheckpoints.h"
 #include "node/protocol/Coordination.h"
+#include "tests/common/FakeCoordinator.h"
 #include "tests/common/LoopbackPorts.h"
 #include "trainer/Checkpoint.h"
 
@@ -29,37 +30,16 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 constexpr size_t kLimit = 64 << 20;
 
-struct Coordinator {
+// The fake coordinator (tests/common/FakeCoordinator.h) reading checkpoint uploads.
+struct Coordinator : testing::FakeCoordinator {
   explicit Coordinator(int port = 0, CurveKeyPair k = generateCurveKeyPair())
-      : keys(std::move(k)),
-        router(coordinationServer(context, keys, "127.0.0.1:" + std::to_string(port), kLimit, &bound)) {}
-  CurveKeyPair keys;
-  zmq::context_t context;
-  ZapAuthenticator zap{context, ZapAuthenticator::AnyKey{}};
-  std::string bound;
-  zmq::socket_t router;
-
-  Invite invite() const {
-    Invite i;
-    const auto colon = bound.rfind(':');
-    i.host = bound.substr(0, colon);
-    i.port = std::stoi(bound.substr(colon + 1));
-    i.coordinator_key = keys.public_key;
-    i.token = "00112233445566778899aabbccddeeff";
-    return i;
-  }
+      : FakeCoordinator(kLimit, port, std::move(k)) {}
   // The next checkpoint upload within `wait`, or nullopt.
   std::optional<std::pair<Routed, CheckpointUpload>> upload(std::chrono::milliseconds wait) {
-    auto in = recvRouted(router, wait);
-    if (!in) return std::nullopt;
-    std::string why;
-    auto m = decodeToCoordinator(in->frames, kLimit, &why);
-    if (!m || !std::holds_alternative<CheckpointUpload>(*m))
-      throw std::runtime_error("the fake coordinator got something else than a checkpoint: " + why);
-    return std::make_pair(*in, std::get<CheckpointUpload>(*m));
+    return next<CheckpointUpload>(wait, "a checkpoint");
   }
   void ack(const Routed& to, const std::string& name, int64_t step) {
-    sendRouted(router, to.routing_id, encode(CheckpointAck{name, step}));
+    answer(to, CheckpointAck{name, step});
   }
 };
 
