@@ -164,7 +164,9 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
     zmq_socket_monitor(socket.handle(), nullptr, 0);
     CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", endpoint, ": ", e.what());
   }
-  Peer entry{std::move(socket), std::move(monitor), {}};
+  Peer entry;
+  entry.socket = std::move(socket);
+  entry.monitor = std::move(monitor);
   entry.endpoint = endpoint;
   outbound_.emplace(peer, std::move(entry));
 }
