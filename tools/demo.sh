@@ -6,7 +6,8 @@
 #   tools/demo.sh               (see examples/fashion_mnist/README.md)
 #   tools/demo.sh --volunteers  the same model trained by volunteers who join by invite: a
 #                               coordinator (clusterize --serve) and 4 provider --join processes,
-#                               one kept as a spare (examples/fashion_mnist/run_volunteers.sh)
+#                               one kept as a spare; the Stem's volunteer is SIGKILLed mid-run and
+#                               the spare takes its node over (examples/fashion_mnist/run_volunteers.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
