@@ -108,7 +108,7 @@ read -r ROOT STEM LEAF <<<"$($PY -c "import json, sys
 print(' '.join(json.load(open(sys.argv[1]))['clusters'][0]['chain']))" "$OUT/coordinator/plan.json")"
 all_members() { for i in 1 2 3 4; do [[ -n "$(name_of "$i")" ]] || return 1; done; }
 wait_for "membership.json of all 4 volunteers" 120 all_members
-victim= spare= leaf_dir=
+victim='' spare='' leaf_dir=''
 for i in 1 2 3 4; do
   case "$(name_of "$i")" in
     "$STEM") victim=$i ;;
