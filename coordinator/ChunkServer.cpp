@@ -66,13 +66,34 @@ Frames ChunkServer::answer(const ChunkRequest& ask, int cluster) {
 
 namespace {
 
-// The job's training shards as the coordinator reads them locally (source "local").
-std::vector<ShardInfo> localShards(const JobSpec& job, DataOptions* data) {
+// The job's training and test shards as the coordinator reads them locally (source "local").
+struct LocalShards {
+  std::vector<ShardInfo> train, test;
+};
+LocalShards localShards(const JobSpec& job, DataOptions* data) {
   *data = parseDataOptions(job.data, "job.json");
   DataOptions local = *data;
   local.source = "local";
   local.shards.clear();
-  return loadDatasets(local, 0).train->shards();
+  local.test_shards.clear();
+  const DatasetPair pair = loadDatasets(local, 0);
+  LocalShards out{pair.train->shards(), {}};
+  if (!local.test_location.empty()) {
+    if (!pair.test || pair.test->size() == 0)
+      CAIRN_THROW(BadInput, "job.json: data.test_location ", local.test_location,
+                  " holds no test samples");
+    out.test = pair.test->shards();
+  }
+  return out;
+}
+
+nlohmann::json tableRows(const std::vector<ShardInfo>& shards, int64_t first) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ShardInfo& s : shards)
+    rows.push_back({{"chunk", first + int64_t(rows.size())},
+                    {"file", std::filesystem::path(s.path).filename().string()},
+                    {"bytes", s.bytes}, {"samples", s.samples}, {"crc32", shardChecksum(s)}});
+  return rows;
 }
 
 }  // namespace
@@ -80,12 +101,14 @@ std::vector<ShardInfo> localShards(const JobSpec& job, DataOptions* data) {
 void addServedChunkTable(JobSpec& job) {
   DataOptions data;
   if (job.data.options.value("source", "local") != "coordinator") return;
-  nlohmann::json rows = nlohmann::json::array();
-  for (const ShardInfo& s : localShards(job, &data))
-    rows.push_back({{"chunk", rows.size()}, {"file", std::filesystem::path(s.path).filename().string()},
-                    {"bytes", s.bytes}, {"samples", s.samples}, {"crc32", shardChecksum(s)}});
-  job.data.options["shards"] = rows;
-  CAIRN_INFO("coordinator: serving ", rows.size(), " chunks of ", job.data.location);
+  const LocalShards shards = localShards(job, &data);
+  job.data.options["shards"] = tableRows(shards.train, 0);
+  if (!shards.test.empty())
+    job.data.options["test_shards"] = tableRows(shards.test, int64_t(shards.train.size()));
+  CAIRN_INFO("coordinator: serving ", shards.train.size(), " chunks of ", job.data.location,
+             shards.test.empty() ? std::string()
+                                 : " and " + std::to_string(shards.test.size()) + " test chunks of " +
+                                       data.test_location);
 }
 
 int dealtCluster(int64_t chunk, const std::vector<int64_t>& listed, int64_t chunks, int clusters) {
@@ -94,6 +117,22 @@ int dealtCluster(int64_t chunk, const std::vector<int64_t>& listed, int64_t chun
   for (size_t i = 0; i < listed.size(); ++i)
     if (listed[i] == chunk) return int(int64_t(i) % clusters);
   return -2;
+}
+
+std::vector<ServedChunk> servedChunks(const JobSpec& job, int clusters) {
+  DataOptions data;
+  const LocalShards local = localShards(job, &data);
+  const std::vector<ShardInfo>& shards = local.train;
+  std::vector<ServedChunk> table;
+  for (size_t k = 0; k < shards.size() && k < data.shards.size(); ++k)
+    table.push_back({int64_t(k), shards[k].path, data.shards[k].bytes, data.shards[k].crc32,
+                     dealtCluster(int64_t(k), data.chunk, int64_t(shards.size()), clusters)});
+  // Test chunks (numbered after the training chunks) are not dealt: every cluster evaluates on
+  // the whole test set.
+  for (size_t k = 0; k < local.test.size() && k < data.test_shards.size(); ++k)
+    table.push_back({data.test_shards[k].chunk, local.test[k].path, data.test_shards[k].bytes,
+                     data.test_shards[k].crc32, -1});
+  return table;
 }
 
 Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string& out,
@@ -111,17 +150,10 @@ Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string
   const NodeSpec node = readNodeSpec(node_path);
   if (!*server) {
     const JobSpec job = readJobSpec(jobSpecPath(out));
-    DataOptions data;
-    const std::vector<ShardInfo> shards = localShards(job, &data);
-    if (data.source != "coordinator")
+    if (job.data.options.value("source", "local") != "coordinator")
       return encode(ChunkRefused{ask->chunk, "this run's data is not served (data.source is not "
                                              "\"coordinator\")"});
-    const int clusters = node.extra.value("num_clusters", 1);
-    std::vector<ServedChunk> table;
-    for (size_t k = 0; k < shards.size() && k < data.shards.size(); ++k)
-      table.push_back({int64_t(k), shards[k].path, data.shards[k].bytes, data.shards[k].crc32,
-                       dealtCluster(int64_t(k), data.chunk, int64_t(shards.size()), clusters)});
-    *server = std::make_unique<ChunkServer>(std::move(table));
+    *server = std::make_unique<ChunkServer>(servedChunks(job, node.extra.value("num_clusters", 1)));
   }
   return (*server)->answer(*ask, node.cluster);
 }

@@ -29,7 +29,8 @@ struct ServedChunk {
   std::string path;   // the shard file on the coordinator's machine
   uint64_t bytes = 0;
   std::string crc32;  // "crc32:xxxxxxxx" (trainer/data/ShardFiles.h shardChecksum)
-  int cluster = 0;    // the cluster it is dealt to; -1: every cluster (a one-shard dataset)
+  int cluster = 0;    // the cluster it is dealt to; -1: every cluster (a one-shard dataset, or a
+                      // test chunk: every cluster evaluates on the whole test set)
 };
 
 class ChunkServer {
@@ -54,14 +55,20 @@ class ChunkServer {
 
 // data.source "coordinator": writes the chunk table of the job's data (each shard's file name,
 // bytes, samples and CRC-32 — this reads every shard once) into job.data.options["shards"], so that
-// every Root knows the sample counts without the data; other jobs are left as they are. Planning
-// (RunAssembly) calls it before job.json is written.
+// every Root knows the sample counts without the data, and with data.test_location the test set's
+// into ["test_shards"] (chunk ids after the training chunks'); other jobs are left as they are.
+// Planning (RunAssembly) calls it before job.json is written.
 void addServedChunkTable(JobSpec& job);
 
 // The cluster chunk `chunk` of a `chunks`-row table is dealt to: data.chunk's listed chunks (all
 // when empty) round robin, as trainer/Sampler.h deals them; -1 for a one-row table (every
 // cluster cuts that one file) and -2 for a chunk not listed.
 int dealtCluster(int64_t chunk, const std::vector<int64_t>& listed, int64_t chunks, int clusters);
+
+// The table a ChunkServer serves for the planned `job` (data.shards and data.test_shards written
+// by addServedChunkTable) among `clusters` clusters: each training chunk dealt to its cluster
+// (dealtCluster), every test chunk to every cluster (-1); paths as the coordinator reads them.
+std::vector<ServedChunk> servedChunks(const JobSpec& job, int clusters);
 
 // Answers one chunk_request (`frames`) from the member `member` (nullopt: a key that is not a
 // member), making `*server` from the planned run in `out` on first use. Never throws for what a

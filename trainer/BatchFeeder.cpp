@@ -56,14 +56,25 @@ void BatchFeeder::openServed() {
     CAIRN_THROW(BadInput, "job.json: data.source is \"coordinator\": the chunks come from the "
                           "coordinator, so this node must be a volunteer (provider --join)");
   data_.train = std::make_unique<ServedDataset>(cfg.data, cfg.data.shards, *cfg.chunk_source);
+  // The test set (data.test_location on the coordinator's machine) is not dealt: every cluster's
+  // Root evaluates on all of it, as with local files.
   data_.test = nullptr;
+  if (!cfg.data.test_location.empty()) {
+    if (cfg.data.test_shards.empty())
+      CAIRN_THROW(BadInput, "job.json: data.test_location is set with data.source \"coordinator\" "
+                            "but data.test_shards (the test chunk table) is missing: the coordinator "
+                            "of clusterize --serve writes it when it plans");
+    data_.test = std::make_unique<ServedDataset>(cfg.data, cfg.data.test_shards, *cfg.chunk_source,
+                                                 "data.test_shards");
+  }
 }
 
 void BatchFeeder::startFetching() {
   // The random sampler draws from every chunk of the shard throughout an epoch (the first batch
   // already touches most of them), so a chunk released within an epoch would be fetched again
   // at once: the cache must hold the cluster's chunks, all fetched ahead, in the order the first
-  // epoch needs them.
+  // epoch needs them. Then every test chunk (every evaluation reads the whole test set), which
+  // the cache holds too.
   const StageTrainerConfig& cfg = ctx_.cfg;
   std::vector<ServedShard> order;
   uint64_t bytes = 0;
@@ -71,13 +82,23 @@ void BatchFeeder::startFetching() {
     order.push_back(cfg.data.shards[size_t(k)]);
     bytes += order.back().bytes;
   }
+  const size_t training = order.size();
+  if (data_.test) {
+    for (const ServedShard& s : cfg.data.test_shards) {
+      order.push_back(s);
+      bytes += s.bytes;
+    }
+  }
+  const std::string test_chunks =
+      data_.test ? " and the " + std::to_string(order.size() - training) + " test chunks" : "";
   const uint64_t cache = uint64_t(cfg.data.cache_mb) << 20;
   if (bytes > cache)
     CAIRN_THROW(BadInput, "job.json: data.cache_mb is ", cfg.data.cache_mb, " MiB but cluster ",
-                cfg.node.cluster, "'s ", order.size(), " chunks hold ", bytes, " bytes (",
-                (bytes + (1 << 20) - 1) >> 20, " MiB); every epoch reads all of them, so the cache "
-                "must hold them: raise data.cache_mb or use more clusters");
-  CAIRN_INFO("data: fetching this cluster's ", order.size(), " chunks (", bytes,
+                cfg.node.cluster, "'s ", training, " chunks", test_chunks, " hold ", bytes, " bytes (",
+                (bytes + (1 << 20) - 1) >> 20, " MiB); every epoch reads all of them",
+                data_.test ? " and every evaluation all the test chunks" : "",
+                ", so the cache must hold them: raise data.cache_mb or use more clusters");
+  CAIRN_INFO("data: fetching this cluster's ", training, " chunks", test_chunks, " (", bytes,
              " bytes) from the coordinator ahead of need");
   cfg.chunk_source->start(order, cache);
 }

@@ -317,25 +317,14 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
 
 namespace {
 
-// data.source, data.cache_mb, data.shards (docs/NODE_DATA.md "Data served by the coordinator").
-void parseServedData(JsonReader& r, DataOptions* d) {
-  d->source = r.choiceOr("source", {"local", "coordinator"}, "local");
-  const bool served = d->source == "coordinator";
-  for (const char* key : {"cache_mb", "shards"})
-    if (!served && r.has(key)) r.fail(key, "applies only with data.source \"coordinator\"");
-  if (!served) return;
-  if (d->format != "tokens" && d->format != "safetensors")
-    r.fail("source", "\"coordinator\" serves the tokens and safetensors formats only (their "
-                     "shards are single files), not " + d->format);
-  if (!d->test_location.empty())
-    r.fail("test_location", "is not served by the coordinator: leave it out with data.source "
-                            "\"coordinator\" (no evaluation data)");
-  d->cache_mb = r.integerOr("cache_mb", 1, 1 << 30, d->cache_mb);
-  if (!r.has("shards")) return;
-  if (!r.raw()["shards"].is_array()) r.fail("shards", "must be a list of chunk table rows");
-  const nlohmann::json& rows = r.raw()["shards"];
+// One chunk table (data.shards or data.test_shards): rows in chunk order, the first numbered
+// `first` (test chunks are numbered after the training chunks).
+std::vector<ServedShard> parseChunkTable(JsonReader& r, const std::string& name, int64_t first) {
+  std::vector<ServedShard> out;
+  if (!r.raw()[name].is_array()) r.fail(name, "must be a list of chunk table rows");
+  const nlohmann::json& rows = r.raw()[name];
   for (size_t k = 0; k < rows.size(); ++k) {
-    const std::string key = "shards[" + std::to_string(k) + "]";
+    const std::string key = name + "[" + std::to_string(k) + "]";
     const nlohmann::json& row = rows[k];
     auto bad = [&](const std::string& sub, const std::string& what) { r.fail(key + sub, what); };
     auto positive = [&](const char* k) {
@@ -347,9 +336,10 @@ void parseServedData(JsonReader& r, DataOptions* d) {
           it.key() != "crc32")
         bad("", "has the unknown key \"" + it.key() + "\"");
     ServedShard s;
-    if (!row.contains("chunk") || !row["chunk"].is_number_integer() || row["chunk"].get<int64_t>() != int64_t(k))
-      bad(".chunk", "must be " + std::to_string(k) + " (rows in chunk order)");
-    s.chunk = int64_t(k);
+    s.chunk = first + int64_t(k);
+    if (!row.contains("chunk") || !row["chunk"].is_number_integer() || row["chunk"].get<int64_t>() != s.chunk)
+      bad(".chunk", "must be " + std::to_string(s.chunk) + " (rows in chunk order" +
+                        (first > 0 ? ", numbered after the " + std::to_string(first) + " training chunks)" : ")"));
     if (!row.contains("file") || !row["file"].is_string() || row["file"].get<std::string>().empty() ||
         row["file"].get<std::string>().find('/') != std::string::npos || row["file"].get<std::string>()[0] == '.')
       bad(".file", "must be a file name (no folder, not hidden)");
@@ -363,8 +353,30 @@ void parseServedData(JsonReader& r, DataOptions* d) {
         crc.find_first_not_of("0123456789abcdef", 6) != std::string::npos)
       bad(".crc32", "must be \"crc32:\" and 8 lowercase hex digits");
     s.crc32 = crc;
-    d->shards.push_back(std::move(s));
+    out.push_back(std::move(s));
   }
+  return out;
+}
+
+// data.source, data.cache_mb, data.shards, data.test_shards (docs/NODE_DATA.md "Data served by
+// the coordinator").
+void parseServedData(JsonReader& r, DataOptions* d) {
+  d->source = r.choiceOr("source", {"local", "coordinator"}, "local");
+  const bool served = d->source == "coordinator";
+  for (const char* key : {"cache_mb", "shards", "test_shards"})
+    if (!served && r.has(key)) r.fail(key, "applies only with data.source \"coordinator\"");
+  if (!served) return;
+  if (d->format != "tokens" && d->format != "safetensors")
+    r.fail("source", "\"coordinator\" serves the tokens and safetensors formats only (their "
+                     "shards are single files), not " + d->format);
+  d->cache_mb = r.integerOr("cache_mb", 1, 1 << 30, d->cache_mb);
+  if (r.has("test_shards") && d->test_location.empty())
+    r.fail("test_shards", "is the table of data.test_location's chunks: it needs data.test_location");
+  if (r.has("test_shards") && !r.has("shards"))
+    r.fail("test_shards", "needs data.shards (test chunks are numbered after the training chunks)");
+  if (!r.has("shards")) return;
+  d->shards = parseChunkTable(r, "shards", 0);
+  if (r.has("test_shards")) d->test_shards = parseChunkTable(r, "test_shards", int64_t(d->shards.size()));
   for (int64_t c : d->chunk)
     if (!d->shards.empty() && c >= int64_t(d->shards.size()))
       r.fail("chunk", "lists chunk " + std::to_string(c) + " but data.shards has " +
@@ -382,7 +394,7 @@ DataOptions parseDataOptions(const DataSpec& data, const std::string& source) {
   r.rejectUnknownKeys({"test_location", "chunks", "train_samples", "test_samples", "normalize",
                        "random_flip", "resize", "random_crop", "channels", "inputs", "targets",
                        "block_length", "test_fraction", "token_dtype", "source", "cache_mb",
-                       "shards"});
+                       "shards", "test_shards"});
   d.test_location = r.stringOr("test_location", "");
   d.chunks = r.integerOr("chunks", 0, 1 << 30, 0);
   for (int64_t c : d.chunk)

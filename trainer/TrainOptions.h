@@ -159,12 +159,13 @@ struct RandomCropOptions {
 };
 
 // One row of the chunk table of data the coordinator serves (data.source "coordinator"):
-// clusterize --serve writes it into job.json as data.shards (docs/NODE_DATA.md).
+// clusterize --serve writes it into job.json as data.shards (data.test_shards for the test set;
+// docs/NODE_DATA.md).
 struct ServedShard {
   int64_t chunk = 0;     // its index in the table (= its chunk id)
   std::string file;      // the shard's file name on the coordinator
   uint64_t bytes = 0;
-  int64_t samples = 0;   // training samples the dataset takes from it
+  int64_t samples = 0;   // samples the dataset takes from it (training or test)
   std::string crc32;     // "crc32:xxxxxxxx"
 };
 
@@ -195,6 +196,9 @@ struct DataOptions {
   std::string source = "local";
   int64_t cache_mb = 1024;          // coordinator: the Root's chunk cache bound, MiB
   std::vector<ServedShard> shards;  // coordinator: the chunk table (written by clusterize --serve)
+  // coordinator with test_location: the test set's chunk table, its chunks numbered after the
+  // training chunks (shards.size() + k); every cluster's Root fetches all of them
+  std::vector<ServedShard> test_shards;
 };
 
 // `source` names job.json in errors ("node_data/job.json: training_definition.optimizer.lr ...").

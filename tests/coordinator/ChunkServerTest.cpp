@@ -105,3 +105,56 @@ TEST(ChunkServer, DealsChunksAsTheSamplerDoes) {
 
 }  // namespace
 }  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+// The test set of a served job (data.test_location on the coordinator's machine): planning writes
+// its chunk table into data.test_shards, numbered after the training chunks, with the CRC-32
+// zlib gives (the reference: CRC-32 of "123456789" is cbf43926, the standard check value); the
+// server lets every cluster fetch a test chunk (they are not dealt) and refuses an unknown one.
+TEST(ChunkServer, ServesTheTestChunksToEveryClusterAndRefusesAnUnknownOne) {
+  Files files;
+  fs::create_directories(files.dir + "/train");
+  fs::create_directories(files.dir + "/val");
+  files.write("train/train_0.bin", "abcdefghijklm");  // 13 bytes: 3 blocks of 4 + 1
+  files.write("train/train_1.bin", "nopqrstuv");      // 9 bytes: 2 blocks
+  files.write("val/val_0.bin", "123456789");
+  JobSpec job;
+  job.data.location = files.dir + "/train";
+  job.data.format = "tokens";
+  job.data.options = {{"source", "coordinator"}, {"test_location", files.dir + "/val"},
+                      {"block_length", 4}};
+  addServedChunkTable(job);
+  ASSERT_EQ(job.data.options["shards"].size(), 2u);
+  EXPECT_EQ(job.data.options["test_shards"],
+            nlohmann::json::parse(R"([{"chunk": 2, "file": "val_0.bin", "bytes": 9, "samples": 2,
+                                        "crc32": "crc32:cbf43926"}])"));
+
+  std::vector<ServedChunk> table = servedChunks(job, 2);
+  ASSERT_EQ(table.size(), 3u);
+  EXPECT_EQ(table[0].cluster, 0);
+  EXPECT_EQ(table[1].cluster, 1);
+  EXPECT_EQ(table[2].chunk, 2);
+  EXPECT_EQ(table[2].cluster, -1) << "every cluster evaluates on the whole test set";
+  EXPECT_EQ(table[2].path, files.dir + "/val/val_0.bin");
+  ChunkServer server(std::move(table));
+  for (int cluster : {0, 1}) {
+    const ChunkReply piece = decoded(server.answer({"node_" + std::to_string(cluster), 2, 0, 64}, cluster));
+    ASSERT_TRUE(std::holds_alternative<ChunkPiece>(piece)) << "cluster " << cluster;
+    EXPECT_EQ(std::get<ChunkPiece>(piece).bytes, "123456789");
+  }
+  EXPECT_EQ(refusal(server.answer({"node_0", 3, 0, 64}, 0)), "chunk 3 is not served by this coordinator");
+  EXPECT_EQ(refusal(server.answer({"node_0", 1, 0, 64}, 0)),
+            "chunk 1 is dealt to cluster 1, not to node_0's cluster 0");
+
+  // Without test_location there is no test table.
+  JobSpec plain = job;
+  plain.data.options = {{"source", "coordinator"}, {"block_length", 4}, {"test_fraction", 0}};
+  addServedChunkTable(plain);
+  EXPECT_FALSE(plain.data.options.contains("test_shards"));
+  EXPECT_EQ(servedChunks(plain, 2).size(), 2u);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator

@@ -2,7 +2,8 @@
 // serves. Against numpy's reading of the same llm.c token shards (make_token_files.py): the served
 // dataset gives the same samples for the same ids, in the ids' order, opening a chunk only when a
 // sample of it is read (the chunk source is asked for nothing else); a chunk whose file holds
-// another sample count than the table is refused naming the chunk; firstNeedOrder.
+// another sample count than the table is refused naming the chunk; firstNeedOrder. The test set
+// (data.test_shards, chunk ids after the training chunks') gives numpy's test samples too.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -29,7 +30,8 @@ DataOptions tokens(const std::string& location) {
   return o;
 }
 
-// Serves chunk k as a copy of the k-th local shard under another name, counting what is asked.
+// Serves chunk k as a copy of the k-th local shard (training shards, then test shards) under
+// another name, counting what is asked.
 struct CopyingSource : ChunkSource {
   std::vector<ShardInfo> shards;
   std::string dir;
@@ -42,6 +44,14 @@ struct CopyingSource : ChunkSource {
     return to;
   }
 };
+
+std::vector<ServedShard> tableOf(const std::vector<ShardInfo>& shards, int64_t first) {
+  std::vector<ServedShard> table;
+  for (size_t k = 0; k < shards.size(); ++k)
+    table.push_back({first + int64_t(k), fs::path(shards[k].path).filename().string(), shards[k].bytes,
+                     shards[k].samples, shardChecksum(shards[k])});
+  return table;
+}
 
 struct Served {
   std::string fixture = datasetFixture("make_token_files.py");
@@ -99,13 +109,42 @@ TEST(ServedDataset, AChunkHoldingAnotherSampleCountThanTheTableIsRefusedNamingIt
     FAIL() << "accepted";
   } catch (const BadInput& e) {
     EXPECT_EQ(std::string(e.what()), "served data: chunk 1 (" + s.table[1].file +
-                                         ") holds 48 samples, the chunk table says 50");
+                                         ") holds 48 samples, the chunk table (data.shards) says 50");
   }
   DataOptions npy = tokens("unused");
   npy.format = "npy";
   EXPECT_THROW(ServedDataset(npy, s.table, s.source), BadInput);
   s.table[2].chunk = 5;
   EXPECT_THROW(ServedDataset(tokens("unused"), s.table, s.source), BadInput);
+}
+
+TEST(ServedDataset, TheTestTableGivesNumpysTestSamplesFromChunksNumberedAfterTraining) {
+  Served s;
+  DataOptions with_test = tokens(s.fixture + "/llmc/train_*.bin");
+  with_test.test_location = s.fixture + "/llmc/val_*.bin";
+  const DatasetPair local = loadDatasets(with_test, 0);
+  ASSERT_TRUE(local.test);
+  const std::vector<ShardInfo> test_shards = local.test->shards();
+  ASSERT_EQ(test_shards.size(), 1u);
+  s.source.shards.insert(s.source.shards.end(), test_shards.begin(), test_shards.end());
+  const std::vector<ServedShard> test_table = tableOf(test_shards, 3);
+  ServedDataset served(tokens("unused"), test_table, s.source, "data.test_shards");
+  ASSERT_EQ(served.size(), local.test->size());
+  auto ref = readReference(s.fixture + "/llmc_val_ref.safetensors");
+  const std::vector<int64_t> ids = idsOf(ref["ids"]);
+  const Batch b = served.get(ids, false);
+  EXPECT_TRUE(b.inputs.equal(ref["inputs"]));
+  EXPECT_TRUE(b.targets.equal(ref["targets"]));
+  EXPECT_EQ(s.source.asked, std::vector<int64_t>({3})) << "the test chunk, by its own id";
+  std::vector<ServedShard> bad = test_table;
+  bad[0].samples += 1;
+  try {
+    ServedDataset(tokens("unused"), bad, s.source, "data.test_shards").get({0}, false);
+    FAIL() << "accepted";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("chunk 3 (val_000.bin) holds"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(data.test_shards)"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ServedDataset, FirstNeedOrderIsTheOrderTheIdsFirstTouchTheChunks) {
@@ -157,7 +196,8 @@ TEST(ServedDataOptions, TheChunkTableAndCacheAreReadAndEveryBadValueIsNamed) {
   expectRefused({{"source", "nfs"}}, "data.source");
   expectRefused({{"cache_mb", 5}}, "applies only with data.source \"coordinator\"");
   expectRefused({{"source", "coordinator"}, {"format", "npy"}}, "serves the tokens and safetensors formats only");
-  expectRefused({{"source", "coordinator"}, {"test_location", "/x"}}, "data.test_location");
+  EXPECT_EQ(parsed({{"source", "coordinator"}, {"test_location", "/x"}}).test_location, "/x")
+      << "a test set on the coordinator's machine";
   nlohmann::json bad = row1;
   expectRefused({{"source", "coordinator"}, {"shards", {bad}}}, "data.shards[0].chunk must be 0");
   bad = row;
@@ -172,6 +212,45 @@ TEST(ServedDataOptions, TheChunkTableAndCacheAreReadAndEveryBadValueIsNamed) {
   bad = row;
   bad["extra"] = 1;
   expectRefused({{"source", "coordinator"}, {"shards", {bad}}}, "unknown key \"extra\"");
+}
+
+TEST(ServedDataOptions, TheTestChunkTableIsReadNumberedAfterTheTrainingChunks) {
+  auto row = [](int64_t chunk, const std::string& file) {
+    return nlohmann::json{{"chunk", chunk}, {"file", file}, {"bytes", 100}, {"samples", 5},
+                          {"crc32", "crc32:0123abcd"}};
+  };
+  const nlohmann::json base = {{"source", "coordinator"}, {"test_location", "/srv/val_*.bin"},
+                               {"shards", {row(0, "a.bin"), row(1, "b.bin")}}};
+  nlohmann::json data = base;
+  data["test_shards"] = {row(2, "val_0.bin"), row(3, "val_1.bin")};
+  const DataOptions d = parsed(data);
+  ASSERT_EQ(d.test_shards.size(), 2u);
+  EXPECT_EQ(d.test_shards[0].chunk, 2);
+  EXPECT_EQ(d.test_shards[1].chunk, 3);
+  EXPECT_EQ(d.test_shards[1].file, "val_1.bin");
+  EXPECT_EQ(d.test_location, "/srv/val_*.bin");
+  EXPECT_TRUE(parsed(base).test_shards.empty());
+
+  data["test_shards"] = {row(0, "val_0.bin")};
+  expectRefused(data, "data.test_shards[0].chunk must be 2 (rows in chunk order, numbered after the 2 training chunks)");
+  data["test_shards"] = {row(2, "../val_0.bin")};
+  expectRefused(data, "data.test_shards[0].file must be a file name");
+  nlohmann::json r = row(2, "v.bin");
+  r["crc32"] = 7;
+  data["test_shards"] = {r};
+  expectRefused(data, "data.test_shards[0].crc32 must be");
+  data["test_shards"] = "val";
+  expectRefused(data, "data.test_shards must be a list of chunk table rows");
+  nlohmann::json no_location = base;
+  no_location.erase("test_location");
+  no_location["test_shards"] = {row(2, "v.bin")};
+  expectRefused(no_location, "data.test_shards is the table of data.test_location's chunks");
+  nlohmann::json no_shards = base;
+  no_shards.erase("shards");
+  no_shards["test_shards"] = {row(0, "v.bin")};
+  expectRefused(no_shards, "data.test_shards needs data.shards");
+  expectRefused({{"test_shards", {row(0, "v.bin")}}, {"test_location", "/x"}},
+                "data.test_shards applies only with data.source \"coordinator\"");
 }
 
 }  // namespace

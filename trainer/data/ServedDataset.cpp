@@ -21,18 +21,20 @@ size_t chunkOf(const std::vector<int64_t>& begins, int64_t id) {
 }  // namespace
 
 ServedDataset::ServedDataset(const DataOptions& options, std::vector<ServedShard> table,
-                             ChunkSource& source)
-    : options_(options), table_(std::move(table)), begins_(beginsOf(table_)), source_(source) {
+                             ChunkSource& source, std::string key)
+    : options_(options), table_(std::move(table)), begins_(beginsOf(table_)), source_(source),
+      key_(std::move(key)) {
   if (options_.format != "tokens" && options_.format != "safetensors")
     CAIRN_THROW(BadInput, "job.json: data.format \"", options_.format,
                 "\" cannot be served by the coordinator (only tokens and safetensors, whose shards "
                 "are single files)");
-  if (table_.empty()) CAIRN_THROW(BadInput, "job.json: data.shards is empty");
+  if (table_.empty()) CAIRN_THROW(BadInput, "job.json: ", key_, " is empty");
   for (size_t k = 0; k < table_.size(); ++k) {
-    if (table_[k].chunk != int64_t(k))
-      CAIRN_THROW(BadInput, "job.json: data.shards[", k, "].chunk is ", table_[k].chunk, ", expected ", k);
+    if (table_[k].chunk != table_.front().chunk + int64_t(k))
+      CAIRN_THROW(BadInput, "job.json: ", key_, "[", k, "].chunk is ", table_[k].chunk, ", expected ",
+                  table_.front().chunk + int64_t(k), " (consecutive chunk ids)");
     if (table_[k].samples <= 0)
-      CAIRN_THROW(BadInput, "job.json: data.shards[", k, "].samples must be > 0");
+      CAIRN_THROW(BadInput, "job.json: ", key_, "[", k, "].samples must be > 0");
   }
 }
 
@@ -40,7 +42,7 @@ const Dataset& ServedDataset::chunk(size_t k) const {
   auto it = open_.find(k);
   if (it != open_.end()) return *it->second;
   DataOptions one = options_;
-  one.location = source_.ready(int64_t(k));
+  one.location = source_.ready(table_[k].chunk);
   one.test_location.clear();
   one.test_fraction = 0;
   one.train_samples = table_[k].samples;
@@ -49,8 +51,8 @@ const Dataset& ServedDataset::chunk(size_t k) const {
   one.chunk.clear();
   DatasetPair pair = loadDatasets(one, 0);
   if (pair.train->size() != table_[k].samples)
-    CAIRN_THROW(BadInput, "served data: chunk ", k, " (", table_[k].file, ") holds ", pair.train->size(),
-                " samples, the chunk table says ", table_[k].samples);
+    CAIRN_THROW(BadInput, "served data: chunk ", table_[k].chunk, " (", table_[k].file, ") holds ",
+                pair.train->size(), " samples, the chunk table (", key_, ") says ", table_[k].samples);
   return *open_.emplace(k, std::move(pair.train)).first->second;
 }
 

@@ -1,4 +1,4 @@
-// ServedDataset: the training set of a Root whose data the coordinator serves (issue [K] part 2):
+// ServedDataset: the training (or test) set of a Root whose data the coordinator serves (issue [K] part 2):
 // the shards live on the coordinator's machine; this Root has only the chunk table (each chunk's
 // file name, size, sample count and CRC-32) and, on demand, the verified files of its own
 // cluster's chunks from a ChunkSource (node/ChunkFetcher.h behind this trainer-side interface).
@@ -36,8 +36,12 @@ class ChunkSource {
 class ServedDataset : public Dataset {
  public:
   // `options`: the job's data options (format, inputs/targets, block_length, token_dtype).
-  // BadInput when the format is not served or the table is empty or inconsistent.
-  ServedDataset(const DataOptions& options, std::vector<ServedShard> table, ChunkSource& source);
+  // `table`: data.shards (the training set) or data.test_shards (the test set, its chunk ids
+  // following the training chunks'); ids must be consecutive from the first row's; `key` names
+  // the table in errors. BadInput when the format is not served or the table is empty or
+  // inconsistent.
+  ServedDataset(const DataOptions& options, std::vector<ServedShard> table, ChunkSource& source,
+                std::string key = "data.shards");
   int64_t size() const override { return begins_.back(); }
   Batch get(const std::vector<int64_t>& ids, bool training) const override;
   std::vector<ShardInfo> shards() const override;
@@ -50,6 +54,7 @@ class ServedDataset : public Dataset {
   std::vector<ServedShard> table_;
   std::vector<int64_t> begins_;  // first sample id of each chunk, then size()
   ChunkSource& source_;
+  std::string key_;
   mutable std::map<size_t, std::unique_ptr<Dataset>> open_;
 };
 
