@@ -1,13 +1,17 @@
 """Chunks served by the coordinator (issue [K] part 2, docs/NODE_DATA.md "Data served by the
 coordinator"): a real coordinator (`clusterize --serve`) and two real `provider --join` volunteers
 on tcp loopback, 2 clusters of one stage each, training on four safetensors shards of Fashion-MNIST
-that only the coordinator's job names (data.source "coordinator"); each volunteer runs in its own
-empty work folder and fetches its cluster's chunks from the coordinator.
+and evaluating on two test shards (data.test_location) that only the coordinator's job names
+(data.source "coordinator"); each volunteer runs in its own empty work folder and fetches its
+cluster's chunks and every test chunk from the coordinator.
 
 Checks: every volunteer's chunk cache holds exactly its cluster's two shards (dealt round robin:
-cluster c gets shards c and c + 2), byte-identical to the coordinator's files (zlib.crc32), and
-every step loss of each cluster equals, exactly, that of the same job run with data.source "local"
-(the same volunteers' flow reading the files themselves): the sampler order is the same.
+cluster c gets shards c and c + 2) and both test shards (chunks 4 and 5: not dealt, every cluster
+evaluates on the whole test set), byte-identical to the coordinator's files (zlib.crc32); every
+step loss of each cluster equals, exactly, that of the same job run with data.source "local" (the
+same volunteers' flow reading the files themselves): the sampler order is the same; and so do the
+evaluation records (metrics.jsonl "eval" after steps 20 and 40, on all 600 test samples) and the
+final evaluations in the coordinator's run_result.json.
 
     served_chunks_test.py --provider BUILD/node/provider --clusterize BUILD/clusterize/clusterize --work DIR
 """
@@ -25,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (its Process, ports, coordinator helpers)
 
 SHARDS, PER_SHARD = 4, 600
+TEST_SHARDS, PER_TEST_SHARD = 2, 300
 
 
 def write_safetensors(path, tensors):
@@ -43,14 +48,14 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
-def make_shards(folder):
+def make_shards(folder, prefix="train", idx="train", shards=SHARDS, per_shard=PER_SHARD):
     os.makedirs(folder, exist_ok=True)
-    images = vt.load_idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)
-    labels = vt.load_idx("train-labels-idx1-ubyte.gz", 8).astype(np.int64)
-    for k in range(SHARDS):
-        rows = slice(k * PER_SHARD, (k + 1) * PER_SHARD)
+    images = vt.load_idx(f"{idx}-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)
+    labels = vt.load_idx(f"{idx}-labels-idx1-ubyte.gz", 8).astype(np.int64)
+    for k in range(shards):
+        rows = slice(k * per_shard, (k + 1) * per_shard)
         x = ((images[rows].astype(np.float32) / 255.0 - vt.MEAN) / vt.STD).astype(np.float32)
-        write_safetensors(os.path.join(folder, f"train_{k}.safetensors"),
+        write_safetensors(os.path.join(folder, f"{prefix}_{k}.safetensors"),
                           {"inputs": ("F32", x), "targets": ("I64", labels[rows])})
 
 
@@ -58,6 +63,7 @@ def write_job(work, name, model, data):
     job = {"format": 1, "job_id": "served", "driver": "cairn", "model": model, "data": data,
            "training_definition": {"batch_size": 32, "microbatches": 2, "epochs": 0, "max_steps": 40,
                                    "seed": 5, "optimizer": {"name": "adamw", "lr": 0.003},
+                                   "eval_every": 20, "eval_batch_size": 250,
                                    "sync": "average", "local_steps": 5,
                                    "timeouts": {"startup_s": 60, "peer_s": 60}}}
     path = os.path.join(work, name)
@@ -67,8 +73,8 @@ def write_job(work, name, model, data):
 
 
 def run(args, label, job, model):
-    """One run: coordinator + 2 volunteers in empty folders; returns {cluster: [(step, loss)]} and
-    {cluster: volunteer work folder}."""
+    """One run: coordinator + 2 volunteers in empty folders; returns {cluster: [(step, loss)]},
+    {cluster: volunteer work folder}, {cluster: [eval records]} and run_result.json's clusters."""
     work = os.path.join(args.work, label)
     os.makedirs(work)
     out = os.path.join(work, "coordinator")
@@ -89,15 +95,17 @@ def run(args, label, job, model):
         vt.all_finish(coordinator, volunteers)
     finally:
         vt.kill_all(coordinator, volunteers)
-    losses, folders = {}, {}
+    losses, folders, evals = {}, {}, {}
     for _, folder in volunteers:
         nodes = os.path.join(folder, "node_data", "nodes")
         (name,) = os.listdir(nodes)
         cluster = json.load(open(os.path.join(nodes, name, "node.json")))["cluster"]
         records = [json.loads(l) for l in open(os.path.join(nodes, name, "metrics.jsonl"))]
         losses[cluster] = [(r["step"], r["loss"]) for r in records if "step" in r and "loss" in r]
+        evals[cluster] = [r["eval"] for r in records if "eval" in r]
         folders[cluster] = folder
-    return losses, folders
+    finals = json.load(open(os.path.join(out, "run_result.json")))["clusters"]
+    return losses, folders, evals, sorted(finals, key=lambda c: c["cluster"])
 
 
 def main():
@@ -113,17 +121,22 @@ def main():
                    stdout=subprocess.DEVNULL)
     data_dir = os.path.join(args.work, "coordinator_data")
     make_shards(data_dir)
-    data = {"location": data_dir, "format": "safetensors"}
+    test_dir = os.path.join(args.work, "coordinator_test_data")
+    make_shards(test_dir, "test", "t10k", TEST_SHARDS, PER_TEST_SHARD)
+    data = {"location": data_dir, "format": "safetensors", "test_location": test_dir}
     served_job = write_job(args.work, "served.json", model, dict(data, source="coordinator", cache_mb=16))
     local_job = write_job(args.work, "local.json", model, data)
 
-    served, folders = run(args, "served", served_job, model)
-    local, _ = run(args, "local", local_job, model)
+    served, folders, served_evals, served_finals = run(args, "served", served_job, model)
+    local, _, local_evals, local_finals = run(args, "local", local_job, model)
 
-    crc = {k: zlib.crc32(open(os.path.join(data_dir, f"train_{k}.safetensors"), "rb").read()) for k in range(SHARDS)}
+    files = {k: os.path.join(data_dir, f"train_{k}.safetensors") for k in range(SHARDS)}
+    files.update({SHARDS + k: os.path.join(test_dir, f"test_{k}.safetensors") for k in range(TEST_SHARDS)})
+    crc = {k: zlib.crc32(open(path, "rb").read()) for k, path in files.items()}
     for cluster, folder in sorted(folders.items()):
         cached = sorted(os.listdir(os.path.join(folder, "chunks")))
-        expected = sorted(f"{k}-train_{k}.safetensors" for k in range(SHARDS) if k % 2 == cluster)
+        expected = sorted([f"{k}-train_{k}.safetensors" for k in range(SHARDS) if k % 2 == cluster] +
+                          [f"{SHARDS + k}-test_{k}.safetensors" for k in range(TEST_SHARDS)])
         if cached != expected:
             vt.fail(f"cluster {cluster}'s chunk cache holds {cached}, expected {expected}")
         for name in cached:
@@ -137,6 +150,16 @@ def main():
             vt.fail(f"cluster {cluster}: served losses {a[:3]}… ({len(a)}) differ from local {b[:3]}… ({len(b)})")
         print(f"cluster {cluster}: 40 step losses equal with served and local data "
               f"(first {a[0][1]:.6f}, last {a[-1][1]:.6f}); cache {sorted(os.listdir(os.path.join(folders[cluster], 'chunks')))}")
+        ea, eb = served_evals.get(cluster, []), local_evals.get(cluster, [])
+        if [e.get("step") for e in ea] != [20, 40] or any(e.get("samples") != 600 for e in ea) or ea != eb:
+            vt.fail(f"cluster {cluster}: served evaluations {ea} differ from local {eb} "
+                    "(expected after steps 20 and 40 on 600 test samples)")
+        print(f"cluster {cluster}: evaluations equal with served and local data: {ea}")
+    finals = [(c["cluster"], c.get("eval")) for c in served_finals]
+    if [c for c, _ in finals] != [0, 1] or any(e is None for _, e in finals) or \
+            finals != [(c["cluster"], c.get("eval")) for c in local_finals]:
+        vt.fail(f"run_result.json final evaluations: served {served_finals}, local {local_finals}")
+    print(f"run_result.json final evaluations equal: {finals}")
     print("OK")
 
 
