@@ -11,7 +11,10 @@ evaluates on the whole test set), byte-identical to the coordinator's files (zli
 step loss of each cluster equals, exactly, that of the same job run with data.source "local" (the
 same volunteers' flow reading the files themselves): the sampler order is the same; and so do the
 evaluation records (metrics.jsonl "eval" after steps 20 and 40, on all 600 test samples) and the
-final evaluations in the coordinator's run_result.json.
+final evaluations in the coordinator's run_result.json. The same checks then run for the tokens
+format: four byte-token training files and two test files cut from a Debian text
+(/usr/share/common-licenses/GPL-3), a one-block tiny GPT (examples/tiny_gpt/make_model.py), block
+length 16 (evaluations on 374 test blocks, with perplexity).
 
     served_chunks_test.py --provider BUILD/node/provider --clusterize BUILD/clusterize/clusterize --work DIR
 """
@@ -30,6 +33,7 @@ import volunteer_test as vt  # noqa: E402  (its Process, ports, coordinator help
 
 SHARDS, PER_SHARD = 4, 600
 TEST_SHARDS, PER_TEST_SHARD = 2, 300
+TEXT = "/usr/share/common-licenses/GPL-3"  # base-files: every Debian machine has it
 
 
 def write_safetensors(path, tensors):
@@ -72,14 +76,14 @@ def write_job(work, name, model, data):
     return path
 
 
-def run(args, label, job, model):
+def run(args, label, job, model, shape):
     """One run: coordinator + 2 volunteers in empty folders; returns {cluster: [(step, loss)]},
     {cluster: volunteer work folder}, {cluster: [eval records]} and run_result.json's clusters."""
     work = os.path.join(args.work, label)
     os.makedirs(work)
     out = os.path.join(work, "coordinator")
     invite_file = os.path.join(work, "invite.txt")
-    cmd = [args.clusterize, "--model", model, "--job", job, "--input-shape", "8,1,28,28",
+    cmd = [args.clusterize, "--model", model, "--job", job, *shape,
            "--serve", "127.0.0.1:0", "--invite-file", invite_file, "--out", out,
            "--min-volunteers", "2", "--clusters", "2"]
     coordinator = vt.Process(f"{label} coordinator", cmd)
@@ -108,6 +112,55 @@ def run(args, label, job, model):
     return losses, folders, evals, sorted(finals, key=lambda c: c["cluster"])
 
 
+def make_token_shards(folder, prefix, text, shards, per_shard):
+    os.makedirs(folder, exist_ok=True)
+    for k in range(shards):
+        with open(os.path.join(folder, f"{prefix}_{k}.bin"), "wb") as f:
+            f.write(text[k * per_shard:(k + 1) * per_shard])
+
+
+def check_case(args, case, model, shape, data_dir, test_dir, suffix, test_samples, cache_mb):
+    """Runs the served and the local job of one case and checks caches, losses and evaluations."""
+    data = dict(case, location=data_dir, test_location=test_dir)
+    label = case["format"]
+    served_job = write_job(args.work, f"{label}_served.json", model, dict(data, source="coordinator", cache_mb=cache_mb))
+    local_job = write_job(args.work, f"{label}_local.json", model, data)
+
+    served, folders, served_evals, served_finals = run(args, f"{label}_served", served_job, model, shape)
+    local, _, local_evals, local_finals = run(args, f"{label}_local", local_job, model, shape)
+
+    files = {k: os.path.join(data_dir, f"train_{k}{suffix}") for k in range(SHARDS)}
+    files.update({SHARDS + k: os.path.join(test_dir, f"test_{k}{suffix}") for k in range(TEST_SHARDS)})
+    crc = {k: zlib.crc32(open(path, "rb").read()) for k, path in files.items()}
+    for cluster, folder in sorted(folders.items()):
+        cached = sorted(os.listdir(os.path.join(folder, "chunks")))
+        expected = sorted([f"{k}-train_{k}{suffix}" for k in range(SHARDS) if k % 2 == cluster] +
+                          [f"{SHARDS + k}-test_{k}{suffix}" for k in range(TEST_SHARDS)])
+        if cached != expected:
+            vt.fail(f"{label}: cluster {cluster}'s chunk cache holds {cached}, expected {expected}")
+        for name in cached:
+            k = int(name.split("-")[0])
+            got = zlib.crc32(open(os.path.join(folder, "chunks", name), "rb").read())
+            if got != crc[k]:
+                vt.fail(f"{label}: cluster {cluster}'s cached chunk {k} differs from the coordinator's file")
+    for cluster in (0, 1):
+        a, b = served.get(cluster, []), local.get(cluster, [])
+        if len(a) != 40 or a != b:
+            vt.fail(f"{label}: cluster {cluster}: served losses {a[:3]}… ({len(a)}) differ from local {b[:3]}… ({len(b)})")
+        print(f"{label}: cluster {cluster}: 40 step losses equal with served and local data "
+              f"(first {a[0][1]:.6f}, last {a[-1][1]:.6f}); cache {sorted(os.listdir(os.path.join(folders[cluster], 'chunks')))}")
+        ea, eb = served_evals.get(cluster, []), local_evals.get(cluster, [])
+        if [e.get("step") for e in ea] != [20, 40] or any(e.get("samples") != test_samples for e in ea) or ea != eb:
+            vt.fail(f"{label}: cluster {cluster}: served evaluations {ea} differ from local {eb} "
+                    f"(expected after steps 20 and 40 on {test_samples} test samples)")
+        print(f"{label}: cluster {cluster}: evaluations equal with served and local data: {ea}")
+    finals = [(c["cluster"], c.get("eval")) for c in served_finals]
+    if [c for c, _ in finals] != [0, 1] or any(e is None for _, e in finals) or \
+            finals != [(c["cluster"], c.get("eval")) for c in local_finals]:
+        vt.fail(f"{label}: run_result.json final evaluations: served {served_finals}, local {local_finals}")
+    print(f"{label}: run_result.json final evaluations equal: {finals}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--provider", required=True)
@@ -116,6 +169,7 @@ def main():
     args = p.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
+    # Safetensors: Fashion-MNIST images.
     model = os.path.join(args.work, "model.pt")
     subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
                    stdout=subprocess.DEVNULL)
@@ -123,43 +177,24 @@ def main():
     make_shards(data_dir)
     test_dir = os.path.join(args.work, "coordinator_test_data")
     make_shards(test_dir, "test", "t10k", TEST_SHARDS, PER_TEST_SHARD)
-    data = {"location": data_dir, "format": "safetensors", "test_location": test_dir}
-    served_job = write_job(args.work, "served.json", model, dict(data, source="coordinator", cache_mb=16))
-    local_job = write_job(args.work, "local.json", model, data)
+    check_case(args, {"format": "safetensors"}, model, ["--input-shape", "8,1,28,28"], data_dir, test_dir,
+               ".safetensors", TEST_SHARDS * PER_TEST_SHARD, 16)
 
-    served, folders, served_evals, served_finals = run(args, "served", served_job, model)
-    local, _, local_evals, local_finals = run(args, "local", local_job, model)
-
-    files = {k: os.path.join(data_dir, f"train_{k}.safetensors") for k in range(SHARDS)}
-    files.update({SHARDS + k: os.path.join(test_dir, f"test_{k}.safetensors") for k in range(TEST_SHARDS)})
-    crc = {k: zlib.crc32(open(path, "rb").read()) for k, path in files.items()}
-    for cluster, folder in sorted(folders.items()):
-        cached = sorted(os.listdir(os.path.join(folder, "chunks")))
-        expected = sorted([f"{k}-train_{k}.safetensors" for k in range(SHARDS) if k % 2 == cluster] +
-                          [f"{SHARDS + k}-test_{k}.safetensors" for k in range(TEST_SHARDS)])
-        if cached != expected:
-            vt.fail(f"cluster {cluster}'s chunk cache holds {cached}, expected {expected}")
-        for name in cached:
-            k = int(name.split("-")[0])
-            got = zlib.crc32(open(os.path.join(folder, "chunks", name), "rb").read())
-            if got != crc[k]:
-                vt.fail(f"cluster {cluster}'s cached chunk {k} differs from the coordinator's file")
-    for cluster in (0, 1):
-        a, b = served.get(cluster, []), local.get(cluster, [])
-        if len(a) != 40 or a != b:
-            vt.fail(f"cluster {cluster}: served losses {a[:3]}… ({len(a)}) differ from local {b[:3]}… ({len(b)})")
-        print(f"cluster {cluster}: 40 step losses equal with served and local data "
-              f"(first {a[0][1]:.6f}, last {a[-1][1]:.6f}); cache {sorted(os.listdir(os.path.join(folders[cluster], 'chunks')))}")
-        ea, eb = served_evals.get(cluster, []), local_evals.get(cluster, [])
-        if [e.get("step") for e in ea] != [20, 40] or any(e.get("samples") != 600 for e in ea) or ea != eb:
-            vt.fail(f"cluster {cluster}: served evaluations {ea} differ from local {eb} "
-                    "(expected after steps 20 and 40 on 600 test samples)")
-        print(f"cluster {cluster}: evaluations equal with served and local data: {ea}")
-    finals = [(c["cluster"], c.get("eval")) for c in served_finals]
-    if [c for c, _ in finals] != [0, 1] or any(e is None for _, e in finals) or \
-            finals != [(c["cluster"], c.get("eval")) for c in local_finals]:
-        vt.fail(f"run_result.json final evaluations: served {served_finals}, local {local_finals}")
-    print(f"run_result.json final evaluations equal: {finals}")
+    # Tokens: byte files of a Debian text (vocabulary 256), a one-block tiny GPT (examples/tiny_gpt).
+    block, per_train, per_test = 16, 6000, 3000
+    text = open(TEXT, "rb").read()
+    if len(text) < SHARDS * per_train + TEST_SHARDS * per_test:
+        vt.fail(f"{TEXT} is shorter than the token shards need")
+    gpt = os.path.join(args.work, "gpt.pt")
+    subprocess.run([sys.executable, os.path.join(vt.REPO, "examples/tiny_gpt/make_model.py"), "--out", gpt,
+                    "--layers", "1", "--dim", "32", "--heads", "2", "--block", str(block)], check=True,
+                   stdout=subprocess.DEVNULL)
+    token_dir, token_test_dir = os.path.join(args.work, "token_data"), os.path.join(args.work, "token_test_data")
+    make_token_shards(token_dir, "train", text, SHARDS, per_train)
+    make_token_shards(token_test_dir, "test", text[SHARDS * per_train:], TEST_SHARDS, per_test)
+    check_case(args, {"format": "tokens", "block_length": block}, gpt,
+               ["--input-shape", f"8,{block}", "--input-dtype", "int64"], token_dir, token_test_dir, ".bin",
+               TEST_SHARDS * ((per_test - 1) // block), 1)
     print("OK")
 
 
