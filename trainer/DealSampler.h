@@ -1,0 +1,54 @@
+// DealSampler: which training samples a cluster sees when the number of clusters changes during a
+// run (issue [J] "Growing": the coordinator forms a new cluster as volunteers arrive and deals the
+// listed chunks over more clusters from some epoch on).
+// The deal is a history of entries {from_epoch E, clusters n}: from epoch E (until the next
+// entry's from_epoch) the listed chunks are dealt round robin over n clusters exactly as
+// ShardSampler deals them over a fixed number, and each epoch's order is ShardSampler's order for
+// that (cluster, n, epoch). So within every epoch the clusters' shards are disjoint and cover the
+// listed chunks, and a deal of one entry {0, n} gives exactly today's ShardSampler (the static flow
+// is unchanged bit for bit). A cluster that does not exist yet in an epoch (cluster >= n) has an
+// empty shard there.
+// Thread-safety: immutable after construction.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/Sampler.h"
+
+namespace cairn {
+
+struct DealEntry {
+  int64_t from_epoch = 0;
+  int clusters = 1;
+  bool operator==(const DealEntry& o) const {
+    return from_epoch == o.from_epoch && clusters == o.clusters;
+  }
+};
+
+// BadInput naming `where`[i].<field> unless: at least one entry, the first from epoch 0,
+// from_epoch strictly increasing, clusters >= 1.
+void validateDeal(const std::vector<DealEntry>& deal, const std::string& where);
+
+class DealSampler {
+ public:
+  // Chunk k holds the next chunk_sizes[k] samples; chunk_ids as ShardSampler's (empty: all).
+  DealSampler(const std::vector<int64_t>& chunk_sizes, int cluster, std::vector<DealEntry> deal,
+              const std::vector<int64_t>& chunk_ids, uint64_t seed);
+  // The entry in force at `epoch` (epoch >= 0).
+  const DealEntry& entryAt(int64_t epoch) const;
+  // This cluster's shard in `epoch` (ids in order); empty when the cluster does not exist then.
+  const std::vector<int64_t>& shard(int64_t epoch) const;
+  // The shard in this epoch's order (ShardSampler::epochOrder of the entry in force).
+  std::vector<int64_t> epochOrder(int64_t epoch) const;
+  const std::vector<DealEntry>& deal() const { return deal_; }
+
+ private:
+  size_t entryIndex(int64_t epoch) const;
+  std::vector<DealEntry> deal_;
+  std::vector<ShardSampler> samplers_;  // one per entry, or none where cluster >= clusters
+  std::vector<bool> present_;
+};
+
+}  // namespace cairn
