@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/Error.h"
+
 namespace cairn::coordinator {
 
 double probedRamGb(const Member& m) {
@@ -39,6 +41,53 @@ std::optional<std::vector<Member>> chooseGrowth(const std::vector<Member>& membe
     if (!found) return std::nullopt;
   }
   return chosen;
+}
+
+std::vector<DealEntry> grownDeal(const std::vector<DealEntry>& deal,
+                                 int64_t newest_reported_epoch) {
+  validateDeal(deal, "deal");
+  std::vector<DealEntry> grown = deal;
+  const int64_t from = std::max<int64_t>({newest_reported_epoch + 1, int64_t(1),
+                                          deal.back().from_epoch + 1});
+  grown.push_back({from, deal.back().clusters + 1});
+  return grown;
+}
+
+std::string dealJson(const std::vector<DealEntry>& deal) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const DealEntry& e : deal)
+    out.push_back({{"from_epoch", e.from_epoch}, {"clusters", e.clusters}});
+  return out.dump();
+}
+
+std::vector<DealEntry> parseDeal(const std::string& json, const std::string& where) {
+  const nlohmann::json in = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!in.is_array()) CAIRN_THROW(BadInput, where, ": deal is not a JSON array");
+  std::vector<DealEntry> deal;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const nlohmann::json& e = in[i];
+    for (const char* key : {"from_epoch", "clusters"})
+      if (!e.is_object() || !e.contains(key) || !e[key].is_number_integer())
+        CAIRN_THROW(BadInput, where, ": deal[", i, "].", key, " is missing or not an integer");
+    const int64_t clusters = e["clusters"].get<int64_t>();
+    if (clusters < 1 || clusters > 1000000)
+      CAIRN_THROW(BadInput, where, ": deal[", i, "].clusters is ", clusters,
+                  ": it must be between 1 and 1000000");
+    deal.push_back({e["from_epoch"].get<int64_t>(), int(clusters)});
+  }
+  validateDeal(deal, where + ": deal");
+  return deal;
+}
+
+std::vector<DealEntry> loadDeal(const CoordinatorStore& store, int planned_clusters) {
+  const std::optional<std::string> text = store.meta("deal");
+  if (!text) return {{0, planned_clusters}};
+  return parseDeal(*text, "coordinator.db meta \"deal\"");
+}
+
+void saveDeal(CoordinatorStore& store, const std::vector<DealEntry>& deal) {
+  validateDeal(deal, "deal");
+  store.setMeta("deal", dealJson(deal));
 }
 
 }  // namespace cairn::coordinator

@@ -1,6 +1,11 @@
 // Growth: the coordinator's pure decision whether the waiting spares can hold one more whole
 // pipeline (issue [J] "Growing"; docs/OPERATIONS.md "Growing"). No store, no sockets, no clock.
 //   chooseGrowth  which spare holds each stage of the new cluster, or nothing
+//   grownDeal     the deal after one more cluster forms: from the epoch after the newest epoch
+//                 any cluster has reported, one more cluster
+//   loadDeal/saveDeal  the deal table kept in coordinator.db (meta key "deal", JSON
+//                 [{"from_epoch":E,"clusters":n},…]; absent: one entry {0, planned clusters}),
+//                 validated on load with errors naming deal[i].<field>
 // Rule: a stage needs a spare whose probe reports at least `stage_ram_gb[s]` GB (the RAM the plan
 // placed that stage on — the same rule as replacement), every stage a different spare, and after
 // taking them at least `keep_spares` spares must still wait (spares meant to replace lost members
@@ -15,6 +20,7 @@
 #include <vector>
 
 #include "coordinator/CoordinatorStore.h"
+#include "trainer/DealSampler.h"
 
 namespace cairn::coordinator {
 
@@ -26,5 +32,16 @@ double probedRamGb(const Member& m);
 std::optional<std::vector<Member>> chooseGrowth(const std::vector<Member>& members,
                                                 const std::vector<double>& stage_ram_gb,
                                                 int keep_spares);
+
+// `deal` plus an entry {E, last clusters + 1} with E = max(newest_reported_epoch + 1, 1, the
+// last entry's from_epoch + 1): the epoch after the newest any cluster has reported (-1: none yet),
+// never epoch 0 and never before an earlier change.
+std::vector<DealEntry> grownDeal(const std::vector<DealEntry>& deal, int64_t newest_reported_epoch);
+
+std::string dealJson(const std::vector<DealEntry>& deal);
+// BadInput naming `where` and deal[i].<field> when the text is not a valid deal.
+std::vector<DealEntry> parseDeal(const std::string& json, const std::string& where);
+std::vector<DealEntry> loadDeal(const CoordinatorStore& store, int planned_clusters);
+void saveDeal(CoordinatorStore& store, const std::vector<DealEntry>& deal);
 
 }  // namespace cairn::coordinator

@@ -2,12 +2,16 @@
 // assignment of spares to stages.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <random>
 #include <set>
 #include <string>
 
 #include "coordinator/Growth.h"
+#include "core/Error.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -92,6 +96,59 @@ TEST(Growth, KeepsTheSparesMeantForReplacementAndPrefersTheEarliest) {
   EXPECT_EQ((*fit)[0].name, "x");
   EXPECT_EQ((*fit)[1].name, "y");
   EXPECT_FALSE(chooseGrowth(mixed, {12, 12}, 0));
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+TEST(GrowthDeal, TheNewClusterStartsTheEpochAfterTheNewestReported) {
+  EXPECT_EQ(grownDeal({{0, 1}}, 3), (std::vector<DealEntry>{{0, 1}, {4, 2}}));
+  EXPECT_EQ(grownDeal({{0, 2}}, -1), (std::vector<DealEntry>{{0, 2}, {1, 3}}));
+  EXPECT_EQ(grownDeal({{0, 1}, {4, 2}}, 2), (std::vector<DealEntry>{{0, 1}, {4, 2}, {5, 3}}));
+  EXPECT_THROW(grownDeal({}, 0), BadInput);
+}
+
+TEST(GrowthDeal, BadDealTextIsRefusedNamingTheField) {
+  auto message = [](const std::string& text) {
+    try {
+      parseDeal(text, "coordinator.db");
+    } catch (const BadInput& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message("{}").find("not a JSON array"), std::string::npos);
+  EXPECT_NE(message("[{\"from_epoch\":0}]").find("deal[0].clusters"), std::string::npos);
+  EXPECT_NE(message("[{\"from_epoch\":0,\"clusters\":1},{\"from_epoch\":\"2\",\"clusters\":2}]")
+                .find("deal[1].from_epoch"),
+            std::string::npos);
+  EXPECT_NE(message("[{\"from_epoch\":0,\"clusters\":0}]").find("deal[0].clusters"),
+            std::string::npos);
+  EXPECT_NE(message("[{\"from_epoch\":0,\"clusters\":1},{\"from_epoch\":0,\"clusters\":2}]")
+                .find("deal[1].from_epoch"),
+            std::string::npos);
+  EXPECT_EQ(parseDeal(dealJson({{0, 1}, {3, 2}}), "x"), (std::vector<DealEntry>{{0, 1}, {3, 2}}));
+}
+
+TEST(GrowthDeal, TheStoreKeepsTheDealAcrossARestart) {
+  char dir[] = "/tmp/cairn_growth_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/coordinator.db";
+  {
+    CoordinatorStore store(path);
+    EXPECT_EQ(loadDeal(store, 2), (std::vector<DealEntry>{{0, 2}}));  // nothing grown yet
+    saveDeal(store, grownDeal(loadDeal(store, 2), 6));
+  }
+  {
+    CoordinatorStore reopened(path);
+    EXPECT_EQ(loadDeal(reopened, 2), (std::vector<DealEntry>{{0, 2}, {7, 3}}));
+    reopened.setMeta("deal", "[{\"from_epoch\":1,\"clusters\":1}]");
+    EXPECT_THROW(loadDeal(reopened, 2), BadInput);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
