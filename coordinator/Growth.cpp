@@ -43,6 +43,49 @@ std::optional<std::vector<Member>> chooseGrowth(const std::vector<Member>& membe
   return chosen;
 }
 
+GrowthPlan planGrowth(const std::vector<NodeSpec>& nodes, const std::vector<Member>& spares,
+                      int new_cluster) {
+  const int stages = int(spares.size());
+  std::vector<const NodeSpec*> templates(size_t(stages), nullptr);
+  for (const NodeSpec& n : nodes) {
+    if (n.cluster == new_cluster)
+      CAIRN_THROW(BadInput, "growth: cluster ", new_cluster, " already has node ", n.name);
+    if (n.num_stages != stages)
+      CAIRN_THROW(BadInput, "growth: node ", n.name, " is one of ", n.num_stages,
+                  " stages but ", stages, " spares were chosen");
+    if (n.stage < 0 || n.stage >= stages)
+      CAIRN_THROW(BadInput, "growth: node ", n.name, " holds stage ", n.stage, " of ", stages);
+    const NodeSpec*& t = templates[size_t(n.stage)];
+    if (!t || n.cluster < t->cluster) t = &n;
+  }
+  auto ref = [](const Member& m) { return PeerRef{m.name, m.advertise, m.public_key}; };
+  GrowthPlan plan;
+  for (int s = 0; s < stages; ++s) {
+    if (!templates[size_t(s)]) CAIRN_THROW(BadInput, "growth: no placed node holds stage ", s);
+    NodeSpec n = *templates[size_t(s)];
+    n.name = spares[size_t(s)].name;
+    n.address = spares[size_t(s)].advertise;
+    n.cluster = new_cluster;
+    if (n.upstream) n.upstream = ref(spares[size_t(s - 1)]);
+    if (n.downstream) n.downstream = ref(spares[size_t(s + 1)]);
+    for (RingSpec& ring : n.rings) {
+      ring.members.push_back(ref(spares[size_t(s)]));
+      ring.rank = int(ring.members.size()) - 1;
+    }
+    plan.added.push_back(std::move(n));
+  }
+  for (const NodeSpec& existing : nodes) {
+    NodeSpec told = existing;
+    bool changed = false;
+    for (RingSpec& ring : told.rings) {
+      ring.members.push_back(ref(spares[size_t(existing.stage)]));
+      changed = true;
+    }
+    if (changed) plan.told.push_back(std::move(told));
+  }
+  return plan;
+}
+
 std::vector<DealEntry> grownDeal(const std::vector<DealEntry>& deal,
                                  int64_t newest_reported_epoch) {
   validateDeal(deal, "deal");

@@ -3,6 +3,8 @@
 //   chooseGrowth  which spare holds each stage of the new cluster, or nothing
 //   grownDeal     the deal after one more cluster forms: from the epoch after the newest epoch
 //                 any cluster has reported, one more cluster
+//   planGrowth    the new cluster's node.json files (copies of cluster 0's, one per stage) and
+//                 every existing node.json with the new member appended to its rings
 //   loadDeal/saveDeal  the deal table kept in coordinator.db (meta key "deal", JSON
 //                 [{"from_epoch":E,"clusters":n},…]; absent: one entry {0, planned clusters}),
 //                 validated on load with errors naming deal[i].<field>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "coordinator/CoordinatorStore.h"
+#include "core/NodeData.h"
 #include "trainer/DealSampler.h"
 
 namespace cairn::coordinator {
@@ -32,6 +35,21 @@ double probedRamGb(const Member& m);
 std::optional<std::vector<Member>> chooseGrowth(const std::vector<Member>& members,
                                                 const std::vector<double>& stage_ram_gb,
                                                 int keep_spares);
+
+struct GrowthPlan {
+  std::vector<NodeSpec> added;  // the new cluster, by stage: named after its spares
+  std::vector<NodeSpec> told;   // every existing node whose rings gained a member
+};
+
+// `nodes`: every placed node's node.json; `spares[s]` holds stage s of cluster `new_cluster`
+// (chooseGrowth's answer). Each new node copies the stage's node.json of the lowest cluster
+// (stage file, parameters, boundaries, ring ids and parameters: a ring needs the same
+// parameters), takes the spare's name, advertised address and key, the new cluster's pipeline
+// neighbours, and ring members = that ring's members followed by itself (rank last). Every
+// existing node in a ring of that stage gets the new member appended (its rank unchanged).
+// BadInput when some stage has no node in `nodes` or new_cluster is already taken.
+GrowthPlan planGrowth(const std::vector<NodeSpec>& nodes, const std::vector<Member>& spares,
+                      int new_cluster);
 
 // `deal` plus an entry {E, last clusters + 1} with E = max(newest_reported_epoch + 1, 1, the
 // last entry's from_epoch + 1): the epoch after the newest any cluster has reported (-1: none yet),

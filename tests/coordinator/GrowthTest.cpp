@@ -153,3 +153,73 @@ TEST(GrowthDeal, TheStoreKeepsTheDealAcrossARestart) {
 
 }  // namespace
 }  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+// Two clusters x two stages, as planVolunteers writes them: ring_s joins stage s of each cluster.
+std::vector<NodeSpec> twoByTwo() {
+  std::vector<NodeSpec> nodes;
+  for (int c = 0; c < 2; ++c)
+    for (int s = 0; s < 2; ++s) {
+      NodeSpec n;
+      n.name = "node_" + std::to_string(c * 2 + s);
+      n.address = "127.0.0.1:" + std::to_string(5000 + c * 2 + s);
+      n.cluster = c;
+      n.stage = s;
+      n.num_stages = 2;
+      n.stage_file = "stage_" + std::to_string(s) + ".pt";
+      n.parameters = {"p" + std::to_string(s)};
+      if (s == 1) n.upstream = PeerRef{"node_" + std::to_string(c * 2), "", "k"};
+      if (s == 0) n.downstream = PeerRef{"node_" + std::to_string(c * 2 + 1), "", "k"};
+      RingSpec ring;
+      ring.id = "ring_" + std::to_string(s);
+      ring.parameters = n.parameters;
+      for (int o = 0; o < 2; ++o) ring.members.push_back({"node_" + std::to_string(o * 2 + s), "a", "k"});
+      ring.rank = c;
+      n.rings.push_back(ring);
+      nodes.push_back(n);
+    }
+  return nodes;
+}
+
+TEST(GrowthPlan, TheNewClusterCopiesTheStagesAndJoinsEveryRingLast) {
+  Member a = member("node_7", MemberState::kSpare, 8), b = member("node_9", MemberState::kSpare, 8);
+  a.advertise = "127.0.0.1:6007";
+  b.advertise = "127.0.0.1:6009";
+  a.public_key = "A";
+  b.public_key = "B";
+  const GrowthPlan plan = planGrowth(twoByTwo(), {a, b}, 2);
+  ASSERT_EQ(plan.added.size(), 2u);
+  const NodeSpec& root = plan.added[0];
+  const NodeSpec& leaf = plan.added[1];
+  EXPECT_EQ(root.name, "node_7");
+  EXPECT_EQ(root.address, "127.0.0.1:6007");
+  EXPECT_EQ(root.cluster, 2);
+  EXPECT_EQ(root.stage_file, "stage_0.pt");
+  EXPECT_EQ(root.parameters, std::vector<std::string>{"p0"});
+  EXPECT_FALSE(root.upstream);
+  ASSERT_TRUE(root.downstream);
+  EXPECT_EQ(root.downstream->name, "node_9");
+  EXPECT_EQ(root.downstream->public_key, "B");
+  ASSERT_TRUE(leaf.upstream);
+  EXPECT_EQ(leaf.upstream->name, "node_7");
+  ASSERT_EQ(leaf.rings.size(), 1u);
+  EXPECT_EQ(leaf.rings[0].id, "ring_1");
+  ASSERT_EQ(leaf.rings[0].members.size(), 3u);
+  EXPECT_EQ(leaf.rings[0].members[0].name, "node_1");
+  EXPECT_EQ(leaf.rings[0].members[1].name, "node_3");
+  EXPECT_EQ(leaf.rings[0].members[2].name, "node_9");
+  EXPECT_EQ(leaf.rings[0].rank, 2);
+  ASSERT_EQ(plan.told.size(), 4u);
+  for (const NodeSpec& told : plan.told) {
+    ASSERT_EQ(told.rings[0].members.size(), 3u);
+    EXPECT_EQ(told.rings[0].members[2].name, told.stage == 0 ? "node_7" : "node_9");
+    EXPECT_EQ(told.rings[0].rank, told.cluster);  // unchanged
+  }
+  EXPECT_THROW(planGrowth(twoByTwo(), {a, b}, 1), BadInput);  // cluster taken
+  EXPECT_THROW(planGrowth(twoByTwo(), {a}, 2), BadInput);     // not a whole pipeline
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
