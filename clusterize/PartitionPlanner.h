@@ -35,7 +35,15 @@ double stageSeconds(const CostModel& cost, const PlannerNode& node, int begin, i
 
 // max_atoms_per_stage > 0 limits how many atoms one stage may hold (1: every stage is exactly one
 // atom, as when the user fixed the cuts and each atom is one of their stages); 0: no limit.
+//
+// tolerance > 0 (relative, e.g. 0.05) makes the plan stable against timing noise: the DP first
+// finds the optimal bottleneck B; then every split whose slowest stage is at most B * (1 +
+// tolerance) counts as equally good, and the canonical one among them is taken: nodes in order,
+// each takes the longest range (largest end atom) that still lets the rest be placed within that
+// bound. Costs that move by less than the margin between the canonical split and the bound leave
+// the plan unchanged; equal-cost alternatives always resolve the same way. tolerance 0: the exact
+// DP optimum (ties: the first found scanning cut positions from the largest begin down).
 ClusterPartition partitionCluster(const CostModel& cost, const std::vector<PlannerNode>& nodes,
-                                  int max_atoms_per_stage = 0);
+                                  int max_atoms_per_stage = 0, double tolerance = 0);
 
 }  // namespace cairn::clusterize

@@ -120,6 +120,104 @@ TEST(PartitionPlanner, MatchesBruteForceOnSmallRandomCases) {
   EXPECT_GT(infeasible, 5);
 }
 
+// Fixed per-unit costs (no profiling): seconds per atom, no memory limit, no transfer.
+CostModel fixedCost(const std::vector<double>& seconds) {
+  std::vector<AtomCost> list;
+  for (double s : seconds) list.push_back({1e6, 1e6, 0, 1e6, s});
+  return CostModel(list, std::vector<double>(seconds.size() + 1, 0.0), {OptimizerKind::kAdam, 2});
+}
+
+std::vector<PlannerNode> equalNodes(int count) {
+  return std::vector<PlannerNode>(static_cast<size_t>(count), PlannerNode{1e18, 1, 1e18});
+}
+
+// Each node's end atom in node order (a node left out ends where the previous one ended).
+std::vector<int> ends(const ClusterPartition& plan, int count) {
+  std::vector<int> result;
+  int end = 0;
+  size_t next = 0;
+  for (int k = 0; k < count; ++k) {
+    if (next < plan.stages.size() && plan.stages[next].node == k) end = plan.stages[next++].end_atom;
+    result.push_back(end);
+  }
+  return result;
+}
+
+// Brute-force reference of the tolerant planner: among every split whose slowest stage is within
+// (1 + tolerance) of the optimum, the one with the lexicographically largest end atoms per node.
+std::vector<int> bruteForceCanonical(const CostModel& cost, const std::vector<PlannerNode>& nodes,
+                                     double tolerance, double* optimum) {
+  std::vector<std::pair<double, std::vector<int>>> all;
+  std::vector<int> path;
+  std::function<void(size_t, int, double)> go = [&](size_t k, int placed, double worst) {
+    if (k == nodes.size()) {
+      if (placed == cost.numAtoms()) all.push_back({worst, path});
+      return;
+    }
+    for (int end = placed; end <= cost.numAtoms(); ++end) {
+      if (end > placed && cost.memoryBytes(placed, end) > nodes[k].capacity_bytes) continue;
+      const double t = end > placed ? stageSeconds(cost, nodes[k], placed, end) : 0;
+      path.push_back(end);
+      go(k + 1, end, std::max(worst, t));
+      path.pop_back();
+    }
+  };
+  go(0, 0, 0);
+  double best = std::numeric_limits<double>::infinity();
+  for (const auto& [worst, split] : all) best = std::min(best, worst);
+  *optimum = best;
+  std::vector<int> chosen;
+  for (const auto& [worst, split] : all)
+    if (worst <= best * (1 + tolerance) && split > chosen) chosen = split;
+  return chosen;
+}
+
+TEST(PartitionPlanner, TolerantPlanIsTheBruteForceCanonicalSplit) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int atoms = 1 + static_cast<int>(rng() % 7);
+    const int count = 1 + static_cast<int>(rng() % 4);
+    const CostModel cost = randomCost(rng, atoms);
+    std::vector<PlannerNode> nodes;
+    std::uniform_real_distribution<double> capacity(1e7, 2e8), speed(0.5, 2.0);
+    for (int k = 0; k < count; ++k) nodes.push_back({capacity(rng), speed(rng), 1e9});
+    const double tolerance = trial % 2 == 0 ? 0.05 : 0.2;
+    double optimum = 0;
+    const std::vector<int> expected = bruteForceCanonical(cost, nodes, tolerance, &optimum);
+    const ClusterPartition plan = partitionCluster(cost, nodes, 0, tolerance);
+    ASSERT_EQ(plan.feasible, !expected.empty()) << "trial " << trial;
+    if (!plan.feasible) continue;
+    EXPECT_EQ(ends(plan, count), expected) << "trial " << trial;
+    EXPECT_LE(plan.bottleneck_seconds, optimum * (1 + tolerance) * (1 + 1e-12));
+    EXPECT_NEAR(partitionCluster(cost, nodes).bottleneck_seconds, optimum, optimum * 1e-12);
+  }
+}
+
+// Equal-cost alternatives resolve the same way: three equal atoms on two equal nodes split 2 | 1,
+// and costs moved by 1% either way (which flips the exact optimum between 2 | 1 and 1 | 2) do not
+// change the tolerant plan; six equal atoms on three nodes stay 2 | 2 | 2 under random 1% noise.
+TEST(PartitionPlanner, TiesBreakTheSameWayAndNoiseWithinToleranceKeepsThePlan) {
+  const auto nodes2 = equalNodes(2);
+  EXPECT_EQ(ends(partitionCluster(fixedCost({1, 1, 1}), nodes2, 0, 0.05), 2),
+            (std::vector<int>{2, 3}));
+  EXPECT_EQ(ends(partitionCluster(fixedCost({1.01, 1, 1}), nodes2), 2), (std::vector<int>{1, 3}));
+  EXPECT_EQ(ends(partitionCluster(fixedCost({1, 1, 1.01}), nodes2), 2), (std::vector<int>{2, 3}));
+  for (const auto& seconds : {std::vector<double>{1.01, 1, 1}, std::vector<double>{1, 1, 1.01},
+                              std::vector<double>{0.99, 1.01, 1}}) {
+    EXPECT_EQ(ends(partitionCluster(fixedCost(seconds), nodes2, 0, 0.05), 2),
+              (std::vector<int>{2, 3}));
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> noise(0.99, 1.01);
+  const auto nodes3 = equalNodes(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<double> seconds;
+    for (int a = 0; a < 6; ++a) seconds.push_back(0.01 * noise(rng));
+    const ClusterPartition plan = partitionCluster(fixedCost(seconds), nodes3, 0, 0.05);
+    ASSERT_EQ(ends(plan, 3), (std::vector<int>{2, 4, 6})) << "trial " << trial;
+  }
+}
+
 TEST(CostModel, OptimizerStateAndMicrobatchesEnterMemory) {
   const std::vector<AtomCost> atoms = {{100, 100, 10, 1000, 1}, {50, 0, 0, 500, 1}};
   const std::vector<double> boundary = {40, 30, 20};
