@@ -24,8 +24,12 @@ struct MachineProbe {
 
 // hwloc's memory and core count, with the cgroup (v2 or v1) memory limit applied.
 void probeMemoryAndCores(MachineProbe* probe);
-// Runs float32 matmuls of `size`×`size` for about `duration`; returns GFLOPS (median of rounds).
-double probeComputeGflops(int size = 512, std::chrono::milliseconds duration = std::chrono::milliseconds(1500));
+// Runs float32 sgemms (torch::mm) of `size`×`size` for about `duration` (at least 5 rounds of
+// 100 ms) on `threads` intra-op threads (0: the machine's physical cores, hwloc); returns GFLOPS, the median
+// round.
+double probeComputeGflops(int size = 1024,
+                          std::chrono::milliseconds duration = std::chrono::milliseconds(1500),
+                          int threads = 0);
 // Sends `megabytes` in 1 MiB messages to a probe server at `peer` ("host:port") and waits for its
 // acknowledgement; returns payload megabits per second. Without a peer, starts a server thread on
 // 127.0.0.1 and measures loopback. Throws PeerLost naming the peer if it does not answer in time.
