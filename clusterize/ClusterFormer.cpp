@@ -16,11 +16,17 @@ std::vector<PlannerNode> pick(const std::vector<PlannerNode>& nodes, const std::
   return out;
 }
 
+// The planner's limits for every split: atoms per stage and the noise tolerance.
+struct Split {
+  int span = 0;
+  double tolerance = 0;
+};
+
 FormedCluster plan(const CostModel& cost, const std::vector<PlannerNode>& nodes,
-                   std::vector<int> ids, bool try_orders, int span) {
+                   std::vector<int> ids, bool try_orders, Split span) {
   FormedCluster best;
   best.nodes = ids;
-  best.partition = partitionCluster(cost, pick(nodes, ids), span);
+  best.partition = partitionCluster(cost, pick(nodes, ids), span.span, span.tolerance);
   if (!try_orders) return best;
   auto by = [&](auto key) {
     std::vector<int> order = ids;
@@ -30,7 +36,7 @@ FormedCluster plan(const CostModel& cost, const std::vector<PlannerNode>& nodes,
   for (const auto& order : {by([](const PlannerNode& n) { return n.capacity_bytes; }),
                             by([](const PlannerNode& n) { return n.speed; }),
                             by([](const PlannerNode& n) { return n.bandwidth_bytes_per_s; })}) {
-    ClusterPartition p = partitionCluster(cost, pick(nodes, order), span);
+    ClusterPartition p = partitionCluster(cost, pick(nodes, order), span.span, span.tolerance);
     if (p.feasible && (!best.partition.feasible ||
                        p.bottleneck_seconds < best.partition.bottleneck_seconds)) {
       best.nodes = order;
@@ -59,7 +65,7 @@ std::vector<std::vector<int>> deal(const std::vector<PlannerNode>& nodes,
 }
 
 bool allFeasible(const CostModel& cost, const std::vector<PlannerNode>& nodes,
-                 const std::vector<std::vector<int>>& groups, int span,
+                 const std::vector<std::vector<int>>& groups, Split span,
                  std::vector<FormedCluster>* out) {
   std::vector<FormedCluster> formed;
   for (const auto& group : groups) {
@@ -76,7 +82,7 @@ ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNo
                               const ClusterFormerOptions& options) {
   const int n = static_cast<int>(nodes.size());
   if (n == 0) CAIRN_THROW(BadInput, "there are no nodes to place the model on");
-  const int span = options.max_atoms_per_stage;
+  const Split span{options.max_atoms_per_stage, options.tolerance};
   // 1. Order: seeded shuffle, then a stable sort by memory, speed, bandwidth (largest first).
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);

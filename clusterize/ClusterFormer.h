@@ -30,6 +30,7 @@ struct ClusterFormerOptions {
   uint64_t seed = 0;        // tie-breaking among equal nodes
   int balance_rounds = 1000;  // step 3's limit
   int max_atoms_per_stage = 0;  // passed to partitionCluster (1: one atom per stage; 0: any)
+  double tolerance = 0;         // passed to partitionCluster (0: the exact optimum)
 };
 
 struct FormedCluster {

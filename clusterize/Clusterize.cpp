@@ -186,6 +186,7 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
   former.clusters = settings.clusters;
   former.seed = settings.seed;
   former.max_atoms_per_stage = fixed_stages > 0 ? 1 : 0;
+  former.tolerance = settings.tolerance;
   const ClusterFormation formation = formClusters(cost, nodes, former);
 
   ClusterizeResult result;
@@ -391,6 +392,7 @@ PreparedModel prepareModel(const ClusterizeOptions& options) {
   settings.clusters = options.clusters;
   settings.seed = options.seed;
   settings.cuts = options.cuts;
+  settings.tolerance = options.plan_tolerance;
   return prepared;
 }
 

@@ -46,6 +46,9 @@ struct ClusterizeOptions {
   // increasing, each a valid cut. Empty: the planner chooses the cuts. Given, every cluster has
   // exactly cuts.size() + 1 stages; the planner still chooses which node holds which stage.
   std::vector<int> cuts;
+  // Splits whose slowest stage is within this fraction of the optimum count as equal; the
+  // canonical one is taken (PartitionPlanner.h), so timing noise below it does not move cuts.
+  double plan_tolerance = 0;
   ProfileOptions profile;
 };
 
@@ -64,6 +67,7 @@ struct PlanSettings {
   int clusters = 0;
   uint64_t seed = 0;
   std::vector<int> cuts;  // ClusterizeOptions::cuts
+  double tolerance = 0;   // ClusterizeOptions::plan_tolerance
   std::string nodes_source = "node_configs.json";  // names the file in messages
 };
 ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,

@@ -125,6 +125,12 @@ int main(int argc, char** argv) {
   app.add_option("--clusters", o.clusters,
                  "number of clusters; 0 = as many as the nodes' memory allows")
       ->capture_default_str();
+  app.add_option("--plan-tolerance", o.plan_tolerance,
+                 "splits whose slowest stage is within this fraction of the optimum count as equal "
+                 "and the canonical one is taken (each node in order the longest range), so timing "
+                 "noise below it does not move the cuts; 0 = the exact optimum")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "seed for tie-breaking among equal nodes and for example inputs")
       ->capture_default_str();
   app.add_option("--granularity", granularity,
