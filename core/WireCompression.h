@@ -1,6 +1,6 @@
 // Pure codecs for compressing fp32 tensors on the wire (issue [I] part 5): bf16, fp16 and int8
 // with one fp32 scale per row. Torch-free and header-only so every room can use them; the
-// stage wire and ring chunks are not wired to them yet (see docs/PROTOCOL.md "Compression").
+// stage wire and ring chunks are not wired to them yet, so docs/PROTOCOL.md has no entry yet.
 //
 // Rounding (all exact, no platform dependence):
 //   bf16: the upper 16 bits of the fp32, round-to-nearest-even; NaN -> 0x7FC0 (as torch).
