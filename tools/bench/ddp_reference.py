@@ -9,11 +9,15 @@ Idiomatic DDP: torch.multiprocessing.spawn of --procs processes, gloo process gr
 DistributedDataParallel around the model, DistributedSampler (shuffle, seed 0), global batch
 --batch-size (each process takes batch/procs), AdamW(lr, weight_decay 0.01), constant lr, cross
 entropy, torch.set_num_threads(--threads) in every process. Same initial weights and data
-normalisation as cairn (fmnist_common.py). Timing: each training step is timed on rank 0 (after a
-barrier-free loop; DDP's all-reduce synchronises the ranks); samples/s counts steps after
---warmup; time to target = sum of ALL step times until the first evaluation at or above --target
-(evaluation pauses and start-up excluded, as on the cairn side). Evaluation: rank 0, full test set
-(or --test-samples), every --eval-every steps. Prints one JSON line.
+normalisation as cairn (fmnist_common.py). Timing (step_timing.py, the same rule as the cairn
+side): on rank 0 each step's time is the interval from the end of the previous step (the first:
+from the start of the training loop) to the end of this one, so it includes the DataLoader's
+batch, forward, backward with DDP's all-reduce, and AdamW, as cairn's step records do; the step
+after each evaluation counts as the median step (its interval holds the evaluation pause);
+start-up (spawn, data, process group) is never timed; samples/s counts steps after --warmup; time
+to target = the sum of the step times until the first evaluation at or above --target.
+Evaluation: rank 0, full test set (or --test-samples), every --eval-every steps. Prints one JSON
+line.
 """
 import argparse
 import json
@@ -28,11 +32,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import fmnist_common as common
+import step_timing
 
 
 def worker(rank, args):
     torch.set_num_threads(args.threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = args.master_addr
     os.environ["MASTER_PORT"] = str(args.port)
     dist.init_process_group("gloo", rank=rank, world_size=args.procs)
     torch.manual_seed(args.seed)
@@ -47,22 +52,24 @@ def worker(rank, args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     step, times, evals, reached = 0, [], [], None
     epoch = 0
+    last = time.perf_counter()
     while step < args.steps:
         sampler.set_epoch(epoch)
         for inputs, targets in loader:
-            start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(inputs), targets)
             loss.backward()
             optimizer.step()
-            times.append(time.perf_counter() - start)
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
             step += 1
             if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
                 if rank == 0:
                     model.eval()
                     acc = common.accuracy(model.module, tx, ty)
                     model.train()
-                    evals.append({"step": step, "accuracy": acc, "train_s": sum(times)})
+                    evals.append({"step": step, "accuracy": acc})
                     if reached is None and acc >= args.target:
                         reached = evals[-1]
                 flag = torch.tensor([1 if reached else 0])
@@ -73,16 +80,13 @@ def worker(rank, args):
                 break
         epoch += 1
     if rank == 0:
-        timed = times[args.warmup:]
+        fig = step_timing.figures(times, evals, args.eval_every, args.warmup, args.batch_size,
+                                  args.target)
         print(json.dumps({
             "side": "pytorch_ddp", "procs": args.procs, "batch_size": args.batch_size,
-            "steps": len(times),
-            "samples_per_s": args.batch_size * len(timed) / sum(timed) if timed else None,
-            "target": args.target,
-            "time_to_target_s": reached["train_s"] if reached else None,
-            "steps_to_target": reached["step"] if reached else None,
+            "steps": len(times), "target": args.target, **fig,
             "last_accuracy": evals[-1]["accuracy"] if evals else None,
-            "evals": evals}), flush=True)
+            "evals": evals, "step_times": [round(t, 6) for t in times]}), flush=True)
     dist.destroy_process_group()
 
 
@@ -103,8 +107,16 @@ def main():
     p.add_argument("--test-samples", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port", type=int, default=29531)
+    p.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address (gloo rendezvous)")
+    p.add_argument("--rank", type=int, default=-1,
+                   help="run only this rank in this process (one process per rank, started by the "
+                        "caller, e.g. tools/bench/netem_bench.py in separate network namespaces); "
+                        "default: spawn all --procs ranks here")
     args = p.parse_args()
-    mp.spawn(worker, args=(args,), nprocs=args.procs, join=True)
+    if args.rank >= 0:
+        worker(args.rank, args)
+    else:
+        mp.spawn(worker, args=(args,), nprocs=args.procs, join=True)
 
 
 if __name__ == "__main__":

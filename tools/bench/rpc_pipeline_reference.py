@@ -14,7 +14,9 @@ shard 1 (p1.remote().forward) and shard 2 (p2.rpc_async().forward) without waiti
 overlap, concatenates the logits, and runs dist_autograd.backward + DistributedOptimizer(AdamW) in
 one distributed-autograd context per step. Same initial weights, data normalisation, optimizer
 (AdamW lr 0.003 weight decay 0.01, constant), global batch and torch intra-op threads as cairn.
-Timing as in ddp_reference.py (step times; eval pauses and start-up excluded). Prints one JSON line.
+Timing as in ddp_reference.py (step_timing.py: interval from the end of the previous step, batch
+selection included; the step after an evaluation counts as the median step; start-up excluded).
+Prints one JSON line.
 """
 import argparse
 import json
@@ -32,6 +34,7 @@ from torch.distributed.optim import DistributedOptimizer
 from torch.distributed.rpc import RRef
 
 import fmnist_common as common
+import step_timing
 
 
 class Rest(nn.Module):
@@ -99,39 +102,37 @@ def train(args):
     generator = torch.Generator().manual_seed(args.seed)
     per_epoch = len(x) // args.batch_size
     step, times, evals, reached = 0, [], [], None
+    last = time.perf_counter()
     while step < args.steps:
         order = torch.randperm(len(x), generator=generator)
         for b in range(per_epoch):
             ids = order[b * args.batch_size:(b + 1) * args.batch_size]
             inputs, targets = x[ids], y[ids]
-            start = time.perf_counter()
             with dist_autograd.context() as context_id:
                 loss = F.cross_entropy(model(inputs), targets)
                 dist_autograd.backward(context_id, [loss])
                 optimizer.step(context_id)
-            times.append(time.perf_counter() - start)
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
             step += 1
             if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
                 model.set_training(False)
                 acc = common.accuracy(model, tx, ty)
                 model.set_training(True)
-                evals.append({"step": step, "accuracy": acc, "train_s": sum(times)})
+                evals.append({"step": step, "accuracy": acc})
                 if reached is None and acc >= args.target:
                     reached = evals[-1]
                     if args.stop_at_target:
                         step = args.steps
             if step >= args.steps:
                 break
-    timed = times[args.warmup:]
+    fig = step_timing.figures(times, evals, args.eval_every, args.warmup, args.batch_size, args.target)
     print(json.dumps({
         "side": "pytorch_rpc_pipeline", "procs": 2, "batch_size": args.batch_size,
-        "microbatches": args.microbatches, "steps": len(times),
-        "samples_per_s": args.batch_size * len(timed) / sum(timed) if timed else None,
-        "target": args.target,
-        "time_to_target_s": reached["train_s"] if reached else None,
-        "steps_to_target": reached["step"] if reached else None,
+        "microbatches": args.microbatches, "steps": len(times), "target": args.target, **fig,
         "last_accuracy": evals[-1]["accuracy"] if evals else None,
-        "evals": evals}), flush=True)
+        "evals": evals, "step_times": [round(t, 6) for t in times]}), flush=True)
 
 
 def worker(rank, args):

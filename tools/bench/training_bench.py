@@ -17,9 +17,13 @@ ddp       2 processes, same CNN, data, initial weights, global batch, AdamW/cons
           per process: cairn 2 clusters x 1 node with training_definition.sync = "gradients" vs
           ddp_reference.py; cairn 2 clusters x 1 node averaging parameters every step (local_steps 1,
           the mode that exists today) for context; cairn 1 cluster x 2 nodes vs
-          rpc_pipeline_reference.py. Runs alternate ours/peer for --rounds rounds; medians.
-          Time to target = sum of training step times until the first evaluation >= --target
-          (evaluations and start-up excluded on both sides).
+          rpc_pipeline_reference.py. Runs alternate ours/peer for --rounds rounds (even rounds
+          ours first, odd rounds PyTorch first); medians.
+          Both sides are timed by step_timing.py's one rule: a step is the interval from the end
+          of the previous step to the end of this one (data, forward, backward, sync, optimizer,
+          bookkeeping); the step after each evaluation (its interval holds the evaluation pause)
+          counts as the median step; start-up is never timed; samples/s leaves out --warmup steps;
+          time to target = sum of step times until the first evaluation >= --target.
 clusters  the CNN as 2 clusters x 2 nodes under sync average / diloco / gradients vs 1
           cluster x 2 nodes with the same global batch: samples/s, time to --target (and to
           --fallback-target), best accuracy within --steps; then sync vs async throughput on 1 x 2
@@ -38,6 +42,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import step_timing  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -271,12 +278,13 @@ def first_reaching(evals, times, target):
     return None if hit is None else (sum(times[:hit["step"]]), hit["step"])
 
 
-def ours_to_target(nd, batch_per_cluster, clusters, target, warmup):
-    steps, evals, times, samples_per_s = cluster0_run(nd, ("root", "root_leaf"), batch_per_cluster,
-                                                      clusters, warmup)
-    hit = first_reaching(evals, times, target)
-    return {"samples_per_s": samples_per_s, "steps": len(steps),
-            "time_to_target_s": hit and hit[0], "steps_to_target": hit and hit[1],
+def ours_to_target(nd, batch_per_cluster, clusters, target, warmup, eval_every):
+    """cluster 0's root: the step intervals of its metrics.jsonl (batch / samples_per_s, the time
+    since the previous step record) through step_timing.figures, the rule the PyTorch references
+    apply to their own step intervals."""
+    steps, evals, times, _ = cluster0_run(nd, ("root", "root_leaf"), batch_per_cluster, clusters, warmup)
+    fig = step_timing.figures(times, evals, eval_every, warmup, clusters * batch_per_cluster, target)
+    return {**fig, "steps": len(steps),
             "last_accuracy": evals[-1]["accuracy"] if evals else None,
             "evals": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals]}
 
@@ -304,35 +312,44 @@ def cmd_ddp(args):
     pairs = [pair for pair in pairs if pair[0] in args.cases]
     results = {k: [] for pair in pairs for k in pair if k}
     unavailable = {}
+    def run_ours(ours, r):
+        if ours in unavailable:
+            return
+        if ours == "ours_pipeline":
+            set_training(pp, batch_size=args.batch_size, microbatches=args.microbatches)
+            launch(pp)
+            res = ours_to_target(pp, args.batch_size, 1, args.target, args.warmup, args.eval_every)
+        else:
+            half = args.batch_size // 2
+            sync = "gradients" if ours == "ours_gradients" else None
+            set_training(dp, batch_size=half, microbatches=1, local_steps=1, sync=sync)
+            refused = launch(dp, refused_key="sync" if sync else None)
+            if refused:
+                unavailable[ours] = refused
+                return
+            res = ours_to_target(dp, half, 2, args.target, args.warmup, args.eval_every)
+        results[ours].append(res)
+        log(f"round {r} {ours}: {json.dumps(res)}")
+
+    def run_peer(peer, r):
+        script = "ddp_reference.py" if peer == "pytorch_ddp" else "rpc_pipeline_reference.py"
+        extra = ["--procs", "2"] if peer == "pytorch_ddp" else ["--microbatches", str(args.microbatches)]
+        proc = sh([PY, os.path.join(HERE, script), "--batch-size", str(args.batch_size),
+                   "--port", str(PORT_BASE + 500 + r * 7)] + common + extra)
+        res = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")][-1]
+        res.pop("step_times", None)
+        results[peer].append(res)
+        log(f"round {r} {peer}: {json.dumps(res)}")
+
     for r in range(args.rounds):
         for ours, peer in pairs:
-            if ours in unavailable:
-                continue
-            if ours == "ours_pipeline":
-                set_training(pp, batch_size=args.batch_size, microbatches=args.microbatches)
-                launch(pp)
-                res = ours_to_target(pp, args.batch_size, 1, args.target, args.warmup)
-            else:
-                half = args.batch_size // 2
-                sync = "gradients" if ours == "ours_gradients" else None
-                set_training(dp, batch_size=half, microbatches=1, local_steps=1, sync=sync)
-                refused = launch(dp, refused_key="sync" if sync else None)
-                if refused:
-                    unavailable[ours] = refused
-                    res = None
-                else:
-                    res = ours_to_target(dp, half, 2, args.target, args.warmup)
-            if res:
-                results[ours].append(res)
-                log(f"round {r} {ours}: {json.dumps(res)}")
-            if peer:
-                script = "ddp_reference.py" if peer == "pytorch_ddp" else "rpc_pipeline_reference.py"
-                extra = ["--procs", "2"] if peer == "pytorch_ddp" else ["--microbatches", str(args.microbatches)]
-                proc = sh([PY, os.path.join(HERE, script), "--batch-size", str(args.batch_size),
-                           "--port", str(PORT_BASE + 500 + r * 7)] + common + extra)
-                res = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")][-1]
-                results[peer].append(res)
-                log(f"round {r} {peer}: {json.dumps(res)}")
+            # alternate which side goes first, round by round
+            order = [("ours", ours), ("peer", peer)] if r % 2 == 0 else [("peer", peer), ("ours", ours)]
+            for side, key in order:
+                if side == "ours":
+                    run_ours(key, r)
+                elif key:
+                    run_peer(key, r)
 
     def summary(key):
         runs = results.get(key, [])
