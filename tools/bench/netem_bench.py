@@ -1,0 +1,528 @@
+#!/usr/bin/python3
+"""Emulated volunteer links (issue [I] part 5): PyTorch DDP and cairn over the same shaped links.
+
+    /usr/bin/python3 tools/bench/netem_bench.py                        # both presets, every setup
+    /usr/bin/python3 tools/bench/netem_bench.py --presets 100:20 --setups ddp,diloco --steps 60
+    /usr/bin/python3 tools/bench/netem_bench.py --smoke                # unshaped, a few steps
+
+Topology: every training process runs in its own network namespace (cnb<PID>n<i>, address
+10.77.<i>.2/24 on its interface e0), joined by a veth pair to one router namespace of its own
+(cnb<PID>r, 10.77.<i>.1 on r<i>) that forwards between them. No traffic leaves these namespaces.
+Shaping per link, both directions: with `tc netem` available, netem "delay RTT/4 rate R" on both
+ends of every veth (so process to process: rate R, round trip RTT). Where the kernel has no netem
+(this machine's has none: "Specified qdisc kind is unknown"), the rate is a tbf qdisc (rate R) on
+both ends of every veth and the delay is added by a TUN relay in the router namespace: policy
+routing sends every forwarded packet into a TUN device, a small loop (this script, --relay-tun)
+holds each one RTT/2 and writes it back, and the main table delivers it; each packet passes the
+router once per direction, so the round trip is RTT. The setup measures the round trip (a TCP
+connect between two namespaces) and prints it. Everything (processes, namespaces, links) is
+removed on exit, also on failure or Ctrl-C. Where namespaces cannot be created (not root, no
+`ip netns`), the script prints why and "skipped", and exits 0.
+
+Setups, all Fashion-MNIST with the example CNN, the same initial weights, global batch, AdamW
+(lr, weight decay 0.01, constant), 1 intra-op thread per process, 4 processes:
+  ddp        PyTorch DDP (gloo), tools/bench/ddp_reference.py, one rank per namespace
+  average    cairn 2 clusters x 2 nodes, sync "average", local_steps --local-steps
+  diloco     cairn 2 clusters x 2 nodes, sync "diloco", local_steps --local-steps
+  pipeline   cairn 1 cluster x 4 nodes (pipeline, --microbatches)
+  average4, diloco4   cairn 4 clusters x 1 node (what clusterize itself chooses for this CNN when
+             told the real link rate: a cut between stages costs more than it saves)
+cairn plans are clusterize plans over node_configs.json entries whose IP is the namespace address
+(what tools/make_node_configs writes from `provider --probe --address`); each provider binds the
+address in its node.json, inside its namespace. --wire CODECS adds average/diloco/pipeline rows
+with training_definition.wire = {"activations": C, "sync": C} (compression on the wire): a
+provider that refuses the key (exit 2 naming it) gives an "unavailable" row, never a number.
+
+Time to target (--target test accuracy on the first --test-samples test images, evaluated every
+--eval-every steps) is timed as in training_bench.py ddp (step_timing.py): the sum of the step
+intervals (end of the previous step to end of this one: data, compute, communication, optimizer)
+until the first evaluation at or above the target; evaluation pauses and start-up are excluded on
+both sides. Runs stop once the target is reached (DDP: --stop-at-target; cairn: the providers are
+stopped once cluster 0's root records it). Output: one JSON line per row on stdout, then a
+markdown table (stderr carries progress).
+"""
+import argparse
+import collections
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import step_timing  # noqa: E402
+
+BUILD = os.path.join(ROOT, os.environ.get("CAIRN_BUILD_DIR", "build"))
+PY = "/usr/bin/python3"
+PROVIDER = os.environ.get("PROVIDER", os.path.join(BUILD, "node", "provider"))
+CLUSTERIZE = os.path.join(BUILD, "clusterize", "clusterize")
+TAG = f"cnb{os.getpid()}"
+ROUTER = TAG + "r"
+PROVIDER_PORT = 5500
+
+
+def log(msg):
+    print("netem_bench: " + msg, file=sys.stderr, flush=True)
+
+
+def run(cmd, check=True, **kw):
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}: {proc.stderr.strip()[:400]}")
+    return proc
+
+
+# ---- the delay relay (runs inside the router namespace) ------------------------------------------
+
+def relay(tun_name, delay_s):
+    """Reads every packet routed into TUN `tun_name`, writes it back after `delay_s` (FIFO: one
+    fixed delay keeps the order)."""
+    fd = os.open("/dev/net/tun", os.O_RDWR)
+    fcntl.ioctl(fd, 0x400454CA, struct.pack("16sH", tun_name.encode(), 0x0001 | 0x1000))  # TUNSETIFF, IFF_TUN|IFF_NO_PI
+    os.set_blocking(fd, False)
+    print("ready", flush=True)
+    queue = collections.deque()
+    while True:
+        now = time.monotonic()
+        timeout = max(0.0, queue[0][0] - now) if queue else 1.0
+        readable, _, _ = select.select([fd], [], [], timeout)
+        if readable:
+            for _ in range(512):
+                try:
+                    packet = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                queue.append((time.monotonic() + delay_s, packet))
+        now = time.monotonic()
+        while queue and queue[0][0] <= now:
+            try:
+                os.write(fd, queue.popleft()[1])
+            except OSError:
+                pass
+
+
+# ---- topology ------------------------------------------------------------------------------------
+
+def ns_name(i):
+    return f"{TAG}n{i}"
+
+
+def address(i):
+    return f"10.77.{i}.2"
+
+
+class Topology:
+    """n process namespaces and a router namespace; shape(rate_mbit, rtt_ms) or unshaped."""
+
+    def __init__(self, n):
+        self.n, self.relay, self.created = n, None, []
+        self.children = []
+
+    def nsx(self, ns, *cmd, check=True):
+        return run(["ip", "netns", "exec", ns] + list(cmd), check=check)
+
+    def up(self):
+        run(["ip", "netns", "add", ROUTER])
+        self.created.append(ROUTER)
+        self.nsx(ROUTER, "ip", "link", "set", "lo", "up")
+        self.nsx(ROUTER, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        self.nsx(ROUTER, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0")
+        self.nsx(ROUTER, "sysctl", "-qw", "net.ipv4.conf.default.rp_filter=0")
+        for i in range(self.n):
+            ns = ns_name(i)
+            run(["ip", "netns", "add", ns])
+            self.created.append(ns)
+            run(["ip", "link", "add", "e0", "netns", ns, "type", "veth", "peer", "name", f"r{i}",
+                 "netns", ROUTER])
+            self.nsx(ns, "ip", "link", "set", "lo", "up")
+            self.nsx(ns, "ip", "addr", "add", address(i) + "/24", "dev", "e0")
+            self.nsx(ns, "ip", "link", "set", "e0", "up")
+            self.nsx(ns, "ip", "route", "add", "default", "via", f"10.77.{i}.1")
+            self.nsx(ROUTER, "ip", "addr", "add", f"10.77.{i}.1/24", "dev", f"r{i}")
+            self.nsx(ROUTER, "ip", "link", "set", f"r{i}", "up")
+
+    def netem_available(self):
+        p = self.nsx(ns_name(0), "tc", "qdisc", "replace", "dev", "e0", "root", "netem", "delay", "1ms",
+                     check=False)
+        if p.returncode == 0:
+            self.nsx(ns_name(0), "tc", "qdisc", "del", "dev", "e0", "root", check=False)
+            return True, ""
+        return False, p.stderr.strip()
+
+    def unshape(self):
+        if self.relay:
+            self.stop_relay()
+        for i in range(self.n):
+            self.nsx(ns_name(i), "tc", "qdisc", "del", "dev", "e0", "root", check=False)
+            self.nsx(ROUTER, "tc", "qdisc", "del", "dev", f"r{i}", "root", check=False)
+
+    def shape(self, rate_mbit, rtt_ms, use_netem):
+        self.unshape()
+        ends = [(ns_name(i), "e0") for i in range(self.n)] + [(ROUTER, f"r{i}") for i in range(self.n)]
+        if use_netem:
+            for ns, dev in ends:
+                self.nsx(ns, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "delay",
+                         f"{rtt_ms / 4}ms", "rate", f"{rate_mbit}mbit", "limit", "100000")
+            return "netem"
+        for ns, dev in ends:
+            self.nsx(ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
+                     "burst", "128kb", "limit", "8mb")
+        if rtt_ms > 0:
+            self.start_relay(rtt_ms / 2000.0)
+        return "tbf+tun-relay"
+
+    def start_relay(self, delay_s):
+        tun = "cnbtun"
+        self.relay = subprocess.Popen(["ip", "netns", "exec", ROUTER, PY, os.path.abspath(__file__),
+                                       "--relay-tun", tun, "--relay-delay-s", str(delay_s)],
+                                      stdout=subprocess.PIPE, text=True, start_new_session=True)
+        if self.relay.stdout.readline().strip() != "ready":
+            raise RuntimeError("the delay relay did not start")
+        self.nsx(ROUTER, "ip", "link", "set", tun, "txqueuelen", "20000")
+        self.nsx(ROUTER, "ip", "link", "set", tun, "up")
+        self.nsx(ROUTER, "sysctl", "-qw", f"net.ipv4.conf.{tun}.rp_filter=0")
+        self.nsx(ROUTER, "ip", "route", "add", "default", "dev", tun, "table", "100")
+        for i in range(self.n):
+            self.nsx(ROUTER, "ip", "rule", "add", "iif", f"r{i}", "lookup", "100", "pref", "100")
+
+    def stop_relay(self):
+        for i in range(self.n):
+            self.nsx(ROUTER, "ip", "rule", "del", "iif", f"r{i}", "lookup", "100", "pref", "100", check=False)
+        self.nsx(ROUTER, "ip", "route", "flush", "table", "100", check=False)
+        kill_group(self.relay)
+        self.relay = None
+
+    def rtt_ms(self):
+        """Round trip measured as the time of a TCP connect from namespace 0 to namespace 1."""
+        server = subprocess.Popen(["ip", "netns", "exec", ns_name(1), PY, "-c",
+                                   "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+                                   f"s.bind(('{address(1)}',7999));s.listen(8);print('up',flush=True)\n"
+                                   "while True: s.accept()[0].close()"],
+                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            server.stdout.readline()
+            code = ("import socket,time,statistics\nr=[]\nfor _ in range(5):\n t=time.perf_counter();"
+                    f"c=socket.create_connection(('{address(1)}',7999),timeout=5);r.append(time.perf_counter()-t);c.close()\n"
+                    "print(statistics.median(r)*1000)")
+            return float(self.nsx(ns_name(0), PY, "-c", code).stdout.strip())
+        finally:
+            kill_group(server)
+
+    def down(self):
+        for p in self.children:
+            kill_group(p)
+        if self.relay:
+            kill_group(self.relay)
+        for ns in reversed(self.created):
+            pids = run(["ip", "netns", "pids", ns], check=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+            run(["ip", "netns", "del", ns], check=False)
+        self.created = []
+
+
+def kill_group(proc):
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+
+
+# ---- runs ----------------------------------------------------------------------------------------
+
+def run_ddp(topo, args, model, work):
+    procs = []
+    outs = []
+    for i in range(4):
+        out = open(os.path.join(work, f"ddp_rank{i}.out"), "w")
+        outs.append(out)
+        env = ["env", "GLOO_SOCKET_IFNAME=e0", "OMP_WAIT_POLICY=PASSIVE"]
+        cmd = ["ip", "netns", "exec", ns_name(i)] + env + [
+            PY, os.path.join(HERE, "ddp_reference.py"), "--model", model, "--procs", "4", "--rank", str(i),
+            "--master-addr", address(0), "--port", "29500", "--batch-size", str(args.batch_size),
+            "--threads", "1", "--lr", str(args.lr), "--steps", str(args.steps),
+            "--eval-every", str(args.eval_every), "--target", str(args.target), "--stop-at-target",
+            "--warmup", str(args.warmup), "--test-samples", str(args.test_samples),
+            "--train-samples", str(args.train_samples)]
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE, start_new_session=True)
+        procs.append(p)
+        topo.children.append(p)
+    start = time.monotonic()
+    for p in procs:
+        try:
+            p.wait(timeout=max(1, args.run_timeout - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                kill_group(q)
+            return {"error": f"DDP run over {args.run_timeout} s (--run-timeout)"}
+    wall = time.monotonic() - start
+    for o in outs:
+        o.close()
+    text = open(os.path.join(work, "ddp_rank0.out")).read()
+    lines = [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+    if not lines or any(p.returncode for p in procs):
+        return {"error": "DDP failed: " + text[-600:]}
+    res = lines[-1]
+    return {k: res[k] for k in ("samples_per_s", "median_step_s", "time_to_target_s", "steps_to_target",
+                                "steps", "last_accuracy", "evals")} | {"process_wall_s": wall}
+
+
+def plan(model, job, nodes_per_cluster, clusters, out):
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    n = nodes_per_cluster * clusters
+    # what tools/make_node_configs gathers from `provider --probe --address IP:PORT` on each machine.
+    # bandwidth 10000: with the shaped rate (100 or 20 Mbit/s) clusterize keeps the whole CNN on one
+    # node per cluster (a cut costs more than it saves); 10 Gbit/s makes it cut into exactly
+    # nodes_per_cluster stages, the 2 x 2 and 1 x 4 setups the issue asks for.
+    nodes = {str(i): {"IP": f"{address(i)}:{PROVIDER_PORT}",
+                      "benchmarks": {"ram": 2, "bandwidth": 10000}} for i in range(n)}
+    json.dump(nodes, open(os.path.join(out, "node_configs.json"), "w"))
+    json.dump(job, open(os.path.join(out, "job.in.json"), "w"))
+    run([CLUSTERIZE, "--model", model, "--nodes", os.path.join(out, "node_configs.json"), "--job",
+         os.path.join(out, "job.in.json"), "--clusters", str(clusters), "--profile-runs", "1",
+         "--out", out, "--input-shape", "32,1,28,28"], cwd=ROOT)
+    specs = {}
+    for name in sorted(os.listdir(os.path.join(out, "nodes"))):
+        path = os.path.join(out, "nodes", name, "node.json")
+        if os.path.exists(path):
+            specs[name] = json.load(open(path))
+    per_cluster = collections.Counter(s["cluster"] for s in specs.values())
+    if sorted(per_cluster.values()) != [nodes_per_cluster] * clusters:
+        raise RuntimeError(f"clusterize made {dict(per_cluster)} nodes per cluster, wanted {nodes_per_cluster}")
+    return specs
+
+
+def read_metrics(path):
+    steps, evals = [], []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "samples_per_s" in r:
+                steps.append(r)
+            elif "eval" in r:
+                evals.append(r["eval"])
+    return steps, evals
+
+
+SHAPES = {"average": (2, 2, "average"), "diloco": (2, 2, "diloco"), "pipeline": (1, 4, None),
+          "average4": (4, 1, "average"), "diloco4": (4, 1, "diloco")}
+
+
+def run_cairn(topo, args, model, work, setup, wire):
+    clusters, per, sync = SHAPES[setup]
+    batch = args.batch_size // clusters
+    job = json.load(open(os.path.join(ROOT, "examples", "fashion_mnist", "job.json")))
+    job["data"]["test_samples"] = args.test_samples
+    job["data"]["train_samples"] = args.train_samples
+    td = job["training_definition"]
+    td.update({"epochs": 0, "max_steps": args.steps, "lr_scheduler": "constant", "threads": 1,
+               "eval_every": args.eval_every, "batch_size": batch,
+               "microbatches": args.microbatches if per > 1 and clusters == 1 else max(1, batch // 32),
+               "optimizer": {"name": "adamw", "lr": args.lr, "weight_decay": 0.01}})
+    if sync:
+        td.update({"sync": sync, "local_steps": args.local_steps})
+    if wire:
+        # training_definition.wire (issue [I] part 5, compression on the wire): a provider that does
+        # not know the key refuses it with exit code 2, reported below as "unavailable"
+        td["wire"] = {"activations": wire, "sync": wire}
+    nd = os.path.join(work, f"{setup}_{wire or 'fp32'}")
+    specs = plan(model, job, per, clusters, nd)
+    index = {f"{address(i)}:{PROVIDER_PORT}": i for i in range(4)}
+    root = [n for n, s in specs.items() if s["cluster"] == 0 and s["role"] in ("root", "root_leaf")][0]
+    procs = {}
+    for name, spec in specs.items():
+        i = index[spec["address"]]
+        out = open(os.path.join(nd, "nodes", name, "provider.log"), "w")
+        p = subprocess.Popen(["ip", "netns", "exec", ns_name(i), "env", "OMP_WAIT_POLICY=PASSIVE", PROVIDER,
+                              "--name", name, "--node-data", nd], stdout=out, stderr=subprocess.STDOUT,
+                             cwd=ROOT, start_new_session=True)
+        procs[name] = p
+        topo.children.append(p)
+    start = time.monotonic()
+    metrics = os.path.join(nd, "nodes", root, "metrics.jsonl")
+    reached, failed, timed_out = False, None, False
+    while True:
+        codes = {n: p.poll() for n, p in procs.items()}
+        bad = {n: c for n, c in codes.items() if c not in (None, 0)}
+        if bad and not reached:
+            failed = bad
+            break
+        if all(c is not None for c in codes.values()):
+            break
+        if not reached and any(e.get("accuracy", -1) >= args.target for e in read_metrics(metrics)[1]):
+            reached = True
+            time.sleep(0.5)
+            for p in procs.values():
+                kill_group(p)
+            break
+        if time.monotonic() - start > args.run_timeout:
+            for p in procs.values():
+                kill_group(p)
+            timed_out = True
+            break
+        time.sleep(0.3)
+    wall = time.monotonic() - start
+    if failed:
+        for p in procs.values():
+            kill_group(p)
+        text = "".join(open(os.path.join(nd, "nodes", n, "provider.log")).read()[-400:] for n in failed)
+        if wire and any(c == 2 for c in failed.values()) and "wire" in text:
+            return {"unavailable": "provider refuses training_definition.wire: " + text.strip()[-300:]}
+        return {"error": f"providers failed {failed}: {text[-600:]}"}
+    steps, evals = read_metrics(metrics)
+    times = [batch / r["samples_per_s"] for r in steps]
+    fig = step_timing.figures(times, evals, args.eval_every, args.warmup, clusters * batch, args.target)
+    if timed_out:
+        fig["stopped"] = f"--run-timeout {args.run_timeout} s before the target"
+    return {**fig, "steps": len(steps), "last_accuracy": evals[-1]["accuracy"] if evals else None,
+            "evals": [[e["step"], round(e["accuracy"], 4)] for e in evals],
+            "sync_s": round(sum(r.get("sync_s", 0.0) for r in steps), 3), "process_wall_s": wall}
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+def preflight():
+    if os.geteuid() != 0:
+        return "not root (network namespaces and tc need CAP_NET_ADMIN)"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "`ip` or `tc` (iproute2) not found"
+    probe = f"{TAG}probe"
+    p = run(["ip", "netns", "add", probe], check=False)
+    if p.returncode != 0:
+        return "cannot create a network namespace: " + p.stderr.strip()
+    run(["ip", "netns", "del", probe], check=False)
+    return None
+
+
+def table(rows):
+    out = ["| link | setup | wire | samples/s | time to target (s) | steps to target | last acc. | "
+           "time / DDP's |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    ddp = {r["link"]: r.get("time_to_target_s") for r in rows if r["setup"] == "ddp"}
+    for r in rows:
+        t = r.get("time_to_target_s")
+        note = r.get("unavailable") or r.get("error")
+        ratio = f"{t / ddp[r['link']]:.2f}" if t and ddp.get(r["link"]) else "—"
+        sps = f"{r['samples_per_s']:.0f}" if r.get("samples_per_s") else "—"
+        acc = f"{r['last_accuracy']:.3f}" if r.get("last_accuracy") is not None else "—"
+        out.append(f"| {r['link']} | {r['setup']} | {r.get('wire') or 'fp32'} | {sps} | "
+                   f"{f'{t:.1f}' if t else ('—' if not note else note[:60])} | {r.get('steps_to_target') or '—'} | "
+                   f"{acc} | {ratio} |")
+    return "\n".join(out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", default="100:20,20:50", help="RATE_MBIT:RTT_MS,... ('0:0' = unshaped)")
+    p.add_argument("--setups", default="ddp,average,diloco,pipeline")
+    p.add_argument("--wire", default="", help="codecs for extra cairn rows, e.g. bf16,int8 "
+                   "(training_definition.wire.activations/.sync)")
+    p.add_argument("--steps", type=int, default=150, help="most steps per run (stops at the target)")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--target", type=float, default=0.80)
+    p.add_argument("--test-samples", type=int, default=1000)
+    p.add_argument("--train-samples", type=int, default=0, help="0: all 60,000")
+    p.add_argument("--batch-size", type=int, default=128, help="global batch (all processes)")
+    p.add_argument("--microbatches", type=int, default=4, help="pipeline setup")
+    p.add_argument("--local-steps", type=int, default=5, help="average and diloco")
+    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--warmup", type=int, default=3, help="steps left out of samples/s")
+    p.add_argument("--run-timeout", type=int, default=900, help="seconds per run")
+    p.add_argument("--work", default=os.path.join(BUILD, "bench_netem"))
+    p.add_argument("--smoke", action="store_true", help="unshaped, 8 steps, target 0 (checks the plumbing)")
+    p.add_argument("--relay-tun", help=argparse.SUPPRESS)
+    p.add_argument("--relay-delay-s", type=float, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.relay_tun:
+        relay(args.relay_tun, args.relay_delay_s)
+        return
+    if args.smoke:
+        args.presets, args.steps, args.eval_every, args.target = "0:0", 8, 4, 0.0
+        args.test_samples, args.train_samples, args.warmup = 200, 2048, 1
+    why = preflight()
+    if why:
+        print(f"netem_bench: skipped: {why}", flush=True)
+        return
+    for binary in (PROVIDER, CLUSTERIZE):
+        if not os.access(binary, os.X_OK):
+            raise SystemExit(f"netem_bench: {binary} not found (build provider and clusterize first)")
+    os.makedirs(args.work, exist_ok=True)
+    model = os.path.join(args.work, "cnn.pt")
+    if not os.path.exists(model):
+        run([PY, "examples/fashion_mnist/make_model.py", "--out", model], cwd=ROOT)
+    topo = Topology(4)
+
+    def on_signal(signum, _frame):
+        raise SystemExit(f"netem_bench: signal {signum}, cleaning up")
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    rows = []
+    try:
+        topo.up()
+        netem, why_not = topo.netem_available()
+        if not netem:
+            log(f"tc netem unavailable ({why_not}); rate by tbf, delay by the TUN relay")
+        setups = args.setups.split(",")
+        extra = [(s, w) for w in args.wire.split(",") if w for s in setups if s != "ddp"]
+        for preset in args.presets.split(","):
+            rate, rtt = (float(x) for x in preset.split(":"))
+            rate = int(rate) if rate == int(rate) else rate
+            link = "unshaped" if rate == 0 else f"{rate} Mbit/s, {rtt:g} ms RTT"
+            shaping = topo.shape(rate, rtt, netem) if rate > 0 else "none"
+            measured = topo.rtt_ms()
+            log(f"{link}: shaping {shaping}, measured TCP-connect round trip {measured:.1f} ms")
+            for setup, wire in [(s, None) for s in setups] + extra:
+                work = os.path.join(args.work, preset.replace(":", "_"))
+                os.makedirs(work, exist_ok=True)
+                log(f"{link}: {setup} {wire or ''} ...")
+                if setup == "ddp":
+                    res = run_ddp(topo, args, model, work)
+                else:
+                    try:
+                        res = run_cairn(topo, args, model, work, setup, wire)
+                    except RuntimeError as e:
+                        res = {"error": str(e)[:500]}
+                row = {"table": "netem", "link": link, "rate_mbit": rate, "rtt_ms": rtt, "shaping": shaping,
+                       "measured_rtt_ms": round(measured, 2), "setup": setup, "wire": wire,
+                       "processes": 4, "batch_size": args.batch_size, "target": args.target,
+                       "eval_every": args.eval_every, "test_samples": args.test_samples,
+                       "max_steps": args.steps, "local_steps": args.local_steps if setup != "ddp" and SHAPES[setup][2] else None,
+                       "microbatches": args.microbatches if setup == "pipeline" else None, **res}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                topo.children = []
+    finally:
+        topo.down()
+    print()
+    print(table(rows), flush=True)
+    if args.smoke:
+        bad = [r for r in rows if "error" in r or "unavailable" in r]
+        if bad:
+            raise SystemExit(f"netem_bench: smoke failed: {bad[0]}")
+
+
+if __name__ == "__main__":
+    main()
