@@ -35,9 +35,16 @@ std::vector<std::string> LivePeers::apply(const NodeSpec& updated) {
     auto it = peers_.find(name);
     if (it != peers_.end() && it->second.address == p.address && it->second.public_key == p.public_key)
       continue;
-    // A peer the transport has not added (yet) is left alone: repointPeer says false.
     const std::string endpoint =
         p.address.find("://") == std::string::npos ? "tcp://" + p.address : p.address;
+    if (it == peers_.end()) {
+      // A name node.json did not have: a ring member of a new cluster (docs/OPERATIONS.md
+      // "Growing"). Added to the transport now, so the rings can welcome it.
+      transport_.addPeer(name, endpoint, p.public_key);
+      moved.push_back(name + " at " + p.address + " (new)");
+      continue;
+    }
+    // A peer the transport has not added (yet) is left alone: repointPeer says false.
     if (transport_.repointPeer(name, endpoint, p.public_key)) moved.push_back(name + " at " + p.address);
   }
   if (zap_) {

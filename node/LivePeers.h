@@ -4,7 +4,9 @@
 // (ZmqTransport::repointPeer, under that peer's send lock like every send) and makes the ZAP
 // authenticator admit exactly the updated peers' keys (ZapAuthenticator::setAllowed), so the
 // replacement's ring join gets in and the answers reach its new address. The rings address
-// peers by name only, so nothing else changes.
+// peers by name only, so nothing else changes. A peer whose name node.json did not have (a ring
+// member of a new cluster: docs/OPERATIONS.md "Growing") is added to the transport
+// (ZmqTransport::addPeer with its key); RingClusterSync::addMembers then takes it into the rings.
 // Ownership: borrows the transport and the authenticator (null without CURVE); both must
 // outlive it. Thread-safety: apply() from any thread (own mutex); the transport's own locks do
 // the rest.
@@ -24,7 +26,7 @@ namespace cairn {
 class LivePeers {
  public:
   LivePeers(ZmqTransport& transport, ZapAuthenticator* zap, const NodeSpec& node);
-  // Returns "name at host:port" for each peer re-pointed. BadInput when `updated` is another node
+  // Returns "name at host:port" for each peer re-pointed ("… (new)" for each peer added). BadInput when `updated` is another node
   // or names a peer without a key while CURVE is on.
   std::vector<std::string> apply(const NodeSpec& updated);
 

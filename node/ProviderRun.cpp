@@ -127,14 +127,6 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   // A ring peer replaced mid-run is re-pointed live (provider --join); the hook is withdrawn
   // before the transport closes (explicitly below, or by `withdraw` on an exception).
   LivePeers live_peers(transport, authenticator.get(), node);
-  struct Withdraw {
-    const ProviderRunOptions& o;
-    ~Withdraw() {
-      if (o.on_live_peers) o.on_live_peers({});
-    }
-  } withdraw{options};
-  if (options.on_live_peers)
-    options.on_live_peers([&live_peers](const NodeSpec& updated) { return live_peers.apply(updated); });
   CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, " of ", config.num_clusters,
              ", stage ", node.stage + 1, "/", node.num_stages, " (", toString(node.role),
              "), listening on ", bind,
@@ -148,6 +140,21 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   RingClusterSync cluster_sync(mailbox, node, config.options.sync, config.options.local_steps,
                                std::max(timeouts.startup, timeouts.peer));
   config.cluster_sync = &cluster_sync;
+  // Registered after the ring sync it feeds (a ring member added by a new cluster: LivePeers adds
+  // the peer, the ring sync the member), so it is withdrawn before either is gone.
+  struct Withdraw {
+    const ProviderRunOptions& o;
+    ~Withdraw() {
+      if (o.on_live_peers) o.on_live_peers({});
+    }
+  } withdraw{options};
+  if (options.on_live_peers)
+    options.on_live_peers([&live_peers, &cluster_sync](const NodeSpec& updated) {
+      std::vector<std::string> changed = live_peers.apply(updated);
+      for (const std::string& added : cluster_sync.addMembers(updated))
+        changed.push_back(added + " joins the rings");
+      return changed;
+    });
   MailboxStageLink link(mailbox, node, timeouts, checks);
   NodeRunnerConfig run_config;
   run_config.trainer = config;

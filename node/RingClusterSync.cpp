@@ -194,7 +194,72 @@ void RingClusterSync::beforeOptimizerStep(int64_t, torch::jit::Module&) {
   context_.stats.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module&) {
+std::vector<std::string> RingClusterSync::addMembers(const NodeSpec& updated) {
+  const std::string& me = context_.node.name;
+  if (updated.name != me)
+    CAIRN_THROW(BadInput, "ring members for ", updated.name, " given to the rings of ", me);
+  std::lock_guard<std::mutex> lock(added_mutex_);
+  std::map<std::string, std::vector<PeerRef>> next = added_;
+  std::vector<std::string> names;
+  for (const RingSpec& spec : updated.rings) {
+    const Ring* ring = nullptr;
+    for (const auto& r : rings_)
+      if (r->spec.id == spec.id) ring = r.get();
+    if (!ring)
+      CAIRN_THROW(BadInput, "ring members for ", me, ": node ", me, " has no ring ", spec.id);
+    auto known = next.find(spec.id);
+    const std::vector<PeerRef>& now = known != next.end() ? known->second : ring->spec.members;
+    if (spec.members.size() < now.size())
+      CAIRN_THROW(BadInput, "ring members for ", me, ": ring ", spec.id, " lists ",
+                  spec.members.size(), " members, fewer than its ", now.size(),
+                  "; members are only ever appended");
+    for (size_t i = 0; i < now.size(); ++i)
+      if (spec.members[i].name != now[i].name)
+        CAIRN_THROW(BadInput, "ring members for ", me, ": ring ", spec.id, " member ", i, " is \"",
+                    spec.members[i].name, "\", not \"", now[i].name,
+                    "\"; members are only ever appended");
+    std::set<std::string> seen;
+    for (const auto& m : spec.members)
+      if (m.name.empty() || !seen.insert(m.name).second)
+        CAIRN_THROW(BadInput, "ring members for ", me, ": ring ", spec.id,
+                    " names member \"", m.name, "\" twice or with no name");
+    for (size_t i = now.size(); i < spec.members.size(); ++i) names.push_back(spec.members[i].name);
+    if (spec.members.size() > now.size()) next[spec.id] = spec.members;
+  }
+  added_ = std::move(next);
+  return names;
+}
+
+void RingClusterSync::applyAddedMembers(torch::jit::Module& stage) {
+  std::map<std::string, std::vector<PeerRef>> added;
+  {
+    std::lock_guard<std::mutex> lock(added_mutex_);
+    added.swap(added_);
+  }
+  for (auto& [id, members] : added) {
+    for (auto& ring : rings_) {
+      if (ring->spec.id != id || members.size() <= ring->spec.members.size()) continue;
+      const bool was_alone = ring->spec.members.size() <= 1;
+      std::vector<std::string> names;
+      for (size_t i = ring->spec.members.size(); i < members.size(); ++i) names.push_back(members[i].name);
+      ring->spec.members = members;
+      if (was_alone) {
+        // Its tensors were never gathered (nothing was exchanged): gather them now.
+        ring->build(ring->spec.parameters, stage, context_.node.name, ring->spec.id,
+                    context_.node.stage_file, context_.sync.mode == SyncMode::kDiLoCo);
+        ring->view = {context_.node.name};
+        ring->alone_logged = true;  // alone because the others have not joined yet, not lost
+      }
+      for (const auto& n : names)
+        if (ring->strangers.erase(n)) ring->join_requests.insert(n);
+      CAIRN_INFO("ring ", id, ": members added ", joinedNames(names),
+                 "; they are welcomed at a sync once they ask to join");
+    }
+  }
+}
+
+void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage) {
+  if (started_ && !left_) applyAddedMembers(stage);
   const int64_t done = step + 1;
   if (done % local_steps_ != 0) return;
   bool shared = false;
@@ -219,7 +284,8 @@ void RingClusterSync::leave() {
              joinedNames(told));
 }
 
-void RingClusterSync::finish(int64_t steps, torch::jit::Module&) {
+void RingClusterSync::finish(int64_t steps, torch::jit::Module& stage) {
+  if (started_ && !left_) applyAddedMembers(stage);
   bool shared = false;
   for (const auto& ring : rings_) shared = shared || ring->spec.members.size() > 1;
   if (!shared || left_) return;

@@ -51,6 +51,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,17 @@ class RingClusterSync : public ClusterSync {
   // other member is asking to join too) it falls back to the ordinary start.
   void setJoining(bool joining) { joining_ = joining; }
 
+  // A new cluster joins the run (docs/OPERATIONS.md "Growing"): `updated` is this node's node.json
+  // with members appended to some of its rings (the coordinator's peers update). Checks it and
+  // queues the additions; returns the names added (empty: nothing new). Safe from any thread
+  // (the volunteer session's); the transport must already know the new peers (LivePeers::apply).
+  // The additions take effect on the trainer's thread at the next sync boundary
+  // (afterOptimizerStep, finish): the ring's tensors are gathered if it had been alone, and the
+  // new member is welcomed once it asks to join (its request may come before or after).
+  // BadInput (nothing queued) when `updated` is another node, names a ring this node does not
+  // have, or changes, reorders or drops a present member.
+  std::vector<std::string> addMembers(const NodeSpec& updated);
+
   // The sync itself (average or DiLoCo outer step, by mode), callable directly by tests.
   void synchronize();
   // Rings whose current view has more than one member (the others need no exchange).
@@ -110,6 +122,8 @@ class RingClusterSync : public ClusterSync {
 
  private:
   void checkIdenticalStart(Ring& ring);
+  // Moves the queued additions into the rings (trainer's thread, between calls).
+  void applyAddedMembers(torch::jit::Module& stage);
   // The rings this node shares with other clusters (more than one member in node.json).
   std::vector<Ring*> sharedRings();
 
@@ -120,6 +134,9 @@ class RingClusterSync : public ClusterSync {
   bool left_ = false;
   bool started_ = false;
   bool joining_ = false;
+  std::mutex added_mutex_;
+  // Under added_mutex_: each ring's members as the latest addMembers left them (ring id → list).
+  std::map<std::string, std::vector<PeerRef>> added_;
 };
 
 }  // namespace cairn

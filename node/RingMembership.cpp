@@ -13,6 +13,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::milliseconds kJoinRequestSendTimeout{200};
+constexpr std::chrono::milliseconds kJoinRequestRepeat{1000};
 
 std::set<std::string> membersOf(const Ring& ring) {
   std::set<std::string> members;
@@ -101,9 +102,11 @@ void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
     CAIRN_WARN("ring ", ring.spec.id, ": dropped a message from \"", m.sender, "\": ", why);
     return;
   }
-  if (!membersOf(ring).count(request->sender) || request->sender == context.node.name) {
-    CAIRN_WARN("ring ", ring.spec.id, ": ignored a join request from non-member \"",
-               request->sender, "\"");
+  if (request->sender == context.node.name) return;
+  if (!membersOf(ring).count(request->sender)) {
+    if (ring.strangers.size() < Ring::kMaxStrangers && ring.strangers.insert(request->sender).second)
+      CAIRN_WARN("ring ", ring.spec.id, ": join request from non-member \"", request->sender,
+                 "\" kept aside; it counts only if the coordinator adds it to the ring");
     return;
   }
   ring.join_requests.insert(request->sender);
@@ -136,9 +139,23 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
         if (m.name != context.node.name && !ring->join_requests.count(m.name)) return false;
     return true;
   };
+  // Requests are sent again every second to the rings not joined yet: a member that is told about
+  // this node only now (a new cluster, RingClusterSync::addMembers) may have refused the first
+  // connection, or dropped the request before it knew the name.
+  auto next_ask = Clock::now() + kJoinRequestRepeat;
   while (done.size() < shared.size()) {
     const auto now = Clock::now();
     if (now >= deadline) break;
+    if (now >= next_ask) {
+      for (Ring* ring : shared) {
+        if (done.count(ring)) continue;
+        const Message again = encode(JoinRequest{context.node.name, ring->spec.id});
+        for (const auto& m : ring->spec.members)
+          if (m.name != context.node.name)
+            (void)context.mailbox.send(m.name, again, kJoinRequestSendTimeout);
+      }
+      next_ask = Clock::now() + kJoinRequestRepeat;
+    }
     if (welcomed == 0 && everyoneJoining()) {
       CAIRN_INFO("cross-cluster sync: every other ring member is joining too (all restarting)");
       break;
@@ -150,8 +167,8 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
             if (x.tag == ringControlTag(ring->spec.id)) return true;
           return false;
         },
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-    if (!m) break;
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::min(deadline, next_ask) - now));
+    if (!m) continue;
     Ring* ring = nullptr;
     for (Ring* r : shared)
       if (m->tag == ringControlTag(r->spec.id)) ring = r;

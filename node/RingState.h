@@ -72,6 +72,11 @@ struct Ring : RingBuckets {
   int64_t generation = 0;
   std::unique_ptr<ProcessGroup> group;  // null while the view is this node alone
   std::set<std::string> join_requests;  // members that asked to be admitted
+  // Join requests from names not (yet) members: a ring member added mid-run (a new cluster,
+  // RingClusterSync::addMembers) may ask before this node has applied the addition. At most
+  // kMaxStrangers names; moved to join_requests when the name becomes a member.
+  std::set<std::string> strangers;
+  static constexpr size_t kMaxStrangers = 64;
   int64_t transactions = 0;             // syncs of this ring committed (or kept) by this node
   bool alone_logged = false;
 

@@ -121,9 +121,33 @@ ZmqTransport::~ZmqTransport() {
   if (!closed_) flushAndClose(std::chrono::milliseconds(0));
 }
 
+ZmqTransport::Peer* ZmqTransport::findPeer(const std::string& peer) const {
+  std::shared_lock<std::shared_mutex> lock(peers_mutex_);
+  auto it = outbound_.find(peer);
+  return it == outbound_.end() ? nullptr : const_cast<Peer*>(&it->second);
+}
+
+void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint,
+                           const std::string& public_key) {
+  CAIRN_ENFORCE(!closed_, "transport is closed");
+  std::lock_guard<std::mutex> adding(add_mutex_);
+  if (findPeer(peer)) return;
+  if (options_.curve) {
+    std::unique_lock<std::shared_mutex> lock(peers_mutex_);
+    options_.curve->peer_public_keys[peer] = public_key;
+  }
+  addPeerLocked(peer, endpoint);
+}
+
 void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint) {
   CAIRN_ENFORCE(!closed_, "transport is closed");
-  if (outbound_.count(peer)) return;
+  std::lock_guard<std::mutex> adding(add_mutex_);
+  if (findPeer(peer)) return;
+  addPeerLocked(peer, endpoint);
+}
+
+// Caller holds add_mutex_ (so the key map changes under nobody else) and found no such peer.
+void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& endpoint) {
   zmq::socket_t socket(context_, zmq::socket_type::push);
   socket.set(zmq::sockopt::sndhwm, options_.send_high_water_mark);
   // Queue only on completed connections: a send to a peer that is not there yet waits (and times
@@ -168,15 +192,16 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
   entry.socket = std::move(socket);
   entry.monitor = std::move(monitor);
   entry.endpoint = endpoint;
+  std::unique_lock<std::shared_mutex> lock(peers_mutex_);
   outbound_.emplace(peer, std::move(entry));
 }
 
 bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpoint,
                                const std::string& public_key) {
   CAIRN_ENFORCE(!closed_, "transport is closed");
-  auto it = outbound_.find(peer);
-  if (it == outbound_.end()) return false;
-  Peer& p = it->second;
+  Peer* found = findPeer(peer);
+  if (!found) return false;
+  Peer& p = *found;
   std::lock_guard<std::mutex> sending(*p.send_mutex);
   if (options_.curve) p.socket.set(zmq::sockopt::curve_serverkey, public_key);
   try {
@@ -194,14 +219,15 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
 }
 
 PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
-  auto it = outbound_.find(peer);
-  if (it == outbound_.end()) return PeerLiveness{};
+  const Peer* p = findPeer(peer);
+  if (!p) return PeerLiveness{};
   std::lock_guard<std::mutex> lock(liveness_mutex_);
-  return it->second.liveness;
+  return p->liveness;
 }
 
 bool ZmqTransport::drainMonitors() {
   bool changed = false;
+  std::shared_lock<std::shared_mutex> peers(peers_mutex_);
   for (auto& [peer, p] : outbound_) {
     for (;;) {
       // A monitor event is two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
@@ -236,8 +262,8 @@ bool ZmqTransport::drainMonitors() {
 
 SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
                               std::chrono::milliseconds timeout) {
-  auto it = outbound_.find(peer);
-  if (it == outbound_.end()) return SendStatus::kUnknownPeer;
+  Peer* found = findPeer(peer);
+  if (!found) return SendStatus::kUnknownPeer;
   std::vector<zmq::message_t> frames = encodeMessage(message, options_.codec);
   handOver(frames);
   {
@@ -246,14 +272,14 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
     std::unique_lock<std::mutex> receiving(receive_mutex_, std::try_to_lock);
     if (receiving.owns_lock()) drainMonitors();
   }
-  std::lock_guard<std::mutex> sending(*it->second.send_mutex);
-  zmq::socket_t& socket = it->second.socket;
-  if (it->second.refused->exchange(false)) {
+  std::lock_guard<std::mutex> sending(*found->send_mutex);
+  zmq::socket_t& socket = found->socket;
+  if (found->refused->exchange(false)) {
     try {
-      socket.disconnect(it->second.endpoint);  // may be gone already (ENOENT)
+      socket.disconnect(found->endpoint);  // may be gone already (ENOENT)
     } catch (const zmq::error_t&) {
     }
-    socket.connect(it->second.endpoint);
+    socket.connect(found->endpoint);
   }
   // Try at once; only when the peer's queue is full (or it is not connected yet) wait for room,
   // at most `timeout`. Once the first frame is queued, ZeroMQ queues the rest atomically.
@@ -312,7 +338,11 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
   // The PULL socket and every peer's monitor, polled together: a connection going down is seen
   // while waiting, not only at the next call.
   std::vector<zmq::pollitem_t> items{{static_cast<void*>(inbound_), 0, ZMQ_POLLIN, 0}};
-  for (auto& [peer, p] : outbound_) items.push_back({static_cast<void*>(p.monitor), 0, ZMQ_POLLIN, 0});
+  {
+    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+    for (auto& [peer, p] : outbound_)
+      items.push_back({static_cast<void*>(p.monitor), 0, ZMQ_POLLIN, 0});
+  }
   for (;;) {
     if (drainMonitors() && wake_on_liveness) return std::nullopt;
     std::vector<zmq::message_t> frames;

@@ -23,14 +23,17 @@
 // still used by one thread at a time, under a lock that gives ZeroMQ the memory barrier it asks
 // for when a socket moves between threads: the PULL socket and the monitors under one receive
 // lock (one receiver at a time; Mailbox makes the others wait for it), each PUSH socket under its
-// own send lock (a send to one peer never waits behind a send to another). addPeer and
-// flushAndClose are set-up and tear-down: they must not run concurrently with any other call.
+// own send lock (a send to one peer never waits behind a send to another). addPeer may run while
+// other threads send and receive (a ring member added mid-run, node/LivePeers.h): the peer map is
+// under a reader/writer lock (peers_mutex_), a new peer's monitor is first polled by the next
+// receive. flushAndClose is tear-down: it must not run concurrently with any other call.
 #pragma once
 
 #include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 
 #include "node/CurveSecurity.h"
 #include "node/Transport.h"
@@ -73,6 +76,10 @@ class ZmqTransport : public Transport {
 
   const std::string& name() const override { return name_; }
   void addPeer(const std::string& peer, const std::string& endpoint) override;
+  // addPeer for a peer not known when the transport was made: with CURVE, `public_key` (Z85) is
+  // recorded as the peer's server key first (ignored without CURVE). Nothing when the peer is
+  // known already. Safe while other threads send and receive.
+  void addPeer(const std::string& peer, const std::string& endpoint, const std::string& public_key);
   [[nodiscard]] SendStatus send(const std::string& peer, const Message& message,
                                 std::chrono::milliseconds timeout) override;
   [[nodiscard]] std::optional<Message> receive(std::chrono::milliseconds timeout) override;
@@ -119,7 +126,14 @@ class ZmqTransport : public Transport {
   std::optional<Message> receiveImpl(std::chrono::milliseconds timeout, bool wake_on_liveness);
 
   zmq::socket_t inbound_;                 // under receive_mutex_
-  std::map<std::string, Peer> outbound_;  // the map itself changes only in addPeer/flushAndClose
+  // The map itself (and options_.curve->peer_public_keys) changes only in addPeer (under
+  // peers_mutex_ exclusively, one addPeer at a time: add_mutex_) and flushAndClose; entries are
+  // never erased while open, so a Peer found under a shared lock stays valid after it.
+  std::map<std::string, Peer> outbound_;
+  mutable std::shared_mutex peers_mutex_;
+  std::mutex add_mutex_;
+  Peer* findPeer(const std::string& peer) const;
+  void addPeerLocked(const std::string& peer, const std::string& endpoint);
   std::mutex receive_mutex_;
   mutable std::mutex liveness_mutex_;
   mutable std::mutex stats_mutex_;

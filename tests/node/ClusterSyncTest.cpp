@@ -1040,5 +1040,122 @@ TEST(RingClusterSyncFailures, SavedOuterStateReproducesTheUninterruptedDiLoCoRun
   }
 }
 
+// Growing (docs/OPERATIONS.md "Growing"): a node training alone is told mid-run that its ring
+// gained a member (a new cluster, RingClusterSync::addMembers); the newcomer joins through the
+// ring join, receives exactly the live weights, and the next sync averages over both.
+TEST(RingClusterSyncGrowth, AMemberAddedMidRunIsWelcomedAndTheNextSyncIncludesIt) {
+  torch::manual_seed(41);
+  const State init = {{"0.weight", torch::randn({3, 5})},
+                      {"0.bias", torch::randn({3}, torch::kDouble)},
+                      {"0.running_mean", torch::randn({3})},
+                      {"0.num_batches_tracked", torch::tensor(int64_t(2))}};
+  const TestNode a{"a0", 0, namesOf(init)}, b{"b1", 1, namesOf(init)};
+  const std::vector<TestRing> alone = {{"ring_0", namesOf(init), {"a0"}}};
+  const std::vector<TestRing> grown = {{"ring_0", namesOf(init), {"a0", "b1"}}};
+  zmq::context_t context;
+  const std::string prefix = "inproc://grow" + std::to_string(run_counter++) + "_";
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(20000);
+  std::vector<State> admitted(2), before(2), after(2);
+  std::vector<RingClusterSyncStats> stats(2);
+  std::vector<std::string> added;
+  std::atomic<bool> a_added{false};
+  std::vector<std::exception_ptr> errors(2);
+  std::thread ta([&] {
+    try {
+      runMember(context, prefix, a, alone, init, SyncOptions{}, setup,
+                [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport& faulty) {
+                  int64_t step = 0;
+                  perturbSeeded(stage, 500);
+                  sync.afterOptimizerStep(step++, stage);  // alone: nothing exchanged
+                  EXPECT_EQ(sync.activeRings(), 0u);
+                  faulty.addPeer("b1", prefix + "b1");
+                  added = sync.addMembers(specOf(a, grown, prefix));
+                  a_added = true;
+                  // Train alone until the newcomer has asked and been welcomed (bounded wait).
+                  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+                  while (sync.stats().members_joined == 0) {
+                    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "b1 was never admitted";
+                    perturbSeeded(stage, 500 + uint64_t(step));
+                    sync.afterOptimizerStep(step++, stage);
+                  }
+                  admitted[0] = stateOf(stage);
+                  perturbSeeded(stage, 900);
+                  before[0] = stateOf(stage);
+                  sync.afterOptimizerStep(step++, stage);
+                  after[0] = stateOf(stage);
+                  stats[0] = sync.stats();
+                });
+    } catch (...) {
+      errors[0] = std::current_exception();
+    }
+  });
+  std::thread tb([&] {
+    try {
+      MemberSetup joiner = setup;
+      joiner.joining = true;
+      // The newcomer starts from other weights: the welcome must replace them.
+      State other;
+      for (const auto& [name, t] : init) other[name] = t + 1;
+      runMember(context, prefix, b, grown, other, SyncOptions{}, joiner,
+                [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport&) {
+                  admitted[1] = stateOf(stage);
+                  perturbSeeded(stage, 901);
+                  before[1] = stateOf(stage);
+                  sync.afterOptimizerStep(0, stage);
+                  after[1] = stateOf(stage);
+                  stats[1] = sync.stats();
+                });
+    } catch (...) {
+      errors[1] = std::current_exception();
+    }
+  });
+  ta.join();
+  tb.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  EXPECT_EQ(added, std::vector<std::string>{"b1"});
+  expectSameState(admitted[1], admitted[0], "newcomer vs a0 at admission");
+  EXPECT_EQ(stats[0].members_joined, 1);
+  EXPECT_EQ(stats[1].joined_rings, 1);
+  expectAverages(before, after, grown, {a, b});
+}
+
+TEST(RingClusterSyncGrowth, AddMembersRefusesAnythingButAppendedMembers) {
+  const State init = {{"0.weight", torch::ones({2, 2})}};
+  const TestNode a{"a0", 0, namesOf(init)};
+  zmq::context_t context;
+  const std::string prefix = "inproc://growbad" + std::to_string(run_counter++) + "_";
+  auto ring = [&](std::vector<std::string> members, std::string id = "ring_0") {
+    return std::vector<TestRing>{{id, namesOf(init), members}};
+  };
+  runMember(context, prefix, a, ring({"a0"}), init, SyncOptions{}, MemberSetup{},
+            [&](RingClusterSync& sync, torch::jit::Module&, FaultyTransport&) {
+              auto refused = [&](const NodeSpec& spec, const std::string& words) {
+                try {
+                  sync.addMembers(spec);
+                  ADD_FAILURE() << "accepted: " << words;
+                } catch (const BadInput& e) {
+                  EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+                }
+              };
+              NodeSpec other = specOf(a, ring({"a0", "x1"}), prefix);
+              other.name = "z9";
+              refused(other, "given to the rings of a0");
+              refused(specOf(a, ring({"a0", "x1"}, "ring_9"), prefix), "has no ring ring_9");
+              refused(specOf(a, ring({"x1", "a0"}), prefix), "only ever appended");
+              refused(specOf(a, ring({"a0", "x1", "x1"}), prefix), "twice");
+              EXPECT_TRUE(sync.addMembers(specOf(a, ring({"a0"}), prefix)).empty());
+              EXPECT_EQ(sync.addMembers(specOf(a, ring({"a0", "x1"}), prefix)),
+                        std::vector<std::string>{"x1"});
+              // Queued (not applied yet): the same list again adds nothing, a shorter one is refused.
+              EXPECT_TRUE(sync.addMembers(specOf(a, ring({"a0", "x1"}), prefix)).empty());
+              refused(specOf(a, ring({"a0"}), prefix), "fewer than");
+              EXPECT_EQ(sync.addMembers(specOf(a, ring({"a0", "x1", "y2"}), prefix)),
+                        std::vector<std::string>{"y2"});
+              sync.leave();
+            });
+}
+
 }  // namespace
 }  // namespace cairn

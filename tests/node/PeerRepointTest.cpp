@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "core/Error.h"
 #include "node/CurveSecurity.h"
@@ -19,7 +20,7 @@ namespace {
 using namespace std::chrono_literals;
 
 int port(int offset) {
-  static const std::vector<int> ports = testutil::freeLoopbackPorts(8);
+  static const std::vector<int> ports = testutil::freeLoopbackPorts(10);
   return ports.at(offset);
 }
 std::string address(int offset) { return "127.0.0.1:" + std::to_string(port(offset)); }
@@ -134,6 +135,42 @@ TEST(PeerRepoint, LivePeersAdmitsExactlyTheUpdatedKeys) {
   stale.addPeer("b", tcp(5));
   EXPECT_EQ(stale.send("b", tagged("a", 4), 1s), SendStatus::kTimedOut);
   EXPECT_FALSE(b.t->receive(300ms).has_value());
+}
+
+// Growing (docs/OPERATIONS.md "Growing"): a peers update naming a ring member node.json did not
+// have adds it to the transport (with its key) and to the ZAP list, while another thread is
+// blocked receiving on the same transport.
+TEST(PeerRepoint, ANewRingMemberIsAddedWhileAnotherThreadReceives) {
+  const CurveKeyPair a_keys = generateCurveKeyPair();
+  Server b(8, {{a_keys.public_key, "a"}}, a_keys.public_key);
+  zmq::context_t ctx;
+  ZapAuthenticator zap(ctx, std::map<std::string, std::string>{});  // a admits nobody yet
+  TransportOptions o;
+  o.curve = CurveOptions{a_keys, {}};
+  ZmqTransport a(ctx, "a", tcp(9), o);
+  NodeSpec before;
+  before.name = "a";
+  RingSpec ring;
+  ring.id = "ring_0";
+  ring.members = {{"a", address(9), a_keys.public_key}};
+  before.rings = {ring};
+  LivePeers live(a, &zap, before);
+  std::optional<Message> got;
+  std::thread receiver([&] { got = a.receive(20s); });
+  NodeSpec after = before;
+  after.rings[0].members.push_back({"b", address(8), b.keys.public_key});
+  EXPECT_EQ(live.apply(after), std::vector<std::string>{"b at " + address(8) + " (new)"});
+  EXPECT_TRUE(live.apply(after).empty());  // nothing new the second time
+  ASSERT_EQ(a.send("b", tagged("a", 5), 5s), SendStatus::kSent);
+  auto at_b = b.t->receive(5s);
+  ASSERT_TRUE(at_b.has_value());
+  EXPECT_EQ(at_b->sender, "a");
+  b.t->addPeer("a", tcp(9));
+  ASSERT_EQ(b.t->send("a", tagged("b", 6), 5s), SendStatus::kSent);  // a's ZAP now admits b
+  receiver.join();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->sender, "b");
+  EXPECT_TRUE(torch::equal(got->tensors[0].tensor, torch::full({4}, 6.0f)));
 }
 
 }  // namespace
