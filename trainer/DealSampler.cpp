@@ -1,5 +1,6 @@
 #include "trainer/DealSampler.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/Error.h"
@@ -55,6 +56,63 @@ std::vector<int64_t> DealSampler::epochOrder(int64_t epoch) const {
   const size_t i = entryIndex(epoch);
   if (!present_[i]) return {};
   return samplers_[i].epochOrder(epoch);
+}
+
+DealSchedule::DealSchedule(const std::vector<int64_t>& chunk_sizes, std::vector<DealEntry> deal,
+                           const std::vector<int64_t>& chunk_ids, uint64_t seed, int64_t batch_size)
+    : deal_(std::move(deal)) {
+  validateDeal(deal_, "deal");
+  if (batch_size < 1) CAIRN_THROW(BadInput, "deal schedule: batch size ", batch_size, " < 1");
+  for (size_t i = 0; i < deal_.size(); ++i) {
+    int64_t fewest = -1;
+    for (int c = 0; c < deal_[i].clusters; ++c) {
+      const ShardSampler sampler(chunk_sizes, c, deal_[i].clusters, chunk_ids, seed);
+      const int64_t shard = int64_t(sampler.shard().size());
+      if (shard < batch_size)
+        CAIRN_THROW(BadInput, "deal[", i, "] (from epoch ", deal_[i].from_epoch, ", ",
+                    deal_[i].clusters, " clusters): cluster ", c, "'s shard holds ", shard,
+                    " samples, less than one batch of ", batch_size,
+                    " (training_definition.batch_size): list more data chunks (data.chunks)");
+      const int64_t steps = shard / batch_size;
+      fewest = fewest < 0 ? steps : std::min(fewest, steps);
+    }
+    steps_.push_back(fewest);
+  }
+}
+
+int64_t DealSchedule::stepsIn(int64_t epoch) const {
+  CAIRN_ENFORCE(epoch >= 0);
+  size_t i = 0;
+  while (i + 1 < deal_.size() && deal_[i + 1].from_epoch <= epoch) ++i;
+  return steps_[i];
+}
+
+int64_t DealSchedule::firstStepOf(int64_t epoch) const {
+  CAIRN_ENFORCE(epoch >= 0);
+  int64_t step = 0;
+  for (size_t i = 0; i < deal_.size() && deal_[i].from_epoch < epoch; ++i) {
+    const int64_t end = i + 1 < deal_.size() ? std::min(deal_[i + 1].from_epoch, epoch) : epoch;
+    step += (end - deal_[i].from_epoch) * steps_[i];
+  }
+  return step;
+}
+
+int64_t DealSchedule::epochOf(int64_t step) const {
+  CAIRN_ENFORCE(step >= 0);
+  int64_t first = 0;  // first step of entry i
+  for (size_t i = 0; i < deal_.size(); ++i) {
+    const bool last = i + 1 == deal_.size();
+    const int64_t epochs = last ? 0 : deal_[i + 1].from_epoch - deal_[i].from_epoch;
+    if (last || step < first + epochs * steps_[i])
+      return deal_[i].from_epoch + (step - first) / steps_[i];
+    first += epochs * steps_[i];
+  }
+  return 0;  // not reached: the last entry lasts for ever
+}
+
+int64_t DealSchedule::totalSteps(int64_t epochs, int64_t max_steps) const {
+  const int64_t total = epochs > 0 ? firstStepOf(epochs) : max_steps;
+  return max_steps > 0 ? std::min(total, max_steps) : total;
 }
 
 }  // namespace cairn

@@ -51,4 +51,32 @@ class DealSampler {
   std::vector<bool> present_;
 };
 
+// The steps of a run under a deal. All clusters present in an epoch take the same number of
+// optimizer steps in it — the fewest whole batches any of their shards holds — so the clusters'
+// step counts (and with them the ring syncs every local_steps steps) stay in line, and steps
+// are numbered run-wide: a cluster formed at epoch E starts at firstStepOf(E), the step the
+// clusters already training are at when E begins. Plain values; pure.
+// Status: built and tested; not yet used by the trainers (BatchFeeder/RunPlan still use
+// ShardSampler and RunPlan::forShard: docs/OPERATIONS.md "Growing").
+class DealSchedule {
+ public:
+  // BadInput naming the epoch's entry and the cluster when some present cluster's shard holds
+  // less than one batch (as RunPlan::forShard's message for the fixed deal).
+  DealSchedule(const std::vector<int64_t>& chunk_sizes, std::vector<DealEntry> deal,
+               const std::vector<int64_t>& chunk_ids, uint64_t seed, int64_t batch_size);
+  // Steps every present cluster takes in `epoch` (epoch >= 0).
+  int64_t stepsIn(int64_t epoch) const;
+  // The run-wide number of the first step of `epoch`: the steps of the epochs before it.
+  int64_t firstStepOf(int64_t epoch) const;
+  // The epoch run-wide step `step` (>= 0) belongs to.
+  int64_t epochOf(int64_t step) const;
+  // Steps of the whole run: firstStepOf(epochs) when epochs > 0, else max_steps; capped by
+  // max_steps when that is > 0 (TrainOptions' epochs and max_steps).
+  int64_t totalSteps(int64_t epochs, int64_t max_steps) const;
+
+ private:
+  std::vector<DealEntry> deal_;
+  std::vector<int64_t> steps_;  // per entry: steps in each of its epochs
+};
+
 }  // namespace cairn

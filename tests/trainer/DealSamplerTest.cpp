@@ -6,6 +6,8 @@
 
 #include "core/Error.h"
 #include "trainer/DealSampler.h"
+#include "trainer/RunPlan.h"
+#include "trainer/TrainOptions.h"
 #include "trainer/Sampler.h"
 
 namespace cairn {
@@ -72,6 +74,65 @@ TEST(DealSampler, BadDealsAreRefusedNamingTheEntry) {
   // More clusters than listed chunks: ShardSampler's own refusal.
   EXPECT_THROW(DealSampler(ShardSampler::equalChunks(10, 2, 1), 0, {{0, 1}, {1, 3}}, {}, 1),
                BadInput);
+}
+
+// The schedule against a brute force: every epoch's shards summed chunk by chunk from the deal's
+// round robin (listed chunk i to cluster i % n), the fewest whole batches of them, steps counted
+// one by one.
+TEST(DealSchedule, StepsFollowTheFewestBatchesOfThePresentClustersEpochByEpoch) {
+  const std::vector<int64_t> sizes = {100, 90, 130, 70, 110, 95, 120};
+  for (const std::vector<int64_t>& listed :
+       {std::vector<int64_t>{}, std::vector<int64_t>{6, 1, 2, 4, 0}})
+    for (const std::vector<DealEntry>& deal :
+         {std::vector<DealEntry>{{0, 1}}, std::vector<DealEntry>{{0, 1}, {2, 2}},
+          std::vector<DealEntry>{{0, 2}, {1, 3}, {4, 4}}})
+      for (int64_t batch : {16, 25}) {
+        const DealSchedule schedule(sizes, deal, listed, 9, batch);
+        std::vector<int64_t> chunks = listed;
+        if (chunks.empty())
+          for (int64_t k = 0; k < int64_t(sizes.size()); ++k) chunks.push_back(k);
+        std::vector<int64_t> epoch_of_step;
+        for (int64_t epoch = 0; epoch < 7; ++epoch) {
+          int n = deal[0].clusters;
+          for (const DealEntry& e : deal)
+            if (e.from_epoch <= epoch) n = e.clusters;
+          std::vector<int64_t> shard(size_t(n), 0);
+          for (size_t i = 0; i < chunks.size(); ++i) shard[i % size_t(n)] += sizes[size_t(chunks[i])];
+          const int64_t steps = *std::min_element(shard.begin(), shard.end()) / batch;
+          EXPECT_EQ(schedule.stepsIn(epoch), steps) << "epoch " << epoch;
+          EXPECT_EQ(schedule.firstStepOf(epoch), int64_t(epoch_of_step.size())) << "epoch " << epoch;
+          for (int64_t k = 0; k < steps; ++k) epoch_of_step.push_back(epoch);
+        }
+        for (size_t step = 0; step < epoch_of_step.size(); ++step)
+          ASSERT_EQ(schedule.epochOf(int64_t(step)), epoch_of_step[step]) << "step " << step;
+        EXPECT_EQ(schedule.totalSteps(7, 0), int64_t(epoch_of_step.size()));
+        EXPECT_EQ(schedule.totalSteps(7, 5), 5);
+        EXPECT_EQ(schedule.totalSteps(0, 11), 11);
+      }
+}
+
+TEST(DealSchedule, OneEntryWithEqualShardsIsTheFixedPlan) {
+  const std::vector<int64_t> sizes = ShardSampler::equalChunks(1200, 4, 2);
+  TrainOptions opt;
+  opt.batch_size = 32;
+  opt.epochs = 3;
+  const DealSchedule schedule(sizes, {{0, 2}}, {}, 1, opt.batch_size);
+  const ShardSampler sampler(sizes, 0, 2, {}, 1);
+  const RunPlan plan = RunPlan::forShard(opt, int64_t(sampler.shard().size()), 0);
+  EXPECT_EQ(schedule.stepsIn(0), plan.steps_per_epoch);
+  EXPECT_EQ(schedule.stepsIn(5), plan.steps_per_epoch);
+  EXPECT_EQ(schedule.totalSteps(opt.epochs, opt.max_steps), plan.total_steps);
+}
+
+TEST(DealSchedule, AShardBelowOneBatchIsRefusedNamingTheEntryAndTheCluster) {
+  try {
+    DealSchedule(ShardSampler::equalChunks(100, 4, 1), {{0, 1}, {3, 4}}, {}, 1, 30);
+    FAIL() << "accepted a shard of 25 samples for a batch of 30";
+  } catch (const BadInput& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("deal[1] (from epoch 3, 4 clusters): cluster 0's shard holds 25"),
+              std::string::npos) << what;
+  }
 }
 
 }  // namespace
