@@ -105,10 +105,10 @@ void BatchFeeder::startFetching() {
 
 uint64_t BatchFeeder::load(int64_t step, std::map<int, Microbatch>* micro) {
   const TrainOptions& opt = ctx_.opt;
-  const int64_t steps_per_epoch = ctx_.plan.steps_per_epoch;
-  const int64_t position = step % steps_per_epoch;
-  if (epoch_of_order_ != step / steps_per_epoch) {
-    epoch_of_order_ = step / steps_per_epoch;
+  const int64_t epoch = ctx_.plan.epochOf(step);
+  const int64_t position = ctx_.plan.positionOf(step);
+  if (epoch_of_order_ != epoch) {
+    epoch_of_order_ = epoch;
     epoch_order_ = sampler_->epochOrder(epoch_of_order_);
   }
   std::vector<int64_t> ids(epoch_order_.begin() + position * opt.batch_size,

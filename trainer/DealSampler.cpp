@@ -58,57 +58,72 @@ std::vector<int64_t> DealSampler::epochOrder(int64_t epoch) const {
   return samplers_[i].epochOrder(epoch);
 }
 
+void validateEpochSteps(const std::vector<EpochSteps>& table, const std::string& where) {
+  if (table.empty()) CAIRN_THROW(BadInput, where, ": the table needs at least one entry");
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (table[i].steps < 1)
+      CAIRN_THROW(BadInput, where, "[", i, "].steps is ", table[i].steps, ": it must be at least 1");
+    if (i == 0 && table[i].from_epoch != 0)
+      CAIRN_THROW(BadInput, where, "[0].from_epoch is ", table[i].from_epoch,
+                  ": the first entry must start at epoch 0");
+    if (i > 0 && table[i].from_epoch <= table[i - 1].from_epoch)
+      CAIRN_THROW(BadInput, where, "[", i, "].from_epoch is ", table[i].from_epoch,
+                  ": entries must start at strictly increasing epochs");
+  }
+}
+
+int64_t epochOfStep(const std::vector<EpochSteps>& table, int64_t step) {
+  CAIRN_ENFORCE(step >= 0 && !table.empty());
+  int64_t first = 0;  // first step of entry i
+  for (size_t i = 0; i + 1 < table.size(); ++i) {
+    const int64_t span = (table[i + 1].from_epoch - table[i].from_epoch) * table[i].steps;
+    if (step < first + span) return table[i].from_epoch + (step - first) / table[i].steps;
+    first += span;
+  }
+  return table.back().from_epoch + (step - first) / table.back().steps;
+}
+
+int64_t firstStepOfEpoch(const std::vector<EpochSteps>& table, int64_t epoch) {
+  CAIRN_ENFORCE(epoch >= 0 && !table.empty());
+  int64_t step = 0;
+  for (size_t i = 0; i < table.size() && table[i].from_epoch < epoch; ++i) {
+    const int64_t end = i + 1 < table.size() ? std::min(table[i + 1].from_epoch, epoch) : epoch;
+    step += (end - table[i].from_epoch) * table[i].steps;
+  }
+  return step;
+}
+
 DealSchedule::DealSchedule(const std::vector<int64_t>& chunk_sizes, std::vector<DealEntry> deal,
-                           const std::vector<int64_t>& chunk_ids, uint64_t seed, int64_t batch_size)
-    : deal_(std::move(deal)) {
-  validateDeal(deal_, "deal");
+                           const std::vector<int64_t>& chunk_ids, uint64_t seed, int64_t batch_size) {
+  validateDeal(deal, "deal");
   if (batch_size < 1) CAIRN_THROW(BadInput, "deal schedule: batch size ", batch_size, " < 1");
-  for (size_t i = 0; i < deal_.size(); ++i) {
+  for (size_t i = 0; i < deal.size(); ++i) {
     int64_t fewest = -1;
-    for (int c = 0; c < deal_[i].clusters; ++c) {
-      const ShardSampler sampler(chunk_sizes, c, deal_[i].clusters, chunk_ids, seed);
+    for (int c = 0; c < deal[i].clusters; ++c) {
+      const ShardSampler sampler(chunk_sizes, c, deal[i].clusters, chunk_ids, seed);
       const int64_t shard = int64_t(sampler.shard().size());
       if (shard < batch_size)
-        CAIRN_THROW(BadInput, "deal[", i, "] (from epoch ", deal_[i].from_epoch, ", ",
-                    deal_[i].clusters, " clusters): cluster ", c, "'s shard holds ", shard,
+        CAIRN_THROW(BadInput, "deal[", i, "] (from epoch ", deal[i].from_epoch, ", ",
+                    deal[i].clusters, " clusters): cluster ", c, "'s shard holds ", shard,
                     " samples, less than one batch of ", batch_size,
                     " (training_definition.batch_size): list more data chunks (data.chunks)");
       const int64_t steps = shard / batch_size;
       fewest = fewest < 0 ? steps : std::min(fewest, steps);
     }
-    steps_.push_back(fewest);
+    table_.push_back({deal[i].from_epoch, fewest});
   }
 }
 
 int64_t DealSchedule::stepsIn(int64_t epoch) const {
   CAIRN_ENFORCE(epoch >= 0);
   size_t i = 0;
-  while (i + 1 < deal_.size() && deal_[i + 1].from_epoch <= epoch) ++i;
-  return steps_[i];
+  while (i + 1 < table_.size() && table_[i + 1].from_epoch <= epoch) ++i;
+  return table_[i].steps;
 }
 
-int64_t DealSchedule::firstStepOf(int64_t epoch) const {
-  CAIRN_ENFORCE(epoch >= 0);
-  int64_t step = 0;
-  for (size_t i = 0; i < deal_.size() && deal_[i].from_epoch < epoch; ++i) {
-    const int64_t end = i + 1 < deal_.size() ? std::min(deal_[i + 1].from_epoch, epoch) : epoch;
-    step += (end - deal_[i].from_epoch) * steps_[i];
-  }
-  return step;
-}
+int64_t DealSchedule::firstStepOf(int64_t epoch) const { return firstStepOfEpoch(table_, epoch); }
 
-int64_t DealSchedule::epochOf(int64_t step) const {
-  CAIRN_ENFORCE(step >= 0);
-  int64_t first = 0;  // first step of entry i
-  for (size_t i = 0; i < deal_.size(); ++i) {
-    const bool last = i + 1 == deal_.size();
-    const int64_t epochs = last ? 0 : deal_[i + 1].from_epoch - deal_[i].from_epoch;
-    if (last || step < first + epochs * steps_[i])
-      return deal_[i].from_epoch + (step - first) / steps_[i];
-    first += epochs * steps_[i];
-  }
-  return 0;  // not reached: the last entry lasts for ever
-}
+int64_t DealSchedule::epochOf(int64_t step) const { return epochOfStep(table_, step); }
 
 int64_t DealSchedule::totalSteps(int64_t epochs, int64_t max_steps) const {
   const int64_t total = epochs > 0 ? firstStepOf(epochs) : max_steps;

@@ -51,6 +51,22 @@ class DealSampler {
   std::vector<bool> present_;
 };
 
+// A run's steps per epoch as a table: from epoch `from_epoch` on (until the next entry), every
+// epoch has `steps` optimizer steps. Steps are numbered run-wide from 0.
+struct EpochSteps {
+  int64_t from_epoch = 0;
+  int64_t steps = 1;
+  bool operator==(const EpochSteps& o) const {
+    return from_epoch == o.from_epoch && steps == o.steps;
+  }
+};
+// BadInput naming `where`[i].<field> unless: at least one entry, the first from epoch 0,
+// from_epoch strictly increasing, steps >= 1.
+void validateEpochSteps(const std::vector<EpochSteps>& table, const std::string& where);
+// The epoch of step `step` (>= 0), and the first step of `epoch` (>= 0), under a valid table.
+int64_t epochOfStep(const std::vector<EpochSteps>& table, int64_t step);
+int64_t firstStepOfEpoch(const std::vector<EpochSteps>& table, int64_t epoch);
+
 // The steps of a run under a deal. All clusters present in an epoch take the same number of
 // optimizer steps in it — the fewest whole batches any of their shards holds — so the clusters'
 // step counts (and with them the ring syncs every local_steps steps) stay in line, and steps
@@ -73,10 +89,11 @@ class DealSchedule {
   // Steps of the whole run: firstStepOf(epochs) when epochs > 0, else max_steps; capped by
   // max_steps when that is > 0 (TrainOptions' epochs and max_steps).
   int64_t totalSteps(int64_t epochs, int64_t max_steps) const;
+  // One entry per deal entry: {from_epoch, steps in each of its epochs} (RunPlan::epoch_steps).
+  const std::vector<EpochSteps>& table() const { return table_; }
 
  private:
-  std::vector<DealEntry> deal_;
-  std::vector<int64_t> steps_;  // per entry: steps in each of its epochs
+  std::vector<EpochSteps> table_;
 };
 
 }  // namespace cairn

@@ -21,24 +21,61 @@ RunPlan RunPlan::forShard(const TrainOptions& opt, int64_t shard, int64_t test) 
 
 RunPlan RunPlan::receiveFromUpstream(TimedLink& link) {
   StagePacket packet = link.receive(Neighbour::kUpstream, PacketKind::kControl, 0, 0, "plan");
-  nlohmann::json j = nlohmann::json::parse(packet.text, nullptr, false);
-  if (j.is_discarded() || !j.contains("total_steps"))
-    CAIRN_THROW(BadInput, "malformed run plan from upstream: ", packet.text);
+  return fromText(packet.text);
+}
+
+RunPlan RunPlan::fromText(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  auto integer = [&](const nlohmann::json& v, const std::string& what, int64_t least) {
+    if (!v.is_number_integer() || v.get<int64_t>() < least)
+      CAIRN_THROW(BadInput, "malformed run plan from upstream (", what,
+                  " must be an integer >= ", least, "): ", text);
+    return v.get<int64_t>();
+  };
+  if (j.is_discarded() || !j.is_object() || !j.contains("total_steps"))
+    CAIRN_THROW(BadInput, "malformed run plan from upstream: ", text);
   RunPlan plan;
-  plan.total_steps = j["total_steps"].get<int64_t>();
-  plan.steps_per_epoch = j["steps_per_epoch"].get<int64_t>();
-  plan.eval_batches = j["eval_batches"].get<int64_t>();
+  plan.total_steps = integer(j["total_steps"], "total_steps", 0);
+  plan.steps_per_epoch = integer(j.value("steps_per_epoch", nlohmann::json()), "steps_per_epoch", 1);
+  plan.eval_batches = integer(j.value("eval_batches", nlohmann::json()), "eval_batches", 0);
+  if (j.contains("epoch_steps")) {
+    const nlohmann::json& t = j["epoch_steps"];
+    if (!t.is_array())
+      CAIRN_THROW(BadInput, "malformed run plan from upstream (epoch_steps must be an array): ", text);
+    for (size_t i = 0; i < t.size(); ++i) {
+      const std::string at = "epoch_steps[" + std::to_string(i) + "]";
+      if (!t[i].is_array() || t[i].size() != 2)
+        CAIRN_THROW(BadInput, "malformed run plan from upstream (", at,
+                    " must be [from_epoch, steps]): ", text);
+      plan.epoch_steps.push_back({integer(t[i][0], at + ".from_epoch", 0),
+                                  integer(t[i][1], at + ".steps", 1)});
+    }
+    validateEpochSteps(plan.epoch_steps, "run plan from upstream: epoch_steps");
+    if (plan.epoch_steps.front().steps != plan.steps_per_epoch)
+      CAIRN_THROW(BadInput, "malformed run plan from upstream (steps_per_epoch ",
+                  plan.steps_per_epoch, " is not epoch_steps[0].steps ",
+                  plan.epoch_steps.front().steps, "): ", text);
+  }
   return plan;
+}
+
+std::string RunPlan::toText() const {
+  nlohmann::json j = {{"total_steps", total_steps},
+                      {"steps_per_epoch", steps_per_epoch},
+                      {"eval_batches", eval_batches}};
+  if (!epoch_steps.empty()) {
+    nlohmann::json t = nlohmann::json::array();
+    for (const EpochSteps& e : epoch_steps) t.push_back({e.from_epoch, e.steps});
+    j["epoch_steps"] = t;
+  }
+  return j.dump();
 }
 
 void RunPlan::sendDownstream(TimedLink& link) const {
   StagePacket packet;
   packet.kind = PacketKind::kControl;
   packet.tag = "plan";
-  packet.text = nlohmann::json{{"total_steps", total_steps},
-                               {"steps_per_epoch", steps_per_epoch},
-                               {"eval_batches", eval_batches}}
-                    .dump();
+  packet.text = toText();
   link.send(Neighbour::kDownstream, packet);
 }
 

@@ -30,7 +30,7 @@ void StepRecorder::record(const StepRecord& s, TrainerResult* result) {
   last_ = TrainerClock::now();
   if (ctx_.observer.on_step_loss) ctx_.observer.on_step_loss(s.step, s.loss);
   nlohmann::json line = {{"step", s.step + 1},
-                         {"epoch", s.step / plan.steps_per_epoch},
+                         {"epoch", plan.epochOf(s.step)},
                          {"loss", s.loss},
                          {"lr", s.lr},
                          {"samples_per_s", double(opt.batch_size) / std::max(step_seconds, 1e-9)},
@@ -44,7 +44,7 @@ void StepRecorder::record(const StepRecord& s, TrainerResult* result) {
   ctx_.metrics.write(line);
   result->last_loss = s.loss;
   const double elapsed = secondsSince(start_);
-  progress_.update({s.step / plan.steps_per_epoch, plan.epochs(), s.step + 1, plan.total_steps,
+  progress_.update({plan.epochOf(s.step), plan.epochs(), s.step + 1, plan.total_steps,
                     s.loss, double((s.step + 1) * opt.batch_size) / std::max(elapsed, 1e-9),
                     elapsed});
 }

@@ -75,9 +75,10 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
             {"total_steps", ctx_.plan.total_steps},
             {"steps_per_epoch", ctx_.plan.steps_per_epoch},
             // The data cursor: ShardSampler's order is a pure function of (seed, cluster,
-            // epoch), so (epoch, position) = (step / steps_per_epoch, step % steps_per_epoch).
-            {"epoch", steps_done / ctx_.plan.steps_per_epoch},
-            {"position", steps_done % ctx_.plan.steps_per_epoch},
+            // epoch), so (epoch, position) = (step / steps_per_epoch, step % steps_per_epoch)
+            // (RunPlan::epochOf/positionOf: the same, or the epoch_steps table of a grown run).
+            {"epoch", ctx_.plan.epochOf(steps_done)},
+            {"position", ctx_.plan.positionOf(steps_done)},
             {"augmentation_draws", data_.train ? data_.train->trainingDraws() : 0},
             {"updates", updates},
             {"since_update", since_update},

@@ -135,5 +135,69 @@ TEST(DealSchedule, AShardBelowOneBatchIsRefusedNamingTheEntryAndTheCluster) {
   }
 }
 
+TEST(RunPlan, WithoutATableEpochsAreFixedAsBefore) {
+  RunPlan plan;
+  plan.total_steps = 25;
+  plan.steps_per_epoch = 10;
+  for (int64_t step = 0; step < 25; ++step) {
+    EXPECT_EQ(plan.epochOf(step), step / 10);
+    EXPECT_EQ(plan.positionOf(step), step % 10);
+  }
+  EXPECT_EQ(plan.firstStepOf(2), 20);
+  EXPECT_EQ(plan.epochs(), 3);
+  // The text is the one earlier versions sent (no epoch_steps key) and reads back the same.
+  EXPECT_EQ(plan.toText(), R"({"eval_batches":0,"steps_per_epoch":10,"total_steps":25})");
+  const RunPlan back = RunPlan::fromText(plan.toText());
+  EXPECT_EQ(back.total_steps, 25);
+  EXPECT_EQ(back.steps_per_epoch, 10);
+  EXPECT_TRUE(back.epoch_steps.empty());
+}
+
+TEST(RunPlan, AGrownRunsTableGivesEachStepsEpochAndPlaceAndTravelsDownstream) {
+  const DealSchedule schedule(ShardSampler::equalChunks(1600, 8, 1), {{0, 1}, {2, 2}}, {}, 3, 50);
+  RunPlan plan;
+  plan.epoch_steps = schedule.table();
+  plan.steps_per_epoch = plan.epoch_steps.front().steps;
+  plan.total_steps = schedule.totalSteps(4, 0);
+  EXPECT_EQ(plan.epoch_steps, (std::vector<EpochSteps>{{0, 32}, {2, 16}}));
+  EXPECT_EQ(plan.total_steps, 32 + 32 + 16 + 16);
+  EXPECT_EQ(plan.epochs(), 4);
+  int64_t step = 0;
+  for (int64_t epoch = 0; epoch < 4; ++epoch)
+    for (int64_t k = 0; k < (epoch < 2 ? 32 : 16); ++k, ++step) {
+      ASSERT_EQ(plan.epochOf(step), epoch) << step;
+      ASSERT_EQ(plan.positionOf(step), k) << step;
+    }
+  EXPECT_EQ(plan.firstStepOf(2), 64);
+  const RunPlan back = RunPlan::fromText(plan.toText());
+  EXPECT_EQ(back.epoch_steps, plan.epoch_steps);
+  EXPECT_EQ(back.total_steps, plan.total_steps);
+}
+
+TEST(RunPlan, MalformedPlansAreRefusedNamingTheField) {
+  auto refused = [](const std::string& text, const std::string& words) {
+    try {
+      RunPlan::fromText(text);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const BadInput& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused("nope", "malformed run plan");
+  refused(R"({"total_steps":"9","steps_per_epoch":3,"eval_batches":0})", "total_steps");
+  refused(R"({"total_steps":9,"steps_per_epoch":0,"eval_batches":0})", "steps_per_epoch");
+  refused(R"({"total_steps":9,"steps_per_epoch":3})", "eval_batches");
+  refused(R"({"total_steps":9,"steps_per_epoch":3,"eval_batches":0,"epoch_steps":5})",
+          "epoch_steps must be an array");
+  refused(R"({"total_steps":9,"steps_per_epoch":3,"eval_batches":0,"epoch_steps":[[0]]})",
+          "epoch_steps[0] must be");
+  refused(R"({"total_steps":9,"steps_per_epoch":3,"eval_batches":0,"epoch_steps":[[0,3],[0,2]]})",
+          "epoch_steps[1].from_epoch");
+  refused(R"({"total_steps":9,"steps_per_epoch":3,"eval_batches":0,"epoch_steps":[[0,3],[2,0]]})",
+          "epoch_steps[1].steps");
+  refused(R"({"total_steps":9,"steps_per_epoch":4,"eval_batches":0,"epoch_steps":[[0,3]]})",
+          "is not epoch_steps[0].steps");
+}
+
 }  // namespace
 }  // namespace cairn
