@@ -27,13 +27,31 @@ RunPlan BatchFeeder::open() {
                     : "",
                 " but the Root stage ", cfg.node.name, " takes ", stage_inputs,
                 " (node.json inputs)");
-  sampler_ =
-      std::make_unique<ShardSampler>(chunkSizes(*data_.train, cfg.data, cfg.num_clusters),
-                                     cfg.node.cluster, cfg.num_clusters, cfg.data.chunk, opt.seed);
+  // A deal in node.json (extra.deal: a run whose number of clusters changes, docs/TRAINING.md
+  // "the deal"); without one, the planned clusters from epoch 0 on, which is exactly
+  // ShardSampler's deal.
+  std::vector<DealEntry> deal = {{0, cfg.num_clusters}};
+  const bool dealt = cfg.node.extra.is_object() && cfg.node.extra.contains("deal");
+  if (dealt) {
+    deal = dealFromJson(cfg.node.extra["deal"], "node.json of " + cfg.node.name + ": extra.deal");
+    checkDealForCluster(deal, cfg.node.cluster, "node.json of " + cfg.node.name + ": extra.deal");
+    if (served)
+      CAIRN_THROW(BadInput, "node.json of ", cfg.node.name, ": extra.deal with data.source "
+                  "\"coordinator\" is not supported yet (the chunks fetched ahead are epoch 0's)");
+  }
+  const std::vector<int64_t> chunk_sizes = chunkSizes(*data_.train, cfg.data, cfg.num_clusters);
+  sampler_ = std::make_unique<DealSampler>(chunk_sizes, cfg.node.cluster, deal, cfg.data.chunk,
+                                           opt.seed);
   if (served) startFetching();
-  const int64_t shard = int64_t(sampler_->shard().size());
+  const int64_t shard = int64_t(sampler_->shard(0).size());
   const int64_t test = data_.test ? data_.test->size() : 0;
-  const RunPlan plan = RunPlan::forShard(opt, shard, test);
+  RunPlan plan = RunPlan::forShard(opt, shard, test);
+  if (dealt) {
+    const DealSchedule schedule(chunk_sizes, deal, cfg.data.chunk, opt.seed, opt.batch_size);
+    plan.epoch_steps = schedule.table();
+    plan.steps_per_epoch = plan.epoch_steps.front().steps;
+    plan.total_steps = schedule.totalSteps(opt.epochs, opt.max_steps);
+  }
   CAIRN_INFO("data: ", data_.train->size(), " training samples in ", data_.train->shards().size(),
              " file(s) (this cluster's shard: ", shard, "), ", test, " test samples; ",
              plan.total_steps, " steps of ", opt.batch_size, " samples in ", opt.microbatches,

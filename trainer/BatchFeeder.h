@@ -1,6 +1,7 @@
 // BatchFeeder: the Root's data loading (docs/TRAINING.md "One step, as data"). It loads the
-// datasets and this cluster's ShardSampler, computes the run plan from them, and for every step
-// takes the step's sample ids from the sampler, loads inputs and targets and cuts them into
+// datasets and this cluster's sampler (ShardSampler's order, or node.json's extra.deal:
+// DealSampler, the plan's epoch_steps from DealSchedule), computes the run plan from them, and
+// for every step takes the step's sample ids from the sampler, loads inputs and targets and cuts them into
 // micro-batches; each carries its targets, sample ids and the batch's loss-term count, which
 // travel downstream as "__targets", "__ids" and "__denominator" (trainer/ReservedTensors.h), so
 // the Leaf never needs a data loader of its own. Records the ids (observer, sample_ids.jsonl).
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "trainer/Dataset.h"
+#include "trainer/DealSampler.h"
 #include "trainer/RunPlan.h"
 #include "trainer/Sampler.h"
 #include "trainer/TrainerContext.h"
@@ -38,7 +40,7 @@ class BatchFeeder {
 
   TrainerContext& ctx_;
   DatasetPair& data_;
-  std::unique_ptr<ShardSampler> sampler_;
+  std::unique_ptr<DealSampler> sampler_;  // one entry {0, clusters} unless node.json has a deal
   std::ofstream sample_ids_out_;
   std::vector<int64_t> epoch_order_;
   int64_t epoch_of_order_ = -1;  // the epoch epoch_order_ belongs to

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "core/Error.h"
 
 namespace cairn {
@@ -21,6 +23,36 @@ void validateDeal(const std::vector<DealEntry>& deal, const std::string& where) 
                   ": entries must start at strictly increasing epochs (the one before starts at ",
                   deal[i - 1].from_epoch, ")");
   }
+}
+
+std::vector<DealEntry> dealFromJson(const nlohmann::json& json, const std::string& where) {
+  if (!json.is_array()) CAIRN_THROW(BadInput, where, " is not a JSON array of deal entries");
+  std::vector<DealEntry> deal;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const nlohmann::json& e = json[i];
+    for (const char* key : {"from_epoch", "clusters"})
+      if (!e.is_object() || !e.contains(key) || !e[key].is_number_integer())
+        CAIRN_THROW(BadInput, where, "[", i, "].", key, " is missing or not an integer");
+    const int64_t clusters = e["clusters"].get<int64_t>();
+    if (clusters < 1 || clusters > 1000000)
+      CAIRN_THROW(BadInput, where, "[", i, "].clusters is ", clusters,
+                  ": it must be between 1 and 1000000");
+    deal.push_back({e["from_epoch"].get<int64_t>(), int(clusters)});
+  }
+  validateDeal(deal, where);
+  return deal;
+}
+
+void checkDealForCluster(const std::vector<DealEntry>& deal, int cluster, const std::string& where) {
+  validateDeal(deal, where);
+  if (cluster >= deal.front().clusters)
+    CAIRN_THROW(BadInput, where, " has ", deal.front().clusters,
+                " cluster(s) at epoch 0 but this node is of cluster ", cluster,
+                ": a cluster formed mid-run cannot start yet");
+  for (size_t i = 1; i < deal.size(); ++i)
+    if (deal[i].clusters < deal[i - 1].clusters)
+      CAIRN_THROW(BadInput, where, "[", i, "].clusters is ", deal[i].clusters, ", fewer than the ",
+                  deal[i - 1].clusters, " before it: clusters are only ever added");
 }
 
 DealSampler::DealSampler(const std::vector<int64_t>& chunk_sizes, int cluster,

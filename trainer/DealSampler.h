@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "trainer/Sampler.h"
 
 namespace cairn {
@@ -30,6 +32,12 @@ struct DealEntry {
 // BadInput naming `where`[i].<field> unless: at least one entry, the first from epoch 0,
 // from_epoch strictly increasing, clusters >= 1.
 void validateDeal(const std::vector<DealEntry>& deal, const std::string& where);
+// A deal from JSON [{"from_epoch":E,"clusters":n},…] (node.json extra.deal); BadInput naming
+// `where`[i].<field> when it is not one.
+std::vector<DealEntry> dealFromJson(const nlohmann::json& json, const std::string& where);
+// What a trainer can run today (BadInput naming `where`): `cluster` exists from epoch 0, and
+// clusters are only ever added (a cluster never leaves the deal).
+void checkDealForCluster(const std::vector<DealEntry>& deal, int cluster, const std::string& where);
 
 class DealSampler {
  public:

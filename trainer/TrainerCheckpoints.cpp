@@ -18,6 +18,17 @@
 #include "trainer/StageExecutor.h"
 
 namespace cairn {
+
+namespace {
+
+// RunPlan::epoch_steps as the checkpoint meta keeps it: [[from_epoch, steps], …].
+nlohmann::json epochStepsJson(const RunPlan& plan) {
+  nlohmann::json t = nlohmann::json::array();
+  for (const EpochSteps& e : plan.epoch_steps) t.push_back({e.from_epoch, e.steps});
+  return t;
+}
+
+}  // namespace
 namespace {
 
 torch::Tensor cpuGeneratorState() {
@@ -84,6 +95,7 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
             {"since_update", since_update},
             {"sync", sync_meta},
             {"sync_tensors", sync_names}};
+  if (!ctx_.plan.epoch_steps.empty()) d.meta["epoch_steps"] = epochStepsJson(ctx_.plan);
   writeCheckpoint(ctx_.cfg.checkpoint_dir, d, ctx_.opt.keep_checkpoints);
   const double seconds = secondsSince(t);
   CAIRN_INFO("checkpoint of step ", steps_done, " written to ",
@@ -185,6 +197,14 @@ void TrainerCheckpoints::checkResumedPlan() {
                 " steps (", resumed_meta_.value("steps_per_epoch", -1),
                 " per epoch) but this run plans ", ctx_.plan.total_steps, " (",
                 ctx_.plan.steps_per_epoch, " per epoch): job.json changed?");
+  const nlohmann::json table = ctx_.plan.epoch_steps.empty() ? nlohmann::json()
+                                                             : epochStepsJson(ctx_.plan);
+  const nlohmann::json written = resumed_meta_.value("epoch_steps", nlohmann::json());
+  if (written != table)
+    CAIRN_THROW(BadInput, path, ": written for a run whose steps per epoch were ",
+                written.is_null() ? std::string("fixed") : written.dump(), " but this run plans ",
+                table.is_null() ? std::string("fixed ones") : table.dump(),
+                " (node.json extra.deal changed?)");
   if (resume_.start_step > ctx_.plan.total_steps)
     CAIRN_THROW(BadInput, path, ": step ", resume_.start_step, " is past the run's ",
                 ctx_.plan.total_steps);

@@ -1,0 +1,98 @@
+// A Root whose node.json carries a deal (docs/TRAINING.md "Changing the number of clusters: the
+// deal"): the samples of every step and the run's length, against ShardSampler's orders per epoch
+// recomputed here, and a checkpoint of that run refused by a run with another deal.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
+
+#include "core/Error.h"
+#include "tests/trainer/InMemoryPipeline.h"
+#include "trainer/Dataset.h"
+#include "trainer/DealSampler.h"
+#include "trainer/Sampler.h"
+
+namespace cairn {
+namespace {
+
+std::string modelsDir() {
+  const char* dir = std::getenv("CAIRN_TEST_MODELS");
+  return dir ? dir : "";
+}
+
+void options(TrainOptions& t) {
+  t.microbatches = 2;
+  t.max_steps = 0;
+  t.epochs = 3;
+}
+
+TEST(DealRun, TheRootSamplesEachEpochsShardOfTheDealAndThePlanFollowsIt) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
+  const nlohmann::json deal = {{{"from_epoch", 0}, {"clusters", 1}},
+                               {{"from_epoch", 1}, {"clusters", 2}}};
+  TrainOptions used;
+  DataOptions data;
+  const testing::PipelineRun run =
+      testing::runInMemoryPipeline(node_data, options, [&](int i, StageTrainerConfig& c) {
+        c.data.chunks = 4;
+        if (i == 0) {
+          c.node.extra["deal"] = deal;
+          used = c.options;
+          data = c.data;
+        }
+      });
+  // The reference: epoch 0 is one cluster's whole order, epochs 1 and 2 cluster 0's of two; every
+  // epoch has the fewest whole batches of the clusters present.
+  const int64_t n = loadDatasets(data, used.seed).train->size();
+  const std::vector<int64_t> sizes = ShardSampler::equalChunks(n, 4, 1);
+  const ShardSampler alone(sizes, 0, 1, {}, used.seed);
+  const ShardSampler first(sizes, 0, 2, {}, used.seed), second(sizes, 1, 2, {}, used.seed);
+  const int64_t b = used.batch_size;
+  const int64_t grown_steps =
+      std::min(int64_t(first.shard().size()), int64_t(second.shard().size())) / b;
+  std::vector<std::vector<int64_t>> expected;
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    const std::vector<int64_t> order = epoch == 0 ? alone.epochOrder(0) : first.epochOrder(epoch);
+    const int64_t steps = epoch == 0 ? n / b : grown_steps;
+    for (int64_t k = 0; k < steps; ++k)
+      expected.emplace_back(order.begin() + k * b, order.begin() + (k + 1) * b);
+  }
+  ASSERT_GT(grown_steps, 0);
+  ASSERT_NE(grown_steps, n / b);  // the test must see the steps per epoch change
+  EXPECT_EQ(run.batches, expected);
+  for (const TrainerResult& r : run.results) EXPECT_EQ(r.steps, int64_t(expected.size()));
+  EXPECT_EQ(run.losses.size(), expected.size());
+}
+
+// What the Root refuses before it trains (BatchFeeder calls both with "node.json of <node>:
+// extra.deal").
+TEST(DealRun, ADealThatCannotRunHereIsRefusedNamingTheKey) {
+  auto refusal = [](const nlohmann::json& json, int cluster) {
+    try {
+      checkDealForCluster(dealFromJson(json, "extra.deal"), cluster, "extra.deal");
+    } catch (const BadInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal(nlohmann::json::object(), 0).find("extra.deal is not a JSON array"),
+            std::string::npos);
+  EXPECT_NE(refusal({{{"from_epoch", 1}, {"clusters", 1}}}, 0).find("extra.deal[0].from_epoch"),
+            std::string::npos);
+  EXPECT_NE(refusal({{{"from_epoch", 0}, {"clusters", "2"}}}, 0).find("extra.deal[0].clusters"),
+            std::string::npos);
+  EXPECT_NE(refusal({{{"from_epoch", 0}, {"clusters", 2}}, {{"from_epoch", 1}, {"clusters", 1}}}, 0)
+                .find("extra.deal[1].clusters is 1, fewer than the 2 before it"),
+            std::string::npos);
+  EXPECT_NE(refusal({{{"from_epoch", 0}, {"clusters", 1}}, {{"from_epoch", 1}, {"clusters", 2}}}, 1)
+                .find("cannot start yet"),
+            std::string::npos);
+  EXPECT_EQ(refusal({{{"from_epoch", 0}, {"clusters", 1}}, {{"from_epoch", 1}, {"clusters", 2}}}, 0),
+            "accepted");
+}
+
+}  // namespace
+}  // namespace cairn
