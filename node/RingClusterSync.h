@@ -98,7 +98,7 @@ class RingClusterSync : public ClusterSync {
   // admit it and copies their current parameters and buffers (and DiLoCo outer state) into the
   // stage before training; when no ring peer admits it within 3 × timeout (at once when every
   // other member is asking to join too) it falls back to the ordinary start.
-  void setJoining(bool joining) { joining_ = joining; }
+  void setJoining(bool joining) override { joining_ = joining; }
 
   // A new cluster joins the run (docs/OPERATIONS.md "Growing"): `updated` is this node's node.json
   // with members appended to some of its rings (the coordinator's peers update). Checks it and

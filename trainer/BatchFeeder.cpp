@@ -32,9 +32,11 @@ RunPlan BatchFeeder::open() {
   // ShardSampler's deal.
   std::vector<DealEntry> deal = {{0, cfg.num_clusters}};
   const bool dealt = cfg.node.extra.is_object() && cfg.node.extra.contains("deal");
+  int64_t first_epoch = 0;  // the epoch this cluster first trains in
   if (dealt) {
     deal = dealFromJson(cfg.node.extra["deal"], "node.json of " + cfg.node.name + ": extra.deal");
-    checkDealForCluster(deal, cfg.node.cluster, "node.json of " + cfg.node.name + ": extra.deal");
+    first_epoch =
+        checkDealForCluster(deal, cfg.node.cluster, "node.json of " + cfg.node.name + ": extra.deal");
     if (served)
       CAIRN_THROW(BadInput, "node.json of ", cfg.node.name, ": extra.deal with data.source "
                   "\"coordinator\" is not supported yet (the chunks fetched ahead are epoch 0's)");
@@ -43,7 +45,7 @@ RunPlan BatchFeeder::open() {
   sampler_ = std::make_unique<DealSampler>(chunk_sizes, cfg.node.cluster, deal, cfg.data.chunk,
                                            opt.seed);
   if (served) startFetching();
-  const int64_t shard = int64_t(sampler_->shard(0).size());
+  const int64_t shard = int64_t(sampler_->shard(first_epoch).size());
   const int64_t test = data_.test ? data_.test->size() : 0;
   RunPlan plan = RunPlan::forShard(opt, shard, test);
   if (dealt) {
@@ -51,6 +53,10 @@ RunPlan BatchFeeder::open() {
     plan.epoch_steps = schedule.table();
     plan.steps_per_epoch = plan.epoch_steps.front().steps;
     plan.total_steps = schedule.totalSteps(opt.epochs, opt.max_steps);
+    plan.first_step = std::min(schedule.firstStepOf(first_epoch), plan.total_steps);
+    if (plan.first_step > 0)
+      CAIRN_INFO("data: this cluster is added by the deal from epoch ", first_epoch,
+                 ": it starts at step ", plan.first_step, " with its ring peers' weights");
   }
   CAIRN_INFO("data: ", data_.train->size(), " training samples in ", data_.train->shards().size(),
              " file(s) (this cluster's shard: ", shard, "), ", test, " test samples; ",

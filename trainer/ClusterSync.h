@@ -33,6 +33,10 @@ class ClusterSync {
   virtual void beforeOptimizerStep(int64_t step, torch::jit::Module& stage) = 0;
   virtual void afterOptimizerStep(int64_t step, torch::jit::Module& stage) = 0;
   virtual void finish(int64_t steps, torch::jit::Module& stage) = 0;
+  // Before start(): take the current weights from the ring peers instead of checking that every
+  // cluster starts from the same ones (a cluster that resumes or is added mid-run). Default: no
+  // peers, nothing to do.
+  virtual void setJoining(bool /*joining*/) {}
 
   // Checkpoints (trainer/Checkpoint.h): the state this object must carry across a restart (DiLoCo
   // outer parameters and momentum, the step of the last sync, ...) as named tensors plus JSON.

@@ -43,16 +43,17 @@ std::vector<DealEntry> dealFromJson(const nlohmann::json& json, const std::strin
   return deal;
 }
 
-void checkDealForCluster(const std::vector<DealEntry>& deal, int cluster, const std::string& where) {
+int64_t checkDealForCluster(const std::vector<DealEntry>& deal, int cluster,
+                            const std::string& where) {
   validateDeal(deal, where);
-  if (cluster >= deal.front().clusters)
-    CAIRN_THROW(BadInput, where, " has ", deal.front().clusters,
-                " cluster(s) at epoch 0 but this node is of cluster ", cluster,
-                ": a cluster formed mid-run cannot start yet");
   for (size_t i = 1; i < deal.size(); ++i)
     if (deal[i].clusters < deal[i - 1].clusters)
       CAIRN_THROW(BadInput, where, "[", i, "].clusters is ", deal[i].clusters, ", fewer than the ",
                   deal[i - 1].clusters, " before it: clusters are only ever added");
+  for (const DealEntry& e : deal)
+    if (cluster < e.clusters) return e.from_epoch;
+  CAIRN_THROW(BadInput, where, " never has more than ", deal.back().clusters,
+              " cluster(s) but this node is of cluster ", cluster);
 }
 
 DealSampler::DealSampler(const std::vector<int64_t>& chunk_sizes, int cluster,

@@ -35,9 +35,11 @@ void validateDeal(const std::vector<DealEntry>& deal, const std::string& where);
 // A deal from JSON [{"from_epoch":E,"clusters":n},…] (node.json extra.deal); BadInput naming
 // `where`[i].<field> when it is not one.
 std::vector<DealEntry> dealFromJson(const nlohmann::json& json, const std::string& where);
-// What a trainer can run today (BadInput naming `where`): `cluster` exists from epoch 0, and
-// clusters are only ever added (a cluster never leaves the deal).
-void checkDealForCluster(const std::vector<DealEntry>& deal, int cluster, const std::string& where);
+// What a trainer can run (BadInput naming `where`): `cluster` is in the deal at some entry,
+// and clusters are only ever added (a cluster never leaves the deal). Returns the epoch this
+// cluster first trains in (0, or the from_epoch of the entry that adds it).
+int64_t checkDealForCluster(const std::vector<DealEntry>& deal, int cluster,
+                            const std::string& where);
 
 class DealSampler {
  public:

@@ -51,6 +51,11 @@ RunPlan RunPlan::fromText(const std::string& text) {
                                   integer(t[i][1], at + ".steps", 1)});
     }
     validateEpochSteps(plan.epoch_steps, "run plan from upstream: epoch_steps");
+    if (j.contains("first_step"))
+      plan.first_step = integer(j["first_step"], "first_step", 0);
+    if (plan.first_step > plan.total_steps)
+      CAIRN_THROW(BadInput, "malformed run plan from upstream (first_step ", plan.first_step,
+                  " is past total_steps ", plan.total_steps, "): ", text);
     if (plan.epoch_steps.front().steps != plan.steps_per_epoch)
       CAIRN_THROW(BadInput, "malformed run plan from upstream (steps_per_epoch ",
                   plan.steps_per_epoch, " is not epoch_steps[0].steps ",
@@ -67,6 +72,7 @@ std::string RunPlan::toText() const {
     nlohmann::json t = nlohmann::json::array();
     for (const EpochSteps& e : epoch_steps) t.push_back({e.from_epoch, e.steps});
     j["epoch_steps"] = t;
+    if (first_step > 0) j["first_step"] = first_step;
   }
   return j.dump();
 }

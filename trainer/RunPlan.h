@@ -21,6 +21,9 @@ struct RunPlan {
   // as DealSchedule::table() gives them; empty: steps_per_epoch in every epoch (as before).
   // steps_per_epoch is then the first entry's.
   std::vector<EpochSteps> epoch_steps;
+  // The run-wide step this cluster starts at: a cluster formed mid-run (the deal adds it from
+  // epoch E) starts at the first step of E, its weights from its ring peers; 0 otherwise.
+  int64_t first_step = 0;
 
   int64_t epochs() const {
     if (epoch_steps.empty()) return (total_steps + steps_per_epoch - 1) / steps_per_epoch;

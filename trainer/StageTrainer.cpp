@@ -107,12 +107,17 @@ struct StageTrainer::Impl {
     checkpoints.checkResumedPlan();
     const bool async = cfg.options.schedule == ScheduleKind::kAsync;
     if (async) executor->enableWeightStashing();
-    if (cfg.cluster_sync) cfg.cluster_sync->start(executor->module());
-    if (async)
-      return AsyncLoop(ctx, feeder, passes, stop, checkpoints, recorder)
-          .run(checkpoints.resumePoint(), start);
-    return SyncLoop(ctx, schedule, feeder, passes, norm, stop, recorder)
-        .run(checkpoints.resumePoint().start_step, start);
+    // A cluster the deal adds mid-run starts at plan.first_step with its ring peers' weights
+    // (docs/TRAINING.md "the deal"); a resumed one from its checkpoint, as always.
+    ResumePoint from = checkpoints.resumePoint();
+    const bool joins = cfg.resume_step < 0 && plan.first_step > 0;
+    if (joins) from = ResumePoint{plan.first_step, 0, 0};
+    if (cfg.cluster_sync) {
+      if (joins) cfg.cluster_sync->setJoining(true);
+      cfg.cluster_sync->start(executor->module());
+    }
+    if (async) return AsyncLoop(ctx, feeder, passes, stop, checkpoints, recorder).run(from, start);
+    return SyncLoop(ctx, schedule, feeder, passes, norm, stop, recorder).run(from.start_step, start);
   }
 };
 

@@ -67,6 +67,42 @@ TEST(DealRun, TheRootSamplesEachEpochsShardOfTheDealAndThePlanFollowsIt) {
   EXPECT_EQ(run.losses.size(), expected.size());
 }
 
+// A cluster the deal adds from epoch 1 starts at the first step of epoch 1 (the step the first
+// cluster is at then) and samples its own shard of the grown deal.
+TEST(DealRun, AClusterAddedFromEpochOneStartsAtThatEpochsFirstStepOnItsOwnShard) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
+  const nlohmann::json deal = {{{"from_epoch", 0}, {"clusters", 1}},
+                               {{"from_epoch", 1}, {"clusters", 2}}};
+  TrainOptions used;
+  DataOptions data;
+  const testing::PipelineRun run =
+      testing::runInMemoryPipeline(node_data, options, [&](int i, StageTrainerConfig& c) {
+        c.data.chunks = 4;
+        c.node.cluster = 1;
+        if (i == 0) {
+          c.node.extra["deal"] = deal;
+          used = c.options;
+          data = c.data;
+        }
+      });
+  const int64_t n = loadDatasets(data, used.seed).train->size();
+  const std::vector<int64_t> sizes = ShardSampler::equalChunks(n, 4, 1);
+  const ShardSampler first(sizes, 0, 2, {}, used.seed), second(sizes, 1, 2, {}, used.seed);
+  const int64_t b = used.batch_size;
+  const int64_t grown_steps =
+      std::min(int64_t(first.shard().size()), int64_t(second.shard().size())) / b;
+  std::vector<std::vector<int64_t>> expected;
+  for (int64_t epoch = 1; epoch < 3; ++epoch) {
+    const std::vector<int64_t> order = second.epochOrder(epoch);
+    for (int64_t k = 0; k < grown_steps; ++k)
+      expected.emplace_back(order.begin() + k * b, order.begin() + (k + 1) * b);
+  }
+  EXPECT_EQ(run.batches, expected);
+  for (const TrainerResult& r : run.results) EXPECT_EQ(r.steps, n / b + 2 * grown_steps);
+  EXPECT_EQ(run.losses.size(), expected.size());
+}
+
 // What the Root refuses before it trains (BatchFeeder calls both with "node.json of <node>:
 // extra.deal").
 TEST(DealRun, ADealThatCannotRunHereIsRefusedNamingTheKey) {
@@ -87,8 +123,8 @@ TEST(DealRun, ADealThatCannotRunHereIsRefusedNamingTheKey) {
   EXPECT_NE(refusal({{{"from_epoch", 0}, {"clusters", 2}}, {{"from_epoch", 1}, {"clusters", 1}}}, 0)
                 .find("extra.deal[1].clusters is 1, fewer than the 2 before it"),
             std::string::npos);
-  EXPECT_NE(refusal({{{"from_epoch", 0}, {"clusters", 1}}, {{"from_epoch", 1}, {"clusters", 2}}}, 1)
-                .find("cannot start yet"),
+  EXPECT_NE(refusal({{{"from_epoch", 0}, {"clusters", 1}}, {{"from_epoch", 1}, {"clusters", 2}}}, 2)
+                .find("never has more than 2 cluster(s) but this node is of cluster 2"),
             std::string::npos);
   EXPECT_EQ(refusal({{{"from_epoch", 0}, {"clusters", 1}}, {{"from_epoch", 1}, {"clusters", 2}}}, 0),
             "accepted");

@@ -169,7 +169,9 @@ TEST(RunPlan, AGrownRunsTableGivesEachStepsEpochAndPlaceAndTravelsDownstream) {
       ASSERT_EQ(plan.positionOf(step), k) << step;
     }
   EXPECT_EQ(plan.firstStepOf(2), 64);
+  plan.first_step = 64;  // a cluster the deal adds from epoch 2
   const RunPlan back = RunPlan::fromText(plan.toText());
+  EXPECT_EQ(back.first_step, 64);
   EXPECT_EQ(back.epoch_steps, plan.epoch_steps);
   EXPECT_EQ(back.total_steps, plan.total_steps);
 }
@@ -197,6 +199,10 @@ TEST(RunPlan, MalformedPlansAreRefusedNamingTheField) {
           "epoch_steps[1].steps");
   refused(R"({"total_steps":9,"steps_per_epoch":4,"eval_batches":0,"epoch_steps":[[0,3]]})",
           "is not epoch_steps[0].steps");
+  refused(R"({"total_steps":9,"steps_per_epoch":3,"eval_batches":0,"epoch_steps":[[0,3]],"first_step":-1})",
+          "first_step");
+  refused(R"({"total_steps":9,"steps_per_epoch":3,"eval_batches":0,"epoch_steps":[[0,3]],"first_step":10})",
+          "first_step 10 is past total_steps 9");
 }
 
 }  // namespace
