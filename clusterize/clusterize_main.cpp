@@ -14,6 +14,8 @@
 #include "clusterize/Clusterize.h"
 #include "clusterize/ModelMerge.h"
 #include "clusterize/NodeDataWriter.h"
+#include "clusterize/Rebalance.h"
+#include "core/JsonReader.h"
 #include "coordinator/Coordinator.h"
 #include "coordinator/RunView.h"
 #include "coordinator/WebServer.h"
@@ -242,13 +244,53 @@ int main(int argc, char** argv) {
   auto* cluster_option = app.add_option("--cluster", cluster,
                                         "with --merge: take cluster N's weights; "
                                         "default: average floating-point tensors "
-                                        "over all clusters, maximum of integer ones")
-                             ->needs(merge);
+                                        "over all clusters, maximum of integer ones; "
+                                        "with --rebalance: the cluster to re-cut (default 0)");
+  std::string rebalance_from;
+  auto* rebalance = app.add_option(
+      "--rebalance", rebalance_from,
+      "rebalance mode: read NODE_DATA/plan.json and each stage's NODE_DATA/nodes/<node>/"
+      "metrics.jsonl, spread every stage's median compute_s over its units in proportion to the "
+      "profiled unit times, cut again with the planner (--plan-tolerance applies), print the "
+      "measured and predicted stage times and the new --cuts, and write NODE_DATA/"
+      "rebalance.json; no stage files are changed (docs/CLUSTERIZE.md \"Rebalancing from "
+      "measurement\")");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (rebalance->count() > 0) {
+    return cairn::runGuarded("clusterize", [&] {
+      for (const CLI::Option* given : app.get_options())
+        if (given->count() > 0 && given != rebalance && given != cluster_option &&
+            given->get_name() != "--plan-tolerance")
+          CAIRN_THROW(BadInput, "--rebalance takes only --cluster and --plan-tolerance (got ",
+                      given->get_name(), ")");
+      const RebalanceResult r = rebalanceFromNodeData(rebalance_from, cluster, o.plan_tolerance);
+      const nlohmann::json j = r.toJson();
+      cairn::writeJsonFile(rebalance_from + "/rebalance.json", j);
+      auto cuts = [](const std::vector<int>& v) {
+        std::string s;
+        for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+        return s.empty() ? std::string("(one stage)") : s;
+      };
+      std::cout << "cluster " << r.cluster << " measured ms per micro-batch (median compute_s / "
+                << r.microbatches << "):";
+      for (double x : r.measured_stage_seconds) std::cout << " " << x * 1e3;
+      std::cout << "  max/mean " << j["measured_max_over_mean"].get<double>() << "\n"
+                << "predicted after re-cut:";
+      for (double x : r.predicted_stage_seconds) std::cout << " " << x * 1e3;
+      std::cout << "  max/mean " << j["predicted_max_over_mean"].get<double>() << "\n"
+                << "cuts: " << cuts(r.old_cuts) << " -> " << cuts(r.new_cuts) << "\n"
+                << "wrote " << rebalance_from << "/rebalance.json\n";
+      return 0;
+    });
+  }
+  if (cluster_option->count() > 0 && merge->count() == 0)
+    return cairn::runGuarded("clusterize", [&]() -> int {
+      CAIRN_THROW(BadInput, "--cluster needs --merge or --rebalance");
+    });
   if (merge->count() > 0) {
     return cairn::runGuarded("clusterize", [&] {
       for (const CLI::Option* given : app.get_options())
