@@ -50,8 +50,6 @@ import os
 import select
 import shutil
 import signal
-import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -480,8 +478,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", default="100:20,20:50", help="RATE_MBIT:RTT_MS,... ('0:0' = unshaped)")
     p.add_argument("--setups", default="ddp,average,diloco,pipeline")
-    p.add_argument("--wire", default="", help="codecs for extra cairn rows, e.g. bf16,int8 "
-                   "(training_definition.wire.activations/.sync)")
+    p.add_argument("--wire", default="", help="codecs for extra cairn rows, e.g. bf16,int8: each row "
+                   "sets training_definition.wire.activations and .sync to it (sync takes bf16 or int8)")
     p.add_argument("--steps", type=int, default=150, help="most steps per run (stops at the target)")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--target", type=float, default=0.80)
