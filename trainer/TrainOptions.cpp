@@ -231,6 +231,28 @@ std::optional<NonFiniteAction> parseNonFiniteAction(const std::string& name) {
   return std::nullopt;
 }
 
+std::string toString(WireCodec codec) {
+  switch (codec) {
+    case WireCodec::kFp32:
+      return "fp32";
+    case WireCodec::kBf16:
+      return "bf16";
+    case WireCodec::kFp16:
+      return "fp16";
+    case WireCodec::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+
+std::optional<WireCodec> parseWireCodec(const std::string& name) {
+  if (name == "fp32") return WireCodec::kFp32;
+  if (name == "bf16") return WireCodec::kBf16;
+  if (name == "fp16") return WireCodec::kFp16;
+  if (name == "int8") return WireCodec::kInt8;
+  return std::nullopt;
+}
+
 std::string toString(SyncMode mode) {
   switch (mode) {
     case SyncMode::kAverage:
@@ -251,7 +273,7 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
                        "eval_every", "eval_batch_size", "local_steps", "timeouts", "threads",
                        "log_every_s", "record_sample_ids", "accelerate_config", "sync",
                        "nonfinite", "step_window", "max_in_flight", "update_frequency",
-                       "checkpoint_every", "keep_checkpoints", "precision"});
+                       "checkpoint_every", "keep_checkpoints", "precision", "wire"});
   TrainOptions o;
   o.batch_size = r.integerOr("batch_size", 1, 1 << 24, o.batch_size);
   o.microbatches = r.integerOr("microbatches", 1, 1 << 16, o.microbatches);
@@ -281,6 +303,16 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.loss = parseLoss(r, source);
   o.precision = r.choiceOr("precision", {"fp32", "bf16"}, "fp32") == "bf16" ? Precision::kBf16
                                                                            : Precision::kFp32;
+  if (r.has("wire")) {
+    if (!r.raw()["wire"].is_object())
+      r.fail("wire", "must be an object {\"activations\": \"fp32\" | \"bf16\" | \"fp16\" | "
+                     "\"int8\", \"sync\": \"fp32\" | \"bf16\" | \"int8\"}");
+    JsonReader w = r.object("wire");
+    w.rejectUnknownKeys({"activations", "sync"});
+    o.wire.activations =
+        *parseWireCodec(w.choiceOr("activations", {"fp32", "bf16", "fp16", "int8"}, "fp32"));
+    o.wire.sync = *parseWireCodec(w.choiceOr("sync", {"fp32", "bf16", "int8"}, "fp32"));
+  }
   o.clip_grad_norm = r.numberOr("clip_grad_norm", 0);
   if (!(o.clip_grad_norm >= 0)) r.fail("clip_grad_norm", "must be a non-negative number (0: off)");
   if (o.schedule == ScheduleKind::kAsync && o.clip_grad_norm > 0)

@@ -26,6 +26,15 @@ enum class SyncMode { kAverage, kDiLoCo, kGradients };
 enum class Precision { kFp32, kBf16 };
 // "schedule": how a node orders its micro-batches (docs/TRAINING.md "Schedules").
 enum class ScheduleKind { kSync, kAsync };
+// "wire": how float tensors travel between stages ("activations": activations and their
+// gradients) and between ring members ("sync": averages, DiLoCo pseudo-gradients). fp32: exact, as
+// before; bf16/fp16: 2 bytes per value (round to nearest even); int8: 1 byte per value plus one
+// fp32 scale per row (core/WireCompression.h, docs/PROTOCOL.md "Compressed tensors").
+enum class WireCodec { kFp32, kBf16, kFp16, kInt8 };
+struct WireOptions {
+  WireCodec activations = WireCodec::kFp32;  // "activations": "fp32" | "bf16" | "fp16" | "int8"
+  WireCodec sync = WireCodec::kFp32;         // "sync": "fp32" | "bf16" | "int8" (fp32 accumulation)
+};
 // "nonfinite": what a node does with received activations/gradients holding NaN or Inf.
 enum class NonFiniteAction { kDrop, kStop };
 
@@ -35,6 +44,8 @@ std::string toString(ScheduleKind kind);
 std::optional<ScheduleKind> parseScheduleKind(const std::string& name);
 std::string toString(NonFiniteAction action);
 std::optional<NonFiniteAction> parseNonFiniteAction(const std::string& name);
+std::string toString(WireCodec codec);
+std::optional<WireCodec> parseWireCodec(const std::string& name);
 
 // "optimizer.param_groups[i]": a rule that puts parameters in a group of their own, as
 // torch.optim's parameter groups do. A parameter joins the FIRST rule that selects it by any of its
@@ -122,6 +133,7 @@ struct TrainOptions {
   LrScheduleOptions lr_scheduler;                 // "lr_scheduler": "constant" or {name, ...}
   LossOptions loss;               // "loss_fn": "cross_entropy", {name, ...} or {torchscript}
   Precision precision = Precision::kFp32;  // "precision": "fp32" | "bf16"
+  WireOptions wire;  // "wire": {"activations": "fp32", "sync": "fp32"} (default: uncompressed)
   double clip_grad_norm = 0;      // > 0: clip gradients to this GLOBAL norm (all stages together)
   int64_t eval_every = 0;         // > 0: evaluate every this many steps (always at the end)
   int64_t eval_batch_size = 500;  // samples per evaluation batch
