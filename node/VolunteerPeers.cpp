@@ -56,7 +56,15 @@ void VolunteerPeers::offer(const PeersUpdate& update) {
   };
   const bool neighbours = !same(current.upstream, next.upstream) || !same(current.downstream, next.downstream);
   if (!neighbours && live_) {
-    const std::vector<std::string> moved = live_(next);
+    std::vector<std::string> moved;
+    try {
+      moved = live_(next);
+    } catch (const BadInput& e) {
+      // E.g. ring members changed other than by appending (node/RingClusterSync.h addMembers):
+      // the update is not used, the node keeps training with the peers it has.
+      CAIRN_WARN("ignored the coordinator's peers update: ", e.what());
+      return;
+    }
     writeJsonFile(path, toJson(next));
     std::string text;
     for (const std::string& m : moved) text += (text.empty() ? "" : ", ") + m;

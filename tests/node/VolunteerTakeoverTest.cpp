@@ -210,5 +210,36 @@ TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedRunThenIsWritten) {
   EXPECT_EQ(readNodeSpec(nodeSpecPath(node_data, "node_1")).stage, 1);
 }
 
+// Growing: a peers update the running node takes live (same neighbours, e.g. ring members
+// appended) is handed to the run; one the run refuses is ignored with a warning and never
+// crashes the volunteer, node.json kept.
+TEST(VolunteerTakeover, ALiveUpdateTheRunRefusesIsIgnoredAndNodeJsonKept) {
+  TempDir dir;
+  const std::string own = generateCurveKeyPair().public_key;
+  const NodeSpec current = stem(own);
+  const std::string node_data = dir.path + "/node_data";
+  fs::create_directories(nodeDirectory(node_data, "node_1"));
+  writeJsonFile(nodeSpecPath(node_data, "node_1"), toJson(current));
+  VolunteerPeers peers(node_data, "node_1", own, "c");
+  int calls = 0;
+  bool refuse = true;
+  peers.liveHook()([&](const NodeSpec& updated) -> std::vector<std::string> {
+    ++calls;
+    if (refuse) CAIRN_THROW(BadInput, "ring members for ", updated.name, ": refused");
+    return {"node_9 joins the rings"};
+  });
+  NodeSpec changed = current;
+  changed.extra["units"] = {1, 2};  // same peers: taken live
+  EXPECT_NO_THROW(peers.offer({"node_1", toJson(changed)}));
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(peers.pending());
+  EXPECT_FALSE(readNodeSpec(nodeSpecPath(node_data, "node_1")).extra.contains("units"));
+  refuse = false;
+  peers.offer({"node_1", toJson(changed)});
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(readNodeSpec(nodeSpecPath(node_data, "node_1")).extra.contains("units"));
+  peers.liveHook()({});
+}
+
 }  // namespace
 }  // namespace cairn
