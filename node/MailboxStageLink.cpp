@@ -72,6 +72,14 @@ uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows) {
 
 }  // namespace
 
+torch::ScalarType stageWireDtype(const std::string& codec, const std::string& source) {
+  if (codec == "fp32") return torch::kFloat;
+  if (codec == "bf16") return torch::kBFloat16;
+  if (codec == "fp16") return torch::kHalf;
+  CAIRN_THROW(BadInput, source, ": training_definition.wire.activations \"", codec,
+              "\" is not carried by the stage link yet (built: \"fp32\", \"bf16\", \"fp16\")");
+}
+
 uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks) {
   const int64_t rows = std::max(checks.max_microbatch_rows, checks.max_eval_rows);
   if (rows <= 0) return 0;
@@ -153,9 +161,16 @@ std::optional<std::string> MailboxStageLink::rejectReason(const Message& m, uint
       continue;
     }
     auto type = scalarTypeForName(v.dtype);
+    // Compressed on the wire (training_definition.wire.activations): planned float32 arrives in
+    // the wire dtype.
+    if (type && *type == torch::kFloat) type = checks_.wire_float;
     if (!type || t.tensor.scalar_type() != *type)
       return why("dtype", "\"" + t.name + "\" is " + dtypeName(t.tensor.scalar_type()) +
-                              "; the plan says " + v.dtype);
+                              "; the plan says " + v.dtype +
+                              (v.dtype == "float32" && checks_.wire_float != torch::kFloat
+                                   ? " sent as " + dtypeName(checks_.wire_float) +
+                                         " (training_definition.wire.activations)"
+                                   : std::string()));
     const auto shape = t.tensor.sizes();
     bool same = shape.size() == v.shape.size();
     for (size_t d = 1; same && d < shape.size(); ++d) same = shape[d] == v.shape[d];
@@ -301,7 +316,13 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   m.microbatch = packet.microbatch;
   m.tag = packet.tag;
   m.text = packet.text;
-  for (const auto& [name, t] : packet.tensors) m.tensors.push_back({name, t.detach().contiguous()});
+  for (const auto& [name, t] : packet.tensors) {
+    // training_definition.wire.activations: boundary float32 tensors travel compressed.
+    const bool compress = checks_.wire_float != torch::kFloat && carriesTensors(m.kind) &&
+                          !isReservedTensorName(name) && t.scalar_type() == torch::kFloat;
+    m.tensors.push_back(
+        {name, compress ? t.detach().to(checks_.wire_float).contiguous() : t.detach().contiguous()});
+  }
   // In slices, so a neighbour whose connection went down is declared lost after timeouts.lost
   // instead of blocking the whole peer timeout (a send waits only while the peer's queue is full
   // or its connection is down).
@@ -397,7 +418,13 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
   packet.microbatch = got->microbatch;
   packet.tag = std::move(got->tag);
   packet.text = std::move(got->text);
-  for (auto& t : got->tensors) packet.tensors.emplace_back(std::move(t.name), std::move(t.tensor));
+  for (auto& t : got->tensors) {
+    // Validated above: a tensor in the wire dtype is a planned float32 boundary tensor.
+    if (checks_.wire_float != torch::kFloat && !isReservedTensorName(t.name) &&
+        t.tensor.scalar_type() == checks_.wire_float)
+      t.tensor = t.tensor.to(torch::kFloat);
+    packet.tensors.emplace_back(std::move(t.name), std::move(t.tensor));
+  }
   return packet;
 }
 

@@ -61,7 +61,17 @@ struct LinkChecks {
   size_t max_extra_tensors = 4;     // tensors beyond the planned boundary ("__"-named, bookkeeping)
   uint64_t max_message_bytes = 0;   // all tensor bytes of one message (0: from the plan, see below)
   bool stop_on_nonfinite = false;   // NaN/Inf: false = drop and count, true = throw BadInput
+  // training_definition.wire.activations: planned float32 boundary tensors of activation, gradient
+  // and evaluation messages travel in this dtype (kFloat: as they are; kBFloat16 / kHalf: rounded
+  // to nearest even by torch's cast, and cast back to float32 on receipt). A received planned
+  // float32 tensor in any other dtype is dropped as "dtype". Bookkeeping ("__") tensors, integer
+  // and bool tensors are never compressed.
+  torch::ScalarType wire_float = torch::kFloat;
 };
+
+// The wire dtype for training_definition.wire.activations "fp32" | "bf16" | "fp16"; "int8" is not
+// carried by the stage link yet: BadInput naming the key.
+torch::ScalarType stageWireDtype(const std::string& codec, const std::string& source);
 
 // Why received messages were dropped, by reason ("unknown_peer", "kind_not_allowed", "job_id",
 // "step_window", "tensor_count", "tensor_name", "dtype", "shape", "bytes", "nonfinite").

@@ -101,6 +101,7 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   checks.max_eval_rows = config.options.eval_batch_size;
   checks.step_window = uint64_t(config.options.step_window);
   checks.stop_on_nonfinite = config.options.nonfinite == NonFiniteAction::kStop;
+  checks.wire_float = stageWireDtype(toString(config.options.wire.activations), job_path);
   // ZMQ_MAXMSGSIZE: the largest planned message, pipeline or ring (parameters of this stage).
   uint64_t parameter_bytes = 0;
   for (const auto& p : stage.named_parameters()) parameter_bytes += p.value.nbytes();

@@ -235,5 +235,71 @@ TEST(StageLinkValidationPolicy, PlannedMessageBytesCoversTheLargerBoundary) {
   EXPECT_EQ(plannedMessageBytes(stemSpec(), checks), 256u + (1u << 20));
 }
 
+// training_definition.wire.activations bf16 / fp16: planned float32 boundary tensors go out in the
+// wire dtype (exactly torch's cast) and come back as float32 of the rounded values; bookkeeping
+// and integer tensors are left alone; a planned float32 tensor in another dtype is dropped.
+class StageLinkWireDtype : public ::testing::TestWithParam<torch::ScalarType> {};
+
+TEST_P(StageLinkWireDtype, CompressedBoundaryRoundTripsThroughTheWireDtype) {
+  const torch::ScalarType wire = GetParam();
+  LinkChecks checks = defaultChecks();
+  checks.wire_float = wire;
+  const std::string p = std::string("wire_") + c10::toString(wire) + "_";
+  Fixture f(p, checks);
+  f.stem.addPeer("down", "inproc://" + p + "down");
+  const torch::Tensor y = torch::randn({8, 2}, torch::TensorOptions().dtype(torch::kFloat)) * 3.7;
+  StagePacket out;
+  out.kind = PacketKind::kActivation;
+  out.tensors = {{"y", y}, {"__loss", torch::tensor(1.25f)}, {"__targets", torch::arange(8)}};
+  f.link.send(Neighbour::kDownstream, out);
+  std::optional<Message> sent = f.down.receive(5s);
+  ASSERT_TRUE(sent.has_value());
+  ASSERT_EQ(sent->tensors.size(), 3u);
+  EXPECT_EQ(sent->tensors[0].tensor.scalar_type(), wire);
+  EXPECT_TRUE(torch::equal(sent->tensors[0].tensor, y.to(wire)));
+  EXPECT_EQ(sent->tensors[1].tensor.scalar_type(), torch::kFloat);  // bookkeeping: as it is
+  EXPECT_EQ(sent->tensors[2].tensor.scalar_type(), torch::kLong);
+
+  Message a = genuineActivation();
+  const torch::Tensor x = torch::randn({8, 4}) * 11.3;
+  a.tensors[0].tensor = x.to(wire);
+  f.send(f.up, a);
+  StagePacket got = f.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, "");
+  EXPECT_EQ(got.tensor("x").scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(got.tensor("x"), x.to(wire).to(torch::kFloat)));
+  EXPECT_TRUE(torch::equal(got.tensor("__targets"), torch::zeros({8}, torch::kLong)));
+  EXPECT_EQ(f.link.stats().droppedTotal(), 0u);
+
+  // An uncompressed (float32) activation while the job says compressed: dropped as "dtype", the
+  // genuine compressed one that follows is used.
+  Message wrong = genuineActivation(0, 1);
+  wrong.tensors[0].tensor = torch::full({8, 4}, 99.0);
+  f.send(f.up, wrong);
+  Message right = genuineActivation(0, 1);
+  right.tensors[0].tensor = right.tensors[0].tensor.to(wire);
+  f.send(f.up, right);
+  got = f.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 1, "");
+  EXPECT_TRUE(torch::equal(got.tensor("x"), torch::full({8, 4}, 0.5)));
+  EXPECT_EQ(f.link.stats().dropped.count("dtype"), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, StageLinkWireDtype,
+                         ::testing::Values(torch::kBFloat16, torch::kHalf),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+TEST(StageLinkValidationPolicy, WireDtypeNamesTheKeyForCodecsNotBuilt) {
+  EXPECT_EQ(stageWireDtype("fp32", "job.json"), torch::kFloat);
+  EXPECT_EQ(stageWireDtype("bf16", "job.json"), torch::kBFloat16);
+  EXPECT_EQ(stageWireDtype("fp16", "job.json"), torch::kHalf);
+  try {
+    (void)stageWireDtype("int8", "job.json");
+    FAIL() << "int8 accepted";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("job.json: training_definition.wire.activations"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace cairn
