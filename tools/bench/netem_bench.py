@@ -523,7 +523,11 @@ def main():
     signal.signal(signal.SIGHUP, on_signal)
     rows = []
     try:
-        topo.up()
+        try:
+            topo.up()
+        except RuntimeError as e:
+            print(f"netem_bench: skipped: cannot build the namespaces and veth links: {e}", flush=True)
+            return
         netem, why_not = topo.netem_available()
         if not netem:
             log(f"tc netem unavailable ({why_not}); rate by tbf, delay by the TUN relay")
