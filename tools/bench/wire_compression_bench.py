@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""Compression on the wire (training_definition.wire.activations): bytes per step per link and
+final Fashion-MNIST accuracy, one JSON line per codec.
+
+    tools/bench/wire_compression_bench.py --provider build/node/provider [--steps 300]
+        [--codecs fp32,bf16,fp16] [--work /tmp/wire_bench] [--port 6950] [--model cnn|gpt]
+
+--model gpt: examples/tiny_gpt (see run_gpt) instead, printing the validation loss.
+
+Each codec trains the example CNN (BatchNorm, cut by hand into --stages real providers on tcp
+loopback, tools/launch_local; the by-hand cut has 3 stages, so 2 links) for --steps steps of batch 32 in 4 micro-batches, AdamW lr 0.003 with
+a cosine schedule, seed 1, on the first 12,000 training images; accuracy is the Leaf's evaluation on
+the first 2,000 test images. Bytes per step per link are counted from the payloads: every
+boundary value node.json plans between two stages, batch rows, once forward (activation) and once
+backward (gradient), at the codec's bytes per value (fp32 4, bf16/fp16 2); the msgpack header and
+the small "__" bookkeeping tensors (targets, ids, loss) are left out and are the same for every
+codec. Wall time is printed, not compared (the machine is shared).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+sys.path.insert(0, os.path.join(REPO, "tests/integration"))
+import provider_cluster_test as pct  # noqa: E402
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+
+
+def chain_of(node_data):
+    """The first cluster's nodes in pipeline order (by-hand plans: "nodes"; clusterize: "chain")."""
+    c = json.load(open(os.path.join(node_data, "plan.json")))["clusters"][0]
+    return c.get("chain") or c["nodes"]
+
+
+def boundary_values(node_data):
+    """Elements per sample crossing each link of the first cluster (each sender's planned outputs)."""
+    out = []
+    for name in chain_of(node_data)[:-1]:
+        node = json.load(open(os.path.join(node_data, "nodes", name, "node.json")))
+        n = 0
+        for v in node["outputs"]:
+            if v["type"] == "tensor" and v["dtype"] == "float32":
+                per_sample = 1
+                for d in v["shape"][1:]:
+                    per_sample *= d
+                n += per_sample
+        out.append(n)
+    return out
+
+
+def run_gpt(args):
+    """examples/tiny_gpt as examples/tiny_gpt/run.sh runs it (clusterize: 2 clusters x 2 nodes,
+    "average" every 10 steps, batch 32 in 2 micro-batches) for --steps steps with each codec; the
+    validation loss is the mean over the two clusters' Leaf evaluations."""
+    import subprocess
+    build = os.path.dirname(os.path.dirname(os.path.abspath(args.provider)))
+    for codec in args.codecs.split(","):
+        work = os.path.join(args.work, "gpt_" + codec)
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        subprocess.run([os.path.join(REPO, "examples/tiny_gpt/make_corpus.sh"), os.path.join(work, "corpus.txt")],
+                       check=True, stdout=subprocess.DEVNULL)
+        job = json.load(open(os.path.join(REPO, "examples/tiny_gpt/job.json")))
+        job["data"]["location"] = os.path.join(work, "corpus.txt")
+        job["training_definition"].update({"max_steps": args.steps, "wire": {"activations": codec}})
+        json.dump(job, open(os.path.join(work, "job.json.in"), "w"))
+        subprocess.run([sys.executable, os.path.join(REPO, "examples/tiny_gpt/make_model.py"), "--out",
+                        os.path.join(work, "model.pt")], check=True, stdout=subprocess.DEVNULL)
+        configs = {str(i): {"IP": f"127.0.0.1:{args.port + i}", "benchmarks": {"ram": 1, "bandwidth": 10000}}
+                   for i in range(4)}
+        json.dump(configs, open(os.path.join(work, "node_configs.json"), "w"))
+        subprocess.run([os.path.join(build, "clusterize/clusterize"), "--model", os.path.join(work, "model.pt"),
+                        "--nodes", os.path.join(work, "node_configs.json"), "--job", os.path.join(work, "job.json.in"),
+                        "--clusters", "2", "--granularity", "expand-containers", "--input-shape", "16,64",
+                        "--input-dtype", "int64", "--out", work], check=True, stdout=subprocess.DEVNULL)
+        start = time.time()
+        pct.launch(work, args.provider, 1200)
+        seconds = time.time() - start
+        plan = json.load(open(os.path.join(work, "plan.json")))
+        losses = [json.load(open(os.path.join(work, "nodes", c["chain"][-1], "result.json")))["eval"]["loss"]
+                  for c in plan["clusters"]]
+        batch = job["training_definition"]["batch_size"]
+        per_link = [2 * batch * n * BYTES[codec] for n in boundary_values(work)]
+        print(json.dumps({"model": "tiny_gpt", "clusters": len(plan["clusters"]), "steps": args.steps,
+                          "wire_activations": codec, "bytes_per_step_per_link": per_link,
+                          "val_loss": sum(losses) / len(losses), "wall_s": round(seconds, 1)}), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--stages", type=int, default=3, choices=[3])
+    parser.add_argument("--codecs", default="fp32,bf16,fp16")
+    parser.add_argument("--work", default="/tmp/wire_bench")
+    parser.add_argument("--port", type=int, default=6950)
+    parser.add_argument("--model", choices=["cnn", "gpt"], default="cnn")
+    parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
+    args = parser.parse_args()
+    parser_model = args.model
+    pct.KEYS = pct.keys_binary(args)
+    if parser_model == "gpt":
+        return run_gpt(args)
+    batch = 32
+    for codec in args.codecs.split(","):
+        work = os.path.join(args.work, codec)
+        shutil.rmtree(work, ignore_errors=True)
+        settings = pct.training_settings(args.steps)
+        settings["wire"] = {"activations": codec}
+        _, node_data = pct.make_node_data(work, args.port, args.stages, True, settings,
+                                          {"train_samples": 12000, "test_samples": 2000})
+        start = time.time()
+        pct.launch(node_data, args.provider, 1200)
+        seconds = time.time() - start
+        leaf = f"node_{args.stages - 1}"
+        result = json.load(open(os.path.join(node_data, "nodes", leaf, "result.json")))
+        per_link = [2 * batch * n * BYTES[codec] for n in boundary_values(node_data)]
+        print(json.dumps({"model": "fashion_mnist_cnn", "stages": args.stages, "steps": args.steps,
+                          "wire_activations": codec, "bytes_per_step_per_link": per_link,
+                          "accuracy": result["eval"]["accuracy"], "eval_loss": result["eval"]["loss"],
+                          "eval_samples": result["eval"]["samples"], "wall_s": round(seconds, 1)}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
