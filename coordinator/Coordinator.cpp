@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -357,11 +358,24 @@ struct Coordinator::Impl {
     finish(results);
   }
 
+  // The oldest of the newest checkpoints held for the placed nodes (0 while one has none): every
+  // volunteer keeps its checkpoints from this step on, so the one a spare is given (always one of
+  // these) is also held by the lost node's neighbours and their cluster resumes at its step.
+  int64_t keepFrom() const {
+    int64_t oldest = -1;
+    for (const auto& n : placed()) {
+      const auto held = store->checkpoint(n);
+      if (!held) return 0;
+      oldest = oldest < 0 ? held->step : std::min(oldest, held->step);
+    }
+    return std::max<int64_t>(oldest, 0);
+  }
+
   void onCheckpoint(const CheckpointUpload& c) {
     const auto previous = store->checkpoint(c.name);
     const auto m = store->memberByName(c.name);
     if (previous && previous->step >= c.step) {  // a resend or an older one: say what it holds
-      if (m) reply(m->public_key, encode(CheckpointAck{c.name, previous->step}));
+      if (m) reply(m->public_key, encode(CheckpointAck{c.name, previous->step, keepFrom()}));
       return;
     }
     const std::string dir = o.out + "/checkpoints/" + c.name;
@@ -372,7 +386,7 @@ struct Coordinator::Impl {
     std::error_code ec;  // the row names the new file; an old file left behind is only space
     if (previous && previous->path != path && !std::filesystem::remove(previous->path, ec) && ec)
       CAIRN_WARN("coordinator: cannot remove ", previous->path, ": ", ec.message());
-    if (m) reply(m->public_key, encode(CheckpointAck{c.name, c.step}));
+    if (m) reply(m->public_key, encode(CheckpointAck{c.name, c.step, keepFrom()}));
     CAIRN_INFO("coordinator: checkpoint of ", c.name, " at step ", c.step, " (", c.file.size(), " bytes)");
   }
 

@@ -84,6 +84,7 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   // Always set: a stop (signal) checkpoints even when checkpoint_every is 0; periodic
   // checkpoints (and so pausing on a lost neighbour) need checkpoint_every > 0.
   config.checkpoint_dir = dir + "/checkpoints";
+  config.keep_checkpoints_from = options.keep_checkpoints_from;
   config.stop_requested = options.stop_requested;
   config.chunk_source = options.chunk_source;  // data.source "coordinator" (provider --join)
   at::set_num_threads(config.options.threads);

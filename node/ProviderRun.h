@@ -50,6 +50,8 @@ struct ProviderRunOptions {
   // provider --join: where a Root of a job with data.source "coordinator" gets its chunks
   // (node/ServedChunks.h); null: such a job is refused.
   std::shared_ptr<ChunkSource> chunk_source;
+  // provider --join: keep local checkpoints from this step on (StageTrainerConfig); empty: none.
+  std::function<int64_t()> keep_checkpoints_from;
 };
 
 struct ProviderRunOutcome {

@@ -134,6 +134,7 @@ void VolunteerCheckpoints::readReplies(milliseconds wait) {
   const auto* ack = std::get_if<CheckpointAck>(&*message);
   if (!ack || ack->name != name_) return;
   acked_step_ = ack->step;
+  if (ack->keep_from >= 0) keep_from_ = ack->keep_from;
   if (!has_in_flight_) return;
   has_in_flight_ = false;
   acked_ = in_flight_;  // held, or superseded by a newer one the coordinator holds: not resent

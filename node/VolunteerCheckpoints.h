@@ -11,6 +11,9 @@
 //   Coordinator down: the send is refused at once (nothing queued); the newest is tried again at
 //   the next poll.
 // One log line per acknowledged upload: step, bytes, seconds from send to acknowledgement.
+// keepFrom(): the acknowledgement's keep_from (-1 until one says it): the trainer keeps every
+// local checkpoint from that step on, so whichever node is lost, the checkpoint the coordinator
+// gives its spare is also held by its neighbours and the cluster resumes there.
 //
 // Ownership: owns its thread and socket; `context` is borrowed and must outlive it.
 // Thread-safety: construct, finish()/stop() and read the counters from one thread.
@@ -53,6 +56,7 @@ class VolunteerCheckpoints {
   uint64_t sent() const { return sent_.load(); }          // checkpoints sent
   uint64_t bytesSent() const { return bytes_sent_.load(); }
   int64_t acknowledgedStep() const { return acked_step_.load(); }  // -1: none yet
+  int64_t keepFrom() const { return keep_from_.load(); }  // any thread; -1: not said yet
 
  private:
   struct FileId {
@@ -76,6 +80,7 @@ class VolunteerCheckpoints {
   std::atomic<int64_t> finish_by_ns_{0};  // steady_clock deadline of finish(); 0: not finishing
   std::atomic<uint64_t> sent_{0}, bytes_sent_{0};
   std::atomic<int64_t> acked_step_{-1};
+  std::atomic<int64_t> keep_from_{-1};
   // Thread-owned state.
   FileId acked_, in_flight_, last_bad_;
   bool has_in_flight_ = false;

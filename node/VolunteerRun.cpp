@@ -58,6 +58,7 @@ int runVolunteer(const VolunteerConfig& config) {
     auto heartbeats = session.trainingHeartbeats([m = metrics.get()] { return m->progress(); });
     auto uploads = session.checkpointUploads(nodeDirectory(run.node_data, run.name) + "/checkpoints");
     heartbeats->onPeers([&peers](const PeersUpdate& update) { peers.offer(update); });
+    if (uploads) run.keep_checkpoints_from = [u = uploads.get()] { return u->keepFrom(); };
     try {
       outcome = runProvider(run);
       while (outcome.stopped && !(config.stop_requested && config.stop_requested()) &&

@@ -107,7 +107,8 @@ std::string checkpointPath(const std::string& dir, int64_t step) {
   return (fs::path(dir) / ("step_" + std::to_string(step) + ".ckpt")).string();
 }
 
-void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t keep) {
+void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t keep,
+                     int64_t keep_from) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) CAIRN_THROW(BadInput, dir, ": cannot create the checkpoint folder: ", ec.message());
@@ -129,8 +130,8 @@ void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t
   syncPath(dir, true);
 
   // Checkpoints of later steps belong to a run that was resumed from an earlier one: this one
-  // supersedes them. Then keep the newest `keep` (by step), delete the rest and any temporary
-  // files left by a crash.
+  // supersedes them. Then keep the newest `keep` (by step) and those from `keep_from` on, delete
+  // the rest and any temporary files left by a crash.
   std::vector<int64_t> steps;
   for (int64_t s : namedSteps(dir)) {
     if (s > data.step)
@@ -140,7 +141,7 @@ void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t
   }
   if (keep > 0 && int64_t(steps.size()) > keep)
     for (size_t i = 0; i + size_t(keep) < steps.size(); ++i)
-      fs::remove(checkpointPath(dir, steps[i]), ec);
+      if (keep_from < 0 || steps[i] < keep_from) fs::remove(checkpointPath(dir, steps[i]), ec);
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0 &&

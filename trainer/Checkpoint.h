@@ -28,7 +28,11 @@ struct CheckpointData {
 std::string checkpointPath(const std::string& dir, int64_t step);
 // Writes atomically, then deletes all but the newest `keep` checkpoints in `dir` (and any of a
 // later step than data.step: they belong to a run resumed from an earlier step, now superseded).
-void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t keep);
+// `keep_from` >= 0 also keeps every checkpoint of a step >= keep_from (provider --join: the
+// coordinator's `keep_from`, so a spare given an older uploaded checkpoint finds it held by its
+// neighbours too); -1: only the newest `keep`.
+void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t keep,
+                     int64_t keep_from = -1);
 // Steps of the checkpoints in `dir` that verify, ascending (corrupt ones skipped with a warning;
 // a missing folder gives none).
 std::vector<int64_t> validCheckpointSteps(const std::string& dir);

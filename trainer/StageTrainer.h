@@ -81,6 +81,11 @@ struct StageTrainerConfig {
   // options.checkpoint_every steps into this folder ("" = none), newest options.keep_checkpoints
   // kept.
   std::string checkpoint_dir;
+  // May be empty. Asked at every checkpoint: also keep every checkpoint of a step >= the answer
+  // (-1: only the newest keep_checkpoints). provider --join: the coordinator's keep_from
+  // (node/VolunteerCheckpoints.h), so the neighbours of a lost node still hold the step of the
+  // checkpoint its spare is given.
+  std::function<int64_t()> keep_checkpoints_from;
   // >= 0: start from the checkpoint of this step in checkpoint_dir (it must exist and verify);
   // the run continues as if it had never stopped (same data order, RNG, optimizer state).
   int64_t resume_step = -1;

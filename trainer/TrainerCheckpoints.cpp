@@ -96,7 +96,8 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
             {"sync", sync_meta},
             {"sync_tensors", sync_names}};
   if (!ctx_.plan.epoch_steps.empty()) d.meta["epoch_steps"] = epochStepsJson(ctx_.plan);
-  writeCheckpoint(ctx_.cfg.checkpoint_dir, d, ctx_.opt.keep_checkpoints);
+  writeCheckpoint(ctx_.cfg.checkpoint_dir, d, ctx_.opt.keep_checkpoints,
+                  ctx_.cfg.keep_checkpoints_from ? ctx_.cfg.keep_checkpoints_from() : -1);
   const double seconds = secondsSince(t);
   CAIRN_INFO("checkpoint of step ", steps_done, " written to ",
              checkpointPath(ctx_.cfg.checkpoint_dir, steps_done), " (", seconds, " s)");

@@ -246,7 +246,9 @@ Frames encode(const PeersUpdate& m) {
 }
 Frames encode(const ResultAck& m) { return frames({{"type", "result_ack"}, {"name", m.name}}); }
 Frames encode(const CheckpointAck& m) {
-  return frames({{"type", "checkpoint_ack"}, {"name", m.name}, {"step", m.step}});
+  nlohmann::json h{{"type", "checkpoint_ack"}, {"name", m.name}, {"step", m.step}};
+  if (m.keep_from >= 0) h["keep_from"] = m.keep_from;
+  return frames(h);
 }
 Frames encode(const Finished& m) { return frames({{"type", "finished"}, {"reason", m.reason}}); }
 Frames encode(const ReachCheck& m) { return frames({{"type", "reach"}, {"nonce", m.nonce}}); }
@@ -391,6 +393,7 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
     CheckpointAck m;
     m.name = in.string("name", kMaxNameBytes);
     m.step = in.integer("step", 0, INT64_MAX);
+    if (h->contains("keep_from")) m.keep_from = in.integer("keep_from", 0, INT64_MAX);
     return done<V>(in, std::move(m));
   }
   if (type == "metrics_ack") {

@@ -30,7 +30,12 @@
 //                 attachments: stage.pt, and the newest checkpoint when `resume` is true
 //     peers      {name, node{node.json}}      the node's updated neighbours / ring peers
 //     result_ack {name}
-//     checkpoint_ack {name, step}            the newest checkpoint of `name` it holds is `step`
+//     checkpoint_ack {name, step, keep_from?} the newest checkpoint of `name` it holds is `step`;
+//                                             keep_from: keep every local checkpoint of a step >=
+//                                             it (the oldest of the newest checkpoints the
+//                                             coordinator holds for the placed nodes, 0 while one
+//                                             has none): a spare given one of those resumes with
+//                                             its neighbours at that step
 //     metrics_ack {name, stream, seq}         every record of `stream` before `seq` is held
 //     finished   {reason}                     the run is over; the volunteer may exit
 //   coordinator → volunteer's listen address (reachability check)
@@ -136,6 +141,7 @@ struct ResultAck {
 struct CheckpointAck {
   std::string name;
   int64_t step = 0;  // the newest checkpoint the coordinator holds for `name`
+  int64_t keep_from = -1;  // >= 0: keep local checkpoints of steps >= it; -1: not said
 };
 struct Finished {
   std::string reason;

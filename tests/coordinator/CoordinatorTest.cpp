@@ -362,6 +362,8 @@ TEST(LiveCoordinator, KeepsOnlyTheNewestCheckpointPerNodeAndAcknowledgesIt) {
     const auto reply = member.ask(encode(CheckpointUpload{name, step, fnv1a64(bytes), bytes}));
     if (!reply || !std::holds_alternative<CheckpointAck>(*reply)) return -1;
     EXPECT_EQ(std::get<CheckpointAck>(*reply).name, name);
+    // No plan yet, so no placed node holds one: keep every checkpoint (keep_from 0).
+    EXPECT_EQ(std::get<CheckpointAck>(*reply).keep_from, 0);
     return std::get<CheckpointAck>(*reply).step;
   };
   auto held = [&] {

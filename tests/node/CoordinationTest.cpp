@@ -135,6 +135,9 @@ TEST(Coordination, MessagesToTheVolunteerRoundTripFieldForField) {
   const CheckpointAck ca = roundTripToVolunteer<CheckpointAck>(encode(CheckpointAck{"node_9", 40}));
   EXPECT_EQ(ca.name, "node_9");
   EXPECT_EQ(ca.step, 40);
+  EXPECT_EQ(ca.keep_from, -1);  // not said
+  const CheckpointAck kf = roundTripToVolunteer<CheckpointAck>(encode(CheckpointAck{"node_9", 40, 20}));
+  EXPECT_EQ(kf.keep_from, 20);
   EXPECT_EQ(roundTripToVolunteer<Finished>(encode(Finished{"done"})).reason, "done");
 
   std::string why;
@@ -224,6 +227,8 @@ TEST(Coordination, MalformedMessagesAreRefusedWithTheirReason) {
             "unknown message type \"heartbeat\" for a volunteer");
   EXPECT_EQ(whyToVolunteer(edited(encode(CheckpointAck{"n", 10}), [](auto& h) { h["step"] = -1; })),
             "checkpoint_ack: \"step\" must be an integer in [0, 9223372036854775807]");
+  EXPECT_EQ(whyToVolunteer(edited(encode(CheckpointAck{"n", 10}), [](auto& h) { h["keep_from"] = -3; })),
+            "checkpoint_ack: \"keep_from\" must be an integer in [0, 9223372036854775807]");
   EXPECT_EQ(whyToVolunteer(edited(encode(CheckpointAck{"n", 10}), [](auto& h) { h.erase("name"); })),
             "checkpoint_ack: \"name\" must be a string");
   std::string why;

@@ -93,6 +93,17 @@ TEST_F(CheckpointFiles, KeepLeavesExactlyTheNewest) {
   EXPECT_EQ(validCheckpointSteps(dir_), (std::vector<int64_t>{6, 7}));
 }
 
+// provider --join: the coordinator's keep_from also keeps every checkpoint from that step on (the
+// one a spare may be given), beyond the newest `keep`; it may rise between writes.
+TEST_F(CheckpointFiles, KeepFromAlsoKeepsEveryStepFromIt) {
+  for (int64_t s : {2, 4, 6, 8, 10, 12}) writeCheckpoint(dir_, sample(s), 2, /*keep_from=*/4);
+  EXPECT_EQ(validCheckpointSteps(dir_), (std::vector<int64_t>{4, 6, 8, 10, 12}));
+  writeCheckpoint(dir_, sample(14), 2, 10);
+  EXPECT_EQ(validCheckpointSteps(dir_), (std::vector<int64_t>{10, 12, 14}));
+  writeCheckpoint(dir_, sample(16), 2, -1);  // not said: only the newest 2
+  EXPECT_EQ(validCheckpointSteps(dir_), (std::vector<int64_t>{14, 16}));
+}
+
 TEST_F(CheckpointFiles, CorruptFilesAreSkippedWithAWarningAndRefused) {
   for (int64_t s : {1, 2, 3, 4, 5}) writeCheckpoint(dir_, sample(s), 10);
   // 1: truncated in the data section; 2: one data byte flipped; 3: garbage; 4: a copy of 5 under
