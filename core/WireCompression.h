@@ -1,6 +1,7 @@
 // Pure codecs for compressing fp32 tensors on the wire (issue [I] part 5): bf16, fp16 and int8
-// with one fp32 scale per row. Torch-free and header-only so every room can use them; the
-// stage wire and ring chunks are not wired to them yet, so docs/PROTOCOL.md has no entry yet.
+// with one fp32 scale per row. Torch-free and header-only so every room can use them. Used by the
+// stage link (activations bf16/fp16) and the ring all-reduce (wire.sync bf16, and int8 in blocks:
+// encodeInt8Blocks below); docs/PROTOCOL.md "Compressed tensors".
 //
 // Rounding (all exact, no platform dependence):
 //   bf16: the upper 16 bits of the fp32, round-to-nearest-even; NaN -> 0x7FC0 (as torch).
@@ -12,6 +13,7 @@
 // Encoded int8 layout: rows fp32 scales (little-endian), then rows*cols int8 values, row major.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -106,6 +108,63 @@ inline std::vector<float> decodeInt8Rows(const uint8_t* bytes, size_t size, int6
     }
   }
   return out;
+}
+
+// int8 in blocks of a 1-d run of `n` values (ring all-reduce chunks, node/ProcessGroup.cpp):
+// block b covers [b*block, min(n, (b+1)*block)) — the last one may be shorter — with its own
+// scale, rounded exactly as encodeInt8Rows. Layout: ceil(n/block) fp32 scales, then n int8.
+inline int64_t int8BlockCount(int64_t n, int64_t block) { return (n + block - 1) / block; }
+inline int64_t int8BlocksBytes(int64_t n, int64_t block) {
+  return int8BlockCount(n, block) * 4 + n;
+}
+// `out` holds int8BlocksBytes(n, block) bytes. Throws std::invalid_argument for a non-finite value.
+inline void encodeInt8Blocks(const float* x, int64_t n, int64_t block, uint8_t* out) {
+  if (n < 0 || block <= 0) throw std::invalid_argument("int8 encode: bad shape");
+  const int64_t blocks = int8BlockCount(n, block);
+  int8_t* q = reinterpret_cast<int8_t*>(out + blocks * 4);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * block, end = std::min(n, begin + block);
+    float maxAbs = 0.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      if (!std::isfinite(x[i]))
+        throw std::invalid_argument("int8 encode: non-finite value at element " +
+                                    std::to_string(i));
+      maxAbs = std::fmax(maxAbs, std::fabs(x[i]));
+    }
+    const float scale = maxAbs / 127.0f;
+    std::memcpy(out + b * 4, &scale, 4);
+    for (int64_t i = begin; i < end; ++i) {
+      float v = scale == 0.0f ? 0.0f : std::nearbyint(x[i] / scale);
+      v = std::fmin(127.0f, std::fmax(-127.0f, v));
+      q[i] = static_cast<int8_t>(v);
+    }
+  }
+}
+// "" when `bytes` (size int8BlocksBytes(n, block)) is a valid encoding, else what is wrong
+// (a negative or non-finite scale, a value -128).
+inline std::string checkInt8Blocks(const uint8_t* bytes, int64_t n, int64_t block) {
+  const int64_t blocks = int8BlockCount(n, block);
+  for (int64_t b = 0; b < blocks; ++b) {
+    float scale;
+    std::memcpy(&scale, bytes + b * 4, 4);
+    if (!std::isfinite(scale) || scale < 0.0f)
+      return "int8 block " + std::to_string(b) + " has scale " + std::to_string(scale);
+  }
+  const int8_t* q = reinterpret_cast<const int8_t*>(bytes + blocks * 4);
+  for (int64_t i = 0; i < n; ++i)
+    if (q[i] == -128) return "int8 value -128 at element " + std::to_string(i);
+  return "";
+}
+// Decodes a valid encoding (checkInt8Blocks) into `out` (n floats): q * scale.
+inline void decodeInt8Blocks(const uint8_t* bytes, int64_t n, int64_t block, float* out) {
+  const int64_t blocks = int8BlockCount(n, block);
+  const int8_t* q = reinterpret_cast<const int8_t*>(bytes + blocks * 4);
+  for (int64_t b = 0; b < blocks; ++b) {
+    float scale;
+    std::memcpy(&scale, bytes + b * 4, 4);
+    const int64_t begin = b * block, end = std::min(n, begin + block);
+    for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(q[i]) * scale;
+  }
 }
 
 }  // namespace cairn::wire

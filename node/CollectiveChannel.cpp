@@ -141,22 +141,29 @@ void CollectiveChannel::sendKeepAlives(Operation& op, int waiting_on) {
 }
 
 bool CollectiveChannel::acceptStashed(Operation& op, int from_rank, uint64_t index,
-                                      torch::ScalarType dtype, int64_t numel, torch::Tensor* out) {
+                                      torch::ScalarType dtype, int64_t numel,
+                                      const ChunkCheck& check, torch::Tensor* out) {
   auto it = op.stash.find({from_rank, index});
   if (it == op.stash.end()) return false;
   Message m = std::move(it->second);
   op.stash.erase(it);
   const auto& t = m.tensors;
+  std::string bad_content;
   if (t.size() == 1 && t[0].tensor.dim() == 1 && t[0].tensor.scalar_type() == dtype &&
       t[0].tensor.numel() == numel) {
-    *out = t[0].tensor;
-    return true;
+    if (check) bad_content = check(t[0].tensor);
+    if (bad_content.empty()) {
+      *out = t[0].tensor;
+      return true;
+    }
   }
   ++stats_.dropped_malformed;
   op.last_malformed = "chunk " + std::to_string(index) + " from " + members_[from_rank] +
                       " should hold one 1-d " + dtypeName(dtype) + " tensor of " +
                       std::to_string(numel) + " elements";
-  if (t.size() == 1)
+  if (!bad_content.empty())
+    op.last_malformed += ", got one whose content is invalid: " + bad_content;
+  else if (t.size() == 1)
     op.last_malformed += ", got " + dtypeName(t[0].tensor.scalar_type()) + " with " +
                          std::to_string(t[0].tensor.numel()) + " elements";
   else
@@ -166,7 +173,8 @@ bool CollectiveChannel::acceptStashed(Operation& op, int from_rank, uint64_t ind
 }
 
 torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint64_t index,
-                                              torch::ScalarType dtype, int64_t numel) {
+                                              torch::ScalarType dtype, int64_t numel,
+                                              const ChunkCheck& check) {
   const auto began = Clock::now();
   struct AddElapsed {
     double& total;
@@ -174,7 +182,7 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
     ~AddElapsed() { total += std::chrono::duration<double>(Clock::now() - began).count(); }
   } add_elapsed{stats_.seconds_receiving, began};
   torch::Tensor result;
-  if (acceptStashed(op, from_rank, index, dtype, numel, &result)) {
+  if (acceptStashed(op, from_rank, index, dtype, numel, check, &result)) {
     ++stats_.messages_received;
     return result;
   }
@@ -256,7 +264,7 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
     }
     if (sender_rank == from_rank && m->microbatch == index) {
       op.stash.emplace(std::make_pair(from_rank, index), std::move(*m));
-      if (acceptStashed(op, from_rank, index, dtype, numel, &result)) {
+      if (acceptStashed(op, from_rank, index, dtype, numel, check, &result)) {
         ++stats_.messages_received;
         return result;
       }

@@ -39,6 +39,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -47,6 +48,7 @@
 
 #include "core/Error.h"
 #include "node/Mailbox.h"
+#include "node/ReduceMath.h"
 
 namespace cairn {
 
@@ -64,6 +66,9 @@ struct ProcessGroupOptions {
   // A member the transport has reported kDisconnected for this long is treated as lost at once
   // (capped at `timeout`). Transports that cannot tell (kUnknown) leave only the timeout.
   std::chrono::milliseconds disconnected_grace{1000};
+  // How the chunks of a float32 sum/average allReduce travel (ReduceMath.h ChunkCodec;
+  // training_definition.wire.sync): every member of a group must use the same value.
+  ChunkCodec codec = ChunkCodec::kFp32;
 };
 
 struct ProcessGroupStats {
@@ -114,9 +119,12 @@ class CollectiveChannel {
   // Sends one chunk (a 1-d view of `data`) to `to_rank`, waiting for room at most the timeout.
   void sendChunk(Operation& op, int to_rank, uint64_t index, const torch::Tensor& data);
   // The chunk `index` of this operation from `from_rank`: one 1-d tensor of `dtype` and `numel`
-  // elements (it may borrow the sender's memory: read it, never write it).
+  // elements (it may borrow the sender's memory: read it, never write it). `check`, when given,
+  // also vets the content ("" or what is wrong; a compressed chunk's scales): a chunk it rejects
+  // is dropped and counted as malformed like one of the wrong dtype.
+  using ChunkCheck = std::function<std::string(const torch::Tensor&)>;
   torch::Tensor receiveChunk(Operation& op, int from_rank, uint64_t index, torch::ScalarType dtype,
-                             int64_t numel);
+                             int64_t numel, const ChunkCheck& check = nullptr);
 
   // Best effort, at most `timeout` per member: tells every other member this node leaves.
   void sendLeave(std::chrono::milliseconds timeout);
@@ -140,7 +148,7 @@ class CollectiveChannel {
   void checkNotices(Operation& op, int to_rank);
   void waitForSendsToComplete(Operation& op);
   bool acceptStashed(Operation& op, int from_rank, uint64_t index, torch::ScalarType dtype,
-                     int64_t numel, torch::Tensor* out);
+                     int64_t numel, const ChunkCheck& check, torch::Tensor* out);
 
   Mailbox& mailbox_;
   std::string group_id_;

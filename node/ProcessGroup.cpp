@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/Error.h"
+#include "core/WireCompression.h"
 
 namespace cairn {
 namespace {
@@ -125,6 +126,88 @@ void ProcessGroup::ringAllReduce(Operation& op, torch::Tensor& flat, ReduceOp re
       });
 }
 
+// all_reduce with compressed chunks (float32 kSum/kAverage; the header): the same blocks,
+// segments, message numbers and window as ringAllReduce, but every chunk travels encoded. A
+// reduce-scatter hop sends its float32 partial (its own values at step 0) encoded; the receiver
+// decodes it into float32 and adds it to its own. The member finishing a segment (averaging it
+// if asked) encodes it once, writes the decoded values into its own tensor, and keeps the bytes;
+// the all-gather forwards those bytes unchanged, every receiver decoding them: all members hold
+// the same values.
+void ProcessGroup::ringAllReduceCompressed(Operation& op, torch::Tensor& flat, ReduceOp reduce_op,
+                                           ChunkCodec codec) {
+  const int n = size();
+  const int64_t total_elements = flat.numel();
+  const int64_t max_block = (total_elements + n - 1) / n;
+  const int64_t segment_elements = segmentElements(flat.element_size());
+  const int64_t m = std::max<int64_t>(1, (max_block + segment_elements - 1) / segment_elements);
+  auto segment = [&](int block, int64_t j) {
+    return subrange(part(total_elements, n, block), m, j);
+  };
+  const bool bf16 = codec == ChunkCodec::kBf16;
+  const torch::ScalarType wire_type = bf16 ? torch::kBFloat16 : torch::kUInt8;
+  auto wire_numel = [&](int64_t k) { return bf16 ? k : wire::int8BlocksBytes(k, kInt8Block); };
+  auto encode = [&](const torch::Tensor& x) -> torch::Tensor {  // x: contiguous float32, 1-d
+    if (bf16) return x.to(torch::kBFloat16);
+    torch::Tensor out = torch::empty({wire_numel(x.numel())}, torch::kUInt8);
+    try {
+      wire::encodeInt8Blocks(x.data_ptr<float>(), x.numel(), kInt8Block, out.data_ptr<uint8_t>());
+    } catch (const std::invalid_argument& e) {
+      CAIRN_THROW(BadInput, "group ", groupId(), ": wire.sync int8 cannot carry this tensor (",
+                  e.what(), "); use \"bf16\" or \"fp32\"");
+    }
+    return out;
+  };
+  auto decode_into = [&](const torch::Tensor& in, torch::Tensor out) {  // out: float32 slice
+    if (bf16) {
+      out.copy_(in);  // bfloat16 → float32 is exact
+      return;
+    }
+    wire::decodeInt8Blocks(in.data_ptr<uint8_t>(), out.numel(), kInt8Block, out.data_ptr<float>());
+  };
+  // int8: the scales and values are vetted before use (a bad chunk is dropped naming its sender).
+  auto check_for = [&](int64_t k) -> CollectiveChannel::ChunkCheck {
+    if (bf16) return nullptr;
+    return [k](const torch::Tensor& in) {
+      return wire::checkInt8Blocks(in.data_ptr<uint8_t>(), k, kInt8Block);
+    };
+  };
+  // The all-gather payload of segment j: what this member finished or last received.
+  std::vector<torch::Tensor> gathered(static_cast<size_t>(m));
+
+  const int rank = this->rank();
+  const int right = modulo(rank + 1, n), left = modulo(rank - 1, n);
+  const int64_t reduce_steps = n - 1;
+  windowedRing(
+      static_cast<uint64_t>(2 * reduce_steps * m), static_cast<uint64_t>(m),
+      static_cast<uint64_t>(channel_.options().max_in_flight),
+      [&](uint64_t t) {
+        const int64_t s = static_cast<int64_t>(t / m), j = static_cast<int64_t>(t % m);
+        const Range r = segment(modulo(rank - s, n), j);
+        channel_.sendChunk(op, right, t,
+                           s < reduce_steps ? encode(slice(flat, r)) : gathered[size_t(j)]);
+      },
+      [&](uint64_t t) {
+        const int64_t s = static_cast<int64_t>(t / m), j = static_cast<int64_t>(t % m);
+        const Range r = segment(modulo(rank - s - 1, n), j);
+        torch::Tensor in =
+            channel_.receiveChunk(op, left, t, wire_type, wire_numel(r.size()), check_for(r.size()));
+        torch::Tensor own = slice(flat, r);
+        if (s < reduce_steps) {
+          torch::Tensor partial = torch::empty({r.size()}, torch::kFloat32);
+          decode_into(in, partial);
+          own.add_(partial);
+          if (s == reduce_steps - 1) {  // this segment of block rank+1 now holds the full sum
+            if (reduce_op == ReduceOp::kAverage) own.div_(n);
+            gathered[size_t(j)] = encode(own);
+            decode_into(gathered[size_t(j)], own);
+          }
+        } else {
+          decode_into(in, own);
+          gathered[size_t(j)] = in;  // forwarded as received (read only)
+        }
+      });
+}
+
 void ProcessGroup::allReduce(torch::Tensor& tensor, ReduceOp reduce_op) {
   checkTensor(tensor, "allReduce tensor");
   const bool floating = torch::isFloatingType(tensor.scalar_type());
@@ -136,7 +219,13 @@ void ProcessGroup::allReduce(torch::Tensor& tensor, ReduceOp reduce_op) {
   if (size() > 1 && tensor.numel() > 0) {
     torch::Tensor flat =
         tensor.is_contiguous() ? tensor.view({-1}) : tensor.contiguous().view({-1});
-    ringAllReduce(op, flat, reduce_op);
+    const ChunkCodec codec = channel_.options().codec;
+    const bool compressed = codec != ChunkCodec::kFp32 && flat.scalar_type() == torch::kFloat32 &&
+                            (reduce_op == ReduceOp::kSum || reduce_op == ReduceOp::kAverage);
+    if (compressed)
+      ringAllReduceCompressed(op, flat, reduce_op, codec);
+    else
+      ringAllReduce(op, flat, reduce_op);
     if (!tensor.is_contiguous()) tensor.copy_(flat.view(tensor.sizes()));
   }
   channel_.finish(op);

@@ -50,6 +50,12 @@ class ProcessGroup {
   // Every member ends with the reduction of all members' `tensor`, bit-identical everywhere.
   // float16/bfloat16 accumulate in float32 and are rounded once. Any shape; a non-contiguous
   // tensor is reduced through a contiguous copy and written back.
+  // ProcessGroupOptions::codec: how the chunks of a float32 kSum/kAverage travel (ReduceMath.h
+  // ChunkCodec; other dtypes and operators ignore it and travel as always). With
+  // kBf16/kInt8 each reduce-scatter hop sends its float32 partial encoded, the receiver decodes
+  // it and adds its own float32 values; the member finishing a block encodes the result once and
+  // adopts the decoded values itself, and the all-gather forwards those bytes unchanged: every
+  // member still ends bit-identical (docs/COLLECTIVES.md "Compressed chunks").
   void allReduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   // Every member ends with `root`'s tensor (same shape and dtype required everywhere).
   void broadcast(torch::Tensor& tensor, int root);
@@ -82,6 +88,8 @@ class ProcessGroup {
   // Elements of `element_size` bytes in one segment (ProcessGroupOptions::segment_bytes).
   int64_t segmentElements(int64_t element_size) const;
   void ringAllReduce(Operation& op, torch::Tensor& flat, ReduceOp op_kind);
+  void ringAllReduceCompressed(Operation& op, torch::Tensor& flat, ReduceOp op_kind,
+                               ChunkCodec codec);
 
   CollectiveChannel channel_;
 };

@@ -16,6 +16,18 @@ const char* toString(ReduceOp op) {
   return "?";
 }
 
+const char* toString(ChunkCodec codec) {
+  switch (codec) {
+    case ChunkCodec::kFp32:
+      return "fp32";
+    case ChunkCodec::kBf16:
+      return "bf16";
+    case ChunkCodec::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+
 bool isReducedPrecision(torch::ScalarType t) {
   return t == torch::kFloat16 || t == torch::kBFloat16;
 }

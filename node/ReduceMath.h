@@ -18,6 +18,14 @@ enum class ReduceOp {
 };
 const char* toString(ReduceOp op);
 
+// How the chunks of a float32 sum/average allReduce travel (training_definition.wire.sync;
+// docs/COLLECTIVES.md "Compressed chunks"): kFp32 exactly as always; kBf16 2 bytes per value
+// (round to nearest even); kInt8 1 byte per value plus one fp32 scale per kInt8Block values of a
+// chunk (core/WireCompression.h encodeInt8Blocks). Accumulation stays float32.
+enum class ChunkCodec { kFp32, kBf16, kInt8 };
+constexpr int64_t kInt8Block = 256;
+const char* toString(ChunkCodec codec);
+
 // float16 and bfloat16: reduced in float32 and rounded once at the end.
 bool isReducedPrecision(torch::ScalarType t);
 // The dtype partial reductions travel and accumulate in.

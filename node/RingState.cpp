@@ -27,6 +27,22 @@ int64_t generationOfTag(const std::string& tag, const std::string& ring_id) {
   return g;
 }
 
+// training_definition.wire.sync → the groups' chunk codec (the job parser allows no other value).
+ChunkCodec chunkCodecOf(WireCodec wire) {
+  switch (wire) {
+    case WireCodec::kFp32:
+      return ChunkCodec::kFp32;
+    case WireCodec::kBf16:
+      return ChunkCodec::kBf16;
+    case WireCodec::kInt8:
+      return ChunkCodec::kInt8;
+    case WireCodec::kFp16:
+      break;
+  }
+  CAIRN_THROW(BadInput, "training_definition.wire.sync \"", toString(wire),
+              "\" is not a sync codec: use \"fp32\", \"bf16\" or \"int8\"");
+}
+
 }  // namespace
 
 std::string joinedNames(const std::vector<std::string>& names) {
@@ -60,10 +76,12 @@ void regroup(RingContext& context, Ring& ring, std::vector<std::string> view, in
     context.bytes_retired += ring.group->stats().bytes_sent;
   }
   ring.group.reset();
-  if (ring.view.size() > 1)
-    ring.group =
-        std::make_unique<ProcessGroup>(context.mailbox, groupIdOf(ring.spec.id, generation),
-                                       ring.view, context.node.name, context.group_options);
+  if (ring.view.size() > 1) {
+    ProcessGroupOptions options = context.group_options;
+    options.codec = chunkCodecOf(context.sync.wire);  // the averages travel compressed or not
+    ring.group = std::make_unique<ProcessGroup>(context.mailbox, groupIdOf(ring.spec.id, generation),
+                                                ring.view, context.node.name, options);
+  }
   if (generation == 0) return;
   const std::string id = ring.spec.id;
   auto stale = [&id, generation](const Message& m) {

@@ -322,6 +322,7 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.eval_batch_size = r.integerOr("eval_batch_size", 1, 1 << 24, o.eval_batch_size);
   o.local_steps = r.integerOr("local_steps", 1, kBig, 1);
   o.sync = parseSync(r);
+  o.sync.wire = o.wire.sync;
   if (auto t = r.optionalObject("timeouts")) {
     t->rejectUnknownKeys({"startup_s", "peer_s", "peer_timeout_s", "max_wait_s"});
     o.timeouts.startup_s = t->numberOr("startup_s", o.timeouts.startup_s);

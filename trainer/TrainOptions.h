@@ -117,6 +117,9 @@ struct SyncOptions {
   // A node in several rings (clusters cut differently) runs them at once, one thread per ring;
   // false: one after another in ring id order (less memory: one ring's restore copy at a time).
   bool concurrent_rings = true;
+  // training_definition.wire.sync (TrainOptions::wire, copied here by parseTrainOptions): how the
+  // rings' float32 averages travel — "fp32", "bf16" or "int8" (ProcessGroupOptions::codec).
+  WireCodec wire = WireCodec::kFp32;
 };
 
 struct TrainOptions {

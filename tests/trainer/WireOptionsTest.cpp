@@ -34,6 +34,7 @@ TEST(WireOptions, EveryAllowedCodecParses) {
           parseTrainOptions({{"wire", {{"activations", a}, {"sync", s}}}}, "job.json");
       EXPECT_EQ(toString(o.wire.activations), a);
       EXPECT_EQ(toString(o.wire.sync), s);
+      EXPECT_EQ(o.sync.wire, o.wire.sync);  // what the rings' groups use (SyncOptions::wire)
     }
 }
 
