@@ -29,6 +29,9 @@ struct AtomProfile {
   int64_t output_bytes = 0;  // the boundary after this atom
   int64_t saved_bytes = 0;   // kept alive by its autograd graph until backward (inputs included)
   double seconds = 0;        // forward + backward, median
+  // Whether `seconds` includes the gradients of the atom's inputs: as a provider runs it, false
+  // for atom 0 (the Root's data needs none), true for every other atom.
+  bool inputs_need_grad = true;
 };
 
 struct ProfileOptions {

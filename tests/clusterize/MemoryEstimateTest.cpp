@@ -97,5 +97,19 @@ TEST(MemoryEstimate, WithinThirtyPercentOfMeasuredPeakWhileTraining) {
   }
 }
 
+// Atoms are timed as a provider runs them: the Root's inputs are data and get no gradient
+// (trainer/StageExecutor), every later atom's inputs do (its stage sends them upstream).
+TEST(Profile, OnlyTheFirstAtomIsTimedWithoutInputGradients) {
+  torch::jit::Module model = torch::jit::load(testing::modelPath("cnn"));
+  const ModelGraph graph(model, Granularity::kTop);
+  ProfileOptions options;
+  options.timed_runs = 1;
+  options.warmup_runs = 0;
+  const ModelProfile profile = profileModel(graph, testing::exampleInputs("cnn", 8), options);
+  ASSERT_GT(profile.atoms.size(), 2u);
+  EXPECT_FALSE(profile.atoms[0].inputs_need_grad);
+  for (size_t a = 1; a < profile.atoms.size(); ++a) EXPECT_TRUE(profile.atoms[a].inputs_need_grad) << a;
+}
+
 }  // namespace
 }  // namespace cairn::clusterize
