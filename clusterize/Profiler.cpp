@@ -246,8 +246,7 @@ ModelProfile profileModel(const ModelGraph& graph, const std::vector<c10::IValue
     for (int i = 0; i < options.warmup_runs; ++i) runOnce(false, nullptr);
     std::vector<double> times;
     for (int i = 0; i < std::max(1, options.timed_runs); ++i) times.push_back(runOnce(false, nullptr));
-    std::sort(times.begin(), times.end());
-    atom.seconds = times[times.size() / 2];
+    atom.seconds = *std::min_element(times.begin(), times.end());
 
     const auto outs = unpackOutputs(output, stage.outputs.size());
     for (size_t i = 0; i < outs.size(); ++i) env[stage.outputs[i]] = outs[i];
