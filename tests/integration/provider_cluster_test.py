@@ -22,6 +22,8 @@ CASE:
                   from the initial weights
   two_clusters_gradients, two_clusters_diloco  the same with "gradients" (every step) and
                   "diloco" (outer step every 5 steps)
+  two_clusters_sync_bf16  two_clusters_average with wire.sync "bf16": the copies are bit-identical
+                  after the reduce and every synced float is a bfloat16 value
   two_clusters_async  "diloco" every 5 optimizer steps under the async schedule (weight stashing,
                   several micro-batches in flight): the same bit-identity after the final reduce
   two_clusters_cut_differently  cluster 0 is one provider holding the whole model, cluster 1 cuts it
@@ -222,6 +224,10 @@ def case_two_clusters_async(args):
     case_two_clusters_average(args, "diloco", schedule="async")
 
 
+def case_two_clusters_sync_bf16(args):
+    case_two_clusters_average(args, wire_sync="bf16")
+
+
 def case_two_clusters_cut_differently(args):
     case_two_clusters_average(args, stages=(1, 3))
 
@@ -288,10 +294,12 @@ def make_clusters_node_data(work, port, stages, settings, data, keys):
     return node_data, nodes, rings
 
 
-def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 3)):
+def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 3), wire_sync="fp32"):
     settings = training_settings(20)
     settings.update({"local_steps": 1 if mode == "gradients" else 5, "sync": mode,
                      "record_sample_ids": False, "schedule": schedule})
+    if wire_sync != "fp32":
+        settings["wire"] = {"sync": wire_sync}
     data = {"train_samples": 4000, "test_samples": 500}
     # Clusters cut the same way: one ring per stage; cut differently: the 1-node cluster's node is
     # in one ring per stage of the other cluster.
@@ -313,11 +321,18 @@ def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 
             compared += 1
         if all(torch.equal(a[name], initial[a_name][name]) for name in r["parameters"]):
             fail(f"{r['id']}: weights did not change")
+        if wire_sync == "bf16":
+            # The final average travelled as bf16 and every copy adopted the decoded values: each
+            # float32 value is a bfloat16 (low 16 bits zero) — with fp32 syncs almost none are.
+            for name in r["parameters"]:
+                t = a[name]
+                if t.is_floating_point() and (t.view(torch.int32) & 0xFFFF).any():
+                    fail(f"{r['id']} {name}: not bf16 values after a bf16 sync")
     for name in nodes[0] + nodes[1]:
         steps = [m for m in metrics(node_data, name) if "step" in m]
         if len(steps) != 20 or "sync_s" not in steps[-1]:
             fail(f"{name}: expected 20 step records with sync_s")
-    print(f"sync {mode}, schedule {schedule}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
+    print(f"sync {mode}, schedule {schedule}, wire.sync {wire_sync}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
     check_accuracy(node_data, nodes[0][-1], 0.3)
     check_accuracy(node_data, nodes[1][-1], 0.3)
 
@@ -477,7 +492,7 @@ def case_clusterize_merge(args):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("case", choices=["two_clusters_average", "two_clusters_gradients", "two_clusters_diloco",
-                                         "two_clusters_async", "two_clusters_cut_differently", "three_nodes", "one_node", "match_pytorch", "never_starts",
+                                         "two_clusters_async", "two_clusters_cut_differently", "two_clusters_sync_bf16", "three_nodes", "one_node", "match_pytorch", "never_starts",
                                          "launcher_stops_all", "clusterize_merge", "stranger"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)

@@ -3,9 +3,12 @@
 final Fashion-MNIST accuracy, one JSON line per codec.
 
     tools/bench/wire_compression_bench.py --provider build/node/provider [--steps 300]
-        [--codecs fp32,bf16,fp16] [--work /tmp/wire_bench] [--port 6950] [--model cnn|gpt]
+        [--codecs fp32,bf16,fp16] [--work /tmp/wire_bench] [--port 6950] [--model cnn|gpt] [--sync]
 
 --model gpt: examples/tiny_gpt (see run_gpt) instead, printing the validation loss.
+--sync: training_definition.wire.sync instead (see run_sync): 2 clusters x 1 provider averaging
+every 5 steps, tensor bytes per sync per member and final accuracy per codec (--codecs
+fp32,bf16,int8).
 
 Each codec trains the example CNN (BatchNorm, cut by hand into --stages real providers on tcp
 loopback, tools/launch_local; the by-hand cut has 3 stages, so 2 links) for --steps steps of batch 32 in 4 micro-batches, AdamW lr 0.003 with
@@ -90,6 +93,58 @@ def run_gpt(args):
                           "val_loss": sum(losses) / len(losses), "wall_s": round(seconds, 1)}), flush=True)
 
 
+def run_sync(args):
+    """training_definition.wire.sync: the example CNN (BatchNorm) whole on each of 2 clusters of 1
+    provider (tcp loopback), "average" every 5 steps, otherwise the settings of the CNN rows
+    (--steps steps of batch 32 in 4 micro-batches, AdamW lr 0.003 cosine, seed 1, 12,000 training
+    images split between the clusters, 2,000 test images). Bytes per sync per member: the tensor
+    bytes each provider's ring sent over the run (its "cross-cluster sync: ... tensor bytes sent"
+    log line, the ring's ProcessGroup stats: chunk payloads only, no headers) divided by its syncs;
+    accuracy: each cluster's own evaluation after the final sync (the clusters' weights are then
+    identical, so the two agree)."""
+    import re
+    import subprocess
+    for codec in args.codecs.split(","):
+        work = os.path.join(args.work, "sync_" + codec)
+        shutil.rmtree(work, ignore_errors=True)
+        settings = pct.training_settings(args.steps)
+        settings.update({"local_steps": 5, "sync": "average", "record_sample_ids": False,
+                         "wire": {"sync": codec}})
+        node_data, nodes, rings = pct.make_clusters_node_data(
+            work, args.port, (1, 1), settings, {"train_samples": 12000, "test_samples": 2000}, pct.KEYS)
+        start = time.time()
+        env = dict(os.environ, PROVIDER=args.provider)
+        proc = subprocess.run([os.path.join(REPO, "tools/launch_local"), node_data], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+        seconds = time.time() - start
+        if proc.returncode != 0:
+            sys.stdout.write(proc.stdout[-4000:])
+            sys.exit(f"launch_local exited {proc.returncode}")
+        per_member = {}
+        for name in sum(nodes, []):
+            m = re.search(r"\[" + name + r"\].*cross-cluster sync: (\d+) sync\(s\).* (\d+) tensor bytes sent",
+                          proc.stdout)
+            if not m:
+                sys.exit(f"no sync summary in {name}'s log")
+            per_member[name] = int(m.group(2)) / int(m.group(1))
+        results = [json.load(open(os.path.join(node_data, "nodes", c[-1], "result.json"))) for c in nodes]
+        floats = sum(t.numel() for t in torch_state(os.path.join(node_data, "nodes", nodes[0][0], "stage.pt"))
+                     if t.is_floating_point())
+        print(json.dumps({"model": "fashion_mnist_cnn", "clusters": "2x1", "sync": "average", "local_steps": 5,
+                          "steps": args.steps, "wire_sync": codec, "float_values_synced": floats,
+                          "bytes_per_sync_per_member": per_member,
+                          "accuracy": [r["eval"]["accuracy"] for r in results],
+                          "eval_loss": [r["eval"]["loss"] for r in results],
+                          "eval_samples": results[0]["eval"]["samples"], "wall_s": round(seconds, 1)}),
+              flush=True)
+
+
+def torch_state(stage_file):
+    import torch
+    module = torch.jit.load(stage_file)
+    return list(module.state_dict().values())
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--provider", required=True)
@@ -100,9 +155,13 @@ def main():
     parser.add_argument("--port", type=int, default=6950)
     parser.add_argument("--model", choices=["cnn", "gpt"], default="cnn")
     parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
+    parser.add_argument("--sync", action="store_true",
+                        help="compress ring syncs (wire.sync) instead of activations; codecs fp32,bf16,int8")
     args = parser.parse_args()
     parser_model = args.model
     pct.KEYS = pct.keys_binary(args)
+    if args.sync:
+        return run_sync(args)
     if parser_model == "gpt":
         return run_gpt(args)
     batch = 32
