@@ -1157,5 +1157,52 @@ TEST(RingClusterSyncGrowth, AddMembersRefusesAnythingButAppendedMembers) {
             });
 }
 
+// training_definition.wire.sync (SyncOptions::wire) reaches the rings' groups: 3 clusters average
+// a layer with bf16 / int8 syncs. Every copy ends bit-identical; the float32 tensors went through
+// the codec (bf16: every value a bfloat16; both: differ from the exact mean, within the codec's
+// bound); the float64 bias is averaged exactly as with fp32 syncs, num_batches_tracked max-reduced.
+TEST(RingClusterSyncWire, CompressedAverageIsBitIdenticalOnEveryCopy) {
+  for (WireCodec codec : {WireCodec::kBf16, WireCodec::kInt8}) {
+    const State l0 = layerState("0", 400, 1);
+    std::vector<TestNode> nodes = {{"c0", 0, namesOf(l0)}, {"c1", 1, namesOf(l0)},
+                                   {"c2", 2, namesOf(l0)}};
+    std::vector<TestRing> rings = {{"ring_0", namesOf(l0), {"c0", "c1", "c2"}}};
+    SyncOptions options;
+    options.wire = codec;
+    std::vector<State> before(3), after(3);
+    runNodes(nodes, rings, {l0, l0, l0}, options,
+             [&](size_t i, RingClusterSync& sync, auto& stage) {
+               perturb(stage, int(i));
+               before[i] = stateOf(stage);
+               sync.synchronize();
+               after[i] = stateOf(stage);
+             });
+    for (const auto& [name, t] : after[0]) {
+      for (size_t i = 1; i < 3; ++i) {
+        EXPECT_TRUE(torch::equal(after[i].at(name), t)) << toString(codec) << " " << name;
+      }
+      std::vector<torch::Tensor> copies;
+      for (const auto& b : before) copies.push_back(b.at(name));
+      if (t.scalar_type() == torch::kFloat) {
+        const torch::Tensor exact = torch::stack(copies).to(torch::kDouble).mean(0);
+        const double max_abs = torch::stack(copies).abs().max().item<double>();
+        const double err = (t.to(torch::kDouble) - exact).abs().max().item<double>();
+        // fp32 syncs: below ~1e-6 (float32 rounding of the sum); the codecs: 1e-3 and more.
+        EXPECT_GT(err, 1e-5) << toString(codec) << " " << name << ": not compressed";
+        EXPECT_LE(err, 3 * max_abs * (codec == WireCodec::kBf16 ? 1.0 / 512 : 0.5 / 127))
+            << toString(codec) << " " << name;
+        if (codec == WireCodec::kBf16) {
+          EXPECT_FALSE((t.view(torch::kInt) & 0xFFFF).any().item<bool>()) << name;
+        }
+      } else if (t.scalar_type() == torch::kDouble) {
+        const torch::Tensor exact = torch::stack(copies).mean(0);
+        EXPECT_LE((t - exact).abs().max().item<double>(), 1e-12) << name;
+      } else {
+        EXPECT_TRUE(torch::equal(t, std::get<0>(torch::stack(copies).max(0)))) << name;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cairn
