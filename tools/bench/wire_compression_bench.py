@@ -7,8 +7,8 @@ final Fashion-MNIST accuracy, one JSON line per codec.
 
 --model gpt: examples/tiny_gpt (see run_gpt) instead, printing the validation loss.
 --sync: training_definition.wire.sync instead (see run_sync): 2 clusters x 1 provider averaging
-every 5 steps, tensor bytes per sync per member and final accuracy per codec (--codecs
-fp32,bf16,int8).
+(--sync-mode average, or diloco: outer steps on compressed pseudo-gradients) every 5 steps, tensor
+bytes per sync per member and final accuracy per codec (--codecs fp32,bf16,int8).
 
 Each codec trains the example CNN (BatchNorm, cut by hand into --stages real providers on tcp
 loopback, tools/launch_local; the by-hand cut has 3 stages, so 2 links) for --steps steps of batch 32 in 4 micro-batches, AdamW lr 0.003 with
@@ -105,10 +105,10 @@ def run_sync(args):
     import re
     import subprocess
     for codec in args.codecs.split(","):
-        work = os.path.join(args.work, "sync_" + codec)
+        work = os.path.join(args.work, f"sync_{args.sync_mode}_{codec}")
         shutil.rmtree(work, ignore_errors=True)
         settings = pct.training_settings(args.steps)
-        settings.update({"local_steps": 5, "sync": "average", "record_sample_ids": False,
+        settings.update({"local_steps": 5, "sync": args.sync_mode, "record_sample_ids": False,
                          "wire": {"sync": codec}})
         node_data, nodes, rings = pct.make_clusters_node_data(
             work, args.port, (1, 1), settings, {"train_samples": 12000, "test_samples": 2000}, pct.KEYS)
@@ -130,7 +130,7 @@ def run_sync(args):
         results = [json.load(open(os.path.join(node_data, "nodes", c[-1], "result.json"))) for c in nodes]
         floats = sum(t.numel() for t in torch_state(os.path.join(node_data, "nodes", nodes[0][0], "stage.pt"))
                      if t.is_floating_point())
-        print(json.dumps({"model": "fashion_mnist_cnn", "clusters": "2x1", "sync": "average", "local_steps": 5,
+        print(json.dumps({"model": "fashion_mnist_cnn", "clusters": "2x1", "sync": args.sync_mode, "local_steps": 5,
                           "steps": args.steps, "wire_sync": codec, "float_values_synced": floats,
                           "bytes_per_sync_per_member": per_member,
                           "accuracy": [r["eval"]["accuracy"] for r in results],
@@ -157,6 +157,8 @@ def main():
     parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
     parser.add_argument("--sync", action="store_true",
                         help="compress ring syncs (wire.sync) instead of activations; codecs fp32,bf16,int8")
+    parser.add_argument("--sync-mode", choices=["average", "diloco"], default="average",
+                        help="with --sync: the ring sync mode")
     args = parser.parse_args()
     parser_model = args.model
     pct.KEYS = pct.keys_binary(args)
