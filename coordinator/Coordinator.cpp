@@ -15,6 +15,7 @@
 
 #include "coordinator/ChunkServer.h"
 #include "coordinator/CoordinatorStore.h"
+#include "coordinator/Grower.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
 #include "clusterize/ModelMerge.h"
@@ -74,6 +75,7 @@ struct Coordinator::Impl {
   clusterize::PreparedModel prepared;
   std::unique_ptr<CoordinatorStore> store;
   std::unique_ptr<MemberReplacer> replacer;  // lost volunteers → spares
+  std::unique_ptr<Grower> grower;            // spares → a new cluster (--grow)
   std::unique_ptr<ChunkServer> chunks;       // data.source "coordinator": made on first request
   CurveKeyPair keys;
   std::string token;
@@ -177,13 +179,17 @@ struct Coordinator::Impl {
       if (speaker(beat->name)) {
         store->touch(beat->name, wallSeconds());
         replacer->onHeartbeat(beat->name);
+        grower->onHeartbeat(beat->name);
       }
     } else if (const auto* result = std::get_if<ResultUpload>(&*message)) {
       if (speaker(result->name)) onResult(*result);
     } else if (const auto* ckpt = std::get_if<CheckpointUpload>(&*message)) {
       if (speaker(ckpt->name)) onCheckpoint(*ckpt);
     } else if (const auto* batch = std::get_if<MetricsBatch>(&*message)) {
-      if (speaker(batch->name)) sendRouted(router, r.routing_id, encode(view->ingest(*batch, wallSeconds())));
+      if (speaker(batch->name)) {
+        grower->observe(batch->name, batch->records);
+        sendRouted(router, r.routing_id, encode(view->ingest(*batch, wallSeconds())));
+      }
     } else if (const auto* leaving = std::get_if<LeavingNotice>(&*message)) {
       if (speaker(leaving->name)) {
         CAIRN_WARN("coordinator: ", leaving->name, " is leaving (", leaving->reason, ")");
@@ -413,6 +419,9 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.replacer = std::make_unique<MemberReplacer>(
       *s.store, s.o.out, s.o.lost_after.count() / 1000.0, wallSeconds(),
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
+  s.grower = std::make_unique<Grower>(
+      *s.store, s.o.out, GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares},
+      [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   const std::string key_path = s.o.out + "/coordinator.key";
   if (std::filesystem::exists(key_path)) {
     s.keys = readKeyFile(key_path);
@@ -496,6 +505,10 @@ int Coordinator::run() {
     s.maybePlan();
     s.syncView();
     s.replacer->poll(wallSeconds());
+    for (const NodeSpec& n : s.grower->poll(wallSeconds())) {
+      s.view->place({n.name, n.cluster, n.stage, n.num_stages});
+      s.view->setNumClusters(n.cluster + 1);
+    }
     if (s.phase() == "done") {
       s.syncView(/*now=*/true);
       // Let the `finished` and `result_ack` messages leave before the socket closes.

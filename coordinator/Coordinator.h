@@ -45,6 +45,11 @@ struct CoordinatorOptions {
   std::function<bool()> stop_requested;  // checked every loop turn (signals)
   // The live view printed on stdout every this long while serving (TerminalView.h); 0: none.
   std::chrono::milliseconds view_every{0};
+  // Growing (--grow, --max-clusters, --keep-spares): spares that can hold one more pipeline form a
+  // new cluster mid-run (Grower.h). Off by default.
+  bool grow = false;
+  int max_clusters = 0;  // 0: no limit
+  int keep_spares = 0;   // spares growth leaves waiting for replacements
 };
 
 struct CoordinatorStats {

@@ -58,6 +58,11 @@ torch::jit::Module loadStage(const std::string& path) {
   }
 }
 
+// node.json extra.deal (null when absent).
+nlohmann::json dealOf(const NodeSpec& node) {
+  return node.extra.is_object() && node.extra.contains("deal") ? node.extra["deal"] : nlohmann::json();
+}
+
 }  // namespace
 
 ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
@@ -103,6 +108,7 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   checks.step_window = uint64_t(config.options.step_window);
   checks.stop_on_nonfinite = config.options.nonfinite == NonFiniteAction::kStop;
   checks.wire_float = stageWireDtype(toString(config.options.wire.activations), job_path);
+  checks.max_extra_tensors = 5;  // __targets, __ids, __denominator, __stop_at, __epoch_steps
   // ZMQ_MAXMSGSIZE: the largest planned message, pipeline or ring (parameters of this stage).
   uint64_t parameter_bytes = 0;
   for (const auto& p : stage.named_parameters()) parameter_bytes += p.value.nbytes();
@@ -150,11 +156,31 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
       if (o.on_live_peers) o.on_live_peers({});
     }
   } withdraw{options};
+  // A growth update (docs/OPERATIONS.md "Growing") also brings a new extra.deal: the Root takes it
+  // between steps (trainer/DealChange.h) and the rings take the new members in at the new
+  // cluster's first step, not before.
+  struct OfferedDeal {
+    std::mutex mutex;
+    std::optional<nlohmann::json> deal;  // under mutex
+  };
+  auto offered = std::make_shared<OfferedDeal>();
+  config.offered_deal = [offered]() -> std::optional<nlohmann::json> {
+    std::lock_guard<std::mutex> lock(offered->mutex);
+    return offered->deal;
+  };
   if (options.on_live_peers)
-    options.on_live_peers([&live_peers, &cluster_sync](const NodeSpec& updated) {
+    options.on_live_peers([&live_peers, &cluster_sync, offered,
+                           started_with = dealOf(node)](const NodeSpec& updated) {
+      const nlohmann::json deal = dealOf(updated);
+      const bool grows = !deal.is_null() && deal != started_with;
       std::vector<std::string> changed = live_peers.apply(updated);
-      for (const std::string& added : cluster_sync.addMembers(updated))
-        changed.push_back(added + " joins the rings");
+      for (const std::string& added : cluster_sync.addMembers(updated, grows))
+        changed.push_back(added + (grows ? " joins the rings at the new cluster's first step"
+                                         : " joins the rings"));
+      if (grows) {
+        std::lock_guard<std::mutex> lock(offered->mutex);
+        offered->deal = deal;
+      }
       return changed;
     });
   MailboxStageLink link(mailbox, node, timeouts, checks);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "core/Error.h"
 #include "core/Log.h"
@@ -194,7 +195,8 @@ void RingClusterSync::beforeOptimizerStep(int64_t, torch::jit::Module&) {
   context_.stats.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::vector<std::string> RingClusterSync::addMembers(const NodeSpec& updated) {
+std::vector<std::string> RingClusterSync::addMembers(const NodeSpec& updated,
+                                                    bool at_admission_step) {
   const std::string& me = context_.node.name;
   if (updated.name != me)
     CAIRN_THROW(BadInput, "ring members for ", updated.name, " given to the rings of ", me);
@@ -225,6 +227,13 @@ std::vector<std::string> RingClusterSync::addMembers(const NodeSpec& updated) {
                     " names member \"", m.name, "\" twice or with no name");
     for (size_t i = now.size(); i < spec.members.size(); ++i) names.push_back(spec.members[i].name);
     if (spec.members.size() > now.size()) next[spec.id] = spec.members;
+  }
+  if (at_admission_step) {
+    for (auto& [id, members] : next) {
+      auto known = added_.find(id);
+      if (known == added_.end() || known->second.size() != members.size()) held_[id] = members;
+    }
+    return names;
   }
   added_ = std::move(next);
   return names;
@@ -258,10 +267,42 @@ void RingClusterSync::applyAddedMembers(torch::jit::Module& stage) {
   }
 }
 
+void RingClusterSync::admitJoinersAt(int64_t steps_done) {
+  if (admit_at_.insert(steps_done).second)
+    CAIRN_INFO("cross-cluster sync: the new cluster's members are taken into the rings at the sync "
+               "after step ", steps_done);
+}
+
+void RingClusterSync::admitHeld(torch::jit::Module& stage, int64_t steps_done) {
+  const auto deadline = std::chrono::steady_clock::now() + context_.timeout;
+  for (bool waited = false;; waited = true) {
+    {
+      std::lock_guard<std::mutex> lock(added_mutex_);
+      if (!held_.empty()) {
+        for (auto& [id, members] : held_) added_[id] = members;
+        held_.clear();
+        break;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      CAIRN_WARN("cross-cluster sync: no ring members were added for step ", steps_done,
+                 " within ", context_.timeout.count(), " ms; training on without them");
+      return;
+    }
+    if (!waited)
+      CAIRN_INFO("cross-cluster sync: waiting for the coordinator's update with the new members");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  applyAddedMembers(stage);
+  awaitJoinRequests(context_, sharedRings(), deadline);
+}
+
 void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage) {
   if (started_ && !left_) applyAddedMembers(stage);
   const int64_t done = step + 1;
-  if (done % local_steps_ != 0) return;
+  const bool admission = started_ && !left_ && admit_at_.erase(done) > 0;
+  if (admission) admitHeld(stage, done);
+  if (done % local_steps_ != 0 && !admission) return;
   bool shared = false;
   for (const auto& ring : rings_) shared = shared || ring->spec.members.size() > 1;
   if (!shared || left_) return;

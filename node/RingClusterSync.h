@@ -52,6 +52,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -109,7 +110,14 @@ class RingClusterSync : public ClusterSync {
   // new member is welcomed once it asks to join (its request may come before or after).
   // BadInput (nothing queued) when `updated` is another node, names a ring this node does not
   // have, or changes, reorders or drops a present member.
-  std::vector<std::string> addMembers(const NodeSpec& updated);
+  // `at_admission_step` (a growth update that also brings a new deal): the additions are held
+  // until the sync boundary admitJoinersAt names, never taken in at an earlier sync.
+  std::vector<std::string> addMembers(const NodeSpec& updated, bool at_admission_step = false);
+  // The new cluster's first step (its deal's firstStepOf(E)): at the sync boundary after
+  // `steps_done` steps the held additions are taken in — waiting up to the ring timeout for the
+  // update and for each new member's join request — and a sync runs (also off the local_steps
+  // grid), which welcomes them with exactly these weights.
+  void admitJoinersAt(int64_t steps_done) override;
 
   // The sync itself (average or DiLoCo outer step, by mode), callable directly by tests.
   void synchronize();
@@ -137,6 +145,11 @@ class RingClusterSync : public ClusterSync {
   std::mutex added_mutex_;
   // Under added_mutex_: each ring's members as the latest addMembers left them (ring id → list).
   std::map<std::string, std::vector<PeerRef>> added_;
+  // Under added_mutex_: additions held for an admission step (addMembers at_admission_step).
+  std::map<std::string, std::vector<PeerRef>> held_;
+  std::set<int64_t> admit_at_;  // admission steps (steps done), trainer's thread
+  // At an admission step: the held additions in, their join requests awaited (trainer's thread).
+  void admitHeld(torch::jit::Module& stage, int64_t steps_done);
 };
 
 }  // namespace cairn

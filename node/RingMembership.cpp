@@ -219,6 +219,44 @@ void collectJoinRequests(RingContext& context, Ring& ring) {
   }
 }
 
+void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
+                       Clock::time_point deadline) {
+  auto missing = [&rings] {
+    std::vector<std::string> names;
+    for (Ring* ring : rings)
+      for (const auto& m : ring->spec.members)
+        if (std::find(ring->view.begin(), ring->view.end(), m.name) == ring->view.end() &&
+            !ring->join_requests.count(m.name))
+          names.push_back(m.name);
+    return names;
+  };
+  for (Ring* ring : rings) collectJoinRequests(context, *ring);
+  bool told = false;
+  while (!missing().empty()) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      CAIRN_WARN("cross-cluster sync: no join request from ", joinedNames(missing()),
+                 " in time; they are admitted at a later sync once they ask");
+      return;
+    }
+    if (!told) {
+      CAIRN_INFO("cross-cluster sync: waiting for ", joinedNames(missing()), " to ask to join");
+      told = true;
+    }
+    auto m = context.mailbox.receive(
+        [&rings](const Message& x) {
+          if (x.kind != MessageKind::kCollective || isWelcome(x)) return false;
+          for (Ring* ring : rings)
+            if (x.tag == ringControlTag(ring->spec.id)) return true;
+          return false;
+        },
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    if (!m) continue;
+    for (Ring* ring : rings)
+      if (m->tag == ringControlTag(ring->spec.id)) noteJoinRequest(context, *ring, *m);
+  }
+}
+
 // After a committed sync: the lowest-ranked member of the view welcomes the joiners; every member
 // moves to the next generation with them.
 void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joiners) {

@@ -12,6 +12,7 @@
 // the trainer's thread before any ring thread runs; the others on the ring's own thread.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,10 @@ namespace cairn {
 // True when at least one ring was joined through a welcome; rings left without one train alone.
 bool joinRings(RingContext& context, const std::vector<Ring*>& shared);
 void collectJoinRequests(RingContext& context, Ring& ring);
+// Member side, at an admission step (RingClusterSync::admitJoinersAt): waits until every member
+// of each ring that is not in its view has asked to join, or `deadline` (then logs who did not).
+void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
+                       std::chrono::steady_clock::time_point deadline);
 void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joiners);
 
 }  // namespace cairn

@@ -41,7 +41,8 @@ RunPlan BatchFeeder::open() {
       CAIRN_THROW(BadInput, "node.json of ", cfg.node.name, ": extra.deal with data.source "
                   "\"coordinator\" is not supported yet (the chunks fetched ahead are epoch 0's)");
   }
-  const std::vector<int64_t> chunk_sizes = chunkSizes(*data_.train, cfg.data, cfg.num_clusters);
+  chunk_sizes_ = chunkSizes(*data_.train, cfg.data, cfg.num_clusters);
+  const std::vector<int64_t>& chunk_sizes = chunk_sizes_;
   sampler_ = std::make_unique<DealSampler>(chunk_sizes, cfg.node.cluster, deal, cfg.data.chunk,
                                            opt.seed);
   if (served) startFetching();
@@ -68,6 +69,22 @@ RunPlan BatchFeeder::open() {
     if (!sample_ids_out_) CAIRN_THROW(BadInput, cfg.sample_ids_path, ": cannot write");
   }
   return plan;
+}
+
+void BatchFeeder::changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan) {
+  const TrainOptions& opt = ctx_.opt;
+  const StageTrainerConfig& cfg = ctx_.cfg;
+  const std::string where = "the deal a peers update gave " + cfg.node.name;
+  if (cfg.data.source == "coordinator")
+    CAIRN_THROW(BadInput, where, ": a deal with data.source \"coordinator\" is not supported yet");
+  checkDealForCluster(deal, cfg.node.cluster, where);
+  const DealSchedule schedule(chunk_sizes_, deal, cfg.data.chunk, opt.seed, opt.batch_size);
+  sampler_ = std::make_unique<DealSampler>(chunk_sizes_, cfg.node.cluster, deal, cfg.data.chunk,
+                                           opt.seed);
+  epoch_of_order_ = -1;  // the current epoch's order is the same; recomputed on the next load
+  plan->epoch_steps = schedule.table();
+  plan->steps_per_epoch = plan->epoch_steps.front().steps;
+  plan->total_steps = schedule.totalSteps(opt.epochs, opt.max_steps);
 }
 
 void BatchFeeder::openServed() {

@@ -33,6 +33,12 @@ class BatchFeeder {
   // The micro-batches of step `step` (0-based) into *micro, keyed 0..microbatches-1. Returns the
   // checksum of the step's sample ids.
   uint64_t load(int64_t step, std::map<int, Microbatch>* micro);
+  // The deal this Root samples with (one entry {0, clusters} without node.json extra.deal).
+  const std::vector<DealEntry>& deal() const { return sampler_->deal(); }
+  // A running Root takes a new deal (docs/TRAINING.md "the deal"; trainer/DealChange.h decides
+  // when it may): the sampler and *plan's epoch_steps, steps_per_epoch and total_steps follow it.
+  // BadInput (nothing changed) when this cluster cannot run it or a shard is below one batch.
+  void changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan);
 
  private:
   void openServed();     // data.source "coordinator": the dataset over the chunk table
@@ -40,6 +46,7 @@ class BatchFeeder {
 
   TrainerContext& ctx_;
   DatasetPair& data_;
+  std::vector<int64_t> chunk_sizes_;      // the chunk table the deal is dealt over
   std::unique_ptr<DealSampler> sampler_;  // one entry {0, clusters} unless node.json has a deal
   std::ofstream sample_ids_out_;
   std::vector<int64_t> epoch_order_;

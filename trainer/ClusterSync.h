@@ -37,6 +37,11 @@ class ClusterSync {
   // cluster starts from the same ones (a cluster that resumes or is added mid-run). Default: no
   // peers, nothing to do.
   virtual void setJoining(bool /*joining*/) {}
+  // A cluster the deal adds (docs/TRAINING.md "the deal") starts at step `steps_done`: at the sync
+  // boundary after that many steps the rings take the members added for it in, waiting for them,
+  // so its weights are exactly these. Called on the trainer's thread when the plan learns of it.
+  // Default: nothing.
+  virtual void admitJoinersAt(int64_t /*steps_done*/) {}
 
   // Checkpoints (trainer/Checkpoint.h): the state this object must carry across a restart (DiLoCo
   // outer parameters and momentum, the step of the last sync, ...) as named tensors plus JSON.

@@ -26,6 +26,7 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
     mb.targets = in.tensor(kTargetsTensor);
     mb.ids = in.tensor(kIdsTensor);
     mb.denominator = in.tensor(kDenominatorTensor);
+    if (deal_) deal_->read(in);  // before __stop_at, which is clamped to the (new) total
     stop_.readStopAt(in, ctx_.plan.total_steps);
   }
   const auto t = TrainerClock::now();
@@ -54,6 +55,7 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
   out.tensors.emplace_back(kIdsTensor, mb.ids);
   out.tensors.emplace_back(kDenominatorTensor, mb.denominator);
   stop_.attachStopAt(out);
+  if (deal_) deal_->attach(out);
   mb.inputs.clear();  // not needed after the forward (the executor keeps what backward needs)
   link_.send(Neighbour::kDownstream, out);
 }

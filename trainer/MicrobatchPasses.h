@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "trainer/DealChange.h"
 #include "trainer/StopCoordinator.h"
 #include "trainer/TrainerContext.h"
 
@@ -20,6 +21,9 @@ class MicrobatchPasses {
  public:
   MicrobatchPasses(TrainerContext& ctx, TimedLink& link, StopCoordinator& stop)
       : ctx_(ctx), link_(link), stop_(stop) {}
+  // A deal taken mid-run (trainer/DealChange.h): its "__epoch_steps" is read from and attached
+  // to activations. Optional (null: none).
+  void setDealChange(DealChange* deal) { deal_ = deal; }
 
   // The Root runs mb.inputs; other stages receive the activation for (step, microbatch) from
   // upstream with its targets, ids and denominator. The Leaf computes the micro-batch's loss share
@@ -42,6 +46,7 @@ class MicrobatchPasses {
   TrainerContext& ctx_;
   TimedLink& link_;
   StopCoordinator& stop_;
+  DealChange* deal_ = nullptr;
 };
 
 }  // namespace cairn

@@ -26,6 +26,9 @@ inline constexpr const char* kNormTensor = "__norm";
 // the step count at which the whole cluster stops.
 inline constexpr const char* kStopTensor = "__stop";
 inline constexpr const char* kStopAtTensor = "__stop_at";
+// A deal taken mid-run (trainer/DealChange.h): rides downstream on activation packets once the
+// Root changed the run's epoch_steps table: int64 [total_steps, from_epoch, steps, …].
+inline constexpr const char* kEpochStepsTensor = "__epoch_steps";
 
 // True for names that start with kReservedPrefix (bookkeeping, not a boundary tensor).
 inline bool isReservedTensorName(const std::string& name) {

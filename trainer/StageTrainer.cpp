@@ -16,6 +16,7 @@
 #include "trainer/BatchFeeder.h"
 #include "trainer/ClusterSync.h"
 #include "trainer/Dataset.h"
+#include "trainer/DealChange.h"
 #include "trainer/Evaluator.h"
 #include "trainer/GradNormReducer.h"
 #include "trainer/Metrics.h"
@@ -61,6 +62,7 @@ struct StageTrainer::Impl {
   GradNormReducer norm;
   Evaluator evaluator;
   StepRecorder recorder;
+  DealChange deal_change;
 
   Impl(StageTrainerConfig c, torch::jit::Module stage, StageLink& l, TrainerObserver o)
       : cfg(std::move(c)),
@@ -83,7 +85,9 @@ struct StageTrainer::Impl {
         passes(ctx, link, stop),
         norm(ctx, link),
         evaluator(ctx, link, data),
-        recorder(ctx, stop, checkpoints, evaluator) {
+        recorder(ctx, stop, checkpoints, evaluator),
+        deal_change(ctx, plan, feeder) {
+    passes.setDealChange(&deal_change);
     if (observer.on_metrics_record) metrics.setTee(observer.on_metrics_record);
     const TrainOptions& opt = cfg.options;
     torch::manual_seed(opt.seed * 1000003u + uint64_t(cfg.node.cluster) * 7919u +
@@ -117,7 +121,8 @@ struct StageTrainer::Impl {
       cfg.cluster_sync->start(executor->module());
     }
     if (async) return AsyncLoop(ctx, feeder, passes, stop, checkpoints, recorder).run(from, start);
-    return SyncLoop(ctx, schedule, feeder, passes, norm, stop, recorder).run(from.start_step, start);
+    return SyncLoop(ctx, schedule, feeder, passes, norm, stop, recorder, &deal_change)
+        .run(from.start_step, start);
   }
 };
 

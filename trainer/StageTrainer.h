@@ -96,6 +96,10 @@ struct StageTrainerConfig {
   // data.source "coordinator": where the Root's chunk files come from (node/ServedChunks.h, made
   // by provider --join); null otherwise.
   std::shared_ptr<ChunkSource> chunk_source;
+  // Root, polled between steps (may be empty): the newest node.json extra.deal a live peers update
+  // brought (the coordinator grows the run; trainer/DealChange.h), nullopt when none. Called on the
+  // trainer's thread; the provider makes it thread-safe.
+  std::function<std::optional<nlohmann::json>()> offered_deal;
 };
 
 class StageTrainer {

@@ -19,6 +19,7 @@ void SyncLoop::backward(int k) {
 TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_start) {
   const RunPlan& plan = ctx_.plan;
   LrSchedule lr_schedule(ctx_.opt.optimizer.lr, ctx_.opt.lr_scheduler, plan.total_steps);
+  int64_t lr_total = plan.total_steps;  // a new deal changes the run's length (DealChange.h)
   TrainerResult result;
   recorder_.begin(run_start);
   for (step_ = start_step; step_ < plan.total_steps; ++step_) {
@@ -32,12 +33,19 @@ TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_sta
     double grad_norm = -1;
     checksum_ = 0;
     micro_.clear();
+    // The learning rate first: a deal the Root takes now changes the schedule from the next step
+    // on, as on the nodes downstream that learn it during this step.
+    if (plan.total_steps != lr_total) {
+      lr_total = plan.total_steps;
+      lr_schedule = LrSchedule(ctx_.opt.optimizer.lr, ctx_.opt.lr_scheduler, lr_total);
+    }
+    const double lr = lr_schedule.at(step_);
+    if (deal_ && ctx_.is_root) deal_->atStep(step_);
     if (ctx_.is_root) {
       const auto t = TrainerClock::now();
       checksum_ = feeder_.load(step_, &micro_);
       ctx_.times.compute_s += secondsSince(t);
     }
-    const double lr = lr_schedule.at(step_);
     bool gradients_synced = false;
     auto syncGradients = [&] {
       if (gradients_synced) return;

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "trainer/BatchFeeder.h"
+#include "trainer/DealChange.h"
 #include "trainer/GradNormReducer.h"
 #include "trainer/MicrobatchPasses.h"
 #include "trainer/StepRecorder.h"
@@ -23,14 +24,15 @@ class SyncLoop {
  public:
   SyncLoop(TrainerContext& ctx, SyncSchedule& schedule, BatchFeeder& feeder,
            MicrobatchPasses& passes, GradNormReducer& norm, StopCoordinator& stop,
-           StepRecorder& recorder)
+           StepRecorder& recorder, DealChange* deal = nullptr)
       : ctx_(ctx),
         schedule_(schedule),
         feeder_(feeder),
         passes_(passes),
         norm_(norm),
         stop_(stop),
-        recorder_(recorder) {}
+        recorder_(recorder),
+        deal_(deal) {}
   // Steps [start_step, total_steps), or until a clean stop.
   TrainerResult run(int64_t start_step, TrainerClock::time_point run_start);
 
@@ -45,6 +47,7 @@ class SyncLoop {
   GradNormReducer& norm_;
   StopCoordinator& stop_;
   StepRecorder& recorder_;
+  DealChange* deal_;  // the Root takes a new deal between steps (may be null)
   // The current step.
   int64_t step_ = 0;
   std::map<int, Microbatch> micro_;

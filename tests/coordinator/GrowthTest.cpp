@@ -223,3 +223,162 @@ TEST(GrowthPlan, TheNewClusterCopiesTheStagesAndJoinsEveryRingLast) {
 
 }  // namespace
 }  // namespace cairn::coordinator
+
+#include "coordinator/Grower.h"
+#include "core/CurveKeys.h"
+#include "core/JsonReader.h"
+
+namespace cairn::coordinator {
+namespace {
+
+// Grower (--grow) over a real store and plan folder: one cluster of two stages, two spares.
+struct GrowerFixture {
+  std::string out;
+  std::unique_ptr<CoordinatorStore> store;
+  std::vector<std::pair<std::string, size_t>> sent;  // (key, frames) in order
+  std::map<std::string, std::string> keys;            // member name -> its Z85 public key
+
+  GrowerFixture() {
+    char dir[] = "/tmp/cairn_grower_XXXXXX";
+    out = mkdtemp(dir);
+    for (const char* name : {"node_0", "node_1", "node_2", "node_3"})
+      keys[name] = generateCurveKeyPair().public_key;
+    JobSpec job;
+    job.job_id = "j";
+    job.model = "m.pt";
+    job.data.location = "/nowhere";
+    job.data.format = "idx";
+    job.training = {{"epochs", 10}};
+    writeJsonFile(jobSpecPath(out), toJson(job));
+    nlohmann::json plan = {{"format", 1}, {"model", "m.pt"}, {"clusters", nlohmann::json::array()},
+                           {"rings", nlohmann::json::array()}};
+    nlohmann::json cluster = {{"index", 0}, {"chain", {"node_0", "node_1"}}, {"stages", nlohmann::json::array()}};
+    store = std::make_unique<CoordinatorStore>(out + "/coordinator.db");
+    std::vector<NodeSpec> nodes = twoByTwo();
+    nodes.resize(2);  // cluster 0 only
+    for (NodeSpec& n : nodes) {
+      n.job_id = "j";
+      n.role = n.stage == 0 ? StageRole::kRoot : StageRole::kLeaf;
+      BoundaryValue in, mid, logits;
+      in.name = "x";
+      in.shape = {8, 4};
+      mid.name = "h";
+      mid.shape = {8, 3};
+      logits.name = "y";
+      logits.shape = {8, 2};
+      n.inputs = {n.stage == 0 ? in : mid};
+      n.outputs = {n.stage == 0 ? mid : logits};
+      if (n.upstream) *n.upstream = PeerRef{"node_0", "127.0.0.1:5000", keys["node_0"]};
+      if (n.downstream) *n.downstream = PeerRef{"node_1", "127.0.0.1:5001", keys["node_1"]};
+      for (RingSpec& r : n.rings) {
+        r.members.resize(1);
+        r.members[0] = PeerRef{n.name, n.address, keys[n.name]};
+        r.rank = 0;
+      }
+      std::filesystem::create_directories(nodeDirectory(out, n.name));
+      std::ofstream(nodeDirectory(out, n.name) + "/" + n.stage_file) << "stage " << n.stage;
+      writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
+      cluster["stages"].push_back({{"stage", n.stage}, {"node", n.name}, {"address", n.address}});
+      plan["rings"].push_back({{"id", n.rings[0].id}, {"parameters", n.parameters}, {"holders", {n.name}}});
+      Member m = member(n.name, MemberState::kAssigned, 8);
+      m.public_key = keys[n.name];
+      store->putMember(m);
+    }
+    plan["clusters"].push_back(cluster);
+    writeJsonFile(planPath(out), plan);
+    for (const char* name : {"node_2", "node_3"}) {
+      Member m = member(name, MemberState::kSpare, 8);
+      m.public_key = keys[name];
+      m.advertise = std::string("127.0.0.1:70") + name[5];
+      store->putMember(m);
+    }
+    store->setMeta("placed", "[\"node_0\",\"node_1\"]");
+    store->setMeta("num_clusters", "1");
+    store->setMeta("phase", "planned");
+  }
+  ~GrowerFixture() { std::filesystem::remove_all(out); }
+  Grower grower(GrowOptions o = {true, 0, 0}) {
+    return Grower(*store, out, o, [this](const std::string& key, const Frames& frames) {
+      sent.emplace_back(key, frames.size());
+    });
+  }
+  nlohmann::json growth() const { return nlohmann::json::parse(store->meta("growth").value_or("null")); }
+  static nlohmann::json answer(const nlohmann::json& deal, bool accepted, int64_t epoch) {
+    return {{"deal", {{"accepted", accepted}, {"deal", deal}, {"epoch", epoch}, {"step", 40}, {"reason", "r"}}}};
+  }
+};
+
+TEST(Grower, ProposesTellsThePeersAndAssignsOnceTheRootTookTheDeal) {
+  GrowerFixture f;
+  Grower g = f.grower();
+  g.observe("node_1", {{{"step", 30}, {"epoch", 2}}});
+  EXPECT_TRUE(g.poll(100).empty());
+  const nlohmann::json proposed = f.growth();
+  ASSERT_EQ(proposed.value("state", ""), "proposed");
+  EXPECT_EQ(proposed["deal"], nlohmann::json::parse(R"([{"from_epoch":0,"clusters":1},{"from_epoch":3,"clusters":2}])"));
+  EXPECT_EQ(proposed["spares"], nlohmann::json({"node_2", "node_3"}));
+  EXPECT_EQ(f.store->memberByName("node_2")->state, MemberState::kAssigned);  // no replacement takes it
+  const NodeSpec told = readNodeSpec(nodeSpecPath(f.out, "node_0"));
+  ASSERT_EQ(told.rings[0].members.size(), 2u);
+  EXPECT_EQ(told.rings[0].members[1].name, "node_2");
+  EXPECT_EQ(told.extra["deal"], proposed["deal"]);
+  const NodeSpec added = readNodeSpec(nodeSpecPath(f.out, "node_3"));
+  EXPECT_EQ(added.cluster, 1);
+  EXPECT_EQ(added.stage, 1);
+  EXPECT_EQ(added.extra["public_key"], f.keys["node_3"]);
+  // Each existing member gets its update once, on its heartbeat; nobody is assigned yet.
+  g.onHeartbeat("node_0");
+  g.onHeartbeat("node_0");
+  g.onHeartbeat("node_2");
+  ASSERT_EQ(f.sent.size(), 1u);
+  EXPECT_EQ(f.sent[0].first, f.keys["node_0"]);
+  // The Root was already in epoch 3: dealt again from epoch 4 and owed again.
+  g.observe("node_0", {GrowerFixture::answer(proposed["deal"], false, 3)});
+  const nlohmann::json again = f.growth();
+  EXPECT_EQ(again["deal"].back()["from_epoch"], 4);
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(f.out, "node_3")).extra["deal"], again["deal"]);
+  g.onHeartbeat("node_0");
+  EXPECT_EQ(f.sent.size(), 2u);
+  // An answer to the older offer counts for nothing; the Root taking this one assigns the spares.
+  g.observe("node_0", {GrowerFixture::answer(proposed["deal"], true, 3)});
+  EXPECT_TRUE(g.poll(200).empty());
+  g.observe("node_0", {GrowerFixture::answer(again["deal"], true, 3)});
+  const std::vector<NodeSpec> assigned = g.poll(300);
+  ASSERT_EQ(assigned.size(), 2u);
+  EXPECT_EQ(f.sent.size(), 4u);
+  EXPECT_EQ(f.sent[2].first, f.keys["node_2"]);
+  EXPECT_EQ(f.store->meta("num_clusters").value_or(""), "2");
+  EXPECT_EQ(nlohmann::json::parse(*f.store->meta("placed")),
+            nlohmann::json({"node_0", "node_1", "node_2", "node_3"}));
+  EXPECT_EQ(loadDeal(*f.store, 1), (std::vector<DealEntry>{{0, 1}, {4, 2}}));
+  const nlohmann::json plan = readJsonFile(planPath(f.out));
+  ASSERT_EQ(plan["clusters"].size(), 2u);
+  EXPECT_EQ(plan["clusters"][1]["chain"], nlohmann::json({"node_2", "node_3"}));
+  EXPECT_EQ(plan["rings"][1]["holders"], nlohmann::json({"node_1", "node_3"}));
+  EXPECT_EQ(f.growth().value("state", ""), "done");
+}
+
+TEST(Grower, ARefusalForAnotherReasonAbandonsGrowthAndOffIsOff) {
+  GrowerFixture f;
+  Grower off = f.grower({false, 0, 0});
+  EXPECT_TRUE(off.poll(100).empty());
+  EXPECT_TRUE(f.growth().is_null());
+  Grower capped = f.grower({true, 1, 0});  // --max-clusters 1
+  capped.poll(100);
+  EXPECT_TRUE(f.growth().is_null());
+  Grower keeping = f.grower({true, 0, 1});  // --keep-spares 1: two spares cannot hold 2 stages + 1
+  keeping.poll(100);
+  EXPECT_TRUE(f.growth().is_null());
+  Grower g = f.grower();
+  g.poll(100);
+  const nlohmann::json proposed = f.growth();
+  ASSERT_EQ(proposed.value("state", ""), "proposed");
+  g.observe("node_0", {GrowerFixture::answer(proposed["deal"], false, 0)});  // before its epoch
+  EXPECT_EQ(f.growth().value("state", ""), "abandoned");
+  EXPECT_EQ(f.store->memberByName("node_2")->state, MemberState::kSpare);
+  EXPECT_TRUE(g.poll(200).empty());
+  EXPECT_EQ(f.growth().value("state", ""), "abandoned");
+}
+
+}  // namespace
+}  // namespace cairn::coordinator

@@ -1121,6 +1121,78 @@ TEST(RingClusterSyncGrowth, AMemberAddedMidRunIsWelcomedAndTheNextSyncIncludesIt
   expectAverages(before, after, grown, {a, b});
 }
 
+// A growth update (a new deal: addMembers at_admission_step) is held until the admission step
+// admitJoinersAt names, here off the local_steps grid (5 with local_steps 2): the newcomer, asking
+// from the start, is welcomed there with exactly the weights after step 5, not at an earlier step.
+TEST(RingClusterSyncGrowth, AMemberHeldForItsAdmissionStepIsWelcomedExactlyThere) {
+  torch::manual_seed(43);
+  const State init = {{"0.weight", torch::randn({3, 5})}, {"0.bias", torch::randn({3})}};
+  const TestNode a{"a0", 0, namesOf(init)}, b{"b1", 1, namesOf(init)};
+  const std::vector<TestRing> alone = {{"ring_0", namesOf(init), {"a0"}}};
+  const std::vector<TestRing> grown = {{"ring_0", namesOf(init), {"a0", "b1"}}};
+  zmq::context_t context;
+  const std::string prefix = "inproc://held" + std::to_string(run_counter++) + "_";
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(20000);
+  setup.local_steps = 2;
+  std::vector<State> admitted(2), before(2), after(2);
+  std::vector<int64_t> joined_before_step5(1, -1);
+  std::vector<std::exception_ptr> errors(2);
+  std::thread ta([&] {
+    try {
+      runMember(context, prefix, a, alone, init, SyncOptions{}, setup,
+                [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport& faulty) {
+                  faulty.addPeer("b1", prefix + "b1");
+                  EXPECT_EQ(sync.addMembers(specOf(a, grown, prefix), /*at_admission_step=*/true),
+                            std::vector<std::string>{"b1"});
+                  sync.admitJoinersAt(5);
+                  // Give the newcomer's requests time to arrive (they must not be taken before step 5;
+                  // the assertions below hold either way).
+                  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+                  for (int64_t step = 0; step < 4; ++step) {
+                    perturbSeeded(stage, 700 + uint64_t(step));
+                    sync.afterOptimizerStep(step, stage);
+                  }
+                  joined_before_step5[0] = sync.stats().members_joined;
+                  perturbSeeded(stage, 704);
+                  admitted[0] = stateOf(stage);
+                  sync.afterOptimizerStep(4, stage);  // 5 steps done: the admission
+                  perturbSeeded(stage, 900);
+                  before[0] = stateOf(stage);
+                  sync.afterOptimizerStep(5, stage);  // 6 done: an ordinary sync with b1
+                  after[0] = stateOf(stage);
+                });
+    } catch (...) {
+      errors[0] = std::current_exception();
+    }
+  });
+  std::thread tb([&] {
+    try {
+      MemberSetup joiner = setup;
+      joiner.joining = true;
+      State other;
+      for (const auto& [name, t] : init) other[name] = t + 1;
+      runMember(context, prefix, b, grown, other, SyncOptions{}, joiner,
+                [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport&) {
+                  admitted[1] = stateOf(stage);  // starts at step 5 with the welcome
+                  perturbSeeded(stage, 901);
+                  before[1] = stateOf(stage);
+                  sync.afterOptimizerStep(5, stage);
+                  after[1] = stateOf(stage);
+                });
+    } catch (...) {
+      errors[1] = std::current_exception();
+    }
+  });
+  ta.join();
+  tb.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  EXPECT_EQ(joined_before_step5[0], 0);
+  expectSameState(admitted[1], admitted[0], "newcomer vs a0 after step 5");
+  expectAverages(before, after, grown, {a, b});
+}
+
 TEST(RingClusterSyncGrowth, AddMembersRefusesAnythingButAppendedMembers) {
   const State init = {{"0.weight", torch::ones({2, 2})}};
   const TestNode a{"a0", 0, namesOf(init)};

@@ -10,7 +10,9 @@
 
 #include "core/Error.h"
 #include "tests/trainer/InMemoryPipeline.h"
+#include "trainer/ClusterSync.h"
 #include "trainer/Dataset.h"
+#include "trainer/DealChange.h"
 #include "trainer/DealSampler.h"
 #include "trainer/Sampler.h"
 
@@ -128,6 +130,119 @@ TEST(DealRun, ADealThatCannotRunHereIsRefusedNamingTheKey) {
             std::string::npos);
   EXPECT_EQ(refusal({{{"from_epoch", 0}, {"clusters", 1}}, {{"from_epoch", 1}, {"clusters", 2}}}, 0),
             "accepted");
+}
+
+}  // namespace
+}  // namespace cairn
+
+// DealChange: a running cluster takes a new deal (trainer/DealChange.h; docs/TRAINING.md "the deal"): the Root
+// takes an offered deal between steps when it only changes epochs after the current one, the new
+// epoch_steps table travels down the pipeline on activations ("__epoch_steps") so every stage ends
+// at the new total, and every stage asks its ClusterSync to admit the new cluster at the first
+// step of the epoch the deal adds it from. A deal offered too late is refused and changes nothing.
+namespace cairn {
+namespace {
+
+// Records the admission steps it is told about; exchanges nothing.
+class AdmissionRecorder : public ClusterSync {
+ public:
+  void start(torch::jit::Module&) override {}
+  void beforeOptimizerStep(int64_t, torch::jit::Module&) override {}
+  void afterOptimizerStep(int64_t, torch::jit::Module&) override {}
+  void finish(int64_t, torch::jit::Module&) override {}
+  void admitJoinersAt(int64_t steps_done) override { admitted.push_back(steps_done); }
+  std::vector<int64_t> admitted;
+};
+
+constexpr int kStages = 3;  // cnn_bn_dropout's node_data
+const nlohmann::json kGrown = {{{"from_epoch", 0}, {"clusters", 1}},
+                               {{"from_epoch", 1}, {"clusters", 2}}};
+
+struct Offer {
+  int64_t calls = 0;      // the Root asks once before every step: the call count is the step
+  int64_t from_step = 0;  // offered once the Root is at this step
+};
+
+testing::PipelineRun runWithOffer(Offer& offer, std::vector<AdmissionRecorder>& syncs,
+                                  TrainOptions* used, DataOptions* data) {
+  const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
+  return testing::runInMemoryPipeline(
+      node_data,
+      [](TrainOptions& t) {
+        t.microbatches = 2;
+        t.max_steps = 0;
+        t.epochs = 3;
+      },
+      [&](int i, StageTrainerConfig& c) {
+        c.data.chunks = 4;
+        c.cluster_sync = &syncs[size_t(i)];
+        if (i != 0) return;
+        *used = c.options;
+        *data = c.data;
+        // Between steps the Root asks (trainer thread).
+        c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
+          if (offer.calls++ < offer.from_step) return std::nullopt;
+          return kGrown;
+        };
+      });
+}
+
+TEST(DealChange, TheRootTakesAnOfferedDealAndEveryStageEndsAtTheNewTotal) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  std::vector<AdmissionRecorder> syncs(kStages);
+  Offer offer;
+  offer.from_step = 3;  // taken at step 3 of epoch 0: epoch 1 and later change
+  TrainOptions used;
+  DataOptions data;
+  const testing::PipelineRun run = runWithOffer(offer, syncs, &used, &data);
+  const int64_t n = loadDatasets(data, used.seed).train->size();
+  const std::vector<int64_t> sizes = ShardSampler::equalChunks(n, 4, 1);
+  const ShardSampler alone(sizes, 0, 1, {}, used.seed);
+  const ShardSampler first(sizes, 0, 2, {}, used.seed), second(sizes, 1, 2, {}, used.seed);
+  const int64_t b = used.batch_size;
+  const int64_t grown = std::min(first.shard().size(), second.shard().size()) / size_t(b);
+  // Epoch 0 as one cluster (untouched by the offer), epochs 1 and 2 cluster 0's shard of two.
+  std::vector<std::vector<int64_t>> expected;
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    const std::vector<int64_t> order = epoch == 0 ? alone.epochOrder(0) : first.epochOrder(epoch);
+    const int64_t steps = epoch == 0 ? n / b : grown;
+    for (int64_t k = 0; k < steps; ++k)
+      expected.emplace_back(order.begin() + k * b, order.begin() + (k + 1) * b);
+  }
+  ASSERT_NE(grown, n / b);
+  EXPECT_EQ(run.batches, expected);
+  ASSERT_EQ(run.results.size(), size_t(kStages));
+  for (const TrainerResult& r : run.results) EXPECT_EQ(r.steps, int64_t(expected.size()));
+  EXPECT_EQ(run.losses.size(), expected.size());
+  for (const AdmissionRecorder& s : syncs) EXPECT_EQ(s.admitted, std::vector<int64_t>{n / b});
+}
+
+TEST(DealChange, ADealOfferedAfterItsEpochBeganIsRefusedAndChangesNothing) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  std::vector<AdmissionRecorder> syncs(kStages);
+  Offer offer;
+  TrainOptions used;
+  DataOptions data;
+  // Offered from the first step of epoch 1 on: one cluster's steps per epoch.
+  {
+    const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
+    const JobSpec job = readJobSpec(jobSpecPath(node_data));
+    const TrainOptions t = parseTrainOptions(job.training, jobSpecPath(node_data));
+    const DataOptions d = parseDataOptions(job.data, jobSpecPath(node_data));
+    offer.from_step = loadDatasets(d, t.seed).train->size() / t.batch_size;
+  }
+  const testing::PipelineRun run = runWithOffer(offer, syncs, &used, &data);
+  for (const TrainerResult& r : run.results) EXPECT_EQ(r.steps, 3 * offer.from_step);
+  EXPECT_EQ(run.batches.size(), size_t(3 * offer.from_step));
+  for (const AdmissionRecorder& s : syncs) EXPECT_TRUE(s.admitted.empty());
+}
+
+TEST(DealChange, DealUpToKeepsTheEntriesInForceUpToAnEpoch) {
+  const std::vector<DealEntry> deal = {{0, 1}, {2, 2}, {5, 3}};
+  EXPECT_EQ(dealUpTo(deal, 0), (std::vector<DealEntry>{{0, 1}}));
+  EXPECT_EQ(dealUpTo(deal, 1), (std::vector<DealEntry>{{0, 1}}));
+  EXPECT_EQ(dealUpTo(deal, 2), (std::vector<DealEntry>{{0, 1}, {2, 2}}));
+  EXPECT_EQ(dealUpTo(deal, 9), deal);
 }
 
 }  // namespace
