@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/MainGuard.h"
+#include "trainer/CheckpointCarry.h"
 
 namespace {
 
@@ -253,8 +256,23 @@ int main(int argc, char** argv) {
       "metrics.jsonl, spread every stage's median compute_s over its units in proportion to the "
       "profiled unit times, cut again with the planner (--plan-tolerance applies), print the "
       "measured and predicted stage times and the new --cuts, and write NODE_DATA/"
-      "rebalance.json; no stage files are changed (docs/CLUSTERIZE.md \"Rebalancing from "
+      "rebalance.json; no stage files are changed: re-plan with --cuts and --resume-from "
+      "NODE_DATA to continue the run at the new cut (docs/CLUSTERIZE.md \"Rebalancing from "
       "measurement\")");
+  std::string resume_from;
+  int64_t resume_step = -1;
+  auto* resume_from_option = app.add_option(
+      "--resume-from", resume_from,
+      "planning: carry the run of OLD_NODE_DATA (a plan of the same model and job, e.g. before a "
+      "--rebalance re-cut) into this plan: from the newest step every old node has a checkpoint "
+      "of, its weights, buffers, optimizer state (by parameter name), step, data cursor and lr "
+      "schedule position become a checkpoint per new node in OUT/nodes/<node>/checkpoints; start "
+      "the new providers with --resume. Same number of clusters; --out must be another folder "
+      "(docs/CLUSTERIZE.md \"Carrying the run over\")");
+  app.add_option("--resume-step", resume_step,
+                 "with --resume-from: carry this step instead of the newest common one")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 60))
+      ->needs(resume_from_option);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -283,7 +301,10 @@ int main(int argc, char** argv) {
       for (double x : r.predicted_stage_seconds) std::cout << " " << x * 1e3;
       std::cout << "  max/mean " << j["predicted_max_over_mean"].get<double>() << "\n"
                 << "cuts: " << cuts(r.old_cuts) << " -> " << cuts(r.new_cuts) << "\n"
-                << "wrote " << rebalance_from << "/rebalance.json\n";
+                << "wrote " << rebalance_from << "/rebalance.json\n"
+                << "next: clusterize <the same planning flags> --cuts " << cuts(r.new_cuts)
+                << " --out NEW_NODE_DATA --resume-from " << rebalance_from
+                << "  (carries the checkpointed run over; provider --resume continues it)\n";
       return 0;
     });
   }
@@ -325,6 +346,10 @@ int main(int argc, char** argv) {
       return 0;
     });
   }
+  if (serve_option->count() > 0 && resume_from_option->count() > 0)
+    return cairn::runGuarded("clusterize", [&]() -> int {
+      CAIRN_THROW(BadInput, "--resume-from is for planning with --nodes, not --serve");
+    });
   if (serve_option->count() > 0) {
     installServeStop();
     return cairn::runGuarded("clusterize", [&] {
@@ -363,11 +388,40 @@ int main(int argc, char** argv) {
     o.granularity = parseGranularity(granularity);
     if (mb->count() > 0) o.microbatches = microbatches;
     if (opt->count() > 0) o.optimizer = optimizer;
+    if (!resume_from.empty()) {
+      namespace fs = std::filesystem;
+      std::error_code ec;
+      if (fs::weakly_canonical(resume_from, ec) == fs::weakly_canonical(out_dir, ec))
+        CAIRN_THROW(BadInput, "--out ", out_dir, " is the --resume-from folder: write the new "
+                    "plan to another folder (its stage files and checkpoints would be replaced)");
+      if (!fs::is_regular_file(cairn::jobSpecPath(resume_from), ec))
+        CAIRN_THROW(BadInput, cairn::jobSpecPath(resume_from),
+                    ": no such file: --resume-from needs a node_data folder written by clusterize");
+    }
     const ClusterizeResult result = clusterize(o);
+    // Everything about the carry is checked before anything is written.
+    std::optional<cairn::CarryResult> carry;
+    if (!resume_from.empty()) {
+      std::vector<cairn::CarryStage> stages;
+      for (const auto& node : result.nodes)
+        stages.push_back(cairn::carryStageOf(node, result.stages.at(node.name)));
+      carry = cairn::planCarry(resume_from, result.job,
+                               o.job_path.empty() ? std::string("the job built from the flags")
+                                                  : o.job_path,
+                               stages, resume_step);
+    }
     NodeDataWriter(out_dir).write(result.plan, result.job, result.nodes, result.stages);
     printReport(result.plan, std::cout);
     std::cout << "wrote " << out_dir << "/plan.json, job.json and " << result.nodes.size()
               << " node folder(s) under " << out_dir << "/nodes\n";
+    if (carry) {
+      const auto paths = cairn::writeCarry(out_dir, *carry);
+      std::cout << "carried step " << carry->step << " of " << resume_from << " (weights, "
+                << "optimizer state, data cursor) into " << paths.size()
+                << " checkpoint(s), e.g. " << paths.front() << "\n"
+                << "continue with: provider --name <node> --node-data " << out_dir
+                << " --resume (every node)\n";
+    }
     return 0;
   });
 }
