@@ -204,6 +204,19 @@ int main(int argc, char** argv) {
                  "waiting spare takes its node over from the newest checkpoint the coordinator "
                  "holds, and its neighbours and ring peers are sent its new address and key")
       ->check(CLI::Range(1.0, 86400.0))->capture_default_str()->needs(serve_option);
+  app.add_flag("--grow", serve.grow,
+               "with --serve: while the run trains, spares that can hold one more whole pipeline "
+               "of the planned cut form a new cluster: the data is dealt over one more cluster "
+               "from the epoch after the newest a Root reported, the new cluster starts at that "
+               "epoch's first step with its ring peers' weights (docs/OPERATIONS.md \"Growing\"); "
+               "needs data.chunks >= the number of clusters; off by default")
+      ->needs(serve_option);
+  app.add_option("--max-clusters", serve.max_clusters,
+                 "with --grow: grow to at most this many clusters (0: no limit)")
+      ->check(CLI::Range(0, 100000))->capture_default_str()->needs(serve_option);
+  app.add_option("--keep-spares", serve.keep_spares,
+                 "with --grow: spares that growth leaves waiting to replace lost volunteers")
+      ->check(CLI::Range(0, 100000))->capture_default_str()->needs(serve_option);
   app.add_option("--token", serve.token,
                  "with --serve: the invite token (32-128 lowercase hex digits); default: the "
                  "stored one, else a fresh random one")
