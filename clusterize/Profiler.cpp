@@ -1,5 +1,7 @@
 #include "clusterize/Profiler.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -74,6 +76,33 @@ c10::IValue makeLeaf(const c10::IValue& value, bool needs_grad) {
   if (needs_grad && t.is_floating_point()) t.requires_grad_(true);
   return t;
 }
+
+// While profiling, glibc's malloc keeps freed memory instead of returning it to the kernel. A
+// profiling run allocates and frees all its tensors each time; with glibc's defaults a tensor of a
+// few MB is mapped fresh (or the heap top trimmed and grown again) on every run, and its page
+// faults dominated small atoms: the demo CNN's conv1 (3.2 MB output) took ~10-30 ms per run, 0.7 ms
+// with the thresholds below (PyTorch, fwd+bwd, 1 thread), which is what a provider's Root measures
+// (~1.5 ms per micro-batch: its many live tensors keep the heap from being trimmed). Hand-written:
+// no library here sets allocator policy. Restores glibc's default thresholds afterwards (dynamic
+// adjustment stays off, as after any mallopt).
+class AllocatorSteadyState {
+ public:
+  AllocatorSteadyState() {
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest mmap threshold on 64-bit
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+  }
+  ~AllocatorSteadyState() {
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 128 << 10);  // glibc's defaults
+    mallopt(M_TRIM_THRESHOLD, 128 << 10);
+    malloc_trim(0);
+#endif
+  }
+  AllocatorSteadyState(const AllocatorSteadyState&) = delete;
+  AllocatorSteadyState& operator=(const AllocatorSteadyState&) = delete;
+};
 
 std::vector<at::Tensor> differentiableOutputs(const c10::IValue& out) {
   std::vector<at::Tensor> tensors;
@@ -175,6 +204,49 @@ ModelProfile profileModel(const ModelGraph& graph, const std::vector<c10::IValue
     profile.boundary_bytes.push_back(bytes);
   };
   record(0);
+  const AllocatorSteadyState steady_state;
+  // Forward + backward of one atom on fresh copies of its inputs; with `meter`, only the forward,
+  // returning the bytes its autograd graph keeps instead of seconds.
+  auto runOnce = [](StageModule& stage, const std::vector<c10::IValue>& leaves,
+                    int64_t* saved_bytes) -> double {
+    std::vector<c10::IValue> args;
+    std::optional<MemoryMeter> meter;
+    int64_t before = 0;
+    if (saved_bytes) {
+      meter.emplace();
+      before = meter->liveBytes();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (const auto& leaf : leaves) args.push_back(freshInput(leaf));
+    c10::IValue out = stage.module.forward(args);
+    auto grads_for = differentiableOutputs(out);
+    if (saved_bytes) {
+      // Keep only what autograd keeps: drop our handles to inputs and outputs.
+      std::vector<std::shared_ptr<torch::autograd::Node>> graphs;
+      for (const auto& t : grads_for) graphs.push_back(t.grad_fn());
+      args.clear();
+      out = c10::IValue();
+      grads_for.clear();
+      *saved_bytes = std::max<int64_t>(0, meter->liveBytes() - before);
+      meter.reset();
+      return 0;
+    }
+    if (!grads_for.empty()) {
+      std::vector<at::Tensor> ones;
+      for (const auto& t : grads_for) ones.push_back(torch::ones_like(t));
+      torch::autograd::backward(grads_for, ones);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  struct Pending {
+    AtomProfile atom;
+    StageModule stage;
+    std::vector<c10::IValue> leaves;
+  };
+  // Pass 1, atom by atom: sizes, the memory autograd keeps, the outputs (the next atom's inputs)
+  // and the warm-up runs. Pass 2 times every atom, once every atom has run.
+  std::vector<Pending> pending;
+  pending.reserve(atom_count);
   for (size_t a = 0; a < atom_count; ++a) {
     AtomProfile atom;
     atom.begin_unit = profile.cuts[a];
@@ -205,54 +277,29 @@ ModelProfile profileModel(const ModelGraph& graph, const std::vector<c10::IValue
     std::vector<c10::IValue> leaves;
     for (const torch::jit::Value* v : stage.inputs) leaves.push_back(makeLeaf(env.at(v), a > 0));
     atom.inputs_need_grad = a > 0;
-    auto runOnce = [&](bool measure_memory, c10::IValue* /*unused*/) -> double {
-      std::vector<c10::IValue> args;
-      std::optional<MemoryMeter> meter;
-      int64_t before = 0;
-      if (measure_memory) {
-        meter.emplace();
-        before = meter->liveBytes();
-      }
-      const auto start = std::chrono::steady_clock::now();
-      for (const auto& leaf : leaves) args.push_back(freshInput(leaf));
-      c10::IValue out = stage.module.forward(args);
-      auto grads_for = differentiableOutputs(out);
-      if (measure_memory) {
-        // Keep only what autograd keeps: drop our handles to inputs and outputs.
-        std::vector<std::shared_ptr<torch::autograd::Node>> graphs;
-        for (const auto& t : grads_for) graphs.push_back(t.grad_fn());
-        args.clear();
-        out = c10::IValue();
-        grads_for.clear();
-        atom.saved_bytes = std::max<int64_t>(0, meter->liveBytes() - before);
-        meter.reset();
-        return 0;
-      }
-      if (!grads_for.empty()) {
-        std::vector<at::Tensor> ones;
-        for (const auto& t : grads_for) ones.push_back(torch::ones_like(t));
-        torch::autograd::backward(grads_for, ones);
-      }
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    };
     c10::IValue output;
-    runOnce(true, nullptr);
+    runOnce(stage, leaves, &atom.saved_bytes);
     {
       torch::NoGradGuard no_grad;
       std::vector<c10::IValue> args;
       for (const auto& leaf : leaves) args.push_back(freshInput(leaf));
       output = detachAll(stage.module.forward(args));
     }
-    for (int i = 0; i < options.warmup_runs; ++i) runOnce(false, nullptr);
-    std::vector<double> times;
-    for (int i = 0; i < std::max(1, options.timed_runs); ++i) times.push_back(runOnce(false, nullptr));
-    atom.seconds = *std::min_element(times.begin(), times.end());
+    for (int i = 0; i < options.warmup_runs; ++i) runOnce(stage, leaves, nullptr);
 
     const auto outs = unpackOutputs(output, stage.outputs.size());
     for (size_t i = 0; i < outs.size(); ++i) env[stage.outputs[i]] = outs[i];
     record(atom.end_unit);
     atom.output_bytes = profile.boundary_bytes.back();
-    profile.atoms.push_back(std::move(atom));
+    pending.push_back({std::move(atom), std::move(stage), std::move(leaves)});
+  }
+  for (Pending& p : pending) {
+    runOnce(p.stage, p.leaves, nullptr);  // caches warm for this atom again
+    std::vector<double> times;
+    for (int i = 0; i < std::max(1, options.timed_runs); ++i)
+      times.push_back(runOnce(p.stage, p.leaves, nullptr));
+    p.atom.seconds = *std::min_element(times.begin(), times.end());
+    profile.atoms.push_back(std::move(p.atom));
   }
   return profile;
 }
