@@ -184,7 +184,8 @@ std::vector<CheckpointData> remapClusterCheckpoints(const std::vector<CarryStage
   }
   for (const auto& [name, held] : weights) {
     const auto& tensors = old_stages[held.stage].tensors;
-    if (std::none_of(tensors.begin(), tensors.end(), [&](const auto& p) { return p.first == name; }))
+    const std::string& wanted = name;  // C++17: a lambda cannot capture a structured binding
+    if (std::none_of(tensors.begin(), tensors.end(), [&](const auto& p) { return p.first == wanted; }))
       CAIRN_THROW(BadInput, sources[held.stage], ": stage tensor \"", name, "\" is not in node ",
                   old_stages[held.stage].node.name, "'s stage file");
   }
