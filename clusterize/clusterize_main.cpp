@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
                  "plan.json's \"units\" lists the units and which are valid cuts")
       ->delimiter(',');
   app.add_option("--profile-runs", o.profile.timed_runs,
-                 "timed forward+backward runs per unit (median)")
+                 "timed forward+backward runs per unit (the fastest is kept)")
       ->capture_default_str();
   // Serve mode: volunteers join by invite instead of --nodes (coordinator/, docs/OPERATIONS.md).
   cairn::coordinator::CoordinatorOptions serve;

@@ -3,6 +3,7 @@
 //   --mode check: run checkAllCollectives, print failures, exit 0 when there are none (1 else).
 //   --mode loop:  all-reduce a tensor over and over until a peer is lost (exit 3, the PeerLost
 //                 line on stderr) — the kill-a-rank test SIGKILLs one rank meanwhile.
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -55,6 +56,14 @@ int main(int argc, char** argv) {
 
     if (mode == "loop") {
       torch::Tensor t = torch::ones({100000});
+      {
+        // Every rank is up before the short --timeout-ms applies: on a loaded machine a rank's
+        // start (libtorch, the sockets) can take longer than that, which is not what is tested.
+        cairn::ProcessGroupOptions start_options = options;
+        start_options.timeout = std::chrono::milliseconds(std::max(timeout_ms, 60000));
+        cairn::ProcessGroup start(mailbox, "start", names, names[rank], start_options);
+        start.allReduce(t, cairn::ReduceOp::kAverage);
+      }
       group.allReduce(t, cairn::ReduceOp::kAverage);
       std::fprintf(stderr, "looping\n");
       std::fflush(stderr);

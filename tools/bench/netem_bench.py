@@ -319,9 +319,13 @@ def plan(model, job, nodes_per_cluster, clusters, out):
                       "benchmarks": {"ram": 2, "bandwidth": bandwidth}} for i in range(n)}
     json.dump(nodes, open(os.path.join(out, "node_configs.json"), "w"))
     json.dump(job, open(os.path.join(out, "job.in.json"), "w"))
+    # The cut is fixed, so a setup is the same on every run and machine whatever the profile says
+    # (the planner may leave a node out when a stage costs less than its transfer): 2 stages cut
+    # after the first pooling, 4 stages after conv1, the first pooling and the second pooling.
+    cuts = {2: ["--cuts", "7"], 4: ["--cuts", "1,7,15"]}.get(nodes_per_cluster, [])
     run([CLUSTERIZE, "--model", model, "--nodes", os.path.join(out, "node_configs.json"), "--job",
          os.path.join(out, "job.in.json"), "--clusters", str(clusters), "--profile-runs", "1",
-         "--out", out, "--input-shape", "32,1,28,28"], cwd=ROOT)
+         "--out", out, "--input-shape", "32,1,28,28"] + cuts, cwd=ROOT)
     specs = {}
     for name in sorted(os.listdir(os.path.join(out, "nodes"))):
         path = os.path.join(out, "nodes", name, "node.json")
