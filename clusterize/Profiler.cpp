@@ -205,8 +205,8 @@ ModelProfile profileModel(const ModelGraph& graph, const std::vector<c10::IValue
   };
   record(0);
   const AllocatorSteadyState steady_state;
-  // Forward + backward of one atom on fresh copies of its inputs; with `meter`, only the forward,
-  // returning the bytes its autograd graph keeps instead of seconds.
+  // Forward + backward of one atom on fresh copies of its inputs. With `saved_bytes`: only the
+  // forward, and the bytes its autograd graph keeps are written there instead of timing.
   auto runOnce = [](StageModule& stage, const std::vector<c10::IValue>& leaves,
                     int64_t* saved_bytes) -> double {
     std::vector<c10::IValue> args;
