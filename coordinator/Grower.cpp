@@ -7,20 +7,13 @@
 #include <sstream>
 
 #include "coordinator/Growth.h"
+#include "coordinator/RunAssembly.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
 #include "core/Log.h"
 
 namespace cairn::coordinator {
 namespace {
-
-std::string readBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) CAIRN_THROW(InternalError, path, ": cannot read");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::vector<std::string> names(const nlohmann::json& list) {
   return list.is_array() ? list.get<std::vector<std::string>>() : std::vector<std::string>{};
@@ -242,7 +235,7 @@ std::vector<NodeSpec> Grower::assign() {
     a.node = toJson(node);
     a.job = toJson(job);
     a.num_clusters = node.extra.value("num_clusters", 1);
-    a.stage = readBytes(nodeDirectory(out_, name) + "/" + node.stage_file);
+    a.stage = readFileBytes(nodeDirectory(out_, name) + "/" + node.stage_file);
     const auto member = store_.memberByName(name);
     if (member) send_(member->public_key, encode(a));
     placed.push_back(name);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/Replacement.h"
+#include "coordinator/RunAssembly.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
 #include "core/Log.h"
@@ -13,14 +14,6 @@
 
 namespace cairn::coordinator {
 namespace {
-
-std::string readBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) CAIRN_THROW(InternalError, path, ": cannot read");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string joined(const std::vector<NodeSpec>& nodes) {
   std::string out;
@@ -87,10 +80,10 @@ void MemberReplacer::replace(const Member& lost, const Member& spare, double now
   a.node = toJson(plan.taken_over);
   a.job = toJson(readJobSpec(jobSpecPath(out_)));
   a.num_clusters = plan.taken_over.extra.value("num_clusters", 1);
-  a.stage = readBytes(nodeDirectory(out_, lost.name) + "/" + plan.taken_over.stage_file);
+  a.stage = readFileBytes(nodeDirectory(out_, lost.name) + "/" + plan.taken_over.stage_file);
   const std::optional<StoredCheckpoint> checkpoint = store_.checkpoint(lost.name);
   if (checkpoint) {
-    a.checkpoint = readBytes(checkpoint->path);
+    a.checkpoint = readFileBytes(checkpoint->path);
     a.checkpoint_step = checkpoint->step;
   }
 

@@ -16,17 +16,6 @@
 #include "core/NodeData.h"
 
 namespace cairn::coordinator {
-namespace {
-
-std::string readFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) CAIRN_THROW(InternalError, path, ": cannot read");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
 
 std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers) {
   std::vector<NodeConfig> configs;
@@ -79,6 +68,14 @@ PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
   for (const Member& m : volunteers)
     if (!placed_names.count(m.name)) run.unplaced.push_back(m.name);
   return run;
+}
+
+std::string readFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) CAIRN_THROW(InternalError, path, ": cannot read");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 FinishedRun finishRun(const std::string& out, const std::vector<StoredResult>& results) {

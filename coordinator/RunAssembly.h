@@ -39,4 +39,8 @@ struct FinishedRun {
 };
 FinishedRun finishRun(const std::string& out, const std::vector<StoredResult>& results);
 
+// The whole file as bytes (a stage.pt or checkpoint sent to a volunteer); InternalError naming the
+// file when it cannot be read (the coordinator wrote it itself).
+std::string readFileBytes(const std::string& path);
+
 }  // namespace cairn::coordinator
