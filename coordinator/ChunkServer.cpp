@@ -10,12 +10,28 @@
 
 namespace cairn::coordinator {
 
-ChunkServer::ChunkServer(std::vector<ServedChunk> chunks) {
+ChunkServer::ChunkServer(std::vector<ServedChunk> chunks, const std::vector<DealEntry>& deal) {
   for (ServedChunk& c : chunks) {
     const int64_t id = c.chunk;
     if (!chunks_.emplace(id, std::move(c)).second)
       CAIRN_THROW(InternalError, "chunk table: chunk ", id, " appears twice");
   }
+  follow(deal);
+}
+
+void ChunkServer::follow(const std::vector<DealEntry>& deal) {
+  validateDeal(deal, "the deal chunks are served by");
+  for (const DealEntry& e : deal) counts_.insert(e.clusters);
+  if (deal.size() >= shown_.size()) shown_ = deal;
+}
+
+std::vector<int> ChunkServer::clustersOf(int64_t chunk) const {
+  auto it = chunks_.find(chunk);
+  if (it == chunks_.end() || it->second.dealt == -2) return {};
+  if (it->second.dealt == -1) return {-1};
+  std::set<int> clusters;
+  for (int n : counts_) clusters.insert(int(it->second.dealt % n));
+  return {clusters.begin(), clusters.end()};
 }
 
 ChunkServer::~ChunkServer() = default;
@@ -31,11 +47,19 @@ Frames ChunkServer::answer(const ChunkRequest& ask, int cluster) {
   auto it = chunks_.find(ask.chunk);
   if (it == chunks_.end()) return refuse(ask.chunk, what + " is not served by this coordinator");
   const ServedChunk& c = it->second;
-  if (c.cluster != -1 && c.cluster != cluster)
-    return refuse(ask.chunk, c.cluster == -2 ? what + " is not among data.chunk"
-                                             : what + " is dealt to cluster " + std::to_string(c.cluster) +
-                                                   ", not to " + ask.name + "'s cluster " +
-                                                   std::to_string(cluster));
+  if (c.dealt == -2) return refuse(ask.chunk, what + " is not among data.chunk");
+  const std::vector<int> to = clustersOf(ask.chunk);
+  if (c.dealt != -1 && std::find(to.begin(), to.end(), cluster) == to.end()) {
+    std::string list;
+    for (int k : to) list += (list.empty() ? "" : ", ") + std::to_string(k);
+    std::string deal;
+    for (const DealEntry& e : shown_)
+      deal += (deal.empty() ? "" : ", ") + std::string("from epoch ") + std::to_string(e.from_epoch) +
+              ": " + std::to_string(e.clusters);
+    return refuse(ask.chunk, what + " is dealt to cluster" + (to.size() > 1 ? "s " : " ") + list +
+                                 " (deal: " + deal + " clusters), never to " + ask.name +
+                                 "'s cluster " + std::to_string(cluster));
+  }
   if (ask.offset >= c.bytes)
     return refuse(ask.chunk, what + ": offset " + std::to_string(ask.offset) + " is past its end (" +
                                  std::to_string(c.bytes) + " bytes)");
@@ -111,22 +135,27 @@ void addServedChunkTable(JobSpec& job) {
                                        data.test_location);
 }
 
-int dealtCluster(int64_t chunk, const std::vector<int64_t>& listed, int64_t chunks, int clusters) {
+int64_t dealtPosition(int64_t chunk, const std::vector<int64_t>& listed, int64_t chunks) {
   if (chunks == 1) return -1;
-  if (listed.empty()) return int(chunk % clusters);
+  if (listed.empty()) return chunk;
   for (size_t i = 0; i < listed.size(); ++i)
-    if (listed[i] == chunk) return int(int64_t(i) % clusters);
+    if (listed[i] == chunk) return int64_t(i);
   return -2;
 }
 
-std::vector<ServedChunk> servedChunks(const JobSpec& job, int clusters) {
+int dealtCluster(int64_t chunk, const std::vector<int64_t>& listed, int64_t chunks, int clusters) {
+  const int64_t p = dealtPosition(chunk, listed, chunks);
+  return p < 0 ? int(p) : int(p % clusters);
+}
+
+std::vector<ServedChunk> servedChunks(const JobSpec& job) {
   DataOptions data;
   const LocalShards local = localShards(job, &data);
   const std::vector<ShardInfo>& shards = local.train;
   std::vector<ServedChunk> table;
   for (size_t k = 0; k < shards.size() && k < data.shards.size(); ++k)
     table.push_back({int64_t(k), shards[k].path, data.shards[k].bytes, data.shards[k].crc32,
-                     dealtCluster(int64_t(k), data.chunk, int64_t(shards.size()), clusters)});
+                     dealtPosition(int64_t(k), data.chunk, int64_t(shards.size()))});
   // Test chunks (numbered after the training chunks) are not dealt: every cluster evaluates on
   // the whole test set.
   for (size_t k = 0; k < local.test.size() && k < data.test_shards.size(); ++k)
@@ -136,7 +165,8 @@ std::vector<ServedChunk> servedChunks(const JobSpec& job, int clusters) {
 }
 
 Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string& out,
-                         const Frames& frames, const std::optional<std::string>& member) {
+                         const Frames& frames, const std::optional<std::string>& member,
+                         const std::vector<std::vector<DealEntry>>& deals) {
   std::string why;
   const auto ask = decodeChunkRequest(frames, &why);
   if (!ask) return encode(Rejected{"malformed message: " + why});
@@ -153,8 +183,10 @@ Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string
     if (job.data.options.value("source", "local") != "coordinator")
       return encode(ChunkRefused{ask->chunk, "this run's data is not served (data.source is not "
                                              "\"coordinator\")"});
-    *server = std::make_unique<ChunkServer>(servedChunks(job, node.extra.value("num_clusters", 1)));
+    if (deals.empty()) CAIRN_THROW(InternalError, "serveChunkRequest: no deal to serve by");
+    *server = std::make_unique<ChunkServer>(servedChunks(job), deals.front());
   }
+  for (const std::vector<DealEntry>& deal : deals) (*server)->follow(deal);
   return (*server)->answer(*ask, node.cluster);
 }
 

@@ -16,6 +16,7 @@
 #include "coordinator/ChunkServer.h"
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/Grower.h"
+#include "coordinator/Growth.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
 #include "clusterize/ModelMerge.h"
@@ -148,7 +149,8 @@ struct Coordinator::Impl {
     if (isChunkRequest(r.frames))  // a Root fetching its cluster's data (ChunkServer.h)
       return sendRouted(router, r.routing_id,
                         serveChunkRequest(&chunks, o.out, r.frames,
-                                          member ? std::optional(member->name) : std::nullopt));
+                                          member ? std::optional(member->name) : std::nullopt,
+                                          servedDeals(*store)));
     const auto message = decodeToCoordinator(r.frames, o.max_attachment_bytes, &why);
     if (!message) {
       ++stats.malformed;

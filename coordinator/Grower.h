@@ -16,7 +16,9 @@
 //            and the updates owed again; refused for another reason (e.g. data.chunks below the
 //            number of clusters) → growth is abandoned for this run (logged; the spares wait).
 // State in coordinator.db meta: "growth" (the proposal in flight), "growth_peers_pending", and
-// "deal" (Growth.h saveDeal) once a cluster was added.
+// "deal" (Growth.h saveDeal) once a cluster was added. Served data (data.source "coordinator"):
+// the coordinator's ChunkServer follows the proposal's deal from the moment "growth" is written,
+// before any update is sent (Growth.h servedDeals), so a Root that takes it can fetch at once.
 // Ownership: borrows the store; sends through the coordinator's `send`.
 // Thread-safety: the coordinator's loop thread only.
 #pragma once

@@ -133,4 +133,14 @@ void saveDeal(CoordinatorStore& store, const std::vector<DealEntry>& deal) {
   store.setMeta("deal", dealJson(deal));
 }
 
+std::vector<std::vector<DealEntry>> servedDeals(const CoordinatorStore& store) {
+  std::vector<std::vector<DealEntry>> deals{loadDeal(store, std::stoi(store.meta("num_clusters").value_or("1")))};
+  if (const auto text = store.meta("growth")) {
+    const nlohmann::json g = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (g.is_object() && g.contains("deal"))
+      deals.push_back(parseDeal(g["deal"].dump(), "coordinator.db meta \"growth\""));
+  }
+  return deals;
+}
+
 }  // namespace cairn::coordinator

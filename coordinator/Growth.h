@@ -14,7 +14,7 @@
 // are never consumed by growth). Stages are filled in order of decreasing need, each with the
 // earliest-joined qualifying spare (members() order): any spare that can hold a stage can hold
 // every stage needing less, so this finds a pipeline whenever one exists.
-// Status: decision and its tests only; the coordinator does not call it yet (see the issue).
+// Carried out by coordinator/Grower.h (`clusterize --serve --grow`).
 // Thread-safety: pure functions.
 #pragma once
 
@@ -61,5 +61,10 @@ std::string dealJson(const std::vector<DealEntry>& deal);
 std::vector<DealEntry> parseDeal(const std::string& json, const std::string& where);
 std::vector<DealEntry> loadDeal(const CoordinatorStore& store, int planned_clusters);
 void saveDeal(CoordinatorStore& store, const std::vector<DealEntry>& deal);
+// The deals served chunks follow (coordinator/ChunkServer.h): the run's (loadDeal with meta
+// "num_clusters", the planned number until a cluster is added) and, when a growth was proposed,
+// its deal whatever became of it (meta "growth": a Root may have taken an offer that was dealt
+// again or abandoned since). All from coordinator.db, so a restarted coordinator serves the same.
+std::vector<std::vector<DealEntry>> servedDeals(const CoordinatorStore& store);
 
 }  // namespace cairn::coordinator

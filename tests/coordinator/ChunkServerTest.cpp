@@ -44,7 +44,8 @@ TEST(ChunkServer, ServesPiecesOfItsClustersChunksAndRefusesTheRestNamingTheChunk
   std::string a(1000, '\0'), b = "the second shard";
   for (size_t i = 0; i < a.size(); ++i) a[i] = char(i * 7 + 3);
   ChunkServer server({{0, files.write("train_0.bin", a), a.size(), "crc32:0", 0},
-                      {1, files.write("train_1.bin", b), b.size(), "crc32:0", 1}});
+                      {1, files.write("train_1.bin", b), b.size(), "crc32:0", 1}},
+                     {{0, 2}});
   const ChunkReply first = decoded(server.answer({"node_1", 0, 0, 400}, 0));
   ASSERT_TRUE(std::holds_alternative<ChunkPiece>(first));
   EXPECT_EQ(std::get<ChunkPiece>(first).bytes, a.substr(0, 400));
@@ -56,7 +57,7 @@ TEST(ChunkServer, ServesPiecesOfItsClustersChunksAndRefusesTheRestNamingTheChunk
   EXPECT_EQ(std::get<ChunkPiece>(decoded(server.answer({"node_5", 1, 4, 6}, 1))).bytes, "second");
 
   EXPECT_EQ(refusal(server.answer({"node_1", 1, 0, 10}, 0)),
-            "chunk 1 is dealt to cluster 1, not to node_1's cluster 0");
+            "chunk 1 is dealt to cluster 1 (deal: from epoch 0: 2 clusters), never to node_1's cluster 0");
   EXPECT_EQ(refusal(server.answer({"node_1", 9, 0, 10}, 0)),
             "chunk 9 is not served by this coordinator");
   EXPECT_EQ(refusal(server.answer({"node_1", 0, 1000, 10}, 0)),
@@ -131,14 +132,14 @@ TEST(ChunkServer, ServesTheTestChunksToEveryClusterAndRefusesAnUnknownOne) {
             nlohmann::json::parse(R"([{"chunk": 2, "file": "val_0.bin", "bytes": 9, "samples": 2,
                                         "crc32": "crc32:cbf43926"}])"));
 
-  std::vector<ServedChunk> table = servedChunks(job, 2);
+  std::vector<ServedChunk> table = servedChunks(job);
   ASSERT_EQ(table.size(), 3u);
-  EXPECT_EQ(table[0].cluster, 0);
-  EXPECT_EQ(table[1].cluster, 1);
+  EXPECT_EQ(table[0].dealt, 0);
+  EXPECT_EQ(table[1].dealt, 1);
   EXPECT_EQ(table[2].chunk, 2);
-  EXPECT_EQ(table[2].cluster, -1) << "every cluster evaluates on the whole test set";
+  EXPECT_EQ(table[2].dealt, -1) << "every cluster evaluates on the whole test set";
   EXPECT_EQ(table[2].path, files.dir + "/val/val_0.bin");
-  ChunkServer server(std::move(table));
+  ChunkServer server(std::move(table), {{0, 2}});
   for (int cluster : {0, 1}) {
     const ChunkReply piece = decoded(server.answer({"node_" + std::to_string(cluster), 2, 0, 64}, cluster));
     ASSERT_TRUE(std::holds_alternative<ChunkPiece>(piece)) << "cluster " << cluster;
@@ -146,14 +147,79 @@ TEST(ChunkServer, ServesTheTestChunksToEveryClusterAndRefusesAnUnknownOne) {
   }
   EXPECT_EQ(refusal(server.answer({"node_0", 3, 0, 64}, 0)), "chunk 3 is not served by this coordinator");
   EXPECT_EQ(refusal(server.answer({"node_0", 1, 0, 64}, 0)),
-            "chunk 1 is dealt to cluster 1, not to node_0's cluster 0");
+            "chunk 1 is dealt to cluster 1 (deal: from epoch 0: 2 clusters), never to node_0's cluster 0");
+  // A third cluster grown later evaluates on the whole test set too.
+  server.follow({{0, 2}, {4, 3}});
+  EXPECT_TRUE(std::holds_alternative<ChunkPiece>(decoded(server.answer({"node_9", 2, 0, 64}, 2))));
 
   // Without test_location there is no test table.
   JobSpec plain = job;
   plain.data.options = {{"source", "coordinator"}, {"block_length", 4}, {"test_fraction", 0}};
   addServedChunkTable(plain);
   EXPECT_FALSE(plain.data.options.contains("test_shards"));
-  EXPECT_EQ(servedChunks(plain, 2).size(), 2u);
+  EXPECT_EQ(servedChunks(plain).size(), 2u);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+// Growing (docs/OPERATIONS.md "Growing"): served chunks follow the deal. Four chunks, planned
+// over two clusters; a deal grown to three clusters from epoch 3 deals chunk 2 to cluster 2 and
+// chunk 3 to cluster 0 from then on. The rule is "dealt to that cluster in some epoch of some
+// deal followed" — the sampler is the reference for who gets what in each epoch.
+TEST(ChunkServer, AGrownDealIsServedToTheClustersItDealsEachChunkToAndNoOthers) {
+  Files files;
+  std::vector<ServedChunk> table;
+  for (int64_t k = 0; k < 4; ++k)
+    table.push_back({k, files.write("train_" + std::to_string(k) + ".bin", std::string(10, char('a' + k))),
+                     10, "crc32:0", k});
+  table.push_back({4, files.write("test_0.bin", "test chunk"), 10, "crc32:0", -1});
+  ChunkServer server(table, {{0, 2}});
+  auto served = [&](int64_t chunk, int cluster) {
+    return std::holds_alternative<ChunkPiece>(
+        decoded(server.answer({"node_" + std::to_string(cluster), chunk, 0, 10}, cluster)));
+  };
+  EXPECT_FALSE(served(2, 2)) << "cluster 2 does not exist before the deal grows";
+  EXPECT_EQ(refusal(server.answer({"node_7", 2, 0, 10}, 2)),
+            "chunk 2 is dealt to cluster 0 (deal: from epoch 0: 2 clusters), never to node_7's cluster 2");
+  EXPECT_FALSE(served(3, 0));
+
+  const std::vector<DealEntry> grown = {{0, 2}, {3, 3}};
+  server.follow(grown);
+  // The sampler's deal, epoch by epoch, against the server's clusters for each chunk.
+  const std::vector<int64_t> sizes(4, 5);
+  for (int64_t k = 0; k < 4; ++k) {
+    std::set<int> dealt;
+    for (int c = 0; c < 3; ++c) {
+      const DealSampler sampler(sizes, c, grown, {}, 7);
+      for (int64_t epoch : {0, 1, 2, 3, 4})
+        for (int64_t id : sampler.shard(epoch))
+          if (id / 5 == k) dealt.insert(c);
+    }
+    const std::vector<int> to = server.clustersOf(k);
+    EXPECT_EQ(std::set<int>(to.begin(), to.end()), dealt) << "chunk " << k;
+  }
+  EXPECT_TRUE(served(2, 2)) << "dealt to cluster 2 only from epoch 3";
+  EXPECT_TRUE(served(2, 0)) << "still cluster 0's chunk before epoch 3";
+  EXPECT_TRUE(served(3, 0)) << "cluster 0's from epoch 3";
+  EXPECT_TRUE(served(3, 1));
+  EXPECT_EQ(refusal(server.answer({"node_5", 2, 0, 10}, 1)),
+            "chunk 2 is dealt to clusters 0, 2 (deal: from epoch 0: 2, from epoch 3: 3 clusters), never "
+            "to node_5's cluster 1");
+  EXPECT_EQ(refusal(server.answer({"node_5", 0, 0, 10}, 5)),
+            "chunk 0 is dealt to cluster 0 (deal: from epoch 0: 2, from epoch 3: 3 clusters), never "
+            "to node_5's cluster 5");
+  for (int c : {0, 1, 2}) EXPECT_TRUE(served(4, c)) << "every cluster evaluates on the test chunk";
+  // Following the planned deal again (a growth dealt again, the next request) never narrows.
+  server.follow({{0, 2}});
+  EXPECT_TRUE(served(2, 2));
+  // The other checks still hold for a grown cluster.
+  EXPECT_EQ(refusal(server.answer({"node_2", 9, 0, 10}, 2)), "chunk 9 is not served by this coordinator");
+  EXPECT_EQ(refusal(server.answer({"node_2", 2, 10, 10}, 2)),
+            "chunk 2: offset 10 is past its end (10 bytes)");
 }
 
 }  // namespace

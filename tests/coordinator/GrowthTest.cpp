@@ -358,6 +358,26 @@ TEST(Grower, ProposesTellsThePeersAndAssignsOnceTheRootTookTheDeal) {
   EXPECT_EQ(f.growth().value("state", ""), "done");
 }
 
+// Served data (ChunkServer.h): the deals chunks are served by follow the proposal from the
+// moment it is written (a Root taking it asks for its new chunks at once), the deal taken once
+// the cluster formed, and come back the same from coordinator.db after a restart.
+TEST(Grower, ServedChunksFollowTheProposedDealAndTheSameAfterARestart) {
+  GrowerFixture f;
+  using Deal = std::vector<DealEntry>;
+  EXPECT_EQ(servedDeals(*f.store), (std::vector<Deal>{{{0, 1}}})) << "the planned deal only";
+  {
+    Grower g = f.grower();
+    g.observe("node_1", {{{"step", 30}, {"epoch", 2}}});
+    g.poll(100);
+    EXPECT_EQ(servedDeals(*f.store), (std::vector<Deal>{{{0, 1}}, {{0, 1}, {3, 2}}}));
+    g.observe("node_0", {GrowerFixture::answer(f.growth()["deal"], true, 2)});
+    ASSERT_EQ(g.poll(200).size(), 2u);
+    EXPECT_EQ(servedDeals(*f.store), (std::vector<Deal>{{{0, 1}, {3, 2}}, {{0, 1}, {3, 2}}}));
+  }
+  f.store = std::make_unique<CoordinatorStore>(f.out + "/coordinator.db");  // a restart
+  EXPECT_EQ(servedDeals(*f.store), (std::vector<Deal>{{{0, 1}, {3, 2}}, {{0, 1}, {3, 2}}}));
+}
+
 TEST(Grower, ARefusalForAnotherReasonAbandonsGrowthAndOffIsOff) {
   GrowerFixture f;
   Grower off = f.grower({false, 0, 0});
