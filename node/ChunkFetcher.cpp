@@ -56,10 +56,14 @@ std::string ChunkFetcher::cachedPath(const FetchedChunk& c) const {
 }
 
 void ChunkFetcher::run() {
-  for (size_t i = 0; i < order_.size(); ++i) {
-    const FetchedChunk& c = order_[i];
+  for (size_t i = 0;; ++i) {
+    FetchedChunk c;
     {
       std::unique_lock<std::mutex> lock(mutex_);
+      // Every chunk given so far is fetched: wait for more (add) or the end.
+      changed_.wait(lock, [&] { return stop_ || i < order_.size(); });
+      if (stop_) return;
+      c = order_[i];
       changed_.wait(lock, [&] {
         // A chunk needed again is fetched again once its previous use released it.
         return stop_ || (!held_.count(c.chunk) && held_bytes_ + c.bytes <= options_.cache_bytes);
@@ -80,6 +84,7 @@ void ChunkFetcher::run() {
       held_bytes_ -= held_[c.chunk];
       held_.erase(c.chunk);
       // This chunk and every one after it fail with the reason: training cannot go past it.
+      failed_ = why;
       for (size_t j = i; j < order_.size(); ++j) {
         if (state_[order_[j].chunk] == State::kReady) continue;
         state_[order_[j].chunk] = State::kFailed;
@@ -90,6 +95,28 @@ void ChunkFetcher::run() {
     }
     changed_.notify_all();
   }
+}
+
+void ChunkFetcher::add(std::vector<FetchedChunk> more) {
+  for (const FetchedChunk& c : more)
+    if (c.bytes > options_.cache_bytes)
+      CAIRN_THROW(BadInput, "served data: ", label(c), " is ", c.bytes,
+                  " bytes, more than the chunk cache holds (", options_.cache_bytes,
+                  " bytes): raise the cache size");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (FetchedChunk& c : more) {
+      const bool known = std::any_of(order_.begin(), order_.end(),
+                                     [&](const FetchedChunk& o) { return o.chunk == c.chunk; });
+      if (known) continue;
+      if (!failed_.empty()) {
+        state_[c.chunk] = State::kFailed;
+        failure_[c.chunk] = label(c) + " was not fetched: " + failed_;
+      }
+      order_.push_back(std::move(c));
+    }
+  }
+  changed_.notify_all();
 }
 
 std::string ChunkFetcher::fetch(const FetchedChunk& c) {
@@ -167,18 +194,19 @@ std::string ChunkFetcher::fetchOnce(const FetchedChunk& c, const std::string& pa
 }
 
 std::string ChunkFetcher::ready(int64_t chunk, milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
   auto it = std::find_if(order_.begin(), order_.end(),
                          [&](const FetchedChunk& c) { return c.chunk == chunk; });
   if (it == order_.end())
     CAIRN_THROW(BadInput, "served data: chunk ", chunk, " is not among the chunks of ", name_);
-  std::unique_lock<std::mutex> lock(mutex_);
+  const FetchedChunk c = *it;  // add() may move order_ while this waits
   const bool done = changed_.wait_for(lock, timeout, [&] {
     auto s = state_.find(chunk);
     return s != state_.end() && s->second != State::kWaiting;
   });
-  if (done && state_[chunk] == State::kReady) return cachedPath(*it);
+  if (done && state_[chunk] == State::kReady) return cachedPath(c);
   if (done) CAIRN_THROW(BadInput, "served data: ", failure_[chunk]);
-  CAIRN_THROW(BadInput, "served data: ", label(*it), " was not fetched from the coordinator at ",
+  CAIRN_THROW(BadInput, "served data: ", label(c), " was not fetched from the coordinator at ",
               coordinator_, " within ", timeout.count() / 1000.0, " s");
 }
 

@@ -1,7 +1,7 @@
 // ChunkFetcher: a Root's fetching of the data chunks its cluster trains on from the coordinator
 // (issue [K] part 2; messages node/protocol/ChunkMessages.h, server coordinator/ChunkServer.h).
 // Given the chunks in the order the sampler first needs them, its own thread fetches them ahead
-// of need, piece by piece, over its own DEALER to the coordinator (ZMQ_IMMEDIATE, a timeout on
+// of need (and chunks add()ed later after them: a grown deal taken mid-run), piece by piece, over its own DEALER to the coordinator (ZMQ_IMMEDIATE, a timeout on
 // every answer, retries with backoff): into <cache_dir>/<chunk>-<file>.part, then checks the
 // CRC-32 against the chunk table's and renames the file into place. A mismatch deletes the file
 // and fetches it again, up to `attempts` times, then refuses the chunk naming it; so a file a
@@ -68,6 +68,10 @@ class ChunkFetcher {
   ChunkFetcher(const ChunkFetcher&) = delete;
   ChunkFetcher& operator=(const ChunkFetcher&) = delete;
 
+  // Fetches `more` after the chunks given so far; chunks already among them are skipped. BadInput
+  // (nothing added) when one is larger than cache_bytes. After a failed fetch (every later chunk
+  // fails with its reason) the added chunks fail with that reason too.
+  void add(std::vector<FetchedChunk> more);
   // The verified file of `chunk`, waiting up to `timeout` for its fetch. BadInput naming the chunk
   // (and the coordinator) when it was refused, failed, or is not there in time.
   std::string ready(int64_t chunk, std::chrono::milliseconds timeout);
@@ -86,7 +90,8 @@ class ChunkFetcher {
   zmq::socket_t socket_;
   std::string coordinator_;  // host:port, for messages
   std::string name_;
-  std::vector<FetchedChunk> order_;
+  std::vector<FetchedChunk> order_;  // under mutex_ (add() appends)
+  std::string failed_;               // why the fetch thread stopped (under mutex_)
   ChunkFetchOptions options_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;

@@ -20,8 +20,9 @@ ServedChunks::~ServedChunks() {
 
 void ServedChunks::start(const std::vector<ServedShard>& order, uint64_t cache_bytes) {
   // The stage run again in-process (a peer replaced, node/VolunteerPeers.h) opens its data
-  // again: the chunks fetched (and being fetched) for the first run serve it.
-  if (fetcher_) return;
+  // again: the chunks fetched (and being fetched) for the first run serve it, and any its deal
+  // gives it besides (a deal grown since) are fetched after them.
+  if (fetcher_) return add(order);
   // What a run before this one left (a .part, a chunk of another job) goes first.
   std::error_code ec;
   std::filesystem::remove_all(cache_dir_, ec);
@@ -31,6 +32,13 @@ void ServedChunks::start(const std::vector<ServedShard>& order, uint64_t cache_b
   options.cache_dir = cache_dir_;
   options.cache_bytes = cache_bytes;
   fetcher_ = std::make_unique<ChunkFetcher>(context_, identity_, invite_, name_, std::move(chunks), options);
+}
+
+void ServedChunks::add(const std::vector<ServedShard>& more) {
+  if (!fetcher_) CAIRN_THROW(InternalError, "ServedChunks::add before start");
+  std::vector<FetchedChunk> chunks;
+  for (const ServedShard& s : more) chunks.push_back({s.chunk, s.file, s.bytes, s.crc32});
+  fetcher_->add(std::move(chunks));
 }
 
 std::string ServedChunks::ready(int64_t chunk) {

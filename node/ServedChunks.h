@@ -3,7 +3,8 @@
 // (node/ChunkFetcher.h) with its own ZeroMQ context and DEALER to the coordinator, under the
 // volunteer's identity key (the coordinator answers only a member and only with its cluster's
 // chunks), fetching into <workdir>/chunks (emptied first); ready() waits for a chunk's verified
-// file. A second start() (the stage run again in-process) keeps the first one's fetcher.
+// file. A second start() (the stage run again in-process) keeps the first one's fetcher; add()
+// (a grown deal taken mid-run) hands the fetcher more chunks.
 // Ownership: owns the context and the fetcher. Thread-safety: start() and ready() from the Root's
 // trainer thread; the fetcher's own thread does the fetching.
 #pragma once
@@ -28,6 +29,7 @@ class ServedChunks : public ChunkSource {
                std::chrono::milliseconds wait = std::chrono::minutes(10));
   ~ServedChunks() override;
   void start(const std::vector<ServedShard>& order, uint64_t cache_bytes) override;
+  void add(const std::vector<ServedShard>& more) override;
   std::string ready(int64_t chunk) override;
 
  private:

@@ -1,6 +1,7 @@
 #include "trainer/BatchFeeder.h"
 
 #include <algorithm>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/Error.h"
@@ -37,15 +38,12 @@ RunPlan BatchFeeder::open() {
     deal = dealFromJson(cfg.node.extra["deal"], "node.json of " + cfg.node.name + ": extra.deal");
     first_epoch =
         checkDealForCluster(deal, cfg.node.cluster, "node.json of " + cfg.node.name + ": extra.deal");
-    if (served)
-      CAIRN_THROW(BadInput, "node.json of ", cfg.node.name, ": extra.deal with data.source "
-                  "\"coordinator\" is not supported yet (the chunks fetched ahead are epoch 0's)");
   }
   chunk_sizes_ = chunkSizes(*data_.train, cfg.data, cfg.num_clusters);
   const std::vector<int64_t>& chunk_sizes = chunk_sizes_;
   sampler_ = std::make_unique<DealSampler>(chunk_sizes, cfg.node.cluster, deal, cfg.data.chunk,
                                            opt.seed);
-  if (served) startFetching();
+  if (served) startFetching(first_epoch);
   const int64_t shard = int64_t(sampler_->shard(first_epoch).size());
   const int64_t test = data_.test ? data_.test->size() : 0;
   RunPlan plan = RunPlan::forShard(opt, shard, test);
@@ -75,12 +73,37 @@ void BatchFeeder::changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan) 
   const TrainOptions& opt = ctx_.opt;
   const StageTrainerConfig& cfg = ctx_.cfg;
   const std::string where = "the deal a peers update gave " + cfg.node.name;
-  if (cfg.data.source == "coordinator")
-    CAIRN_THROW(BadInput, where, ": a deal with data.source \"coordinator\" is not supported yet");
-  checkDealForCluster(deal, cfg.node.cluster, where);
+  const int64_t first_epoch = checkDealForCluster(deal, cfg.node.cluster, where);
   const DealSchedule schedule(chunk_sizes_, deal, cfg.data.chunk, opt.seed, opt.batch_size);
-  sampler_ = std::make_unique<DealSampler>(chunk_sizes_, cfg.node.cluster, deal, cfg.data.chunk,
-                                           opt.seed);
+  auto sampler = std::make_unique<DealSampler>(chunk_sizes_, cfg.node.cluster, deal, cfg.data.chunk,
+                                               opt.seed);
+  if (cfg.data.source == "coordinator") {
+    // Served data: the chunks the new deal gives this cluster that it was not fetching (a chunk
+    // dealt round robin over one more cluster may go to another cluster than before) are fetched
+    // after the others; the coordinator serves them from the moment it proposed the deal.
+    std::vector<ServedShard> more;
+    std::vector<int64_t> rows;
+    uint64_t bytes = fetch_bytes_;
+    for (int64_t k : dealtChunks(*sampler, first_epoch)) {
+      if (fetching_.count(k)) continue;
+      rows.push_back(k);
+      more.push_back(cfg.data.shards[size_t(k)]);
+      bytes += more.back().bytes;
+    }
+    const uint64_t cache = uint64_t(cfg.data.cache_mb) << 20;
+    if (bytes > cache)
+      CAIRN_THROW(BadInput, where, ": with it cluster ", cfg.node.cluster, " would fetch ", more.size(),
+                  " more chunks, ", bytes, " bytes in all with the test chunks, but data.cache_mb is ",
+                  cfg.data.cache_mb, " MiB (job.json): raise data.cache_mb");
+    if (!more.empty()) {
+      cfg.chunk_source->add(more);
+      fetching_.insert(rows.begin(), rows.end());
+      fetch_bytes_ = bytes;
+      CAIRN_INFO("data: the new deal gives this cluster ", more.size(), " more chunk(s) (",
+                 bytes, " bytes in the cache in all); fetching them from the coordinator");
+    }
+  }
+  sampler_ = std::move(sampler);
   epoch_of_order_ = -1;  // the current epoch's order is the same; recomputed on the next load
   plan->epoch_steps = schedule.table();
   plan->steps_per_epoch = plan->epoch_steps.front().steps;
@@ -110,18 +133,34 @@ void BatchFeeder::openServed() {
   }
 }
 
-void BatchFeeder::startFetching() {
+std::vector<int64_t> BatchFeeder::dealtChunks(const DealSampler& sampler, int64_t first_epoch) const {
+  // The shard is the same set in every epoch of one deal entry (only its order changes), so the
+  // first epoch of each entry from `first_epoch` on names them all.
+  std::vector<int64_t> epochs{first_epoch};
+  for (const DealEntry& e : sampler.deal())
+    if (e.from_epoch > first_epoch) epochs.push_back(e.from_epoch);
+  std::vector<int64_t> out;
+  std::set<int64_t> seen;
+  for (int64_t epoch : epochs)
+    for (int64_t k : firstNeedOrder(ctx_.cfg.data.shards, sampler.epochOrder(epoch)))
+      if (seen.insert(k).second) out.push_back(k);
+  return out;
+}
+
+void BatchFeeder::startFetching(int64_t first_epoch) {
   // The random sampler draws from every chunk of the shard throughout an epoch (the first batch
   // already touches most of them), so a chunk released within an epoch would be fetched again
-  // at once: the cache must hold the cluster's chunks, all fetched ahead, in the order the first
-  // epoch needs them. Then every test chunk (every evaluation reads the whole test set), which
-  // the cache holds too.
+  // at once: the cache must hold the cluster's chunks, all fetched ahead, in the order its first
+  // epoch needs them — with a deal (docs/TRAINING.md "the deal") every chunk it deals this
+  // cluster in any epoch from its first, each entry's after the one before. Then every test
+  // chunk (every evaluation reads the whole test set), which the cache holds too.
   const StageTrainerConfig& cfg = ctx_.cfg;
   std::vector<ServedShard> order;
   uint64_t bytes = 0;
-  for (int64_t k : firstNeedOrder(cfg.data.shards, sampler_->epochOrder(0))) {
+  for (int64_t k : dealtChunks(*sampler_, first_epoch)) {
     order.push_back(cfg.data.shards[size_t(k)]);
     bytes += order.back().bytes;
+    fetching_.insert(k);
   }
   const size_t training = order.size();
   if (data_.test) {
@@ -142,6 +181,7 @@ void BatchFeeder::startFetching() {
   CAIRN_INFO("data: fetching this cluster's ", training, " chunks", test_chunks, " (", bytes,
              " bytes) from the coordinator ahead of need");
   cfg.chunk_source->start(order, cache);
+  fetch_bytes_ = bytes;
 }
 
 uint64_t BatchFeeder::load(int64_t step, std::map<int, Microbatch>* micro) {

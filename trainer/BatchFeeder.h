@@ -5,6 +5,9 @@
 // micro-batches; each carries its targets, sample ids and the batch's loss-term count, which
 // travel downstream as "__targets", "__ids" and "__denominator" (trainer/ReservedTensors.h), so
 // the Leaf never needs a data loader of its own. Records the ids (observer, sample_ids.jsonl).
+// Served data (data.source "coordinator"): every chunk the deal gives this cluster from its first
+// epoch on is fetched ahead (ChunkSource::start); a grown deal taken mid-run adds the chunks it
+// gives this cluster besides (ChunkSource::add).
 // Ownership: owns the sampler and the sample-id file; fills the borrowed DatasetPair.
 // Thread-safety: one thread (the node's trainer thread).
 #pragma once
@@ -13,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "trainer/Dataset.h"
@@ -41,13 +45,19 @@ class BatchFeeder {
   void changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan);
 
  private:
-  void openServed();     // data.source "coordinator": the dataset over the chunk table
-  void startFetching();  // … and this cluster's chunks fetched ahead, all of them
+  void openServed();  // data.source "coordinator": the dataset over the chunk table
+  // … and this cluster's chunks fetched ahead, all the deal gives it from `first_epoch` on
+  void startFetching(int64_t first_epoch);
+  // The chunks (table rows) `sampler`'s deal gives this cluster in any epoch from `first_epoch`,
+  // in the order they are first needed.
+  std::vector<int64_t> dealtChunks(const DealSampler& sampler, int64_t first_epoch) const;
 
   TrainerContext& ctx_;
   DatasetPair& data_;
   std::vector<int64_t> chunk_sizes_;      // the chunk table the deal is dealt over
   std::unique_ptr<DealSampler> sampler_;  // one entry {0, clusters} unless node.json has a deal
+  std::set<int64_t> fetching_;            // served data: the training chunks given the source
+  uint64_t fetch_bytes_ = 0;              // … and their bytes with the test chunks'
   std::ofstream sample_ids_out_;
   std::vector<int64_t> epoch_order_;
   int64_t epoch_of_order_ = -1;  // the epoch epoch_order_ belongs to

@@ -5,7 +5,18 @@ No sleeps stand in for synchronisation: each step waits for the log line that sa
 one happened.
 
     volunteer_grow_test.py --provider BUILD/node/provider --clusterize BUILD/clusterize/clusterize
-        --work DIR
+        --work DIR [--data served|files]
+
+--data served (the default, and what ctest runs as integration.volunteers.grows): the realistic
+volunteer setting. The Fashion-MNIST slice is written as four safetensors shards (and two test
+shards) that only the coordinator's job names (data.source "coordinator"); no volunteer opens
+them: each Root fetches its chunks from the coordinator, which serves them by the deal from the
+moment it proposes it (coordinator/ChunkServer.h). Then also: cluster 1's Root fetched exactly
+the chunks the grown deal gives it (1 and 3: dealt round robin over two clusters) and both test
+chunks, byte-identical to the coordinator's files, cluster 0's Root all four and both test
+chunks, and the coordinator refused no chunk request. --data files: every volunteer reads the
+idx files itself (data.chunks 4); the same checks but those of the chunk caches. (The file-data
+deal is also run in-process by DealRun.* and DealChange.*, tests/trainer/DealRunTest.cpp.)
 
 Three volunteers form one cluster of 3 stages and train EPOCHS epochs of a Fashion-MNIST slice
 (data.chunks 4). Once it is planned, three more volunteers join; the coordinator proposes cluster
@@ -30,13 +41,22 @@ import shutil
 import subprocess
 import sys
 
+import zlib
+
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
+import served_chunks_test as sc  # noqa: E402  (safetensors shards of Fashion-MNIST)
 
 EPOCHS = 10
 TRAIN_SAMPLES = 1600   # 4 chunks; 50 steps of 32 per epoch with one cluster, 25 with two
+# Served safetensors shards train about 2.5 times as fast here as idx files decoded by the Root; an
+# epoch must outlast the coordinator's round trip (heartbeat, update, the Root's answer: ~2 s) or
+# every deal comes after its epoch began and is dealt again until the run ends. So the served run
+# has 125 steps per epoch (62 with two clusters) over fewer epochs.
+SERVED_EPOCHS, SERVED_TRAIN_SAMPLES = 8, 4000
 TEST_SAMPLES = 500
 FLAGS = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14", "--grow"]
 
@@ -50,11 +70,62 @@ def records(workdir, name):
     return [json.loads(line) for line in open(path) if line.endswith("\n")]
 
 
+SHARDS, TEST_SHARDS = 4, 2
+
+
+def served_data(work):
+    """The slice as safetensors shards on the coordinator's side: train_k holds training images
+    1000k..1000k+999, test_k test images 250k..250k+249 (normalised as vt.evaluate does)."""
+    data_dir, test_dir = os.path.join(work, "coordinator_data"), os.path.join(work, "coordinator_test_data")
+    sc.make_shards(data_dir, "train", "train", SHARDS, SERVED_TRAIN_SAMPLES // SHARDS)
+    sc.make_shards(test_dir, "test", "t10k", TEST_SHARDS, TEST_SAMPLES // TEST_SHARDS)
+    files = {k: os.path.join(data_dir, f"train_{k}.safetensors") for k in range(SHARDS)}
+    files.update({SHARDS + k: os.path.join(test_dir, f"test_{k}.safetensors") for k in range(TEST_SHARDS)})
+    data = {"format": "safetensors", "location": data_dir, "test_location": test_dir,
+            "source": "coordinator", "cache_mb": 32}
+    return data, files
+
+
+def evaluate_served(path):
+    """PyTorch's accuracy on exactly the test tensors the shards hold (sc.make_shards' arithmetic)."""
+    net = torch.jit.load(path)
+    net.eval()
+    images = vt.load_idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)[:TEST_SAMPLES]
+    labels = torch.from_numpy(vt.load_idx("t10k-labels-idx1-ubyte.gz", 8)[:TEST_SAMPLES].astype(np.int64))
+    x = torch.from_numpy(((images.astype(np.float32) / 255.0 - vt.MEAN) / vt.STD).astype(np.float32))
+    with torch.no_grad():
+        logits = torch.cat([net(x[i:i + 250]) for i in range(0, TEST_SAMPLES, 250)])
+    return (logits.argmax(1) == labels).double().mean().item()
+
+
+def check_caches(chain0, chain1, by_name, files, coordinator):
+    """Each Root's chunk cache holds the chunks the deal gives its cluster in any epoch and every
+    test chunk, byte-identical to the coordinator's files; the coordinator refused nothing."""
+    expected = {chain0[0]: list(range(SHARDS)), chain1[0]: [k for k in range(SHARDS) if k % 2 == 1]}
+    for root, chunks in expected.items():
+        folder = os.path.join(by_name[root][1], "chunks")
+        cached = sorted(os.listdir(folder))
+        want = sorted([f"{k}-train_{k}.safetensors" for k in chunks] +
+                      [f"{SHARDS + k}-test_{k}.safetensors" for k in range(TEST_SHARDS)])
+        if cached != want:
+            vt.fail(f"{root}'s chunk cache holds {cached}, expected {want}")
+        for name in cached:
+            k = int(name.split("-")[0])
+            if zlib.crc32(open(os.path.join(folder, name), "rb").read()) != \
+                    zlib.crc32(open(files[k], "rb").read()):
+                vt.fail(f"{root}'s cached chunk {k} differs from the coordinator's {files[k]}")
+        print(f"{root}'s chunk cache: {cached} (equal to the coordinator's files)")
+    refused = coordinator.count(lambda l: "refused a chunk request" in l)
+    if refused:
+        vt.fail(f"the coordinator refused {refused} chunk request(s)")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--provider", required=True)
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
+    parser.add_argument("--data", choices=["served", "files"], default="served")
     args = parser.parse_args()
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
@@ -62,10 +133,15 @@ def main():
     model = os.path.join(args.work, "model.pt")
     subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
                    stdout=subprocess.DEVNULL)
-    job_path = vt.write_job(args.work, model, 0, TEST_SAMPLES, {"epochs": EPOCHS, "max_steps": 0})
+    served = args.data == "served"
+    job_path = vt.write_job(args.work, model, 0, TEST_SAMPLES,
+                            {"epochs": SERVED_EPOCHS if served else EPOCHS, "max_steps": 0})
     job = json.load(open(job_path))
-    job["data"]["train_samples"] = TRAIN_SAMPLES
-    job["data"]["chunks"] = 4
+    if served:
+        job["data"], files = served_data(args.work)
+    else:
+        job["data"]["train_samples"] = TRAIN_SAMPLES
+        job["data"]["chunks"] = 4
     json.dump(job, open(job_path, "w"))
 
     out = os.path.join(args.work, "coordinator")
@@ -103,6 +179,8 @@ def main():
     if not took:
         vt.fail(f"cluster 0's Root {chain0[0]} never took the new deal")
     print("cluster 0's Root:", took[-1].strip())
+    if served:
+        check_caches(chain0, chain1, by_name, files, coordinator)
 
     # The new cluster's first step F: its Root's plan.
     leaf1 = records(by_name[chain1[2]][1], chain1[2])
@@ -147,7 +225,7 @@ def main():
         merged = os.path.join(args.work, f"cluster_{entry['cluster']}.pt")
         subprocess.run([args.clusterize, "--merge", out, "--cluster", str(entry["cluster"]), "--out", merged],
                        check=True, stdout=subprocess.DEVNULL)
-        accuracy = vt.evaluate(merged, TEST_SAMPLES)
+        accuracy = evaluate_served(merged) if served else vt.evaluate(merged, TEST_SAMPLES)
         reported = entry["eval"]["accuracy"]
         print(f"cluster {entry['cluster']}: Leaf reports {reported:.4f}, its weights in PyTorch {accuracy:.4f}")
         if abs(accuracy - reported) > 1e-9:

@@ -245,6 +245,29 @@ TEST(ChunkFetcher, ChunksArriveWholeACorruptedPieceIsFetchedAgainAndTheCacheBoun
   EXPECT_EQ(f.bad_final_files.load(), 0) << "a corrupted chunk was visible under its final name";
 }
 
+// A running Root that takes a grown deal (trainer/DealChange.h) hands the fetcher the chunks the
+// new deal gives its cluster besides: they are fetched after the first ones (a chunk already
+// among them is not fetched twice), even once the first ones are all done and the thread waits.
+TEST(ChunkFetcher, ChunksAddedLaterAreFetchedAfterTheFirstOnes) {
+  CacheDir dir;
+  FakeChunkCoordinator f;
+  f.chunks = {{0, pattern(70000, 0)}, {1, pattern(90000, 1)}, {3, pattern(50000, 3)}};
+  f.cache_dir = dir.path;
+  f.start();
+  zmq::context_t context;
+  ChunkFetcher fetcher(context, generateCurveKeyPair(), f.invite(), "node_7", table(f, {0}),
+                       options(dir.path, 1 << 20));
+  EXPECT_EQ(readAll(fetcher.ready(0, 20s)), f.chunks.at(0));
+  EXPECT_THROW(fetcher.ready(3, 1s), Error) << "not given yet";
+  fetcher.add(table(f, {3, 0, 1}));
+  EXPECT_EQ(readAll(fetcher.ready(3, 20s)), f.chunks.at(3));
+  EXPECT_EQ(readAll(fetcher.ready(1, 20s)), f.chunks.at(1));
+  EXPECT_EQ(readAll(fetcher.ready(0, 20s)), f.chunks.at(0));
+  EXPECT_EQ(fetcher.stats().fetched, 3u) << "chunk 0 was already among them";
+  EXPECT_THROW(fetcher.add({{9, "/data/big.bin", 2u << 20, "crc32:00000000"}}), Error)
+      << "larger than the cache";
+}
+
 TEST(ChunkFetcher, AChunkCorruptedEveryTimeIsRefusedNamingItAndNeverReachesTheCache) {
   CacheDir dir;
   FakeChunkCoordinator f;

@@ -37,6 +37,7 @@ struct CopyingSource : ChunkSource {
   std::string dir;
   std::vector<int64_t> asked;
   void start(const std::vector<ServedShard>&, uint64_t) override {}
+  void add(const std::vector<ServedShard>&) override {}
   std::string ready(int64_t chunk) override {
     asked.push_back(chunk);
     const std::string to = dir + "/cached_" + std::to_string(chunk);

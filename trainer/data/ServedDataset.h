@@ -28,6 +28,10 @@ class ChunkSource {
   // Starts fetching `order` (this cluster's chunks, in the order they are first needed) into a
   // cache of at most `cache_bytes`; called once, before any ready().
   virtual void start(const std::vector<ServedShard>& order, uint64_t cache_bytes) = 0;
+  // Fetches `more` too, after the chunks given so far (a running Root that took a grown deal,
+  // trainer/DealChange.h: the chunks the new deal gives this cluster that it did not have);
+  // after start(), before any ready() of them. BadInput naming a chunk the cache cannot hold.
+  virtual void add(const std::vector<ServedShard>& more) = 0;
   // The local path of `chunk`'s verified file, once it is there; BadInput naming the chunk when it
   // cannot be had.
   virtual std::string ready(int64_t chunk) = 0;
