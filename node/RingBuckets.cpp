@@ -1,5 +1,6 @@
 #include "node/RingBuckets.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -54,6 +55,30 @@ void RingBuckets::build(const std::vector<std::string>& names, torch::jit::Modul
   if (diloco)
     for (auto& b : buckets)
       if (b.parameters && at::isFloatingType(b.dtype)) b.previous = flatten(b, false).clone();
+  gradient_buckets.clear();
+  for (const auto& whole : buckets) {
+    if (!whole.parameters || !at::isFloatingType(whole.dtype) || whole.numel == 0) continue;
+    RingBucket cut;
+    int64_t bytes = 0;
+    auto close = [&] {
+      std::reverse(cut.members.begin(), cut.members.end());  // node.json's order inside
+      gradient_buckets.push_back(cut);
+      cut = RingBucket();
+      bytes = 0;
+    };
+    for (auto it = whole.members.rbegin(); it != whole.members.rend(); ++it) {
+      const torch::Tensor& t = tensors[*it];
+      const int64_t size = t.numel() * int64_t(t.element_size());
+      if (!cut.members.empty() && gradient_bucket_bytes > 0 && bytes + size > gradient_bucket_bytes)
+        close();
+      cut.dtype = whole.dtype;
+      cut.parameters = true;
+      cut.members.push_back(*it);
+      cut.numel += t.numel();
+      bytes += size;
+    }
+    if (!cut.members.empty()) close();
+  }
 }
 
 torch::Tensor RingBuckets::flatten(const RingBucket& b, bool gradients) const {

@@ -3,6 +3,13 @@
 // (parameters / buffers) so a ring costs one all-reduce per bucket, not one per tensor; each
 // bucket flattens into one 1-d tensor and back. Also the FNV-1a checksum of the ring's tensors
 // (names, dtypes, shapes, bytes) that the identical-start check and the welcome carry.
+// Gradient buckets ("gradients" mode): the floating parameters again, per dtype, cut into buckets
+// of at most `gradient_bucket_bytes` from the last parameter back — node.json lists a ring's
+// parameters in model order, so the first gradient bucket holds the last layers, whose gradients
+// backward produces first (DDP's order). A tensor larger than the cap is a bucket of its own.
+// Inside a bucket the tensors keep node.json's order, so a ring that fits one bucket reduces
+// exactly as when every parameter of a dtype was one bucket. Every member of a ring cuts the same
+// buckets (same names, shapes and cap), which is what keeps their collectives in step.
 //
 // Ownership: `tensors` alias the stage module's parameters and buffers (writing a bucket back
 // writes the module); the DiLoCo outer state (θ_prev, momentum) is owned per bucket.
@@ -32,10 +39,13 @@ struct RingBuckets {
   std::vector<torch::Tensor> tensors;  // alias the stage module's parameters and buffers
   std::vector<bool> is_parameter;
   std::vector<RingBucket> buckets;
+  // "gradients" mode (see above); 0: one gradient bucket per dtype. Set before build().
+  int64_t gradient_bucket_bytes = 0;
+  std::vector<RingBucket> gradient_buckets;  // in all-reduce order; indices into tensors
 
   // Collects `names` from `stage` (BadInput naming `node`'s node.json and `stage_file` for a name
   // the module has neither as a parameter nor as a buffer). With `diloco`, floating parameter
-  // buckets start their θ_prev from the stage.
+  // buckets start their θ_prev from the stage. Also cuts the gradient buckets.
   void build(const std::vector<std::string>& names, torch::jit::Module& stage,
              const std::string& node, const std::string& ring_id, const std::string& stage_file,
              bool diloco);

@@ -27,8 +27,11 @@ std::string endpointOf(const PeerRef& peer) {
 }  // namespace
 
 RingClusterSync::RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOptions sync,
-                                 int64_t local_steps, std::chrono::milliseconds timeout)
-    : context_(mailbox, node, sync, timeout), local_steps_(std::max<int64_t>(1, local_steps)) {
+                                 int64_t local_steps, std::chrono::milliseconds timeout,
+                                 GradientSyncOptions gradients)
+    : context_(mailbox, node, sync, timeout),
+      local_steps_(std::max<int64_t>(1, local_steps)),
+      gradients_(gradients) {
   std::vector<RingSpec> specs = node.rings;
   std::sort(specs.begin(), specs.end(),
             [](const RingSpec& a, const RingSpec& b) { return a.id < b.id; });
@@ -44,6 +47,7 @@ RingClusterSync::RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOpt
   for (auto& spec : specs) {
     auto ring = std::make_unique<Ring>();
     ring->spec = spec;
+    ring->gradient_bucket_bytes = sync.mode == SyncMode::kGradients ? gradients.bucket_bytes : 0;
     std::vector<std::string> names;
     for (const auto& m : spec.members) {
       names.push_back(m.name);
@@ -60,7 +64,9 @@ RingClusterSync::RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOpt
   }
 }
 
-RingClusterSync::~RingClusterSync() = default;
+RingClusterSync::~RingClusterSync() {
+  overlap_.reset();  // its threads use the rings
+}
 
 size_t RingClusterSync::activeRings() const {
   size_t n = 0;
@@ -100,6 +106,10 @@ void RingClusterSync::checkIdenticalStart(Ring& ring) {
 }
 
 void RingClusterSync::start(torch::jit::Module& stage) {
+  // A run that ended inside an armed step (a lost pipeline neighbour during the last backward)
+  // leaves its communication threads waiting: stop them, and drop the hooks (a restarted run may
+  // hold a new stage module) before the rings are rebuilt; the next arm hooks them again.
+  overlap_.reset();
   size_t tensors = 0;
   int64_t bytes = 0;
   left_ = false;
@@ -180,16 +190,38 @@ void RingClusterSync::synchronize() {
     if (ring->group) context_.stats.bytes_sent += ring->group->stats().bytes_sent;
 }
 
+void RingClusterSync::beforeBackward(int64_t, torch::jit::Module&, bool last_microbatch) {
+  if (!last_microbatch || context_.sync.mode != SyncMode::kGradients || !gradients_.overlap ||
+      !started_ || left_)
+    return;
+  std::vector<Ring*> active;
+  for (auto& ring : rings_)
+    if (ring->group) active.push_back(ring.get());
+  // One after another (concurrent_rings off) is the ordinary path's order; the overlap runs rings
+  // at once.
+  if (active.empty() || (active.size() > 1 && !context_.sync.concurrent_rings)) return;
+  if (!overlap_) overlap_ = std::make_unique<GradientOverlap>(context_);
+  overlap_->arm(active);
+}
+
 void RingClusterSync::beforeOptimizerStep(int64_t, torch::jit::Module&) {
-  if (context_.sync.mode != SyncMode::kGradients || activeRings() == 0 || left_) return;
+  if (context_.sync.mode != SyncMode::kGradients || activeRings() == 0 || left_) {
+    if (overlap_) overlap_->cancel();
+    return;
+  }
   const auto t0 = Clock::now();
   std::vector<Ring*> active;
   for (auto& ring : rings_)
     if (ring->group) active.push_back(ring.get());
   forEachRing(active, context_.sync.concurrent_rings, [this](Ring& r) {
+    if (overlap_ && overlap_->armed(&r)) {
+      overlap_->complete(r);
+      return;
+    }
     transact(context_, r, /*gradients=*/true, /*admit=*/false,
              [&r] { averageGradients(r, *r.group); });
   });
+  if (overlap_) overlap_->cancel();  // nothing is left armed (a ring that lost its group)
   std::lock_guard<std::mutex> lock(context_.stats_mutex);
   ++context_.stats.gradient_syncs;
   context_.stats.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -254,6 +286,7 @@ void RingClusterSync::applyAddedMembers(torch::jit::Module& stage) {
       ring->spec.members = members;
       if (was_alone) {
         // Its tensors were never gathered (nothing was exchanged): gather them now.
+        if (overlap_) overlap_->forget(ring.get());
         ring->build(ring->spec.parameters, stage, context_.node.name, ring->spec.id,
                     context_.node.stage_file, context_.sync.mode == SyncMode::kDiLoCo);
         ring->view = {context_.node.name};
@@ -313,6 +346,7 @@ void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage
 void RingClusterSync::leave() {
   if (left_) return;
   left_ = true;
+  if (overlap_) overlap_->cancel();
   std::vector<std::string> told;
   for (auto& ring : rings_) {
     if (!ring->group) continue;
@@ -326,6 +360,7 @@ void RingClusterSync::leave() {
 }
 
 void RingClusterSync::finish(int64_t steps, torch::jit::Module& stage) {
+  if (overlap_) overlap_->cancel();
   if (started_ && !left_) applyAddedMembers(stage);
   bool shared = false;
   for (const auto& ring : rings_) shared = shared || ring->spec.members.size() > 1;
@@ -338,7 +373,9 @@ void RingClusterSync::finish(int64_t steps, torch::jit::Module& stage) {
              context_.stats.gradient_syncs, " gradient all-reduce(s), ", context_.stats.seconds,
              " s, ", context_.stats.bytes_sent, " tensor bytes sent; members lost ",
              context_.stats.members_lost, ", left ", context_.stats.members_left, ", joined ",
-             context_.stats.members_joined, ", syncs redone ", context_.stats.redone_syncs);
+             context_.stats.members_joined, ", syncs redone ", context_.stats.redone_syncs,
+             "; gradient syncs overlapped with backward ", context_.stats.overlapped_gradient_syncs,
+             " (buckets started during backward ", context_.stats.buckets_reduced_in_backward, ")");
   // The run ended: members still training (a joiner that resumed from an older step) drop this
   // node at once instead of timing out on it.
   leave();

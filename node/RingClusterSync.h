@@ -43,9 +43,15 @@
 // Memory: a sync holds one copy of each ring's tensors (the restore point) while it runs; with
 // concurrent rings, every ring's copy at once (at most one copy of the tensors the node shares).
 //
+// Overlap ("gradients", GradientSyncOptions::overlap, default on): the gradient buckets of each
+// ring (RingBuckets.h, GradientSyncOptions::bucket_bytes) are all-reduced by a communication thread per ring while the
+// step's last backward still runs (GradientOverlap.h); beforeOptimizerStep waits for the rest and
+// commits. Overlapped or not, the same buckets are reduced in the same order: bit-identical.
+//
 // Ownership: borrows the Mailbox (it must outlive this object); the constructor adds every other
 // ring member as a transport peer. Thread-safety: one calling thread (the trainer's); the ring
-// threads it starts live only inside a call.
+// threads it starts live only inside a call, the communication threads of the overlap from
+// beforeBackward to beforeOptimizerStep.
 #pragma once
 
 #include <chrono>
@@ -58,6 +64,7 @@
 
 #include "core/NodeData.h"
 #include "node/Mailbox.h"
+#include "node/GradientOverlap.h"
 #include "node/ProcessGroup.h"
 #include "node/RingState.h"
 #include "trainer/ClusterSync.h"
@@ -65,15 +72,27 @@
 
 namespace cairn {
 
+// "gradients" only: the gradient buckets' cap (RingBuckets.h; a larger tensor is a bucket of its
+// own) and whether their all-reduce overlaps the last backward (GradientOverlap.h).
+struct GradientSyncOptions {
+  int64_t bucket_bytes = int64_t(1) << 20;  // 1 MiB, like DDP's first bucket
+  bool overlap = true;
+};
+
 class RingClusterSync : public ClusterSync {
  public:
   // `timeout`: longest wait for one message of a ring member (the first collective, the
   // checksum check, also waits for members that start late).
   RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOptions sync, int64_t local_steps,
-                  std::chrono::milliseconds timeout);
+                  std::chrono::milliseconds timeout, GradientSyncOptions gradients = {});
   ~RingClusterSync() override;
 
   void start(torch::jit::Module& stage) override;
+  // "gradients" with GradientSyncOptions::overlap: before the step's last backward, arms the overlapped all-reduce
+  // (GradientOverlap.h) for the active rings; beforeOptimizerStep completes it. Not armed (the
+  // ordinary path runs): other modes, overlap off, no active ring, several active rings with
+  // concurrent_rings off, before start() or after leave().
+  void beforeBackward(int64_t step, torch::jit::Module& stage, bool last_microbatch) override;
   void beforeOptimizerStep(int64_t step, torch::jit::Module& stage) override;
   void afterOptimizerStep(int64_t step, torch::jit::Module& stage) override;
   void finish(int64_t steps, torch::jit::Module& stage) override;
@@ -137,6 +156,7 @@ class RingClusterSync : public ClusterSync {
 
   RingContext context_;
   int64_t local_steps_;
+  GradientSyncOptions gradients_;
   std::map<std::string, torch::Tensor> loaded_;  // loadState's "sync.*" tensors, for start()
   std::vector<std::unique_ptr<Ring>> rings_;     // ring id order
   bool left_ = false;
@@ -148,6 +168,8 @@ class RingClusterSync : public ClusterSync {
   // Under added_mutex_: additions held for an admission step (addMembers at_admission_step).
   std::map<std::string, std::vector<PeerRef>> held_;
   std::set<int64_t> admit_at_;  // admission steps (steps done), trainer's thread
+  // The overlapped gradient all-reduce (created at its first use); destroyed before rings_.
+  std::unique_ptr<GradientOverlap> overlap_;
   // At an admission step: the held additions in, their join requests awaited (trainer's thread).
   void admitHeld(torch::jit::Module& stage, int64_t steps_done);
 };

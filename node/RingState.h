@@ -36,6 +36,11 @@ struct RingClusterSyncStats {
   int64_t members_left = 0;    // members dropped because they announced leave()
   int64_t members_joined = 0;  // joiners admitted by this node's rings (this node as joiner: 0)
   int64_t redone_syncs = 0;    // sync attempts restored and redone after a loss
+  // "gradients" with overlap: gradient syncs whose buckets went through the communication
+  // threads (GradientOverlap.h), and how many buckets started their all-reduce while backward was
+  // still running (depends on timing: for reports, not for tests).
+  int64_t overlapped_gradient_syncs = 0;
+  int64_t buckets_reduced_in_backward = 0;
   int64_t joined_rings = 0;    // rings this node joined through a welcome (setJoining)
   uint64_t last_welcome_checksum =
       0;  // FNV-1a of the ring tensors sent/received in the last welcome

@@ -33,13 +33,17 @@ void outerStep(RingBuckets& ring, ProcessGroup& group, const SyncOptions& sync) 
   reduceBuckets(ring, group, /*parameters=*/false, /*buffers=*/true);
 }
 
+void averageGradientBucket(RingBuckets& ring, ProcessGroup& group, size_t i,
+                           torch::Tensor* before) {
+  const RingBucket& b = ring.gradient_buckets.at(i);
+  torch::Tensor flat = ring.flatten(b, true);
+  if (before) *before = flat.clone();
+  group.allReduce(flat, ReduceOp::kAverage);
+  ring.unflatten(b, flat, true);
+}
+
 void averageGradients(RingBuckets& ring, ProcessGroup& group) {
-  for (auto& b : ring.buckets) {
-    if (b.numel == 0 || !b.parameters || !at::isFloatingType(b.dtype)) continue;
-    torch::Tensor flat = ring.flatten(b, true);
-    group.allReduce(flat, ReduceOp::kAverage);
-    ring.unflatten(b, flat, true);
-  }
+  for (size_t i = 0; i < ring.gradient_buckets.size(); ++i) averageGradientBucket(ring, group, i);
 }
 
 }  // namespace cairn

@@ -16,6 +16,8 @@ struct Snapshot {
   std::vector<torch::Tensor> values, grads, previous, momentum;
 };
 
+}  // namespace
+
 // After a loss: do the survivors keep the failed attempt's result or redo the sync? Each member
 // contributes 2·S + (1 if its own work phase did not complete), max-reduced, where S counts the
 // ring's committed transactions before this one. A member behind the maximum S (others committed
@@ -45,8 +47,6 @@ bool recover(RingContext& context, Ring& ring, bool work_done) {
     return v % 2 == 0;
   }
 }
-
-}  // namespace
 
 void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joiners,
               const std::function<void()>& work) {

@@ -31,5 +31,10 @@ namespace cairn {
 // `admit_joiners`, join requests are agreed on first and joiners admitted after the commit.
 void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joiners,
               const std::function<void()>& work);
+// After a loss (the lost member already dropped): the survivors' vote whether the failed attempt
+// stands (true: keep its result) or is restored and redone (false); `work_done`: this node's work
+// phase completed. transact uses it; so does the overlapped gradient all-reduce
+// (GradientOverlap.h), whose first attempt runs outside transact.
+bool recover(RingContext& context, Ring& ring, bool work_done);
 
 }  // namespace cairn

@@ -5,6 +5,9 @@
 //
 // StageTrainer calls, on its own thread, in this order:
 //   start(stage)                         once, after the run plan is known and before step 0
+//   beforeBackward(step, stage, last)    (schedule "sync") before each backward of a step, `last`
+//                                        for the step's last one, after which every gradient of
+//                                        the stage is final
 //   beforeOptimizerStep(step, stage)     every step, after the last backward and before gradient
 //                                        clipping and the optimizer step
 //   afterOptimizerStep(step, stage)      every step, after the optimizer step (0-based `step`)
@@ -30,6 +33,12 @@ class ClusterSync {
  public:
   virtual ~ClusterSync() = default;
   virtual void start(torch::jit::Module& stage) = 0;
+  // An implementation may start bringing gradients together while the last backward produces
+  // them (RingClusterSync's overlapped gradient all-reduce, docs/TRAINING.md "Overlap");
+  // beforeOptimizerStep then completes that. A call with `last_microbatch` must be followed by
+  // beforeOptimizerStep for the same step before the next backward. Default: nothing.
+  virtual void beforeBackward(int64_t /*step*/, torch::jit::Module& /*stage*/,
+                              bool /*last_microbatch*/) {}
   virtual void beforeOptimizerStep(int64_t step, torch::jit::Module& stage) = 0;
   virtual void afterOptimizerStep(int64_t step, torch::jit::Module& stage) = 0;
   virtual void finish(int64_t steps, torch::jit::Module& stage) = 0;

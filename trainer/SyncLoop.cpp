@@ -12,6 +12,7 @@ void SyncLoop::forward(int k) { passes_.forward(micro_[k], uint64_t(k), step_, k
 void SyncLoop::backward(int k) {
   auto it = micro_.find(k);
   CAIRN_ENFORCE(it != micro_.end());
+  syncBeforeBackward(ctx_, step_, k == last_backward_);
   step_loss_ += passes_.backward(it->second, uint64_t(k), uint64_t(step_), uint64_t(k));
   micro_.erase(it);
 }
@@ -53,6 +54,9 @@ TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_sta
       syncBeforeOptimizerStep(ctx_, step_);
     };
     schedule_.begin();
+    last_backward_ = -1;  // the step's last backward: its gradients are final after it
+    for (const ScheduleAction& a : schedule_.actions())
+      if (a.kind == ScheduleAction::Kind::kBackward) last_backward_ = a.microbatch;
     for (ScheduleAction a = schedule_.next(); a.kind != ScheduleAction::Kind::kStepDone;
          a = schedule_.next()) {
       switch (a.kind) {

@@ -50,6 +50,7 @@ class SyncLoop {
   DealChange* deal_;  // the Root takes a new deal between steps (may be null)
   // The current step.
   int64_t step_ = 0;
+  int last_backward_ = -1;  // micro-batch of the step's last backward (ClusterSync::beforeBackward)
   std::map<int, Microbatch> micro_;
   double step_loss_ = 0;
   uint64_t checksum_ = 0;

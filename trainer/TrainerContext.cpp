@@ -20,6 +20,11 @@ StagePacket TimedLink::receive(Neighbour from, PacketKind kind, uint64_t step, u
   return p;
 }
 
+void syncBeforeBackward(TrainerContext& ctx, int64_t sync_step, bool last) {
+  if (ctx.cfg.cluster_sync)
+    ctx.cfg.cluster_sync->beforeBackward(sync_step, ctx.executor.module(), last);
+}
+
 void syncBeforeOptimizerStep(TrainerContext& ctx, int64_t sync_step) {
   if (!ctx.cfg.cluster_sync) return;
   const auto t = TrainerClock::now();

@@ -71,6 +71,9 @@ struct TrainerContext {
   TrainerObserver& observer;
 };
 
+// ClusterSync::beforeBackward (when there is a ClusterSync): before micro-batch backwards; `last`
+// for the step's last one. Not timed (it only arms what the backward triggers).
+void syncBeforeBackward(TrainerContext& ctx, int64_t sync_step, bool last);
 // ClusterSync::beforeOptimizerStep (when there is a ClusterSync), timed into sync_s.
 void syncBeforeOptimizerStep(TrainerContext& ctx, int64_t sync_step);
 // The optimizer step with learning rate `lr` (timed into compute_s), then

@@ -18,7 +18,11 @@ ddp       2 processes, same CNN, data, initial weights, global batch, AdamW/cons
           ddp_reference.py; cairn 2 clusters x 1 node averaging parameters every step (local_steps 1,
           the mode that exists today) for context; cairn 1 cluster x 2 nodes vs
           rpc_pipeline_reference.py. Runs alternate ours/peer for --rounds rounds (even rounds
-          ours first, odd rounds PyTorch first); medians.
+          ours first, odd rounds PyTorch first); medians. Case ours_gradients_serial: "gradients"
+          with the overlap off (CAIRN_SYNC_OVERLAP=0: the all-reduce after the last backward, as
+          before the overlap), run right after ours_gradients in every round; --bucket-bytes sets
+          the gradient bucket cap (CAIRN_SYNC_BUCKET_BYTES) of both.
+          Rows also give the median sync_s (time the step waits in the sync) of cluster 0's Root.
           Both sides are timed by step_timing.py's one rule: a step is the interval from the end
           of the previous step to the end of this one (data, forward, backward, sync, optimizer,
           bookkeeping); the step after each evaluation (its interval holds the evaluation pause)
@@ -284,7 +288,10 @@ def ours_to_target(nd, batch_per_cluster, clusters, target, warmup, eval_every):
     apply to their own step intervals."""
     steps, evals, times, _ = cluster0_run(nd, ("root", "root_leaf"), batch_per_cluster, clusters, warmup)
     fig = step_timing.figures(times, evals, eval_every, warmup, clusters * batch_per_cluster, target)
+    timed = steps[warmup:] or steps
     return {**fig, "steps": len(steps),
+            "sync_s_median": statistics.median(r.get("sync_s", 0.0) for r in timed) if timed else None,
+            "compute_s_median": statistics.median(r.get("compute_s", 0.0) for r in timed) if timed else None,
             "last_accuracy": evals[-1]["accuracy"] if evals else None,
             "evals": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals]}
 
@@ -306,6 +313,7 @@ def cmd_ddp(args):
               "--train-samples", str(args.train_samples)]
     pairs = [
         ("ours_gradients", "pytorch_ddp"),
+        ("ours_gradients_serial", None),  # gradients, overlap off (the all-reduce after backward)
         ("ours_param_avg", None),
         ("ours_pipeline", "pytorch_rpc_pipeline"),
     ]
@@ -321,9 +329,15 @@ def cmd_ddp(args):
             res = ours_to_target(pp, args.batch_size, 1, args.target, args.warmup, args.eval_every)
         else:
             half = args.batch_size // 2
-            sync = "gradients" if ours == "ours_gradients" else None
+            sync = "gradients" if ours.startswith("ours_gradients") else None
+            # the provider's gradient-sync knobs (node/ProviderRun.cpp): overlap off for _serial
+            os.environ["CAIRN_SYNC_OVERLAP"] = "0" if ours == "ours_gradients_serial" else "1"
+            if args.bucket_bytes:
+                os.environ["CAIRN_SYNC_BUCKET_BYTES"] = str(args.bucket_bytes)
             set_training(dp, batch_size=half, microbatches=1, local_steps=1, sync=sync)
             refused = launch(dp, refused_key="sync" if sync else None)
+            os.environ.pop("CAIRN_SYNC_OVERLAP", None)
+            os.environ.pop("CAIRN_SYNC_BUCKET_BYTES", None)
             if refused:
                 unavailable[ours] = refused
                 return
@@ -362,6 +376,8 @@ def cmd_ddp(args):
                 if len(ttt) == len(runs) else None,
                 "last_accuracy": statistics.median(x["last_accuracy"] for x in runs if x["last_accuracy"] is not None)
                 if any(x["last_accuracy"] is not None for x in runs) else None,
+                "sync_s_median": statistics.median(x["sync_s_median"] for x in runs)
+                if all(x.get("sync_s_median") is not None for x in runs) else None,
                 "runs": len(runs)}
 
     for ours, peer in pairs:
@@ -501,6 +517,8 @@ def main():
     d.add_argument("--rounds", type=int, default=1)
     d.add_argument("--train-samples", type=int, default=0, help="0: all 60,000 training images")
     d.add_argument("--cases", type=lambda s: s.split(","), default=["ours_gradients", "ours_param_avg", "ours_pipeline"])
+    d.add_argument("--bucket-bytes", type=int, default=0,
+                   help="gradients: bucket cap, CAIRN_SYNC_BUCKET_BYTES (0: the default, 1 MiB)")
     c = sub.add_parser("clusters")
     c.add_argument("--steps", type=int, default=100, help="at most this many steps per run")
     c.add_argument("--eval-every", type=int, default=20)
