@@ -1,6 +1,7 @@
 #include "node/CollectiveChannel.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "core/Error.h"
@@ -18,10 +19,22 @@ constexpr size_t kMaxGroupIdBytes = 200;  // the wire tag is ≤ 256 bytes
 // Early messages of the current operation kept aside (gather and barrier receive from several
 // members, whose messages may arrive in any order).
 constexpr size_t kMaxStashedMessages = 1 << 16;
+// Messages kept aside for one (sender, index): the real one and a few forged or duplicated ones.
+constexpr size_t kMaxStashedPerKey = 4;
 // How long a failing member spends telling each other member about it.
 constexpr std::chrono::milliseconds kAbortSendTimeout{200};
 
 std::string millis(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
+
+// CAIRN_COLLECTIVE_TRACE=1: every finished operation is logged (info) with its wall time, so a
+// sync's phases can be told apart in a provider's log (docs/COLLECTIVES.md "Tracing").
+bool tracing() {
+  static const bool on = [] {
+    const char* v = std::getenv("CAIRN_COLLECTIVE_TRACE");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return on;
+}
 
 }  // namespace
 
@@ -52,6 +65,14 @@ CollectiveChannel::CollectiveChannel(Mailbox& mailbox, std::string group_id,
     CAIRN_THROW(BadInput, "group ", group_id_, ": segment_bytes must be positive");
   if (options_.max_in_flight < 1)
     CAIRN_THROW(BadInput, "group ", group_id_, ": max_in_flight must be at least 1");
+  if (const char* v = std::getenv("CAIRN_DIRECT_MAX_MEMBERS"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const long members = std::strtol(v, &end, 10);
+    if (*end != '\0' || members < 0 || members > 1 << 20)
+      CAIRN_THROW(BadInput, "environment variable CAIRN_DIRECT_MAX_MEMBERS must be a count of "
+                  "members (0 = always the ring), got \"", v, "\"");
+    options_.direct_max_members = static_cast<int>(members);
+  }
 }
 
 CollectiveChannel::Operation CollectiveChannel::begin(const char* name) {
@@ -59,6 +80,7 @@ CollectiveChannel::Operation CollectiveChannel::begin(const char* name) {
   Operation op;
   op.sequence = next_sequence_++;
   op.name = name;
+  op.began = Clock::now();
   return op;
 }
 
@@ -66,6 +88,11 @@ void CollectiveChannel::finish(Operation& op) {
   waitForSendsToComplete(op);
   stats_.dropped_unexpected += op.stash.size();
   ++stats_.operations;
+  if (tracing()) {
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - op.began).count();
+    CAIRN_INFO("collective trace: group ", group_id_, " ", op.name, " #", op.sequence, " ", ms,
+               " ms (sent ", stats_.messages_sent, " msgs / ", stats_.bytes_sent, " B in total)");
+  }
 }
 
 void CollectiveChannel::sendChunk(Operation& op, int to_rank, uint64_t index,
@@ -143,10 +170,20 @@ void CollectiveChannel::sendKeepAlives(Operation& op, int waiting_on) {
 bool CollectiveChannel::acceptStashed(Operation& op, int from_rank, uint64_t index,
                                       torch::ScalarType dtype, int64_t numel,
                                       const ChunkCheck& check, torch::Tensor* out) {
-  auto it = op.stash.find({from_rank, index});
-  if (it == op.stash.end()) return false;
-  Message m = std::move(it->second);
-  op.stash.erase(it);
+  // Several messages may claim this (sender, index) (a forged one next to the real one): the
+  // first valid one is taken, the malformed ones before it are dropped.
+  for (;;) {
+    auto it = op.stash.find({from_rank, index});
+    if (it == op.stash.end()) return false;
+    Message m = std::move(it->second);
+    op.stash.erase(it);
+    if (acceptOne(op, m, from_rank, index, dtype, numel, check, out)) return true;
+  }
+}
+
+bool CollectiveChannel::acceptOne(Operation& op, const Message& m, int from_rank, uint64_t index,
+                                  torch::ScalarType dtype, int64_t numel, const ChunkCheck& check,
+                                  torch::Tensor* out) {
   const auto& t = m.tensors;
   std::string bad_content;
   if (t.size() == 1 && t[0].tensor.dim() == 1 && t[0].tensor.scalar_type() == dtype &&
@@ -271,7 +308,7 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
       continue;
     }
     const auto key = std::make_pair(sender_rank, m->microbatch);
-    if (op.stash.size() >= kMaxStashedMessages || op.stash.count(key)) {
+    if (op.stash.size() >= kMaxStashedMessages || op.stash.count(key) >= kMaxStashedPerKey) {
       ++stats_.dropped_unexpected;
       continue;
     }

@@ -69,6 +69,12 @@ struct ProcessGroupOptions {
   // How the chunks of a float32 sum/average allReduce travel (ReduceMath.h ChunkCodec;
   // training_definition.wire.sync): every member of a group must use the same value.
   ChunkCodec codec = ChunkCodec::kFp32;
+  // Groups of at most this many members exchange directly instead of around the ring where the
+  // ring costs latency (docs/COLLECTIVES.md "Direct exchanges"): allReduce when every block fits
+  // one segment (2 message delays instead of 2(n−1)) and barrier (1 instead of ⌈log2 n⌉). 0 or 1:
+  // always the ring / dissemination. Every member of a group must use the same value. The
+  // environment variable CAIRN_DIRECT_MAX_MEMBERS, when set, overrides it (for A/B benchmarks).
+  int direct_max_members = 16;
 };
 
 struct ProcessGroupStats {
@@ -90,14 +96,16 @@ class CollectiveChannel {
   struct Operation {
     uint64_t sequence = 0;
     const char* name = "";
-    // Messages of this operation that arrived before they were asked for, by (sender rank, index).
-    std::map<std::pair<int, uint64_t>, Message> stash;
+    // Messages of this operation that arrived before they were asked for, by (sender rank, index);
+    // several per key are kept (a forged one must not shadow the real one), checked when asked for.
+    std::multimap<std::pair<int, uint64_t>, Message> stash;
     // Views of the tensors handed to the transport, with their destination rank. Large ones are
     // sent without a copy: ZeroMQ holds a reference until the bytes have left (tcp) or the
     // receiver dropped them (inproc). The operation returns only once every one is released, so
     // the caller may reuse its tensor at once.
     std::vector<std::pair<int, torch::Tensor>> sent;
     std::string last_malformed;  // for the timeout message: what was wrong with a dropped chunk
+    std::chrono::steady_clock::time_point began;  // for CAIRN_COLLECTIVE_TRACE
   };
 
   // `members` in rank order (unique names, `self` among them). Throws BadInput for an empty or too
@@ -149,6 +157,9 @@ class CollectiveChannel {
   void waitForSendsToComplete(Operation& op);
   bool acceptStashed(Operation& op, int from_rank, uint64_t index, torch::ScalarType dtype,
                      int64_t numel, const ChunkCheck& check, torch::Tensor* out);
+  bool acceptOne(Operation& op, const Message& m, int from_rank, uint64_t index,
+                 torch::ScalarType dtype, int64_t numel, const ChunkCheck& check,
+                 torch::Tensor* out);
 
   Mailbox& mailbox_;
   std::string group_id_;

@@ -25,6 +25,11 @@ Range subrange(const Range& outer, int64_t parts, int64_t i) {
   return {outer.begin + inner.begin, outer.begin + inner.end};
 }
 
+// Direct groups all-reduce tensors up to this size by one whole exchange (wholeExchangeAllReduce):
+// the rings' join flags (8 bytes per member, up to 8 members), recovery votes and BatchNorm
+// counters, a few bytes each.
+constexpr int64_t kWholeExchangeBytes = 64;
+
 int modulo(int64_t a, int n) { return static_cast<int>(((a % n) + n) % n); }
 
 torch::Tensor slice(const torch::Tensor& flat, const Range& r) {
@@ -208,6 +213,140 @@ void ProcessGroup::ringAllReduceCompressed(Operation& op, torch::Tensor& flat, R
       });
 }
 
+bool ProcessGroup::direct() const {
+  return size() > 1 && size() <= channel_.options().direct_max_members;
+}
+
+// all_reduce by direct exchanges (docs/COLLECTIVES.md "Direct exchanges"), for small groups and
+// tensors whose blocks fit one segment: the blocks of ringAllReduce, but block b goes straight
+// from every member to member b (message 0), which reduces the n contributions in rank order
+// (float16/bfloat16 in float32, rounded once; averages divided by n) and sends the finished block
+// straight to every other member (message 1). Each member sends and receives 2(n−1)/n of the
+// tensor, as in the ring, but a result is 2 message delays away instead of 2(n−1). Every block is
+// finished by one member and copied to the others: all members end bit-identical.
+// Compressed codecs (float32 sum/average): each contribution travels encoded once and is decoded
+// by member b, which adds them in float32 to its own exact values; the finished block is encoded
+// once, adopted decoded by member b itself, and sent as those bytes.
+void ProcessGroup::directAllReduce(Operation& op, torch::Tensor& flat, ReduceOp reduce_op,
+                                   ChunkCodec codec) {
+  const int n = size();
+  const int rank = this->rank();
+  const int64_t total = flat.numel();
+  const torch::ScalarType dtype = flat.scalar_type();
+  const torch::ScalarType acc_type = accumulationType(dtype);
+  const bool compressed = codec != ChunkCodec::kFp32;
+  const bool bf16 = codec == ChunkCodec::kBf16;
+  const torch::ScalarType wire_type =
+      !compressed ? dtype : (bf16 ? torch::kBFloat16 : torch::kUInt8);
+  auto wire_numel = [&](int64_t k) {
+    return compressed && !bf16 ? wire::int8BlocksBytes(k, kInt8Block) : k;
+  };
+  auto encode = [&](const torch::Tensor& x) -> torch::Tensor {  // x: float32, 1-d
+    if (!compressed) return x;
+    if (bf16) return x.to(torch::kBFloat16);
+    torch::Tensor c = x.contiguous();
+    torch::Tensor out = torch::empty({wire_numel(c.numel())}, torch::kUInt8);
+    try {
+      wire::encodeInt8Blocks(c.data_ptr<float>(), c.numel(), kInt8Block, out.data_ptr<uint8_t>());
+    } catch (const std::invalid_argument& e) {
+      CAIRN_THROW(BadInput, "group ", groupId(), ": wire.sync int8 cannot carry this tensor (",
+                  e.what(), "); use \"bf16\" or \"fp32\"");
+    }
+    return out;
+  };
+  auto decode_into = [&](const torch::Tensor& in, torch::Tensor out) {  // out: contiguous slice
+    if (!compressed || bf16) {
+      out.copy_(in);  // same dtype, or bfloat16 → float32 (exact)
+      return;
+    }
+    wire::decodeInt8Blocks(in.data_ptr<uint8_t>(), out.numel(), kInt8Block, out.data_ptr<float>());
+  };
+  auto check_for = [&](int64_t k) -> CollectiveChannel::ChunkCheck {
+    if (!compressed || bf16) return nullptr;
+    return [k](const torch::Tensor& in) {
+      return wire::checkInt8Blocks(in.data_ptr<uint8_t>(), k, kInt8Block);
+    };
+  };
+
+  // Reduce-scatter: our part of every other member's block, straight to it (the right neighbour
+  // first, so that the n members do not all send to the same one at once).
+  for (int k = 1; k < n; ++k) {
+    const int to = modulo(rank + k, n);
+    channel_.sendChunk(op, to, 0, encode(slice(flat, part(total, n, to))));
+  }
+  const Range mine = part(total, n, rank);
+  torch::Tensor own = slice(flat, mine);
+  torch::Tensor acc;  // acc_type, the sum of the contributions so far, in rank order
+  for (int from = 0; from < n; ++from) {
+    torch::Tensor contribution;
+    if (from == rank) {
+      contribution = own;
+    } else {
+      torch::Tensor in = channel_.receiveChunk(op, from, 0, wire_type, wire_numel(mine.size()),
+                                               check_for(mine.size()));
+      if (compressed && !bf16) {
+        contribution = torch::empty({mine.size()}, torch::kFloat32);
+        decode_into(in, contribution);
+      } else {
+        contribution = in;  // may borrow the sender's memory: only read
+      }
+    }
+    if (!acc.defined()) {
+      acc = contribution.to(acc_type, /*non_blocking=*/false, /*copy=*/true);
+    } else if (contribution.scalar_type() == acc_type) {
+      reduceInto(acc, contribution, reduce_op);
+    } else {
+      reduceInto(acc, contribution.to(acc_type), reduce_op);
+    }
+  }
+  if (reduce_op == ReduceOp::kAverage) acc.div_(n);
+  // The finished block: adopted here, then sent to every other member as these bytes.
+  torch::Tensor finished;
+  if (compressed) {
+    finished = encode(acc);
+    decode_into(finished, own);
+  } else {
+    own.copy_(acc);
+    finished = own;
+  }
+  for (int k = 1; k < n; ++k) channel_.sendChunk(op, modulo(rank + k, n), 1, finished);
+  // All-gather: every other member's finished block (the left neighbour first: it is the first
+  // whose reduce-scatter chunk from us left).
+  for (int k = 1; k < n; ++k) {
+    const int from = modulo(rank - k, n);
+    const Range r = part(total, n, from);
+    torch::Tensor in =
+        channel_.receiveChunk(op, from, 1, wire_type, wire_numel(r.size()), check_for(r.size()));
+    decode_into(in, slice(flat, r));
+  }
+}
+
+// all_reduce of a tiny tensor (direct groups, at most kWholeExchangeBytes = 64, uncompressed): one
+// message delay. Every member sends its whole tensor to every other (message 0) and reduces the n
+// tensors itself, in rank order (float16/bfloat16 in float32, rounded once; averages divided by
+// n): the same inputs and the same operations on every member, so bit-identical results.
+void ProcessGroup::wholeExchangeAllReduce(Operation& op, torch::Tensor& flat, ReduceOp reduce_op) {
+  const int n = size();
+  const int rank = this->rank();
+  const torch::ScalarType dtype = flat.scalar_type();
+  const torch::ScalarType acc_type = accumulationType(dtype);
+  torch::Tensor mine = flat.clone();  // the sent bytes stay ours while flat is overwritten
+  for (int k = 1; k < n; ++k) channel_.sendChunk(op, modulo(rank + k, n), 0, mine);
+  torch::Tensor acc;
+  for (int from = 0; from < n; ++from) {
+    torch::Tensor c =
+        from == rank ? mine : channel_.receiveChunk(op, from, 0, dtype, flat.numel());
+    if (!acc.defined())
+      acc = c.to(acc_type, /*non_blocking=*/false, /*copy=*/true);
+    else if (c.scalar_type() == acc_type)
+      reduceInto(acc, c, reduce_op);
+    else
+      reduceInto(acc, c.to(acc_type), reduce_op);
+  }
+  if (reduce_op == ReduceOp::kAverage) acc.div_(n);
+  flat.copy_(acc);
+}
+
 void ProcessGroup::allReduce(torch::Tensor& tensor, ReduceOp reduce_op) {
   checkTensor(tensor, "allReduce tensor");
   const bool floating = torch::isFloatingType(tensor.scalar_type());
@@ -222,7 +361,13 @@ void ProcessGroup::allReduce(torch::Tensor& tensor, ReduceOp reduce_op) {
     const ChunkCodec codec = channel_.options().codec;
     const bool compressed = codec != ChunkCodec::kFp32 && flat.scalar_type() == torch::kFloat32 &&
                             (reduce_op == ReduceOp::kSum || reduce_op == ReduceOp::kAverage);
-    if (compressed)
+    const int64_t max_block = (flat.numel() + size() - 1) / size();
+    if (direct() && !compressed &&
+        flat.numel() * int64_t(flat.element_size()) <= kWholeExchangeBytes)
+      wholeExchangeAllReduce(op, flat, reduce_op);
+    else if (direct() && max_block <= segmentElements(flat.element_size()))
+      directAllReduce(op, flat, reduce_op, compressed ? codec : ChunkCodec::kFp32);
+    else if (compressed)
       ringAllReduceCompressed(op, flat, reduce_op, codec);
     else
       ringAllReduce(op, flat, reduce_op);
@@ -420,12 +565,19 @@ void ProcessGroup::scatter(torch::Tensor& output, const std::vector<torch::Tenso
   channel_.finish(op);
 }
 
-// barrier: dissemination — in round k (distance d = 2^k) send to rank + d, hear from rank − d.
+// barrier: small groups (direct()) in one round; larger ones by dissemination — in round k (distance d = 2^k) send to rank + d, hear from rank − d.
 // After ⌈log2 n⌉ rounds every member has heard, directly or not, from every other.
 void ProcessGroup::barrier() {
   Operation op = channel_.begin("barrier");
   const int n = size();
   const torch::Tensor token = torch::empty({0}, torch::kUInt8);
+  if (direct()) {  // one round: a token to every other member, one from every other member
+    for (int k = 1; k < n; ++k) channel_.sendChunk(op, modulo(rank() + k, n), 0, token);
+    for (int k = 1; k < n; ++k)
+      (void)channel_.receiveChunk(op, modulo(rank() - k, n), 0, torch::kUInt8, 0);
+    channel_.finish(op);
+    return;
+  }
   uint64_t round = 0;
   for (int distance = 1; distance < n; distance *= 2, ++round) {
     channel_.sendChunk(op, modulo(rank() + distance, n), round, token);

@@ -8,6 +8,12 @@
 //              queued before the previous one is reduced), in place.
 //   broadcast  pipelined chain from the root; reduce: pipelined chain ending at the root.
 //   allGather  ring; gather/scatter: direct to/from the root; barrier: dissemination (log2 n).
+//   Small groups (ProcessGroupOptions::direct_max_members, default 16) exchange directly where the
+//   ring costs latency: allReduce of a tensor whose blocks fit one segment is a direct
+//   reduce-scatter (block b to member b) then a direct all-gather — the same bytes per member as
+//   the ring, 2 message delays instead of 2(n−1); a tensor of at most 64 bytes is sent whole to
+//   every member, which all reduce it themselves (1 delay) — and barrier is one round of n−1
+//   messages.
 //
 // Messages, validation, timeouts, keep-alives, aborts and leaves: CollectiveChannel.h (the group's
 // one channel). Every member must call the same collectives in the same order (as with
@@ -90,6 +96,12 @@ class ProcessGroup {
   void ringAllReduce(Operation& op, torch::Tensor& flat, ReduceOp op_kind);
   void ringAllReduceCompressed(Operation& op, torch::Tensor& flat, ReduceOp op_kind,
                                ChunkCodec codec);
+  // Direct exchanges (ProcessGroupOptions::direct_max_members, docs/COLLECTIVES.md "Direct
+  // exchanges"): whether this group uses them, and the direct all-reduce (codec kFp32: chunks
+  // travel in the tensor's dtype).
+  bool direct() const;
+  void directAllReduce(Operation& op, torch::Tensor& flat, ReduceOp op_kind, ChunkCodec codec);
+  void wholeExchangeAllReduce(Operation& op, torch::Tensor& flat, ReduceOp op_kind);
 
   CollectiveChannel channel_;
 };

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <functional>
@@ -285,6 +286,125 @@ TEST(Collectives, MalformedAndForeignChunksAreDroppedAndCounted) {
   EXPECT_EQ(rank1_stats.dropped_malformed, 2u);  // wrong dtype/size; non-member sender
   EXPECT_EQ(rank1_stats.dropped_stale, 1u);
   EXPECT_EQ(rank1_stats.operations, 2u);
+}
+
+// Direct exchanges (small groups) take chunks from several members in any order, keeping early
+// ones aside. A forged chunk claiming to be rank2's reduce-scatter chunk (the wrong size) is kept
+// aside at rank1 before rank2's real one, and both arrive while rank1 still waits for rank0: the
+// forged one must not shadow the real one (it is dropped when rank2's chunk is asked for, the
+// real one is taken). The order is made, not raced: rank1 holds both messages, puts them back
+// forged first, and only then lets rank0 start.
+TEST(Collectives, ForgedChunkDoesNotShadowTheRealOneInADirectExchange) {
+  const int n = 3;
+  const auto names = rankNames(n);
+  zmq::context_t context;
+  ZmqTransport intruder(context, "intruder", "inproc://shadow_x");
+  intruder.addPeer("rank1", "inproc://shadow_rank1");
+  Message forged;
+  forged.kind = MessageKind::kCollective;
+  forged.sender = "rank2";
+  forged.tag = "coll:test";
+  forged.step = 0;
+  forged.microbatch = 0;
+  forged.tensors.push_back({"", torch::zeros({3})});
+  ASSERT_EQ(intruder.send("rank1", forged, 1s), SendStatus::kSent);
+
+  // 12 KB (over the whole exchange's 64 bytes), blocks of 1000 float32 in one segment each: the
+  // direct reduce-scatter and all-gather.
+  const int64_t numel = 3000;
+  std::vector<torch::Tensor> results(n);
+  ProcessGroupStats rank1_stats;
+  std::vector<std::string> errors(n);
+  std::atomic<bool> queued{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ZmqTransport transport(context, names[r], "inproc://shadow_" + names[r]);
+        for (int p = 0; p < n; ++p)
+          if (p != r) transport.addPeer(names[p], "inproc://shadow_" + names[p]);
+        Mailbox mailbox(transport);
+        ProcessGroupOptions options = testOptions();
+        if (options.direct_max_members < n)  // the default must make this group direct
+          throw std::runtime_error("direct_max_members is below the group's size");
+        ProcessGroup group(mailbox, "test", names, names[r], options);
+        if (r == 1) {
+          std::vector<Message> held;  // the forged chunk and rank2's real one, in any order
+          while (held.size() < 2) {
+            auto m = mailbox.receive(
+                [](const Message& m) { return m.tag == "coll:test" && m.sender == "rank2"; }, 10s);
+            if (!m) throw std::runtime_error("the chunks claiming to be rank2's did not arrive");
+            held.push_back(std::move(*m));
+          }
+          std::sort(held.begin(), held.end(), [](const Message& a, const Message& b) {
+            return a.tensors.at(0).tensor.numel() < b.tensors.at(0).tensor.numel();
+          });  // forged (3 values) first
+          for (auto it = held.rbegin(); it != held.rend(); ++it) mailbox.putBack(*it);
+          queued = true;
+        } else if (r == 0) {
+          while (!queued) std::this_thread::sleep_for(1ms);
+        }
+        results[size_t(r)] = torch::arange(numel, torch::kFloat32) * float(r + 1);
+        group.allReduce(results[size_t(r)]);
+        if (r == 1) rank1_stats = group.stats();
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+        queued = true;
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
+  const torch::Tensor expected = torch::arange(numel, torch::kFloat32) * 6.f;
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(torch::equal(results[size_t(r)], expected)) << r;
+  EXPECT_EQ(rank1_stats.dropped_malformed, 1u);
+  EXPECT_EQ(rank1_stats.dropped_unexpected, 0u);
+}
+
+// Direct exchanges and the ring give the same exact results (integer sums, max) and both end
+// bit-identical on every member for floats; barrier works either way. 1001 elements take the
+// direct reduce-scatter and all-gather, 3 and 5 (≤ 64 bytes) the whole exchange.
+TEST(Collectives, DirectExchangesAndTheRingAgree) {
+  for (int n : {2, 3, 4, 6}) {
+    std::vector<torch::Tensor> sums[2], maxes[2], averages[2], tiny_maxes[2], tiny_averages[2];
+    for (int direct = 0; direct < 2; ++direct) {
+      ProcessGroupOptions options = testOptions();
+      options.direct_max_members = direct ? 16 : 0;
+      sums[direct].resize(size_t(n));
+      maxes[direct].resize(size_t(n));
+      averages[direct].resize(size_t(n));
+      tiny_maxes[direct].resize(size_t(n));
+      tiny_averages[direct].resize(size_t(n));
+      auto outcomes = runRanks(n, options, [&](int r, ProcessGroup& g) {
+        torch::Tensor s = torch::arange(1001, torch::kLong) * (r + 1);
+        g.allReduce(s);
+        g.barrier();
+        torch::Tensor m = torch::arange(1001, torch::kInt32) * ((r % 2) ? 1 : -1) + r;
+        g.allReduce(m, ReduceOp::kMax);
+        torch::Tensor a = torch::linspace(-1, 1, 1001) * float(r + 1) / 3.f;
+        g.allReduce(a, ReduceOp::kAverage);
+        g.barrier();
+        torch::Tensor tm = torch::tensor({int64_t(r), int64_t(7 - r), int64_t(3)}, torch::kLong);
+        g.allReduce(tm, ReduceOp::kMax);
+        torch::Tensor ta = torch::linspace(-2, 3, 5) / float(r + 3);
+        g.allReduce(ta, ReduceOp::kAverage);
+        tiny_maxes[direct][size_t(r)] = tm;
+        tiny_averages[direct][size_t(r)] = ta;
+        sums[direct][size_t(r)] = s;
+        maxes[direct][size_t(r)] = m;
+        averages[direct][size_t(r)] = a;
+      });
+      for (int r = 0; r < n; ++r) ASSERT_EQ(outcomes[size_t(r)].error, "") << n << " " << r;
+    }
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(torch::equal(sums[1][size_t(r)], sums[0][size_t(r)])) << n << " " << r;
+      EXPECT_TRUE(torch::equal(maxes[1][size_t(r)], maxes[0][size_t(r)])) << n << " " << r;
+      EXPECT_TRUE(torch::equal(averages[1][size_t(r)], averages[1][0])) << n << " " << r;
+      EXPECT_TRUE(torch::equal(tiny_maxes[1][size_t(r)], tiny_maxes[0][size_t(r)])) << n << r;
+      EXPECT_TRUE(torch::equal(tiny_averages[1][size_t(r)], tiny_averages[1][0])) << n << r;
+      EXPECT_TRUE(torch::allclose(tiny_averages[1][size_t(r)], tiny_averages[0][size_t(r)]));
+      EXPECT_TRUE(torch::allclose(averages[1][size_t(r)], averages[0][size_t(r)], 1e-6, 1e-6));
+    }
+  }
 }
 
 // A member that binds its endpoint but never joins the operation: everyone else gets PeerLost

@@ -1,6 +1,7 @@
 // Compressed ring syncs (training_definition.wire.sync, ProcessGroup::allReduce's ChunkCodec):
 // ranks as threads over inproc://. Every compressed all-reduce is compared, bit for bit, with an
-// independent simulation of the ring written here from the codecs of core/WireCompression.h (the
+// independent simulation (of the direct exchange where the group uses it, directReference, else)
+// of the ring written here from the codecs of core/WireCompression.h (the
 // scalar bf16 rounding and the int8 block encoder, not torch's casts): for each block and segment,
 // the member owning the block starts with its own values, every hop rounds the float32 partial
 // through the codec and adds the next member's float32 values, the last one averages, and the
@@ -29,9 +30,12 @@ std::vector<std::string> rankNames(int n) {
   return names;
 }
 
-ProcessGroupOptions testOptions(ChunkCodec codec = ChunkCodec::kFp32) {
+// `direct`: the group may use the direct all-reduce (ProcessGroupOptions::direct_max_members,
+// the default); false: always the ring.
+ProcessGroupOptions testOptions(ChunkCodec codec = ChunkCodec::kFp32, bool direct = false) {
   ProcessGroupOptions options;
   options.codec = codec;
+  options.direct_max_members = direct ? 16 : 0;
   options.timeout = 20s;          // a hang fails the test instead of stalling it
   options.segment_bytes = 4096;   // 1024 float32 per segment: several segments per block
   return options;
@@ -107,6 +111,41 @@ torch::Tensor ringReference(const std::vector<torch::Tensor>& x, ChunkCodec code
   return out;
 }
 
+// The direct all-reduce's result, simulated: block b (near-equal blocks, one per rank) is summed
+// by rank b in rank order, its own values exact and every other member's rounded once through
+// the codec; averaged; rounded once more — the values every member adopts.
+torch::Tensor directReference(const std::vector<torch::Tensor>& x, ChunkCodec codec,
+                              bool average) {
+  const int64_t n = int64_t(x.size()), total = x[0].numel();
+  torch::Tensor out = torch::empty({total});
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t begin = total * b / n, len = total * (b + 1) / n - begin;
+    torch::Tensor p;
+    for (int64_t s = 0; s < n; ++s) {
+      torch::Tensor c = x[size_t(s)].narrow(0, begin, len);
+      if (s != b) c = roundTrip(c, codec);
+      if (s == 0)
+        p = c.clone();
+      else
+        p.add_(c);
+    }
+    if (average) p.div_(n);
+    out.narrow(0, begin, len).copy_(roundTrip(p, codec));
+  }
+  return out;
+}
+
+// What a group with testOptions(codec, direct) computes: the direct simulation where every
+// block fits one segment, else the ring's.
+torch::Tensor reference(const std::vector<torch::Tensor>& x, ChunkCodec codec, bool average,
+                        bool direct) {
+  const int64_t n = int64_t(x.size());
+  const int64_t segment_elements = int64_t(testOptions().segment_bytes / 4);
+  if (direct && n > 1 && (x[0].numel() + n - 1) / n <= segment_elements)
+    return directReference(x, codec, average);
+  return ringReference(x, codec, average, segment_elements);
+}
+
 std::vector<torch::Tensor> inputs(int n, int64_t numel) {
   std::vector<torch::Tensor> x;
   auto gen = at::detail::createCPUGenerator(1234);
@@ -125,10 +164,11 @@ struct Outcome {
   std::vector<ProcessGroupStats> stats;
 };
 
-Outcome allReduceAll(const std::vector<torch::Tensor>& x, ReduceOp op, ChunkCodec codec) {
+Outcome allReduceAll(const std::vector<torch::Tensor>& x, ReduceOp op, ChunkCodec codec,
+                     bool direct = false) {
   const int n = int(x.size());
   Outcome o{std::vector<torch::Tensor>(n), std::vector<ProcessGroupStats>(n)};
-  auto errors = runRanks(n, testOptions(codec), [&](int r, ProcessGroup& g) {
+  auto errors = runRanks(n, testOptions(codec, direct), [&](int r, ProcessGroup& g) {
     torch::Tensor t = x[size_t(r)].clone();
     g.allReduce(t, op);
     o.results[size_t(r)] = t;
@@ -138,24 +178,26 @@ Outcome allReduceAll(const std::vector<torch::Tensor>& x, ReduceOp op, ChunkCode
   return o;
 }
 
-using Case = std::tuple<int, int64_t, ChunkCodec>;
+// (n, numel, codec, direct all-reduce allowed)
+using Case = std::tuple<int, int64_t, ChunkCodec, bool>;
 class SyncCompression : public ::testing::TestWithParam<Case> {};
 
-TEST_P(SyncCompression, AverageEqualsRingSimulationOnEveryMember) {
-  const auto [n, numel, codec] = GetParam();
+TEST_P(SyncCompression, AverageEqualsSimulationOnEveryMember) {
+  const auto [n, numel, codec, direct] = GetParam();
   const auto x = inputs(n, numel);
-  const Outcome exact = allReduceAll(x, ReduceOp::kAverage, ChunkCodec::kFp32);
-  const Outcome got = allReduceAll(x, ReduceOp::kAverage, codec);
-  const int64_t segment_elements = int64_t(testOptions().segment_bytes / 4);
-  const torch::Tensor expected = ringReference(x, codec, true, segment_elements);
+  const Outcome exact = allReduceAll(x, ReduceOp::kAverage, ChunkCodec::kFp32, direct);
+  const Outcome got = allReduceAll(x, ReduceOp::kAverage, codec, direct);
+  const torch::Tensor expected = reference(x, codec, true, direct);
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(got.results[size_t(r)].defined()) << "rank " << r;
-    // Every member holds the same values, bit for bit: the simulated ring's.
+    // Every member holds the same values, bit for bit: the simulated ring's (or direct
+    // exchange's).
     EXPECT_TRUE(torch::equal(got.results[size_t(r)], expected)) << "rank " << r;
   }
   // The codec made a difference (the test can fail), and a bounded one: every hop rounds a
   // partial sum of at most n·max|x| — bf16 by at most 2^-9 of it, int8 by half a step of its
-  // block's scale, max/127/2 — and the result is rounded once more.
+  // block's scale, max/127/2 — and the result is rounded once more (the direct exchange rounds
+  // each contribution once: within the same bound).
   // (Blocks of one value are exact in int8 — q = ±127 — so the 3-value case does not assert it.)
   if (numel > 100) {
     EXPECT_FALSE(torch::equal(got.results[0], exact.results[0]));
@@ -169,6 +211,9 @@ TEST_P(SyncCompression, AverageEqualsRingSimulationOnEveryMember) {
   EXPECT_LE(err, bound) << "max |compressed − fp32| " << err;
   // The bytes: half of fp32 for bf16; for int8 a quarter plus one scale per block of a chunk
   // (chunks of one value carry 4 + 1 bytes: int8 pays off only for real buckets).
+  // (A direct group's fp32 run of at most 64 bytes takes the whole exchange, (n−1)·N bytes, not
+  // the blocks the compressed run sends: no like-for-like ratio there.)
+  if (direct && numel * 4 <= 64) return;
   const double ratio = double(got.stats[0].bytes_sent) / double(exact.stats[0].bytes_sent);
   if (codec == ChunkCodec::kBf16) {
     EXPECT_DOUBLE_EQ(ratio, 0.5);
@@ -178,9 +223,9 @@ TEST_P(SyncCompression, AverageEqualsRingSimulationOnEveryMember) {
 }
 
 std::string caseName(const ::testing::TestParamInfo<Case>& info) {
-  const auto [n, numel, codec] = info.param;
+  const auto [n, numel, codec, direct] = info.param;
   return std::string(toString(codec)) + "_n" + std::to_string(n) + "_numel" +
-         std::to_string(numel);
+         std::to_string(numel) + (direct ? "_direct" : "");
 }
 
 // 10007 elements in segments of 1024: several segments per block, int8 blocks cut short at a
@@ -189,7 +234,17 @@ INSTANTIATE_TEST_SUITE_P(Ring, SyncCompression,
                          ::testing::Combine(::testing::Values(2, 3, 5),
                                             ::testing::Values<int64_t>(10007, 700, 3),
                                             ::testing::Values(ChunkCodec::kBf16,
-                                                              ChunkCodec::kInt8)),
+                                                              ChunkCodec::kInt8),
+                                            ::testing::Values(false)),
+                         caseName);
+// The direct all-reduce (small groups, blocks of one segment): 700 and 3 go direct, 10007 (blocks
+// of several segments) still takes the ring.
+INSTANTIATE_TEST_SUITE_P(Direct, SyncCompression,
+                         ::testing::Combine(::testing::Values(2, 3, 5),
+                                            ::testing::Values<int64_t>(10007, 700, 3),
+                                            ::testing::Values(ChunkCodec::kBf16,
+                                                              ChunkCodec::kInt8),
+                                            ::testing::Values(true)),
                          caseName);
 
 // A sum is compressed too (same path without the division); integer max-reductions and float64
@@ -220,9 +275,11 @@ TEST(SyncCompressionScope, SumCompressedOtherDtypesAndMaxExact) {
 // invalid scale or a -128. Each is dropped and counted; the real all-reduce still gives the
 // simulated ring's values.
 TEST(SyncCompressionForgery, WrongDtypeSizeOrContentIsDropped) {
+  for (bool direct : {false, true})
   for (ChunkCodec codec : {ChunkCodec::kBf16, ChunkCodec::kInt8}) {
     zmq::context_t context;
-    const std::string prefix = std::string("inproc://forge_") + toString(codec) + "_";
+    const std::string prefix = std::string("inproc://forge_") + toString(codec) +
+                               (direct ? "_direct_" : "_");
     ZmqTransport intruder(context, "intruder", prefix + "x");
     intruder.addPeer("rank1", prefix + "rank1");
     auto forged = [](torch::Tensor t) {
@@ -231,7 +288,8 @@ TEST(SyncCompressionForgery, WrongDtypeSizeOrContentIsDropped) {
       m.sender = "rank0";
       m.tag = "coll:test";
       m.step = 0;
-      m.microbatch = 0;  // rank0's first chunk to rank1: its block 0, 50 values
+      m.microbatch = 0;  // rank0's first chunk to rank1: 50 values (ring: block 0; direct:
+                         // rank0's part of block 1)
       m.tensors.push_back({"", t});
       return m;
     };
@@ -260,7 +318,7 @@ TEST(SyncCompressionForgery, WrongDtypeSizeOrContentIsDropped) {
           ZmqTransport transport(context, names[r], prefix + names[r]);
           transport.addPeer(names[1 - r], prefix + names[1 - r]);
           Mailbox mailbox(transport);
-          ProcessGroup group(mailbox, "test", names, names[r], testOptions(codec));
+          ProcessGroup group(mailbox, "test", names, names[r], testOptions(codec, direct));
           if (r == 1) {
             // The forgeries are in rank1's mailbox, in order, before rank0 sends anything.
             std::vector<Message> queued;
@@ -285,7 +343,7 @@ TEST(SyncCompressionForgery, WrongDtypeSizeOrContentIsDropped) {
     for (auto& t : threads) t.join();
     ASSERT_EQ(errors[0], "") << toString(codec);
     ASSERT_EQ(errors[1], "") << toString(codec);
-    const torch::Tensor expected = ringReference(x, codec, true, 1024);
+    const torch::Tensor expected = reference(x, codec, true, direct);
     for (const auto& r : results) EXPECT_TRUE(torch::equal(r, expected)) << toString(codec);
     EXPECT_EQ(rank1.dropped_malformed, bad.size()) << toString(codec);
   }

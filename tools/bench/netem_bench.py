@@ -356,7 +356,22 @@ SHAPES = {"average": (2, 2, "average"), "diloco": (2, 2, "diloco"), "pipeline": 
           "average4": (4, 1, "average"), "diloco4": (4, 1, "diloco")}
 
 
-def run_cairn(topo, args, model, work, setup, wire):
+def parse_variants(text):
+    """--variants 'direct:,ring:CAIRN_DIRECT_MAX_MEMBERS=0' -> [(label, {VAR: VALUE})]."""
+    out = []
+    for item in [v for v in text.split(",") if v]:
+        label, _, assignments = item.partition(":")
+        env = {}
+        for a in [a for a in assignments.split(";") if a]:
+            var, eq, value = a.partition("=")
+            if not eq or not var:
+                raise SystemExit(f"netem_bench: --variants: '{a}' in '{item}' is not VAR=VALUE")
+            env[var] = value
+        out.append((label or "default", env))
+    return out
+
+
+def run_cairn(topo, args, model, work, setup, wire, sync_only=False, variant=("", {})):
     clusters, per, sync = SHAPES[setup]
     batch = args.batch_size // clusters
     job = json.load(open(os.path.join(ROOT, "examples", "fashion_mnist", "job.json")))
@@ -372,8 +387,9 @@ def run_cairn(topo, args, model, work, setup, wire):
     if wire:
         # training_definition.wire (issue [I] part 5, compression on the wire): a provider that does
         # not know the key refuses it with exit code 2, reported below as "unavailable"
-        td["wire"] = {"activations": wire, "sync": wire}
-    nd = os.path.join(work, f"{setup}_{wire or 'fp32'}")
+        td["wire"] = {"sync": wire} if sync_only else {"activations": wire, "sync": wire}
+    nd = os.path.join(work, f"{setup}_{'sync-' if sync_only else ''}{wire or 'fp32'}"
+                      f"{'_' + variant[0] if variant[0] else ''}")
     try:
         specs = plan(model, job, per, clusters, nd)
     except RuntimeError as e:
@@ -386,7 +402,8 @@ def run_cairn(topo, args, model, work, setup, wire):
     for name, spec in specs.items():
         i = index[spec["address"]]
         out = open(os.path.join(nd, "nodes", name, "provider.log"), "w")
-        p = subprocess.Popen(["ip", "netns", "exec", ns_name(i), "env", "OMP_WAIT_POLICY=PASSIVE", PROVIDER,
+        extra_env = [f"{k}={v}" for k, v in variant[1].items()]
+        p = subprocess.Popen(["ip", "netns", "exec", ns_name(i), "env", "OMP_WAIT_POLICY=PASSIVE"] + extra_env + [PROVIDER,
                               "--name", name, "--node-data", nd], stdout=out, stderr=subprocess.STDOUT,
                              cwd=ROOT, start_new_session=True)
         procs[name] = p
@@ -424,10 +441,25 @@ def run_cairn(topo, args, model, work, setup, wire):
         return {"error": f"providers failed {failed}: {text[-600:]}"}
     steps, evals = read_metrics(metrics)
     times = [batch / r["samples_per_s"] for r in steps]
+    # The syncs' own seconds. A member's sync_s (metrics.jsonl, the step that ended with a sync)
+    # includes waiting for members that arrive later; the member that arrives last waits for no
+    # one, so per sync step the smallest sync_s over the members whose metrics have it (every
+    # node of a 4 x 1 setup is its cluster's root) is what the sync itself costs.
+    by_step = collections.defaultdict(list)
+    for name in specs:
+        for r in read_metrics(os.path.join(nd, "nodes", name, "metrics.jsonl"))[0]:
+            if r.get("sync_s", 0.0) > 0.001 and sync:
+                by_step[r["step"]].append(r["sync_s"])
+    costs = [min(v) for k, v in sorted(by_step.items()) if len(v) == clusters]
+    root_syncs = [r["sync_s"] for r in steps if r.get("sync_s", 0.0) > 0.001]
+    sync_fig = {"syncs": len(root_syncs), "root_sync_s": [round(x, 3) for x in root_syncs],
+                "sync_cost_s": [round(x, 3) for x in costs],
+                "sync_cost_median_s": round(sorted(costs)[len(costs) // 2], 4) if costs else None}
     fig = step_timing.figures(times, evals, args.eval_every, args.warmup, clusters * batch, args.target)
     if timed_out:
         fig["stopped"] = f"--run-timeout {args.run_timeout} s before the target"
-    return {**fig, "steps": len(steps), "last_accuracy": evals[-1]["accuracy"] if evals else None,
+    return {**fig, **sync_fig, "steps": len(steps),
+            "last_accuracy": evals[-1]["accuracy"] if evals else None,
             "evals": [[e["step"], round(e["accuracy"], 4)] for e in evals],
             "sync_s": round(sum(r.get("sync_s", 0.0) for r in steps), 3), "process_wall_s": wall}
 
@@ -463,18 +495,29 @@ def remove_stale():
 
 
 def table(rows):
-    out = ["| link | setup | wire | samples/s | time to target (s) | steps to target | last acc. | "
-           "time / DDP's |", "|---|---|---|---:|---:|---:|---:|---:|"]
-    ddp = {r["link"]: r.get("time_to_target_s") for r in rows if r["setup"] == "ddp"}
+    out = ["| link | setup | variant | wire | samples/s | time to target (s) | steps to target | "
+           "last acc. | s per sync (median, last to arrive) | time / DDP's |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    # each row against the latest DDP row of its link before it (the same repeat), else the first
+    first, latest = {}, {}
+    for r in rows:
+        if r["setup"] == "ddp" and r.get("time_to_target_s"):
+            first.setdefault(r["link"], r["time_to_target_s"])
+    for r in rows:
+        if r["setup"] == "ddp" and r.get("time_to_target_s"):
+            latest[r["link"]] = r["time_to_target_s"]
+        r["_ddp"] = latest.get(r["link"], first.get(r["link"]))
     for r in rows:
         t = r.get("time_to_target_s")
         note = r.get("unavailable") or r.get("error")
-        ratio = f"{t / ddp[r['link']]:.2f}" if t and ddp.get(r["link"]) else "—"
+        ratio = f"{t / r['_ddp']:.2f}" if t and r.get("_ddp") else "—"
         sps = f"{r['samples_per_s']:.0f}" if r.get("samples_per_s") else "—"
         acc = f"{r['last_accuracy']:.3f}" if r.get("last_accuracy") is not None else "—"
-        out.append(f"| {r['link']} | {r['setup']} | {r.get('wire') or 'fp32'} | {sps} | "
+        per_sync = f"{r['sync_cost_median_s']:.3f}" if r.get("sync_cost_median_s") else "—"
+        wire = (("sync " if r.get("sync_only") else "") + r["wire"]) if r.get("wire") else "fp32"
+        out.append(f"| {r['link']} | {r['setup']} | {r.get('variant') or '—'} | {wire} | {sps} | "
                    f"{f'{t:.1f}' if t else ('—' if not note else ('unavailable' if r.get('unavailable') else 'error'))} | {r.get('steps_to_target') or '—'} | "
-                   f"{acc} | {ratio} |")
+                   f"{acc} | {per_sync} | {ratio} |")
     return "\n".join(out)
 
 
@@ -484,6 +527,13 @@ def main():
     p.add_argument("--setups", default="ddp,average,diloco,pipeline")
     p.add_argument("--wire", default="", help="codecs for extra cairn rows, e.g. bf16,int8: each row "
                    "sets training_definition.wire.activations and .sync to it (sync takes bf16 or int8)")
+    p.add_argument("--sync-wire", default="", help="codecs for extra cairn sync rows that set only "
+                   "training_definition.wire.sync (bf16 or int8; activations stay fp32)")
+    p.add_argument("--variants", default="", help="run every cairn row once per variant, in turn: "
+                   "LABEL:VAR=VALUE;VAR=VALUE,... sets the providers' environment, e.g. "
+                   "'direct:,ring:CAIRN_DIRECT_MAX_MEMBERS=0' (docs/COLLECTIVES.md)")
+    p.add_argument("--repeat", type=int, default=1, help="run the preset's whole list of rows this "
+                   "many times, in turn (the spread under load)")
     p.add_argument("--steps", type=int, default=150, help="most steps per run (stops at the target)")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--target", type=float, default=0.80)
@@ -536,7 +586,10 @@ def main():
         if not netem:
             log(f"tc netem unavailable ({why_not}); rate by tbf, delay by the TUN relay")
         setups = args.setups.split(",")
-        extra = [(s, w) for w in args.wire.split(",") if w for s in setups if s != "ddp"]
+        extra = [(s, w, False) for w in args.wire.split(",") if w for s in setups if s != "ddp"]
+        extra += [(s, w, True) for w in args.sync_wire.split(",") if w for s in setups
+                  if s != "ddp" and SHAPES[s][2]]
+        variants = parse_variants(args.variants) or [("", {})]
         for preset in args.presets.split(","):
             rate, rtt = (float(x) for x in preset.split(":"))
             rate = int(rate) if rate == int(rate) else rate
@@ -546,20 +599,27 @@ def main():
             mbit = topo.throughput_mbit()
             log(f"{link}: shaping {shaping}, measured TCP-connect round trip {measured:.1f} ms, "
                 f"bulk TCP {mbit:.1f} Mbit/s")
-            for setup, wire in [(s, None) for s in setups] + extra:
+            runs = [(setup, wire, sync_only, variant)
+                    for setup, wire, sync_only in [(s, None, False) for s in setups] + extra
+                    for variant in ([("", {})] if setup == "ddp" else variants)]
+            for repeat, (setup, wire, sync_only, variant) in [(k, r) for k in range(args.repeat)
+                                                              for r in runs]:
                 work = os.path.join(args.work, preset.replace(":", "_"))
                 os.makedirs(work, exist_ok=True)
-                log(f"{link}: {setup} {wire or ''} ...")
+                log(f"{link}: {setup} {('sync ' if sync_only else '') + (wire or '')} "
+                    f"{variant[0]} (repeat {repeat + 1}/{args.repeat}) ...")
                 if setup == "ddp":
                     res = run_ddp(topo, args, model, work)
                 else:
                     try:
-                        res = run_cairn(topo, args, model, work, setup, wire)
+                        res = run_cairn(topo, args, model, work, setup, wire, sync_only, variant)
                     except RuntimeError as e:
                         res = {"error": str(e)[:500]}
                 row = {"table": "netem", "link": link, "rate_mbit": rate, "rtt_ms": rtt, "shaping": shaping,
                        "measured_rtt_ms": round(measured, 2),
                        "measured_bulk_mbit": round(mbit, 1), "setup": setup, "wire": wire,
+                       "sync_only": sync_only, "variant": variant[0] or None,
+                       "provider_env": variant[1] or None, "repeat": repeat + 1,
                        "processes": 4, "batch_size": args.batch_size, "target": args.target,
                        "eval_every": args.eval_every, "test_samples": args.test_samples,
                        "max_steps": args.steps, "local_steps": args.local_steps if setup != "ddp" and SHAPES[setup][2] else None,
