@@ -3,7 +3,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -23,28 +22,6 @@
 
 namespace cairn {
 namespace {
-
-// "gradients": the bucket cap and the overlap (RingClusterSync.h GradientSyncOptions). Not job.json
-// options yet: CAIRN_SYNC_BUCKET_BYTES (a positive integer) and CAIRN_SYNC_OVERLAP (0 or 1) in the
-// provider's environment, for benchmarks and diagnosis (docs/TRAINING.md "Across clusters").
-GradientSyncOptions gradientSyncOptionsFromEnvironment() {
-  GradientSyncOptions g;
-  if (const char* v = std::getenv("CAIRN_SYNC_BUCKET_BYTES")) {
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    if (end == v || *end != '\0' || n <= 0)
-      CAIRN_THROW(BadInput, "environment CAIRN_SYNC_BUCKET_BYTES=\"", v,
-                  "\": must be a positive number of bytes");
-    g.bucket_bytes = int64_t(n);
-  }
-  if (const char* v = std::getenv("CAIRN_SYNC_OVERLAP")) {
-    const std::string s(v);
-    if (s != "0" && s != "1")
-      CAIRN_THROW(BadInput, "environment CAIRN_SYNC_OVERLAP=\"", s, "\": must be 0 or 1");
-    g.overlap = s == "1";
-  }
-  return g;
-}
 
 // How many clusters train this job: node.json extra.num_clusters when clusterize (or the
 // coordinator) wrote it, else the plan's cluster list, else the distinct clusters of the node
@@ -169,7 +146,11 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   timeouts.lost = std::chrono::milliseconds(int64_t(config.options.timeouts.peer_timeout_s * 1000));
   // Ring members (other clusters) become transport peers before the pipeline handshake; the
   // first collective (the initial-weights check) waits for late members up to this timeout.
-  const GradientSyncOptions gradient_sync = gradientSyncOptionsFromEnvironment();
+  // "gradients": job.json sync.bucket_bytes and sync.overlap (RingClusterSync.h
+  // GradientSyncOptions; the same job.json on every member, so every ring cuts the same buckets).
+  GradientSyncOptions gradient_sync;
+  gradient_sync.bucket_bytes = config.options.sync.bucket_bytes;
+  gradient_sync.overlap = config.options.sync.overlap;
   if (config.options.sync.mode == SyncMode::kGradients)
     CAIRN_INFO("gradients: buckets of at most ", gradient_sync.bucket_bytes, " bytes, all-reduce ",
                gradient_sync.overlap ? "overlapped with the last backward" : "after backward");

@@ -79,12 +79,15 @@ SyncOptions parseSync(const JsonReader& r) {
     return s;
   }
   JsonReader o = r.object("sync");
-  o.rejectUnknownKeys({"name", "outer_lr", "outer_momentum", "outer_nesterov", "concurrent_rings"});
+  o.rejectUnknownKeys({"name", "outer_lr", "outer_momentum", "outer_nesterov", "concurrent_rings",
+                       "bucket_bytes", "overlap"});
   s.mode = kindOf(o.choiceOr("name", names, "average"));
   s.outer_lr = o.numberOr("outer_lr", s.outer_lr);
   s.outer_momentum = o.numberOr("outer_momentum", s.outer_momentum);
   s.outer_nesterov = o.booleanOr("outer_nesterov", s.outer_nesterov);
   s.concurrent_rings = o.booleanOr("concurrent_rings", s.concurrent_rings);
+  s.bucket_bytes = o.integerOr("bucket_bytes", 1, int64_t(1) << 40, s.bucket_bytes);
+  s.overlap = o.booleanOr("overlap", s.overlap);
   if (!(s.outer_lr > 0)) o.fail("outer_lr", "must be a positive number");
   if (!(s.outer_momentum >= 0 && s.outer_momentum < 1)) o.fail("outer_momentum", "must be in [0, 1)");
   if (s.outer_nesterov && s.outer_momentum == 0)
@@ -92,6 +95,9 @@ SyncOptions parseSync(const JsonReader& r) {
   if (s.mode != SyncMode::kDiLoCo)
     for (const char* key : {"outer_lr", "outer_momentum", "outer_nesterov"})
       if (o.has(key)) o.fail(key, "is a diloco option");
+  if (s.mode != SyncMode::kGradients)
+    for (const char* key : {"bucket_bytes", "overlap"})
+      if (o.has(key)) o.fail(key, "is a gradients option");
   return s;
 }
 

@@ -117,6 +117,13 @@ struct SyncOptions {
   // A node in several rings (clusters cut differently) runs them at once, one thread per ring;
   // false: one after another in ring id order (less memory: one ring's restore copy at a time).
   bool concurrent_rings = true;
+  // gradients: the rings' gradients travel in buckets of at most this many bytes (a tensor larger
+  // than that is a bucket of its own), cut from the last parameter back (the order backward
+  // produces them), as DDP's buckets. Overlapped or not, the same buckets reduce the same way.
+  int64_t bucket_bytes = int64_t(1) << 20;  // "bucket_bytes" (1 MiB, like DDP's first bucket)
+  // gradients: start a bucket's all-reduce as soon as the step's last backward has produced all of
+  // its gradients, while backward goes on (RingClusterSync; docs/TRAINING.md "Overlap").
+  bool overlap = true;  // "overlap"
   // training_definition.wire.sync (TrainOptions::wire, copied here by parseTrainOptions): how the
   // rings' float32 averages travel — "fp32", "bf16" or "int8" (ProcessGroupOptions::codec).
   WireCodec wire = WireCodec::kFp32;

@@ -192,6 +192,25 @@ TEST(TrainOptions, SyncModes) {
   EXPECT_FALSE(parseTrainOptions({{"sync", {{"name", "gradients"}, {"concurrent_rings", false}}}},
                                  "job.json")
                    .sync.concurrent_rings);
+  EXPECT_TRUE(d.overlap);
+  EXPECT_EQ(d.bucket_bytes, int64_t(1) << 20);
+  SyncOptions g = parseTrainOptions(
+                      {{"sync", {{"name", "gradients"}, {"bucket_bytes", 4096}, {"overlap", false}}}},
+                      "job.json")
+                      .sync;
+  EXPECT_EQ(g.bucket_bytes, 4096);
+  EXPECT_FALSE(g.overlap);
+  for (const nlohmann::json& bad :
+       {nlohmann::json{{"name", "gradients"}, {"bucket_bytes", 0}},
+        nlohmann::json{{"name", "average"}, {"overlap", true}}}) {
+    try {
+      parseTrainOptions({{"sync", bad}}, "job.json");
+      FAIL() << bad.dump();
+    } catch (const BadInput& e) {
+      EXPECT_NE(std::string(e.what()).find("training_definition.sync."), std::string::npos)
+          << e.what();
+    }
+  }
   try {
     parseTrainOptions({{"sync", {{"name", "average"}, {"concurrent_rings", "yes"}}}}, "job.json");
     FAIL();

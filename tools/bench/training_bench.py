@@ -19,9 +19,9 @@ ddp       2 processes, same CNN, data, initial weights, global batch, AdamW/cons
           the mode that exists today) for context; cairn 1 cluster x 2 nodes vs
           rpc_pipeline_reference.py. Runs alternate ours/peer for --rounds rounds (even rounds
           ours first, odd rounds PyTorch first); medians. Case ours_gradients_serial: "gradients"
-          with the overlap off (CAIRN_SYNC_OVERLAP=0: the all-reduce after the last backward, as
-          before the overlap), run right after ours_gradients in every round; --bucket-bytes sets
-          the gradient bucket cap (CAIRN_SYNC_BUCKET_BYTES) of both.
+          with the overlap off (job.json sync.overlap false: the all-reduce after the last
+          backward, as before the overlap), run right after ours_gradients in every round;
+          --bucket-bytes sets the gradient bucket cap (sync.bucket_bytes) of both.
           Rows also give the median sync_s (time the step waits in the sync) of cluster 0's Root.
           Both sides are timed by step_timing.py's one rule: a step is the interval from the end
           of the previous step to the end of this one (data, forward, backward, sync, optimizer,
@@ -330,14 +330,13 @@ def cmd_ddp(args):
         else:
             half = args.batch_size // 2
             sync = "gradients" if ours.startswith("ours_gradients") else None
-            # the provider's gradient-sync knobs (node/ProviderRun.cpp): overlap off for _serial
-            os.environ["CAIRN_SYNC_OVERLAP"] = "0" if ours == "ours_gradients_serial" else "1"
-            if args.bucket_bytes:
-                os.environ["CAIRN_SYNC_BUCKET_BYTES"] = str(args.bucket_bytes)
+            if sync:
+                # job.json sync.overlap (off for _serial) and sync.bucket_bytes (docs/TRAINING.md)
+                sync = {"name": "gradients", "overlap": ours != "ours_gradients_serial"}
+                if args.bucket_bytes:
+                    sync["bucket_bytes"] = args.bucket_bytes
             set_training(dp, batch_size=half, microbatches=1, local_steps=1, sync=sync)
             refused = launch(dp, refused_key="sync" if sync else None)
-            os.environ.pop("CAIRN_SYNC_OVERLAP", None)
-            os.environ.pop("CAIRN_SYNC_BUCKET_BYTES", None)
             if refused:
                 unavailable[ours] = refused
                 return
@@ -518,7 +517,7 @@ def main():
     d.add_argument("--train-samples", type=int, default=0, help="0: all 60,000 training images")
     d.add_argument("--cases", type=lambda s: s.split(","), default=["ours_gradients", "ours_param_avg", "ours_pipeline"])
     d.add_argument("--bucket-bytes", type=int, default=0,
-                   help="gradients: bucket cap, CAIRN_SYNC_BUCKET_BYTES (0: the default, 1 MiB)")
+                   help="gradients: bucket cap, job.json sync.bucket_bytes (0: the default, 1 MiB)")
     c = sub.add_parser("clusters")
     c.add_argument("--steps", type=int, default=100, help="at most this many steps per run")
     c.add_argument("--eval-every", type=int, default=20)
