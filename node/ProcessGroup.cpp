@@ -54,6 +54,55 @@ void windowedRing(uint64_t total, uint64_t m, uint64_t window, Send send, Receiv
   while (sent < total) send(sent++);
 }
 
+// How a float32 chunk of an all-reduce travels under a codec (wire.sync; ProcessGroup.h): its wire
+// dtype and element count, its encoding, its decoding into float32, and the vetting of an int8
+// chunk before use. kFp32: the tensor's own dtype, sent as it is. One piece for the ring and the
+// direct all-reduce.
+class ChunkWire {
+ public:
+  ChunkWire(ChunkCodec codec, torch::ScalarType dtype, const std::string& group)
+      : compressed_(codec != ChunkCodec::kFp32), bf16_(codec == ChunkCodec::kBf16),
+        dtype_(dtype), group_(group) {}
+  torch::ScalarType type() const {
+    return !compressed_ ? dtype_ : (bf16_ ? torch::kBFloat16 : torch::kUInt8);
+  }
+  int64_t numel(int64_t k) const {
+    return compressed_ && !bf16_ ? wire::int8BlocksBytes(k, kInt8Block) : k;
+  }
+  torch::Tensor encode(const torch::Tensor& x) const {  // x: float32, 1-d
+    if (!compressed_) return x;
+    if (bf16_) return x.to(torch::kBFloat16);
+    torch::Tensor c = x.contiguous();
+    torch::Tensor out = torch::empty({numel(c.numel())}, torch::kUInt8);
+    try {
+      wire::encodeInt8Blocks(c.data_ptr<float>(), c.numel(), kInt8Block, out.data_ptr<uint8_t>());
+    } catch (const std::invalid_argument& e) {
+      CAIRN_THROW(BadInput, "group ", group_, ": wire.sync int8 cannot carry this tensor (",
+                  e.what(), "); use \"bf16\" or \"fp32\"");
+    }
+    return out;
+  }
+  void decodeInto(const torch::Tensor& in, torch::Tensor out) const {  // out: contiguous slice
+    if (!compressed_ || bf16_) {
+      out.copy_(in);  // same dtype, or bfloat16 → float32 (exact)
+      return;
+    }
+    wire::decodeInt8Blocks(in.data_ptr<uint8_t>(), out.numel(), kInt8Block, out.data_ptr<float>());
+  }
+  // int8: the scales and values are vetted before use (a bad chunk is dropped naming its sender).
+  CollectiveChannel::ChunkCheck checkFor(int64_t k) const {
+    if (!compressed_ || bf16_) return nullptr;
+    return [k](const torch::Tensor& in) {
+      return wire::checkInt8Blocks(in.data_ptr<uint8_t>(), k, kInt8Block);
+    };
+  }
+
+ private:
+  bool compressed_, bf16_;
+  torch::ScalarType dtype_;
+  const std::string& group_;
+};
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(Mailbox& mailbox, std::string group_id, std::vector<std::string> members,
@@ -148,34 +197,7 @@ void ProcessGroup::ringAllReduceCompressed(Operation& op, torch::Tensor& flat, R
   auto segment = [&](int block, int64_t j) {
     return subrange(part(total_elements, n, block), m, j);
   };
-  const bool bf16 = codec == ChunkCodec::kBf16;
-  const torch::ScalarType wire_type = bf16 ? torch::kBFloat16 : torch::kUInt8;
-  auto wire_numel = [&](int64_t k) { return bf16 ? k : wire::int8BlocksBytes(k, kInt8Block); };
-  auto encode = [&](const torch::Tensor& x) -> torch::Tensor {  // x: contiguous float32, 1-d
-    if (bf16) return x.to(torch::kBFloat16);
-    torch::Tensor out = torch::empty({wire_numel(x.numel())}, torch::kUInt8);
-    try {
-      wire::encodeInt8Blocks(x.data_ptr<float>(), x.numel(), kInt8Block, out.data_ptr<uint8_t>());
-    } catch (const std::invalid_argument& e) {
-      CAIRN_THROW(BadInput, "group ", groupId(), ": wire.sync int8 cannot carry this tensor (",
-                  e.what(), "); use \"bf16\" or \"fp32\"");
-    }
-    return out;
-  };
-  auto decode_into = [&](const torch::Tensor& in, torch::Tensor out) {  // out: float32 slice
-    if (bf16) {
-      out.copy_(in);  // bfloat16 → float32 is exact
-      return;
-    }
-    wire::decodeInt8Blocks(in.data_ptr<uint8_t>(), out.numel(), kInt8Block, out.data_ptr<float>());
-  };
-  // int8: the scales and values are vetted before use (a bad chunk is dropped naming its sender).
-  auto check_for = [&](int64_t k) -> CollectiveChannel::ChunkCheck {
-    if (bf16) return nullptr;
-    return [k](const torch::Tensor& in) {
-      return wire::checkInt8Blocks(in.data_ptr<uint8_t>(), k, kInt8Block);
-    };
-  };
+  const ChunkWire wire(codec, torch::kFloat32, groupId());
   // The all-gather payload of segment j: what this member finished or last received.
   std::vector<torch::Tensor> gathered(static_cast<size_t>(m));
 
@@ -189,25 +211,26 @@ void ProcessGroup::ringAllReduceCompressed(Operation& op, torch::Tensor& flat, R
         const int64_t s = static_cast<int64_t>(t / m), j = static_cast<int64_t>(t % m);
         const Range r = segment(modulo(rank - s, n), j);
         channel_.sendChunk(op, right, t,
-                           s < reduce_steps ? encode(slice(flat, r)) : gathered[size_t(j)]);
+                           s < reduce_steps ? wire.encode(slice(flat, r)) : gathered[size_t(j)]);
       },
       [&](uint64_t t) {
         const int64_t s = static_cast<int64_t>(t / m), j = static_cast<int64_t>(t % m);
         const Range r = segment(modulo(rank - s - 1, n), j);
         torch::Tensor in =
-            channel_.receiveChunk(op, left, t, wire_type, wire_numel(r.size()), check_for(r.size()));
+            channel_.receiveChunk(op, left, t, wire.type(), wire.numel(r.size()),
+                                  wire.checkFor(r.size()));
         torch::Tensor own = slice(flat, r);
         if (s < reduce_steps) {
           torch::Tensor partial = torch::empty({r.size()}, torch::kFloat32);
-          decode_into(in, partial);
+          wire.decodeInto(in, partial);
           own.add_(partial);
           if (s == reduce_steps - 1) {  // this segment of block rank+1 now holds the full sum
             if (reduce_op == ReduceOp::kAverage) own.div_(n);
-            gathered[size_t(j)] = encode(own);
-            decode_into(gathered[size_t(j)], own);
+            gathered[size_t(j)] = wire.encode(own);
+            wire.decodeInto(gathered[size_t(j)], own);
           }
         } else {
-          decode_into(in, own);
+          wire.decodeInto(in, own);
           gathered[size_t(j)] = in;  // forwarded as received (read only)
         }
       });
@@ -236,43 +259,13 @@ void ProcessGroup::directAllReduce(Operation& op, torch::Tensor& flat, ReduceOp 
   const torch::ScalarType acc_type = accumulationType(dtype);
   const bool compressed = codec != ChunkCodec::kFp32;
   const bool bf16 = codec == ChunkCodec::kBf16;
-  const torch::ScalarType wire_type =
-      !compressed ? dtype : (bf16 ? torch::kBFloat16 : torch::kUInt8);
-  auto wire_numel = [&](int64_t k) {
-    return compressed && !bf16 ? wire::int8BlocksBytes(k, kInt8Block) : k;
-  };
-  auto encode = [&](const torch::Tensor& x) -> torch::Tensor {  // x: float32, 1-d
-    if (!compressed) return x;
-    if (bf16) return x.to(torch::kBFloat16);
-    torch::Tensor c = x.contiguous();
-    torch::Tensor out = torch::empty({wire_numel(c.numel())}, torch::kUInt8);
-    try {
-      wire::encodeInt8Blocks(c.data_ptr<float>(), c.numel(), kInt8Block, out.data_ptr<uint8_t>());
-    } catch (const std::invalid_argument& e) {
-      CAIRN_THROW(BadInput, "group ", groupId(), ": wire.sync int8 cannot carry this tensor (",
-                  e.what(), "); use \"bf16\" or \"fp32\"");
-    }
-    return out;
-  };
-  auto decode_into = [&](const torch::Tensor& in, torch::Tensor out) {  // out: contiguous slice
-    if (!compressed || bf16) {
-      out.copy_(in);  // same dtype, or bfloat16 → float32 (exact)
-      return;
-    }
-    wire::decodeInt8Blocks(in.data_ptr<uint8_t>(), out.numel(), kInt8Block, out.data_ptr<float>());
-  };
-  auto check_for = [&](int64_t k) -> CollectiveChannel::ChunkCheck {
-    if (!compressed || bf16) return nullptr;
-    return [k](const torch::Tensor& in) {
-      return wire::checkInt8Blocks(in.data_ptr<uint8_t>(), k, kInt8Block);
-    };
-  };
+  const ChunkWire wire(codec, dtype, groupId());
 
   // Reduce-scatter: our part of every other member's block, straight to it (the right neighbour
   // first, so that the n members do not all send to the same one at once).
   for (int k = 1; k < n; ++k) {
     const int to = modulo(rank + k, n);
-    channel_.sendChunk(op, to, 0, encode(slice(flat, part(total, n, to))));
+    channel_.sendChunk(op, to, 0, wire.encode(slice(flat, part(total, n, to))));
   }
   const Range mine = part(total, n, rank);
   torch::Tensor own = slice(flat, mine);
@@ -282,11 +275,11 @@ void ProcessGroup::directAllReduce(Operation& op, torch::Tensor& flat, ReduceOp 
     if (from == rank) {
       contribution = own;
     } else {
-      torch::Tensor in = channel_.receiveChunk(op, from, 0, wire_type, wire_numel(mine.size()),
-                                               check_for(mine.size()));
+      torch::Tensor in = channel_.receiveChunk(op, from, 0, wire.type(), wire.numel(mine.size()),
+                                               wire.checkFor(mine.size()));
       if (compressed && !bf16) {
         contribution = torch::empty({mine.size()}, torch::kFloat32);
-        decode_into(in, contribution);
+        wire.decodeInto(in, contribution);
       } else {
         contribution = in;  // may borrow the sender's memory: only read
       }
@@ -303,8 +296,8 @@ void ProcessGroup::directAllReduce(Operation& op, torch::Tensor& flat, ReduceOp 
   // The finished block: adopted here, then sent to every other member as these bytes.
   torch::Tensor finished;
   if (compressed) {
-    finished = encode(acc);
-    decode_into(finished, own);
+    finished = wire.encode(acc);
+    wire.decodeInto(finished, own);
   } else {
     own.copy_(acc);
     finished = own;
@@ -316,8 +309,9 @@ void ProcessGroup::directAllReduce(Operation& op, torch::Tensor& flat, ReduceOp 
     const int from = modulo(rank - k, n);
     const Range r = part(total, n, from);
     torch::Tensor in =
-        channel_.receiveChunk(op, from, 1, wire_type, wire_numel(r.size()), check_for(r.size()));
-    decode_into(in, slice(flat, r));
+        channel_.receiveChunk(op, from, 1, wire.type(), wire.numel(r.size()),
+                              wire.checkFor(r.size()));
+    wire.decodeInto(in, slice(flat, r));
   }
 }
 
