@@ -169,11 +169,21 @@ void Grower::redeal(int64_t reported_epoch) {
   std::vector<DealEntry> deal = parseDeal(g["deal"].dump(), "coordinator.db meta \"growth\"");
   deal.pop_back();
   newest_epoch_ = std::max(newest_epoch_, reported_epoch);
-  const std::vector<DealEntry> next = grownDeal(deal, newest_epoch_);
+  // Epochs shorter than the round trip (update, the Roots' agreement, their answer) would be
+  // missed again and again: the k-th deal again starts 2^k epochs after the newest reported one
+  // (2, 4, 8, …), so the margin outgrows the round trip after log2(round trip / epoch) tries;
+  // never past the run's last epoch.
+  const int64_t redeals = g.value("redeals", int64_t(0)) + 1;
+  g["redeals"] = redeals;
+  const int64_t ahead = (int64_t(1) << std::min<int64_t>(redeals, 20)) - 1;
+  std::vector<DealEntry> next = grownDeal(deal, newest_epoch_ + ahead);
   const JobSpec job = readJobSpec(jobSpecPath(out_));
   const int64_t epochs = job.training.value("epochs", int64_t(1));
-  if (job.training.value("max_steps", int64_t(0)) <= 0 && epochs > 0 && next.back().from_epoch >= epochs)
-    return abandon("the run's last epoch has begun");
+  if (job.training.value("max_steps", int64_t(0)) <= 0 && epochs > 0 && next.back().from_epoch >= epochs) {
+    if (newest_epoch_ + 1 >= epochs || deal.back().from_epoch + 1 >= epochs)
+      return abandon("the run's last epoch has begun");
+    next.back().from_epoch = epochs - 1;
+  }
   g["deal"] = nlohmann::json::parse(dealJson(next));
   for (auto& [root, accepted] : g["roots"].items()) accepted = false;
   setGrowth(g);

@@ -8,12 +8,14 @@
 //            every existing node.json with the new ring members appended and extra.deal, the
 //            spares marked assigned (no replacement takes them), and every existing member owed
 //            a `peers` update (sent on its next heartbeat, as MemberReplacer does).
-//   answer   each running cluster's Root decides at a step boundary (trainer/DealChange.h) and
+//   answer   each running cluster's Root decides at a step boundary (trainer/DealChange.h; Roots
+//            that share rings decide together, at the same step, so alike) and
 //            reports {"deal": {"accepted", "epoch", …}} in its metrics stream (observe()):
 //            accepted by every Root → the spares get their assignments (stage, node.json, job),
 //            join "placed", num_clusters and the deal are saved; refused because the Root was
-//            already in the deal's epoch → dealt again from the epoch after the one it reported
-//            and the updates owed again; refused for another reason (e.g. data.chunks below the
+//            already in the deal's epoch → dealt again, the k-th time from 2^k epochs after the
+//            newest reported (at most the run's last epoch), and the updates owed again; refused
+//            for another reason (e.g. data.chunks below the
 //            number of clusters) → growth is abandoned for this run (logged; the spares wait).
 // State in coordinator.db meta: "growth" (the proposal in flight), "growth_peers_pending", and
 // "deal" (Growth.h saveDeal) once a cluster was added. Served data (data.source "coordinator"):

@@ -5,20 +5,9 @@
 #include <utility>
 
 #include "core/Error.h"
+#include "core/Fnv.h"
 
 namespace cairn {
-namespace {
-
-uint64_t fnv1a(uint64_t hash, const void* data, size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) {
-    hash ^= p[i];
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
-}  // namespace
 
 void RingBuckets::build(const std::vector<std::string>& names, torch::jit::Module& stage,
                         const std::string& node, const std::string& ring_id,
@@ -119,7 +108,7 @@ void RingBuckets::unflatten(const RingBucket& b, const torch::Tensor& flat, bool
 }
 
 uint64_t RingBuckets::checksum(const std::vector<std::string>& names) const {
-  uint64_t hash = 1469598103934665603ull;
+  uint64_t hash = kFnvOffset;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string& name = names[i];
     hash = fnv1a(hash, name.data(), name.size());

@@ -182,12 +182,46 @@ void RingClusterSync::synchronize() {
       }
     });
   });
+  // The deal proposals every shared ring tallied: one offer held by every proposer, or none.
+  deal_agreement_.reset();
+  bool disagree = false;
+  for (Ring* r : sharedRings()) {
+    Ring::DealTally& t = r->deal_tally;
+    if (!t.counted) continue;  // the ring took no part (this node left it meanwhile)
+    t.counted = false;
+    if (t.max_offer == 0) continue;
+    if (t.min_offer != t.max_offer || (deal_agreement_ && deal_agreement_->offer != t.max_offer)) {
+      disagree = true;
+      continue;
+    }
+    const bool can = (!deal_agreement_ || deal_agreement_->all_can_take) && !t.any_cannot;
+    deal_agreement_ = DealAgreement{t.max_offer, can};
+  }
+  if (disagree) deal_agreement_.reset();
   std::lock_guard<std::mutex> lock(context_.stats_mutex);
   ++context_.stats.syncs;
   context_.stats.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   context_.stats.bytes_sent = context_.bytes_retired;
   for (auto& ring : rings_)
     if (ring->group) context_.stats.bytes_sent += ring->group->stats().bytes_sent;
+}
+
+bool RingClusterSync::agreesOnDeals() const {
+  if (!started_ || left_) return false;
+  for (const auto& ring : rings_)
+    if (ring->spec.members.size() > 1) return true;
+  return false;
+}
+
+void RingClusterSync::proposeDeal(uint64_t offer, bool can_take) {
+  context_.deal_offer = offer;
+  context_.deal_can_take = can_take;
+}
+
+std::optional<DealAgreement> RingClusterSync::takeDealAgreement() {
+  std::optional<DealAgreement> out;
+  out.swap(deal_agreement_);
+  return out;
 }
 
 void RingClusterSync::beforeBackward(int64_t, torch::jit::Module&, bool last_microbatch) {

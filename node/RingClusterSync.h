@@ -58,6 +58,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -138,6 +139,14 @@ class RingClusterSync : public ClusterSync {
   // grid), which welcomes them with exactly these weights.
   void admitJoinersAt(int64_t steps_done) override;
 
+  // The deal agreement (ClusterSync): agreesOnDeals while started, not left, and some ring has
+  // members in other clusters. Each synchronize() tallies the proposals of every shared ring's
+  // live members (RingTransaction.h); the agreement is the one offer every proposer of every such
+  // ring held (a ring left with this node alone tallies its own proposal).
+  bool agreesOnDeals() const override;
+  void proposeDeal(uint64_t offer, bool can_take) override;
+  std::optional<DealAgreement> takeDealAgreement() override;
+
   // The sync itself (average or DiLoCo outer step, by mode), callable directly by tests.
   void synchronize();
   // Rings whose current view has more than one member (the others need no exchange).
@@ -168,6 +177,8 @@ class RingClusterSync : public ClusterSync {
   // Under added_mutex_: additions held for an admission step (addMembers at_admission_step).
   std::map<std::string, std::vector<PeerRef>> held_;
   std::set<int64_t> admit_at_;  // admission steps (steps done), trainer's thread
+  // The deal agreement of the last synchronize() not yet taken (trainer's thread).
+  std::optional<DealAgreement> deal_agreement_;
   // The overlapped gradient all-reduce (created at its first use); destroyed before rings_.
   std::unique_ptr<GradientOverlap> overlap_;
   // At an admission step: the held additions in, their join requests awaited (trainer's thread).

@@ -57,6 +57,10 @@ struct RingContext {
   const std::chrono::milliseconds timeout;
   ProcessGroupOptions group_options;  // set by the constructor of RingClusterSync, then read-only
   int64_t last_synced_step = 0;       // optimizer steps done at the last sync (trainer's thread)
+  // The deal offer this node proposes at its syncs (ClusterSync::proposeDeal; 0: none, it
+  // abstains) and whether its own checks allow it. Set on the trainer's thread between syncs.
+  uint64_t deal_offer = 0;
+  bool deal_can_take = true;
 
   // Guards stats and bytes_retired, which the ring threads of one call update together.
   mutable std::mutex stats_mutex;
@@ -84,6 +88,13 @@ struct Ring : RingBuckets {
   static constexpr size_t kMaxStrangers = 64;
   int64_t transactions = 0;             // syncs of this ring committed (or kept) by this node
   bool alone_logged = false;
+  // The deal proposals of the members at this ring's last admitting sync (transact): the largest
+  // and smallest offer proposed (0 / 0: nobody proposed) and whether any proposer refused it.
+  struct DealTally {
+    bool counted = false;  // a sync counted them since RingClusterSync last read it
+    uint64_t max_offer = 0, min_offer = 0;
+    bool any_cannot = false;
+  } deal_tally;
 
   // "<id> (<first parameter names>…)", for error messages.
   std::string describe() const;

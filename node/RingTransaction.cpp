@@ -1,6 +1,7 @@
 #include "node/RingTransaction.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,10 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
         ring.alone_logged = true;
       }
       ++ring.transactions;
+      if (admit_joiners) {
+        const uint64_t offer = context.deal_offer;
+        ring.deal_tally = {true, offer, offer, offer != 0 && !context.deal_can_take};
+      }
       if (admit_joiners && !ring.join_requests.empty())
         admit(context, ring, {ring.join_requests.begin(), ring.join_requests.end()});
       return;
@@ -74,17 +79,29 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
     bool work_done = false;
     try {
       if (admit_joiners) {
-        // Agree on whom to admit: max over the members' "has asked" flags, per cluster.
-        torch::Tensor asked = torch::zeros({int64_t(ring.spec.members.size())}, torch::kLong);
+        // Agree on whom to admit: max over the members' "has asked" flags, per cluster. The same
+        // max-all-reduce tallies the deal proposals (ClusterSync::proposeDeal): after the flags,
+        // the largest offer (abstaining: 0), minus the smallest (abstaining: kAbstain), and
+        // whether a proposer's own checks refused its offer.
+        constexpr int64_t kAbstain = std::numeric_limits<int64_t>::min();
+        const int64_t n = int64_t(ring.spec.members.size());
+        torch::Tensor asked = torch::zeros({n + 3}, torch::kLong);
         for (size_t i = 0; i < ring.spec.members.size(); ++i) {
           const std::string& name = ring.spec.members[i].name;
           if (ring.join_requests.count(name) &&
               std::find(ring.view.begin(), ring.view.end(), name) == ring.view.end())
             asked[int64_t(i)] = 1;
         }
+        const int64_t offer = int64_t(context.deal_offer);  // below 2^62 (DealChange.h)
+        asked[n] = offer;
+        asked[n + 1] = offer != 0 ? -offer : kAbstain;
+        asked[n + 2] = offer != 0 && !context.deal_can_take ? 1 : 0;
         ring.group->allReduce(asked, ReduceOp::kMax);
         for (size_t i = 0; i < ring.spec.members.size(); ++i)
           if (asked[int64_t(i)].item<int64_t>() != 0) joiners.push_back(ring.spec.members[i].name);
+        const int64_t largest = asked[n].item<int64_t>(), smallest = asked[n + 1].item<int64_t>();
+        ring.deal_tally = {true, uint64_t(largest), smallest == kAbstain ? 0 : uint64_t(-smallest),
+                           asked[n + 2].item<int64_t>() != 0};
       }
       work();
       work_done = true;

@@ -3,7 +3,8 @@
 //   copy      the ring's tensors (and gradients, θ_prev, momentum) are copied first (the restore
 //             point; a sync holds one copy of each ring's tensors while it runs);
 //   admit     with `admit`, the members first agree on the join requests (a max-all-reduce of one
-//             flag per ring member), and the joiners are admitted after the commit;
+//             flag per ring member), and the joiners are admitted after the commit; the same
+//             all-reduce tallies the members' deal proposals (Ring::deal_tally; DealChange.h);
 //   work      the reductions of the mode;
 //   commit    a barrier.
 // When a member is lost (PeerLost: a timeout, an abort naming it, its leave message, or the

@@ -69,7 +69,7 @@ RunPlan BatchFeeder::open() {
   return plan;
 }
 
-void BatchFeeder::changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan) {
+void BatchFeeder::changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan, bool dry_run) {
   const TrainOptions& opt = ctx_.opt;
   const StageTrainerConfig& cfg = ctx_.cfg;
   const std::string where = "the deal a peers update gave " + cfg.node.name;
@@ -95,7 +95,7 @@ void BatchFeeder::changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan) 
       CAIRN_THROW(BadInput, where, ": with it cluster ", cfg.node.cluster, " would fetch ", more.size(),
                   " more chunks, ", bytes, " bytes in all with the test chunks, but data.cache_mb is ",
                   cfg.data.cache_mb, " MiB (job.json): raise data.cache_mb");
-    if (!more.empty()) {
+    if (!more.empty() && !dry_run) {
       cfg.chunk_source->add(more);
       fetching_.insert(rows.begin(), rows.end());
       fetch_bytes_ = bytes;
@@ -103,8 +103,10 @@ void BatchFeeder::changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan) 
                  bytes, " bytes in the cache in all); fetching them from the coordinator");
     }
   }
-  sampler_ = std::move(sampler);
-  epoch_of_order_ = -1;  // the current epoch's order is the same; recomputed on the next load
+  if (!dry_run) {
+    sampler_ = std::move(sampler);
+    epoch_of_order_ = -1;  // the current epoch's order is the same; recomputed on the next load
+  }
   plan->epoch_steps = schedule.table();
   plan->steps_per_epoch = plan->epoch_steps.front().steps;
   plan->total_steps = schedule.totalSteps(opt.epochs, opt.max_steps);

@@ -42,7 +42,9 @@ class BatchFeeder {
   // A running Root takes a new deal (docs/TRAINING.md "the deal"; trainer/DealChange.h decides
   // when it may): the sampler and *plan's epoch_steps, steps_per_epoch and total_steps follow it.
   // BadInput (nothing changed) when this cluster cannot run it or a shard is below one batch.
-  void changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan);
+  // `dry_run`: every check and *plan as it would be, but the feeder (sampler, chunks fetched)
+  // unchanged — a Root's own verdict before the Roots of all clusters agree (DealChange.h).
+  void changeDeal(const std::vector<DealEntry>& deal, RunPlan* plan, bool dry_run = false);
 
  private:
   void openServed();  // data.source "coordinator": the dataset over the chunk table

@@ -23,11 +23,18 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace cairn {
+
+// What the proposing members of a sync agreed on (ClusterSync::takeDealAgreement).
+struct DealAgreement {
+  uint64_t offer = 0;         // the fingerprint of the offer every proposing member held
+  bool all_can_take = true;   // no proposing member's own check (its data cache, its shard) refused it
+};
 
 class ClusterSync {
  public:
@@ -51,6 +58,18 @@ class ClusterSync {
   // so its weights are exactly these. Called on the trainer's thread when the plan learns of it.
   // Default: nothing.
   virtual void admitJoinersAt(int64_t /*steps_done*/) {}
+  // Several running clusters take a new deal together (trainer/DealChange.h): a Root that shares
+  // a ring with other clusters (agreesOnDeals) does not decide an offer alone. Before each step it
+  // proposes the newest offer it holds (a fingerprint of its text; a Root holding none proposes a
+  // value of its own for that, DealChange.h kNoOffer) and whether its own checks allow it; every
+  // sync that can admit joiners also agrees on the proposals of the ring's live members (members
+  // that propose nothing, 0, abstain: the non-Roots). takeDealAgreement then returns, once,
+  // the offer when every proposing member held that same one, nullopt when no such sync ran since
+  // the last call or the proposals differed. Every Root of those rings syncs after the same step,
+  // so every Root decides the same offer at the same step. Defaults: no rings, decide alone.
+  virtual bool agreesOnDeals() const { return false; }
+  virtual void proposeDeal(uint64_t /*offer*/, bool /*can_take*/) {}
+  virtual std::optional<DealAgreement> takeDealAgreement() { return std::nullopt; }
 
   // Checkpoints (trainer/Checkpoint.h): the state this object must carry across a restart (DiLoCo
   // outer parameters and momentum, the step of the last sync, ...) as named tensors plus JSON.

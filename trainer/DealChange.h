@@ -11,14 +11,26 @@
 //        Both are logged and written to metrics.jsonl as {"deal": {"accepted", "deal", "epoch",
 //        "step", "reason"}} (streamed to the coordinator, which re-deals from a later epoch
 //        after a refusal).
+//   Roots of several running clusters (ClusterSync::agreesOnDeals: the Root shares a ring with
+//        other clusters) decide together: before each step a Root proposes the newest offer it
+//        holds (fingerprint: FNV-1a of its JSON text, in [2, 2^62); kNoOffer while it holds none,
+//        which agrees with no offer) and its own verdict on it (the
+//        feeder's dry run: its shard, its data cache); an offer is decided only at the step after
+//        a sync at which every proposing Root held that same offer, and refused by all when any
+//        of them could not take it. The syncs fall after the same step on every cluster, so every
+//        Root takes or refuses the same offer at the same step, whatever moment its update came.
+//        A lone Root (one cluster, or rings of this node alone) decides as soon as it sees it.
 //   Every node but the Leaf (attach): once the table changed in this run, every activation
 //        carries "__epoch_steps" (int64: total_steps, then from_epoch, steps per table entry).
 //   Every node but the Root (read): a "__epoch_steps" that differs from the plan is taken: the
 //        plan's table and total_steps, and admitJoinersAt for each new table entry.
-// A decision depends only on the step at which the Root first sees the offer, never on the
-// clock, and every stage of the cluster learns it in the same step.
+// A decision depends only on the step at which the Root first sees the offer (alone) or at
+// which the Roots agreed on it (together), never on the clock, and every stage of the cluster
+// learns it in the same step.
 // Limits: the sync schedule only (AsyncLoop does not call it); an offer is not kept across a
-// pause (the resumed trainer starts from the node.json the update wrote).
+// pause (the resumed trainer starts from the node.json the update wrote); clusters cut
+// differently agree only ring by ring (a Root that shares no ring with another cluster's Root
+// decides with the members of its own rings).
 // Ownership: borrows the context, the plan it changes and the Root's feeder.
 // Thread-safety: the trainer's thread (offered_deal is the caller's to make thread-safe).
 // Header-only (inline functions).
@@ -31,6 +43,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/Error.h"
+#include "core/Fnv.h"
 #include "core/Log.h"
 #include "trainer/BatchFeeder.h"
 #include "trainer/ClusterSync.h"
@@ -60,12 +73,30 @@ class DealChange {
   void admitNewEntries(const std::vector<EpochSteps>& before, const std::vector<EpochSteps>& next,
                        int64_t step);
 
+  // Takes or refuses `offer` (text: its dump) at `step`, once per offer. `all_can_take` false:
+  // refused (`own_refusal` says why when this Root's own check refused it).
+  bool decide(const nlohmann::json& offer, const std::string& text, bool all_can_take,
+              const std::string& own_refusal, int64_t step);
+  // This Root's own verdict on `offer`: "" when it could take it, else why not (the feeder's
+  // dry run; the epoch is judged when deciding).
+  std::string ownVerdict(const nlohmann::json& offer);
+
   TrainerContext& ctx_;
   RunPlan& plan_;
   BatchFeeder& feeder_;
   bool changed_ = false;        // the table changed during this run: activations carry it
   std::string last_offer_;      // the offer last decided (its JSON text)
+  // Deciding together: the offer proposed at the syncs (its JSON, text, fingerprint, verdict).
+  nlohmann::json proposed_;
+  std::string proposed_text_;
+  uint64_t proposed_fingerprint_ = 0;
+  std::string proposed_refusal_;
 };
+
+// The fingerprint of an offer's JSON text a Root proposes to its ring peers: FNV-1a (64-bit),
+// kept in [2, 2^62). 0 abstains (a node that is no Root), kNoOffer is a Root holding no offer yet.
+uint64_t offerFingerprint(const std::string& text);
+constexpr uint64_t kNoOffer = 1;
 
 // The deal entries in force at epochs 0..epoch (those with from_epoch <= epoch).
 std::vector<DealEntry> dealUpTo(const std::vector<DealEntry>& deal, int64_t epoch);
@@ -109,22 +140,66 @@ inline void DealChange::admitNewEntries(const std::vector<EpochSteps>& before,
   }
 }
 
+inline uint64_t offerFingerprint(const std::string& text) {
+  const uint64_t h = fnv1a64(text) & ((uint64_t(1) << 62) - 1);
+  return h < 2 ? h + 2 : h;
+}
+
+inline std::string DealChange::ownVerdict(const nlohmann::json& offer) {
+  try {
+    const std::vector<DealEntry> next = dealFromJson(offer, "the deal a peers update gave " + ctx_.cfg.node.name);
+    if (next == feeder_.deal()) return "";
+    RunPlan changed = plan_;
+    feeder_.changeDeal(next, &changed, /*dry_run=*/true);
+    return "";
+  } catch (const BadInput& e) {
+    return e.what();
+  }
+}
+
 inline bool DealChange::atStep(int64_t step) {
   if (!ctx_.is_root || !ctx_.cfg.offered_deal) return false;
   const std::optional<nlohmann::json> offer = ctx_.cfg.offered_deal();
-  if (!offer) return false;
-  const std::string text = offer->dump();
+  ClusterSync* sync = ctx_.cfg.cluster_sync;
+  if (!sync || !sync->agreesOnDeals()) {
+    if (!offer) return false;
+    return decide(*offer, offer->dump(), true, "", step);
+  }
+  // Together: decide the offer the last sync agreed on (the one proposed before it), then
+  // propose the newest for the next sync.
+  bool taken = false;
+  const std::optional<DealAgreement> agreed = sync->takeDealAgreement();
+  if (agreed && proposed_fingerprint_ != 0 && agreed->offer == proposed_fingerprint_)
+    taken = decide(proposed_, proposed_text_, agreed->all_can_take, proposed_refusal_, step);
+  if (!offer) {
+    // A Root without an offer does not abstain: the others' offer is not agreed until it has it.
+    sync->proposeDeal(kNoOffer, true);
+    return taken;
+  }
+  std::string text = offer->dump();
+  if (text != proposed_text_) {
+    proposed_ = *offer;
+    proposed_fingerprint_ = offerFingerprint(text);
+    proposed_text_ = std::move(text);
+    proposed_refusal_ = ownVerdict(proposed_);
+  }
+  sync->proposeDeal(proposed_fingerprint_, proposed_refusal_.empty());
+  return taken;
+}
+
+inline bool DealChange::decide(const nlohmann::json& offer, const std::string& text,
+                               bool all_can_take, const std::string& own_refusal, int64_t step) {
   if (text == last_offer_) return false;
   last_offer_ = text;
   const std::string& name = ctx_.cfg.node.name;
   const int64_t epoch = plan_.epochOf(step);
   auto report = [&](bool accepted, const std::string& reason) {
-    ctx_.metrics.write({{"deal", {{"accepted", accepted}, {"deal", *offer}, {"epoch", epoch},
+    ctx_.metrics.write({{"deal", {{"accepted", accepted}, {"deal", offer}, {"epoch", epoch},
                                   {"step", step}, {"reason", reason}}}});
   };
   std::vector<DealEntry> next;
   try {
-    next = dealFromJson(*offer, "the deal a peers update gave " + name);
+    next = dealFromJson(offer, "the deal a peers update gave " + name);
   } catch (const BadInput& e) {
     CAIRN_WARN("refused a new deal: ", e.what());
     report(false, e.what());
@@ -137,6 +212,14 @@ inline bool DealChange::atStep(int64_t step) {
                             " (step " + std::to_string(step) + ") and the new deal " +
                             deal_change_detail::dealToJson(next).dump() + " changes it or an epoch before it";
     CAIRN_WARN("refused a new deal: ", why, "; the coordinator deals again from a later epoch");
+    report(false, why);
+    return false;
+  }
+  if (!all_can_take) {
+    const std::string why =
+        !own_refusal.empty() ? own_refusal
+                             : "the Root of another cluster cannot take it (its log and metrics say why)";
+    CAIRN_WARN("refused a new deal with every Root: ", why);
     report(false, why);
     return false;
   }

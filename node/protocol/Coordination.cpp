@@ -421,14 +421,6 @@ std::optional<ReachMessage> decodeReach(const Frames& f, std::string* why) {
   return std::nullopt;
 }
 
-uint64_t fnv1a64(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 namespace {
 constexpr const char* kInvitePrefix = "cairn-invite:1:";

@@ -55,6 +55,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/Fnv.h"  // fnv1a64: checkpoint uploads carry it
+
 namespace cairn {
 
 constexpr int kCoordinationProtocol = 1;
@@ -192,8 +194,6 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& frames, size_t max_at
                                              std::string* why);
 std::optional<ReachMessage> decodeReach(const Frames& frames, std::string* why);
 
-// FNV-1a 64 over bytes (checkpoint uploads).
-uint64_t fnv1a64(const std::string& bytes);
 
 // The invite a coordinator prints and a volunteer passes to `provider --join`:
 //   cairn-invite:1:<host>:<port>:<coordinator public key, 40 Z85 chars as hex (80)>:<token hex>

@@ -332,10 +332,11 @@ TEST(Grower, ProposesTellsThePeersAndAssignsOnceTheRootTookTheDeal) {
   g.onHeartbeat("node_2");
   ASSERT_EQ(f.sent.size(), 1u);
   EXPECT_EQ(f.sent[0].first, f.keys["node_0"]);
-  // The Root was already in epoch 3: dealt again from epoch 4 and owed again.
+  // The Root was already in epoch 3: dealt again from epoch 5 (the first deal again starts 2
+  // epochs after the newest reported) and owed again.
   g.observe("node_0", {GrowerFixture::answer(proposed["deal"], false, 3)});
   const nlohmann::json again = f.growth();
-  EXPECT_EQ(again["deal"].back()["from_epoch"], 4);
+  EXPECT_EQ(again["deal"].back()["from_epoch"], 5);
   EXPECT_EQ(readNodeSpec(nodeSpecPath(f.out, "node_3")).extra["deal"], again["deal"]);
   g.onHeartbeat("node_0");
   EXPECT_EQ(f.sent.size(), 2u);
@@ -350,12 +351,33 @@ TEST(Grower, ProposesTellsThePeersAndAssignsOnceTheRootTookTheDeal) {
   EXPECT_EQ(f.store->meta("num_clusters").value_or(""), "2");
   EXPECT_EQ(nlohmann::json::parse(*f.store->meta("placed")),
             nlohmann::json({"node_0", "node_1", "node_2", "node_3"}));
-  EXPECT_EQ(loadDeal(*f.store, 1), (std::vector<DealEntry>{{0, 1}, {4, 2}}));
+  EXPECT_EQ(loadDeal(*f.store, 1), (std::vector<DealEntry>{{0, 1}, {5, 2}}));
   const nlohmann::json plan = readJsonFile(planPath(f.out));
   ASSERT_EQ(plan["clusters"].size(), 2u);
   EXPECT_EQ(plan["clusters"][1]["chain"], nlohmann::json({"node_2", "node_3"}));
   EXPECT_EQ(plan["rings"][1]["holders"], nlohmann::json({"node_1", "node_3"}));
   EXPECT_EQ(f.growth().value("state", ""), "done");
+}
+
+// Epochs shorter than an update's round trip: the k-th deal again starts 2^k epochs after the
+// newest reported epoch, never past the run's last (epoch 9 of 10 here); once that has begun,
+// growth is abandoned.
+TEST(Grower, EachDealAgainStartsTwiceAsFarAheadUpToTheLastEpoch) {
+  GrowerFixture f;
+  Grower g = f.grower();
+  g.observe("node_1", {{{"step", 30}, {"epoch", 2}}});
+  g.poll(100);
+  std::vector<int64_t> froms{f.growth()["deal"].back()["from_epoch"].get<int64_t>()};
+  for (int64_t reported : {3, 6}) {
+    g.observe("node_0", {GrowerFixture::answer(f.growth()["deal"], false, reported)});
+    froms.push_back(f.growth()["deal"].back()["from_epoch"].get<int64_t>());
+  }
+  // 2 + 1; 3 + 2; 6 + 4 = 10 is past the last epoch: 9.
+  EXPECT_EQ(froms, (std::vector<int64_t>{3, 5, 9}));
+  EXPECT_EQ(f.growth().value("state", ""), "proposed");
+  g.observe("node_0", {GrowerFixture::answer(f.growth()["deal"], false, 9)});
+  EXPECT_EQ(f.growth().value("state", ""), "abandoned");
+  EXPECT_EQ(f.store->memberByName("node_2")->state, MemberState::kSpare);
 }
 
 // Served data (ChunkServer.h): the deals chunks are served by follow the proposal from the

@@ -5,7 +5,7 @@ No sleeps stand in for synchronisation: each step waits for the log line that sa
 one happened.
 
     volunteer_grow_test.py --provider BUILD/node/provider --clusterize BUILD/clusterize/clusterize
-        --work DIR [--data served|files]
+        --work DIR [--data served|files] [--running 1|2]
 
 --data served (the default, and what ctest runs as integration.volunteers.grows): the realistic
 volunteer setting. The Fashion-MNIST slice is written as four safetensors shards (and two test
@@ -17,6 +17,12 @@ chunks, byte-identical to the coordinator's files, cluster 0's Root all four and
 chunks, and the coordinator refused no chunk request. --data files: every volunteer reads the
 idx files itself (data.chunks 4); the same checks but those of the chunk caches. (The file-data
 deal is also run in-process by DealRun.* and DealChange.*, tests/trainer/DealRunTest.cpp.)
+
+--running 2 (integration.volunteers.grows_from_two): growth from two running clusters, which
+must take the deal together. Four volunteers form two clusters of 2 stages; two more join and
+form cluster 2. Then also: both running Roots took the same deal at the same step (their rings
+agreed on it at a sync: trainer/DealChange.h), though each got the coordinator's update at its
+own moment; all three clusters end with identical weights.
 
 Three volunteers form one cluster of 3 stages and train EPOCHS epochs of a Fashion-MNIST slice
 (data.chunks 4). Once it is planned, three more volunteers join; the coordinator proposes cluster
@@ -58,7 +64,11 @@ TRAIN_SAMPLES = 1600   # 4 chunks; 50 steps of 32 per epoch with one cluster, 25
 # has 125 steps per epoch (62 with two clusters) over fewer epochs.
 SERVED_EPOCHS, SERVED_TRAIN_SAMPLES = 8, 4000
 TEST_SAMPLES = 500
-FLAGS = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14", "--grow"]
+
+
+def flags(running, stages):
+    cuts = "7,14" if stages == 3 else "7"
+    return ["--min-volunteers", str(running * stages), "--clusters", str(running), "--cuts", cuts, "--grow"]
 
 
 def name_of(workdir):
@@ -98,10 +108,16 @@ def evaluate_served(path):
     return (logits.argmax(1) == labels).double().mean().item()
 
 
-def check_caches(chain0, chain1, by_name, files, coordinator):
-    """Each Root's chunk cache holds the chunks the deal gives its cluster in any epoch and every
-    test chunk, byte-identical to the coordinator's files; the coordinator refused nothing."""
-    expected = {chain0[0]: list(range(SHARDS)), chain1[0]: [k for k in range(SHARDS) if k % 2 == 1]}
+def check_caches(chains, deal, by_name, files, coordinator):
+    """Each Root's chunk cache holds the chunks the deal gives its cluster in any epoch it trains
+    (chunk k goes to cluster k % n while the deal says n clusters; the new cluster trains only
+    under the last entry) and every test chunk, byte-identical to the coordinator's files; the
+    coordinator refused nothing."""
+    new = len(chains) - 1
+    expected = {}
+    for c, chain in enumerate(chains):
+        entries = deal[-1:] if c == new else deal
+        expected[chain[0]] = sorted({k for e in entries for k in range(SHARDS) if k % e["clusters"] == c})
     for root, chunks in expected.items():
         folder = os.path.join(by_name[root][1], "chunks")
         cached = sorted(os.listdir(folder))
@@ -126,7 +142,11 @@ def main():
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--data", choices=["served", "files"], default="served")
+    parser.add_argument("--running", type=int, choices=[1, 2], default=1,
+                        help="clusters training before the growth (2: 2 stages each, else 3)")
     args = parser.parse_args()
+    running = args.running
+    stages = 3 if running == 1 else 2
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
@@ -145,80 +165,110 @@ def main():
     json.dump(job, open(job_path, "w"))
 
     out = os.path.join(args.work, "coordinator")
-    coordinator, invite = vt.start_coordinator(args, job_path, model, out, FLAGS)
-    ports = vt.free_ports(6)
+    coordinator, invite = vt.start_coordinator(args, job_path, model, out, flags(running, stages))
+    first_wave = running * stages
+    ports = vt.free_ports(first_wave + stages)
     volunteers = []
     try:
-        for i in range(3):
+        for i in range(first_wave):
             volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--upload-mbps", "0"]))
-        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned'")
-        for i in range(3, 6):
+        coordinator.wait_for(lambda l: f"planned {running} cluster(s) on {first_wave} volunteers" in l, 120,
+                             "'planned'")
+        for i in range(first_wave, first_wave + stages):
             volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--upload-mbps", "0"]))
-        proposed = coordinator.wait_for(lambda l: "coordinator: growing: cluster 1 from spares" in l, 120,
-                                        "'growing: cluster 1'")
+        proposed = coordinator.wait_for(lambda l: f"coordinator: growing: cluster {running} from spares" in l,
+                                        120, f"'growing: cluster {running}'")
         print(proposed.strip())
-        formed = coordinator.wait_for(lambda l: "coordinator: cluster 1 formed" in l, 120, "'cluster 1 formed'")
+        formed = coordinator.wait_for(lambda l: f"coordinator: cluster {running} formed" in l, 120,
+                                      f"'cluster {running} formed'")
         print(formed.strip())
         vt.all_finish(coordinator, volunteers)
     finally:
         vt.kill_all(coordinator, volunteers)
 
-    plan = json.load(open(os.path.join(out, "plan.json")))
-    chain0 = plan["clusters"][0]["chain"]
     by_name = {name_of(w): (v, w) for v, w in volunteers}
     nodes = {}
     for name, (v, w) in by_name.items():
         node = json.load(open(os.path.join(w, "node_data", "nodes", name, "node.json")))
         nodes[name] = node
-    chain1 = [n for n, _ in sorted(((n, d["stage"]) for n, d in nodes.items() if d["cluster"] == 1),
-                                   key=lambda x: x[1])]
-    if len(chain1) != 3:
-        vt.fail(f"cluster 1 has nodes {chain1}, expected 3 stages")
-    root0 = by_name[chain0[0]][0]
-    took = [l for l in root0.lines if "data: took the new deal" in l]
-    if not took:
-        vt.fail(f"cluster 0's Root {chain0[0]} never took the new deal")
-    print("cluster 0's Root:", took[-1].strip())
+    chains = []
+    for c in range(running + 1):
+        chain = [n for n, _ in sorted(((n, d["stage"]) for n, d in nodes.items() if d["cluster"] == c),
+                                      key=lambda x: x[1])]
+        if len(chain) != stages:
+            vt.fail(f"cluster {c} has nodes {chain}, expected {stages} stages")
+        chains.append(chain)
+    new_chain = chains[running]
+
+    # Every running Root took the deal, the same one at the same step.
+    taken = []
+    for c in range(running):
+        root = by_name[chains[c][0]][0]
+        took = [l for l in root.lines if "data: took the new deal" in l]
+        if not took:
+            vt.fail(f"cluster {c}'s Root {chains[c][0]} never took the new deal")
+        m = re.search(r"took the new deal (\[.*?\]) at step (\d+)", took[-1])
+        taken.append((m.group(1), int(m.group(2))))
+        print(f"cluster {c}'s Root:", took[-1].strip())
+    if len(set(taken)) != 1:
+        vt.fail(f"the running Roots took different deals or at different steps: {taken}")
+    deal = json.loads(taken[0][0])
+    if running > 1:
+        agreed = [l for c in range(running) for l in by_name[chains[c][0]][0].lines
+                  if "refused a new deal" in l]
+        print(f"the {running} running Roots took deal {taken[0][0]} at step {taken[0][1]}; "
+              f"refusals on the way (all Roots alike): {len(agreed)}")
     if served:
-        check_caches(chain0, chain1, by_name, files, coordinator)
+        check_caches(chains, deal, by_name, files, coordinator)
 
-    # The new cluster's first step F: its Root's plan.
-    leaf1 = records(by_name[chain1[2]][1], chain1[2])
-    steps1 = sorted(r["step"] for r in leaf1 if "step" in r and "loss" in r)
-    leaf0 = records(by_name[chain0[2]][1], chain0[2])
-    steps0 = sorted(r["step"] for r in leaf0 if "step" in r and "loss" in r)
+    # The new cluster's first step F: its Leaf's first record.
+    def leaf_steps(chain):
+        leaf = records(by_name[chain[-1]][1], chain[-1])
+        return sorted(r["step"] for r in leaf if "step" in r and "loss" in r)
+    steps_new = leaf_steps(new_chain)
     # Step records count steps done: a cluster starting at step F first records F + 1.
-    first = steps1[0] - 1
-    total = steps0[-1]
-    if steps0 != list(range(1, total + 1)) or steps1 != list(range(first + 1, total + 1)) or first <= 0:
-        vt.fail(f"steps: cluster 0 {steps0[:2]}..{steps0[-2:]}, cluster 1 {steps1[:2]}..{steps1[-2:]}")
-    print(f"cluster 0 trained steps 0..{total - 1}, cluster 1 steps {first}..{total - 1} of {total}")
+    first = steps_new[0] - 1
+    total = leaf_steps(chains[0])[-1]
+    for c in range(running):
+        steps = leaf_steps(chains[c])
+        if steps != list(range(1, total + 1)):
+            vt.fail(f"steps: cluster {c} {steps[:2]}..{steps[-2:]}, expected 1..{total}")
+    if steps_new != list(range(first + 1, total + 1)) or first <= 0:
+        vt.fail(f"steps: cluster {running} {steps_new[:2]}..{steps_new[-2:]} of {total}")
+    print(f"clusters 0..{running - 1} trained steps 0..{total - 1}, cluster {running} steps {first}..{total - 1} "
+          f"of {total}")
 
-    # Admission exactly at F, with the same weights on both sides.
-    for s in range(3):
-        old, new = by_name[chain0[s]][0], by_name[chain1[s]][0]
-        admitted = [l for l in old.lines if "admitted [" + chain1[s] + "]" in l]
-        joined = [l for l in new.lines if ": joined from " + chain0[s] in l]
+    # Admission exactly at F, with the same weights on both sides: cluster 0's member (the first of
+    # the view) sends the welcome; every other running member admits the newcomer at that sync too.
+    for s in range(stages):
+        old, new = by_name[chains[0][s]][0], by_name[new_chain[s]][0]
+        admitted = [l for l in old.lines if "admitted [" + new_chain[s] + "]" in l]
+        joined = [l for l in new.lines if ": joined from " + chains[0][s] in l]
         if not admitted or not joined:
-            vt.fail(f"stage {s}: {chain0[s]} admitted {admitted}, {chain1[s]} joined {joined}")
+            vt.fail(f"stage {s}: {chains[0][s]} admitted {admitted}, {new_chain[s]} joined {joined}")
         a_step = int(re.search(r" at step (\d+),", admitted[0]).group(1))
         j_step = int(re.search(r" at its step (\d+),", joined[0]).group(1))
         a_sum = re.search(r"sent weights checksum (\d+)", admitted[0]).group(1)
         j_sum = re.search(r"fetched weights checksum (\d+)", joined[0]).group(1)
-        print(f"stage {s}: {chain0[s]} admitted {chain1[s]} at step {a_step} (checksum {a_sum}); "
+        print(f"stage {s}: {chains[0][s]} admitted {new_chain[s]} at step {a_step} (checksum {a_sum}); "
               f"joined at {j_step} ({j_sum})")
         if a_step != first or j_step != first or a_sum != j_sum:
             vt.fail(f"stage {s}: admission at step {a_step}/{j_step} with checksums {a_sum}/{j_sum}; "
                     f"the new cluster's first step is {first}")
+        for c in range(1, running):
+            other = by_name[chains[c][s]][0]
+            if not any(f"[{new_chain[s]}] admitted by {chains[0][s]}" in l for l in other.lines):
+                vt.fail(f"stage {s}: {chains[c][s]} never logged {new_chain[s]} admitted by {chains[0][s]}")
 
-    # Identical weights at the end: every stage of cluster 1 equals cluster 0's.
-    for s in range(3):
-        a = torch.jit.load(os.path.join(out, "nodes", chain0[s], "trained_stage.pt")).state_dict()
-        b = torch.jit.load(os.path.join(out, "nodes", chain1[s], "trained_stage.pt")).state_dict()
-        if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
-            diff = [k for k in a if k not in b or not torch.equal(a[k], b[k])]
-            vt.fail(f"stage {s}: {chain0[s]} and {chain1[s]} end with different weights: {diff[:5]}")
-    print("both clusters end with identical weights (every tensor of every stage)")
+    # Identical weights at the end: every stage of every cluster equals cluster 0's.
+    for c in range(1, running + 1):
+        for s in range(stages):
+            a = torch.jit.load(os.path.join(out, "nodes", chains[0][s], "trained_stage.pt")).state_dict()
+            b = torch.jit.load(os.path.join(out, "nodes", chains[c][s], "trained_stage.pt")).state_dict()
+            if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
+                diff = [k for k in a if k not in b or not torch.equal(a[k], b[k])]
+                vt.fail(f"stage {s}: {chains[0][s]} and {chains[c][s]} end with different weights: {diff[:5]}")
+    print(f"all {running + 1} clusters end with identical weights (every tensor of every stage)")
 
     summary = json.load(open(os.path.join(out, "run_result.json")))
     for entry in summary["clusters"]:
@@ -230,8 +280,8 @@ def main():
         print(f"cluster {entry['cluster']}: Leaf reports {reported:.4f}, its weights in PyTorch {accuracy:.4f}")
         if abs(accuracy - reported) > 1e-9:
             vt.fail(f"cluster {entry['cluster']}: PyTorch gives {accuracy}, its Leaf reported {reported}")
-    if len(summary["clusters"]) != 2:
-        vt.fail(f"run_result.json names {len(summary['clusters'])} clusters, expected 2")
+    if len(summary["clusters"]) != running + 1:
+        vt.fail(f"run_result.json names {len(summary['clusters'])} clusters, expected {running + 1}")
     print("PASS")
 
 

@@ -1194,6 +1194,64 @@ TEST(RingClusterSyncGrowth, AMemberHeldForItsAdmissionStepIsWelcomedExactlyThere
   expectAverages(before, after, grown, {a, b});
 }
 
+// The deal agreement (ClusterSync::proposeDeal, trainer/DealChange.h): at every sync the ring's
+// members tally their proposals; an offer is agreed only when every proposer held it, members
+// that propose nothing abstain, and one proposer's refusal reaches every member. Expected
+// outcomes are written per sync from the proposals alone.
+TEST(RingClusterSyncGrowth, DealProposalsAreAgreedOnlyWhenEveryProposerHoldsTheSameOffer) {
+  const State l0 = layerState("0", 3, 5);
+  const std::vector<TestNode> nodes = {{"c0s0", 0, namesOf(l0)}, {"c1s0", 1, namesOf(l0)},
+                                       {"c2s0", 2, namesOf(l0)}};
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(l0), {"c0s0", "c1s0", "c2s0"}}};
+  struct Proposal {
+    uint64_t offer;
+    bool can_take;
+  };
+  // Per sync, per member.
+  const std::vector<std::vector<Proposal>> rounds = {
+      {{0, true}, {0, true}, {0, true}},    // nobody proposes
+      {{7, true}, {7, true}, {0, true}},    // two propose 7, one abstains: 7 agreed
+      {{7, true}, {9, true}, {0, true}},    // 7 and 9: nothing agreed
+      {{9, true}, {9, true}, {9, false}},   // 9 everywhere, c2s0 cannot take it
+      {{0, true}, {0, true}, {11, true}}};  // a single proposer: its own offer
+  const std::vector<std::optional<DealAgreement>> expected = {
+      std::nullopt, DealAgreement{7, true}, std::nullopt, DealAgreement{9, false},
+      DealAgreement{11, true}};
+  std::vector<std::vector<std::optional<DealAgreement>>> got(nodes.size());
+  std::vector<int> agrees(nodes.size(), -1), taken_twice(nodes.size(), -1);
+  runNodes(nodes, rings, {l0, l0, l0}, {}, [&](size_t i, RingClusterSync& sync, auto&) {
+    agrees[i] = sync.agreesOnDeals();
+    for (const auto& round : rounds) {
+      sync.proposeDeal(round[i].offer, round[i].can_take);
+      sync.synchronize();
+      got[i].push_back(sync.takeDealAgreement());
+    }
+    taken_twice[i] = sync.takeDealAgreement().has_value();  // taken once per sync
+  });
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    EXPECT_EQ(agrees[i], 1) << nodes[i].name;
+    EXPECT_EQ(taken_twice[i], 0) << nodes[i].name;
+    ASSERT_EQ(got[i].size(), expected.size());
+    for (size_t k = 0; k < expected.size(); ++k) {
+      ASSERT_EQ(got[i][k].has_value(), expected[k].has_value()) << nodes[i].name << " sync " << k;
+      if (!expected[k]) continue;
+      EXPECT_EQ(got[i][k]->offer, expected[k]->offer) << nodes[i].name << " sync " << k;
+      EXPECT_EQ(got[i][k]->all_can_take, expected[k]->all_can_take) << nodes[i].name << " sync " << k;
+    }
+  }
+}
+
+TEST(RingClusterSyncGrowth, ANodeWithoutRingPeersDecidesDealsAlone) {
+  const State l0 = layerState("0", 3, 6);
+  const std::vector<TestNode> nodes = {{"c0s0", 0, namesOf(l0)}};
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(l0), {"c0s0"}}};
+  int agrees = -1;
+  runNodes(nodes, rings, {l0}, {}, [&](size_t, RingClusterSync& sync, auto&) {
+    agrees = sync.agreesOnDeals();
+  });
+  EXPECT_EQ(agrees, 0);
+}
+
 TEST(RingClusterSyncGrowth, AddMembersRefusesAnythingButAppendedMembers) {
   const State init = {{"0.weight", torch::ones({2, 2})}};
   const TestNode a{"a0", 0, namesOf(init)};

@@ -237,6 +237,122 @@ TEST(DealChange, ADealOfferedAfterItsEpochBeganIsRefusedAndChangesNothing) {
   for (const AdmissionRecorder& s : syncs) EXPECT_TRUE(s.admitted.empty());
 }
 
+// A Root whose cluster shares rings with other clusters (agreesOnDeals): the ring's agreement
+// stood in for by a sync every kSyncEvery steps that agrees on what this Root proposed (or on
+// another offer, or with another Root refusing). Records what the Root proposed and when the
+// admission was asked for (steps done when DealChange took the deal).
+class AgreeingSync : public ClusterSync {
+ public:
+  static constexpr int64_t kSyncEvery = 4;
+  enum class Others { kSameOffer, kOtherOffer, kCannotTake };
+  explicit AgreeingSync(bool root, Others others = Others::kSameOffer) : root_(root), others_(others) {}
+  void start(torch::jit::Module&) override {}
+  void beforeOptimizerStep(int64_t, torch::jit::Module&) override {}
+  void afterOptimizerStep(int64_t step, torch::jit::Module&) override {
+    done = step + 1;
+    if (done % kSyncEvery != 0 || proposed == 0 || proposed == kNoOffer) return;
+    agreement = DealAgreement{others_ == Others::kOtherOffer ? proposed + 1 : proposed,
+                              proposed_can_take && others_ != Others::kCannotTake};
+  }
+  void finish(int64_t, torch::jit::Module&) override {}
+  void admitJoinersAt(int64_t steps_done) override {
+    admitted.push_back(steps_done);
+    admitted_after.push_back(done);
+  }
+  bool agreesOnDeals() const override { return root_; }
+  void proposeDeal(uint64_t offer, bool can_take) override {
+    if (proposals.empty() || proposals.back() != offer) proposals.push_back(offer);
+    proposed = offer;
+    proposed_can_take = can_take;
+  }
+  std::optional<DealAgreement> takeDealAgreement() override {
+    std::optional<DealAgreement> out;
+    out.swap(agreement);
+    return out;
+  }
+
+  int64_t done = 0;
+  uint64_t proposed = 0;
+  bool proposed_can_take = true;
+  std::optional<DealAgreement> agreement;
+  std::vector<uint64_t> proposals;
+  std::vector<int64_t> admitted, admitted_after;
+
+ private:
+  bool root_;
+  Others others_;
+};
+
+testing::PipelineRun runAgreeing(Offer& offer, std::vector<AgreeingSync>& syncs) {
+  const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
+  return testing::runInMemoryPipeline(
+      node_data,
+      [](TrainOptions& t) {
+        t.microbatches = 2;
+        t.max_steps = 0;
+        t.epochs = 3;
+      },
+      [&](int i, StageTrainerConfig& c) {
+        c.data.chunks = 4;
+        c.cluster_sync = &syncs[size_t(i)];
+        if (i != 0) return;
+        c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
+          if (offer.calls++ < offer.from_step) return std::nullopt;
+          return kGrown;
+        };
+      });
+}
+
+int64_t oneClusterStepsPerEpoch() {
+  const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
+  const JobSpec job = readJobSpec(jobSpecPath(node_data));
+  const TrainOptions t = parseTrainOptions(job.training, jobSpecPath(node_data));
+  DataOptions d = parseDataOptions(job.data, jobSpecPath(node_data));
+  return loadDatasets(d, t.seed).train->size() / t.batch_size;
+}
+
+TEST(DealChange, RootsThatShareRingsTakeAnOfferOnlyAtTheStepAfterTheSyncThatAgreedOnIt) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  std::vector<AgreeingSync> syncs = {AgreeingSync(true), AgreeingSync(false), AgreeingSync(false)};
+  Offer offer;
+  offer.from_step = 1;  // seen before step 1; a lone Root would take it there
+  const testing::PipelineRun run = runAgreeing(offer, syncs);
+  const int64_t per_epoch = oneClusterStepsPerEpoch();
+  ASSERT_GT(per_epoch, AgreeingSync::kSyncEvery);
+  // "No offer" before step 1, then the fingerprint of the offer's text, agreed at the sync after
+  // step 3 (4 steps done), taken before step 4: every stage admits the new cluster at epoch 1's
+  // first step.
+  EXPECT_EQ(syncs[0].proposals, (std::vector<uint64_t>{kNoOffer, offerFingerprint(kGrown.dump())}));
+  EXPECT_TRUE(syncs[0].proposed_can_take);
+  EXPECT_EQ(syncs[0].admitted_after, std::vector<int64_t>{AgreeingSync::kSyncEvery});
+  for (const AgreeingSync& s : syncs) EXPECT_EQ(s.admitted, std::vector<int64_t>{per_epoch});
+  for (const TrainerResult& r : run.results) EXPECT_LT(r.steps, 3 * per_epoch);  // the grown deal's shorter epochs
+  EXPECT_EQ(syncs[1].proposals, std::vector<uint64_t>{});  // only the Root proposes
+}
+
+TEST(DealChange, AnOfferTheRingDidNotAgreeOnOrAnotherRootCannotTakeChangesNothing) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const int64_t per_epoch = oneClusterStepsPerEpoch();
+  for (AgreeingSync::Others others : {AgreeingSync::Others::kOtherOffer, AgreeingSync::Others::kCannotTake}) {
+    std::vector<AgreeingSync> syncs = {AgreeingSync(true, others), AgreeingSync(false), AgreeingSync(false)};
+    Offer offer;
+    offer.from_step = 1;
+    const testing::PipelineRun run = runAgreeing(offer, syncs);
+    const bool cannot = others == AgreeingSync::Others::kCannotTake;
+    for (const TrainerResult& r : run.results) EXPECT_EQ(r.steps, 3 * per_epoch) << "cannot " << cannot;
+    EXPECT_EQ(run.batches.size(), size_t(3 * per_epoch));
+    for (const AgreeingSync& s : syncs) EXPECT_TRUE(s.admitted.empty()) << "cannot " << cannot;
+  }
+}
+
+TEST(DealChange, OfferFingerprintsAreAboveNoOfferBelowTwoToTheSixtyTwoAndFollowTheText) {
+  const uint64_t a = offerFingerprint(kGrown.dump()), b = offerFingerprint(kGrown.dump() + " ");
+  EXPECT_GT(a, kNoOffer);
+  EXPECT_LT(a, uint64_t(1) << 62);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, fnv1a64(kGrown.dump()) & ((uint64_t(1) << 62) - 1));
+}
+
 TEST(DealChange, DealUpToKeepsTheEntriesInForceUpToAnEpoch) {
   const std::vector<DealEntry> deal = {{0, 1}, {2, 2}, {5, 3}};
   EXPECT_EQ(dealUpTo(deal, 0), (std::vector<DealEntry>{{0, 1}}));
