@@ -198,7 +198,28 @@ void Grower::abandon(const std::string& why) {
   g["state"] = "abandoned";
   g["reason"] = why;
   setGrowth(g);
-  store_.setMeta("growth_peers_pending", "[]");
+  // The existing node.json files go back to what they were before the proposal (no newcomer in
+  // their rings, the deal in force): a spare that later replaces one of these nodes gets no ring
+  // member that will never come, and no deal nobody took. Each told member is owed that as a
+  // peers update too (its held newcomers dropped, its own node.json restored for a restart).
+  const std::vector<std::string> spares = names(g["spares"]);
+  const std::optional<std::string> saved = store_.meta("deal");
+  for (const std::string& name : names(g["told"])) {
+    NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
+    for (RingSpec& ring : node.rings)
+      ring.members.erase(std::remove_if(ring.members.begin(), ring.members.end(),
+                                        [&](const PeerRef& m) {
+                                          return std::find(spares.begin(), spares.end(), m.name) != spares.end();
+                                        }),
+                         ring.members.end());
+    if (saved)
+      node.extra["deal"] = nlohmann::json::parse(*saved);
+    else
+      node.extra.erase("deal");
+    writeJsonFile(nodeSpecPath(out_, name), toJson(node));
+  }
+  const std::vector<std::string> told = names(g["told"]);
+  store_.setMeta("growth_peers_pending", nlohmann::json(std::set<std::string>(told.begin(), told.end())).dump());
   CAIRN_WARN("coordinator: growth abandoned for this run (", why, "); the spares wait for replacements");
 }
 
@@ -274,7 +295,9 @@ void Grower::onHeartbeat(const std::string& name) {
   send_(m->public_key, encode(PeersUpdate{name, toJson(node)}));
   owed.erase(name);
   store_.setMeta("growth_peers_pending", nlohmann::json(owed).dump());
-  CAIRN_INFO("coordinator: sent ", name, " its grown rings and deal");
+  const bool abandoned = growth().value("state", "") == "abandoned";
+  CAIRN_INFO("coordinator: sent ", name, abandoned ? " its rings and deal as before the abandoned growth"
+                                                   : " its grown rings and deal");
 }
 
 }  // namespace cairn::coordinator

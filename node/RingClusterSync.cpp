@@ -294,6 +294,16 @@ std::vector<std::string> RingClusterSync::addMembers(const NodeSpec& updated,
     for (size_t i = now.size(); i < spec.members.size(); ++i) names.push_back(spec.members[i].name);
     if (spec.members.size() > now.size()) next[spec.id] = spec.members;
   }
+  if (!at_admission_step)
+    // A growth abandoned before its admission: the update lists the rings without the members
+    // held for it, which are dropped (never admitted).
+    for (const RingSpec& spec : updated.rings) {
+      auto held = held_.find(spec.id);
+      if (held != held_.end() && spec.members.size() < held->second.size()) {
+        CAIRN_INFO("ring ", spec.id, ": the members held for a new cluster are dropped (the growth was abandoned)");
+        held_.erase(held);
+      }
+    }
   if (at_admission_step) {
     for (auto& [id, members] : next) {
       auto known = added_.find(id);

@@ -131,7 +131,8 @@ class RingClusterSync : public ClusterSync {
   // BadInput (nothing queued) when `updated` is another node, names a ring this node does not
   // have, or changes, reorders or drops a present member.
   // `at_admission_step` (a growth update that also brings a new deal): the additions are held
-  // until the sync boundary admitJoinersAt names, never taken in at an earlier sync.
+  // until the sync boundary admitJoinersAt names, never taken in at an earlier sync. An update
+  // without it whose ring lists fewer members than held drops the held ones (an abandoned growth).
   std::vector<std::string> addMembers(const NodeSpec& updated, bool at_admission_step = false);
   // The new cluster's first step (its deal's firstStepOf(E)): at the sync boundary after
   // `steps_done` steps the held additions are taken in — waiting up to the ring timeout for the

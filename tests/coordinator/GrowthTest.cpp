@@ -412,12 +412,27 @@ TEST(Grower, ARefusalForAnotherReasonAbandonsGrowthAndOffIsOff) {
   keeping.poll(100);
   EXPECT_TRUE(f.growth().is_null());
   Grower g = f.grower();
+  std::map<std::string, nlohmann::json> before;
+  for (const char* name : {"node_0", "node_1"}) before[name] = readJsonFile(nodeSpecPath(f.out, name));
   g.poll(100);
   const nlohmann::json proposed = f.growth();
   ASSERT_EQ(proposed.value("state", ""), "proposed");
+  ASSERT_NE(readJsonFile(nodeSpecPath(f.out, "node_0")), before["node_0"]);  // the newcomer, the deal
   g.observe("node_0", {GrowerFixture::answer(proposed["deal"], false, 0)});  // before its epoch
   EXPECT_EQ(f.growth().value("state", ""), "abandoned");
   EXPECT_EQ(f.store->memberByName("node_2")->state, MemberState::kSpare);
+  // The existing nodes' node.json files are what they were before the proposal (a replacement
+  // gets no member that never comes, no deal nobody took).
+  for (const char* name : {"node_0", "node_1"}) {
+    const NodeSpec now = readNodeSpec(nodeSpecPath(f.out, name));
+    EXPECT_EQ(toJson(now), toJson(parseNodeSpec(before[name], name))) << name;
+  }
+  // … and each is owed that as its next peers update.
+  const size_t sent = f.sent.size();
+  g.onHeartbeat("node_1");
+  g.onHeartbeat("node_1");
+  ASSERT_EQ(f.sent.size(), sent + 1);
+  EXPECT_EQ(f.sent.back().first, f.keys["node_1"]);
   EXPECT_TRUE(g.poll(200).empty());
   EXPECT_EQ(f.growth().value("state", ""), "abandoned");
 }

@@ -1252,6 +1252,37 @@ TEST(RingClusterSyncGrowth, ANodeWithoutRingPeersDecidesDealsAlone) {
   EXPECT_EQ(agrees, 0);
 }
 
+// An abandoned growth (coordinator/Grower.h): the coordinator's next update lists the rings as
+// before, which drops the members held for the admission; an admission step armed anyway finds
+// none and the ring stays this node's alone.
+TEST(RingClusterSyncGrowth, AnUpdateWithoutTheHeldMembersDropsThem) {
+  const State init = {{"0.weight", torch::ones({2, 2})}};
+  const TestNode a{"a0", 0, namesOf(init)};
+  const std::vector<TestRing> alone = {{"ring_0", namesOf(init), {"a0"}}};
+  const std::vector<TestRing> grown = {{"ring_0", namesOf(init), {"a0", "b1"}}};
+  for (bool withdrawn : {false, true}) {
+    zmq::context_t context;
+    const std::string prefix = "inproc://drop" + std::to_string(run_counter++) + "_";
+    MemberSetup setup;
+    setup.timeout = std::chrono::milliseconds(300);
+    std::vector<std::string> members;
+    bool agrees = false;
+    runMember(context, prefix, a, alone, init, SyncOptions{}, setup,
+              [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport& faulty) {
+                faulty.addPeer("b1", prefix + "b1");
+                EXPECT_EQ(sync.addMembers(specOf(a, grown, prefix), /*at_admission_step=*/true),
+                          std::vector<std::string>{"b1"});
+                if (withdrawn) {
+                  EXPECT_TRUE(sync.addMembers(specOf(a, alone, prefix)).empty());
+                }
+                sync.admitJoinersAt(1);
+                sync.afterOptimizerStep(0, stage);  // the admission step: b1 never asks
+                agrees = sync.agreesOnDeals();      // a ring member in another cluster
+              });
+    EXPECT_EQ(agrees, !withdrawn) << (withdrawn ? "withdrawn" : "kept");
+  }
+}
+
 TEST(RingClusterSyncGrowth, AddMembersRefusesAnythingButAppendedMembers) {
   const State init = {{"0.weight", torch::ones({2, 2})}};
   const TestNode a{"a0", 0, namesOf(init)};
