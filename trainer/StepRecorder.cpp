@@ -28,6 +28,7 @@ void StepRecorder::record(const StepRecord& s, TrainerResult* result) {
   const TrainOptions& opt = ctx_.opt;
   const double step_seconds = secondsSince(last_);
   last_ = TrainerClock::now();
+  const TrainerClock::time_point began = last_;
   if (ctx_.observer.on_step_loss) ctx_.observer.on_step_loss(s.step, s.loss);
   nlohmann::json line = {{"step", s.step + 1},
                          {"epoch", plan.epochOf(s.step)},
@@ -47,6 +48,7 @@ void StepRecorder::record(const StepRecord& s, TrainerResult* result) {
   progress_.update({plan.epochOf(s.step), plan.epochs(), s.step + 1, plan.total_steps,
                     s.loss, double((s.step + 1) * opt.batch_size) / std::max(elapsed, 1e-9),
                     elapsed});
+  bookkeeping_s_ += secondsSince(began);
 }
 
 bool StepRecorder::atBoundary(int64_t steps_done, int64_t updates, int64_t since_update,
@@ -89,7 +91,9 @@ void StepRecorder::finishRun(int64_t sync_steps,
   result->seconds = secondsSince(start_);
   nlohmann::json done = {{"steps", result->steps},
                          {"seconds", result->seconds},
-                         {"train_samples_per_s", result->samples_per_second}};
+                         {"train_samples_per_s", result->samples_per_second},
+                         {"train_seconds", train_seconds},
+                         {"bookkeeping_s", bookkeeping_s_}};
   if (add_done_fields) add_done_fields(done);
   ctx_.metrics.write({{"done", done}});
 }

@@ -43,6 +43,12 @@ class StepRecorder {
   // Returns true when the run stops here (*result says so).
   bool atBoundary(int64_t steps_done, int64_t updates, int64_t since_update, bool drained,
                   TrainerResult* result);
+  // Per-step bookkeeping (issue [I] part 3: it must cost well under 1% of a step): the time of
+  // every record() (observer, metrics line, progress) and what the loops add (stop polling, the
+  // Root's deal check), reported in the "done" record as "bookkeeping_s" (total) beside
+  // "seconds". Not in it: checkpoints and evaluations (their own records), packet validation
+  // (inside the receive, counted as wait_s).
+  void addBookkeeping(double seconds) { bookkeeping_s_ += seconds; }
   // After the last step: ClusterSync::finish(sync_steps), the final evaluation and the "done"
   // record, to which `add_done_fields` (may be empty) adds the loop's own fields.
   void finishRun(int64_t sync_steps, const std::function<void(nlohmann::json&)>& add_done_fields,
@@ -55,6 +61,7 @@ class StepRecorder {
   Evaluator& evaluator_;
   ProgressLine progress_;
   TrainerClock::time_point start_, last_;
+  double bookkeeping_s_ = 0;
 };
 
 }  // namespace cairn

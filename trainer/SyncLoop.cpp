@@ -27,6 +27,7 @@ TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_sta
     // Clean stop (docs/TRAINING.md "Stopping"): the Root's own request ends the run after this
     // step; a request from downstream (a "__stop" on this step's gradients) after the next one,
     // whose activations carry the decision ("__stop_at") to every node.
+    const auto bookkeeping = TrainerClock::now();
     stop_.poll();
     stop_.decide(step_ + 1);
     ctx_.times.reset();
@@ -42,6 +43,7 @@ TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_sta
     }
     const double lr = lr_schedule.at(step_);
     if (deal_ && ctx_.is_root) deal_->atStep(step_);
+    recorder_.addBookkeeping(secondsSince(bookkeeping));
     if (ctx_.is_root) {
       const auto t = TrainerClock::now();
       checksum_ = feeder_.load(step_, &micro_);
