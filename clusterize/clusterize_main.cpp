@@ -209,7 +209,8 @@ int main(int argc, char** argv) {
                "of the planned cut form a new cluster: the data is dealt over one more cluster "
                "from the epoch after the newest a Root reported, the new cluster starts at that "
                "epoch's first step with its ring peers' weights (docs/OPERATIONS.md \"Growing\"); "
-               "needs data.chunks >= the number of clusters; off by default")
+               "needs data.chunks >= the number of clusters and the sync schedule (an async job "
+               "is refused, exit 2); off by default")
       ->needs(serve_option);
   app.add_option("--max-clusters", serve.max_clusters,
                  "with --grow: grow to at most this many clusters (0: no limit)")
@@ -386,7 +387,15 @@ int main(int argc, char** argv) {
             [&view] { return view ? view.load()->prometheus() : std::string(); }, "--web");
         std::cout << "web view: " << web->url() << std::endl;
       }
-      cairn::coordinator::Coordinator coordinator(serve, prepareModel(o));
+      cairn::clusterize::PreparedModel prepared = prepareModel(o);
+      // Only the sync schedule takes a grown deal (trainer/DealChange.h): refuse the combination
+      // before anyone joins instead of leaving spares assigned to a deal nobody answers.
+      if (serve.grow && prepared.job.training.is_object() &&
+          prepared.job.training.value("schedule", std::string("sync")) == "async")
+        CAIRN_THROW(BadInput, o.job_path.empty() ? std::string("the job") : o.job_path,
+                    ": training_definition.schedule is \"async\", but --grow needs \"sync\" (an "
+                    "async run cannot take a new deal mid-run); drop --grow or use the sync schedule");
+      cairn::coordinator::Coordinator coordinator(serve, std::move(prepared));
       // Declared after the coordinator, so destroyed before it: no request reads a view that is
       // gone.
       struct StopWeb {

@@ -25,7 +25,9 @@ CASE:
                     seconds of each upload from the volunteers' logs.
   bad_invites       what a volunteer sees when its invite is wrong: a wrong token is refused with
                     the coordinator's reason (exit 2), a wrong coordinator key gets no answer and a
-                    clear timeout (exit 3), a malformed invite exits 2 before any network traffic
+                    clear timeout (exit 3), a malformed invite exits 2 before any network traffic;
+                    and on the researcher's side, `--serve --grow` with an async job exits 2
+                    naming training_definition.schedule before it listens
 """
 import argparse
 import gzip
@@ -398,6 +400,19 @@ def case_bad_invites(args):
         code = coordinator.finish(60)
     if code != 0:
         fail(f"the coordinator exited {code} on SIGTERM")
+    # Growth needs the sync schedule: an async job with --grow is refused before anything listens.
+    async_job = json.load(open(job))
+    async_job["training_definition"]["schedule"] = "async"
+    async_path = os.path.join(args.work, "async_job.json")
+    json.dump(async_job, open(async_path, "w"))
+    refused = subprocess.run([args.clusterize, "--model", model, "--job", async_path, "--input-shape", "8,1,28,28",
+                              "--serve", "127.0.0.1:0", "--out", os.path.join(args.work, "async_out"), "--grow"],
+                             capture_output=True, text=True, timeout=300)
+    said = refused.stdout + refused.stderr
+    if refused.returncode != 2 or "training_definition.schedule" not in said or "--grow" not in said:
+        fail(f"--grow with an async job: expected exit 2 naming training_definition.schedule, got exit "
+             f"{refused.returncode}: {said[-400:]}")
+    print("--grow with an async job: refused (exit 2):", [l for l in said.splitlines() if "schedule" in l][-1])
 
 
 def main():
