@@ -88,6 +88,7 @@ struct StageTrainer::Impl {
         recorder(ctx, stop, checkpoints, evaluator),
         deal_change(ctx, plan, feeder) {
     passes.setDealChange(&deal_change);
+    if (is_root) checkpoints.setDeal([this]() -> const std::vector<DealEntry>& { return feeder.deal(); });
     if (observer.on_metrics_record) metrics.setTee(observer.on_metrics_record);
     const TrainOptions& opt = cfg.options;
     torch::manual_seed(opt.seed * 1000003u + uint64_t(cfg.node.cluster) * 7919u +

@@ -11,6 +11,7 @@
 #include "core/Error.h"
 #include "core/Log.h"
 #include "trainer/Checkpoint.h"
+#include "trainer/DealSampler.h"
 #include "trainer/ClusterSync.h"
 #include "trainer/Metrics.h"
 #include "trainer/Optimizer.h"
@@ -96,6 +97,11 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
             {"sync", sync_meta},
             {"sync_tensors", sync_names}};
   if (!ctx_.plan.epoch_steps.empty()) d.meta["epoch_steps"] = epochStepsJson(ctx_.plan);
+  if (deal_ && !ctx_.plan.epoch_steps.empty()) {  // the Root: the deal its samples follow
+    nlohmann::json deal = nlohmann::json::array();
+    for (const DealEntry& e : deal_()) deal.push_back({{"from_epoch", e.from_epoch}, {"clusters", e.clusters}});
+    d.meta["deal"] = deal;
+  }
   writeCheckpoint(ctx_.cfg.checkpoint_dir, d, ctx_.opt.keep_checkpoints,
                   ctx_.cfg.keep_checkpoints_from ? ctx_.cfg.keep_checkpoints_from() : -1);
   const double seconds = secondsSince(t);
@@ -189,23 +195,72 @@ void TrainerCheckpoints::load() {
   ctx_.metrics.write({{"resumed_from", resume_.start_step}});
 }
 
+bool TrainerCheckpoints::dealChangedAfter(const nlohmann::json& written, const std::string& path) const {
+  if (ctx_.plan.epoch_steps.empty()) return false;  // this run has no deal: nothing was taken
+  RunPlan before = ctx_.plan;
+  before.total_steps = resumed_meta_.value("total_steps", int64_t(-1));
+  before.steps_per_epoch = resumed_meta_.value("steps_per_epoch", int64_t(-1));
+  before.epoch_steps.clear();
+  if (!written.is_null()) {
+    if (!written.is_array()) return false;
+    for (const auto& e : written) {
+      if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() || !e[1].is_number_integer())
+        CAIRN_THROW(BadInput, path, ": meta epoch_steps must be [[from_epoch, steps], …], got ", written.dump());
+      before.epoch_steps.push_back({e[0].get<int64_t>(), e[1].get<int64_t>()});
+    }
+    validateEpochSteps(before.epoch_steps, path + ": meta epoch_steps");
+  }
+  if (before.steps_per_epoch <= 0 || before.total_steps < 0) return false;
+  // Every epoch up to the checkpoint's begins at the same step under both tables.
+  const int64_t step = resume_.start_step;
+  if (step > before.total_steps || step > ctx_.plan.total_steps) return false;
+  const int64_t epoch = before.epochOf(step);
+  if (ctx_.plan.epochOf(step) != epoch) return false;
+  // The same steps in every epoch up to and including the checkpoint's …
+  for (int64_t e = 0; e <= epoch + 1; ++e)
+    if (before.firstStepOf(e) != ctx_.plan.firstStepOf(e)) return false;
+  // … and at the Root the same deal up to it (the samples): checkpoints written under a deal
+  // keep it in meta "deal"; one written without any had one cluster count throughout, which the
+  // equal steps of its epochs already pin.
+  if (deal_ && resumed_meta_.contains("deal")) {
+    const std::vector<DealEntry> old = dealFromJson(resumed_meta_["deal"], path + ": meta deal");
+    auto upTo = [epoch](const std::vector<DealEntry>& deal) {
+      std::vector<DealEntry> out;
+      for (const DealEntry& e : deal)
+        if (e.from_epoch <= epoch) out.push_back(e);
+      return out;
+    };
+    if (upTo(old) != upTo(deal_())) return false;
+  }
+  return true;
+}
+
 void TrainerCheckpoints::checkResumedPlan() {
   if (ctx_.cfg.resume_step < 0) return;
   const std::string path = checkpointPath(ctx_.cfg.checkpoint_dir, ctx_.cfg.resume_step);
-  if (resumed_meta_.value("total_steps", int64_t(-1)) != ctx_.plan.total_steps ||
-      resumed_meta_.value("steps_per_epoch", int64_t(-1)) != ctx_.plan.steps_per_epoch)
-    CAIRN_THROW(BadInput, path, ": written for a run of ", resumed_meta_.value("total_steps", -1),
-                " steps (", resumed_meta_.value("steps_per_epoch", -1),
-                " per epoch) but this run plans ", ctx_.plan.total_steps, " (",
-                ctx_.plan.steps_per_epoch, " per epoch): job.json changed?");
   const nlohmann::json table = ctx_.plan.epoch_steps.empty() ? nlohmann::json()
                                                              : epochStepsJson(ctx_.plan);
   const nlohmann::json written = resumed_meta_.value("epoch_steps", nlohmann::json());
-  if (written != table)
-    CAIRN_THROW(BadInput, path, ": written for a run whose steps per epoch were ",
-                written.is_null() ? std::string("fixed") : written.dump(), " but this run plans ",
-                table.is_null() ? std::string("fixed ones") : table.dump(),
-                " (node.json extra.deal changed?)");
+  if (written != table && dealChangedAfter(written, path)) {
+    // The cluster took a new deal after this checkpoint (trainer/DealChange.h) and the node.json
+    // its update wrote plans with it: it changes only epochs after the checkpoint's, so the steps
+    // up to it keep their numbering and the run goes on under the deal the cluster took.
+    CAIRN_INFO("resuming from ", path, " (steps per epoch ",
+               written.is_null() ? std::string("fixed") : written.dump(), ") under the deal taken after it: ",
+               table.dump(), ", ", ctx_.plan.total_steps, " steps");
+  } else {
+    if (resumed_meta_.value("total_steps", int64_t(-1)) != ctx_.plan.total_steps ||
+        resumed_meta_.value("steps_per_epoch", int64_t(-1)) != ctx_.plan.steps_per_epoch)
+      CAIRN_THROW(BadInput, path, ": written for a run of ", resumed_meta_.value("total_steps", -1),
+                  " steps (", resumed_meta_.value("steps_per_epoch", -1),
+                  " per epoch) but this run plans ", ctx_.plan.total_steps, " (",
+                  ctx_.plan.steps_per_epoch, " per epoch): job.json changed?");
+    if (written != table)
+      CAIRN_THROW(BadInput, path, ": written for a run whose steps per epoch were ",
+                  written.is_null() ? std::string("fixed") : written.dump(), " but this run plans ",
+                  table.is_null() ? std::string("fixed ones") : table.dump(),
+                  " (node.json extra.deal changed an epoch up to the checkpoint's?)");
+  }
   if (resume_.start_step > ctx_.plan.total_steps)
     CAIRN_THROW(BadInput, path, ": step ", resume_.start_step, " is past the run's ",
                 ctx_.plan.total_steps);

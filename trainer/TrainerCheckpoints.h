@@ -11,7 +11,11 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
+#include <functional>
+#include <vector>
+
 #include "trainer/Dataset.h"
+#include "trainer/DealSampler.h"
 #include "trainer/TrainerContext.h"
 
 namespace cairn {
@@ -36,15 +40,25 @@ class TrainerCheckpoints {
   // ClusterSync. The run plan (received later) is checked against it in checkResumedPlan().
   void load();
   // After the plan: the checkpoint must belong to this run plan; the Root restores the data
-  // cursor. Nothing when not resuming.
+  // cursor. Nothing when not resuming. A plan whose epoch_steps differ from the checkpoint's is
+  // taken only when a deal changed epochs after the checkpoint's (dealChangedAfter).
   void checkResumedPlan();
   const ResumePoint& resumePoint() const { return resume_; }
+  // The Root: the deal its sampler follows now (BatchFeeder::deal), kept in each checkpoint's
+  // meta "deal" and compared when resuming under a changed deal.
+  void setDeal(std::function<const std::vector<DealEntry>&()> deal) { deal_ = std::move(deal); }
 
  private:
   TrainerContext& ctx_;
   DatasetPair& data_;
   ResumePoint resume_;
-  nlohmann::json resumed_meta_;  // resumed: the checkpoint's meta (checked against the plan)
+  // Resumed under a deal the cluster took after the checkpoint (DealChange.h): the checkpoint's
+  // table `written` and this run's agree on every epoch up to the checkpoint's, so the run goes
+  // on under the new one. False for any other difference (which checkResumedPlan refuses).
+  // BadInput when the checkpoint's epoch_steps is malformed.
+  bool dealChangedAfter(const nlohmann::json& written, const std::string& path) const;
+  nlohmann::json resumed_meta_;
+  std::function<const std::vector<DealEntry>&()> deal_;  // resumed: the checkpoint's meta (checked against the plan)
 };
 
 }  // namespace cairn

@@ -353,6 +353,63 @@ TEST(DealChange, OfferFingerprintsAreAboveNoOfferBelowTwoToTheSixtyTwoAndFollowT
   EXPECT_EQ(a, fnv1a64(kGrown.dump()) & ((uint64_t(1) << 62) - 1));
 }
 
+// A cluster that paused right after taking a deal resumes from a checkpoint written before it
+// (TrainerCheckpoints::checkResumedPlan): the checkpoint holds the fixed steps per epoch, the
+// node.json the update wrote has the grown deal, which changes only epochs after the
+// checkpoint's, so the run goes on under it and samples exactly what the run with the deal from
+// the start samples. A deal that renumbers the checkpoint's own epoch is refused naming it.
+TEST(DealRun, AResumeFromACheckpointBeforeADealChangeGoesOnUnderTheDeal) {
+  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
+  char tmpl[] = "/tmp/cairn_deal_resume_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto nodeDir = [&](int i) { return dir + "/node_" + std::to_string(i); };
+  auto stopAfterPolls = [](int nth) {
+    auto calls = std::make_shared<int>(0);
+    return std::function<bool()>([calls, nth] { return ++*calls >= nth; });
+  };
+  const testing::PipelineRun stopped =
+      testing::runInMemoryPipeline(node_data, options, [&](int i, StageTrainerConfig& c) {
+        c.data.chunks = 4;
+        c.options.checkpoint_every = 2;
+        c.checkpoint_dir = nodeDir(i);
+        if (i == 0) c.stop_requested = stopAfterPolls(5);
+      });
+  ASSERT_TRUE(stopped.results[0].stopped);
+  const int64_t at = stopped.results[0].steps;
+  ASSERT_GT(at, 0);
+  auto resume = [&](const nlohmann::json& deal) {
+    return testing::runInMemoryPipeline(node_data, options, [&, deal](int i, StageTrainerConfig& c) {
+      c.data.chunks = 4;
+      c.options.checkpoint_every = 2;
+      c.checkpoint_dir = nodeDir(i);
+      c.resume_step = at;
+      c.node.extra["deal"] = deal;  // the update wrote it into every node.json
+    });
+  };
+  // First (it writes no checkpoint): a deal that changes epoch 0, the checkpoint's, is refused
+  // naming the checkpoint.
+  const nlohmann::json renumbers = {{{"from_epoch", 0}, {"clusters", 2}}};
+  try {
+    resume(renumbers);
+    ADD_FAILURE() << "a deal that renumbers the checkpoint's epoch was taken";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find(".ckpt: written for a run"), std::string::npos) << e.what();
+  }
+  const testing::PipelineRun resumed = resume(kGrown);
+  const testing::PipelineRun reference =
+      testing::runInMemoryPipeline(node_data, options, [&](int i, StageTrainerConfig& c) {
+        c.data.chunks = 4;
+        if (i == 0) c.node.extra["deal"] = kGrown;
+      });
+  std::vector<std::vector<int64_t>> both = stopped.batches;
+  both.insert(both.end(), resumed.batches.begin(), resumed.batches.end());
+  EXPECT_EQ(both, reference.batches);
+  for (const TrainerResult& r : resumed.results) EXPECT_EQ(r.steps, reference.results[0].steps);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DealChange, DealUpToKeepsTheEntriesInForceUpToAnEpoch) {
   const std::vector<DealEntry> deal = {{0, 1}, {2, 2}, {5, 3}};
   EXPECT_EQ(dealUpTo(deal, 0), (std::vector<DealEntry>{{0, 1}}));
