@@ -123,9 +123,14 @@ void Grower::propose(double) {
 }
 
 void Grower::writeDeal(const nlohmann::json& g) {
-  std::vector<std::string> all = names(g["told"]);
-  for (const std::string& n : names(g["spares"])) all.push_back(n);
-  for (const std::string& name : all) {
+  // The running nodes are offered the deal (extra.offered_deal; extra.deal stays the deal in
+  // force until every Root took it: assign()); the new cluster starts with it in force.
+  for (const std::string& name : names(g["told"])) {
+    NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
+    node.extra["offered_deal"] = g["deal"];
+    writeJsonFile(nodeSpecPath(out_, name), toJson(node));
+  }
+  for (const std::string& name : names(g["spares"])) {
     NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
     node.extra["deal"] = g["deal"];
     writeJsonFile(nodeSpecPath(out_, name), toJson(node));
@@ -203,7 +208,6 @@ void Grower::abandon(const std::string& why) {
   // member that will never come, and no deal nobody took. Each told member is owed that as a
   // peers update too (its held newcomers dropped, its own node.json restored for a restart).
   const std::vector<std::string> spares = names(g["spares"]);
-  const std::optional<std::string> saved = store_.meta("deal");
   for (const std::string& name : names(g["told"])) {
     NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
     for (RingSpec& ring : node.rings)
@@ -212,10 +216,7 @@ void Grower::abandon(const std::string& why) {
                                           return std::find(spares.begin(), spares.end(), m.name) != spares.end();
                                         }),
                          ring.members.end());
-    if (saved)
-      node.extra["deal"] = nlohmann::json::parse(*saved);
-    else
-      node.extra.erase("deal");
+    node.extra.erase("offered_deal");
     writeJsonFile(nodeSpecPath(out_, name), toJson(node));
   }
   const std::vector<std::string> told = names(g["told"]);
@@ -273,6 +274,16 @@ std::vector<NodeSpec> Grower::assign() {
     assigned.push_back(node);
   }
   store_.setMeta("placed", placed.dump());
+  // Every Root took the deal: it is in force in the running nodes' node.json too, and each is
+  // owed that update (a volunteer restarting after a pause plans with it).
+  for (const std::string& name : names(g["told"])) {
+    NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
+    node.extra["deal"] = g["deal"];
+    node.extra.erase("offered_deal");
+    writeJsonFile(nodeSpecPath(out_, name), toJson(node));
+  }
+  const std::vector<std::string> told = names(g["told"]);
+  store_.setMeta("growth_peers_pending", nlohmann::json(std::set<std::string>(told.begin(), told.end())).dump());
   const int cluster = g["cluster"].get<int>();
   addToPlan(assigned, cluster);
   store_.setMeta("num_clusters", std::to_string(cluster + 1));
@@ -295,9 +306,11 @@ void Grower::onHeartbeat(const std::string& name) {
   send_(m->public_key, encode(PeersUpdate{name, toJson(node)}));
   owed.erase(name);
   store_.setMeta("growth_peers_pending", nlohmann::json(owed).dump());
-  const bool abandoned = growth().value("state", "") == "abandoned";
-  CAIRN_INFO("coordinator: sent ", name, abandoned ? " its rings and deal as before the abandoned growth"
-                                                   : " its grown rings and deal");
+  const std::string state = growth().value("state", "");
+  CAIRN_INFO("coordinator: sent ", name,
+             state == "abandoned" ? " its rings as before the abandoned growth"
+             : state == "done"    ? " the grown deal, now in force"
+                                  : " its grown rings and the offered deal");
 }
 
 }  // namespace cairn::coordinator

@@ -5,18 +5,23 @@
 //            keeping --keep-spares for replacements; at most --max-clusters): the grown deal
 //            (grownDeal: from the epoch after the newest any Root has reported), the new
 //            cluster's node.json files (planGrowth) written into <out>/nodes/ with extra.deal,
-//            every existing node.json with the new ring members appended and extra.deal, the
+//            every existing node.json with the new ring members appended and extra.offered_deal
+//            (extra.deal stays the deal in force until the Roots took the new one), the
 //            spares marked assigned (no replacement takes them), and every existing member owed
 //            a `peers` update (sent on its next heartbeat, as MemberReplacer does).
 //   answer   each running cluster's Root decides at a step boundary (trainer/DealChange.h; Roots
 //            that share rings decide together, at the same step, so alike) and
 //            reports {"deal": {"accepted", "epoch", …}} in its metrics stream (observe()):
 //            accepted by every Root → the spares get their assignments (stage, node.json, job),
-//            join "placed", num_clusters and the deal are saved; refused because the Root was
+//            join "placed", num_clusters and the deal are saved, the existing node.json files
+//            get it as extra.deal (offered_deal gone) and their nodes are owed that update;
+//            refused because the Root was
 //            already in the deal's epoch → dealt again, the k-th time from 2^k epochs after the
 //            newest reported (at most the run's last epoch), and the updates owed again; refused
 //            for another reason (e.g. data.chunks below the
-//            number of clusters) → growth is abandoned for this run (logged; the spares wait).
+//            number of clusters) → growth is abandoned for this run (logged; the spares wait;
+//            the existing node.json files lose the newcomers and offered_deal, and their nodes
+//            are owed that update).
 // State in coordinator.db meta: "growth" (the proposal in flight), "growth_peers_pending", and
 // "deal" (Growth.h saveDeal) once a cluster was added. Served data (data.source "coordinator"):
 // the coordinator's ChunkServer follows the proposal's deal from the moment "growth" is written,

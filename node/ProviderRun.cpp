@@ -59,9 +59,16 @@ torch::jit::Module loadStage(const std::string& path) {
   }
 }
 
-// node.json extra.deal (null when absent).
+// node.json extra.deal, the deal in force (null when absent).
 nlohmann::json dealOf(const NodeSpec& node) {
   return node.extra.is_object() && node.extra.contains("deal") ? node.extra["deal"] : nlohmann::json();
+}
+
+// The deal a growth update offers: extra.offered_deal while the Roots decide (coordinator/
+// Grower.h), extra.deal once every Root took it (null when neither).
+nlohmann::json offeredDealOf(const NodeSpec& node) {
+  if (node.extra.is_object() && node.extra.contains("offered_deal")) return node.extra["offered_deal"];
+  return dealOf(node);
 }
 
 }  // namespace
@@ -173,6 +180,10 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
     std::optional<nlohmann::json> deal;  // under mutex
   };
   auto offered = std::make_shared<OfferedDeal>();
+  // Restarted (a pause, --resume) while an offer was undecided: it is offered again; the plan
+  // follows the deal in force (extra.deal).
+  if (const nlohmann::json pending = offeredDealOf(node); !pending.is_null() && pending != dealOf(node))
+    offered->deal = pending;
   config.offered_deal = [offered]() -> std::optional<nlohmann::json> {
     std::lock_guard<std::mutex> lock(offered->mutex);
     return offered->deal;
@@ -180,7 +191,7 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   if (options.on_live_peers)
     options.on_live_peers([&live_peers, &cluster_sync, offered,
                            started_with = dealOf(node)](const NodeSpec& updated) {
-      const nlohmann::json deal = dealOf(updated);
+      const nlohmann::json deal = offeredDealOf(updated);
       const bool grows = !deal.is_null() && deal != started_with;
       std::vector<std::string> changed = live_peers.apply(updated);
       for (const std::string& added : cluster_sync.addMembers(updated, grows))
@@ -202,7 +213,28 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   auto event = [&options](const std::string& state, const std::string& message) {
     if (options.on_event) options.on_event({{"state", state}, {"message", message}});
   };
+  // The Root that takes an offered deal writes it into its own node.json as the deal in force
+  // (a restart before the coordinator's next update then plans with it, not with the old one).
+  // The coordinator's update after every Root took it says the same (VolunteerPeers writes it).
+  const std::string spec_path = nodeSpecPath(node_data, name);
   run_config.observer.on_metrics_record = options.on_record;
+  if (node.stage == 0 && options.on_live_peers)  // a volunteer's Root: growth updates reach it
+    run_config.observer.on_metrics_record = [&options, spec_path](const nlohmann::json& record,
+                                                                  const std::string& line) {
+      if (record.is_object() && record.contains("deal") && record["deal"].is_object() &&
+          record["deal"].value("accepted", false) && record["deal"].contains("deal")) {
+        try {
+          NodeSpec now = readNodeSpec(spec_path);
+          now.extra["deal"] = record["deal"]["deal"];
+          now.extra.erase("offered_deal");
+          writeJsonFile(spec_path, toJson(now));
+          CAIRN_INFO("the deal taken is in force in ", spec_path);
+        } catch (const std::exception& e) {
+          CAIRN_WARN("could not write the deal taken into ", spec_path, ": ", e.what());
+        }
+      }
+      if (options.on_record) options.on_record(record, line);
+    };
   if (options.on_event) {
     run_config.observer.on_plan = [&options, batch = config.options.batch_size](int64_t total,
                                                                                  int64_t per_epoch) {

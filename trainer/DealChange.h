@@ -27,8 +27,8 @@
 // A decision depends only on the step at which the Root first sees the offer (alone) or at
 // which the Roots agreed on it (together), never on the clock, and every stage of the cluster
 // learns it in the same step.
-// Limits: the sync schedule only (AsyncLoop does not call it); a cluster that pauses while an
-// offer is undecided resumes planning with it (the node.json the update wrote); clusters cut
+// Limits: the sync schedule only (AsyncLoop does not call it); a cluster that resumes after the
+// others took an offer, already past its epoch, refuses it alone; clusters cut
 // differently agree only ring by ring (a Root that shares no ring with another cluster's Root
 // decides with the members of its own rings).
 // Ownership: borrows the context, the plan it changes and the Root's feeder.

@@ -321,11 +321,15 @@ TEST(Grower, ProposesTellsThePeersAndAssignsOnceTheRootTookTheDeal) {
   const NodeSpec told = readNodeSpec(nodeSpecPath(f.out, "node_0"));
   ASSERT_EQ(told.rings[0].members.size(), 2u);
   EXPECT_EQ(told.rings[0].members[1].name, "node_2");
-  EXPECT_EQ(told.extra["deal"], proposed["deal"]);
+  // Offered to the running nodes; in force for the new cluster.
+  EXPECT_EQ(told.extra["offered_deal"], proposed["deal"]);
+  EXPECT_FALSE(told.extra.contains("deal"));
   const NodeSpec added = readNodeSpec(nodeSpecPath(f.out, "node_3"));
   EXPECT_EQ(added.cluster, 1);
   EXPECT_EQ(added.stage, 1);
   EXPECT_EQ(added.extra["public_key"], f.keys["node_3"]);
+  EXPECT_EQ(added.extra["deal"], proposed["deal"]);
+  EXPECT_FALSE(added.extra.contains("offered_deal"));
   // Each existing member gets its update once, on its heartbeat; nobody is assigned yet.
   g.onHeartbeat("node_0");
   g.onHeartbeat("node_0");
@@ -349,6 +353,15 @@ TEST(Grower, ProposesTellsThePeersAndAssignsOnceTheRootTookTheDeal) {
   EXPECT_EQ(f.sent.size(), 4u);
   EXPECT_EQ(f.sent[2].first, f.keys["node_2"]);
   EXPECT_EQ(f.store->meta("num_clusters").value_or(""), "2");
+  // The running nodes now have the deal in force, and are owed that update.
+  for (const char* name : {"node_0", "node_1"}) {
+    const NodeSpec now = readNodeSpec(nodeSpecPath(f.out, name));
+    EXPECT_EQ(now.extra["deal"], again["deal"]) << name;
+    EXPECT_FALSE(now.extra.contains("offered_deal")) << name;
+  }
+  g.onHeartbeat("node_1");
+  ASSERT_EQ(f.sent.size(), 5u);
+  EXPECT_EQ(f.sent[4].first, f.keys["node_1"]);
   EXPECT_EQ(nlohmann::json::parse(*f.store->meta("placed")),
             nlohmann::json({"node_0", "node_1", "node_2", "node_3"}));
   EXPECT_EQ(loadDeal(*f.store, 1), (std::vector<DealEntry>{{0, 1}, {5, 2}}));

@@ -213,6 +213,13 @@ def main():
     if len(set(taken)) != 1:
         vt.fail(f"the running Roots took different deals or at different steps: {taken}")
     deal = json.loads(taken[0][0])
+    # Each running Root wrote the deal it took into its own node.json as the deal in force (a
+    # restart plans with it); the offer is gone from it.
+    for c in range(running):
+        extra = nodes[chains[c][0]].get("extra", {})
+        if extra.get("deal") != deal or "offered_deal" in extra:
+            vt.fail(f"{chains[c][0]}'s node.json: extra.deal {extra.get('deal')}, offered_deal "
+                    f"{extra.get('offered_deal')}; expected the deal taken {deal} and no offer")
     if running > 1:
         agreed = [l for c in range(running) for l in by_name[chains[c][0]][0].lines
                   if "refused a new deal" in l]
