@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <unistd.h>
 
 #include "core/Error.h"
@@ -163,28 +164,28 @@ struct Offer {
   int64_t from_step = 0;  // offered once the Root is at this step
 };
 
+// The in-memory pipeline with node i's ClusterSync `sync_of(i)` and `offer` made to its Root;
+// `used` / `data` (optional) receive the Root's options.
+testing::PipelineRun runWithOffer(Offer& offer, const std::function<ClusterSync*(int)>& sync_of,
+                                  TrainOptions* used = nullptr, DataOptions* data = nullptr) {
+  const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
+  return testing::runInMemoryPipeline(node_data, options, [&](int i, StageTrainerConfig& c) {
+    c.data.chunks = 4;
+    c.cluster_sync = sync_of(i);
+    if (i != 0) return;
+    if (used) *used = c.options;
+    if (data) *data = c.data;
+    // Between steps the Root asks (trainer thread).
+    c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
+      if (offer.calls++ < offer.from_step) return std::nullopt;
+      return kGrown;
+    };
+  });
+}
+
 testing::PipelineRun runWithOffer(Offer& offer, std::vector<AdmissionRecorder>& syncs,
                                   TrainOptions* used, DataOptions* data) {
-  const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
-  return testing::runInMemoryPipeline(
-      node_data,
-      [](TrainOptions& t) {
-        t.microbatches = 2;
-        t.max_steps = 0;
-        t.epochs = 3;
-      },
-      [&](int i, StageTrainerConfig& c) {
-        c.data.chunks = 4;
-        c.cluster_sync = &syncs[size_t(i)];
-        if (i != 0) return;
-        *used = c.options;
-        *data = c.data;
-        // Between steps the Root asks (trainer thread).
-        c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
-          if (offer.calls++ < offer.from_step) return std::nullopt;
-          return kGrown;
-        };
-      });
+  return runWithOffer(offer, [&](int i) -> ClusterSync* { return &syncs[size_t(i)]; }, used, data);
 }
 
 TEST(DealChange, TheRootTakesAnOfferedDealAndEveryStageEndsAtTheNewTotal) {
@@ -284,23 +285,7 @@ class AgreeingSync : public ClusterSync {
 };
 
 testing::PipelineRun runAgreeing(Offer& offer, std::vector<AgreeingSync>& syncs) {
-  const std::string node_data = modelsDir() + "/cnn_bn_dropout/node_data";
-  return testing::runInMemoryPipeline(
-      node_data,
-      [](TrainOptions& t) {
-        t.microbatches = 2;
-        t.max_steps = 0;
-        t.epochs = 3;
-      },
-      [&](int i, StageTrainerConfig& c) {
-        c.data.chunks = 4;
-        c.cluster_sync = &syncs[size_t(i)];
-        if (i != 0) return;
-        c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
-          if (offer.calls++ < offer.from_step) return std::nullopt;
-          return kGrown;
-        };
-      });
+  return runWithOffer(offer, [&](int i) -> ClusterSync* { return &syncs[size_t(i)]; });
 }
 
 int64_t oneClusterStepsPerEpoch() {
