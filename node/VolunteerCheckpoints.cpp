@@ -116,15 +116,8 @@ bool VolunteerCheckpoints::newest(FileId* id, std::string* bytes) {
 }
 
 void VolunteerCheckpoints::readReplies(milliseconds wait) {
-  uint64_t dropped = 0;
-  auto frames = recvFrames(socket_, std::max(wait, milliseconds(0)), &dropped);
-  if (!frames) return;
-  std::string why;
-  const auto message = decodeToVolunteer(*frames, options_.max_message_bytes, &why);
-  if (!message) {
-    CAIRN_WARN("checkpoint uploads: the coordinator sent a malformed message (dropped): ", why);
-    return;
-  }
+  const auto message = receiveReply(socket_, wait, options_.max_message_bytes, "checkpoint uploads");
+  if (!message) return;
   if (const auto* r = std::get_if<Rejected>(&*message)) {
     CAIRN_WARN("the coordinator refused a checkpoint: ", r->reason);
     if (has_in_flight_) acked_ = in_flight_;  // not sent again; a newer one will be

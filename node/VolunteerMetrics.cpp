@@ -77,15 +77,8 @@ void VolunteerMetrics::stop() {
 }
 
 void VolunteerMetrics::readReplies(milliseconds wait) {
-  uint64_t dropped = 0;
-  auto frames = recvFrames(socket_, std::max(wait, milliseconds(0)), &dropped);
-  if (!frames) return;
-  std::string why;
-  const auto message = decodeToVolunteer(*frames, options_.max_message_bytes, &why);
-  if (!message) {
-    CAIRN_WARN("metrics: the coordinator sent a malformed message (dropped): ", why);
-    return;
-  }
+  const auto message = receiveReply(socket_, wait, options_.max_message_bytes, "metrics");
+  if (!message) return;
   if (const auto* r = std::get_if<Rejected>(&*message)) {
     // Sending the same records again would be refused again: they are given up.
     CAIRN_WARN("the coordinator refused a batch of metrics records (given up): ", r->reason);

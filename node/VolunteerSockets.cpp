@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/Log.h"
+#include "node/CoordinationSocket.h"
 
 namespace cairn {
 
@@ -53,6 +55,17 @@ bool sendWhenConnected(zmq::socket_t& socket, const Frames& frames, std::chrono:
       if (e.num() != EINTR) throw;
     }
   }
+}
+
+std::optional<ToVolunteer> receiveReply(zmq::socket_t& socket, std::chrono::milliseconds wait,
+                                        size_t max_message_bytes, const char* what) {
+  uint64_t dropped = 0;
+  auto frames = recvFrames(socket, std::max(wait, std::chrono::milliseconds(0)), &dropped);
+  if (!frames) return std::nullopt;
+  std::string why;
+  auto message = decodeToVolunteer(*frames, max_message_bytes, &why);
+  if (!message) CAIRN_WARN(what, ": the coordinator sent a malformed message (dropped): ", why);
+  return message;
 }
 
 }  // namespace cairn

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <zmq.hpp>
@@ -32,5 +33,11 @@ bool trySendFrames(zmq::socket_t& socket, const Frames& frames);
 // `timeout`, polling `stop` every 100 ms; then sends it. False when it could not be sent.
 bool sendWhenConnected(zmq::socket_t& socket, const Frames& frames, std::chrono::milliseconds timeout,
                        const std::function<bool()>& stop);
+
+// One reply of the coordinator on a background stream's socket (metrics, checkpoint uploads),
+// waiting up to `wait`: the decoded message, or nullopt on timeout or when it is malformed (then
+// logged as "<what>: the coordinator sent a malformed message (dropped): …").
+std::optional<ToVolunteer> receiveReply(zmq::socket_t& socket, std::chrono::milliseconds wait,
+                                        size_t max_message_bytes, const char* what);
 
 }  // namespace cairn
