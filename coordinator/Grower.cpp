@@ -125,16 +125,20 @@ void Grower::propose(double) {
 void Grower::writeDeal(const nlohmann::json& g) {
   // The running nodes are offered the deal (extra.offered_deal; extra.deal stays the deal in
   // force until every Root took it: assign()); the new cluster starts with it in force.
-  for (const std::string& name : names(g["told"])) {
+  editNodes(names(g["told"]), [&](NodeSpec& node) { node.extra["offered_deal"] = g["deal"]; });
+  editNodes(names(g["spares"]), [&](NodeSpec& node) { node.extra["deal"] = g["deal"]; });
+  oweUpdates(g);
+}
+
+void Grower::editNodes(const std::vector<std::string>& nodes, const std::function<void(NodeSpec&)>& edit) {
+  for (const std::string& name : nodes) {
     NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
-    node.extra["offered_deal"] = g["deal"];
+    edit(node);
     writeJsonFile(nodeSpecPath(out_, name), toJson(node));
   }
-  for (const std::string& name : names(g["spares"])) {
-    NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
-    node.extra["deal"] = g["deal"];
-    writeJsonFile(nodeSpecPath(out_, name), toJson(node));
-  }
+}
+
+void Grower::oweUpdates(const nlohmann::json& g) {
   const std::vector<std::string> told = names(g["told"]);
   store_.setMeta("growth_peers_pending", nlohmann::json(std::set<std::string>(told.begin(), told.end())).dump());
 }
@@ -208,8 +212,7 @@ void Grower::abandon(const std::string& why) {
   // member that will never come, and no deal nobody took. Each told member is owed that as a
   // peers update too (its held newcomers dropped, its own node.json restored for a restart).
   const std::vector<std::string> spares = names(g["spares"]);
-  for (const std::string& name : names(g["told"])) {
-    NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
+  editNodes(names(g["told"]), [&](NodeSpec& node) {
     for (RingSpec& ring : node.rings)
       ring.members.erase(std::remove_if(ring.members.begin(), ring.members.end(),
                                         [&](const PeerRef& m) {
@@ -217,10 +220,8 @@ void Grower::abandon(const std::string& why) {
                                         }),
                          ring.members.end());
     node.extra.erase("offered_deal");
-    writeJsonFile(nodeSpecPath(out_, name), toJson(node));
-  }
-  const std::vector<std::string> told = names(g["told"]);
-  store_.setMeta("growth_peers_pending", nlohmann::json(std::set<std::string>(told.begin(), told.end())).dump());
+  });
+  oweUpdates(g);
   CAIRN_WARN("coordinator: growth abandoned for this run (", why, "); the spares wait for replacements");
 }
 
@@ -276,14 +277,11 @@ std::vector<NodeSpec> Grower::assign() {
   store_.setMeta("placed", placed.dump());
   // Every Root took the deal: it is in force in the running nodes' node.json too, and each is
   // owed that update (a volunteer restarting after a pause plans with it).
-  for (const std::string& name : names(g["told"])) {
-    NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
+  editNodes(names(g["told"]), [&](NodeSpec& node) {
     node.extra["deal"] = g["deal"];
     node.extra.erase("offered_deal");
-    writeJsonFile(nodeSpecPath(out_, name), toJson(node));
-  }
-  const std::vector<std::string> told = names(g["told"]);
-  store_.setMeta("growth_peers_pending", nlohmann::json(std::set<std::string>(told.begin(), told.end())).dump());
+  });
+  oweUpdates(g);
   const int cluster = g["cluster"].get<int>();
   addToPlan(assigned, cluster);
   store_.setMeta("num_clusters", std::to_string(cluster + 1));

@@ -68,8 +68,13 @@ class Grower {
   void addToPlan(const std::vector<NodeSpec>& added, int cluster);
   void redeal(int64_t reported_epoch);
   void abandon(const std::string& why);
-  // Writes extra.deal into the proposal's node.json files and owes every told node its update.
+  // Writes the proposal's deal into its node.json files (offered to the told nodes, in force for
+  // the new cluster) and owes every told node its update.
   void writeDeal(const nlohmann::json& growth);
+  // Reads, edits and writes back OUT/nodes/<name>/node.json of each of `nodes`.
+  void editNodes(const std::vector<std::string>& nodes, const std::function<void(NodeSpec&)>& edit);
+  // Every node the proposal `growth` told is owed its node.json as a peers update (onHeartbeat).
+  void oweUpdates(const nlohmann::json& growth);
   nlohmann::json growth() const;  // the proposal in flight (null when none)
   void setGrowth(const nlohmann::json& growth);
 

@@ -96,12 +96,7 @@ std::vector<DealEntry> grownDeal(const std::vector<DealEntry>& deal,
   return grown;
 }
 
-std::string dealJson(const std::vector<DealEntry>& deal) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const DealEntry& e : deal)
-    out.push_back({{"from_epoch", e.from_epoch}, {"clusters", e.clusters}});
-  return out.dump();
-}
+std::string dealJson(const std::vector<DealEntry>& deal) { return dealToJson(deal).dump(); }
 
 std::vector<DealEntry> parseDeal(const std::string& json, const std::string& where) {
   const nlohmann::json in = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);

@@ -98,18 +98,9 @@ class DealChange {
 uint64_t offerFingerprint(const std::string& text);
 constexpr uint64_t kNoOffer = 1;
 
-// The deal entries in force at epochs 0..epoch (those with from_epoch <= epoch).
-std::vector<DealEntry> dealUpTo(const std::vector<DealEntry>& deal, int64_t epoch);
-
 // ---- implementation (inline) ----
 
 namespace deal_change_detail {
-
-inline nlohmann::json dealToJson(const std::vector<DealEntry>& deal) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const DealEntry& e : deal) out.push_back({{"from_epoch", e.from_epoch}, {"clusters", e.clusters}});
-  return out;
-}
 
 inline std::string tableText(const std::vector<EpochSteps>& table, int64_t total) {
   std::string out = "[";
@@ -120,13 +111,6 @@ inline std::string tableText(const std::vector<EpochSteps>& table, int64_t total
 }
 
 }  // namespace deal_change_detail
-
-inline std::vector<DealEntry> dealUpTo(const std::vector<DealEntry>& deal, int64_t epoch) {
-  std::vector<DealEntry> out;
-  for (const DealEntry& e : deal)
-    if (e.from_epoch <= epoch) out.push_back(e);
-  return out;
-}
 
 inline void DealChange::admitNewEntries(const std::vector<EpochSteps>& before,
                                  const std::vector<EpochSteps>& next, int64_t step) {
@@ -210,7 +194,7 @@ inline bool DealChange::decide(const nlohmann::json& offer, const std::string& t
   if (dealUpTo(next, epoch) != dealUpTo(current, epoch)) {
     const std::string why = "the cluster is already in epoch " + std::to_string(epoch) +
                             " (step " + std::to_string(step) + ") and the new deal " +
-                            deal_change_detail::dealToJson(next).dump() + " changes it or an epoch before it";
+                            dealToJson(next).dump() + " changes it or an epoch before it";
     CAIRN_WARN("refused a new deal: ", why, "; the coordinator deals again from a later epoch");
     report(false, why);
     return false;
@@ -234,7 +218,7 @@ inline bool DealChange::decide(const nlohmann::json& offer, const std::string& t
   }
   plan_ = changed;
   changed_ = true;
-  CAIRN_INFO("data: took the new deal ", deal_change_detail::dealToJson(next).dump(), " at step ", step, " (epoch ",
+  CAIRN_INFO("data: took the new deal ", dealToJson(next).dump(), " at step ", step, " (epoch ",
              epoch, "): epoch steps ", deal_change_detail::tableText(plan_.epoch_steps, plan_.total_steps));
   report(true, "");
   admitNewEntries(before, plan_.epoch_steps, step);

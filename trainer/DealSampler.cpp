@@ -43,6 +43,19 @@ std::vector<DealEntry> dealFromJson(const nlohmann::json& json, const std::strin
   return deal;
 }
 
+nlohmann::json dealToJson(const std::vector<DealEntry>& deal) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const DealEntry& e : deal) out.push_back({{"from_epoch", e.from_epoch}, {"clusters", e.clusters}});
+  return out;
+}
+
+std::vector<DealEntry> dealUpTo(const std::vector<DealEntry>& deal, int64_t epoch) {
+  std::vector<DealEntry> out;
+  for (const DealEntry& e : deal)
+    if (e.from_epoch <= epoch) out.push_back(e);
+  return out;
+}
+
 int64_t checkDealForCluster(const std::vector<DealEntry>& deal, int cluster,
                             const std::string& where) {
   validateDeal(deal, where);

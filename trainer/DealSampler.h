@@ -35,6 +35,10 @@ void validateDeal(const std::vector<DealEntry>& deal, const std::string& where);
 // A deal from JSON [{"from_epoch":E,"clusters":n},…] (node.json extra.deal); BadInput naming
 // `where`[i].<field> when it is not one.
 std::vector<DealEntry> dealFromJson(const nlohmann::json& json, const std::string& where);
+// The deal as that JSON (checkpoint meta, logs, metrics).
+nlohmann::json dealToJson(const std::vector<DealEntry>& deal);
+// The deal entries in force at epochs 0..epoch (those with from_epoch <= epoch).
+std::vector<DealEntry> dealUpTo(const std::vector<DealEntry>& deal, int64_t epoch);
 // What a trainer can run (BadInput naming `where`): `cluster` is in the deal at some entry,
 // and clusters are only ever added (a cluster never leaves the deal). Returns the epoch this
 // cluster first trains in (0, or the from_epoch of the entry that adds it).

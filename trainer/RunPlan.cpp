@@ -24,16 +24,16 @@ RunPlan RunPlan::receiveFromUpstream(TimedLink& link) {
   return fromText(packet.text);
 }
 
-RunPlan RunPlan::fromText(const std::string& text) {
+RunPlan RunPlan::fromText(const std::string& text, const std::string& where) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   auto integer = [&](const nlohmann::json& v, const std::string& what, int64_t least) {
     if (!v.is_number_integer() || v.get<int64_t>() < least)
-      CAIRN_THROW(BadInput, "malformed run plan from upstream (", what,
+      CAIRN_THROW(BadInput, "malformed ", where, " (", what,
                   " must be an integer >= ", least, "): ", text);
     return v.get<int64_t>();
   };
   if (j.is_discarded() || !j.is_object() || !j.contains("total_steps"))
-    CAIRN_THROW(BadInput, "malformed run plan from upstream: ", text);
+    CAIRN_THROW(BadInput, "malformed ", where, ": ", text);
   RunPlan plan;
   plan.total_steps = integer(j["total_steps"], "total_steps", 0);
   plan.steps_per_epoch = integer(j.value("steps_per_epoch", nlohmann::json()), "steps_per_epoch", 1);
@@ -41,23 +41,23 @@ RunPlan RunPlan::fromText(const std::string& text) {
   if (j.contains("epoch_steps")) {
     const nlohmann::json& t = j["epoch_steps"];
     if (!t.is_array())
-      CAIRN_THROW(BadInput, "malformed run plan from upstream (epoch_steps must be an array): ", text);
+      CAIRN_THROW(BadInput, "malformed ", where, " (epoch_steps must be an array): ", text);
     for (size_t i = 0; i < t.size(); ++i) {
       const std::string at = "epoch_steps[" + std::to_string(i) + "]";
       if (!t[i].is_array() || t[i].size() != 2)
-        CAIRN_THROW(BadInput, "malformed run plan from upstream (", at,
+        CAIRN_THROW(BadInput, "malformed ", where, " (", at,
                     " must be [from_epoch, steps]): ", text);
       plan.epoch_steps.push_back({integer(t[i][0], at + ".from_epoch", 0),
                                   integer(t[i][1], at + ".steps", 1)});
     }
-    validateEpochSteps(plan.epoch_steps, "run plan from upstream: epoch_steps");
+    validateEpochSteps(plan.epoch_steps, where + ": epoch_steps");
     if (j.contains("first_step"))
       plan.first_step = integer(j["first_step"], "first_step", 0);
     if (plan.first_step > plan.total_steps)
-      CAIRN_THROW(BadInput, "malformed run plan from upstream (first_step ", plan.first_step,
+      CAIRN_THROW(BadInput, "malformed ", where, " (first_step ", plan.first_step,
                   " is past total_steps ", plan.total_steps, "): ", text);
     if (plan.epoch_steps.front().steps != plan.steps_per_epoch)
-      CAIRN_THROW(BadInput, "malformed run plan from upstream (steps_per_epoch ",
+      CAIRN_THROW(BadInput, "malformed ", where, " (steps_per_epoch ",
                   plan.steps_per_epoch, " is not epoch_steps[0].steps ",
                   plan.epoch_steps.front().steps, "): ", text);
   }

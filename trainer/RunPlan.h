@@ -45,9 +45,10 @@ struct RunPlan {
   // Leaf, the plan is sent downstream.
   static RunPlan receiveFromUpstream(TimedLink& link);
   void sendDownstream(TimedLink& link) const;
-  // The "plan" packet's text, and its parse (BadInput naming the field; `text` is what came).
+  // The "plan" packet's text, and its parse (BadInput naming `where` and the field; `text` is what
+  // came). A checkpoint's plan is checked the same way (TrainerCheckpoints).
   std::string toText() const;
-  static RunPlan fromText(const std::string& text);
+  static RunPlan fromText(const std::string& text, const std::string& where = "run plan from upstream");
 };
 
 }  // namespace cairn

@@ -97,11 +97,8 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
             {"sync", sync_meta},
             {"sync_tensors", sync_names}};
   if (!ctx_.plan.epoch_steps.empty()) d.meta["epoch_steps"] = epochStepsJson(ctx_.plan);
-  if (deal_ && !ctx_.plan.epoch_steps.empty()) {  // the Root: the deal its samples follow
-    nlohmann::json deal = nlohmann::json::array();
-    for (const DealEntry& e : deal_()) deal.push_back({{"from_epoch", e.from_epoch}, {"clusters", e.clusters}});
-    d.meta["deal"] = deal;
-  }
+  // The Root: the deal its samples follow.
+  if (deal_ && !ctx_.plan.epoch_steps.empty()) d.meta["deal"] = dealToJson(deal_());
   writeCheckpoint(ctx_.cfg.checkpoint_dir, d, ctx_.opt.keep_checkpoints,
                   ctx_.cfg.keep_checkpoints_from ? ctx_.cfg.keep_checkpoints_from() : -1);
   const double seconds = secondsSince(t);
@@ -197,20 +194,12 @@ void TrainerCheckpoints::load() {
 
 bool TrainerCheckpoints::dealChangedAfter(const nlohmann::json& written, const std::string& path) const {
   if (ctx_.plan.epoch_steps.empty()) return false;  // this run has no deal: nothing was taken
-  RunPlan before = ctx_.plan;
-  before.total_steps = resumed_meta_.value("total_steps", int64_t(-1));
-  before.steps_per_epoch = resumed_meta_.value("steps_per_epoch", int64_t(-1));
-  before.epoch_steps.clear();
-  if (!written.is_null()) {
-    if (!written.is_array()) return false;
-    for (const auto& e : written) {
-      if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() || !e[1].is_number_integer())
-        CAIRN_THROW(BadInput, path, ": meta epoch_steps must be [[from_epoch, steps], …], got ", written.dump());
-      before.epoch_steps.push_back({e[0].get<int64_t>(), e[1].get<int64_t>()});
-    }
-    validateEpochSteps(before.epoch_steps, path + ": meta epoch_steps");
-  }
-  if (before.steps_per_epoch <= 0 || before.total_steps < 0) return false;
+  // The checkpoint's plan, parsed and checked as a plan packet is.
+  nlohmann::json meta_plan = {{"total_steps", resumed_meta_.value("total_steps", nlohmann::json())},
+                              {"steps_per_epoch", resumed_meta_.value("steps_per_epoch", nlohmann::json())},
+                              {"eval_batches", 0}};
+  if (!written.is_null()) meta_plan["epoch_steps"] = written;
+  const RunPlan before = RunPlan::fromText(meta_plan.dump(), path + ": checkpoint meta run plan");
   // Every epoch up to the checkpoint's begins at the same step under both tables.
   const int64_t step = resume_.start_step;
   if (step > before.total_steps || step > ctx_.plan.total_steps) return false;
@@ -222,16 +211,9 @@ bool TrainerCheckpoints::dealChangedAfter(const nlohmann::json& written, const s
   // … and at the Root the same deal up to it (the samples): checkpoints written under a deal
   // keep it in meta "deal"; one written without any had one cluster count throughout, which the
   // equal steps of its epochs already pin.
-  if (deal_ && resumed_meta_.contains("deal")) {
-    const std::vector<DealEntry> old = dealFromJson(resumed_meta_["deal"], path + ": meta deal");
-    auto upTo = [epoch](const std::vector<DealEntry>& deal) {
-      std::vector<DealEntry> out;
-      for (const DealEntry& e : deal)
-        if (e.from_epoch <= epoch) out.push_back(e);
-      return out;
-    };
-    if (upTo(old) != upTo(deal_())) return false;
-  }
+  if (deal_ && resumed_meta_.contains("deal") &&
+      dealUpTo(dealFromJson(resumed_meta_["deal"], path + ": meta deal"), epoch) != dealUpTo(deal_(), epoch))
+    return false;
   return true;
 }
 
