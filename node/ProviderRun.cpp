@@ -125,6 +125,10 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   TransportOptions transport_options;
   transport_options.codec.max_message_bytes =
       std::max(plannedMessageBytes(node, checks), parameter_bytes + (1u << 20));
+  // Neighbours and ring peers on this host (loopback addresses) over a Unix-domain socket in this
+  // user's 0700 directory instead of CURVE over TCP (docs/PROTOCOL.md "Same-host links").
+  transport_options.same_host_dir = sameHostDir();
+  transport_options.advertised_endpoint = "tcp://" + node.address;
   std::unique_ptr<ZapAuthenticator> authenticator;  // before the transport, outlives it
   if (options.insecure) {
     CAIRN_WARN("--insecure: CurveZMQ is off; messages are neither encrypted nor authenticated "

@@ -30,6 +30,8 @@ struct TransportStats {
   uint64_t messages_dropped = 0;  // received but failed to decode (forged ones included)
   uint64_t messages_forged = 0;   // header sender differs from the authenticated peer
   uint64_t send_timeouts = 0;
+  uint64_t messages_sent_same_host = 0;      // of messages_sent: over a same-host link (ZmqTransport)
+  uint64_t messages_received_same_host = 0;  // of messages_received: over a same-host link
 };
 
 // What the transport knows of a peer's connection (docs/OPERATIONS.md "Failures while training").

@@ -5,8 +5,11 @@
 #endif
 
 #include <malloc.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 
@@ -81,12 +84,49 @@ bool pollOrInterrupted(Items&& items, std::chrono::milliseconds timeout) {
   }
 }
 
+// "tcp://HOST:PORT" → {HOST, PORT}; nullopt for other transports or without a numeric port.
+std::optional<std::pair<std::string, std::string>> tcpHostPort(const std::string& endpoint) {
+  const std::string prefix = "tcp://";
+  if (endpoint.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon < prefix.size()) return std::nullopt;
+  std::string host = endpoint.substr(prefix.size(), colon - prefix.size());
+  std::string port = endpoint.substr(colon + 1);
+  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, port);
+}
+
 // Each monitor needs its own inproc endpoint, unique within the context (the process).
 std::string nextMonitorEndpoint(const std::string& name, const std::string& peer) {
   static std::atomic<uint64_t> counter{0};
   return "inproc://cairn-monitor-" + name + "-" + peer + "-" + std::to_string(counter++);
 }
 }  // namespace
+
+bool isLoopbackTcpEndpoint(const std::string& endpoint) {
+  const auto hp = tcpHostPort(endpoint);
+  if (!hp) return false;
+  const std::string& host = hp->first;
+  return host.compare(0, 4, "127.") == 0 || host == "localhost" || host == "::1";
+}
+
+std::string sameHostDir(const std::string& path) {
+  const std::string dir = path.empty() ? "/tmp/cairn-" + std::to_string(getuid()) : path;
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    CAIRN_WARN("same-host links off: cannot create ", dir, ": ", std::strerror(errno),
+               "; nodes on this host talk over TCP");
+    return "";
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+      (st.st_mode & 077) != 0) {
+    CAIRN_WARN("same-host links off: ", dir, " is not a directory of this user with mode 0700 "
+               "(a symlink, another user's, or open to others); nodes on this host talk over TCP");
+    return "";
+  }
+  return dir;
+}
 
 ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
                            const std::string& bind_endpoint, TransportOptions options)
@@ -115,6 +155,38 @@ ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
     CAIRN_THROW(BadInput, name_, ": cannot listen on ", bind_endpoint, ": ", e.what(),
                 e.num() == EADDRINUSE ? " (another process uses this port)" : "");
   }
+  // Same-host links (header): the Unix-domain socket named after the TCP port this transport
+  // holds, so that no two live transports of this user share it. ZeroMQ replaces a socket file
+  // left behind by a process that died, and removes its own at close.
+  const std::string& advertised =
+      options_.advertised_endpoint.empty() ? bound_endpoint_ : options_.advertised_endpoint;
+  same_host_endpoint_ = sameHostEndpointFor(advertised);
+  if (!same_host_endpoint_.empty()) {
+    same_host_inbound_ = zmq::socket_t(context_, zmq::socket_type::pull);
+    same_host_inbound_.set(zmq::sockopt::rcvhwm, options_.receive_high_water_mark);
+    same_host_inbound_.set(zmq::sockopt::linger, 0);
+    if (context_.get(zmq::ctxopt::io_threads) >= 2)
+      same_host_inbound_.set(zmq::sockopt::affinity, uint64_t{1});
+    same_host_inbound_.set(zmq::sockopt::maxmsgsize,
+                           static_cast<int64_t>(options_.codec.max_message_bytes +
+                                                options_.codec.max_header_bytes));
+    try {
+      same_host_inbound_.bind(same_host_endpoint_);
+    } catch (const zmq::error_t& e) {
+      CAIRN_THROW(BadInput, name_, ": cannot listen on ", same_host_endpoint_,
+                  " (the same-host socket of ", advertised, "): ", e.what());
+    }
+  }
+}
+
+std::string ZmqTransport::sameHostEndpointFor(const std::string& tcp_endpoint) const {
+  if (options_.same_host_dir.empty() || !isLoopbackTcpEndpoint(tcp_endpoint)) return "";
+  return "ipc://" + options_.same_host_dir + "/" + tcpHostPort(tcp_endpoint)->second;
+}
+
+bool ZmqTransport::isSameHostPeer(const std::string& peer) const {
+  const Peer* p = findPeer(peer);
+  return p && p->same_host;
 }
 
 ZmqTransport::~ZmqTransport() {
@@ -162,7 +234,8 @@ void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& end
     // Tells the peer to drop its side too when our pings stop for as long.
     socket.set(zmq::sockopt::heartbeat_ttl, int(options_.heartbeat_timeout.count()));
   }
-  if (options_.curve) {
+  const std::string same_host = sameHostEndpointFor(endpoint);
+  if (options_.curve && same_host.empty()) {
     auto key = options_.curve->peer_public_keys.find(peer);
     if (key == options_.curve->peer_public_keys.end())
       CAIRN_THROW(BadInput, name_, ": no CURVE public key for peer ", peer,
@@ -182,16 +255,19 @@ void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& end
   zmq::socket_t monitor(context_, zmq::socket_type::pair);
   monitor.set(zmq::sockopt::linger, 0);
   monitor.connect(monitor_endpoint);
+  const std::string& dial = same_host.empty() ? endpoint : same_host;
   try {
-    socket.connect(endpoint);
+    socket.connect(dial);
   } catch (const zmq::error_t& e) {
     zmq_socket_monitor(socket.handle(), nullptr, 0);
-    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", endpoint, ": ", e.what());
+    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", dial, ": ", e.what());
   }
+  if (!same_host.empty()) CAIRN_DEBUG("peer ", peer, " (", endpoint, ") is on this host: ", same_host);
   Peer entry;
   entry.socket = std::move(socket);
   entry.monitor = std::move(monitor);
-  entry.endpoint = endpoint;
+  entry.endpoint = dial;
+  entry.same_host = !same_host.empty();
   std::unique_lock<std::shared_mutex> lock(peers_mutex_);
   outbound_.emplace(peer, std::move(entry));
 }
@@ -203,17 +279,24 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   if (!found) return false;
   Peer& p = *found;
   std::lock_guard<std::mutex> sending(*p.send_mutex);
-  if (options_.curve) p.socket.set(zmq::sockopt::curve_serverkey, public_key);
+  // A loopback address is reachable from this host only: a peer on this host stays on it (its
+  // socket has no CURVE), one elsewhere stays elsewhere.
+  const std::string same_host = sameHostEndpointFor(endpoint);
+  if (same_host.empty() == p.same_host)
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, " moved ", p.same_host ? "off" : "onto",
+                " this host (", endpoint, "); a peer on a loopback address stays on it");
+  const std::string& dial = same_host.empty() ? endpoint : same_host;
+  if (options_.curve && !p.same_host) p.socket.set(zmq::sockopt::curve_serverkey, public_key);
   try {
     p.socket.disconnect(p.endpoint);  // may be gone already (ENOENT)
   } catch (const zmq::error_t&) {
   }
   try {
-    p.socket.connect(endpoint);
+    p.socket.connect(dial);
   } catch (const zmq::error_t& e) {
-    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", endpoint, ": ", e.what());
+    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", dial, ": ", e.what());
   }
-  p.endpoint = endpoint;
+  p.endpoint = dial;
   p.refused->store(false);
   return true;
 }
@@ -318,6 +401,7 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
   }
   std::lock_guard<std::mutex> lock(stats_mutex_);
   ++stats_.messages_sent;
+  if (found->same_host) ++stats_.messages_sent_same_host;
   stats_.bytes_sent += bytes;
   return SendStatus::kSent;
 }
@@ -338,6 +422,7 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
   // The PULL socket and every peer's monitor, polled together: a connection going down is seen
   // while waiting, not only at the next call.
   std::vector<zmq::pollitem_t> items{{static_cast<void*>(inbound_), 0, ZMQ_POLLIN, 0}};
+  if (same_host_inbound_) items.push_back({static_cast<void*>(same_host_inbound_), 0, ZMQ_POLLIN, 0});
   {
     std::shared_lock<std::shared_mutex> peers(peers_mutex_);
     for (auto& [peer, p] : outbound_)
@@ -347,8 +432,16 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
     if (drainMonitors() && wake_on_liveness) return std::nullopt;
     std::vector<zmq::message_t> frames;
     // Take what is queued without a poll first; poll (bounded by the deadline) only when empty.
-    // A multipart message arrives whole, so once its first frame is readable all of it is.
-    auto got = zmq::recv_multipart(inbound_, std::back_inserter(frames), zmq::recv_flags::dontwait);
+    // A multipart message arrives whole, so once its first frame is readable all of it is. With
+    // a same-host socket too, the two are read first in turn, so neither starves the other.
+    bool same_host = false;
+    std::optional<size_t> got;
+    for (int i = 0; i < (same_host_inbound_ ? 2 : 1) && !got; ++i) {
+      same_host = same_host_inbound_ && (i == 0) == prefer_same_host_;
+      got = zmq::recv_multipart(same_host ? same_host_inbound_ : inbound_,
+                                std::back_inserter(frames), zmq::recv_flags::dontwait);
+    }
+    prefer_same_host_ = !prefer_same_host_;
     if (!got) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
@@ -358,13 +451,13 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
     }
     takeOver(frames);
     std::string authenticated;
-    if (options_.curve) {
+    if (options_.curve && !same_host) {
       // The ZAP handler set the connection's User-Id to the peer's name.
       const char* user = zmq_msg_gets(frames[0].handle(), "User-Id");
       authenticated = user ? user : "";
     }
     DecodeResult decoded = decodeMessage(std::move(frames), options_.codec);
-    if (decoded.ok() && options_.curve && decoded.message->sender != authenticated) {
+    if (decoded.ok() && options_.curve && !same_host && decoded.message->sender != authenticated) {
       {
         std::lock_guard<std::mutex> lock(stats_mutex_);
         ++stats_.messages_dropped;
@@ -377,6 +470,7 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
     std::lock_guard<std::mutex> lock(stats_mutex_);
     if (decoded.ok()) {
       ++stats_.messages_received;
+      if (same_host) ++stats_.messages_received_same_host;
       for (const auto& t : decoded.message->tensors) stats_.bytes_received += t.tensor.nbytes();
       return std::move(decoded.message);
     }
@@ -398,6 +492,12 @@ void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
     p.monitor.close();
   }
   outbound_.clear();
+  if (same_host_inbound_) {
+    same_host_inbound_.close();
+    // ZeroMQ leaves the socket file behind; no other transport can have bound it meanwhile (it
+    // is named after the TCP port this one still holds).
+    ::unlink(same_host_endpoint_.substr(std::strlen("ipc://")).c_str());
+  }
   inbound_.close();
 }
 

@@ -16,6 +16,14 @@
 // connection the peer's ZAP refused (our key not admitted yet) is dialled again on the next send:
 // ZeroMQ itself gives such a connection up for good.
 //
+// Same host (docs/PROTOCOL.md "Same-host links"): with TransportOptions::same_host_dir set and this
+// transport reached at a loopback address (tcp://127.x.y.z:PORT, localhost, ::1), it also listens
+// on the Unix-domain socket ipc://DIR/PORT, and a peer whose endpoint is tcp on a loopback address
+// (so on this host) is reached at ipc://DIR/<its port> instead: no TCP stack and no CurveZMQ encryption on a link that
+// never leaves the machine. Messages on that socket are not CURVE-authenticated; sameHostDir() is
+// the user's own directory (mode 0700, checked), so only processes of this user can connect —
+// the same processes that can read the node's secret key file anyway.
+//
 // Ownership: the transport owns its sockets; the zmq::context_t is borrowed (inproc:// endpoints
 // need one context shared by both ends) and must outlive it.
 // Thread-safety (docs/THREADS.md): send, receive, receiveOrLivenessChange, liveness and stats may
@@ -62,7 +70,21 @@ struct TransportOptions {
   // connection (→ kDisconnected). 0 switches heartbeats off (a closed TCP connection is still seen).
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds heartbeat_timeout{5000};
+  // Same-host links (above): the directory of the Unix-domain sockets, normally sameHostDir();
+  // empty: every peer over TCP (and CURVE when set). Every node of a run must agree on it.
+  std::string same_host_dir;
+  // The endpoint peers dial to reach this transport ("tcp://" + node.json address), when it is not
+  // the bound one (provider --bind): its port names the same-host socket. Empty: the bound one.
+  std::string advertised_endpoint;
 };
+
+// The directory for same-host links: `dir` (default /tmp/cairn-<uid>), created with mode 0700 when
+// missing. Empty (with a warning naming the reason) when it is not a directory this user owns with
+// mode 0700 (a symlink, another user's, open to group or others): nodes then talk over TCP only.
+std::string sameHostDir(const std::string& dir = "");
+
+// True for tcp://HOST:PORT endpoints whose HOST is a loopback address (127.0.0.0/8, localhost, ::1).
+bool isLoopbackTcpEndpoint(const std::string& endpoint);
 
 class ZmqTransport : public Transport {
  public:
@@ -101,6 +123,11 @@ class ZmqTransport : public Transport {
   // The endpoint actually bound: with "tcp://127.0.0.1:*" (a port the kernel picks), the port it
   // picked, e.g. "tcp://127.0.0.1:41873". Safe from any thread (set in the constructor).
   const std::string& boundEndpoint() const { return bound_endpoint_; }
+  // The same-host socket it also listens on ("ipc://DIR/PORT"), or empty (none: not on a loopback
+  // address, or same_host_dir unset). Safe from any thread (set in the constructor).
+  const std::string& sameHostEndpoint() const { return same_host_endpoint_; }
+  // True when messages to `peer` go over a same-host link. False for an unknown peer.
+  bool isSameHostPeer(const std::string& peer) const;
 
   // The last decode error seen (for tests and metrics; read it while no other thread receives).
   const std::optional<DecodeError>& lastDecodeError() const { return last_error_; }
@@ -116,6 +143,7 @@ class ZmqTransport : public Transport {
     PeerLiveness liveness;  // under liveness_mutex_
     std::unique_ptr<std::mutex> send_mutex = std::make_unique<std::mutex>();
     std::string endpoint;  // what `socket` connects to
+    bool same_host = false;  // `endpoint` is the peer's same-host socket (no CURVE)
     // Set when the peer's ZAP refused our key (a peer that does not admit us yet: a replaced
     // volunteer's neighbour before it applied the new peers); the next send dials again.
     std::unique_ptr<std::atomic<bool>> refused = std::make_unique<std::atomic<bool>>(false);
@@ -125,7 +153,13 @@ class ZmqTransport : public Transport {
   bool drainMonitors();
   std::optional<Message> receiveImpl(std::chrono::milliseconds timeout, bool wake_on_liveness);
 
+  // The same-host endpoint for a peer's tcp endpoint, or empty when it is not on this host.
+  std::string sameHostEndpointFor(const std::string& tcp_endpoint) const;
+
   zmq::socket_t inbound_;                 // under receive_mutex_
+  zmq::socket_t same_host_inbound_;       // PULL at same_host_endpoint_ (none: null); under receive_mutex_
+  std::string same_host_endpoint_;
+  bool prefer_same_host_ = false;          // alternates which inbound socket is read first
   // The map itself (and options_.curve->peer_public_keys) changes only in addPeer (under
   // peers_mutex_ exclusively, one addPeer at a time: add_mutex_) and flushAndClose; entries are
   // never erased while open, so a Peer found under a shared lock stays valid after it.

@@ -107,8 +107,9 @@ def make_model(kind, work):
                         "expand-containers"]
 
 
-def plan(model, job, shape_flags, stages, clusters, out):
-    """clusterize with exactly stages*clusters equal nodes; checks every cluster got `stages` stages."""
+def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1):
+    """clusterize with exactly stages*clusters equal nodes; checks every cluster got `stages` stages.
+    profile_runs None: clusterize's default profiling (as tools/demo.sh runs it)."""
     global PORT_BASE
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -119,8 +120,8 @@ def plan(model, job, shape_flags, stages, clusters, out):
     json.dump(nodes, open(os.path.join(out, "node_configs.json"), "w"))
     json.dump(job, open(os.path.join(out, "job.in.json"), "w"))
     sh([CLUSTERIZE, "--model", model, "--nodes", os.path.join(out, "node_configs.json"), "--job",
-        os.path.join(out, "job.in.json"), "--clusters", str(clusters), "--profile-runs", "1",
-        "--out", out] + shape_flags)
+        os.path.join(out, "job.in.json"), "--clusters", str(clusters)] +
+       (["--profile-runs", str(profile_runs)] if profile_runs else []) + ["--out", out] + shape_flags)
     specs = node_specs(out)
     per_cluster = {}
     for s in specs.values():
@@ -260,6 +261,49 @@ def cmd_pipeline(args):
                         row["ratio"] = row["pipeline_samples_per_s"] / median
     for row in rows:
         print(json.dumps(row), flush=True)
+
+
+# ---- the demo against one provider alone ----------------------------------------------------
+
+def cmd_demo(args):
+    """tools/demo.sh's job (examples/fashion_mnist/job.json: batch 128, M = 4, sync, 1 thread per
+    provider) cut by clusterize for the demo's 3 equal nodes with the demo's own flags, against the
+    same job on one provider holding the whole model (a 1-node plan, 1 thread: what the user would
+    run on one machine), and for context one provider with 2 threads. Runs alternate case by case
+    for --rounds rounds (the order rotates each round); medians of the Root/Leaf step records after
+    --warmup steps (the same rule as table 3)."""
+    work = os.path.join(args.work, "demo")
+    model, _, flags = make_model("cnn", os.path.join(args.work, "models"))
+    job = json.load(open(os.path.join(ROOT, "examples", "fashion_mnist", "job.json")))
+    job["model"] = model
+    job["training_definition"].update({"epochs": 0, "max_steps": args.steps + args.warmup,
+                                       "eval_every": 0})
+    job["data"]["test_samples"] = 200
+    batch = job["training_definition"]["batch_size"]
+    cases = {"demo_3_nodes": (plan(model, job, flags, 3, 1, os.path.join(work, "three"), None), 1),
+             "alone_1_thread": (plan(model, job, flags, 1, 1, os.path.join(work, "one"), None), 1),
+             "alone_2_threads": (os.path.join(work, "one"), 2)}
+    runs = {c: [] for c in cases}
+    order = list(cases)
+    for r in range(args.rounds):
+        for case in order[r % len(order):] + order[:r % len(order)]:
+            nd, threads = cases[case]
+            set_training(nd, threads=threads)
+            launch(nd)
+            runs[case].append(pipeline_figures(nd, batch, args.warmup)[0])
+            log(json.dumps({"round": r, "case": case, "samples_per_s": runs[case][-1]}))
+    three = node_specs(cases["demo_3_nodes"][0])
+    for case, sps in runs.items():
+        row = {"table": "demo", "case": case, "batch_size": batch, "steps": args.steps,
+               "warmup": args.warmup, "rounds": args.rounds, "samples_per_s_runs": sps,
+               "samples_per_s": statistics.median(sps)}
+        if case == "demo_3_nodes":
+            row["estimated_ms_per_microbatch"] = {n: 1000 * s["estimates"]["seconds_per_microbatch"] for n, s in sorted(three.items())}
+        print(json.dumps(row), flush=True)
+    pipe = statistics.median(runs["demo_3_nodes"])
+    for case in ("alone_1_thread", "alone_2_threads"):
+        print(json.dumps({"table": "demo", "ratio": f"demo_3_nodes / {case}",
+                          "value": pipe / statistics.median(runs[case])}), flush=True)
 
 
 # ---- table 4 ----------------------------------------------------------------------------------
@@ -504,6 +548,10 @@ def main():
     a.add_argument("--gpt-batch", type=int, default=16, help="GPT: sequences of 64 bytes per step")
     a.add_argument("--gpt-steps", type=int, default=2, help="GPT: timed steps per row")
     a.add_argument("--gpt-warmup", type=int, default=1, help="GPT: untimed steps first")
+    e = sub.add_parser("demo")
+    e.add_argument("--steps", type=int, default=40, help="timed steps per run")
+    e.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    e.add_argument("--rounds", type=int, default=3)
     d = sub.add_parser("ddp")
     d.add_argument("--steps", type=int, default=200)
     d.add_argument("--eval-every", type=int, default=25)
@@ -537,7 +585,7 @@ def main():
     m.add_argument("--steps", type=int, default=20)
     m.add_argument("--microbatches", type=int, default=4)
     args = p.parse_args()
-    {"pipeline": cmd_pipeline, "ddp": cmd_ddp, "memory": cmd_memory, "clusters": cmd_clusters}[args.cmd](args)
+    {"pipeline": cmd_pipeline, "demo": cmd_demo, "ddp": cmd_ddp, "memory": cmd_memory, "clusters": cmd_clusters}[args.cmd](args)
 
 
 if __name__ == "__main__":
