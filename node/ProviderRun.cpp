@@ -127,7 +127,7 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
       std::max(plannedMessageBytes(node, checks), parameter_bytes + (1u << 20));
   // Neighbours and ring peers on this host (loopback addresses) over a Unix-domain socket in this
   // user's 0700 directory instead of CURVE over TCP (docs/PROTOCOL.md "Same-host links").
-  transport_options.same_host_dir = sameHostDir();
+  if (options.same_host_links) transport_options.same_host_dir = sameHostDir();
   transport_options.advertised_endpoint = "tcp://" + node.address;
   std::unique_ptr<ZapAuthenticator> authenticator;  // before the transport, outlives it
   if (options.insecure) {
@@ -290,6 +290,9 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   summary["transport"] = {{"messages_received", stats.messages_received},
                           {"messages_dropped", stats.messages_dropped},
                           {"messages_forged", stats.messages_forged},
+                          {"messages_sent", stats.messages_sent},
+                          {"messages_sent_same_host", stats.messages_sent_same_host},
+                          {"messages_received_same_host", stats.messages_received_same_host},
                           {"curve", !options.insecure},
                           {"connections_refused", authenticator ? authenticator->rejected() : 0},
                           {"pipeline_accepted", link.stats().accepted},

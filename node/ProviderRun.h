@@ -31,6 +31,11 @@ struct ProviderRunOptions {
   std::string name;       // node name, e.g. "node_3"
   bool resume = false;    // --resume: restart from the cluster's newest common checkpoint
   bool insecure = false;  // --insecure: plain TCP, no CurveZMQ
+  // Neighbours and ring peers on loopback addresses over the same-host socket (docs/PROTOCOL.md
+  // "Same-host links"). provider --join turns it off: a spare replacing a volunteer comes with a
+  // new key, and only CURVE's handshake keeps its first messages from the neighbours' transports
+  // of before the replacement (they admit the old key until they restart with the new peers).
+  bool same_host_links = true;
   // Empty: bind node.address. Otherwise what to bind ("host:port", `provider --listen`) while the
   // peers dial node.address (the advertised address).
   std::string bind_address;

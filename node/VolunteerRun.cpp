@@ -40,6 +40,7 @@ int runVolunteer(const VolunteerConfig& config) {
   run.node_data = wait.node_data;
   run.name = wait.name;
   run.bind_address = session.listenBound();
+  run.same_host_links = false;  // CURVE over TCP even on loopback (ProviderRunOptions)
   run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
   // data.source "coordinator": the Root fetches its cluster's chunks (node/ServedChunks.h).
   run.chunk_source = std::make_shared<ServedChunks>(config.invite, session.workdir().loadOrCreateIdentity(),

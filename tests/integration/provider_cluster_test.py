@@ -5,7 +5,8 @@
 
 CASE:
   three_nodes     3 providers train a Fashion-MNIST slice for 300 steps: test accuracy > 80%,
-                  and the Leaf received exactly the sample ids the Root sent, step by step
+                  the Leaf received exactly the sample ids the Root sent, step by step, and every
+                  message between them went over the same-host link (result.json transport)
   one_node        the same model as a one-node cluster (Root and Leaf at once)
   match_pytorch   3 providers, 20 SGD+momentum steps of a BatchNorm-free CNN: the trained stage
                   weights equal PyTorch (python) training the unsplit model on the Root's recorded
@@ -158,6 +159,14 @@ def case_three_nodes(args):
     if len(seen) != 9600:
         fail(f"an epoch repeated samples: {len(seen)} distinct of 9600")
     print("sample ids aligned at the Leaf on all 300 steps")
+    # All three providers listen on loopback: every message between them went over the same-host
+    # socket (docs/PROTOCOL.md "Same-host links"), none over TCP.
+    for name in ("node_0", "node_1", "node_2"):
+        t = json.load(open(os.path.join(node_data, "nodes", name, "result.json")))["transport"]
+        if not (0 < t["messages_sent"] == t["messages_sent_same_host"]) or \
+                t["messages_received"] != t["messages_received_same_host"]:
+            fail(f"{name}: not every message went over the same-host link: {t}")
+    print("every message between the 3 providers went over same-host links")
 
 
 def case_one_node(args):

@@ -187,3 +187,43 @@ TEST(SameHostLink, OnlyAPrivateDirectoryOfThisUserIsUsed) {
 
 }  // namespace
 }  // namespace cairn
+
+namespace cairn {
+namespace {
+// A node that runs its stage again on the same port (provider --resume after a restart, or in the
+// same process): the new transport's same-host socket is the one peers reach.
+TEST(SameHostLink, ATransportOpenedAgainOnTheSamePortIsReached) {
+  const std::string dir = tempDir();
+  {
+    TransportOptions o;
+    o.same_host_dir = dir;
+    zmq::context_t ctx_a;
+    ZmqTransport a(ctx_a, "a", tcp(0), o);
+    a.addPeer("b", tcp(1));
+    {
+      zmq::context_t ctx_b;
+      ZmqTransport b(ctx_b, "b", tcp(1), o);
+      b.addPeer("a", tcp(0));
+      ASSERT_EQ(a.send("b", tensorFrom("a", 1), 5s), SendStatus::kSent);
+      ASSERT_TRUE(b.receive(5s).has_value());
+      b.flushAndClose(0ms);
+    }
+    zmq::context_t ctx_b2;
+    ZmqTransport b2(ctx_b2, "b", tcp(1), o);
+    b2.addPeer("a", tcp(0));
+    // As the start-up handshake does: say hello again until it is heard (the first may have gone
+    // into the connection to the closed transport).
+    std::optional<Message> got;
+    for (int i = 0; i < 50 && !got; ++i) {
+      ASSERT_EQ(a.send("b", tensorFrom("a", 2), 5s), SendStatus::kSent);
+      got = b2.receive(100ms);
+    }
+    ASSERT_TRUE(got.has_value());
+    EXPECT_GE(b2.stats().messages_received_same_host, 1u);
+    ASSERT_EQ(b2.send("a", tensorFrom("b", 3), 5s), SendStatus::kSent);
+    EXPECT_TRUE(a.receive(5s).has_value());
+  }
+  fs::remove_all(dir);
+}
+}  // namespace
+}  // namespace cairn

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""Training benchmarks of tools/bench/run_all tables 3-5; each subcommand prints one JSON line per row.
+"""Training benchmarks of tools/bench/run_all tables 3-5 and 7; each subcommand prints one JSON line per row.
 
     /usr/bin/python3 tools/bench/training_bench.py pipeline --model cnn --stages 2,3 --microbatches 1,2,4,8,16
+    /usr/bin/python3 tools/bench/training_bench.py demo --rounds 3
     /usr/bin/python3 tools/bench/training_bench.py ddp --steps 200 --eval-every 25 --target 0.85
     /usr/bin/python3 tools/bench/training_bench.py memory --stages 1,2,3
 
@@ -13,6 +14,9 @@ pipeline  cairn's pipeline (clusterize plan with exactly P stages: P equal nodes
           Bubble = mean over nodes of wait_s / (compute_s + send_s + wait_s) over the steps after
           --warmup; textbook (P-1)/(M+P-1). A schedule the provider refuses (exit code 2 naming the
           key) is reported as unavailable, never as a number.
+demo      tools/demo.sh's job cut for its 3 equal nodes (clusterize's own choice, default profiling)
+          against one provider holding the whole model (1 thread, as each demo provider) and, for
+          context, with 2 threads; --rounds rounds, the order rotating; medians of samples/s.
 ddp       2 processes, same CNN, data, initial weights, global batch, AdamW/constant lr, 1 thread
           per process: cairn 2 clusters x 1 node with training_definition.sync = "gradients" vs
           ddp_reference.py; cairn 2 clusters x 1 node averaging parameters every step (local_steps 1,
@@ -427,7 +431,7 @@ def cmd_ddp(args):
         row = {"table": "ddp", "case": ours, "peer": peer, "batch_size": args.batch_size,
                "eval_every": args.eval_every, "warmup": args.warmup,
                "microbatches": args.microbatches, "target": args.target, "steps": args.steps,
-               "test_samples": args.test_samples,
+               "test_samples": args.test_samples, "bucket_bytes": args.bucket_bytes,
                "rounds": args.rounds, "ours": summary(ours)}
         if peer:
             row["theirs"] = summary(peer)
