@@ -155,9 +155,9 @@ ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
     CAIRN_THROW(BadInput, name_, ": cannot listen on ", bind_endpoint, ": ", e.what(),
                 e.num() == EADDRINUSE ? " (another process uses this port)" : "");
   }
-  // Same-host links (header): the Unix-domain socket named after the TCP port this transport
-  // holds, so that no two live transports of this user share it. ZeroMQ replaces a socket file
-  // left behind by a process that died, and removes its own at close.
+  // Same-host links (header): the Unix-domain socket named after the port peers dial (normally
+  // the TCP port this transport holds, so no two live transports of this user share it). ZeroMQ's
+  // bind replaces a socket file left behind by a process that died; flushAndClose removes ours.
   const std::string& advertised =
       options_.advertised_endpoint.empty() ? bound_endpoint_ : options_.advertised_endpoint;
   same_host_endpoint_ = sameHostEndpointFor(advertised);
@@ -494,8 +494,8 @@ void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
   outbound_.clear();
   if (same_host_inbound_) {
     same_host_inbound_.close();
-    // ZeroMQ leaves the socket file behind; no other transport can have bound it meanwhile (it
-    // is named after the TCP port this one still holds).
+    // ZeroMQ leaves the socket file behind. Removed before the TCP port is given up, so a
+    // transport that took the port over (and bound the same name) cannot lose its file to us.
     ::unlink(same_host_endpoint_.substr(std::strlen("ipc://")).c_str());
   }
   inbound_.close();
