@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/Error.h"
+#include "core/NodeConfigs.h"
 #include "core/Log.h"
 
 namespace cairn::coordinator {
@@ -47,17 +48,6 @@ void parseListen(const std::string& text, const std::string& flag, std::string* 
   }
   *host = h;
   *port = value;
-}
-
-// localhost, *.localhost, 127.0.0.0/8 as a dotted quad, and ::1 (lower case, no brackets, no port).
-bool isLoopbackName(const std::string& host) {
-  const std::string suffix = ".localhost";
-  const bool dotted_127 = host.rfind("127.", 0) == 0 &&
-                          host.find_first_not_of("0123456789.") == std::string::npos &&
-                          std::count(host.begin(), host.end(), '.') == 3;
-  return host == "localhost" || host == "::1" || dotted_127 ||
-         (host.size() > suffix.size() &&
-          host.compare(host.size() - suffix.size(), suffix.size(), suffix) == 0);
 }
 
 // The host name of a Host header: "[::1]:8080" → "::1", "Localhost:80" → "localhost".

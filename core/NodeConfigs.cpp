@@ -22,6 +22,16 @@ bool validNodeId(const std::string& id) {
 
 }  // namespace
 
+bool isLoopbackName(const std::string& host) {
+  const std::string suffix = ".localhost";
+  const bool dotted_127 = host.rfind("127.", 0) == 0 &&
+                          host.find_first_not_of("0123456789.") == std::string::npos &&
+                          std::count(host.begin(), host.end(), '.') == 3;
+  return host == "localhost" || host == "::1" || dotted_127 ||
+         (host.size() > suffix.size() &&
+          host.compare(host.size() - suffix.size(), suffix.size(), suffix) == 0);
+}
+
 void parseHostPort(const std::string& text, const std::string& context, const std::string& key,
                    std::string* host, int* port) {
   const auto colon = text.rfind(':');

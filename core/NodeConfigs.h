@@ -30,6 +30,11 @@ struct NodeConfig {
 std::vector<NodeConfig> parseNodeConfigs(const nlohmann::json& document, const std::string& source);
 std::vector<NodeConfig> readNodeConfigs(const std::string& path);
 
+// True for a host that names this machine's loopback: localhost, *.localhost, 127.0.0.0/8 as a
+// dotted quad, ::1 (lower case, no brackets, no port). Used by the coordinator's web view (who may
+// ask) and the transport (which peers are on this host).
+bool isLoopbackName(const std::string& host);
+
 // Splits "host:port"; throws BadInput "<context>: <key> must be host:port ..." when malformed.
 void parseHostPort(const std::string& text, const std::string& context, const std::string& key,
                    std::string* host, int* port);

@@ -16,6 +16,7 @@
 #include <zmq_addon.hpp>
 
 #include "core/Error.h"
+#include "core/NodeConfigs.h"
 #include "core/Log.h"
 
 namespace cairn {
@@ -106,9 +107,7 @@ std::string nextMonitorEndpoint(const std::string& name, const std::string& peer
 
 bool isLoopbackTcpEndpoint(const std::string& endpoint) {
   const auto hp = tcpHostPort(endpoint);
-  if (!hp) return false;
-  const std::string& host = hp->first;
-  return host.compare(0, 4, "127.") == 0 || host == "localhost" || host == "::1";
+  return hp && isLoopbackName(hp->first);
 }
 
 std::string sameHostDir(const std::string& path) {

@@ -17,7 +17,7 @@
 // ZeroMQ itself gives such a connection up for good.
 //
 // Same host (docs/PROTOCOL.md "Same-host links"): with TransportOptions::same_host_dir set and this
-// transport reached at a loopback address (tcp://127.x.y.z:PORT, localhost, ::1), it also listens
+// transport reached at a loopback address (tcp://127.x.y.z:PORT, localhost, *.localhost, ::1), it also listens
 // on the Unix-domain socket ipc://DIR/PORT, and a peer whose endpoint is tcp on a loopback address
 // (so on this host) is reached at ipc://DIR/<its port> instead: no TCP stack and no CurveZMQ encryption on a link that
 // never leaves the machine. Messages on that socket are not CURVE-authenticated; sameHostDir() is
@@ -83,7 +83,7 @@ struct TransportOptions {
 // mode 0700 (a symlink, another user's, open to group or others): nodes then talk over TCP only.
 std::string sameHostDir(const std::string& dir = "");
 
-// True for tcp://HOST:PORT endpoints whose HOST is a loopback address (127.0.0.0/8, localhost, ::1).
+// True for tcp://HOST:PORT endpoints whose HOST is a loopback name (core/NodeConfigs.h isLoopbackName).
 bool isLoopbackTcpEndpoint(const std::string& endpoint);
 
 class ZmqTransport : public Transport {

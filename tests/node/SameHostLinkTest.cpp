@@ -143,7 +143,7 @@ TEST(SameHostLink, OnlyATcpLoopbackEndpointIsOnThisHost) {
     EXPECT_TRUE(isLoopbackTcpEndpoint(e)) << e;
   for (const char* e : {"tcp://10.0.0.1:5600", "tcp://0.0.0.0:5600", "tcp://1270.0.0.1:5",
                         "tcp://127.0.0.1", "tcp://127.0.0.1:*", "ipc:///tmp/x", "inproc://a",
-                        "tcp://localhost.example.org:5"})
+                        "tcp://localhost.example.org:5", "tcp://127.example.org:5"})
     EXPECT_FALSE(isLoopbackTcpEndpoint(e)) << e;
 }
 
