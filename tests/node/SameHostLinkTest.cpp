@@ -214,7 +214,7 @@ TEST(SameHostLink, ATransportOpenedAgainOnTheSamePortIsReached) {
     // As the start-up handshake does: say hello again until it is heard (the first may have gone
     // into the connection to the closed transport).
     std::optional<Message> got;
-    for (int i = 0; i < 50 && !got; ++i) {
+    for (int i = 0; i < 300 && !got; ++i) {  // at most 30 s: a bound on the wait, not a figure
       ASSERT_EQ(a.send("b", tensorFrom("a", 2), 5s), SendStatus::kSent);
       got = b2.receive(100ms);
     }
