@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include <msgpack.hpp>
 
@@ -289,21 +290,28 @@ DecodeResult decodeMessage(std::vector<zmq::message_t>&& frames, const CodecLimi
     out.type = *type;
     if (f[2].via.array.size > limits.max_dims)
       return failure(DecodeErrorCode::kTooManyDimensions, which + ": " + std::to_string(f[2].via.array.size) + " dimensions");
-    // elements × itemsize with overflow checks: a header may claim 2^62 elements.
+    // elements × itemsize with overflow checks: a header may claim 2^62 elements. The product
+    // of the non-zero dimensions must fit an int64 even when another dimension is 0: libtorch
+    // checks the whole product when it allocates ([2^55, 2^55, 0] makes torch::empty throw), so
+    // a shape it would refuse is refused here, as a malformed message, not an exception.
     const uint64_t itemsize = c10::elementSize(out.type);
-    uint64_t bytes = itemsize;
+    constexpr uint64_t kMaxBytes = uint64_t(std::numeric_limits<int64_t>::max());
+    uint64_t nonzero_bytes = itemsize;
+    bool any_zero = false;
     bool overflow = false;
     for (uint32_t k = 0; k < f[2].via.array.size; ++k) {
       uint64_t dim = 0;
-      if (!readUnsigned(f[2].via.array.ptr[k], &dim) || dim > uint64_t(std::numeric_limits<int64_t>::max()))
+      if (!readUnsigned(f[2].via.array.ptr[k], &dim) || dim > kMaxBytes)
         return failure(DecodeErrorCode::kMalformedHeader, which + ": bad dimension");
       out.shape.push_back(static_cast<int64_t>(dim));
-      if (dim != 0 && bytes > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
-      bytes *= dim;
+      if (dim == 0) {
+        any_zero = true;
+        continue;
+      }
+      if (nonzero_bytes > kMaxBytes / dim) overflow = true;
+      else nonzero_bytes *= dim;
     }
-    bool any_zero = false;
-    for (int64_t s : out.shape) any_zero = any_zero || s == 0;
-    if (any_zero) bytes = 0, overflow = false;
+    const uint64_t bytes = any_zero ? 0 : nonzero_bytes;
     if (overflow || bytes > limits.max_message_bytes)
       return failure(DecodeErrorCode::kTooLarge, which + ": shape describes more than " +
                                                      std::to_string(limits.max_message_bytes) + " bytes");
@@ -333,12 +341,23 @@ DecodeResult decodeMessage(std::vector<zmq::message_t>&& frames, const CodecLimi
     const size_t itemsize = c10::elementSize(d.type);
     const bool aligned = reinterpret_cast<uintptr_t>(frame.data()) % itemsize == 0;
     torch::Tensor t;
-    if (d.nbytes >= limits.zero_copy_threshold && aligned) {
-      auto* owned = new zmq::message_t(std::move(frame));
-      t = torch::from_blob(owned->data(), d.shape, [owned](void*) { delete owned; }, options);
-    } else {
-      t = torch::empty(d.shape, options);
-      if (d.nbytes) std::memcpy(t.data_ptr(), frame.data(), d.nbytes);
+    // The first pass leaves libtorch nothing to refuse; should it still throw, the message is
+    // dropped as malformed rather than the exception reaching the receiving node's loop.
+    try {
+      if (d.nbytes >= limits.zero_copy_threshold && aligned) {
+        auto owned = std::make_unique<zmq::message_t>(std::move(frame));
+        zmq::message_t* raw = owned.get();
+        t = torch::from_blob(raw->data(), d.shape, [raw](void*) { delete raw; }, options);
+        owned.release();  // the tensor's deleter owns it now
+      } else {
+        t = torch::empty(d.shape, options);
+        if (d.nbytes) std::memcpy(t.data_ptr(), frame.data(), d.nbytes);
+      }
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      return failure(DecodeErrorCode::kBadValue, "tensor " + std::to_string(i) +
+                                                     ": libtorch refused the shape: " +
+                                                     what.substr(0, what.find('\n')));
     }
     message.tensors.push_back({std::move(d.name), std::move(t)});
   }

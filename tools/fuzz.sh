@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Builds cairn's libFuzzer targets with clang (address + undefined sanitizers) in build-fuzz/ and
-# runs each for a bounded time from the seed corpus in tests/fuzz/corpus/. A crash input is copied
-# to tests/fuzz/regressions/<target>/ (commit it: fuzz_replay_tests replays it forever) and the
+# runs each from the seed corpus in tests/fuzz/corpus/. A crash input is copied to
+# tests/fuzz/regressions/<target>/ (commit it: fuzz_replay_tests replays it forever) and the
 # script fails.
-#   tools/fuzz.sh [seconds per target, default 30]
+#   tools/fuzz.sh [seconds per target, default 30]     explore: a random seed, for that long
+#   CAIRN_FUZZ_SEED=N CAIRN_FUZZ_RUNS=R tools/fuzz.sh [cap seconds]
+#                                                      replay: libFuzzer's -seed=N -runs=R, the same
+#                                                      inputs in every run (tools/test.sh, CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-30}
+FIXED=()
+if [[ -n "${CAIRN_FUZZ_SEED:-}" ]]; then
+  FIXED=(-seed="$CAIRN_FUZZ_SEED" -runs="${CAIRN_FUZZ_RUNS:?CAIRN_FUZZ_SEED needs CAIRN_FUZZ_RUNS}")
+fi
 BUILD_DIR=${CAIRN_FUZZ_BUILD_DIR:-build-fuzz}
 if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
@@ -25,10 +32,14 @@ for pair in "fuzz_wire_decoder:wire" "fuzz_node_data:node_data"; do
   work=$(mktemp -d)
   cp tests/fuzz/corpus/"$corpus"/* "$work"/
   mkdir -p "$work/artifacts"
-  echo "fuzz: $target for ${SECONDS_PER_TARGET}s"
+  if [[ ${#FIXED[@]} -gt 0 ]]; then
+    echo "fuzz: $target, ${FIXED[*]} (at most ${SECONDS_PER_TARGET}s)"
+  else
+    echo "fuzz: $target for ${SECONDS_PER_TARGET}s"
+  fi
   # Torch's own allocations are not ours to police; leak checking stays on for cairn code paths.
   if ! ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
-      "$BUILD_DIR/tests/$target" -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=4096 \
+      "$BUILD_DIR/tests/$target" "${FIXED[@]}" -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=4096 \
       -max_len=65536 -artifact_prefix="$work/artifacts/" -print_final_stats=1 "$work" \
       > "$work/log" 2>&1; then
     status=1

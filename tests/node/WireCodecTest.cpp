@@ -196,6 +196,24 @@ TEST(WireCodecRejects, HeaderClaimingTwoToTheSixtyTwoElements) {
   EXPECT_EQ(r2.error->code, DecodeErrorCode::kTooLarge);
 }
 
+TEST(WireCodecRejects, HugeDimensionsBesideAZeroDimension) {
+  // 0 elements, so 0 bytes, but libtorch checks the whole product of the dimensions when it
+  // allocates and throws for [2^40, 2^40, 0]; the decoder must refuse it itself, not throw (a
+  // fuzzer found this: the exception ended the receiving node).
+  const uint64_t big = uint64_t{1} << 40;
+  for (const auto& shape : {std::vector<uint64_t>{big, big, 0}, std::vector<uint64_t>{0, big, big},
+                            std::vector<uint64_t>{big, 0, big}}) {
+    DecodeResult r;
+    ASSERT_NO_THROW(r = decodeForged({header(1, 1, 0, shape, 0), {0}}));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error->code, DecodeErrorCode::kTooLarge);
+  }
+  // Zero-size tensors whose other dimensions are sane still decode, with their shape.
+  auto ok = decodeForged({header(1, 1, 0, {big, 0, 3}, 0), {0}});
+  ASSERT_TRUE(ok.ok()) << ok.error->detail;
+  EXPECT_EQ(ok.message->tensors.at(0).tensor.sizes(), (std::vector<int64_t>{int64_t(big), 0, 3}));
+}
+
 TEST(WireCodecRejects, MessageOverTheConfiguredLimit) {
   CodecLimits limits;
   limits.max_message_bytes = 1024;
