@@ -18,6 +18,7 @@
 #include "core/JobFiles.h"
 #include "core/JsonReader.h"
 #include "core/Log.h"
+#include "core/WireCompression.h"
 
 namespace cairn::clusterize {
 namespace {
@@ -112,6 +113,32 @@ PlanningAtoms planningAtoms(const ModelGraph& graph, const ModelProfile& profile
   return out;
 }
 
+// training_definition.wire.activations as the providers will use it (the job is validated with
+// the rest of training_definition; anything unreadable here counts as the default, fp32).
+std::string wireActivations(const JobSpec& job) {
+  const auto w = job.training.find("wire");
+  if (w == job.training.end() || !w->is_object()) return "fp32";
+  const auto a = w->find("activations");
+  return a != w->end() && a->is_string() ? a->get<std::string>() : "fp32";
+}
+
+// What each planning cut sends per micro-batch in `codec`: its profiled bytes with every float32
+// tensor counted in the form it travels (core/WireCompression.h float32WireBytes).
+std::vector<double> wireBytes(const ModelGraph& graph, const ModelProfile& profile,
+                              const PlanningAtoms& planning, const std::string& codec) {
+  std::vector<double> out;
+  for (size_t k = 0; k < planning.first_atom.size(); ++k) {
+    double bytes = planning.boundary_bytes[k];
+    if (codec != "fp32" && k > 0 && k + 1 < planning.first_atom.size())
+      for (const BoundaryValue& v : profile.describeCut(graph, profile.cuts[planning.first_atom[k]]))
+        if (v.type == "tensor" && v.dtype == "float32")
+          bytes += static_cast<double>(wire::float32WireBytes(v.shape, codec) -
+                                       wire::float32WireBytes(v.shape, "fp32"));
+    out.push_back(bytes);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string formatBytes(double bytes) {
@@ -148,7 +175,9 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
                            const PlanSettings& settings) {
   if (configs.empty()) CAIRN_THROW(BadInput, settings.nodes_source, ": lists no nodes");
   const PlanningAtoms planning = planningAtoms(graph, profile, settings.cuts);
-  const CostModel cost(planning.atoms, planning.boundary_bytes, settings.cost);
+  const std::string wire_activations = wireActivations(job);
+  const CostModel cost(planning.atoms, planning.boundary_bytes, settings.cost,
+                       wireBytes(graph, profile, planning, wire_activations));
   // Unit where planning atom k begins (k = numAtoms: the end of the model).
   auto unitOf = [&](int planning_atom) { return profile.cuts[planning.first_atom[planning_atom]]; };
   const int fixed_stages = settings.cuts.empty() ? 0 : static_cast<int>(settings.cuts.size()) + 1;
@@ -199,6 +228,7 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
   plan.granularity = toString(settings.granularity);
   plan.optimizer = toString(settings.cost.optimizer);
   plan.microbatches = settings.cost.microbatches;
+  plan.wire_activations = wire_activations;
   plan.seed = settings.seed;
   for (int u = 0; u < graph.numUnits(); ++u)
     plan.units.push_back({graph.units()[u].label, graph.isValidCut(u), graph.whyInvalid(u)});
@@ -253,6 +283,7 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
       stage.memory_bytes = placement.memory_bytes;
       stage.capacity_bytes = nodes[node_index].capacity_bytes;
       stage.seconds = placement.seconds;
+      stage.sent_bytes = cost.transferBytes(placement.begin_atom, placement.end_atom);
       cluster.stages.push_back(std::move(stage));
     }
     // State no unit uses (never read by forward) has no holder; it is not trained or reduced.

@@ -40,9 +40,14 @@ int optimizerStateCopies(OptimizerKind kind) {
 }
 
 CostModel::CostModel(std::vector<AtomCost> atoms, std::vector<double> boundary_bytes,
-                     CostOptions options)
-    : atoms_(std::move(atoms)), boundary_(std::move(boundary_bytes)), options_(options) {
+                     CostOptions options, std::vector<double> wire_bytes)
+    : atoms_(std::move(atoms)),
+      boundary_(std::move(boundary_bytes)),
+      wire_(std::move(wire_bytes)),
+      options_(options) {
   CAIRN_ENFORCE_EQ(boundary_.size(), atoms_.size() + 1);
+  if (wire_.empty()) wire_ = boundary_;
+  CAIRN_ENFORCE_EQ(wire_.size(), boundary_.size());
   CAIRN_ENFORCE(options_.microbatches >= 1, "microbatches must be positive");
   const double copies = 1 + optimizerStateCopies(options_.optimizer);
   static_prefix_.assign(atoms_.size() + 1, 0);
@@ -73,8 +78,8 @@ double CostModel::computeSeconds(int begin, int end) const {
 
 double CostModel::transferBytes(int begin, int end) const {
   double bytes = 0;
-  if (begin > 0) bytes += boundary_[begin];                    // gradients sent upstream
-  if (end < numAtoms()) bytes += boundary_[end];               // activations sent downstream
+  if (begin > 0) bytes += wire_[begin];                    // gradients sent upstream
+  if (end < numAtoms()) bytes += wire_[end];               // activations sent downstream
   return bytes;
 }
 

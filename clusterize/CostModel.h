@@ -8,7 +8,8 @@
 // optimizer copies: 0 SGD, 1 momentum, 2 Adam/AdamW. All micro-batches of a step are assumed in
 // flight (GPipe); 1F1B keeps fewer, so the estimate is an upper bound there.
 // Time of a stage on a node = compute seconds / speed + transfer bytes / bandwidth, where transfer
-// counts the boundary activations it sends downstream and the gradients it sends upstream.
+// counts the boundary activations it sends downstream and the gradients it sends upstream, in the
+// form they travel (wire_bytes: training_definition.wire.activations compresses float32 values).
 #pragma once
 
 #include <string>
@@ -36,8 +37,10 @@ struct AtomCost {
 
 class CostModel {
  public:
-  // boundary_bytes has atoms.size() + 1 entries (entry 0: the model inputs).
-  CostModel(std::vector<AtomCost> atoms, std::vector<double> boundary_bytes, CostOptions options);
+  // boundary_bytes has atoms.size() + 1 entries (entry 0: the model inputs): what each cut holds
+  // in memory. wire_bytes (same length, or empty: equal to boundary_bytes) is what each cut sends.
+  CostModel(std::vector<AtomCost> atoms, std::vector<double> boundary_bytes, CostOptions options,
+            std::vector<double> wire_bytes = {});
 
   int numAtoms() const { return static_cast<int>(atoms_.size()); }
   const AtomCost& atom(int index) const { return atoms_.at(index); }
@@ -54,6 +57,7 @@ class CostModel {
  private:
   std::vector<AtomCost> atoms_;
   std::vector<double> boundary_;
+  std::vector<double> wire_;
   CostOptions options_;
   std::vector<double> static_prefix_;  // parameters, buffers, gradients, optimizer state
   std::vector<double> saved_prefix_;

@@ -20,6 +20,7 @@ nlohmann::json toJson(const PartitionPlan& plan) {
   j["granularity"] = plan.granularity;
   j["optimizer"] = plan.optimizer;
   j["microbatches"] = plan.microbatches;
+  j["wire_activations"] = plan.wire_activations;
   j["seed"] = plan.seed;
   j["units"] = nlohmann::json::array();
   for (size_t i = 0; i < plan.units.size(); ++i) {
@@ -59,7 +60,8 @@ nlohmann::json toJson(const PartitionPlan& plan) {
                               {"outputs", boundaryJson(st.outputs)},
                               {"memory_bytes", st.memory_bytes},
                               {"capacity_bytes", st.capacity_bytes},
-                              {"seconds_per_microbatch", st.seconds}});
+                              {"seconds_per_microbatch", st.seconds},
+                              {"sent_bytes_per_microbatch", st.sent_bytes}});
     }
     j["clusters"].push_back(cj);
   }

@@ -27,6 +27,7 @@ struct PlannedStage {
   double memory_bytes = 0;    // estimate
   double capacity_bytes = 0;  // the node's ram
   double seconds = 0;         // estimated time per micro-batch on this node
+  double sent_bytes = 0;      // per micro-batch: activations down + gradients up, as they travel
 };
 
 struct PlannedCluster {
@@ -51,6 +52,7 @@ struct PartitionPlan {
   std::string granularity;
   std::string optimizer;
   int microbatches = 0;
+  std::string wire_activations = "fp32";  // training_definition.wire.activations the estimate assumes
   uint64_t seed = 0;
   std::vector<UnitSummary> units;
   std::vector<AtomSummary> atoms;

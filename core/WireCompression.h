@@ -167,4 +167,24 @@ inline void decodeInt8Blocks(const uint8_t* bytes, int64_t n, int64_t block, flo
   }
 }
 
+// training_definition.wire.activations on the stage link (node/Int8Boundary.h; docs/PROTOCOL.md
+// "Compressed tensors"). A float32 boundary value of `shape` travels as: fp32 4 bytes a value,
+// bf16/fp16 2; int8 (dim >= 2 only: fewer dimensions stay fp32) 1 byte a value plus a 4-byte
+// scale per row, a row being the values of index 1 on for [B, F] and of index 2 on for
+// [B, C, d2, ...] (one per sample and channel).
+inline int64_t int8RowLength(const std::vector<int64_t>& shape) {
+  int64_t cols = 1;
+  for (size_t d = shape.size() == 2 ? 1 : 2; d < shape.size(); ++d) cols *= shape[d];
+  return cols;
+}
+// Bytes of a float32 value of `shape` on the wire in `codec` ("fp32" | "bf16" | "fp16" | "int8").
+inline int64_t float32WireBytes(const std::vector<int64_t>& shape, const std::string& codec) {
+  int64_t values = 1;
+  for (int64_t d : shape) values *= d;
+  if (codec == "bf16" || codec == "fp16") return 2 * values;
+  if (codec != "int8" || shape.size() < 2) return 4 * values;
+  const int64_t cols = int8RowLength(shape);
+  return cols == 0 ? 0 : values + 4 * (values / cols);
+}
+
 }  // namespace cairn::wire

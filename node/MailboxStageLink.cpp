@@ -6,6 +6,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "node/Int8Boundary.h"
 #include "node/protocol/PipelineControl.h"
 #include "trainer/ReservedTensors.h"
 
@@ -48,14 +49,20 @@ bool carriesTensors(MessageKind k) {
          k == MessageKind::kEvaluation;
 }
 
+// The dtype a planned float32 tensor travels in for LinkChecks::wire_float (int8: uint8 bytes).
+torch::ScalarType wireDtype(torch::ScalarType wire_float) {
+  return wire_float == torch::kChar ? torch::kByte : wire_float;
+}
+
 std::string shapeText(at::IntArrayRef shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
   return text + "]";
 }
 
-// Bytes of one boundary value at `rows` rows (its first dimension), as planned.
-uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows) {
+// Bytes of one boundary value at `rows` rows (its first dimension), as planned; with int8 on the
+// wire, the larger of the float32 and the int8 form (a row of fewer than 2 values grows).
+uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows, bool int8_wire) {
   uint64_t total = 0;
   for (const BoundaryValue& v : values) {
     if (v.type != "tensor") {
@@ -64,7 +71,14 @@ uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows) {
     }
     auto type = scalarTypeForName(v.dtype);
     uint64_t n = type ? c10::elementSize(*type) : 8;
-    for (size_t d = 0; d < v.shape.size(); ++d) n *= uint64_t(d == 0 ? rows : std::max<int64_t>(v.shape[d], 1));
+    std::vector<int64_t> shape;
+    for (size_t d = 0; d < v.shape.size(); ++d) shape.push_back(d == 0 ? rows : std::max<int64_t>(v.shape[d], 1));
+    for (int64_t d : shape) n *= uint64_t(d);
+    if (int8_wire && type == torch::kFloat && int8Carries(int64_t(shape.size()))) {
+      uint64_t wire = 1;
+      for (int64_t d : int8WireShape(shape)) wire *= uint64_t(d);
+      n = std::max(n, wire);
+    }
     total += n;
   }
   return total;
@@ -76,14 +90,18 @@ torch::ScalarType stageWireDtype(const std::string& codec, const std::string& so
   if (codec == "fp32") return torch::kFloat;
   if (codec == "bf16") return torch::kBFloat16;
   if (codec == "fp16") return torch::kHalf;
+  if (codec == "int8") return torch::kChar;  // int8 rows with scales (node/Int8Boundary.h)
   CAIRN_THROW(BadInput, source, ": training_definition.wire.activations \"", codec,
-              "\" is not carried by the stage link yet (built: \"fp32\", \"bf16\", \"fp16\")");
+              "\" (expected \"fp32\", \"bf16\", \"fp16\" or \"int8\")");
 }
 
 uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks) {
   const int64_t rows = std::max(checks.max_microbatch_rows, checks.max_eval_rows);
   if (rows <= 0) return 0;
-  return std::max(plannedBytes(node.inputs, rows), plannedBytes(node.outputs, rows)) + (1u << 20);
+  const bool int8_wire = checks.wire_float == torch::kChar;
+  return std::max(plannedBytes(node.inputs, rows, int8_wire),
+                  plannedBytes(node.outputs, rows, int8_wire)) +
+         (1u << 20);
 }
 
 uint64_t LinkStats::droppedTotal() const {
@@ -162,24 +180,46 @@ std::optional<std::string> MailboxStageLink::rejectReason(const Message& m, uint
     }
     auto type = scalarTypeForName(v.dtype);
     // Compressed on the wire (training_definition.wire.activations): planned float32 arrives in
-    // the wire dtype.
-    if (type && *type == torch::kFloat) type = checks_.wire_float;
+    // the wire dtype (int8: as uint8 rows with scales, node/Int8Boundary.h).
+    const bool int8_form = type == torch::kFloat && checks_.wire_float == torch::kChar &&
+                           int8Carries(int64_t(v.shape.size()));
+    const torch::ScalarType wire_type = wireDtype(checks_.wire_float);
+    if (type && *type == torch::kFloat && (checks_.wire_float != torch::kChar || int8_form))
+      type = wire_type;
     if (!type || t.tensor.scalar_type() != *type)
       return why("dtype", "\"" + t.name + "\" is " + dtypeName(t.tensor.scalar_type()) +
                               "; the plan says " + v.dtype +
-                              (v.dtype == "float32" && checks_.wire_float != torch::kFloat
-                                   ? " sent as " + dtypeName(checks_.wire_float) +
+                              (type && *type != torch::kFloat && v.dtype == "float32"
+                                   ? " sent as " + dtypeName(wire_type) +
+                                         (int8_form ? " (int8 rows with scales)" : "") +
                                          " (training_definition.wire.activations)"
                                    : std::string()));
     const auto shape = t.tensor.sizes();
-    bool same = shape.size() == v.shape.size();
-    for (size_t d = 1; same && d < shape.size(); ++d) same = shape[d] == v.shape[d];
+    bool same;
+    if (int8_form) {
+      // The wire shape is fixed by the plan's shape at the received first dimension.
+      std::vector<int64_t> planned_shape = v.shape;
+      if (!shape.empty()) planned_shape[0] = shape[0];
+      same = !shape.empty() && at::IntArrayRef(int8WireShape(planned_shape)) == shape;
+    } else {
+      same = shape.size() == v.shape.size();
+      for (size_t d = 1; same && d < shape.size(); ++d) same = shape[d] == v.shape[d];
+    }
     if (same && !shape.empty())
       same = shape[0] >= 1 && (rows <= 0 || shape[0] <= rows);
     if (!same)
       return why("shape", "\"" + t.name + "\" has shape " + shapeText(shape) + "; the plan says " +
-                              shapeText(v.shape) + " with the first dimension 1.." +
+                              shapeText(v.shape) +
+                              (int8_form ? " (int8 wire form " + shapeText(int8WireShape(v.shape)) + ")"
+                                         : std::string()) +
+                              " with the first dimension 1.." +
                               (rows > 0 ? std::to_string(rows) : std::string("any")));
+    if (int8_form) {
+      bool nonfinite = false;
+      const std::string bad = checkInt8Boundary(t.tensor, &nonfinite);
+      if (!bad.empty()) return why("encoding", "\"" + t.name + "\": " + bad);
+      if (nonfinite) return why("nonfinite", "\"" + t.name + "\" holds NaN or Inf (a NaN int8 scale)");
+    }
   }
   if (bytes > max_message_bytes_)
     return why("bytes", std::to_string(bytes) + " tensor bytes; the limit is " +
@@ -320,8 +360,14 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
     // training_definition.wire.activations: boundary float32 tensors travel compressed.
     const bool compress = checks_.wire_float != torch::kFloat && carriesTensors(m.kind) &&
                           !isReservedTensorName(name) && t.scalar_type() == torch::kFloat;
-    m.tensors.push_back(
-        {name, compress ? t.detach().to(checks_.wire_float).contiguous() : t.detach().contiguous()});
+    if (!compress)
+      m.tensors.push_back({name, t.detach().contiguous()});
+    else if (checks_.wire_float != torch::kChar)
+      m.tensors.push_back({name, t.detach().to(checks_.wire_float).contiguous()});
+    else if (int8Carries(t.dim()))
+      m.tensors.push_back({name, encodeInt8Boundary(t)});
+    else
+      m.tensors.push_back({name, t.detach().contiguous()});  // int8: fewer than 2 dims stay float32
   }
   // In slices, so a neighbour whose connection went down is declared lost after timeouts.lost
   // instead of blocking the whole peer timeout (a send waits only while the peer's queue is full
@@ -418,11 +464,20 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
   packet.microbatch = got->microbatch;
   packet.tag = std::move(got->tag);
   packet.text = std::move(got->text);
-  for (auto& t : got->tensors) {
+  const std::vector<BoundaryValue>& planned =
+      got->kind == MessageKind::kGradient ? node_.outputs : node_.inputs;
+  for (size_t i = 0; i < got->tensors.size(); ++i) {
+    NamedTensor& t = got->tensors[i];
     // Validated above: a tensor in the wire dtype is a planned float32 boundary tensor.
-    if (checks_.wire_float != torch::kFloat && !isReservedTensorName(t.name) &&
-        t.tensor.scalar_type() == checks_.wire_float)
+    if (checks_.wire_float == torch::kChar && !isReservedTensorName(t.name) && i < planned.size() &&
+        t.tensor.scalar_type() == torch::kByte && planned[i].dtype == "float32") {
+      std::vector<int64_t> shape = planned[i].shape;
+      shape[0] = t.tensor.size(0);
+      t.tensor = decodeInt8Boundary(t.tensor, shape);
+    } else if (checks_.wire_float != torch::kFloat && checks_.wire_float != torch::kChar &&
+               !isReservedTensorName(t.name) && t.tensor.scalar_type() == checks_.wire_float) {
       t.tensor = t.tensor.to(torch::kFloat);
+    }
     packet.tensors.emplace_back(std::move(t.name), std::move(t.tensor));
   }
   return packet;

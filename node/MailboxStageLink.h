@@ -63,18 +63,21 @@ struct LinkChecks {
   bool stop_on_nonfinite = false;   // NaN/Inf: false = drop and count, true = throw BadInput
   // training_definition.wire.activations: planned float32 boundary tensors of activation, gradient
   // and evaluation messages travel in this dtype (kFloat: as they are; kBFloat16 / kHalf: rounded
-  // to nearest even by torch's cast, and cast back to float32 on receipt). A received planned
-  // float32 tensor in any other dtype is dropped as "dtype". Bookkeeping ("__") tensors, integer
-  // and bool tensors are never compressed.
+  // to nearest even by torch's cast, and cast back to float32 on receipt; kChar: int8 rows with
+  // one fp32 scale each, sent as uint8 in node/Int8Boundary.h's wire form — tensors of fewer than
+  // 2 dimensions stay float32 — and decoded on receipt). A received planned float32 tensor in any
+  // other dtype is dropped as "dtype", an int8 one with a bad scale or value as "encoding".
+  // Bookkeeping ("__") tensors, integer and bool tensors are never compressed.
   torch::ScalarType wire_float = torch::kFloat;
 };
 
-// The wire dtype for training_definition.wire.activations "fp32" | "bf16" | "fp16"; "int8" is not
-// carried by the stage link yet: BadInput naming the key.
+// LinkChecks::wire_float for training_definition.wire.activations "fp32" | "bf16" | "fp16" |
+// "int8" (kChar); anything else: BadInput naming the key.
 torch::ScalarType stageWireDtype(const std::string& codec, const std::string& source);
 
 // Why received messages were dropped, by reason ("unknown_peer", "kind_not_allowed", "job_id",
-// "step_window", "tensor_count", "tensor_name", "dtype", "shape", "bytes", "nonfinite").
+// "step_window", "tensor_count", "tensor_name", "dtype", "shape", "bytes", "encoding",
+// "nonfinite").
 struct LinkStats {
   uint64_t accepted = 0;
   std::map<std::string, uint64_t> dropped;

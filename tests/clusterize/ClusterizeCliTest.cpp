@@ -174,6 +174,59 @@ TEST(ClusterizeCli, FixedCutsAreTakenAsGiven) {
   EXPECT_FALSE(fs::exists(dir + "/bad/plan.json"));
 }
 
+// The time estimate counts what a stage sends in the form it travels: with the job's
+// wire.activations each float32 boundary value is 4, 2, or (int8) 1 byte a value plus 4 bytes a
+// row — recomputed here from the plan's own boundary shapes.
+TEST(ClusterizeCli, SentBytesFollowTheWireCodec) {
+  const std::string dir = testing::temporaryDirectory("cli_wire");
+  const std::string nodes = writeNodes(dir, 3, 1.0);
+  auto bytesOf = [](const nlohmann::json& values, const std::string& codec) {
+    double total = 0;
+    for (const auto& v : values) {
+      const auto shape = v.at("shape").get<std::vector<int64_t>>();
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      if (v.at("dtype") != "float32") {
+        ADD_FAILURE() << "the CNN's boundaries are float32: " << v.dump();
+        continue;
+      }
+      if (codec == "fp32") total += 4.0 * n;
+      else if (codec == "bf16" || codec == "fp16") total += 2.0 * n;
+      else if (shape.size() == 2) total += n + 4.0 * shape[0];             // a row per sample
+      else total += n + 4.0 * double(shape[0]) * double(shape[1]);         // per sample and channel
+    }
+    return total;
+  };
+  std::vector<double> fp32_sent;
+  for (const std::string codec : {"fp32", "bf16", "int8"}) {
+    nlohmann::json job = {{"format", 1},
+                          {"job_id", "wire"},
+                          {"data", {{"location", "/usr/share/datasets/fashion-mnist"}, {"format", "idx"}}},
+                          {"training_definition",
+                           {{"batch_size", 64}, {"microbatches", 2}, {"wire", {{"activations", codec}}}}}};
+    std::ofstream(dir + "/job_" + codec + ".json") << job.dump();
+    // Fixed cuts (after the first convolution block and before the classifier), so both runs
+    // have the same boundaries whatever the timing.
+    const CliRun r = run("--model " + testing::modelPath("cnn") + " --input-shape 32,1,28,28" +
+                         " --profile-runs 1 --clusters 1 --cuts 4,10 --nodes " + nodes + " --job " +
+                         dir + "/job_" + codec + ".json --out " + dir + "/" + codec);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const nlohmann::json plan = readJsonFile(dir + "/" + codec + "/plan.json");
+    EXPECT_EQ(plan.at("wire_activations"), codec);
+    const auto& stages = plan.at("clusters").at(0).at("stages");
+    ASSERT_EQ(stages.size(), 3u);
+    for (size_t s = 0; s < stages.size(); ++s) {
+      double expected = 0;
+      if (s > 0) expected += bytesOf(stages[s].at("inputs"), codec);
+      if (s + 1 < stages.size()) expected += bytesOf(stages[s].at("outputs"), codec);
+      EXPECT_DOUBLE_EQ(stages[s].at("sent_bytes_per_microbatch").get<double>(), expected)
+          << codec << " stage " << s;
+      if (codec == "fp32") fp32_sent.push_back(expected);
+      else EXPECT_LT(expected, fp32_sent.at(s) * (codec == "bf16" ? 0.51 : 0.3) + 1) << codec << " stage " << s;
+    }
+  }
+}
+
 TEST(ClusterizeCli, InfeasibleInputsExitTwoWithTheReason) {
   const std::string dir = testing::temporaryDirectory("cli_bad");
   const std::string model = " --model " + testing::modelPath("cnn") + " --input-shape 32,1,28,28 --profile-runs 1 --out " + dir + "/out";

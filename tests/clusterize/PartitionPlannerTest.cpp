@@ -231,6 +231,23 @@ TEST(CostModel, OptimizerStateAndMicrobatchesEnterMemory) {
   EXPECT_DOUBLE_EQ(adam.transferBytes(0, 2), 0);        // one stage sends nothing
 }
 
+// With compressed activations (wire bytes) only the transfer changes: memory still holds float32,
+// and on a slow link the planner's bottleneck follows the smaller transfer.
+TEST(CostModel, WireBytesChangeTransferNotMemory) {
+  const std::vector<AtomCost> atoms = {{100, 100, 10, 1000, 0.001}, {50, 0, 0, 500, 0.001}};
+  const std::vector<double> boundary = {40, 4000, 20};
+  const CostModel fp32(atoms, boundary, {OptimizerKind::kAdam, 2});
+  const CostModel int8(atoms, boundary, {OptimizerKind::kAdam, 2}, {40, 1000, 20});
+  EXPECT_DOUBLE_EQ(int8.memoryBytes(0, 1), fp32.memoryBytes(0, 1));
+  EXPECT_DOUBLE_EQ(int8.memoryBytes(1, 2), fp32.memoryBytes(1, 2));
+  EXPECT_DOUBLE_EQ(int8.transferBytes(0, 1), 1000);
+  EXPECT_DOUBLE_EQ(int8.transferBytes(1, 2), 1000);
+  const PlannerNode slow{1e9, 1.0, 1e5};  // 100 kB/s
+  EXPECT_DOUBLE_EQ(stageSeconds(fp32, slow, 0, 1), 0.001 + 4000 / 1e5);
+  EXPECT_DOUBLE_EQ(stageSeconds(int8, slow, 0, 1), 0.001 + 1000 / 1e5);
+  EXPECT_THROW(CostModel(atoms, boundary, {OptimizerKind::kAdam, 2}, {1, 2}), InternalError);
+}
+
 std::vector<PlannerNode> uniformNodes(int count, double capacity) {
   return std::vector<PlannerNode>(count, PlannerNode{capacity, 1.0, 1e8});
 }

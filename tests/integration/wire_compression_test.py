@@ -3,11 +3,12 @@
 
     wire_compression_test.py CODEC --provider BUILD/node/provider --work DIR --port BASE
 
-CODEC bf16 | fp16: 3 providers (the BatchNorm-free CNN cut by hand, as provider_cluster_test.py
+CODEC bf16 | fp16 | int8: 3 providers (the BatchNorm-free CNN cut by hand, as provider_cluster_test.py
 match_pytorch) train 20 SGD+momentum steps with wire.activations CODEC. The reference is PyTorch
 (python) chaining the three initial stage modules on the Root's recorded batches, with a custom
 autograd function at each cut that rounds the activation (forward) and its gradient (backward)
-through CODEC. The first 5 step losses agree within 2e-5, and the same reference without rounding
+through CODEC (int8: the rows and rounding of node/Int8Boundary.h, written here again in PyTorch:
+per-row max|x| / 127, round half to even). The first 5 step losses agree within 2e-5, and the same reference without rounding
 is at least 10x further from the providers over those steps (so the comparison sees the
 compression). Later steps are printed, not asserted: the provider accumulates micro-batch
 gradients in another order than the one-batch reference, a last-bit float difference can flip one
@@ -26,16 +27,36 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import provider_cluster_test as pct  # noqa: E402
 
 
+def int8_rows(x):
+    """x through wire.activations int8: a row is the last dimension of [B, F], the trailing
+    dimensions of (sample, channel) for dim >= 3; tensors of fewer than 2 dimensions stay."""
+    if x.dim() < 2:
+        return x
+    cols = x.shape[1] if x.dim() == 2 else x[0, 0].numel()
+    x2 = x.reshape(-1, cols)
+    scale = x2.abs().amax(1, keepdim=True) / 127
+    usable = scale > 0
+    q = torch.where(usable, torch.round(x2 / torch.where(usable, scale, torch.ones_like(scale))),
+                    torch.zeros_like(x2)).clamp(-127, 127)
+    return (q * scale).reshape(x.shape)
+
+
 class RoundTrip(torch.autograd.Function):
     dtype = torch.bfloat16
 
     @staticmethod
-    def forward(ctx, x):
+    def through(x):
+        if RoundTrip.dtype == torch.int8:
+            return int8_rows(x)
         return x.to(RoundTrip.dtype).to(torch.float32)
 
     @staticmethod
+    def forward(ctx, x):
+        return RoundTrip.through(x)
+
+    @staticmethod
     def backward(ctx, g):
-        return g.to(RoundTrip.dtype).to(torch.float32)
+        return RoundTrip.through(g)
 
 
 def reference_losses(node_data, recorded, images, labels, rounding):
@@ -62,7 +83,7 @@ def reference_losses(node_data, recorded, images, labels, rounding):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("codec", choices=["bf16", "fp16"])
+    parser.add_argument("codec", choices=["bf16", "fp16", "int8"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
@@ -71,7 +92,7 @@ def main():
     pct.KEYS = pct.keys_binary(args)
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
-    RoundTrip.dtype = torch.bfloat16 if args.codec == "bf16" else torch.float16
+    RoundTrip.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}[args.codec]
     settings = {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": 20, "seed": 5,
                 "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.001},
                 "lr_scheduler": "constant", "wire": {"activations": args.codec},

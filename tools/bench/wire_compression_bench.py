@@ -3,7 +3,7 @@
 final Fashion-MNIST accuracy, one JSON line per codec.
 
     tools/bench/wire_compression_bench.py --provider build/node/provider [--steps 300]
-        [--codecs fp32,bf16,fp16] [--work /tmp/wire_bench] [--port 6950] [--model cnn|gpt] [--sync]
+        [--codecs fp32,bf16,fp16,int8] [--work /tmp/wire_bench] [--port 6950] [--model cnn|gpt] [--sync]
 
 --model gpt: examples/tiny_gpt (see run_gpt) instead, printing the validation loss.
 --sync: training_definition.wire.sync instead (see run_sync): 2 clusters x 1 provider averaging
@@ -15,7 +15,9 @@ loopback, tools/launch_local; the by-hand cut has 3 stages, so 2 links) for --st
 a cosine schedule, seed 1, on the first 12,000 training images; accuracy is the Leaf's evaluation on
 the first 2,000 test images. Bytes per step per link are counted from the payloads: every
 boundary value node.json plans between two stages, batch rows, once forward (activation) and once
-backward (gradient), at the codec's bytes per value (fp32 4, bf16/fp16 2); the msgpack header and
+backward (gradient), at the codec's bytes per value (fp32 4, bf16/fp16 2, int8 1 plus a 4-byte
+scale per row: node/Int8Boundary.h — a row is a [B, F] sample or a (sample, channel) of a tensor
+of 3 or more dimensions; values of fewer than 2 dimensions stay fp32); the msgpack header and
 the small "__" bookkeeping tensors (targets, ids, loss) are left out and are the same for every
 codec. Wall time is printed, not compared (the machine is shared).
 """
@@ -39,19 +41,27 @@ def chain_of(node_data):
     return c.get("chain") or c["nodes"]
 
 
-def boundary_values(node_data):
-    """Elements per sample crossing each link of the first cluster (each sender's planned outputs)."""
+def value_bytes(shape, codec):
+    """Payload bytes per sample of one planned float32 boundary value of `shape` in `codec`."""
+    per_sample = 1
+    for d in shape[1:]:
+        per_sample *= d
+    if codec != "int8":
+        return per_sample * BYTES[codec]
+    if len(shape) < 2:
+        return per_sample * 4  # stays fp32
+    rows = 1 if len(shape) == 2 else shape[1]
+    return per_sample + 4 * rows
+
+
+def link_bytes(node_data, codec):
+    """Payload bytes per sample crossing each link of the first cluster, one way (each sender's
+    planned float32 outputs)."""
     out = []
     for name in chain_of(node_data)[:-1]:
         node = json.load(open(os.path.join(node_data, "nodes", name, "node.json")))
-        n = 0
-        for v in node["outputs"]:
-            if v["type"] == "tensor" and v["dtype"] == "float32":
-                per_sample = 1
-                for d in v["shape"][1:]:
-                    per_sample *= d
-                n += per_sample
-        out.append(n)
+        out.append(sum(value_bytes(v["shape"], codec) for v in node["outputs"]
+                       if v["type"] == "tensor" and v["dtype"] == "float32"))
     return out
 
 
@@ -87,7 +97,7 @@ def run_gpt(args):
         losses = [json.load(open(os.path.join(work, "nodes", c["chain"][-1], "result.json")))["eval"]["loss"]
                   for c in plan["clusters"]]
         batch = job["training_definition"]["batch_size"]
-        per_link = [2 * batch * n * BYTES[codec] for n in boundary_values(work)]
+        per_link = [2 * batch * n for n in link_bytes(work, codec)]
         print(json.dumps({"model": "tiny_gpt", "clusters": len(plan["clusters"]), "steps": args.steps,
                           "wire_activations": codec, "bytes_per_step_per_link": per_link,
                           "val_loss": sum(losses) / len(losses), "wall_s": round(seconds, 1)}), flush=True)
@@ -179,7 +189,7 @@ def main():
         seconds = time.time() - start
         leaf = f"node_{args.stages - 1}"
         result = json.load(open(os.path.join(node_data, "nodes", leaf, "result.json")))
-        per_link = [2 * batch * n * BYTES[codec] for n in boundary_values(node_data)]
+        per_link = [2 * batch * n for n in link_bytes(node_data, codec)]
         print(json.dumps({"model": "fashion_mnist_cnn", "stages": args.stages, "steps": args.steps,
                           "wire_activations": codec, "bytes_per_step_per_link": per_link,
                           "accuracy": result["eval"]["accuracy"], "eval_loss": result["eval"]["loss"],
