@@ -243,25 +243,32 @@ TEST(StageLinkValidationPolicy, PlannedMessageBytesCoversTheLargerBoundary) {
 // and integer tensors are left alone; a planned float32 tensor in another dtype is dropped.
 class StageLinkWireDtype : public ::testing::TestWithParam<torch::ScalarType> {};
 
+// Sends an activation packet (the planned output "y" and two bookkeeping tensors) through the
+// stem's link to "down" and returns the message as it travelled (no tensors if none arrived).
+Message sentDownstream(Fixture& f, const torch::Tensor& y) {
+  f.stem.addPeer("down", "inproc://" + f.prefix + "down");
+  StagePacket out;
+  out.kind = PacketKind::kActivation;
+  out.tensors = {{"y", y}, {"__loss", torch::tensor(1.25f)}, {"__targets", torch::arange(8)}};
+  f.link.send(Neighbour::kDownstream, out);
+  std::optional<Message> sent = f.down.receive(5s);
+  if (!sent) ADD_FAILURE() << "nothing arrived downstream";
+  return sent ? std::move(*sent) : Message{};
+}
+
 TEST_P(StageLinkWireDtype, CompressedBoundaryRoundTripsThroughTheWireDtype) {
   const torch::ScalarType wire = GetParam();
   LinkChecks checks = defaultChecks();
   checks.wire_float = wire;
   const std::string p = std::string("wire_") + c10::toString(wire) + "_";
   Fixture f(p, checks);
-  f.stem.addPeer("down", "inproc://" + p + "down");
   const torch::Tensor y = torch::randn({8, 2}, torch::TensorOptions().dtype(torch::kFloat)) * 3.7;
-  StagePacket out;
-  out.kind = PacketKind::kActivation;
-  out.tensors = {{"y", y}, {"__loss", torch::tensor(1.25f)}, {"__targets", torch::arange(8)}};
-  f.link.send(Neighbour::kDownstream, out);
-  std::optional<Message> sent = f.down.receive(5s);
-  ASSERT_TRUE(sent.has_value());
-  ASSERT_EQ(sent->tensors.size(), 3u);
-  EXPECT_EQ(sent->tensors[0].tensor.scalar_type(), wire);
-  EXPECT_TRUE(torch::equal(sent->tensors[0].tensor, y.to(wire)));
-  EXPECT_EQ(sent->tensors[1].tensor.scalar_type(), torch::kFloat);  // bookkeeping: as it is
-  EXPECT_EQ(sent->tensors[2].tensor.scalar_type(), torch::kLong);
+  const Message sent = sentDownstream(f, y);
+  ASSERT_EQ(sent.tensors.size(), 3u);
+  EXPECT_EQ(sent.tensors[0].tensor.scalar_type(), wire);
+  EXPECT_TRUE(torch::equal(sent.tensors[0].tensor, y.to(wire)));
+  EXPECT_EQ(sent.tensors[1].tensor.scalar_type(), torch::kFloat);  // bookkeeping: as it is
+  EXPECT_EQ(sent.tensors[2].tensor.scalar_type(), torch::kLong);
 
   Message a = genuineActivation();
   const torch::Tensor x = torch::randn({8, 4}) * 11.3;
@@ -405,18 +412,12 @@ TEST(StageLinkInt8, BoundaryTravelsAsInt8RowsAndForgeriesAreDropped) {
   LinkChecks checks = defaultChecks();
   checks.wire_float = torch::kChar;
   Fixture f("int8_", checks);
-  f.stem.addPeer("down", "inproc://int8_down");
   const torch::Tensor y = torch::randn({8, 2}) * 3.7;
-  StagePacket out;
-  out.kind = PacketKind::kActivation;
-  out.tensors = {{"y", y}, {"__loss", torch::tensor(1.25f)}, {"__targets", torch::arange(8)}};
-  f.link.send(Neighbour::kDownstream, out);
-  std::optional<Message> sent = f.down.receive(5s);
-  ASSERT_TRUE(sent.has_value());
-  ASSERT_EQ(sent->tensors.size(), 3u);
-  EXPECT_TRUE(torch::equal(sent->tensors[0].tensor, referenceInt8(y, 2).reshape({8, 6})));
-  EXPECT_EQ(sent->tensors[1].tensor.scalar_type(), torch::kFloat);  // bookkeeping: as it is
-  EXPECT_EQ(sent->tensors[2].tensor.scalar_type(), torch::kLong);
+  const Message sent = sentDownstream(f, y);
+  ASSERT_EQ(sent.tensors.size(), 3u);
+  EXPECT_TRUE(torch::equal(sent.tensors[0].tensor, referenceInt8(y, 2).reshape({8, 6})));
+  EXPECT_EQ(sent.tensors[1].tensor.scalar_type(), torch::kFloat);  // bookkeeping: as it is
+  EXPECT_EQ(sent.tensors[2].tensor.scalar_type(), torch::kLong);
 
   const torch::Tensor x = torch::randn({8, 4}) * 11.3;
   auto activation = [&](uint64_t mb, torch::Tensor t) {
