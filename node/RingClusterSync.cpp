@@ -228,12 +228,19 @@ void RingClusterSync::beforeBackward(int64_t, torch::jit::Module&, bool last_mic
   if (!last_microbatch || context_.sync.mode != SyncMode::kGradients || !gradients_.overlap ||
       !started_ || left_)
     return;
+  size_t with_group = 0;
   std::vector<Ring*> active;
-  for (auto& ring : rings_)
-    if (ring->group) active.push_back(ring.get());
+  for (auto& ring : rings_) {
+    if (!ring->group) continue;
+    ++with_group;
+    // A ring whose gradients are one bucket has nothing to overlap (its bucket is final only when
+    // backward ends), so the thread would only add its cost: it syncs after backward, on the
+    // ordinary path (docs/BENCHMARKS.md table 4, the CNN at the default 1 MiB cap).
+    if (ring->gradient_buckets.size() > 1) active.push_back(ring.get());
+  }
   // One after another (concurrent_rings off) is the ordinary path's order; the overlap runs rings
   // at once.
-  if (active.empty() || (active.size() > 1 && !context_.sync.concurrent_rings)) return;
+  if (active.empty() || (with_group > 1 && !context_.sync.concurrent_rings)) return;
   if (!overlap_) overlap_ = std::make_unique<GradientOverlap>(context_);
   overlap_->arm(active);
 }

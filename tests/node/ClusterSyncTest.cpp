@@ -1402,7 +1402,7 @@ struct OverlapRun {
 // 3 clusters × 1 node (a 3-member ring: the reduction order per element matters), 2 micro-batches
 // of 4 rows per cluster and step, SGD; the gradient buckets 64 bytes (one tensor or two each).
 OverlapRun trainMlp(bool overlap, const std::vector<torch::Tensor>& xs,
-                    const std::vector<torch::Tensor>& ys, double lr) {
+                    const std::vector<torch::Tensor>& ys, double lr, int64_t bucket_bytes = 64) {
   const State init = mlpState();
   OptimizerOptions sgd;
   sgd.kind = OptimizerKind::kSgd;
@@ -1411,7 +1411,7 @@ OverlapRun trainMlp(bool overlap, const std::vector<torch::Tensor>& xs,
   SyncOptions options;
   options.mode = SyncMode::kGradients;
   MemberSetup setup;
-  setup.gradients.bucket_bytes = 64;
+  setup.gradients.bucket_bytes = bucket_bytes;
   setup.gradients.overlap = overlap;
   OverlapRun run;
   runNodes(threeNodes(init), {{"ring_0", namesOf(init), kThree}}, {init, init, init}, options,
@@ -1490,6 +1490,14 @@ TEST(RingClusterSyncOverlap, OverlappedEqualsNonOverlappedBitForBit) {
   }
   std::printf("overlap: %lld of %d buckets started while backward ran (timing, not asserted)\n",
               static_cast<long long>(on.stats[0].buckets_reduced_in_backward), steps * 7);
+  // Gradients that fit one bucket have nothing to overlap: the same parameters, on the ordinary
+  // path after backward (no overlapped syncs) even with the overlap on.
+  const OverlapRun one_bucket = trainMlp(true, xs, ys, lr, int64_t(1) << 20);
+  for (size_t c = 0; c < 3; ++c) {
+    expectSameState(one_bucket.trained[c], off.trained[c], "one bucket, cluster " + std::to_string(c));
+    EXPECT_EQ(one_bucket.stats[c].gradient_syncs, steps);
+    EXPECT_EQ(one_bucket.stats[c].overlapped_gradient_syncs, 0);
+  }
   // Reference: one process, the union batch, torch::optim::SGD.
   std::map<std::string, torch::Tensor> ref;
   std::vector<torch::Tensor> ref_params;

@@ -25,7 +25,10 @@ ddp       2 processes, same CNN, data, initial weights, global batch, AdamW/cons
           ours first, odd rounds PyTorch first); medians. Case ours_gradients_serial: "gradients"
           with the overlap off (job.json sync.overlap false: the all-reduce after the last
           backward, as before the overlap), run right after ours_gradients in every round;
-          --bucket-bytes sets the gradient bucket cap (sync.bucket_bytes) of both.
+          --bucket-bytes sets the gradient bucket cap (sync.bucket_bytes) of both. Case
+          ours_gradients_64k: "gradients" in 64 KiB buckets (the CNN's 200 KB of gradients in 4)
+          overlapped with backward; at the default 1 MiB cap they are one bucket, which has
+          nothing to overlap and is reduced after the last backward whatever sync.overlap says.
           Rows also give the median sync_s (time the step waits in the sync) of cluster 0's Root.
           Both sides are timed by step_timing.py's one rule: a step is the interval from the end
           of the previous step to the end of this one (data, forward, backward, sync, optimizer,
@@ -362,6 +365,7 @@ def cmd_ddp(args):
     pairs = [
         ("ours_gradients", "pytorch_ddp"),
         ("ours_gradients_serial", None),  # gradients, overlap off (the all-reduce after backward)
+        ("ours_gradients_64k", None),  # gradients in 64 KiB buckets, overlapped with backward
         ("ours_param_avg", None),
         ("ours_pipeline", "pytorch_rpc_pipeline"),
     ]
@@ -381,7 +385,9 @@ def cmd_ddp(args):
             if sync:
                 # job.json sync.overlap (off for _serial) and sync.bucket_bytes (docs/TRAINING.md)
                 sync = {"name": "gradients", "overlap": ours != "ours_gradients_serial"}
-                if args.bucket_bytes:
+                if ours == "ours_gradients_64k":
+                    sync["bucket_bytes"] = 65536
+                elif args.bucket_bytes:
                     sync["bucket_bytes"] = args.bucket_bytes
             set_training(dp, batch_size=half, microbatches=1, local_steps=1, sync=sync)
             refused = launch(dp, refused_key="sync" if sync else None)
