@@ -529,6 +529,8 @@ def main():
                    "sets training_definition.wire.activations and .sync to it (sync takes bf16 or int8)")
     p.add_argument("--sync-wire", default="", help="codecs for extra cairn sync rows that set only "
                    "training_definition.wire.sync (bf16 or int8; activations stay fp32)")
+    p.add_argument("--wire-only", action="store_true", help="leave out the fp32 cairn rows: only "
+                   "ddp and the --wire / --sync-wire rows (their fp32 rows were run before)")
     p.add_argument("--variants", default="", help="run every cairn row once per variant, in turn: "
                    "LABEL:VAR=VALUE;VAR=VALUE,... sets the providers' environment, e.g. "
                    "'direct:,ring:CAIRN_DIRECT_MAX_MEMBERS=0' (docs/COLLECTIVES.md)")
@@ -600,7 +602,8 @@ def main():
             log(f"{link}: shaping {shaping}, measured TCP-connect round trip {measured:.1f} ms, "
                 f"bulk TCP {mbit:.1f} Mbit/s")
             runs = [(setup, wire, sync_only, variant)
-                    for setup, wire, sync_only in [(s, None, False) for s in setups] + extra
+                    for setup, wire, sync_only in [(s, None, False) for s in setups
+                                                   if s == "ddp" or not args.wire_only] + extra
                     for variant in ([("", {})] if setup == "ddp" else variants)]
             for repeat, (setup, wire, sync_only, variant) in [(k, r) for k in range(args.repeat)
                                                               for r in runs]:
