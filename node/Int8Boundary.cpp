@@ -19,7 +19,7 @@ bool int8Carries(int64_t dim) { return dim >= 2; }
 
 std::vector<int64_t> int8WireShape(at::IntArrayRef shape) {
   CAIRN_ENFORCE(int8Carries(int64_t(shape.size())), "int8 wire form of a ", shape.size(),
-              "-dimensional tensor");
+                "-dimensional tensor");
   std::vector<int64_t> wire(shape.begin(), shape.begin() + (shape.size() == 2 ? 1 : 2));
   wire.push_back(rowLength(shape) + 4);
   return wire;
