@@ -8,7 +8,7 @@ match_pytorch) train 20 SGD+momentum steps with wire.activations CODEC. The refe
 (python) chaining the three initial stage modules on the Root's recorded batches, with a custom
 autograd function at each cut that rounds the activation (forward) and its gradient (backward)
 through CODEC (int8: the rows and rounding of node/Int8Boundary.h, written here again in PyTorch:
-per-row max|x| / 127, round half to even). The first 5 step losses agree within 2e-5, and the same reference without rounding
+per-row max|x| / 127, round half to even). The first 5 step losses (int8: 3, see main) agree within 2e-5, and the same reference without rounding
 is at least 10x further from the providers over those steps (so the comparison sees the
 compression). Later steps are printed, not asserted: the provider accumulates micro-batch
 gradients in another order than the one-batch reference, a last-bit float difference can flip one
@@ -110,9 +110,14 @@ def main():
     plain = reference_losses(node_data, recorded, images, labels, False)
     for step, (a, b, c) in enumerate(zip(losses, rounded, plain)):
         print(f"step {step}: provider {a:.7f} rounded reference {b:.7f} unrounded {c:.7f}")
-    worst = max(abs(a - b) for a, b in zip(losses[:5], rounded[:5]))
-    worst_plain = max(abs(a - b) for a, b in zip(losses[:5], plain[:5]))
-    print(f"{args.codec}, steps 0-4: max |provider - rounded reference| {worst:.3g}; "
+    # int8: the first 3 steps. A last-bit difference that flips one int8 rounding moves a value by
+    # a whole step (1/127 of its row's largest), so the drift grows faster than bf16's: here
+    # 2e-7 over steps 0-2, 5e-6 at step 3, 1e-5 at step 4, with the unrounded reference >= 1e-4
+    # away from step 0; 3 steps keep the check far from the bound on another CPU's kernels.
+    checked = 3 if args.codec == "int8" else 5
+    worst = max(abs(a - b) for a, b in zip(losses[:checked], rounded[:checked]))
+    worst_plain = max(abs(a - b) for a, b in zip(losses[:checked], plain[:checked]))
+    print(f"{args.codec}, steps 0-{checked - 1}: max |provider - rounded reference| {worst:.3g}; "
           f"max |provider - unrounded reference| {worst_plain:.3g}")
     if not worst <= 2e-5:
         pct.fail(f"step losses differ from the {args.codec}-rounded reference by {worst}")
