@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "core/Error.h"
-#include "core/NodeConfigs.h"
 #include "core/Log.h"
+#include "core/NodeConfigs.h"
 
 namespace cairn::coordinator {
 namespace {

@@ -6,6 +6,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "core/WireCompression.h"
 #include "node/Int8Boundary.h"
 #include "node/protocol/PipelineControl.h"
 #include "trainer/ReservedTensors.h"
@@ -74,11 +75,8 @@ uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows, bo
     std::vector<int64_t> shape;
     for (size_t d = 0; d < v.shape.size(); ++d) shape.push_back(d == 0 ? rows : std::max<int64_t>(v.shape[d], 1));
     for (int64_t d : shape) n *= uint64_t(d);
-    if (int8_wire && type == torch::kFloat && int8Carries(int64_t(shape.size()))) {
-      uint64_t wire = 1;
-      for (int64_t d : int8WireShape(shape)) wire *= uint64_t(d);
-      n = std::max(n, wire);
-    }
+    if (int8_wire && type == torch::kFloat)
+      n = std::max(n, uint64_t(wire::float32WireBytes(shape, "int8")));
     total += n;
   }
   return total;

@@ -185,11 +185,6 @@ TEST(SameHostLink, OnlyAPrivateDirectoryOfThisUserIsUsed) {
   fs::remove_all(base);
 }
 
-}  // namespace
-}  // namespace cairn
-
-namespace cairn {
-namespace {
 // A node that runs its stage again on the same port (provider --resume after a restart, or in the
 // same process): the new transport's same-host socket is the one peers reach.
 TEST(SameHostLink, ATransportOpenedAgainOnTheSamePortIsReached) {
