@@ -113,8 +113,8 @@ int main(int argc, char** argv) {
                   ->capture_default_str();
   app.add_option("--job", o.job_path,
                  "job.json to use (validated; its training_definition.optimizer "
-                 "and .microbatches apply unless the flags are given); default: "
-                 "built from the flags below");
+                 "and .microbatches apply unless the flags are given; .wire.activations sets the "
+                 "bytes the time estimate counts per transfer); default: built from the flags below");
   app.add_option("--job-id", o.job_id, "job id when job.json is built from flags")
       ->capture_default_str();
   app.add_option("--data", o.data_location, "data location when job.json is built from flags")
