@@ -18,6 +18,11 @@ start-up (spawn, data, process group) is never timed; samples/s counts steps aft
 to target = the sum of the step times until the first evaluation at or above --target.
 Evaluation: rank 0, full test set (or --test-samples), every --eval-every steps. Prints one JSON
 line.
+
+--task gpt trains the tiny GPT (examples/tiny_gpt/make_model.py, initial weights from --model) on
+the byte tokens of --corpus split as cairn's `tokens` format splits them (gpt_common.py), cross
+entropy over every token; the evaluation is the validation loss and --target is reached at or
+below it (tools/bench/netem_bench.py --model gpt).
 """
 import argparse
 import json
@@ -32,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import fmnist_common as common
+import gpt_common
 import step_timing
 
 
@@ -41,14 +47,22 @@ def worker(rank, args):
     os.environ["MASTER_PORT"] = str(args.port)
     dist.init_process_group("gloo", rank=rank, world_size=args.procs)
     torch.manual_seed(args.seed)
-    x, y = common.load_split(args.data, True, args.train_samples)
-    tx, ty = common.load_split(args.data, False, args.test_samples) if rank == 0 else (None, None)
+    gpt = args.task == "gpt"
+    if gpt:
+        (x, y), (tx, ty) = gpt_common.load_splits(args.corpus, args.block, args.test_fraction,
+                                                  args.train_samples, args.test_samples)
+        model = DDP(gpt_common.make_model(args.model, block=args.block))
+        loss_of, metric = gpt_common.loss, "loss"
+    else:
+        x, y = common.load_split(args.data, True, args.train_samples)
+        tx, ty = common.load_split(args.data, False, args.test_samples) if rank == 0 else (None, None)
+        model = DDP(common.make_model(args.model))
+        loss_of, metric = F.cross_entropy, "accuracy"
     dataset = TensorDataset(x, y)
     sampler = DistributedSampler(dataset, num_replicas=args.procs, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     loader = DataLoader(dataset, batch_size=args.batch_size // args.procs, sampler=sampler,
                         drop_last=True, num_workers=0)
-    model = DDP(common.make_model(args.model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     step, times, evals, reached = 0, [], [], None
     epoch = 0
@@ -57,7 +71,7 @@ def worker(rank, args):
         sampler.set_epoch(epoch)
         for inputs, targets in loader:
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(inputs), targets)
+            loss = loss_of(model(inputs), targets)
             loss.backward()
             optimizer.step()
             now = time.perf_counter()
@@ -67,10 +81,12 @@ def worker(rank, args):
             if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
                 if rank == 0:
                     model.eval()
-                    acc = common.accuracy(model.module, tx, ty)
+                    if gpt:
+                        evals.append({"step": step, "loss": gpt_common.validation_loss(model.module, tx, ty)})
+                    else:
+                        evals.append({"step": step, "accuracy": common.accuracy(model.module, tx, ty)})
                     model.train()
-                    evals.append({"step": step, "accuracy": acc})
-                    if reached is None and acc >= args.target:
+                    if reached is None and step_timing.reached(evals[-1], args.target, metric):
                         reached = evals[-1]
                 flag = torch.tensor([1 if reached else 0])
                 dist.broadcast(flag, 0)
@@ -81,11 +97,12 @@ def worker(rank, args):
         epoch += 1
     if rank == 0:
         fig = step_timing.figures(times, evals, args.eval_every, args.warmup, args.batch_size,
-                                  args.target)
+                                  args.target, metric)
         print(json.dumps({
             "side": "pytorch_ddp", "procs": args.procs, "batch_size": args.batch_size,
             "steps": len(times), "target": args.target, **fig,
-            "last_accuracy": evals[-1]["accuracy"] if evals else None,
+            "task": args.task, "last_accuracy": evals[-1].get("accuracy") if evals else None,
+            "last_loss": evals[-1].get("loss") if evals else None,
             "evals": evals, "step_times": [round(t, 6) for t in times]}), flush=True)
     dist.destroy_process_group()
 
@@ -93,6 +110,12 @@ def worker(rank, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="TorchScript model.pt (initial weights)")
+    p.add_argument("--task", choices=["cnn", "gpt"], default="cnn", help="cnn: Fashion-MNIST and "
+                   "the example CNN (target: test accuracy); gpt: the tiny GPT on --corpus (target: "
+                   "validation loss, reached at or below it)")
+    p.add_argument("--corpus", help="--task gpt: the text file (examples/tiny_gpt/make_corpus.sh)")
+    p.add_argument("--block", type=int, default=64, help="--task gpt: tokens per sample")
+    p.add_argument("--test-fraction", type=float, default=0.1, help="--task gpt: data.test_fraction")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=128, help="GLOBAL batch (all processes)")
@@ -113,6 +136,8 @@ def main():
                         "caller, e.g. tools/bench/netem_bench.py in separate network namespaces); "
                         "default: spawn all --procs ranks here")
     args = p.parse_args()
+    if args.task == "gpt" and not args.corpus:
+        p.error("--task gpt needs --corpus")
     if args.rank >= 0:
         worker(args.rank, args)
     else:

@@ -4,6 +4,7 @@
     /usr/bin/python3 tools/bench/netem_bench.py                        # both presets, every setup
     /usr/bin/python3 tools/bench/netem_bench.py --presets 100:20 --setups ddp,diloco --steps 60
     /usr/bin/python3 tools/bench/netem_bench.py --smoke                # unshaped, a few steps
+    /usr/bin/python3 tools/bench/netem_bench.py --model gpt --presets 100:20   # the tiny GPT
 
 Topology: every training process runs in its own network namespace (cnb<PID>n<i>, address
 10.77.<i>.2/24 on its interface e0), joined by a veth pair to one router namespace of its own
@@ -20,9 +21,12 @@ removed on exit, also on failure, Ctrl-C or SIGTERM (a SIGKILLed run's namespace
 next run). Where namespaces cannot be created (not root, no
 `ip netns`), the script prints why and "skipped", and exits 0.
 
-Setups, all Fashion-MNIST with the example CNN, the same initial weights, global batch, AdamW
+Setups, all Fashion-MNIST with the example CNN (--model cnn, the default) or all the tiny GPT on
+its corpus (--model gpt: examples/tiny_gpt, byte tokens of examples/tiny_gpt/make_corpus.sh's text,
+blocks of 64, the last 10% of the blocks held out), the same initial weights, global batch, AdamW
 (lr, weight decay 0.01, constant), 1 intra-op thread per process, 4 processes:
-  ddp        PyTorch DDP (gloo), tools/bench/ddp_reference.py, one rank per namespace
+  ddp        PyTorch DDP (gloo), tools/bench/ddp_reference.py (--task gpt for the GPT), one rank
+             per namespace
   average    cairn 2 clusters x 2 nodes, sync "average", local_steps --local-steps
   diloco     cairn 2 clusters x 2 nodes, sync "diloco", local_steps --local-steps
   pipeline   cairn 1 cluster x 4 nodes (pipeline, --microbatches)
@@ -34,8 +38,9 @@ address in its node.json, inside its namespace. --wire CODECS adds average/diloc
 with training_definition.wire = {"activations": C, "sync": C} (compression on the wire): a
 provider that refuses the key (exit 2 naming it) gives an "unavailable" row, never a number.
 
-Time to target (--target test accuracy on the first --test-samples test images, evaluated every
---eval-every steps) is timed as in training_bench.py ddp (step_timing.py): the sum of the step
+Time to target (--target: test accuracy on the first --test-samples test images for the CNN,
+reached at or above it; validation loss on the first --test-samples held-out blocks for the GPT,
+reached at or below it; evaluated every --eval-every steps) is timed as in training_bench.py ddp (step_timing.py): the sum of the step
 intervals (end of the previous step to end of this one: data, compute, communication, optimizer)
 until the first evaluation at or above the target; evaluation pauses and start-up are excluded on
 both sides. Runs stop once the target is reached (DDP: --stop-at-target; cairn: the providers are
@@ -268,6 +273,7 @@ def kill_group(proc):
 # ---- runs ----------------------------------------------------------------------------------------
 
 def run_ddp(topo, args, model, work):
+    task = ["--task", "gpt", "--corpus", args.corpus] if args.model == "gpt" else []
     procs = []
     outs = []
     for i in range(4):
@@ -280,7 +286,7 @@ def run_ddp(topo, args, model, work):
             "--threads", "1", "--lr", str(args.lr), "--steps", str(args.steps),
             "--eval-every", str(args.eval_every), "--target", str(args.target), "--stop-at-target",
             "--warmup", str(args.warmup), "--test-samples", str(args.test_samples),
-            "--train-samples", str(args.train_samples)]
+            "--train-samples", str(args.train_samples)] + task
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE, start_new_session=True)
         procs.append(p)
         topo.children.append(p)
@@ -300,11 +306,22 @@ def run_ddp(topo, args, model, work):
     if not lines or any(p.returncode for p in procs):
         return {"error": "DDP failed: " + text[-600:]}
     res = lines[-1]
-    return {k: res[k] for k in ("samples_per_s", "median_step_s", "time_to_target_s", "steps_to_target",
-                                "steps", "last_accuracy", "evals")} | {"process_wall_s": wall}
+    return {k: res.get(k) for k in ("samples_per_s", "median_step_s", "time_to_target_s", "steps_to_target",
+                                    "steps", "last_accuracy", "last_loss", "evals")} | {"process_wall_s": wall}
 
 
-def plan(model, job, nodes_per_cluster, clusters, out):
+# The fixed cuts (unit indices where stages 1, 2, ... begin; plan.json "units") and clusterize's
+# example-input flags per model. CNN: 2 stages cut after the first pooling, 4 stages after conv1,
+# the first pooling and the second pooling. Tiny GPT (--granularity expand-containers: 7 units of
+# embeddings, blocks.0-3 at 7-10, ln_f, head): 2 stages of 2 blocks each, 4 stages of one block.
+MODELS = {
+    "cnn": {"cuts": {2: "7", 4: "1,7,15"}, "flags": ["--input-shape", "32,1,28,28"]},
+    "gpt": {"cuts": {2: "9", 4: "8,9,10"},
+            "flags": ["--input-shape", "16,64", "--input-dtype", "int64", "--granularity", "expand-containers"]},
+}
+
+
+def plan(model, job, nodes_per_cluster, clusters, out, kind="cnn"):
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     n = nodes_per_cluster * clusters
@@ -319,13 +336,12 @@ def plan(model, job, nodes_per_cluster, clusters, out):
                       "benchmarks": {"ram": 2, "bandwidth": bandwidth}} for i in range(n)}
     json.dump(nodes, open(os.path.join(out, "node_configs.json"), "w"))
     json.dump(job, open(os.path.join(out, "job.in.json"), "w"))
-    # The cut is fixed, so a setup is the same on every run and machine whatever the profile says
-    # (the planner may leave a node out when a stage costs less than its transfer): 2 stages cut
-    # after the first pooling, 4 stages after conv1, the first pooling and the second pooling.
-    cuts = {2: ["--cuts", "7"], 4: ["--cuts", "1,7,15"]}.get(nodes_per_cluster, [])
+    # The cut is fixed (MODELS), so a setup is the same on every run and machine whatever the
+    # profile says (the planner may leave a node out when a stage costs less than its transfer).
+    cut = MODELS[kind]["cuts"].get(nodes_per_cluster)
     run([CLUSTERIZE, "--model", model, "--nodes", os.path.join(out, "node_configs.json"), "--job",
          os.path.join(out, "job.in.json"), "--clusters", str(clusters), "--profile-runs", "1",
-         "--out", out, "--input-shape", "32,1,28,28"] + cuts, cwd=ROOT)
+         "--out", out] + MODELS[kind]["flags"] + (["--cuts", cut] if cut else []), cwd=ROOT)
     specs = {}
     for name in sorted(os.listdir(os.path.join(out, "nodes"))):
         path = os.path.join(out, "nodes", name, "node.json")
@@ -374,13 +390,17 @@ def parse_variants(text):
 def run_cairn(topo, args, model, work, setup, wire, sync_only=False, variant=("", {})):
     clusters, per, sync = SHAPES[setup]
     batch = args.batch_size // clusters
-    job = json.load(open(os.path.join(ROOT, "examples", "fashion_mnist", "job.json")))
+    gpt = args.model == "gpt"
+    job = json.load(open(os.path.join(ROOT, "examples", "tiny_gpt" if gpt else "fashion_mnist", "job.json")))
+    if gpt:
+        job["data"]["location"] = args.corpus
     job["data"]["test_samples"] = args.test_samples
     job["data"]["train_samples"] = args.train_samples
     td = job["training_definition"]
     td.update({"epochs": 0, "max_steps": args.steps, "lr_scheduler": "constant", "threads": 1,
                "eval_every": args.eval_every, "batch_size": batch,
-               "microbatches": args.microbatches if per > 1 and clusters == 1 else max(1, batch // 32),
+               "microbatches": args.microbatches if per > 1 and clusters == 1
+               else (min(2, batch) if gpt and per > 1 else max(1, batch // 32)),
                "optimizer": {"name": "adamw", "lr": args.lr, "weight_decay": 0.01}})
     if sync:
         td.update({"sync": sync, "local_steps": args.local_steps})
@@ -391,7 +411,7 @@ def run_cairn(topo, args, model, work, setup, wire, sync_only=False, variant=(""
     nd = os.path.join(work, f"{setup}_{'sync-' if sync_only else ''}{wire or 'fp32'}"
                       f"{'_' + variant[0] if variant[0] else ''}")
     try:
-        specs = plan(model, job, per, clusters, nd)
+        specs = plan(model, job, per, clusters, nd, args.model)
     except RuntimeError as e:
         if wire and "wire" in str(e):
             return {"unavailable": "clusterize refuses training_definition.wire: " + str(e)[-300:]}
@@ -419,7 +439,7 @@ def run_cairn(topo, args, model, work, setup, wire, sync_only=False, variant=(""
             break
         if all(c is not None for c in codes.values()):
             break
-        if not reached and any(e.get("accuracy", -1) >= args.target for e in read_metrics(metrics)[1]):
+        if not reached and any(step_timing.reached(e, args.target, args.metric) for e in read_metrics(metrics)[1]):
             reached = True
             time.sleep(0.5)
             for p in procs.values():
@@ -455,12 +475,14 @@ def run_cairn(topo, args, model, work, setup, wire, sync_only=False, variant=(""
     sync_fig = {"syncs": len(root_syncs), "root_sync_s": [round(x, 3) for x in root_syncs],
                 "sync_cost_s": [round(x, 3) for x in costs],
                 "sync_cost_median_s": round(sorted(costs)[len(costs) // 2], 4) if costs else None}
-    fig = step_timing.figures(times, evals, args.eval_every, args.warmup, clusters * batch, args.target)
+    fig = step_timing.figures(times, evals, args.eval_every, args.warmup, clusters * batch, args.target,
+                              args.metric)
     if timed_out:
         fig["stopped"] = f"--run-timeout {args.run_timeout} s before the target"
     return {**fig, **sync_fig, "steps": len(steps),
-            "last_accuracy": evals[-1]["accuracy"] if evals else None,
-            "evals": [[e["step"], round(e["accuracy"], 4)] for e in evals],
+            "last_accuracy": evals[-1].get("accuracy") if evals and not gpt else None,
+            "last_loss": evals[-1].get("loss") if evals else None,
+            "evals": [[e["step"], round(e[args.metric], 4)] for e in evals],
             "sync_s": round(sum(r.get("sync_s", 0.0) for r in steps), 3), "process_wall_s": wall}
 
 
@@ -496,7 +518,7 @@ def remove_stale():
 
 def table(rows):
     out = ["| link | setup | variant | wire | samples/s | time to target (s) | steps to target | "
-           "last acc. | s per sync (median, last to arrive) | time / DDP's |",
+           "last acc. / val. loss | s per sync (median, last to arrive) | time / DDP's |",
            "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     # each row against the latest DDP row of its link before it (the same repeat), else the first
     first, latest = {}, {}
@@ -512,7 +534,8 @@ def table(rows):
         note = r.get("unavailable") or r.get("error")
         ratio = f"{t / r['_ddp']:.2f}" if t and r.get("_ddp") else "—"
         sps = f"{r['samples_per_s']:.0f}" if r.get("samples_per_s") else "—"
-        acc = f"{r['last_accuracy']:.3f}" if r.get("last_accuracy") is not None else "—"
+        last = r.get("last_accuracy") if r.get("last_accuracy") is not None else r.get("last_loss")
+        acc = f"{last:.3f}" if last is not None else "—"
         per_sync = f"{r['sync_cost_median_s']:.3f}" if r.get("sync_cost_median_s") else "—"
         wire = (("sync " if r.get("sync_only") else "") + r["wire"]) if r.get("wire") else "fp32"
         out.append(f"| {r['link']} | {r['setup']} | {r.get('variant') or '—'} | {wire} | {sps} | "
@@ -523,6 +546,9 @@ def table(rows):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["cnn", "gpt"], default="cnn", help="cnn: the Fashion-MNIST "
+                   "CNN, target test accuracy; gpt: the tiny GPT, target validation loss (defaults "
+                   "below in brackets)")
     p.add_argument("--presets", default="100:20,20:50", help="RATE_MBIT:RTT_MS,... ('0:0' = unshaped)")
     p.add_argument("--setups", default="ddp,average,diloco,pipeline")
     p.add_argument("--wire", default="", help="codecs for extra cairn rows, e.g. bf16,int8: each row "
@@ -536,12 +562,12 @@ def main():
                    "'direct:,ring:CAIRN_DIRECT_MAX_MEMBERS=0' (docs/COLLECTIVES.md)")
     p.add_argument("--repeat", type=int, default=1, help="run the preset's whole list of rows this "
                    "many times, in turn (the spread under load)")
-    p.add_argument("--steps", type=int, default=150, help="most steps per run (stops at the target)")
+    p.add_argument("--steps", type=int, help="most steps per run (stops at the target); 150 [gpt 200]")
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--target", type=float, default=0.80)
-    p.add_argument("--test-samples", type=int, default=1000)
-    p.add_argument("--train-samples", type=int, default=0, help="0: all 60,000")
-    p.add_argument("--batch-size", type=int, default=128, help="global batch (all processes)")
+    p.add_argument("--target", type=float, help="test accuracy 0.80 [gpt: validation loss 2.7]")
+    p.add_argument("--test-samples", type=int, help="1000 [gpt: 128 blocks]")
+    p.add_argument("--train-samples", type=int, default=0, help="0: all (60,000 images)")
+    p.add_argument("--batch-size", type=int, help="global batch (all processes); 128 [gpt 32]")
     p.add_argument("--microbatches", type=int, default=4, help="pipeline setup")
     p.add_argument("--local-steps", type=int, default=5, help="average and diloco")
     p.add_argument("--lr", type=float, default=0.003)
@@ -555,9 +581,17 @@ def main():
     if args.relay_tun:
         relay(args.relay_tun, args.relay_delay_s)
         return
+    gpt = args.model == "gpt"
+    defaults = {"steps": 200, "target": 2.7, "test_samples": 128, "batch_size": 32} if gpt else \
+        {"steps": 150, "target": 0.80, "test_samples": 1000, "batch_size": 128}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.metric = "loss" if gpt else "accuracy"
     if args.smoke:
-        args.presets, args.steps, args.eval_every, args.target = "0:0", 8, 4, 0.0
-        args.test_samples, args.train_samples, args.warmup = 200, 2048, 1
+        args.presets, args.steps, args.eval_every = "0:0", 8, 4
+        args.target = 99.0 if gpt else 0.0
+        args.test_samples, args.train_samples, args.warmup = (32 if gpt else 200), 2048, 1
     why = preflight()
     if why:
         print(f"netem_bench: skipped: {why}", flush=True)
@@ -566,9 +600,12 @@ def main():
         if not os.access(binary, os.X_OK):
             raise SystemExit(f"netem_bench: {binary} not found (build provider and clusterize first)")
     os.makedirs(args.work, exist_ok=True)
-    model = os.path.join(args.work, "cnn.pt")
+    model = os.path.join(args.work, f"{args.model}.pt")
     if not os.path.exists(model):
-        run([PY, "examples/fashion_mnist/make_model.py", "--out", model], cwd=ROOT)
+        run([PY, f"examples/{'tiny_gpt' if gpt else 'fashion_mnist'}/make_model.py", "--out", model], cwd=ROOT)
+    args.corpus = os.path.join(args.work, "corpus.txt") if gpt else None
+    if gpt and not os.path.exists(args.corpus):
+        run(["examples/tiny_gpt/make_corpus.sh", args.corpus], cwd=ROOT)
     remove_stale()
     topo = Topology(4)
 
@@ -607,7 +644,7 @@ def main():
                     for variant in ([("", {})] if setup == "ddp" else variants)]
             for repeat, (setup, wire, sync_only, variant) in [(k, r) for k in range(args.repeat)
                                                               for r in runs]:
-                work = os.path.join(args.work, preset.replace(":", "_"))
+                work = os.path.join(args.work, preset.replace(":", "_") + ("_gpt" if gpt else ""))
                 os.makedirs(work, exist_ok=True)
                 log(f"{link}: {setup} {('sync ' if sync_only else '') + (wire or '')} "
                     f"{variant[0]} (repeat {repeat + 1}/{args.repeat}) ...")
@@ -618,7 +655,7 @@ def main():
                         res = run_cairn(topo, args, model, work, setup, wire, sync_only, variant)
                     except RuntimeError as e:
                         res = {"error": str(e)[:500]}
-                row = {"table": "netem", "link": link, "rate_mbit": rate, "rtt_ms": rtt, "shaping": shaping,
+                row = {"table": "netem", "model": args.model, "link": link, "rate_mbit": rate, "rtt_ms": rtt, "shaping": shaping,
                        "measured_rtt_ms": round(measured, 2),
                        "measured_bulk_mbit": round(mbit, 1), "setup": setup, "wire": wire,
                        "sync_only": sync_only, "variant": variant[0] or None,

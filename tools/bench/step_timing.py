@@ -24,17 +24,26 @@ def after_eval(step, eval_every):
     return bool(eval_every) and step > 1 and (step - 1) % eval_every == 0
 
 
-def figures(times, evals, eval_every, warmup, batch, target):
+def reached(evaluation, target, metric="accuracy"):
+    """True when an evaluation meets the target: accuracy at or above it, loss at or below it."""
+    value = evaluation.get(metric)
+    if value is None:
+        return False
+    return value <= target if metric == "loss" else value >= target
+
+
+def figures(times, evals, eval_every, warmup, batch, target, metric="accuracy"):
     """times: per-step intervals (seconds; index i is step i + 1). evals: dicts with 'step' (steps
-    done when evaluated) and 'accuracy'. batch: samples per step (all processes). Returns samples/s
-    over steps after `warmup`, time to the first evaluation at or above `target` and its step."""
+    done when evaluated) and `metric` ('accuracy', or 'loss' for a validation-loss target). batch:
+    samples per step (all processes). Returns samples/s over steps after `warmup`, time to the first
+    evaluation that reaches `target` (see reached) and its step."""
     clean = [t for i, t in enumerate(times) if i >= warmup and not after_eval(i + 1, eval_every)]
     if not clean:
         clean = [t for i, t in enumerate(times) if not after_eval(i + 1, eval_every)] or list(times)
     typical = statistics.median(clean) if clean else 0.0
     counted = [typical if after_eval(i + 1, eval_every) else t for i, t in enumerate(times)]
     timed = counted[warmup:]
-    hit = next((e for e in evals if e["accuracy"] >= target), None)
+    hit = next((e for e in evals if reached(e, target, metric)), None)
     return {"samples_per_s": batch * len(timed) / sum(timed) if timed and sum(timed) > 0 else None,
             "median_step_s": typical,
             "time_to_target_s": sum(counted[:hit["step"]]) if hit else None,
