@@ -40,12 +40,12 @@ provider that refuses the key (exit 2 naming it) gives an "unavailable" row, nev
 
 Time to target (--target: test accuracy on the first --test-samples test images for the CNN,
 reached at or above it; validation loss on the first --test-samples held-out blocks for the GPT,
-reached at or below it; evaluated every --eval-every steps) is timed as in training_bench.py ddp (step_timing.py): the sum of the step
-intervals (end of the previous step to end of this one: data, compute, communication, optimizer)
-until the first evaluation at or above the target; evaluation pauses and start-up are excluded on
-both sides. Runs stop once the target is reached (DDP: --stop-at-target; cairn: the providers are
-stopped once cluster 0's root records it). Output: one JSON line per row on stdout, then a
-markdown table (stderr carries progress).
+reached at or below it; evaluated every --eval-every steps) is timed as in training_bench.py ddp
+(step_timing.py): the sum of the step intervals (end of the previous step to end of this one: data,
+compute, communication, optimizer) until the first evaluation that reaches the target; evaluation
+pauses and start-up are excluded on both sides. Runs stop once the target is reached (DDP:
+--stop-at-target; cairn: the providers are stopped once cluster 0's root records it). Output: one
+JSON line per row on stdout, then a markdown table (stderr carries progress).
 """
 import argparse
 import collections
