@@ -353,6 +353,29 @@ def plan(model, job, nodes_per_cluster, clusters, out, kind="cnn"):
     return specs
 
 
+def sync_costs(nd, specs):
+    """The syncs' own seconds, one per sync step. A member's sync_s (metrics.jsonl, the step that
+    ended with a sync) includes waiting for members that arrive later; the member that arrives last
+    waits for no one, so a ring's cost at a step is the smallest sync_s over its members (node.json
+    "rings"), and the step's cost the largest over the rings (they run at once). Only steps where
+    every member of every ring recorded a sync count (not a last step cut short by the stop)."""
+    rings = {}
+    for spec in specs.values():
+        for ring in spec.get("rings", []):
+            rings[ring["id"]] = [m["name"] for m in ring["members"]]
+    by_node = {}
+    for name in specs:
+        by_node[name] = {r["step"]: r["sync_s"] for r in read_metrics(os.path.join(nd, "nodes", name, "metrics.jsonl"))[0]
+                         if r.get("sync_s", 0.0) > 0.001}
+    steps = sorted({step for values in by_node.values() for step in values})
+    costs = []
+    for step in steps:
+        per_ring = [[by_node.get(m, {}).get(step) for m in members] for members in rings.values()]
+        if per_ring and all(v is not None for values in per_ring for v in values):
+            costs.append(max(min(values) for values in per_ring))
+    return costs
+
+
 def read_metrics(path):
     steps, evals = [], []
     if os.path.exists(path):
@@ -461,16 +484,7 @@ def run_cairn(topo, args, model, work, setup, wire, sync_only=False, variant=(""
         return {"error": f"providers failed {failed}: {text[-600:]}"}
     steps, evals = read_metrics(metrics)
     times = [batch / r["samples_per_s"] for r in steps]
-    # The syncs' own seconds. A member's sync_s (metrics.jsonl, the step that ended with a sync)
-    # includes waiting for members that arrive later; the member that arrives last waits for no
-    # one, so per sync step the smallest sync_s over the members whose metrics have it (every
-    # node of a 4 x 1 setup is its cluster's root) is what the sync itself costs.
-    by_step = collections.defaultdict(list)
-    for name in specs:
-        for r in read_metrics(os.path.join(nd, "nodes", name, "metrics.jsonl"))[0]:
-            if r.get("sync_s", 0.0) > 0.001 and sync:
-                by_step[r["step"]].append(r["sync_s"])
-    costs = [min(v) for k, v in sorted(by_step.items()) if len(v) == clusters]
+    costs = sync_costs(nd, specs) if sync else []
     root_syncs = [r["sync_s"] for r in steps if r.get("sync_s", 0.0) > 0.001]
     sync_fig = {"syncs": len(root_syncs), "root_sync_s": [round(x, 3) for x in root_syncs],
                 "sync_cost_s": [round(x, 3) for x in costs],
