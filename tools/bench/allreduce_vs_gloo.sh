@@ -40,16 +40,16 @@ python=/usr/bin/python3
 [[ -n "$out" ]] || out=$(mktemp /tmp/allreduce_vs_gloo.XXXXXX.jsonl)
 : > "$out"
 
-port=$((20000 + RANDOM % 20000))
+# each run's ports: free ones the kernel hands out (tools/bench/loopback_ports.py), not guessed
 IFS=, read -ra ranks_array <<< "$ranks_list"
 for n in "${ranks_array[@]}"; do
   for ((i = 0; i < repeats; i++)); do
-    port=$((port + 2 * n + 1))
+    port=$("$python" tools/bench/loopback_ports.py $((2 * n + 1)))
     echo "ranks=$n repeat=$((i + 1))/$repeats: cairn" >&2
     # shellcheck disable=SC2086
     "$bench" --ranks "$n" --sizes-mb "$sizes" --rounds "$rounds" --warmup "$warmup" --port "$port" \
       ${CAIRN_BENCH_FLAGS:-} >> "$out"
-    port=$((port + 2 * n + 1))
+    port=$("$python" tools/bench/loopback_ports.py $((2 * n + 1)))
     echo "ranks=$n repeat=$((i + 1))/$repeats: gloo" >&2
     "$python" tools/bench/allreduce_gloo.py --ranks "$n" --sizes-mb "$sizes" --rounds "$rounds" \
       --warmup "$warmup" --port "$port" >> "$out"

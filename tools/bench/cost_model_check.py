@@ -19,34 +19,15 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback_ports import free_port_base  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = "/usr/bin/python3"
-
-
-def free_port_base(count):
-    """A base port with `count` consecutive free ports (checked by binding each)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        ok = True
-        for p in range(base, base + count):
-            with socket.socket() as t:
-                try:
-                    t.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise SystemExit("cost_model_check: no run of free loopback ports found")
 
 
 def write_nodes(path, count, ram_gb):

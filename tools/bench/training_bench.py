@@ -56,6 +56,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import step_timing  # noqa: E402
+from loopback_ports import free_port_base  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -64,7 +65,6 @@ PY = "/usr/bin/python3"
 PROVIDER = os.environ.get("PROVIDER", os.path.join(BUILD, "node", "provider"))
 CLUSTERIZE = os.path.join(BUILD, "clusterize", "clusterize")
 SINGLE = os.path.join(BUILD, "tools", "bench", "bench_single_process")
-PORT_BASE = 31000 + (os.getpid() % 900) * 20
 # Every process this script starts (providers, bench_single_process, the PyTorch references): OpenMP
 # threads sleep instead of spinning when they wait. On a 2-core machine shared with other work a
 # spinning multi-threaded single process loses up to half its speed; same setting on both sides.
@@ -117,13 +117,12 @@ def make_model(kind, work):
 def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1):
     """clusterize with exactly stages*clusters equal nodes; checks every cluster got `stages` stages.
     profile_runs None: clusterize's default profiling (as tools/demo.sh runs it)."""
-    global PORT_BASE
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     n = stages * clusters
-    nodes = {str(i): {"IP": f"127.0.0.1:{PORT_BASE + i}", "benchmarks": {"ram": 2, "bandwidth": 10000}}
+    base = free_port_base(n)
+    nodes = {str(i): {"IP": f"127.0.0.1:{base + i}", "benchmarks": {"ram": 2, "bandwidth": 10000}}
              for i in range(n)}
-    PORT_BASE += 20
     json.dump(nodes, open(os.path.join(out, "node_configs.json"), "w"))
     json.dump(job, open(os.path.join(out, "job.in.json"), "w"))
     sh([CLUSTERIZE, "--model", model, "--nodes", os.path.join(out, "node_configs.json"), "--job",
@@ -402,7 +401,7 @@ def cmd_ddp(args):
         script = "ddp_reference.py" if peer == "pytorch_ddp" else "rpc_pipeline_reference.py"
         extra = ["--procs", "2"] if peer == "pytorch_ddp" else ["--microbatches", str(args.microbatches)]
         proc = sh([PY, os.path.join(HERE, script), "--batch-size", str(args.batch_size),
-                   "--port", str(PORT_BASE + 500 + r * 7)] + common + extra)
+                   "--port", str(free_port_base(8))] + common + extra)
         res = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")][-1]
         res.pop("step_times", None)
         results[peer].append(res)
