@@ -328,7 +328,7 @@ def cluster0_run(nd, roles, batch_per_cluster, clusters, warmup):
 def first_reaching(evals, times, target):
     """(seconds, step) of the first evaluation at or above `target`: the sum of the step times
     until it; None when never reached."""
-    hit = next((e for e in evals if e["accuracy"] >= target), None)
+    hit = next((e for e in evals if step_timing.reached(e, target)), None)
     return None if hit is None else (sum(times[:hit["step"]]), hit["step"])
 
 
