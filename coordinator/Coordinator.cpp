@@ -29,8 +29,8 @@
 #include "core/Log.h"
 #include "core/NodeConfigs.h"
 #include "core/NodeData.h"
-#include "node/CoordinationSocket.h"
-#include "node/CurveSecurity.h"
+#include "node/volunteer/CoordinationSocket.h"
+#include "node/transport/CurveSecurity.h"
 
 namespace cairn::coordinator {
 namespace {

@@ -1,7 +1,7 @@
 // RunView: the whole run as the coordinator sees it (docs/OPERATIONS.md "Watching a run"). The
 // coordinator's thread feeds it what it hears — members joining and their states, the placement
 // (cluster, stage), heartbeats (state, step), events (leaving, results, lost, replaced), and the
-// volunteers' `metrics` batches (node/VolunteerMetrics.h: their metrics.jsonl records, run plan
+// volunteers' `metrics` batches (node/volunteer/VolunteerMetrics.h: their metrics.jsonl records, run plan
 // and state changes); readers render it:
 //   snapshot()    one JSON document (schema below), what the web page draws
 //   prometheus()  the same figures in Prometheus' text exposition format (/metrics)

@@ -1,6 +1,6 @@
 // CURVE key pairs and secret key files, shared by clusterize (which makes one pair per node and
 // writes node_data) and provider (which reads its own). Pure functions; any thread.
-// The ZAP handler and socket options live in node/CurveSecurity.h.
+// The ZAP handler and socket options live in node/transport/CurveSecurity.h.
 #pragma once
 
 #include <map>

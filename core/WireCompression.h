@@ -110,7 +110,7 @@ inline std::vector<float> decodeInt8Rows(const uint8_t* bytes, size_t size, int6
   return out;
 }
 
-// int8 in blocks of a 1-d run of `n` values (ring all-reduce chunks, node/ProcessGroup.cpp):
+// int8 in blocks of a 1-d run of `n` values (ring all-reduce chunks, node/collectives/ProcessGroup.cpp):
 // block b covers [b*block, min(n, (b+1)*block)) — the last one may be shorter — with its own
 // scale, rounded exactly as encodeInt8Rows. Layout: ceil(n/block) fp32 scales, then n int8.
 inline int64_t int8BlockCount(int64_t n, int64_t block) { return (n + block - 1) / block; }
@@ -167,7 +167,7 @@ inline void decodeInt8Blocks(const uint8_t* bytes, int64_t n, int64_t block, flo
   }
 }
 
-// training_definition.wire.activations on the stage link (node/Int8Boundary.h; docs/PROTOCOL.md
+// training_definition.wire.activations on the stage link (node/pipeline/Int8Boundary.h; docs/PROTOCOL.md
 // "Compressed tensors"). A float32 boundary value of `shape` travels as: fp32 4 bytes a value,
 // bf16/fp16 2; int8 (dim >= 2 only: fewer dimensions stay fp32) 1 byte a value plus a 4-byte
 // scale per row, a row being the values of index 1 on for [B, F] and of index 2 on for

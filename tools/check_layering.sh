@@ -1,42 +1,79 @@
 #!/usr/bin/env bash
-# The layering of the rooms (docs/ARCHITECTURE.md), checked on every include of the project's own
-# code: core ← trainer ← node, core ← clusterize, {node, clusterize} ← coordinator. An include that runs back up (core including
-# trainer/, trainer including node/, clusterize including trainer/ or node/, ...) fails the check,
-# naming the file, the line and the rule. Run by ctest (lint.layering) and so by tools/test.sh.
+# The layering of the rooms and of node/'s sub-rooms (docs/ARCHITECTURE.md), checked on every include
+# of the project's own code:
+#   rooms:          core ← trainer ← node, core ← clusterize, {node, clusterize} ← coordinator ← apps
+#   node sub-rooms: transport ← protocol ← collectives ← ring ← pipeline ← volunteer
+#                   (node/testing, test-only code, may use any of them)
+# An include that runs back up (core including trainer/, trainer including node/, node/transport
+# including node/ring/, a room including apps/, ...) fails the check, naming the file, the line and
+# the rule. No file is exempt: the binaries' mains live in apps/, the one room that may include all.
+# Run by ctest (lint.layering) and so by tools/test.sh.
 #   tools/check_layering.sh [SOURCE_DIR]
 set -euo pipefail
 ROOT=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$ROOT"
-# room → the rooms it may include from (besides itself)
+# room → the rooms it may include from (besides itself). node/ is checked per sub-room; its
+# sub-rooms appear as node/<name>.
+NODE_ORDER=(transport protocol collectives ring pipeline volunteer)
 declare -A ALLOWED=(
   [core]=""
   [trainer]="core"
   [clusterize]="core"
-  [node]="core trainer"
   [coordinator]="core trainer node clusterize"
+  [apps]="core trainer node clusterize coordinator"
 )
-# A binary's main (*_main.cpp) is the top of its program, not part of a library: it may include
-# any room (clusterize_main.cpp dispatches --serve to coordinator/).
+below="core trainer"
+for sub in "${NODE_ORDER[@]}"; do
+  ALLOWED[node/$sub]="$below"
+  below="$below node/$sub"
+done
+ALLOWED[node/testing]="$below"
+
+# The room (or node sub-room) a path such as "node/ring/RingState.h" belongs to; empty if none.
+room_of() {
+  local path=$1 top=${1%%/*}
+  if [[ "$top" == node ]]; then
+    local rest=${path#node/}
+    local sub=${rest%%/*}
+    if [[ "$sub" != "$rest" && -n "${ALLOWED[node/$sub]+x}" ]]; then echo "node/$sub"; else echo node; fi
+  elif [[ -n "${ALLOWED[$top]+x}" ]]; then
+    echo "$top"
+  fi
+}
+
+# Is a file of room $1 allowed to include from room $2? (node as a whole counts for rooms above it.)
+allowed() {
+  local from=$1 to=$2
+  [[ "$from" == "$to" ]] && return 0
+  local dep=$to
+  if [[ "$from" != node/* && "$to" == node/* ]]; then dep=node; fi
+  [[ " ${ALLOWED[$from]} " == *" $dep "* ]]
+}
+
 failures=0
 checked=0
-for room in "${!ALLOWED[@]}"; do
-  while IFS= read -r -d '' file; do
-    checked=$((checked + 1))
-    [[ "$file" == *_main.cpp ]] && continue
-    while IFS=: read -r line target; do
-      dep=${target%%/*}
-      [[ "$dep" == "$room" ]] && continue
-      if [[ -z "${ALLOWED[$dep]+x}" ]]; then continue; fi  # not a room (e.g. tests/)
-      if [[ " ${ALLOWED[$room]} " != *" $dep "* ]]; then
-        echo "$file:$line: includes \"$target\": $room/ may include only from ${ALLOWED[$room]:-no other room} (docs/ARCHITECTURE.md)"
-        failures=$((failures + 1))
-      fi
-    done < <(grep -n -o -E '^\s*#\s*include\s+"[a-z_]+/[^"]+"' "$file" |
-             sed -E 's/^([0-9]+):.*"([^"]+)"/\1:\2/')
-  done < <(find "$room" -type f \( -name '*.h' -o -name '*.cpp' \) -print0)
-done
+while IFS= read -r -d '' file; do
+  room=$(room_of "$file")
+  [[ -n "$room" ]] || continue
+  if [[ "$room" == node ]]; then
+    echo "$file: lies in node/ itself; every node file belongs to a sub-room (${NODE_ORDER[*]}, testing)"
+    failures=$((failures + 1))
+    continue
+  fi
+  checked=$((checked + 1))
+  while IFS=: read -r line target; do
+    dep=$(room_of "$target")
+    [[ -n "$dep" ]] || continue  # not a room (e.g. tests/)
+    if ! allowed "$room" "$dep"; then
+      echo "$file:$line: includes \"$target\": $room/ may include only from ${ALLOWED[$room]:-no other room} (docs/ARCHITECTURE.md)"
+      failures=$((failures + 1))
+    fi
+  done < <(grep -n -o -E '^\s*#\s*include\s+"[a-z_]+/[^"]+"' "$file" |
+           sed -E 's/^([0-9]+):.*"([^"]+)"/\1:\2/')
+done < <(find core trainer clusterize node coordinator apps -type f \( -name '*.h' -o -name '*.cpp' \) -print0)
 if ((failures > 0)); then
   echo "check_layering: $failures include(s) against the layering"
   exit 1
 fi
-echo "check_layering: $checked files of core/, trainer/, clusterize/, node/, coordinator/ follow core ← trainer ← node, core ← clusterize, {node, clusterize} ← coordinator"
+order=$(printf ' ← %s' "${NODE_ORDER[@]}")
+echo "check_layering: $checked files follow core ← trainer ← node ← coordinator ← apps, core ← clusterize ← coordinator, and within node/${order# ← }"

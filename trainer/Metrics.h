@@ -1,7 +1,7 @@
 // MetricsLog writes one JSON object per line (metrics.jsonl next to node.json), flushed per
 // record so tools can follow a live run. ProgressLine shows the run to a person: a line redrawn in
 // place on a terminal, plain periodic log lines otherwise.
-// A tee (provider --join: node/VolunteerMetrics.h) is handed every record and its line as written.
+// A tee (provider --join: node/volunteer/VolunteerMetrics.h) is handed every record and its line as written.
 // Thread-safety: one thread (the node's trainer thread).
 #pragma once
 

@@ -83,7 +83,7 @@ struct StageTrainerConfig {
   std::string checkpoint_dir;
   // May be empty. Asked at every checkpoint: also keep every checkpoint of a step >= the answer
   // (-1: only the newest keep_checkpoints). provider --join: the coordinator's keep_from
-  // (node/VolunteerCheckpoints.h), so the neighbours of a lost node still hold the step of the
+  // (node/volunteer/VolunteerCheckpoints.h), so the neighbours of a lost node still hold the step of the
   // checkpoint its spare is given.
   std::function<int64_t()> keep_checkpoints_from;
   // >= 0: start from the checkpoint of this step in checkpoint_dir (it must exist and verify);
@@ -93,7 +93,7 @@ struct StageTrainerConfig {
   // boundary, every node of the cluster at the same step, writes a checkpoint of it (when
   // checkpoint_dir is set) and run() returns with TrainerResult::stopped.
   std::function<bool()> stop_requested;
-  // data.source "coordinator": where the Root's chunk files come from (node/ServedChunks.h, made
+  // data.source "coordinator": where the Root's chunk files come from (node/volunteer/ServedChunks.h, made
   // by provider --join); null otherwise.
   std::shared_ptr<ChunkSource> chunk_source;
   // Root, polled between steps (may be empty): the newest node.json extra.deal a live peers update

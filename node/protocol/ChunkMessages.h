@@ -2,7 +2,7 @@
 // cluster from the coordinator (issue [K] part 2, docs/PROTOCOL.md "Coordination"). They travel
 // on the coordination connection (a CurveZMQ DEALER to the coordinator's ROUTER), in the envelope
 // of node/protocol/Coordination.h (frame 0 a JSON header with "type" and "protocol", frames 1…
-// attachments), but on a DEALER of their own (node/ChunkFetcher.h), never the volunteer session's.
+// attachments), but on a DEALER of their own (node/volunteer/ChunkFetcher.h), never the volunteer session's.
 //
 //   volunteer → coordinator
 //     chunk_request {name, chunk, offset, length}   bytes [offset, offset + length) of chunk

@@ -18,7 +18,7 @@
 #include <optional>
 #include <string>
 
-#include "node/WireCodec.h"
+#include "node/transport/WireCodec.h"
 
 namespace cairn {
 

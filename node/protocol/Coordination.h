@@ -103,7 +103,7 @@ struct LeavingNotice {
   std::string reason;
 };
 
-// The trainer's records in the background (node/VolunteerMetrics.h): record i has number seq + i
+// The trainer's records in the background (node/volunteer/VolunteerMetrics.h): record i has number seq + i
 // in `stream`; `dropped`: records this stream has dropped so far (its queue was full).
 struct MetricsBatch {
   std::string name;

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "node/WireCodec.h"
+#include "node/transport/WireCodec.h"
 
 namespace cairn {
 

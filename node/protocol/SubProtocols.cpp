@@ -13,7 +13,7 @@ const std::vector<SubProtocol>& subProtocols() {
       {"pipeline resume at", MessageKind::kControl, "tag resume_at",
        "node/protocol/PipelineControl.h", "resume agreement, the Root's decision: the step"},
       {"collective chunk", MessageKind::kCollective, "tag coll:<group>, mb < 2^64-3",
-       "node/CollectiveChannel.h", "one 1-d tensor of a collective operation, mb = its index"},
+       "node/collectives/CollectiveChannel.h", "one 1-d tensor of a collective operation, mb = its index"},
       {"collective abort", MessageKind::kCollective, "tag coll:<group>, mb 2^64-1",
        "node/protocol/CollectiveNotices.h", "an operation failed: txt names the lost member"},
       {"collective keep-alive", MessageKind::kCollective, "tag coll:<group>, mb 2^64-2",

@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "node/WireCodec.h"
+#include "node/transport/WireCodec.h"
 
 namespace cairn {
 

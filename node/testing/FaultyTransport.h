@@ -19,7 +19,7 @@
 #include <mutex>
 #include <map>
 
-#include "node/Transport.h"
+#include "node/transport/Transport.h"
 
 namespace cairn {
 

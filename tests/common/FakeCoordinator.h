@@ -14,8 +14,8 @@
 #include <zmq.hpp>
 
 #include "core/CurveKeys.h"
-#include "node/CoordinationSocket.h"
-#include "node/CurveSecurity.h"
+#include "node/volunteer/CoordinationSocket.h"
+#include "node/transport/CurveSecurity.h"
 #include "node/protocol/Coordination.h"
 
 namespace cairn::testing {

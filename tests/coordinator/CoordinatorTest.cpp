@@ -15,8 +15,8 @@
 #include "coordinator/JoinPolicy.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
-#include "node/CoordinationSocket.h"
-#include "node/CurveSecurity.h"
+#include "node/volunteer/CoordinationSocket.h"
+#include "node/transport/CurveSecurity.h"
 #include "tests/common/LoopbackPorts.h"
 
 namespace cairn::coordinator {

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "node/WireCodec.h"
+#include "node/transport/WireCodec.h"
 #include "tests/fuzz/FuzzTargets.h"
 
 namespace fs = std::filesystem;

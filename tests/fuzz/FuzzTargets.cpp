@@ -6,7 +6,7 @@
 #include "core/Error.h"
 #include "core/NodeConfigs.h"
 #include "core/NodeData.h"
-#include "node/WireCodec.h"
+#include "node/transport/WireCodec.h"
 
 namespace cairn::fuzz {
 

@@ -7,7 +7,7 @@ CODEC bf16 | fp16 | int8: 3 providers (the BatchNorm-free CNN cut by hand, as pr
 match_pytorch) train 20 SGD+momentum steps with wire.activations CODEC. The reference is PyTorch
 (python) chaining the three initial stage modules on the Root's recorded batches, with a custom
 autograd function at each cut that rounds the activation (forward) and its gradient (backward)
-through CODEC (int8: the rows and rounding of node/Int8Boundary.h, written here again in PyTorch:
+through CODEC (int8: the rows and rounding of node/pipeline/Int8Boundary.h, written here again in PyTorch:
 per-row max|x| / 127, round half to even). The first 5 step losses (int8: 3, see main) agree within 2e-5, and the same reference without rounding
 is at least 10x further from the providers over those steps (so the comparison sees the
 compression). Later steps are printed, not asserted: the provider accumulates micro-batch

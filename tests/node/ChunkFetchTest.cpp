@@ -1,5 +1,5 @@
 // Served chunks, the Root's side (issue [K] part 2): node/protocol/ChunkMessages.h and
-// node/ChunkFetcher.h against a fake coordinator (a CurveZMQ ROUTER on its own thread serving
+// node/volunteer/ChunkFetcher.h against a fake coordinator (a CurveZMQ ROUTER on its own thread serving
 // chunk bytes the test made):
 //   - encode → decode round-trips; every malformed field is refused with a reason naming it;
 //   - every chunk arrives byte for byte (checked against the test's own bytes and zlib's CRC-32);
@@ -20,9 +20,9 @@
 #include <thread>
 
 #include "core/Error.h"
-#include "node/ChunkFetcher.h"
-#include "node/CoordinationSocket.h"
-#include "node/CurveSecurity.h"
+#include "node/volunteer/ChunkFetcher.h"
+#include "node/volunteer/CoordinationSocket.h"
+#include "node/transport/CurveSecurity.h"
 #include "node/protocol/ChunkMessages.h"
 #include "tests/common/LoopbackPorts.h"
 

@@ -35,8 +35,8 @@
 
 #include "core/Error.h"
 #include "node/testing/FaultyTransport.h"
-#include "node/RingClusterSync.h"
-#include "node/ZmqTransport.h"
+#include "node/ring/RingClusterSync.h"
+#include "node/transport/ZmqTransport.h"
 #include "trainer/Optimizer.h"
 
 namespace cairn {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "node/ProcessGroup.h"
+#include "node/collectives/ProcessGroup.h"
 
 namespace cairn::testing {
 

@@ -12,7 +12,7 @@
 
 #include "core/Error.h"
 #include "core/MainGuard.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/ZmqTransport.h"
 #include "tests/node/CollectiveChecks.h"
 
 int main(int argc, char** argv) {

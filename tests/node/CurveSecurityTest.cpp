@@ -2,8 +2,8 @@
 #include <sys/stat.h>
 
 #include "core/Error.h"
-#include "node/CurveSecurity.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/CurveSecurity.h"
+#include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
 
 namespace cairn {

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "node/testing/FaultyTransport.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/ZmqTransport.h"
 
 namespace cairn {
 namespace {

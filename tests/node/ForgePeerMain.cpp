@@ -10,8 +10,8 @@
 
 #include "core/CurveKeys.h"
 #include "core/NodeData.h"
-#include "node/WireCodec.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/WireCodec.h"
+#include "node/transport/ZmqTransport.h"
 #include "trainer/ReservedTensors.h"
 
 int main(int argc, char** argv) {

@@ -5,8 +5,8 @@
 
 #include <memory>
 
-#include "node/CurveSecurity.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/CurveSecurity.h"
+#include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
 
 namespace cairn {

@@ -3,8 +3,8 @@
 #include <atomic>
 #include <thread>
 
-#include "node/Mailbox.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/Mailbox.h"
+#include "node/transport/ZmqTransport.h"
 
 namespace cairn {
 namespace {

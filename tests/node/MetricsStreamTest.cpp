@@ -1,4 +1,4 @@
-// The volunteer's metrics stream (node/MetricsQueue.h, node/VolunteerMetrics.h) and its messages
+// The volunteer's metrics stream (node/volunteer/MetricsQueue.h, node/volunteer/VolunteerMetrics.h) and its messages
 // (`metrics` / `metrics_ack`, node/protocol/Coordination.h):
 //   - decode refuses each malformed field with a reason naming it; encode → decode round-trips;
 //   - the queue drops the oldest when full and counts it, numbers records 0, 1, 2, …, removes
@@ -11,10 +11,10 @@
 
 #include <thread>
 
-#include "node/CoordinationSocket.h"
-#include "node/CurveSecurity.h"
-#include "node/MetricsQueue.h"
-#include "node/VolunteerMetrics.h"
+#include "node/volunteer/CoordinationSocket.h"
+#include "node/transport/CurveSecurity.h"
+#include "node/volunteer/MetricsQueue.h"
+#include "node/volunteer/VolunteerMetrics.h"
 #include "node/protocol/Coordination.h"
 #include "tests/common/FakeCoordinator.h"
 #include "tests/common/LoopbackPorts.h"

@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "core/Error.h"
-#include "node/CurveSecurity.h"
-#include "node/LivePeers.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/CurveSecurity.h"
+#include "node/transport/LivePeers.h"
+#include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
 
 namespace cairn {

@@ -6,7 +6,7 @@
 
 #include "core/Error.h"
 #include "core/NodeConfigs.h"
-#include "node/Probe.h"
+#include "node/volunteer/Probe.h"
 
 namespace cairn {
 namespace {

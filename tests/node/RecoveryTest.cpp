@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "core/Error.h"
-#include "node/MailboxStageLink.h"
-#include "node/NodeRunner.h"
-#include "node/ZmqTransport.h"
+#include "node/pipeline/MailboxStageLink.h"
+#include "node/pipeline/NodeRunner.h"
+#include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
 
 namespace cairn {

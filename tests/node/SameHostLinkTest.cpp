@@ -1,4 +1,4 @@
-// Same-host links (node/ZmqTransport.h, docs/PROTOCOL.md "Same-host links"): peers on loopback
+// Same-host links (node/transport/ZmqTransport.h, docs/PROTOCOL.md "Same-host links"): peers on loopback
 // addresses talk over a Unix-domain socket in the user's 0700 directory instead of CURVE over TCP.
 // The reference for "which path a message took" is the receiving ZAP authenticator: every CURVE
 // connection passes it, a same-host one never does.
@@ -11,8 +11,8 @@
 #include <fstream>
 
 #include "core/Error.h"
-#include "node/CurveSecurity.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/CurveSecurity.h"
+#include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
 
 namespace cairn {

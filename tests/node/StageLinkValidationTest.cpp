@@ -9,9 +9,9 @@
 
 #include "core/Error.h"
 #include "core/WireCompression.h"
-#include "node/Int8Boundary.h"
-#include "node/MailboxStageLink.h"
-#include "node/ZmqTransport.h"
+#include "node/pipeline/Int8Boundary.h"
+#include "node/pipeline/MailboxStageLink.h"
+#include "node/transport/ZmqTransport.h"
 
 namespace cairn {
 namespace {

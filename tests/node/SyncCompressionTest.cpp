@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "core/WireCompression.h"
-#include "node/ProcessGroup.h"
-#include "node/ZmqTransport.h"
+#include "node/collectives/ProcessGroup.h"
+#include "node/transport/ZmqTransport.h"
 
 namespace cairn {
 namespace {

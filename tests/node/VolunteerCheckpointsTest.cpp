@@ -15,9 +15,9 @@
 #include <sstream>
 
 #include "core/Error.h"
-#include "node/CoordinationSocket.h"
-#include "node/CurveSecurity.h"
-#include "node/VolunteerCheckpoints.h"
+#include "node/volunteer/CoordinationSocket.h"
+#include "node/transport/CurveSecurity.h"
+#include "node/volunteer/VolunteerCheckpoints.h"
 #include "node/protocol/Coordination.h"
 #include "tests/common/FakeCoordinator.h"
 #include "tests/common/LoopbackPorts.h"

@@ -14,9 +14,9 @@
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
-#include "node/VolunteerAssignment.h"
-#include "node/VolunteerPeers.h"
-#include "node/VolunteerWorkdir.h"
+#include "node/volunteer/VolunteerAssignment.h"
+#include "node/volunteer/VolunteerPeers.h"
+#include "node/volunteer/VolunteerWorkdir.h"
 #include "trainer/Checkpoint.h"
 
 namespace cairn {

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 #include <msgpack.hpp>
 
-#include "node/WireCodec.h"
+#include "node/transport/WireCodec.h"
 
 namespace cairn {
 namespace {

@@ -3,7 +3,7 @@
 #include <thread>
 
 #include "core/Error.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
 
 #include <zmq_addon.hpp>

@@ -15,8 +15,8 @@
 
 #include "core/Error.h"
 #include "core/MainGuard.h"
-#include "node/ProcessGroup.h"
-#include "node/ZmqTransport.h"
+#include "node/collectives/ProcessGroup.h"
+#include "node/transport/ZmqTransport.h"
 #include "tools/bench/BenchProcesses.h"
 
 using namespace std::chrono;

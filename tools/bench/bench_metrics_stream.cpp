@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "node/CoordinationSocket.h"
-#include "node/CurveSecurity.h"
-#include "node/VolunteerMetrics.h"
+#include "node/volunteer/CoordinationSocket.h"
+#include "node/transport/CurveSecurity.h"
+#include "node/volunteer/VolunteerMetrics.h"
 
 using namespace cairn;
 using Clock = std::chrono::steady_clock;

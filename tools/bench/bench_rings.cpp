@@ -23,8 +23,8 @@
 #include "core/Error.h"
 #include "core/MainGuard.h"
 #include "node/testing/FaultyTransport.h"
-#include "node/RingClusterSync.h"
-#include "node/ZmqTransport.h"
+#include "node/ring/RingClusterSync.h"
+#include "node/transport/ZmqTransport.h"
 #include "tools/bench/BenchProcesses.h"
 
 using namespace std::chrono;

@@ -19,7 +19,7 @@
 
 #include "core/Error.h"
 #include "core/MainGuard.h"
-#include "node/ZmqTransport.h"
+#include "node/transport/ZmqTransport.h"
 
 using namespace std::chrono;
 

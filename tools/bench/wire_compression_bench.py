@@ -16,7 +16,7 @@ a cosine schedule, seed 1, on the first 12,000 training images; accuracy is the 
 the first 2,000 test images. Bytes per step per link are counted from the payloads: every
 boundary value node.json plans between two stages, batch rows, once forward (activation) and once
 backward (gradient), at the codec's bytes per value (fp32 4, bf16/fp16 2, int8 1 plus a 4-byte
-scale per row: node/Int8Boundary.h — a row is a [B, F] sample or a (sample, channel) of a tensor
+scale per row: node/pipeline/Int8Boundary.h — a row is a [B, F] sample or a (sample, channel) of a tensor
 of 3 or more dimensions; values of fewer than 2 dimensions stay fp32); the msgpack header and
 the small "__" bookkeeping tensors (targets, ids, loss) are left out and are the same for every
 codec. Wall time is printed, not compared (the machine is shared).

@@ -1,7 +1,7 @@
 // ServedDataset: the training (or test) set of a Root whose data the coordinator serves (issue [K] part 2):
 // the shards live on the coordinator's machine; this Root has only the chunk table (each chunk's
 // file name, size, sample count and CRC-32) and, on demand, the verified files of its own
-// cluster's chunks from a ChunkSource (node/ChunkFetcher.h behind this trainer-side interface).
+// cluster's chunks from a ChunkSource (node/volunteer/ChunkFetcher.h behind this trainer-side interface).
 // Sample ids are those of the same shards read locally (chunk after chunk, table order), so the
 // sampler's order — and the run — is the same as with local files. A chunk's file is opened on
 // its first read (after ChunkSource::ready) as a one-shard dataset of the table's format and

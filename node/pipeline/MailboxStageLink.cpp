@@ -1,0 +1,484 @@
+#include "node/pipeline/MailboxStageLink.h"
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "core/WireCompression.h"
+#include "node/pipeline/Int8Boundary.h"
+#include "node/protocol/PipelineControl.h"
+#include "trainer/ReservedTensors.h"
+
+namespace cairn {
+namespace {
+
+MessageKind wireKind(PacketKind k) {
+  switch (k) {
+    case PacketKind::kActivation:
+      return MessageKind::kActivation;
+    case PacketKind::kGradient:
+      return MessageKind::kGradient;
+    case PacketKind::kEvaluation:
+      return MessageKind::kEvaluation;
+    case PacketKind::kControl:
+      return MessageKind::kControl;
+  }
+  return MessageKind::kControl;
+}
+
+std::optional<PacketKind> packetKind(MessageKind k) {
+  switch (k) {
+    case MessageKind::kActivation:
+      return PacketKind::kActivation;
+    case MessageKind::kGradient:
+      return PacketKind::kGradient;
+    case MessageKind::kEvaluation:
+      return PacketKind::kEvaluation;
+    case MessageKind::kControl:
+      return PacketKind::kControl;
+    default:
+      return std::nullopt;
+  }
+}
+
+double seconds(std::chrono::milliseconds ms) { return double(ms.count()) / 1000.0; }
+
+bool carriesTensors(MessageKind k) {
+  return k == MessageKind::kActivation || k == MessageKind::kGradient ||
+         k == MessageKind::kEvaluation;
+}
+
+// The dtype a planned float32 tensor travels in for LinkChecks::wire_float (int8: uint8 bytes).
+torch::ScalarType wireDtype(torch::ScalarType wire_float) {
+  return wire_float == torch::kChar ? torch::kByte : wire_float;
+}
+
+std::string shapeText(at::IntArrayRef shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// Bytes of one boundary value at `rows` rows (its first dimension), as planned; with int8 on the
+// wire, the larger of the float32 and the int8 form (a row of fewer than 2 values grows).
+uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows, bool int8_wire) {
+  uint64_t total = 0;
+  for (const BoundaryValue& v : values) {
+    if (v.type != "tensor") {
+      total += 4096 * 8;
+      continue;
+    }
+    auto type = scalarTypeForName(v.dtype);
+    uint64_t n = type ? c10::elementSize(*type) : 8;
+    std::vector<int64_t> shape;
+    for (size_t d = 0; d < v.shape.size(); ++d) shape.push_back(d == 0 ? rows : std::max<int64_t>(v.shape[d], 1));
+    for (int64_t d : shape) n *= uint64_t(d);
+    if (int8_wire && type == torch::kFloat)
+      n = std::max(n, uint64_t(wire::float32WireBytes(shape, "int8")));
+    total += n;
+  }
+  return total;
+}
+
+}  // namespace
+
+torch::ScalarType stageWireDtype(const std::string& codec, const std::string& source) {
+  if (codec == "fp32") return torch::kFloat;
+  if (codec == "bf16") return torch::kBFloat16;
+  if (codec == "fp16") return torch::kHalf;
+  if (codec == "int8") return torch::kChar;  // int8 rows with scales (node/pipeline/Int8Boundary.h)
+  CAIRN_THROW(BadInput, source, ": training_definition.wire.activations \"", codec,
+              "\" (expected \"fp32\", \"bf16\", \"fp16\" or \"int8\")");
+}
+
+uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks) {
+  const int64_t rows = std::max(checks.max_microbatch_rows, checks.max_eval_rows);
+  if (rows <= 0) return 0;
+  const bool int8_wire = checks.wire_float == torch::kChar;
+  return std::max(plannedBytes(node.inputs, rows, int8_wire),
+                  plannedBytes(node.outputs, rows, int8_wire)) +
+         (1u << 20);
+}
+
+uint64_t LinkStats::droppedTotal() const {
+  uint64_t total = 0;
+  for (const auto& [reason, n] : dropped) total += n;
+  return total;
+}
+
+MailboxStageLink::MailboxStageLink(Mailbox& mailbox, const NodeSpec& node, LinkTimeouts timeouts,
+                                   LinkChecks checks)
+    : mailbox_(mailbox), node_(node), timeouts_(timeouts), checks_(checks) {
+  max_message_bytes_ = checks_.max_message_bytes;
+  if (max_message_bytes_ == 0) max_message_bytes_ = plannedMessageBytes(node_, checks_);
+  if (max_message_bytes_ == 0) max_message_bytes_ = UINT64_MAX;
+}
+
+std::optional<std::string> MailboxStageLink::rejectReason(const Message& m, uint64_t awaited_step,
+                                                          bool deep, std::string* detail) const {
+  auto why = [&](const char* reason, std::string text) -> std::optional<std::string> {
+    if (detail) *detail = std::move(text);
+    return std::string(reason);
+  };
+  const bool from_upstream = node_.upstream && m.sender == node_.upstream->name;
+  const bool from_downstream = node_.downstream && m.sender == node_.downstream->name;
+  if (!from_upstream && !from_downstream)
+    return why("unknown_peer", "\"" + m.sender + "\" is neither upstream nor downstream of " +
+                                   node_.name);
+  const bool allowed = m.kind == MessageKind::kControl ||
+                       ((m.kind == MessageKind::kActivation || m.kind == MessageKind::kEvaluation)
+                            ? from_upstream
+                            : m.kind == MessageKind::kGradient && from_downstream);
+  if (!allowed)
+    return why("kind_not_allowed", std::string(toString(m.kind)) + " messages may not come from " +
+                                       (from_upstream ? "upstream" : "downstream"));
+  if (m.job_id != node_.job_id)
+    return why("job_id", "job \"" + m.job_id + "\", this node runs \"" + node_.job_id + "\"");
+  if (!carriesTensors(m.kind)) return std::nullopt;
+  const uint64_t distance = m.step > awaited_step ? m.step - awaited_step : awaited_step - m.step;
+  if (distance > checks_.step_window)
+    return why("step_window", "step " + std::to_string(m.step) + " while working on step " +
+                                  std::to_string(awaited_step) + " (window " +
+                                  std::to_string(checks_.step_window) + ")");
+  if (!deep) return std::nullopt;
+
+  const bool gradient = m.kind == MessageKind::kGradient;
+  const std::vector<BoundaryValue>& planned = gradient ? node_.outputs : node_.inputs;
+  const int64_t rows =
+      m.kind == MessageKind::kEvaluation ? checks_.max_eval_rows : checks_.max_microbatch_rows;
+  if (m.tensors.size() < planned.size() || m.tensors.size() > planned.size() + checks_.max_extra_tensors)
+    return why("tensor_count", std::to_string(m.tensors.size()) + " tensors; the plan has " +
+                                   std::to_string(planned.size()) + " (+ at most " +
+                                   std::to_string(checks_.max_extra_tensors) + " bookkeeping)");
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const NamedTensor& t = m.tensors[i];
+    bytes += t.tensor.defined() ? uint64_t(t.tensor.nbytes()) : 0;
+    if (!t.tensor.defined()) return why("shape", "tensor \"" + t.name + "\" is undefined");
+    if (i >= planned.size()) {
+      if (!isReservedTensorName(t.name))
+        return why("tensor_name", "extra tensor \"" + t.name + "\" is not a bookkeeping (__) tensor");
+      if (t.tensor.dim() > 2 || t.tensor.numel() > std::max<int64_t>(rows, 1) * 64)
+        return why("shape", "bookkeeping tensor \"" + t.name + "\" has shape " +
+                                shapeText(t.tensor.sizes()));
+      continue;
+    }
+    const BoundaryValue& v = planned[i];
+    if (t.name != v.name)
+      return why("tensor_name", "tensor " + std::to_string(i) + " is \"" + t.name +
+                                    "\"; the plan says \"" + v.name + "\"");
+    if (gradient && t.tensor.numel() == 0) continue;  // "no gradient" for this output
+    if (v.type != "tensor") {
+      if (t.tensor.numel() > 4096)
+        return why("shape", "\"" + t.name + "\" (" + v.type + ") has " +
+                                std::to_string(t.tensor.numel()) + " elements");
+      continue;
+    }
+    auto type = scalarTypeForName(v.dtype);
+    // Compressed on the wire (training_definition.wire.activations): planned float32 arrives in
+    // the wire dtype (int8: as uint8 rows with scales, node/pipeline/Int8Boundary.h).
+    const bool int8_form = type == torch::kFloat && checks_.wire_float == torch::kChar &&
+                           int8Carries(int64_t(v.shape.size()));
+    const torch::ScalarType wire_type = wireDtype(checks_.wire_float);
+    if (type && *type == torch::kFloat && (checks_.wire_float != torch::kChar || int8_form))
+      type = wire_type;
+    if (!type || t.tensor.scalar_type() != *type)
+      return why("dtype", "\"" + t.name + "\" is " + dtypeName(t.tensor.scalar_type()) +
+                              "; the plan says " + v.dtype +
+                              (type && *type != torch::kFloat && v.dtype == "float32"
+                                   ? " sent as " + dtypeName(wire_type) +
+                                         (int8_form ? " (int8 rows with scales)" : "") +
+                                         " (training_definition.wire.activations)"
+                                   : std::string()));
+    const auto shape = t.tensor.sizes();
+    bool same;
+    if (int8_form) {
+      // The wire shape is fixed by the plan's shape at the received first dimension.
+      std::vector<int64_t> planned_shape = v.shape;
+      if (!shape.empty()) planned_shape[0] = shape[0];
+      same = !shape.empty() && at::IntArrayRef(int8WireShape(planned_shape)) == shape;
+    } else {
+      same = shape.size() == v.shape.size();
+      for (size_t d = 1; same && d < shape.size(); ++d) same = shape[d] == v.shape[d];
+    }
+    if (same && !shape.empty())
+      same = shape[0] >= 1 && (rows <= 0 || shape[0] <= rows);
+    if (!same)
+      return why("shape", "\"" + t.name + "\" has shape " + shapeText(shape) + "; the plan says " +
+                              shapeText(v.shape) +
+                              (int8_form ? " (int8 wire form " + shapeText(int8WireShape(v.shape)) + ")"
+                                         : std::string()) +
+                              " with the first dimension 1.." +
+                              (rows > 0 ? std::to_string(rows) : std::string("any")));
+    if (int8_form) {
+      bool nonfinite = false;
+      const std::string bad = checkInt8Boundary(t.tensor, &nonfinite);
+      if (!bad.empty()) return why("encoding", "\"" + t.name + "\": " + bad);
+      if (nonfinite) return why("nonfinite", "\"" + t.name + "\" holds NaN or Inf (a NaN int8 scale)");
+    }
+  }
+  if (bytes > max_message_bytes_)
+    return why("bytes", std::to_string(bytes) + " tensor bytes; the limit is " +
+                            std::to_string(max_message_bytes_));
+  for (const NamedTensor& t : m.tensors)
+    if (at::isFloatingType(t.tensor.scalar_type()) && t.tensor.numel() > 0 &&
+        !torch::isfinite(t.tensor).all().item<bool>())
+      return why("nonfinite", "\"" + t.name + "\" holds NaN or Inf");
+  return std::nullopt;
+}
+
+void MailboxStageLink::drop(const Message& m, const std::string& reason, const std::string& detail) {
+  const uint64_t n = ++stats_.dropped[reason];
+  if (n <= 5 || (n & (n - 1)) == 0)  // the first few, then at powers of two
+    CAIRN_WARN("dropped a ", toString(m.kind), " message from ", m.sender, " (step ", m.step,
+               ", micro-batch ", m.microbatch, "): ", reason, ": ", detail, " [", n, " so far]");
+  if (reason == "nonfinite" && checks_.stop_on_nonfinite)
+    CAIRN_THROW(BadInput, "peer ", m.sender, " sent a ", toString(m.kind), " message (step ", m.step,
+                ", micro-batch ", m.microbatch, ") with ", detail,
+                "; stopping (training_definition.nonfinite = \"stop\")");
+}
+
+const PeerRef& MailboxStageLink::peer(Neighbour n) const {
+  const auto& p = n == Neighbour::kUpstream ? node_.upstream : node_.downstream;
+  CAIRN_ENFORCE(p.has_value(), node_.name, " has no ", toString(n), " neighbour");
+  return *p;
+}
+
+bool MailboxStageLink::isNeighbour(const std::string& name) const {
+  return (node_.upstream && name == node_.upstream->name) ||
+         (node_.downstream && name == node_.downstream->name);
+}
+
+void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost,
+                                 const std::string& what) {
+  std::string how;
+  if (lost.cause == LossCause::kDisconnected)
+    how = detail::concat("its connection has been down for ", seconds(timeouts_.lost),
+                         " s (training_definition.timeouts.peer_timeout_s)");
+  else if (lost.cause == LossCause::kLeft)
+    how = "it is leaving (" + (lost.reason.empty() ? std::string("no reason given") : lost.reason) + ")";
+  else
+    how = "it restarted (said hello again)";
+  lost_ = lost;
+  CAIRN_THROW_LOST(std::move(lost), toString(dir), " neighbour ", p.name, " at ", p.address,
+                   " is lost: ", how, "; was waiting for ", what);
+}
+
+void MailboxStageLink::checkConnection(const PeerRef& p, Neighbour dir, const std::string& what) {
+  const PeerLiveness live = mailbox_.transport().liveness(p.name);
+  if (live.state == PeerState::kDisconnected &&
+      std::chrono::steady_clock::now() - live.since >= timeouts_.lost)
+    throwLost(p, dir, PeerLoss{p.name, LossCause::kDisconnected, "", p.name}, what);
+}
+
+void MailboxStageLink::announceLeaving(const std::string& reason, const std::string& lost,
+                                       const std::string& except, std::chrono::milliseconds timeout) {
+  for (const auto* p : {&node_.upstream, &node_.downstream}) {
+    if (!p->has_value() || (*p)->name == except) continue;
+    const Message m = encode(ControlOrigin{node_.job_id, node_.name}, Leaving{reason, lost});
+    const SendStatus status = mailbox_.send((*p)->name, m, timeout);
+    CAIRN_INFO("told ", (*p)->name, " this node is leaving (", reason, "): ", toString(status));
+  }
+}
+
+size_t MailboxStageLink::purgeStale() {
+  const size_t n = mailbox_.purge([&](const Message& m) {
+    if (!isNeighbour(m.sender)) return false;
+    if (m.kind == MessageKind::kControl)
+      return m.tag != kHelloTag && m.tag != kCheckpointStepsTag && m.tag != kResumeAtTag;
+    return carriesTensors(m.kind);
+  });
+  if (n) CAIRN_INFO("dropped ", n, " buffered pipeline messages of the abandoned run");
+  return n;
+}
+
+void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
+                               const std::string& timeout_key) {
+  lost_.reset();
+  std::vector<std::pair<Neighbour, PeerRef>> neighbours;
+  if (node_.upstream) neighbours.emplace_back(Neighbour::kUpstream, *node_.upstream);
+  if (node_.downstream) neighbours.emplace_back(Neighbour::kDownstream, *node_.downstream);
+  for (const auto& [dir, p] : neighbours)
+    mailbox_.transport().addPeer(p.name, "tcp://" + p.address);
+  const auto wait = timeout.value_or(timeouts_.startup);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(0),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
+  auto unreachable = [&](Neighbour dir, const PeerRef& p, const char* what) {
+    CAIRN_THROW(PeerLost, timeout ? "" : "startup timeout: ", what, " ", toString(dir),
+                " neighbour ", p.name, " at ", p.address, " within ", seconds(wait), " s (",
+                timeout_key, "); is its provider running?");
+  };
+  for (const auto& [dir, p] : neighbours) {
+    const Message hello =
+        encode(ControlOrigin{node_.job_id, node_.name}, Hello{node_.stage, node_.cluster});
+    CAIRN_INFO("waiting for ", toString(dir), " neighbour ", p.name, " at ", p.address);
+    SendStatus status = SendStatus::kTimedOut;
+    // In slices so a stop request (signal) is seen while a neighbour is still away.
+    while ((status = mailbox_.send(p.name, hello, std::min(left(), std::chrono::milliseconds(500)))) ==
+               SendStatus::kTimedOut &&
+           left() > std::chrono::milliseconds(0)) {
+      if (interrupted_ && interrupted_()) CAIRN_THROW(Interrupted, "stopped by a signal while waiting for ", p.name);
+    }
+    if (status != SendStatus::kSent) unreachable(dir, p, "could not reach");
+  }
+  for (const auto& [dir, p] : neighbours) {
+    const std::string name = p.name;
+    auto got = mailbox_.receive(
+        [&](const Message& m) {
+          return isControl(m, kHelloTag) && m.sender == name;
+        },
+        left(), [&] { return interrupted_ && interrupted_(); });
+    if (!got && interrupted_ && interrupted_())
+      CAIRN_THROW(Interrupted, "stopped by a signal while waiting for ", name);
+    if (!got) unreachable(dir, p, "no hello from");
+    if (got->job_id != node_.job_id)
+      CAIRN_THROW(BadInput, toString(dir), " neighbour ", p.name, " runs job \"", got->job_id,
+                  "\" but this node runs \"", node_.job_id, "\" (mixed node_data folders?)");
+    CAIRN_INFO(toString(dir), " neighbour ", p.name, " is up");
+  }
+}
+
+void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
+  const PeerRef& p = peer(to);
+  Message m;
+  m.kind = wireKind(packet.kind);
+  m.job_id = node_.job_id;
+  m.sender = node_.name;
+  m.step = packet.step;
+  m.microbatch = packet.microbatch;
+  m.tag = packet.tag;
+  m.text = packet.text;
+  for (const auto& [name, t] : packet.tensors) {
+    // training_definition.wire.activations: boundary float32 tensors travel compressed.
+    const bool compress = checks_.wire_float != torch::kFloat && carriesTensors(m.kind) &&
+                          !isReservedTensorName(name) && t.scalar_type() == torch::kFloat;
+    if (!compress)
+      m.tensors.push_back({name, t.detach().contiguous()});
+    else if (checks_.wire_float != torch::kChar)
+      m.tensors.push_back({name, t.detach().to(checks_.wire_float).contiguous()});
+    else if (int8Carries(t.dim()))
+      m.tensors.push_back({name, encodeInt8Boundary(t)});
+    else
+      m.tensors.push_back({name, t.detach().contiguous()});  // int8: fewer than 2 dims stay float32
+  }
+  // In slices, so a neighbour whose connection went down is declared lost after timeouts.lost
+  // instead of blocking the whole peer timeout (a send waits only while the peer's queue is full
+  // or its connection is down).
+  const auto deadline = std::chrono::steady_clock::now() + timeouts_.peer;
+  const std::string what = std::string("room for a ") + toString(packet.kind) + " message (step " +
+                           std::to_string(packet.step) + ")";
+  SendStatus status = SendStatus::kTimedOut;
+  for (;;) {
+    checkConnection(p, to, what);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    status = mailbox_.send(p.name, m, std::clamp(left, std::chrono::milliseconds(0),
+                                                 std::chrono::milliseconds(500)));
+    if (status != SendStatus::kTimedOut || std::chrono::steady_clock::now() >= deadline) break;
+  }
+  if (status != SendStatus::kSent) lost_ = PeerLoss{p.name, LossCause::kSilent, "", p.name};
+  if (status != SendStatus::kSent)
+    CAIRN_THROW_LOST(*lost_, toString(to), " neighbour ", p.name, " at ", p.address,
+                " did not take a ", toString(packet.kind), " message (step ", packet.step,
+                ", micro-batch ", packet.microbatch, ") within ", seconds(timeouts_.peer),
+                " s (training_definition.timeouts.peer_s): ", toString(status));
+}
+
+StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t step,
+                                      uint64_t microbatch, const std::string& tag) {
+  const PeerRef& p = peer(from);
+  const MessageKind wire = wireKind(kind);
+  const auto deadline = std::chrono::steady_clock::now() + timeouts_.peer;
+  const std::string what = std::string(toString(kind)) + (tag.empty() ? "" : " \"" + tag + "\"") +
+                           " message for step " + std::to_string(step) + ", micro-batch " +
+                           std::to_string(microbatch);
+  std::optional<Message> got;
+  for (;;) {
+    // The awaited neighbour down for timeouts.lost ends the wait; wake up when it reaches that, or
+    // on the next liveness change. (The other neighbour's loss is seen when this node next sends
+    // to it or waits for it, or through its "leaving".)
+    auto wake = deadline;
+    checkConnection(p, from, what);
+    const PeerLiveness live = mailbox_.transport().liveness(p.name);
+    if (live.state == PeerState::kDisconnected) wake = std::min(wake, live.since + timeouts_.lost);
+    std::optional<std::string> rejected;
+    std::string detail;
+    bool recovery = false;  // "leaving" or "hello" from a neighbour
+    const auto left = std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   wake - std::chrono::steady_clock::now()) +
+                                   std::chrono::milliseconds(1));
+    got = mailbox_.receive(
+        [&](const Message& m) {
+          // Pipeline traffic is ours to screen: tensor kinds from anyone, control from neighbours.
+          const bool neighbour = isNeighbour(m.sender);
+          if (!carriesTensors(m.kind) && !(neighbour && m.kind == MessageKind::kControl))
+            return false;
+          rejected = rejectReason(m, step, /*deep=*/false, &detail);
+          if (rejected) return true;  // taken out of the mailbox to be dropped
+          if (isControl(m, kLeavingTag) || isControl(m, kHelloTag)) return recovery = true;
+          return m.kind == wire && m.sender == p.name && m.step == step &&
+                 m.microbatch == microbatch && m.tag == tag;
+        },
+        left, [] { return true; });  // back to the checks above on every liveness change
+    if (got && recovery) {
+      const Neighbour dir = node_.upstream && got->sender == node_.upstream->name
+                                ? Neighbour::kUpstream
+                                : Neighbour::kDownstream;
+      const bool hello = isControl(*got, kHelloTag);
+      PeerLoss lost{got->sender, hello ? LossCause::kRestarted : LossCause::kLeft, "", got->sender};
+      if (const auto leaving = decodeLeaving(*got, nullptr)) {
+        lost.reason = leaving->reason;
+        // A pause spreading along the pipeline names the node that was lost in the first place.
+        if (isNeighbour(got->sender) && !leaving->lost.empty()) lost.origin = leaving->lost;
+      }
+      // The restarted neighbour's hello is for the next handshake (connect()).
+      if (hello) mailbox_.putBack(std::move(*got));
+      throwLost(peer(dir), dir, std::move(lost), what);
+    }
+    if (!got && std::chrono::steady_clock::now() < deadline) continue;
+    if (!got) break;
+    if (!rejected) rejected = rejectReason(*got, step, /*deep=*/true, &detail);
+    if (!rejected) break;
+    drop(*got, *rejected, detail);
+    got.reset();
+  }
+  if (got) ++stats_.accepted;
+  if (!got) lost_ = PeerLoss{p.name, LossCause::kSilent, "", p.name};
+  if (!got)
+    CAIRN_THROW_LOST(*lost_, toString(from), " neighbour ", p.name, " at ", p.address, " sent no ",
+                toString(kind), tag.empty() ? "" : " \"" + tag + "\"", " message for step ", step,
+                ", micro-batch ", microbatch, " within ", seconds(timeouts_.peer),
+                " s (training_definition.timeouts.peer_s)");
+  StagePacket packet;
+  packet.kind = *packetKind(got->kind);
+  packet.step = got->step;
+  packet.microbatch = got->microbatch;
+  packet.tag = std::move(got->tag);
+  packet.text = std::move(got->text);
+  const std::vector<BoundaryValue>& planned =
+      got->kind == MessageKind::kGradient ? node_.outputs : node_.inputs;
+  for (size_t i = 0; i < got->tensors.size(); ++i) {
+    NamedTensor& t = got->tensors[i];
+    // Validated above: a tensor in the wire dtype is a planned float32 boundary tensor.
+    if (checks_.wire_float == torch::kChar && !isReservedTensorName(t.name) && i < planned.size() &&
+        t.tensor.scalar_type() == torch::kByte && planned[i].dtype == "float32") {
+      std::vector<int64_t> shape = planned[i].shape;
+      shape[0] = t.tensor.size(0);
+      t.tensor = decodeInt8Boundary(t.tensor, shape);
+    } else if (checks_.wire_float != torch::kFloat && checks_.wire_float != torch::kChar &&
+               !isReservedTensorName(t.name) && t.tensor.scalar_type() == checks_.wire_float) {
+      t.tensor = t.tensor.to(torch::kFloat);
+    }
+    packet.tensors.emplace_back(std::move(t.name), std::move(t.tensor));
+  }
+  return packet;
+}
+
+}  // namespace cairn

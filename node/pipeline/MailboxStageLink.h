@@ -1,0 +1,147 @@
+// MailboxStageLink: the trainer's StageLink over this node's Mailbox (and so its one transport).
+// It knows the node's upstream and downstream peers from node.json, turns StagePackets into wire
+// Messages (activations, gradients, evaluation batches, control) and back, and enforces the
+// timeouts: a neighbour that does not answer within the peer timeout ends the run with PeerLost
+// naming it and what was awaited.
+//
+// connect() is the start-up handshake: it says hello to every neighbour (retrying while the
+// neighbour's socket is not up yet) and waits for each neighbour's hello, so nodes may start in any
+// order. A neighbour that never appears within the startup timeout is a PeerLost naming it.
+//
+// Lost neighbours (docs/OPERATIONS.md "Failures while training"): while waiting, a neighbour is
+// declared lost — PeerLost naming it, and lost() says how — when its connection has been down
+// (Transport::liveness kDisconnected) for `timeouts.lost` (training_definition.timeouts.
+// peer_timeout_s), when it sent "leaving" (clean shutdown or a pause spreading along the pipeline),
+// or when it says "hello" mid-run (it restarted). The long `timeouts.peer` stays the fallback for a
+// neighbour that is connected but silent.
+// Every received pipeline message is checked against what this node expects before the trainer
+// sees it (LinkChecks): activations and evaluation batches only from the upstream neighbour,
+// gradients only from the downstream one, this job's id, a step within the window, the planned
+// boundary (tensor count, names, dtypes, shapes with the first dimension at most the micro-batch
+// or evaluation batch size), a byte limit, and finite values. A message that fails is dropped,
+// counted by reason (stats()) and logged; with nonfinite "stop" a NaN/Inf ends the run with
+// BadInput naming the peer. Messages of other kinds from other peers (collectives) are left in the
+// mailbox for their owners.
+// Ownership: borrows the mailbox. Thread-safety: the transport's owning thread only.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "core/Error.h"
+#include "core/NodeData.h"
+#include "node/transport/Mailbox.h"
+#include "trainer/StageLink.h"
+
+#include <nlohmann/json.hpp>
+
+namespace cairn {
+
+struct LinkTimeouts {
+  std::chrono::milliseconds startup{60000};
+  std::chrono::milliseconds peer{120000};
+  // A neighbour whose connection is down this long is lost (timeouts.peer_timeout_s).
+  std::chrono::milliseconds lost{10000};
+};
+
+// Thrown by connect() when `interrupted` (a stop flag set by a signal handler) became true while
+// it waited for a neighbour.
+struct Interrupted : Error {
+  explicit Interrupted(std::string m, const char* f = "", int l = 0)
+      : Error(ErrorKind::kPeerLost, std::move(m), f, l) {}
+};
+
+// What a received pipeline message may look like; the provider fills it from job.json.
+struct LinkChecks {
+  int64_t max_microbatch_rows = 0;  // activations/gradients: first dimension at most this (0: any)
+  int64_t max_eval_rows = 0;        // evaluation batches: first dimension at most this (0: any)
+  uint64_t step_window = 8;         // |message step - awaited step| at most this
+  size_t max_extra_tensors = 4;     // tensors beyond the planned boundary ("__"-named, bookkeeping)
+  uint64_t max_message_bytes = 0;   // all tensor bytes of one message (0: from the plan, see below)
+  bool stop_on_nonfinite = false;   // NaN/Inf: false = drop and count, true = throw BadInput
+  // training_definition.wire.activations: planned float32 boundary tensors of activation, gradient
+  // and evaluation messages travel in this dtype (kFloat: as they are; kBFloat16 / kHalf: rounded
+  // to nearest even by torch's cast, and cast back to float32 on receipt; kChar: int8 rows with
+  // one fp32 scale each, sent as uint8 in node/pipeline/Int8Boundary.h's wire form — tensors of fewer than
+  // 2 dimensions stay float32 — and decoded on receipt). A received planned float32 tensor in any
+  // other dtype is dropped as "dtype", an int8 one with a bad scale or value as "encoding".
+  // Bookkeeping ("__") tensors, integer and bool tensors are never compressed.
+  torch::ScalarType wire_float = torch::kFloat;
+};
+
+// LinkChecks::wire_float for training_definition.wire.activations "fp32" | "bf16" | "fp16" |
+// "int8" (kChar); anything else: BadInput naming the key.
+torch::ScalarType stageWireDtype(const std::string& codec, const std::string& source);
+
+// Why received messages were dropped, by reason ("unknown_peer", "kind_not_allowed", "job_id",
+// "step_window", "tensor_count", "tensor_name", "dtype", "shape", "bytes", "encoding",
+// "nonfinite").
+struct LinkStats {
+  uint64_t accepted = 0;
+  std::map<std::string, uint64_t> dropped;
+  uint64_t droppedTotal() const;
+};
+
+// The largest pipeline message the plan allows: the bigger boundary (inputs or outputs) at the
+// larger of the two row limits, plus 1 MiB for bookkeeping tensors; 0 when no row limit is set.
+uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks);
+
+class MailboxStageLink : public StageLink {
+ public:
+  MailboxStageLink(Mailbox& mailbox, const NodeSpec& node, LinkTimeouts timeouts,
+                   LinkChecks checks = {});
+  // Adds the neighbours to the transport and runs the hello handshake, waiting at most `timeout`
+  // (default: timeouts.startup) for the neighbours. Called again after a pause: a fresh handshake.
+  // `timeout_key` names the setting `timeout` comes from, for the error message.
+  void connect(std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+               const std::string& timeout_key = "training_definition.timeouts.startup_s");
+  // Sends a "leaving" control message ({"reason": reason, "lost": lost}) to every neighbour except
+  // `except`, waiting at most `timeout` each; failures are ignored (the neighbour may be gone).
+  void announceLeaving(const std::string& reason, const std::string& lost = "",
+                       const std::string& except = "",
+                       std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
+  // Drops buffered pipeline messages (tensor kinds and control, but not the recovery protocol's
+  // hello/ckpt_steps/resume_at) from the neighbours: what is left of an abandoned run.
+  size_t purgeStale();
+  // The neighbour lost by the last PeerLost this link threw (cleared by connect()); the same
+  // PeerLoss the exception carries (PeerLost::loss()), kept for diagnostics and tests.
+  const std::optional<PeerLoss>& lost() const { return lost_; }
+  const NodeSpec& node() const { return node_; }
+  // True for the upstream or downstream neighbour's name.
+  bool isNeighbour(const std::string& name) const;
+  const LinkTimeouts& timeouts() const { return timeouts_; }
+  // Asked while connect() waits (a stop flag): when true it throws Interrupted.
+  void setInterrupted(std::function<bool()> interrupted) { interrupted_ = std::move(interrupted); }
+  void send(Neighbour to, const StagePacket& packet) override;
+  StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
+                      const std::string& tag) override;
+  const LinkStats& stats() const { return stats_; }
+  // The byte limit in force: checks.max_message_bytes, or the planned boundary at the largest
+  // batch plus 1 MiB for bookkeeping tensors.
+  uint64_t maxMessageBytes() const { return max_message_bytes_; }
+
+  // Why `m` may not be used (nullopt: it may): `awaited_step` is the step being worked on.
+  // `deep` adds the per-tensor checks (boundary, bytes, finite values). Exposed for tests.
+  std::optional<std::string> rejectReason(const Message& m, uint64_t awaited_step, bool deep,
+                                          std::string* detail) const;
+
+ private:
+  const PeerRef& peer(Neighbour n) const;
+  [[noreturn]] void throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost, const std::string& what);
+  // Throws PeerLost when `p` has been disconnected for timeouts.lost.
+  void checkConnection(const PeerRef& p, Neighbour dir, const std::string& what);
+  void drop(const Message& m, const std::string& reason, const std::string& detail);
+
+  Mailbox& mailbox_;
+  NodeSpec node_;
+  LinkTimeouts timeouts_;
+  LinkChecks checks_;
+  uint64_t max_message_bytes_ = 0;
+  LinkStats stats_;
+  std::optional<PeerLoss> lost_;
+  std::function<bool()> interrupted_;
+};
+
+}  // namespace cairn

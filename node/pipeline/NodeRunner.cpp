@@ -1,0 +1,208 @@
+#include "node/pipeline/NodeRunner.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "node/ring/RingClusterSync.h"
+#include "node/protocol/PipelineControl.h"
+#include "trainer/Checkpoint.h"
+
+namespace cairn {
+namespace {
+
+double seconds(std::chrono::milliseconds ms) { return double(ms.count()) / 1000.0; }
+
+ControlOrigin originOf(const MailboxStageLink& link) {
+  return ControlOrigin{link.node().job_id, link.node().name};
+}
+
+// The control message `tag` from `from`, waited for up to `timeout` and decoded by `decode`
+// (node/protocol/PipelineControl.h); a malformed one is a BadInput naming the peer.
+template <typename Decode>
+auto awaitControl(Mailbox& mailbox, const MailboxStageLink& link, const PeerRef& from,
+                  const char* tag, std::chrono::milliseconds timeout, Decode decode) {
+  auto got = mailbox.receive(
+      [&](const Message& m) {
+        return isControl(m, tag) && m.sender == from.name && m.job_id == link.node().job_id;
+      },
+      timeout);
+  if (!got)
+    CAIRN_THROW(PeerLost, "neighbour ", from.name, " at ", from.address, " sent no \"", tag,
+                "\" (resume agreement) within ", seconds(timeout),
+                " s (training_definition.timeouts.max_wait_s); restart it with `provider --name ",
+                from.name, " --resume`");
+  std::string why;
+  auto decoded = decode(*got, &why);
+  if (!decoded) CAIRN_THROW(BadInput, "peer ", from.name, " sent ", why);
+  return *decoded;
+}
+
+}  // namespace
+
+int64_t NodeRunner::agreeOnResumeStep(Mailbox& mailbox, MailboxStageLink& link,
+                                      std::vector<int64_t> steps, std::chrono::milliseconds timeout) {
+  const NodeSpec& node = link.node();
+  std::sort(steps.begin(), steps.end());
+  // Leaf → Root: every node intersects what downstream holds with its own steps.
+  if (node.downstream) {
+    std::vector<int64_t> theirs =
+        awaitControl(mailbox, link, *node.downstream, kCheckpointStepsTag, timeout,
+                     decodeCheckpointSteps)
+            .steps;
+    std::sort(theirs.begin(), theirs.end());
+    std::vector<int64_t> both;
+    std::set_intersection(steps.begin(), steps.end(), theirs.begin(), theirs.end(),
+                          std::back_inserter(both));
+    steps = std::move(both);
+  }
+  int64_t step = steps.empty() ? -1 : steps.back();
+  if (node.upstream) {
+    const SendStatus status = mailbox.send(node.upstream->name,
+                                           encode(originOf(link), CheckpointSteps{steps}), timeout);
+    if (status != SendStatus::kSent)
+      CAIRN_THROW(PeerLost, "upstream neighbour ", node.upstream->name, " did not take \"ckpt_steps\": ",
+                  toString(status));
+    // Root → Leaf: the Root decides.
+    step = awaitControl(mailbox, link, *node.upstream, kResumeAtTag, timeout, decodeResumeAt).step;
+    if (step != -1 && !std::binary_search(steps.begin(), steps.end(), step))
+      CAIRN_THROW(BadInput, "peer ", node.upstream->name, " asks to resume at step ", step,
+                  ", which is not among the checkpoints this node and its downstream hold");
+  }
+  // Everything the neighbours sent before their part of the agreement belongs to the old run.
+  link.purgeStale();
+  if (node.downstream) {
+    const SendStatus status = mailbox.send(node.downstream->name,
+                                           encode(originOf(link), ResumeAt{step}), timeout);
+    if (status != SendStatus::kSent)
+      CAIRN_THROW(PeerLost, "downstream neighbour ", node.downstream->name,
+                  " did not take \"resume_at\": ", toString(status));
+  }
+  return step;
+}
+
+NodeRunner::NodeRunner(NodeRunnerConfig config, Mailbox& mailbox, MailboxStageLink& link,
+                       RingClusterSync* cluster_sync)
+    : config_(std::move(config)), mailbox_(mailbox), link_(link), cluster_sync_(cluster_sync) {
+  if (!config_.checkpoint_steps) config_.checkpoint_steps = validCheckpointSteps;
+}
+
+NodeRunner::~NodeRunner() = default;
+
+StageTrainer& NodeRunner::trainer() {
+  CAIRN_ENFORCE(trainer_ != nullptr, "NodeRunner::trainer() before run()");
+  return *trainer_;
+}
+
+NodeRunResult NodeRunner::run() {
+  NodeRunResult out;
+  const std::string& name = config_.trainer.node.name;
+  const bool checkpoints = !config_.trainer.checkpoint_dir.empty() &&
+                           config_.trainer.options.checkpoint_every > 0;
+  const std::string resume_hint = "provider --name " + name + " --node-data " + config_.node_data +
+                                  " --resume";
+  link_.setInterrupted(config_.trainer.stop_requested);
+  try {
+    link_.connect();
+  } catch (const Interrupted&) {
+    CAIRN_WARN("stopped by a signal before training started");
+    out.result.stopped = true;
+    return out;
+  }
+  bool resuming = config_.resume;
+  for (;;) {
+    StageTrainerConfig cfg = config_.trainer;
+    if (resuming) {
+      const std::vector<int64_t> own = config_.trainer.checkpoint_dir.empty()
+                                           ? std::vector<int64_t>{}
+                                           : config_.checkpoint_steps(config_.trainer.checkpoint_dir);
+      CAIRN_INFO("resume: this node holds ", own.size(), " valid checkpoint(s)",
+                 own.empty() ? std::string() : ", newest step " + std::to_string(own.back()),
+                 "; agreeing on the step with the cluster");
+      const int64_t step = agreeOnResumeStep(mailbox_, link_, own, config_.max_wait);
+      if (step < 0)
+        CAIRN_WARN("resume: no checkpoint step is held by every node of the cluster; starting "
+                   "from step 0 (fresh stage.pt)");
+      else
+        CAIRN_INFO("resume: the cluster agreed on step ", step, "; training resumes from there");
+      cfg.resume_step = step;
+      out.resumed_from = step;
+      if (out.pauses > 0 && config_.on_state)
+        config_.on_state("resumed", step < 0 ? "from step 0" : "from step " + std::to_string(step));
+      if (cluster_sync_) cluster_sync_->setJoining(true);
+    }
+    TrainerObserver observer = config_.observer;
+    if (resuming) {
+      auto logged = std::make_shared<bool>(false);
+      observer.on_step_loss = [logged, inner = config_.observer.on_step_loss](int64_t step, double loss) {
+        if (!*logged) CAIRN_INFO("resume: first step after resuming done: step ", step, ", loss ", loss);
+        *logged = true;
+        if (inner) inner(step, loss);
+      };
+    }
+    torch::jit::Module stage;
+    try {
+      stage = torch::jit::load(config_.stage_path);
+    } catch (const c10::Error& e) {
+      CAIRN_THROW(BadInput, config_.stage_path, ": cannot load the TorchScript stage: ",
+                  std::string(e.what_without_backtrace()).substr(0, 300));
+    }
+    trainer_.reset();
+    trainer_ = std::make_unique<StageTrainer>(cfg, std::move(stage), link_, observer);
+    try {
+      out.result = trainer_->run();
+    } catch (const PeerLost& e) {
+      // Only the loss of a pipeline neighbour pauses the cluster; anything else (a ring member the
+      // rings could not do without, a PeerLost without a known peer) ends the run.
+      const std::optional<PeerLoss>& lost = e.loss();
+      if (!lost || !link_.isNeighbour(lost->peer) || lost->cause == LossCause::kSilent)
+        throw;  // a connected but silent neighbour: peer_s
+      if (lost->cause == LossCause::kLeft && lost->reason == "stopped") {
+        // The neighbour stopped on a signal; the cluster stops with it.
+        CAIRN_WARN("neighbour ", lost->peer, " stopped (signal); this node stops too. Restart the "
+                   "cluster with --resume");
+        link_.announceLeaving("stopped", lost->origin, lost->peer);
+        if (cluster_sync_) cluster_sync_->leave();
+        out.result.stopped = true;
+        return out;
+      }
+      if (!checkpoints)
+        CAIRN_THROW(PeerLost, std::string(e.what()), ". Checkpoints are off, so the cluster cannot pause and "
+                    "resume: set training_definition.checkpoint_every > 0 and restart the cluster");
+      CAIRN_WARN("neighbour ", lost->peer, " lost (", toString(lost->cause),
+                 lost->reason.empty() ? "" : ": " + lost->reason, "): ", std::string(e.what()));
+      CAIRN_WARN("pausing: waiting up to ", seconds(config_.max_wait), " s for ", lost->origin,
+                 " to come back (", "provider --name ", lost->origin, " --resume)");
+      if (config_.on_state)
+        config_.on_state("paused", "neighbour " + lost->peer + " lost (" + toString(lost->cause) +
+                                       "); waiting for " + lost->origin);
+      link_.announceLeaving("paused", lost->origin, lost->peer);
+      if (cluster_sync_) cluster_sync_->leave();
+      trainer_.reset();
+      try {
+        link_.connect(config_.max_wait, "training_definition.timeouts.max_wait_s");
+      } catch (const Interrupted&) {
+        CAIRN_WARN("stopped by a signal while paused; resume the cluster later with --resume");
+        out.result.stopped = true;
+        return out;
+      } catch (const PeerLost& wait) {
+        CAIRN_THROW(PeerLost, "gave up waiting for the lost node ", lost->origin, " after ",
+                    seconds(config_.max_wait), " s (training_definition.timeouts.max_wait_s) [",
+                    std::string(wait.what()), "]; restart it with `provider --name ", lost->origin,
+                    " --resume` and this node with `", resume_hint, "`");
+      }
+      ++out.pauses;
+      resuming = true;
+      continue;
+    }
+    if (out.result.stopped) {
+      CAIRN_INFO("stopped at step ", out.result.steps, " on request; telling the neighbours");
+      link_.announceLeaving("stopped");
+      if (cluster_sync_) cluster_sync_->leave();
+    }
+    return out;
+  }
+}
+
+}  // namespace cairn

@@ -1,0 +1,73 @@
+// ProviderRun: one node's training run as `provider` does it, from a node_data folder to
+// nodes/<name>/{trained_stage.pt, result.json}: read node.json and job.json, set up the transport
+// (CurveZMQ unless insecure), the rings (RingClusterSync), the pipeline link (MailboxStageLink) and
+// the NodeRunner, train, write the results. Used by `provider --name` (the static flow) and by
+// `provider --join` once the coordinator's assignment is written into the volunteer's work folder.
+//
+// Ownership: runProvider owns everything it builds (its own zmq::context_t, the transport, the
+// ZAP authenticator) and releases it before returning. Thread-safety: call from one thread;
+// `stop_requested` is polled from the trainer's thread between steps.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/NodeData.h"
+
+namespace cairn {
+
+class ChunkSource;  // trainer/data/ServedDataset.h
+
+// Applies an updated node.json's peers to the running transport (node/transport/LivePeers.h); returns
+// "name at host:port" for each peer re-pointed.
+using LivePeersApply = std::function<std::vector<std::string>(const NodeSpec& updated)>;
+
+struct ProviderRunOptions {
+  std::string node_data;  // folder with job.json and nodes/<name>/
+  std::string name;       // node name, e.g. "node_3"
+  bool resume = false;    // --resume: restart from the cluster's newest common checkpoint
+  bool insecure = false;  // --insecure: plain TCP, no CurveZMQ
+  // Neighbours and ring peers on loopback addresses over the same-host socket (docs/PROTOCOL.md
+  // "Same-host links"). provider --join turns it off: a spare replacing a volunteer comes with a
+  // new key, and only CURVE's handshake keeps its first messages from the neighbours' transports
+  // of before the replacement (they admit the old key until they restart with the new peers).
+  bool same_host_links = true;
+  // Empty: bind node.address. Otherwise what to bind ("host:port", `provider --listen`) while the
+  // peers dial node.address (the advertised address).
+  std::string bind_address;
+  // Polled between steps; true asks for a clean stop at a step boundary (a signal).
+  std::function<bool()> stop_requested;
+  // provider --join (node/volunteer/VolunteerPeers.h): once the transport is up, given the function that
+  // re-points peers live; given an empty one before the transport closes. Called on the run's
+  // thread; the function it is given may be called from any thread while it is set.
+  std::function<void(LivePeersApply)> on_live_peers;
+  // provider --join streams these to the coordinator (node/volunteer/VolunteerMetrics.h); empty: nothing.
+  // Called on the trainer's thread, so they must not block. on_record: every record written to
+  // metrics.jsonl and its line. on_event: {"plan": {total_steps, steps_per_epoch, batch_size}}
+  // once the plan is known, and {"state": paused|resumed|stopped|lost-peer|failed|finished,
+  // "message": …} when the node's state changes.
+  std::function<void(const nlohmann::json& record, const std::string& line)> on_record;
+  std::function<void(const nlohmann::json& event)> on_event;
+  // provider --join: where a Root of a job with data.source "coordinator" gets its chunks
+  // (node/volunteer/ServedChunks.h); null: such a job is refused.
+  std::shared_ptr<ChunkSource> chunk_source;
+  // provider --join: keep local checkpoints from this step on (StageTrainerConfig); empty: none.
+  std::function<int64_t()> keep_checkpoints_from;
+};
+
+struct ProviderRunOutcome {
+  nlohmann::json summary;   // what was written to nodes/<name>/result.json
+  std::string result_path;  // nodes/<name>/result.json
+  std::string weights_path; // nodes/<name>/trained_stage.pt; empty when stopped (not written)
+  bool stopped = false;     // stopped early by stop_requested (its state is in its checkpoint)
+};
+
+// Trains the node; throws cairn::Error (BadInput for bad files, PeerLost for a neighbour lost
+// beyond timeouts.max_wait_s) like the provider binary reports them.
+ProviderRunOutcome runProvider(const ProviderRunOptions& options);
+
+}  // namespace cairn

@@ -1,0 +1,452 @@
+#include "node/ring/RingClusterSync.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "node/ring/RingCheckpoint.h"
+#include "node/ring/RingMembership.h"
+#include "node/ring/RingSyncMath.h"
+#include "node/ring/RingThreads.h"
+#include "node/ring/RingTransaction.h"
+
+namespace cairn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kLeaveSendTimeout{100};
+
+std::string endpointOf(const PeerRef& peer) {
+  return peer.address.find("://") == std::string::npos ? "tcp://" + peer.address : peer.address;
+}
+
+}  // namespace
+
+RingClusterSync::RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOptions sync,
+                                 int64_t local_steps, std::chrono::milliseconds timeout,
+                                 GradientSyncOptions gradients)
+    : context_(mailbox, node, sync, timeout),
+      local_steps_(std::max<int64_t>(1, local_steps)),
+      gradients_(gradients) {
+  std::vector<RingSpec> specs = node.rings;
+  std::sort(specs.begin(), specs.end(),
+            [](const RingSpec& a, const RingSpec& b) { return a.id < b.id; });
+  std::set<std::string> added;
+  context_.group_options.timeout = timeout;
+  // Concurrent rings that share a link share its queues: each keeps a proportional share of the
+  // in-flight window (see the header).
+  const int shared_rings = static_cast<int>(std::count_if(
+      specs.begin(), specs.end(), [](const RingSpec& s) { return s.members.size() > 1; }));
+  if (sync.concurrent_rings && shared_rings > 1)
+    context_.group_options.max_in_flight =
+        std::max(1, context_.group_options.max_in_flight / shared_rings);
+  for (auto& spec : specs) {
+    auto ring = std::make_unique<Ring>();
+    ring->spec = spec;
+    ring->gradient_bucket_bytes = sync.mode == SyncMode::kGradients ? gradients.bucket_bytes : 0;
+    std::vector<std::string> names;
+    for (const auto& m : spec.members) {
+      names.push_back(m.name);
+      if (m.name != node.name && added.insert(m.name).second)
+        mailbox.transport().addPeer(m.name, endpointOf(m));
+    }
+    if (spec.members.size() > 1 && (spec.rank < 0 || size_t(spec.rank) >= names.size() ||
+                                    names[size_t(spec.rank)] != node.name))
+      CAIRN_THROW(BadInput, "node.json of ", node.name, ": ring ", spec.id, " rank ", spec.rank,
+                  " does not name this node among its members");
+    if (spec.members.size() <= 1) names = {node.name};
+    regroup(context_, *ring, names, 0);
+    rings_.push_back(std::move(ring));
+  }
+}
+
+RingClusterSync::~RingClusterSync() {
+  overlap_.reset();  // its threads use the rings
+}
+
+size_t RingClusterSync::activeRings() const {
+  size_t n = 0;
+  for (const auto& r : rings_) n += r->group ? 1 : 0;
+  return n;
+}
+
+std::vector<std::string> RingClusterSync::view(const std::string& id) const {
+  for (const auto& r : rings_)
+    if (r->spec.id == id) return r->view;
+  CAIRN_THROW(BadInput, "no ring ", id, " at node ", context_.node.name);
+}
+
+int64_t RingClusterSync::generation(const std::string& id) const {
+  for (const auto& r : rings_)
+    if (r->spec.id == id) return r->generation;
+  CAIRN_THROW(BadInput, "no ring ", id, " at node ", context_.node.name);
+}
+
+// Identical start: hash of names, dtypes, shapes and bytes, all-gathered.
+void RingClusterSync::checkIdenticalStart(Ring& ring) {
+  torch::Tensor mine = torch::tensor({int64_t(ring.checksum())}, torch::kLong);
+  const auto t0 = Clock::now();
+  std::vector<torch::Tensor> all = ring.group->allGather(mine);
+  context_.countStats([&](RingClusterSyncStats& s) {
+    s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  });
+  const auto& members = ring.spec.members;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].item<int64_t>() == all[0].item<int64_t>()) continue;
+    CAIRN_THROW(BadInput, "ring ", ring.describe(), ": ", members[r].name, " (cluster ", r,
+                ") starts from different weights than ", members[0].name, " (cluster 0): checksum ",
+                uint64_t(all[r].item<int64_t>()), " vs ", uint64_t(all[0].item<int64_t>()),
+                "; every cluster must start from the same stage weights (cut them from one "
+                "model with one clusterize run). Refusing to train.");
+  }
+}
+
+void RingClusterSync::start(torch::jit::Module& stage) {
+  // A run that ended inside an armed step (a lost pipeline neighbour during the last backward)
+  // leaves its communication threads waiting: stop them, and drop the hooks (a restarted run may
+  // hold a new stage module) before the rings are rebuilt; the next arm hooks them again.
+  overlap_.reset();
+  size_t tensors = 0;
+  int64_t bytes = 0;
+  left_ = false;
+  for (auto& ring : rings_) {
+    if (ring->spec.members.size() <= 1) continue;  // nothing is ever exchanged
+    ring->build(ring->spec.parameters, stage, context_.node.name, ring->spec.id,
+                context_.node.stage_file, context_.sync.mode == SyncMode::kDiLoCo);
+    for (const auto& t : ring->tensors) {
+      ++tensors;
+      bytes += int64_t(t.numel() * t.element_size());
+    }
+    if (context_.sync.mode == SyncMode::kDiLoCo)
+      applyLoadedState(*ring, context_.sync.mode, &loaded_);
+  }
+  if (!loaded_.empty())
+    CAIRN_THROW(BadInput, "checkpoint tensor ", loaded_.begin()->first, " names no ring that node ",
+                context_.node.name, " shares with other clusters");
+  const bool joined_any = joining_ && joinRings(context_, sharedRings());
+  if (!joined_any) {
+    std::vector<Ring*> shared;
+    for (auto& ring : rings_) {
+      if (ring->spec.members.size() <= 1) continue;
+      std::vector<std::string> all;
+      for (const auto& m : ring->spec.members) all.push_back(m.name);
+      if (ring->generation != 0 || ring->view != all) regroup(context_, *ring, all, 0);
+      ring->transactions = 0;
+      shared.push_back(ring.get());
+    }
+    forEachRing(shared, context_.sync.concurrent_rings,
+                [this](Ring& ring) { checkIdenticalStart(ring); });
+  }
+  joining_ = false;
+  started_ = true;
+  if (activeRings() > 0) {
+    std::ostringstream partners;
+    for (const auto& ring : rings_) {
+      if (!ring->group) continue;
+      partners << " " << ring->spec.id << "[";
+      bool first = true;
+      for (const auto& m : ring->view)
+        if (m != context_.node.name) {
+          partners << (first ? "" : ",") << m;
+          first = false;
+        }
+      partners << "]";
+    }
+    CAIRN_INFO("cross-cluster sync: ", toString(context_.sync.mode), ", local_steps ", local_steps_,
+               ", ", activeRings(), " ring(s):", partners.str(), "; ", tensors, " tensors, ", bytes,
+               joined_any ? " bytes; joined through a welcome"
+                          : " bytes; identical initial weights verified");
+  }
+}
+
+void RingClusterSync::synchronize() {
+  CAIRN_ENFORCE(started_, "RingClusterSync::synchronize before start()");
+  if (left_) return;
+  const auto t0 = Clock::now();
+  forEachRing(sharedRings(), context_.sync.concurrent_rings, [this](Ring& r) {
+    transact(context_, r, /*gradients=*/false, /*admit=*/true, [this, &r] {
+      switch (context_.sync.mode) {
+        case SyncMode::kAverage:
+          reduceBuckets(r, *r.group, true, true);
+          break;
+        case SyncMode::kDiLoCo:
+          outerStep(r, *r.group, context_.sync);
+          break;
+        case SyncMode::kGradients:
+          reduceBuckets(r, *r.group, false, true);  // parameters are kept equal by the gradients
+          break;
+      }
+    });
+  });
+  // The deal proposals every shared ring tallied: one offer held by every proposer, or none.
+  deal_agreement_.reset();
+  bool disagree = false;
+  for (Ring* r : sharedRings()) {
+    Ring::DealTally& t = r->deal_tally;
+    if (!t.counted) continue;  // the ring took no part (this node left it meanwhile)
+    t.counted = false;
+    if (t.max_offer == 0) continue;
+    if (t.min_offer != t.max_offer || (deal_agreement_ && deal_agreement_->offer != t.max_offer)) {
+      disagree = true;
+      continue;
+    }
+    const bool can = (!deal_agreement_ || deal_agreement_->all_can_take) && !t.any_cannot;
+    deal_agreement_ = DealAgreement{t.max_offer, can};
+  }
+  if (disagree) deal_agreement_.reset();
+  std::lock_guard<std::mutex> lock(context_.stats_mutex);
+  ++context_.stats.syncs;
+  context_.stats.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  context_.stats.bytes_sent = context_.bytes_retired;
+  for (auto& ring : rings_)
+    if (ring->group) context_.stats.bytes_sent += ring->group->stats().bytes_sent;
+}
+
+bool RingClusterSync::agreesOnDeals() const {
+  if (!started_ || left_) return false;
+  for (const auto& ring : rings_)
+    if (ring->spec.members.size() > 1) return true;
+  return false;
+}
+
+void RingClusterSync::proposeDeal(uint64_t offer, bool can_take) {
+  context_.deal_offer = offer;
+  context_.deal_can_take = can_take;
+}
+
+std::optional<DealAgreement> RingClusterSync::takeDealAgreement() {
+  std::optional<DealAgreement> out;
+  out.swap(deal_agreement_);
+  return out;
+}
+
+void RingClusterSync::beforeBackward(int64_t, torch::jit::Module&, bool last_microbatch) {
+  if (!last_microbatch || context_.sync.mode != SyncMode::kGradients || !gradients_.overlap ||
+      !started_ || left_)
+    return;
+  size_t with_group = 0;
+  std::vector<Ring*> active;
+  for (auto& ring : rings_) {
+    if (!ring->group) continue;
+    ++with_group;
+    // A ring whose gradients are one bucket has nothing to overlap (its bucket is final only when
+    // backward ends), so the thread would only add its cost: it syncs after backward, on the
+    // ordinary path (docs/BENCHMARKS.md table 4, the CNN at the default 1 MiB cap).
+    if (ring->gradient_buckets.size() > 1) active.push_back(ring.get());
+  }
+  // One after another (concurrent_rings off) is the ordinary path's order; the overlap runs rings
+  // at once.
+  if (active.empty() || (with_group > 1 && !context_.sync.concurrent_rings)) return;
+  if (!overlap_) overlap_ = std::make_unique<GradientOverlap>(context_);
+  overlap_->arm(active);
+}
+
+void RingClusterSync::beforeOptimizerStep(int64_t, torch::jit::Module&) {
+  if (context_.sync.mode != SyncMode::kGradients || activeRings() == 0 || left_) {
+    if (overlap_) overlap_->cancel();
+    return;
+  }
+  const auto t0 = Clock::now();
+  std::vector<Ring*> active;
+  for (auto& ring : rings_)
+    if (ring->group) active.push_back(ring.get());
+  forEachRing(active, context_.sync.concurrent_rings, [this](Ring& r) {
+    if (overlap_ && overlap_->armed(&r)) {
+      overlap_->complete(r);
+      return;
+    }
+    transact(context_, r, /*gradients=*/true, /*admit=*/false,
+             [&r] { averageGradients(r, *r.group); });
+  });
+  if (overlap_) overlap_->cancel();  // nothing is left armed (a ring that lost its group)
+  std::lock_guard<std::mutex> lock(context_.stats_mutex);
+  ++context_.stats.gradient_syncs;
+  context_.stats.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<std::string> RingClusterSync::addMembers(const NodeSpec& updated,
+                                                    bool at_admission_step) {
+  const std::string& me = context_.node.name;
+  if (updated.name != me)
+    CAIRN_THROW(BadInput, "ring members for ", updated.name, " given to the rings of ", me);
+  std::lock_guard<std::mutex> lock(added_mutex_);
+  std::map<std::string, std::vector<PeerRef>> next = added_;
+  std::vector<std::string> names;
+  for (const RingSpec& spec : updated.rings) {
+    const Ring* ring = nullptr;
+    for (const auto& r : rings_)
+      if (r->spec.id == spec.id) ring = r.get();
+    if (!ring)
+      CAIRN_THROW(BadInput, "ring members for ", me, ": node ", me, " has no ring ", spec.id);
+    auto known = next.find(spec.id);
+    const std::vector<PeerRef>& now = known != next.end() ? known->second : ring->spec.members;
+    if (spec.members.size() < now.size())
+      CAIRN_THROW(BadInput, "ring members for ", me, ": ring ", spec.id, " lists ",
+                  spec.members.size(), " members, fewer than its ", now.size(),
+                  "; members are only ever appended");
+    for (size_t i = 0; i < now.size(); ++i)
+      if (spec.members[i].name != now[i].name)
+        CAIRN_THROW(BadInput, "ring members for ", me, ": ring ", spec.id, " member ", i, " is \"",
+                    spec.members[i].name, "\", not \"", now[i].name,
+                    "\"; members are only ever appended");
+    std::set<std::string> seen;
+    for (const auto& m : spec.members)
+      if (m.name.empty() || !seen.insert(m.name).second)
+        CAIRN_THROW(BadInput, "ring members for ", me, ": ring ", spec.id,
+                    " names member \"", m.name, "\" twice or with no name");
+    for (size_t i = now.size(); i < spec.members.size(); ++i) names.push_back(spec.members[i].name);
+    if (spec.members.size() > now.size()) next[spec.id] = spec.members;
+  }
+  if (!at_admission_step)
+    // A growth abandoned before its admission: the update lists the rings without the members
+    // held for it, which are dropped (never admitted).
+    for (const RingSpec& spec : updated.rings) {
+      auto held = held_.find(spec.id);
+      if (held != held_.end() && spec.members.size() < held->second.size()) {
+        CAIRN_INFO("ring ", spec.id, ": the members held for a new cluster are dropped (the growth was abandoned)");
+        held_.erase(held);
+      }
+    }
+  if (at_admission_step) {
+    for (auto& [id, members] : next) {
+      auto known = added_.find(id);
+      if (known == added_.end() || known->second.size() != members.size()) held_[id] = members;
+    }
+    return names;
+  }
+  added_ = std::move(next);
+  return names;
+}
+
+void RingClusterSync::applyAddedMembers(torch::jit::Module& stage) {
+  std::map<std::string, std::vector<PeerRef>> added;
+  {
+    std::lock_guard<std::mutex> lock(added_mutex_);
+    added.swap(added_);
+  }
+  for (auto& [id, members] : added) {
+    for (auto& ring : rings_) {
+      if (ring->spec.id != id || members.size() <= ring->spec.members.size()) continue;
+      const bool was_alone = ring->spec.members.size() <= 1;
+      std::vector<std::string> names;
+      for (size_t i = ring->spec.members.size(); i < members.size(); ++i) names.push_back(members[i].name);
+      ring->spec.members = members;
+      if (was_alone) {
+        // Its tensors were never gathered (nothing was exchanged): gather them now.
+        if (overlap_) overlap_->forget(ring.get());
+        ring->build(ring->spec.parameters, stage, context_.node.name, ring->spec.id,
+                    context_.node.stage_file, context_.sync.mode == SyncMode::kDiLoCo);
+        ring->view = {context_.node.name};
+        ring->alone_logged = true;  // alone because the others have not joined yet, not lost
+      }
+      for (const auto& n : names)
+        if (ring->strangers.erase(n)) ring->join_requests.insert(n);
+      CAIRN_INFO("ring ", id, ": members added ", joinedNames(names),
+                 "; they are welcomed at a sync once they ask to join");
+    }
+  }
+}
+
+void RingClusterSync::admitJoinersAt(int64_t steps_done) {
+  if (admit_at_.insert(steps_done).second)
+    CAIRN_INFO("cross-cluster sync: the new cluster's members are taken into the rings at the sync "
+               "after step ", steps_done);
+}
+
+void RingClusterSync::admitHeld(torch::jit::Module& stage, int64_t steps_done) {
+  const auto deadline = std::chrono::steady_clock::now() + context_.timeout;
+  for (bool waited = false;; waited = true) {
+    {
+      std::lock_guard<std::mutex> lock(added_mutex_);
+      if (!held_.empty()) {
+        for (auto& [id, members] : held_) added_[id] = members;
+        held_.clear();
+        break;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      CAIRN_WARN("cross-cluster sync: no ring members were added for step ", steps_done,
+                 " within ", context_.timeout.count(), " ms; training on without them");
+      return;
+    }
+    if (!waited)
+      CAIRN_INFO("cross-cluster sync: waiting for the coordinator's update with the new members");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  applyAddedMembers(stage);
+  awaitJoinRequests(context_, sharedRings(), deadline);
+}
+
+void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage) {
+  if (started_ && !left_) applyAddedMembers(stage);
+  const int64_t done = step + 1;
+  const bool admission = started_ && !left_ && admit_at_.erase(done) > 0;
+  if (admission) admitHeld(stage, done);
+  if (done % local_steps_ != 0 && !admission) return;
+  bool shared = false;
+  for (const auto& ring : rings_) shared = shared || ring->spec.members.size() > 1;
+  if (!shared || left_) return;
+  context_.last_synced_step = done;  // before the sync: a welcome sent during it names this step
+  synchronize();
+}
+
+void RingClusterSync::leave() {
+  if (left_) return;
+  left_ = true;
+  if (overlap_) overlap_->cancel();
+  std::vector<std::string> told;
+  for (auto& ring : rings_) {
+    if (!ring->group) continue;
+    ring->group->sendLeave(kLeaveSendTimeout);
+    for (const auto& m : ring->view)
+      if (m != context_.node.name) told.push_back(m);
+    regroup(context_, *ring, {context_.node.name}, ring->generation);
+  }
+  CAIRN_INFO("cross-cluster sync: ", context_.node.name, " leaves its rings; told ",
+             joinedNames(told));
+}
+
+void RingClusterSync::finish(int64_t steps, torch::jit::Module& stage) {
+  if (overlap_) overlap_->cancel();
+  if (started_ && !left_) applyAddedMembers(stage);
+  bool shared = false;
+  for (const auto& ring : rings_) shared = shared || ring->spec.members.size() > 1;
+  if (!shared || left_) return;
+  if (steps != context_.last_synced_step) {
+    context_.last_synced_step = steps;
+    synchronize();
+  }
+  CAIRN_INFO("cross-cluster sync: ", context_.stats.syncs, " sync(s), ",
+             context_.stats.gradient_syncs, " gradient all-reduce(s), ", context_.stats.seconds,
+             " s, ", context_.stats.bytes_sent, " tensor bytes sent; members lost ",
+             context_.stats.members_lost, ", left ", context_.stats.members_left, ", joined ",
+             context_.stats.members_joined, ", syncs redone ", context_.stats.redone_syncs,
+             "; gradient syncs overlapped with backward ", context_.stats.overlapped_gradient_syncs,
+             " (buckets started during backward ", context_.stats.buckets_reduced_in_backward, ")");
+  // The run ended: members still training (a joiner that resumed from an older step) drop this
+  // node at once instead of timing out on it.
+  leave();
+}
+
+std::vector<Ring*> RingClusterSync::sharedRings() {
+  std::vector<Ring*> shared;
+  for (auto& ring : rings_)
+    if (ring->spec.members.size() > 1) shared.push_back(ring.get());
+  return shared;
+}
+
+void RingClusterSync::saveState(std::vector<std::pair<std::string, torch::Tensor>>* tensors,
+                                nlohmann::json* meta) const {
+  saveRingState(rings_, context_, tensors, meta);
+}
+
+void RingClusterSync::loadState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                                const nlohmann::json& meta) {
+  loadRingState(tensors, meta, &loaded_, &context_.last_synced_step);
+}
+
+}  // namespace cairn

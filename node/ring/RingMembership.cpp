@@ -1,0 +1,302 @@
+#include "node/ring/RingMembership.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/Log.h"
+#include "node/protocol/RingJoin.h"
+
+namespace cairn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::chrono::milliseconds kJoinRequestSendTimeout{200};
+constexpr std::chrono::milliseconds kJoinRequestRepeat{1000};
+
+std::set<std::string> membersOf(const Ring& ring) {
+  std::set<std::string> members;
+  for (const auto& m : ring.spec.members) members.insert(m.name);
+  return members;
+}
+
+// Why `welcome` does not fit `ring` at this node (empty when it does): sender and view must be
+// ring members, the view must hold this node and the sender, and every bucket's tensor must be
+// present, 1-d, of the bucket's dtype and element count.
+std::string misfit(const RingContext& context, const Ring& ring, const Welcome& welcome) {
+  const std::set<std::string> members = membersOf(ring);
+  if (!members.count(welcome.sender) || welcome.sender == context.node.name)
+    return "sender is not a ring member";
+  for (const auto& v : welcome.view)
+    if (!members.count(v)) return "view names a non-member";
+  const auto& view = welcome.view;
+  if (std::find(view.begin(), view.end(), context.node.name) == view.end() ||
+      std::find(view.begin(), view.end(), welcome.sender) == view.end())
+    return "view must hold this node and the sender";
+  std::map<std::string, torch::Tensor> named;
+  for (const auto& t : welcome.tensors) named[t.name] = t.tensor;
+  std::string problem;
+  for (size_t i = 0; problem.empty() && i < ring.buckets.size(); ++i) {
+    const auto& b = ring.buckets[i];
+    auto check = [&](const std::string& key, bool required) {
+      auto it = named.find(key);
+      if (it == named.end()) {
+        if (required) problem = "tensor " + key + " missing";
+        return;
+      }
+      if (it->second.scalar_type() != b.dtype || it->second.dim() != 1 ||
+          it->second.numel() != b.numel)
+        problem = "tensor " + key + " should be 1-d " + dtypeName(b.dtype) + " of " +
+                  std::to_string(b.numel) + " elements";
+    };
+    check("value." + std::to_string(i), b.numel > 0);
+    if (b.previous.defined()) {
+      check("previous." + std::to_string(i), true);
+      check("momentum." + std::to_string(i), false);
+    }
+  }
+  return problem;
+}
+
+// Copies a welcome that fits into the stage and the ring's outer state, and enters its view and
+// generation.
+void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome) {
+  std::map<std::string, torch::Tensor> named;
+  for (const auto& t : welcome.tensors) named[t.name] = t.tensor;
+  for (size_t i = 0; i < ring.buckets.size(); ++i) {
+    auto& b = ring.buckets[i];
+    const std::string n = std::to_string(i);
+    if (b.numel > 0) ring.unflatten(b, named.at("value." + n), false);
+    if (b.previous.defined()) {
+      b.previous = named.at("previous." + n).clone();
+      auto mo = named.find("momentum." + n);
+      b.momentum = mo == named.end() ? torch::Tensor() : mo->second.clone();
+    }
+  }
+  const uint64_t sum = ring.checksum();
+  if (sum != welcome.checksum)
+    CAIRN_WARN("ring ", ring.spec.id, ": welcome from ", welcome.sender, " claims checksum ",
+               welcome.checksum, " but its tensors hash to ", sum);
+  std::vector<std::string> ordered;  // cluster order, whatever order the sender used
+  for (const auto& member : ring.spec.members)
+    if (std::find(welcome.view.begin(), welcome.view.end(), member.name) != welcome.view.end())
+      ordered.push_back(member.name);
+  regroup(context, ring, ordered, welcome.generation);
+  ring.transactions = welcome.transactions;
+  context.countStats([&](RingClusterSyncStats& s) {
+    ++s.joined_rings;
+    s.last_welcome_checksum = sum;
+  });
+  CAIRN_INFO("ring ", ring.spec.id, ": joined from ", welcome.sender, " at its step ", welcome.step,
+             ", generation ", welcome.generation, ", view ", joinedNames(ordered),
+             "; fetched weights checksum ", sum);
+}
+
+// A join request from a ring member other than this node is noted; anything else is dropped with
+// a warning.
+void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
+  std::string why;
+  const auto request = decodeJoinRequest(m, &why);
+  if (!request) {
+    CAIRN_WARN("ring ", ring.spec.id, ": dropped a message from \"", m.sender, "\": ", why);
+    return;
+  }
+  if (request->sender == context.node.name) return;
+  if (!membersOf(ring).count(request->sender)) {
+    if (ring.strangers.size() < Ring::kMaxStrangers && ring.strangers.insert(request->sender).second)
+      CAIRN_WARN("ring ", ring.spec.id, ": join request from non-member \"", request->sender,
+                 "\" kept aside; it counts only if the coordinator adds it to the ring");
+    return;
+  }
+  ring.join_requests.insert(request->sender);
+}
+
+}  // namespace
+
+// Joining: ask every other member of every shared ring to admit this node; wait (up to the ring
+// timeout in all) for one welcome per ring and copy what it carries into the stage.
+bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
+  if (shared.empty()) return false;
+  for (Ring* ring : shared) {
+    const Message request = encode(JoinRequest{context.node.name, ring->spec.id});
+    for (const auto& m : ring->spec.members)
+      if (m.name != context.node.name)
+        (void)context.mailbox.send(m.name, request, kJoinRequestSendTimeout);
+  }
+  // A member that restarted quickly may still be in the live members' view: they need up to two
+  // timeouts to drop it (ProcessGroup's keep-alive rule), then up to local_steps steps to reach a
+  // sync boundary. Hence three timeouts, unless every other member is itself asking to join.
+  const auto wait = 3 * context.timeout;
+  CAIRN_INFO("cross-cluster sync: asked the ring peers to admit ", context.node.name, " (",
+             shared.size(), " ring(s)); waiting up to ", wait.count(), " ms for a welcome");
+  const auto deadline = Clock::now() + wait;
+  size_t welcomed = 0;
+  std::set<Ring*> done;
+  auto everyoneJoining = [&] {
+    for (Ring* ring : shared)
+      for (const auto& m : ring->spec.members)
+        if (m.name != context.node.name && !ring->join_requests.count(m.name)) return false;
+    return true;
+  };
+  // Requests are sent again every second to the rings not joined yet: a member that is told about
+  // this node only now (a new cluster, RingClusterSync::addMembers) may have refused the first
+  // connection, or dropped the request before it knew the name.
+  auto next_ask = Clock::now() + kJoinRequestRepeat;
+  while (done.size() < shared.size()) {
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    if (now >= next_ask) {
+      for (Ring* ring : shared) {
+        if (done.count(ring)) continue;
+        const Message again = encode(JoinRequest{context.node.name, ring->spec.id});
+        for (const auto& m : ring->spec.members)
+          if (m.name != context.node.name)
+            (void)context.mailbox.send(m.name, again, kJoinRequestSendTimeout);
+      }
+      next_ask = Clock::now() + kJoinRequestRepeat;
+    }
+    if (welcomed == 0 && everyoneJoining()) {
+      CAIRN_INFO("cross-cluster sync: every other ring member is joining too (all restarting)");
+      break;
+    }
+    auto m = context.mailbox.receive(
+        [&shared](const Message& x) {
+          if (x.kind != MessageKind::kCollective) return false;
+          for (Ring* ring : shared)
+            if (x.tag == ringControlTag(ring->spec.id)) return true;
+          return false;
+        },
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::min(deadline, next_ask) - now));
+    if (!m) continue;
+    Ring* ring = nullptr;
+    for (Ring* r : shared)
+      if (m->tag == ringControlTag(r->spec.id)) ring = r;
+    if (!isWelcome(*m)) {
+      noteJoinRequest(context, *ring, *m);
+      continue;
+    }
+    if (done.count(ring)) continue;
+    // A welcome from a non-member or one that does not fit this stage is dropped, not trusted.
+    std::string problem;
+    const auto welcome = decodeWelcome(*m, &problem);
+    if (welcome) problem = misfit(context, *ring, *welcome);
+    if (!problem.empty()) {
+      CAIRN_WARN("ring ", ring->spec.id, ": dropped a welcome from ", m->sender, ": ", problem);
+      continue;
+    }
+    applyWelcome(context, *ring, *welcome);
+    done.insert(ring);
+    ++welcomed;
+  }
+
+  if (welcomed == 0) {
+    CAIRN_WARN("cross-cluster sync: no ring peer admitted ", context.node.name,
+               " (every cluster starting or resuming together?): ordinary start with the "
+               "identical-weights check");
+    return false;
+  }
+  for (Ring* ring : shared)
+    if (!done.count(ring)) {
+      CAIRN_WARN("ring ", ring->spec.id, ": no welcome within ", wait.count(),
+                 " ms; this node trains without the ring (its syncs are no-ops)");
+      regroup(context, *ring, {context.node.name}, 0);
+    }
+  return true;
+}
+
+// Drains this ring's join requests from the mailbox. Requests from members of the view are kept
+// (a member that restarted before it was found lost): they count once it has been dropped.
+void collectJoinRequests(RingContext& context, Ring& ring) {
+  const std::string tag = ringControlTag(ring.spec.id);
+  auto match = [&tag](const Message& x) {
+    return x.kind == MessageKind::kCollective && x.tag == tag && !isWelcome(x);
+  };
+  for (int i = 0; i < 1024; ++i) {
+    auto m = context.mailbox.receive(match, std::chrono::milliseconds(0));
+    if (!m) break;
+    noteJoinRequest(context, ring, *m);
+  }
+}
+
+void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
+                       Clock::time_point deadline) {
+  auto missing = [&rings] {
+    std::vector<std::string> names;
+    for (Ring* ring : rings)
+      for (const auto& m : ring->spec.members)
+        if (std::find(ring->view.begin(), ring->view.end(), m.name) == ring->view.end() &&
+            !ring->join_requests.count(m.name))
+          names.push_back(m.name);
+    return names;
+  };
+  for (Ring* ring : rings) collectJoinRequests(context, *ring);
+  bool told = false;
+  while (!missing().empty()) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      CAIRN_WARN("cross-cluster sync: no join request from ", joinedNames(missing()),
+                 " in time; they are admitted at a later sync once they ask");
+      return;
+    }
+    if (!told) {
+      CAIRN_INFO("cross-cluster sync: waiting for ", joinedNames(missing()), " to ask to join");
+      told = true;
+    }
+    auto m = context.mailbox.receive(
+        [&rings](const Message& x) {
+          if (x.kind != MessageKind::kCollective || isWelcome(x)) return false;
+          for (Ring* ring : rings)
+            if (x.tag == ringControlTag(ring->spec.id)) return true;
+          return false;
+        },
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    if (!m) continue;
+    for (Ring* ring : rings)
+      if (m->tag == ringControlTag(ring->spec.id)) noteJoinRequest(context, *ring, *m);
+  }
+}
+
+// After a committed sync: the lowest-ranked member of the view welcomes the joiners; every member
+// moves to the next generation with them.
+void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joiners) {
+  std::vector<std::string> next;
+  for (const auto& m : ring.spec.members)
+    if (std::find(ring.view.begin(), ring.view.end(), m.name) != ring.view.end() ||
+        std::find(joiners.begin(), joiners.end(), m.name) != joiners.end())
+      next.push_back(m.name);
+  const int64_t generation = ring.generation + 1;
+  if (ring.view.front() == context.node.name) {
+    Welcome welcome{context.node.name,        ring.spec.id,      generation,      next,
+                    context.last_synced_step, ring.transactions, ring.checksum(), {}};
+    for (size_t i = 0; i < ring.buckets.size(); ++i) {
+      const auto& b = ring.buckets[i];
+      const std::string n = std::to_string(i);
+      if (b.numel > 0)
+        welcome.tensors.push_back({"value." + n, ring.flatten(b, false).contiguous()});
+      if (b.previous.defined()) welcome.tensors.push_back({"previous." + n, b.previous.clone()});
+      if (b.momentum.defined()) welcome.tensors.push_back({"momentum." + n, b.momentum.clone()});
+    }
+    const uint64_t sum = welcome.checksum;
+    const Message message = encode(welcome);
+    for (const auto& j : joiners) {
+      const SendStatus status = context.mailbox.send(j, message, context.timeout);
+      if (status != SendStatus::kSent)
+        CAIRN_WARN("ring ", ring.spec.id, ": welcome to ", j, " not sent (", toString(status),
+                   "); it will be found lost at the next sync");
+    }
+    context.countStats([&](RingClusterSyncStats& s) { s.last_welcome_checksum = sum; });
+    CAIRN_INFO("ring ", ring.spec.id, ": admitted ", joinedNames(joiners), " at step ",
+               context.last_synced_step, ", generation ", generation, ", view ", joinedNames(next),
+               "; sent weights checksum ", sum);
+  } else {
+    CAIRN_INFO("ring ", ring.spec.id, ": ", joinedNames(joiners), " admitted by ",
+               ring.view.front(), ", generation ", generation, ", view ", joinedNames(next));
+  }
+  for (const auto& j : joiners) ring.join_requests.erase(j);
+  context.countStats([&](RingClusterSyncStats& s) { s.members_joined += int64_t(joiners.size()); });
+  ring.alone_logged = false;
+  regroup(context, ring, next, generation);
+}
+
+}  // namespace cairn

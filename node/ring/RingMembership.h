@@ -1,0 +1,32 @@
+// RingMembership: the join protocol of the cross-cluster rings (docs/PROTOCOL.md "Ring
+// membership", docs/TRAINING.md "Lost and returning ring members").
+//   joiner side   joinRings: ask every other member of every shared ring to admit this node, wait
+//                 (up to 3 × timeout) for one welcome per ring, validate it against this stage's
+//                 buckets and copy what it carries (parameters, buffers, DiLoCo θ_prev/momentum)
+//                 into the stage; a welcome that does not fit is dropped with a warning.
+//   member side   collectJoinRequests: drain this ring's join requests from the mailbox (from
+//                 ring members only); admit: after the commit of the sync that agreed on them,
+//                 the lowest-ranked member of the view sends each joiner a welcome, and every
+//                 member moves to the next generation with the joiners included.
+// Ownership: none (operates on RingClusterSync's rings and context). Thread-safety: joinRings on
+// the trainer's thread before any ring thread runs; the others on the ring's own thread.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "node/ring/RingState.h"
+
+namespace cairn {
+
+// True when at least one ring was joined through a welcome; rings left without one train alone.
+bool joinRings(RingContext& context, const std::vector<Ring*>& shared);
+void collectJoinRequests(RingContext& context, Ring& ring);
+// Member side, at an admission step (RingClusterSync::admitJoinersAt): waits until every member
+// of each ring that is not in its view has asked to join, or `deadline` (then logs who did not).
+void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
+                       std::chrono::steady_clock::time_point deadline);
+void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joiners);
+
+}  // namespace cairn

@@ -1,0 +1,115 @@
+// RingState: one ring's state — its view (live members, cluster order), generation, ProcessGroup,
+// join requests, committed transactions and tensors (RingBuckets) — and RingContext, what the
+// rings of one node share (mailbox, node, options, statistics). Also the two view changes every
+// part of the ring protocol uses: regroup (a new view/generation: a fresh ProcessGroup with group
+// id "<ring id>@<g>", g > 0, and this ring's older-generation messages dropped from the mailbox)
+// and dropMember (a lost or leaving member out, next generation).
+//
+// Ownership: RingClusterSync owns the RingContext and every Ring; a Ring owns its ProcessGroup;
+// the context borrows the Mailbox. Thread-safety: a Ring is used by one thread at a time (its
+// ring thread during a sync); RingContext's statistics are updated under its mutex (countStats),
+// everything else in it is read-only while ring threads run.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/NodeData.h"
+#include "node/transport/Mailbox.h"
+#include "node/collectives/ProcessGroup.h"
+#include "node/ring/RingBuckets.h"
+#include "trainer/TrainOptions.h"
+
+namespace cairn {
+
+struct RingClusterSyncStats {
+  int64_t syncs = 0;           // averages / outer steps done
+  int64_t gradient_syncs = 0;  // gradient all-reduces done
+  double seconds = 0;          // in collectives, all calls together
+  uint64_t bytes_sent = 0;     // tensor bytes, all rings together
+  int64_t members_lost = 0;    // members dropped after a timeout, abort or disconnect
+  int64_t members_left = 0;    // members dropped because they announced leave()
+  int64_t members_joined = 0;  // joiners admitted by this node's rings (this node as joiner: 0)
+  int64_t redone_syncs = 0;    // sync attempts restored and redone after a loss
+  // "gradients" with overlap: gradient syncs whose buckets went through the communication
+  // threads (GradientOverlap.h), and how many buckets started their all-reduce while backward was
+  // still running (depends on timing: for reports, not for tests).
+  int64_t overlapped_gradient_syncs = 0;
+  int64_t buckets_reduced_in_backward = 0;
+  int64_t joined_rings = 0;    // rings this node joined through a welcome (setJoining)
+  uint64_t last_welcome_checksum =
+      0;  // FNV-1a of the ring tensors sent/received in the last welcome
+};
+
+// What the rings of one node share.
+struct RingContext {
+  RingContext(Mailbox& mailbox, NodeSpec node, SyncOptions sync, std::chrono::milliseconds timeout)
+      : mailbox(mailbox), node(std::move(node)), sync(sync), timeout(timeout) {}
+
+  Mailbox& mailbox;
+  const NodeSpec node;
+  const SyncOptions sync;
+  const std::chrono::milliseconds timeout;
+  ProcessGroupOptions group_options;  // set by the constructor of RingClusterSync, then read-only
+  int64_t last_synced_step = 0;       // optimizer steps done at the last sync (trainer's thread)
+  // The deal offer this node proposes at its syncs (ClusterSync::proposeDeal; 0: none, it
+  // abstains) and whether its own checks allow it. Set on the trainer's thread between syncs.
+  uint64_t deal_offer = 0;
+  bool deal_can_take = true;
+
+  // Guards stats and bytes_retired, which the ring threads of one call update together.
+  mutable std::mutex stats_mutex;
+  RingClusterSyncStats stats;
+  uint64_t bytes_retired = 0;  // sent by the groups of earlier generations
+
+  template <typename F>
+  void countStats(F&& update) {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    update(stats);
+  }
+};
+
+// One ring group: its ProcessGroup and the module tensors it brings together (RingBuckets).
+struct Ring : RingBuckets {
+  RingSpec spec;
+  std::vector<std::string> view;  // live members, cluster order
+  int64_t generation = 0;
+  std::unique_ptr<ProcessGroup> group;  // null while the view is this node alone
+  std::set<std::string> join_requests;  // members that asked to be admitted
+  // Join requests from names not (yet) members: a ring member added mid-run (a new cluster,
+  // RingClusterSync::addMembers) may ask before this node has applied the addition. At most
+  // kMaxStrangers names; moved to join_requests when the name becomes a member.
+  std::set<std::string> strangers;
+  static constexpr size_t kMaxStrangers = 64;
+  int64_t transactions = 0;             // syncs of this ring committed (or kept) by this node
+  bool alone_logged = false;
+  // The deal proposals of the members at this ring's last admitting sync (transact): the largest
+  // and smallest offer proposed (0 / 0: nobody proposed) and whether any proposer refused it.
+  struct DealTally {
+    bool counted = false;  // a sync counted them since RingClusterSync last read it
+    uint64_t max_offer = 0, min_offer = 0;
+    bool any_cannot = false;
+  } deal_tally;
+
+  // "<id> (<first parameter names>…)", for error messages.
+  std::string describe() const;
+  // The ring's checksum (RingBuckets::checksum over the ring's tensor names).
+  uint64_t checksum() const { return RingBuckets::checksum(spec.parameters); }
+};
+
+// "[a,b,c]", for logs.
+std::string joinedNames(const std::vector<std::string>& names);
+
+// A new view/generation: a fresh ProcessGroup (or none when alone), and what is left in the
+// mailbox of this ring's earlier generations thrown away.
+void regroup(RingContext& context, Ring& ring, std::vector<std::string> view, int64_t generation);
+// `lost` out of the view (it `left`, or was lost: `why`), next generation.
+void dropMember(RingContext& context, Ring& ring, const std::string& lost, bool left,
+                const std::string& why);
+
+}  // namespace cairn

@@ -1,0 +1,503 @@
+#include "node/transport/ZmqTransport.h"
+
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
+
+#include <malloc.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include <zmq_addon.hpp>
+
+#include "core/Error.h"
+#include "core/NodeConfigs.h"
+#include "core/Log.h"
+
+namespace cairn {
+
+const char* toString(SendStatus status) {
+  switch (status) {
+    case SendStatus::kSent:
+      return "sent";
+    case SendStatus::kTimedOut:
+      return "timed out";
+    case SendStatus::kUnknownPeer:
+      return "unknown peer";
+  }
+  return "?";
+}
+
+const char* toString(PeerState state) {
+  switch (state) {
+    case PeerState::kUnknown:
+      return "unknown";
+    case PeerState::kConnected:
+      return "connected";
+    case PeerState::kDisconnected:
+      return "disconnected";
+  }
+  return "?";
+}
+
+namespace {
+
+// ZeroMQ hands a message from the sending thread to the receiving one inside libzmq (over inproc
+// the very buffer, through a lock-free pipe), and libzmq is not built with ThreadSanitizer: in a
+// TSan build (tools/tsan.sh) the sender releases and the receiver acquires each frame's bytes, so
+// TSan sees the happens-before that libzmq's pipe provides. Nothing in other builds.
+#if defined(__SANITIZE_THREAD__)
+void handOver(std::vector<zmq::message_t>& frames) {
+  for (auto& frame : frames) __tsan_release(frame.data());
+}
+void takeOver(std::vector<zmq::message_t>& frames) {
+  for (auto& frame : frames) __tsan_acquire(frame.data());
+}
+#else
+void handOver(std::vector<zmq::message_t>&) {}
+void takeOver(std::vector<zmq::message_t>&) {}
+#endif
+
+void keepMessageMemory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  });
+}
+
+// zmq::poll that returns false instead of throwing when a signal interrupted it (EINTR): the
+// callers' loops recompute their deadlines, and receiveOrLivenessChange returns so that a caller
+// can look at a flag its signal handler set.
+template <typename Items>
+bool pollOrInterrupted(Items&& items, std::chrono::milliseconds timeout) {
+  try {
+    zmq::poll(items, timeout);
+    return true;
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+    return false;
+  }
+}
+
+// "tcp://HOST:PORT" → {HOST, PORT}; nullopt for other transports or without a numeric port.
+std::optional<std::pair<std::string, std::string>> tcpHostPort(const std::string& endpoint) {
+  const std::string prefix = "tcp://";
+  if (endpoint.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon < prefix.size()) return std::nullopt;
+  std::string host = endpoint.substr(prefix.size(), colon - prefix.size());
+  std::string port = endpoint.substr(colon + 1);
+  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, port);
+}
+
+// Each monitor needs its own inproc endpoint, unique within the context (the process).
+std::string nextMonitorEndpoint(const std::string& name, const std::string& peer) {
+  static std::atomic<uint64_t> counter{0};
+  return "inproc://cairn-monitor-" + name + "-" + peer + "-" + std::to_string(counter++);
+}
+}  // namespace
+
+bool isLoopbackTcpEndpoint(const std::string& endpoint) {
+  const auto hp = tcpHostPort(endpoint);
+  return hp && isLoopbackName(hp->first);
+}
+
+std::string sameHostDir(const std::string& path) {
+  const std::string dir = path.empty() ? "/tmp/cairn-" + std::to_string(getuid()) : path;
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    CAIRN_WARN("same-host links off: cannot create ", dir, ": ", std::strerror(errno),
+               "; nodes on this host talk over TCP");
+    return "";
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+      (st.st_mode & 077) != 0) {
+    CAIRN_WARN("same-host links off: ", dir, " is not a directory of this user with mode 0700 "
+               "(a symlink, another user's, or open to others); nodes on this host talk over TCP");
+    return "";
+  }
+  return dir;
+}
+
+ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
+                           const std::string& bind_endpoint, TransportOptions options)
+    : context_(context),
+      name_(std::move(name)),
+      options_(options),
+      inbound_(context, zmq::socket_type::pull) {
+  if (options_.keep_message_memory) keepMessageMemory();
+  inbound_.set(zmq::sockopt::rcvhwm, options_.receive_high_water_mark);
+  inbound_.set(zmq::sockopt::linger, 0);
+  // With two or more ZeroMQ I/O threads, incoming connections are read by the first and outgoing
+  // ones written by the second, so that a node streaming both ways (a ring) copies in parallel.
+  if (context_.get(zmq::ctxopt::io_threads) >= 2) inbound_.set(zmq::sockopt::affinity, uint64_t{1});
+  // Header + all tensors; a little slack for the header frame.
+  inbound_.set(zmq::sockopt::maxmsgsize,
+               static_cast<int64_t>(options_.codec.max_message_bytes + options_.codec.max_header_bytes));
+  if (options_.curve) {
+    inbound_.set(zmq::sockopt::curve_server, true);
+    inbound_.set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_key);
+    inbound_.set(zmq::sockopt::zap_domain, "cairn");
+  }
+  try {
+    inbound_.bind(bind_endpoint);
+    bound_endpoint_ = inbound_.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    CAIRN_THROW(BadInput, name_, ": cannot listen on ", bind_endpoint, ": ", e.what(),
+                e.num() == EADDRINUSE ? " (another process uses this port)" : "");
+  }
+  // Same-host links (header): the Unix-domain socket named after the port peers dial (normally
+  // the TCP port this transport holds, so no two live transports of this user share it). ZeroMQ's
+  // bind replaces a socket file left behind by a process that died; flushAndClose removes ours.
+  const std::string& advertised =
+      options_.advertised_endpoint.empty() ? bound_endpoint_ : options_.advertised_endpoint;
+  same_host_endpoint_ = sameHostEndpointFor(advertised);
+  if (!same_host_endpoint_.empty()) {
+    same_host_inbound_ = zmq::socket_t(context_, zmq::socket_type::pull);
+    same_host_inbound_.set(zmq::sockopt::rcvhwm, options_.receive_high_water_mark);
+    same_host_inbound_.set(zmq::sockopt::linger, 0);
+    if (context_.get(zmq::ctxopt::io_threads) >= 2)
+      same_host_inbound_.set(zmq::sockopt::affinity, uint64_t{1});
+    same_host_inbound_.set(zmq::sockopt::maxmsgsize,
+                           static_cast<int64_t>(options_.codec.max_message_bytes +
+                                                options_.codec.max_header_bytes));
+    try {
+      same_host_inbound_.bind(same_host_endpoint_);
+    } catch (const zmq::error_t& e) {
+      CAIRN_THROW(BadInput, name_, ": cannot listen on ", same_host_endpoint_,
+                  " (the same-host socket of ", advertised, "): ", e.what());
+    }
+  }
+}
+
+std::string ZmqTransport::sameHostEndpointFor(const std::string& tcp_endpoint) const {
+  if (options_.same_host_dir.empty() || !isLoopbackTcpEndpoint(tcp_endpoint)) return "";
+  return "ipc://" + options_.same_host_dir + "/" + tcpHostPort(tcp_endpoint)->second;
+}
+
+bool ZmqTransport::isSameHostPeer(const std::string& peer) const {
+  const Peer* p = findPeer(peer);
+  return p && p->same_host;
+}
+
+ZmqTransport::~ZmqTransport() {
+  if (!closed_) flushAndClose(std::chrono::milliseconds(0));
+}
+
+ZmqTransport::Peer* ZmqTransport::findPeer(const std::string& peer) const {
+  std::shared_lock<std::shared_mutex> lock(peers_mutex_);
+  auto it = outbound_.find(peer);
+  return it == outbound_.end() ? nullptr : const_cast<Peer*>(&it->second);
+}
+
+void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint,
+                           const std::string& public_key) {
+  CAIRN_ENFORCE(!closed_, "transport is closed");
+  std::lock_guard<std::mutex> adding(add_mutex_);
+  if (findPeer(peer)) return;
+  if (options_.curve) {
+    std::unique_lock<std::shared_mutex> lock(peers_mutex_);
+    options_.curve->peer_public_keys[peer] = public_key;
+  }
+  addPeerLocked(peer, endpoint);
+}
+
+void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint) {
+  CAIRN_ENFORCE(!closed_, "transport is closed");
+  std::lock_guard<std::mutex> adding(add_mutex_);
+  if (findPeer(peer)) return;
+  addPeerLocked(peer, endpoint);
+}
+
+// Caller holds add_mutex_ (so the key map changes under nobody else) and found no such peer.
+void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& endpoint) {
+  zmq::socket_t socket(context_, zmq::socket_type::push);
+  socket.set(zmq::sockopt::sndhwm, options_.send_high_water_mark);
+  // Queue only on completed connections: a send to a peer that is not there yet waits (and times
+  // out) instead of piling up in a pipe nobody reads.
+  socket.set(zmq::sockopt::immediate, 1);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::reconnect_ivl, 100);
+  socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  if (options_.heartbeat_interval.count() > 0) {
+    socket.set(zmq::sockopt::heartbeat_ivl, int(options_.heartbeat_interval.count()));
+    socket.set(zmq::sockopt::heartbeat_timeout, int(options_.heartbeat_timeout.count()));
+    // Tells the peer to drop its side too when our pings stop for as long.
+    socket.set(zmq::sockopt::heartbeat_ttl, int(options_.heartbeat_timeout.count()));
+  }
+  const std::string same_host = sameHostEndpointFor(endpoint);
+  if (options_.curve && same_host.empty()) {
+    auto key = options_.curve->peer_public_keys.find(peer);
+    if (key == options_.curve->peer_public_keys.end())
+      CAIRN_THROW(BadInput, name_, ": no CURVE public key for peer ", peer,
+                  " (node.json must list it, or run with --insecure)");
+    socket.set(zmq::sockopt::curve_serverkey, key->second);
+    socket.set(zmq::sockopt::curve_publickey, options_.curve->own.public_key);
+    socket.set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_key);
+  }
+  if (context_.get(zmq::ctxopt::io_threads) >= 2) socket.set(zmq::sockopt::affinity, uint64_t{2});
+  // The monitor is attached before connect() so no event is missed.
+  const std::string monitor_endpoint = nextMonitorEndpoint(name_, peer);
+  if (zmq_socket_monitor(socket.handle(), monitor_endpoint.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+    CAIRN_THROW(InternalError, name_, ": zmq_socket_monitor for peer ", peer, ": ",
+                zmq_strerror(zmq_errno()));
+  zmq::socket_t monitor(context_, zmq::socket_type::pair);
+  monitor.set(zmq::sockopt::linger, 0);
+  monitor.connect(monitor_endpoint);
+  const std::string& dial = same_host.empty() ? endpoint : same_host;
+  try {
+    socket.connect(dial);
+  } catch (const zmq::error_t& e) {
+    zmq_socket_monitor(socket.handle(), nullptr, 0);
+    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", dial, ": ", e.what());
+  }
+  if (!same_host.empty()) CAIRN_DEBUG("peer ", peer, " (", endpoint, ") is on this host: ", same_host);
+  Peer entry;
+  entry.socket = std::move(socket);
+  entry.monitor = std::move(monitor);
+  entry.endpoint = dial;
+  entry.same_host = !same_host.empty();
+  std::unique_lock<std::shared_mutex> lock(peers_mutex_);
+  outbound_.emplace(peer, std::move(entry));
+}
+
+bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpoint,
+                               const std::string& public_key) {
+  CAIRN_ENFORCE(!closed_, "transport is closed");
+  Peer* found = findPeer(peer);
+  if (!found) return false;
+  Peer& p = *found;
+  std::lock_guard<std::mutex> sending(*p.send_mutex);
+  // A loopback address is reachable from this host only: a peer on this host stays on it (its
+  // socket has no CURVE), one elsewhere stays elsewhere.
+  const std::string same_host = sameHostEndpointFor(endpoint);
+  if (same_host.empty() == p.same_host)
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, " moved ", p.same_host ? "off" : "onto",
+                " this host (", endpoint, "); a peer on a loopback address stays on it");
+  const std::string& dial = same_host.empty() ? endpoint : same_host;
+  if (options_.curve && !p.same_host) p.socket.set(zmq::sockopt::curve_serverkey, public_key);
+  try {
+    p.socket.disconnect(p.endpoint);  // may be gone already (ENOENT)
+  } catch (const zmq::error_t&) {
+  }
+  try {
+    p.socket.connect(dial);
+  } catch (const zmq::error_t& e) {
+    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", dial, ": ", e.what());
+  }
+  p.endpoint = dial;
+  p.refused->store(false);
+  return true;
+}
+
+PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
+  const Peer* p = findPeer(peer);
+  if (!p) return PeerLiveness{};
+  std::lock_guard<std::mutex> lock(liveness_mutex_);
+  return p->liveness;
+}
+
+bool ZmqTransport::drainMonitors() {
+  bool changed = false;
+  std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+  for (auto& [peer, p] : outbound_) {
+    for (;;) {
+      // A monitor event is two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
+      std::vector<zmq::message_t> frames;
+      auto got = zmq::recv_multipart(p.monitor, std::back_inserter(frames), zmq::recv_flags::dontwait);
+      if (!got) break;
+      if (frames.empty() || frames[0].size() < sizeof(uint16_t)) continue;
+      uint16_t event = 0;
+      std::memcpy(&event, frames[0].data(), sizeof(event));
+      if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        // The peer's ZAP refused our key: ZeroMQ treats that as a protocol error and never dials
+        // again by itself. The next send dials again (the peer may admit us by then).
+        p.refused->store(true);
+        CAIRN_DEBUG("connection to ", peer, ": our key was refused; dialling again on the next send");
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(liveness_mutex_);
+      PeerState next = p.liveness.state;
+      if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) next = PeerState::kConnected;
+      // A connection that never completed a handshake (peer not up, wrong key) stays kUnknown.
+      if (event == ZMQ_EVENT_DISCONNECTED && p.liveness.state == PeerState::kConnected)
+        next = PeerState::kDisconnected;
+      if (next != p.liveness.state) {
+        p.liveness = {next, std::chrono::steady_clock::now()};
+        CAIRN_DEBUG("connection to ", peer, ": ", toString(next));
+        changed = true;
+      }
+    }
+  }
+  return changed;
+}
+
+SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
+                              std::chrono::milliseconds timeout) {
+  Peer* found = findPeer(peer);
+  if (!found) return SendStatus::kUnknownPeer;
+  std::vector<zmq::message_t> frames = encodeMessage(message, options_.codec);
+  handOver(frames);
+  {
+    // The monitors belong to whoever receives; a send only reads them when nobody does (the
+    // receiver drains them while it waits anyway).
+    std::unique_lock<std::mutex> receiving(receive_mutex_, std::try_to_lock);
+    if (receiving.owns_lock()) drainMonitors();
+  }
+  std::lock_guard<std::mutex> sending(*found->send_mutex);
+  zmq::socket_t& socket = found->socket;
+  if (found->refused->exchange(false)) {
+    try {
+      socket.disconnect(found->endpoint);  // may be gone already (ENOENT)
+    } catch (const zmq::error_t&) {
+    }
+    socket.connect(found->endpoint);
+  }
+  // Try at once; only when the peer's queue is full (or it is not connected yet) wait for room,
+  // at most `timeout`. Once the first frame is queued, ZeroMQ queues the rest atomically.
+  auto first = socket.send(frames[0], (frames.size() > 1 ? zmq::send_flags::sndmore
+                                                           : zmq::send_flags::none) |
+                                          zmq::send_flags::dontwait);
+  if (!first) {
+    zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLOUT, 0};
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      std::vector<zmq::pollitem_t> items{item};
+      pollOrInterrupted(items, std::max(left, std::chrono::milliseconds(0)));
+      item.revents = items[0].revents;
+      if (item.revents & ZMQ_POLLOUT) {
+        first = socket.send(frames[0], (frames.size() > 1 ? zmq::send_flags::sndmore
+                                                           : zmq::send_flags::none) |
+                                           zmq::send_flags::dontwait);
+        if (first) break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        ++stats_.send_timeouts;
+        return SendStatus::kTimedOut;
+      }
+    }
+  }
+  uint64_t bytes = 0;
+  for (size_t i = 1; i < frames.size(); ++i) {
+    bytes += frames[i].size();
+    const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    // Later frames of a multipart message never block: the first one reserved the room.
+    auto sent = socket.send(frames[i], flags | zmq::send_flags::dontwait);
+    CAIRN_ENFORCE(sent.has_value(), "ZeroMQ refused frame ", i, " of a multipart message");
+  }
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  ++stats_.messages_sent;
+  if (found->same_host) ++stats_.messages_sent_same_host;
+  stats_.bytes_sent += bytes;
+  return SendStatus::kSent;
+}
+
+std::optional<Message> ZmqTransport::receive(std::chrono::milliseconds timeout) {
+  return receiveImpl(timeout, /*wake_on_liveness=*/false);
+}
+
+std::optional<Message> ZmqTransport::receiveOrLivenessChange(std::chrono::milliseconds timeout) {
+  return receiveImpl(timeout, /*wake_on_liveness=*/true);
+}
+
+std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeout,
+                                                 bool wake_on_liveness) {
+  CAIRN_ENFORCE(!closed_, "transport is closed");
+  std::lock_guard<std::mutex> receiving(receive_mutex_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // The PULL socket and every peer's monitor, polled together: a connection going down is seen
+  // while waiting, not only at the next call.
+  std::vector<zmq::pollitem_t> items{{static_cast<void*>(inbound_), 0, ZMQ_POLLIN, 0}};
+  if (same_host_inbound_) items.push_back({static_cast<void*>(same_host_inbound_), 0, ZMQ_POLLIN, 0});
+  {
+    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+    for (auto& [peer, p] : outbound_)
+      items.push_back({static_cast<void*>(p.monitor), 0, ZMQ_POLLIN, 0});
+  }
+  for (;;) {
+    if (drainMonitors() && wake_on_liveness) return std::nullopt;
+    std::vector<zmq::message_t> frames;
+    // Take what is queued without a poll first; poll (bounded by the deadline) only when empty.
+    // A multipart message arrives whole, so once its first frame is readable all of it is. With
+    // a same-host socket too, the two are read first in turn, so neither starves the other.
+    bool same_host = false;
+    std::optional<size_t> got;
+    for (int i = 0; i < (same_host_inbound_ ? 2 : 1) && !got; ++i) {
+      same_host = same_host_inbound_ && (i == 0) == prefer_same_host_;
+      got = zmq::recv_multipart(same_host ? same_host_inbound_ : inbound_,
+                                std::back_inserter(frames), zmq::recv_flags::dontwait);
+    }
+    prefer_same_host_ = !prefer_same_host_;
+    if (!got) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left <= std::chrono::milliseconds(0)) return std::nullopt;
+      if (!pollOrInterrupted(items, left) && wake_on_liveness) return std::nullopt;
+      continue;
+    }
+    takeOver(frames);
+    std::string authenticated;
+    if (options_.curve && !same_host) {
+      // The ZAP handler set the connection's User-Id to the peer's name.
+      const char* user = zmq_msg_gets(frames[0].handle(), "User-Id");
+      authenticated = user ? user : "";
+    }
+    DecodeResult decoded = decodeMessage(std::move(frames), options_.codec);
+    if (decoded.ok() && options_.curve && !same_host && decoded.message->sender != authenticated) {
+      {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        ++stats_.messages_dropped;
+        ++stats_.messages_forged;
+      }
+      CAIRN_WARN("dropped a message claiming to come from \"", decoded.message->sender,
+                 "\" on the connection authenticated as \"", authenticated, "\"");
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    if (decoded.ok()) {
+      ++stats_.messages_received;
+      if (same_host) ++stats_.messages_received_same_host;
+      for (const auto& t : decoded.message->tensors) stats_.bytes_received += t.tensor.nbytes();
+      return std::move(decoded.message);
+    }
+    ++stats_.messages_dropped;
+    last_error_ = decoded.error;
+    CAIRN_WARN("dropped a malformed message: ", toString(decoded.error->code), ": ",
+               decoded.error->detail);
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+  }
+}
+
+void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& [peer, p] : outbound_) {
+    zmq_socket_monitor(p.socket.handle(), nullptr, 0);
+    p.socket.set(zmq::sockopt::linger, static_cast<int>(timeout.count()));
+    p.socket.close();
+    p.monitor.close();
+  }
+  outbound_.clear();
+  if (same_host_inbound_) {
+    same_host_inbound_.close();
+    // ZeroMQ leaves the socket file behind. Removed before the TCP port is given up, so a
+    // transport that took the port over (and bound the same name) cannot lose its file to us.
+    ::unlink(same_host_endpoint_.substr(std::strlen("ipc://")).c_str());
+  }
+  inbound_.close();
+}
+
+}  // namespace cairn

@@ -1,0 +1,179 @@
+// ZeroMQ implementation of Transport.
+//
+// Sockets: one PULL socket bound at this node's endpoint receives from every peer; one PUSH
+// socket per peer, connected to that peer's endpoint, sends to it. A neighbour link therefore has
+// two independent streams (our PUSH → their PULL, their PUSH → our PULL), each a separate
+// connection with its own bounded queue (high-water marks), so activations flowing down never
+// wait behind gradients flowing up. The PULL socket fair-queues between peers and refuses
+// messages larger than max_message_bytes (ZMQ_MAXMSGSIZE) before they are buffered.
+//
+// Liveness (docs/OPERATIONS.md "Failures while training"): every PUSH socket sends ZMTP heartbeats
+// (ZMQ_HEARTBEAT_IVL/TIMEOUT/TTL; ZeroMQ's I/O thread sends and answers them, so a node busy
+// computing still answers) and is watched by a socket monitor (zmq_socket_monitor → an inproc PAIR
+// socket owned by the same thread). receive() polls the monitors together with the PULL socket, so
+// liveness(peer) follows the connection while waiting: kConnected after a completed handshake
+// (CURVE included), kDisconnected when a connection that was up closes or misses heartbeats. A
+// connection the peer's ZAP refused (our key not admitted yet) is dialled again on the next send:
+// ZeroMQ itself gives such a connection up for good.
+//
+// Same host (docs/PROTOCOL.md "Same-host links"): with TransportOptions::same_host_dir set and this
+// transport reached at a loopback address (tcp://127.x.y.z:PORT, localhost, *.localhost, ::1), it also listens
+// on the Unix-domain socket ipc://DIR/PORT, and a peer whose endpoint is tcp on a loopback address
+// (so on this host) is reached at ipc://DIR/<its port> instead: no TCP stack and no CurveZMQ encryption on a link that
+// never leaves the machine. Messages on that socket are not CURVE-authenticated; sameHostDir() is
+// the user's own directory (mode 0700, checked), so only processes of this user can connect —
+// the same processes that can read the node's secret key file anyway.
+//
+// Ownership: the transport owns its sockets; the zmq::context_t is borrowed (inproc:// endpoints
+// need one context shared by both ends) and must outlive it.
+// Thread-safety (docs/THREADS.md): send, receive, receiveOrLivenessChange, liveness and stats may
+// be called from several threads at once (the rings of a node sync concurrently). Every socket is
+// still used by one thread at a time, under a lock that gives ZeroMQ the memory barrier it asks
+// for when a socket moves between threads: the PULL socket and the monitors under one receive
+// lock (one receiver at a time; Mailbox makes the others wait for it), each PUSH socket under its
+// own send lock (a send to one peer never waits behind a send to another). addPeer may run while
+// other threads send and receive (a ring member added mid-run, node/transport/LivePeers.h): the peer map is
+// under a reader/writer lock (peers_mutex_), a new peer's monitor is first polled by the next
+// receive. flushAndClose is tear-down: it must not run concurrently with any other call.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+
+#include "node/transport/CurveSecurity.h"
+#include "node/transport/Transport.h"
+
+namespace cairn {
+
+// CurveZMQ settings. A ZapAuthenticator admitting exactly the peers in `peer_public_keys` must be
+// running in the transport's context before the transport is constructed (the provider makes one).
+struct CurveOptions {
+  CurveKeyPair own;
+  std::map<std::string, std::string> peer_public_keys;  // peer name → Z85 public key
+};
+
+struct TransportOptions {
+  int send_high_water_mark = 16;     // messages queued per peer before send() waits
+  int receive_high_water_mark = 16;  // messages queued per peer on our side
+  CodecLimits codec;                 // size limits enforced on receive
+  std::optional<CurveOptions> curve;  // absent: plain TCP (only with --insecure)
+  // ZeroMQ mallocs every received message; glibc serves large ones with fresh mmap()s (or trims
+  // freed heap back to the system) so every received byte page-faults once (~37 000 faults per
+  // 100 MB all-reduce round among 4 ranks, ~20% of its CPU). When set, the first transport of the
+  // process raises glibc's mmap threshold (32 MiB) and trim threshold (256 MiB) so that message
+  // buffers are reused instead: up to that much freed memory stays with the process.
+  bool keep_message_memory = true;
+  // ZMTP heartbeats on every PUSH socket: a PING every interval; no traffic for `timeout` closes the
+  // connection (→ kDisconnected). 0 switches heartbeats off (a closed TCP connection is still seen).
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  // Same-host links (above): the directory of the Unix-domain sockets, normally sameHostDir();
+  // empty: every peer over TCP (and CURVE when set). Every node of a run must agree on it.
+  std::string same_host_dir;
+  // The endpoint peers dial to reach this transport ("tcp://" + node.json address), when it is not
+  // the bound one (provider --bind): its port names the same-host socket. Empty: the bound one.
+  std::string advertised_endpoint;
+};
+
+// The directory for same-host links: `dir` (default /tmp/cairn-<uid>), created with mode 0700 when
+// missing. Empty (with a warning naming the reason) when it is not a directory this user owns with
+// mode 0700 (a symlink, another user's, open to group or others): nodes then talk over TCP only.
+std::string sameHostDir(const std::string& dir = "");
+
+// True for tcp://HOST:PORT endpoints whose HOST is a loopback name (core/NodeConfigs.h isLoopbackName).
+bool isLoopbackTcpEndpoint(const std::string& endpoint);
+
+class ZmqTransport : public Transport {
+ public:
+  // Binds `bind_endpoint` (e.g. "tcp://127.0.0.1:5003", "inproc://node_3"). Throws BadInput when
+  // the endpoint cannot be bound (port in use, bad address), naming it. With options.curve set,
+  // inbound connections must authenticate (ZAP) and each message's header sender must equal the
+  // authenticated peer name; others are dropped and counted (TransportStats::messages_forged).
+  ZmqTransport(zmq::context_t& context, std::string name, const std::string& bind_endpoint,
+               TransportOptions options = {});
+  ~ZmqTransport() override;
+
+  const std::string& name() const override { return name_; }
+  void addPeer(const std::string& peer, const std::string& endpoint) override;
+  // addPeer for a peer not known when the transport was made: with CURVE, `public_key` (Z85) is
+  // recorded as the peer's server key first (ignored without CURVE). Nothing when the peer is
+  // known already. Safe while other threads send and receive.
+  void addPeer(const std::string& peer, const std::string& endpoint, const std::string& public_key);
+  [[nodiscard]] SendStatus send(const std::string& peer, const Message& message,
+                                std::chrono::milliseconds timeout) override;
+  [[nodiscard]] std::optional<Message> receive(std::chrono::milliseconds timeout) override;
+  [[nodiscard]] std::optional<Message> receiveOrLivenessChange(
+      std::chrono::milliseconds timeout) override;
+  PeerLiveness liveness(const std::string& peer) const override;
+  TransportStats stats() const override {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    return stats_;
+  }
+  void flushAndClose(std::chrono::milliseconds timeout) override;
+
+  // Points the named peer at a new endpoint and CURVE server key (a ring peer whose volunteer
+  // was replaced by a spare, node/transport/LivePeers.h): the old connection is dropped, the next one uses
+  // them. Done under that peer's send lock, like every send, so it may run while other threads
+  // send and receive. `public_key` is ignored without CURVE. False for an unknown peer.
+  bool repointPeer(const std::string& peer, const std::string& endpoint, const std::string& public_key);
+
+  // The endpoint actually bound: with "tcp://127.0.0.1:*" (a port the kernel picks), the port it
+  // picked, e.g. "tcp://127.0.0.1:41873". Safe from any thread (set in the constructor).
+  const std::string& boundEndpoint() const { return bound_endpoint_; }
+  // The same-host socket it also listens on ("ipc://DIR/PORT"), or empty (none: not on a loopback
+  // address, or same_host_dir unset). Safe from any thread (set in the constructor).
+  const std::string& sameHostEndpoint() const { return same_host_endpoint_; }
+  // True when messages to `peer` go over a same-host link. False for an unknown peer.
+  bool isSameHostPeer(const std::string& peer) const;
+
+  // The last decode error seen (for tests and metrics; read it while no other thread receives).
+  const std::optional<DecodeError>& lastDecodeError() const { return last_error_; }
+
+ private:
+  zmq::context_t& context_;
+  std::string name_;
+  std::string bound_endpoint_;
+  TransportOptions options_;
+  struct Peer {
+    zmq::socket_t socket;   // PUSH, connected to the peer's PULL; used under *send_mutex
+    zmq::socket_t monitor;  // PAIR receiving `socket`'s monitor events; under receive_mutex_
+    PeerLiveness liveness;  // under liveness_mutex_
+    std::unique_ptr<std::mutex> send_mutex = std::make_unique<std::mutex>();
+    std::string endpoint;  // what `socket` connects to
+    bool same_host = false;  // `endpoint` is the peer's same-host socket (no CURVE)
+    // Set when the peer's ZAP refused our key (a peer that does not admit us yet: a replaced
+    // volunteer's neighbour before it applied the new peers); the next send dials again.
+    std::unique_ptr<std::atomic<bool>> refused = std::make_unique<std::atomic<bool>>(false);
+  };
+  // Reads every pending monitor event; true when some peer's state changed. Caller holds
+  // receive_mutex_.
+  bool drainMonitors();
+  std::optional<Message> receiveImpl(std::chrono::milliseconds timeout, bool wake_on_liveness);
+
+  // The same-host endpoint for a peer's tcp endpoint, or empty when it is not on this host.
+  std::string sameHostEndpointFor(const std::string& tcp_endpoint) const;
+
+  zmq::socket_t inbound_;                 // under receive_mutex_
+  zmq::socket_t same_host_inbound_;       // PULL at same_host_endpoint_ (none: null); under receive_mutex_
+  std::string same_host_endpoint_;
+  bool prefer_same_host_ = false;          // alternates which inbound socket is read first
+  // The map itself (and options_.curve->peer_public_keys) changes only in addPeer (under
+  // peers_mutex_ exclusively, one addPeer at a time: add_mutex_) and flushAndClose; entries are
+  // never erased while open, so a Peer found under a shared lock stays valid after it.
+  std::map<std::string, Peer> outbound_;
+  mutable std::shared_mutex peers_mutex_;
+  std::mutex add_mutex_;
+  Peer* findPeer(const std::string& peer) const;
+  void addPeerLocked(const std::string& peer, const std::string& endpoint);
+  std::mutex receive_mutex_;
+  mutable std::mutex liveness_mutex_;
+  mutable std::mutex stats_mutex_;
+  TransportStats stats_;                   // under stats_mutex_
+  std::optional<DecodeError> last_error_;  // written under receive_mutex_
+  bool closed_ = false;
+};
+
+}  // namespace cairn

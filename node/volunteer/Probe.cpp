@@ -1,0 +1,213 @@
+#include "node/volunteer/Probe.h"
+
+#include <ATen/Parallel.h>
+#include <hwloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "node/transport/ZmqTransport.h"
+
+namespace cairn {
+namespace {
+
+// RAII over an hwloc topology.
+class Topology {
+ public:
+  Topology() {
+    if (hwloc_topology_init(&topology_) != 0 || hwloc_topology_load(topology_) != 0)
+      CAIRN_THROW(InternalError, "hwloc could not read this machine's topology");
+  }
+  ~Topology() { hwloc_topology_destroy(topology_); }
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+  hwloc_topology_t get() const { return topology_; }
+
+ private:
+  hwloc_topology_t topology_{};
+};
+
+// The cgroup memory limit in bytes, if one is set (v2: memory.max, v1: memory.limit_in_bytes).
+std::optional<double> cgroupMemoryLimit() {
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    std::string text;
+    if (!(in >> text) || text == "max") continue;
+    try {
+      const double bytes = std::stod(text);
+      if (bytes > 0 && bytes < 1e18) return bytes;  // v1 reports ~2^63 for "no limit"
+    } catch (const std::exception&) {
+    }
+  }
+  return std::nullopt;
+}
+
+constexpr const char* kProbeJob = "cairn-probe";
+
+}  // namespace
+
+void probeMemoryAndCores(MachineProbe* probe) {
+  Topology topology;
+  hwloc_obj_t root = hwloc_get_root_obj(topology.get());
+  double bytes = static_cast<double>(root->total_memory);
+  if (auto limit = cgroupMemoryLimit()) bytes = std::min(bytes, *limit);
+  probe->ram_gb = bytes / 1e9;
+  int cores = hwloc_get_nbobjs_by_type(topology.get(), HWLOC_OBJ_CORE);
+  if (cores <= 0) cores = hwloc_get_nbobjs_by_type(topology.get(), HWLOC_OBJ_PU);
+  probe->cores = std::max(cores, 1);
+}
+
+double probeComputeGflops(int size, std::chrono::milliseconds duration, int threads) {
+  // A provider runs its stage with torch's intra-op threads (the node's thread count): the probe
+  // measures with the same count, on an sgemm large enough to reach the machine's throughput
+  // (512² matmuls through torch::matmul spent a large share in dispatch and reported a third of it).
+  if (threads <= 0) {
+    MachineProbe machine;
+    probeMemoryAndCores(&machine);
+    threads = machine.cores;  // what a provider's "threads" defaults to: one per core
+  }
+  const int previous = at::get_num_threads();
+  at::set_num_threads(threads);
+  c10::InferenceMode inference;
+  const auto a = torch::randn({size, size}), b = torch::randn({size, size});
+  auto c = torch::mm(a, b);  // warm-up: thread pool, caches
+  torch::mm_out(c, a, b);
+  const double flops_per_matmul = 2.0 * size * size * size;
+  std::vector<double> rates;
+  const auto end = std::chrono::steady_clock::now() + duration;
+  while (std::chrono::steady_clock::now() < end || rates.size() < 5) {
+    const auto start = std::chrono::steady_clock::now();
+    int n = 0;
+    do {
+      torch::mm_out(c, a, b);
+      ++n;
+    } while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(100));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rates.push_back(flops_per_matmul * n / s / 1e9);
+  }
+  at::set_num_threads(previous);
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];  // median round
+}
+
+namespace {
+// "tcp://127.0.0.1:41873" → "127.0.0.1:41873"
+std::string hostPortOf(const std::string& endpoint) {
+  const std::string scheme = "tcp://";
+  return endpoint.rfind(scheme, 0) == 0 ? endpoint.substr(scheme.size()) : endpoint;
+}
+}  // namespace
+
+void serveBandwidthProbes(const std::string& address, int max_probes,
+                          std::chrono::milliseconds idle_timeout,
+                          const std::function<void(const std::string&)>& on_listening) {
+  zmq::context_t context;
+  ZmqTransport transport(context, "probe-server", "tcp://" + address);
+  const std::string bound = hostPortOf(transport.boundEndpoint());
+  CAIRN_INFO("serving bandwidth probes on ", bound);
+  if (on_listening) on_listening(bound);
+  for (int served = 0; max_probes == 0 || served < max_probes;) {
+    auto hello = transport.receive(idle_timeout);
+    if (!hello) break;
+    if (hello->kind != MessageKind::kControl || hello->job_id != kProbeJob) continue;
+    // hello: sender's name in `sender`, its address in `text`, message count in `step`.
+    const uint64_t count = hello->step;
+    if (count == 0 || count > 100000 || hello->text.empty()) continue;
+    transport.addPeer(hello->sender + "@" + hello->text, "tcp://" + hello->text);
+    uint64_t received = 0;
+    while (received < count) {
+      auto m = transport.receive(std::chrono::seconds(30));
+      if (!m) break;
+      if (m->job_id == kProbeJob && m->kind == MessageKind::kActivation) ++received;
+    }
+    Message ack;
+    ack.kind = MessageKind::kControl;
+    ack.job_id = kProbeJob;
+    ack.step = received;
+    (void)transport.send(hello->sender + "@" + hello->text, ack, std::chrono::seconds(10));
+    ++served;
+  }
+  transport.flushAndClose(std::chrono::seconds(2));
+}
+
+double probeBandwidthMbps(const std::optional<std::string>& peer, int megabytes,
+                          std::chrono::seconds timeout) {
+  std::thread server;
+  std::string target = peer.value_or("");
+  if (!peer) {
+    // Loopback: a server thread on a port the kernel picks, which it reports once it listens.
+    std::promise<std::string> listening;
+    std::future<std::string> bound = listening.get_future();
+    server = std::thread([timeout, &listening] {
+      bool reported = false;
+      try {
+        serveBandwidthProbes("127.0.0.1:*", 1, timeout, [&](const std::string& address) {
+          listening.set_value(address);
+          reported = true;
+        });
+      } catch (const std::exception& e) {
+        CAIRN_ERROR("loopback probe server: ", e.what());
+        if (!reported) listening.set_exception(std::current_exception());
+      }
+    });
+    try {
+      target = bound.get();
+    } catch (...) {
+      server.join();
+      throw;
+    }
+  }
+  double mbps = 0;
+  std::exception_ptr failure;
+  try {
+    zmq::context_t context;
+    ZmqTransport transport(context, "probe", "tcp://127.0.0.1:*");
+    const std::string self_address = hostPortOf(transport.boundEndpoint());
+    transport.addPeer("server", "tcp://" + target);
+    Message hello;
+    hello.kind = MessageKind::kControl;
+    hello.job_id = kProbeJob;
+    hello.sender = "probe";
+    hello.text = self_address;
+    hello.step = static_cast<uint64_t>(megabytes);
+    if (transport.send("server", hello, timeout) != SendStatus::kSent)
+      CAIRN_THROW(PeerLost, "probe server ", target, " did not accept a connection within ",
+                  timeout.count(), " s (is `provider --probe-serve` running there?)");
+    Message chunk;
+    chunk.kind = MessageKind::kActivation;
+    chunk.job_id = kProbeJob;
+    chunk.tensors = {{"x", torch::rand({256 * 1024})}};  // 1 MiB
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < megabytes; ++i)
+      if (transport.send("server", chunk, timeout) != SendStatus::kSent)
+        CAIRN_THROW(PeerLost, "probe server ", target, " stopped taking data");
+    auto ack = transport.receive(timeout);
+    if (!ack || ack->step != static_cast<uint64_t>(megabytes))
+      CAIRN_THROW(PeerLost, "probe server ", target, " did not acknowledge within ", timeout.count(), " s");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    mbps = megabytes * 1024.0 * 1024.0 * 8.0 / s / 1e6;
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (server.joinable()) server.join();
+  if (failure) std::rethrow_exception(failure);
+  return mbps;
+}
+
+nlohmann::json nodeConfigEntry(const MachineProbe& p, const std::string& address) {
+  auto round2 = [](double x) { return std::round(x * 100) / 100; };
+  return {{"IP", address},
+          {"benchmarks",
+           {{"ram", round2(p.ram_gb)},
+            {"bandwidth", round2(p.bandwidth_mbps)},
+            {"compute", round2(p.compute_gflops)},
+            {"cores", p.cores}}}};
+}
+
+}  // namespace cairn

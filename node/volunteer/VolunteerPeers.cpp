@@ -1,0 +1,129 @@
+#include "node/volunteer/VolunteerPeers.h"
+
+#include "core/Error.h"
+#include "core/JsonReader.h"
+#include "core/Log.h"
+#include "core/NodeData.h"
+#include "node/volunteer/VolunteerAssignment.h"
+
+namespace cairn {
+namespace {
+
+// "node_1 now at 127.0.0.1:5005" for every peer whose address or key differs.
+std::string changes(const NodeSpec& before, const NodeSpec& after) {
+  std::map<std::string, PeerRef> old;
+  auto collect = [](const NodeSpec& n, auto&& f) {
+    if (n.upstream) f(*n.upstream);
+    if (n.downstream) f(*n.downstream);
+    for (const RingSpec& r : n.rings)
+      for (const PeerRef& m : r.members) f(m);
+  };
+  collect(before, [&](const PeerRef& p) { old[p.name] = p; });
+  std::map<std::string, std::string> moved;
+  collect(after, [&](const PeerRef& p) {
+    auto it = old.find(p.name);
+    if (it == old.end() || it->second.address != p.address || it->second.public_key != p.public_key)
+      moved[p.name] = p.name + " now at " + p.address;
+  });
+  std::string out;
+  for (const auto& [name, text] : moved) out += (out.empty() ? "" : ", ") + text;
+  return out.empty() ? "no peer changed" : out;
+}
+
+}  // namespace
+
+VolunteerPeers::VolunteerPeers(std::string node_data, std::string name, std::string own_public_key,
+                               std::string coordinator)
+    : node_data_(std::move(node_data)),
+      name_(std::move(name)),
+      own_public_key_(std::move(own_public_key)),
+      coordinator_(std::move(coordinator)) {}
+
+void VolunteerPeers::offer(const PeersUpdate& update) {
+  const std::string path = nodeSpecPath(node_data_, name_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  NodeSpec current, next;
+  try {
+    current = readNodeSpec(path);
+    next = checkPeersUpdate(update, current, own_public_key_, coordinator_);
+  } catch (const BadInput& e) {
+    CAIRN_WARN("ignored the coordinator's peers update: ", e.what());
+    return;
+  }
+  auto same = [](const std::optional<PeerRef>& a, const std::optional<PeerRef>& b) {
+    return a.has_value() == b.has_value() &&
+           (!a || (a->address == b->address && a->public_key == b->public_key));
+  };
+  const bool neighbours = !same(current.upstream, next.upstream) || !same(current.downstream, next.downstream);
+  if (!neighbours && live_) {
+    std::vector<std::string> moved;
+    try {
+      moved = live_(next);
+    } catch (const BadInput& e) {
+      // E.g. ring members changed other than by appending (node/ring/RingClusterSync.h addMembers):
+      // the update is not used, the node keeps training with the peers it has.
+      CAIRN_WARN("ignored the coordinator's peers update: ", e.what());
+      return;
+    }
+    writeJsonFile(path, toJson(next));
+    std::string text;
+    for (const std::string& m : moved) text += (text.empty() ? "" : ", ") + m;
+    CAIRN_INFO("ring peers re-pointed live (", text.empty() ? "none of them was connected" : text,
+               "); ", path, " updated");
+    return;
+  }
+  update_ = update;
+  has_pending_ = true;
+  CAIRN_INFO("the coordinator sent updated peers (a peer was replaced); ",
+             paused_.load() ? "this paused node restarts its stage with them"
+                            : "applied once this node's cluster pauses on the lost peer");
+}
+
+std::function<void(LivePeersApply)> VolunteerPeers::liveHook() {
+  return [this](LivePeersApply apply) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ = std::move(apply);
+  };
+}
+
+std::function<void(const nlohmann::json&)> VolunteerPeers::watch(
+    std::function<void(const nlohmann::json&)> inner) {
+  return [this, inner = std::move(inner)](const nlohmann::json& event) {
+    if (event.is_object() && event.contains("state") && event["state"].is_string()) {
+      const std::string state = event["state"].get<std::string>();
+      if (state == "paused") paused_ = true;
+      if (state == "resumed") paused_ = false;
+    }
+    if (inner) inner(event);
+  };
+}
+
+std::function<bool()> VolunteerPeers::stopWhenReplaced(std::function<bool()> signal) {
+  return [this, signal = std::move(signal)] {
+    if (signal && signal()) return true;
+    return has_pending_.load() && paused_.load();
+  };
+}
+
+bool VolunteerPeers::applyPending() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::optional<PeersUpdate> update;
+  update.swap(update_);
+  has_pending_ = false;
+  paused_ = false;
+  if (!update) return false;
+  const std::string path = nodeSpecPath(node_data_, name_);
+  try {
+    const NodeSpec current = readNodeSpec(path);
+    const NodeSpec next = checkPeersUpdate(*update, current, own_public_key_, coordinator_);
+    writeJsonFile(path, toJson(next));
+    CAIRN_INFO("peers updated in ", path, " (", changes(current, next),
+               "); running the stage again from the cluster's newest common checkpoint");
+    return true;
+  } catch (const BadInput& e) {
+    CAIRN_WARN("ignored the coordinator's peers update: ", e.what());
+    return false;
+  }
+}
+
+}  // namespace cairn

@@ -1,0 +1,96 @@
+#include "node/volunteer/VolunteerRun.h"
+
+#include "core/Log.h"
+#include "core/NodeData.h"
+#include "node/volunteer/Probe.h"
+#include "node/pipeline/ProviderRun.h"
+#include "node/volunteer/ServedChunks.h"
+#include "node/volunteer/VolunteerAssignment.h"
+#include "node/volunteer/VolunteerPeers.h"
+
+namespace cairn {
+
+int runVolunteer(const VolunteerConfig& config) {
+  setLogTag("volunteer");
+  VolunteerSession session(config);
+  session.startResponder();  // a --listen that cannot be bound fails before the probe
+  MachineProbe measured;
+  probeMemoryAndCores(&measured);
+  measured.compute_gflops = probeComputeGflops();
+  VolunteerProbe probe;
+  probe.ram_gb = measured.ram_gb;
+  probe.cores = measured.cores;
+  probe.compute_gflops = measured.compute_gflops;
+  const auto accepted = session.join(probe);
+  if (!accepted) {
+    CAIRN_INFO("stopped before the coordinator answered");
+    return 0;
+  }
+  setLogTag(session.name());
+  const AssignmentWait wait = session.waitForAssignment();
+  if (wait.end == AssignmentWait::End::kStopped) {
+    CAIRN_INFO("stopped while waiting for an assignment");
+    return 0;
+  }
+  if (wait.end == AssignmentWait::End::kFinished) {
+    CAIRN_INFO("the coordinator says the run is over (", wait.reason, "); nothing to train");
+    return 0;
+  }
+  ProviderRunOptions run;
+  run.node_data = wait.node_data;
+  run.name = wait.name;
+  run.bind_address = session.listenBound();
+  run.same_host_links = false;  // CURVE over TCP even on loopback (ProviderRunOptions)
+  run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
+  // data.source "coordinator": the Root fetches its cluster's chunks (node/volunteer/ServedChunks.h).
+  run.chunk_source = std::make_shared<ServedChunks>(config.invite, session.workdir().loadOrCreateIdentity(),
+                                                    wait.name, session.workdir().path() + "/chunks");
+  // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
+  VolunteerPeers peers(run.node_data, run.name, session.publicKey(), describeCoordinator(config.invite));
+  run.stop_requested = peers.stopWhenReplaced(config.stop_requested);
+  run.on_live_peers = peers.liveHook();  // a ring peer replaced: re-pointed live
+  // The trainer's records, plan and state changes go to the coordinator in the background.
+  auto metrics = session.metricsStream();
+  run.on_record = [m = metrics.get()](const nlohmann::json& r, const std::string& line) { m->record(r, line); };
+  run.on_event = [m = metrics.get()](const nlohmann::json& e) { m->event(e); };
+  run.on_event = peers.watch(run.on_event);  // notes "paused"
+  ProviderRunOutcome outcome;
+  {
+    auto heartbeats = session.trainingHeartbeats([m = metrics.get()] { return m->progress(); });
+    auto uploads = session.checkpointUploads(nodeDirectory(run.node_data, run.name) + "/checkpoints");
+    heartbeats->onPeers([&peers](const PeersUpdate& update) { peers.offer(update); });
+    if (uploads) run.keep_checkpoints_from = [u = uploads.get()] { return u->keepFrom(); };
+    try {
+      outcome = runProvider(run);
+      while (outcome.stopped && !(config.stop_requested && config.stop_requested()) &&
+             peers.applyPending()) {
+        run.resume = true;
+        outcome = runProvider(run);
+      }
+    } catch (const std::exception& e) {
+      uploads.reset();
+      heartbeats.reset();
+      metrics->finish(std::chrono::milliseconds(5000));  // the "lost-peer"/"failed" state
+      session.sendLeaving(std::string("failed: ") + e.what());
+      throw;
+    }
+    // The last checkpoint (written at the end of training, or at a stop) goes up first: before
+    // the results, or before `leaving` (then for less time: a stop was asked for).
+    if (uploads) uploads->finish(std::chrono::milliseconds(outcome.stopped ? 10000 : 30000));
+    // Every record still queued goes up before the results (or `leaving`).
+    if (!metrics->finish(std::chrono::milliseconds(outcome.stopped ? 10000 : 30000)))
+      CAIRN_WARN("the coordinator did not take every metrics record; they are in the node's "
+                 "metrics.jsonl");
+  }
+  if (outcome.stopped) {
+    session.sendLeaving("stopped");
+    return 0;
+  }
+  if (!session.uploadResult(outcome.summary, outcome.weights_path))
+    CAIRN_WARN("the coordinator at ", config.invite.address(),
+               " did not acknowledge the results; they stay in ", outcome.result_path, " and ",
+               outcome.weights_path);
+  return 0;
+}
+
+}  // namespace cairn
