@@ -18,6 +18,7 @@ PACKAGES=(
   python3-matplotlib
   libcpp-httplib-dev chromium  # the coordinator's web view, and the browser its test loads it in
   sentencepiece python3-sentencepiece bible-kjv
+  universal-ctags  # tools/check_sizes.sh (lint.sizes): each function's first and last line
 )
 
 missing=()

@@ -1,0 +1,89 @@
+# How the suite registers its tests with ctest.
+#
+# cairn_gtest_suites(TARGET LABEL label [NUMERIC suite-regex] [FILTER gtest-filter] [PER_CASE]
+#                    [PROPERTIES prop value ...])
+#   One ctest entry, TARGET.Suite, per GoogleTest *suite* of TARGET (not per case, as gtest_discover_tests does):
+#   each GoogleTest process starts libtorch, and one start per suite instead of one per case is most
+#   of the unit label's time. The entry runs exactly the suite's cases that FILTER selects (all by
+#   default), listed by name; a failing case is named in the test's output ([  FAILED  ] Suite.Case).
+#   PER_CASE registers each selected case on its own instead (TARGET.Suite.Case) (for cases minutes long, so ctest -j
+#   can run them beside others). Like gtest_discover_tests, the cases are listed after each build
+#   (POST_BUILD, `TARGET --gtest_list_tests`), so a new TEST needs no edit here.
+#   Every entry gets TIMEOUT 300 unless PROPERTIES names another: a hang fails fast. Each has the
+#   one LABEL, and the label `numeric` too where its suite matches NUMERIC: the tests that compare
+#   floating-point results, which tools/numeric_tests.sh runs under each ATEN_CPU_CAPABILITY.
+#
+# GoogleTest's own module has no per-suite mode, hence this small one (cmake/GTestSuitesAdd.cmake
+# turns the listing into add_test calls).
+set(CAIRN_TEST_TIMEOUT 300 CACHE STRING "ctest TIMEOUT of each test that names none (seconds)")
+
+function(cairn_gtest_suites target)
+  cmake_parse_arguments(ARG "PER_CASE" "FILTER;LABEL;NUMERIC" "PROPERTIES" ${ARGN})
+  if(NOT ARG_LABEL)
+    message(FATAL_ERROR "cairn_gtest_suites(${target}): LABEL is required (README: every test has one)")
+  endif()
+  if(NOT ARG_FILTER)
+    set(ARG_FILTER "*")
+  endif()
+  set(props ${ARG_PROPERTIES})
+  if(NOT "TIMEOUT" IN_LIST props)
+    list(APPEND props TIMEOUT ${CAIRN_TEST_TIMEOUT})
+  endif()
+  # Each property value as a bracket argument, so values with ; or spaces pass through unchanged.
+  set(props_text "")
+  foreach(word IN LISTS props)
+    string(APPEND props_text " [==[${word}]==]")
+  endforeach()
+  string(MD5 key "${target};${ARG_FILTER};${ARG_PER_CASE};${ARG_LABEL}")
+  string(SUBSTRING "${key}" 0 8 key)
+  set(base "${CMAKE_CURRENT_BINARY_DIR}/${target}_${key}")
+  file(WRITE "${base}_props.txt" "${props_text}")
+  set(mode SUITE)
+  if(ARG_PER_CASE)
+    set(mode CASE)
+  endif()
+  add_custom_command(TARGET ${target} POST_BUILD
+    COMMAND "${CMAKE_COMMAND}" -D "EXE=$<TARGET_FILE:${target}>" -D "PREFIX=${target}" -D "FILTER=${ARG_FILTER}"
+            -D "MODE=${mode}" -D "LABEL=${ARG_LABEL}"
+            -D "NUMERIC=${ARG_NUMERIC}" -D "PROPS_FILE=${base}_props.txt" -D "OUT=${base}_tests.cmake"
+            -P "${PROJECT_SOURCE_DIR}/cmake/GTestSuitesAdd.cmake"
+    BYPRODUCTS "${base}_tests.cmake" VERBATIM)
+  # ctest reads this file; until the target is built it registers one failing placeholder.
+  file(WRITE "${base}_include.cmake"
+    "if(EXISTS [==[${base}_tests.cmake]==])\n"
+    "  include([==[${base}_tests.cmake]==])\n"
+    "else()\n"
+    "  add_test([==[${target}_NOT_BUILT_${key}]==] [==[${target}_NOT_BUILT]==])\n"
+    "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${base}_include.cmake")
+endfunction()
+
+# cairn_script_tests(PREFIX prefix SCRIPT script.py CASES c1 c2 ... [PORTS base1 base2 ...]
+#                    [TIMEOUT s] [LABEL label] [ARGS extra args ...])
+#   One ctest entry `prefix.CASE` per case of a test script: `python3 SCRIPT CASE ARGS...
+#   --work <build>/integration/<prefix>_<case>`, and `--port BASE` where PORTS gives each case its
+#   fixed block (static plans must name every address before a provider starts; tests/CMakeLists.txt
+#   says which blocks are taken).
+function(cairn_script_tests)
+  cmake_parse_arguments(ARG "" "PREFIX;SCRIPT;TIMEOUT;LABEL" "CASES;PORTS;ARGS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT ${CAIRN_TEST_TIMEOUT})
+  endif()
+  if(NOT ARG_LABEL)
+    set(ARG_LABEL integration)
+  endif()
+  string(REPLACE "." "_" dir_prefix "${ARG_PREFIX}")
+  set(i 0)
+  foreach(case IN LISTS ARG_CASES)
+    set(port_args "")
+    if(ARG_PORTS)
+      list(GET ARG_PORTS ${i} port)
+      set(port_args --port ${port})
+    endif()
+    add_test(NAME ${ARG_PREFIX}.${case}
+      COMMAND ${CAIRN_PYTHON} ${ARG_SCRIPT} ${case} ${ARG_ARGS} ${port_args}
+              --work ${CMAKE_CURRENT_BINARY_DIR}/integration/${dir_prefix}_${case})
+    set_tests_properties(${ARG_PREFIX}.${case} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS ${ARG_LABEL})
+    math(EXPR i "${i} + 1")
+  endforeach()
+endfunction()

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The house's sizes, checked on the project's own code (core/, trainer/, node/, clusterize/,
+# coordinator/, apps/): no file over 500 lines, no function over 80. Functions' first and last lines
+# come from Universal Ctags (`--fields=+ne`: line and end), which sees lambdas' enclosing function
+# as one. A file or function that must stay larger is named in EXCEPTIONS below with its reason;
+# the list starts empty. Run by ctest (lint.sizes) and so by tools/test.sh.
+#   tools/check_sizes.sh [SOURCE_DIR]
+set -euo pipefail
+ROOT=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+cd "$ROOT"
+MAX_FILE_LINES=500
+MAX_FUNCTION_LINES=80
+ROOMS=(core trainer node clusterize coordinator apps)
+# "path" or "path:function", one per line, each with its reason in a comment above it.
+EXCEPTIONS=(
+)
+
+if ! command -v ctags >/dev/null || ! ctags --version 2>/dev/null | grep -q Universal; then
+  echo "check_sizes: Universal Ctags is missing (Debian package universal-ctags; tools/setup.sh installs it)"
+  exit 1
+fi
+excepted() {
+  local item
+  for item in "${EXCEPTIONS[@]}"; do [[ "$item" == "$1" ]] && return 0; done
+  return 1
+}
+
+failures=0
+files=()
+while IFS= read -r -d '' file; do files+=("$file"); done < <(
+  find "${ROOMS[@]}" -type f \( -name '*.h' -o -name '*.cpp' \) -print0 | sort -z)
+for file in "${files[@]}"; do
+  lines=$(wc -l < "$file")
+  if ((lines > MAX_FILE_LINES)) && ! excepted "$file"; then
+    echo "$file: $lines lines (at most $MAX_FILE_LINES: split it along a seam)"
+    failures=$((failures + 1))
+  fi
+done
+while IFS=$'\t' read -r length file name line; do
+  if ! excepted "$file:$name"; then
+    echo "$file:$line: function $name is $length lines (at most $MAX_FUNCTION_LINES)"
+    failures=$((failures + 1))
+  fi
+done < <(ctags --fields=+ne --c++-kinds=f --language-force=C++ -o - "${files[@]}" |
+         awk -F'\t' -v max="$MAX_FUNCTION_LINES" '{
+           start = ""; end = ""
+           for (i = 4; i <= NF; i++) {
+             if ($i ~ /^line:/) start = substr($i, 6)
+             if ($i ~ /^end:/) end = substr($i, 5)
+           }
+           if (start != "" && end != "" && end - start + 1 > max)
+             printf "%d\t%s\t%s\t%s\n", end - start + 1, $2, $1, start
+         }')
+if ((failures > 0)); then
+  echo "check_sizes: $failures file(s) or function(s) over the limits"
+  exit 1
+fi
+echo "check_sizes: ${#files[@]} files of ${ROOMS[*]}: none over $MAX_FILE_LINES lines, no function over $MAX_FUNCTION_LINES"
