@@ -50,19 +50,129 @@ void installStopHandling() {
   }).detach();
 }
 
+// Everything `provider` reads from its command line, by mode.
+struct Cli {
+  // --name: train one node of a plan.
+  std::string name;
+  std::string node_data = "node_data";
+  bool resume = false;
+  bool insecure = false;
+  // --probe / --probe-serve: know your machine.
+  bool probe = false;
+  std::string probe_address = "127.0.0.1:5500", probe_peer, probe_serve;
+  int probe_megabytes = 256;
+  CLI::Option* probe_megabytes_option = nullptr;  // given or not: its default differs by mode
+  // --join: volunteers join a coordinator (`clusterize --serve`) instead of --name.
+  std::string invite, listen, advertise, workdir = "cairn-volunteer";
+  double coordinator_timeout_s = 60, result_wait_s = 600, upload_mbps = 50;
+  int metrics_queue = 20000;
+};
+
+const char* const kDescription =
+    "provider: run one node of a cairn plan: load nodes/<name>/{node.json,stage.pt} and "
+    "job.json,\n"
+    "connect to the pipeline neighbours, train, evaluate, and write "
+    "nodes/<name>/trained_stage.pt\n"
+    "and nodes/<name>/metrics.jsonl.\n"
+    "Or join a coordinator as a volunteer: `provider --join <invite> --listen HOST:PORT` (no\n"
+    "files to copy: the coordinator, `clusterize --serve`, sends the stage, node.json and\n"
+    "job.json; see --join and docs/OPERATIONS.md \"Volunteers join\").\n\n"
+    "Failures (docs/OPERATIONS.md): with training_definition.checkpoint_every > 0 each node\n"
+    "checkpoints into nodes/<name>/checkpoints/. A pipeline neighbour lost mid-run (connection\n"
+    "down for timeouts.peer_timeout_s) pauses the cluster; it continues when the node is\n"
+    "restarted with --resume, or exits 3 after timeouts.max_wait_s naming it.\n"
+    "SIGINT/SIGTERM: stop at a step boundary, checkpoint, tell the neighbours (and with --join\n"
+    "the coordinator), exit 0 (the whole cluster stops; restart every node with --resume).\n"
+    "A second signal exits at once.";
+
+// The options are declared in the order `provider --help` lists them.
+void addNodeOptions(CLI::App& app, Cli& cli) {
+  app.add_option("--name", cli.name, "node name as in node_data/nodes/ (e.g. node_3); required to train");
+  app.add_option("--node-data", cli.node_data, "folder written by clusterize")->capture_default_str();
+}
+
+// Know your machine: print this machine's node_configs.json entry (tools/make_node_configs
+// gathers them), measuring bandwidth against a peer running --probe-serve, or loopback.
+void addProbeOptions(CLI::App& app, Cli& cli) {
+  app.add_flag("--probe", cli.probe,
+               "print this machine's node_configs.json entry: RAM and cores (hwloc, cgroup limit "
+               "applied), matmul GFLOPS, bandwidth (Mbps) to --peer or over loopback");
+  app.add_option("--address", cli.probe_address, "with --probe: the IP (host:port) to write in the entry")
+      ->capture_default_str();
+  app.add_option("--peer", cli.probe_peer, "with --probe: host:port of a `provider --probe-serve`");
+  cli.probe_megabytes_option =
+      app.add_option("--probe-megabytes", cli.probe_megabytes,
+                     "MiB sent to measure bandwidth: with --probe to --peer (default 256), with "
+                     "--join to the coordinator (default 8)")
+          ->check(CLI::Range(1, 4096));
+  app.add_option("--probe-serve", cli.probe_serve,
+                 "serve bandwidth probes on host:port until interrupted (for --probe --peer)");
+}
+
+void addTrainingFlags(CLI::App& app, Cli& cli) {
+  app.add_flag("--resume", cli.resume,
+               "restart from the newest step for which every node of this cluster has a valid\n"
+               "checkpoint (nodes/<name>/checkpoints/; the nodes agree on it over the wire). When\n"
+               "the cluster holds no common checkpoint the node starts from step 0 with a warning");
+  app.add_flag("--insecure", cli.insecure,
+               "talk plain TCP without CurveZMQ: no encryption, anyone who reaches the port can "
+               "send tensors.\nFor local debugging and plans without keys only; by default the "
+               "node reads nodes/<name>/secret.key\nand admits only the public keys of its "
+               "neighbours and ring peers listed in its node.json");
+}
+
+void addJoinOptions(CLI::App& app, Cli& cli) {
+  app.add_option("--join", cli.invite,
+                 "join the run of the coordinator whose invite (cairn-invite:1:…, printed by "
+                 "`clusterize --serve`)\nthis is: probe this machine (RAM, cores, GFLOPS, "
+                 "bandwidth to the coordinator), make a CURVE key\npair in --workdir once (the "
+                 "secret key never leaves this machine), authenticate the\ncoordinator by the "
+                 "invite's key, wait (as a spare) for an assignment, train it, upload\nthe "
+                 "trained stage. Exit 2 when the coordinator refuses (its reason is printed), 3 "
+                 "when it\ndoes not answer (a wrong key in the invite looks the same). While it "
+                 "trains, its metrics.jsonl records,\nrun plan and state changes stream to the "
+                 "coordinator in the background (docs/OPERATIONS.md\n\"Watching a run\")");
+  app.add_option("--listen", cli.listen,
+                 "with --join (required): host:port this volunteer binds: the coordinator's "
+                 "reachability\ncheck while joining, then its pipeline neighbours and ring peers");
+  app.add_option("--advertise", cli.advertise,
+                 "with --join: host:port peers and the coordinator dial to reach --listen (behind "
+                 "a router:\nthe public address and forwarded port; default: --listen, which "
+                 "must then not be 0.0.0.0)");
+  app.add_option("--workdir", cli.workdir,
+                 "with --join: this volunteer's folder: identity.key (0600), membership.json (the "
+                 "name\nthe coordinator gave it, asked for again on a restart), node_data/ (the "
+                 "assignment, its\ncheckpoints, trained_stage.pt, result.json)")
+      ->capture_default_str();
+  app.add_option("--coordinator-timeout-s", cli.coordinator_timeout_s,
+                 "with --join: how long to wait for the coordinator's answer to the bandwidth "
+                 "probe and to the join")
+      ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
+  app.add_option("--result-wait-s", cli.result_wait_s,
+                 "with --join: how long to offer the results to the coordinator (resent every 5 "
+                 "s until\nacknowledged; then they stay in --workdir with a warning)")
+      ->check(CLI::Range(0.0, 864000.0))->capture_default_str();
+  app.add_option("--upload-mbps", cli.upload_mbps,
+                 "with --join: upload each new checkpoint to the coordinator in the background at "
+                 "up to\nthis many Mbit/s (after B bytes, nothing for B*8/rate s; only the newest "
+                 "is sent, one at\na time; training never waits for it); 0: uploads off")
+      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  app.add_option("--metrics-queue", cli.metrics_queue,
+                 "with --join: how many of the trainer's records wait in memory for the "
+                 "coordinator while it is\ndown or slow; when full the oldest is dropped (and "
+                 "counted): training never waits for it")
+      ->check(CLI::Range(10, 10000000))->capture_default_str();
+}
+
 // What --listen may be: host:port with a real port (the training transport binds the same one
 // later). A wildcard host needs --advertise: peers cannot dial "0.0.0.0".
 bool wildcardHost(const std::string& host) {
   return host == "*" || host == "0.0.0.0" || host == "::" || host == "[::]" || host.empty();
 }
 
-int runJoin(const std::string& invite_text, const std::string& listen, std::string advertise,
-            const std::string& workdir, double coordinator_timeout_s, double result_wait_s,
-            int probe_megabytes, double upload_mbps, int metrics_queue) {
-  cairn::VolunteerConfig config;
-  config.upload_mbps = upload_mbps;
-  config.metrics.capacity = size_t(metrics_queue);
-  config.invite = cairn::parseInvite(invite_text);
+// --listen checked, and the address peers and the coordinator dial: --advertise, by default
+// --listen (then not a wildcard).
+std::string advertisedAddress(const std::string& listen, std::string advertise) {
   if (listen.empty())
     CAIRN_THROW(BadInput, "--join needs --listen HOST:PORT: the address this volunteer binds for "
                           "its pipeline neighbours, ring peers and the coordinator's "
@@ -81,172 +191,113 @@ int runJoin(const std::string& invite_text, const std::string& listen, std::stri
   if (wildcardHost(host))
     CAIRN_THROW(BadInput, "--advertise ", advertise,
                 " is not an address peers can dial (give this machine's IP or name)");
-  config.listen = listen;
-  config.advertise = advertise;
-  config.workdir = workdir;
-  config.coordinator_timeout = std::chrono::milliseconds(int64_t(coordinator_timeout_s * 1000));
-  config.result_wait = std::chrono::milliseconds(int64_t(result_wait_s * 1000));
-  config.probe_megabytes = probe_megabytes;
+  return advertise;
+}
+
+int runJoin(const Cli& cli) {
+  cairn::VolunteerConfig config;
+  config.upload_mbps = cli.upload_mbps;
+  config.metrics.capacity = size_t(cli.metrics_queue);
+  config.invite = cairn::parseInvite(cli.invite);
+  config.advertise = advertisedAddress(cli.listen, cli.advertise);
+  config.listen = cli.listen;
+  config.workdir = cli.workdir;
+  config.coordinator_timeout = std::chrono::milliseconds(int64_t(cli.coordinator_timeout_s * 1000));
+  config.result_wait = std::chrono::milliseconds(int64_t(cli.result_wait_s * 1000));
+  config.probe_megabytes = cli.probe_megabytes_option->count() > 0 ? cli.probe_megabytes : 8;
   config.stop_requested = [] { return g_stop.load(); };
   return cairn::runVolunteer(config);
 }
 
-}  // namespace
+// provider --join: a volunteer.
+int joinMode(const Cli& cli) {
+  if (!cli.name.empty() || cli.resume || cli.insecure || cli.probe || !cli.probe_serve.empty()) {
+    std::fprintf(stderr, "provider: error: --join cannot be combined with --name, --resume, "
+                         "--insecure, --probe or --probe-serve (the coordinator assigns the "
+                         "node; volunteers always use CurveZMQ)\n");
+    return 2;
+  }
+  installStopHandling();  // before any thread starts
+  return cairn::runGuarded("provider", [&] { return runJoin(cli); });
+}
 
-int main(int argc, char** argv) {
-  CLI::App app{
-      "provider: run one node of a cairn plan: load nodes/<name>/{node.json,stage.pt} and "
-      "job.json,\n"
-      "connect to the pipeline neighbours, train, evaluate, and write "
-      "nodes/<name>/trained_stage.pt\n"
-      "and nodes/<name>/metrics.jsonl.\n"
-      "Or join a coordinator as a volunteer: `provider --join <invite> --listen HOST:PORT` (no\n"
-      "files to copy: the coordinator, `clusterize --serve`, sends the stage, node.json and\n"
-      "job.json; see --join and docs/OPERATIONS.md \"Volunteers join\").\n\n"
-      "Failures (docs/OPERATIONS.md): with training_definition.checkpoint_every > 0 each node\n"
-      "checkpoints into nodes/<name>/checkpoints/. A pipeline neighbour lost mid-run (connection\n"
-      "down for timeouts.peer_timeout_s) pauses the cluster; it continues when the node is\n"
-      "restarted with --resume, or exits 3 after timeouts.max_wait_s naming it.\n"
-      "SIGINT/SIGTERM: stop at a step boundary, checkpoint, tell the neighbours (and with --join\n"
-      "the coordinator), exit 0 (the whole cluster stops; restart every node with --resume).\n"
-      "A second signal exits at once."};
-  std::string name;
-  std::string node_data = "node_data";
-  app.add_option("--name", name, "node name as in node_data/nodes/ (e.g. node_3); required to train");
-  app.add_option("--node-data", node_data, "folder written by clusterize")->capture_default_str();
-  // Know your machine: print this machine's node_configs.json entry (tools/make_node_configs
-  // gathers them), measuring bandwidth against a peer running --probe-serve, or loopback.
-  bool probe = false;
-  std::string probe_address = "127.0.0.1:5500", probe_peer, probe_serve;
-  int probe_megabytes = 256;
-  app.add_flag("--probe", probe,
-               "print this machine's node_configs.json entry: RAM and cores (hwloc, cgroup limit "
-               "applied), matmul GFLOPS, bandwidth (Mbps) to --peer or over loopback");
-  app.add_option("--address", probe_address, "with --probe: the IP (host:port) to write in the entry")
-      ->capture_default_str();
-  app.add_option("--peer", probe_peer, "with --probe: host:port of a `provider --probe-serve`");
-  auto* probe_megabytes_option =
-      app.add_option("--probe-megabytes", probe_megabytes,
-                     "MiB sent to measure bandwidth: with --probe to --peer (default 256), with "
-                     "--join to the coordinator (default 8)")
-          ->check(CLI::Range(1, 4096));
-  app.add_option("--probe-serve", probe_serve,
-                 "serve bandwidth probes on host:port until interrupted (for --probe --peer)");
-  bool resume = false;
-  app.add_flag("--resume", resume,
-               "restart from the newest step for which every node of this cluster has a valid\n"
-               "checkpoint (nodes/<name>/checkpoints/; the nodes agree on it over the wire). When\n"
-               "the cluster holds no common checkpoint the node starts from step 0 with a warning");
-  bool insecure = false;
-  app.add_flag("--insecure", insecure,
-               "talk plain TCP without CurveZMQ: no encryption, anyone who reaches the port can "
-               "send tensors.\nFor local debugging and plans without keys only; by default the "
-               "node reads nodes/<name>/secret.key\nand admits only the public keys of its "
-               "neighbours and ring peers listed in its node.json");
-  // Volunteers: join a coordinator (`clusterize --serve`) instead of --name.
-  std::string invite, listen, advertise, workdir = "cairn-volunteer";
-  double coordinator_timeout_s = 60, result_wait_s = 600, upload_mbps = 50;
-  app.add_option("--join", invite,
-                 "join the run of the coordinator whose invite (cairn-invite:1:…, printed by "
-                 "`clusterize --serve`)\nthis is: probe this machine (RAM, cores, GFLOPS, "
-                 "bandwidth to the coordinator), make a CURVE key\npair in --workdir once (the "
-                 "secret key never leaves this machine), authenticate the\ncoordinator by the "
-                 "invite's key, wait (as a spare) for an assignment, train it, upload\nthe "
-                 "trained stage. Exit 2 when the coordinator refuses (its reason is printed), 3 "
-                 "when it\ndoes not answer (a wrong key in the invite looks the same). While it "
-                 "trains, its metrics.jsonl records,\nrun plan and state changes stream to the "
-                 "coordinator in the background (docs/OPERATIONS.md\n\"Watching a run\")");
-  app.add_option("--listen", listen,
-                 "with --join (required): host:port this volunteer binds: the coordinator's "
-                 "reachability\ncheck while joining, then its pipeline neighbours and ring peers");
-  app.add_option("--advertise", advertise,
-                 "with --join: host:port peers and the coordinator dial to reach --listen (behind "
-                 "a router:\nthe public address and forwarded port; default: --listen, which "
-                 "must then not be 0.0.0.0)");
-  app.add_option("--workdir", workdir,
-                 "with --join: this volunteer's folder: identity.key (0600), membership.json (the "
-                 "name\nthe coordinator gave it, asked for again on a restart), node_data/ (the "
-                 "assignment, its\ncheckpoints, trained_stage.pt, result.json)")
-      ->capture_default_str();
-  app.add_option("--coordinator-timeout-s", coordinator_timeout_s,
-                 "with --join: how long to wait for the coordinator's answer to the bandwidth "
-                 "probe and to the join")
-      ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
-  app.add_option("--result-wait-s", result_wait_s,
-                 "with --join: how long to offer the results to the coordinator (resent every 5 "
-                 "s until\nacknowledged; then they stay in --workdir with a warning)")
-      ->check(CLI::Range(0.0, 864000.0))->capture_default_str();
-  app.add_option("--upload-mbps", upload_mbps,
-                 "with --join: upload each new checkpoint to the coordinator in the background at "
-                 "up to\nthis many Mbit/s (after B bytes, nothing for B*8/rate s; only the newest "
-                 "is sent, one at\na time; training never waits for it); 0: uploads off")
-      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
-  int metrics_queue = 20000;
-  app.add_option("--metrics-queue", metrics_queue,
-                 "with --join: how many of the trainer's records wait in memory for the "
-                 "coordinator while it is\ndown or slow; when full the oldest is dropped (and "
-                 "counted): training never waits for it")
-      ->check(CLI::Range(10, 10000000))->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  if (!invite.empty()) {
-    if (!name.empty() || resume || insecure || probe || !probe_serve.empty()) {
-      std::fprintf(stderr, "provider: error: --join cannot be combined with --name, --resume, "
-                           "--insecure, --probe or --probe-serve (the coordinator assigns the "
-                           "node; volunteers always use CurveZMQ)\n");
-      return 2;
-    }
-    installStopHandling();  // before any thread starts
-    return cairn::runGuarded("provider", [&] {
-      return runJoin(invite, listen, advertise, workdir, coordinator_timeout_s, result_wait_s,
-                     probe_megabytes_option->count() > 0 ? probe_megabytes : 8, upload_mbps,
-                     metrics_queue);
-    });
-  }
+// The first of --join's own options given without --join (nullptr: none).
+const char* joinOptionGiven(const CLI::App& app) {
   for (const char* flag : {"--listen", "--advertise", "--workdir", "--coordinator-timeout-s",
                            "--result-wait-s", "--upload-mbps", "--metrics-queue"})
-    if (app.count(flag) > 0) {
-      std::fprintf(stderr, "provider: error: %s is for --join\n", flag);
-      return 2;
-    }
-  if (probe || !probe_serve.empty()) {
-    return cairn::runGuarded("provider", [&] {
-      if (!probe_serve.empty()) {
-        std::string host;
-        int port = 0;
-        cairn::parseHostPort(probe_serve, "command line", "--probe-serve", &host, &port);
-        cairn::serveBandwidthProbes(probe_serve);
-        return 0;
-      }
-      std::string host;
-      int port = 0;
-      cairn::parseHostPort(probe_address, "command line", "--address", &host, &port);
-      if (!probe_peer.empty()) cairn::parseHostPort(probe_peer, "command line", "--peer", &host, &port);
-      cairn::MachineProbe measured;
-      cairn::probeMemoryAndCores(&measured);
-      measured.compute_gflops = cairn::probeComputeGflops();
-      measured.bandwidth_mbps = cairn::probeBandwidthMbps(
-          probe_peer.empty() ? std::nullopt : std::optional<std::string>(probe_peer), probe_megabytes);
-      std::printf("%s\n", cairn::nodeConfigEntry(measured, probe_address).dump(2).c_str());
-      return 0;
-    });
-  }
-  if (name.empty()) {
+    if (app.count(flag) > 0) return flag;
+  return nullptr;
+}
+
+int serveProbes(const std::string& address) {
+  std::string host;
+  int port = 0;
+  cairn::parseHostPort(address, "command line", "--probe-serve", &host, &port);
+  cairn::serveBandwidthProbes(address);
+  return 0;
+}
+
+int printProbe(const Cli& cli) {
+  std::string host;
+  int port = 0;
+  cairn::parseHostPort(cli.probe_address, "command line", "--address", &host, &port);
+  if (!cli.probe_peer.empty()) cairn::parseHostPort(cli.probe_peer, "command line", "--peer", &host, &port);
+  cairn::MachineProbe measured;
+  cairn::probeMemoryAndCores(&measured);
+  measured.compute_gflops = cairn::probeComputeGflops();
+  measured.bandwidth_mbps = cairn::probeBandwidthMbps(
+      cli.probe_peer.empty() ? std::nullopt : std::optional<std::string>(cli.probe_peer),
+      cli.probe_megabytes);
+  std::printf("%s\n", cairn::nodeConfigEntry(measured, cli.probe_address).dump(2).c_str());
+  return 0;
+}
+
+// provider --probe / --probe-serve.
+int probeMode(const Cli& cli) {
+  return cairn::runGuarded("provider", [&] {
+    if (!cli.probe_serve.empty()) return serveProbes(cli.probe_serve);
+    return printProbe(cli);
+  });
+}
+
+// provider --name: one node of a plan in --node-data.
+int trainMode(const Cli& cli) {
+  if (cli.name.empty()) {
     std::fprintf(stderr, "provider: error: --name is required (or --probe / --probe-serve)\n");
     return 2;
   }
   installStopHandling();  // before any thread starts
   return cairn::runGuarded("provider", [&] {
     cairn::ProviderRunOptions options;
-    options.node_data = node_data;
-    options.name = name;
-    options.resume = resume;
-    options.insecure = insecure;
+    options.node_data = cli.node_data;
+    options.name = cli.name;
+    options.resume = cli.resume;
+    options.insecure = cli.insecure;
     options.stop_requested = [] { return g_stop.load(); };
     cairn::runProvider(options);
     return 0;
   });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{kDescription};
+  Cli cli;
+  addNodeOptions(app, cli);
+  addProbeOptions(app, cli);
+  addTrainingFlags(app, cli);
+  addJoinOptions(app, cli);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!cli.invite.empty()) return joinMode(cli);
+  if (const char* option = joinOptionGiven(app)) {
+    std::fprintf(stderr, "provider: error: %s is for --join\n", option);
+    return 2;
+  }
+  if (cli.probe || !cli.probe_serve.empty()) return probeMode(cli);
+  return trainMode(cli);
 }

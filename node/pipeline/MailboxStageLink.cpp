@@ -6,7 +6,6 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
-#include "core/WireCompression.h"
 #include "node/pipeline/Int8Boundary.h"
 #include "node/protocol/PipelineControl.h"
 #include "trainer/ReservedTensors.h"
@@ -45,62 +44,7 @@ std::optional<PacketKind> packetKind(MessageKind k) {
 
 double seconds(std::chrono::milliseconds ms) { return double(ms.count()) / 1000.0; }
 
-bool carriesTensors(MessageKind k) {
-  return k == MessageKind::kActivation || k == MessageKind::kGradient ||
-         k == MessageKind::kEvaluation;
-}
-
-// The dtype a planned float32 tensor travels in for LinkChecks::wire_float (int8: uint8 bytes).
-torch::ScalarType wireDtype(torch::ScalarType wire_float) {
-  return wire_float == torch::kChar ? torch::kByte : wire_float;
-}
-
-std::string shapeText(at::IntArrayRef shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-// Bytes of one boundary value at `rows` rows (its first dimension), as planned; with int8 on the
-// wire, the larger of the float32 and the int8 form (a row of fewer than 2 values grows).
-uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows, bool int8_wire) {
-  uint64_t total = 0;
-  for (const BoundaryValue& v : values) {
-    if (v.type != "tensor") {
-      total += 4096 * 8;
-      continue;
-    }
-    auto type = scalarTypeForName(v.dtype);
-    uint64_t n = type ? c10::elementSize(*type) : 8;
-    std::vector<int64_t> shape;
-    for (size_t d = 0; d < v.shape.size(); ++d) shape.push_back(d == 0 ? rows : std::max<int64_t>(v.shape[d], 1));
-    for (int64_t d : shape) n *= uint64_t(d);
-    if (int8_wire && type == torch::kFloat)
-      n = std::max(n, uint64_t(wire::float32WireBytes(shape, "int8")));
-    total += n;
-  }
-  return total;
-}
-
 }  // namespace
-
-torch::ScalarType stageWireDtype(const std::string& codec, const std::string& source) {
-  if (codec == "fp32") return torch::kFloat;
-  if (codec == "bf16") return torch::kBFloat16;
-  if (codec == "fp16") return torch::kHalf;
-  if (codec == "int8") return torch::kChar;  // int8 rows with scales (node/pipeline/Int8Boundary.h)
-  CAIRN_THROW(BadInput, source, ": training_definition.wire.activations \"", codec,
-              "\" (expected \"fp32\", \"bf16\", \"fp16\" or \"int8\")");
-}
-
-uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks) {
-  const int64_t rows = std::max(checks.max_microbatch_rows, checks.max_eval_rows);
-  if (rows <= 0) return 0;
-  const bool int8_wire = checks.wire_float == torch::kChar;
-  return std::max(plannedBytes(node.inputs, rows, int8_wire),
-                  plannedBytes(node.outputs, rows, int8_wire)) +
-         (1u << 20);
-}
 
 uint64_t LinkStats::droppedTotal() const {
   uint64_t total = 0;
@@ -118,115 +62,8 @@ MailboxStageLink::MailboxStageLink(Mailbox& mailbox, const NodeSpec& node, LinkT
 
 std::optional<std::string> MailboxStageLink::rejectReason(const Message& m, uint64_t awaited_step,
                                                           bool deep, std::string* detail) const {
-  auto why = [&](const char* reason, std::string text) -> std::optional<std::string> {
-    if (detail) *detail = std::move(text);
-    return std::string(reason);
-  };
-  const bool from_upstream = node_.upstream && m.sender == node_.upstream->name;
-  const bool from_downstream = node_.downstream && m.sender == node_.downstream->name;
-  if (!from_upstream && !from_downstream)
-    return why("unknown_peer", "\"" + m.sender + "\" is neither upstream nor downstream of " +
-                                   node_.name);
-  const bool allowed = m.kind == MessageKind::kControl ||
-                       ((m.kind == MessageKind::kActivation || m.kind == MessageKind::kEvaluation)
-                            ? from_upstream
-                            : m.kind == MessageKind::kGradient && from_downstream);
-  if (!allowed)
-    return why("kind_not_allowed", std::string(toString(m.kind)) + " messages may not come from " +
-                                       (from_upstream ? "upstream" : "downstream"));
-  if (m.job_id != node_.job_id)
-    return why("job_id", "job \"" + m.job_id + "\", this node runs \"" + node_.job_id + "\"");
-  if (!carriesTensors(m.kind)) return std::nullopt;
-  const uint64_t distance = m.step > awaited_step ? m.step - awaited_step : awaited_step - m.step;
-  if (distance > checks_.step_window)
-    return why("step_window", "step " + std::to_string(m.step) + " while working on step " +
-                                  std::to_string(awaited_step) + " (window " +
-                                  std::to_string(checks_.step_window) + ")");
-  if (!deep) return std::nullopt;
-
-  const bool gradient = m.kind == MessageKind::kGradient;
-  const std::vector<BoundaryValue>& planned = gradient ? node_.outputs : node_.inputs;
-  const int64_t rows =
-      m.kind == MessageKind::kEvaluation ? checks_.max_eval_rows : checks_.max_microbatch_rows;
-  if (m.tensors.size() < planned.size() || m.tensors.size() > planned.size() + checks_.max_extra_tensors)
-    return why("tensor_count", std::to_string(m.tensors.size()) + " tensors; the plan has " +
-                                   std::to_string(planned.size()) + " (+ at most " +
-                                   std::to_string(checks_.max_extra_tensors) + " bookkeeping)");
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const NamedTensor& t = m.tensors[i];
-    bytes += t.tensor.defined() ? uint64_t(t.tensor.nbytes()) : 0;
-    if (!t.tensor.defined()) return why("shape", "tensor \"" + t.name + "\" is undefined");
-    if (i >= planned.size()) {
-      if (!isReservedTensorName(t.name))
-        return why("tensor_name", "extra tensor \"" + t.name + "\" is not a bookkeeping (__) tensor");
-      if (t.tensor.dim() > 2 || t.tensor.numel() > std::max<int64_t>(rows, 1) * 64)
-        return why("shape", "bookkeeping tensor \"" + t.name + "\" has shape " +
-                                shapeText(t.tensor.sizes()));
-      continue;
-    }
-    const BoundaryValue& v = planned[i];
-    if (t.name != v.name)
-      return why("tensor_name", "tensor " + std::to_string(i) + " is \"" + t.name +
-                                    "\"; the plan says \"" + v.name + "\"");
-    if (gradient && t.tensor.numel() == 0) continue;  // "no gradient" for this output
-    if (v.type != "tensor") {
-      if (t.tensor.numel() > 4096)
-        return why("shape", "\"" + t.name + "\" (" + v.type + ") has " +
-                                std::to_string(t.tensor.numel()) + " elements");
-      continue;
-    }
-    auto type = scalarTypeForName(v.dtype);
-    // Compressed on the wire (training_definition.wire.activations): planned float32 arrives in
-    // the wire dtype (int8: as uint8 rows with scales, node/pipeline/Int8Boundary.h).
-    const bool int8_form = type == torch::kFloat && checks_.wire_float == torch::kChar &&
-                           int8Carries(int64_t(v.shape.size()));
-    const torch::ScalarType wire_type = wireDtype(checks_.wire_float);
-    if (type && *type == torch::kFloat && (checks_.wire_float != torch::kChar || int8_form))
-      type = wire_type;
-    if (!type || t.tensor.scalar_type() != *type)
-      return why("dtype", "\"" + t.name + "\" is " + dtypeName(t.tensor.scalar_type()) +
-                              "; the plan says " + v.dtype +
-                              (type && *type != torch::kFloat && v.dtype == "float32"
-                                   ? " sent as " + dtypeName(wire_type) +
-                                         (int8_form ? " (int8 rows with scales)" : "") +
-                                         " (training_definition.wire.activations)"
-                                   : std::string()));
-    const auto shape = t.tensor.sizes();
-    bool same;
-    if (int8_form) {
-      // The wire shape is fixed by the plan's shape at the received first dimension.
-      std::vector<int64_t> planned_shape = v.shape;
-      if (!shape.empty()) planned_shape[0] = shape[0];
-      same = !shape.empty() && at::IntArrayRef(int8WireShape(planned_shape)) == shape;
-    } else {
-      same = shape.size() == v.shape.size();
-      for (size_t d = 1; same && d < shape.size(); ++d) same = shape[d] == v.shape[d];
-    }
-    if (same && !shape.empty())
-      same = shape[0] >= 1 && (rows <= 0 || shape[0] <= rows);
-    if (!same)
-      return why("shape", "\"" + t.name + "\" has shape " + shapeText(shape) + "; the plan says " +
-                              shapeText(v.shape) +
-                              (int8_form ? " (int8 wire form " + shapeText(int8WireShape(v.shape)) + ")"
-                                         : std::string()) +
-                              " with the first dimension 1.." +
-                              (rows > 0 ? std::to_string(rows) : std::string("any")));
-    if (int8_form) {
-      bool nonfinite = false;
-      const std::string bad = checkInt8Boundary(t.tensor, &nonfinite);
-      if (!bad.empty()) return why("encoding", "\"" + t.name + "\": " + bad);
-      if (nonfinite) return why("nonfinite", "\"" + t.name + "\" holds NaN or Inf (a NaN int8 scale)");
-    }
-  }
-  if (bytes > max_message_bytes_)
-    return why("bytes", std::to_string(bytes) + " tensor bytes; the limit is " +
-                            std::to_string(max_message_bytes_));
-  for (const NamedTensor& t : m.tensors)
-    if (at::isFloatingType(t.tensor.scalar_type()) && t.tensor.numel() > 0 &&
-        !torch::isfinite(t.tensor).all().item<bool>())
-      return why("nonfinite", "\"" + t.name + "\" holds NaN or Inf");
-  return std::nullopt;
+  return rejectPipelineMessage(m, PipelineExpectations{node_, checks_, max_message_bytes_},
+                               awaited_step, deep, detail);
 }
 
 void MailboxStageLink::drop(const Message& m, const std::string& reason, const std::string& detail) {
@@ -427,21 +264,7 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
                  m.microbatch == microbatch && m.tag == tag;
         },
         left, [] { return true; });  // back to the checks above on every liveness change
-    if (got && recovery) {
-      const Neighbour dir = node_.upstream && got->sender == node_.upstream->name
-                                ? Neighbour::kUpstream
-                                : Neighbour::kDownstream;
-      const bool hello = isControl(*got, kHelloTag);
-      PeerLoss lost{got->sender, hello ? LossCause::kRestarted : LossCause::kLeft, "", got->sender};
-      if (const auto leaving = decodeLeaving(*got, nullptr)) {
-        lost.reason = leaving->reason;
-        // A pause spreading along the pipeline names the node that was lost in the first place.
-        if (isNeighbour(got->sender) && !leaving->lost.empty()) lost.origin = leaving->lost;
-      }
-      // The restarted neighbour's hello is for the next handshake (connect()).
-      if (hello) mailbox_.putBack(std::move(*got));
-      throwLost(peer(dir), dir, std::move(lost), what);
-    }
+    if (got && recovery) throwRecovery(std::move(*got), what);
     if (!got && std::chrono::steady_clock::now() < deadline) continue;
     if (!got) break;
     if (!rejected) rejected = rejectReason(*got, step, /*deep=*/true, &detail);
@@ -456,17 +279,37 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
                 toString(kind), tag.empty() ? "" : " \"" + tag + "\"", " message for step ", step,
                 ", micro-batch ", microbatch, " within ", seconds(timeouts_.peer),
                 " s (training_definition.timeouts.peer_s)");
+  return unpack(std::move(*got));
+}
+
+void MailboxStageLink::throwRecovery(Message m, const std::string& what) {
+  const Neighbour dir = node_.upstream && m.sender == node_.upstream->name ? Neighbour::kUpstream
+                                                                            : Neighbour::kDownstream;
+  const bool hello = isControl(m, kHelloTag);
+  PeerLoss lost{m.sender, hello ? LossCause::kRestarted : LossCause::kLeft, "", m.sender};
+  if (const auto leaving = decodeLeaving(m, nullptr)) {
+    lost.reason = leaving->reason;
+    // A pause spreading along the pipeline names the node that was lost in the first place.
+    if (isNeighbour(m.sender) && !leaving->lost.empty()) lost.origin = leaving->lost;
+  }
+  // The restarted neighbour's hello is for the next handshake (connect()).
+  if (hello) mailbox_.putBack(std::move(m));
+  throwLost(peer(dir), dir, std::move(lost), what);
+}
+
+StagePacket MailboxStageLink::unpack(Message m) const {
   StagePacket packet;
-  packet.kind = *packetKind(got->kind);
-  packet.step = got->step;
-  packet.microbatch = got->microbatch;
-  packet.tag = std::move(got->tag);
-  packet.text = std::move(got->text);
+  packet.kind = *packetKind(m.kind);
+  packet.step = m.step;
+  packet.microbatch = m.microbatch;
+  packet.tag = std::move(m.tag);
+  packet.text = std::move(m.text);
   const std::vector<BoundaryValue>& planned =
-      got->kind == MessageKind::kGradient ? node_.outputs : node_.inputs;
-  for (size_t i = 0; i < got->tensors.size(); ++i) {
-    NamedTensor& t = got->tensors[i];
-    // Validated above: a tensor in the wire dtype is a planned float32 boundary tensor.
+      m.kind == MessageKind::kGradient ? node_.outputs : node_.inputs;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    NamedTensor& t = m.tensors[i];
+    // Validated by receive() (rejectReason): a tensor in the wire dtype is a planned float32
+    // boundary tensor.
     if (checks_.wire_float == torch::kChar && !isReservedTensorName(t.name) && i < planned.size() &&
         t.tensor.scalar_type() == torch::kByte && planned[i].dtype == "float32") {
       std::vector<int64_t> shape = planned[i].shape;

@@ -15,10 +15,11 @@
 // or when it says "hello" mid-run (it restarted). The long `timeouts.peer` stays the fallback for a
 // neighbour that is connected but silent.
 // Every received pipeline message is checked against what this node expects before the trainer
-// sees it (LinkChecks): activations and evaluation batches only from the upstream neighbour,
-// gradients only from the downstream one, this job's id, a step within the window, the planned
-// boundary (tensor count, names, dtypes, shapes with the first dimension at most the micro-batch
-// or evaluation batch size), a byte limit, and finite values. A message that fails is dropped,
+// sees it (LinkChecks; the checks are node/pipeline/StageLinkValidation.h): activations and
+// evaluation batches only from the upstream neighbour, gradients only from the downstream one,
+// this job's id, a step within the window, the planned boundary (tensor count, names, dtypes,
+// shapes with the first dimension at most the micro-batch or evaluation batch size), a byte
+// limit, and finite values. A message that fails is dropped,
 // counted by reason (stats()) and logged; with nonfinite "stop" a NaN/Inf ends the run with
 // BadInput naming the peer. Messages of other kinds from other peers (collectives) are left in the
 // mailbox for their owners.
@@ -32,6 +33,7 @@
 
 #include "core/Error.h"
 #include "core/NodeData.h"
+#include "node/pipeline/StageLinkValidation.h"
 #include "node/transport/Mailbox.h"
 #include "trainer/StageLink.h"
 
@@ -53,28 +55,6 @@ struct Interrupted : Error {
       : Error(ErrorKind::kPeerLost, std::move(m), f, l) {}
 };
 
-// What a received pipeline message may look like; the provider fills it from job.json.
-struct LinkChecks {
-  int64_t max_microbatch_rows = 0;  // activations/gradients: first dimension at most this (0: any)
-  int64_t max_eval_rows = 0;        // evaluation batches: first dimension at most this (0: any)
-  uint64_t step_window = 8;         // |message step - awaited step| at most this
-  size_t max_extra_tensors = 4;     // tensors beyond the planned boundary ("__"-named, bookkeeping)
-  uint64_t max_message_bytes = 0;   // all tensor bytes of one message (0: from the plan, see below)
-  bool stop_on_nonfinite = false;   // NaN/Inf: false = drop and count, true = throw BadInput
-  // training_definition.wire.activations: planned float32 boundary tensors of activation, gradient
-  // and evaluation messages travel in this dtype (kFloat: as they are; kBFloat16 / kHalf: rounded
-  // to nearest even by torch's cast, and cast back to float32 on receipt; kChar: int8 rows with
-  // one fp32 scale each, sent as uint8 in node/pipeline/Int8Boundary.h's wire form — tensors of fewer than
-  // 2 dimensions stay float32 — and decoded on receipt). A received planned float32 tensor in any
-  // other dtype is dropped as "dtype", an int8 one with a bad scale or value as "encoding".
-  // Bookkeeping ("__") tensors, integer and bool tensors are never compressed.
-  torch::ScalarType wire_float = torch::kFloat;
-};
-
-// LinkChecks::wire_float for training_definition.wire.activations "fp32" | "bf16" | "fp16" |
-// "int8" (kChar); anything else: BadInput naming the key.
-torch::ScalarType stageWireDtype(const std::string& codec, const std::string& source);
-
 // Why received messages were dropped, by reason ("unknown_peer", "kind_not_allowed", "job_id",
 // "step_window", "tensor_count", "tensor_name", "dtype", "shape", "bytes", "encoding",
 // "nonfinite").
@@ -83,10 +63,6 @@ struct LinkStats {
   std::map<std::string, uint64_t> dropped;
   uint64_t droppedTotal() const;
 };
-
-// The largest pipeline message the plan allows: the bigger boundary (inputs or outputs) at the
-// larger of the two row limits, plus 1 MiB for bookkeeping tensors; 0 when no row limit is set.
-uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks);
 
 class MailboxStageLink : public StageLink {
  public:
@@ -133,6 +109,11 @@ class MailboxStageLink : public StageLink {
   // Throws PeerLost when `p` has been disconnected for timeouts.lost.
   void checkConnection(const PeerRef& p, Neighbour dir, const std::string& what);
   void drop(const Message& m, const std::string& reason, const std::string& detail);
+  // A neighbour's "leaving" or mid-run "hello" (`m`) while waiting for `what`: PeerLost naming it
+  // (a hello goes back into the mailbox for the next connect()).
+  [[noreturn]] void throwRecovery(Message m, const std::string& what);
+  // An accepted message as the trainer's packet, compressed boundary tensors decoded to float32.
+  StagePacket unpack(Message m) const;
 
   Mailbox& mailbox_;
   NodeSpec node_;

@@ -41,6 +41,15 @@ auto awaitControl(Mailbox& mailbox, const MailboxStageLink& link, const PeerRef&
 
 }  // namespace
 
+torch::jit::Module loadStage(const std::string& path) {
+  try {
+    return torch::jit::load(path);
+  } catch (const c10::Error& e) {
+    CAIRN_THROW(BadInput, path, ": cannot load the TorchScript stage: ",
+                std::string(e.what_without_backtrace()).substr(0, 300));
+  }
+}
+
 int64_t NodeRunner::agreeOnResumeStep(Mailbox& mailbox, MailboxStageLink& link,
                                       std::vector<int64_t> steps, std::chrono::milliseconds timeout) {
   const NodeSpec& node = link.node();
@@ -97,11 +106,6 @@ StageTrainer& NodeRunner::trainer() {
 
 NodeRunResult NodeRunner::run() {
   NodeRunResult out;
-  const std::string& name = config_.trainer.node.name;
-  const bool checkpoints = !config_.trainer.checkpoint_dir.empty() &&
-                           config_.trainer.options.checkpoint_every > 0;
-  const std::string resume_hint = "provider --name " + name + " --node-data " + config_.node_data +
-                                  " --resume";
   link_.setInterrupted(config_.trainer.stop_requested);
   try {
     link_.connect();
@@ -113,41 +117,9 @@ NodeRunResult NodeRunner::run() {
   bool resuming = config_.resume;
   for (;;) {
     StageTrainerConfig cfg = config_.trainer;
-    if (resuming) {
-      const std::vector<int64_t> own = config_.trainer.checkpoint_dir.empty()
-                                           ? std::vector<int64_t>{}
-                                           : config_.checkpoint_steps(config_.trainer.checkpoint_dir);
-      CAIRN_INFO("resume: this node holds ", own.size(), " valid checkpoint(s)",
-                 own.empty() ? std::string() : ", newest step " + std::to_string(own.back()),
-                 "; agreeing on the step with the cluster");
-      const int64_t step = agreeOnResumeStep(mailbox_, link_, own, config_.max_wait);
-      if (step < 0)
-        CAIRN_WARN("resume: no checkpoint step is held by every node of the cluster; starting "
-                   "from step 0 (fresh stage.pt)");
-      else
-        CAIRN_INFO("resume: the cluster agreed on step ", step, "; training resumes from there");
-      cfg.resume_step = step;
-      out.resumed_from = step;
-      if (out.pauses > 0 && config_.on_state)
-        config_.on_state("resumed", step < 0 ? "from step 0" : "from step " + std::to_string(step));
-      if (cluster_sync_) cluster_sync_->setJoining(true);
-    }
-    TrainerObserver observer = config_.observer;
-    if (resuming) {
-      auto logged = std::make_shared<bool>(false);
-      observer.on_step_loss = [logged, inner = config_.observer.on_step_loss](int64_t step, double loss) {
-        if (!*logged) CAIRN_INFO("resume: first step after resuming done: step ", step, ", loss ", loss);
-        *logged = true;
-        if (inner) inner(step, loss);
-      };
-    }
-    torch::jit::Module stage;
-    try {
-      stage = torch::jit::load(config_.stage_path);
-    } catch (const c10::Error& e) {
-      CAIRN_THROW(BadInput, config_.stage_path, ": cannot load the TorchScript stage: ",
-                  std::string(e.what_without_backtrace()).substr(0, 300));
-    }
+    if (resuming) cfg.resume_step = agreeOnResume(out);
+    const TrainerObserver observer = attemptObserver(resuming);
+    torch::jit::Module stage = loadStage(config_.stage_path);
     trainer_.reset();
     trainer_ = std::make_unique<StageTrainer>(cfg, std::move(stage), link_, observer);
     try {
@@ -159,40 +131,10 @@ NodeRunResult NodeRunner::run() {
       if (!lost || !link_.isNeighbour(lost->peer) || lost->cause == LossCause::kSilent)
         throw;  // a connected but silent neighbour: peer_s
       if (lost->cause == LossCause::kLeft && lost->reason == "stopped") {
-        // The neighbour stopped on a signal; the cluster stops with it.
-        CAIRN_WARN("neighbour ", lost->peer, " stopped (signal); this node stops too. Restart the "
-                   "cluster with --resume");
-        link_.announceLeaving("stopped", lost->origin, lost->peer);
-        if (cluster_sync_) cluster_sync_->leave();
-        out.result.stopped = true;
+        stopWithNeighbour(*lost, out);
         return out;
       }
-      if (!checkpoints)
-        CAIRN_THROW(PeerLost, std::string(e.what()), ". Checkpoints are off, so the cluster cannot pause and "
-                    "resume: set training_definition.checkpoint_every > 0 and restart the cluster");
-      CAIRN_WARN("neighbour ", lost->peer, " lost (", toString(lost->cause),
-                 lost->reason.empty() ? "" : ": " + lost->reason, "): ", std::string(e.what()));
-      CAIRN_WARN("pausing: waiting up to ", seconds(config_.max_wait), " s for ", lost->origin,
-                 " to come back (", "provider --name ", lost->origin, " --resume)");
-      if (config_.on_state)
-        config_.on_state("paused", "neighbour " + lost->peer + " lost (" + toString(lost->cause) +
-                                       "); waiting for " + lost->origin);
-      link_.announceLeaving("paused", lost->origin, lost->peer);
-      if (cluster_sync_) cluster_sync_->leave();
-      trainer_.reset();
-      try {
-        link_.connect(config_.max_wait, "training_definition.timeouts.max_wait_s");
-      } catch (const Interrupted&) {
-        CAIRN_WARN("stopped by a signal while paused; resume the cluster later with --resume");
-        out.result.stopped = true;
-        return out;
-      } catch (const PeerLost& wait) {
-        CAIRN_THROW(PeerLost, "gave up waiting for the lost node ", lost->origin, " after ",
-                    seconds(config_.max_wait), " s (training_definition.timeouts.max_wait_s) [",
-                    std::string(wait.what()), "]; restart it with `provider --name ", lost->origin,
-                    " --resume` and this node with `", resume_hint, "`");
-      }
-      ++out.pauses;
+      if (!pauseUntilBack(e, *lost, out)) return out;  // stopped by a signal while paused
       resuming = true;
       continue;
     }
@@ -203,6 +145,82 @@ NodeRunResult NodeRunner::run() {
     }
     return out;
   }
+}
+
+int64_t NodeRunner::agreeOnResume(NodeRunResult& out) {
+  const std::vector<int64_t> own = config_.trainer.checkpoint_dir.empty()
+                                       ? std::vector<int64_t>{}
+                                       : config_.checkpoint_steps(config_.trainer.checkpoint_dir);
+  CAIRN_INFO("resume: this node holds ", own.size(), " valid checkpoint(s)",
+             own.empty() ? std::string() : ", newest step " + std::to_string(own.back()),
+             "; agreeing on the step with the cluster");
+  const int64_t step = agreeOnResumeStep(mailbox_, link_, own, config_.max_wait);
+  if (step < 0)
+    CAIRN_WARN("resume: no checkpoint step is held by every node of the cluster; starting "
+               "from step 0 (fresh stage.pt)");
+  else
+    CAIRN_INFO("resume: the cluster agreed on step ", step, "; training resumes from there");
+  out.resumed_from = step;
+  if (out.pauses > 0 && config_.on_state)
+    config_.on_state("resumed", step < 0 ? "from step 0" : "from step " + std::to_string(step));
+  if (cluster_sync_) cluster_sync_->setJoining(true);
+  return step;
+}
+
+TrainerObserver NodeRunner::attemptObserver(bool resuming) const {
+  TrainerObserver observer = config_.observer;
+  if (resuming) {
+    auto logged = std::make_shared<bool>(false);
+    observer.on_step_loss = [logged, inner = config_.observer.on_step_loss](int64_t step, double loss) {
+      if (!*logged) CAIRN_INFO("resume: first step after resuming done: step ", step, ", loss ", loss);
+      *logged = true;
+      if (inner) inner(step, loss);
+    };
+  }
+  return observer;
+}
+
+void NodeRunner::stopWithNeighbour(const PeerLoss& lost, NodeRunResult& out) {
+  // The neighbour stopped on a signal; the cluster stops with it.
+  CAIRN_WARN("neighbour ", lost.peer, " stopped (signal); this node stops too. Restart the "
+             "cluster with --resume");
+  link_.announceLeaving("stopped", lost.origin, lost.peer);
+  if (cluster_sync_) cluster_sync_->leave();
+  out.result.stopped = true;
+}
+
+bool NodeRunner::pauseUntilBack(const PeerLost& e, const PeerLoss& lost, NodeRunResult& out) {
+  const bool checkpoints = !config_.trainer.checkpoint_dir.empty() &&
+                           config_.trainer.options.checkpoint_every > 0;
+  if (!checkpoints)
+    CAIRN_THROW(PeerLost, std::string(e.what()), ". Checkpoints are off, so the cluster cannot pause and "
+                "resume: set training_definition.checkpoint_every > 0 and restart the cluster");
+  CAIRN_WARN("neighbour ", lost.peer, " lost (", toString(lost.cause),
+             lost.reason.empty() ? "" : ": " + lost.reason, "): ", std::string(e.what()));
+  CAIRN_WARN("pausing: waiting up to ", seconds(config_.max_wait), " s for ", lost.origin,
+             " to come back (", "provider --name ", lost.origin, " --resume)");
+  if (config_.on_state)
+    config_.on_state("paused", "neighbour " + lost.peer + " lost (" + toString(lost.cause) +
+                                   "); waiting for " + lost.origin);
+  link_.announceLeaving("paused", lost.origin, lost.peer);
+  if (cluster_sync_) cluster_sync_->leave();
+  trainer_.reset();
+  try {
+    link_.connect(config_.max_wait, "training_definition.timeouts.max_wait_s");
+  } catch (const Interrupted&) {
+    CAIRN_WARN("stopped by a signal while paused; resume the cluster later with --resume");
+    out.result.stopped = true;
+    return false;
+  } catch (const PeerLost& wait) {
+    const std::string resume_hint = "provider --name " + config_.trainer.node.name +
+                                    " --node-data " + config_.node_data + " --resume";
+    CAIRN_THROW(PeerLost, "gave up waiting for the lost node ", lost.origin, " after ",
+                seconds(config_.max_wait), " s (training_definition.timeouts.max_wait_s) [",
+                std::string(wait.what()), "]; restart it with `provider --name ", lost.origin,
+                " --resume` and this node with `", resume_hint, "`");
+  }
+  ++out.pauses;
+  return true;
 }
 
 }  // namespace cairn

@@ -51,6 +51,9 @@ struct NodeRunResult {
   int64_t resumed_from = -1;  // the last agreed resume step (-1: started from scratch)
 };
 
+// The TorchScript stage at `path`; BadInput naming the file when it cannot be loaded.
+torch::jit::Module loadStage(const std::string& path);
+
 class NodeRunner {
  public:
   NodeRunner(NodeRunnerConfig config, Mailbox& mailbox, MailboxStageLink& link,
@@ -69,6 +72,18 @@ class NodeRunner {
                                    std::vector<int64_t> own_steps, std::chrono::milliseconds timeout);
 
  private:
+  // The resume agreement of an attempt that resumes (--resume, or after a pause): logged, told
+  // to on_state after a pause, the rings joined afresh; returns the agreed step (-1: from scratch).
+  int64_t agreeOnResume(NodeRunResult& out);
+  // The observer given to an attempt's trainer; a resumed attempt also logs its first step.
+  TrainerObserver attemptObserver(bool resuming) const;
+  // A neighbour stopped on a signal: this node tells the other neighbour and stops too.
+  void stopWithNeighbour(const PeerLoss& lost, NodeRunResult& out);
+  // A neighbour lost (`e`, `lost`): pause the cluster and wait up to max_wait for a fresh
+  // handshake. True: resume; false: stopped by a signal while paused. Throws PeerLost without
+  // checkpoints or when the lost node does not come back.
+  bool pauseUntilBack(const PeerLost& e, const PeerLoss& lost, NodeRunResult& out);
+
   NodeRunnerConfig config_;
   Mailbox& mailbox_;
   MailboxStageLink& link_;

@@ -136,62 +136,75 @@ void serveBandwidthProbes(const std::string& address, int max_probes,
   transport.flushAndClose(std::chrono::seconds(2));
 }
 
+namespace {
+
+// Loopback: a server thread on a port the kernel picks, which it reports once it listens; its
+// address goes to *target.
+std::thread startLoopbackServer(std::chrono::seconds timeout, std::string* target) {
+  std::promise<std::string> listening;
+  std::future<std::string> bound = listening.get_future();
+  std::thread server([timeout, &listening] {
+    bool reported = false;
+    try {
+      serveBandwidthProbes("127.0.0.1:*", 1, timeout, [&](const std::string& address) {
+        listening.set_value(address);
+        reported = true;
+      });
+    } catch (const std::exception& e) {
+      CAIRN_ERROR("loopback probe server: ", e.what());
+      if (!reported) listening.set_exception(std::current_exception());
+    }
+  });
+  try {
+    *target = bound.get();
+  } catch (...) {
+    server.join();
+    throw;
+  }
+  return server;
+}
+
+// Sends `megabytes` MiB to the probe server at `target`; Mbit/s until its acknowledgement.
+double timeTransfer(const std::string& target, int megabytes, std::chrono::seconds timeout) {
+  zmq::context_t context;
+  ZmqTransport transport(context, "probe", "tcp://127.0.0.1:*");
+  const std::string self_address = hostPortOf(transport.boundEndpoint());
+  transport.addPeer("server", "tcp://" + target);
+  Message hello;
+  hello.kind = MessageKind::kControl;
+  hello.job_id = kProbeJob;
+  hello.sender = "probe";
+  hello.text = self_address;
+  hello.step = static_cast<uint64_t>(megabytes);
+  if (transport.send("server", hello, timeout) != SendStatus::kSent)
+    CAIRN_THROW(PeerLost, "probe server ", target, " did not accept a connection within ",
+                timeout.count(), " s (is `provider --probe-serve` running there?)");
+  Message chunk;
+  chunk.kind = MessageKind::kActivation;
+  chunk.job_id = kProbeJob;
+  chunk.tensors = {{"x", torch::rand({256 * 1024})}};  // 1 MiB
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < megabytes; ++i)
+    if (transport.send("server", chunk, timeout) != SendStatus::kSent)
+      CAIRN_THROW(PeerLost, "probe server ", target, " stopped taking data");
+  auto ack = transport.receive(timeout);
+  if (!ack || ack->step != static_cast<uint64_t>(megabytes))
+    CAIRN_THROW(PeerLost, "probe server ", target, " did not acknowledge within ", timeout.count(), " s");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return megabytes * 1024.0 * 1024.0 * 8.0 / s / 1e6;
+}
+
+}  // namespace
+
 double probeBandwidthMbps(const std::optional<std::string>& peer, int megabytes,
                           std::chrono::seconds timeout) {
   std::thread server;
   std::string target = peer.value_or("");
-  if (!peer) {
-    // Loopback: a server thread on a port the kernel picks, which it reports once it listens.
-    std::promise<std::string> listening;
-    std::future<std::string> bound = listening.get_future();
-    server = std::thread([timeout, &listening] {
-      bool reported = false;
-      try {
-        serveBandwidthProbes("127.0.0.1:*", 1, timeout, [&](const std::string& address) {
-          listening.set_value(address);
-          reported = true;
-        });
-      } catch (const std::exception& e) {
-        CAIRN_ERROR("loopback probe server: ", e.what());
-        if (!reported) listening.set_exception(std::current_exception());
-      }
-    });
-    try {
-      target = bound.get();
-    } catch (...) {
-      server.join();
-      throw;
-    }
-  }
+  if (!peer) server = startLoopbackServer(timeout, &target);
   double mbps = 0;
   std::exception_ptr failure;
   try {
-    zmq::context_t context;
-    ZmqTransport transport(context, "probe", "tcp://127.0.0.1:*");
-    const std::string self_address = hostPortOf(transport.boundEndpoint());
-    transport.addPeer("server", "tcp://" + target);
-    Message hello;
-    hello.kind = MessageKind::kControl;
-    hello.job_id = kProbeJob;
-    hello.sender = "probe";
-    hello.text = self_address;
-    hello.step = static_cast<uint64_t>(megabytes);
-    if (transport.send("server", hello, timeout) != SendStatus::kSent)
-      CAIRN_THROW(PeerLost, "probe server ", target, " did not accept a connection within ",
-                  timeout.count(), " s (is `provider --probe-serve` running there?)");
-    Message chunk;
-    chunk.kind = MessageKind::kActivation;
-    chunk.job_id = kProbeJob;
-    chunk.tensors = {{"x", torch::rand({256 * 1024})}};  // 1 MiB
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < megabytes; ++i)
-      if (transport.send("server", chunk, timeout) != SendStatus::kSent)
-        CAIRN_THROW(PeerLost, "probe server ", target, " stopped taking data");
-    auto ack = transport.receive(timeout);
-    if (!ack || ack->step != static_cast<uint64_t>(megabytes))
-      CAIRN_THROW(PeerLost, "probe server ", target, " did not acknowledge within ", timeout.count(), " s");
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    mbps = megabytes * 1024.0 * 1024.0 * 8.0 / s / 1e6;
+    mbps = timeTransfer(target, megabytes, timeout);
   } catch (...) {
     failure = std::current_exception();
   }

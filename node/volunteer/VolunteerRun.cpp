@@ -9,11 +9,10 @@
 #include "node/volunteer/VolunteerPeers.h"
 
 namespace cairn {
+namespace {
 
-int runVolunteer(const VolunteerConfig& config) {
-  setLogTag("volunteer");
-  VolunteerSession session(config);
-  session.startResponder();  // a --listen that cannot be bound fails before the probe
+// This machine's RAM, cores and GFLOPS for the join (the bandwidth is measured by the session).
+VolunteerProbe probeThisMachine() {
   MachineProbe measured;
   probeMemoryAndCores(&measured);
   measured.compute_gflops = probeComputeGflops();
@@ -21,7 +20,66 @@ int runVolunteer(const VolunteerConfig& config) {
   probe.ram_gb = measured.ram_gb;
   probe.cores = measured.cores;
   probe.compute_gflops = measured.compute_gflops;
-  const auto accepted = session.join(probe);
+  return probe;
+}
+
+// The assigned node's run: binding --listen, peers dialling the advertised address.
+ProviderRunOptions assignedRun(const VolunteerConfig& config, const VolunteerSession& session,
+                               const AssignmentWait& wait) {
+  ProviderRunOptions run;
+  run.node_data = wait.node_data;
+  run.name = wait.name;
+  run.bind_address = session.listenBound();
+  run.same_host_links = false;  // CURVE over TCP even on loopback (ProviderRunOptions)
+  run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
+  // data.source "coordinator": the Root fetches its cluster's chunks (node/volunteer/ServedChunks.h).
+  run.chunk_source = std::make_shared<ServedChunks>(config.invite, session.workdir().loadOrCreateIdentity(),
+                                                    wait.name, session.workdir().path() + "/chunks");
+  return run;
+}
+
+// Trains the assignment (again with resume after a neighbour was replaced by a spare) while
+// heartbeats, checkpoint uploads and the metrics stream go on in the background; they are
+// finished before it returns. On an error the coordinator hears `leaving` before it is rethrown.
+ProviderRunOutcome trainAssignment(const VolunteerConfig& config, VolunteerSession& session,
+                                   ProviderRunOptions& run, VolunteerPeers& peers,
+                                   VolunteerMetrics& metrics) {
+  ProviderRunOutcome outcome;
+  auto heartbeats = session.trainingHeartbeats([m = &metrics] { return m->progress(); });
+  auto uploads = session.checkpointUploads(nodeDirectory(run.node_data, run.name) + "/checkpoints");
+  heartbeats->onPeers([&peers](const PeersUpdate& update) { peers.offer(update); });
+  if (uploads) run.keep_checkpoints_from = [u = uploads.get()] { return u->keepFrom(); };
+  try {
+    outcome = runProvider(run);
+    while (outcome.stopped && !(config.stop_requested && config.stop_requested()) &&
+           peers.applyPending()) {
+      run.resume = true;
+      outcome = runProvider(run);
+    }
+  } catch (const std::exception& e) {
+    uploads.reset();
+    heartbeats.reset();
+    metrics.finish(std::chrono::milliseconds(5000));  // the "lost-peer"/"failed" state
+    session.sendLeaving(std::string("failed: ") + e.what());
+    throw;
+  }
+  // The last checkpoint (written at the end of training, or at a stop) goes up first: before
+  // the results, or before `leaving` (then for less time: a stop was asked for).
+  if (uploads) uploads->finish(std::chrono::milliseconds(outcome.stopped ? 10000 : 30000));
+  // Every record still queued goes up before the results (or `leaving`).
+  if (!metrics.finish(std::chrono::milliseconds(outcome.stopped ? 10000 : 30000)))
+    CAIRN_WARN("the coordinator did not take every metrics record; they are in the node's "
+               "metrics.jsonl");
+  return outcome;
+}
+
+}  // namespace
+
+int runVolunteer(const VolunteerConfig& config) {
+  setLogTag("volunteer");
+  VolunteerSession session(config);
+  session.startResponder();  // a --listen that cannot be bound fails before the probe
+  const auto accepted = session.join(probeThisMachine());
   if (!accepted) {
     CAIRN_INFO("stopped before the coordinator answered");
     return 0;
@@ -36,15 +94,7 @@ int runVolunteer(const VolunteerConfig& config) {
     CAIRN_INFO("the coordinator says the run is over (", wait.reason, "); nothing to train");
     return 0;
   }
-  ProviderRunOptions run;
-  run.node_data = wait.node_data;
-  run.name = wait.name;
-  run.bind_address = session.listenBound();
-  run.same_host_links = false;  // CURVE over TCP even on loopback (ProviderRunOptions)
-  run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
-  // data.source "coordinator": the Root fetches its cluster's chunks (node/volunteer/ServedChunks.h).
-  run.chunk_source = std::make_shared<ServedChunks>(config.invite, session.workdir().loadOrCreateIdentity(),
-                                                    wait.name, session.workdir().path() + "/chunks");
+  ProviderRunOptions run = assignedRun(config, session, wait);
   // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
   VolunteerPeers peers(run.node_data, run.name, session.publicKey(), describeCoordinator(config.invite));
   run.stop_requested = peers.stopWhenReplaced(config.stop_requested);
@@ -54,34 +104,7 @@ int runVolunteer(const VolunteerConfig& config) {
   run.on_record = [m = metrics.get()](const nlohmann::json& r, const std::string& line) { m->record(r, line); };
   run.on_event = [m = metrics.get()](const nlohmann::json& e) { m->event(e); };
   run.on_event = peers.watch(run.on_event);  // notes "paused"
-  ProviderRunOutcome outcome;
-  {
-    auto heartbeats = session.trainingHeartbeats([m = metrics.get()] { return m->progress(); });
-    auto uploads = session.checkpointUploads(nodeDirectory(run.node_data, run.name) + "/checkpoints");
-    heartbeats->onPeers([&peers](const PeersUpdate& update) { peers.offer(update); });
-    if (uploads) run.keep_checkpoints_from = [u = uploads.get()] { return u->keepFrom(); };
-    try {
-      outcome = runProvider(run);
-      while (outcome.stopped && !(config.stop_requested && config.stop_requested()) &&
-             peers.applyPending()) {
-        run.resume = true;
-        outcome = runProvider(run);
-      }
-    } catch (const std::exception& e) {
-      uploads.reset();
-      heartbeats.reset();
-      metrics->finish(std::chrono::milliseconds(5000));  // the "lost-peer"/"failed" state
-      session.sendLeaving(std::string("failed: ") + e.what());
-      throw;
-    }
-    // The last checkpoint (written at the end of training, or at a stop) goes up first: before
-    // the results, or before `leaving` (then for less time: a stop was asked for).
-    if (uploads) uploads->finish(std::chrono::milliseconds(outcome.stopped ? 10000 : 30000));
-    // Every record still queued goes up before the results (or `leaving`).
-    if (!metrics->finish(std::chrono::milliseconds(outcome.stopped ? 10000 : 30000)))
-      CAIRN_WARN("the coordinator did not take every metrics record; they are in the node's "
-                 "metrics.jsonl");
-  }
+  const ProviderRunOutcome outcome = trainAssignment(config, session, run, peers, *metrics);
   if (outcome.stopped) {
     session.sendLeaving("stopped");
     return 0;

@@ -124,12 +124,8 @@ void VolunteerSession::startResponder() {
   advertised_ = config_.advertise.empty() ? listen_bound_ : config_.advertise;
 }
 
-std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
-  startResponder();
-  zmq::socket_t& socket = mainSocket();
-
-  // Bandwidth: one message of probe_megabytes, timed until its acknowledgement.
-  const size_t probe_bytes = size_t(config_.probe_megabytes) << 20;
+// Bandwidth: one message of probe_bytes, timed until its acknowledgement.
+std::optional<double> VolunteerSession::timeBandwidthProbe(zmq::socket_t& socket, size_t probe_bytes) {
   const auto start = Clock::now();
   if (!sendWhenConnected(socket, encode(BandwidthProbeMsg{std::string(probe_bytes, '\0')}),
                          config_.coordinator_timeout, config_.stop_requested)) {
@@ -153,7 +149,17 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
       CAIRN_DEBUG("ignored a message from the coordinator while probing bandwidth");
     }
   }
-  const double elapsed = std::max(seconds(Clock::now() - start), 1e-6);
+  return std::max(seconds(Clock::now() - start), 1e-6);
+}
+
+std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
+  startResponder();
+  zmq::socket_t& socket = mainSocket();
+
+  const size_t probe_bytes = size_t(config_.probe_megabytes) << 20;
+  const std::optional<double> elapsed_probe = timeBandwidthProbe(socket, probe_bytes);
+  if (!elapsed_probe) return std::nullopt;
+  const double elapsed = *elapsed_probe;
   bandwidth_mbps_ = double(probe_bytes) * 8 / 1e6 / elapsed;
   machine.bandwidth_mbps = bandwidth_mbps_;
   CAIRN_INFO("probe: ", machine.ram_gb, " GB RAM, ", machine.cores, " cores, ",
@@ -214,29 +220,7 @@ AssignmentWait VolunteerSession::waitForAssignment() {
     }
     auto message = receive(std::min(next_beat, next_log));
     if (!message) continue;
-    if (auto* a = std::get_if<Assignment>(&*message)) {
-      CheckedAssignment checked;
-      try {
-        checked = checkAssignment(*a, name_, identity_.public_key, coordinator_);
-      } catch (const BadInput& e) {
-        sendLeaving(shortReason(std::string("invalid assignment: ") + e.what()));
-        throw;
-      }
-      const WrittenAssignment written = workdir_.writeAssignment(checked, identity_);
-      out.node_data = written.node_data;
-      out.resume = written.resume;
-      out.name = name_;
-      out.end = AssignmentWait::End::kAssigned;
-      responder_.reset();  // releases --listen for the training transport
-      CAIRN_INFO("assigned: cluster ", checked.node.cluster, " of ", a->num_clusters, ", stage ",
-                 checked.node.stage + 1, "/", checked.node.num_stages, " of job ",
-                 checked.job.job_id, "; written to ", out.node_data);
-      if (checked.node.address != advertised_)
-        CAIRN_WARN("the assignment's node.json address is ", checked.node.address,
-                   " but this volunteer advertised ", advertised_, " (peers will dial ",
-                   checked.node.address, ")");
-      return out;
-    }
+    if (auto* a = std::get_if<Assignment>(&*message)) return takeAssignment(*a);
     if (auto* f = std::get_if<Finished>(&*message)) {
       out.end = AssignmentWait::End::kFinished;
       out.reason = f->reason;
@@ -245,15 +229,7 @@ AssignmentWait VolunteerSession::waitForAssignment() {
     if (auto* r = std::get_if<Rejected>(&*message)) refused(r->reason);
     if (auto* a = std::get_if<Accepted>(&*message)) {
       if (a->name != name_ && a->state == "assigned") {
-        // A spare chosen to take a lost volunteer's node over: it holds that node's name from
-        // now on (its checkpoints name it); the assignment follows.
-        if (const std::string why = whyNotANodeName(a->name); !why.empty())
-          CAIRN_THROW(BadInput, coordinator_, " gave this volunteer the name \"", a->name,
-                      "\", which ", why);
-        CAIRN_INFO("taking over the node ", a->name, " of a lost volunteer (this spare was ",
-                   name_, ")");
-        name_ = a->name;
-        workdir_.writeMembership({config_.invite.address(), config_.invite.coordinator_key, name_});
+        takeOverNode(a->name);
         beat = encode(Heartbeat{name_, "waiting", -1});
         continue;
       }
@@ -262,6 +238,43 @@ AssignmentWait VolunteerSession::waitForAssignment() {
     }
     CAIRN_DEBUG("ignored a message from the coordinator while waiting for an assignment");
   }
+}
+
+AssignmentWait VolunteerSession::takeAssignment(const Assignment& a) {
+  CheckedAssignment checked;
+  try {
+    checked = checkAssignment(a, name_, identity_.public_key, coordinator_);
+  } catch (const BadInput& e) {
+    sendLeaving(shortReason(std::string("invalid assignment: ") + e.what()));
+    throw;
+  }
+  const WrittenAssignment written = workdir_.writeAssignment(checked, identity_);
+  AssignmentWait out;
+  out.node_data = written.node_data;
+  out.resume = written.resume;
+  out.name = name_;
+  out.end = AssignmentWait::End::kAssigned;
+  responder_.reset();  // releases --listen for the training transport
+  CAIRN_INFO("assigned: cluster ", checked.node.cluster, " of ", a.num_clusters, ", stage ",
+             checked.node.stage + 1, "/", checked.node.num_stages, " of job ",
+             checked.job.job_id, "; written to ", out.node_data);
+  if (checked.node.address != advertised_)
+    CAIRN_WARN("the assignment's node.json address is ", checked.node.address,
+               " but this volunteer advertised ", advertised_, " (peers will dial ",
+               checked.node.address, ")");
+  return out;
+}
+
+void VolunteerSession::takeOverNode(const std::string& name) {
+  // A spare chosen to take a lost volunteer's node over: it holds that node's name from
+  // now on (its checkpoints name it); the assignment follows.
+  if (const std::string why = whyNotANodeName(name); !why.empty())
+    CAIRN_THROW(BadInput, coordinator_, " gave this volunteer the name \"", name,
+                "\", which ", why);
+  CAIRN_INFO("taking over the node ", name, " of a lost volunteer (this spare was ",
+             name_, ")");
+  name_ = name;
+  workdir_.writeMembership({config_.invite.address(), config_.invite.coordinator_key, name_});
 }
 
 std::unique_ptr<VolunteerHeartbeats> VolunteerSession::trainingHeartbeats(

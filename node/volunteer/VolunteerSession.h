@@ -133,6 +133,13 @@ class VolunteerSession {
   // stop. Malformed messages are logged and dropped.
   std::optional<ToVolunteer> receive(std::chrono::steady_clock::time_point deadline);
   bool stopRequested() const { return config_.stop_requested && config_.stop_requested(); }
+  // join()'s bandwidth probe: seconds until the coordinator acknowledged `probe_bytes` (at least
+  // 1 µs); nullopt: a stop was requested first.
+  std::optional<double> timeBandwidthProbe(zmq::socket_t& socket, size_t probe_bytes);
+  // waitForAssignment(): `a` checked (`leaving` with the reason first when it is not) and written.
+  AssignmentWait takeAssignment(const Assignment& a);
+  // waitForAssignment(): a spare takes a lost volunteer's node over under its `name`.
+  void takeOverNode(const std::string& name);
   [[noreturn]] void noAnswer(const std::string& what) const;
   [[noreturn]] void refused(const std::string& reason) const;
 
