@@ -22,7 +22,6 @@ CASE:
                     Prints the Leaf's median step time with the coordinator up and down (no
                     assertion: timings are not tested).
 """
-import argparse
 import math
 import re
 import urllib.request
@@ -30,9 +29,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -118,38 +115,17 @@ def plot_metrics_module():
 
 
 def case_stream_and_restart(args):
-    os.makedirs(args.work, exist_ok=True)
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
     steps = 150
-    job = vt.write_job(args.work, model, steps, 500, {"eval_every": 50})
-    out = os.path.join(args.work, "coordinator")
     flags = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14", "--view-every-s", "1", "--web", "0"]
-    coordinator_port = vt.free_ports(1)[0]
-    coordinator, invite = vt.start_coordinator(args, job, model, out, flags, coordinator_port)
-    ports = vt.free_ports(3)
-    volunteers = []
-    try:
-        for i in range(3):
-            volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--result-wait-s", "600"]))
-        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned'")
+    run = vt.start_run(args, steps, 500, flags, 3, {"eval_every": 50}, restartable=True)
+    out, volunteers = run.out, run.volunteers
+    with run:
+        run.join(3, ["--result-wait-s", "600"])
+        run.wait_planned(1)
         chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
         leaf = chain[-1]
-        leaf_metrics = [os.path.join(w, "node_data", "nodes", leaf, "metrics.jsonl") for _, w in volunteers]
-        vt.wait_until(lambda: any(os.path.exists(m) for m in leaf_metrics), 120, f"{leaf}'s metrics.jsonl")
-        metrics = next(m for m in leaf_metrics if os.path.exists(m))
-        vt.wait_until(lambda: vt.step_records(metrics) >= 5, 120, "the Leaf's first steps")
-        coordinator.proc.kill()
-        coordinator.finish(30)
-        at_kill = vt.step_records(metrics)
-        print(f"coordinator killed at the Leaf's step record {at_kill}")
-        vt.wait_until(lambda: vt.step_records(metrics) >= at_kill + 20, 300, "steps after the coordinator died")
-        at_restart = vt.step_records(metrics)
-        coordinator, invite_again = vt.start_coordinator(args, job, model, out, flags, coordinator_port)
-        if invite_again != invite:
-            fail("the restarted coordinator has another invite")
-        url = coordinator.wait_for(lambda l: l.startswith("web view: http://"), 10, "'web view: URL'").split()[2]
+        metrics, at_kill, at_restart = run.restart_coordinator()
+        url = run.coordinator.wait_for(lambda l: l.startswith("web view: http://"), 10, "'web view: URL'").split()[2]
         placed = {}
         for _, workdir in volunteers:
             for name in os.listdir(os.path.join(workdir, "node_data", "nodes")):
@@ -161,9 +137,7 @@ def case_stream_and_restart(args):
             return step is not None and step >= at_restart + 5
         vt.wait_until(scraped_after_restart, 300, "/metrics showing steps after the restart")
         check_metrics_endpoint(url, placed, leaf, steps)
-        vt.all_finish(coordinator, volunteers)
-    finally:
-        vt.kill_all(coordinator, volunteers)
+        run.all_finish()
 
     # Every node's own records, as the coordinator holds them.
     run_lines = lines_of(os.path.join(out, "metrics.jsonl"))
@@ -202,8 +176,8 @@ def case_stream_and_restart(args):
     if not plans or plans[0]["total_steps"] != steps:
         fail(f"the Root's plan is {plans}, expected total_steps {steps}")
     # The live view's last frame (the plain lines) shows the cluster done.
-    coordinator.wait_for(lambda l: l.startswith(f"cluster 0: step {steps}/{steps}"), 5,
-                         f"'cluster 0: step {steps}/{steps}' in the live view")
+    run.coordinator.wait_for(lambda l: l.startswith(f"cluster 0: step {steps}/{steps}"), 5,
+                             f"'cluster 0: step {steps}/{steps}' in the live view")
     # The Leaf's step times with the coordinator up and down (batch / samples_per_s), printed only.
     leaf_steps = [r for r in lines_of(metrics) if "step" in r and "samples_per_s" in r]
     def median_ms(rs):
@@ -219,16 +193,7 @@ def case_stream_and_restart(args):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["stream_and_restart"])
-    parser.add_argument("--provider", required=True)
-    parser.add_argument("--clusterize", required=True)
-    parser.add_argument("--work", required=True)
-    args = parser.parse_args()
-    vt.torch.set_num_threads(1)
-    shutil.rmtree(args.work, ignore_errors=True)
-    globals()["case_" + args.case](args)
-    print("PASS")
+    vt.main_of(["stream_and_restart"], globals())
 
 
 if __name__ == "__main__":

@@ -297,25 +297,14 @@ def case_live(args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import volunteer_test as vt  # its coordinator/volunteer helpers (and its Fashion-MNIST job)
     shutil.rmtree(args.work, ignore_errors=True)
-    os.makedirs(args.work)
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model],
-                   check=True, stdout=subprocess.DEVNULL)
     # Long enough that training is still going when the page is checked; stopped after that.
-    job = vt.write_job(args.work, model, 5000, 200, {"eval_every": 10})
-    out = os.path.join(args.work, "coordinator")
-    coordinator, invite = vt.start_coordinator(
-        args, job, model, out, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14",
-                                "--web", "127.0.0.1:0", "--view-every-s", "0"])
-    volunteers = []
-    try:
-        line = coordinator.wait_for(lambda l: l.startswith("web view: http://"), 10, "'web view: URL'")
+    run = vt.start_run(args, 5000, 200, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14",
+                                         "--web", "127.0.0.1:0", "--view-every-s", "0"], 3, {"eval_every": 10})
+    with run:
+        line = run.coordinator.wait_for(lambda l: l.startswith("web view: http://"), 10, "'web view: URL'")
         url = line.split()[2]
-        ports = vt.free_ports(3)
-        for i in range(3):
-            volunteers.append(vt.volunteer(args, invite, i, ports[i]))
-        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120,
-                             "'planned 1 cluster(s)'")
+        run.join(3)
+        run.wait_planned(1, 120, "'planned 1 cluster(s)'")
         # Wait (bounded) until the state holds loss and evaluation records of the placed cluster.
         deadline = time.monotonic() + 180
         while True:
@@ -338,8 +327,6 @@ def case_live(args):
         if not content_type.startswith("text/plain; version=0.0.4") or "cairn_" not in metrics:
             fail(f"/metrics answered {content_type}: {metrics[:500]}")
         print(f"/metrics: {len(metrics.splitlines())} lines of Prometheus text")
-    finally:
-        vt.kill_all(coordinator, volunteers)
 
 
 def case_bad_address(args):

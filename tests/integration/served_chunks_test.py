@@ -79,28 +79,15 @@ def write_job(work, name, model, data):
 def run(args, label, job, model, shape):
     """One run: coordinator + 2 volunteers in empty folders; returns {cluster: [(step, loss)]},
     {cluster: volunteer work folder}, {cluster: [eval records]} and run_result.json's clusters."""
-    work = os.path.join(args.work, label)
-    os.makedirs(work)
-    out = os.path.join(work, "coordinator")
-    invite_file = os.path.join(work, "invite.txt")
-    cmd = [args.clusterize, "--model", model, "--job", job, *shape,
-           "--serve", "127.0.0.1:0", "--invite-file", invite_file, "--out", out,
-           "--min-volunteers", "2", "--clusters", "2"]
-    coordinator = vt.Process(f"{label} coordinator", cmd)
-    invite = coordinator.wait_for(lambda l: l.startswith("invite: "), 120, "'invite: …'").split()[1]
-    volunteers = []
-    try:
-        for i, port in enumerate(vt.free_ports(2)):
-            folder = os.path.join(work, f"volunteer_{i}")
-            os.makedirs(folder)  # its cwd and work folder: empty, no copy of the data
-            volunteers.append((vt.Process(f"{label} volunteer {i}",
-                                          [args.provider, "--join", invite, "--listen", f"127.0.0.1:{port}",
-                                           "--workdir", folder, "--probe-megabytes", "1"], cwd=folder), folder))
-        vt.all_finish(coordinator, volunteers)
-    finally:
-        vt.kill_all(coordinator, volunteers)
+    # own_folders: each volunteer's cwd and work folder is empty, no copy of the data.
+    run = vt.Run(vt.in_folder(args, label), model, job, ["--min-volunteers", "2", "--clusters", "2"], 2,
+                 label=label, shape=shape, own_folders=True)
+    out = run.out
+    with run:
+        run.join(2)
+        run.all_finish()
     losses, folders, evals = {}, {}, {}
-    for _, folder in volunteers:
+    for _, folder in run.volunteers:
         nodes = os.path.join(folder, "node_data", "nodes")
         (name,) = os.listdir(nodes)
         cluster = json.load(open(os.path.join(nodes, name, "node.json")))["cluster"]
@@ -170,9 +157,7 @@ def main():
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
     # Safetensors: Fashion-MNIST images.
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
+    model = vt.make_model(args.work)
     data_dir = os.path.join(args.work, "coordinator_data")
     make_shards(data_dir)
     test_dir = os.path.join(args.work, "coordinator_test_data")

@@ -44,7 +44,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import zlib
@@ -69,15 +68,6 @@ TEST_SAMPLES = 500
 def flags(running, stages):
     cuts = "7,14" if stages == 3 else "7"
     return ["--min-volunteers", str(running * stages), "--clusters", str(running), "--cuts", cuts, "--grow"]
-
-
-def name_of(workdir):
-    return json.load(open(os.path.join(workdir, "membership.json")))["name"]
-
-
-def records(workdir, name):
-    path = os.path.join(workdir, "node_data", "nodes", name, "metrics.jsonl")
-    return [json.loads(line) for line in open(path) if line.endswith("\n")]
 
 
 SHARDS, TEST_SHARDS = 4, 2
@@ -150,9 +140,7 @@ def main():
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
+    model = vt.make_model(args.work)
     served = args.data == "served"
     job_path = vt.write_job(args.work, model, 0, TEST_SAMPLES,
                             {"epochs": SERVED_EPOCHS if served else EPOCHS, "max_steps": 0})
@@ -164,29 +152,22 @@ def main():
         job["data"]["chunks"] = 4
     json.dump(job, open(job_path, "w"))
 
-    out = os.path.join(args.work, "coordinator")
-    coordinator, invite = vt.start_coordinator(args, job_path, model, out, flags(running, stages))
     first_wave = running * stages
-    ports = vt.free_ports(first_wave + stages)
-    volunteers = []
-    try:
-        for i in range(first_wave):
-            volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--upload-mbps", "0"]))
-        coordinator.wait_for(lambda l: f"planned {running} cluster(s) on {first_wave} volunteers" in l, 120,
-                             "'planned'")
-        for i in range(first_wave, first_wave + stages):
-            volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--upload-mbps", "0"]))
+    run = vt.Run(args, model, job_path, flags(running, stages), first_wave + stages)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(first_wave, ["--upload-mbps", "0"])
+        run.wait_planned(running)
+        run.join(stages, ["--upload-mbps", "0"])
         proposed = coordinator.wait_for(lambda l: f"coordinator: growing: cluster {running} from spares" in l,
                                         120, f"'growing: cluster {running}'")
         print(proposed.strip())
         formed = coordinator.wait_for(lambda l: f"coordinator: cluster {running} formed" in l, 120,
                                       f"'cluster {running} formed'")
         print(formed.strip())
-        vt.all_finish(coordinator, volunteers)
-    finally:
-        vt.kill_all(coordinator, volunteers)
+        run.all_finish()
 
-    by_name = {name_of(w): (v, w) for v, w in volunteers}
+    by_name = {vt.name_of(w): (v, w) for v, w in volunteers}
     nodes = {}
     for name, (v, w) in by_name.items():
         node = json.load(open(os.path.join(w, "node_data", "nodes", name, "node.json")))
@@ -230,7 +211,7 @@ def main():
 
     # The new cluster's first step F: its Leaf's first record.
     def leaf_steps(chain):
-        leaf = records(by_name[chain[-1]][1], chain[-1])
+        leaf = vt.node_records(by_name[chain[-1]][1], chain[-1])
         return sorted(r["step"] for r in leaf if "step" in r and "loss" in r)
     steps_new = leaf_steps(new_chain)
     # Step records count steps done: a cluster starting at step F first records F + 1.
@@ -277,16 +258,10 @@ def main():
                 vt.fail(f"stage {s}: {chains[0][s]} and {chains[c][s]} end with different weights: {diff[:5]}")
     print(f"all {running + 1} clusters end with identical weights (every tensor of every stage)")
 
-    summary = json.load(open(os.path.join(out, "run_result.json")))
-    for entry in summary["clusters"]:
-        merged = os.path.join(args.work, f"cluster_{entry['cluster']}.pt")
-        subprocess.run([args.clusterize, "--merge", out, "--cluster", str(entry["cluster"]), "--out", merged],
-                       check=True, stdout=subprocess.DEVNULL)
-        accuracy = evaluate_served(merged) if served else vt.evaluate(merged, TEST_SAMPLES)
-        reported = entry["eval"]["accuracy"]
-        print(f"cluster {entry['cluster']}: Leaf reports {reported:.4f}, its weights in PyTorch {accuracy:.4f}")
-        if abs(accuracy - reported) > 1e-9:
-            vt.fail(f"cluster {entry['cluster']}: PyTorch gives {accuracy}, its Leaf reported {reported}")
+    summary = vt.check_cluster_weights(
+        args, out, evaluate_served if served else (lambda path: vt.evaluate(path, TEST_SAMPLES)),
+        "cluster {cluster}: Leaf reports {reported:.4f}, its weights in PyTorch {accuracy:.4f}",
+        "cluster {cluster}: PyTorch gives {accuracy}, its Leaf reported {reported}")
     if len(summary["clusters"]) != running + 1:
         vt.fail(f"run_result.json names {len(summary['clusters'])} clusters, expected {running + 1}")
     print("PASS")

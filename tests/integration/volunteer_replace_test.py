@@ -19,21 +19,17 @@ spare_replaces_lost
     trained.pt evaluated by PyTorch has exactly the accuracy the Leaf reported, which equals the
     reference's; coordinator.db gives the node to the spare's key and keeps the lost key as lost.
 """
-import argparse
 import json
 import os
-import shutil
 import sqlite3
-import subprocess
 import sys
-
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 
 STEPS = 200
-RING_STEPS = 2500  # cluster 1 alone: ~2 min on 2 cores; the takeover (~10 s of timeouts) took 380 steps
+RING_STEPS = 200
+HOLD_AT = 60  # ring_peer_replaced: cluster 1's Root waits before this step until cluster 0 resumes
 KILL_AFTER = 20
 TEST_SAMPLES = 1000
 TRAINING = {"checkpoint_every": 10,
@@ -41,56 +37,45 @@ TRAINING = {"checkpoint_every": 10,
 FLAGS = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14", "--lost-after-s", "8"]
 
 
-def name_of(workdir):
-    return json.load(open(os.path.join(workdir, "membership.json")))["name"]
+name_of = vt.name_of
 
 
-def leaf_records(workdir, leaf):
-    path = os.path.join(workdir, "node_data", "nodes", leaf, "metrics.jsonl")
-    return [json.loads(line) for line in open(path) if line.endswith("\n")]
+def kill_after_checkpoint(coordinator, victim, stem):
+    """SIGKILLs the victim (a volunteer's (Process, workdir)) once the coordinator has acknowledged
+    a checkpoint of its node STEM at step >= KILL_AFTER; returns that acknowledgement's line."""
+    def acknowledged(line):
+        marker = f"coordinator: checkpoint of {stem} at step "
+        return marker in line and int(line.split(marker)[1].split()[0]) >= KILL_AFTER
+    ack = coordinator.wait_for(acknowledged, 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
+    victim[0].proc.kill()
+    victim[0].finish(30)
+    return ack
 
 
 def run_reference(args, model, job):
-    work = os.path.join(args.work, "reference")
-    os.makedirs(work)
-    sub = argparse.Namespace(**vars(args))
-    sub.work = work
-    out = os.path.join(work, "coordinator")
-    coordinator, invite = vt.start_coordinator(sub, job, model, out, FLAGS)
-    ports = vt.free_ports(3)
-    volunteers = []
-    try:
-        for i in range(3):
-            volunteers.append(vt.volunteer(sub, invite, i, ports[i], ["--upload-mbps", "0"]))
-        vt.all_finish(coordinator, volunteers)
-    finally:
-        vt.kill_all(coordinator, volunteers)
-    leaf = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][-1]
-    workdir = next(w for _, w in volunteers if name_of(w) == leaf)
-    losses = {r["step"]: r["loss"] for r in leaf_records(workdir, leaf) if "step" in r}
-    summary = json.load(open(os.path.join(out, "run_result.json")))
+    run = vt.Run(vt.in_folder(args, "reference"), model, job, FLAGS, 3)
+    with run:
+        run.join(3, ["--upload-mbps", "0"])
+        run.all_finish()
+    leaf = json.load(open(os.path.join(run.out, "plan.json")))["clusters"][0]["chain"][-1]
+    workdir = next(w for _, w in run.volunteers if name_of(w) == leaf)
+    losses = {r["step"]: r["loss"] for r in vt.node_records(workdir, leaf) if "step" in r}
+    summary = json.load(open(os.path.join(run.out, "run_result.json")))
     return losses, summary["clusters"][0]["eval"]["accuracy"]
 
 
 def case_spare_replaces_lost(args):
-    os.makedirs(args.work, exist_ok=True)
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
-    job = vt.write_job(args.work, model, STEPS, TEST_SAMPLES, TRAINING)
+    model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
     reference, reference_accuracy = run_reference(args, model, job)
     if len(reference) != STEPS:
         vt.fail(f"the reference Leaf logged {len(reference)} steps, expected {STEPS}")
 
-    out = os.path.join(args.work, "coordinator")
-    coordinator, invite = vt.start_coordinator(args, job, model, out, FLAGS)
-    ports = vt.free_ports(4)
-    volunteers = []
-    try:
-        for i in range(3):
-            volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--upload-mbps", "200"]))
-        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned'")
-        volunteers.append(vt.volunteer(args, invite, 3, ports[3]))
+    run = vt.Run(args, model, job, FLAGS, 4)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(3, ["--upload-mbps", "200"])
+        run.wait_planned(1)
+        run.join(1)
         spare_line = coordinator.wait_for(lambda l: "joined: node_3 " in l, 120, "'joined: node_3' (the spare)")
         if ", spare" not in spare_line:
             vt.fail(f"the 4th volunteer did not wait as a spare: {spare_line.strip()}")
@@ -98,29 +83,13 @@ def case_spare_replaces_lost(args):
         stem, leaf = chain[1], chain[2]
         victim = next(v for v in volunteers[:3] if name_of(v[1]) == stem)
         leaf_workdir = next(w for _, w in volunteers[:3] if name_of(w) == leaf)
-
-        def acknowledged(line):
-            marker = f"coordinator: checkpoint of {stem} at step "
-            return marker in line and int(line.split(marker)[1].split()[0]) >= KILL_AFTER
-        ack = coordinator.wait_for(acknowledged, 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
-        victim[0].proc.kill()
-        victim[0].finish(30)
+        ack = kill_after_checkpoint(coordinator, victim, stem)
         print(f"SIGKILLed {victim[0].tag} ({stem}) after: {ack.strip()}")
         coordinator.wait_for(lambda l: f"coordinator: lost: {stem}" in l, 120, f"'lost: {stem}'")
         taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_3" in l, 60,
                                      "the takeover")
         print(taken.strip())
-        code = coordinator.finish(600)
-        if code != 0:
-            vt.fail(f"the coordinator exited {code}")
-        for v, _ in volunteers:
-            if v is victim[0]:
-                continue
-            c = v.finish(120)
-            if c != 0:
-                vt.fail(f"{v.tag} exited {c}")
-    finally:
-        vt.kill_all(coordinator, volunteers)
+        run.all_finish(but=victim[0])
 
     spare_workdir = volunteers[3][1]
     if name_of(spare_workdir) != stem:
@@ -142,7 +111,7 @@ def case_spare_replaces_lost(args):
         vt.fail(f"coordinator.db: the lost volunteer's row is {lost}")
 
     # Exact resume: every step loss the Leaf logged equals the uninterrupted run's.
-    records = leaf_records(leaf_workdir, leaf)
+    records = vt.node_records(leaf_workdir, leaf)
     marks = [i for i, r in enumerate(records) if "resumed_from" in r]
     if not marks:
         vt.fail("the Leaf's metrics.jsonl has no resumed_from record")
@@ -159,13 +128,8 @@ def case_spare_replaces_lost(args):
         vt.fail(f"resume is not exact or steps are missing: {same} of {len(every)} equal, steps "
                 f"{steps[:3]}..{steps[-3:]}")
 
-    summary = json.load(open(os.path.join(out, "run_result.json")))
-    reported = summary["clusters"][0]["eval"]["accuracy"]
-    accuracy = vt.evaluate(summary["trained_torchscript"], TEST_SAMPLES)
-    print(f"Leaf accuracy {reported:.4f}; merged model in PyTorch {accuracy:.4f}; uninterrupted run "
-          f"{reference_accuracy:.4f}")
-    if abs(accuracy - reported) > 1e-9:
-        vt.fail("the merged model's accuracy differs from the Leaf's")
+    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
+                                f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
     if reported != reference_accuracy:
         vt.fail("the replaced run's accuracy differs from the uninterrupted run's")
 
@@ -177,51 +141,35 @@ def case_ring_peer_replaced(args):
     impossible unless the peer admitted its new key and dials its new address); the run finishes.
     Each cluster's own weights (`clusterize --merge --cluster N`, the replacement's stage included
     for cluster 0) evaluated by PyTorch give exactly the accuracy that cluster's Leaf reported.
-    Cluster 1 keeps training meanwhile; with RING_STEPS it is still training when cluster 0
-    resumes (a precondition checked and reported as such: a resuming cluster cannot rejoin rings
-    whose other members have finished)."""
-    os.makedirs(args.work, exist_ok=True)
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(vt.EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
-    job = vt.write_job(args.work, model, RING_STEPS, TEST_SAMPLES, TRAINING)
-    out = os.path.join(args.work, "coordinator")
+    Cluster 1 must still be training when cluster 0 resumes (a resuming cluster cannot rejoin rings
+    whose other members have finished): its Root waits before step HOLD_AT (CAIRN_TEST_HOLD,
+    node/pipeline/TestHold.h) until the replacement says the cluster agreed on its resume step, so
+    cluster 1 still has RING_STEPS - HOLD_AT steps to go whatever the machine's speed (the
+    precondition is still checked and reported as such)."""
     flags = ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14", "--lost-after-s", "8"]
-    coordinator, invite = vt.start_coordinator(args, job, model, out, flags)
-    ports = vt.free_ports(7)
-    volunteers = []
-    try:
-        for i in range(6):
-            volunteers.append(vt.volunteer(args, invite, i, ports[i], ["--upload-mbps", "200"]))
-        coordinator.wait_for(lambda l: "planned 2 cluster(s) on 6 volunteers" in l, 180, "'planned'")
-        volunteers.append(vt.volunteer(args, invite, 6, ports[6]))
+    release = os.path.join(args.work, "release_cluster_1")
+    os.environ["CAIRN_TEST_HOLD"] = f"1:{HOLD_AT}:{release}"
+    run = vt.start_run(args, RING_STEPS, TEST_SAMPLES, flags, 7, TRAINING)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(6, ["--upload-mbps", "200"])
+        run.wait_planned(2, 180)
+        run.join(1)
         coordinator.wait_for(lambda l: "joined: node_6 " in l and ", spare" in l, 120, "the spare")
         chains = [c["chain"] for c in json.load(open(os.path.join(out, "plan.json")))["clusters"]]
         stem, ring_peer = chains[0][1], chains[1][1]
         victim = next(v for v in volunteers[:6] if name_of(v[1]) == stem)
         peer_proc = next(v for v, w in volunteers[:6] if name_of(w) == ring_peer)
-
-        def acknowledged(line):
-            marker = f"coordinator: checkpoint of {stem} at step "
-            return marker in line and int(line.split(marker)[1].split()[0]) >= KILL_AFTER
-        coordinator.wait_for(acknowledged, 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
-        victim[0].proc.kill()
-        victim[0].finish(30)
+        kill_after_checkpoint(coordinator, victim, stem)
         taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_6" in l, 120,
                                      "the takeover")
         print(taken.strip())
         if ring_peer not in taken:
             vt.fail(f"the coordinator does not tell the ring peer {ring_peer}")
-        code = coordinator.finish(600)
-        if code != 0:
-            vt.fail(f"the coordinator exited {code}")
-        for v, _ in volunteers:
-            if v is not victim[0]:
-                c = v.finish(120)
-                if c != 0:
-                    vt.fail(f"{v.tag} exited {c}")
-    finally:
-        vt.kill_all(coordinator, volunteers)
+        volunteers[6][0].wait_for(lambda l: "resume: the cluster agreed on step" in l, 120,
+                                  "the replacement's resume agreement")
+        open(release, "w").close()
+        run.all_finish(but=victim[0])
     spare = volunteers[6][0]
     if not peer_proc.count(lambda l: "ring peers re-pointed live" in l and stem in l):
         vt.fail(f"{ring_peer} never re-pointed {stem} live")
@@ -232,31 +180,15 @@ def case_ring_peer_replaced(args):
                     "could join its rings (a slow machine: raise RING_STEPS)")
         vt.fail(f"the replacement never joined the rings with a welcome from {ring_peer}")
     print("replacement:", welcomed[0].strip())
-    summary = json.load(open(os.path.join(out, "run_result.json")))
-    for entry in summary["clusters"]:
-        merged = os.path.join(args.work, f"cluster_{entry['cluster']}.pt")
-        subprocess.run([args.clusterize, "--merge", out, "--cluster", str(entry["cluster"]), "--out", merged],
-                       check=True, stdout=subprocess.DEVNULL)
-        accuracy = vt.evaluate(merged, TEST_SAMPLES)
-        reported = entry["eval"]["accuracy"]
-        print(f"cluster {entry['cluster']} ({entry['leaf']}): Leaf reports {reported:.4f}, its weights in "
-              f"PyTorch {accuracy:.4f}")
-        if abs(accuracy - reported) > 1e-9:
-            vt.fail(f"cluster {entry['cluster']}'s weights evaluate to {accuracy} in PyTorch, its Leaf "
-                    f"reported {reported}")
+    vt.check_cluster_weights(args, out, lambda path: vt.evaluate(path, TEST_SAMPLES),
+                             "cluster {cluster} ({leaf}): Leaf reports {reported:.4f}, its weights in "
+                             "PyTorch {accuracy:.4f}",
+                             "cluster {cluster}'s weights evaluate to {accuracy} in PyTorch, its Leaf "
+                             "reported {reported}")
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["spare_replaces_lost", "ring_peer_replaced"])
-    parser.add_argument("--provider", required=True)
-    parser.add_argument("--clusterize", required=True)
-    parser.add_argument("--work", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    shutil.rmtree(args.work, ignore_errors=True)
-    globals()["case_" + args.case](args)
-    print("PASS")
+    vt.main_of(["spare_replaces_lost", "ring_peer_replaced"], globals())
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
 FASHION = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530
+INPUT_SHAPE = ("--input-shape", "8,1,28,28")
 
 
 def fail(message):
@@ -141,29 +142,35 @@ def write_job(work, model, steps, test_samples, training=None):
     return path
 
 
-def start_coordinator(args, job, model, out, extra, port=0):
+def start_coordinator(args, job, model, out, extra, port=0, tag="coordinator", shape=INPUT_SHAPE):
     """port 0: the kernel picks; a restart must name the port its invite holds."""
     invite_file = os.path.join(args.work, "invite.txt")
-    cmd = [args.clusterize, "--model", model, "--job", job, "--input-shape", "8,1,28,28",
+    cmd = [args.clusterize, "--model", model, "--job", job, *shape,
            "--serve", f"127.0.0.1:{port}", "--invite-file", invite_file, "--out", out] + extra
-    coordinator = Process("coordinator", cmd)
+    coordinator = Process(tag, cmd)
     line = coordinator.wait_for(lambda l: l.startswith("invite: "), 120, "'invite: …'")
     return coordinator, line.split()[1]
 
 
-def volunteer(args, invite, i, port, extra=()):
+def volunteer(args, invite, i, port, extra=(), tag=None, own_folder=False):
+    """own_folder: its work folder is made here (empty) and is its cwd too."""
     workdir = os.path.join(args.work, f"volunteer_{i}")
+    if own_folder:
+        os.makedirs(workdir)  # its cwd and work folder: empty, no copy of the data
     cmd = [args.provider, "--join", invite, "--listen", f"127.0.0.1:{port}", "--workdir", workdir,
            "--probe-megabytes", "1"] + list(extra)
-    return Process(f"volunteer {i}", cmd), workdir
+    return Process(tag or f"volunteer {i}", cmd, cwd=workdir if own_folder else None), workdir
 
 
-def all_finish(coordinator, volunteers):
-    """The coordinator ends the run (exit 0) and every volunteer exits 0 after it."""
+def all_finish(coordinator, volunteers, but=None):
+    """The coordinator ends the run (exit 0) and every volunteer (but the Process `but`, one
+    that was killed) exits 0 after it."""
     code = coordinator.finish(600)
     if code != 0:
         fail(f"the coordinator exited {code}")
     for v, _ in volunteers:
+        if v is but:
+            continue
         c = v.finish(120)
         if c != 0:
             fail(f"{v.tag} exited {c}")
@@ -175,32 +182,157 @@ def kill_all(coordinator, volunteers):
         v.kill()
 
 
-def case_join_train_merge(args):
-    os.makedirs(args.work, exist_ok=True)
-    model = os.path.join(args.work, "model.pt")
+def make_model(work):
+    """examples/fashion_mnist/make_model.py's CNN written to WORK/model.pt: that path."""
+    model = os.path.join(work, "model.pt")
     subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
                    stdout=subprocess.DEVNULL)
+    return model
+
+
+def prepare(args, steps, test_samples, training=None):
+    """args.work (made if missing) with the model (make_model) and the job (write_job): (model, job)."""
+    os.makedirs(args.work, exist_ok=True)
+    model = make_model(args.work)
+    return model, write_job(args.work, model, steps, test_samples, training)
+
+
+def in_folder(args, name):
+    """args for a run of its own in the new folder args.work/NAME (work is the only change)."""
+    work = os.path.join(args.work, name)
+    os.makedirs(work)
+    sub = argparse.Namespace(**vars(args))
+    sub.work = work
+    return sub
+
+
+class Run:
+    """A coordinator (start_coordinator, out args.work/coordinator) and the volunteers that join
+    it. Leaving its `with` block kills whatever still runs (kill_all), the restarted coordinator if
+    there was a restart. ports: how many volunteers it may start (free_ports, taken at the first
+    join). restartable: the coordinator listens on a port picked here (free_ports) that a restart
+    names again; else the kernel picks. label: a prefix to the processes' tags. shape: the
+    coordinator's --input-shape (and dtype) flags. own_folders: each volunteer runs in its own
+    new, empty work folder (its cwd)."""
+
+    def __init__(self, args, model, job, flags, ports=0, restartable=False, label="", shape=INPUT_SHAPE,
+                 own_folders=False):
+        self.args, self.model, self.job, self.flags, self.shape = args, model, job, flags, shape
+        self.prefix = label + " " if label else ""
+        self.own_folders, self.port_count, self.ports, self.volunteers = own_folders, ports, None, []
+        self.out = os.path.join(args.work, "coordinator")
+        self.port = free_ports(1)[0] if restartable else 0
+        self.coordinator, self.invite = start_coordinator(args, job, model, self.out, flags, self.port,
+                                                          self.prefix + "coordinator", self.shape)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        kill_all(self.coordinator, self.volunteers)
+
+    def join(self, count, extra=()):
+        """Starts `count` more volunteers, numbered on from those started before."""
+        if self.ports is None:
+            self.ports = free_ports(self.port_count)
+        for i in range(len(self.volunteers), len(self.volunteers) + count):
+            self.volunteers.append(volunteer(self.args, self.invite, i, self.ports[i], extra,
+                                             f"{self.prefix}volunteer {i}", self.own_folders))
+
+    def wait_planned(self, clusters, timeout=120, what="'planned'"):
+        """Waits for the coordinator's 'planned CLUSTERS cluster(s) on N volunteers', N those started."""
+        planned = f"planned {clusters} cluster(s) on {len(self.volunteers)} volunteers"
+        return self.coordinator.wait_for(lambda l: planned in l, timeout, what)
+
+    def all_finish(self, but=None):
+        all_finish(self.coordinator, self.volunteers, but)
+
+    def restart_coordinator(self):
+        """SIGKILLs the coordinator once the Leaf of the plan's cluster 0 has written 5 step
+        records and starts it again (the same command and port, so the same invite) after 20 more:
+        (the Leaf's metrics.jsonl, its step records at the kill, at the restart)."""
+        leaf = json.load(open(os.path.join(self.out, "plan.json")))["clusters"][0]["chain"][-1]
+        leaf_metrics = [os.path.join(w, "node_data", "nodes", leaf, "metrics.jsonl") for _, w in self.volunteers]
+        wait_until(lambda: any(os.path.exists(m) for m in leaf_metrics), 120, f"{leaf}'s metrics.jsonl")
+        metrics = next(m for m in leaf_metrics if os.path.exists(m))
+        wait_until(lambda: step_records(metrics) >= 5, 120, "the Leaf's first steps")
+        self.coordinator.proc.kill()
+        self.coordinator.finish(30)
+        at_kill = step_records(metrics)
+        print(f"coordinator killed at the Leaf's step record {at_kill}")
+        # Training goes on without the coordinator.
+        wait_until(lambda: step_records(metrics) >= at_kill + 20, 300, "steps after the coordinator died")
+        at_restart = step_records(metrics)
+        self.coordinator, invite_again = start_coordinator(self.args, self.job, self.model, self.out, self.flags,
+                                                           self.port, self.prefix + "coordinator", self.shape)
+        if invite_again != self.invite:
+            fail("the restarted coordinator has another invite")
+        return metrics, at_kill, at_restart
+
+
+def start_run(args, steps, test_samples, flags, ports=0, training=None, restartable=False):
+    """prepare's model and job in args.work and a Run of them (its coordinator started)."""
+    model, job = prepare(args, steps, test_samples, training)
+    return Run(args, model, job, flags, ports, restartable)
+
+
+def name_of(workdir):
+    """The node a volunteer holds (its membership.json)."""
+    return json.load(open(os.path.join(workdir, "membership.json")))["name"]
+
+
+def node_records(workdir, name):
+    """The complete records of node NAME's metrics.jsonl in a volunteer's work folder."""
+    path = os.path.join(workdir, "node_data", "nodes", name, "metrics.jsonl")
+    return [json.loads(line) for line in open(path) if line.endswith("\n")]
+
+
+def check_trained(out, test_samples, said):
+    """The coordinator's merged model (run_result.json's trained_torchscript) evaluated by PyTorch
+    has exactly the accuracy cluster 0's Leaf reported; prints `said` formatted with reported and
+    accuracy. Returns the reported accuracy."""
+    summary = json.load(open(os.path.join(out, "run_result.json")))
+    reported = summary["clusters"][0]["eval"]["accuracy"]
+    accuracy = evaluate(summary["trained_torchscript"], test_samples)
+    print(said.format(reported=reported, accuracy=accuracy))
+    if abs(accuracy - reported) > 1e-9:
+        fail("the merged model's accuracy differs from the Leaf's")
+    return reported
+
+
+def check_cluster_weights(args, out, evaluate_file, said, failed):
+    """Each cluster of the run in OUT: its own weights (`clusterize --merge OUT --cluster N`, written
+    to args.work/cluster_N.pt) evaluated by evaluate_file(path) give exactly the accuracy its Leaf
+    reported. `said` (printed) and `failed` (the failure) are formatted with the cluster's
+    run_result.json entry (cluster, leaf, ...), reported and accuracy. Returns run_result.json."""
+    summary = json.load(open(os.path.join(out, "run_result.json")))
+    for entry in summary["clusters"]:
+        merged = os.path.join(args.work, f"cluster_{entry['cluster']}.pt")
+        subprocess.run([args.clusterize, "--merge", out, "--cluster", str(entry["cluster"]), "--out", merged],
+                       check=True, stdout=subprocess.DEVNULL)
+        accuracy = evaluate_file(merged)
+        reported = entry["eval"]["accuracy"]
+        values = dict(entry, reported=reported, accuracy=accuracy)
+        print(said.format_map(values))
+        if abs(accuracy - reported) > 1e-9:
+            fail(failed.format_map(values))
+    return summary
+
+
+def case_join_train_merge(args):
     test_samples = 1000
-    job = write_job(args.work, model, 60, test_samples)
-    out = os.path.join(args.work, "coordinator")
-    coordinator, invite = start_coordinator(
-        args, job, model, out, ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14"])
-    ports = free_ports(6)
-    volunteers = []
-    try:
-        for i in range(3):
-            volunteers.append(volunteer(args, invite, i, ports[i]))
+    run = start_run(args, 60, test_samples, ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14"], 6)
+    out, coordinator = run.out, run.coordinator
+    with run:
+        run.join(3)
         # The first three are in (accepted as spares) before the others start.
         for i in range(3):
             coordinator.wait_for(lambda l, i=i: f"joined: node_{i} " in l, 120, f"'joined: node_{i}'")
         if coordinator.count(lambda l: "planned" in l):
             fail("the coordinator planned before --min-volunteers had joined")
-        for i in range(3, 6):
-            volunteers.append(volunteer(args, invite, i, ports[i]))
-        coordinator.wait_for(lambda l: "planned 2 cluster(s) on 6 volunteers" in l, 120, "'planned 2 cluster(s)'")
-        all_finish(coordinator, volunteers)
-    finally:
-        kill_all(coordinator, volunteers)
+        run.join(3)
+        run.wait_planned(2, 120, "'planned 2 cluster(s)'")
+        run.all_finish()
 
     # Secret keys never left the volunteers; the coordinator holds none.
     for name in os.listdir(os.path.join(out, "nodes")):
@@ -245,28 +377,18 @@ def case_join_train_merge(args):
 
 
 def case_checkpoint_upload(args):
-    os.makedirs(args.work, exist_ok=True)
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
-    job = write_job(args.work, model, 60, 200, {"checkpoint_every": 10})
-    out = os.path.join(args.work, "coordinator")
-    coordinator, invite = start_coordinator(
-        args, job, model, out, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14"])
-    ports = free_ports(3)
-    volunteers = []
-    try:
-        for i in range(3):
-            volunteers.append(volunteer(args, invite, i, ports[i], ["--upload-mbps", "50"]))
-        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned 1 cluster(s)'")
-        all_finish(coordinator, volunteers)
-    finally:
-        kill_all(coordinator, volunteers)
+    run = start_run(args, 60, 200, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14"], 3,
+                    {"checkpoint_every": 10})
+    out = run.out
+    with run:
+        run.join(3, ["--upload-mbps", "50"])
+        run.wait_planned(1, 120, "'planned 1 cluster(s)'")
+        run.all_finish()
 
     import sqlite3
     db = sqlite3.connect(os.path.join(out, "coordinator.db"))
-    for v, workdir in volunteers:
-        name = json.load(open(os.path.join(workdir, "membership.json")))["name"]
+    for v, workdir in run.volunteers:
+        name = name_of(workdir)
         held = os.path.join(out, "checkpoints", name)
         files = sorted(os.listdir(held)) if os.path.isdir(held) else []
         if len(files) != 1 or not files[0].startswith("step_") or not files[0].endswith(".ckpt"):
@@ -323,58 +445,23 @@ def wait_until(condition, timeout, what):
 
 
 def case_coordinator_restarts(args):
-    os.makedirs(args.work, exist_ok=True)
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
     test_samples = 1000
-    job = write_job(args.work, model, 150, test_samples)
-    out = os.path.join(args.work, "coordinator")
-    flags = ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14"]
-    coordinator_port = free_ports(1)[0]
-    coordinator, invite = start_coordinator(args, job, model, out, flags, coordinator_port)
-    ports = free_ports(3)
-    volunteers = []
-    try:
-        for i in range(3):
-            volunteers.append(volunteer(args, invite, i, ports[i], ["--result-wait-s", "600"]))
-        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "'planned'")
-        leaf = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][-1]
-        leaf_metrics = [os.path.join(w, "node_data", "nodes", leaf, "metrics.jsonl") for _, w in volunteers]
-        wait_until(lambda: any(os.path.exists(m) for m in leaf_metrics), 120, f"{leaf}'s metrics.jsonl")
-        metrics = next(m for m in leaf_metrics if os.path.exists(m))
-        wait_until(lambda: step_records(metrics) >= 5, 120, "the Leaf's first steps")
-        coordinator.proc.kill()
-        coordinator.finish(30)
-        at_kill = step_records(metrics)
-        print(f"coordinator killed at the Leaf's step record {at_kill}")
-        # Training goes on without the coordinator.
-        wait_until(lambda: step_records(metrics) >= at_kill + 20, 300, "steps after the coordinator died")
-        again, invite_again = start_coordinator(args, job, model, out, flags, coordinator_port)
-        coordinator = again
-        if invite_again != invite:
-            fail("the restarted coordinator has another invite")
-        all_finish(coordinator, volunteers)
-    finally:
-        kill_all(coordinator, volunteers)
+    run = start_run(args, 150, test_samples, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14"], 3,
+                    restartable=True)
+    with run:
+        run.join(3, ["--result-wait-s", "600"])
+        run.wait_planned(1)
+        metrics, _, _ = run.restart_coordinator()
+        run.all_finish()
     if step_records(metrics) != 150:
         fail(f"the Leaf wrote {step_records(metrics)} step records, expected 150")
-    summary = json.load(open(os.path.join(out, "run_result.json")))
-    reported = summary["clusters"][0]["eval"]["accuracy"]
-    accuracy = evaluate(summary["trained_torchscript"], test_samples)
-    print(f"after a coordinator restart: Leaf accuracy {reported:.4f}, merged model in PyTorch {accuracy:.4f}")
-    if abs(accuracy - reported) > 1e-9:
-        fail("the merged model's accuracy differs from the Leaf's")
+    check_trained(run.out, test_samples,
+                  "after a coordinator restart: Leaf accuracy {reported:.4f}, merged model in PyTorch {accuracy:.4f}")
 
 
 def case_bad_invites(args):
-    os.makedirs(args.work, exist_ok=True)
-    model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
-    job = write_job(args.work, model, 10, 100)
-    out = os.path.join(args.work, "coordinator")
-    coordinator, invite = start_coordinator(args, job, model, out, ["--min-volunteers", "99"])
+    run = start_run(args, 10, 100, ["--min-volunteers", "99"])
+    model, job, coordinator, invite = run.model, run.job, run.coordinator, run.invite
     try:
         head, key_hex, token = invite.rsplit(":", 2)
         port = free_ports(1)[0]
@@ -415,18 +502,23 @@ def case_bad_invites(args):
     print("--grow with an async job: refused (exit 2):", [l for l in said.splitlines() if "schedule" in l][-1])
 
 
-def main():
+def main_of(cases, namespace):
+    """The main of a file of cases: CASE --provider --clusterize --work DIR runs namespace's
+    case_CASE(args) in a fresh DIR with one torch thread, then prints PASS."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["join_train_merge", "coordinator_restarts", "bad_invites",
-                                            "checkpoint_upload"])
+    parser.add_argument("case", choices=cases)
     parser.add_argument("--provider", required=True)
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
-    globals()["case_" + args.case](args)
+    namespace["case_" + args.case](args)
     print("PASS")
+
+
+def main():
+    main_of(["join_train_merge", "coordinator_restarts", "bad_invites", "checkpoint_upload"], globals())
 
 
 if __name__ == "__main__":

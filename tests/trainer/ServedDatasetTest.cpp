@@ -11,24 +11,17 @@
 #include <set>
 
 #include "tests/trainer/DatasetTestSupport.h"
+#include "tests/trainer/TokenFixture.h"
 #include "trainer/data/ServedDataset.h"
 
 namespace cairn {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::datasetFixture;
 using testing::idsOf;
 using testing::readReference;
-
-DataOptions tokens(const std::string& location) {
-  DataOptions o;
-  o.format = "tokens";
-  o.location = location;
-  o.block_length = 16;
-  o.test_fraction = 0;
-  return o;
-}
+using testing::tokenFiles;
+using testing::tokens;
 
 // Serves chunk k as a copy of the k-th local shard (training shards, then test shards) under
 // another name, counting what is asked.
@@ -55,7 +48,7 @@ std::vector<ServedShard> tableOf(const std::vector<ShardInfo>& shards, int64_t f
 }
 
 struct Served {
-  std::string fixture = datasetFixture("make_token_files.py");
+  std::string fixture = tokenFiles();
   DatasetPair local = loadDatasets(tokens(fixture + "/llmc/train_*.bin"), 0);
   CopyingSource source;
   std::vector<ServedShard> table;
@@ -63,11 +56,7 @@ struct Served {
     source.shards = local.train->shards();
     source.dir = ::testing::TempDir() + "/cairn_served_" + std::to_string(::getpid());
     fs::create_directories(source.dir);
-    for (size_t k = 0; k < source.shards.size(); ++k) {
-      const ShardInfo& s = source.shards[k];
-      table.push_back({int64_t(k), fs::path(s.path).filename().string(), s.bytes, s.samples,
-                       shardChecksum(s)});
-    }
+    table = tableOf(source.shards, 0);
   }
   ~Served() { fs::remove_all(source.dir); }
 };

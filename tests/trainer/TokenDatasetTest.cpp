@@ -6,25 +6,18 @@
 #include <fstream>
 
 #include "tests/trainer/DatasetTestSupport.h"
+#include "tests/trainer/TokenFixture.h"
 #include "trainer/Dataset.h"
 #include "trainer/Sampler.h"
 
 namespace cairn {
 namespace {
 
-using testing::datasetFixture;
 using testing::expectBadInputNaming;
 using testing::idsOf;
 using testing::readReference;
-
-DataOptions tokens(const std::string& location) {
-  DataOptions o;
-  o.format = "tokens";
-  o.location = location;
-  o.block_length = 16;
-  o.test_fraction = 0;
-  return o;
-}
+using testing::tokenFiles;
+using testing::tokens;
 
 // Every reference sample of `ref` equals cairn's, and the shards are the files numpy read.
 void expectMatchesNumpy(const Dataset& d, const std::string& ref_path) {
@@ -50,7 +43,7 @@ void expectMatchesNumpy(const Dataset& d, const std::string& ref_path) {
 }
 
 TEST(TokenDataset, LlmcShardsMatchNumpy) {
-  const std::string dir = datasetFixture("make_token_files.py");
+  const std::string dir = tokenFiles();
   DataOptions o = tokens(dir + "/llmc/train_*.bin");
   o.test_location = dir + "/llmc/val_*.bin";
   DatasetPair d = loadDatasets(o, 0);
@@ -60,7 +53,7 @@ TEST(TokenDataset, LlmcShardsMatchNumpy) {
 }
 
 TEST(TokenDataset, Llama3ShardsNpyAndHeaderlessMatchNumpy) {
-  const std::string dir = datasetFixture("make_token_files.py");
+  const std::string dir = tokenFiles();
   expectMatchesNumpy(*loadDatasets(tokens(dir + "/llama"), 0).train,
                      dir + "/llama_ref.safetensors");
   expectMatchesNumpy(*loadDatasets(tokens(dir + "/npy"), 0).train, dir + "/npy_ref.safetensors");
@@ -72,7 +65,7 @@ TEST(TokenDataset, Llama3ShardsNpyAndHeaderlessMatchNumpy) {
 }
 
 TEST(TokenDataset, TestFractionSplitsAcrossShards) {
-  const std::string dir = datasetFixture("make_token_files.py");
+  const std::string dir = tokenFiles();
   auto ref = readReference(dir + "/llmc_ref.safetensors");
   DataOptions o = tokens(dir + "/llmc/train_*.bin");
   o.test_fraction = 0.25;  // 203 samples: the last 50 (all in the third file) are the test set
@@ -91,7 +84,7 @@ TEST(TokenDataset, TestFractionSplitsAcrossShards) {
 }
 
 TEST(TokenDataset, EachShardIsAChunk) {
-  const std::string dir = datasetFixture("make_token_files.py");
+  const std::string dir = tokenFiles();
   DataOptions o = tokens(dir + "/llmc/train_*.bin");
   DatasetPair d = loadDatasets(o, 0);
   EXPECT_EQ(chunkSizes(*d.train, o, 2), (std::vector<int64_t>{62, 48, 93}));
@@ -110,7 +103,7 @@ TEST(TokenDataset, EachShardIsAChunk) {
 }
 
 TEST(TokenDataset, BrokenFilesNameTheFile) {
-  const std::string bad = datasetFixture("make_token_files.py") + "/bad";
+  const std::string bad = tokenFiles() + "/bad";
   for (const char* name :
        {"short.bin", "version.bin", "fortran.npy", "complex.npy", "bigendian.npy", "truncated.npy",
         "extra_key.npy", "float.npy", "matrix.npy"})
