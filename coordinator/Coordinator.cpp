@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "coordinator/Admissions.h"
 #include "coordinator/ChunkServer.h"
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/Grower.h"
@@ -38,10 +39,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxBandwidthProbeBytes = size_t(64) << 20;
 
-double wallSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 void writeFileAtomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp";
   {
@@ -60,15 +57,6 @@ void writeFileAtomically(const std::string& path, const std::string& bytes) {
   std::filesystem::rename(tmp, path);
 }
 
-// A join waiting for the coordinator's dial-back to the volunteer's advertised address.
-struct PendingReach {
-  std::string key, routing_id, nonce;
-  JoinAsk ask;
-  JoinDecision decision;
-  zmq::socket_t socket;
-  Clock::time_point deadline;
-};
-
 }  // namespace
 
 struct Coordinator::Impl {
@@ -85,7 +73,7 @@ struct Coordinator::Impl {
   std::unique_ptr<ZapAuthenticator> zap;  // before the ROUTER, destroyed after it
   zmq::socket_t router;
   std::map<std::string, std::string> routes;  // public key → routing id of its last message
-  std::vector<std::unique_ptr<PendingReach>> pending;
+  std::unique_ptr<Admissions> admissions;  // joins waiting for the dial-back; after the context
   std::optional<Clock::time_point> enough_since;
   int needed = 1;  // spares needed before planning (grows when a plan fails)
   CoordinatorStats stats;
@@ -110,7 +98,7 @@ struct Coordinator::Impl {
     view_synced = Clock::now();
     const std::string p = phase();
     view->setPhase(p);
-    view->syncMembers(store->members(), wallSeconds());
+    view->syncMembers(store->members(), unixNow());
     if (view_placed || p == "gathering") return;
     view_placed = true;
     for (const Placement& node : placement()) view->place(node);
@@ -120,7 +108,7 @@ struct Coordinator::Impl {
   // What a member says about itself, for the view (the speaker check is handle()'s).
   void observe(const ToCoordinator& m, const std::optional<Member>& member) {
     if (!member) return;
-    const double now = wallSeconds();
+    const double now = unixNow();
     if (const auto* beat = std::get_if<Heartbeat>(&m); beat && beat->name == member->name)
       view->heartbeat(beat->name, beat->state, beat->step, now);
     if (const auto* leaving = std::get_if<LeavingNotice>(&m); leaving && leaving->name == member->name)
@@ -161,7 +149,8 @@ struct Coordinator::Impl {
     }
     routes[r.user_id] = r.routing_id;
     observe(*message, member);
-    if (const auto* join = std::get_if<JoinAsk>(&*message)) return onJoin(r, *join);
+    if (const auto* join = std::get_if<JoinAsk>(&*message))
+      return admissions->onJoin(r, *join, /*run_over=*/phase() == "done");
     if (const auto* probe = std::get_if<BandwidthProbeMsg>(&*message)) {
       if (probe->payload.size() > kMaxBandwidthProbeBytes)
         return refuse(r.routing_id, "a bandwidth probe", "probes are at most 64 MiB");
@@ -179,7 +168,7 @@ struct Coordinator::Impl {
     };
     if (const auto* beat = std::get_if<Heartbeat>(&*message)) {
       if (speaker(beat->name)) {
-        store->touch(beat->name, wallSeconds());
+        store->touch(beat->name, unixNow());
         replacer->onHeartbeat(beat->name);
         grower->onHeartbeat(beat->name);
       }
@@ -190,7 +179,7 @@ struct Coordinator::Impl {
     } else if (const auto* batch = std::get_if<MetricsBatch>(&*message)) {
       if (speaker(batch->name)) {
         grower->observe(batch->name, batch->records);
-        sendRouted(router, r.routing_id, encode(view->ingest(*batch, wallSeconds())));
+        sendRouted(router, r.routing_id, encode(view->ingest(*batch, unixNow())));
       }
     } else if (const auto* leaving = std::get_if<LeavingNotice>(&*message)) {
       if (speaker(leaving->name)) {
@@ -198,98 +187,6 @@ struct Coordinator::Impl {
         store->setState(leaving->name, MemberState::kLeft);
       }
     }
-  }
-
-  void onJoin(const Routed& r, const JoinAsk& ask) {
-    const std::string who = ask.advertise.empty() ? "key " + r.user_id : ask.advertise;
-    if (phase() == "done") return refuse(r.routing_id, who, "this run is over");
-    for (const auto& p : pending)
-      if (p->key == r.user_id)
-        return refuse(r.routing_id, who, "a join from this key is already being checked");
-    JoinDecision decision = decideJoin(ask, r.user_id, token, o.allowed_keys, store->members());
-    if (decision.kind == JoinDecision::Kind::kRefused) return refuse(r.routing_id, who, decision.reason);
-    // Dial the advertised address back before accepting: peers will have to reach it.
-    auto p = std::make_unique<PendingReach>();
-    p->key = r.user_id;
-    p->routing_id = r.routing_id;
-    p->nonce = randomHex(16);
-    p->ask = ask;
-    p->decision = std::move(decision);
-    p->deadline = Clock::now() + o.reach_timeout;
-    p->socket = coordinationClient(context, zmq::socket_type::dealer, keys, r.user_id, ask.advertise,
-                                   kMaxCoordinationHeaderBytes);
-    sendFrames(p->socket, encode(ReachCheck{p->nonce}));
-    pending.push_back(std::move(p));
-  }
-
-  void pollReach() {
-    for (size_t i = 0; i < pending.size();) {
-      PendingReach& p = *pending[i];
-      bool done = false;
-      while (auto frames = recvFrames(p.socket, std::chrono::milliseconds(0))) {
-        std::string why;
-        const auto m = decodeReach(*frames, &why);
-        const auto* ok = m ? std::get_if<ReachOk>(&*m) : nullptr;
-        if (ok && ok->nonce == p.nonce) {
-          admit(p);
-          done = true;
-          break;
-        }
-      }
-      if (!done && Clock::now() >= p.deadline) {
-        refuse(p.routing_id, p.ask.advertise,
-               "not reachable at " + p.ask.advertise + " within " +
-                   std::to_string(o.reach_timeout.count() / 1000.0).substr(0, 4) +
-                   " s: other volunteers must be able to dial this address (check provider "
-                   "--listen/--advertise, firewalls and port forwarding)");
-        done = true;
-      }
-      if (done) {
-        pending.erase(pending.begin() + long(i));
-      } else {
-        ++i;
-      }
-    }
-  }
-
-  void admit(const PendingReach& p) {
-    Member m;
-    const bool returning = p.decision.kind == JoinDecision::Kind::kReturning;
-    if (returning) {
-      m = *p.decision.member;
-    } else {
-      m.name = store->nextMemberName();
-      m.public_key = p.key;
-      m.state = MemberState::kSpare;
-      m.joined_at = wallSeconds();
-    }
-    m.advertise = p.ask.advertise;
-    m.probe_json = nlohmann::json{{"ram_gb", p.ask.probe.ram_gb},
-                                  {"cores", p.ask.probe.cores},
-                                  {"compute_gflops", p.ask.probe.compute_gflops},
-                                  {"bandwidth_mbps", p.ask.probe.bandwidth_mbps}}
-                       .dump();
-    m.last_seen = wallSeconds();
-    store->putMember(m);
-    CAIRN_INFO("coordinator: ", returning ? "back: " : "joined: ", m.name, " at ", m.advertise, " (",
-               p.ask.probe.ram_gb, " GB, ", p.ask.probe.cores, " cores, ", p.ask.probe.compute_gflops,
-               " GFLOPS, ", p.ask.probe.bandwidth_mbps, " Mbps), ", toString(m.state));
-    sendRouted(router, p.routing_id, encode(Accepted{m.name, toString(m.state)}));
-    if (m.state == MemberState::kAssigned) resendAssignment(m);
-  }
-
-  // A placed volunteer that joined again (its process restarted) gets its assignment again.
-  void resendAssignment(const Member& m) {
-    const NodeSpec node = readNodeSpec(nodeSpecPath(o.out, m.name));
-    const JobSpec job = readJobSpec(jobSpecPath(o.out));
-    Assignment a;
-    a.name = m.name;
-    a.node = toJson(node);
-    a.job = toJson(job);
-    a.num_clusters = node.extra.value("num_clusters", 1);
-    std::ifstream in(nodeDirectory(o.out, m.name) + "/" + node.stage_file, std::ios::binary);
-    a.stage.assign(std::istreambuf_iterator<char>(in), {});
-    reply(m.public_key, encode(a));
   }
 
   void maybePlan() {
@@ -404,6 +301,56 @@ struct Coordinator::Impl {
     store->setMeta("phase", "done");
     for (const auto& [key, route] : routes) sendRouted(router, route, encode(Finished{"the run is over"}));
   }
+
+  // The coordinator's key pair (coordinator.key, made on the first start) and the invite's token
+  // (--token, else the stored one, else a fresh one), kept in coordinator.db.
+  void loadKeysAndToken() {
+    const std::string key_path = o.out + "/coordinator.key";
+    if (std::filesystem::exists(key_path)) {
+      keys = readKeyFile(key_path);
+    } else {
+      keys = generateCurveKeyPair();
+      writeKeyFile(key_path, keys);
+    }
+    if (!o.token.empty()) {
+      if (o.token.size() < 32 || o.token.size() > 128 ||
+          o.token.find_first_not_of("0123456789abcdef") != std::string::npos)
+        CAIRN_THROW(BadInput, "--token must be 32 to 128 lowercase hex digits");
+      token = o.token;
+    } else {
+      token = store->meta("token").value_or(randomHex(16));
+    }
+    store->setMeta("token", token);
+  }
+
+  // Binds the ROUTER (behind the ZAP authenticator) and forms the invite from the address
+  // volunteers dial; writes it to --invite-file too.
+  void bindAndInvite() {
+    zap = std::make_unique<ZapAuthenticator>(context, ZapAuthenticator::AnyKey{});
+    std::string bound;
+    router =
+        coordinationServer(context, keys, o.listen, o.max_attachment_bytes + (1 << 20), &bound);
+    std::string bound_host, advertise_host;
+    int bound_port = 0, advertise_port = 0;
+    parseHostPort(bound, "coordinator", "bound address", &bound_host, &bound_port);
+    if (!o.advertise.empty()) {
+      parseHostPort(o.advertise, "command line", "--advertise", &advertise_host, &advertise_port);
+    } else {
+      advertise_host = bound_host;
+      advertise_port = bound_port;
+      if (advertise_host == "0.0.0.0")
+        CAIRN_THROW(BadInput, "--serve ", o.listen,
+                    " listens on every interface: give --advertise HOST:PORT, the address "
+                    "volunteers dial");
+    }
+    invite = formatInvite(Invite{advertise_host, advertise_port, keys.public_key, token});
+    if (!o.invite_file.empty()) {
+      std::ofstream f(o.invite_file + ".tmp");
+      f << invite << "\n";
+      f.close();
+      std::filesystem::rename(o.invite_file + ".tmp", o.invite_file);
+    }
+  }
 };
 
 Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel prepared)
@@ -414,55 +361,28 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.needed = std::max(1, s.o.min_volunteers);
   std::filesystem::create_directories(s.o.out);
   s.store = std::make_unique<CoordinatorStore>(s.o.out + "/coordinator.db");
-  if (!s.store->meta("started_at")) s.store->setMeta("started_at", std::to_string(wallSeconds()));
+  if (!s.store->meta("started_at")) s.store->setMeta("started_at", std::to_string(unixNow()));
   s.view = std::make_unique<RunView>(s.o.out, s.placement());
   s.view->setStartedAt(std::stod(*s.store->meta("started_at")));
   s.syncView(/*now=*/true);
   s.replacer = std::make_unique<MemberReplacer>(
-      *s.store, s.o.out, s.o.lost_after.count() / 1000.0, wallSeconds(),
+      *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.grower = std::make_unique<Grower>(
       *s.store, s.o.out, GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares},
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
-  const std::string key_path = s.o.out + "/coordinator.key";
-  if (std::filesystem::exists(key_path)) {
-    s.keys = readKeyFile(key_path);
-  } else {
-    s.keys = generateCurveKeyPair();
-    writeKeyFile(key_path, s.keys);
-  }
-  if (!s.o.token.empty()) {
-    if (s.o.token.size() < 32 || s.o.token.size() > 128 ||
-        s.o.token.find_first_not_of("0123456789abcdef") != std::string::npos)
-      CAIRN_THROW(BadInput, "--token must be 32 to 128 lowercase hex digits");
-    s.token = s.o.token;
-  } else {
-    s.token = s.store->meta("token").value_or(randomHex(16));
-  }
-  s.store->setMeta("token", s.token);
-  s.zap = std::make_unique<ZapAuthenticator>(s.context, ZapAuthenticator::AnyKey{});
-  std::string bound;
-  s.router = coordinationServer(s.context, s.keys, s.o.listen, s.o.max_attachment_bytes + (1 << 20), &bound);
-  std::string bound_host, advertise_host;
-  int bound_port = 0, advertise_port = 0;
-  parseHostPort(bound, "coordinator", "bound address", &bound_host, &bound_port);
-  if (!s.o.advertise.empty()) {
-    parseHostPort(s.o.advertise, "command line", "--advertise", &advertise_host, &advertise_port);
-  } else {
-    advertise_host = bound_host;
-    advertise_port = bound_port;
-    if (advertise_host == "0.0.0.0")
-      CAIRN_THROW(BadInput, "--serve ", s.o.listen,
-                  " listens on every interface: give --advertise HOST:PORT, the address volunteers "
-                  "dial");
-  }
-  s.invite = formatInvite(Invite{advertise_host, advertise_port, s.keys.public_key, s.token});
-  if (!s.o.invite_file.empty()) {
-    std::ofstream f(s.o.invite_file + ".tmp");
-    f << s.invite << "\n";
-    f.close();
-    std::filesystem::rename(s.o.invite_file + ".tmp", s.o.invite_file);
-  }
+  s.loadKeysAndToken();
+  s.admissions = std::make_unique<Admissions>(
+      *s.store, s.context, s.keys,
+      AdmissionOptions{s.o.out, s.token, s.o.allowed_keys, s.o.reach_timeout},
+      [&s](const std::string& routing_id, const Frames& frames) {
+        sendRouted(s.router, routing_id, frames);
+      },
+      [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); },
+      [&s](const std::string& routing_id, const std::string& who, const std::string& reason) {
+        s.refuse(routing_id, who, reason);
+      });
+  s.bindAndInvite();
 }
 
 Coordinator::~Coordinator() = default;
@@ -503,11 +423,11 @@ int Coordinator::run() {
         sendRouted(s.router, routed->routing_id, encode(Rejected{e.what()}));
       }
     }
-    s.pollReach();
+    s.admissions->poll();
     s.maybePlan();
     s.syncView();
-    s.replacer->poll(wallSeconds());
-    for (const NodeSpec& n : s.grower->poll(wallSeconds())) {
+    s.replacer->poll(unixNow());
+    for (const NodeSpec& n : s.grower->poll(unixNow())) {
       s.view->place({n.name, n.cluster, n.stage, n.num_stages});
       s.view->setNumClusters(n.cluster + 1);
     }

@@ -99,22 +99,8 @@ std::vector<DealEntry> grownDeal(const std::vector<DealEntry>& deal,
 std::string dealJson(const std::vector<DealEntry>& deal) { return dealToJson(deal).dump(); }
 
 std::vector<DealEntry> parseDeal(const std::string& json, const std::string& where) {
-  const nlohmann::json in = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (!in.is_array()) CAIRN_THROW(BadInput, where, ": deal is not a JSON array");
-  std::vector<DealEntry> deal;
-  for (size_t i = 0; i < in.size(); ++i) {
-    const nlohmann::json& e = in[i];
-    for (const char* key : {"from_epoch", "clusters"})
-      if (!e.is_object() || !e.contains(key) || !e[key].is_number_integer())
-        CAIRN_THROW(BadInput, where, ": deal[", i, "].", key, " is missing or not an integer");
-    const int64_t clusters = e["clusters"].get<int64_t>();
-    if (clusters < 1 || clusters > 1000000)
-      CAIRN_THROW(BadInput, where, ": deal[", i, "].clusters is ", clusters,
-                  ": it must be between 1 and 1000000");
-    deal.push_back({e["from_epoch"].get<int64_t>(), int(clusters)});
-  }
-  validateDeal(deal, where + ": deal");
-  return deal;
+  return dealFromJson(nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false),
+                      where + ": deal");
 }
 
 std::vector<DealEntry> loadDeal(const CoordinatorStore& store, int planned_clusters) {

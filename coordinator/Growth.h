@@ -57,7 +57,8 @@ GrowthPlan planGrowth(const std::vector<NodeSpec>& nodes, const std::vector<Memb
 std::vector<DealEntry> grownDeal(const std::vector<DealEntry>& deal, int64_t newest_reported_epoch);
 
 std::string dealJson(const std::vector<DealEntry>& deal);
-// BadInput naming `where` and deal[i].<field> when the text is not a valid deal.
+// The deal in `json` text (coordinator.db): dealFromJson (trainer/DealSampler.h, the same checks
+// as node.json's extra.deal) naming `where`: deal[i].<field> when it is not a valid deal.
 std::vector<DealEntry> parseDeal(const std::string& json, const std::string& where);
 std::vector<DealEntry> loadDeal(const CoordinatorStore& store, int planned_clusters);
 void saveDeal(CoordinatorStore& store, const std::vector<DealEntry>& deal);

@@ -1,7 +1,6 @@
 #include "coordinator/RunView.h"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -12,6 +11,7 @@
 #include <tuple>
 
 #include "coordinator/CoordinatorStore.h"
+#include "coordinator/PrometheusText.h"
 #include "core/Log.h"
 
 namespace cairn::coordinator {
@@ -122,12 +122,54 @@ std::string clip(const std::string& text) {
   return text.substr(0, end) + "…";
 }
 
-std::string formatNumber(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  char buffer[64];
-  auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
-  return std::string(buffer, r.ptr);
+// The mean of `d`, null when empty.
+nlohmann::json meanOrNull(const std::deque<double>& d) {
+  return d.empty() ? nlohmann::json(nullptr) : nlohmann::json(mean(d));
+}
+
+// Cluster `id` in the snapshot: its chain of nodes (Root→Leaf) and its Leaf's figures.
+nlohmann::json clusterJson(int id, const ClusterState& c,
+                           const std::map<std::string, NodeState>& nodes) {
+  std::vector<const NodeState*> chain;
+  for (const auto& [name, n] : nodes)
+    if (n.cluster == id && n.stage) chain.push_back(&n);
+  std::sort(chain.begin(), chain.end(), [](auto* a, auto* b) { return *a->stage < *b->stage; });
+  nlohmann::json names = nlohmann::json::array();
+  for (auto* n : chain) names.push_back(n->name);
+  const double rate = mean(c.rates);
+  std::optional<double> eta;
+  if (c.max_steps && c.batch_size && rate > 0 && c.step >= 0)
+    eta = double(std::max<int64_t>(0, *c.max_steps - c.step)) * double(*c.batch_size) / rate;
+  nlohmann::json evals = nlohmann::json::array();
+  for (const auto& [step, name, value] : c.evals)
+    evals.push_back(
+        {step, name, std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr)});
+  return {{"id", id},
+          {"nodes", names},
+          {"step", std::max<int64_t>(c.step, 0)},
+          {"max_steps", c.max_steps ? nlohmann::json(*c.max_steps) : nlohmann::json(nullptr)},
+          {"loss", orNull(c.loss)},
+          {"samples_per_s", c.rates.empty() ? nlohmann::json(nullptr) : nlohmann::json(rate)},
+          {"eta_s", orNull(eta)},
+          {"loss_history", c.loss_history.shown()},
+          {"eval_history", evals},
+          {"throughput_history", c.throughput_history.shown()}};
+}
+
+nlohmann::json nodeJson(const NodeState& n, double now) {
+  return {{"name", n.name},
+          {"cluster", n.cluster ? nlohmann::json(*n.cluster) : nlohmann::json(nullptr)},
+          {"stage", n.stage ? nlohmann::json(*n.stage) : nlohmann::json(nullptr)},
+          {"role", role(n)},
+          {"state", n.state.empty() ? n.member_state : n.state},
+          {"address", n.address},
+          {"heartbeat_age_s", n.last_heartbeat
+                                  ? nlohmann::json(std::max(0.0, now - *n.last_heartbeat))
+                                  : nlohmann::json(nullptr)},
+          {"step", std::max<int64_t>(n.step, 0)},
+          {"compute_s", meanOrNull(n.compute)},
+          {"send_s", meanOrNull(n.send)},
+          {"wait_s", meanOrNull(n.wait)}};
 }
 
 }  // namespace
@@ -136,27 +178,21 @@ double unixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string escapePrometheusLabel(const std::string& value) {
-  std::string out;
-  for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out.push_back(c);
-  }
-  return out;
-}
-
 struct RunView::State {
   std::string path;  // <out>/metrics.jsonl, empty: none
   std::ofstream file;
-  std::string phase = "gathering";
+  std::string phase = "gathering";  // the coordinator's: gathering, planned, done
+  bool stepped = false;  // a placed node's step record was taken: its volunteers train
   double started_at = 0;
   int num_clusters = 0;
   uint64_t records = 0;
   std::map<std::string, NodeState> nodes;
   std::map<int, ClusterState> clusters;
   std::deque<nlohmann::json> events;
+
+  // The run's phase as a user reads it: the coordinator's, except that a planned run whose
+  // placed volunteers have sent step records is training.
+  std::string shownPhase() const { return phase == "planned" && stepped ? "training" : phase; }
 
   NodeState& node(const std::string& name) {
     NodeState& n = nodes[name];
@@ -200,6 +236,7 @@ struct RunView::State {
     }
     const auto step = integer(r, "step");
     if (!step || !r.contains("loss")) return;
+    if (n.cluster) stepped = true;
     n.step = *step;
     if (auto v = number(r, "compute_s")) pushRecent(n.compute, *v);
     if (auto v = number(r, "send_s")) pushRecent(n.send, *v);
@@ -371,55 +408,15 @@ nlohmann::json RunView::snapshot(double now) const {
     if (!n.member_state.empty()) ++members;
   }
   nlohmann::json out;
-  out["run"] = {{"phase", s.phase},           {"now", now},
+  out["run"] = {{"phase", s.shownPhase()},    {"now", now},
                 {"started_at", s.started_at}, {"num_clusters", s.num_clusters},
                 {"members", members},         {"records", s.records},
                 {"dropped", dropped}};
   nlohmann::json clusters = nlohmann::json::array();
-  for (const auto& [id, c] : s.clusters) {
-    std::vector<const NodeState*> chain;
-    for (const auto& [name, n] : s.nodes)
-      if (n.cluster == id && n.stage) chain.push_back(&n);
-    std::sort(chain.begin(), chain.end(), [](auto* a, auto* b) { return *a->stage < *b->stage; });
-    nlohmann::json names = nlohmann::json::array();
-    for (auto* n : chain) names.push_back(n->name);
-    const double rate = mean(c.rates);
-    std::optional<double> eta;
-    if (c.max_steps && c.batch_size && rate > 0 && c.step >= 0)
-      eta = double(std::max<int64_t>(0, *c.max_steps - c.step)) * double(*c.batch_size) / rate;
-    nlohmann::json evals = nlohmann::json::array();
-    for (const auto& [step, name, value] : c.evals)
-      evals.push_back({step, name, std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr)});
-    clusters.push_back({{"id", id},
-                        {"nodes", names},
-                        {"step", std::max<int64_t>(c.step, 0)},
-                        {"max_steps", c.max_steps ? nlohmann::json(*c.max_steps) : nlohmann::json(nullptr)},
-                        {"loss", orNull(c.loss)},
-                        {"samples_per_s", c.rates.empty() ? nlohmann::json(nullptr) : nlohmann::json(rate)},
-                        {"eta_s", orNull(eta)},
-                        {"loss_history", c.loss_history.shown()},
-                        {"eval_history", evals},
-                        {"throughput_history", c.throughput_history.shown()}});
-  }
+  for (const auto& [id, c] : s.clusters) clusters.push_back(clusterJson(id, c, s.nodes));
   out["clusters"] = clusters;
   nlohmann::json nodes = nlohmann::json::array();
-  for (const auto& [name, n] : s.nodes) {
-    auto split = [](const std::deque<double>& d) {
-      return d.empty() ? nlohmann::json(nullptr) : nlohmann::json(mean(d));
-    };
-    nodes.push_back({{"name", n.name},
-                     {"cluster", n.cluster ? nlohmann::json(*n.cluster) : nlohmann::json(nullptr)},
-                     {"stage", n.stage ? nlohmann::json(*n.stage) : nlohmann::json(nullptr)},
-                     {"role", role(n)},
-                     {"state", n.state.empty() ? n.member_state : n.state},
-                     {"address", n.address},
-                     {"heartbeat_age_s", n.last_heartbeat ? nlohmann::json(std::max(0.0, now - *n.last_heartbeat))
-                                                          : nlohmann::json(nullptr)},
-                     {"step", std::max<int64_t>(n.step, 0)},
-                     {"compute_s", split(n.compute)},
-                     {"send_s", split(n.send)},
-                     {"wait_s", split(n.wait)}});
-  }
+  for (const auto& [name, n] : s.nodes) nodes.push_back(nodeJson(n, now));
   out["nodes"] = nodes;
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : s.events) events.push_back(e);
@@ -427,71 +424,6 @@ nlohmann::json RunView::snapshot(double now) const {
   return out;
 }
 
-std::string RunView::prometheus(double now) const {
-  const nlohmann::json snap = snapshot(now);
-  std::string out;
-  auto family = [&](const char* name, const char* type, const char* help) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-  };
-  auto sample = [&](const char* name, const std::string& labels, const nlohmann::json& v) {
-    if (!v.is_number()) return;  // not known (yet): no sample
-    out += std::string(name) + (labels.empty() ? "" : "{" + labels + "}") + " " +
-           formatNumber(v.get<double>()) + "\n";
-  };
-  auto label = [](const char* key, const std::string& value) {
-    return std::string(key) + "=\"" + escapePrometheusLabel(value) + "\"";
-  };
-  const auto& run = snap["run"];
-  family("cairn_records_total", "counter", "Metrics records the coordinator took from volunteers.");
-  sample("cairn_records_total", "", run["records"]);
-  family("cairn_records_dropped_total", "counter",
-         "Records the volunteers' queues dropped (full while the coordinator was away).");
-  sample("cairn_records_dropped_total", "", run["dropped"]);
-  family("cairn_members", "gauge", "Volunteers known to the coordinator.");
-  sample("cairn_members", "", run["members"]);
-  family("cairn_clusters", "gauge", "Clusters of the plan.");
-  sample("cairn_clusters", "", run["num_clusters"]);
-  struct Figure {
-    const char* metric;
-    const char* key;
-    const char* type;
-    const char* help;
-  };
-  const Figure cluster_figures[] = {
-      {"cairn_cluster_step", "step", "gauge", "Steps done by the cluster (its Leaf's last record)."},
-      {"cairn_cluster_max_steps", "max_steps", "gauge", "Steps of the whole run (the plan)."},
-      {"cairn_cluster_loss", "loss", "gauge", "Training loss of the cluster's last step."},
-      {"cairn_cluster_samples_per_second", "samples_per_s", "gauge",
-       "Mean samples per second over the cluster's last 20 steps."},
-      {"cairn_cluster_eta_seconds", "eta_s", "gauge", "Estimated seconds until the run's last step."}};
-  for (const Figure& f : cluster_figures) {
-    family(f.metric, f.type, f.help);
-    for (const auto& c : snap["clusters"])
-      sample(f.metric, label("cluster", std::to_string(c["id"].get<int>())), c[f.key]);
-  }
-  const Figure node_figures[] = {
-      {"cairn_node_step", "step", "gauge", "The node's last step."},
-      {"cairn_node_compute_seconds", "compute_s", "gauge", "Mean compute seconds per step (last 20)."},
-      {"cairn_node_send_seconds", "send_s", "gauge", "Mean send seconds per step (last 20)."},
-      {"cairn_node_wait_seconds", "wait_s", "gauge", "Mean receive-wait seconds per step (last 20)."},
-      {"cairn_node_heartbeat_age_seconds", "heartbeat_age_s", "gauge",
-       "Seconds since the node's last heartbeat."}};
-  auto node_labels = [&](const nlohmann::json& n) {
-    return label("node", n["name"].get<std::string>()) + "," +
-           label("cluster", n["cluster"].is_number() ? std::to_string(n["cluster"].get<int>()) : "");
-  };
-  for (const Figure& f : node_figures) {
-    family(f.metric, f.type, f.help);
-    for (const auto& n : snap["nodes"]) sample(f.metric, node_labels(n), n[f.key]);
-  }
-  family("cairn_node_info", "gauge", "1 per node, with its role, stage and state as labels.");
-  for (const auto& n : snap["nodes"])
-    sample("cairn_node_info",
-           node_labels(n) + "," + label("role", n["role"].get<std::string>()) + "," +
-               label("stage", n["stage"].is_number() ? std::to_string(n["stage"].get<int>()) : "") +
-               "," + label("state", n["state"].get<std::string>()),
-           1);
-  return out;
-}
+std::string RunView::prometheus(double now) const { return prometheusText(snapshot(now)); }
 
 }  // namespace cairn::coordinator

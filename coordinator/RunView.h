@@ -4,7 +4,8 @@
 // volunteers' `metrics` batches (node/volunteer/VolunteerMetrics.h: their metrics.jsonl records, run plan
 // and state changes); readers render it:
 //   snapshot()    one JSON document (schema below), what the web page draws
-//   prometheus()  the same figures in Prometheus' text exposition format (/metrics)
+//   prometheus()  the same figures in Prometheus' text exposition format (/metrics;
+//                 coordinator/PrometheusText.h)
 //   coordinator/TerminalView renders snapshot() on the coordinator's terminal
 // Every record taken is appended to <out>/metrics.jsonl as the volunteer wrote it plus "node",
 // "cluster", "stream" and "seq" (tools/plot_metrics reads that file for a volunteer run). A
@@ -23,6 +24,10 @@
 //               "address", "heartbeat_age_s"|null, "step", "compute_s"|null, "send_s"|null,
 //               "wait_s"|null}],
 //    "events": [{"t", "node", "kind", "message"}] (newest last, ≤ 200)}
+// "phase" is the run's as a user reads it: the coordinator's (setPhase: "gathering" while
+// volunteers join, "planned" once the assignments are sent, "done" once the results are merged),
+// except that a planned run is "training" once a step record of a placed node was taken (its
+// volunteers train; records read back from metrics.jsonl count).
 // A cluster's figures come from its Leaf's records: step, loss; samples_per_s = the mean of the
 // last 20 steps' samples_per_s; eta_s = (max_steps − step) × batch_size / samples_per_s (plan from
 // the Root's "plan" event). A node's compute_s/send_s/wait_s: means over its last 20 steps.
@@ -88,8 +93,5 @@ class RunView {
   mutable std::mutex mutex_;
   std::unique_ptr<State> s_;
 };
-
-// Prometheus label value escaping: backslash, double quote and newline.
-std::string escapePrometheusLabel(const std::string& value);
 
 }  // namespace cairn::coordinator

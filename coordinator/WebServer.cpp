@@ -74,9 +74,21 @@ struct WebServer::Impl {
   bool stopped = false;
 
   void routes();
+  void configureConnections();
+  void filterRequests();
+  void answerErrors();
+  void serveContent();
 };
 
 void WebServer::Impl::routes() {
+  configureConnections();
+  filterRequests();
+  answerErrors();
+  serveContent();
+}
+
+// Threads, keep-alive, socket options and the headers every answer carries.
+void WebServer::Impl::configureConnections() {
   // A connection holds a pool thread for as long as it is kept alive: a browser opens up to six
   // at once for the page's files, so a short keep-alive keeps a small pool from making the later
   // ones wait for the earlier ones' idle timeout.
@@ -92,6 +104,9 @@ void WebServer::Impl::routes() {
                               {"X-Content-Type-Options", "nosniff"},
                               {"Referrer-Policy", "no-referrer"},
                               {"Cache-Control", "no-store"}});
+}
+
+void WebServer::Impl::filterRequests() {
   // Read-only: GET (and HEAD, which is GET without the body) on the routes below, nothing else.
   // Bound to loopback, it answers only requests addressed to a loopback name: a web page the
   // researcher visits cannot point a name of its own at 127.0.0.1 (DNS rebinding) and read the
@@ -116,6 +131,10 @@ void WebServer::Impl::routes() {
                          "text/plain; charset=utf-8");
     return httplib::Server::HandlerResponse::Handled;
   });
+}
+
+// Errors as one line of text: 404 names the routes, an exception is logged and answered 500.
+void WebServer::Impl::answerErrors() {
   server.set_error_handler([](const httplib::Request& request, httplib::Response& response) {
     if (!response.body.empty()) return;
     if (response.status == 404)
@@ -138,6 +157,10 @@ void WebServer::Impl::routes() {
         response.status = 500;
         response.set_content("500 internal error: " + what + "\n", "text/plain; charset=utf-8");
       });
+}
+
+// The routes: the state, the metrics and the page's embedded files.
+void WebServer::Impl::serveContent() {
   // Exact paths only: httplib's patterns are regular expressions, and these have no specials
   // but '.', which is escaped.
   server.Get("/api/state", [this](const httplib::Request&, httplib::Response& response) {

@@ -30,6 +30,25 @@ void AsyncLoop::backward(int64_t g) {
   micro_.erase(it);
 }
 
+void AsyncLoop::recordStep(int64_t s, double lr, int64_t updates, int64_t in_flight,
+                           TrainerResult* result) {
+  const StepTally done = steps_[s];
+  steps_.erase(s);
+  const auto& stash = ctx_.executor.stashStats();
+  StepRecord record;
+  record.step = s;
+  record.loss = done.loss;
+  record.lr = lr;
+  record.sample_checksum = done.checksum;
+  record.extra = {{"updates", updates},
+                  {"in_flight", in_flight},
+                  {"stash_versions", stash.versions},
+                  {"stash_bytes", stash.bytes},
+                  {"stash_max_versions", stash.max_versions},
+                  {"stash_max_bytes", stash.max_bytes}};
+  recorder_.record(record, result);
+}
+
 TrainerResult AsyncLoop::run(const ResumePoint& resume, TrainerClock::time_point run_start) {
   const RunPlan& plan = ctx_.plan;
   const TrainOptions& opt = ctx_.opt;
@@ -70,21 +89,7 @@ TrainerResult AsyncLoop::run(const ResumePoint& resume, TrainerClock::time_point
     }
     if (g % M != M - 1) continue;
     // Step s is complete on this node: record it.
-    const StepTally done = steps_[s];
-    steps_.erase(s);
-    const auto& stash = executor.stashStats();
-    StepRecord record;
-    record.step = s;
-    record.loss = done.loss;
-    record.lr = lr_schedule.at(s);
-    record.sample_checksum = done.checksum;
-    record.extra = {{"updates", updates},
-                    {"in_flight", forwards - backwards},
-                    {"stash_versions", stash.versions},
-                    {"stash_bytes", stash.bytes},
-                    {"stash_max_versions", stash.max_versions},
-                    {"stash_max_bytes", stash.max_bytes}};
-    recorder_.record(record, &result);
+    recordStep(s, lr_schedule.at(s), updates, forwards - backwards, &result);
     ctx_.times.reset();
     stop_.poll();
     decideStop();

@@ -42,6 +42,9 @@ class AsyncLoop {
   };
   void forward(int64_t g);
   void backward(int64_t g);
+  // Step `s` is complete on this node: its metrics line, with the async counters (`updates`
+  // optimizer steps so far, `in_flight` micro-batches) and the weight stash's figures.
+  void recordStep(int64_t s, double lr, int64_t updates, int64_t in_flight, TrainerResult* result);
 
   TrainerContext& ctx_;
   BatchFeeder& feeder_;

@@ -8,11 +8,15 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "trainer/Dataset.h"
 #include "trainer/TrainerContext.h"
 
 namespace cairn {
+
+struct EvalTally;
 
 class Evaluator {
  public:
@@ -22,6 +26,15 @@ class Evaluator {
   EvalResult evaluate(int64_t step);
 
  private:
+  // One test batch's forward at this stage: the Root reads it, the others receive it; sets
+  // `*targets`, returns the stage's outputs.
+  std::vector<torch::Tensor> forwardBatch(int64_t step, int64_t b, torch::Tensor* targets);
+  // Test batch `b`: forward, then the Leaf tallies it and the others pass it downstream.
+  void passBatch(int64_t step, int64_t b, EvalTally* tally, int64_t* samples);
+  // The result travels from the Leaf upstream: completes `*result` off the Leaf, passes it on
+  // off the Root; returns it as the metrics line's "eval".
+  nlohmann::json shareResult(int64_t step, EvalResult* result);
+
   TrainerContext& ctx_;
   TimedLink& link_;
   DatasetPair& data_;

@@ -17,6 +17,45 @@ void SyncLoop::backward(int k) {
   micro_.erase(it);
 }
 
+double SyncLoop::walkSchedule(double lr) {
+  double grad_norm = -1;
+  bool gradients_synced = false;
+  auto syncGradients = [&] {
+    if (gradients_synced) return;
+    gradients_synced = true;
+    syncBeforeOptimizerStep(ctx_, step_);
+  };
+  schedule_.begin();
+  last_backward_ = -1;  // the step's last backward: its gradients are final after it
+  for (const ScheduleAction& a : schedule_.actions())
+    if (a.kind == ScheduleAction::Kind::kBackward) last_backward_ = a.microbatch;
+  for (ScheduleAction a = schedule_.next(); a.kind != ScheduleAction::Kind::kStepDone;
+       a = schedule_.next()) {
+    switch (a.kind) {
+      case ScheduleAction::Kind::kForward:
+        forward(a.microbatch);
+        break;
+      case ScheduleAction::Kind::kBackward:
+        backward(a.microbatch);
+        break;
+      case ScheduleAction::Kind::kReduceGradNorm:
+        syncGradients();
+        grad_norm = norm_.reduceAndClip(step_);
+        break;
+      case ScheduleAction::Kind::kOptimizerStep:
+        syncGradients();
+        optimizerStep(ctx_, lr, step_, /*new_version=*/false);
+        break;
+      case ScheduleAction::Kind::kStepDone:
+        break;
+    }
+    schedule_.complete(a);
+  }
+  CAIRN_ENFORCE(ctx_.executor.pendingMicrobatches() == 0,
+                "micro-batches left in flight after a step");
+  return grad_norm;
+}
+
 TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_start) {
   const RunPlan& plan = ctx_.plan;
   LrSchedule lr_schedule(ctx_.opt.optimizer.lr, ctx_.opt.lr_scheduler, plan.total_steps);
@@ -32,7 +71,6 @@ TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_sta
     stop_.decide(step_ + 1);
     ctx_.times.reset();
     step_loss_ = 0;
-    double grad_norm = -1;
     checksum_ = 0;
     micro_.clear();
     // The learning rate first: a deal the Root takes now changes the schedule from the next step
@@ -49,40 +87,7 @@ TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_sta
       checksum_ = feeder_.load(step_, &micro_);
       ctx_.times.compute_s += secondsSince(t);
     }
-    bool gradients_synced = false;
-    auto syncGradients = [&] {
-      if (gradients_synced) return;
-      gradients_synced = true;
-      syncBeforeOptimizerStep(ctx_, step_);
-    };
-    schedule_.begin();
-    last_backward_ = -1;  // the step's last backward: its gradients are final after it
-    for (const ScheduleAction& a : schedule_.actions())
-      if (a.kind == ScheduleAction::Kind::kBackward) last_backward_ = a.microbatch;
-    for (ScheduleAction a = schedule_.next(); a.kind != ScheduleAction::Kind::kStepDone;
-         a = schedule_.next()) {
-      switch (a.kind) {
-        case ScheduleAction::Kind::kForward:
-          forward(a.microbatch);
-          break;
-        case ScheduleAction::Kind::kBackward:
-          backward(a.microbatch);
-          break;
-        case ScheduleAction::Kind::kReduceGradNorm:
-          syncGradients();
-          grad_norm = norm_.reduceAndClip(step_);
-          break;
-        case ScheduleAction::Kind::kOptimizerStep:
-          syncGradients();
-          optimizerStep(ctx_, lr, step_, /*new_version=*/false);
-          break;
-        case ScheduleAction::Kind::kStepDone:
-          break;
-      }
-      schedule_.complete(a);
-    }
-    CAIRN_ENFORCE(ctx_.executor.pendingMicrobatches() == 0,
-                  "micro-batches left in flight after a step");
+    const double grad_norm = walkSchedule(lr);
     stop_.decide(step_ + 2);
     StepRecord record;
     record.step = step_;

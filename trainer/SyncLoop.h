@@ -39,6 +39,9 @@ class SyncLoop {
  private:
   void forward(int k);
   void backward(int k);
+  // One step's schedule: forwards, backwards, the gradient norm, the optimizer step at `lr`.
+  // Returns the global gradient norm (-1: not clipping).
+  double walkSchedule(double lr);
 
   TrainerContext& ctx_;
   SyncSchedule& schedule_;

@@ -183,6 +183,55 @@ LossOptions parseLoss(const JsonReader& r, const std::string& source) {
   return l;
 }
 
+// "schedule" with the async options, and "pipeline" (sync only).
+void parseSchedule(const JsonReader& r, TrainOptions* o) {
+  o->schedule = *parseScheduleKind(
+      r.choiceOr("schedule", {"sync", "async"}, toString(ScheduleKind::kSync)));
+  if (o->schedule == ScheduleKind::kAsync) {
+    o->max_in_flight = r.integerOr("max_in_flight", 0, 1 << 16, 0);
+    o->update_frequency = r.integerOr("update_frequency", 1, 1 << 20, 1);
+    if (r.has("pipeline"))
+      r.fail("pipeline", "applies to schedule \"sync\" only (async runs its own order)");
+  } else {
+    for (const char* key : {"max_in_flight", "update_frequency"})
+      if (r.has(key)) r.fail(key, "applies to schedule \"async\" only");
+  }
+  o->pipeline = r.choiceOr("pipeline", {"1f1b", "gpipe"}, "1f1b") == "gpipe" ? PipelineOrder::kGPipe
+                                                                             : PipelineOrder::k1F1B;
+}
+
+WireOptions parseWire(const JsonReader& r) {
+  WireOptions wire;
+  if (!r.has("wire")) return wire;
+  if (!r.raw()["wire"].is_object())
+    r.fail("wire", "must be an object {\"activations\": \"fp32\" | \"bf16\" | \"fp16\" | "
+                   "\"int8\", \"sync\": \"fp32\" | \"bf16\" | \"int8\"}");
+  JsonReader w = r.object("wire");
+  w.rejectUnknownKeys({"activations", "sync"});
+  wire.activations =
+      *parseWireCodec(w.choiceOr("activations", {"fp32", "bf16", "fp16", "int8"}, "fp32"));
+  wire.sync = *parseWireCodec(w.choiceOr("sync", {"fp32", "bf16", "int8"}, "fp32"));
+  return wire;
+}
+
+TimeoutOptions parseTimeouts(const JsonReader& r) {
+  TimeoutOptions timeouts;
+  auto t = r.optionalObject("timeouts");
+  if (!t) return timeouts;
+  t->rejectUnknownKeys({"startup_s", "peer_s", "peer_timeout_s", "max_wait_s"});
+  timeouts.startup_s = t->numberOr("startup_s", timeouts.startup_s);
+  timeouts.peer_s = t->numberOr("peer_s", timeouts.peer_s);
+  timeouts.peer_timeout_s = t->numberOr("peer_timeout_s", timeouts.peer_timeout_s);
+  timeouts.max_wait_s = t->numberOr("max_wait_s", timeouts.max_wait_s);
+  if (!(timeouts.startup_s > 0)) t->fail("startup_s", "must be a positive number of seconds");
+  if (!(timeouts.peer_s > 0)) t->fail("peer_s", "must be a positive number of seconds");
+  if (!(timeouts.peer_timeout_s > 0))
+    t->fail("peer_timeout_s", "must be a positive number of seconds");
+  if (!(timeouts.max_wait_s >= 0))
+    t->fail("max_wait_s", "must be a non-negative number of seconds");
+  return timeouts;
+}
+
 }  // namespace
 
 std::string toString(OptimizerKind kind) {
@@ -290,35 +339,14 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.max_steps = r.integerOr("max_steps", 0, kBig, o.max_steps);
   if (o.epochs == 0 && o.max_steps == 0)
     r.fail("epochs", "and max_steps are both 0: nothing to train");
-  o.schedule = *parseScheduleKind(
-      r.choiceOr("schedule", {"sync", "async"}, toString(ScheduleKind::kSync)));
-  if (o.schedule == ScheduleKind::kAsync) {
-    o.max_in_flight = r.integerOr("max_in_flight", 0, 1 << 16, 0);
-    o.update_frequency = r.integerOr("update_frequency", 1, 1 << 20, 1);
-    if (r.has("pipeline"))
-      r.fail("pipeline", "applies to schedule \"sync\" only (async runs its own order)");
-  } else {
-    for (const char* key : {"max_in_flight", "update_frequency"})
-      if (r.has(key)) r.fail(key, "applies to schedule \"async\" only");
-  }
-  o.pipeline = r.choiceOr("pipeline", {"1f1b", "gpipe"}, "1f1b") == "gpipe" ? PipelineOrder::kGPipe
-                                                                            : PipelineOrder::k1F1B;
+  parseSchedule(r, &o);
   o.seed = static_cast<uint64_t>(r.integerOr("seed", 0, kBig, 0));
   o.optimizer = parseOptimizer(r);
   o.lr_scheduler = parseLrSchedule(r);
   o.loss = parseLoss(r, source);
   o.precision = r.choiceOr("precision", {"fp32", "bf16"}, "fp32") == "bf16" ? Precision::kBf16
                                                                            : Precision::kFp32;
-  if (r.has("wire")) {
-    if (!r.raw()["wire"].is_object())
-      r.fail("wire", "must be an object {\"activations\": \"fp32\" | \"bf16\" | \"fp16\" | "
-                     "\"int8\", \"sync\": \"fp32\" | \"bf16\" | \"int8\"}");
-    JsonReader w = r.object("wire");
-    w.rejectUnknownKeys({"activations", "sync"});
-    o.wire.activations =
-        *parseWireCodec(w.choiceOr("activations", {"fp32", "bf16", "fp16", "int8"}, "fp32"));
-    o.wire.sync = *parseWireCodec(w.choiceOr("sync", {"fp32", "bf16", "int8"}, "fp32"));
-  }
+  o.wire = parseWire(r);
   o.clip_grad_norm = r.numberOr("clip_grad_norm", 0);
   if (!(o.clip_grad_norm >= 0)) r.fail("clip_grad_norm", "must be a non-negative number (0: off)");
   if (o.schedule == ScheduleKind::kAsync && o.clip_grad_norm > 0)
@@ -329,19 +357,7 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.local_steps = r.integerOr("local_steps", 1, kBig, 1);
   o.sync = parseSync(r);
   o.sync.wire = o.wire.sync;
-  if (auto t = r.optionalObject("timeouts")) {
-    t->rejectUnknownKeys({"startup_s", "peer_s", "peer_timeout_s", "max_wait_s"});
-    o.timeouts.startup_s = t->numberOr("startup_s", o.timeouts.startup_s);
-    o.timeouts.peer_s = t->numberOr("peer_s", o.timeouts.peer_s);
-    o.timeouts.peer_timeout_s = t->numberOr("peer_timeout_s", o.timeouts.peer_timeout_s);
-    o.timeouts.max_wait_s = t->numberOr("max_wait_s", o.timeouts.max_wait_s);
-    if (!(o.timeouts.startup_s > 0)) t->fail("startup_s", "must be a positive number of seconds");
-    if (!(o.timeouts.peer_s > 0)) t->fail("peer_s", "must be a positive number of seconds");
-    if (!(o.timeouts.peer_timeout_s > 0))
-      t->fail("peer_timeout_s", "must be a positive number of seconds");
-    if (!(o.timeouts.max_wait_s >= 0))
-      t->fail("max_wait_s", "must be a non-negative number of seconds");
-  }
+  o.timeouts = parseTimeouts(r);
   o.threads = static_cast<int>(r.integerOr("threads", 1, 1024, 1));
   o.log_every_s = r.numberOr("log_every_s", o.log_every_s);
   if (!(o.log_every_s > 0)) r.fail("log_every_s", "must be a positive number of seconds");
@@ -352,154 +368,6 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.checkpoint_every = r.integerOr("checkpoint_every", 0, kBig, o.checkpoint_every);
   o.keep_checkpoints = r.integerOr("keep_checkpoints", 1, 1 << 20, o.keep_checkpoints);
   return o;
-}
-
-namespace {
-
-// One chunk table (data.shards or data.test_shards): rows in chunk order, the first numbered
-// `first` (test chunks are numbered after the training chunks).
-std::vector<ServedShard> parseChunkTable(JsonReader& r, const std::string& name, int64_t first) {
-  std::vector<ServedShard> out;
-  if (!r.raw()[name].is_array()) r.fail(name, "must be a list of chunk table rows");
-  const nlohmann::json& rows = r.raw()[name];
-  for (size_t k = 0; k < rows.size(); ++k) {
-    const std::string key = name + "[" + std::to_string(k) + "]";
-    const nlohmann::json& row = rows[k];
-    auto bad = [&](const std::string& sub, const std::string& what) { r.fail(key + sub, what); };
-    auto positive = [&](const char* k) {
-      return row.contains(k) && row[k].is_number_integer() && row[k].get<int64_t>() > 0;
-    };
-    if (!row.is_object()) bad("", "must be an object {chunk, file, bytes, samples, crc32}");
-    for (auto it = row.begin(); it != row.end(); ++it)
-      if (it.key() != "chunk" && it.key() != "file" && it.key() != "bytes" && it.key() != "samples" &&
-          it.key() != "crc32")
-        bad("", "has the unknown key \"" + it.key() + "\"");
-    ServedShard s;
-    s.chunk = first + int64_t(k);
-    if (!row.contains("chunk") || !row["chunk"].is_number_integer() || row["chunk"].get<int64_t>() != s.chunk)
-      bad(".chunk", "must be " + std::to_string(s.chunk) + " (rows in chunk order" +
-                        (first > 0 ? ", numbered after the " + std::to_string(first) + " training chunks)" : ")"));
-    if (!row.contains("file") || !row["file"].is_string() || row["file"].get<std::string>().empty() ||
-        row["file"].get<std::string>().find('/') != std::string::npos || row["file"].get<std::string>()[0] == '.')
-      bad(".file", "must be a file name (no folder, not hidden)");
-    s.file = row["file"].get<std::string>();
-    if (!positive("bytes")) bad(".bytes", "must be a positive integer");
-    s.bytes = row["bytes"].get<uint64_t>();
-    if (!positive("samples")) bad(".samples", "must be a positive integer");
-    s.samples = row["samples"].get<int64_t>();
-    const std::string crc = row.contains("crc32") && row["crc32"].is_string() ? row["crc32"].get<std::string>() : "";
-    if (crc.size() != 14 || crc.rfind("crc32:", 0) != 0 ||
-        crc.find_first_not_of("0123456789abcdef", 6) != std::string::npos)
-      bad(".crc32", "must be \"crc32:\" and 8 lowercase hex digits");
-    s.crc32 = crc;
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-// data.source, data.cache_mb, data.shards, data.test_shards (docs/NODE_DATA.md "Data served by
-// the coordinator").
-void parseServedData(JsonReader& r, DataOptions* d) {
-  d->source = r.choiceOr("source", {"local", "coordinator"}, "local");
-  const bool served = d->source == "coordinator";
-  for (const char* key : {"cache_mb", "shards", "test_shards"})
-    if (!served && r.has(key)) r.fail(key, "applies only with data.source \"coordinator\"");
-  if (!served) return;
-  if (d->format != "tokens" && d->format != "safetensors")
-    r.fail("source", "\"coordinator\" serves the tokens and safetensors formats only (their "
-                     "shards are single files), not " + d->format);
-  d->cache_mb = r.integerOr("cache_mb", 1, 1 << 30, d->cache_mb);
-  if (r.has("test_shards") && d->test_location.empty())
-    r.fail("test_shards", "is the table of data.test_location's chunks: it needs data.test_location");
-  if (r.has("test_shards") && !r.has("shards"))
-    r.fail("test_shards", "needs data.shards (test chunks are numbered after the training chunks)");
-  if (!r.has("shards")) return;
-  d->shards = parseChunkTable(r, "shards", 0);
-  if (r.has("test_shards")) d->test_shards = parseChunkTable(r, "test_shards", int64_t(d->shards.size()));
-  for (int64_t c : d->chunk)
-    if (!d->shards.empty() && c >= int64_t(d->shards.size()))
-      r.fail("chunk", "lists chunk " + std::to_string(c) + " but data.shards has " +
-                          std::to_string(d->shards.size()) + " rows");
-}
-
-}  // namespace
-
-DataOptions parseDataOptions(const DataSpec& data, const std::string& source) {
-  DataOptions d;
-  d.location = data.location;
-  d.format = data.format;
-  d.chunk = data.chunk;
-  JsonReader r(data.options, source, "data");
-  r.rejectUnknownKeys({"test_location", "chunks", "train_samples", "test_samples", "normalize",
-                       "random_flip", "resize", "random_crop", "channels", "inputs", "targets",
-                       "block_length", "test_fraction", "token_dtype", "source", "cache_mb",
-                       "shards", "test_shards"});
-  d.test_location = r.stringOr("test_location", "");
-  d.chunks = r.integerOr("chunks", 0, 1 << 30, 0);
-  for (int64_t c : d.chunk)
-    if (d.chunks > 0 && c >= d.chunks)
-      r.fail("chunk", "lists chunk " + std::to_string(c) + " but data.chunks is " +
-                          std::to_string(d.chunks));
-  d.train_samples = r.integerOr("train_samples", 0, kBig, 0);
-  d.test_samples = r.integerOr("test_samples", 0, kBig, 0);
-  if (auto n = r.optionalObject("normalize")) {
-    n->rejectUnknownKeys({"scale", "mean", "std"});
-    d.normalize.scale = n->numberOr("scale", 255);
-    if (!(d.normalize.scale > 0)) n->fail("scale", "must be a positive number");
-    if (n->has("mean")) d.normalize.mean = n->numberList("mean");
-    if (n->has("std")) d.normalize.std = n->numberList("std");
-    if (d.normalize.mean.empty()) n->fail("mean", "must list at least one number");
-    if (d.normalize.std.empty()) n->fail("std", "must list at least one number");
-    for (double s : d.normalize.std)
-      if (!(s > 0)) n->fail("std", "must hold positive numbers");
-  }
-  d.random_flip = r.booleanOr("random_flip", false);
-  // [H, W] or one number for both.
-  auto imageSize = [](const JsonReader& reader, const std::string& key) {
-    if (reader.raw()[key].is_number()) {
-      const int64_t n = reader.integer(key, 1, 1 << 16);
-      return std::vector<int64_t>{n, n};
-    }
-    std::vector<int64_t> size = reader.integerList(key, 1, 1 << 16);
-    if (size.size() != 2) reader.fail(key, "must be [height, width] or one number");
-    return size;
-  };
-  if (r.has("resize")) d.resize = imageSize(r, "resize");
-  if (auto c = r.optionalObject("random_crop")) {
-    c->rejectUnknownKeys({"size", "padding"});
-    d.random_crop.size = imageSize(*c, "size");
-    d.random_crop.padding = c->integerOr("padding", 0, 1 << 12, 0);
-  }
-  d.channels = r.integerOr("channels", 1, 3, 3);
-  if (d.channels == 2) r.fail("channels", "must be 1 (grayscale) or 3 (RGB)");
-  if (r.has("inputs")) {
-    d.inputs = r.stringList("inputs");
-    if (d.inputs.empty()) r.fail("inputs", "must name at least one tensor");
-    for (size_t i = 0; i < d.inputs.size(); ++i)
-      for (size_t j = 0; j < i; ++j)
-        if (d.inputs[i] == d.inputs[j]) r.fail("inputs", "names \"" + d.inputs[i] + "\" twice");
-  }
-  d.targets = r.stringOr("targets", d.targets);
-  for (const std::string& name : d.inputs)
-    if (name == d.targets) r.fail("targets", "\"" + name + "\" is also one of data.inputs");
-  d.block_length = r.integerOr("block_length", 1, 1 << 20, d.block_length);
-  d.test_fraction = r.numberOr("test_fraction", d.test_fraction);
-  if (!(d.test_fraction >= 0 && d.test_fraction < 1)) r.fail("test_fraction", "must be in [0, 1)");
-  d.token_dtype = r.choiceOr("token_dtype", {"uint8", "uint16", "uint32"}, d.token_dtype);
-  const bool images = d.format == "idx" || d.format == "images";
-  for (const char* key : {"normalize", "random_flip", "resize", "random_crop"})
-    if (!images && r.has(key)) r.fail(key, "applies to the idx and images formats only");
-  if (d.format != "images" && r.has("channels"))
-    r.fail("channels", "applies to the images format only");
-  for (const char* key : {"inputs", "targets"})
-    if (d.format != "safetensors" && d.format != "npy" && r.has(key))
-      r.fail(key, "applies to the safetensors and npy formats only");
-  if (d.format != "tokens" && r.has("token_dtype"))
-    r.fail("token_dtype", "applies to the tokens format only");
-  if (d.format == "idx" && r.has("test_location"))
-    r.fail("test_location", "does not apply to idx (its folder holds the t10k test files)");
-  parseServedData(r, &d);
-  return d;
 }
 
 }  // namespace cairn

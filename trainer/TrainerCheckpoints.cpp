@@ -107,50 +107,53 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
   ctx_.metrics.write({{"checkpoint", {{"step", steps_done}, {"seconds", seconds}}}});
 }
 
-void TrainerCheckpoints::load() {
-  if (ctx_.cfg.checkpoint_dir.empty())
-    CAIRN_THROW(BadInput, "resume from step ", ctx_.cfg.resume_step,
-                " needs a checkpoint folder (StageTrainerConfig::checkpoint_dir is empty)");
-  const std::string path = checkpointPath(ctx_.cfg.checkpoint_dir, ctx_.cfg.resume_step);
-  CheckpointData d = readCheckpoint(ctx_.cfg.checkpoint_dir, ctx_.cfg.resume_step);
-  const nlohmann::json& m = d.meta;
-  auto expect = [&](const char* key, const nlohmann::json& want) {
-    if (!m.contains(key) || m[key] != want)
-      CAIRN_THROW(BadInput, path, ": checkpoint of ", key, " ",
-                  m.contains(key) ? m[key].dump() : std::string("(none)"), ", but this is ", key,
-                  " ", want.dump(), " (node ", ctx_.cfg.node.name, " of job ", ctx_.cfg.node.job_id,
-                  "): refusing to load another node's or job's state");
-  };
-  expect("job_id", ctx_.cfg.node.job_id);
-  expect("node", ctx_.cfg.node.name);
-  expect("cluster", ctx_.cfg.node.cluster);
-  expect("stage", ctx_.cfg.node.stage);
-  expect("num_stages", ctx_.cfg.node.num_stages);
-  expect("schedule", toString(ctx_.opt.schedule));
-  std::map<std::string, torch::Tensor> by_name(d.tensors.begin(), d.tensors.end());
-  auto restore = [&](const std::string& name, torch::Tensor target) {
-    auto it = by_name.find("stage." + name);
-    if (it == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks stage tensor \"", name, "\"");
-    if (it->second.sizes() != target.sizes() || it->second.scalar_type() != target.scalar_type())
-      CAIRN_THROW(BadInput, path, ": stage tensor \"", name, "\" is ",
-                  c10::toString(it->second.scalar_type()), " ", it->second.sizes(),
-                  "; the stage has ", c10::toString(target.scalar_type()), " ", target.sizes());
-    target.copy_(it->second);
-    by_name.erase(it);
-  };
+namespace {
+
+using TensorsByName = std::map<std::string, torch::Tensor>;
+
+// The checkpoint's meta `key` must be `want`: a checkpoint of this node of this job.
+void expectMeta(const nlohmann::json& m, const char* key, const nlohmann::json& want,
+                const std::string& path, const NodeSpec& node) {
+  if (!m.contains(key) || m[key] != want)
+    CAIRN_THROW(BadInput, path, ": checkpoint of ", key, " ",
+                m.contains(key) ? m[key].dump() : std::string("(none)"), ", but this is ", key,
+                " ", want.dump(), " (node ", node.name, " of job ", node.job_id,
+                "): refusing to load another node's or job's state");
+}
+
+// Copies the checkpoint's "stage.<name>" into `target` (same shape and dtype) and takes it out
+// of `by_name`.
+void restoreStageTensor(const std::string& name, torch::Tensor target, TensorsByName* by_name,
+                        const std::string& path) {
+  auto it = by_name->find("stage." + name);
+  if (it == by_name->end()) CAIRN_THROW(BadInput, path, ": lacks stage tensor \"", name, "\"");
+  if (it->second.sizes() != target.sizes() || it->second.scalar_type() != target.scalar_type())
+    CAIRN_THROW(BadInput, path, ": stage tensor \"", name, "\" is ",
+                c10::toString(it->second.scalar_type()), " ", it->second.sizes(),
+                "; the stage has ", c10::toString(target.scalar_type()), " ", target.sizes());
+  target.copy_(it->second);
+  by_name->erase(it);
+}
+
+// The stage's parameters then buffers from the checkpoint; no stage tensor may be left over.
+void restoreStage(torch::jit::Module& module, TensorsByName* by_name, const std::string& path) {
   {
     torch::NoGradGuard no_grad;
-    for (const auto& p : ctx_.executor.module().named_parameters(/*recurse=*/true))
-      restore(p.name, p.value);
-    for (const auto& b : ctx_.executor.module().named_buffers(/*recurse=*/true))
-      restore(b.name, b.value);
+    for (const auto& p : module.named_parameters(/*recurse=*/true))
+      restoreStageTensor(p.name, p.value, by_name, path);
+    for (const auto& b : module.named_buffers(/*recurse=*/true))
+      restoreStageTensor(b.name, b.value, by_name, path);
   }
-  for (const auto& [name, t] : by_name)
+  for (const auto& [name, t] : *by_name)
     if (name.rfind("stage.", 0) == 0)
       CAIRN_THROW(BadInput, path, ": stage tensor \"", name.substr(6),
                   "\" is not in this node's stage");
-  ctx_.optimizer.importState(d.tensors, path);
-  const auto& params = ctx_.optimizer.parameters();
+}
+
+// Gradients accumulated towards the next update (async): "grad.<i>" of the optimizer's i-th
+// parameter.
+void restoreGradients(const std::vector<torch::Tensor>& params, const TensorsByName& by_name,
+                      const std::string& path) {
   for (size_t i = 0; i < params.size(); ++i) {
     auto it = by_name.find("grad." + std::to_string(i));
     if (it == by_name.end()) continue;
@@ -158,27 +161,55 @@ void TrainerCheckpoints::load() {
       CAIRN_THROW(BadInput, path, ": gradient ", it->first, " does not fit its parameter");
     params[i].mutable_grad() = it->second.clone();
   }
+}
+
+void restoreCpuGenerator(const TensorsByName& by_name, const std::string& path) {
   auto rng = by_name.find("rng.cpu");
   if (rng == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks the generator state rng.cpu");
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    try {
-      gen.set_state(rng->second);
-    } catch (const c10::Error& e) {
-      CAIRN_THROW(BadInput, path,
-                  ": rng.cpu is not a CPU generator state: ", e.what_without_backtrace());
-    }
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  try {
+    gen.set_state(rng->second);
+  } catch (const c10::Error& e) {
+    CAIRN_THROW(BadInput, path,
+                ": rng.cpu is not a CPU generator state: ", e.what_without_backtrace());
   }
-  if (ctx_.cfg.cluster_sync) {
-    std::vector<std::pair<std::string, torch::Tensor>> sync_tensors;
-    for (const auto& name : m.value("sync_tensors", nlohmann::json::array())) {
-      auto it = by_name.find(name.get<std::string>());
-      if (it == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks sync tensor ", name.dump());
-      sync_tensors.emplace_back(it->first, it->second);
-    }
-    ctx_.cfg.cluster_sync->loadState(sync_tensors, m.value("sync", nlohmann::json::object()));
+}
+
+// The ClusterSync's state: the tensors the meta's "sync_tensors" names, and its "sync".
+void restoreClusterSync(ClusterSync& sync, const nlohmann::json& m, const TensorsByName& by_name,
+                        const std::string& path) {
+  std::vector<std::pair<std::string, torch::Tensor>> sync_tensors;
+  for (const auto& name : m.value("sync_tensors", nlohmann::json::array())) {
+    auto it = by_name.find(name.get<std::string>());
+    if (it == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks sync tensor ", name.dump());
+    sync_tensors.emplace_back(it->first, it->second);
   }
+  sync.loadState(sync_tensors, m.value("sync", nlohmann::json::object()));
+}
+
+}  // namespace
+
+void TrainerCheckpoints::load() {
+  if (ctx_.cfg.checkpoint_dir.empty())
+    CAIRN_THROW(BadInput, "resume from step ", ctx_.cfg.resume_step,
+                " needs a checkpoint folder (StageTrainerConfig::checkpoint_dir is empty)");
+  const std::string path = checkpointPath(ctx_.cfg.checkpoint_dir, ctx_.cfg.resume_step);
+  CheckpointData d = readCheckpoint(ctx_.cfg.checkpoint_dir, ctx_.cfg.resume_step);
+  const nlohmann::json& m = d.meta;
+  const NodeSpec& node = ctx_.cfg.node;
+  expectMeta(m, "job_id", node.job_id, path, node);
+  expectMeta(m, "node", node.name, path, node);
+  expectMeta(m, "cluster", node.cluster, path, node);
+  expectMeta(m, "stage", node.stage, path, node);
+  expectMeta(m, "num_stages", node.num_stages, path, node);
+  expectMeta(m, "schedule", toString(ctx_.opt.schedule), path, node);
+  TensorsByName by_name(d.tensors.begin(), d.tensors.end());
+  restoreStage(ctx_.executor.module(), &by_name, path);
+  ctx_.optimizer.importState(d.tensors, path);
+  restoreGradients(ctx_.optimizer.parameters(), by_name, path);
+  restoreCpuGenerator(by_name, path);
+  if (ctx_.cfg.cluster_sync) restoreClusterSync(*ctx_.cfg.cluster_sync, m, by_name, path);
   try {
     resume_.updates = m.at("updates").get<int64_t>();
     resume_.since_update = m.at("since_update").get<int64_t>();

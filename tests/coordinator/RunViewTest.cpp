@@ -2,9 +2,10 @@
 // placement, heartbeats and metrics batches, checked against figures computed here from the same
 // records: the snapshot's schema and values, the whole-run metrics.jsonl (every record once, as
 // sent, tagged), a restarted view reading it back (same figures, resent records not taken twice,
-// a cut last line dropped), thinned histories, and the Prometheus text parsed by a small parser of
-// its own — with a hostile node name (quotes, newline, backslash, <script>) raw in the JSON and
-// escaped per the exposition format in the labels.
+// a cut last line dropped), the run's phase as a user reads it (gathering, planned, training once
+// placed volunteers send steps, done), thinned histories, and the Prometheus text parsed by a
+// small parser of its own — with a hostile node name (quotes, newline, backslash, <script>) raw in
+// the JSON and escaped per the exposition format in the labels.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -113,7 +114,7 @@ TEST(RunView, SnapshotHasTheSchemaAndTheFiguresOfTheRecords) {
   setUp(view);
   feed(view);
   const json snap = view.snapshot(1012.5);
-  EXPECT_EQ(snap["run"]["phase"], "planned");
+  EXPECT_EQ(snap["run"]["phase"], "training") << "planned, and the placed volunteers sent steps";
   EXPECT_EQ(snap["run"]["now"], 1012.5);
   EXPECT_EQ(snap["run"]["num_clusters"], 2);
   EXPECT_EQ(snap["run"]["members"], 5);
@@ -169,6 +170,41 @@ TEST(RunView, SnapshotHasTheSchemaAndTheFiguresOfTheRecords) {
     }
   EXPECT_TRUE(found) << snap["events"].dump();
   EXPECT_LE(snap["events"].size(), 200u);
+}
+
+TEST(RunView, ThePhaseMovesFromGatheringToPlannedToTrainingAsTheStateSays) {
+  TempDir dir;
+  const std::vector<Placement> placement = {
+      {"node_1", 0, 0, 2}, {"node_2", 0, 1, 2}, {"node_3", 1, 0, 2}, {kEvil, 1, 1, 2}};
+  auto phase = [](const RunView& v) { return v.snapshot(1010)["run"]["phase"].get<std::string>(); };
+  {
+    RunView view(dir.path);
+    EXPECT_EQ(phase(view), "gathering") << "no plan yet";
+    // A step record of a node not placed (yet) is not the run training.
+    view.syncMembers({member("node_1", "10.0.0.1:1", MemberState::kSpare)}, 1000);
+    view.ingest({"node_1", "early", 0, {stepRecord(1, 2.0, 100, 0.01, 0.001, 0.002)}, 0}, 1000);
+    EXPECT_EQ(phase(view), "gathering");
+    setUp(view);  // placed, and the coordinator says planned
+    EXPECT_EQ(phase(view), "planned") << "a step of a node before it was placed does not count";
+    // The Roots' plans, state changes and heartbeats are not steps.
+    const json plan = {{"plan", {{"total_steps", 100}, {"steps_per_epoch", 50}, {"batch_size", 32}}}};
+    const json state = {{"state", "training"}, {"message", "started"}, {"t", 1001.0}};
+    view.ingest({"node_1", "s1", 0, {plan, state}, 0}, 1001);
+    view.heartbeat("node_2", "training", 0, 1001);
+    EXPECT_EQ(phase(view), "planned");
+    view.ingest({"node_3", "t3", 0, {stepRecord(1, 2.0, 100, 0.01, 0.001, 0.002)}, 0}, 1002);
+    EXPECT_EQ(phase(view), "training") << "a placed volunteer's step record: its cluster trains";
+    EXPECT_EQ(view.snapshot(1010)["clusters"][1]["step"], 0) << "a Root's step, not yet its Leaf's";
+    const std::string plain = renderRunView(view.snapshot(1010), /*tty=*/false);
+    EXPECT_EQ(plain.rfind("run training: ", 0), 0u) << plain;
+    view.setPhase("done");
+    EXPECT_EQ(phase(view), "done") << "the results are merged";
+  }
+  // A restarted coordinator: the step records read back say the planned run trains.
+  RunView again(dir.path, placement);
+  EXPECT_EQ(phase(again), "gathering") << "until the coordinator sets its phase";
+  again.setPhase("planned");
+  EXPECT_EQ(phase(again), "training");
 }
 
 TEST(RunView, MetricsJsonlHoldsEveryRecordOnceTaggedAndARestartContinues) {
@@ -415,7 +451,7 @@ TEST(TerminalView, RendersClustersNodesAndEventsWithoutControlCharactersFromVolu
   EXPECT_NE(plain.find("evil\"?<script>"), std::string::npos) << "the newline is replaced";
   EXPECT_EQ(plain.find('\033'), std::string::npos);
   // Lines: the run, 2 clusters, 5 nodes, then events.
-  EXPECT_EQ(plain.substr(0, plain.find('\n')), "run planned: 5 volunteers, 2 cluster(s), 124 records (7 dropped by volunteers)");
+  EXPECT_EQ(plain.substr(0, plain.find('\n')), "run training: 5 volunteers, 2 cluster(s), 124 records (7 dropped by volunteers)");
   EXPECT_NE(plain.find(" paused: <img src=x onerror=alert(1)>"), std::string::npos) << plain;
   const std::string later = renderRunView(snap, false, 1002.0);
   EXPECT_EQ(later.find(" paused: <img"), std::string::npos) << "events up to 1002 were printed already";

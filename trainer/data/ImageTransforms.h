@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <string>
 
-#include "trainer/TrainOptions.h"
+#include "trainer/DataOptions.h"
 
 namespace cairn {
 

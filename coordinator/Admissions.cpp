@@ -1,0 +1,129 @@
+#include "coordinator/Admissions.h"
+
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "coordinator/JoinPolicy.h"
+#include "coordinator/RunView.h"
+#include "core/Log.h"
+#include "core/NodeData.h"
+
+namespace cairn::coordinator {
+
+// A join waiting for the coordinator's dial-back to the volunteer's advertised address.
+struct Admissions::Pending {
+  std::string key, routing_id, nonce;
+  JoinAsk ask;
+  JoinDecision decision;
+  zmq::socket_t socket;
+  std::chrono::steady_clock::time_point deadline;
+};
+
+Admissions::Admissions(CoordinatorStore& store, zmq::context_t& context, const CurveKeyPair& keys,
+                       AdmissionOptions options, SendRouted send_routed, Send send, Refuse refuse)
+    : store_(store),
+      context_(context),
+      keys_(keys),
+      o_(std::move(options)),
+      send_routed_(std::move(send_routed)),
+      send_(std::move(send)),
+      refuse_(std::move(refuse)) {}
+
+Admissions::~Admissions() = default;
+
+void Admissions::onJoin(const Routed& r, const JoinAsk& ask, bool run_over) {
+  const std::string who = ask.advertise.empty() ? "key " + r.user_id : ask.advertise;
+  if (run_over) return refuse_(r.routing_id, who, "this run is over");
+  for (const auto& p : pending_)
+    if (p->key == r.user_id)
+      return refuse_(r.routing_id, who, "a join from this key is already being checked");
+  JoinDecision decision = decideJoin(ask, r.user_id, o_.token, o_.allowed_keys, store_.members());
+  if (decision.kind == JoinDecision::Kind::kRefused)
+    return refuse_(r.routing_id, who, decision.reason);
+  // Dial the advertised address back before accepting: peers will have to reach it.
+  auto p = std::make_unique<Pending>();
+  p->key = r.user_id;
+  p->routing_id = r.routing_id;
+  p->nonce = randomHex(16);
+  p->ask = ask;
+  p->decision = std::move(decision);
+  p->deadline = std::chrono::steady_clock::now() + o_.reach_timeout;
+  p->socket = coordinationClient(context_, zmq::socket_type::dealer, keys_, r.user_id,
+                                 ask.advertise, kMaxCoordinationHeaderBytes);
+  sendFrames(p->socket, encode(ReachCheck{p->nonce}));
+  pending_.push_back(std::move(p));
+}
+
+void Admissions::poll() {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = *pending_[i];
+    bool done = false;
+    while (auto frames = recvFrames(p.socket, std::chrono::milliseconds(0))) {
+      std::string why;
+      const auto m = decodeReach(*frames, &why);
+      const auto* ok = m ? std::get_if<ReachOk>(&*m) : nullptr;
+      if (ok && ok->nonce == p.nonce) {
+        admit(p);
+        done = true;
+        break;
+      }
+    }
+    if (!done && std::chrono::steady_clock::now() >= p.deadline) {
+      refuse_(p.routing_id, p.ask.advertise,
+              "not reachable at " + p.ask.advertise + " within " +
+                  std::to_string(o_.reach_timeout.count() / 1000.0).substr(0, 4) +
+                  " s: other volunteers must be able to dial this address (check provider "
+                  "--listen/--advertise, firewalls and port forwarding)");
+      done = true;
+    }
+    if (done) {
+      pending_.erase(pending_.begin() + long(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+void Admissions::admit(const Pending& p) {
+  Member m;
+  const bool returning = p.decision.kind == JoinDecision::Kind::kReturning;
+  if (returning) {
+    m = *p.decision.member;
+  } else {
+    m.name = store_.nextMemberName();
+    m.public_key = p.key;
+    m.state = MemberState::kSpare;
+    m.joined_at = unixNow();
+  }
+  m.advertise = p.ask.advertise;
+  m.probe_json = nlohmann::json{{"ram_gb", p.ask.probe.ram_gb},
+                                {"cores", p.ask.probe.cores},
+                                {"compute_gflops", p.ask.probe.compute_gflops},
+                                {"bandwidth_mbps", p.ask.probe.bandwidth_mbps}}
+                     .dump();
+  m.last_seen = unixNow();
+  store_.putMember(m);
+  CAIRN_INFO("coordinator: ", returning ? "back: " : "joined: ", m.name, " at ", m.advertise, " (",
+             p.ask.probe.ram_gb, " GB, ", p.ask.probe.cores, " cores, ", p.ask.probe.compute_gflops,
+             " GFLOPS, ", p.ask.probe.bandwidth_mbps, " Mbps), ", toString(m.state));
+  send_routed_(p.routing_id, encode(Accepted{m.name, toString(m.state)}));
+  if (m.state == MemberState::kAssigned) resendAssignment(m);
+}
+
+// A placed volunteer that joined again (its process restarted) gets its assignment again.
+void Admissions::resendAssignment(const Member& m) {
+  const NodeSpec node = readNodeSpec(nodeSpecPath(o_.out, m.name));
+  const JobSpec job = readJobSpec(jobSpecPath(o_.out));
+  Assignment a;
+  a.name = m.name;
+  a.node = toJson(node);
+  a.job = toJson(job);
+  a.num_clusters = node.extra.value("num_clusters", 1);
+  std::ifstream in(nodeDirectory(o_.out, m.name) + "/" + node.stage_file, std::ios::binary);
+  a.stage.assign(std::istreambuf_iterator<char>(in), {});
+  send_(m.public_key, encode(a));
+}
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,124 @@
+#include "coordinator/PrometheusText.h"
+
+#include <charconv>
+#include <cmath>
+
+namespace cairn::coordinator {
+namespace {
+
+std::string formatNumber(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buffer[64];
+  auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
+  return std::string(buffer, r.ptr);
+}
+
+std::string label(const char* key, const std::string& value) {
+  return std::string(key) + "=\"" + escapePrometheusLabel(value) + "\"";
+}
+
+// The exposition being written: a family's HELP and TYPE lines, then its samples.
+struct Exposition {
+  std::string text;
+
+  void family(const char* name, const char* type, const char* help) {
+    text += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  }
+  void sample(const char* name, const std::string& labels, const nlohmann::json& v) {
+    if (!v.is_number()) return;  // not known (yet): no sample
+    text += std::string(name) + (labels.empty() ? "" : "{" + labels + "}") + " " +
+            formatNumber(v.get<double>()) + "\n";
+  }
+};
+
+// A family of one figure per cluster or per node: the snapshot's `key`.
+struct Figure {
+  const char* metric;
+  const char* key;
+  const char* type;
+  const char* help;
+};
+
+void runFamilies(const nlohmann::json& run, Exposition* out) {
+  out->family("cairn_records_total", "counter",
+              "Metrics records the coordinator took from volunteers.");
+  out->sample("cairn_records_total", "", run["records"]);
+  out->family("cairn_records_dropped_total", "counter",
+              "Records the volunteers' queues dropped (full while the coordinator was away).");
+  out->sample("cairn_records_dropped_total", "", run["dropped"]);
+  out->family("cairn_members", "gauge", "Volunteers known to the coordinator.");
+  out->sample("cairn_members", "", run["members"]);
+  out->family("cairn_clusters", "gauge", "Clusters of the plan.");
+  out->sample("cairn_clusters", "", run["num_clusters"]);
+}
+
+void clusterFamilies(const nlohmann::json& clusters, Exposition* out) {
+  const Figure cluster_figures[] = {
+      {"cairn_cluster_step", "step", "gauge",
+       "Steps done by the cluster (its Leaf's last record)."},
+      {"cairn_cluster_max_steps", "max_steps", "gauge", "Steps of the whole run (the plan)."},
+      {"cairn_cluster_loss", "loss", "gauge", "Training loss of the cluster's last step."},
+      {"cairn_cluster_samples_per_second", "samples_per_s", "gauge",
+       "Mean samples per second over the cluster's last 20 steps."},
+      {"cairn_cluster_eta_seconds", "eta_s", "gauge",
+       "Estimated seconds until the run's last step."}};
+  for (const Figure& f : cluster_figures) {
+    out->family(f.metric, f.type, f.help);
+    for (const auto& c : clusters)
+      out->sample(f.metric, label("cluster", std::to_string(c["id"].get<int>())), c[f.key]);
+  }
+}
+
+std::string nodeLabels(const nlohmann::json& n) {
+  return label("node", n["name"].get<std::string>()) + "," +
+         label("cluster", n["cluster"].is_number() ? std::to_string(n["cluster"].get<int>()) : "");
+}
+
+void nodeFamilies(const nlohmann::json& nodes, Exposition* out) {
+  const Figure node_figures[] = {
+      {"cairn_node_step", "step", "gauge", "The node's last step."},
+      {"cairn_node_compute_seconds", "compute_s", "gauge",
+       "Mean compute seconds per step (last 20)."},
+      {"cairn_node_send_seconds", "send_s", "gauge", "Mean send seconds per step (last 20)."},
+      {"cairn_node_wait_seconds", "wait_s", "gauge",
+       "Mean receive-wait seconds per step (last 20)."},
+      {"cairn_node_heartbeat_age_seconds", "heartbeat_age_s", "gauge",
+       "Seconds since the node's last heartbeat."}};
+  for (const Figure& f : node_figures) {
+    out->family(f.metric, f.type, f.help);
+    for (const auto& n : nodes) out->sample(f.metric, nodeLabels(n), n[f.key]);
+  }
+  out->family("cairn_node_info", "gauge", "1 per node, with its role, stage and state as labels.");
+  for (const auto& n : nodes) {
+    const std::string stage =
+        n["stage"].is_number() ? std::to_string(n["stage"].get<int>()) : "";
+    out->sample("cairn_node_info",
+                nodeLabels(n) + "," + label("role", n["role"].get<std::string>()) + "," +
+                    label("stage", stage) + "," + label("state", n["state"].get<std::string>()),
+                1);
+  }
+}
+
+}  // namespace
+
+std::string prometheusText(const nlohmann::json& snapshot) {
+  Exposition out;
+  runFamilies(snapshot["run"], &out);
+  clusterFamilies(snapshot["clusters"], &out);
+  nodeFamilies(snapshot["nodes"], &out);
+  return out.text;
+}
+
+std::string escapePrometheusLabel(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace cairn::coordinator
