@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds cairn's libFuzzer targets with clang (address + undefined sanitizers) in build-fuzz/ and
 # runs each from the seed corpus in tests/fuzz/corpus/. A crash input is copied to
-# tests/fuzz/regressions/<target>/ (commit it: fuzz_replay_tests replays it forever) and the
+# tests/fuzz/regressions/<target>/ (commit it: node_tests' FuzzReplay suite replays it forever) and the
 # script fails.
 #   tools/fuzz.sh [seconds per target, default 30]     explore: a random seed, for that long
 #   CAIRN_FUZZ_SEED=N CAIRN_FUZZ_RUNS=R tools/fuzz.sh [cap seconds]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ThreadSanitizer over the suites where cairn's own threads meet: node_tests (transport, mailbox,
-# liveness, ZAP), cluster_sync_tests (a node's rings on threads sharing one mailbox and transport),
+# liveness, ZAP; RingClusterSync: a node's rings on threads sharing one mailbox and transport),
 # collectives_tests (ranks as threads) and coordinator_web_tests (the coordinator's web server:
 # its listening and request threads, concurrent clients, stop). Builds them into build-tsan/
 # (-fsanitize=thread on cairn's code; a clean build takes ~10 minutes on 2 cores) and runs them;
@@ -21,16 +21,16 @@ if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_TSAN=ON
 fi
 cmake --build "$BUILD_DIR" -j "${CAIRN_JOBS:-$(nproc)}" \
-  --target node_tests cluster_sync_tests collectives_tests collectives_rank coordinator_web_tests
+  --target node_tests collectives_tests collectives_rank coordinator_web_tests
 export TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp halt_on_error=1 abort_on_error=0 exitcode=66 second_deadlock_stack=1"
 export OMP_NUM_THREADS=1
 cd "$BUILD_DIR/tests"
-# Every case of the three executables, except the collectives whose ranks are separate processes
+# Every case of the executables, except the collectives whose ranks are separate processes
 # (one thread each, so nothing for TSan to see; their 10 s peer timeouts do not survive TSan's
 # 5-15x slow-down, which would fail them for the wrong reason). The ranks-as-threads suites run the
 # same algorithms with every rank in one process.
 status=0
-for suite in node_tests cluster_sync_tests collectives_tests coordinator_web_tests; do
+for suite in node_tests collectives_tests coordinator_web_tests; do
   filter="*"
   [[ "$suite" == collectives_tests ]] && filter="-*OverProcesses*"
   echo "tsan: $suite (--gtest_filter=$filter)"
@@ -40,6 +40,6 @@ for suite in node_tests cluster_sync_tests collectives_tests coordinator_web_tes
   fi
 done
 if ((status == 0)); then
-  echo "tsan: node_tests, cluster_sync_tests, collectives_tests, coordinator_web_tests clean"
+  echo "tsan: node_tests, collectives_tests, coordinator_web_tests clean"
 fi
 exit $status
