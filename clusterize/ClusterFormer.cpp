@@ -1,6 +1,7 @@
 #include "clusterize/ClusterFormer.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -76,17 +77,12 @@ bool allFeasible(const CostModel& cost, const std::vector<PlannerNode>& nodes,
   return true;
 }
 
-}  // namespace
-
-ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNode>& nodes,
-                              const ClusterFormerOptions& options) {
+// Step 1: seeded shuffle, then a stable sort by memory, speed, bandwidth (largest first).
+std::vector<int> orderNodes(const std::vector<PlannerNode>& nodes, uint64_t seed) {
   const int n = static_cast<int>(nodes.size());
-  if (n == 0) CAIRN_THROW(BadInput, "there are no nodes to place the model on");
-  const Split span{options.max_atoms_per_stage, options.tolerance};
-  // 1. Order: seeded shuffle, then a stable sort by memory, speed, bandwidth (largest first).
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 rng(options.seed);
+  std::mt19937_64 rng(seed);
   for (int i = n - 1; i > 0; --i) {
     const int j = static_cast<int>(rng() % static_cast<uint64_t>(i + 1));
     std::swap(order[i], order[j]);
@@ -97,23 +93,28 @@ ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNo
     if (x.speed != y.speed) return x.speed > y.speed;
     return x.bandwidth_bytes_per_s > y.bandwidth_bytes_per_s;
   });
+  return order;
+}
 
-  // 2. How many clusters.
+// Step 2: how many clusters, and the ordered nodes dealt into them.
+std::vector<FormedCluster> dealClusters(const CostModel& cost, const std::vector<PlannerNode>& nodes,
+                                        const std::vector<int>& order, int wanted, Split span) {
+  const int n = static_cast<int>(nodes.size());
   const double model_memory = cost.memoryLowerBound(0, cost.numAtoms());
   double total = 0;
   for (const auto& node : nodes) total += node.capacity_bytes;
   const int upper = std::max(1, std::min(n, static_cast<int>(total / std::max(model_memory, 1.0))));
   std::vector<FormedCluster> clusters;
-  if (options.clusters > 0) {
-    if (options.clusters > n)
-      CAIRN_THROW(BadInput, "--clusters ", options.clusters, " asks for more clusters than the ", n,
+  if (wanted > 0) {
+    if (wanted > n)
+      CAIRN_THROW(BadInput, "--clusters ", wanted, " asks for more clusters than the ", n,
                   " nodes");
-    if (!allFeasible(cost, nodes, deal(nodes, order, options.clusters), span, &clusters)) {
+    if (!allFeasible(cost, nodes, deal(nodes, order, wanted), span, &clusters)) {
       int fits = 0;
-      for (int k = std::min(upper, options.clusters - 1); k >= 1 && fits == 0; --k)
+      for (int k = std::min(upper, wanted - 1); k >= 1 && fits == 0; --k)
         if (allFeasible(cost, nodes, deal(nodes, order, k), span, nullptr)) fits = k;
-      CAIRN_THROW(BadInput, "--clusters ", options.clusters, ": the nodes cannot be split into ",
-                  options.clusters, " clusters that each hold the model",
+      CAIRN_THROW(BadInput, "--clusters ", wanted, ": the nodes cannot be split into ",
+                  wanted, " clusters that each hold the model",
                   fits > 0 ? " (at most " + std::to_string(fits) + " fit)" : std::string());
     }
   } else {
@@ -132,54 +133,74 @@ ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNo
       }
     }
   }
+  return clusters;
+}
 
-  // 3. Balance: the slowest cluster against the fastest ones (up to kPartners of them).
+// Step 3 for one pair: the move of one node to the slow cluster, or the swap of one node between
+// the two, that lowers the slower of their bottlenecks the most; false when none lowers it.
+bool improvePair(const CostModel& cost, const std::vector<PlannerNode>& nodes, Split span,
+                 std::vector<FormedCluster>& clusters, size_t slow, size_t fast) {
+  const double current = bottleneck(clusters[slow]);
+  double best_value = current;
+  std::pair<FormedCluster, FormedCluster> best;
+  auto consider = [&](std::vector<int> slow_ids, std::vector<int> fast_ids) {
+    if (fast_ids.empty()) return;
+    FormedCluster s = plan(cost, nodes, std::move(slow_ids), false, span);
+    if (!s.partition.feasible || bottleneck(s) >= best_value) return;
+    FormedCluster f = plan(cost, nodes, std::move(fast_ids), false, span);
+    const double value = std::max(bottleneck(s), bottleneck(f));
+    if (value < best_value * (1 - 1e-9)) {
+      best_value = value;
+      best = {std::move(s), std::move(f)};
+    }
+  };
+  const auto& s_ids = clusters[slow].nodes;
+  const auto& f_ids = clusters[fast].nodes;
+  for (size_t y = 0; y < f_ids.size(); ++y) {
+    std::vector<int> s2 = s_ids, f2 = f_ids;
+    s2.push_back(f_ids[y]);
+    f2.erase(f2.begin() + y);
+    consider(s2, f2);
+    for (size_t x = 0; x < s_ids.size() && s_ids.size() * f_ids.size() <= 256; ++x) {
+      std::vector<int> s3 = s_ids, f3 = f_ids;
+      std::swap(s3[x], f3[y]);
+      consider(s3, f3);
+    }
+  }
+  if (best_value >= current) return false;
+  clusters[slow] = std::move(best.first);
+  clusters[fast] = std::move(best.second);
+  return true;
+}
+
+// Step 3: the slowest cluster against the fastest ones (up to kPartners of them).
+void balance(const CostModel& cost, const std::vector<PlannerNode>& nodes, Split span, int rounds,
+             std::vector<FormedCluster>& clusters) {
   constexpr size_t kPartners = 8;
-  for (int round = 0; round < options.balance_rounds && clusters.size() > 1; ++round) {
+  for (int round = 0; round < rounds && clusters.size() > 1; ++round) {
     std::vector<size_t> by_speed(clusters.size());
     std::iota(by_speed.begin(), by_speed.end(), 0);
     std::stable_sort(by_speed.begin(), by_speed.end(), [&](size_t a, size_t b) {
       return bottleneck(clusters[a]) < bottleneck(clusters[b]);
     });
     const size_t slow = by_speed.back();
-    const double current = bottleneck(clusters[slow]);
     bool improved = false;
-    for (size_t p = 0; p < std::min(kPartners, by_speed.size() - 1) && !improved; ++p) {
-      const size_t fast = by_speed[p];
-      double best_value = current;
-      std::pair<FormedCluster, FormedCluster> best;
-      auto consider = [&](std::vector<int> slow_ids, std::vector<int> fast_ids) {
-        if (fast_ids.empty()) return;
-        FormedCluster s = plan(cost, nodes, std::move(slow_ids), false, span);
-        if (!s.partition.feasible || bottleneck(s) >= best_value) return;
-        FormedCluster f = plan(cost, nodes, std::move(fast_ids), false, span);
-        const double value = std::max(bottleneck(s), bottleneck(f));
-        if (value < best_value * (1 - 1e-9)) {
-          best_value = value;
-          best = {std::move(s), std::move(f)};
-        }
-      };
-      const auto& s_ids = clusters[slow].nodes;
-      const auto& f_ids = clusters[fast].nodes;
-      for (size_t y = 0; y < f_ids.size(); ++y) {
-        std::vector<int> s2 = s_ids, f2 = f_ids;
-        s2.push_back(f_ids[y]);
-        f2.erase(f2.begin() + y);
-        consider(s2, f2);
-        for (size_t x = 0; x < s_ids.size() && s_ids.size() * f_ids.size() <= 256; ++x) {
-          std::vector<int> s3 = s_ids, f3 = f_ids;
-          std::swap(s3[x], f3[y]);
-          consider(s3, f3);
-        }
-      }
-      if (best_value < current) {
-        clusters[slow] = std::move(best.first);
-        clusters[fast] = std::move(best.second);
-        improved = true;
-      }
-    }
+    for (size_t p = 0; p < std::min(kPartners, by_speed.size() - 1) && !improved; ++p)
+      improved = improvePair(cost, nodes, span, clusters, slow, by_speed[p]);
     if (!improved) break;
   }
+}
+
+}  // namespace
+
+ClusterFormation formClusters(const CostModel& cost, const std::vector<PlannerNode>& nodes,
+                              const ClusterFormerOptions& options) {
+  const int n = static_cast<int>(nodes.size());
+  if (n == 0) CAIRN_THROW(BadInput, "there are no nodes to place the model on");
+  const Split span{options.max_atoms_per_stage, options.tolerance};
+  const std::vector<int> order = orderNodes(nodes, options.seed);
+  std::vector<FormedCluster> clusters = dealClusters(cost, nodes, order, options.clusters, span);
+  balance(cost, nodes, span, options.balance_rounds, clusters);
 
   // 4. Final split with several node orders; unused nodes are spare.
   ClusterFormation formation;

@@ -1,7 +1,8 @@
 // Clusterize: the whole clusterize pipeline as a library call — load the model, profile it, form
 // clusters, split it, and describe every node — plus the human-readable report. The binary
-// (clusterize_main.cpp) parses flags into ClusterizeOptions, calls clusterize(), writes the result
-// with NodeDataWriter and prints the report. Single-threaded.
+// (apps/ClusterizeCommands.cpp) parses flags into ClusterizeOptions, calls clusterize(), writes the
+// result with NodeDataWriter and prints the report. The planning half alone is PlanModel.h.
+// Single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "clusterize/CostModel.h"
 #include "clusterize/ModelGraph.h"
 #include "clusterize/PartitionPlan.h"
+#include "clusterize/PlanModel.h"
 #include "clusterize/Profiler.h"
 #include "core/NodeConfigs.h"
 #include "core/NodeData.h"
@@ -52,28 +54,8 @@ struct ClusterizeOptions {
   ProfileOptions profile;
 };
 
-struct ClusterizeResult {
-  PartitionPlan plan;
-  JobSpec job;
-  std::vector<NodeSpec> nodes;                        // one per placed node
-  std::map<std::string, torch::jit::Module> stages;   // node name → its stage module
-};
-
-// The planning half (no model execution), for callers that already profiled.
-struct PlanSettings {
-  std::string model_path;
-  Granularity granularity = Granularity::kTop;
-  CostOptions cost;
-  int clusters = 0;
-  uint64_t seed = 0;
-  std::vector<int> cuts;  // ClusterizeOptions::cuts
-  double tolerance = 0;   // ClusterizeOptions::plan_tolerance
-  std::string nodes_source = "node_configs.json";  // names the file in messages
-};
-ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
-                           const std::vector<NodeConfig>& nodes, const JobSpec& job,
-                           const PlanSettings& settings);
-
+// Loads, profiles and plans; the result (ClusterizeResult, clusterize/PlanModel.h) with the stage
+// modules built.
 ClusterizeResult clusterize(const ClusterizeOptions& options);
 
 // clusterize() in two halves, for the coordinator (`clusterize --serve`), which profiles the model
@@ -90,9 +72,6 @@ struct PreparedModel {
 PreparedModel prepareModel(const ClusterizeOptions& options);
 ClusterizeResult planNodes(const PreparedModel& prepared, const std::vector<NodeConfig>& configs,
                            const std::string& nodes_source);
-
-// Per-node speed relative to the profiling host: compute / mean compute (1 when absent).
-std::vector<double> relativeSpeeds(const std::vector<NodeConfig>& nodes);
 
 void printReport(const PartitionPlan& plan, std::ostream& out);
 std::string formatBytes(double bytes);  // "1.23 GB", "45.6 MB", "789 B" (decimal units)

@@ -27,24 +27,63 @@ std::string dtypeText(const torch::Tensor& t) {
   }
 }
 
+using TensorsByName = std::map<std::string, torch::Tensor>;
+
+// Names the model ties to one tensor that the file gives different values (shape and dtype
+// mismatches are reported on their own).
+std::vector<std::string> tiedConflicts(
+    const std::map<const c10::TensorImpl*, std::vector<std::string>>& aliases,
+    const TensorsByName& in_file) {
+  std::vector<std::string> tied;
+  for (const auto& [impl, names] : aliases) {
+    const torch::Tensor* first = nullptr;
+    std::string first_name;
+    for (const auto& name : names) {
+      const auto it = in_file.find(name);
+      if (it == in_file.end()) continue;
+      const torch::Tensor& t = it->second;
+      if (first == nullptr) {
+        first = &t;
+        first_name = name;
+      } else if (t.sizes() == first->sizes() && t.scalar_type() == first->scalar_type() &&
+                 !torch::equal(t, *first)) {
+        tied.push_back("tied: " + inQuotes(first_name) + " and " + inQuotes(name) +
+                       " are one tensor in the model but differ in the file");
+      }
+    }
+  }
+  return tied;
+}
+
+// One BadInput listing every mismatch, one per line.
+[[noreturn]] void throwMismatches(const std::vector<std::string>& problems,
+                                  const std::string& weights_path,
+                                  const std::string& model_source) {
+  std::ostringstream message;
+  message << weights_path << " does not fit " << model_source << " (" << problems.size()
+          << (problems.size() == 1 ? " mismatch):" : " mismatches):");
+  for (const auto& line : problems) message << "\n  " << line;
+  CAIRN_THROW(BadInput, message.str());
+}
+
 }  // namespace
 
 void loadInitialWeights(torch::jit::Module& model, const std::string& weights_path,
                         const std::string& model_source) {
   const NamedTensors file = readSafetensors(weights_path);
-  std::map<std::string, torch::Tensor> in_file(file.begin(), file.end());
+  TensorsByName in_file(file.begin(), file.end());
 
   std::vector<std::pair<std::string, torch::Tensor>> state;
   for (const auto& p : model.named_parameters(true)) state.emplace_back(p.name, p.value);
   for (const auto& b : model.named_buffers(true)) state.emplace_back(b.name, b.value);
   std::map<const c10::TensorImpl*, std::vector<std::string>> aliases;  // tied names per tensor
-  std::map<std::string, torch::Tensor> in_model;
+  TensorsByName in_model;
   for (const auto& [name, t] : state) {
     aliases[t.unsafeGetTensorImpl()].push_back(name);
     in_model[name] = t;
   }
 
-  std::vector<std::string> missing, unknown, shapes, dtypes, tied;
+  std::vector<std::string> missing, unknown, shapes, dtypes;
   for (const auto& [name, t] : state) {
     const auto it = in_file.find(name);
     if (it == in_file.end()) {
@@ -68,34 +107,12 @@ void loadInitialWeights(torch::jit::Module& model, const std::string& weights_pa
     if (!in_model.count(name))
       unknown.push_back("unknown name: " + inQuotes(name) + " (" + dtypeText(t) + " " +
                         shapeText(t) + ") is not a parameter or buffer of the model");
-  for (const auto& [impl, names] : aliases) {
-    const torch::Tensor* first = nullptr;
-    std::string first_name;
-    for (const auto& name : names) {
-      const auto it = in_file.find(name);
-      if (it == in_file.end()) continue;
-      const torch::Tensor& t = it->second;
-      if (first == nullptr) {
-        first = &t;
-        first_name = name;
-      } else if (t.sizes() == first->sizes() && t.scalar_type() == first->scalar_type() &&
-                 !torch::equal(t, *first)) {
-        tied.push_back("tied: " + inQuotes(first_name) + " and " + inQuotes(name) +
-                       " are one tensor in the model but differ in the file");
-      }
-    }
-  }
+  std::vector<std::string> tied = tiedConflicts(aliases, in_file);
 
   std::vector<std::string> problems;
   for (auto* list : {&missing, &unknown, &shapes, &dtypes, &tied})
     problems.insert(problems.end(), list->begin(), list->end());
-  if (!problems.empty()) {
-    std::ostringstream message;
-    message << weights_path << " does not fit " << model_source << " (" << problems.size()
-            << (problems.size() == 1 ? " mismatch):" : " mismatches):");
-    for (const auto& line : problems) message << "\n  " << line;
-    CAIRN_THROW(BadInput, message.str());
-  }
+  if (!problems.empty()) throwMismatches(problems, weights_path, model_source);
 
   torch::NoGradGuard no_grad;
   for (const auto& [name, t] : state) {

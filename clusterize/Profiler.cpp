@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <optional>
 #include <set>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -133,6 +135,133 @@ c10::IValue detachAll(const c10::IValue& v) {
   return v;
 }
 
+using ValueEnv = std::map<const torch::jit::Value*, c10::IValue>;
+
+// The example inputs as the values of the model's inputs (cut 0), checked against the graph.
+ValueEnv inputValues(const ModelGraph& graph, const std::vector<c10::IValue>& inputs) {
+  const auto& model_inputs = graph.boundary(0);
+  if (inputs.size() != model_inputs.size())
+    CAIRN_THROW(BadInput, "the model takes ", model_inputs.size(), " input(s) but the example has ",
+                inputs.size(), " (give --input-shape once per input, or --example)");
+  ValueEnv env;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto kind = valueKindOf(model_inputs[i]->type());
+    if (kind == ValueKind::kTensor && !inputs[i].isTensor())
+      CAIRN_THROW(BadInput, "model input ", i, " (", graph.valueName(model_inputs[i]),
+                  ") is a tensor but the example gives ", inputs[i].tagKind());
+    env[model_inputs[i]] = inputs[i];
+  }
+  return env;
+}
+
+// The bytes crossing cut `cut` (appended to boundary_bytes) and, the first time a value is seen,
+// its description for node.json.
+void recordCut(const ModelGraph& graph, const ValueEnv& env, int cut, ModelProfile& profile) {
+  int64_t bytes = 0;
+  for (const torch::jit::Value* v : graph.boundary(cut)) {
+    const c10::IValue& value = env.at(v);
+    bytes += transferBytes(value);
+    if (!profile.values.count(v)) profile.values[v] = describe(graph.valueName(v), value);
+  }
+  profile.boundary_bytes.push_back(bytes);
+}
+
+// Forward + backward of one atom on fresh copies of its inputs. With `saved_bytes`: only the
+// forward, and the bytes its autograd graph keeps are written there instead of timing.
+double runOnce(StageModule& stage, const std::vector<c10::IValue>& leaves, int64_t* saved_bytes) {
+  std::vector<c10::IValue> args;
+  std::optional<MemoryMeter> meter;
+  int64_t before = 0;
+  if (saved_bytes) {
+    meter.emplace();
+    before = meter->liveBytes();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& leaf : leaves) args.push_back(freshInput(leaf));
+  c10::IValue out = stage.module.forward(args);
+  auto grads_for = differentiableOutputs(out);
+  if (saved_bytes) {
+    // Keep only what autograd keeps: drop our handles to inputs and outputs.
+    std::vector<std::shared_ptr<torch::autograd::Node>> graphs;
+    for (const auto& t : grads_for) graphs.push_back(t.grad_fn());
+    args.clear();
+    out = c10::IValue();
+    grads_for.clear();
+    *saved_bytes = std::max<int64_t>(0, meter->liveBytes() - before);
+    meter.reset();
+    return 0;
+  }
+  if (!grads_for.empty()) {
+    std::vector<at::Tensor> ones;
+    for (const auto& t : grads_for) ones.push_back(torch::ones_like(t));
+    torch::autograd::backward(grads_for, ones);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The atom's parameter and buffer names and bytes; a tensor tied under several names counts once.
+void countState(const ModelGraph& graph, const std::map<std::string, at::Tensor>& tensors,
+                AtomProfile& atom) {
+  std::set<std::string> params, buffers;
+  for (int u = atom.begin_unit; u < atom.end_unit; ++u) {
+    params.insert(graph.units()[u].parameters.begin(), graph.units()[u].parameters.end());
+    buffers.insert(graph.units()[u].buffers.begin(), graph.units()[u].buffers.end());
+  }
+  atom.parameters.assign(params.begin(), params.end());
+  atom.buffers.assign(buffers.begin(), buffers.end());
+  std::set<const c10::TensorImpl*> counted;
+  for (const auto& name : atom.parameters) {
+    const at::Tensor& t = tensors.at(name);
+    if (!counted.insert(t.unsafeGetTensorImpl()).second) continue;
+    atom.parameter_bytes += t.numel() * t.element_size();
+    if (t.requires_grad()) atom.trainable_bytes += t.numel() * t.element_size();
+  }
+  for (const auto& name : atom.buffers) {
+    const at::Tensor& t = tensors.at(name);
+    if (counted.insert(t.unsafeGetTensorImpl()).second)
+      atom.buffer_bytes += t.numel() * t.element_size();
+  }
+}
+
+// An atom measured in pass 1, waiting for pass 2 to time it.
+struct PendingAtom {
+  AtomProfile atom;
+  StageModule stage;
+  std::vector<c10::IValue> leaves;
+};
+
+// Pass 1 for atom `a`: its sizes, the memory autograd keeps, its outputs (the next atom's inputs,
+// put into `env` and recorded at its end cut) and the warm-up runs.
+PendingAtom measureAtom(const ModelGraph& graph, const StageBuilder& builder,
+                        const std::map<std::string, at::Tensor>& tensors, size_t a,
+                        const ProfileOptions& options, ValueEnv& env, ModelProfile& profile) {
+  AtomProfile atom;
+  atom.begin_unit = profile.cuts[a];
+  atom.end_unit = profile.cuts[a + 1];
+  StageModule stage = builder.build(atom.begin_unit, atom.end_unit, "Atom" + std::to_string(a));
+  stage.module.train();
+  countState(graph, tensors, atom);
+
+  std::vector<c10::IValue> leaves;
+  for (const torch::jit::Value* v : stage.inputs) leaves.push_back(makeLeaf(env.at(v), a > 0));
+  atom.inputs_need_grad = a > 0;
+  c10::IValue output;
+  runOnce(stage, leaves, &atom.saved_bytes);
+  {
+    torch::NoGradGuard no_grad;
+    std::vector<c10::IValue> args;
+    for (const auto& leaf : leaves) args.push_back(freshInput(leaf));
+    output = detachAll(stage.module.forward(args));
+  }
+  for (int i = 0; i < options.warmup_runs; ++i) runOnce(stage, leaves, nullptr);
+
+  const auto outs = unpackOutputs(output, stage.outputs.size());
+  for (size_t i = 0; i < outs.size(); ++i) env[stage.outputs[i]] = outs[i];
+  recordCut(graph, env, atom.end_unit, profile);
+  atom.output_bytes = profile.boundary_bytes.back();
+  return {std::move(atom), std::move(stage), std::move(leaves)};
+}
+
 }  // namespace
 
 std::string dtypeName(c10::ScalarType type) {
@@ -174,126 +303,24 @@ std::vector<BoundaryValue> ModelProfile::describeCut(const ModelGraph& graph, in
 
 ModelProfile profileModel(const ModelGraph& graph, const std::vector<c10::IValue>& inputs,
                           const ProfileOptions& options) {
-  const auto& model_inputs = graph.boundary(0);
-  if (inputs.size() != model_inputs.size())
-    CAIRN_THROW(BadInput, "the model takes ", model_inputs.size(), " input(s) but the example has ",
-                inputs.size(), " (give --input-shape once per input, or --example)");
+  ValueEnv env = inputValues(graph, inputs);
   ModelProfile profile;
   profile.cuts = graph.atomCuts();
-  std::map<const torch::jit::Value*, c10::IValue> env;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const auto kind = valueKindOf(model_inputs[i]->type());
-    if (kind == ValueKind::kTensor && !inputs[i].isTensor())
-      CAIRN_THROW(BadInput, "model input ", i, " (", graph.valueName(model_inputs[i]),
-                  ") is a tensor but the example gives ", inputs[i].tagKind());
-    env[model_inputs[i]] = inputs[i];
-  }
   std::map<std::string, at::Tensor> tensors;
   for (const auto& p : graph.model().named_parameters(true)) tensors[p.name] = p.value;
   for (const auto& b : graph.model().named_buffers(true)) tensors[b.name] = b.value;
 
   StageBuilder builder(graph);
   const size_t atom_count = profile.cuts.size() - 1;
-  auto record = [&](int cut) {
-    int64_t bytes = 0;
-    for (const torch::jit::Value* v : graph.boundary(cut)) {
-      const c10::IValue& value = env.at(v);
-      bytes += transferBytes(value);
-      if (!profile.values.count(v)) profile.values[v] = describe(graph.valueName(v), value);
-    }
-    profile.boundary_bytes.push_back(bytes);
-  };
-  record(0);
+  recordCut(graph, env, 0, profile);
   const AllocatorSteadyState steady_state;
-  // Forward + backward of one atom on fresh copies of its inputs. With `saved_bytes`: only the
-  // forward, and the bytes its autograd graph keeps are written there instead of timing.
-  auto runOnce = [](StageModule& stage, const std::vector<c10::IValue>& leaves,
-                    int64_t* saved_bytes) -> double {
-    std::vector<c10::IValue> args;
-    std::optional<MemoryMeter> meter;
-    int64_t before = 0;
-    if (saved_bytes) {
-      meter.emplace();
-      before = meter->liveBytes();
-    }
-    const auto start = std::chrono::steady_clock::now();
-    for (const auto& leaf : leaves) args.push_back(freshInput(leaf));
-    c10::IValue out = stage.module.forward(args);
-    auto grads_for = differentiableOutputs(out);
-    if (saved_bytes) {
-      // Keep only what autograd keeps: drop our handles to inputs and outputs.
-      std::vector<std::shared_ptr<torch::autograd::Node>> graphs;
-      for (const auto& t : grads_for) graphs.push_back(t.grad_fn());
-      args.clear();
-      out = c10::IValue();
-      grads_for.clear();
-      *saved_bytes = std::max<int64_t>(0, meter->liveBytes() - before);
-      meter.reset();
-      return 0;
-    }
-    if (!grads_for.empty()) {
-      std::vector<at::Tensor> ones;
-      for (const auto& t : grads_for) ones.push_back(torch::ones_like(t));
-      torch::autograd::backward(grads_for, ones);
-    }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  struct Pending {
-    AtomProfile atom;
-    StageModule stage;
-    std::vector<c10::IValue> leaves;
-  };
   // Pass 1, atom by atom: sizes, the memory autograd keeps, the outputs (the next atom's inputs)
   // and the warm-up runs. Pass 2 times every atom, once every atom has run.
-  std::vector<Pending> pending;
+  std::vector<PendingAtom> pending;
   pending.reserve(atom_count);
-  for (size_t a = 0; a < atom_count; ++a) {
-    AtomProfile atom;
-    atom.begin_unit = profile.cuts[a];
-    atom.end_unit = profile.cuts[a + 1];
-    StageModule stage = builder.build(atom.begin_unit, atom.end_unit, "Atom" + std::to_string(a));
-    stage.module.train();
-
-    std::set<std::string> params, buffers;
-    for (int u = atom.begin_unit; u < atom.end_unit; ++u) {
-      params.insert(graph.units()[u].parameters.begin(), graph.units()[u].parameters.end());
-      buffers.insert(graph.units()[u].buffers.begin(), graph.units()[u].buffers.end());
-    }
-    atom.parameters.assign(params.begin(), params.end());
-    atom.buffers.assign(buffers.begin(), buffers.end());
-    std::set<const c10::TensorImpl*> counted;
-    for (const auto& name : atom.parameters) {
-      const at::Tensor& t = tensors.at(name);
-      if (!counted.insert(t.unsafeGetTensorImpl()).second) continue;
-      atom.parameter_bytes += t.numel() * t.element_size();
-      if (t.requires_grad()) atom.trainable_bytes += t.numel() * t.element_size();
-    }
-    for (const auto& name : atom.buffers) {
-      const at::Tensor& t = tensors.at(name);
-      if (counted.insert(t.unsafeGetTensorImpl()).second)
-        atom.buffer_bytes += t.numel() * t.element_size();
-    }
-
-    std::vector<c10::IValue> leaves;
-    for (const torch::jit::Value* v : stage.inputs) leaves.push_back(makeLeaf(env.at(v), a > 0));
-    atom.inputs_need_grad = a > 0;
-    c10::IValue output;
-    runOnce(stage, leaves, &atom.saved_bytes);
-    {
-      torch::NoGradGuard no_grad;
-      std::vector<c10::IValue> args;
-      for (const auto& leaf : leaves) args.push_back(freshInput(leaf));
-      output = detachAll(stage.module.forward(args));
-    }
-    for (int i = 0; i < options.warmup_runs; ++i) runOnce(stage, leaves, nullptr);
-
-    const auto outs = unpackOutputs(output, stage.outputs.size());
-    for (size_t i = 0; i < outs.size(); ++i) env[stage.outputs[i]] = outs[i];
-    record(atom.end_unit);
-    atom.output_bytes = profile.boundary_bytes.back();
-    pending.push_back({std::move(atom), std::move(stage), std::move(leaves)});
-  }
-  for (Pending& p : pending) {
+  for (size_t a = 0; a < atom_count; ++a)
+    pending.push_back(measureAtom(graph, builder, tensors, a, options, env, profile));
+  for (PendingAtom& p : pending) {
     runOnce(p.stage, p.leaves, nullptr);  // caches warm for this atom again
     std::vector<double> times;
     for (int i = 0; i < std::max(1, options.timed_runs); ++i)

@@ -35,6 +35,90 @@ std::pair<int, int> unitRange(const nlohmann::json& j, const std::string& where,
   return {v[0].get<int>(), v[1].get<int>()};
 }
 
+// plan.json's atoms as the cost model's atoms, and the unit where each begins.
+struct PlanAtoms {
+  std::vector<AtomCost> costs;
+  std::vector<double> boundary{0.0};  // bytes after each atom (cut 0: none counted)
+  std::vector<double> profiled;       // the plan's profiled seconds per atom
+  std::vector<int> begin_unit;
+  int end_unit = 0;                   // where the last atom ends
+
+  // The atom that begins at `unit` (the number of atoms for the end of the model).
+  int atomOfUnit(int unit, const std::string& where, const std::string& file) const {
+    if (unit == end_unit) return static_cast<int>(begin_unit.size());
+    const auto it = std::find(begin_unit.begin(), begin_unit.end(), unit);
+    if (it == begin_unit.end())
+      CAIRN_THROW(BadInput, file, ": ", where, "units starts at unit ", unit,
+                  ", which begins no atom");
+    return static_cast<int>(it - begin_unit.begin());
+  }
+  // The unit where atom `atom` begins (the end of the model past the last atom).
+  int unitOfAtom(int atom) const {
+    return atom < static_cast<int>(begin_unit.size()) ? begin_unit[atom] : end_unit;
+  }
+};
+
+PlanAtoms readAtoms(const nlohmann::json& plan, const std::string& file) {
+  const nlohmann::json& atoms = need(plan, "atoms", "", file);
+  if (!atoms.is_array() || atoms.empty())
+    CAIRN_THROW(BadInput, file, ": atoms must be a non-empty array");
+  PlanAtoms out;
+  for (size_t a = 0; a < atoms.size(); ++a) {
+    const std::string where = "atoms[" + std::to_string(a) + "].";
+    const auto [b, e] = unitRange(atoms[a], where, file);
+    if (b != out.end_unit)
+      CAIRN_THROW(BadInput, file, ": ", where, "units must start at ", out.end_unit);
+    out.end_unit = e;
+    out.begin_unit.push_back(b);
+    AtomCost c;
+    c.parameter_bytes = number(atoms[a], "parameter_bytes", where, file);
+    c.trainable_bytes = c.parameter_bytes;
+    c.buffer_bytes = number(atoms[a], "buffer_bytes", where, file);
+    c.saved_bytes = number(atoms[a], "saved_bytes", where, file);
+    c.seconds = number(atoms[a], "seconds", where, file);
+    out.profiled.push_back(c.seconds);
+    out.boundary.push_back(number(atoms[a], "output_bytes", where, file));
+    out.costs.push_back(c);
+  }
+  return out;
+}
+
+// Cluster r.cluster's stages as plan.json places them and as they measured (metrics.jsonl):
+// fills r.nodes, r.old_cuts and r.measured_stage_seconds; `nodes` gets each stage's capacity.
+std::vector<MeasuredStage> readMeasuredStages(const nlohmann::json& plan, const std::string& file,
+                                              const PlanAtoms& atoms, RebalanceResult& r,
+                                              std::vector<PlannerNode>& nodes) {
+  const nlohmann::json& clusters = need(plan, "clusters", "", file);
+  if (!clusters.is_array() || r.cluster < 0 || r.cluster >= static_cast<int>(clusters.size()))
+    CAIRN_THROW(BadInput, file, ": clusters has no cluster ", r.cluster);
+  const std::string cwhere = "clusters[" + std::to_string(r.cluster) + "].";
+  const nlohmann::json& stages = need(clusters[r.cluster], "stages", cwhere, file);
+  if (!stages.is_array() || stages.empty())
+    CAIRN_THROW(BadInput, file, ": ", cwhere, "stages must be a non-empty array");
+  std::vector<MeasuredStage> measured;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const std::string where = cwhere + "stages[" + std::to_string(s) + "].";
+    const nlohmann::json& node = need(stages[s], "node", where, file);
+    if (!node.is_string()) CAIRN_THROW(BadInput, file, ": ", where, "node must be a string");
+    r.nodes.push_back(node.get<std::string>());
+    const auto [b, e] = unitRange(stages[s], where, file);
+    MeasuredStage m;
+    m.begin_atom = atoms.atomOfUnit(b, where, file);
+    m.end_atom = atoms.atomOfUnit(e, where, file);
+    if (s > 0) r.old_cuts.push_back(b);
+    m.seconds = medianComputeSeconds(r.node_data + "/nodes/" + r.nodes.back() + "/metrics.jsonl") /
+                r.microbatches;
+    r.measured_stage_seconds.push_back(m.seconds);
+    measured.push_back(m);
+    PlannerNode p;
+    p.capacity_bytes = number(stages[s], "capacity_bytes", where, file);
+    p.speed = 1;
+    p.bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();
+    nodes.push_back(p);
+  }
+  return measured;
+}
+
 }  // namespace
 
 double medianComputeSeconds(const std::string& metrics_path) {
@@ -101,80 +185,23 @@ RebalanceResult rebalanceFromNodeData(const std::string& node_data, int cluster,
   r.cluster = cluster;
   r.microbatches = static_cast<int>(number(plan, "microbatches", "", file));
   if (r.microbatches < 1) CAIRN_THROW(BadInput, file, ": microbatches must be at least 1");
-  const nlohmann::json& atoms = need(plan, "atoms", "", file);
-  if (!atoms.is_array() || atoms.empty())
-    CAIRN_THROW(BadInput, file, ": atoms must be a non-empty array");
-  std::vector<AtomCost> costs;
-  std::vector<double> boundary{0.0}, profiled;
-  std::vector<int> atom_begin_unit;
-  int next_unit = 0;
-  for (size_t a = 0; a < atoms.size(); ++a) {
-    const std::string where = "atoms[" + std::to_string(a) + "].";
-    const auto [b, e] = unitRange(atoms[a], where, file);
-    if (b != next_unit) CAIRN_THROW(BadInput, file, ": ", where, "units must start at ", next_unit);
-    next_unit = e;
-    atom_begin_unit.push_back(b);
-    AtomCost c;
-    c.parameter_bytes = number(atoms[a], "parameter_bytes", where, file);
-    c.trainable_bytes = c.parameter_bytes;
-    c.buffer_bytes = number(atoms[a], "buffer_bytes", where, file);
-    c.saved_bytes = number(atoms[a], "saved_bytes", where, file);
-    c.seconds = number(atoms[a], "seconds", where, file);
-    profiled.push_back(c.seconds);
-    boundary.push_back(number(atoms[a], "output_bytes", where, file));
-    costs.push_back(c);
-  }
-  auto atomOfUnit = [&](int unit, const std::string& where) {
-    if (unit == next_unit) return static_cast<int>(atom_begin_unit.size());
-    const auto it = std::find(atom_begin_unit.begin(), atom_begin_unit.end(), unit);
-    if (it == atom_begin_unit.end())
-      CAIRN_THROW(BadInput, file, ": ", where, "units starts at unit ", unit,
-                  ", which begins no atom");
-    return static_cast<int>(it - atom_begin_unit.begin());
-  };
-  const nlohmann::json& clusters = need(plan, "clusters", "", file);
-  if (!clusters.is_array() || cluster < 0 || cluster >= static_cast<int>(clusters.size()))
-    CAIRN_THROW(BadInput, file, ": clusters has no cluster ", cluster);
-  const std::string cwhere = "clusters[" + std::to_string(cluster) + "].";
-  const nlohmann::json& stages = need(clusters[cluster], "stages", cwhere, file);
-  if (!stages.is_array() || stages.empty())
-    CAIRN_THROW(BadInput, file, ": ", cwhere, "stages must be a non-empty array");
-  std::vector<MeasuredStage> measured;
+  PlanAtoms atoms = readAtoms(plan, file);
   std::vector<PlannerNode> nodes;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    const std::string where = cwhere + "stages[" + std::to_string(s) + "].";
-    const nlohmann::json& node = need(stages[s], "node", where, file);
-    if (!node.is_string()) CAIRN_THROW(BadInput, file, ": ", where, "node must be a string");
-    r.nodes.push_back(node.get<std::string>());
-    const auto [b, e] = unitRange(stages[s], where, file);
-    MeasuredStage m;
-    m.begin_atom = atomOfUnit(b, where);
-    m.end_atom = atomOfUnit(e, where);
-    if (s > 0) r.old_cuts.push_back(b);
-    m.seconds = medianComputeSeconds(node_data + "/nodes/" + r.nodes.back() + "/metrics.jsonl") /
-                r.microbatches;
-    r.measured_stage_seconds.push_back(m.seconds);
-    measured.push_back(m);
-    PlannerNode p;
-    p.capacity_bytes = number(stages[s], "capacity_bytes", where, file);
-    p.speed = 1;
-    p.bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();
-    nodes.push_back(p);
-  }
-  r.atom_seconds = measuredAtomSeconds(profiled, measured);
-  for (size_t a = 0; a < costs.size(); ++a) costs[a].seconds = r.atom_seconds[a];
+  const std::vector<MeasuredStage> measured = readMeasuredStages(plan, file, atoms, r, nodes);
+  r.atom_seconds = measuredAtomSeconds(atoms.profiled, measured);
+  for (size_t a = 0; a < atoms.costs.size(); ++a) atoms.costs[a].seconds = r.atom_seconds[a];
   CostOptions options;
   options.microbatches = r.microbatches;
   if (plan.contains("optimizer") && plan["optimizer"].is_string())
     options.optimizer = parseOptimizer(plan["optimizer"].get<std::string>());
-  const CostModel model(costs, boundary, options);
+  const CostModel model(atoms.costs, atoms.boundary, options);
   r.partition = partitionCluster(model, nodes, 0, tolerance);
   if (!r.partition.feasible)
-    CAIRN_THROW(BadInput, file, ": no cut of ", cwhere, "stages fits the nodes' capacity_bytes");
+    CAIRN_THROW(BadInput, file, ": no cut of clusters[", cluster,
+                "].stages fits the nodes' capacity_bytes");
   for (size_t s = 0; s < r.partition.stages.size(); ++s) {
     const StagePlacement& p = r.partition.stages[s];
-    if (s > 0) r.new_cuts.push_back(p.begin_atom < static_cast<int>(atom_begin_unit.size())
-                                        ? atom_begin_unit[p.begin_atom] : next_unit);
+    if (s > 0) r.new_cuts.push_back(atoms.unitOfAtom(p.begin_atom));
     r.predicted_stage_seconds.push_back(model.computeSeconds(p.begin_atom, p.end_atom));
   }
   return r;
@@ -207,3 +234,4 @@ nlohmann::json RebalanceResult::toJson() const {
 }
 
 }  // namespace cairn::clusterize
+

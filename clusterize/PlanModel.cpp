@@ -1,0 +1,372 @@
+#include "clusterize/PlanModel.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "clusterize/ClusterFormer.h"
+#include "clusterize/PartitionPlanner.h"
+#include "clusterize/RingGroups.h"
+#include "core/Error.h"
+#include "core/WireCompression.h"
+
+namespace cairn::clusterize {
+namespace {
+
+constexpr double kBytesPerGb = 1e9;
+
+std::string gb(double bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(bytes < 1e8 ? 4 : 2) << bytes / kBytesPerGb << " GB";
+  return out.str();
+}
+
+std::string atomLabel(const ModelGraph& graph, int begin_unit, int end_unit) {
+  std::string label = "unit" + std::string(end_unit - begin_unit > 1 ? "s " : " ") +
+                      std::to_string(begin_unit) +
+                      (end_unit - begin_unit > 1 ? ".." + std::to_string(end_unit - 1) : "") + " (";
+  for (int u = begin_unit; u < end_unit && u < begin_unit + 3; ++u)
+    label += (u > begin_unit ? ", " : "") + graph.units()[u].label;
+  if (end_unit - begin_unit > 3) label += ", ...";
+  return label + ")";
+}
+
+// The atoms the planner chooses among. Without fixed cuts: the profile's atoms. With them: the
+// profile's atoms merged between consecutive fixed cuts, so that each merged atom is one stage.
+// `first_atom[k]` is the profile atom where merged atom k begins (one extra entry at the end).
+struct PlanningAtoms {
+  std::vector<AtomCost> atoms;
+  std::vector<double> boundary_bytes;
+  std::vector<int> first_atom;
+  // Unit where planning atom k begins (k = atoms.size(): the end of the model).
+  std::vector<int> first_unit;
+};
+
+// Where the planning atoms begin: every profile atom, or with --cuts the profile atoms at the
+// fixed cuts (each checked).
+std::vector<int> firstAtoms(const ModelGraph& graph, const ModelProfile& profile,
+                            const std::vector<int>& fixed_cuts) {
+  const int fine = static_cast<int>(profile.atoms.size());
+  std::vector<int> first_atom;
+  if (fixed_cuts.empty()) {
+    for (int a = 0; a <= fine; ++a) first_atom.push_back(a);
+    return first_atom;
+  }
+  first_atom.push_back(0);
+  int previous = 0;
+  for (int unit : fixed_cuts) {
+    if (unit <= previous || unit >= graph.numUnits())
+      CAIRN_THROW(BadInput, "--cuts ", unit, ": cuts must be strictly increasing unit indices in 1..",
+                  graph.numUnits() - 1, " (the model has ", graph.numUnits(), " units)");
+    const auto at = std::find(profile.cuts.begin(), profile.cuts.end(), unit);
+    if (at == profile.cuts.end())
+      CAIRN_THROW(BadInput, "--cuts ", unit, ": the model cannot be cut before unit ", unit, " (",
+                  graph.units()[unit].label, "): ",
+                  graph.isValidCut(unit) ? std::string("not a cut at this granularity")
+                                         : graph.whyInvalid(unit));
+    first_atom.push_back(static_cast<int>(at - profile.cuts.begin()));
+    previous = unit;
+  }
+  first_atom.push_back(fine);
+  return first_atom;
+}
+
+PlanningAtoms planningAtoms(const ModelGraph& graph, const ModelProfile& profile,
+                            const std::vector<int>& fixed_cuts) {
+  PlanningAtoms out;
+  out.first_atom = firstAtoms(graph, profile, fixed_cuts);
+  const std::vector<int>& first_atom = out.first_atom;
+  for (size_t k = 0; k + 1 < first_atom.size(); ++k) {
+    AtomCost merged;
+    for (int a = first_atom[k]; a < first_atom[k + 1]; ++a) {
+      const AtomProfile& p = profile.atoms[a];
+      merged.parameter_bytes += static_cast<double>(p.parameter_bytes);
+      merged.trainable_bytes += static_cast<double>(p.trainable_bytes);
+      merged.buffer_bytes += static_cast<double>(p.buffer_bytes);
+      merged.saved_bytes += static_cast<double>(p.saved_bytes);
+      merged.seconds += p.seconds;
+    }
+    out.atoms.push_back(merged);
+  }
+  for (int a : first_atom) out.boundary_bytes.push_back(static_cast<double>(profile.boundary_bytes[a]));
+  for (int a : first_atom) out.first_unit.push_back(profile.cuts[a]);
+  return out;
+}
+
+// training_definition.wire.activations as the providers will use it (the job is validated with
+// the rest of training_definition; anything unreadable here counts as the default, fp32).
+std::string wireActivations(const JobSpec& job) {
+  const auto w = job.training.find("wire");
+  if (w == job.training.end() || !w->is_object()) return "fp32";
+  const auto a = w->find("activations");
+  return a != w->end() && a->is_string() ? a->get<std::string>() : "fp32";
+}
+
+// What each planning cut sends per micro-batch in `codec`: its profiled bytes with every float32
+// tensor counted in the form it travels (core/WireCompression.h float32WireBytes).
+std::vector<double> wireBytes(const ModelGraph& graph, const ModelProfile& profile,
+                              const PlanningAtoms& planning, const std::string& codec) {
+  std::vector<double> out;
+  for (size_t k = 0; k < planning.first_atom.size(); ++k) {
+    double bytes = planning.boundary_bytes[k];
+    if (codec != "fp32" && k > 0 && k + 1 < planning.first_atom.size())
+      for (const BoundaryValue& v : profile.describeCut(graph, profile.cuts[planning.first_atom[k]]))
+        if (v.type == "tensor" && v.dtype == "float32")
+          bytes += static_cast<double>(wire::float32WireBytes(v.shape, codec) -
+                                       wire::float32WireBytes(v.shape, "fp32"));
+    out.push_back(bytes);
+  }
+  return out;
+}
+
+// The nodes as the planner sees them: capacity in bytes, speed relative to the mean, bytes/s.
+std::vector<PlannerNode> plannerNodes(const std::vector<NodeConfig>& configs) {
+  const auto speeds = relativeSpeeds(configs);
+  std::vector<PlannerNode> nodes;
+  for (size_t i = 0; i < configs.size(); ++i)
+    nodes.push_back({configs[i].ram_gb * kBytesPerGb, speeds[i], configs[i].bandwidth_mbps * 1e6 / 8});
+  return nodes;
+}
+
+// Infeasible inputs, with the reason: more fixed stages than nodes, an atom no node can hold, a
+// model larger than all nodes together.
+void checkFits(const ModelGraph& graph, const PlanningAtoms& planning, const CostModel& cost,
+               const std::vector<NodeConfig>& configs, const std::vector<PlannerNode>& nodes,
+               const PlanSettings& settings) {
+  const int fixed_stages = settings.cuts.empty() ? 0 : static_cast<int>(settings.cuts.size()) + 1;
+  if (fixed_stages > 0) {
+    const int wanted_clusters = std::max(settings.clusters, 1);
+    if (fixed_stages * wanted_clusters > static_cast<int>(configs.size()))
+      CAIRN_THROW(BadInput, "--cuts makes ", fixed_stages, " stages per cluster, so ",
+                  wanted_clusters, " cluster(s) need ", fixed_stages * wanted_clusters, " nodes, but ",
+                  settings.nodes_source, " lists ", configs.size());
+  }
+  size_t largest = 0;
+  double total = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    total += nodes[i].capacity_bytes;
+    if (nodes[i].capacity_bytes > nodes[largest].capacity_bytes) largest = i;
+  }
+  for (int a = 0; a < cost.numAtoms(); ++a) {
+    const double need = cost.memoryBytes(a, a + 1);
+    if (need > nodes[largest].capacity_bytes)
+      CAIRN_THROW(BadInput, atomLabel(graph, planning.first_unit[a], planning.first_unit[a + 1]),
+                  " needs ", gb(need), " as a stage of its own but the largest node (",
+                  configs[largest].name, ") has ", gb(nodes[largest].capacity_bytes));
+  }
+  const double model_need = cost.memoryLowerBound(0, cost.numAtoms());
+  if (model_need > total)
+    CAIRN_THROW(BadInput, "the model needs at least ", gb(model_need),
+                " (parameters, gradients, optimizer state and activations for ",
+                settings.cost.microbatches, " micro-batches) but all ", configs.size(),
+                " nodes together have ", gb(total), ": short by ", gb(model_need - total));
+}
+
+// plan.json's description of the run and the model, before any placement.
+PartitionPlan describedPlan(const ModelGraph& graph, const ModelProfile& profile,
+                            const JobSpec& job, const PlanSettings& settings,
+                            const std::string& wire_activations) {
+  PartitionPlan plan;
+  plan.job_id = job.job_id;
+  plan.model = settings.model_path;
+  plan.granularity = toString(settings.granularity);
+  plan.optimizer = toString(settings.cost.optimizer);
+  plan.microbatches = settings.cost.microbatches;
+  plan.wire_activations = wire_activations;
+  plan.seed = settings.seed;
+  for (int u = 0; u < graph.numUnits(); ++u)
+    plan.units.push_back({graph.units()[u].label, graph.isValidCut(u), graph.whyInvalid(u)});
+  for (const auto& a : profile.atoms)
+    plan.atoms.push_back({a.begin_unit, a.end_unit, double(a.parameter_bytes), double(a.buffer_bytes),
+                          double(a.saved_bytes), double(a.output_bytes), a.seconds});
+  plan.notes = graph.notes();
+  return plan;
+}
+
+// The model's parameters then buffers in model order (the rings' numbering), and each
+// parameter's element count.
+struct ModelState {
+  std::vector<std::string> names;
+  std::map<std::string, size_t> index;
+  std::map<std::string, int64_t> elements;
+
+  explicit ModelState(const torch::jit::Module& model) {
+    for (const auto& p : model.named_parameters(true)) elements[p.name] = p.value.numel();
+    for (const auto& p : model.named_parameters(true)) names.push_back(p.name);
+    for (const auto& b : model.named_buffers(true)) names.push_back(b.name);
+    for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], i);
+  }
+  std::vector<std::string> byModelOrder(const std::set<std::string>& some) const {
+    std::vector<std::string> out(some.begin(), some.end());
+    std::sort(out.begin(), out.end(), [&](const std::string& x, const std::string& y) {
+      return index.at(x) < index.at(y);
+    });
+    return out;
+  }
+};
+
+// What stays the same for every stage placed in one plan.
+struct PlacementContext {
+  const ModelGraph& graph;
+  const ModelProfile& profile;
+  const PlanningAtoms& planning;
+  const CostModel& cost;
+  const ModelState& state;
+};
+
+PlannedStage plannedStage(const PlacementContext& ctx, const StagePlacement& placement,
+                          const NodeConfig& config, const PlannerNode& node) {
+  PlannedStage stage;
+  stage.node = config.name;
+  stage.address = config.address();
+  stage.begin_unit = ctx.planning.first_unit[placement.begin_atom];
+  stage.end_unit = ctx.planning.first_unit[placement.end_atom];
+  std::set<std::string> params, buffers;
+  for (int a = ctx.planning.first_atom[placement.begin_atom];
+       a < ctx.planning.first_atom[placement.end_atom]; ++a) {
+    params.insert(ctx.profile.atoms[a].parameters.begin(), ctx.profile.atoms[a].parameters.end());
+    buffers.insert(ctx.profile.atoms[a].buffers.begin(), ctx.profile.atoms[a].buffers.end());
+  }
+  for (int u = stage.begin_unit; u < stage.end_unit; ++u)
+    stage.units.push_back(ctx.graph.units()[u].label);
+  stage.parameters = ctx.state.byModelOrder(params);
+  stage.buffers = ctx.state.byModelOrder(buffers);
+  for (const auto& p : stage.parameters) stage.parameter_count += ctx.state.elements.at(p);
+  stage.inputs = ctx.profile.describeCut(ctx.graph, stage.begin_unit);
+  stage.outputs = ctx.profile.describeCut(ctx.graph, stage.end_unit);
+  stage.memory_bytes = placement.memory_bytes;
+  stage.capacity_bytes = node.capacity_bytes;
+  stage.seconds = placement.seconds;
+  stage.sent_bytes = ctx.cost.transferBytes(placement.begin_atom, placement.end_atom);
+  return stage;
+}
+
+// The rings: the state some stage holds, grouped by its holder in every cluster. holder_of[c][i]
+// is the node of cluster c holding state entry i. State no unit uses (never read by forward) has
+// no holder; it is not trained or reduced.
+std::vector<RingGroup> ringsOf(const ModelState& state,
+                               const std::vector<std::vector<std::string>>& holder_of) {
+  std::vector<std::string> used;
+  std::vector<std::vector<std::string>> used_holders(holder_of.size());
+  for (size_t p = 0; p < state.names.size(); ++p) {
+    if (holder_of[0][p].empty()) continue;
+    used.push_back(state.names[p]);
+    for (size_t c = 0; c < holder_of.size(); ++c) used_holders[c].push_back(holder_of[c][p]);
+  }
+  return groupRings(used, used_holders);
+}
+
+// Stages, rings and spares of the formed clusters, into `plan`.
+void placeClusters(const PlacementContext& ctx, const ClusterFormation& formation,
+                   const std::vector<NodeConfig>& configs, const std::vector<PlannerNode>& nodes,
+                   PartitionPlan& plan) {
+  std::vector<std::vector<std::string>> holder_of;
+  for (const auto& formed : formation.clusters) {
+    PlannedCluster cluster;
+    cluster.seconds_per_microbatch = formed.partition.bottleneck_seconds;
+    std::vector<std::string> holders(ctx.state.names.size());
+    for (const auto& placement : formed.partition.stages) {
+      const int node_index = formed.nodes[placement.node];
+      PlannedStage stage = plannedStage(ctx, placement, configs[node_index], nodes[node_index]);
+      for (const auto& name : stage.parameters) holders[ctx.state.index.at(name)] = stage.node;
+      for (const auto& name : stage.buffers) holders[ctx.state.index.at(name)] = stage.node;
+      cluster.stages.push_back(std::move(stage));
+    }
+    holder_of.push_back(std::move(holders));
+    plan.clusters.push_back(std::move(cluster));
+  }
+  plan.rings = ringsOf(ctx.state, holder_of);
+  for (int spare : formation.spare) plan.spare_nodes.push_back(configs[spare].name);
+}
+
+// node.json of the node holding stage `s` of cluster `c`.
+NodeSpec nodeSpecOf(const PartitionPlan& plan, size_t c, int s, const JobSpec& job,
+                    const std::map<std::string, std::string>& address_of) {
+  const auto& stages = plan.clusters[c].stages;
+  const int count = static_cast<int>(stages.size());
+  const PlannedStage& st = stages[s];
+  NodeSpec node;
+  node.name = st.node;
+  node.job_id = job.job_id;
+  node.address = st.address;
+  node.cluster = static_cast<int>(c);
+  node.stage = s;
+  node.num_stages = count;
+  node.role = roleForStage(s, count);
+  if (s > 0) node.upstream = PeerRef{stages[s - 1].node, stages[s - 1].address, ""};
+  if (s + 1 < count) node.downstream = PeerRef{stages[s + 1].node, stages[s + 1].address, ""};
+  node.inputs = st.inputs;
+  node.outputs = st.outputs;
+  node.parameters = st.parameters;
+  node.buffers = st.buffers;
+  for (const auto& group : plan.rings) {
+    if (group.holders[c] != st.node) continue;
+    RingSpec ring;
+    ring.id = group.id;
+    ring.parameters = group.parameters;
+    for (const auto& holder : group.holders) ring.members.push_back({holder, address_of.at(holder), ""});
+    ring.rank = static_cast<int>(c);
+    node.rings.push_back(std::move(ring));
+  }
+  node.estimated_memory_bytes = st.memory_bytes;
+  node.estimated_seconds_per_microbatch = st.seconds;
+  node.extra = {{"units", {st.begin_unit, st.end_unit}},
+                {"unit_labels", st.units},
+                {"capacity_bytes", st.capacity_bytes},
+                {"microbatches", plan.microbatches},
+                {"optimizer", plan.optimizer}};
+  return node;
+}
+
+}  // namespace
+
+std::vector<double> relativeSpeeds(const std::vector<NodeConfig>& nodes) {
+  double sum = 0;
+  int count = 0;
+  for (const auto& n : nodes)
+    if (n.compute) {
+      sum += *n.compute;
+      ++count;
+    }
+  const double mean = count > 0 ? sum / count : 1.0;
+  std::vector<double> speeds;
+  for (const auto& n : nodes) speeds.push_back(n.compute ? *n.compute / mean : 1.0);
+  return speeds;
+}
+
+ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
+                           const std::vector<NodeConfig>& configs, const JobSpec& job,
+                           const PlanSettings& settings) {
+  if (configs.empty()) CAIRN_THROW(BadInput, settings.nodes_source, ": lists no nodes");
+  const PlanningAtoms planning = planningAtoms(graph, profile, settings.cuts);
+  const std::string wire_activations = wireActivations(job);
+  const CostModel cost(planning.atoms, planning.boundary_bytes, settings.cost,
+                       wireBytes(graph, profile, planning, wire_activations));
+  const std::vector<PlannerNode> nodes = plannerNodes(configs);
+  checkFits(graph, planning, cost, configs, nodes, settings);
+
+  ClusterFormerOptions former;
+  former.clusters = settings.clusters;
+  former.seed = settings.seed;
+  former.max_atoms_per_stage = settings.cuts.empty() ? 0 : 1;
+  former.tolerance = settings.tolerance;
+  const ClusterFormation formation = formClusters(cost, nodes, former);
+
+  ClusterizeResult result;
+  result.job = job;
+  result.plan = describedPlan(graph, profile, job, settings, wire_activations);
+  const ModelState state(graph.model());
+  placeClusters({graph, profile, planning, cost, state}, formation, configs, nodes, result.plan);
+
+  // node.json for every placed node.
+  std::map<std::string, std::string> address_of;
+  for (const auto& c : configs) address_of[c.name] = c.address();
+  for (size_t c = 0; c < result.plan.clusters.size(); ++c)
+    for (int s = 0; s < static_cast<int>(result.plan.clusters[c].stages.size()); ++s)
+      result.nodes.push_back(nodeSpecOf(result.plan, c, s, job, address_of));
+  return result;
+}
+
+}  // namespace cairn::clusterize
