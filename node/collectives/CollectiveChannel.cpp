@@ -36,6 +36,13 @@ bool tracing() {
   return on;
 }
 
+// Adds the time from `began` to its destruction to `total` (a receive's seconds, however it ends).
+struct AddElapsed {
+  double& total;
+  Clock::time_point began;
+  ~AddElapsed() { total += std::chrono::duration<double>(Clock::now() - began).count(); }
+};
+
 }  // namespace
 
 CollectiveChannel::CollectiveChannel(Mailbox& mailbox, std::string group_id,
@@ -213,16 +220,61 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
                                               torch::ScalarType dtype, int64_t numel,
                                               const ChunkCheck& check) {
   const auto began = Clock::now();
-  struct AddElapsed {
-    double& total;
-    Clock::time_point began;
-    ~AddElapsed() { total += std::chrono::duration<double>(Clock::now() - began).count(); }
-  } add_elapsed{stats_.seconds_receiving, began};
+  AddElapsed add_elapsed{stats_.seconds_receiving, began};
   torch::Tensor result;
   if (acceptStashed(op, from_rank, index, dtype, numel, check, &result)) {
     ++stats_.messages_received;
     return result;
   }
+  // `from_rank` must show life within `timeout` (a chunk, or a keep-alive saying it waits for
+  // someone other than us) and deliver within twice that: a member that waits on a lost one
+  // keeps its neighbours waiting until the abort naming the lost one arrives.
+  ChunkWait wait{from_rank,
+                 index,
+                 dtype,
+                 numel,
+                 check,
+                 /*silent_deadline=*/began + options_.timeout,
+                 /*hard_deadline=*/began + 2 * options_.timeout,
+                 /*next_keep_alive=*/began + keepAliveInterval(),
+                 /*peer_waits_on=*/""};
+  for (;;) {
+    const auto now = Clock::now();
+    checkWait(op, wait, now);
+    std::optional<Message> m = nextMessage(op, wait, now);
+    if (m && takeMessage(op, std::move(*m), wait, &result)) {
+      ++stats_.messages_received;
+      return result;
+    }
+  }
+}
+
+// Sends the keep-alives due, and fails the operation when the awaited member is disconnected too
+// long or a deadline has passed.
+void CollectiveChannel::checkWait(Operation& op, ChunkWait& wait, Clock::time_point now) {
+  if (now >= wait.next_keep_alive) {
+    sendKeepAlives(op, wait.from_rank);
+    wait.next_keep_alive = now + keepAliveInterval();
+  }
+  if (disconnectedTooLong(wait.from_rank))
+    fail(op, wait.from_rank, LossCause::kDisconnected,
+         "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
+             " (waiting for chunk " + std::to_string(wait.index) + ")");
+  if (now >= wait.silent_deadline || now >= wait.hard_deadline) {
+    std::string why = now >= wait.silent_deadline
+                          ? "sent nothing for " + millis(options_.timeout)
+                          : "is alive (waiting for " + wait.peer_waits_on +
+                                ") but sent no chunk for " + millis(2 * options_.timeout);
+    why += " (waiting for chunk " + std::to_string(wait.index) + ")";
+    if (!op.last_malformed.empty()) why += "; last malformed chunk dropped: " + op.last_malformed;
+    fail(op, wait.from_rank, LossCause::kSilent, why);
+  }
+}
+
+// The next message of ours from the mailbox, waiting at most until the next deadline, keep-alive
+// or liveness poll; none when that passed first.
+std::optional<Message> CollectiveChannel::nextMessage(Operation& op, const ChunkWait& wait,
+                                                      Clock::time_point now) {
   const uint64_t sequence = op.sequence;
   const std::string& tag = wire_tag_;
   // Ours: this group's messages of this or an earlier operation, and aborts, keep-alives and
@@ -231,88 +283,68 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
     return m.kind == MessageKind::kCollective && m.tag == tag &&
            (m.step <= sequence || collectiveMessageType(m) != CollectiveMessageType::kChunk);
   };
-  // `from_rank` must show life within `timeout` (a chunk, or a keep-alive saying it waits for
-  // someone other than us) and deliver within twice that: a member that waits on a lost one
-  // keeps its neighbours waiting until the abort naming the lost one arrives.
-  const auto start = began;
-  auto silent_deadline = start + options_.timeout;
-  const auto hard_deadline = start + 2 * options_.timeout;
-  auto next_keep_alive = start + keepAliveInterval();
-  std::string peer_waits_on;
-  for (;;) {
-    auto now = Clock::now();
-    if (now >= next_keep_alive) {
-      sendKeepAlives(op, from_rank);
-      next_keep_alive = now + keepAliveInterval();
-    }
-    if (disconnectedTooLong(from_rank))
-      fail(op, from_rank, LossCause::kDisconnected,
-           "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
-               " (waiting for chunk " + std::to_string(index) + ")");
-    if (now >= silent_deadline || now >= hard_deadline) {
-      std::string why = now >= silent_deadline
-                            ? "sent nothing for " + millis(options_.timeout)
-                            : "is alive (waiting for " + peer_waits_on +
-                                  ") but sent no chunk for " + millis(2 * options_.timeout);
-      why += " (waiting for chunk " + std::to_string(index) + ")";
-      if (!op.last_malformed.empty()) why += "; last malformed chunk dropped: " + op.last_malformed;
-      fail(op, from_rank, LossCause::kSilent, why);
-    }
-    const auto wake =
-        std::min({silent_deadline, hard_deadline, next_keep_alive, now + kLivenessPoll});
-    // A member that left sent everything it will ever send before its leave (one FIFO pipe): what
-    // is not already here never comes.
-    const bool gone = left_ranks_.count(from_rank) > 0;
-    std::optional<Message> m = mailbox_.receive(
-        ours, gone ? std::chrono::milliseconds(0)
-                   : std::max(std::chrono::milliseconds(0),
-                              std::chrono::duration_cast<std::chrono::milliseconds>(wake - now)));
-    if (!m && gone) failLeft(op, from_rank);
-    if (!m) continue;
-    const auto sender = std::find(members_.begin(), members_.end(), m->sender);
-    const int sender_rank = static_cast<int>(sender - members_.begin());
-    if (sender == members_.end() || sender_rank == rank_) {
-      ++stats_.dropped_malformed;
-      CAIRN_WARN("group ", group_id_, ": dropped a collective message claiming to be from \"",
-                 m->sender, "\"");
-      continue;
-    }
-    const CollectiveMessageType type = collectiveMessageType(*m);
-    if (type == CollectiveMessageType::kKeepAlive) {
-      // Alive and waiting for someone else: the trouble is further along; keep waiting. Waiting
-      // for us while we wait for it would be a cycle, which only the deadline ends.
-      const auto alive = decodeKeepAlive(*m, nullptr);
-      if (!alive) {
-        ++stats_.dropped_malformed;
-      } else if (sender_rank == from_rank && alive->waiting_for != members_[rank_]) {
-        silent_deadline = Clock::now() + options_.timeout;
-        peer_waits_on = alive->waiting_for;
-      }
-      continue;
-    }
-    if (type != CollectiveMessageType::kChunk) {
-      // A leave may come from a member that sent all we need from it: we fail when we wait on it.
-      onNotice(op, *m, sender_rank, from_rank);
-      continue;
-    }
-    if (m->step < sequence) {
-      ++stats_.dropped_stale;
-      continue;
-    }
-    if (sender_rank == from_rank && m->microbatch == index) {
-      op.stash.emplace(std::make_pair(from_rank, index), std::move(*m));
-      if (acceptStashed(op, from_rank, index, dtype, numel, check, &result)) {
-        ++stats_.messages_received;
-        return result;
-      }
-      continue;
-    }
-    const auto key = std::make_pair(sender_rank, m->microbatch);
-    if (op.stash.size() >= kMaxStashedMessages || op.stash.count(key) >= kMaxStashedPerKey) {
-      ++stats_.dropped_unexpected;
-      continue;
-    }
-    op.stash.emplace(key, std::move(*m));
+  const auto wake = std::min(
+      {wait.silent_deadline, wait.hard_deadline, wait.next_keep_alive, now + kLivenessPoll});
+  // A member that left sent everything it will ever send before its leave (one FIFO pipe): what
+  // is not already here never comes.
+  const bool gone = left_ranks_.count(wait.from_rank) > 0;
+  std::optional<Message> m = mailbox_.receive(
+      ours, gone ? std::chrono::milliseconds(0)
+                 : std::max(std::chrono::milliseconds(0),
+                            std::chrono::duration_cast<std::chrono::milliseconds>(wake - now)));
+  if (!m && gone) failLeft(op, wait.from_rank);
+  return m;
+}
+
+// One message of ours while waiting: true when it is the awaited chunk and valid (`*out` set).
+// Others are acted on (keep-alives, notices), kept aside for later (chunks asked for later in
+// this operation), or dropped and counted.
+bool CollectiveChannel::takeMessage(Operation& op, Message&& m, ChunkWait& wait,
+                                    torch::Tensor* out) {
+  const auto sender = std::find(members_.begin(), members_.end(), m.sender);
+  const int sender_rank = static_cast<int>(sender - members_.begin());
+  if (sender == members_.end() || sender_rank == rank_) {
+    ++stats_.dropped_malformed;
+    CAIRN_WARN("group ", group_id_, ": dropped a collective message claiming to be from \"",
+               m.sender, "\"");
+    return false;
+  }
+  const CollectiveMessageType type = collectiveMessageType(m);
+  if (type == CollectiveMessageType::kKeepAlive) {
+    onKeepAlive(m, sender_rank, wait);
+    return false;
+  }
+  if (type != CollectiveMessageType::kChunk) {
+    // A leave may come from a member that sent all we need from it: we fail when we wait on it.
+    onNotice(op, m, sender_rank, wait.from_rank);
+    return false;
+  }
+  if (m.step < op.sequence) {
+    ++stats_.dropped_stale;
+    return false;
+  }
+  if (sender_rank == wait.from_rank && m.microbatch == wait.index) {
+    op.stash.emplace(std::make_pair(wait.from_rank, wait.index), std::move(m));
+    return acceptStashed(op, wait.from_rank, wait.index, wait.dtype, wait.numel, wait.check, out);
+  }
+  const auto key = std::make_pair(sender_rank, m.microbatch);
+  if (op.stash.size() >= kMaxStashedMessages || op.stash.count(key) >= kMaxStashedPerKey) {
+    ++stats_.dropped_unexpected;
+    return false;
+  }
+  op.stash.emplace(key, std::move(m));
+  return false;
+}
+
+// Alive and waiting for someone else: the trouble is further along; keep waiting. Waiting for us
+// while we wait for it would be a cycle, which only the deadline ends.
+void CollectiveChannel::onKeepAlive(const Message& m, int sender_rank, ChunkWait& wait) {
+  const auto alive = decodeKeepAlive(m, nullptr);
+  if (!alive) {
+    ++stats_.dropped_malformed;
+  } else if (sender_rank == wait.from_rank && alive->waiting_for != members_[rank_]) {
+    wait.silent_deadline = Clock::now() + options_.timeout;
+    wait.peer_waits_on = alive->waiting_for;
   }
 }
 

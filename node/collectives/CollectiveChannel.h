@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -155,6 +156,21 @@ class CollectiveChannel {
   void onNotice(Operation& op, const Message& m, int sender_rank, int wait_rank);
   void checkNotices(Operation& op, int to_rank);
   void waitForSendsToComplete(Operation& op);
+  // One receiveChunk's wait: the chunk awaited, and the deadlines it runs under.
+  struct ChunkWait {
+    int from_rank;
+    uint64_t index;
+    torch::ScalarType dtype;
+    int64_t numel;
+    const ChunkCheck& check;
+    std::chrono::steady_clock::time_point silent_deadline, hard_deadline, next_keep_alive;
+    std::string peer_waits_on;  // what from_rank's last keep-alive said it waits for
+  };
+  void checkWait(Operation& op, ChunkWait& wait, std::chrono::steady_clock::time_point now);
+  std::optional<Message> nextMessage(Operation& op, const ChunkWait& wait,
+                                     std::chrono::steady_clock::time_point now);
+  bool takeMessage(Operation& op, Message&& m, ChunkWait& wait, torch::Tensor* out);
+  void onKeepAlive(const Message& m, int sender_rank, ChunkWait& wait);
   bool acceptStashed(Operation& op, int from_rank, uint64_t index, torch::ScalarType dtype,
                      int64_t numel, const ChunkCheck& check, torch::Tensor* out);
   bool acceptOne(Operation& op, const Message& m, int from_rank, uint64_t index,

@@ -93,9 +93,9 @@ class ProcessGroup {
   void checkRoot(int root) const;
   // Elements of `element_size` bytes in one segment (ProcessGroupOptions::segment_bytes).
   int64_t segmentElements(int64_t element_size) const;
-  void ringAllReduce(Operation& op, torch::Tensor& flat, ReduceOp op_kind);
-  void ringAllReduceCompressed(Operation& op, torch::Tensor& flat, ReduceOp op_kind,
-                               ChunkCodec codec);
+  // The pipelined ring, one loop whose chunks travel plain (codec kFp32: in the tensor's dtype)
+  // or encoded by `codec` (ProcessGroupAllReduce.cpp).
+  void ringAllReduce(Operation& op, torch::Tensor& flat, ReduceOp op_kind, ChunkCodec codec);
   // Direct exchanges (ProcessGroupOptions::direct_max_members, docs/COLLECTIVES.md "Direct
   // exchanges"): whether this group uses them, and the direct all-reduce (codec kFp32: chunks
   // travel in the tensor's dtype).

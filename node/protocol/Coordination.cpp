@@ -254,37 +254,94 @@ Frames encode(const Finished& m) { return frames({{"type", "finished"}, {"reason
 Frames encode(const ReachCheck& m) { return frames({{"type", "reach"}, {"nonce", m.nonce}}); }
 Frames encode(const ReachOk& m) { return frames({{"type", "reach_ok"}, {"nonce", m.nonce}}); }
 
+namespace {
+
+// The decoders of decodeToCoordinator's longer messages; `in` reads the header `h`.
+std::optional<ToCoordinator> decodeJoin(const Frames& f, Fields& in, const std::string& type,
+                                        std::string* why) {
+  if (!attachments(f, 0, 0, type, why)) return std::nullopt;
+  JoinAsk m;
+  m.token = in.string("token", kMaxTokenBytes);
+  m.advertise = in.string("advertise", kMaxAddressBytes);
+  m.name = in.optionalString("name", kMaxNameBytes);
+  const nlohmann::json probe = in.object("probe");
+  if (!in.ok()) return std::nullopt;
+  Fields p(probe, "join: probe", why);
+  m.probe.ram_gb = p.number("ram_gb");
+  m.probe.cores = p.integer("cores", 0, 1 << 20);
+  m.probe.compute_gflops = p.number("compute_gflops");
+  m.probe.bandwidth_mbps = p.number("bandwidth_mbps");
+  return done<ToCoordinator>(p, std::move(m));
+}
+
+std::optional<ToCoordinator> decodeBandwidth(const Frames& f, size_t limit, Fields& in,
+                                             const std::string& type, std::string* why) {
+  if (!attachments(f, 1, 1, type, why)) return std::nullopt;
+  const int64_t bytes = in.integer("bytes", 0, int64_t(limit));
+  if (in.ok() && size_t(bytes) != f[1].size()) {
+    if (why)
+      *why = "bandwidth: \"bytes\" says " + std::to_string(bytes) + " but the attachment has " +
+             std::to_string(f[1].size());
+    return std::nullopt;
+  }
+  return done<ToCoordinator>(in, BandwidthProbeMsg{f[1]});
+}
+
+std::optional<ToCoordinator> decodeCheckpoint(const Frames& f, Fields& in,
+                                              const std::string& type, std::string* why) {
+  if (!attachments(f, 1, 1, type, why)) return std::nullopt;
+  CheckpointUpload m;
+  m.name = in.string("name", kMaxNameBytes);
+  m.step = in.integer("step", 0, INT64_MAX);
+  m.checksum = in.unsignedInteger("checksum");
+  m.file = f[1];
+  if (in.ok() && fnv1a64(m.file) != m.checksum) {
+    if (why) *why = "checkpoint: the attachment does not match its checksum";
+    return std::nullopt;
+  }
+  return done<ToCoordinator>(in, std::move(m));
+}
+
+std::optional<ToCoordinator> decodeMetrics(const Frames& f, const nlohmann::json& h, Fields& in,
+                                           const std::string& type, std::string* why) {
+  if (!attachments(f, 0, 0, type, why)) return std::nullopt;
+  MetricsBatch m;
+  m.name = in.string("name", kMaxNameBytes);
+  m.stream = in.string("stream", 64);
+  m.seq = in.integer("seq", 0, INT64_MAX / 2);
+  m.dropped = in.integer("dropped", 0, INT64_MAX / 2);
+  if (!in.ok()) return std::nullopt;
+  if (!validStream(m.stream)) {
+    if (why) *why = "metrics: \"stream\" must be 1 to 64 characters 0-9 and a-z";
+    return std::nullopt;
+  }
+  auto records = h.find("records");
+  if (records == h.end() || !records->is_array() || records->size() > kMaxMetricsRecords) {
+    if (why) *why = "metrics: \"records\" must be an array of at most " +
+                    std::to_string(kMaxMetricsRecords) + " records";
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < records->size(); ++i) {
+    std::string problem = metricsRecordProblem((*records)[i]);
+    if (!problem.empty()) {
+      if (why) *why = "metrics: records[" + std::to_string(i) + "] " + problem;
+      return std::nullopt;
+    }
+  }
+  m.records = records->get<std::vector<nlohmann::json>>();
+  return ToCoordinator(std::move(m));
+}
+
+}  // namespace
+
 std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, std::string* why) {
   std::string type;
   const auto h = header(f, limit, &type, why);
   if (!h) return std::nullopt;
   Fields in(*h, type, why);
   using V = ToCoordinator;
-  if (type == "join") {
-    if (!attachments(f, 0, 0, type, why)) return std::nullopt;
-    JoinAsk m;
-    m.token = in.string("token", kMaxTokenBytes);
-    m.advertise = in.string("advertise", kMaxAddressBytes);
-    m.name = in.optionalString("name", kMaxNameBytes);
-    const nlohmann::json probe = in.object("probe");
-    if (!in.ok()) return std::nullopt;
-    Fields p(probe, "join: probe", why);
-    m.probe.ram_gb = p.number("ram_gb");
-    m.probe.cores = p.integer("cores", 0, 1 << 20);
-    m.probe.compute_gflops = p.number("compute_gflops");
-    m.probe.bandwidth_mbps = p.number("bandwidth_mbps");
-    return done<V>(p, std::move(m));
-  }
-  if (type == "bandwidth") {
-    if (!attachments(f, 1, 1, type, why)) return std::nullopt;
-    const int64_t bytes = in.integer("bytes", 0, int64_t(limit));
-    if (in.ok() && size_t(bytes) != f[1].size()) {
-      if (why) *why = "bandwidth: \"bytes\" says " + std::to_string(bytes) + " but the attachment has " +
-                      std::to_string(f[1].size());
-      return std::nullopt;
-    }
-    return done<V>(in, BandwidthProbeMsg{f[1]});
-  }
+  if (type == "join") return decodeJoin(f, in, type, why);
+  if (type == "bandwidth") return decodeBandwidth(f, limit, in, type, why);
   if (type == "heartbeat") {
     if (!attachments(f, 0, 0, type, why)) return std::nullopt;
     Heartbeat m;
@@ -301,19 +358,7 @@ std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, 
     m.trained_stage = f[1];
     return done<V>(in, std::move(m));
   }
-  if (type == "checkpoint") {
-    if (!attachments(f, 1, 1, type, why)) return std::nullopt;
-    CheckpointUpload m;
-    m.name = in.string("name", kMaxNameBytes);
-    m.step = in.integer("step", 0, INT64_MAX);
-    m.checksum = in.unsignedInteger("checksum");
-    m.file = f[1];
-    if (in.ok() && fnv1a64(m.file) != m.checksum) {
-      if (why) *why = "checkpoint: the attachment does not match its checksum";
-      return std::nullopt;
-    }
-    return done<V>(in, std::move(m));
-  }
+  if (type == "checkpoint") return decodeCheckpoint(f, in, type, why);
   if (type == "leaving") {
     if (!attachments(f, 0, 0, type, why)) return std::nullopt;
     LeavingNotice m;
@@ -321,34 +366,7 @@ std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, 
     m.reason = in.string("reason", kMaxReasonBytes, /*allow_empty=*/true);
     return done<V>(in, std::move(m));
   }
-  if (type == "metrics") {
-    if (!attachments(f, 0, 0, type, why)) return std::nullopt;
-    MetricsBatch m;
-    m.name = in.string("name", kMaxNameBytes);
-    m.stream = in.string("stream", 64);
-    m.seq = in.integer("seq", 0, INT64_MAX / 2);
-    m.dropped = in.integer("dropped", 0, INT64_MAX / 2);
-    if (!in.ok()) return std::nullopt;
-    if (!validStream(m.stream)) {
-      if (why) *why = "metrics: \"stream\" must be 1 to 64 characters 0-9 and a-z";
-      return std::nullopt;
-    }
-    auto records = h->find("records");
-    if (records == h->end() || !records->is_array() || records->size() > kMaxMetricsRecords) {
-      if (why) *why = "metrics: \"records\" must be an array of at most " +
-                      std::to_string(kMaxMetricsRecords) + " records";
-      return std::nullopt;
-    }
-    for (size_t i = 0; i < records->size(); ++i) {
-      std::string problem = metricsRecordProblem((*records)[i]);
-      if (!problem.empty()) {
-        if (why) *why = "metrics: records[" + std::to_string(i) + "] " + problem;
-        return std::nullopt;
-      }
-    }
-    m.records = records->get<std::vector<nlohmann::json>>();
-    return ToCoordinator(std::move(m));
-  }
+  if (type == "metrics") return decodeMetrics(f, *h, in, type, why);
   if (why) *why = "unknown message type \"" + type + "\" for the coordinator";
   return std::nullopt;
 }

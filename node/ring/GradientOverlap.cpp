@@ -207,27 +207,21 @@ void GradientOverlap::complete(Ring& ring) {
     work_done = true;
     ring.group->barrier();  // the commit
   } catch (const PeerLost& e) {
-    // As transact: the group's PeerLost names whom every survivor blames.
-    if (!e.loss() || e.loss()->peer.empty()) throw;
-    dropMember(context_, ring, e.loss()->peer, e.loss()->cause == LossCause::kLeft, e.what());
-    if (!recover(context_, ring, work_done)) {
-      // Back to the gradients backward left (buckets never started were never touched), then the
-      // sync again among the survivors, the ordinary way.
+    // As transact. A redo starts from the gradients backward left (buckets never started were
+    // never touched), then syncs again among the survivors, the ordinary way.
+    const bool stands = settleLoss(context_, ring, e, work_done, [&] {
       for (size_t b = 0; b < r.before.size(); ++b)
         if (r.before[b].defined()) ring.unflatten(ring.gradient_buckets[b], r.before[b], true);
       r.before.clear();
-      context_.countStats([](RingClusterSyncStats& st) { ++st.redone_syncs; });
+    });
+    if (!stands) {
       transact(context_, ring, /*gradients=*/true, /*admit=*/false,
                [&ring] { averageGradients(ring, *ring.group); });
       return;
     }
-    CAIRN_INFO("ring ", ring.spec.id, ": the sync had completed everywhere before ",
-               e.loss()->peer, " was lost; its result stands");
   }
   r.before.clear();
-  ++ring.transactions;
-  // As transact: live members of the view took part, their earlier join requests are stale.
-  for (const auto& m : ring.view) ring.join_requests.erase(m);
+  commitTransaction(ring);
 }
 
 }  // namespace cairn

@@ -112,85 +112,56 @@ void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
   ring.join_requests.insert(request->sender);
 }
 
-}  // namespace
+// Asks every other member of `ring` to admit this node (best effort).
+void askToJoin(RingContext& context, const Ring& ring) {
+  const Message request = encode(JoinRequest{context.node.name, ring.spec.id});
+  for (const auto& m : ring.spec.members)
+    if (m.name != context.node.name)
+      (void)context.mailbox.send(m.name, request, kJoinRequestSendTimeout);
+}
 
-// Joining: ask every other member of every shared ring to admit this node; wait (up to the ring
-// timeout in all) for one welcome per ring and copy what it carries into the stage.
-bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
-  if (shared.empty()) return false;
-  for (Ring* ring : shared) {
-    const Message request = encode(JoinRequest{context.node.name, ring->spec.id});
+// Every other member of every shared ring is itself asking to join (all restarting).
+bool everyoneJoining(const RingContext& context, const std::vector<Ring*>& shared) {
+  for (Ring* ring : shared)
     for (const auto& m : ring->spec.members)
-      if (m.name != context.node.name)
-        (void)context.mailbox.send(m.name, request, kJoinRequestSendTimeout);
-  }
-  // A member that restarted quickly may still be in the live members' view: they need up to two
-  // timeouts to drop it (ProcessGroup's keep-alive rule), then up to local_steps steps to reach a
-  // sync boundary. Hence three timeouts, unless every other member is itself asking to join.
-  const auto wait = 3 * context.timeout;
-  CAIRN_INFO("cross-cluster sync: asked the ring peers to admit ", context.node.name, " (",
-             shared.size(), " ring(s)); waiting up to ", wait.count(), " ms for a welcome");
-  const auto deadline = Clock::now() + wait;
-  size_t welcomed = 0;
-  std::set<Ring*> done;
-  auto everyoneJoining = [&] {
-    for (Ring* ring : shared)
-      for (const auto& m : ring->spec.members)
-        if (m.name != context.node.name && !ring->join_requests.count(m.name)) return false;
-    return true;
-  };
-  // Requests are sent again every second to the rings not joined yet: a member that is told about
-  // this node only now (a new cluster, RingClusterSync::addMembers) may have refused the first
-  // connection, or dropped the request before it knew the name.
-  auto next_ask = Clock::now() + kJoinRequestRepeat;
-  while (done.size() < shared.size()) {
-    const auto now = Clock::now();
-    if (now >= deadline) break;
-    if (now >= next_ask) {
-      for (Ring* ring : shared) {
-        if (done.count(ring)) continue;
-        const Message again = encode(JoinRequest{context.node.name, ring->spec.id});
-        for (const auto& m : ring->spec.members)
-          if (m.name != context.node.name)
-            (void)context.mailbox.send(m.name, again, kJoinRequestSendTimeout);
-      }
-      next_ask = Clock::now() + kJoinRequestRepeat;
-    }
-    if (welcomed == 0 && everyoneJoining()) {
-      CAIRN_INFO("cross-cluster sync: every other ring member is joining too (all restarting)");
-      break;
-    }
-    auto m = context.mailbox.receive(
-        [&shared](const Message& x) {
-          if (x.kind != MessageKind::kCollective) return false;
-          for (Ring* ring : shared)
-            if (x.tag == ringControlTag(ring->spec.id)) return true;
-          return false;
-        },
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::min(deadline, next_ask) - now));
-    if (!m) continue;
-    Ring* ring = nullptr;
-    for (Ring* r : shared)
-      if (m->tag == ringControlTag(r->spec.id)) ring = r;
-    if (!isWelcome(*m)) {
-      noteJoinRequest(context, *ring, *m);
-      continue;
-    }
-    if (done.count(ring)) continue;
-    // A welcome from a non-member or one that does not fit this stage is dropped, not trusted.
-    std::string problem;
-    const auto welcome = decodeWelcome(*m, &problem);
-    if (welcome) problem = misfit(context, *ring, *welcome);
-    if (!problem.empty()) {
-      CAIRN_WARN("ring ", ring->spec.id, ": dropped a welcome from ", m->sender, ": ", problem);
-      continue;
-    }
-    applyWelcome(context, *ring, *welcome);
-    done.insert(ring);
-    ++welcomed;
-  }
+      if (m.name != context.node.name && !ring->join_requests.count(m.name)) return false;
+  return true;
+}
 
-  if (welcomed == 0) {
+// The shared ring whose control tag `tag` is; null for none.
+Ring* ringOfTag(const std::vector<Ring*>& shared, const std::string& tag) {
+  Ring* ring = nullptr;
+  for (Ring* r : shared)
+    if (tag == ringControlTag(r->spec.id)) ring = r;
+  return ring;
+}
+
+// One message on a shared ring's control tag while joining: a join request is noted; a welcome
+// into a ring not joined yet (`done`) is applied when it fits. True when it was applied.
+bool takeWelcome(RingContext& context, Ring& ring, const std::set<Ring*>& done,
+                 const Message& m) {
+  if (!isWelcome(m)) {
+    noteJoinRequest(context, ring, m);
+    return false;
+  }
+  if (done.count(&ring)) return false;
+  // A welcome from a non-member or one that does not fit this stage is dropped, not trusted.
+  std::string problem;
+  const auto welcome = decodeWelcome(m, &problem);
+  if (welcome) problem = misfit(context, ring, *welcome);
+  if (!problem.empty()) {
+    CAIRN_WARN("ring ", ring.spec.id, ": dropped a welcome from ", m.sender, ": ", problem);
+    return false;
+  }
+  applyWelcome(context, ring, *welcome);
+  return true;
+}
+
+// The end of joinRings: false when no ring welcomed this node; otherwise the rings without a
+// welcome (within `wait`) go on with this node alone.
+bool finishJoining(RingContext& context, const std::vector<Ring*>& shared,
+                   const std::set<Ring*>& done, std::chrono::milliseconds wait) {
+  if (done.empty()) {
     CAIRN_WARN("cross-cluster sync: no ring peer admitted ", context.node.name,
                " (every cluster starting or resuming together?): ordinary start with the "
                "identical-weights check");
@@ -203,6 +174,49 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
       regroup(context, *ring, {context.node.name}, 0);
     }
   return true;
+}
+
+}  // namespace
+
+// Joining: ask every other member of every shared ring to admit this node; wait (up to the ring
+// timeout in all) for one welcome per ring and copy what it carries into the stage.
+bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
+  if (shared.empty()) return false;
+  for (Ring* ring : shared) askToJoin(context, *ring);
+  // A member that restarted quickly may still be in the live members' view: they need up to two
+  // timeouts to drop it (ProcessGroup's keep-alive rule), then up to local_steps steps to reach a
+  // sync boundary. Hence three timeouts, unless every other member is itself asking to join.
+  const auto wait = 3 * context.timeout;
+  CAIRN_INFO("cross-cluster sync: asked the ring peers to admit ", context.node.name, " (",
+             shared.size(), " ring(s)); waiting up to ", wait.count(), " ms for a welcome");
+  const auto deadline = Clock::now() + wait;
+  std::set<Ring*> done;  // the rings joined through a welcome
+  // Requests are sent again every second to the rings not joined yet: a member that is told about
+  // this node only now (a new cluster, RingClusterSync::addMembers) may have refused the first
+  // connection, or dropped the request before it knew the name.
+  auto next_ask = Clock::now() + kJoinRequestRepeat;
+  while (done.size() < shared.size()) {
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    if (now >= next_ask) {
+      for (Ring* ring : shared)
+        if (!done.count(ring)) askToJoin(context, *ring);
+      next_ask = Clock::now() + kJoinRequestRepeat;
+    }
+    if (done.empty() && everyoneJoining(context, shared)) {
+      CAIRN_INFO("cross-cluster sync: every other ring member is joining too (all restarting)");
+      break;
+    }
+    auto m = context.mailbox.receive(
+        [&shared](const Message& x) {
+          return x.kind == MessageKind::kCollective && ringOfTag(shared, x.tag) != nullptr;
+        },
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::min(deadline, next_ask) - now));
+    if (!m) continue;
+    Ring* ring = ringOfTag(shared, m->tag);
+    if (takeWelcome(context, *ring, done, *m)) done.insert(ring);
+  }
+  return finishJoining(context, shared, done, wait);
 }
 
 // Drains this ring's join requests from the mailbox. Requests from members of the view are kept

@@ -24,6 +24,7 @@
 
 #include <functional>
 
+#include "core/Error.h"
 #include "node/ring/RingState.h"
 
 namespace cairn {
@@ -37,5 +38,15 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
 // phase completed. transact uses it; so does the overlapped gradient all-reduce
 // (GradientOverlap.h), whose first attempt runs outside transact.
 bool recover(RingContext& context, Ring& ring, bool work_done);
+// The handling of a PeerLost `e` in a ring's transaction (its work or its commit), shared by
+// transact and GradientOverlap::complete; call it from the handler of `e`. Drops the member `e`
+// names (rethrows `e` when it names nobody), then the survivors vote (recover). True: the attempt
+// stands (logged). False: `restore` has put the restore point back and the redo is counted; the
+// caller redoes the sync among the survivors.
+bool settleLoss(RingContext& context, Ring& ring, const PeerLost& e, bool work_done,
+                const std::function<void()>& restore);
+// The end of a committed transaction: counted, and the join requests of the view's members (who
+// took part) dropped as stale.
+void commitTransaction(Ring& ring);
 
 }  // namespace cairn

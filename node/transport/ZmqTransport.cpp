@@ -5,7 +5,6 @@
 #endif
 
 #include <malloc.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,7 +15,6 @@
 #include <zmq_addon.hpp>
 
 #include "core/Error.h"
-#include "core/NodeConfigs.h"
 #include "core/Log.h"
 
 namespace cairn {
@@ -85,17 +83,30 @@ bool pollOrInterrupted(Items&& items, std::chrono::milliseconds timeout) {
   }
 }
 
-// "tcp://HOST:PORT" → {HOST, PORT}; nullopt for other transports or without a numeric port.
-std::optional<std::pair<std::string, std::string>> tcpHostPort(const std::string& endpoint) {
-  const std::string prefix = "tcp://";
-  if (endpoint.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
-  const auto colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon < prefix.size()) return std::nullopt;
-  std::string host = endpoint.substr(prefix.size(), colon - prefix.size());
-  std::string port = endpoint.substr(colon + 1);
-  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return std::make_pair(host, port);
+// Queues the first frame of a message on `socket`: at once, or, only when the peer's queue is full
+// (or it is not connected yet), once there is room, waiting at most `timeout` (false: it timed
+// out). Once the first frame is queued, ZeroMQ queues the rest atomically.
+bool queueFirstFrame(zmq::socket_t& socket, std::vector<zmq::message_t>& frames,
+                     std::chrono::milliseconds timeout) {
+  auto sendNow = [&] {
+    return socket
+        .send(frames[0],
+              (frames.size() > 1 ? zmq::send_flags::sndmore : zmq::send_flags::none) |
+                  zmq::send_flags::dontwait)
+        .has_value();
+  };
+  if (sendNow()) return true;
+  zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLOUT, 0};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    std::vector<zmq::pollitem_t> items{item};
+    pollOrInterrupted(items, std::max(left, std::chrono::milliseconds(0)));
+    item.revents = items[0].revents;
+    if ((item.revents & ZMQ_POLLOUT) && sendNow()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+  }
 }
 
 // Each monitor needs its own inproc endpoint, unique within the context (the process).
@@ -104,28 +115,6 @@ std::string nextMonitorEndpoint(const std::string& name, const std::string& peer
   return "inproc://cairn-monitor-" + name + "-" + peer + "-" + std::to_string(counter++);
 }
 }  // namespace
-
-bool isLoopbackTcpEndpoint(const std::string& endpoint) {
-  const auto hp = tcpHostPort(endpoint);
-  return hp && isLoopbackName(hp->first);
-}
-
-std::string sameHostDir(const std::string& path) {
-  const std::string dir = path.empty() ? "/tmp/cairn-" + std::to_string(getuid()) : path;
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    CAIRN_WARN("same-host links off: cannot create ", dir, ": ", std::strerror(errno),
-               "; nodes on this host talk over TCP");
-    return "";
-  }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
-      (st.st_mode & 077) != 0) {
-    CAIRN_WARN("same-host links off: ", dir, " is not a directory of this user with mode 0700 "
-               "(a symlink, another user's, or open to others); nodes on this host talk over TCP");
-    return "";
-  }
-  return dir;
-}
 
 ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
                            const std::string& bind_endpoint, TransportOptions options)
@@ -179,8 +168,7 @@ ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
 }
 
 std::string ZmqTransport::sameHostEndpointFor(const std::string& tcp_endpoint) const {
-  if (options_.same_host_dir.empty() || !isLoopbackTcpEndpoint(tcp_endpoint)) return "";
-  return "ipc://" + options_.same_host_dir + "/" + tcpHostPort(tcp_endpoint)->second;
+  return sameHostSocket(options_.same_host_dir, tcp_endpoint);
 }
 
 bool ZmqTransport::isSameHostPeer(const std::string& peer) const {
@@ -363,32 +351,10 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
     }
     socket.connect(found->endpoint);
   }
-  // Try at once; only when the peer's queue is full (or it is not connected yet) wait for room,
-  // at most `timeout`. Once the first frame is queued, ZeroMQ queues the rest atomically.
-  auto first = socket.send(frames[0], (frames.size() > 1 ? zmq::send_flags::sndmore
-                                                           : zmq::send_flags::none) |
-                                          zmq::send_flags::dontwait);
-  if (!first) {
-    zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLOUT, 0};
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      std::vector<zmq::pollitem_t> items{item};
-      pollOrInterrupted(items, std::max(left, std::chrono::milliseconds(0)));
-      item.revents = items[0].revents;
-      if (item.revents & ZMQ_POLLOUT) {
-        first = socket.send(frames[0], (frames.size() > 1 ? zmq::send_flags::sndmore
-                                                           : zmq::send_flags::none) |
-                                           zmq::send_flags::dontwait);
-        if (first) break;
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        std::lock_guard<std::mutex> lock(stats_mutex_);
-        ++stats_.send_timeouts;
-        return SendStatus::kTimedOut;
-      }
-    }
+  if (!queueFirstFrame(socket, frames, timeout)) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.send_timeouts;
+    return SendStatus::kTimedOut;
   }
   uint64_t bytes = 0;
   for (size_t i = 1; i < frames.size(); ++i) {
@@ -413,6 +379,19 @@ std::optional<Message> ZmqTransport::receiveOrLivenessChange(std::chrono::millis
   return receiveImpl(timeout, /*wake_on_liveness=*/true);
 }
 
+// A multipart message arrives whole, so once its first frame is readable all of it is. With a
+// same-host socket too, the two are read first in turn, so neither starves the other.
+bool ZmqTransport::readInbound(std::vector<zmq::message_t>& frames, bool* same_host) {
+  std::optional<size_t> got;
+  for (int i = 0; i < (same_host_inbound_ ? 2 : 1) && !got; ++i) {
+    *same_host = same_host_inbound_ && (i == 0) == prefer_same_host_;
+    got = zmq::recv_multipart(*same_host ? same_host_inbound_ : inbound_,
+                              std::back_inserter(frames), zmq::recv_flags::dontwait);
+  }
+  prefer_same_host_ = !prefer_same_host_;
+  return got.has_value();
+}
+
 std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeout,
                                                  bool wake_on_liveness) {
   CAIRN_ENFORCE(!closed_, "transport is closed");
@@ -431,17 +410,8 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
     if (drainMonitors() && wake_on_liveness) return std::nullopt;
     std::vector<zmq::message_t> frames;
     // Take what is queued without a poll first; poll (bounded by the deadline) only when empty.
-    // A multipart message arrives whole, so once its first frame is readable all of it is. With
-    // a same-host socket too, the two are read first in turn, so neither starves the other.
     bool same_host = false;
-    std::optional<size_t> got;
-    for (int i = 0; i < (same_host_inbound_ ? 2 : 1) && !got; ++i) {
-      same_host = same_host_inbound_ && (i == 0) == prefer_same_host_;
-      got = zmq::recv_multipart(same_host ? same_host_inbound_ : inbound_,
-                                std::back_inserter(frames), zmq::recv_flags::dontwait);
-    }
-    prefer_same_host_ = !prefer_same_host_;
-    if (!got) {
+    if (!readInbound(frames, &same_host)) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left <= std::chrono::milliseconds(0)) return std::nullopt;

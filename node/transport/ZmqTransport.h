@@ -44,6 +44,7 @@
 #include <shared_mutex>
 
 #include "node/transport/CurveSecurity.h"
+#include "node/transport/SameHostLinks.h"
 #include "node/transport/Transport.h"
 
 namespace cairn {
@@ -77,14 +78,6 @@ struct TransportOptions {
   // the bound one (provider --bind): its port names the same-host socket. Empty: the bound one.
   std::string advertised_endpoint;
 };
-
-// The directory for same-host links: `dir` (default /tmp/cairn-<uid>), created with mode 0700 when
-// missing. Empty (with a warning naming the reason) when it is not a directory this user owns with
-// mode 0700 (a symlink, another user's, open to group or others): nodes then talk over TCP only.
-std::string sameHostDir(const std::string& dir = "");
-
-// True for tcp://HOST:PORT endpoints whose HOST is a loopback name (core/NodeConfigs.h isLoopbackName).
-bool isLoopbackTcpEndpoint(const std::string& endpoint);
 
 class ZmqTransport : public Transport {
  public:
@@ -152,6 +145,9 @@ class ZmqTransport : public Transport {
   // receive_mutex_.
   bool drainMonitors();
   std::optional<Message> receiveImpl(std::chrono::milliseconds timeout, bool wake_on_liveness);
+  // One message already queued on an inbound socket into `frames`, without waiting (`*same_host`:
+  // it came over the same-host one); false when none is. Caller holds receive_mutex_.
+  bool readInbound(std::vector<zmq::message_t>& frames, bool* same_host);
 
   // The same-host endpoint for a peer's tcp endpoint, or empty when it is not on this host.
   std::string sameHostEndpointFor(const std::string& tcp_endpoint) const;
