@@ -112,7 +112,8 @@ inline std::vector<float> decodeInt8Rows(const uint8_t* bytes, size_t size, int6
 
 // int8 in blocks of a 1-d run of `n` values (ring all-reduce chunks,
 // node/collectives/ProcessGroupAllReduce.cpp): block b covers [b*block, min(n, (b+1)*block)) —
-// the last one may be shorter — with its own scale, rounded exactly as encodeInt8Rows. Layout: ceil(n/block) fp32 scales, then n int8.
+// the last one may be shorter — with its own scale, rounded exactly as encodeInt8Rows.
+// Layout: ceil(n/block) fp32 scales, then n int8.
 inline int64_t int8BlockCount(int64_t n, int64_t block) { return (n + block - 1) / block; }
 inline int64_t int8BlocksBytes(int64_t n, int64_t block) {
   return int8BlockCount(n, block) * 4 + n;
