@@ -34,7 +34,8 @@ std::function<void(int64_t, const std::vector<int64_t>&)> testHoldFromEnvironmen
     CAIRN_THROW(BadInput, "CAIRN_TEST_HOLD is \"", text, "\"; expected CLUSTER:STEP:FILE (a test hook)");
   if (held_cluster != cluster) return {};
   return [step, file, limit](int64_t at, const std::vector<int64_t>&) {
-    if (at != step) return;
+    if (std::filesystem::exists(file)) return;  // released (or never held)
+    if (at < step && !std::filesystem::exists(file + ".hold")) return;
     CAIRN_INFO("test hold: before step ", at, " until ", file, " exists");
     const auto deadline = std::chrono::steady_clock::now() + limit;
     while (!std::filesystem::exists(file)) {

@@ -1,9 +1,10 @@
 // A test hook, off unless the environment asks for it: CAIRN_TEST_HOLD=CLUSTER:STEP:FILE makes the
-// Root of cluster CLUSTER wait before its step STEP until FILE exists (at most `limit`, then it
-// goes on with a warning). An integration test holds one cluster at a step while it replaces a
-// volunteer of another (tests/integration/volunteer_replace_test.py ring_peer_replaced), so what it
-// checks happens at a step, not after a race against wall time. Every other node, and every run
-// without the variable, gets an empty function: nothing on the training path.
+// Root of cluster CLUSTER wait before a step until FILE exists (at most `limit`, then it goes on
+// with a warning): before the first step once FILE.hold exists, and before step STEP at the latest.
+// An integration test holds one cluster while it replaces a volunteer of another
+// (tests/integration/volunteer_replace_test.py ring_peer_replaced): the held cluster cannot finish
+// its run before the replacement rejoins it, however fast or slow the machine. Every other node,
+// and every run without the variable, gets an empty function: nothing on the training path.
 #pragma once
 
 #include <chrono>

@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 
 STEPS = 200
-RING_STEPS = 200
-HOLD_AT = 60  # ring_peer_replaced: cluster 1's Root waits before this step until cluster 0 resumes
+RING_STEPS = 300
+HOLD_AT = 250  # ring_peer_replaced: the latest step cluster 1 reaches before cluster 0 resumes
 KILL_AFTER = 20
 TEST_SAMPLES = 1000
 TRAINING = {"checkpoint_every": 10,
@@ -142,10 +142,10 @@ def case_ring_peer_replaced(args):
     Each cluster's own weights (`clusterize --merge --cluster N`, the replacement's stage included
     for cluster 0) evaluated by PyTorch give exactly the accuracy that cluster's Leaf reported.
     Cluster 1 must still be training when cluster 0 resumes (a resuming cluster cannot rejoin rings
-    whose other members have finished): its Root waits before step HOLD_AT (CAIRN_TEST_HOLD,
-    node/pipeline/TestHold.h) until the replacement says the cluster agreed on its resume step, so
-    cluster 1 still has RING_STEPS - HOLD_AT steps to go whatever the machine's speed (the
-    precondition is still checked and reported as such)."""
+    whose other members have finished): its Root holds (CAIRN_TEST_HOLD, node/pipeline/TestHold.h)
+    from the kill, or from step HOLD_AT at the latest, until the replacement says the cluster agreed
+    on its resume step, so cluster 1 still has at least RING_STEPS - HOLD_AT steps to go whatever
+    the machine's speed (the precondition is still checked and reported as such)."""
     flags = ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14", "--lost-after-s", "8"]
     release = os.path.join(args.work, "release_cluster_1")
     os.environ["CAIRN_TEST_HOLD"] = f"1:{HOLD_AT}:{release}"
@@ -161,6 +161,7 @@ def case_ring_peer_replaced(args):
         victim = next(v for v in volunteers[:6] if name_of(v[1]) == stem)
         peer_proc = next(v for v, w in volunteers[:6] if name_of(w) == ring_peer)
         kill_after_checkpoint(coordinator, victim, stem)
+        open(release + ".hold", "w").close()
         taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_6" in l, 120,
                                      "the takeover")
         print(taken.strip())

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <string>
 #include <thread>
 
 #include <unistd.h>
@@ -45,26 +47,51 @@ TEST_F(TestHoldTest, MalformedValueIsRefusedNamingTheVariable) {
   }
 }
 
-TEST_F(TestHoldTest, HoldsOnlyItsStepUntilTheFileExists) {
-  const auto file = std::filesystem::temp_directory_path() /
-                    ("cairn_test_hold_" + std::to_string(::getpid()));
-  std::filesystem::remove(file);
-  setenv("CAIRN_TEST_HOLD", ("2:7:" + file.string()).c_str(), 1);
-  auto hold = testHoldFromEnvironment(2, milliseconds(60000));
-  ASSERT_TRUE(hold);
-  hold(6, {});  // another step: returns at once (the file does not exist)
+// Waits in `hold(at)` on another thread and checks it is still waiting while the release file is
+// missing (it cannot return before the file is written), then writes the file.
+void expectHeldUntilReleased(const std::function<void(int64_t, const std::vector<int64_t>&)>& hold,
+                             int64_t at, const std::filesystem::path& release) {
   std::atomic<bool> released{false};
   std::thread root([&] {
-    hold(7, {});
+    hold(at, {});
     released = true;
   });
-  // Held while the file is missing: the flag cannot be set before the file is written below.
   std::this_thread::sleep_for(milliseconds(100));
-  EXPECT_FALSE(released.load());
-  std::ofstream(file).put('\n');
+  EXPECT_FALSE(released.load()) << "step " << at;
+  std::ofstream(release).put('\n');
   root.join();
   EXPECT_TRUE(released.load());
-  std::filesystem::remove(file);
+}
+
+std::filesystem::path scratch(const std::string& name) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("cairn_test_hold_" + std::to_string(::getpid()) + "_" + name);
+  std::filesystem::remove(path);
+  std::filesystem::remove(path.string() + ".hold");
+  return path;
+}
+
+TEST_F(TestHoldTest, HoldsAtItsStepUntilTheFileExists) {
+  const auto release = scratch("step");
+  setenv("CAIRN_TEST_HOLD", ("2:7:" + release.string()).c_str(), 1);
+  auto hold = testHoldFromEnvironment(2, milliseconds(60000));
+  ASSERT_TRUE(hold);
+  hold(6, {});  // an earlier step, no .hold file: returns at once (the release file is missing)
+  expectHeldUntilReleased(hold, 7, release);
+  hold(8, {});  // released: every later step goes on
+  std::filesystem::remove(release);
+}
+
+TEST_F(TestHoldTest, HoldsEarlierOnceTheHoldFileExists) {
+  const auto release = scratch("early");
+  setenv("CAIRN_TEST_HOLD", ("0:100:" + release.string()).c_str(), 1);
+  auto hold = testHoldFromEnvironment(0, milliseconds(60000));
+  ASSERT_TRUE(hold);
+  hold(3, {});
+  std::ofstream(release.string() + ".hold").put('\n');
+  expectHeldUntilReleased(hold, 4, release);
+  std::filesystem::remove(release);
+  std::filesystem::remove(release.string() + ".hold");
 }
 
 }  // namespace
