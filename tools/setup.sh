@@ -11,11 +11,6 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev python3-torch
-  # Debian's torch calls BLAS through libblas.so.3; without an optimised one that is the reference
-  # BLAS, ~13x slower per matmul here (4 vs 53 GFLOP/s on one core). The serial OpenBLAS: with
-  # the OpenMP one, called from a process's several training threads, a run resumed from its
-  # checkpoint no longer equalled the uninterrupted run bit for bit (run to run differences).
-  libopenblas0-serial
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev nlohmann-json3-dev libhwloc-dev libcli11-dev
   libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
   libpng-dev libjpeg62-turbo-dev python3-pil
