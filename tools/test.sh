@@ -3,7 +3,8 @@
 # same inputs in every run, so the suite's verdict does not depend on luck: exploring with random
 # seeds is `tools/fuzz.sh SECONDS`, by hand), then the whole test suite, then the ten slowest tests
 # (figures only: no test's verdict depends on its time; each has a ctest TIMEOUT so a hang fails
-# fast), and ctest's summary again, so it closes the output.
+# fast), why each failed test failed (its FAIL/Failure/error lines and its last lines, so a log cut
+# to its tail still says it), and ctest's summary again, so it closes the output.
 #   tools/test.sh [extra ctest args]        CAIRN_FUZZ_SECONDS=0 skips fuzzing
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,26 @@ echo
 echo "The ten slowest tests:"
 sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/p' "$log" |
   sort -rn | head -10 | awk '{printf "  %8.1f s  %s\n", $1, $2}'
+# Each failed test's output block (--output-on-failure prints it right after its result line).
+awk '
+  /^ *[0-9]+\/[0-9]+ Test +#[0-9]+: / || /^ *Start +[0-9]+: / {
+    if (name != "") report()
+    name = ""
+    if ($0 ~ /\*\*\*(Failed|Timeout|Exception)|Not Run/) { name = $4; verdict = $0; n = 0; k = 0 }
+    next
+  }
+  /^[0-9]+% tests passed/ { if (name != "") report(); name = "" }
+  name != "" {
+    n++; tail[n % 15] = $0
+    if ($0 ~ /FAIL|Failure|[Ee]rror|what\(\)|Expected|Which is|Timeout/ && k < 20) key[++k] = $0
+  }
+  function report(   i) {
+    print ""; print "Why " name " failed:"; sub(/^ */, "", verdict); print "  " verdict
+    for (i = 1; i <= k; i++) print "  | " key[i]
+    print "  last lines:"
+    for (i = (n > 15 ? n - 14 : 1); i <= n; i++) print "  | " tail[i % 15]
+  }
+' "$log"
 echo
 sed -nE '/^[0-9]+% tests passed/,$p' "$log"
 exit "$status"

@@ -132,10 +132,9 @@ void CollectiveChannel::sendChunk(Operation& op, int to_rank, uint64_t index,
       fail(op, to_rank, LossCause::kSilent,
            "took no message for " + millis(options_.timeout) + " (chunk " + std::to_string(index) +
                " could not be sent)");
-    if (disconnectedTooLong(to_rank))
+    if (const std::string gone = goneReason(to_rank); !gone.empty())
       fail(op, to_rank, LossCause::kDisconnected,
-           "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
-               " (chunk " + std::to_string(index) + " could not be sent)");
+           gone + " (chunk " + std::to_string(index) + " could not be sent)");
     checkNotices(op, to_rank);
     sendKeepAlives(op, to_rank);
   }
@@ -146,10 +145,15 @@ void CollectiveChannel::sendChunk(Operation& op, int to_rank, uint64_t index,
   op.sent.emplace_back(to_rank, std::move(view));
 }
 
-bool CollectiveChannel::disconnectedTooLong(int rank) const {
+std::string CollectiveChannel::goneReason(int rank) const {
+  if (options_.replaced && options_.replaced(members_[rank]))
+    return "was replaced (its node runs in another process now; that one rejoins through the "
+           "ring's join protocol)";
   const PeerLiveness live = mailbox_.transport().liveness(members_[rank]);
-  if (live.state != PeerState::kDisconnected) return false;
-  return Clock::now() - live.since >= std::min(options_.disconnected_grace, options_.timeout);
+  if (live.state == PeerState::kDisconnected &&
+      Clock::now() - live.since >= std::min(options_.disconnected_grace, options_.timeout))
+    return "is disconnected (transport) for over " + millis(options_.disconnected_grace);
+  return "";
 }
 
 void CollectiveChannel::sendLeave(std::chrono::milliseconds timeout) {
@@ -249,17 +253,16 @@ torch::Tensor CollectiveChannel::receiveChunk(Operation& op, int from_rank, uint
   }
 }
 
-// Sends the keep-alives due, and fails the operation when the awaited member is disconnected too
-// long or a deadline has passed.
+// Sends the keep-alives due, and fails the operation when the awaited member is gone (goneReason)
+// or a deadline has passed.
 void CollectiveChannel::checkWait(Operation& op, ChunkWait& wait, Clock::time_point now) {
   if (now >= wait.next_keep_alive) {
     sendKeepAlives(op, wait.from_rank);
     wait.next_keep_alive = now + keepAliveInterval();
   }
-  if (disconnectedTooLong(wait.from_rank))
+  if (const std::string gone = goneReason(wait.from_rank); !gone.empty())
     fail(op, wait.from_rank, LossCause::kDisconnected,
-         "is disconnected (transport) for over " + millis(options_.disconnected_grace) +
-             " (waiting for chunk " + std::to_string(wait.index) + ")");
+         gone + " (waiting for chunk " + std::to_string(wait.index) + ")");
   if (now >= wait.silent_deadline || now >= wait.hard_deadline) {
     std::string why = now >= wait.silent_deadline
                           ? "sent nothing for " + millis(options_.timeout)

@@ -21,7 +21,9 @@
 // PeerLoss (core/Error.h): kSilent (timeout), kDisconnected (transport), kAborted (another
 // member's abort), kLeft (a leave).
 // Fail fast: when the transport reports the awaited member kDisconnected (Transport::liveness) for
-// `disconnected_grace`, the wait ends at once as if the timeout had passed (same abort).
+// `disconnected_grace`, or the caller says it was replaced (ProcessGroupOptions::replaced: its
+// node was given to another process, which will never send this group's chunks), the wait ends
+// at once as if the timeout had passed (same abort).
 // Leave: sendLeave() tells every other member that this node is going away. A member that has it
 // throws PeerLost naming the leaver (lostByLeave() true) as soon as it waits for a message the
 // leaver did not send before leaving, or would send to it — never after a timeout — and forwards
@@ -76,6 +78,10 @@ struct ProcessGroupOptions {
   // always the ring / dissemination. Every member of a group must use the same value. The
   // environment variable CAIRN_DIRECT_MAX_MEMBERS, when set, overrides it (for A/B benchmarks).
   int direct_max_members = 16;
+  // Whether the caller knows a member's process was replaced since this group was made (a spare
+  // took its node over: node/ring/RingState.h ReplacedMembers); a wait on it then fails at once,
+  // as kDisconnected. Null: never. Called on the group's thread every poll (100 ms) of a wait.
+  std::function<bool(const std::string& member)> replaced;
 };
 
 struct ProcessGroupStats {
@@ -148,7 +154,9 @@ class CollectiveChannel {
   std::chrono::milliseconds keepAliveInterval() const;
   void sendKeepAlives(Operation& op, int waiting_on);
   [[noreturn]] void fail(Operation& op, int lost_rank, LossCause cause, const std::string& why);
-  bool disconnectedTooLong(int rank) const;
+  // Why member `rank` is gone for good (ProcessGroupOptions::replaced, or kDisconnected for over
+  // disconnected_grace); empty while it may still answer.
+  std::string goneReason(int rank) const;
   [[noreturn]] void failLeft(Operation& op, int rank);
   void sendAborts(Operation& op, int lost_rank, bool left);
   // An abort or leave notice (node/protocol/CollectiveNotices.h): throws PeerLost for a valid

@@ -212,7 +212,9 @@ LivePeersApply livePeersHook(LivePeers& live_peers, RingClusterSync& cluster_syn
   return [&live_peers, &cluster_sync, offered, started_with = dealOf(node)](const NodeSpec& updated) {
     const nlohmann::json deal = offeredDealOf(updated);
     const bool grows = !deal.is_null() && deal != started_with;
-    std::vector<std::string> changed = live_peers.apply(updated);
+    std::vector<std::string> repointed;
+    std::vector<std::string> changed = live_peers.apply(updated, &repointed);
+    cluster_sync.markReplaced(repointed);  // their old processes are gone: stop waiting on them
     for (const std::string& added : cluster_sync.addMembers(updated, grows))
       changed.push_back(added + (grows ? " joins the rings at the new cluster's first step"
                                        : " joins the rings"));

@@ -134,6 +134,10 @@ class RingClusterSync : public ClusterSync {
   // until the sync boundary admitJoinersAt names, never taken in at an earlier sync. An update
   // without it whose ring lists fewer members than held drops the held ones (an abandoned growth).
   std::vector<std::string> addMembers(const NodeSpec& updated, bool at_admission_step = false);
+  // Ring members whose process was replaced (the coordinator re-pointed them to a spare that took
+  // their node over): a sync waiting on one of them ends at once and drops it, and the
+  // replacement is admitted when it asks (RingState.h ReplacedMembers). Any thread.
+  void markReplaced(const std::vector<std::string>& names) { context_.replaced->mark(names); }
   // The new cluster's first step (its deal's firstStepOf(E)): at the sync boundary after
   // `steps_done` steps the held additions are taken in — waiting up to the ring timeout for the
   // update and for each new member's join request — and a sync runs (also off the local_steps

@@ -79,6 +79,9 @@ void regroup(RingContext& context, Ring& ring, std::vector<std::string> view, in
   if (ring.view.size() > 1) {
     ProcessGroupOptions options = context.group_options;
     options.codec = chunkCodecOf(context.sync.wire);  // the averages travel compressed or not
+    options.replaced = [replaced = context.replaced, made = context.replaced->epoch()](const std::string& m) {
+      return replaced->since(m, made);
+    };
     ring.group = std::make_unique<ProcessGroup>(context.mailbox, groupIdOf(ring.spec.id, generation),
                                                 ring.view, context.node.name, options);
   }

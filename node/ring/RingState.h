@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -46,6 +47,38 @@ struct RingClusterSyncStats {
       0;  // FNV-1a of the ring tensors sent/received in the last welcome
 };
 
+// Ring members whose process was replaced while this node runs (a spare took their node over;
+// the coordinator's peers update re-pointed them: RingClusterSync::markReplaced). A group made
+// before a member was marked fails at once when it waits on it (ProcessGroupOptions::replaced),
+// instead of waiting out the timeout on a process that is gone while its replacement, still
+// replaying from its checkpoint, asks to join; the ring drops the member (next generation) and
+// admits the replacement at a later sync. Groups made after the mark (the one that admits the
+// replacement) are not affected. Thread-safety: own mutex (marked from the coordinator's thread,
+// read by ring threads).
+class ReplacedMembers {
+ public:
+  void mark(const std::vector<std::string>& names) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++epoch_;
+    for (const std::string& n : names) marked_[n] = epoch_;
+  }
+  uint64_t epoch() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return epoch_;
+  }
+  // Marked after `epoch` (a group made at that epoch still counts on its old process).
+  bool since(const std::string& name, uint64_t epoch) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = marked_.find(name);
+    return it != marked_.end() && it->second > epoch;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  uint64_t epoch_ = 0;
+  std::map<std::string, uint64_t> marked_;
+};
+
 // What the rings of one node share.
 struct RingContext {
   RingContext(Mailbox& mailbox, NodeSpec node, SyncOptions sync, std::chrono::milliseconds timeout)
@@ -56,6 +89,8 @@ struct RingContext {
   const SyncOptions sync;
   const std::chrono::milliseconds timeout;
   ProcessGroupOptions group_options;  // set by the constructor of RingClusterSync, then read-only
+  // Shared with every group's ProcessGroupOptions::replaced (regroup).
+  const std::shared_ptr<ReplacedMembers> replaced = std::make_shared<ReplacedMembers>();
   int64_t last_synced_step = 0;       // optimizer steps done at the last sync (trainer's thread)
   // The deal offer this node proposes at its syncs (ClusterSync::proposeDeal; 0: none, it
   // abstains) and whether its own checks allow it. Set on the trainer's thread between syncs.

@@ -21,7 +21,7 @@ std::map<std::string, PeerRef> peersOf(const NodeSpec& node) {
 LivePeers::LivePeers(ZmqTransport& transport, ZapAuthenticator* zap, const NodeSpec& node)
     : transport_(transport), zap_(zap), name_(node.name), peers_(peersOf(node)) {}
 
-std::vector<std::string> LivePeers::apply(const NodeSpec& updated) {
+std::vector<std::string> LivePeers::apply(const NodeSpec& updated, std::vector<std::string>* repointed) {
   if (updated.name != name_)
     CAIRN_THROW(BadInput, "peers update for ", updated.name, " given to the run of ", name_);
   const std::map<std::string, PeerRef> next = peersOf(updated);
@@ -45,7 +45,10 @@ std::vector<std::string> LivePeers::apply(const NodeSpec& updated) {
       continue;
     }
     // A peer the transport has not added (yet) is left alone: repointPeer says false.
-    if (transport_.repointPeer(name, endpoint, p.public_key)) moved.push_back(name + " at " + p.address);
+    if (transport_.repointPeer(name, endpoint, p.public_key)) {
+      moved.push_back(name + " at " + p.address);
+      if (repointed) repointed->push_back(name);
+    }
   }
   if (zap_) {
     std::map<std::string, std::string> admitted;

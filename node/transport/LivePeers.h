@@ -26,9 +26,10 @@ namespace cairn {
 class LivePeers {
  public:
   LivePeers(ZmqTransport& transport, ZapAuthenticator* zap, const NodeSpec& node);
-  // Returns "name at host:port" for each peer re-pointed ("… (new)" for each peer added). BadInput when `updated` is another node
+  // Returns "name at host:port" for each peer re-pointed ("… (new)" for each peer added), and the
+  // names of those re-pointed in `*repointed` when given. BadInput when `updated` is another node
   // or names a peer without a key while CURVE is on.
-  std::vector<std::string> apply(const NodeSpec& updated);
+  std::vector<std::string> apply(const NodeSpec& updated, std::vector<std::string>* repointed = nullptr);
 
  private:
   ZmqTransport& transport_;

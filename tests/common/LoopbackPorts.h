@@ -1,9 +1,12 @@
 // Loopback ports for tests that need real tcp endpoints: every test file takes them from here, so
-// that test processes running at once (ctest -j) never pick the same port. The kernel hands out
-// the ports: each is bound (port 0) while the others are picked, so one call never returns a port
-// twice, and a port in use by another process is never returned. The sockets are closed before
-// returning, so there is a short window in which another process could take a port (the kernel
-// hands ephemeral ports out in turn, so a just-returned one is not handed out again soon).
+// that test processes running at once (ctest -j) never pick the same port. The ports are drawn at
+// random from below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range) and
+// each is checked by binding it: the kernel never hands such a port out for another process's
+// bind to port 0 or outgoing connection, so a port returned here stays free while the test's own
+// process is down between a kill and a restart (a port from the kernel's range did not: another
+// test running beside it could be handed it in between). Two test processes drawing the same
+// port at the same moment is the one collision left: 1 in ~12,000 per port. Same policy as
+// tests/integration/volunteer_test.py's free_ports and tools/bench/loopback_ports.py.
 #pragma once
 
 #include <arpa/inet.h>
@@ -11,31 +14,45 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace cairn::testutil {
 
+// The lowest port the kernel hands out on its own (32768 if the file cannot be read).
+inline int ephemeralPortLow() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  if (!(range >> low) || low <= 20001) low = 32768;
+  return low;
+}
+
+inline bool loopbackPortBinds(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("freeLoopbackPorts: socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
 inline std::vector<int> freeLoopbackPorts(int count) {
-  std::vector<int> ports, fds;
-  for (int i = 0; i < count; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) throw std::runtime_error("freeLoopbackPorts: socket() failed");
-    fds.push_back(fd);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof addr;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      for (int open : fds) ::close(open);
-      throw std::runtime_error("freeLoopbackPorts: cannot bind a loopback port");
-    }
-    ports.push_back(ntohs(addr.sin_port));
+  std::mt19937 draw(std::random_device{}());
+  std::uniform_int_distribution<int> pick(20000, ephemeralPortLow() - 1);
+  std::vector<int> ports;
+  for (int tries = 0; static_cast<int>(ports.size()) < count; ++tries) {
+    if (tries > 10000) throw std::runtime_error("freeLoopbackPorts: no free loopback port below the ephemeral range");
+    const int port = pick(draw);
+    if (std::find(ports.begin(), ports.end(), port) == ports.end() && loopbackPortBinds(port)) ports.push_back(port);
   }
-  for (int fd : fds) ::close(fd);
   return ports;
 }
 

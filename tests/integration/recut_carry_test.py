@@ -11,37 +11,28 @@
 Checks: B's step losses equal A's steps 21..40 (max abs diff <= 1e-6; bit-identical is expected, a cut
 does not change the arithmetic), the merged trained models of A and B are equal (<= 1e-6), and the
 refusals exit 2 naming the problem (no checkpoints, --out equal to --resume-from, another optimizer).
-Ports come from the kernel (bind port 0).
+Ports come from volunteer_test.free_ports (below the kernel's ephemeral range).
 """
 import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import volunteer_test as vt  # noqa: E402  (free_ports)
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
 FASHION = "/usr/share/datasets/fashion-mnist"
 
+
 def fail(message):
     print("FAIL: " + message, file=sys.stderr)
     sys.exit(1)
-
-
-def free_ports(n):
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def write_json(path, doc):
@@ -102,7 +93,7 @@ def main():
                    stdout=subprocess.DEVNULL)
     nodes = os.path.join(work, "node_configs.json")
     write_json(nodes, {str(i): {"IP": f"127.0.0.1:{p}", "benchmarks": {"ram": 1, "bandwidth": 10000}}
-                       for i, p in enumerate(free_ports(3))})
+                       for i, p in enumerate(vt.free_ports(3))})
     training = {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": 40, "seed": 3,
                 "optimizer": {"name": "adamw", "lr": 0.003}, "lr_scheduler": {"name": "cosine"},
                 "checkpoint_every": 10, "keep_checkpoints": 10, "threads": 1,

@@ -33,6 +33,7 @@ import argparse
 import gzip
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -56,12 +57,28 @@ def fail(message):
 
 
 def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
+    """COUNT distinct ports on 127.0.0.1 that bind now, drawn at random from below the kernel's
+    ephemeral range (/proc/sys/net/ipv4/ip_local_port_range): a port the kernel hands out for a
+    bind to port 0 or an outgoing connection -- another test's, running beside this one -- can
+    never be one of these, so a port picked here stays free while its process is down (a restarted
+    coordinator, a volunteer between runs). The static tests' fixed ports (tests/CMakeLists.txt,
+    5700-7000) lie below the range drawn from."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    draw = random.Random(os.getpid() ^ time.monotonic_ns())
+    ports = []
+    while len(ports) < count:
+        port = draw.randrange(20000, max(low, 20001))
+        if port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
     return ports
 
 

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/Error.h"
+#include "node/ring/RingState.h"
 #include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
 #include "tests/node/CollectiveChecks.h"
@@ -437,6 +438,48 @@ TEST(Collectives, SilentMemberYieldsPeerLostNamingIt) {
       EXPECT_LT(took[r], 2 * options.timeout) << "rank " << r;
     }
   }
+}
+
+// A member the caller says was replaced (ProcessGroupOptions::replaced: a spare took its node
+// over, node/ring/RingState.h ReplacedMembers) is alive on the wire — bound, silent, like a
+// replacement still replaying from its checkpoint — but will never send this group's chunks:
+// the waits on it end at once as PeerLost naming it, not after the minute-long timeout (were
+// `replaced` not asked, the errors would say "sent nothing for 60000 ms").
+TEST(Collectives, ReplacedMemberEndsTheWaitsOnItAtOnce) {
+  const int n = 3;
+  ProcessGroupOptions options = testOptions();
+  options.timeout = 60s;
+  options.replaced = [](const std::string& member) { return member == "rank2"; };
+  auto outcomes = runRanks(
+      n, options, [](int, ProcessGroup& g) {
+        torch::Tensor t = torch::ones({1000});
+        g.allReduce(t);
+      },
+      /*silent=*/{2});
+  int said_replaced = 0;
+  for (int r : {0, 1}) {
+    EXPECT_EQ(outcomes[r].kind, ErrorKind::kPeerLost) << "rank " << r << ": " << outcomes[r].error;
+    EXPECT_NE(outcomes[r].error.find("rank2 "), std::string::npos) << "rank " << r << ": " << outcomes[r].error;
+    EXPECT_EQ(outcomes[r].error.find("sent nothing"), std::string::npos) << outcomes[r].error;
+    said_replaced += outcomes[r].error.find("was replaced") != std::string::npos;
+  }
+  EXPECT_GE(said_replaced, 1);
+}
+
+// ReplacedMembers: a mark counts for the groups made before it, not for those made after (the
+// group that admits the replacement must wait on the new process like on any member).
+TEST(ReplacedMembers, OnlyGroupsMadeBeforeTheMarkCountTheMemberAsGone) {
+  ReplacedMembers replaced;
+  const uint64_t before = replaced.epoch();
+  EXPECT_FALSE(replaced.since("b", before));
+  replaced.mark({"b"});
+  const uint64_t after = replaced.epoch();
+  EXPECT_TRUE(replaced.since("b", before));
+  EXPECT_FALSE(replaced.since("a", before));
+  EXPECT_FALSE(replaced.since("b", after));
+  replaced.mark({"b", "c"});  // replaced again (its replacement was lost in turn)
+  EXPECT_TRUE(replaced.since("b", after));
+  EXPECT_TRUE(replaced.since("c", before));
 }
 
 // A member that never even started (nothing bound at its endpoint), and an operation after a

@@ -54,7 +54,7 @@ cat >"$work/job.json" <<EOF
                          "timeouts": {"startup_s": 60, "peer_s": 60}}}
 EOF
 
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { /usr/bin/python3 tools/bench/loopback_ports.py 1; }
 
 # One run with --upload-mbps $1 in $work/run_$2; its Leaf's step times go to $work/steps_$1.txt,
 # the upload lines to $work/uploads_$1.txt.
