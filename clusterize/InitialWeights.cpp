@@ -9,8 +9,6 @@
 namespace cairn::clusterize {
 namespace {
 
-std::string inQuotes(const std::string& s) { return "\"" + s + "\""; }
-
 std::string shapeText(const torch::Tensor& t) {
   std::string out = "[";
   for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));

@@ -1,7 +1,6 @@
 #include "clusterize/MemoryMeter.h"
 
 #include <atomic>
-
 #include <mutex>
 #include <unordered_map>
 
@@ -9,6 +8,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include "core/Error.h"
+#include "core/TorchCompat.h"
 
 namespace cairn::clusterize {
 namespace {
@@ -39,7 +39,7 @@ void releaseCounted(void* data) {
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) CAIRN_ALLOCATOR_CONST override {
     void* data = c10::alloc_cpu(bytes);
     if (data != nullptr) {
       std::lock_guard<std::mutex> lock(g_mutex);
@@ -52,6 +52,7 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &releaseCounted, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &releaseCounted; }
+  CAIRN_ALLOCATOR_COPY_DATA
 };
 
 c10::Allocator* g_previous = nullptr;

@@ -14,7 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string inQuotes(const std::string& s) { return "\"" + s + "\""; }
 
 std::string describe(const torch::Tensor& t) {
   std::string shape = "[";

@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/ir/ir.h>
 
 #include "core/Error.h"
+#include "core/TorchCompat.h"
 
 namespace cairn::clusterize {
 
@@ -86,7 +87,7 @@ void makeHolders(PartialModules& partial, const std::string& path) {
 // Deep copies of the state at `whole` paths into the stage (partial.by_path[""]), under the same
 // paths; tensors tied inside the stage stay tied.
 void copyState(PartialModules& partial, const std::vector<std::string>& whole) {
-  c10::IValue::HashAliasedIValueMap memo;  // keeps tensors tied inside the stage tied
+  IValueCopyMemo memo;  // keeps tensors tied inside the stage tied
   torch::NoGradGuard no_grad;  // copies of parameters must be leaves, not clone() results
   for (const auto& path : whole) {
     makeHolders(partial, path);
@@ -96,7 +97,7 @@ void copyState(PartialModules& partial, const std::vector<std::string>& whole) {
     torch::jit::Module& holder = partial.by_path.at(prefix);
     auto original_parent = attributeAt(partial.model, prefix).toObject();
     const c10::IValue value = original_parent->getAttr(field);
-    const c10::IValue copy = value.deepcopy(memo);
+    const c10::IValue copy = deepcopyIValue(value, memo);
     if (value.isObject() && value.toObject()->type()->is_module()) {
       holder.register_module(field, torch::jit::Module(copy.toObject()));
     } else {

@@ -80,6 +80,9 @@ std::string concat(const Args&... args) {
 }
 }  // namespace detail
 
+// "text" (with its double quotes), for naming a value in a message.
+inline std::string inQuotes(const std::string& s) { return "\"" + s + "\""; }
+
 }  // namespace cairn
 
 // Throw a cairn error of TYPE (BadInput, PeerLost, InternalError) with a message built from the

@@ -4,6 +4,7 @@
 // node name) from setLogTag(). Thread-safe: each record is written with one locked write.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "core/Error.h"
@@ -18,6 +19,12 @@ void setLogLevel(LogLevel level);
 LogLevel parseLogLevel(const std::string& text);
 void setLogTag(const std::string& tag);
 void logLine(LogLevel level, const std::string& message);
+
+// A duration in seconds, for a log line or message ("within 2.5 s").
+template <typename Rep, typename Period>
+double secondsOf(std::chrono::duration<Rep, Period> d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 }  // namespace cairn
 

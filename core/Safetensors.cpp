@@ -31,8 +31,6 @@ struct Header {
   uint64_t data_begin = 0;  // file offset of the data section
 };
 
-std::string inQuotes(const std::string& name) { return "\"" + name + "\""; }
-
 uint64_t fileSize(std::ifstream& in) {
   in.seekg(0, std::ios::end);
   const auto size = static_cast<uint64_t>(in.tellg());

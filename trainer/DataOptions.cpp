@@ -8,8 +8,6 @@
 namespace cairn {
 namespace {
 
-constexpr int64_t kBig = int64_t{1} << 40;  // the bound TrainOptions.cpp uses for counts
-
 // One chunk table (data.shards or data.test_shards): rows in chunk order, the first numbered
 // `first` (test chunks are numbered after the training chunks).
 std::vector<ServedShard> parseChunkTable(JsonReader& r, const std::string& name, int64_t first) {
@@ -150,8 +148,8 @@ DataOptions parseDataOptions(const DataSpec& data, const std::string& source) {
     if (d.chunks > 0 && c >= d.chunks)
       r.fail("chunk", "lists chunk " + std::to_string(c) + " but data.chunks is " +
                           std::to_string(d.chunks));
-  d.train_samples = r.integerOr("train_samples", 0, kBig, 0);
-  d.test_samples = r.integerOr("test_samples", 0, kBig, 0);
+  d.train_samples = r.integerOr("train_samples", 0, kMaxCount, 0);
+  d.test_samples = r.integerOr("test_samples", 0, kMaxCount, 0);
   if (auto n = r.optionalObject("normalize")) d.normalize = parseNormalize(*n);
   d.random_flip = r.booleanOr("random_flip", false);
   if (r.has("resize")) d.resize = imageSize(r, "resize");

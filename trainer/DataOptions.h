@@ -14,6 +14,10 @@
 
 namespace cairn {
 
+// The bound job files give counts (samples, steps, sizes): large enough for any real run, small
+// enough that sums and products of two counts stay far inside int64_t.
+inline constexpr int64_t kMaxCount = int64_t{1} << 40;
+
 // Image normalisation: x = (pixel / scale - mean) / std, per channel when lists have C entries.
 struct NormalizeOptions {
   double scale = 255;  // divide raw uint8 pixels by this first

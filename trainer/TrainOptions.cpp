@@ -11,8 +11,6 @@
 namespace cairn {
 namespace {
 
-constexpr int64_t kBig = int64_t{1} << 40;
-
 OptimizerOptions parseOptimizer(const JsonReader& r) {
   OptimizerOptions o;
   std::string name;
@@ -118,13 +116,13 @@ LrScheduleOptions parseLrSchedule(const JsonReader& r) {
   JsonReader l = r.object("lr_scheduler");
   l.rejectUnknownKeys({"name", "step_size", "gamma", "warmup_steps", "min_lr", "total_steps"});
   s.kind = kindOf(l.choice("name", names));
-  s.step_size = l.integerOr("step_size", 1, kBig, s.step_size);
+  s.step_size = l.integerOr("step_size", 1, kMaxCount, s.step_size);
   s.gamma = l.numberOr("gamma", s.gamma);
   if (!(s.gamma > 0)) l.fail("gamma", "must be a positive number");
-  s.warmup_steps = l.integerOr("warmup_steps", 0, kBig, 0);
+  s.warmup_steps = l.integerOr("warmup_steps", 0, kMaxCount, 0);
   s.min_lr = l.numberOr("min_lr", 0);
   if (!(s.min_lr >= 0)) l.fail("min_lr", "must be a non-negative number");
-  s.total_steps = l.integerOr("total_steps", 0, kBig, 0);
+  s.total_steps = l.integerOr("total_steps", 0, kMaxCount, 0);
   return s;
 }
 
@@ -165,7 +163,7 @@ LossOptions parseLoss(const JsonReader& r, const std::string& source) {
   const bool classification = l.kind == LossKind::kCrossEntropy || l.kind == LossKind::kNll;
   if (o.has("ignore_index") && !classification)
     o.fail("ignore_index", "applies to cross_entropy and nll only");
-  l.ignore_index = o.integerOr("ignore_index", -kBig, kBig, l.ignore_index);
+  l.ignore_index = o.integerOr("ignore_index", -kMaxCount, kMaxCount, l.ignore_index);
   if (o.has("label_smoothing") && l.kind != LossKind::kCrossEntropy)
     o.fail("label_smoothing", "applies to cross_entropy only");
   l.label_smoothing = o.numberOr("label_smoothing", 0);
@@ -336,11 +334,11 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
     r.fail("microbatches", "(" + std::to_string(o.microbatches) + ") must not exceed batch_size (" +
                                std::to_string(o.batch_size) + ")");
   o.epochs = r.integerOr("epochs", 0, 1 << 20, o.epochs);
-  o.max_steps = r.integerOr("max_steps", 0, kBig, o.max_steps);
+  o.max_steps = r.integerOr("max_steps", 0, kMaxCount, o.max_steps);
   if (o.epochs == 0 && o.max_steps == 0)
     r.fail("epochs", "and max_steps are both 0: nothing to train");
   parseSchedule(r, &o);
-  o.seed = static_cast<uint64_t>(r.integerOr("seed", 0, kBig, 0));
+  o.seed = static_cast<uint64_t>(r.integerOr("seed", 0, kMaxCount, 0));
   o.optimizer = parseOptimizer(r);
   o.lr_scheduler = parseLrSchedule(r);
   o.loss = parseLoss(r, source);
@@ -352,9 +350,9 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   if (o.schedule == ScheduleKind::kAsync && o.clip_grad_norm > 0)
     r.fail("clip_grad_norm", "is not supported with schedule \"async\" (a global norm would need a "
                              "barrier per optimizer step)");
-  o.eval_every = r.integerOr("eval_every", 0, kBig, 0);
+  o.eval_every = r.integerOr("eval_every", 0, kMaxCount, 0);
   o.eval_batch_size = r.integerOr("eval_batch_size", 1, 1 << 24, o.eval_batch_size);
-  o.local_steps = r.integerOr("local_steps", 1, kBig, 1);
+  o.local_steps = r.integerOr("local_steps", 1, kMaxCount, 1);
   o.sync = parseSync(r);
   o.sync.wire = o.wire.sync;
   o.timeouts = parseTimeouts(r);
@@ -365,7 +363,7 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.nonfinite =
       *parseNonFiniteAction(r.choiceOr("nonfinite", {"drop", "stop"}, toString(o.nonfinite)));
   o.step_window = r.integerOr("step_window", 1, 1 << 20, o.step_window);
-  o.checkpoint_every = r.integerOr("checkpoint_every", 0, kBig, o.checkpoint_every);
+  o.checkpoint_every = r.integerOr("checkpoint_every", 0, kMaxCount, o.checkpoint_every);
   o.keep_checkpoints = r.integerOr("keep_checkpoints", 1, 1 << 20, o.keep_checkpoints);
   return o;
 }

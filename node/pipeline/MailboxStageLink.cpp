@@ -42,8 +42,6 @@ std::optional<PacketKind> packetKind(MessageKind k) {
   }
 }
 
-double seconds(std::chrono::milliseconds ms) { return double(ms.count()) / 1000.0; }
-
 }  // namespace
 
 uint64_t LinkStats::droppedTotal() const {
@@ -92,7 +90,7 @@ void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost,
                                  const std::string& what) {
   std::string how;
   if (lost.cause == LossCause::kDisconnected)
-    how = detail::concat("its connection has been down for ", seconds(timeouts_.lost),
+    how = detail::concat("its connection has been down for ", secondsOf(timeouts_.lost),
                          " s (training_definition.timeouts.peer_timeout_s)");
   else if (lost.cause == LossCause::kLeft)
     how = "it is leaving (" + (lost.reason.empty() ? std::string("no reason given") : lost.reason) + ")";
@@ -148,7 +146,7 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
   };
   auto unreachable = [&](Neighbour dir, const PeerRef& p, const char* what) {
     CAIRN_THROW(PeerLost, timeout ? "" : "startup timeout: ", what, " ", toString(dir),
-                " neighbour ", p.name, " at ", p.address, " within ", seconds(wait), " s (",
+                " neighbour ", p.name, " at ", p.address, " within ", secondsOf(wait), " s (",
                 timeout_key, "); is its provider running?");
   };
   for (const auto& [dir, p] : neighbours) {
@@ -223,7 +221,7 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   if (status != SendStatus::kSent)
     CAIRN_THROW_LOST(*lost_, toString(to), " neighbour ", p.name, " at ", p.address,
                 " did not take a ", toString(packet.kind), " message (step ", packet.step,
-                ", micro-batch ", packet.microbatch, ") within ", seconds(timeouts_.peer),
+                ", micro-batch ", packet.microbatch, ") within ", secondsOf(timeouts_.peer),
                 " s (training_definition.timeouts.peer_s): ", toString(status));
 }
 
@@ -277,7 +275,7 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
   if (!got)
     CAIRN_THROW_LOST(*lost_, toString(from), " neighbour ", p.name, " at ", p.address, " sent no ",
                 toString(kind), tag.empty() ? "" : " \"" + tag + "\"", " message for step ", step,
-                ", micro-batch ", microbatch, " within ", seconds(timeouts_.peer),
+                ", micro-batch ", microbatch, " within ", secondsOf(timeouts_.peer),
                 " s (training_definition.timeouts.peer_s)");
   return unpack(std::move(*got));
 }

@@ -12,8 +12,6 @@
 namespace cairn {
 namespace {
 
-double seconds(std::chrono::milliseconds ms) { return double(ms.count()) / 1000.0; }
-
 ControlOrigin originOf(const MailboxStageLink& link) {
   return ControlOrigin{link.node().job_id, link.node().name};
 }
@@ -30,7 +28,7 @@ auto awaitControl(Mailbox& mailbox, const MailboxStageLink& link, const PeerRef&
       timeout);
   if (!got)
     CAIRN_THROW(PeerLost, "neighbour ", from.name, " at ", from.address, " sent no \"", tag,
-                "\" (resume agreement) within ", seconds(timeout),
+                "\" (resume agreement) within ", secondsOf(timeout),
                 " s (training_definition.timeouts.max_wait_s); restart it with `provider --name ",
                 from.name, " --resume`");
   std::string why;
@@ -197,7 +195,7 @@ bool NodeRunner::pauseUntilBack(const PeerLost& e, const PeerLoss& lost, NodeRun
                 "resume: set training_definition.checkpoint_every > 0 and restart the cluster");
   CAIRN_WARN("neighbour ", lost.peer, " lost (", toString(lost.cause),
              lost.reason.empty() ? "" : ": " + lost.reason, "): ", std::string(e.what()));
-  CAIRN_WARN("pausing: waiting up to ", seconds(config_.max_wait), " s for ", lost.origin,
+  CAIRN_WARN("pausing: waiting up to ", secondsOf(config_.max_wait), " s for ", lost.origin,
              " to come back (", "provider --name ", lost.origin, " --resume)");
   if (config_.on_state)
     config_.on_state("paused", "neighbour " + lost.peer + " lost (" + toString(lost.cause) +
@@ -215,7 +213,7 @@ bool NodeRunner::pauseUntilBack(const PeerLost& e, const PeerLoss& lost, NodeRun
     const std::string resume_hint = "provider --name " + config_.trainer.node.name +
                                     " --node-data " + config_.node_data + " --resume";
     CAIRN_THROW(PeerLost, "gave up waiting for the lost node ", lost.origin, " after ",
-                seconds(config_.max_wait), " s (training_definition.timeouts.max_wait_s) [",
+                secondsOf(config_.max_wait), " s (training_definition.timeouts.max_wait_s) [",
                 std::string(wait.what()), "]; restart it with `provider --name ", lost.origin,
                 " --resume` and this node with `", resume_hint, "`");
   }

@@ -5,7 +5,6 @@
 namespace cairn {
 namespace {
 
-constexpr size_t kMaxNameBytes = 128;
 constexpr size_t kMaxHeaderBytes = 4096;  // these headers are small
 
 using nlohmann::json;
@@ -106,7 +105,7 @@ std::optional<ChunkRequest> decodeChunkRequest(const Frames& frames, std::string
   const auto j = headerOf(frames, type, 0, why);
   if (!j) return std::nullopt;
   ChunkRequest m;
-  if (!stringField(*j, type, "name", kMaxNameBytes, &m.name, why) ||
+  if (!stringField(*j, type, "name", kMaxNodeNameBytes, &m.name, why) ||
       !chunkField(*j, type, &m.chunk, why) || !unsignedField(*j, type, "offset", &m.offset, why) ||
       !unsignedField(*j, type, "length", &m.length, why))
     return std::nullopt;

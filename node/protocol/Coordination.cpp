@@ -10,7 +10,6 @@
 namespace cairn {
 namespace {
 
-constexpr size_t kMaxNameBytes = 128;
 constexpr size_t kMaxTokenBytes = 256;
 constexpr size_t kMaxAddressBytes = 300;
 constexpr size_t kMaxStateBytes = 64;
@@ -263,7 +262,7 @@ std::optional<ToCoordinator> decodeJoin(const Frames& f, Fields& in, const std::
   JoinAsk m;
   m.token = in.string("token", kMaxTokenBytes);
   m.advertise = in.string("advertise", kMaxAddressBytes);
-  m.name = in.optionalString("name", kMaxNameBytes);
+  m.name = in.optionalString("name", kMaxNodeNameBytes);
   const nlohmann::json probe = in.object("probe");
   if (!in.ok()) return std::nullopt;
   Fields p(probe, "join: probe", why);
@@ -291,7 +290,7 @@ std::optional<ToCoordinator> decodeCheckpoint(const Frames& f, Fields& in,
                                               const std::string& type, std::string* why) {
   if (!attachments(f, 1, 1, type, why)) return std::nullopt;
   CheckpointUpload m;
-  m.name = in.string("name", kMaxNameBytes);
+  m.name = in.string("name", kMaxNodeNameBytes);
   m.step = in.integer("step", 0, INT64_MAX);
   m.checksum = in.unsignedInteger("checksum");
   m.file = f[1];
@@ -306,7 +305,7 @@ std::optional<ToCoordinator> decodeMetrics(const Frames& f, const nlohmann::json
                                            const std::string& type, std::string* why) {
   if (!attachments(f, 0, 0, type, why)) return std::nullopt;
   MetricsBatch m;
-  m.name = in.string("name", kMaxNameBytes);
+  m.name = in.string("name", kMaxNodeNameBytes);
   m.stream = in.string("stream", 64);
   m.seq = in.integer("seq", 0, INT64_MAX / 2);
   m.dropped = in.integer("dropped", 0, INT64_MAX / 2);
@@ -345,7 +344,7 @@ std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, 
   if (type == "heartbeat") {
     if (!attachments(f, 0, 0, type, why)) return std::nullopt;
     Heartbeat m;
-    m.name = in.string("name", kMaxNameBytes);
+    m.name = in.string("name", kMaxNodeNameBytes);
     m.state = in.string("state", kMaxStateBytes);
     m.step = in.integer("step", -1, INT64_MAX);
     return done<V>(in, std::move(m));
@@ -353,7 +352,7 @@ std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, 
   if (type == "result") {
     if (!attachments(f, 1, 1, type, why)) return std::nullopt;
     ResultUpload m;
-    m.name = in.string("name", kMaxNameBytes);
+    m.name = in.string("name", kMaxNodeNameBytes);
     m.summary = in.object("summary");
     m.trained_stage = f[1];
     return done<V>(in, std::move(m));
@@ -362,7 +361,7 @@ std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, 
   if (type == "leaving") {
     if (!attachments(f, 0, 0, type, why)) return std::nullopt;
     LeavingNotice m;
-    m.name = in.string("name", kMaxNameBytes);
+    m.name = in.string("name", kMaxNodeNameBytes);
     m.reason = in.string("reason", kMaxReasonBytes, /*allow_empty=*/true);
     return done<V>(in, std::move(m));
   }
@@ -381,7 +380,7 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
     const bool resume = in.boolean("resume");
     if (!in.ok() || !attachments(f, resume ? 2 : 1, resume ? 2 : 1, type, why)) return std::nullopt;
     Assignment m;
-    m.name = in.string("name", kMaxNameBytes);
+    m.name = in.string("name", kMaxNodeNameBytes);
     m.node = in.object("node");
     m.job = in.object("job");
     m.num_clusters = in.integer("num_clusters", 1, 1 << 20);
@@ -393,7 +392,7 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
   if (!attachments(f, 0, 0, type, why)) return std::nullopt;
   if (type == "accepted") {
     Accepted m;
-    m.name = in.string("name", kMaxNameBytes);
+    m.name = in.string("name", kMaxNodeNameBytes);
     m.state = in.string("state", kMaxStateBytes);
     return done<V>(in, std::move(m));
   }
@@ -402,21 +401,21 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
     return done<V>(in, BandwidthAck{in.integer("bytes", 0, INT64_MAX)});
   if (type == "peers") {
     PeersUpdate m;
-    m.name = in.string("name", kMaxNameBytes);
+    m.name = in.string("name", kMaxNodeNameBytes);
     m.node = in.object("node");
     return done<V>(in, std::move(m));
   }
-  if (type == "result_ack") return done<V>(in, ResultAck{in.string("name", kMaxNameBytes)});
+  if (type == "result_ack") return done<V>(in, ResultAck{in.string("name", kMaxNodeNameBytes)});
   if (type == "checkpoint_ack") {
     CheckpointAck m;
-    m.name = in.string("name", kMaxNameBytes);
+    m.name = in.string("name", kMaxNodeNameBytes);
     m.step = in.integer("step", 0, INT64_MAX);
     if (h->contains("keep_from")) m.keep_from = in.integer("keep_from", 0, INT64_MAX);
     return done<V>(in, std::move(m));
   }
   if (type == "metrics_ack") {
     MetricsAck m;
-    m.name = in.string("name", kMaxNameBytes);
+    m.name = in.string("name", kMaxNodeNameBytes);
     m.stream = in.string("stream", 64);
     m.seq = in.integer("seq", 0, INT64_MAX / 2);
     return done<V>(in, std::move(m));

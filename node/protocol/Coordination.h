@@ -59,6 +59,9 @@
 
 namespace cairn {
 
+// The longest node name a coordination or chunk message may carry.
+inline constexpr size_t kMaxNodeNameBytes = 128;
+
 constexpr int kCoordinationProtocol = 1;
 constexpr size_t kMaxCoordinationHeaderBytes = 1 << 20;  // node.json of a big stage fits
 constexpr size_t kMaxReasonBytes = 512;

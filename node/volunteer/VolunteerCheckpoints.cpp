@@ -21,8 +21,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 // Steps of the files named step_<N>.ckpt in `dir` (as trainer/Checkpoint.h names them), newest first.
 std::vector<int64_t> stepsNewestFirst(const std::string& dir) {
   static const std::regex pattern("step_([0-9]{1,18})\\.ckpt");
@@ -133,7 +131,7 @@ void VolunteerCheckpoints::readReplies(milliseconds wait) {
   acked_ = in_flight_;  // held, or superseded by a newer one the coordinator holds: not resent
   if (ack->step == in_flight_.step)
     CAIRN_INFO("uploaded checkpoint step ", in_flight_.step, ": ", in_flight_.size, " bytes in ",
-               seconds(Clock::now() - sent_at_), " s");
+               secondsOf(Clock::now() - sent_at_), " s");
   else
     CAIRN_INFO("the coordinator keeps its checkpoint of step ", ack->step, " rather than step ",
                in_flight_.step);
@@ -158,7 +156,7 @@ void VolunteerCheckpoints::run() {
     }
     if (has_in_flight_ && now - sent_at_ > options_.ack_timeout) {
       CAIRN_WARN("the coordinator at ", coordinator_, " did not acknowledge checkpoint step ",
-                 in_flight_.step, " within ", seconds(options_.ack_timeout), " s; sending the newest again");
+                 in_flight_.step, " within ", secondsOf(options_.ack_timeout), " s; sending the newest again");
       has_in_flight_ = false;
     }
     if (!has_in_flight_ && now >= next_look && now >= next_send) {
@@ -183,7 +181,7 @@ void VolunteerCheckpoints::run() {
         } else if (!away && now - last_taken >= milliseconds(10000)) {
           away = true;  // logged once, after 10 s (the first connection's handshake takes a moment)
           CAIRN_INFO("the coordinator at ", coordinator_, " takes no checkpoint now (down or "
-                     "unreachable); the newest is offered again every ", seconds(options_.poll), " s");
+                     "unreachable); the newest is offered again every ", secondsOf(options_.poll), " s");
         }
       } else if (finishing) {
         break;  // the coordinator holds the newest valid checkpoint

@@ -24,8 +24,6 @@ std::string shortReason(std::string text) {
   return text.substr(0, cut) + "...";
 }
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 std::string readWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) CAIRN_THROW(BadInput, path, ": cannot read the trained stage to upload it");
@@ -76,7 +74,7 @@ void VolunteerSession::closeMainSocket() {
 
 void VolunteerSession::noAnswer(const std::string& what) const {
   CAIRN_THROW(PeerLost, coordinator_, " did not answer ", what, " within ",
-              seconds(config_.coordinator_timeout), " s. Is it running, and reachable from this "
+              secondsOf(config_.coordinator_timeout), " s. Is it running, and reachable from this "
               "machine? A wrong coordinator key in the invite looks exactly like this (a CURVE "
               "handshake with the wrong key fails silently): check that the invite is the one "
               "`clusterize --serve` printed");
@@ -149,7 +147,7 @@ std::optional<double> VolunteerSession::timeBandwidthProbe(zmq::socket_t& socket
       CAIRN_DEBUG("ignored a message from the coordinator while probing bandwidth");
     }
   }
-  return std::max(seconds(Clock::now() - start), 1e-6);
+  return std::max(secondsOf(Clock::now() - start), 1e-6);
 }
 
 std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
@@ -215,7 +213,7 @@ AssignmentWait VolunteerSession::waitForAssignment() {
     }
     if (now >= next_log) {
       CAIRN_INFO("waiting for an assignment from ", coordinator_, " for ",
-                 int64_t(seconds(now - start)), " s");
+                 int64_t(secondsOf(now - start)), " s");
       next_log = now + config_.waiting_log_interval;
     }
     auto message = receive(std::min(next_beat, next_log));
@@ -321,7 +319,7 @@ bool VolunteerSession::uploadResult(const nlohmann::json& summary, const std::st
                  config_.invite.address());
     else if (attempt == 2)
       CAIRN_INFO("the coordinator has not acknowledged the results yet; resending every ",
-                 seconds(config_.result_resend), " s for up to ", seconds(config_.result_wait), " s");
+                 secondsOf(config_.result_resend), " s for up to ", secondsOf(config_.result_wait), " s");
     else
       CAIRN_DEBUG("results resent, attempt ", attempt);
     const auto attempt_deadline = std::min(deadline, Clock::now() + config_.result_resend);

@@ -1,0 +1,55 @@
+// TorchCompat: the few libtorch API differences between Debian's libtorch 1.13 (the CI build) and
+// PyTorch's own 2.x libtorch (the CUDA build GPU volunteers use: README "GPU volunteers"), in one
+// place so the rooms compile against both from one source without #if of their own.
+//   CAIRN_TORCH_AT_LEAST(M, m)   libtorch version M.m or later (torch/version.h)
+//   torchVersionText()           "1.13.0": what this build was compiled against
+//   IValueCopyMemo, deepcopyIValue(value, memo)
+//                                IValue::deepcopy with a memo that keeps tied tensors tied: the
+//                                memo is HashAliasedIValueMap in 1.x, HashIdentityIValueMap (and
+//                                an optional device) from 2.1
+//   CAIRN_ALLOCATOR_CONST, CAIRN_ALLOCATOR_COPY_DATA
+//                                a c10::Allocator subclass: allocate() is const in 1.x and not
+//                                from 2.3, where copy_data() became pure virtual (the default
+//                                copy is kept)
+// Compiled here against 1.13 only (CI); the 2.x branches follow the 2.11 API that the GPU
+// machine's build of 2026-11-26 reported for exactly these two uses (issue [M];
+// ../shared/device/README.md builds there) and are not compiled until a session has that machine.
+#pragma once
+
+#include <torch/script.h>
+#include <torch/version.h>
+
+#include <string>
+
+#define CAIRN_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace cairn {
+
+inline std::string torchVersionText() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+#if CAIRN_TORCH_AT_LEAST(2, 1)
+using IValueCopyMemo = c10::IValue::HashIdentityIValueMap;
+#else
+using IValueCopyMemo = c10::IValue::HashAliasedIValueMap;
+#endif
+
+inline c10::IValue deepcopyIValue(const c10::IValue& value, IValueCopyMemo& memo) {
+  return value.deepcopy(memo);
+}
+
+}  // namespace cairn
+
+#if CAIRN_TORCH_AT_LEAST(2, 3)
+#define CAIRN_ALLOCATOR_CONST
+#define CAIRN_ALLOCATOR_COPY_DATA                                                  \
+  void copy_data(void* dest, const void* src, std::size_t count) const override { \
+    default_copy_data(dest, src, count);                                           \
+  }
+#else
+#define CAIRN_ALLOCATOR_CONST const
+#define CAIRN_ALLOCATOR_COPY_DATA
+#endif
