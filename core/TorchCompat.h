@@ -1,8 +1,7 @@
 // TorchCompat: the few libtorch API differences between Debian's libtorch 1.13 (the CI build) and
-// PyTorch's own 2.x libtorch (the CUDA build GPU volunteers use: README "GPU volunteers"), in one
-// place so the rooms compile against both from one source without #if of their own.
+// PyTorch's own 2.x libtorch (the CUDA build GPU volunteers will use: issue [M]), in one place so
+// the rooms compile against both from one source without #if of their own.
 //   CAIRN_TORCH_AT_LEAST(M, m)   libtorch version M.m or later (torch/version.h)
-//   torchVersionText()           "1.13.0": what this build was compiled against
 //   IValueCopyMemo, deepcopyIValue(value, memo)
 //                                IValue::deepcopy with a memo that keeps tied tensors tied: the
 //                                memo is HashAliasedIValueMap in 1.x, HashIdentityIValueMap (and
@@ -19,17 +18,10 @@
 #include <torch/script.h>
 #include <torch/version.h>
 
-#include <string>
-
 #define CAIRN_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace cairn {
-
-inline std::string torchVersionText() {
-  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-         std::to_string(TORCH_VERSION_PATCH);
-}
 
 #if CAIRN_TORCH_AT_LEAST(2, 1)
 using IValueCopyMemo = c10::IValue::HashIdentityIValueMap;
