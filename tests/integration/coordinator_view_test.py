@@ -137,10 +137,17 @@ def case_stream_and_restart(args):
                 placed[name] = os.path.join(workdir, "node_data", "nodes", name, "metrics.jsonl")
 
         def scraped_after_restart():
+            # The cluster has gone on past the restart, and the restarted coordinator holds step
+            # records of every node (a node's backlog arrives on its own schedule: one it has not
+            # resent yet has no time split to check).
             with urllib.request.urlopen(url + "metrics", timeout=10) as response:
-                step = parse_prometheus(response.read().decode()).get(("cairn_cluster_step", frozenset({("cluster", "0")})))
-            return step is not None and step >= at_restart + 5
-        vt.wait_until(scraped_after_restart, 300, "/metrics showing steps after the restart")
+                m = parse_prometheus(response.read().decode())
+            step = m.get(("cairn_cluster_step", frozenset({("cluster", "0")})))
+            every_node = all(m.get(("cairn_node_compute_seconds", frozenset({("node", n), ("cluster", "0")})))
+                             is not None for n in placed)
+            return step is not None and step >= at_restart + 5 and every_node
+        vt.wait_until(scraped_after_restart, 300,
+                      "/metrics showing steps after the restart and step records of every node")
         check_metrics_endpoint(url, placed, leaf, steps)
         run.all_finish()
 
