@@ -23,8 +23,10 @@ ctest --output-on-failure -j "${CAIRN_TEST_JOBS:-2}" "$@" 2>&1 | tee "$log" || s
 # ctest's result lines: "  12/120 Test  #34: name ......   Passed   12.34 sec"
 echo
 echo "The ten slowest tests:"
+# (awk, not head, takes the first ten: head exits early, sort then dies of SIGPIPE, and pipefail
+# made the whole run exit 141 after the suite had passed.)
 sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/p' "$log" |
-  sort -rn | head -10 | awk '{printf "  %8.1f s  %s\n", $1, $2}'
+  sort -rn | awk 'NR <= 10 {printf "  %8.1f s  %s\n", $1, $2}' || true
 # Each failed test's output block (--output-on-failure prints it right after its result line).
 awk '
   /^ *[0-9]+\/[0-9]+ Test +#[0-9]+: / || /^ *Start +[0-9]+: / {
