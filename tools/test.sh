@@ -24,7 +24,7 @@ ctest --output-on-failure -j "${CAIRN_TEST_JOBS:-2}" "$@" 2>&1 | tee "$log" || s
 echo
 echo "The ten slowest tests:"
 # (awk, not head, takes the first ten: head exits early, sort then dies of SIGPIPE, and pipefail
-# made the whole run exit 141 after the suite had passed.)
+# made a fresh run exit 141 instead of with ctest's status, before the failure report.)
 sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/p' "$log" |
   sort -rn | awk 'NR <= 10 {printf "  %8.1f s  %s\n", $1, $2}' || true
 # Each failed test's output block (--output-on-failure prints it right after its result line).
