@@ -45,6 +45,8 @@ import numpy as np
 import torch
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+sys.path.insert(0, os.path.join(REPO, "tools/bench"))
+from loopback_ports import ephemeral_low  # noqa: E402  (the port policy the benchmarks share)
 EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
 FASHION = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530
@@ -63,10 +65,7 @@ def free_ports(count):
     never be one of these, so a port picked here stays free while its process is down (a restarted
     coordinator, a volunteer between runs). The static tests' fixed ports (tests/CMakeLists.txt,
     5700-7000) lie below the range drawn from."""
-    try:
-        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+    low = ephemeral_low()
     draw = random.Random(os.getpid() ^ time.monotonic_ns())
     ports = []
     while len(ports) < count:
