@@ -18,10 +18,19 @@
 #include <torch/script.h>
 #include <torch/version.h>
 
+#include <string>
+
 #define CAIRN_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace cairn {
+
+// "1.13.0": the libtorch this binary was compiled against (volunteers report it at join; the
+// coordinator refuses one older than the libtorch that wrote the plan's stage files).
+inline std::string libtorchVersion() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
 
 #if CAIRN_TORCH_AT_LEAST(2, 1)
 using IValueCopyMemo = c10::IValue::HashIdentityIValueMap;
