@@ -13,6 +13,7 @@
 #include "node/pipeline/ProviderRun.h"
 #include "node/volunteer/VolunteerRun.h"
 #include "node/protocol/Coordination.h"
+#include "trainer/Device.h"
 
 namespace {
 
@@ -57,6 +58,7 @@ struct Cli {
   std::string node_data = "node_data";
   bool resume = false;
   bool insecure = false;
+  std::string device = "auto";
   // --probe / --probe-serve: know your machine.
   bool probe = false;
   std::string probe_address = "127.0.0.1:5500", probe_peer, probe_serve;
@@ -96,7 +98,9 @@ void addNodeOptions(CLI::App& app, Cli& cli) {
 void addProbeOptions(CLI::App& app, Cli& cli) {
   app.add_flag("--probe", cli.probe,
                "print this machine's node_configs.json entry: RAM and cores (hwloc, cgroup limit "
-               "applied), matmul GFLOPS, bandwidth (Mbps) to --peer or over loopback");
+               "applied), matmul GFLOPS, bandwidth (Mbps) to --peer or over loopback, and each\n"
+               "CUDA GPU libtorch sees (name, memory, dense fp32/bf16 TFLOP/s, pinned host<->device "
+               "GB/s);\na summary for people, GPUs included (or why none), goes to stderr");
   app.add_option("--address", cli.probe_address, "with --probe: the IP (host:port) to write in the entry")
       ->capture_default_str();
   app.add_option("--peer", cli.probe_peer, "with --probe: host:port of a `provider --probe-serve`");
@@ -110,6 +114,12 @@ void addProbeOptions(CLI::App& app, Cli& cli) {
 }
 
 void addTrainingFlags(CLI::App& app, Cli& cli) {
+  app.add_option("--device", cli.device,
+                 "where the stage trains (with --name or --join): auto (the first CUDA GPU when "
+                 "this build's libtorch\nand the machine have one, else the CPU), cpu, cuda or "
+                 "cuda:N. A build against Debian's libtorch\nhas no CUDA: cuda exits 2 (README "
+                 "\"GPU volunteers\"). Checkpoints are device-free: any device resumes them")
+      ->capture_default_str();
   app.add_flag("--resume", cli.resume,
                "restart from the newest step for which every node of this cluster has a valid\n"
                "checkpoint (nodes/<name>/checkpoints/; the nodes agree on it over the wire). When\n"
@@ -206,6 +216,8 @@ int runJoin(const Cli& cli) {
   config.result_wait = std::chrono::milliseconds(int64_t(cli.result_wait_s * 1000));
   config.probe_megabytes = cli.probe_megabytes_option->count() > 0 ? cli.probe_megabytes : 8;
   config.stop_requested = [] { return g_stop.load(); };
+  config.device = cli.device;
+  cairn::resolveDevice(cli.device, "--device");  // a device this machine lacks: exit 2 before joining
   return cairn::runVolunteer(config);
 }
 
@@ -248,6 +260,11 @@ int printProbe(const Cli& cli) {
   measured.bandwidth_mbps = cairn::probeBandwidthMbps(
       cli.probe_peer.empty() ? std::nullopt : std::optional<std::string>(cli.probe_peer),
       cli.probe_megabytes);
+  measured.bandwidth_peer = cli.probe_peer.empty() ? "loopback" : cli.probe_peer;
+  std::string no_gpus;
+  measured.gpus = cairn::probeGpus(&no_gpus);
+  // The entry on stdout (redirected into a file for tools/make_node_configs), the summary on stderr.
+  std::fprintf(stderr, "%s", cairn::probeSummary(measured, no_gpus).c_str());
   std::printf("%s\n", cairn::nodeConfigEntry(measured, cli.probe_address).dump(2).c_str());
   return 0;
 }
@@ -273,6 +290,8 @@ int trainMode(const Cli& cli) {
     options.name = cli.name;
     options.resume = cli.resume;
     options.insecure = cli.insecure;
+    options.device = cli.device;
+    cairn::resolveDevice(cli.device, "--device");  // exit 2 before any socket opens
     options.stop_requested = [] { return g_stop.load(); };
     cairn::runProvider(options);
     return 0;

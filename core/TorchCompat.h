@@ -10,6 +10,10 @@
 //                                a c10::Allocator subclass: allocate() is const in 1.x and not
 //                                from 2.3, where copy_data() became pure virtual (the default
 //                                copy is kept)
+//   autocastEnabled, setAutocastEnabled, autocastDtype, setAutocastDtype (device type: CPU, CUDA)
+//                                autocast's per-device state: is_cpu_enabled / is_enabled (CUDA)
+//                                and their dtype getters in 1.x, one function taking the device
+//                                type from 2.4 (the old ones are deprecated there)
 // Compiled here against 1.13 only (CI); the 2.x branches follow the 2.11 API that the GPU
 // machine's build of 2026-11-26 reported for exactly these two uses (issue [M];
 // ../shared/device/README.md builds there) and are not compiled until a session has that machine.
@@ -17,6 +21,7 @@
 
 #include <torch/script.h>
 #include <torch/version.h>
+#include <ATen/autocast_mode.h>
 
 #include <string>
 
@@ -41,6 +46,41 @@ using IValueCopyMemo = c10::IValue::HashAliasedIValueMap;
 inline c10::IValue deepcopyIValue(const c10::IValue& value, IValueCopyMemo& memo) {
   return value.deepcopy(memo);
 }
+
+#if CAIRN_TORCH_AT_LEAST(2, 4)
+inline bool autocastEnabled(c10::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
+inline void setAutocastEnabled(c10::DeviceType type, bool on) {
+  at::autocast::set_autocast_enabled(type, on);
+}
+inline at::ScalarType autocastDtype(c10::DeviceType type) {
+  return at::autocast::get_autocast_dtype(type);
+}
+inline void setAutocastDtype(c10::DeviceType type, at::ScalarType dtype) {
+  at::autocast::set_autocast_dtype(type, dtype);
+}
+#else
+inline bool autocastEnabled(c10::DeviceType type) {
+  return type == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
+inline void setAutocastEnabled(c10::DeviceType type, bool on) {
+  if (type == c10::DeviceType::CUDA) {
+    at::autocast::set_enabled(on);
+  } else {
+    at::autocast::set_cpu_enabled(on);
+  }
+}
+inline at::ScalarType autocastDtype(c10::DeviceType type) {
+  return type == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                       : at::autocast::get_autocast_cpu_dtype();
+}
+inline void setAutocastDtype(c10::DeviceType type, at::ScalarType dtype) {
+  if (type == c10::DeviceType::CUDA) {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+}
+#endif
 
 }  // namespace cairn
 

@@ -5,6 +5,10 @@
 #   CAIRN_BUILD_DIR=... CAIRN_JOBS=... tools/setup.sh
 #   CAIRN_TARGETS="provider" tools/setup.sh   # build only these targets (tools/demo.sh does)
 #   CAIRN_SETUP_PACKAGES_ONLY=1 tools/setup.sh # install packages, build nothing (tools/tsan.sh)
+#   CAIRN_LIBTORCH=/path/to/libtorch tools/setup.sh
+#       build against another libtorch than Debian's, e.g. PyTorch's CUDA build (README "GPU
+#       volunteers"): the folder holding share/cmake/Torch/TorchConfig.cmake (an unpacked libtorch
+#       zip, or pip's site-packages/torch). The build folder is configured for it anew.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,10 +43,20 @@ if [[ -n "${CAIRN_SETUP_PACKAGES_ONLY:-}" ]]; then exit 0; fi
 
 BUILD_DIR=${CAIRN_BUILD_DIR:-build}
 JOBS=${CAIRN_JOBS:-$(nproc)}
-if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+TORCH_ARGS=()
+if [[ -n "${CAIRN_LIBTORCH:-}" ]]; then
+  if [[ ! -f "$CAIRN_LIBTORCH/share/cmake/Torch/TorchConfig.cmake" ]]; then
+    echo "setup: error: CAIRN_LIBTORCH=$CAIRN_LIBTORCH holds no share/cmake/Torch/TorchConfig.cmake" \
+         "(give the unpacked libtorch folder, or the folder of: python3 -c 'import torch; print(torch.__file__)')" >&2
+    exit 2
+  fi
+  TORCH_ARGS=(-DTorch_DIR="$(cd "$CAIRN_LIBTORCH" && pwd)/share/cmake/Torch")
+fi
+if [[ ! -f "$BUILD_DIR/build.ninja" || ${#TORCH_ARGS[@]} -gt 0 ]]; then
   # CI (CI=true) builds with -Werror; CAIRN_WERROR=ON asks for it anywhere.
   WERROR=${CAIRN_WERROR:-$([[ "${CI:-}" == "true" ]] && echo ON || echo OFF)}
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR="$WERROR"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR="$WERROR" \
+    "${TORCH_ARGS[@]}"
 fi
 if [[ -n "${CAIRN_TARGETS:-}" ]]; then
   # shellcheck disable=SC2086

@@ -177,9 +177,12 @@ void gatherStage(const CarryStage& stage, size_t k, const CheckpointData& d,
       state->grads[stage.trainable[index]] = t;
     } else if (name == "rng.cpu") {
       state->rng[k] = t;
+    } else if (name == "rng.cuda") {
+      // A CUDA generator (written on a GPU): not carried; the recut stage's device generator
+      // starts as seeded, like one of a checkpoint written on the CPU.
     } else {
       CAIRN_THROW(BadInput, src, ": tensor \"", name, "\" is not one carrying knows (stage.*, "
-                  "optim.<i>.*, grad.<i>, rng.cpu)");
+                  "optim.<i>.*, grad.<i>, rng.cpu, rng.cuda)");
     }
   }
   // The checkpoint must be of this very stage file: the same tensors.

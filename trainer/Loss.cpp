@@ -58,7 +58,7 @@ torch::Tensor bceSum(const LossOptions& o, const torch::Tensor& output,
   checkSameShape("bce_with_logits", output, targets);
   torch::Tensor pos_weight;
   if (!o.pos_weight.empty()) {
-    pos_weight = torch::tensor(o.pos_weight, torch::kDouble).to(output.scalar_type());
+    pos_weight = torch::tensor(o.pos_weight, torch::kDouble).to(output.device(), output.scalar_type());
     if (o.pos_weight.size() > 1 && (output.dim() == 0 || output.size(-1) != pos_weight.size(0)))
       CAIRN_THROW(BadInput, "bce_with_logits loss: pos_weight has ", o.pos_weight.size(),
                   " entries but the output's last dimension is ",
@@ -77,8 +77,10 @@ int64_t lossTermCount(const LossOptions& options, const torch::Tensor& targets) 
 }
 
 torch::Tensor microbatchLoss(const LossOptions& options, const torch::Tensor& output,
-                             const torch::Tensor& targets, double denominator) {
+                             const torch::Tensor& received_targets, double denominator) {
   CAIRN_ENFORCE(denominator > 0, "loss denominator must be positive");
+  // Targets travel on the host; the loss runs where the output is (trainer/Device.h).
+  const torch::Tensor targets = received_targets.to(output.device());
   switch (options.kind) {
     case LossKind::kTorchScript:
       return scripted(options).microbatchLoss(output, targets, denominator);
@@ -98,8 +100,9 @@ torch::Tensor microbatchLoss(const LossOptions& options, const torch::Tensor& ou
 }
 
 EvalTally evaluationTally(const LossOptions& options, const torch::Tensor& output,
-                          const torch::Tensor& targets) {
+                          const torch::Tensor& received_targets) {
   torch::NoGradGuard no_grad;
+  const torch::Tensor targets = received_targets.to(output.device());
   EvalTally tally;
   switch (options.kind) {
     case LossKind::kTorchScript: {

@@ -6,23 +6,25 @@
 #include <string>
 
 #include "core/Log.h"
+#include "core/TorchCompat.h"
 
 namespace cairn {
 
-AutocastScope::AutocastScope(Precision precision) : active_(precision == Precision::kBf16) {
+AutocastScope::AutocastScope(Precision precision, c10::DeviceType device)
+    : active_(precision == Precision::kBf16), device_(device) {
   if (!active_) return;
-  previous_enabled_ = at::autocast::is_cpu_enabled();
-  previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-  at::autocast::set_cpu_enabled(true);
-  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  previous_enabled_ = autocastEnabled(device_);
+  previous_dtype_ = autocastDtype(device_);
+  setAutocastEnabled(device_, true);
+  setAutocastDtype(device_, at::kBFloat16);
   at::autocast::increment_nesting();
 }
 
 AutocastScope::~AutocastScope() {
   if (!active_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_cpu_enabled(previous_enabled_);
-  at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  setAutocastEnabled(device_, previous_enabled_);
+  setAutocastDtype(device_, previous_dtype_);
 }
 
 torch::Tensor toFloat32IfReduced(const torch::Tensor& t) {
@@ -43,8 +45,13 @@ bool cpuHasNativeBf16() {
   return false;
 }
 
-void announcePrecision(Precision precision) {
+void announcePrecision(Precision precision, c10::DeviceType device) {
   if (precision != Precision::kBf16) return;
+  if (device == c10::DeviceType::CUDA) {
+    CAIRN_INFO("precision bf16: stage forwards under CUDA autocast to bfloat16; float32 master "
+               "weights, gradients and optimizer state");
+    return;
+  }
   if (cpuHasNativeBf16()) {
     CAIRN_INFO("precision bf16: stage forwards under CPU autocast to bfloat16 (this CPU has native "
                "bf16); float32 master weights, gradients and optimizer state");

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/Error.h"
+#include "trainer/Device.h"
 
 namespace cairn {
 
@@ -13,8 +14,22 @@ StageExecutor::StageExecutor(torch::jit::Module module, std::vector<BoundaryValu
     : module_(std::move(module)),
       input_specs_(std::move(inputs)),
       output_specs_(std::move(outputs)),
-      inputs_need_grad_(inputs_need_grad) {
+      inputs_need_grad_(inputs_need_grad),
+      placement_(makePlacement(torch::kCPU)) {
   module_.train();
+}
+
+void StageExecutor::setPlacement(std::shared_ptr<const TensorPlacement> placement) {
+  CAIRN_ENFORCE(placement != nullptr && pending_.empty(),
+                "the placement is set before the first forward");
+  placement_ = std::move(placement);
+}
+
+std::vector<torch::Tensor> StageExecutor::onDevice(const std::vector<torch::Tensor>& inputs) const {
+  std::vector<torch::Tensor> out = inputs;
+  for (size_t i = 0; i < out.size() && i < input_specs_.size(); ++i)
+    if (input_specs_[i].type == "tensor") out[i] = placement_->toDevice(out[i]);
+  return out;
 }
 
 std::vector<torch::IValue> StageExecutor::toArguments(
@@ -62,7 +77,7 @@ std::vector<torch::Tensor> StageExecutor::fromResult(const torch::IValue& result
   for (size_t i = 0; i < values.size(); ++i) {
     const torch::IValue& v = values[i];
     if (v.isTensor()) {  // bf16: float32 again at the boundary (trainer/Precision.h)
-      out.push_back(precision_ == Precision::kFp32 ? v.toTensor()
+      out.push_back(precision_ != Precision::kBf16 ? v.toTensor()
                                                    : toFloat32IfReduced(v.toTensor()));
     } else if (v.isInt()) {
       out.push_back(torch::tensor(v.toInt(), torch::kLong));
@@ -84,8 +99,9 @@ std::vector<torch::Tensor> StageExecutor::forward(uint64_t id,
                                                   const std::vector<torch::Tensor>& inputs) {
   CAIRN_ENFORCE(!pending_.count(id), "micro-batch ", id, " is already in flight");
   Pending pending;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    torch::Tensor t = inputs[i];
+  const std::vector<torch::Tensor> placed = onDevice(inputs);
+  for (size_t i = 0; i < placed.size(); ++i) {
+    torch::Tensor t = placed[i];
     const bool wants_grad = inputs_need_grad_ && i < input_specs_.size() &&
                             input_specs_[i].type == "tensor" && t.is_floating_point();
     if (wants_grad) t = t.detach().requires_grad_(true);
@@ -105,7 +121,7 @@ std::vector<torch::Tensor> StageExecutor::forward(uint64_t id,
     updateStashStats();
     setParameters(true, &v);
     try {
-      AutocastScope autocast(precision_);
+      AutocastScope autocast(precision_, placement_->device().type());
       result = module_.forward(toArguments(pending.inputs));
     } catch (...) {
       setParameters(false, nullptr);
@@ -114,7 +130,7 @@ std::vector<torch::Tensor> StageExecutor::forward(uint64_t id,
     }
     setParameters(false, nullptr);
   } else {
-    AutocastScope autocast(precision_);
+    AutocastScope autocast(precision_, placement_->device().type());
     result = module_.forward(toArguments(pending.inputs));
   }
   pending.outputs = fromResult(result);
@@ -159,7 +175,7 @@ std::vector<torch::Tensor> StageExecutor::backward(uint64_t id,
       CAIRN_THROW(BadInput, "gradient for output ", output_specs_[i].name, " has shape ", g.sizes(),
                   " but the output has ", out.sizes());
     roots.push_back(out);
-    grads.push_back(g.to(out.scalar_type()));
+    grads.push_back(placement_->toDevice(g).to(out.scalar_type()));
   }
   if (!roots.empty()) torch::autograd::backward(roots, grads);
   if (pending.version >= 0) releaseVersion(pending.version, true);
@@ -183,8 +199,8 @@ std::vector<torch::Tensor> StageExecutor::evaluate(const std::vector<torch::Tens
   try {
     torch::IValue result;
     {
-      AutocastScope autocast(precision_);
-      result = module_.forward(toArguments(inputs));
+      AutocastScope autocast(precision_, placement_->device().type());
+      result = module_.forward(toArguments(onDevice(inputs)));
     }
     out = fromResult(result);
   } catch (...) {

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,8 @@
 #include "trainer/Precision.h"
 
 namespace cairn {
+
+class TensorPlacement;  // trainer/Device.h
 
 class StageExecutor {
  public:
@@ -63,8 +66,14 @@ class StageExecutor {
   };
   const StashStats& stashStats() const { return stash_stats_; }
   torch::jit::Module& module() { return module_; }
-  // "precision": bf16 runs forwards under CPU autocast and returns float32 outputs (Precision.h).
+  // "precision": bf16 runs forwards under autocast (on the module's device) and returns float32
+  // outputs (Precision.h).
   void setPrecision(Precision precision) { precision_ = precision; }
+  // Where the module lives (trainer/Device.h; default: the CPU). The module must already be there
+  // (StageTrainer moves it). forward, backward and evaluate move their boundary tensors ("tensor"
+  // inputs, output gradients) onto it; outputs and input gradients stay on it.
+  void setPlacement(std::shared_ptr<const TensorPlacement> placement);
+  const TensorPlacement& placement() const { return *placement_; }
 
  private:
   struct Pending {
@@ -99,6 +108,10 @@ class StageExecutor {
   int64_t current_version_ = 0;
   StashStats stash_stats_;
   Precision precision_ = Precision::kFp32;
+  std::shared_ptr<const TensorPlacement> placement_;
+  // The "tensor" inputs on the placement's device (the others stay where they are: they become
+  // plain numbers).
+  std::vector<torch::Tensor> onDevice(const std::vector<torch::Tensor>& inputs) const;
 };
 
 }  // namespace cairn

@@ -17,6 +17,7 @@
 #include "trainer/ClusterSync.h"
 #include "trainer/Dataset.h"
 #include "trainer/DealChange.h"
+#include "trainer/Device.h"
 #include "trainer/Evaluator.h"
 #include "trainer/GradNormReducer.h"
 #include "trainer/Metrics.h"
@@ -35,6 +36,16 @@
 namespace cairn {
 namespace {
 
+// The placement the config asks for (the CPU when none), with the module moved there.
+std::shared_ptr<const TensorPlacement> placementOf(const StageTrainerConfig& cfg,
+                                                  torch::jit::Module& stage) {
+  std::shared_ptr<const TensorPlacement> placement =
+      cfg.placement ? cfg.placement : makePlacement(torch::kCPU);
+  if (!placement->device().is_cpu()) stage.to(placement->device());
+  configureDeviceMath(placement->device(), cfg.options.precision);
+  return placement;
+}
+
 MetricsLog openMetrics(const StageTrainerConfig& cfg) {
   if (cfg.metrics_path.empty()) return MetricsLog();
   return MetricsLog(cfg.metrics_path, /*append=*/cfg.resume_step >= 0);
@@ -45,6 +56,7 @@ MetricsLog openMetrics(const StageTrainerConfig& cfg) {
 struct StageTrainer::Impl {
   StageTrainerConfig cfg;
   TrainerObserver observer;
+  std::shared_ptr<const TensorPlacement> placement;
   const bool is_root, is_leaf;
   SyncSchedule schedule;
   std::unique_ptr<StageExecutor> executor;
@@ -67,6 +79,7 @@ struct StageTrainer::Impl {
   Impl(StageTrainerConfig c, torch::jit::Module stage, StageLink& l, TrainerObserver o)
       : cfg(std::move(c)),
         observer(std::move(o)),
+        placement(placementOf(cfg, stage)),
         is_root(cfg.node.stage == 0),
         is_leaf(cfg.node.stage == cfg.node.num_stages - 1),
         schedule(cfg.node.stage, cfg.node.num_stages, int(cfg.options.microbatches),
@@ -76,9 +89,9 @@ struct StageTrainer::Impl {
                                                  /*inputs_need_grad=*/!is_root)),
         optimizer(makeStageOptimizer(executor->module(), cfg.options.optimizer)),
         metrics(openMetrics(cfg)),
-        ctx{cfg,        cfg.options, is_root, is_leaf, *executor,
-            *optimizer, metrics,     plan,    times,   observer},
-        link(l, times),
+        ctx{cfg,  cfg.options, is_root, is_leaf,  *executor, *optimizer,
+            metrics, plan,      times,   observer, *placement},
+        link(l, times, *placement),
         stop(cfg, is_root),
         checkpoints(ctx, data),
         feeder(ctx, data),
@@ -94,7 +107,8 @@ struct StageTrainer::Impl {
     torch::manual_seed(opt.seed * 1000003u + uint64_t(cfg.node.cluster) * 7919u +
                        uint64_t(cfg.node.stage));
     executor->setPrecision(opt.precision);
-    announcePrecision(opt.precision);
+    executor->setPlacement(placement);
+    announcePrecision(opt.precision, placement->device().type());
     if (cfg.resume_step >= 0) checkpoints.load();
   }
 
@@ -134,5 +148,6 @@ StageTrainer::StageTrainer(StageTrainerConfig config, torch::jit::Module stage, 
 StageTrainer::~StageTrainer() = default;
 TrainerResult StageTrainer::run() { return impl_->run(); }
 StageExecutor& StageTrainer::executor() { return *impl_->executor; }
+Optimizer& StageTrainer::optimizer() { return *impl_->optimizer; }
 
 }  // namespace cairn

@@ -35,7 +35,9 @@
 namespace cairn {
 
 class StageExecutor;
+class Optimizer;
 class ClusterSync;
+class TensorPlacement;  // trainer/Device.h
 class ChunkSource;  // trainer/data/ServedDataset.h
 
 struct EvalResult {
@@ -75,6 +77,9 @@ struct StageTrainerConfig {
   std::string metrics_path;     // "" = no metrics.jsonl
   std::string sample_ids_path;  // used when options.record_sample_ids
   bool show_progress = true;
+  // Where the stage trains (trainer/Device.h, provider --device); null: the CPU. The module,
+  // optimizer state and loss live there; packets, rings and checkpoint files on the host.
+  std::shared_ptr<const TensorPlacement> placement;
   // Cross-cluster sync (borrowed, may be null: no sync). See trainer/ClusterSync.h.
   ClusterSync* cluster_sync = nullptr;
   // Checkpoints (trainer/Checkpoint.h, docs/OPERATIONS.md): written every
@@ -109,6 +114,7 @@ class StageTrainer {
   ~StageTrainer();
   TrainerResult run();
   StageExecutor& executor();
+  Optimizer& optimizer();
 
  private:
   struct Impl;

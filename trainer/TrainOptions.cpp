@@ -261,7 +261,15 @@ std::string toString(LossKind kind) {
 }
 
 std::string toString(Precision precision) {
-  return precision == Precision::kBf16 ? "bf16" : "fp32";
+  switch (precision) {
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp32Strict:
+      return "fp32-strict";
+    case Precision::kFp32:
+      break;
+  }
+  return "fp32";
 }
 
 std::string toString(ScheduleKind kind) {
@@ -342,8 +350,10 @@ TrainOptions parseTrainOptions(const nlohmann::json& training_definition,
   o.optimizer = parseOptimizer(r);
   o.lr_scheduler = parseLrSchedule(r);
   o.loss = parseLoss(r, source);
-  o.precision = r.choiceOr("precision", {"fp32", "bf16"}, "fp32") == "bf16" ? Precision::kBf16
-                                                                           : Precision::kFp32;
+  const std::string precision = r.choiceOr("precision", {"fp32", "fp32-strict", "bf16"}, "fp32");
+  o.precision = precision == "bf16"          ? Precision::kBf16
+                : precision == "fp32-strict" ? Precision::kFp32Strict
+                                             : Precision::kFp32;
   o.wire = parseWire(r);
   o.clip_grad_norm = r.numberOr("clip_grad_norm", 0);
   if (!(o.clip_grad_norm >= 0)) r.fail("clip_grad_norm", "must be a non-negative number (0: off)");

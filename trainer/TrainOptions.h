@@ -24,9 +24,10 @@ enum class LrScheduleKind { kConstant, kStep, kCosine, kWarmupCosine };
 // "loss_fn": the built-ins, or a TorchScript module (docs/TRAINING.md "Loss").
 enum class LossKind { kCrossEntropy, kMse, kNll, kBceWithLogits, kTorchScript };
 enum class SyncMode { kAverage, kDiLoCo, kGradients };
-// "precision": "fp32", or "bf16": stage forwards under CPU autocast to bfloat16 with float32 master
-// weights, gradients and optimizer state (trainer/Precision.h, docs/TRAINING.md "Precision").
-enum class Precision { kFp32, kBf16 };
+// "precision": "fp32", "fp32-strict" (as fp32; on CUDA also no TF32 matmuls), or "bf16": stage
+// forwards under autocast to bfloat16 (CPU or CUDA) with float32 master weights, gradients and
+// optimizer state (trainer/Precision.h, docs/TRAINING.md "Precision").
+enum class Precision { kFp32, kFp32Strict, kBf16 };
 // "schedule": how a node orders its micro-batches (docs/TRAINING.md "Schedules").
 enum class ScheduleKind { kSync, kAsync };
 // "wire": how float tensors travel between stages ("activations": activations and their
@@ -145,7 +146,7 @@ struct TrainOptions {
   OptimizerOptions optimizer;                     // "optimizer": "adamw" or {name, lr, ...}
   LrScheduleOptions lr_scheduler;                 // "lr_scheduler": "constant" or {name, ...}
   LossOptions loss;               // "loss_fn": "cross_entropy", {name, ...} or {torchscript}
-  Precision precision = Precision::kFp32;  // "precision": "fp32" | "bf16"
+  Precision precision = Precision::kFp32;  // "precision": "fp32" | "fp32-strict" | "bf16"
   WireOptions wire;  // "wire": {"activations": "fp32", "sync": "fp32"} (default: uncompressed)
   double clip_grad_norm = 0;      // > 0: clip gradients to this GLOBAL norm (all stages together)
   int64_t eval_every = 0;         // > 0: evaluate every this many steps (always at the end)

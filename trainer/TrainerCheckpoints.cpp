@@ -13,6 +13,7 @@
 #include "trainer/Checkpoint.h"
 #include "trainer/DealSampler.h"
 #include "trainer/ClusterSync.h"
+#include "trainer/Device.h"
 #include "trainer/Metrics.h"
 #include "trainer/Optimizer.h"
 #include "trainer/RunPlan.h"
@@ -36,6 +37,20 @@ torch::Tensor cpuGeneratorState() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
+}
+
+// The default generator of a CUDA device (dropout on the GPU draws from it; through ATen's
+// context, so no CUDA header is needed).
+at::Generator deviceGenerator(torch::Device device) {
+  return at::globalContext().defaultGenerator(device);
+}
+
+// The tensors a checkpoint keeps of the stage's own state, which live on the training device:
+// the parameters and buffers, the optimizer state, the accumulated gradients. The generator
+// states and the ClusterSync's tensors are host state and stay on the host.
+bool onTrainingDevice(const std::string& name) {
+  return name.rfind("stage.", 0) == 0 || name.rfind("optim.", 0) == 0 ||
+         name.rfind("grad.", 0) == 0;
 }
 
 }  // namespace
@@ -66,6 +81,12 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
         d.tensors.emplace_back("grad." + std::to_string(i), params[i].grad().detach());
   }
   d.tensors.emplace_back("rng.cpu", cpuGeneratorState());
+  const torch::Device device = ctx_.placement.device();
+  if (device.is_cuda()) {  // read on a CUDA machine only; a CPU resume leaves it unused
+    at::Generator gen = deviceGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    d.tensors.emplace_back("rng.cuda", gen.get_state());
+  }
   nlohmann::json sync_meta = nlohmann::json::object(), sync_names = nlohmann::json::array();
   if (ctx_.cfg.cluster_sync) {
     std::vector<std::pair<std::string, torch::Tensor>> sync_tensors;
@@ -97,6 +118,14 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
             {"sync", sync_meta},
             {"sync_tensors", sync_names}};
   if (!ctx_.plan.epoch_steps.empty()) d.meta["epoch_steps"] = epochStepsJson(ctx_.plan);
+  d.meta["device"] = device.str();  // where it was written: informative, any device resumes it
+  // Device-free files: the stage's own state crosses to the host (nothing moves when training on
+  // the CPU); the generator and ClusterSync states are host tensors already.
+  for (auto& [name, tensor] : d.tensors) {
+    if (onTrainingDevice(name)) tensor = ctx_.placement.toHost(tensor);
+    CAIRN_ENFORCE(tensor.device().is_cpu(), "checkpoint tensor ", name, " is on ",
+                  tensor.device().str(), ", not on the host");
+  }
   // The Root: the deal its samples follow.
   if (deal_ && !ctx_.plan.epoch_steps.empty()) d.meta["deal"] = dealToJson(deal_());
   writeCheckpoint(ctx_.cfg.checkpoint_dir, d, ctx_.opt.keep_checkpoints,
@@ -163,6 +192,22 @@ void restoreGradients(const std::vector<torch::Tensor>& params, const TensorsByN
   }
 }
 
+// A CUDA generator's state when the checkpoint has one and the stage trains on CUDA (a checkpoint
+// written on the CPU resumes on a GPU with the generator as seeded; dropout then draws anew).
+void restoreDeviceGenerator(const TensorsByName& by_name, torch::Device device,
+                            const std::string& path) {
+  auto rng = by_name.find("rng.cuda");
+  if (rng == by_name.end() || !device.is_cuda()) return;
+  at::Generator gen = deviceGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  try {
+    gen.set_state(rng->second);
+  } catch (const c10::Error& e) {
+    CAIRN_THROW(BadInput, path,
+                ": rng.cuda is not a CUDA generator state: ", e.what_without_backtrace());
+  }
+}
+
 void restoreCpuGenerator(const TensorsByName& by_name, const std::string& path) {
   auto rng = by_name.find("rng.cpu");
   if (rng == by_name.end()) CAIRN_THROW(BadInput, path, ": lacks the generator state rng.cpu");
@@ -204,11 +249,15 @@ void TrainerCheckpoints::load() {
   expectMeta(m, "stage", node.stage, path, node);
   expectMeta(m, "num_stages", node.num_stages, path, node);
   expectMeta(m, "schedule", toString(ctx_.opt.schedule), path, node);
+  // The stage's own state onto the training device (the file holds host tensors).
+  for (auto& [name, tensor] : d.tensors)
+    if (onTrainingDevice(name)) tensor = ctx_.placement.toDevice(tensor);
   TensorsByName by_name(d.tensors.begin(), d.tensors.end());
   restoreStage(ctx_.executor.module(), &by_name, path);
   ctx_.optimizer.importState(d.tensors, path);
   restoreGradients(ctx_.optimizer.parameters(), by_name, path);
   restoreCpuGenerator(by_name, path);
+  restoreDeviceGenerator(by_name, ctx_.placement.device(), path);
   if (ctx_.cfg.cluster_sync) restoreClusterSync(*ctx_.cfg.cluster_sync, m, by_name, path);
   try {
     resume_.updates = m.at("updates").get<int64_t>();

@@ -1,5 +1,7 @@
 #include "trainer/TrainerContext.h"
 
+#include "trainer/Device.h"
+
 #include "trainer/ClusterSync.h"
 #include "trainer/Optimizer.h"
 #include "trainer/StageExecutor.h"
@@ -8,7 +10,13 @@ namespace cairn {
 
 void TimedLink::send(Neighbour to, const StagePacket& packet) {
   const auto t = TrainerClock::now();
-  link_.send(to, packet);
+  if (placement_.device().is_cpu()) {
+    link_.send(to, packet);
+  } else {
+    StagePacket host = packet;
+    for (auto& named : host.tensors) named.second = placement_.toHost(named.second);
+    link_.send(to, host);
+  }
   times_.send_s += secondsSince(t);
 }
 

@@ -22,6 +22,7 @@ namespace cairn {
 class MetricsLog;
 class Optimizer;
 class StageExecutor;
+class TensorPlacement;
 struct RunPlan;
 
 using TrainerClock = std::chrono::steady_clock;
@@ -46,10 +47,13 @@ struct Microbatch {
   torch::Tensor loss;  // Leaf: this micro-batch's share of the batch loss
 };
 
-// The StageLink with the time spent sending (send_s) and waiting (wait_s) counted.
+// The StageLink with the time spent sending (send_s) and waiting (wait_s) counted. What it sends
+// crosses to the host first (`placement`: packets leave from the host, whatever device the stage
+// trains on); what it receives stays on the host until the executor or the loss takes it.
 class TimedLink {
  public:
-  TimedLink(StageLink& link, StepTimes& times) : link_(link), times_(times) {}
+  TimedLink(StageLink& link, StepTimes& times, const TensorPlacement& placement)
+      : link_(link), times_(times), placement_(placement) {}
   void send(Neighbour to, const StagePacket& packet);
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                       const std::string& tag);
@@ -57,6 +61,7 @@ class TimedLink {
  private:
   StageLink& link_;
   StepTimes& times_;
+  const TensorPlacement& placement_;
 };
 
 struct TrainerContext {
@@ -69,6 +74,7 @@ struct TrainerContext {
   const RunPlan& plan;  // negotiated before the first step (trainer/RunPlan.h)
   StepTimes& times;
   TrainerObserver& observer;
+  const TensorPlacement& placement;  // where the stage trains (trainer/Device.h)
 };
 
 // ClusterSync::beforeBackward (when there is a ClusterSync): before micro-batch backwards; `last`

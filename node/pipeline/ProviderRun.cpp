@@ -18,6 +18,7 @@
 #include "node/transport/NodeSecurity.h"
 #include "node/ring/RingClusterSync.h"
 #include "node/transport/ZmqTransport.h"
+#include "trainer/Device.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/StageTrainer.h"
 
@@ -91,6 +92,7 @@ StageTrainerConfig trainerConfig(const ProviderRunOptions& options, const NodeSp
   config.keep_checkpoints_from = options.keep_checkpoints_from;
   config.stop_requested = options.stop_requested;
   config.chunk_source = options.chunk_source;  // data.source "coordinator" (provider --join)
+  config.placement = makePlacement(resolveDevice(options.device, "--device"));
   return config;
 }
 
@@ -315,7 +317,10 @@ ProviderRunOutcome saveOutcome(const NodeRunResult& run, NodeRunner& runner, con
              {"pauses", run.pauses},
              {"resumed_from", run.resumed_from}};
   if (!result.stopped) {  // a stopped run's state is in its checkpoint
-    runner.trainer().executor().module().save(weights + ".tmp");
+    // Device-free like the checkpoints: a stage trained on a GPU is saved from the host.
+    torch::jit::Module& trained = runner.trainer().executor().module();
+    trained.to(torch::kCPU);
+    trained.save(weights + ".tmp");
     std::filesystem::rename(weights + ".tmp", weights);
     summary["weights"] = weights;
     outcome.weights_path = weights;

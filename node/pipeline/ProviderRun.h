@@ -31,6 +31,9 @@ struct ProviderRunOptions {
   std::string name;       // node name, e.g. "node_3"
   bool resume = false;    // --resume: restart from the cluster's newest common checkpoint
   bool insecure = false;  // --insecure: plain TCP, no CurveZMQ
+  // --device: where the stage trains (trainer/Device.h): auto | cpu | cuda | cuda:N. Resolved
+  // when the run starts; a device this build or machine lacks is BadInput (exit 2).
+  std::string device = "auto";
   // Neighbours and ring peers on loopback addresses over the same-host socket (docs/PROTOCOL.md
   // "Same-host links"). provider --join turns it off: a spare replacing a volunteer comes with a
   // new key, and only CURVE's handshake keeps its first messages from the neighbours' transports

@@ -78,7 +78,9 @@ torch::Tensor RingBuckets::flatten(const RingBucket& b, bool gradients) const {
     parts.push_back(v.detach().reshape({-1}));
   }
   if (parts.empty()) return torch::empty({0}, torch::TensorOptions().dtype(b.dtype));
-  return torch::cat(parts);
+  // Rings reduce host buffers: a stage training on a GPU copies its bucket out here (one copy
+  // per bucket) and unflatten's copy_ takes the result back onto the device.
+  return torch::cat(parts).to(torch::kCPU);
 }
 
 void RingBuckets::unflatten(const RingBucket& b, const torch::Tensor& flat, bool gradients) {
@@ -112,7 +114,7 @@ uint64_t RingBuckets::checksum(const std::vector<std::string>& names) const {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string& name = names[i];
     hash = fnv1a(hash, name.data(), name.size());
-    torch::Tensor t = tensors[i].detach().contiguous();
+    torch::Tensor t = tensors[i].detach().to(torch::kCPU).contiguous();
     const int dtype = int(t.scalar_type());
     hash = fnv1a(hash, &dtype, sizeof dtype);
     for (int64_t d : t.sizes()) hash = fnv1a(hash, &d, sizeof d);

@@ -2,6 +2,7 @@
 
 #include "core/Log.h"
 #include "core/NodeData.h"
+#include "core/TorchCompat.h"
 #include "node/volunteer/Probe.h"
 #include "node/pipeline/ProviderRun.h"
 #include "node/volunteer/ServedChunks.h"
@@ -11,7 +12,8 @@
 namespace cairn {
 namespace {
 
-// This machine's RAM, cores and GFLOPS for the join (the bandwidth is measured by the session).
+// This machine's RAM, cores, GFLOPS, GPUs and libtorch version for the join (the bandwidth is
+// measured by the session).
 VolunteerProbe probeThisMachine() {
   MachineProbe measured;
   probeMemoryAndCores(&measured);
@@ -20,6 +22,10 @@ VolunteerProbe probeThisMachine() {
   probe.ram_gb = measured.ram_gb;
   probe.cores = measured.cores;
   probe.compute_gflops = measured.compute_gflops;
+  std::string no_gpus;
+  probe.gpus = probeGpus(&no_gpus);
+  if (probe.gpus.empty()) CAIRN_INFO("probe: GPUs: none (", no_gpus, ")");
+  probe.libtorch = libtorchVersion();
   return probe;
 }
 
@@ -32,6 +38,7 @@ ProviderRunOptions assignedRun(const VolunteerConfig& config, const VolunteerSes
   run.bind_address = session.listenBound();
   run.same_host_links = false;  // CURVE over TCP even on loopback (ProviderRunOptions)
   run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
+  run.device = config.device;
   // data.source "coordinator": the Root fetches its cluster's chunks (node/volunteer/ServedChunks.h).
   run.chunk_source = std::make_shared<ServedChunks>(config.invite, session.workdir().loadOrCreateIdentity(),
                                                     wait.name, session.workdir().path() + "/chunks");

@@ -57,6 +57,7 @@ struct VolunteerConfig {
   MetricsStreamOptions metrics;                   // the trainer's records to the coordinator
   size_t max_message_bytes = size_t(2) << 30;     // largest message taken from the coordinator
   std::function<bool()> stop_requested;           // a signal: stop waiting, say `leaving`
+  std::string device = "auto";                    // provider --device (trainer/Device.h)
 };
 
 // How waitForAssignment() ended.

@@ -10,7 +10,9 @@ CASE:
   one_node        the same model as a one-node cluster (Root and Leaf at once)
   match_pytorch   3 providers, 20 SGD+momentum steps of a BatchNorm-free CNN: the trained stage
                   weights equal PyTorch (python) training the unsplit model on the Root's recorded
-                  batches, max abs diff <= 1e-5
+                  batches, max abs diff <= 1e-5. With --device cuda (the GPU script, issue [M])
+                  the providers share the GPU (provider --device cuda, precision "fp32-strict")
+                  and the reference trains there too, without TF32, deterministic algorithms
   launcher_stops_all  one node cannot load its stage: tools/launch_local returns that node's exit
                   code (2) and stops the others long before their startup timeout
   clusterize_merge  the real chain: clusterize cuts the BatchNorm CNN for 3 nodes, providers train
@@ -92,10 +94,13 @@ def make_node_data(work, port, stages, batchnorm, settings, data_settings):
     return model, node_data
 
 
-def launch(node_data, provider, limit):
+def launch(node_data, provider, limit, provider_args=()):
     start = time.time()
     env = dict(os.environ, PROVIDER=provider)
-    proc = subprocess.run([os.path.join(REPO, "tools/launch_local"), node_data], env=env,
+    command = [os.path.join(REPO, "tools/launch_local"), node_data]
+    if provider_args:
+        command += ["--", *provider_args]
+    proc = subprocess.run(command, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=limit)
     sys.stdout.write(proc.stdout[-4000:])
     if proc.returncode != 0:
@@ -200,12 +205,22 @@ def case_match_pytorch(args):
                 "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.001},
                 "lr_scheduler": "constant",
                 "record_sample_ids": True, "timeouts": {"startup_s": 30, "peer_s": 60}}
+    device = torch.device(args.device)
+    if device.type == "cuda":  # both sides: no TF32, deterministic algorithms
+        settings["precision"] = "fp32-strict"
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True)
     model_path, node_data = make_node_data(args.work, args.port, 3, False, settings,
                                            {"train_samples": 2000, "test_samples": 100})
-    launch(node_data, args.provider, 120)
+    seconds = launch(node_data, args.provider, 120, ["--device", args.device])
+    print(f"3 providers on {args.device}: 20 steps in {seconds:.1f} s (start-up included)")
     images = torch.tensor(load_idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28).copy())
     labels = torch.tensor(load_idx("train-labels-idx1-ubyte.gz", 8).astype(np.int64))
-    model = torch.jit.load(model_path)
+    images, labels = images.to(device), labels.to(device)
+    model = torch.jit.load(model_path, map_location=device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.001)
     recorded = [json.loads(line) for line in open(os.path.join(node_data, "nodes/node_0/sample_ids.jsonl"))]
@@ -213,7 +228,7 @@ def case_match_pytorch(args):
     if len(recorded) != 20:
         fail(f"expected 20 recorded batches, got {len(recorded)}")
     for step, entry in enumerate(recorded):
-        ids = torch.tensor(entry["ids"])
+        ids = torch.tensor(entry["ids"], device=device)
         x = (images[ids].float() / 255 - MEAN) / STD
         optimizer.zero_grad()
         loss = microbatched_step(model, x, labels[ids], settings["microbatches"])
@@ -225,7 +240,7 @@ def case_match_pytorch(args):
     for node in ("node_0", "node_1", "node_2"):
         trained = torch.jit.load(os.path.join(node_data, "nodes", node, "trained_stage.pt"))
         for name, p in trained.named_parameters():
-            worst = max(worst, (p - reference[name]).abs().max().item())
+            worst = max(worst, (p - reference[name].cpu()).abs().max().item())
             compared += 1
     if compared != len(reference):
         fail(f"compared {compared} parameters, the model has {len(reference)}")
@@ -522,6 +537,8 @@ def main():
     parser.add_argument("--clusterize", help="clusterize binary (clusterize_merge)")
     parser.add_argument("--forger", help="forge_peer binary (stranger)")
     parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
+    parser.add_argument("--device", default="cpu",
+                        help="match_pytorch: where the providers and the reference train (cpu, cuda)")
     args = parser.parse_args()
     global KEYS
     KEYS = keys_binary(args)

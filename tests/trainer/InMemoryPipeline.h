@@ -17,6 +17,7 @@
 
 #include "core/Error.h"
 #include "core/NodeData.h"
+#include "trainer/Optimizer.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/StageLink.h"
 #include "trainer/StageTrainer.h"
@@ -97,6 +98,8 @@ struct PipelineRun {
   std::vector<double> losses;                       // per step (from the Leaf)
   std::map<std::string, torch::Tensor> parameters;  // trained, by dotted name, all stages
   std::map<std::string, torch::Tensor> buffers;     // BatchNorm statistics etc., all stages
+  // Per node: its optimizer's state as a checkpoint names it ("optim.<i>.<field>").
+  std::vector<std::map<std::string, torch::Tensor>> optimizer_state;
   std::vector<TrainerResult> results;
   size_t undelivered = 0;  // packets sent that no node received
 };
@@ -159,6 +162,12 @@ inline PipelineRun runInMemoryPipeline(
   for (auto& t : trainers)
     for (const auto& b : t->executor().module().named_buffers(/*recurse=*/true))
       run.buffers[b.name] = b.value.detach().clone();
+  for (auto& t : trainers) {
+    std::vector<std::pair<std::string, torch::Tensor>> state;
+    t->optimizer().exportState(&state);
+    auto& kept = run.optimizer_state.emplace_back();
+    for (auto& [name, tensor] : state) kept[name] = tensor.detach().clone();
+  }
   return run;
 }
 

@@ -1,0 +1,210 @@
+// Devices (trainer/Device.h, issue [M]): --device parsing and its refusals, and the checkpoint
+// code's device mapping. The mapping is tested on the CPU with a test double for the target
+// device whose tensors hold the *negated* values of the host's: a checkpoint file written through
+// it must hold the negation of every stage and optimizer tensor in memory (each crossed toHost),
+// and a trainer resumed through it must hold the negation of the file's (each crossed toDevice),
+// so a tensor that skips either crossing makes the test fail. The real GPU round trip (save on
+// CUDA, resume on the CPU, equal bit for bit) runs only where CUDA is, and is skipped with its
+// reason elsewhere.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "core/Error.h"
+#include "tests/trainer/InMemoryPipeline.h"
+#include "trainer/Checkpoint.h"
+#include "trainer/Device.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string cnnNodeData() {
+  const char* dir = std::getenv("CAIRN_TEST_MODELS");
+  return std::string(dir ? dir : "") + "/cnn_bn_dropout/node_data";
+}
+
+std::string scratch(const std::string& name) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("cairn_device_" + std::to_string(::getpid()) + "_" + name))
+          .string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// Expects BadInput whose message holds every one of `parts`.
+void expectRefusal(const std::string& device, const std::vector<std::string>& parts) {
+  try {
+    resolveDevice(device, "--device");
+    FAIL() << device << " was accepted";
+  } catch (const BadInput& e) {
+    for (const std::string& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message of " << device << ": " << e.what() << "\nlacks: " << part;
+  }
+}
+
+TEST(Device, CpuAndAutoResolve) {
+  EXPECT_EQ(resolveDevice("cpu", "--device"), torch::Device(torch::kCPU));
+  const torch::Device expected =
+      torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  EXPECT_EQ(resolveDevice("auto", "--device"), expected);
+}
+
+TEST(Device, MalformedNamesAreRefusedNamingTheFlag) {
+  for (const char* bad : {"gpu", "CUDA", "cuda:", "cuda:-1", "cuda:x", "cuda:01", "cuda:12345",
+                          "cpu:0", "", " cpu", "mps"})
+    expectRefusal(bad, {"--device", "expected auto, cpu, cuda or cuda:N"});
+}
+
+TEST(Device, CudaWithoutCudaSaysWhy) {
+  if (torch::cuda::is_available()) {
+    // A CUDA machine: only an index past the devices is refused.
+    const std::string past = "cuda:" + std::to_string(torch::cuda::device_count());
+    expectRefusal(past, {"--device", "CUDA device(s), numbered from 0"});
+    return;
+  }
+  const std::string why = cudaBuild() ? "sees no usable CUDA device" : "without CUDA";
+  for (const char* name : {"cuda", "cuda:0", "cuda:3"}) expectRefusal(name, {"--device", why});
+}
+
+TEST(Device, CpuPlacementMovesNothing) {
+  const auto placement = makePlacement(torch::kCPU);
+  const torch::Tensor t = torch::arange(6).reshape({2, 3});
+  EXPECT_TRUE(placement->toDevice(t).is_same(t));
+  EXPECT_TRUE(placement->toHost(t).is_same(t));
+  EXPECT_FALSE(placement->toHost(torch::Tensor()).defined());
+}
+
+// The test double: a "device" whose tensors hold the negated values of the host's.
+class NegatingPlacement final : public TensorPlacement {
+ public:
+  torch::Device device() const override { return torch::kCPU; }
+  torch::Tensor toDevice(const torch::Tensor& t) const override { return negated(t); }
+  torch::Tensor toHost(const torch::Tensor& t) const override { return negated(t); }
+
+ private:
+  static torch::Tensor negated(const torch::Tensor& t) {
+    if (!t.defined()) return t;
+    // Generator states are bytes: no negation keeps them meaningful, and none is asked for.
+    EXPECT_NE(t.scalar_type(), torch::kByte) << "a generator state crossed to the device";
+    return t.neg();
+  }
+};
+
+void twoSteps(TrainOptions& t) {
+  t.optimizer.kind = OptimizerKind::kAdamW;
+  t.optimizer.lr = 1e-2;
+  t.microbatches = 2;
+  t.max_steps = 2;
+  t.checkpoint_every = 2;
+}
+
+// The stage and optimizer tensors of a node's checkpoint of step 2, by name.
+std::map<std::string, torch::Tensor> checkpointState(const std::string& dir) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, t] : readCheckpoint(dir, 2).tensors)
+    if (name.rfind("stage.", 0) == 0 || name.rfind("optim.", 0) == 0) out[name] = t;
+  return out;
+}
+
+TEST(Device, CheckpointsCrossToTheHostAndBackForEveryTensor) {
+  const std::string dir = scratch("mapping");
+  const auto placement = std::make_shared<NegatingPlacement>();
+  auto at = [&](int i) { return dir + "/node_" + std::to_string(i); };
+  auto throughDouble = [&](int i, StageTrainerConfig& c) {
+    c.checkpoint_dir = at(i);
+    c.placement = placement;
+  };
+  const testing::PipelineRun written =
+      testing::runInMemoryPipeline(cnnNodeData(), twoSteps, throughDouble);
+  // What the trained stages hold "on the device", by the checkpoint's names.
+  std::map<std::string, torch::Tensor> stage_values;
+  for (const auto& [name, t] : written.parameters) stage_values["stage." + name] = t;
+  for (const auto& [name, t] : written.buffers) stage_values["stage." + name] = t;
+  std::vector<std::map<std::string, torch::Tensor>> files(3);
+  size_t stage_tensors = 0;
+  for (int i = 0; i < 3; ++i) {
+    files[size_t(i)] = checkpointState(at(i));
+    ASSERT_EQ(written.optimizer_state.size(), 3u);
+    const auto& optimizer = written.optimizer_state[size_t(i)];
+    size_t optimizer_tensors = 0;
+    for (const auto& [name, t] : files[size_t(i)]) {
+      const bool optim = name.rfind("optim.", 0) == 0;
+      const auto& memory = optim ? optimizer : stage_values;
+      ASSERT_TRUE(memory.count(name)) << "node_" << i << " " << name;
+      EXPECT_TRUE(torch::equal(t, memory.at(name).neg()))
+          << "node_" << i << " " << name << " was written without crossing to the host";
+      ++(optim ? optimizer_tensors : stage_tensors);
+    }
+    EXPECT_EQ(optimizer_tensors, optimizer.size()) << "node_" << i;
+    EXPECT_GT(optimizer_tensors, 0u) << "node_" << i;
+  }
+  EXPECT_EQ(stage_tensors, stage_values.size());
+
+  // Resumed through the double at step 2 (the run's end: no step changes what was loaded), the
+  // stage and optimizer tensors in memory are the negation of the file's.
+  const testing::PipelineRun resumed = testing::runInMemoryPipeline(
+      cnnNodeData(), twoSteps, [&](int i, StageTrainerConfig& c) {
+        throughDouble(i, c);
+        c.resume_step = 2;
+      });
+  EXPECT_EQ(resumed.results[0].steps, 2);
+  size_t loaded = 0;
+  for (int i = 0; i < 3; ++i) {
+    for (const auto& [name, t] : files[size_t(i)]) {
+      const bool optim = name.rfind("optim.", 0) == 0;
+      const torch::Tensor memory = optim ? resumed.optimizer_state[size_t(i)].at(name)
+                                   : resumed.parameters.count(name.substr(6))
+                                       ? resumed.parameters.at(name.substr(6))
+                                       : resumed.buffers.at(name.substr(6));
+      EXPECT_TRUE(torch::equal(memory, t.neg()))
+          << "node_" << i << " " << name << " was loaded without crossing to the device";
+      ++loaded;
+    }
+  }
+  EXPECT_GT(loaded, 0u);
+  fs::remove_all(dir);
+}
+
+// The real thing where a GPU is: save on CUDA, resume on the CPU, bit for bit.
+TEST(Device, CudaCheckpointResumesOnTheCpuBitForBit) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device here (this libtorch "
+                 << (cudaBuild() ? "has CUDA but sees no GPU" : "is CPU-only")
+                 << "): the GPU script (../shared/device) runs this case";
+  const std::string dir = scratch("cuda");
+  auto at = [&](int i) { return dir + "/node_" + std::to_string(i); };
+  const auto cuda = makePlacement(torch::Device(torch::kCUDA, 0));
+  testing::runInMemoryPipeline(cnnNodeData(), twoSteps, [&](int i, StageTrainerConfig& c) {
+    c.checkpoint_dir = at(i);
+    c.placement = cuda;
+  });
+  std::vector<std::map<std::string, torch::Tensor>> written(3);
+  for (int i = 0; i < 3; ++i) written[size_t(i)] = checkpointState(at(i));
+  const testing::PipelineRun resumed = testing::runInMemoryPipeline(
+      cnnNodeData(), twoSteps, [&](int i, StageTrainerConfig& c) {
+        c.checkpoint_dir = at(i);
+        c.resume_step = 2;  // no placement: the CPU
+      });
+  for (const auto& [name, t] : resumed.parameters) {
+    ASSERT_TRUE(t.device().is_cpu()) << name;
+    bool found = false;
+    for (const auto& file : written)
+      if (file.count("stage." + name)) {
+        found = true;
+        EXPECT_TRUE(torch::equal(t, file.at("stage." + name))) << name;
+      }
+    EXPECT_TRUE(found) << name;
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace cairn

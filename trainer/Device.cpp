@@ -1,0 +1,106 @@
+#include "trainer/Device.h"
+
+#include <torch/cuda.h>
+
+#include <cstdlib>
+#include <regex>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "core/TorchCompat.h"
+
+namespace cairn {
+
+namespace {
+
+std::string noCudaReason() {
+  if (!cudaBuild())
+    return "this build of cairn links libtorch " + libtorchVersion() +
+           " without CUDA (Debian's libtorch is CPU-only; README \"GPU volunteers\" says how to "
+           "build against PyTorch's CUDA libtorch)";
+  return "libtorch " + libtorchVersion() +
+         " has CUDA but sees no usable CUDA device on this machine (driver, "
+         "CUDA_VISIBLE_DEVICES?)";
+}
+
+class CpuPlacement final : public TensorPlacement {
+ public:
+  torch::Device device() const override { return torch::kCPU; }
+  torch::Tensor toDevice(const torch::Tensor& t) const override { return t; }
+  torch::Tensor toHost(const torch::Tensor& t) const override { return t; }
+};
+
+class CudaPlacement final : public TensorPlacement {
+ public:
+  explicit CudaPlacement(torch::Device device) : device_(device) {}
+  torch::Device device() const override { return device_; }
+  torch::Tensor toDevice(const torch::Tensor& t) const override {
+    if (!t.defined() || t.device() == device_) return t;
+    if (t.device().is_cpu()) {
+      // Pinned host memory lets the copy run asynchronously to the host thread; the stream
+      // orders it before any kernel that reads the result.
+      const torch::Tensor pinned = t.is_pinned() ? t : t.contiguous().pin_memory();
+      return pinned.to(device_, /*non_blocking=*/true);
+    }
+    return t.to(device_);
+  }
+  torch::Tensor toHost(const torch::Tensor& t) const override {
+    if (!t.defined() || t.device().is_cpu()) return t;
+    return t.to(torch::kCPU);  // synchronous: the wire reads the bytes right after
+  }
+
+ private:
+  torch::Device device_;
+};
+
+}  // namespace
+
+bool cudaBuild() {
+#ifdef CAIRN_TORCH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Device resolveDevice(const std::string& text, const std::string& context) {
+  static const std::regex kForm("auto|cpu|cuda(:(0|[1-9][0-9]{0,3}))?");
+  if (!std::regex_match(text, kForm))
+    CAIRN_THROW(BadInput, context, " ", inQuotes(text),
+                " is not a device: expected auto, cpu, cuda or cuda:N");
+  if (text == "cpu") return torch::kCPU;
+  const bool available = torch::cuda::is_available();
+  if (text == "auto") return available ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (!available) CAIRN_THROW(BadInput, context, " ", text, ": ", noCudaReason());
+  const int64_t index = text == "cuda" ? 0 : std::stoll(text.substr(5));
+  const int64_t count = int64_t(torch::cuda::device_count());
+  if (index >= count)
+    CAIRN_THROW(BadInput, context, " ", text, ": this machine has ", count,
+                " CUDA device(s), numbered from 0");
+  return torch::Device(torch::kCUDA, c10::DeviceIndex(index));
+}
+
+std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device) {
+  if (device.is_cpu()) return std::make_shared<CpuPlacement>();
+  CAIRN_ENFORCE(device.is_cuda(), "no placement for device ", device.str());
+  return std::make_shared<CudaPlacement>(device);
+}
+
+void configureDeviceMath(torch::Device device, Precision precision) {
+  if (!device.is_cuda()) return;
+  const bool strict = precision == Precision::kFp32Strict;
+  at::globalContext().setAllowTF32CuBLAS(!strict);
+  at::globalContext().setAllowTF32CuDNN(!strict);
+  if (strict) {
+    // Reproducible fp32: deterministic kernels (an op without one throws, naming itself), which
+    // cuBLAS gives only with a fixed workspace; set before its first handle, unless the user did.
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  }
+  CAIRN_INFO("training on ", device.str(),
+             strict ? " (fp32-strict: no TF32, deterministic algorithms)" : " (TF32 matmuls on)");
+}
+
+}  // namespace cairn

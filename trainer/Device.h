@@ -1,0 +1,51 @@
+// Device: where one node trains (provider --device; issue [M], docs/TRAINING.md "Devices") and
+// the two crossings its tensors make between that device and the host.
+//   "auto" (the default)  the first CUDA device when this libtorch and the machine have one,
+//                         else the CPU
+//   "cpu", "cuda", "cuda:N"
+// The stage module, its optimizer state, the loss and the master weights live on the device; what
+// crosses the wire, the rings and the checkpoint files lives on the host (so a checkpoint written
+// on a GPU resumes on a CPU machine and the other way round): TensorPlacement is that boundary.
+// A CPU placement moves nothing (toDevice and toHost return their argument).
+// Thread-safety: resolveDevice and the placements are safe to call from any thread.
+#pragma once
+
+#include <torch/script.h>
+
+#include <memory>
+#include <string>
+
+#include "trainer/TrainOptions.h"
+
+namespace cairn {
+
+// Whether this cairn was compiled against a libtorch with CUDA (CMake found
+// TORCH_CUDA_LIBRARIES: PyTorch's CUDA libtorch; Debian's is CPU-only).
+bool cudaBuild();
+
+// The device `text` names; `context` names where it came from ("--device"). BadInput (exit 2)
+// for a malformed name, for cuda on a build without CUDA ("this build of cairn has no CUDA …"),
+// for a machine without a usable CUDA device, and for cuda:N past the device count.
+torch::Device resolveDevice(const std::string& text, const std::string& context);
+
+class TensorPlacement {
+ public:
+  virtual ~TensorPlacement() = default;
+  virtual torch::Device device() const = 0;
+  // The tensor on the device (an undefined tensor stays undefined). From the host the copy goes
+  // through pinned memory without blocking the host thread; CUDA orders it before the kernels
+  // that use it.
+  virtual torch::Tensor toDevice(const torch::Tensor& t) const = 0;
+  // The tensor on the host with the same values (a host tensor as it is); waits for the copy.
+  virtual torch::Tensor toHost(const torch::Tensor& t) const = 0;
+};
+
+// The placement for `device` (CPU: the identity).
+std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device);
+
+// Per-process math settings for training on `device` in `precision`: on CUDA, TF32 matmuls and
+// convolutions on for fp32 and bf16; fp32-strict turns them off and asks for deterministic
+// algorithms (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set). Nothing on the CPU. Logs the device.
+void configureDeviceMath(torch::Device device, Precision precision);
+
+}  // namespace cairn
