@@ -65,10 +65,12 @@ std::vector<NodeConfig> parseNodeConfigs(const nlohmann::json& document, const s
     config.name = "node_" + it.key();
     parseHostPort(node.string("IP"), context, "IP", &config.host, &config.port);
     JsonReader bench = node.object("benchmarks");
-    bench.rejectUnknownKeys({"ram", "bandwidth", "compute", "cores"});
+    bench.rejectUnknownKeys({"ram", "bandwidth", "compute", "cores", "gpus"});
     config.ram_gb = bench.positiveNumber("ram");
     config.bandwidth_mbps = bench.positiveNumber("bandwidth");
     if (bench.has("compute")) config.compute = bench.positiveNumber("compute");
+    if (bench.has("gpus"))
+      config.gpus = parseGpuFigures(bench.raw()["gpus"], context + ": benchmarks.gpus");
     nodes.push_back(std::move(config));
   }
   const bool numeric = std::all_of(nodes.begin(), nodes.end(),

@@ -1,8 +1,13 @@
-// node_configs.json, in Ravnest's format (seed 002) plus an optional compute figure:
+// node_configs.json, in Ravnest's format (seed 002) plus an optional compute figure and GPUs:
 //   { "0": { "IP": "127.0.0.1:5000",
-//            "benchmarks": { "ram": 8, "bandwidth": 20, "compute": 35.5 } }, ... }
+//            "benchmarks": { "ram": 8, "bandwidth": 20, "compute": 35.5,
+//                            "gpus": [ { "name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.1,
+//                                        "fp32_tflops": 51.0, "bf16_tflops": 600.0,
+//                                        "h2d_gb_per_s": 25.0, "d2h_gb_per_s": 24.0 } ] } }, ... }
 // ram is in GB (of CPU RAM or GPU memory), bandwidth in Mbps, compute in GFLOPS (as measured by
-// `provider --probe`) or a relative speed; all must be positive.
+// `provider --probe`) or a relative speed; all must be positive. gpus (optional) is the shared
+// GPU vocabulary of core/GpuFigures.h, validated there; a node with a GPU trains on its first one
+// (what `provider --device auto` picks), so clusterize plans with gpus[0].
 #pragma once
 
 #include <optional>
@@ -10,6 +15,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "core/GpuFigures.h"
 
 namespace cairn {
 
@@ -21,6 +28,7 @@ struct NodeConfig {
   double ram_gb = 0;
   double bandwidth_mbps = 0;
   std::optional<double> compute;  // GFLOPS or relative speed; absent: all nodes equal
+  std::vector<GpuFigures> gpus;   // benchmarks.gpus; empty: a CPU node. It trains on gpus[0].
 
   std::string address() const { return host + ":" + std::to_string(port); }
 };

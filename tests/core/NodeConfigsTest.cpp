@@ -48,7 +48,7 @@ const MalformedCase kMalformed[] = {
      "node_configs.json: node \"1\": IP port must be between 1 and 65535 (got 70000)"},
     {"typo_key", R"({"1": {"IP": "127.0.0.1:5000", "benchmarks": {"ram": 8, "bandwith": 10}}})",
      "node_configs.json: node \"1\": benchmarks.bandwith is not a known key (expected one of ram, "
-     "bandwidth, compute, cores)"},
+     "bandwidth, compute, cores, gpus)"},
     {"node_not_object", R"({"1": [1, 2]})",
      "node_configs.json: node \"1\": the document must be an object (got array)"},
     {"top_level_array", R"([1, 2])",
@@ -63,6 +63,33 @@ const MalformedCase kMalformed[] = {
     {"negative_compute",
      R"({"1": {"IP": "127.0.0.1:5000", "benchmarks": {"ram": 8, "bandwidth": 10, "compute": -2}}})",
      "node_configs.json: node \"1\": benchmarks.compute must be a positive number (got -2)"},
+    // benchmarks.gpus: core/GpuFigures.h's vocabulary; every refusal names the key.
+    {"gpus_not_array",
+     R"({"1": {"IP": "h:1", "benchmarks": {"ram": 8, "bandwidth": 10, "gpus": {"name": "x"}}}})",
+     "node_configs.json: node \"1\": benchmarks.gpus must be an array of GPU objects (got object)"},
+    {"gpu_not_object",
+     R"({"1": {"IP": "h:1", "benchmarks": {"ram": 8, "bandwidth": 10, "gpus": [3]}}})",
+     "node_configs.json: node \"1\": benchmarks.gpus[0] must be an object (got number)"},
+    {"gpu_missing_fp32",
+     R"({"1": {"IP": "h:1", "benchmarks": {"ram": 8, "bandwidth": 10, "gpus": [{"name": "G",
+         "memory_gb": 24, "bf16_tflops": 150, "h2d_gb_per_s": 20, "d2h_gb_per_s": 20}]}}})",
+     "node_configs.json: node \"1\": benchmarks.gpus[0]: missing key fp32_tflops"},
+    {"gpu_zero_memory",
+     R"({"1": {"IP": "h:1", "benchmarks": {"ram": 8, "bandwidth": 10, "gpus": [{"name": "G",
+         "memory_gb": 0, "fp32_tflops": 40, "bf16_tflops": 150, "h2d_gb_per_s": 20,
+         "d2h_gb_per_s": 20}]}}})",
+     "node_configs.json: node \"1\": benchmarks.gpus[0]: memory_gb must be a positive number (got 0)"},
+    {"gpu_implausible_copy",
+     R"({"1": {"IP": "h:1", "benchmarks": {"ram": 8, "bandwidth": 10, "gpus": [{"name": "G",
+         "memory_gb": 24, "fp32_tflops": 40, "bf16_tflops": 150, "h2d_gb_per_s": 5000,
+         "d2h_gb_per_s": 20}]}}})",
+     "node_configs.json: node \"1\": benchmarks.gpus[0]: h2d_gb_per_s must be at most 1000 GB/s "
+     "(got 5000.000000): no GPU measures that much"},
+    {"gpu_typo_key",
+     R"({"1": {"IP": "h:1", "benchmarks": {"ram": 8, "bandwidth": 10, "gpus": [{"name": "G",
+         "memory_gb": 24, "fp32_tflop": 40}]}}})",
+     "node_configs.json: node \"1\": benchmarks.gpus[0]: fp32_tflop is not a known key (expected "
+     "one of name, memory_gb, fp32_tflops, bf16_tflops, h2d_gb_per_s, d2h_gb_per_s)"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Table, MalformedNodeConfigs, ::testing::ValuesIn(kMalformed),
@@ -83,6 +110,31 @@ TEST(NodeConfigs, ParsesRavnestFormatInNumericIdOrder) {
   EXPECT_DOUBLE_EQ(*nodes[0].compute, 3.5);
   EXPECT_EQ(nodes[1].name, "node_10");
   EXPECT_FALSE(nodes[1].compute.has_value());
+}
+
+TEST(NodeConfigs, ParsesGpus) {
+  const auto nodes = parseNodeConfigs(nlohmann::json::parse(R"({
+    "0": {"IP": "127.0.0.1:5000", "benchmarks": {"ram": 64, "bandwidth": 50, "compute": 200,
+          "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.1, "fp32_tflops": 51,
+                    "bf16_tflops": 600, "h2d_gb_per_s": 25, "d2h_gb_per_s": 24},
+                   {"name": "second", "memory_gb": 16, "fp32_tflops": 10,
+                    "bf16_tflops": 20, "h2d_gb_per_s": 12, "d2h_gb_per_s": 11}]}},
+    "1": {"IP": "127.0.0.1:5001", "benchmarks": {"ram": 8, "bandwidth": 50, "gpus": []}},
+    "2": {"IP": "127.0.0.1:5002", "benchmarks": {"ram": 8, "bandwidth": 50}}
+  })"), "node_configs.json");
+  ASSERT_EQ(nodes.size(), 3u);
+  ASSERT_EQ(nodes[0].gpus.size(), 2u);
+  const GpuFigures& first = nodes[0].gpus[0];  // the one the node trains on
+  EXPECT_EQ(first.name, "NVIDIA H100 80GB HBM3");
+  EXPECT_DOUBLE_EQ(first.memory_gb, 79.1);
+  EXPECT_DOUBLE_EQ(first.fp32_tflops, 51);
+  EXPECT_DOUBLE_EQ(first.bf16_tflops, 600);
+  EXPECT_DOUBLE_EQ(first.h2d_gb_per_s, 25);
+  EXPECT_DOUBLE_EQ(first.d2h_gb_per_s, 24);
+  EXPECT_EQ(nodes[0].gpus[1].name, "second");
+  EXPECT_DOUBLE_EQ(*nodes[0].compute, 200);  // CPU figures stay next to the GPU's
+  EXPECT_TRUE(nodes[1].gpus.empty());        // an empty list: a CPU node
+  EXPECT_TRUE(nodes[2].gpus.empty());
 }
 
 TEST(NodeConfigs, FileErrorsNameThePath) {
