@@ -2,6 +2,8 @@
 # The Fashion-MNIST CNN end to end on 3 local providers: make the model, cut it with clusterize,
 # train, merge the trained stages into one TorchScript model, print the test accuracy.
 #   examples/fashion_mnist/run.sh [--short]   (--short: 60 steps on a slice, for tools/test.sh)
+#   CAIRN_DEVICE=cuda examples/fashion_mnist/run.sh   every provider with --device cuda (default:
+#                                                     provider's own, auto)
 # tools/demo.sh runs it after the set-up; run tools/setup.sh first when calling it directly.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,7 +23,9 @@ echo "fashion_mnist: 2/4 clusterize: profile the model, cut it into stages, plac
 "$BUILD_DIR/clusterize/clusterize" --model "$OUT/model.pt" --nodes examples/fashion_mnist/node_configs.json \
   --job "$JOB" --clusters 1 --input-shape 32,1,28,28 --out "$OUT"
 echo "fashion_mnist: 3/4 train on 3 local providers"
-CAIRN_BUILD_DIR=$BUILD_DIR tools/launch_local "$OUT"
+DEVICE_ARGS=()
+if [[ -n "${CAIRN_DEVICE:-}" ]]; then DEVICE_ARGS=(-- --device "$CAIRN_DEVICE"); fi
+CAIRN_BUILD_DIR=$BUILD_DIR tools/launch_local "$OUT" "${DEVICE_ARGS[@]}"
 echo "fashion_mnist: 4/4 the trained model back in one file"
 "$BUILD_DIR/clusterize/clusterize" --merge "$OUT" --out "$OUT/trained.pt"
 end=$(date +%s)
