@@ -6,7 +6,9 @@
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
+#include "core/LibtorchVersion.h"
 #include "core/Log.h"
+#include "core/TorchCompat.h"
 
 namespace cairn::clusterize {
 
@@ -38,7 +40,9 @@ std::vector<std::string> NodeDataWriter::write(
   }
 
   std::vector<std::string> written;
-  writeJsonFile((root / "plan.json").string(), toJson(plan));
+  nlohmann::json plan_json = toJson(plan);
+  plan_json["libtorch"] = libtorchVersion();  // the stage files below are saved by this libtorch
+  writeJsonFile((root / "plan.json").string(), plan_json);
   written.push_back("plan.json");
   // Validate what we write with the reader the providers use.
   parseJobSpec(toJson(job), "job.json");
@@ -72,6 +76,19 @@ std::vector<std::string> NodeDataWriter::write(
   }
   writeJsonFile(manifest.string(), {{"written_by", "clusterize"}, {"files", written}});
   return written;
+}
+
+std::optional<std::string> NodeDataWriter::stageFilesLibtorch(const std::string& folder) {
+  const std::string path = planPath(folder);
+  if (!fs::exists(path)) return std::nullopt;
+  const nlohmann::json plan = readJsonFile(path);
+  if (!plan.is_object()) CAIRN_THROW(BadInput, path, ": not a JSON object");
+  const JsonReader reader(plan, path);
+  const std::string version = reader.stringOr("libtorch", kUnrecordedLibtorchVersion);
+  if (!parseLibtorchVersion(version))
+    reader.fail("libtorch", "must be the libtorch version that wrote the stage files, "
+                            "major.minor.patch (e.g. \"2.11.0\"), not " + inQuotes(version.substr(0, 64)));
+  return version;
 }
 
 }  // namespace cairn::clusterize

@@ -1,5 +1,7 @@
 // NodeDataWriter: writes a clusterize result into a node_data folder:
-//   plan.json, job.json, nodes/node_<id>/node.json, nodes/node_<id>/stage.pt,
+//   plan.json (with "libtorch": the version of the libtorch that saved the stage files, which a
+//   coordinator compares joining volunteers' with), job.json, nodes/node_<id>/node.json,
+//   nodes/node_<id>/stage.pt,
 //   nodes/node_<id>/secret.key (a fresh CURVE key pair per node, mode 0600; the public keys of a
 //   node's neighbours and ring peers are in its node.json, its own in extra.public_key)
 // Every file is written to a temporary name and renamed into place. The folder keeps a list of the
@@ -9,6 +11,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,12 @@ class NodeDataWriter {
                                  const std::map<std::string, torch::jit::Module>& stages) const;
 
   static constexpr const char* kManifest = ".clusterize-files.json";
+
+  // The libtorch version that wrote `folder`'s stage files, from its plan.json "libtorch": nullopt
+  // when the folder has no plan.json, "1.13.0" (kUnrecordedLibtorchVersion) for a plan written
+  // before the key existed. BadInput naming the file when the plan is unreadable or the value is
+  // not a version.
+  static std::optional<std::string> stageFilesLibtorch(const std::string& folder);
 
  private:
   std::string folder_;

@@ -5,10 +5,13 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "clusterize/NodeDataWriter.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/RunView.h"
+#include "core/Error.h"
 #include "core/Log.h"
 #include "core/NodeData.h"
+#include "core/TorchCompat.h"
 
 namespace cairn::coordinator {
 
@@ -39,7 +42,8 @@ void Admissions::onJoin(const Routed& r, const JoinAsk& ask, bool run_over) {
   for (const auto& p : pending_)
     if (p->key == r.user_id)
       return refuse_(r.routing_id, who, "a join from this key is already being checked");
-  JoinDecision decision = decideJoin(ask, r.user_id, o_.token, o_.allowed_keys, store_.members());
+  JoinDecision decision = decideJoin(ask, r.user_id, o_.token, o_.allowed_keys, store_.members(),
+                                     stageFilesLibtorch());
   if (decision.kind == JoinDecision::Kind::kRefused)
     return refuse_(r.routing_id, who, decision.reason);
   // Dial the advertised address back before accepting: peers will have to reach it.
@@ -98,18 +102,28 @@ void Admissions::admit(const Pending& p) {
     m.joined_at = unixNow();
   }
   m.advertise = p.ask.advertise;
-  m.probe_json = nlohmann::json{{"ram_gb", p.ask.probe.ram_gb},
-                                {"cores", p.ask.probe.cores},
-                                {"compute_gflops", p.ask.probe.compute_gflops},
-                                {"bandwidth_mbps", p.ask.probe.bandwidth_mbps}}
-                     .dump();
+  m.probe_json = encodeVolunteerProbe(p.ask.probe).dump();
   m.last_seen = unixNow();
   store_.putMember(m);
   CAIRN_INFO("coordinator: ", returning ? "back: " : "joined: ", m.name, " at ", m.advertise, " (",
              p.ask.probe.ram_gb, " GB, ", p.ask.probe.cores, " cores, ", p.ask.probe.compute_gflops,
-             " GFLOPS, ", p.ask.probe.bandwidth_mbps, " Mbps), ", toString(m.state));
+             " GFLOPS, ", p.ask.probe.bandwidth_mbps, " Mbps, GPUs: ", describeGpus(p.ask.probe.gpus),
+             ", libtorch ", p.ask.probe.libtorch, "), ", toString(m.state));
   send_routed_(p.routing_id, encode(Accepted{m.name, toString(m.state)}));
   if (m.state == MemberState::kAssigned) resendAssignment(m);
+}
+
+// The libtorch that wrote the stage files this coordinator sends: the plan's once it has planned
+// (a restarted coordinator may be another build), before that its own (it will write them).
+std::string Admissions::stageFilesLibtorch() const {
+  if (store_.meta("phase").value_or("gathering") != "gathering") {
+    try {
+      if (auto recorded = clusterize::NodeDataWriter::stageFilesLibtorch(o_.out)) return *recorded;
+    } catch (const Error& e) {
+      CAIRN_WARN("coordinator: ", e.what(), "; comparing joining volunteers with this build's libtorch");
+    }
+  }
+  return libtorchVersion();
 }
 
 // A placed volunteer that joined again (its process restarted) gets its assignment again.

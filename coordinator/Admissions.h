@@ -1,8 +1,10 @@
 // Admissions: the coordinator carrying out JoinPolicy.h's decisions (docs/OPERATIONS.md
 // "Volunteers join"): a join the policy lets in is not accepted yet, because peers will have to
 // reach the volunteer:
-//   onJoin()  the coordinator dials the address the volunteer advertises (its own DEALER, CURVE
-//             with the volunteer's key) and sends `reach{nonce}`
+//   onJoin()  JoinPolicy's checks (the volunteer's libtorch against the plan's, once there is a
+//             plan, else against this coordinator's, which will write it), then the coordinator
+//             dials the address the volunteer advertises (its own DEALER, CURVE with the
+//             volunteer's key) and sends `reach{nonce}`
 //   poll()    every loop turn: a volunteer that answered `reach_ok` with the nonce is admitted —
 //             a new spare, or a returning member with its row kept — and answered `accepted`; a
 //             returning placed volunteer (its process restarted) gets its assignment again. One
@@ -56,6 +58,7 @@ class Admissions {
   struct Pending;
   void admit(const Pending& p);
   void resendAssignment(const Member& m);
+  std::string stageFilesLibtorch() const;
 
   CoordinatorStore& store_;
   zmq::context_t& context_;

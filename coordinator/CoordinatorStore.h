@@ -29,7 +29,8 @@ struct Member {
   std::string name;        // "node_4"
   std::string public_key;  // Z85
   std::string advertise;   // host:port peers dial
-  std::string probe_json;  // {"ram_gb":…,"cores":…,"compute_gflops":…,"bandwidth_mbps":…}
+  std::string probe_json;  // the join's probe (node/protocol/VolunteerProbeCodec.h): {"ram_gb":…,
+                           // "cores":…,"compute_gflops":…,"bandwidth_mbps":…,"gpus":[…],"libtorch":…}
   MemberState state = MemberState::kJoining;
   double joined_at = 0;    // seconds since the epoch
   double last_seen = 0;

@@ -4,6 +4,8 @@
 
 #include "core/CurveKeys.h"
 #include "core/Error.h"
+#include "core/GpuFigures.h"
+#include "core/LibtorchVersion.h"
 #include "core/NodeConfigs.h"
 
 namespace cairn::coordinator {
@@ -19,6 +21,11 @@ std::string probeProblem(const VolunteerProbe& p) {
     return "probe.compute_gflops " + std::to_string(p.compute_gflops) + " is not in (0, 1e7]";
   if (!(p.bandwidth_mbps > 0 && p.bandwidth_mbps <= 1e7))
     return "probe.bandwidth_mbps " + std::to_string(p.bandwidth_mbps) + " is not in (0, 1e7]";
+  try {  // the decoder checked these already; a JoinAsk made in-process has not been decoded
+    (void)parseGpuFigures(gpuFiguresToJson(p.gpus), "probe.gpus");
+  } catch (const Error& e) {
+    return e.what();  // names the GPU, the key and the bound
+  }
   return {};
 }
 
@@ -35,7 +42,8 @@ bool sameSecret(const std::string& a, const std::string& b) {
 }
 
 JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::string& token,
-                        const std::set<std::string>& allowed_keys, const std::vector<Member>& members) {
+                        const std::set<std::string>& allowed_keys, const std::vector<Member>& members,
+                        const std::string& stage_libtorch) {
   JoinDecision d;
   auto refuse = [&](std::string why) {
     d.kind = JoinDecision::Kind::kRefused;
@@ -47,6 +55,13 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
   if (!allowed_keys.empty() && !allowed_keys.count(key))
     return refuse("this volunteer's public key " + key + " is not on the coordinator's allowlist");
   if (const std::string problem = probeProblem(ask.probe); !problem.empty()) return refuse(problem);
+  if (!parseLibtorchVersion(ask.probe.libtorch))
+    return refuse("probe.libtorch \"" + ask.probe.libtorch.substr(0, kMaxLibtorchVersionBytes) +
+                  "\" is not a libtorch version (major.minor.patch)");
+  if (const std::string problem = stageFilesProblem(ask.name.empty() ? "this volunteer" : ask.name,
+                                                    ask.probe.libtorch, stage_libtorch);
+      !problem.empty())
+    return refuse(problem);
   std::string host;
   int port = 0;
   try {

@@ -6,9 +6,13 @@
 
 #include "core/CurveKeys.h"
 #include "core/Error.h"
+#include "node/protocol/CoordinationFields.h"
+#include "node/protocol/VolunteerProbeCodec.h"
 
 namespace cairn {
 namespace {
+
+using coordination_detail::Fields;
 
 constexpr size_t kMaxTokenBytes = 256;
 constexpr size_t kMaxAddressBytes = 300;
@@ -22,91 +26,6 @@ Frames frames(nlohmann::json header, std::vector<std::string> attachments = {}) 
   for (auto& a : attachments) out.push_back(std::move(a));
   return out;
 }
-
-// Field access that records the first problem instead of throwing.
-class Fields {
- public:
-  Fields(const nlohmann::json& j, std::string type, std::string* why)
-      : j_(j), type_(std::move(type)), why_(why) {}
-  bool ok() const { return ok_; }
-
-  std::string string(const char* key, size_t max_bytes, bool allow_empty = false) {
-    if (!ok_) return {};
-    auto it = j_.find(key);
-    if (it == j_.end() || !it->is_string()) return fail(key, "a string");
-    std::string v = it->get<std::string>();
-    if (v.size() > max_bytes) return fail(key, "at most " + std::to_string(max_bytes) + " bytes");
-    if (!allow_empty && v.empty()) return fail(key, "a non-empty string");
-    return v;
-  }
-  std::string optionalString(const char* key, size_t max_bytes) {
-    if (!ok_ || !j_.contains(key)) return {};
-    return string(key, max_bytes, /*allow_empty=*/true);
-  }
-  int64_t integer(const char* key, int64_t min, int64_t max) {
-    if (!ok_) return 0;
-    auto it = j_.find(key);
-    if (it == j_.end() || !it->is_number_integer()) {
-      fail(key, "an integer");
-      return 0;
-    }
-    const int64_t v = it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)
-                          ? INT64_MAX
-                          : it->get<int64_t>();
-    if (v < min || v > max) {
-      fail(key, "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
-      return 0;
-    }
-    return v;
-  }
-  uint64_t unsignedInteger(const char* key) {
-    if (!ok_) return 0;
-    auto it = j_.find(key);
-    if (it == j_.end() || !it->is_number_unsigned()) {
-      fail(key, "a non-negative integer");
-      return 0;
-    }
-    return it->get<uint64_t>();
-  }
-  double number(const char* key) {
-    if (!ok_) return 0;
-    auto it = j_.find(key);
-    if (it == j_.end() || !it->is_number() || !std::isfinite(it->get<double>())) {
-      fail(key, "a finite number");
-      return 0;
-    }
-    return it->get<double>();
-  }
-  bool boolean(const char* key) {
-    if (!ok_) return false;
-    auto it = j_.find(key);
-    if (it == j_.end() || !it->is_boolean()) {
-      fail(key, "true or false");
-      return false;
-    }
-    return it->get<bool>();
-  }
-  nlohmann::json object(const char* key) {
-    if (!ok_) return {};
-    auto it = j_.find(key);
-    if (it == j_.end() || !it->is_object()) {
-      fail(key, "an object");
-      return {};
-    }
-    return *it;
-  }
-
- private:
-  std::string fail(const char* key, const std::string& expected) {
-    if (ok_ && why_) *why_ = type_ + ": \"" + key + "\" must be " + expected;
-    ok_ = false;
-    return {};
-  }
-  const nlohmann::json& j_;
-  std::string type_;
-  std::string* why_;
-  bool ok_ = true;
-};
 
 // Parses frame 0 and checks the envelope; returns the header and sets `*type`.
 std::optional<nlohmann::json> header(const Frames& f, size_t attachment_limit, std::string* type,
@@ -188,11 +107,7 @@ Frames encode(const JoinAsk& m) {
   nlohmann::json h = {{"type", "join"},
                       {"token", m.token},
                       {"advertise", m.advertise},
-                      {"probe",
-                       {{"ram_gb", m.probe.ram_gb},
-                        {"cores", m.probe.cores},
-                        {"compute_gflops", m.probe.compute_gflops},
-                        {"bandwidth_mbps", m.probe.bandwidth_mbps}}}};
+                      {"probe", encodeVolunteerProbe(m.probe)}};
   if (!m.name.empty()) h["name"] = m.name;
   return frames(std::move(h));
 }
@@ -265,12 +180,8 @@ std::optional<ToCoordinator> decodeJoin(const Frames& f, Fields& in, const std::
   m.name = in.optionalString("name", kMaxNodeNameBytes);
   const nlohmann::json probe = in.object("probe");
   if (!in.ok()) return std::nullopt;
-  Fields p(probe, "join: probe", why);
-  m.probe.ram_gb = p.number("ram_gb");
-  m.probe.cores = p.integer("cores", 0, 1 << 20);
-  m.probe.compute_gflops = p.number("compute_gflops");
-  m.probe.bandwidth_mbps = p.number("bandwidth_mbps");
-  return done<ToCoordinator>(p, std::move(m));
+  if (!decodeVolunteerProbe(probe, &m.probe, why)) return std::nullopt;
+  return ToCoordinator(std::move(m));
 }
 
 std::optional<ToCoordinator> decodeBandwidth(const Frames& f, size_t limit, Fields& in,

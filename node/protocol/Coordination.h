@@ -10,9 +10,10 @@
 // "protocol": kCoordinationProtocol.
 //
 //   volunteer → coordinator
-//     join       {token, advertise, probe{ram_gb, cores, compute_gflops, bandwidth_mbps},
-//                 name?}                      ask to take part; `name`: the name a restarted
-//                                             volunteer held before (it keeps its key)
+//     join       {token, advertise, probe{ram_gb, cores, compute_gflops, bandwidth_mbps, gpus[…],
+//                 libtorch}, name?}           ask to take part; `name`: the name a restarted
+//                                             volunteer held before (it keeps its key); `probe`:
+//                                             VolunteerProbeCodec.h (GPUs, libtorch version)
 //     bandwidth  {bytes} + 1 attachment       bandwidth probe: `bytes` must equal its size
 //     heartbeat  {name, state, step}          every few seconds; state: waiting|training|done|…
 //     result     {name, summary{…}} + 1 attachment (trained_stage.pt)
@@ -56,6 +57,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/Fnv.h"  // fnv1a64: checkpoint uploads carry it
+#include "node/protocol/VolunteerProbeCodec.h"  // VolunteerProbe: the join's `probe`
 
 namespace cairn {
 
@@ -68,13 +70,6 @@ constexpr size_t kMaxReasonBytes = 512;
 
 // The frames of one coordination message: [0] the JSON header, [1…] attachments.
 using Frames = std::vector<std::string>;
-
-struct VolunteerProbe {
-  double ram_gb = 0;
-  int64_t cores = 0;
-  double compute_gflops = 0;
-  double bandwidth_mbps = 0;
-};
 
 struct JoinAsk {
   std::string token;

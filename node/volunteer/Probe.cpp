@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <future>
 #include <thread>
@@ -215,12 +216,31 @@ double probeBandwidthMbps(const std::optional<std::string>& peer, int megabytes,
 
 nlohmann::json nodeConfigEntry(const MachineProbe& p, const std::string& address) {
   auto round2 = [](double x) { return std::round(x * 100) / 100; };
-  return {{"IP", address},
-          {"benchmarks",
-           {{"ram", round2(p.ram_gb)},
-            {"bandwidth", round2(p.bandwidth_mbps)},
-            {"compute", round2(p.compute_gflops)},
-            {"cores", p.cores}}}};
+  nlohmann::json entry = {{"IP", address},
+                          {"benchmarks",
+                           {{"ram", round2(p.ram_gb)},
+                            {"bandwidth", round2(p.bandwidth_mbps)},
+                            {"compute", round2(p.compute_gflops)},
+                            {"cores", p.cores}}}};
+  if (!p.gpus.empty()) entry["benchmarks"]["gpus"] = gpuFiguresToJson(p.gpus);
+  return entry;
+}
+
+std::string probeSummary(const MachineProbe& p, const std::string& gpus_none_reason) {
+  char line[512];
+  std::snprintf(line, sizeof line, "CPU: %d cores, %.1f GB RAM, %.1f GFLOPS (float32 matmul); "
+                "network %.1f Mbps (%s)\n", p.cores, p.ram_gb, p.compute_gflops, p.bandwidth_mbps,
+                p.bandwidth_peer.empty() ? "loopback" : p.bandwidth_peer.c_str());
+  std::string out = line;
+  if (p.gpus.empty()) return out + "GPUs: none (" + gpus_none_reason + ")\n";
+  for (size_t i = 0; i < p.gpus.size(); ++i) {
+    const GpuFigures& g = p.gpus[i];
+    std::snprintf(line, sizeof line, "GPU %zu: %s, %.1f GB; dense TFLOP/s fp32 %.1f, bf16 %.1f; "
+                  "pinned copies GB/s host->device %.1f, device->host %.1f\n", i, g.name.c_str(),
+                  g.memory_gb, g.fp32_tflops, g.bf16_tflops, g.h2d_gb_per_s, g.d2h_gb_per_s);
+    out += line;
+  }
+  return out;
 }
 
 }  // namespace cairn

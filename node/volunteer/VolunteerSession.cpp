@@ -162,7 +162,8 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
   machine.bandwidth_mbps = bandwidth_mbps_;
   CAIRN_INFO("probe: ", machine.ram_gb, " GB RAM, ", machine.cores, " cores, ",
              machine.compute_gflops, " GFLOPS, ", bandwidth_mbps_, " Mbit/s to the coordinator (",
-             config_.probe_megabytes, " MiB in ", elapsed, " s)");
+             config_.probe_megabytes, " MiB in ", elapsed, " s), GPUs: ", describeGpus(machine.gpus),
+             ", libtorch ", machine.libtorch);
 
   JoinAsk ask{config_.invite.token, advertised_, machine, asked_name_};
   if (!sendWhenConnected(socket, encode(ask), config_.coordinator_timeout, config_.stop_requested)) {

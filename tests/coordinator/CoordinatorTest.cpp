@@ -1,5 +1,6 @@
 // The coordinator's own parts: its SQLite store (and that a reopened store is the same run), the
-// join policy against each bad join, and a live coordinator on loopback refusing each bad join
+// join policy against each bad join (libtorch versions and GPU bounds included), plan.json's
+// libtorch record, and a live coordinator on loopback refusing each bad join
 // over real CurveZMQ sockets (the whole flow with real providers is
 // tests/integration/volunteer_test.py).
 #include <gtest/gtest.h>
@@ -10,11 +11,16 @@
 #include <fstream>
 #include <thread>
 
+#include "clusterize/NodeDataWriter.h"
 #include "coordinator/Coordinator.h"
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/JoinPolicy.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
+#include "core/GpuFigures.h"
+#include "core/JsonReader.h"
+#include "core/NodeData.h"
+#include "core/TorchCompat.h"
 #include "node/volunteer/CoordinationSocket.h"
 #include "node/transport/CurveSecurity.h"
 #include "tests/common/LoopbackPorts.h"
@@ -39,7 +45,7 @@ JoinAsk goodAsk(const std::string& advertise) {
   JoinAsk a;
   a.token = kToken;
   a.advertise = advertise;
-  a.probe = {8.0, 4, 50.0, 1000.0};
+  a.probe = {8.0, 4, 50.0, 1000.0, {}, "1.13.0"};
   return a;
 }
 
@@ -111,7 +117,7 @@ TEST(JoinPolicy, EachBadJoinIsRefusedWithItsReason) {
       member("node_1", generateCurveKeyPair().public_key, "127.0.0.1:7009", MemberState::kLost)};
   auto reason = [&](JoinAsk ask, const std::set<std::string>& allowed = {},
                     const std::string& k = "") {
-    const JoinDecision d = decideJoin(ask, k.empty() ? key : k, kToken, allowed, members);
+    const JoinDecision d = decideJoin(ask, k.empty() ? key : k, kToken, allowed, members, "1.13.0");
     EXPECT_EQ(d.kind, JoinDecision::Kind::kRefused) << "accepted: " << ask.advertise;
     return d.reason;
   };
@@ -146,14 +152,63 @@ TEST(JoinPolicy, EachBadJoinIsRefusedWithItsReason) {
   EXPECT_NE(reason(goodAsk("127.0.0.1:7100"), {}, "not a key").find("no CURVE key"), std::string::npos);
 
   // And the two good cases.
-  EXPECT_EQ(decideJoin(goodAsk("127.0.0.1:7100"), key, kToken, {}, members).kind,
+  EXPECT_EQ(decideJoin(goodAsk("127.0.0.1:7100"), key, kToken, {}, members, "1.13.0").kind,
             JoinDecision::Kind::kNew);
   ask = goodAsk("127.0.0.1:7002");  // node_0 back at a new address, under its own key
   ask.name = "node_0";
-  const JoinDecision back = decideJoin(ask, other, kToken, {key, other}, members);
+  const JoinDecision back = decideJoin(ask, other, kToken, {key, other}, members, "1.13.0");
   EXPECT_EQ(back.kind, JoinDecision::Kind::kReturning);
   ASSERT_TRUE(back.member.has_value());
   EXPECT_EQ(back.member->name, "node_0");
+}
+
+// Stage files written by libtorch 1.13 load under 2.11; the other direction is not checked, so a
+// volunteer older (major.minor) than the libtorch that wrote the plan's stage files is refused
+// with a sentence naming both versions, and an equal or newer one (any patch level) is let in.
+TEST(JoinPolicy, AVolunteerWhoseLibtorchIsOlderThanTheStageFilesIsRefusedWithBothVersions) {
+  const std::string key = generateCurveKeyPair().public_key;
+  auto decide = [&](const std::string& volunteer, const std::string& writer,
+                    const std::string& name = "") {
+    JoinAsk ask = goodAsk("127.0.0.1:7100");
+    ask.probe.libtorch = volunteer;
+    ask.name = name;
+    return decideJoin(ask, key, kToken, {}, {}, writer);
+  };
+  JoinDecision d = decide("1.13.0", "2.11.0", "node_3");
+  EXPECT_EQ(d.kind, JoinDecision::Kind::kRefused);
+  EXPECT_EQ(d.reason,
+            "node_3's libtorch 1.13.0 cannot load stage files written by libtorch 2.11.0; install "
+            "cairn built against libtorch ≥ 2.11");
+  d = decide("2.10.9", "2.11.0");
+  EXPECT_EQ(d.kind, JoinDecision::Kind::kRefused);
+  EXPECT_EQ(d.reason,
+            "this volunteer's libtorch 2.10.9 cannot load stage files written by libtorch 2.11.0; "
+            "install cairn built against libtorch ≥ 2.11");
+  EXPECT_EQ(decide("1.9.0", "1.13.0").kind, JoinDecision::Kind::kRefused);  // 9 < 13, not "9" > "1"
+  for (const auto& [volunteer, writer] : std::vector<std::pair<std::string, std::string>>{
+           {"2.11.0", "2.11.0"}, {"2.11.0", "2.11.7"}, {"2.11.3", "2.11.0"}, {"2.12.0", "2.11.0"},
+           {"3.0.0", "2.11.0"}, {"2.11.0", "1.13.0"}, {"1.13.0", "1.13.0"}, {"1.13.1", "1.13.0"}})
+    EXPECT_EQ(decide(volunteer, writer).kind, JoinDecision::Kind::kNew)
+        << volunteer << " refused for stage files of " << writer << ": " << decide(volunteer, writer).reason;
+  d = decide("2.11", "2.11.0");  // a JoinAsk made in-process, never decoded
+  EXPECT_EQ(d.kind, JoinDecision::Kind::kRefused);
+  EXPECT_EQ(d.reason, "probe.libtorch \"2.11\" is not a libtorch version (major.minor.patch)");
+}
+
+TEST(JoinPolicy, GpuFiguresBeyondTheirBoundsAreRefusedNamingTheBound) {
+  const std::string key = generateCurveKeyPair().public_key;
+  JoinAsk ask = goodAsk("127.0.0.1:7100");
+  ask.probe.gpus = {{"NVIDIA H100 80GB HBM3", 79.1, 51.0, 600.0, 25.0, 24.0}};
+  EXPECT_EQ(decideJoin(ask, key, kToken, {}, {}, "1.13.0").kind, JoinDecision::Kind::kNew);
+  ask.probe.gpus[0].bf16_tflops = 5000;
+  JoinDecision d = decideJoin(ask, key, kToken, {}, {}, "1.13.0");
+  EXPECT_EQ(d.kind, JoinDecision::Kind::kRefused);
+  EXPECT_NE(d.reason.find("probe.gpus[0]: bf16_tflops must be at most 2000 TFLOP/s"), std::string::npos)
+      << d.reason;
+  ask.probe.gpus[0].bf16_tflops = 600;
+  ask.probe.gpus[0].memory_gb = 500;
+  d = decideJoin(ask, key, kToken, {}, {}, "1.13.0");
+  EXPECT_NE(d.reason.find("memory_gb must be at most 200 GB"), std::string::npos) << d.reason;
 }
 
 TEST(JoinPolicy, TokenComparisonNeedsEveryCharacter) {
@@ -394,6 +449,83 @@ TEST(LiveCoordinator, KeepsOnlyTheNewestCheckpointPerNodeAndAcknowledgesIt) {
   EXPECT_EQ(row->step, 20);
   EXPECT_EQ(row->path, out + "/checkpoints/" + name + "/step_20.ckpt");
   EXPECT_EQ(row->checksum, fnv1a64("twenty"));
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+// GPUs and libtorch versions at a live coordinator: a volunteer's GPUs and libtorch are stored
+// with it; one whose libtorch is older than the one that writes the stage files (no plan yet: the
+// coordinator's own) and one claiming an impossible GPU each receive the sentence saying so.
+TEST(LiveCoordinator, StoresTheGpusAndRefusesAnOlderLibtorchAndAnImpossibleGpuSayingWhy) {
+  const std::string out = freshDir("gpus");
+  LiveCoordinator coordinator(out);
+  zmq::context_t ctx;
+  Client good(ctx, coordinator.invite());
+  FakeResponder responder(good.keys, coordinator.invite().coordinator_key);
+  JoinAsk ask = goodAsk(responder.address());
+  ask.probe.gpus = {{"NVIDIA H100 80GB HBM3", 79.1, 51.0, 600.0, 25.0, 24.0}};
+  ask.probe.libtorch = libtorchVersion();
+  const auto accepted = good.ask(encode(ask));
+  ASSERT_TRUE(accepted && std::holds_alternative<Accepted>(*accepted));
+
+  Client old(ctx, coordinator.invite());
+  JoinAsk old_ask = goodAsk("127.0.0.1:7300");
+  old_ask.probe.libtorch = "1.0.0";
+  const std::string writer = libtorchVersion();
+  EXPECT_EQ(old.refusal(encode(old_ask)),
+            "this volunteer's libtorch 1.0.0 cannot load stage files written by libtorch " + writer +
+                "; install cairn built against libtorch ≥ " + std::to_string(TORCH_VERSION_MAJOR) +
+                "." + std::to_string(TORCH_VERSION_MINOR));
+  JoinAsk impossible = goodAsk("127.0.0.1:7301");
+  impossible.probe.gpus = {{"NVIDIA H100 80GB HBM3", 79.1, 51.0, 5000.0, 25.0, 24.0}};
+  const std::string why = old.refusal(encode(impossible));
+  EXPECT_EQ(why.rfind("malformed message: join: probe: gpus[0]: bf16_tflops must be at most 2000 TFLOP/s", 0),
+            0u)
+      << why;
+
+  coordinator.stop();
+  CoordinatorStore store(out + "/coordinator.db");
+  ASSERT_EQ(store.members().size(), 1u);
+  const nlohmann::json probe = nlohmann::json::parse(store.members()[0].probe_json);
+  EXPECT_EQ(probe["libtorch"], libtorchVersion());
+  EXPECT_EQ(parseGpuFigures(probe["gpus"], "probe_json")[0].name, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(probe["ram_gb"], 8.0);  // the figures the planner reads stay where they were
+}
+
+// plan.json records the libtorch that saved the stage files; a plan without it (written before
+// the key) reads as 1.13.0; a broken value is BadInput naming the file and the key.
+TEST(NodeDataWriter, PlanJsonRecordsTheLibtorchThatWroteTheStageFiles) {
+  const std::string out = freshDir("plan_libtorch");
+  EXPECT_FALSE(clusterize::NodeDataWriter::stageFilesLibtorch(out).has_value());  // no plan yet
+  JobSpec job;
+  job.job_id = "job";
+  job.data.location = "/data";
+  job.data.format = "idx";
+  clusterize::NodeDataWriter(out, clusterize::NodeDataWriter::KeysGiven{})
+      .write(clusterize::PartitionPlan{}, job, {}, {});
+  nlohmann::json plan = readJsonFile(planPath(out));
+  EXPECT_EQ(plan["libtorch"], libtorchVersion());
+  EXPECT_EQ(clusterize::NodeDataWriter::stageFilesLibtorch(out).value_or(""), libtorchVersion());
+
+  plan.erase("libtorch");  // an older plan
+  writeJsonFile(planPath(out), plan);
+  EXPECT_EQ(clusterize::NodeDataWriter::stageFilesLibtorch(out).value_or(""), "1.13.0");
+  plan["libtorch"] = "2.11.0";
+  writeJsonFile(planPath(out), plan);
+  EXPECT_EQ(clusterize::NodeDataWriter::stageFilesLibtorch(out).value_or(""), "2.11.0");
+  plan["libtorch"] = "2.11";
+  writeJsonFile(planPath(out), plan);
+  try {
+    clusterize::NodeDataWriter::stageFilesLibtorch(out);
+    FAIL() << "a plan.json with libtorch \"2.11\" was read";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("libtorch must be"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

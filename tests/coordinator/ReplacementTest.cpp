@@ -238,11 +238,11 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
   EXPECT_EQ(old->name, "node_1-lost-1");
   EXPECT_EQ(old->state, MemberState::kLost);
   // The lost volunteer coming back is refused, by its old name and by its key.
-  JoinAsk ask{"t", "127.0.0.1:7001", {8, 4, 50, 1000}, "node_1"};
-  EXPECT_NE(decideJoin(ask, lost_key, "t", {}, store.members()).reason.find("belongs to another key"),
+  JoinAsk ask{"t", "127.0.0.1:7001", {8, 4, 50, 1000, {}, "1.13.0"}, "node_1"};
+  EXPECT_NE(decideJoin(ask, lost_key, "t", {}, store.members(), "1.13.0").reason.find("belongs to another key"),
             std::string::npos);
   ask.name.clear();
-  EXPECT_NE(decideJoin(ask, lost_key, "t", {}, store.members()).reason.find("is lost"),
+  EXPECT_NE(decideJoin(ask, lost_key, "t", {}, store.members(), "1.13.0").reason.find("is lost"),
             std::string::npos);
   // The plan on disk: node_1 and the three nodes naming it re-pointed.
   EXPECT_EQ(readNodeSpec(nodeSpecPath(out, "node_1")).address, spare.advertise);

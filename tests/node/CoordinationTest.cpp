@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/Error.h"
+#include "core/GpuFigures.h"
 #include "core/JsonReader.h"
 #include "node/volunteer/CoordinationSocket.h"
 #include "node/transport/CurveSecurity.h"
@@ -56,7 +57,8 @@ T roundTripToVolunteer(const Frames& frames) {
 }
 
 TEST(Coordination, MessagesToTheCoordinatorRoundTripFieldForField) {
-  JoinAsk join{"a1b2c3d4a1b2c3d4a1b2c3d4a1b2c3d4", "10.0.0.7:7001", {15.5, 8, 123.25, 940.5}, "node_3"};
+  JoinAsk join{"a1b2c3d4a1b2c3d4a1b2c3d4a1b2c3d4", "10.0.0.7:7001",
+               {15.5, 8, 123.25, 940.5, {}, "1.13.0"}, "node_3"};
   const JoinAsk j = roundTripToCoordinator<JoinAsk>(encode(join));
   EXPECT_EQ(j.token, join.token);
   EXPECT_EQ(j.advertise, join.advertise);
@@ -188,7 +190,7 @@ TEST(Coordination, MalformedMessagesAreRefusedWithTheirReason) {
             "heartbeat: \"step\" must be an integer in [-1, 9223372036854775807]");
   EXPECT_EQ(whyToCoordinator(edited(heartbeat, [](auto& h) { h["type"] = "hello"; })),
             "unknown message type \"hello\" for the coordinator");
-  const Frames join = encode(JoinAsk{"aa", "h:1", {1, 2, 3, 4}, ""});
+  const Frames join = encode(JoinAsk{"aa", "h:1", {1, 2, 3, 4, {}, "1.13.0"}, ""});
   EXPECT_EQ(whyToCoordinator(edited(join, [](auto& h) { h["probe"]["ram_gb"] = "lots"; })),
             "join: probe: \"ram_gb\" must be a finite number");
   EXPECT_EQ(whyToCoordinator(edited(join, [](auto& h) { h.erase("probe"); })),
@@ -236,6 +238,92 @@ TEST(Coordination, MalformedMessagesAreRefusedWithTheirReason) {
   EXPECT_EQ(why, "unknown message type \"accepted\" for a reachability check");
   EXPECT_FALSE(decodeReach(edited(encode(ReachCheck{"n"}), [](auto& h) { h.erase("nonce"); }), &why));
   EXPECT_EQ(why, "reach: \"nonce\" must be a string");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The join's probe: GPUs (core/GpuFigures.h) and the libtorch version (VolunteerProbeCodec.h)
+
+GpuFigures h100() {
+  return {"NVIDIA H100 80GB HBM3", 79.1, 51.5, 612.25, 25.5, 24.75};
+}
+
+TEST(Coordination, TheJoinProbeCarriesGpusAndTheLibtorchVersion) {
+  EXPECT_EQ(VolunteerProbe{}.libtorch, "1.13.0");  // the default: what cairn was built against so far
+  JoinAsk join{"a1b2c3d4a1b2c3d4a1b2c3d4a1b2c3d4", "10.0.0.7:7001",
+               {15.5, 8, 123.25, 940.5, {}, "1.13.0"}, ""};
+  join.probe.gpus = {h100(), {"NVIDIA GeForce RTX 4090", 25.3, 80.0, 160.0, 21.0, 20.5}};
+  join.probe.libtorch = "2.11.0";
+  const JoinAsk j = roundTripToCoordinator<JoinAsk>(encode(join));
+  EXPECT_EQ(j.probe.libtorch, "2.11.0");
+  ASSERT_EQ(j.probe.gpus.size(), 2u);
+  EXPECT_EQ(gpuFiguresToJson(j.probe.gpus), gpuFiguresToJson(join.probe.gpus));
+  EXPECT_EQ(j.probe.gpus[0].name, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(j.probe.gpus[0].bf16_tflops, 612.25);
+  EXPECT_EQ(j.probe.gpus[1].d2h_gb_per_s, 20.5);
+  // The header names them as docs/PROTOCOL.md says.
+  const nlohmann::json probe = nlohmann::json::parse(encode(join)[0])["probe"];
+  EXPECT_EQ(probe["libtorch"], "2.11.0");
+  EXPECT_EQ(probe["gpus"][0]["memory_gb"], 79.1);
+  // No GPU: an empty list, and back.
+  join.probe.gpus.clear();
+  EXPECT_EQ(nlohmann::json::parse(encode(join)[0])["probe"]["gpus"], nlohmann::json::array());
+  EXPECT_TRUE(roundTripToCoordinator<JoinAsk>(encode(join)).probe.gpus.empty());
+  // A volunteer from before these keys: no GPU, libtorch 1.13.0.
+  const JoinAsk old = roundTripToCoordinator<JoinAsk>(edited(encode(join), [](auto& h) {
+    h["probe"].erase("gpus");
+    h["probe"].erase("libtorch");
+  }));
+  EXPECT_TRUE(old.probe.gpus.empty());
+  EXPECT_EQ(old.probe.libtorch, "1.13.0");
+  EXPECT_EQ(describeGpus({}), "none");
+  EXPECT_EQ(describeGpus({h100()}),
+            "NVIDIA H100 80GB HBM3 (79.1 GB, 51.5 fp32 / 612.2 bf16 TFLOP/s, 25.5/24.8 GB/s h2d/d2h)");
+}
+
+TEST(Coordination, HostileGpuFiguresAndLibtorchVersionsAreRefusedNamingTheKey) {
+  JoinAsk ask{"aa", "h:1", {1, 2, 3, 4, {}, "1.13.0"}, ""};
+  ask.probe.gpus = {h100()};
+  const Frames join = encode(ask);
+  auto gpu = [&](const std::function<void(nlohmann::json&)>& change) {
+    return whyToCoordinator(edited(join, [&](auto& h) { change(h["probe"]["gpus"]); }));
+  };
+  auto says = [](const std::string& why, std::initializer_list<const char*> parts) {
+    for (const char* part : parts)
+      EXPECT_NE(why.find(part), std::string::npos) << "\"" << part << "\" not in: " << why;
+  };
+  // Beyond the plausible bounds: the key, the GPU and the bound are named.
+  says(gpu([](auto& g) { g[0]["bf16_tflops"] = 5000; }),
+       {"join: probe: gpus[0]", "bf16_tflops", "at most 2000 TFLOP/s"});
+  says(gpu([](auto& g) { g[0]["memory_gb"] = 500; }), {"gpus[0]", "memory_gb", "at most 200 GB"});
+  says(gpu([](auto& g) { g[0]["fp32_tflops"] = 1e300; }), {"fp32_tflops", "at most 1000 TFLOP/s"});
+  says(gpu([](auto& g) { g[0]["h2d_gb_per_s"] = 5000; }), {"h2d_gb_per_s", "at most 1000 GB/s"});
+  // Negative, zero, wrong types, unknown keys, too many, too long a name.
+  says(gpu([](auto& g) { g[0]["fp32_tflops"] = -3; }), {"gpus[0]", "fp32_tflops"});
+  says(gpu([](auto& g) { g[0]["d2h_gb_per_s"] = 0; }), {"d2h_gb_per_s"});
+  says(gpu([](auto& g) { g[0]["memory_gb"] = "lots"; }), {"memory_gb"});
+  says(gpu([](auto& g) { g[0]["name"] = 7; }), {"gpus[0]", "name"});
+  says(gpu([](auto& g) { g[0]["name"] = std::string(300, 'x'); }), {"name", "1 to 256 bytes"});
+  says(gpu([](auto& g) { g[0].erase("bf16_tflops"); }), {"bf16_tflops"});
+  says(gpu([](auto& g) { g[0]["fp64_tflops"] = 1; }), {"fp64_tflops"});
+  says(gpu([](auto& g) { g.push_back(5); }), {"gpus[1]", "must be an object"});
+  says(gpu([](auto& g) { g = "H100"; }), {"join: probe: gpus", "must be an array"});
+  says(gpu([](auto& g) {
+         g = nlohmann::json::array();
+         for (int i = 0; i < 65; ++i) g.push_back(gpuFiguresToJson({h100()})[0]);
+       }),
+       {"65 GPUs", "at most 64"});
+  // The libtorch version: digits.digits.digits, bounded.
+  for (const nlohmann::json& bad : std::vector<nlohmann::json>{
+           "2.11", "2.11.0+cu128", "v2.11.0", " 2.11.0", "2.11.0.1", "2..0", "", "a.b.c",
+           "1234567.0.0", std::string(40, '1'), 211, nullptr, nlohmann::json::array()}) {
+    const std::string why =
+        whyToCoordinator(edited(join, [&](auto& h) { h["probe"]["libtorch"] = bad; }));
+    says(why, {"join: probe: \"libtorch\" must be"});
+  }
+  // A hostile message is refused, never thrown.
+  std::string why;
+  EXPECT_NO_THROW(decodeToCoordinator(edited(join, [](auto& h) { h["probe"]["gpus"][0] = nullptr; }),
+                                      1 << 20, &why));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -434,7 +522,7 @@ VolunteerConfig configFor(const FakeCoordinator& coordinator, const std::string&
   return c;
 }
 
-const VolunteerProbe kMachine{7.5, 4, 55.5, 0};
+const VolunteerProbe kMachine{7.5, 4, 55.5, 0, {}, "1.13.0"};
 
 // Runs `body` on another thread (the volunteer's); join() rethrows what it threw. Destroyed
 // without join() (the test failed early), it sets `abandon` first.

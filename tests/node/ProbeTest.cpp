@@ -1,11 +1,14 @@
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <thread>
 
 #include "core/Error.h"
+#include "core/GpuFigures.h"
 #include "core/NodeConfigs.h"
+#include "core/TorchCompat.h"
 #include "node/volunteer/Probe.h"
 
 namespace cairn {
@@ -70,6 +73,55 @@ TEST(Probe, EntryIsAValidNodeConfig) {
   ASSERT_TRUE(nodes[0].compute.has_value());
   EXPECT_NEAR(*nodes[0].compute, p.compute_gflops, 0.005);
   EXPECT_EQ(nodes[0].address(), "127.0.0.1:5000");
+}
+
+TEST(Probe, GpusAreListedOnlyWhenLibtorchSeesOne) {
+  // Debian's libtorch (the CI build) is CPU-only: no GPU, a reason, and no driver loaded. On a
+  // CUDA build with a GPU, every device is listed with figures inside core/GpuFigures.h's bounds.
+  std::string reason;
+  const std::vector<GpuFigures> gpus = probeGpus(&reason);
+  if (torch::cuda::device_count() == 0) {
+    EXPECT_TRUE(gpus.empty());
+    EXPECT_NE(reason.find("sees no CUDA device"), std::string::npos) << reason;
+    EXPECT_NE(reason.find("libtorch " + libtorchVersion()), std::string::npos) << reason;
+  } else {
+    ASSERT_EQ(gpus.size(), torch::cuda::device_count()) << reason;
+    EXPECT_NO_THROW(parseGpuFigures(gpuFiguresToJson(gpus), "probeGpus"));
+  }
+}
+
+TEST(Probe, EntryCarriesGpusOnlyWhenThereAreSome) {
+  MachineProbe p;
+  p.ram_gb = 64;
+  p.cores = 16;
+  p.compute_gflops = 900;
+  p.bandwidth_mbps = 1000;
+  // No GPU: the entry is exactly today's, which the node_configs.json reader takes.
+  nlohmann::json entry = nodeConfigEntry(p, "10.0.0.2:5500");
+  EXPECT_FALSE(entry["benchmarks"].contains("gpus"));
+  EXPECT_EQ(parseNodeConfigs({{"2", entry}}, "probe output").size(), 1u);
+  const std::string none = probeSummary(p, "no CUDA here");
+  EXPECT_NE(none.find("CPU: 16 cores, 64.0 GB RAM, 900.0 GFLOPS"), std::string::npos) << none;
+  EXPECT_NE(none.find("GPUs: none (no CUDA here)"), std::string::npos) << none;
+
+  // Two GPUs: benchmarks.gpus in core/GpuFigures.h's schema, figures as measured.
+  p.gpus = {{"NVIDIA H100 80GB HBM3", 79.1, 51.0, 600.0, 25.0, 24.0},
+            {"NVIDIA A100-SXM4-40GB", 42.5, 19.5, 280.0, 24.5, 23.5}};
+  entry = nodeConfigEntry(p, "10.0.0.2:5500");
+  ASSERT_TRUE(entry["benchmarks"].contains("gpus"));
+  EXPECT_EQ(entry["benchmarks"]["gpus"], gpuFiguresToJson(p.gpus));
+  const std::vector<GpuFigures> back = parseGpuFigures(entry["benchmarks"]["gpus"], "entry");
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].name, "NVIDIA A100-SXM4-40GB");
+  EXPECT_EQ(back[0].bf16_tflops, 600.0);
+  EXPECT_EQ(entry["benchmarks"]["ram"], 64.0);  // the CPU figures stay as they were
+  const std::string two = probeSummary(p, "");
+  EXPECT_EQ(two.find("GPUs: none"), std::string::npos) << two;
+  EXPECT_NE(two.find("GPU 0: NVIDIA H100 80GB HBM3, 79.1 GB; dense TFLOP/s fp32 51.0, bf16 600.0; "
+                     "pinned copies GB/s host->device 25.0, device->host 24.0"),
+            std::string::npos)
+      << two;
+  EXPECT_NE(two.find("GPU 1: NVIDIA A100-SXM4-40GB, 42.5 GB"), std::string::npos) << two;
 }
 
 TEST(Probe, AbsentPeerIsReportedByName) {
