@@ -135,8 +135,10 @@ void addJoinOptions(CLI::App& app, Cli& cli) {
   app.add_option("--join", cli.invite,
                  "join the run of the coordinator whose invite (cairn-invite:1:…, printed by "
                  "`clusterize --serve`)\nthis is: probe this machine (RAM, cores, GFLOPS, "
-                 "bandwidth to the coordinator), make a CURVE key\npair in --workdir once (the "
-                 "secret key never leaves this machine), authenticate the\ncoordinator by the "
+                 "GPUs, bandwidth to the coordinator) and report\nthis build's libtorch version "
+                 "(the coordinator refuses one older than the libtorch that wrote\nthe stage files), "
+                 "make a CURVE key pair in --workdir once (the secret key never leaves this\n"
+                 "machine), authenticate the coordinator by the "
                  "invite's key, wait (as a spare) for an assignment, train it, upload\nthe "
                  "trained stage. Exit 2 when the coordinator refuses (its reason is printed), 3 "
                  "when it\ndoes not answer (a wrong key in the invite looks the same). While it "

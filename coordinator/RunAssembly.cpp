@@ -12,6 +12,7 @@
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
+#include "core/GpuFigures.h"
 #include "core/NodeConfigs.h"
 #include "core/NodeData.h"
 
@@ -29,6 +30,9 @@ std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers) 
     c.ram_gb = p.positiveNumber("ram_gb");
     c.bandwidth_mbps = p.positiveNumber("bandwidth_mbps");
     c.compute = p.positiveNumber("compute_gflops");
+    // The join's GPUs (validated when it was decoded): the planner places a GPU node by gpus[0].
+    if (p.has("gpus"))
+      c.gpus = parseGpuFigures(probe["gpus"], "coordinator.db: member " + m.name + ": probe.gpus");
     configs.push_back(c);
   }
   return configs;

@@ -30,7 +30,8 @@ struct PlannedRun {
 PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
                           const std::vector<Member>& volunteers, const std::string& out);
 
-// The node configs the planner sees for `volunteers` (id = the number in node_<n>).
+// The node configs the planner sees for `volunteers` (id = the number in node_<n>): RAM, bandwidth,
+// GFLOPS and GPUs from each one's join probe.
 std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers);
 
 struct FinishedRun {

@@ -15,6 +15,7 @@
 #include "coordinator/Coordinator.h"
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/JoinPolicy.h"
+#include "coordinator/RunAssembly.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/GpuFigures.h"
@@ -494,6 +495,12 @@ TEST(LiveCoordinator, StoresTheGpusAndRefusesAnOlderLibtorchAndAnImpossibleGpuSa
   EXPECT_EQ(probe["libtorch"], libtorchVersion());
   EXPECT_EQ(parseGpuFigures(probe["gpus"], "probe_json")[0].name, "NVIDIA H100 80GB HBM3");
   EXPECT_EQ(probe["ram_gb"], 8.0);  // the figures the planner reads stay where they were
+  // ... and the planner sees the GPU, as node_configs.json's benchmarks.gpus would give it.
+  const std::vector<NodeConfig> configs = volunteerConfigs(store.members());
+  ASSERT_EQ(configs.size(), 1u);
+  ASSERT_EQ(configs[0].gpus.size(), 1u);
+  EXPECT_EQ(configs[0].gpus[0].bf16_tflops, 600.0);
+  EXPECT_EQ(configs[0].ram_gb, 8.0);
 }
 
 // plan.json records the libtorch that saved the stage files; a plan without it (written before

@@ -115,6 +115,9 @@ TEST(Probe, EntryCarriesGpusOnlyWhenThereAreSome) {
   EXPECT_EQ(back[1].name, "NVIDIA A100-SXM4-40GB");
   EXPECT_EQ(back[0].bf16_tflops, 600.0);
   EXPECT_EQ(entry["benchmarks"]["ram"], 64.0);  // the CPU figures stay as they were
+  const auto nodes = parseNodeConfigs({{"2", entry}}, "probe output");  // clusterize reads it
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(gpuFiguresToJson(nodes[0].gpus), gpuFiguresToJson(p.gpus));
   const std::string two = probeSummary(p, "");
   EXPECT_EQ(two.find("GPUs: none"), std::string::npos) << two;
   EXPECT_NE(two.find("GPU 0: NVIDIA H100 80GB HBM3, 79.1 GB; dense TFLOP/s fp32 51.0, bf16 600.0; "
