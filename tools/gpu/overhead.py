@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Issue [M]'s figures 2 and 3 (tools/gpu/gpu_figures.sh runs this on the GPU machine):
+
+  2. overhead: one provider training the whole model (1 stage) on DEVICE vs PyTorch's own training
+     loop in Python on DEVICE, samples/s, for the demo CNN and the tiny GPT (goal >= 1.0x);
+  3. pipeline on one device: the tiny GPT in 2 stages, 2 providers sharing DEVICE, 4 micro-batches,
+     vs 1 provider (goal >= 0.9x), with the providers' own split of a step (compute/send/wait).
+
+    overhead.py --build BUILD --work DIR [--device cuda] [--steps 300] [--port 27300]
+
+Both sides train the same TorchScript model (the examples' make_model.py), batch size, optimizer
+(AdamW) and data; the provider's figure is result.json's train_samples_per_s (its whole run), the
+reference's the same count over its whole loop (after the same number of warm-up steps: none).
+Prints one line per figure and writes DIR/figures.json. Here, without a GPU, `--device cpu
+--steps 20` checks the script, not the figures.
+"""
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def run(command, **kwargs):
+    proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    if proc.returncode != 0:
+        sys.stdout.write(proc.stdout[-3000:])
+        raise SystemExit(f"overhead: {' '.join(map(str, command[:3]))} ... exited {proc.returncode}")
+    return proc.stdout
+
+
+class Model:
+    def __init__(self, name, work, steps):
+        self.name = name
+        self.dir = os.path.join(work, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.model = os.path.join(self.dir, "model.pt")
+        example = os.path.join(REPO, "examples", "fashion_mnist" if name == "cnn" else "tiny_gpt")
+        run([sys.executable, os.path.join(example, "make_model.py"), "--out", self.model])
+        job = json.load(open(os.path.join(example, "job.json")))
+        if name == "gpt":
+            corpus = os.path.join(self.dir, "corpus.txt")
+            run(["bash", os.path.join(example, "make_corpus.sh"), corpus])
+            job["data"]["location"] = corpus
+            self.shape, self.dtype = "16,64", "int64"
+        else:
+            self.shape, self.dtype = "32,1,28,28", "float32"
+        t = job["training_definition"]
+        t.update({"epochs": 0, "max_steps": steps, "eval_every": 0, "lr_scheduler": "constant",
+                  "timeouts": {"startup_s": 120, "peer_s": 120}})
+        for key in ("sync", "local_steps"):
+            t.pop(key, None)
+        self.job = job
+
+    def plan(self, nodes, port, microbatches, cuts=None):
+        """node_data for one cluster of `nodes` providers; returns (folder, plan)."""
+        out = os.path.join(self.dir, f"stages_{nodes}")
+        configs = {str(i): {"IP": f"127.0.0.1:{port + i}",
+                            "benchmarks": {"ram": 64, "bandwidth": 100000}} for i in range(nodes)}
+        os.makedirs(out, exist_ok=True)
+        json.dump(configs, open(os.path.join(out, "node_configs.json"), "w"))
+        job = json.loads(json.dumps(self.job))
+        job["training_definition"]["microbatches"] = microbatches
+        json.dump(job, open(os.path.join(out, "job.in.json"), "w"))
+        command = [os.path.join(ARGS.build, "clusterize/clusterize"), "--model", self.model,
+                   "--nodes", os.path.join(out, "node_configs.json"), "--job",
+                   os.path.join(out, "job.in.json"), "--clusters", "1", "--input-shape", self.shape,
+                   "--input-dtype", self.dtype, "--out", out]
+        if self.name == "gpt":
+            command += ["--granularity", "expand-containers"]
+        if cuts is not None:
+            command += ["--cuts", str(cuts)]
+        run(command)
+        return out, json.load(open(os.path.join(out, "plan.json")))
+
+    def train(self, node_data):
+        """Trains through providers; returns (samples/s of the run, the Root's mean step split)."""
+        env = dict(os.environ, PROVIDER=os.path.join(ARGS.build, "node/provider"))
+        run([os.path.join(REPO, "tools/launch_local"), node_data, "--", "--device", ARGS.device,
+            ], env=env, timeout=1800)
+        plan = json.load(open(os.path.join(node_data, "plan.json")))
+        chain = plan["clusters"][0]["chain"]
+        result = json.load(open(os.path.join(node_data, "nodes", chain[-1], "result.json")))
+        split = {}
+        for node in chain:
+            records = [json.loads(line) for line in open(os.path.join(node_data, "nodes", node, "metrics.jsonl"))]
+            steps = [r for r in records if "step" in r and "compute_s" in r]
+            split[node] = {k: float(np.mean([r[k] for r in steps])) for k in ("compute_s", "send_s", "wait_s")}
+        return result["train_samples_per_s"], split
+
+    def batches(self, device):
+        """A function giving the step's (inputs, targets) on `device`, from the same data."""
+        batch = self.job["training_definition"]["batch_size"]
+        if self.name == "cnn":
+            with gzip.open(os.path.join(FASHION, "train-images-idx3-ubyte.gz")) as f:
+                images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+            with gzip.open(os.path.join(FASHION, "train-labels-idx1-ubyte.gz")) as f:
+                labels = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)
+            x = (torch.tensor(images.copy()).float() / 255 - 0.2860) / 0.3530
+            y = torch.tensor(labels)
+        else:
+            data = open(self.job["data"]["location"], "rb").read()
+            block = self.job["data"]["block_length"]
+            tokens = torch.tensor(np.frombuffer(data, np.uint8).astype(np.int64))
+            n = (len(tokens) - 1) // block
+            x = tokens[: n * block].view(n, block)
+            y = tokens[1: n * block + 1].view(n, block)
+        x, y = x.pin_memory() if device.type == "cuda" else x, y
+        generator = torch.Generator().manual_seed(0)
+
+        def next_batch():
+            ids = torch.randint(0, len(x), (batch,), generator=generator)
+            return (x[ids].to(device, non_blocking=True), y[ids].to(device, non_blocking=True))
+        return next_batch
+
+
+def reference_samples_per_s(model, steps):
+    """PyTorch's own loop in Python on the device: zero_grad, forward, loss, backward, step."""
+    device = torch.device(ARGS.device)
+    net = torch.jit.load(model.model, map_location=device)
+    net.train()
+    o = model.job["training_definition"]["optimizer"]
+    optimizer = torch.optim.AdamW(net.parameters(), lr=o["lr"], weight_decay=o.get("weight_decay", 0.01))
+    next_batch = model.batches(device)
+    batch = model.job["training_definition"]["batch_size"]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        x, y = next_batch()
+        optimizer.zero_grad(set_to_none=True)
+        out = net(x)
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        loss.backward()
+        optimizer.step()
+    loss.item()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return steps * batch / (time.perf_counter() - start)
+
+
+def middle_cut(plan):
+    allowed = [u["index"] for u in plan["units"] if u["cut_before_allowed"] and u["index"] > 0]
+    if not allowed:
+        raise SystemExit("overhead: the plan allows no cut")
+    return min(allowed, key=lambda i: abs(i - len(plan["units"]) / 2))
+
+
+def main():
+    figures = {"device": ARGS.device, "steps": ARGS.steps, "torch": torch.__version__}
+    port = ARGS.port
+    for name in ("cnn", "gpt"):
+        model = Model(name, ARGS.work, ARGS.steps)
+        node_data, one_stage = model.plan(1, port, 1)
+        provider, split = model.train(node_data)
+        port += 10
+        reference = reference_samples_per_s(model, ARGS.steps)
+        figures[f"{name}_one_provider_samples_per_s"] = provider
+        figures[f"{name}_pytorch_loop_samples_per_s"] = reference
+        print(f"figure 2, {name}: one provider {provider:.0f} samples/s, PyTorch loop {reference:.0f} "
+              f"samples/s on {ARGS.device}: {provider / reference:.2f}x (split {split})")
+        if name == "gpt":
+            node_data, _ = model.plan(1, port, 4)
+            single, _ = model.train(node_data)
+            port += 10
+            node_data, _ = model.plan(2, port, 4, middle_cut(one_stage))
+            piped, split = model.train(node_data)
+            port += 10
+            figures.update({"gpt_1_provider_m4_samples_per_s": single,
+                            "gpt_2_stages_m4_samples_per_s": piped, "gpt_2_stages_split": split})
+            print(f"figure 3, gpt: 2 stages on one {ARGS.device} (M=4) {piped:.0f} samples/s vs 1 "
+                  f"provider {single:.0f}: {piped / single:.2f}x; per-step split {split}")
+    json.dump(figures, open(os.path.join(ARGS.work, "figures.json"), "w"), indent=2)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build", required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--port", type=int, default=27300)
+    ARGS = parser.parse_args()
+    main()
