@@ -26,9 +26,9 @@ struct GpuFigures {
   double d2h_gb_per_s = 0;
 };
 
-// Plausible bounds (2026: an H200 has 141 GB, a B200 ~2,250 dense bf16 TFLOP/s on paper and far
-// less measured; PCIe 6 x16 moves ~120 GB/s, NVLink-C2C 450 GB/s each way).
-inline constexpr double kMaxGpuMemoryGb = 200;
+// Plausible bounds (2026: an H200 has 141 GB, a B300 or an MI355X 288 GB; a B200 ~2,250 dense
+// bf16 TFLOP/s on paper and far less measured; PCIe 6 x16 moves ~120 GB/s, NVLink-C2C 450 GB/s each way).
+inline constexpr double kMaxGpuMemoryGb = 400;
 inline constexpr double kMaxGpuFp32Tflops = 1000;
 inline constexpr double kMaxGpuBf16Tflops = 2000;
 inline constexpr double kMaxGpuCopyGbPerS = 1000;

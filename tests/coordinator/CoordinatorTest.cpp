@@ -209,7 +209,7 @@ TEST(JoinPolicy, GpuFiguresBeyondTheirBoundsAreRefusedNamingTheBound) {
   ask.probe.gpus[0].bf16_tflops = 600;
   ask.probe.gpus[0].memory_gb = 500;
   d = decideJoin(ask, key, kToken, {}, {}, "1.13.0");
-  EXPECT_NE(d.reason.find("memory_gb must be at most 200 GB"), std::string::npos) << d.reason;
+  EXPECT_NE(d.reason.find("memory_gb must be at most 400 GB"), std::string::npos) << d.reason;
 }
 
 TEST(JoinPolicy, TokenComparisonNeedsEveryCharacter) {

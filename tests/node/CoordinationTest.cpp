@@ -294,7 +294,7 @@ TEST(Coordination, HostileGpuFiguresAndLibtorchVersionsAreRefusedNamingTheKey) {
   // Beyond the plausible bounds: the key, the GPU and the bound are named.
   says(gpu([](auto& g) { g[0]["bf16_tflops"] = 5000; }),
        {"join: probe: gpus[0]", "bf16_tflops", "at most 2000 TFLOP/s"});
-  says(gpu([](auto& g) { g[0]["memory_gb"] = 500; }), {"gpus[0]", "memory_gb", "at most 200 GB"});
+  says(gpu([](auto& g) { g[0]["memory_gb"] = 500; }), {"gpus[0]", "memory_gb", "at most 400 GB"});
   says(gpu([](auto& g) { g[0]["fp32_tflops"] = 1e300; }), {"fp32_tflops", "at most 1000 TFLOP/s"});
   says(gpu([](auto& g) { g[0]["h2d_gb_per_s"] = 5000; }), {"h2d_gb_per_s", "at most 1000 GB/s"});
   // Negative, zero, wrong types, unknown keys, too many, too long a name.
