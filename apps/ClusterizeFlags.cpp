@@ -14,7 +14,9 @@ void declareModelAndJob(CLI::App& app, ClusterizeFlags& f) {
                  "model's parameters and buffers); default: the model's own");
   app.add_option("--nodes", f.plan.nodes_path,
                  "node_configs.json (Ravnest format: IP, benchmarks.ram GB, "
-                 "benchmarks.bandwidth Mbps, optional benchmarks.compute)")
+                 "benchmarks.bandwidth Mbps, optional benchmarks.compute GFLOPS and "
+                 "benchmarks.gpus: with a GPU node, whole models per GPU are weighed against "
+                 "cutting, docs/CLUSTERIZE.md \"GPU nodes\")")
       ->capture_default_str();
   f.out = app.add_option("--out", f.out_dir,
                          "output folder; only files clusterize wrote are replaced. "
@@ -51,6 +53,14 @@ void declarePlanner(CLI::App& app, ClusterizeFlags& f) {
                  "noise below it does not move the cuts; 0 = the exact optimum")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  app.add_option_function<double>(
+         "--host-gflops", [&f](double value) { f.plan.host_gflops = value; },
+         "this machine's float32 GFLOPS, the yardstick of GPU nodes (benchmarks.gpus): a node "
+         "runs the profiled seconds x this / its GFLOPS (its first GPU's fp32_tflops x 1000, "
+         "bf16_tflops x 1000 for a bf16 job; a CPU node's compute). Default: measured with a "
+         "1.5 s sgemm (as provider --probe) when a node has a GPU; give it for plans that do "
+         "not depend on this machine's load")
+      ->check(CLI::Range(0.001, 1.0e6));
   app.add_option("--seed", f.plan.seed, "seed for tie-breaking among equal nodes and for example inputs")
       ->capture_default_str();
   app.add_option("--granularity", f.granularity,

@@ -17,6 +17,9 @@ std::vector<PlannerNode> pick(const std::vector<PlannerNode>& nodes, const std::
   return out;
 }
 
+// Clusters with a GPU node and at most this many nodes get their split on every node order.
+constexpr size_t kAllOrdersUpTo = 5;
+
 // The planner's limits for every split: atoms per stage and the noise tolerance.
 struct Split {
   int span = 0;
@@ -34,15 +37,26 @@ FormedCluster plan(const CostModel& cost, const std::vector<PlannerNode>& nodes,
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key(nodes[a]) > key(nodes[b]); });
     return order;
   };
-  for (const auto& order : {by([](const PlannerNode& n) { return n.capacity_bytes; }),
-                            by([](const PlannerNode& n) { return n.speed; }),
-                            by([](const PlannerNode& n) { return n.bandwidth_bytes_per_s; })}) {
+  auto consider = [&](const std::vector<int>& order) {
     ClusterPartition p = partitionCluster(cost, pick(nodes, order), span.span, span.tolerance);
     if (p.feasible && (!best.partition.feasible ||
                        p.bottleneck_seconds < best.partition.bottleneck_seconds)) {
       best.nodes = order;
       best.partition = std::move(p);
     }
+  };
+  for (const auto& order : {by([](const PlannerNode& n) { return n.capacity_bytes; }),
+                            by([](const PlannerNode& n) { return n.speed; }),
+                            by([](const PlannerNode& n) { return n.bandwidth_bytes_per_s; })})
+    consider(order);
+  // A GPU is far faster than the nodes around it, so where it sits in the chain decides which
+  // stage it can take: small clusters with one try every order.
+  const bool gpu = std::any_of(ids.begin(), ids.end(), [&](int id) { return nodes[id].isGpu(); });
+  if (gpu && ids.size() <= kAllOrdersUpTo) {
+    std::vector<int> order = ids;
+    std::sort(order.begin(), order.end());
+    do consider(order);
+    while (std::next_permutation(order.begin(), order.end()));
   }
   return best;
 }

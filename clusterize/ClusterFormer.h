@@ -13,7 +13,8 @@
 //     them; keep the change that lowers the slower of the two bottlenecks the most; stop when no
 //     partner gives an improvement.
 //  4. Inside each cluster, the planner runs on four node orders (as dealt, then memory, speed,
-//     bandwidth first) and keeps the fastest. Nodes a partition leaves out are spare.
+//     bandwidth first) and keeps the fastest; a cluster with a GPU node (PlannerNode::isGpu) and
+//     at most 5 nodes also on every other order. Nodes a partition leaves out are spare.
 // Not thread-safe (pure function of its inputs, but allocates freely).
 #pragma once
 

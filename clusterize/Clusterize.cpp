@@ -118,7 +118,8 @@ ModelProfile profileWithThreads(const ModelGraph& graph, const std::vector<c10::
 }
 
 PlanSettings planSettings(const ClusterizeOptions& options, const TrainingChoices& chosen,
-                          OptimizerKind optimizer_kind) {
+                          OptimizerKind optimizer_kind,
+                          const std::vector<std::vector<int64_t>>& shapes) {
   PlanSettings settings;
   settings.model_path = options.model_path;
   settings.granularity = options.granularity;
@@ -128,6 +129,11 @@ PlanSettings planSettings(const ClusterizeOptions& options, const TrainingChoice
   settings.seed = options.seed;
   settings.cuts = options.cuts;
   settings.tolerance = options.plan_tolerance;
+  if (options.host_gflops && !(*options.host_gflops > 0))
+    CAIRN_THROW(BadInput, "--host-gflops must be positive (got ", *options.host_gflops, ")");
+  settings.host_gflops = options.host_gflops;
+  settings.profile_threads = chosen.threads;
+  if (!shapes.empty() && !shapes[0].empty()) settings.profiled_microbatch_size = shapes[0][0];
   return settings;
 }
 
@@ -163,7 +169,7 @@ PreparedModel prepareModel(const ClusterizeOptions& options) {
     CAIRN_INFO("clusterize: ", job.training["loss_fn"]["torchscript"].get<std::string>(),
                " embedded in job.json (training_definition.loss_fn.torchscript_base64)");
   if (job.model.empty()) job.model = options.model_path;
-  prepared.settings = planSettings(options, chosen, optimizer_kind);
+  prepared.settings = planSettings(options, chosen, optimizer_kind, shapes);
   return prepared;
 }
 
@@ -203,10 +209,50 @@ std::string formatBytes(double bytes) {
   return out.str();
 }
 
+namespace {
+
+// "12.3 samples/s" (or micro-batches/s when the micro-batch size is unknown).
+std::string rate(double microbatches_per_s, double samples_per_microbatch) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2);
+  if (samples_per_microbatch > 0) {
+    out << microbatches_per_s * samples_per_microbatch << " samples/s";
+  } else {
+    out << microbatches_per_s << " micro-batches/s";
+  }
+  return out.str();
+}
+
+// With GPU nodes: the yardstick and which plan was chosen over which, with both estimates.
+void printGpuChoice(const GpuPlanChoice& g, std::ostream& out) {
+  out << "GPU nodes: speeds are node GFLOPS / this host's " << std::fixed << std::setprecision(1)
+      << g.host_gflops << " GFLOPS (" << (g.host_gflops_measured ? "measured" : "--host-gflops")
+      << "), GPUs at their " << g.precision << " TFLOP/s\n";
+  const std::string cut = rate(g.cut_microbatches_per_s, g.samples_per_microbatch);
+  if (g.whole_microbatches_per_s <= 0) {
+    out << "plan: cut (est. " << cut << " for the whole run); " << g.note << "\n";
+    return;
+  }
+  const std::string whole = rate(g.whole_microbatches_per_s, g.samples_per_microbatch);
+  if (g.whole_microbatches_per_s == g.cut_microbatches_per_s) {
+    out << "plan: whole model per GPU (est. " << whole << " for the whole run; the cut plan did "
+        << "not cut either)\n";
+  } else if (g.chosen == "whole_model_per_gpu") {
+    out << "plan: whole model per GPU (est. " << whole << " for the whole run) over cutting (est. "
+        << cut << ")\n";
+  } else {
+    out << "plan: cut (est. " << cut << " for the whole run) over whole model per GPU (est. "
+        << whole << ")\n";
+  }
+}
+
+}  // namespace
+
 void printReport(const PartitionPlan& plan, std::ostream& out) {
   out << "clusterize: " << plan.model << ": " << plan.units.size() << " units, "
       << plan.atoms.size() << " places to cut, optimizer " << plan.optimizer << ", "
       << plan.microbatches << " micro-batches in flight\n";
+  if (plan.gpu.present) printGpuChoice(plan.gpu, out);
   for (size_t c = 0; c < plan.clusters.size(); ++c) {
     const auto& cluster = plan.clusters[c];
     out << "\ncluster " << c << " (slowest stage " << std::fixed << std::setprecision(2)

@@ -51,6 +51,9 @@ struct ClusterizeOptions {
   // Splits whose slowest stage is within this fraction of the optimum count as equal; the
   // canonical one is taken (PartitionPlanner.h), so timing noise below it does not move cuts.
   double plan_tolerance = 0;
+  // The profiling host's float32 GFLOPS (--host-gflops); unset: measured when a node has a GPU
+  // (PlanSettings::host_gflops).
+  std::optional<double> host_gflops;
   ProfileOptions profile;
 };
 

@@ -53,12 +53,16 @@ CostModel::CostModel(std::vector<AtomCost> atoms, std::vector<double> boundary_b
   static_prefix_.assign(atoms_.size() + 1, 0);
   saved_prefix_.assign(atoms_.size() + 1, 0);
   seconds_prefix_.assign(atoms_.size() + 1, 0);
+  state_prefix_.assign(atoms_.size() + 1, 0);
+  trainable_prefix_.assign(atoms_.size() + 1, 0);
   for (size_t i = 0; i < atoms_.size(); ++i) {
     const AtomCost& a = atoms_[i];
     static_prefix_[i + 1] =
         static_prefix_[i] + a.parameter_bytes + a.buffer_bytes + copies * a.trainable_bytes;
     saved_prefix_[i + 1] = saved_prefix_[i] + a.saved_bytes;
     seconds_prefix_[i + 1] = seconds_prefix_[i] + a.seconds;
+    state_prefix_[i + 1] = state_prefix_[i] + a.parameter_bytes + a.buffer_bytes;
+    trainable_prefix_[i + 1] = trainable_prefix_[i] + a.trainable_bytes;
   }
 }
 
@@ -81,6 +85,22 @@ double CostModel::transferBytes(int begin, int end) const {
   if (begin > 0) bytes += wire_[begin];                    // gradients sent upstream
   if (end < numAtoms()) bytes += wire_[end];               // activations sent downstream
   return bytes;
+}
+
+double CostModel::deviceInBytes(int begin, int end) const {
+  return boundary_[begin] + (end < numAtoms() ? boundary_[end] : 0);
+}
+
+double CostModel::deviceOutBytes(int begin, int end) const {
+  return (end < numAtoms() ? boundary_[end] : 0) + (begin > 0 ? boundary_[begin] : 0);
+}
+
+double CostModel::stateBytes(int begin, int end) const {
+  return state_prefix_[end] - state_prefix_[begin];
+}
+
+double CostModel::trainableBytes(int begin, int end) const {
+  return trainable_prefix_[end] - trainable_prefix_[begin];
 }
 
 }  // namespace cairn::clusterize

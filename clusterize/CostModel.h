@@ -10,6 +10,8 @@
 // Time of a stage on a node = compute seconds / speed + transfer bytes / bandwidth, where transfer
 // counts the boundary activations it sends downstream and the gradients it sends upstream, in the
 // form they travel (wire_bytes: training_definition.wire.activations compresses float32 values).
+// A stage on a GPU node also copies what it receives host→device and what it sends device→host
+// (deviceInBytes / deviceOutBytes, counted as held in memory: float32 after decoding).
 #pragma once
 
 #include <string>
@@ -53,6 +55,15 @@ class CostModel {
   double computeSeconds(int begin, int end) const;
   // Bytes this stage sends per micro-batch: activations downstream + gradients upstream.
   double transferBytes(int begin, int end) const;
+  // Per micro-batch on a GPU node: host→device = the incoming boundary (the data batch for the
+  // first stage) + the gradients of the outgoing boundary (unless last); device→host = the
+  // outgoing boundary (unless last) + the gradients of the incoming boundary (unless first).
+  double deviceInBytes(int begin, int end) const;
+  double deviceOutBytes(int begin, int end) const;
+  // Parameter + buffer bytes of the range (what average/diloco rings reduce), and the trainable
+  // bytes alone (what a gradients ring reduces).
+  double stateBytes(int begin, int end) const;
+  double trainableBytes(int begin, int end) const;
 
  private:
   std::vector<AtomCost> atoms_;
@@ -62,6 +73,8 @@ class CostModel {
   std::vector<double> static_prefix_;  // parameters, buffers, gradients, optimizer state
   std::vector<double> saved_prefix_;
   std::vector<double> seconds_prefix_;
+  std::vector<double> state_prefix_;      // parameters + buffers
+  std::vector<double> trainable_prefix_;
 };
 
 }  // namespace cairn::clusterize

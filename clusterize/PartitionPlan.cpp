@@ -10,6 +10,26 @@ nlohmann::json boundaryJson(const std::vector<BoundaryValue>& values) {
   return out;
 }
 
+nlohmann::json estimateJson(double microbatches_per_s, double samples_per_microbatch) {
+  nlohmann::json out = {{"microbatches_per_s", microbatches_per_s}};
+  if (samples_per_microbatch > 0) out["samples_per_s"] = microbatches_per_s * samples_per_microbatch;
+  return out;
+}
+
+nlohmann::json gpuPlanJson(const GpuPlanChoice& g) {
+  nlohmann::json out = {{"host_gflops", g.host_gflops},
+                        {"host_gflops_source", g.host_gflops_measured ? "measured" : "--host-gflops"},
+                        {"precision", g.precision},
+                        {"chosen", g.chosen},
+                        {"cut", estimateJson(g.cut_microbatches_per_s, g.samples_per_microbatch)}};
+  out["whole_model_per_gpu"] =
+      g.whole_microbatches_per_s > 0
+          ? estimateJson(g.whole_microbatches_per_s, g.samples_per_microbatch)
+          : nlohmann::json(nullptr);
+  if (!g.note.empty()) out["note"] = g.note;
+  return out;
+}
+
 }  // namespace
 
 nlohmann::json toJson(const PartitionPlan& plan) {
@@ -63,6 +83,8 @@ nlohmann::json toJson(const PartitionPlan& plan) {
                               {"seconds_per_microbatch", st.seconds},
                               {"sent_bytes_per_microbatch", st.sent_bytes}});
     }
+    for (int s = 0; s < count; ++s)
+      if (!cluster.stages[s].gpu.empty()) cj["stages"][s]["gpu"] = cluster.stages[s].gpu;
     j["clusters"].push_back(cj);
   }
   j["spare_nodes"] = plan.spare_nodes;
@@ -70,6 +92,7 @@ nlohmann::json toJson(const PartitionPlan& plan) {
   for (const auto& r : plan.rings)
     j["rings"].push_back({{"id", r.id}, {"parameters", r.parameters}, {"holders", r.holders}});
   j["notes"] = plan.notes;
+  if (plan.gpu.present) j["gpu_plan"] = gpuPlanJson(plan.gpu);
   return j;
 }
 

@@ -28,6 +28,7 @@ struct PlannedStage {
   double capacity_bytes = 0;  // the node's ram
   double seconds = 0;         // estimated time per micro-batch on this node
   double sent_bytes = 0;      // per micro-batch: activations down + gradients up, as they travel
+  std::string gpu;            // the node's first GPU (what it trains on); empty: a CPU node
 };
 
 struct PlannedCluster {
@@ -46,6 +47,20 @@ struct AtomSummary {
   double parameter_bytes = 0, buffer_bytes = 0, saved_bytes = 0, output_bytes = 0, seconds = 0;
 };
 
+// When some node has a GPU: the profiling host's yardstick and the choice between the planner's
+// cut plan and a whole model per GPU (WholeModelChoice.h), with both estimates.
+struct GpuPlanChoice {
+  bool present = false;          // some node has a GPU (the rest is meaningful only then)
+  double host_gflops = 0;        // profiled seconds are scaled by host_gflops / node GFLOPS
+  bool host_gflops_measured = false;  // false: --host-gflops gave it
+  std::string precision = "fp32";     // which GPU TFLOP/s counted (training_definition.precision)
+  std::string chosen = "cut";         // "cut" | "whole_model_per_gpu"
+  double cut_microbatches_per_s = 0;  // estimated, the whole run (all clusters)
+  double whole_microbatches_per_s = 0;  // 0: not considered or not possible (see note)
+  double samples_per_microbatch = 0;    // the profiled micro-batch size; 0: unknown
+  std::string note;                     // why a whole model per GPU was not considered
+};
+
 struct PartitionPlan {
   std::string job_id;
   std::string model;
@@ -60,6 +75,7 @@ struct PartitionPlan {
   std::vector<std::string> spare_nodes;
   std::vector<RingGroup> rings;
   std::vector<std::string> notes;
+  GpuPlanChoice gpu;
 };
 
 nlohmann::json toJson(const PartitionPlan& plan);

@@ -6,8 +6,12 @@
 namespace cairn::clusterize {
 
 double stageSeconds(const CostModel& cost, const PlannerNode& node, int begin, int end) {
-  return cost.computeSeconds(begin, end) / node.speed +
-         cost.transferBytes(begin, end) / node.bandwidth_bytes_per_s;
+  double seconds = cost.computeSeconds(begin, end) / node.speed +
+                   cost.transferBytes(begin, end) / node.bandwidth_bytes_per_s;
+  if (node.isGpu())
+    seconds += cost.deviceInBytes(begin, end) / node.h2d_bytes_per_s +
+               cost.deviceOutBytes(begin, end) / node.d2h_bytes_per_s;
+  return seconds;
 }
 
 namespace {

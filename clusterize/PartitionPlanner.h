@@ -15,6 +15,10 @@ struct PlannerNode {
   double capacity_bytes = 0;
   double speed = 1;                   // relative to the profiling host
   double bandwidth_bytes_per_s = 1;
+  // A GPU node's pinned host<->device copy rates; 0: a CPU node (nothing to copy).
+  double h2d_bytes_per_s = 0;
+  double d2h_bytes_per_s = 0;
+  bool isGpu() const { return h2d_bytes_per_s > 0 && d2h_bytes_per_s > 0; }
 };
 
 struct StagePlacement {
@@ -31,6 +35,8 @@ struct ClusterPartition {
   std::vector<StagePlacement> stages;  // in pipeline order; nodes left out do not appear
 };
 
+// compute seconds / speed + transfer bytes / bandwidth, and on a GPU node + deviceInBytes / h2d +
+// deviceOutBytes / d2h (CostModel.h).
 double stageSeconds(const CostModel& cost, const PlannerNode& node, int begin, int end);
 
 // max_atoms_per_stage > 0 limits how many atoms one stage may hold (1: every stage is exactly one

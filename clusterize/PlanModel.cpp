@@ -7,9 +7,12 @@
 #include <sstream>
 
 #include "clusterize/ClusterFormer.h"
+#include "clusterize/HostSpeed.h"
 #include "clusterize/PartitionPlanner.h"
 #include "clusterize/RingGroups.h"
+#include "clusterize/WholeModelChoice.h"
 #include "core/Error.h"
+#include "core/Log.h"
 #include "core/WireCompression.h"
 
 namespace cairn::clusterize {
@@ -121,13 +124,44 @@ std::vector<double> wireBytes(const ModelGraph& graph, const ModelProfile& profi
   return out;
 }
 
-// The nodes as the planner sees them: capacity in bytes, speed relative to the mean, bytes/s.
-std::vector<PlannerNode> plannerNodes(const std::vector<NodeConfig>& configs) {
-  const auto speeds = relativeSpeeds(configs);
-  std::vector<PlannerNode> nodes;
-  for (size_t i = 0; i < configs.size(); ++i)
-    nodes.push_back({configs[i].ram_gb * kBytesPerGb, speeds[i], configs[i].bandwidth_mbps * 1e6 / 8});
-  return nodes;
+// The nodes as the planner sees them (PlannerNodes.h). With a GPU node, `gpu` gets the yardstick:
+// --host-gflops, else this host measured with the threads the atoms were profiled with.
+std::vector<PlannerNode> nodesFor(const std::vector<NodeConfig>& configs, const JobSpec& job,
+                                  const PlanSettings& settings, GpuPlanChoice* gpu) {
+  SpeedBasis basis;
+  basis.bf16 = trainsInBf16(job.training);
+  gpu->present = anyGpu(configs);
+  if (gpu->present) {
+    gpu->precision = basis.bf16 ? "bf16" : "fp32";
+    gpu->host_gflops_measured = !settings.host_gflops.has_value();
+    basis.host_gflops = settings.host_gflops ? *settings.host_gflops
+                                             : measureHostGflops(settings.profile_threads);
+    gpu->host_gflops = basis.host_gflops;
+    gpu->samples_per_microbatch = static_cast<double>(settings.profiled_microbatch_size);
+    if (gpu->host_gflops_measured)
+      CAIRN_INFO("clusterize: this host measures ", basis.host_gflops, " GFLOPS (float32 sgemm, ",
+                 settings.profile_threads, " thread(s)); GPU nodes' speeds are scaled by it "
+                 "(--host-gflops fixes it)");
+  }
+  return plannerNodes(configs, basis);
+}
+
+// The clusters: ClusterFormer's, or with a GPU node the better of that and a whole model per GPU
+// (WholeModelChoice.h), the choice recorded in `gpu`.
+ClusterFormation formedClusters(const CostModel& cost, const std::vector<PlannerNode>& nodes,
+                                const JobSpec& job, const PlanSettings& settings,
+                                GpuPlanChoice* gpu) {
+  ClusterFormerOptions former;
+  former.clusters = settings.clusters;
+  former.seed = settings.seed;
+  former.max_atoms_per_stage = settings.cuts.empty() ? 0 : 1;
+  former.tolerance = settings.tolerance;
+  if (!gpu->present) return formClusters(cost, nodes, former);
+  std::string why_not;
+  if (!settings.cuts.empty()) why_not = "--cuts fixes the stages";
+  if (settings.clusters > 0) why_not = "--clusters fixes the number of clusters";
+  return chooseFormation(cost, nodes, former,
+                         runShapeOf(job.training, settings.cost.microbatches), why_not, gpu);
 }
 
 // Infeasible inputs, with the reason: more fixed stages than nodes, an atom no node can hold, a
@@ -240,6 +274,7 @@ PlannedStage plannedStage(const PlacementContext& ctx, const StagePlacement& pla
   stage.capacity_bytes = node.capacity_bytes;
   stage.seconds = placement.seconds;
   stage.sent_bytes = ctx.cost.transferBytes(placement.begin_atom, placement.end_atom);
+  if (!config.gpus.empty()) stage.gpu = config.gpus.front().name;
   return stage;
 }
 
@@ -322,20 +357,6 @@ NodeSpec nodeSpecOf(const PartitionPlan& plan, size_t c, int s, const JobSpec& j
 
 }  // namespace
 
-std::vector<double> relativeSpeeds(const std::vector<NodeConfig>& nodes) {
-  double sum = 0;
-  int count = 0;
-  for (const auto& n : nodes)
-    if (n.compute) {
-      sum += *n.compute;
-      ++count;
-    }
-  const double mean = count > 0 ? sum / count : 1.0;
-  std::vector<double> speeds;
-  for (const auto& n : nodes) speeds.push_back(n.compute ? *n.compute / mean : 1.0);
-  return speeds;
-}
-
 ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
                            const std::vector<NodeConfig>& configs, const JobSpec& job,
                            const PlanSettings& settings) {
@@ -344,19 +365,15 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
   const std::string wire_activations = wireActivations(job);
   const CostModel cost(planning.atoms, planning.boundary_bytes, settings.cost,
                        wireBytes(graph, profile, planning, wire_activations));
-  const std::vector<PlannerNode> nodes = plannerNodes(configs);
+  GpuPlanChoice gpu;
+  const std::vector<PlannerNode> nodes = nodesFor(configs, job, settings, &gpu);
   checkFits(graph, planning, cost, configs, nodes, settings);
-
-  ClusterFormerOptions former;
-  former.clusters = settings.clusters;
-  former.seed = settings.seed;
-  former.max_atoms_per_stage = settings.cuts.empty() ? 0 : 1;
-  former.tolerance = settings.tolerance;
-  const ClusterFormation formation = formClusters(cost, nodes, former);
+  const ClusterFormation formation = formedClusters(cost, nodes, job, settings, &gpu);
 
   ClusterizeResult result;
   result.job = job;
   result.plan = describedPlan(graph, profile, job, settings, wire_activations);
+  result.plan.gpu = gpu;
   const ModelState state(graph.model());
   placeClusters({graph, profile, planning, cost, state}, formation, configs, nodes, result.plan);
 

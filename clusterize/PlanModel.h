@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "clusterize/CostModel.h"
 #include "clusterize/ModelGraph.h"
 #include "clusterize/PartitionPlan.h"
+#include "clusterize/PlannerNodes.h"
 #include "clusterize/Profiler.h"
 #include "core/NodeConfigs.h"
 #include "core/NodeData.h"
@@ -36,14 +38,16 @@ struct PlanSettings {
   std::vector<int> cuts;  // ClusterizeOptions::cuts
   double tolerance = 0;   // ClusterizeOptions::plan_tolerance
   std::string nodes_source = "node_configs.json";  // names the file in messages
+  // The profiling host's float32 GFLOPS (--host-gflops): the yardstick of GPU nodes' speeds.
+  // Unset: measured (HostSpeed.h) when some node has a GPU, with `profile_threads` threads.
+  std::optional<double> host_gflops;
+  int profile_threads = 1;              // training_definition.threads the atoms were timed with
+  int64_t profiled_microbatch_size = 0;  // the example's first dimension; 0: unknown
 };
 
 // The plan and the node specs; `stages` stays empty (planNodes in Clusterize.h builds them).
 ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
                            const std::vector<NodeConfig>& nodes, const JobSpec& job,
                            const PlanSettings& settings);
-
-// Per-node speed relative to the profiling host: compute / mean compute (1 when absent).
-std::vector<double> relativeSpeeds(const std::vector<NodeConfig>& nodes);
 
 }  // namespace cairn::clusterize

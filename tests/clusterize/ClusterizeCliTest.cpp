@@ -227,6 +227,49 @@ TEST(ClusterizeCli, SentBytesFollowTheWireCodec) {
   }
 }
 
+// With a GPU node the plan says which plan it took over which and the yardstick it used; which one
+// wins here depends on profiled times, so only the record's consistency is checked (the choice
+// itself: GpuPlanTest, on fixed costs).
+TEST(ClusterizeCli, GpuNodesRecordTheChoiceAndTheHostFigure) {
+  const std::string dir = testing::temporaryDirectory("cli_gpu");
+  nlohmann::json nodes = nlohmann::json::object();
+  const nlohmann::json gpu = {{"name", "Test GPU"}, {"memory_gb", 24}, {"fp32_tflops", 80},
+                              {"bf16_tflops", 160}, {"h2d_gb_per_s", 25}, {"d2h_gb_per_s", 25}};
+  for (int i = 0; i < 4; ++i) {
+    nlohmann::json bench = {{"ram", i < 2 ? 32 : 0.06}, {"bandwidth", 50}, {"compute", 100}};
+    if (i < 2) bench["gpus"] = nlohmann::json::array({gpu});
+    nodes[std::to_string(i)] = {{"IP", "127.0.0.1:" + std::to_string(6300 + i)}, {"benchmarks", bench}};
+  }
+  writeJsonFile(dir + "/nodes.json", nodes);
+  const std::string args = "--model " + testing::modelPath("cnn") + " --nodes " + dir +
+                           "/nodes.json --input-shape 32,1,28,28 --profile-runs 1 --out " + dir + "/out";
+  CliRun r = run(args + " --host-gflops 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--host-gflops"), std::string::npos) << r.output;
+
+  r = run(args + " --host-gflops 100");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("this host's 100.0 GFLOPS (--host-gflops)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("plan: "), std::string::npos) << r.output;
+  const nlohmann::json plan = readJsonFile(dir + "/out/plan.json");
+  const nlohmann::json& g = plan.at("gpu_plan");
+  EXPECT_EQ(g.at("host_gflops").get<double>(), 100);
+  EXPECT_EQ(g.at("host_gflops_source"), "--host-gflops");
+  EXPECT_EQ(g.at("precision"), "fp32");
+  ASSERT_FALSE(g.at("whole_model_per_gpu").is_null());  // the GPUs hold the model
+  const double cut = g.at("cut").at("microbatches_per_s"), whole = g.at("whole_model_per_gpu").at("microbatches_per_s");
+  EXPECT_EQ(g.at("chosen"), whole >= cut ? "whole_model_per_gpu" : "cut");
+  EXPECT_DOUBLE_EQ(g.at("cut").at("samples_per_s").get<double>(), 32 * cut);
+  for (const auto& cluster : plan.at("clusters"))
+    for (const auto& stage : cluster.at("stages")) {
+      const bool on_gpu = stage.at("node") == "node_0" || stage.at("node") == "node_1";
+      EXPECT_EQ(stage.contains("gpu"), on_gpu) << stage.at("node");
+      if (on_gpu) {
+        EXPECT_EQ(stage.at("gpu"), "Test GPU");
+      }
+    }
+}
+
 TEST(ClusterizeCli, InfeasibleInputsExitTwoWithTheReason) {
   const std::string dir = testing::temporaryDirectory("cli_bad");
   const std::string model = " --model " + testing::modelPath("cnn") + " --input-shape 32,1,28,28 --profile-runs 1 --out " + dir + "/out";
