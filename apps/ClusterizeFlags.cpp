@@ -26,7 +26,9 @@ void declareModelAndJob(CLI::App& app, ClusterizeFlags& f) {
   app.add_option("--job", f.plan.job_path,
                  "job.json to use (validated; its training_definition.optimizer "
                  "and .microbatches apply unless the flags are given; .wire.activations sets the "
-                 "bytes the time estimate counts per transfer); default: built from the flags below");
+                 "bytes the time estimate counts per transfer; with GPU nodes .precision picks their fp32 or bf16 "
+                 "TFLOP/s and .sync, .local_steps, .wire.sync the sync cost in the whole-model-per-GPU "
+                 "estimate); default: built from the flags below");
   app.add_option("--job-id", f.plan.job_id, "job id when job.json is built from flags")
       ->capture_default_str();
   app.add_option("--data", f.plan.data_location, "data location when job.json is built from flags")
