@@ -38,9 +38,9 @@ PlanForMerge readPlan(const std::string& node_data) {
   const nlohmann::json document = readJsonFile(path);
   const JsonReader plan(document, path);
   const int64_t format = plan.integer("format", 0, 1 << 30);
-  if (format != kNodeDataFormat)
-    CAIRN_THROW(BadInput, path, ": format ", format, " is not ", kNodeDataFormat,
-                " (re-run clusterize)");
+  if (format < kOldestNodeDataFormat || format > kNodeDataFormat)
+    CAIRN_THROW(BadInput, path, ": format ", format, " is not ", kOldestNodeDataFormat, "..",
+                kNodeDataFormat, " (re-run clusterize)");
   PlanForMerge out;
   out.model = plan.string("model");
   for (const JsonReader& cluster : plan.objectList("clusters")) {

@@ -6,7 +6,7 @@ namespace {
 nlohmann::json boundaryJson(const std::vector<BoundaryValue>& values) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& b : values)
-    out.push_back({{"name", b.name}, {"type", b.type}, {"dtype", b.dtype}, {"shape", b.shape}});
+    out.push_back(boundaryToJson(b));
   return out;
 }
 

@@ -262,6 +262,74 @@ PendingAtom measureAtom(const ModelGraph& graph, const StageBuilder& builder,
   return {std::move(atom), std::move(stage), std::move(leaves)};
 }
 
+// Values as describe() lists them: a tuple's elements (recursively), anything else itself.
+void flatten(const c10::IValue& value, std::vector<c10::IValue>& out) {
+  if (!value.isTuple()) {
+    out.push_back(value);
+    return;
+  }
+  for (const auto& e : value.toTupleRef().elements()) flatten(e, out);
+}
+
+// The dimension of a tensor seen at two batch sizes whose size differs (the first such), or none.
+std::optional<int64_t> batchDimOf(const c10::IValue& first, const c10::IValue& second) {
+  if (!first.isTensor() || !second.isTensor()) return std::nullopt;
+  const auto a = first.toTensor().sizes(), b = second.toTensor().sizes();
+  if (a.size() != b.size()) return std::nullopt;
+  for (size_t d = 0; d < a.size(); ++d)
+    if (a[d] != b[d]) return int64_t(d);
+  return std::nullopt;
+}
+
+// The example inputs one sample longer (the first sample repeated at the end of dimension 0).
+std::vector<c10::IValue> oneMoreSample(const std::vector<c10::IValue>& inputs) {
+  std::vector<c10::IValue> out;
+  for (const auto& v : inputs) {
+    if (!v.isTensor() || v.toTensor().dim() == 0) {
+      out.push_back(v);
+      continue;
+    }
+    const at::Tensor& t = v.toTensor();
+    out.emplace_back(at::cat({t, t.narrow(0, 0, 1)}, 0));
+  }
+  return out;
+}
+
+// Pass 3: the model again, forward only, on the example inputs one sample longer; a boundary
+// tensor's batch dimension is the one whose size changed (none: the batch does not size it, as
+// positions from torch.arange(T)). A model that cannot run at the other batch size keeps every
+// tensor's first dimension as its batch dimension, with a warning.
+void detectBatchDims(const ModelGraph& graph, const std::vector<c10::IValue>& inputs,
+                     std::vector<PendingAtom>& pending, const ValueEnv& env,
+                     ModelProfile& profile) {
+  ValueEnv longer;
+  try {
+    torch::NoGradGuard no_grad;
+    longer = inputValues(graph, oneMoreSample(inputs));
+    for (PendingAtom& p : pending) {
+      std::vector<c10::IValue> args;
+      for (const torch::jit::Value* v : p.stage.inputs) args.push_back(longer.at(v));
+      p.stage.module.eval();
+      c10::IValue out = p.stage.module.forward(args);
+      p.stage.module.train();
+      const auto outs = unpackOutputs(out, p.stage.outputs.size());
+      for (size_t i = 0; i < outs.size(); ++i) longer[p.stage.outputs[i]] = outs[i];
+    }
+  } catch (const std::exception& e) {
+    for (PendingAtom& p : pending) p.stage.module.train();
+    CAIRN_WARN("clusterize: the model did not run at a second batch size (", e.what(),
+               "); every tensor crossing a cut is taken to be batched along its first dimension");
+    return;
+  }
+  for (auto& [value, described] : profile.values) {
+    std::vector<c10::IValue> a, b;
+    flatten(env.at(value), a);
+    flatten(longer.at(value), b);
+    for (size_t i = 0; i < described.size() && i < a.size() && i < b.size(); ++i)
+      described[i].batch_dim = batchDimOf(a[i], b[i]);
+  }
+}
+
 }  // namespace
 
 std::string dtypeName(c10::ScalarType type) {
@@ -320,6 +388,7 @@ ModelProfile profileModel(const ModelGraph& graph, const std::vector<c10::IValue
   pending.reserve(atom_count);
   for (size_t a = 0; a < atom_count; ++a)
     pending.push_back(measureAtom(graph, builder, tensors, a, options, env, profile));
+  detectBatchDims(graph, inputs, pending, env, profile);
   for (PendingAtom& p : pending) {
     runOnce(p.stage, p.leaves, nullptr);  // caches warm for this atom again
     std::vector<double> times;

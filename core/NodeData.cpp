@@ -29,29 +29,39 @@ PeerRef parsePeer(const JsonReader& r) {
   return p;
 }
 
-nlohmann::json boundaryToJson(const BoundaryValue& b) {
-  return {{"name", b.name}, {"type", b.type}, {"dtype", b.dtype}, {"shape", b.shape}};
-}
-
 BoundaryValue parseBoundary(const JsonReader& r) {
-  r.rejectUnknownKeys({"name", "type", "dtype", "shape"});
+  r.rejectUnknownKeys({"name", "type", "dtype", "shape", "batch_dim"});
   BoundaryValue b;
   b.name = r.string("name");
   b.type = r.choiceOr("type", {"tensor", "int", "float", "bool", "int_list"}, "tensor");
   b.dtype = r.choice("dtype", knownDtypeNames());
   b.shape = r.integerList("shape", 0, int64_t{1} << 40);
   if (b.shape.size() > 16) r.fail("shape", "has more than 16 dimensions");
+  // Absent (format 1): the first dimension; null: none.
+  const auto batch_dim = r.raw().find("batch_dim");
+  if (batch_dim != r.raw().end() && batch_dim->is_null())
+    b.batch_dim.reset();
+  else if (batch_dim != r.raw().end())
+    b.batch_dim = r.integer("batch_dim", 0, std::max<int64_t>(int64_t(b.shape.size()) - 1, 0));
   return b;
 }
 
 void checkFormat(const JsonReader& r) {
   const int64_t format = r.integer("format", 0, 1000);
-  if (format != kNodeDataFormat)
-    r.fail("format", "is " + std::to_string(format) + " but this cairn reads format " +
+  if (format < kOldestNodeDataFormat || format > kNodeDataFormat)
+    r.fail("format", "is " + std::to_string(format) + " but this cairn reads formats " +
+                         std::to_string(kOldestNodeDataFormat) + ".." +
                          std::to_string(kNodeDataFormat) + " (re-run clusterize)");
 }
 
 }  // namespace
+
+nlohmann::json boundaryToJson(const BoundaryValue& b) {
+  nlohmann::json j = {{"name", b.name}, {"type", b.type}, {"dtype", b.dtype}, {"shape", b.shape}};
+  if (b.type == "tensor")
+    j["batch_dim"] = b.batch_dim ? nlohmann::json(*b.batch_dim) : nlohmann::json(nullptr);
+  return j;
+}
 
 const std::vector<std::string>& knownDtypeNames() {
   static const std::vector<std::string> names = {"float32", "float16", "bfloat16", "float64",

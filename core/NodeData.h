@@ -1,5 +1,5 @@
 // The node_data/ format: the only contract between `clusterize` (writes) and `provider` (reads).
-// Every document carries "format": 1 and is validated on load; docs/NODE_DATA.md documents each
+// Every document carries "format": 2 (format 1 is still read) and is validated on load; docs/NODE_DATA.md documents each
 // field. Layout:
 //   node_data/plan.json                       the whole plan (clusterize's report, for tools)
 //   node_data/job.json                        JobSpec: what to train and how (seed 000's shape)
@@ -16,7 +16,10 @@
 
 namespace cairn {
 
-constexpr int kNodeDataFormat = 1;
+// Format 2 added BoundaryValue::batch_dim; a format-1 document (no batch_dim) is still read, each
+// of its tensors batched along its first dimension (what format 1 meant).
+constexpr int kNodeDataFormat = 2;
+constexpr int kOldestNodeDataFormat = 1;
 
 enum class StageRole { kRoot, kStem, kLeaf, kRootLeaf };
 std::string toString(StageRole role);
@@ -31,14 +34,18 @@ struct PeerRef {
   std::string public_key;
 };
 
-// One value crossing a stage boundary. Tensors are described by dtype and an example shape (the
-// first dimension scales with the micro-batch size); non-tensor values (int, float, bool,
-// int_list) travel as small int64/float64 tensors on the wire and are converted back on arrival.
+// One value crossing a stage boundary. Tensors are described by dtype, an example shape and the
+// dimension that scales with the micro-batch size (batch_dim; none for a tensor the batch does not
+// size, such as positions from torch.arange(T): it crosses whole, its shape exactly as planned);
+// non-tensor values (int, float, bool, int_list) travel as small int64/float64 tensors on the wire
+// and are converted back on arrival.
 struct BoundaryValue {
   std::string name;
   std::string type = "tensor";  // tensor | int | float | bool | int_list
   std::string dtype = "float32";
   std::vector<int64_t> shape;
+  // node.json "batch_dim": an index into shape, or null (none). Absent (format 1): 0.
+  std::optional<int64_t> batch_dim = 0;
 };
 
 // Nodes that hold the same parameters in different clusters and ring-reduce them together.
@@ -92,6 +99,8 @@ struct JobSpec {
 };
 
 nlohmann::json toJson(const NodeSpec& node);
+// One boundary value as node.json and plan.json write it (batch_dim for tensors: index or null).
+nlohmann::json boundaryToJson(const BoundaryValue& value);
 nlohmann::json toJson(const JobSpec& job);
 // Validate and convert; `source` names the file in errors (BadInput).
 NodeSpec parseNodeSpec(const nlohmann::json& document, const std::string& source);

@@ -310,9 +310,9 @@ StagePacket MailboxStageLink::unpack(Message m) const {
     // boundary tensor.
     if (checks_.wire_float == torch::kChar && !isReservedTensorName(t.name) && i < planned.size() &&
         t.tensor.scalar_type() == torch::kByte && planned[i].dtype == "float32") {
-      std::vector<int64_t> shape = planned[i].shape;
-      shape[0] = t.tensor.size(0);
-      t.tensor = decodeInt8Boundary(t.tensor, shape);
+      const std::optional<std::vector<int64_t>> shape = int8PlannedShape(planned[i], t.tensor.sizes());
+      CAIRN_ENFORCE(shape.has_value(), "a validated int8 wire form of \"", t.name, "\" fits no shape");
+      t.tensor = decodeInt8Boundary(t.tensor, *shape);
     } else if (checks_.wire_float != torch::kFloat && checks_.wire_float != torch::kChar &&
                !isReservedTensorName(t.name) && t.tensor.scalar_type() == checks_.wire_float) {
       t.tensor = t.tensor.to(torch::kFloat);

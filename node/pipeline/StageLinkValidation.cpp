@@ -33,8 +33,9 @@ std::string shapeText(at::IntArrayRef shape) {
   return text + "]";
 }
 
-// Bytes of one boundary value at `rows` rows (its first dimension), as planned; with int8 on the
-// wire, the larger of the float32 and the int8 form (a row of fewer than 2 values grows).
+// Bytes of one boundary value at `rows` rows (its batch dimension; a batch-free tensor as
+// planned), as planned; with int8 on the wire, the larger of the float32 and the int8 form (a row
+// of fewer than 2 values grows).
 uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows, bool int8_wire) {
   uint64_t total = 0;
   for (const BoundaryValue& v : values) {
@@ -45,7 +46,9 @@ uint64_t plannedBytes(const std::vector<BoundaryValue>& values, int64_t rows, bo
     auto type = scalarTypeForName(v.dtype);
     uint64_t n = type ? c10::elementSize(*type) : 8;
     std::vector<int64_t> shape;
-    for (size_t d = 0; d < v.shape.size(); ++d) shape.push_back(d == 0 ? rows : std::max<int64_t>(v.shape[d], 1));
+    for (size_t d = 0; d < v.shape.size(); ++d)
+      shape.push_back(v.batch_dim && int64_t(d) == *v.batch_dim ? rows
+                                                                 : std::max<int64_t>(v.shape[d], 1));
     for (int64_t d : shape) n *= uint64_t(d);
     if (int8_wire && type == torch::kFloat)
       n = std::max(n, uint64_t(wire::float32WireBytes(shape, "int8")));
@@ -110,28 +113,30 @@ Verdict checkDtype(const NamedTensor& t, const BoundaryValue& v,
   return std::nullopt;
 }
 
-// The plan's shape (or its int8 wire form) with the first dimension 1..rows (0: any).
+// The plan's shape (or its int8 wire form) with the batch dimension 1..rows (0: any); a tensor
+// without a batch dimension (BoundaryValue::batch_dim) exactly the plan's shape.
 Verdict checkShape(const NamedTensor& t, const BoundaryValue& v, bool int8_form, int64_t rows) {
-  const auto shape = t.tensor.sizes();
-  bool same;
-  if (int8_form) {
-    // The wire shape is fixed by the plan's shape at the received first dimension.
-    std::vector<int64_t> planned_shape = v.shape;
-    if (!shape.empty()) planned_shape[0] = shape[0];
-    same = !shape.empty() && at::IntArrayRef(int8WireShape(planned_shape)) == shape;
-  } else {
-    same = shape.size() == v.shape.size();
-    for (size_t d = 1; same && d < shape.size(); ++d) same = shape[d] == v.shape[d];
+  const at::IntArrayRef shape = t.tensor.sizes();
+  std::optional<std::vector<int64_t>> seen;  // the tensor's shape (int8: the shape it stands for)
+  if (int8_form)
+    seen = int8PlannedShape(v, shape);
+  else if (shape.size() == v.shape.size())
+    seen = shape.vec();
+  bool same = seen.has_value();
+  for (size_t d = 0; same && d < seen->size(); ++d) {
+    const int64_t n = (*seen)[d];
+    same = v.batch_dim && int64_t(d) == *v.batch_dim ? n >= 1 && (rows <= 0 || n <= rows)
+                                                     : n == v.shape[d];
   }
-  if (same && !shape.empty())
-    same = shape[0] >= 1 && (rows <= 0 || shape[0] <= rows);
   if (!same)
     return reject("shape", "\"" + t.name + "\" has shape " + shapeText(shape) + "; the plan says " +
                                shapeText(v.shape) +
                                (int8_form ? " (int8 wire form " + shapeText(int8WireShape(v.shape)) + ")"
                                           : std::string()) +
-                               " with the first dimension 1.." +
-                               (rows > 0 ? std::to_string(rows) : std::string("any")));
+                               (v.batch_dim ? " with dimension " + std::to_string(*v.batch_dim) +
+                                                  " (the batch) 1.." +
+                                                  (rows > 0 ? std::to_string(rows) : std::string("any"))
+                                            : std::string(" exactly (no batch dimension)")));
   return std::nullopt;
 }
 
@@ -205,6 +210,27 @@ Verdict checkTensors(const Message& m, const PipelineExpectations& expected) {
 }
 
 }  // namespace
+
+std::optional<std::vector<int64_t>> int8PlannedShape(const BoundaryValue& v, at::IntArrayRef wire) {
+  std::vector<int64_t> shape = v.shape;
+  if (!int8Carries(int64_t(shape.size()))) return std::nullopt;
+  if (v.batch_dim && *v.batch_dim < int64_t(shape.size())) {
+    const size_t batch = size_t(*v.batch_dim);
+    const size_t kept = shape.size() == 2 ? 1 : 2;  // int8WireShape keeps these dimensions
+    if (batch < kept) {
+      if (wire.size() <= batch) return std::nullopt;
+      shape[batch] = wire[batch];
+    } else {  // folded into the row: the row length is a multiple of the one at batch size 1
+      shape[batch] = 1;
+      const int64_t unit = int8WireShape(shape).back() - 4;
+      if (wire.empty() || unit <= 0 || wire.back() < 4 || (wire.back() - 4) % unit != 0)
+        return std::nullopt;
+      shape[batch] = (wire.back() - 4) / unit;
+    }
+  }
+  if (at::IntArrayRef(int8WireShape(shape)) != wire) return std::nullopt;
+  return shape;
+}
 
 torch::ScalarType stageWireDtype(const std::string& codec, const std::string& source) {
   if (codec == "fp32") return torch::kFloat;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/NodeData.h"
 #include "node/transport/WireCodec.h"
@@ -18,8 +19,10 @@ namespace cairn {
 
 // What a received pipeline message may look like; the provider fills it from job.json.
 struct LinkChecks {
-  int64_t max_microbatch_rows = 0;  // activations/gradients: first dimension at most this (0: any)
-  int64_t max_eval_rows = 0;        // evaluation batches: first dimension at most this (0: any)
+  // Activations/gradients: a planned tensor's batch dimension (BoundaryValue::batch_dim) at most
+  // this (0: any); a tensor without one has exactly its planned shape.
+  int64_t max_microbatch_rows = 0;
+  int64_t max_eval_rows = 0;  // evaluation batches: the batch dimension at most this (0: any)
   uint64_t step_window = 8;         // |message step - awaited step| at most this
   size_t max_extra_tensors = 4;     // tensors beyond the planned boundary ("__"-named, bookkeeping)
   uint64_t max_message_bytes = 0;   // all tensor bytes of one message (0: from the plan, see below)
@@ -41,6 +44,11 @@ torch::ScalarType stageWireDtype(const std::string& codec, const std::string& so
 // The largest pipeline message the plan allows: the bigger boundary (inputs or outputs) at the
 // larger of the two row limits, plus 1 MiB for bookkeeping tensors; 0 when no row limit is set.
 uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks);
+
+// The shape a received int8 wire form (node/pipeline/Int8Boundary.h) of planned float32 boundary
+// value `v` stands for: the plan's shape with the batch dimension's size read off the wire (a
+// tensor without one: the plan's shape); nullopt when `wire` is no such form.
+std::optional<std::vector<int64_t>> int8PlannedShape(const BoundaryValue& v, at::IntArrayRef wire);
 
 // True for the kinds that carry pipeline tensors: activations, gradients, evaluation batches.
 bool carriesTensors(MessageKind kind);

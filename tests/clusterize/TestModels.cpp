@@ -41,7 +41,7 @@ std::vector<c10::IValue> exampleInputs(const std::string& name, int64_t batch) {
   at::manual_seed(7);
   if (name == "cnn" || name == "wrapped_cnn" || name == "resnet")
     return {torch::randn({batch, 1, 28, 28})};
-  if (name == "gpt" || name == "gpt_tied") return {torch::randint(0, 50, {batch, 10})};
+  if (name == "gpt" || name == "gpt_tied" || name == "gpt_late_pos") return {torch::randint(0, 50, {batch, 10})};
   if (name == "two_input") return {torch::randn({batch, 12}), torch::randn({batch, 6})};
   throw std::runtime_error("no inputs for " + name);
 }

@@ -9,7 +9,8 @@
 
 namespace cairn::clusterize::testing {
 
-// Folder holding cnn.pt, wrapped_cnn.pt, resnet.pt, gpt.pt, gpt_tied.pt, two_input.pt (created on
+// Folder holding cnn.pt, wrapped_cnn.pt, resnet.pt, gpt.pt, gpt_tied.pt, two_input.pt,
+// gpt_late_pos.pt (created on
 // first use; the test fails if Python cannot script them).
 const std::string& modelDirectory();
 std::string modelPath(const std::string& name);

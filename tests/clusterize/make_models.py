@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Scripts the test models for clusterize_tests with Debian's torch: make_models.py OUT_DIR.
 
-Writes cnn.pt, wrapped_cnn.pt, resnet.pt, gpt.pt, gpt_tied.pt, two_input.pt. Each model is in
+Writes cnn.pt, wrapped_cnn.pt, resnet.pt, gpt.pt, gpt_tied.pt, two_input.pt, gpt_late_pos.pt. Each model is in
 eval mode (BatchNorm uses running stats, Dropout is the identity) so that outputs are deterministic.
 """
 import os
@@ -107,6 +107,40 @@ class Gpt(nn.Module):
         return logits.reshape(-1, t, self.vocab)
 
 
+class LatePosGpt(nn.Module):
+    # Issue [R]'s new user's GPT: positions from torch.arange(T) and a learned position embedding,
+    # arranged so that a cut before pos2 is crossed by tensors of every batch layout: the
+    # positions (int64 [T], no batch dimension), the attention mask (float [T, T], none, no
+    # gradient), a position embedding (float [T, D], none, with a gradient), the token embedding
+    # transposed (float [T, B, D], batch dimension 1) and the activations (float [B, T, D], 0).
+    # A cut before b2 is crossed by the mask and the activations. Also trained by
+    # tests/integration/batch_free_test.py.
+    def __init__(self, vocab=50, block=16, d=32, heads=4):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(block, d)
+        self.pos2 = nn.Embedding(block, d)
+        self.b0 = Block(d, heads)
+        self.b1 = Block(d, heads)
+        self.b2 = Block(d, heads)
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+        self.register_buffer("causal", torch.tril(torch.ones(block, block)))
+
+    def forward(self, idx):
+        t = idx.size(1)
+        positions = torch.arange(t, device=idx.device)
+        mask = self.causal[:t, :t]
+        x = self.tok(idx)
+        pe = self.pos(positions)
+        xt = x.transpose(0, 1)
+        x = self.b0(x, mask)
+        x = self.pos2(positions) + x + pe + xt.transpose(0, 1)  # pos2 first: its unit is the cut
+        x = self.b1(x, mask)
+        x = self.b2(x, mask)
+        return self.head(self.ln_f(x))
+
+
 class TwoInput(nn.Module):
     # Two inputs; `b` is needed again at the end (it crosses every cut after fb), and the
     # torch.cat list of tensors cannot cross a cut.
@@ -135,6 +169,7 @@ def main():
         "gpt": Gpt(),
         "gpt_tied": Gpt(tied=True),
         "two_input": TwoInput(),
+        "gpt_late_pos": LatePosGpt(),
     }
     for name, model in models.items():
         # Non-trivial BatchNorm statistics so eval mode differs from the identity.

@@ -61,8 +61,8 @@ TEST_P(BrokenNodeSpec, Rejected) {
 }
 
 const BrokenNode kBroken[] = {
-    {"future_format", [](nlohmann::json& j) { j["format"] = 2; },
-     "node.json: format is 2 but this cairn reads format 1 (re-run clusterize)"},
+    {"future_format", [](nlohmann::json& j) { j["format"] = 3; },
+     "node.json: format is 3 but this cairn reads formats 1..2 (re-run clusterize)"},
     {"role_mismatch", [](nlohmann::json& j) { j["role"] = "leaf"; },
      "node.json: role is \"leaf\" but stage 1 of 3 is a stem"},
     {"stage_out_of_range", [](nlohmann::json& j) { j["stage"] = 3; },
