@@ -1,8 +1,8 @@
 // The profiler finds which dimension of each value crossing a cut scales with the batch (issue
-// [R]): gpt_late_pos cut before pos2 is crossed by the arange positions and the position
-// embedding and mask (no batch dimension), the activations (dimension 0) and the transposed token
-// embedding (dimension 1); node.json round-trips batch_dim, and a format-1 boundary without it
-// reads as batched along its first dimension.
+// [R]): gpt_late_pos cut before pos2 is crossed by the arange positions, the position embedding
+// and the mask as float and as bool (no batch dimension), the activations (dimension 0) and the
+// transposed token embedding (dimension 1); node.json round-trips batch_dim, and a format-1
+// boundary without it reads as batched along its first dimension.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,7 +40,7 @@ TEST(BatchDim, ProfilerFindsEachBoundaryTensorsBatchDimension) {
       profileModel(graph, testing::exampleInputs("gpt_late_pos", 4), ProfileOptions{0, 1});
 
   const std::vector<BoundaryValue> crossing = profile.describeCut(graph, before_pos2);
-  ASSERT_EQ(crossing.size(), 5u);
+  ASSERT_EQ(crossing.size(), 6u);
   int seen = 0;
   for (const BoundaryValue& v : crossing) {
     SCOPED_TRACE(v.name);
@@ -48,6 +48,9 @@ TEST(BatchDim, ProfilerFindsEachBoundaryTensorsBatchDimension) {
     const std::vector<int64_t>& s = v.shape;
     if (v.dtype == "int64") {  // the positions
       EXPECT_EQ(s, (std::vector<int64_t>{10}));
+      EXPECT_FALSE(v.batch_dim.has_value());
+    } else if (v.dtype == "bool") {  // the mask as bool
+      EXPECT_EQ(s, (std::vector<int64_t>{10, 10}));
       EXPECT_FALSE(v.batch_dim.has_value());
     } else if (s == std::vector<int64_t>{10, 10} || s == std::vector<int64_t>{10, 32}) {
       EXPECT_FALSE(v.batch_dim.has_value());  // the mask, the position embedding
@@ -59,7 +62,7 @@ TEST(BatchDim, ProfilerFindsEachBoundaryTensorsBatchDimension) {
     }
     ++seen;
   }
-  EXPECT_EQ(seen, 5);
+  EXPECT_EQ(seen, 6);
   // The model's input (cut 0) is batched along dimension 0; the cut before b2 sees the mask and
   // the activations.
   for (const BoundaryValue& v : profile.describeCut(graph, 0))

@@ -111,7 +111,7 @@ class LatePosGpt(nn.Module):
     # Issue [R]'s new user's GPT: positions from torch.arange(T) and a learned position embedding,
     # arranged so that a cut before pos2 is crossed by tensors of every batch layout: the
     # positions (int64 [T], no batch dimension), the attention mask (float [T, T], none, no
-    # gradient), a position embedding (float [T, D], none, with a gradient), the token embedding
+    # gradient; and as bool [T, T] for b1), a position embedding (float [T, D], none, with a gradient), the token embedding
     # transposed (float [T, B, D], batch dimension 1) and the activations (float [B, T, D], 0).
     # A cut before b2 is crossed by the mask and the activations. Also trained by
     # tests/integration/batch_free_test.py.
@@ -131,12 +131,13 @@ class LatePosGpt(nn.Module):
         t = idx.size(1)
         positions = torch.arange(t, device=idx.device)
         mask = self.causal[:t, :t]
+        keep = mask > 0
         x = self.tok(idx)
         pe = self.pos(positions)
         xt = x.transpose(0, 1)
         x = self.b0(x, mask)
         x = self.pos2(positions) + x + pe + xt.transpose(0, 1)  # pos2 first: its unit is the cut
-        x = self.b1(x, mask)
+        x = self.b1(x, keep)
         x = self.b2(x, mask)
         return self.head(self.ln_f(x))
 

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Tensors without a batch dimension across a cut (issue [R]): real `provider` processes on tcp
 loopback (tools/launch_local) train a tiny GPT cut by `clusterize --cuts` so that the positions
-from torch.arange(T), a position embedding and the attention mask (no batch dimension), the
-transposed token embedding (batch dimension 1) and the activations (dimension 0) cross a cut.
+from torch.arange(T), a position embedding and the attention mask, as float and as bool (no batch
+dimension), the transposed token embedding (batch dimension 1) and the activations (dimension 0)
+cross a cut.
 
     batch_free_test.py CASE --provider BUILD/node/provider --clusterize BUILD/clusterize/clusterize
                        --work DIR --port BASE
@@ -103,12 +104,12 @@ def clusterize(args, model, out, cuts=None):
 
 def check_batch_dims(node_data, chain):
     """The stage after the first cut receives the positions, the position embedding and the mask
-    without a batch dimension, the transposed tokens batched in dimension 1, the activations in 0."""
+    (float and bool) without a batch dimension, the transposed tokens batched in dimension 1, the activations in 0."""
     inputs = json.load(open(os.path.join(node_data, "nodes", chain[1], "node.json")))["inputs"]
     seen = sorted((v["dtype"], len(v["shape"]), v["batch_dim"] if v["batch_dim"] is not None else -1)
                   for v in inputs)
-    expected = sorted([("int64", 1, -1), ("float32", 2, -1), ("float32", 2, -1), ("float32", 3, 1),
-                       ("float32", 3, 0)])
+    expected = sorted([("int64", 1, -1), ("bool", 2, -1), ("float32", 2, -1), ("float32", 2, -1),
+                       ("float32", 3, 1), ("float32", 3, 0)])
     if seen != expected:
         fail(f"{chain[1]}'s inputs (dtype, dims, batch_dim): {seen}, expected {expected}")
 
