@@ -12,7 +12,8 @@ CASE:
   positions_cross  3 stages (cuts before pos2 and before b2), 3 SGD+momentum steps of 2
                    micro-batches: node.json records batch_dim null / 1 / 0 as profiled, and the
                    per-step losses and the trained weights equal PyTorch (python) training the
-                   unsplit model on the Root's recorded batches, micro-batch by micro-batch.
+                   unsplit model on the Root's recorded batches, micro-batch by micro-batch, and
+                   the final evaluation's loss equals that model's on the test blocks.
                    Before [R] the Leaf dropped every activation message ("shape": the positions
                    [16] taken to be 16 samples) and the run hung until the peer timeout.
   positions_cross_int8  the same with training_definition.wire.activations "int8": the float
@@ -138,6 +139,23 @@ def reference(model_path, corpus, recorded):
     return losses, model
 
 
+def check_evaluation(leaf, corpus, trained):
+    """The run's final evaluation (evaluation batches carry the positions across the cuts too)
+    equals the PyTorch-trained model's mean cross entropy over the test blocks (the last 10%)."""
+    result = json.load(open(os.path.join(leaf, "result.json")))["eval"]
+    tokens = torch.from_numpy(np.fromfile(corpus, dtype=np.uint8).astype(np.int64))
+    blocks = (len(tokens) - 1) // BLOCK
+    first = blocks - result["samples"]
+    data = torch.stack([tokens[i * BLOCK:i * BLOCK + BLOCK + 1] for i in range(first, blocks)])
+    trained.eval()
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(trained(data[:, :-1]).reshape(-1, VOCAB),
+                                                 data[:, 1:].reshape(-1)).item()
+    print(f"evaluation on {result['samples']} blocks: pipeline loss {result['loss']:.7f}, PyTorch {loss:.7f}")
+    if abs(result["loss"] - loss) > LOSS_RTOL * loss:
+        fail(f"evaluation loss {result['loss']} vs PyTorch {loss}")
+
+
 def case_positions_cross(args, wire="fp32", loss_rtol=LOSS_RTOL):
     model, corpus = make_inputs(args.work, args.port, wire)
     probe = clusterize(args, model, os.path.join(args.work, "probe"))
@@ -169,6 +187,7 @@ def case_positions_cross(args, wire="fp32", loss_rtol=LOSS_RTOL):
             fail(f"step {step}: provider loss {got} vs PyTorch {want}")
     if wire != "fp32":
         return
+    check_evaluation(os.path.join(node_data, "nodes", chain[-1]), corpus, trained)
     want = dict(trained.named_parameters())
     worst, compared = 0.0, 0
     for node in chain:
