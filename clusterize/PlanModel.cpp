@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "clusterize/ClusterFormer.h"
-#include "clusterize/HostSpeed.h"
+#include "core/MatmulSpeed.h"
 #include "clusterize/PartitionPlanner.h"
 #include "clusterize/RingGroups.h"
 #include "clusterize/WholeModelChoice.h"
@@ -135,7 +135,7 @@ std::vector<PlannerNode> nodesFor(const std::vector<NodeConfig>& configs, const 
     gpu->precision = basis.bf16 ? "bf16" : "fp32";
     gpu->host_gflops_measured = !settings.host_gflops.has_value();
     basis.host_gflops = settings.host_gflops ? *settings.host_gflops
-                                             : measureHostGflops(settings.profile_threads);
+                                             : measureMatmulGflops(settings.profile_threads);
     gpu->host_gflops = basis.host_gflops;
     gpu->samples_per_microbatch = static_cast<double>(settings.profiled_microbatch_size);
     if (gpu->host_gflops_measured)

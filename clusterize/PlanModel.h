@@ -39,7 +39,7 @@ struct PlanSettings {
   double tolerance = 0;   // ClusterizeOptions::plan_tolerance
   std::string nodes_source = "node_configs.json";  // names the file in messages
   // The profiling host's float32 GFLOPS (--host-gflops): the yardstick of GPU nodes' speeds.
-  // Unset: measured (HostSpeed.h) when some node has a GPU, with `profile_threads` threads.
+  // Unset: measured (core/MatmulSpeed.h) when some node has a GPU, with `profile_threads` threads.
   std::optional<double> host_gflops;
   int profile_threads = 1;              // training_definition.threads the atoms were timed with
   int64_t profiled_microbatch_size = 0;  // the example's first dimension; 0: unknown

@@ -1,6 +1,5 @@
 #include "node/volunteer/Probe.h"
 
-#include <ATen/Parallel.h>
 #include <hwloc.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "core/MatmulSpeed.h"
 #include "node/transport/ZmqTransport.h"
 
 namespace cairn {
@@ -66,35 +66,13 @@ void probeMemoryAndCores(MachineProbe* probe) {
 
 double probeComputeGflops(int size, std::chrono::milliseconds duration, int threads) {
   // A provider runs its stage with torch's intra-op threads (the node's thread count): the probe
-  // measures with the same count, on an sgemm large enough to reach the machine's throughput
-  // (512² matmuls through torch::matmul spent a large share in dispatch and reported a third of it).
+  // measures with the same count.
   if (threads <= 0) {
     MachineProbe machine;
     probeMemoryAndCores(&machine);
     threads = machine.cores;  // what a provider's "threads" defaults to: one per core
   }
-  const int previous = at::get_num_threads();
-  at::set_num_threads(threads);
-  c10::InferenceMode inference;
-  const auto a = torch::randn({size, size}), b = torch::randn({size, size});
-  auto c = torch::mm(a, b);  // warm-up: thread pool, caches
-  torch::mm_out(c, a, b);
-  const double flops_per_matmul = 2.0 * size * size * size;
-  std::vector<double> rates;
-  const auto end = std::chrono::steady_clock::now() + duration;
-  while (std::chrono::steady_clock::now() < end || rates.size() < 5) {
-    const auto start = std::chrono::steady_clock::now();
-    int n = 0;
-    do {
-      torch::mm_out(c, a, b);
-      ++n;
-    } while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(100));
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    rates.push_back(flops_per_matmul * n / s / 1e9);
-  }
-  at::set_num_threads(previous);
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];  // median round
+  return measureMatmulGflops(threads, size, duration);
 }
 
 namespace {

@@ -30,9 +30,9 @@ struct MachineProbe {
 
 // hwloc's memory and core count, with the cgroup (v2 or v1) memory limit applied.
 void probeMemoryAndCores(MachineProbe* probe);
-// Runs float32 sgemms (torch::mm) of `size`×`size` for about `duration` (at least 5 rounds of
-// 100 ms) on `threads` intra-op threads (0: the machine's physical cores, hwloc); returns GFLOPS, the median
-// round.
+// Runs float32 sgemms of `size`×`size` for about `duration` (at least 5 rounds of 100 ms) on
+// `threads` intra-op threads (0: the machine's physical cores, hwloc); returns GFLOPS, the median
+// round (core/MatmulSpeed.h: the benchmark clusterize measures its host with).
 double probeComputeGflops(int size = 1024,
                           std::chrono::milliseconds duration = std::chrono::milliseconds(1500),
                           int threads = 0);

@@ -1,17 +1,17 @@
-#include "clusterize/HostSpeed.h"
+#include "core/MatmulSpeed.h"
 
 #include <ATen/Parallel.h>
-#include <torch/torch.h>
+#include <torch/script.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "core/Error.h"
 
-namespace cairn::clusterize {
+namespace cairn {
 
-double measureHostGflops(int threads, int size, std::chrono::milliseconds duration) {
-  CAIRN_ENFORCE(threads >= 1 && size >= 1, "measureHostGflops needs threads and size >= 1");
+double measureMatmulGflops(int threads, int size, std::chrono::milliseconds duration) {
+  CAIRN_ENFORCE(threads >= 1 && size >= 1, "measureMatmulGflops needs threads and size >= 1");
   const int previous = at::get_num_threads();
   at::set_num_threads(threads);
   struct Restore {
@@ -40,4 +40,4 @@ double measureHostGflops(int threads, int size, std::chrono::milliseconds durati
   return rates[rates.size() / 2];
 }
 
-}  // namespace cairn::clusterize
+}  // namespace cairn
