@@ -1,61 +1,136 @@
 #!/usr/bin/env bash
 # Issue [M]'s checks and figures on the GPU machine, in one run (its time is short: build, checks,
 # figures). Runs ON that machine from the project root after ../shared/device/build_cuda.sh built
-# cairn into $BUILD against PyTorch's CUDA libtorch; writes everything under $OUT:
-#   bash .device-deps/build_cuda.sh && export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu \
-#     && BUILD=/tmp/cb bash tools/gpu/gpu_figures.sh
-# Here (no GPU) `DEVICE=cpu BUILD=build OUT=/tmp/gpu_dry bash tools/gpu/gpu_figures.sh` runs the
-# same steps on the CPU, which checks the script, not the GPU (SKIP_DEMO=1 leaves out step 4;
-# STEPS=6 shortens step 3).
+# cairn into $BUILD against PyTorch's CUDA libtorch; writes $OUT/figures.txt and $OUT/logs.tar.gz:
+#   S=$(date +%s); bash .device-deps/build_cuda.sh; export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu;
+#   START=$S LIMIT=570 BUILD=/tmp/cb bash tools/gpu/gpu_figures.sh
+# START/LIMIT: every step's timeout is cut so that the script ends LIMIT seconds after START (the
+# device command's own limit); a step cut short says so in figures.txt.
+# Here (no GPU) `DEVICE=cpu BUILD=build OUT=/tmp/gpu_dry STEPS=20 SKIP_DEMO=1 bash
+# tools/gpu/gpu_figures.sh` runs the same steps on the CPU, which checks the script, not the GPU.
+#   0. (background, from the start) figure 5's reference: the demo, 6 epochs, on this machine's CPU
+#      (3 single-threaded providers; the GPU steps below use other cores)
 #   1. Device.* of trainer_tests (the CUDA checkpoint round trip: save on CUDA, resume on the CPU)
-#   2. equivalence: 3 providers sharing the GPU vs one PyTorch process on it, 20 SGD steps,
-#      fp32-strict, deterministic algorithms (tests/integration/provider_cluster_test.py
+#   2. figure 1, equivalence: 3 providers sharing the GPU vs one PyTorch process on it, 20 SGD
+#      steps, fp32-strict, deterministic algorithms (tests/integration/provider_cluster_test.py
 #      match_pytorch --device cuda): max abs difference <= 1e-5
-#   3. overhead (one provider, whole model, vs PyTorch's loop in Python) and the tiny GPT in 2 stages
-#      on one device vs 1 provider (tools/gpu/overhead.py)
-#   4. the demo (6 epochs) on $DEVICE and on this machine's CPU, one after the other: accuracy, time
+#   3. figures 2 and 3: overhead (one provider, whole model, vs PyTorch's loop in Python) and the tiny
+#      GPT in 2 stages on one device vs 1 provider (tools/gpu/overhead.py)
+#   4. figure 5: the demo (6 epochs) on $DEVICE
+#   5. figure 4, mixed: the demo (--short) with its middle stage on $DEVICE, the others on the CPU
+#   6. wait for step 0; then, in the time left, build every other target (does all of cairn compile
+#      against this libtorch?)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-/tmp/cb}
 OUT=${OUT:-/tmp/gpu_out}
+WORK=${WORK:-/tmp/gpu_work}
 DEVICE=${DEVICE:-cuda}
 PY=${PY:-python3}
-mkdir -p "$OUT"
+START=${START:-$(date +%s)}
+LIMIT=${LIMIT:-3600}
+mkdir -p "$OUT" "$WORK/logs"
+LOGS=$WORK/logs
 log() { echo "gpu_figures: $*" | tee -a "$OUT/figures.txt"; }
-log "$(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') device $DEVICE"
+# seconds for a step: at most $1, and never past START + LIMIT - $2 (time kept for later steps)
+budget() {
+  local want=$1 keep=${2:-0} left
+  left=$((START + LIMIT - keep - $(date +%s)))
+  ((left < want)) && want=$left
+  ((want < 1)) && want=1
+  echo "$want"
+}
+pack() {  # the logs, and each demo's plan, results and per-step metrics
+  (cd "$WORK" && tar -czf "$OUT/logs.tar.gz" logs $(ls -d demo_*/plan.json demo_*/nodes/*/result.json \
+    demo_*/nodes/*/metrics.jsonl 2>/dev/null))
+}
+trap pack EXIT
+log "$(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') device $DEVICE, $(nproc) cores"
 log "torch: $($PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")')"
+[[ -x "$BUILD/node/provider" ]] || { log "no $BUILD/node/provider: the build failed"; exit 1; }
 status=0
 
-log "1/4 Device.* (trainer_tests)"
-models=$OUT/trainer_models
-if ! $PY tests/trainer/make_test_models.py "$models" > "$OUT/models.log" 2>&1; then
-  log "could not make the test models (tail of $OUT/models.log):"; tail -5 "$OUT/models.log"; status=1
+demo() {  # demo NAME DEVICE SECONDS [run.sh args]: the Fashion-MNIST demo, its log in $LOGS/NAME.log
+  local name=$1 device=$2 seconds=$3
+  shift 3
+  CAIRN_BUILD_DIR=$BUILD CAIRN_PY=$PY CAIRN_DEVICE=$device CAIRN_EXAMPLE_OUT="$WORK/$name" \
+    CAIRN_NODES="$WORK/$name.nodes.json" timeout "$seconds" examples/fashion_mnist/run.sh "$@" \
+    > "$LOGS/$name.log" 2>&1
+}
+nodes_at() {  # nodes_at NAME PORT: the demo's 3 node configs on ports PORT..PORT+2
+  $PY -c "import json,sys; p=int(sys.argv[2]); json.dump({str(i): {'IP': f'127.0.0.1:{p+i}', 'benchmarks': {'ram': 2, 'bandwidth': 10000}} for i in range(3)}, open(sys.argv[1], 'w'))" \
+    "$WORK/$1.nodes.json" "$2"
+}
+demo_figure() {  # the line figures.txt keeps of a demo: its accuracy and times, or why it has none
+  local name=$1 rc=$2
+  if ((rc == 124)); then echo "cut at its time limit; $(grep -c '\[node' "$LOGS/$name.log") log lines"
+  else echo "exit $rc: $(grep -E 'final test accuracy|devices by stage' "$LOGS/$name.log" | tr '\n' ' ')"; fi
+}
+
+SKIP=${SKIP_DEMO:-}
+if [[ -z "$SKIP" ]]; then
+  log "0/6 background: the demo, 6 epochs, on this machine's CPU (figure 5's reference)"
+  nodes_at demo_cpu 5800
+  (demo demo_cpu cpu "$(budget 1200 40)"; echo $? > "$WORK/demo_cpu.rc") &
+  cpu_demo=$!
 fi
-CAIRN_TEST_MODELS=$models timeout 300 "$BUILD/tests/trainer_tests" --gtest_filter='Device.*' \
-  > "$OUT/device_tests.log" 2>&1
-rc=$?; log "Device.* exit $rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/device_tests.log" | tr '\n' ' ')"
+
+log "1/6 Device.* (trainer_tests)"
+models=$WORK/trainer_models
+$PY tests/trainer/make_test_models.py "$models" > "$LOGS/models.log" 2>&1 ||
+  { log "could not make the test models (tail of models.log):"; tail -5 "$LOGS/models.log"; status=1; }
+CAIRN_TEST_MODELS=$models timeout "$(budget 120 300)" "$BUILD/tests/trainer_tests" --gtest_filter='Device.*' \
+  > "$LOGS/device_tests.log" 2>&1
+rc=$?; log "Device.* exit $rc: $(grep -E '^\[ +(OK|PASSED|FAILED|SKIPPED) ' "$LOGS/device_tests.log" | tr '\n' ' ')"
 [[ $rc -eq 0 ]] || status=1
 
-log "2/4 equivalence: 3 providers on $DEVICE vs one PyTorch process on $DEVICE"
-timeout 300 $PY tests/integration/provider_cluster_test.py match_pytorch --device "$DEVICE" \
-  --provider "$BUILD/node/provider" --work "$OUT/match" --port 27100 > "$OUT/match.log" 2>&1
-rc=$?; log "match_pytorch exit $rc: $(grep -E 'max abs difference|providers on|FAIL' "$OUT/match.log" | tr '\n' ' ')"
+log "2/6 figure 1, equivalence: 3 providers on $DEVICE vs one PyTorch process on $DEVICE"
+timeout "$(budget 180 240)" $PY tests/integration/provider_cluster_test.py match_pytorch --device "$DEVICE" \
+  --provider "$BUILD/node/provider" --work "$WORK/match" --port 27100 > "$LOGS/match.log" 2>&1
+rc=$?; log "match_pytorch exit $rc: $(grep -E 'max abs difference|providers on|FAIL' "$LOGS/match.log" | tr '\n' ' ')"
 [[ $rc -eq 0 ]] || status=1
 
-log "3/4 overhead and the pipeline on one $DEVICE (tools/gpu/overhead.py, ${STEPS:-300} steps)"
-timeout 900 $PY tools/gpu/overhead.py --build "$BUILD" --work "$OUT/overhead" --device "$DEVICE" \
-  --steps "${STEPS:-300}" > "$OUT/overhead.log" 2>&1
-rc=$?; log "overhead exit $rc:"; grep -E '^figure' "$OUT/overhead.log" | tee -a "$OUT/figures.txt"
-[[ $rc -eq 0 ]] || { tail -5 "$OUT/overhead.log"; status=1; }
+log "3/6 figures 2, 3: overhead and the pipeline on one $DEVICE (tools/gpu/overhead.py, ${STEPS:-1000} steps)"
+timeout "$(budget 300 130)" $PY tools/gpu/overhead.py --build "$BUILD" --work "$WORK/overhead" \
+  --device "$DEVICE" --steps "${STEPS:-1000}" > "$LOGS/overhead.log" 2>&1
+rc=$?; log "overhead exit $rc:"; grep -E '^figure' "$LOGS/overhead.log" | tee -a "$OUT/figures.txt"
+cp "$WORK/overhead/figures.json" "$LOGS/overhead_figures.json" 2>/dev/null
+[[ $rc -eq 0 ]] || { tail -5 "$LOGS/overhead.log"; status=1; }
 
-log "4/4 the demo, 6 epochs, on $DEVICE then on the CPU (same machine, same script run)"
-DEMO_DEVICES=("$DEVICE" cpu)
-[[ -n "${SKIP_DEMO:-}" ]] && DEMO_DEVICES=() && log "skipped (SKIP_DEMO)"
-for d in "${DEMO_DEVICES[@]}"; do
-  CAIRN_BUILD_DIR=$BUILD CAIRN_DEVICE=$d CAIRN_EXAMPLE_OUT="$OUT/demo_$d" timeout 900 \
-    examples/fashion_mnist/run.sh > "$OUT/demo_$d.log" 2>&1
-  rc=$?; log "demo on $d exit $rc: $(grep -E 'final test accuracy' "$OUT/demo_$d.log")"
+if [[ -z "$SKIP" ]]; then
+  log "4/6 figure 5: the demo, 6 epochs, on $DEVICE (the CPU run of step 0 still going beside it)"
+  nodes_at demo_gpu 5900
+  demo demo_gpu "$DEVICE" "$(budget 240 60)"
+  rc=$?; log "demo on $DEVICE $(demo_figure demo_gpu $rc)"
   [[ $rc -eq 0 ]] || status=1
-done
+
+  log "5/6 figure 4, mixed: the demo (--short) with its middle stage on $DEVICE, Root and Leaf on the CPU"
+  nodes_at demo_mixed 6000
+  demo demo_mixed "cpu,$DEVICE,cpu" "$(budget 120 15)" --short
+  rc=$?; log "mixed demo $(demo_figure demo_mixed $rc)"
+  [[ $rc -eq 0 ]] || status=1
+  for node in "$WORK"/demo_mixed/nodes/*/; do
+    [[ -f "$node/metrics.jsonl" ]] || continue
+    log "  $(basename "$node"): $($PY -c "
+import json, sys, statistics as st
+r = [json.loads(l) for l in open(sys.argv[1])]
+s = [x for x in r if 'step' in x and 'compute_s' in x]
+print(f\"{len(s)} steps, median compute {1e3*st.median(x['compute_s'] for x in s):.2f} ms, send {1e3*st.median(x['send_s'] for x in s):.2f} ms, wait {1e3*st.median(x['wait_s'] for x in s):.2f} ms\")
+" "$node/metrics.jsonl" 2>&1 | tail -1)"
+  done
+
+  log "6/6 waiting for the CPU demo (step 0)"
+  wait "$cpu_demo"
+  rc=$(cat "$WORK/demo_cpu.rc" 2>/dev/null || echo 1)
+  log "demo on the CPU $(demo_figure demo_cpu "$rc")"
+  [[ $rc -eq 0 ]] || status=1
+fi
+left=$(budget 600 5)
+if ((left > 20)); then
+  log "the rest of the tree against this libtorch (${left} s left)"
+  timeout "$left" cmake --build "$BUILD" -- -k 0 -j"$(nproc)" > "$LOGS/build_rest.log" 2>&1
+  rc=$?
+  log "build of every target: exit $rc; errors: $(grep -E 'error:' "$LOGS/build_rest.log" | sort -u | head -5 | tr '\n' ' ')"
+fi
 log "done, exit $status"
 exit $status
