@@ -457,11 +457,25 @@ def case_never_starts(args):
 def case_launcher_stops_all(args):
     settings = dict(training_settings(10), timeouts={"startup_s": 60, "peer_s": 60})
     _, node_data = make_node_data(args.work, args.port, 3, True, settings, {"train_samples": 1000})
+    env = dict(os.environ, PROVIDER=args.provider)
+    launcher = os.path.join(REPO, "tools/launch_local")
+    # --device-of: a node the plan lacks is refused before any provider starts; a device given to
+    # one node replaces the shared --device for it alone (cuda:99 is refused on every machine:
+    # no CUDA in this build, or fewer GPUs), so node_1 fails naming it, exit 2.
+    proc = subprocess.run([launcher, node_data, "--device-of", "node_9=cpu"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    if proc.returncode != 2 or "--device-of node_9: no node node_9" not in proc.stdout:
+        fail(f"launch_local --device-of node_9: expected exit 2 naming node_9, got {proc.returncode}: "
+             f"{proc.stdout[-500:]}")
+    proc = subprocess.run([launcher, node_data, "--device-of", "node_1=cuda:99", "--", "--device", "cpu"],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    if proc.returncode != 2 or "[node_1] provider: error: --device cuda:99: " not in proc.stdout:
+        fail(f"launch_local --device-of node_1=cuda:99: expected node_1's refusal (exit 2), got "
+             f"{proc.returncode}: {proc.stdout[-800:]}")
     with open(os.path.join(node_data, "nodes/node_2/stage.pt"), "wb") as f:
         f.write(b"not a TorchScript file")
     start = time.time()
-    env = dict(os.environ, PROVIDER=args.provider)
-    proc = subprocess.run([os.path.join(REPO, "tools/launch_local"), node_data], env=env,
+    proc = subprocess.run([launcher, node_data], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     seconds = time.time() - start
     print(proc.stdout[-2000:])

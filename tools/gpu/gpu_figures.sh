@@ -2,8 +2,12 @@
 # Issue [M]'s checks and figures on the GPU machine, in one run (its time is short: build, checks,
 # figures). Runs ON that machine from the project root after ../shared/device/build_cuda.sh built
 # cairn into $BUILD against PyTorch's CUDA libtorch; writes $OUT/figures.txt and $OUT/logs.tar.gz:
-#   S=$(date +%s); bash .device-deps/build_cuda.sh; export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu;
+#   S=$(date +%s); bash .device-deps/build_cuda.sh -DCMAKE_CXX_COMPILER=/usr/bin/g++ \
+#     -DCMAKE_C_COMPILER=/usr/bin/gcc; export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu;
 #   START=$S LIMIT=570 BUILD=/tmp/cb bash tools/gpu/gpu_figures.sh
+# (the image's default /opt/gcc/bin/g++ links libstdc++ statically, and PyTorch's libtorch then
+# serves std::filesystem, whose remove_all crashes: docs/BENCHMARKS.md section 13). Measured
+# 2026-11-27 on an H200: the build of every target under 3 minutes, this script about 5 minutes.
 # START/LIMIT: every step's timeout is cut so that the script ends LIMIT seconds after START (the
 # device command's own limit); a step cut short says so in figures.txt.
 # Here (no GPU) `DEVICE=cpu BUILD=build OUT=/tmp/gpu_dry STEPS=20 SKIP_DEMO=1 bash
