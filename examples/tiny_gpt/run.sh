@@ -3,7 +3,7 @@
 # model (between transformer blocks) for each cluster, the clusters average their parameters every
 # `local_steps` steps over ring all-reduce, and at the end the model is merged (averaged over the
 # clusters), its validation perplexity printed, and a short sample generated.
-#   examples/tiny_gpt/run.sh [--short]     (--short: 40 steps, for tools/test.sh)
+#   examples/tiny_gpt/run.sh [--short]     (--short: 20 steps, averaging every 5, for tools/test.sh)
 # Run tools/setup.sh first (tools/demo.sh and tools/test.sh do).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,7 @@ import json, sys
 job = json.load(open(sys.argv[1]))
 job["data"]["location"] = sys.argv[3]
 if sys.argv[4] == "--short":
-    job["training_definition"].update({"max_steps": 40, "local_steps": 5})
+    job["training_definition"].update({"max_steps": 20, "local_steps": 5})
 json.dump(job, open(sys.argv[2], "w"), indent=2)
 PYEOF
 $PY examples/tiny_gpt/make_model.py --out "$OUT/model.pt"
