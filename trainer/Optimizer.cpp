@@ -1,5 +1,6 @@
 #include "trainer/Optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/Error.h"
@@ -36,6 +37,14 @@ void Optimizer::zeroGrad() {
 
 void Optimizer::step(double base_lr) {
   torch::NoGradGuard no_grad;
+  if (options_.kind == OptimizerKind::kSgd) {
+    sgdStep(base_lr);
+  } else {
+    adamStep(base_lr);
+  }
+}
+
+void Optimizer::sgdStep(double base_lr) {
   const auto& o = options_;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     torch::Tensor& p = parameters_[i];
@@ -44,45 +53,70 @@ void Optimizer::step(double base_lr) {
     torch::Tensor grad = p.grad();
     const double lr = base_lr * lr_scale_[i];
     const double weight_decay = weight_decay_[i];
-    switch (o.kind) {
-      case OptimizerKind::kSgd: {
-        // torch/optim/sgd.py _single_tensor_sgd
-        if (weight_decay != 0) grad = grad.add(p, weight_decay);
-        if (o.momentum != 0) {
-          if (!s.momentum_buffer.defined()) {
-            s.momentum_buffer = grad.clone().detach();
-          } else {
-            s.momentum_buffer.mul_(o.momentum).add_(grad, 1 - o.dampening);
-          }
-          grad = o.nesterov ? grad.add(s.momentum_buffer, o.momentum) : s.momentum_buffer;
-        }
-        p.add_(grad, -lr);
-        break;
+    // torch/optim/sgd.py _single_tensor_sgd
+    if (weight_decay != 0) grad = grad.add(p, weight_decay);
+    if (o.momentum != 0) {
+      if (!s.momentum_buffer.defined()) {
+        s.momentum_buffer = grad.clone().detach();
+      } else {
+        s.momentum_buffer.mul_(o.momentum).add_(grad, 1 - o.dampening);
       }
-      case OptimizerKind::kAdam:
-      case OptimizerKind::kAdamW: {
-        // torch/optim/adam.py and adamw.py _single_tensor_*
-        if (!s.exp_avg.defined()) {
-          s.exp_avg = torch::zeros_like(p, at::MemoryFormat::Preserve);
-          s.exp_avg_sq = torch::zeros_like(p, at::MemoryFormat::Preserve);
-        }
-        s.step += 1;
-        if (o.kind == OptimizerKind::kAdamW) {
-          p.mul_(1 - lr * weight_decay);
-        } else if (weight_decay != 0) {
-          grad = grad.add(p, weight_decay);
-        }
-        s.exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
-        s.exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad.conj(), 1 - o.beta2);
-        const double bias_correction1 = 1 - std::pow(o.beta1, double(s.step));
-        const double bias_correction2 = 1 - std::pow(o.beta2, double(s.step));
-        const double step_size = lr / bias_correction1;
-        const double bias_correction2_sqrt = std::sqrt(bias_correction2);
-        torch::Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
-        p.addcdiv_(s.exp_avg, denom, -step_size);
-        break;
-      }
+      grad = o.nesterov ? grad.add(s.momentum_buffer, o.momentum) : s.momentum_buffer;
     }
+    p.add_(grad, -lr);
+  }
+}
+
+// Adam and AdamW as torch/optim/adam.py and adamw.py's _single_tensor_* compute them, op for op,
+// but each op over all parameters that share a learning rate, weight decay and step count at once
+// (ATen's _foreach_* ops): on a GPU one launch per op instead of one per op and parameter tensor
+// (a transformer has dozens of them); on the CPU _foreach_* runs the per-tensor op on each, so the
+// results are those of the single-tensor loop bit for bit (the equivalence tests hold).
+void Optimizer::adamStep(double base_lr) {
+  const auto& o = options_;
+  struct Group {
+    double lr, weight_decay;
+    int64_t step;
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  };
+  std::vector<Group> groups;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    torch::Tensor& p = parameters_[i];
+    if (!p.grad().defined()) continue;
+    State& s = states_[i];
+    if (!s.exp_avg.defined()) {
+      s.exp_avg = torch::zeros_like(p, at::MemoryFormat::Preserve);
+      s.exp_avg_sq = torch::zeros_like(p, at::MemoryFormat::Preserve);
+    }
+    s.step += 1;
+    const double lr = base_lr * lr_scale_[i];
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
+      return x.lr == lr && x.weight_decay == weight_decay_[i] && x.step == s.step;
+    });
+    if (g == groups.end()) g = groups.insert(groups.end(), Group{lr, weight_decay_[i], s.step, {}, {}, {}, {}});
+    g->params.push_back(p);
+    g->grads.push_back(p.grad());
+    g->exp_avgs.push_back(s.exp_avg);
+    g->exp_avg_sqs.push_back(s.exp_avg_sq);
+  }
+  for (Group& g : groups) {
+    if (o.kind == OptimizerKind::kAdamW) {
+      at::_foreach_mul_(g.params, 1 - g.lr * g.weight_decay);
+    } else if (g.weight_decay != 0) {
+      g.grads = at::_foreach_add(g.grads, g.params, g.weight_decay);
+    }
+    at::_foreach_mul_(g.exp_avgs, o.beta1);
+    at::_foreach_add_(g.exp_avgs, g.grads, 1 - o.beta1);
+    at::_foreach_mul_(g.exp_avg_sqs, o.beta2);
+    at::_foreach_addcmul_(g.exp_avg_sqs, g.grads, g.grads, 1 - o.beta2);
+    const double bias_correction1 = 1 - std::pow(o.beta1, double(g.step));
+    const double bias_correction2 = 1 - std::pow(o.beta2, double(g.step));
+    const double step_size = g.lr / bias_correction1;
+    const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+    std::vector<torch::Tensor> denoms = at::_foreach_sqrt(g.exp_avg_sqs);
+    at::_foreach_div_(denoms, bias_correction2_sqrt);
+    at::_foreach_add_(denoms, o.eps);
+    at::_foreach_addcdiv_(g.params, g.exp_avgs, denoms, -step_size);
   }
 }
 

@@ -39,6 +39,8 @@ class Optimizer {
                    const std::string& source);
 
  private:
+  void sgdStep(double base_lr);
+  void adamStep(double base_lr);
   struct State {
     torch::Tensor momentum_buffer;  // sgd
     torch::Tensor exp_avg;          // adam/adamw
