@@ -10,7 +10,9 @@
 
 Both sides train the same TorchScript model (the examples' make_model.py), batch size, optimizer
 (AdamW) and data; the provider's figure is result.json's train_samples_per_s (its whole run), the
-reference's the same count over its whole loop (after the same number of warm-up steps: none).
+reference's the same count over its whole loop (after the same number of warm-up steps: none);
+next to it the median step after the first 10 of each side (the reference reads each step's loss,
+as a provider does for its metrics line).
 Prints one line per figure and writes DIR/figures.json. Here, without a GPU, `--device cpu
 --steps 20` checks the script, not the figures.
 """
@@ -94,6 +96,9 @@ class Model:
             records = [json.loads(line) for line in open(os.path.join(node_data, "nodes", node, "metrics.jsonl"))]
             steps = [r for r in records if "step" in r and "compute_s" in r]
             split[node] = {k: float(np.mean([r[k] for r in steps])) for k in ("compute_s", "send_s", "wait_s")}
+            # the steady step: the median after the first 10 (start-up, kernel selection)
+            split[node]["median_step_ms"] = float(np.median(
+                [1e3 * self.job["training_definition"]["batch_size"] / r["samples_per_s"] for r in steps[10:]]))
         return result["train_samples_per_s"], split
 
     def batches(self, device):
@@ -134,24 +139,33 @@ def reference_samples_per_s(model, steps):
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
+    step_ms = []
     for _ in range(steps):
+        began = time.perf_counter()
         x, y = next_batch()
         optimizer.zero_grad(set_to_none=True)
         out = net(x)
         loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
         loss.backward()
         optimizer.step()
-    loss.item()
+        loss.item()  # as a provider reads every step's loss for its metrics line
+        step_ms.append(1e3 * (time.perf_counter() - began))
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return steps * batch / (time.perf_counter() - start)
+    return steps * batch / (time.perf_counter() - start), float(np.median(step_ms[10:]))
 
 
-def middle_cut(plan):
+def balanced_cut(plan):
+    """The allowed cut that halves the model's blocks (its units holding parameters): two stages
+    of equal work, whatever small units (sizes, positions, embeddings) come first."""
+    weighted = [u["index"] for u in plan["units"] if "(" in u["label"]]  # modules, not aten:: ops
+    if not weighted:
+        raise SystemExit("overhead: the plan has no module units")
+    target = weighted[len(weighted) // 2]
     allowed = [u["index"] for u in plan["units"] if u["cut_before_allowed"] and u["index"] > 0]
     if not allowed:
         raise SystemExit("overhead: the plan allows no cut")
-    return min(allowed, key=lambda i: abs(i - len(plan["units"]) / 2))
+    return min(allowed, key=lambda i: abs(i - target))
 
 
 def main():
@@ -162,16 +176,21 @@ def main():
         node_data, one_stage = model.plan(1, port, 1)
         provider, split = model.train(node_data)
         port += 10
-        reference = reference_samples_per_s(model, ARGS.steps)
+        reference, reference_ms = reference_samples_per_s(model, ARGS.steps)
+        provider_ms = split["node_0"]["median_step_ms"]
         figures[f"{name}_one_provider_samples_per_s"] = provider
         figures[f"{name}_pytorch_loop_samples_per_s"] = reference
+        figures[f"{name}_one_provider_median_step_ms"] = provider_ms
+        figures[f"{name}_pytorch_loop_median_step_ms"] = reference_ms
         print(f"figure 2, {name}: one provider {provider:.0f} samples/s, PyTorch loop {reference:.0f} "
-              f"samples/s on {ARGS.device}: {provider / reference:.2f}x (split {split})")
+              f"samples/s on {ARGS.device}: {provider / reference:.2f}x; median step after the first "
+              f"10: {provider_ms:.2f} ms vs {reference_ms:.2f} ms, {reference_ms / provider_ms:.2f}x "
+              f"(split {split})")
         if name == "gpt":
             node_data, _ = model.plan(1, port, 4)
             single, _ = model.train(node_data)
             port += 10
-            node_data, _ = model.plan(2, port, 4, middle_cut(one_stage))
+            node_data, _ = model.plan(2, port, 4, balanced_cut(one_stage))
             piped, split = model.train(node_data)
             port += 10
             figures.update({"gpt_1_provider_m4_samples_per_s": single,
