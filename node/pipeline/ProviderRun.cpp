@@ -423,6 +423,9 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   writeJsonFile(outcome.result_path, outcome.summary);
   logEnd(run.result, options, outcome.weights_path);
   if (options.on_live_peers) options.on_live_peers({});
+  // Left already when the run ended (finish, a stop); this also stops the rings' welcome desk
+  // (node/ring/RingWelcomeDesk.h) in any case, so no thread uses the transport while it closes.
+  cluster_sync.leave();
   transport.flushAndClose(std::chrono::milliseconds(5000));
   logTransportClosed(stats, authenticator.get());
   return outcome;

@@ -20,6 +20,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kLeaveSendTimeout{100};
 
+// A public call's hold on the rings (RingClusterSync.h rings_mutex_, busy_): counted busy before
+// the lock is taken, until after it is released.
+struct RingsBusy {
+  RingsBusy(std::recursive_mutex& mutex, std::atomic<int>& count) : busy(count) {
+    ++busy;
+    lock = std::unique_lock<std::recursive_mutex>(mutex);
+  }
+  ~RingsBusy() {
+    lock.unlock();
+    --busy;
+  }
+  std::atomic<int>& busy;
+  std::unique_lock<std::recursive_mutex> lock;
+};
+
 std::string endpointOf(const PeerRef& peer) {
   return peer.address.find("://") == std::string::npos ? "tcp://" + peer.address : peer.address;
 }
@@ -65,22 +80,26 @@ RingClusterSync::RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOpt
 }
 
 RingClusterSync::~RingClusterSync() {
+  desk_.reset();     // its thread uses the rings
   overlap_.reset();  // its threads use the rings
 }
 
 size_t RingClusterSync::activeRings() const {
+  RingsBusy busy(rings_mutex_, busy_);
   size_t n = 0;
   for (const auto& r : rings_) n += r->group ? 1 : 0;
   return n;
 }
 
 std::vector<std::string> RingClusterSync::view(const std::string& id) const {
+  RingsBusy busy(rings_mutex_, busy_);
   for (const auto& r : rings_)
     if (r->spec.id == id) return r->view;
   CAIRN_THROW(BadInput, "no ring ", id, " at node ", context_.node.name);
 }
 
 int64_t RingClusterSync::generation(const std::string& id) const {
+  RingsBusy busy(rings_mutex_, busy_);
   for (const auto& r : rings_)
     if (r->spec.id == id) return r->generation;
   CAIRN_THROW(BadInput, "no ring ", id, " at node ", context_.node.name);
@@ -106,6 +125,7 @@ void RingClusterSync::checkIdenticalStart(Ring& ring) {
 }
 
 void RingClusterSync::start(torch::jit::Module& stage) {
+  RingsBusy busy(rings_mutex_, busy_);
   // A run that ended inside an armed step (a lost pipeline neighbour during the last backward)
   // leaves its communication threads waiting: stop them, and drop the hooks (a restarted run may
   // hold a new stage module) before the rings are rebuilt; the next arm hooks them again.
@@ -143,6 +163,15 @@ void RingClusterSync::start(torch::jit::Module& stage) {
   }
   joining_ = false;
   started_ = true;
+  // Join requests are answered between syncs from here on (RingWelcomeDesk.h).
+  desk_.reset();
+  std::vector<Ring*> all;
+  for (auto& ring : rings_) {
+    keepWelcomeSnapshot(context_, *ring);
+    all.push_back(ring.get());
+  }
+  if (context_.sync.mode != SyncMode::kGradients && !sharedRings().empty())
+    desk_ = std::make_unique<WelcomeDesk>(context_, all, rings_mutex_, busy_);
   if (activeRings() > 0) {
     std::ostringstream partners;
     for (const auto& ring : rings_) {
@@ -164,6 +193,7 @@ void RingClusterSync::start(torch::jit::Module& stage) {
 }
 
 void RingClusterSync::synchronize() {
+  RingsBusy busy(rings_mutex_, busy_);
   CAIRN_ENFORCE(started_, "RingClusterSync::synchronize before start()");
   if (left_) return;
   const auto t0 = Clock::now();
@@ -225,6 +255,7 @@ std::optional<DealAgreement> RingClusterSync::takeDealAgreement() {
 }
 
 void RingClusterSync::beforeBackward(int64_t, torch::jit::Module&, bool last_microbatch) {
+  RingsBusy busy(rings_mutex_, busy_);
   if (!last_microbatch || context_.sync.mode != SyncMode::kGradients || !gradients_.overlap ||
       !started_ || left_)
     return;
@@ -246,6 +277,7 @@ void RingClusterSync::beforeBackward(int64_t, torch::jit::Module&, bool last_mic
 }
 
 void RingClusterSync::beforeOptimizerStep(int64_t, torch::jit::Module&) {
+  RingsBusy busy(rings_mutex_, busy_);
   if (context_.sync.mode != SyncMode::kGradients || activeRings() == 0 || left_) {
     if (overlap_) overlap_->cancel();
     return;
@@ -382,6 +414,7 @@ void RingClusterSync::admitHeld(torch::jit::Module& stage, int64_t steps_done) {
 }
 
 void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage) {
+  RingsBusy busy(rings_mutex_, busy_);
   if (started_ && !left_) applyAddedMembers(stage);
   const int64_t done = step + 1;
   const bool admission = started_ && !left_ && admit_at_.erase(done) > 0;
@@ -395,6 +428,8 @@ void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage
 }
 
 void RingClusterSync::leave() {
+  desk_.reset();  // before the rings are left: its thread answers from them
+  RingsBusy busy(rings_mutex_, busy_);
   if (left_) return;
   left_ = true;
   if (overlap_) overlap_->cancel();
@@ -411,6 +446,7 @@ void RingClusterSync::leave() {
 }
 
 void RingClusterSync::finish(int64_t steps, torch::jit::Module& stage) {
+  RingsBusy busy(rings_mutex_, busy_);
   if (overlap_) overlap_->cancel();
   if (started_ && !left_) applyAddedMembers(stage);
   bool shared = false;
@@ -441,11 +477,13 @@ std::vector<Ring*> RingClusterSync::sharedRings() {
 
 void RingClusterSync::saveState(std::vector<std::pair<std::string, torch::Tensor>>* tensors,
                                 nlohmann::json* meta) const {
+  RingsBusy busy(rings_mutex_, busy_);
   saveRingState(rings_, context_, tensors, meta);
 }
 
 void RingClusterSync::loadState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                                 const nlohmann::json& meta) {
+  RingsBusy busy(rings_mutex_, busy_);
   loadRingState(tensors, meta, &loaded_, &context_.last_synced_step);
 }
 

@@ -48,12 +48,18 @@
 // step's last backward still runs (GradientOverlap.h); beforeOptimizerStep waits for the rest and
 // commits. Overlapped or not, the same buckets are reduced in the same order: bit-identical.
 //
+// Joining between syncs: a member alone in a ring's view answers join requests at any time, from
+// the state of its last sync, on a thread of its own (RingWelcomeDesk.h), so a joiner never waits
+// for this node's next sync point (which may itself wait, through a pipeline, on the joiner).
+//
 // Ownership: borrows the Mailbox (it must outlive this object); the constructor adds every other
 // ring member as a transport peer. Thread-safety: one calling thread (the trainer's); the ring
 // threads it starts live only inside a call, the communication threads of the overlap from
-// beforeBackward to beforeOptimizerStep.
+// beforeBackward to beforeOptimizerStep, the welcome desk's thread from start() to leave() (it
+// touches the rings only under the rings' lock, while no call is under way).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -68,6 +74,7 @@
 #include "node/ring/GradientOverlap.h"
 #include "node/collectives/ProcessGroup.h"
 #include "node/ring/RingState.h"
+#include "node/ring/RingWelcomeDesk.h"
 #include "trainer/ClusterSync.h"
 #include "trainer/TrainOptions.h"
 
@@ -188,6 +195,16 @@ class RingClusterSync : public ClusterSync {
   std::unique_ptr<GradientOverlap> overlap_;
   // At an admission step: the held additions in, their join requests awaited (trainer's thread).
   void admitHeld(torch::jit::Module& stage, int64_t steps_done);
+
+  // The rings' lock: every public call that reads or changes the rings holds it (RingsBusy in
+  // the .cpp; recursive, as calls nest), so does the welcome desk while it answers a join
+  // request; busy_ counts the calls under way (raised before the lock is taken, lowered after it
+  // is released) so the desk leaves join requests to them.
+  mutable std::recursive_mutex rings_mutex_;
+  mutable std::atomic<int> busy_{0};
+  // Answers join requests between syncs (RingWelcomeDesk.h): from the end of start() to leave(),
+  // outside "gradients" mode. Destroyed first (its thread uses the rings).
+  std::unique_ptr<WelcomeDesk> desk_;
 };
 
 }  // namespace cairn

@@ -93,6 +93,8 @@ void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome) {
              "; fetched weights checksum ", sum);
 }
 
+}  // namespace
+
 // A join request from a ring member other than this node is noted; anything else is dropped with
 // a warning.
 void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
@@ -111,6 +113,35 @@ void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
   }
   ring.join_requests.insert(request->sender);
 }
+
+// The ring's tensors as a welcome carries them (value.<i>, previous.<i>, momentum.<i>); `copy`:
+// every tensor its own copy (a snapshot kept past this call), else fresh or shared as they are.
+std::vector<NamedTensor> welcomeTensors(const Ring& ring, bool copy) {
+  std::vector<NamedTensor> tensors;
+  for (size_t i = 0; i < ring.buckets.size(); ++i) {
+    const auto& b = ring.buckets[i];
+    const std::string n = std::to_string(i);
+    if (b.numel > 0) {
+      torch::Tensor value = ring.flatten(b, false).contiguous();
+      tensors.push_back({"value." + n, copy ? value.clone() : value});
+    }
+    if (b.previous.defined()) tensors.push_back({"previous." + n, b.previous.clone()});
+    if (b.momentum.defined()) tensors.push_back({"momentum." + n, b.momentum.clone()});
+  }
+  return tensors;
+}
+
+void sendWelcome(RingContext& context, const Ring& ring, const std::vector<std::string>& joiners,
+                 const Message& message) {
+  for (const auto& j : joiners) {
+    const SendStatus status = context.mailbox.send(j, message, context.timeout);
+    if (status != SendStatus::kSent)
+      CAIRN_WARN("ring ", ring.spec.id, ": welcome to ", j, " not sent (", toString(status),
+                 "); it will be found lost at the next sync");
+  }
+}
+
+namespace {
 
 // Asks every other member of `ring` to admit this node (best effort).
 void askToJoin(RingContext& context, const Ring& ring) {
@@ -282,23 +313,10 @@ void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joi
   const int64_t generation = ring.generation + 1;
   if (ring.view.front() == context.node.name) {
     Welcome welcome{context.node.name,        ring.spec.id,      generation,      next,
-                    context.last_synced_step, ring.transactions, ring.checksum(), {}};
-    for (size_t i = 0; i < ring.buckets.size(); ++i) {
-      const auto& b = ring.buckets[i];
-      const std::string n = std::to_string(i);
-      if (b.numel > 0)
-        welcome.tensors.push_back({"value." + n, ring.flatten(b, false).contiguous()});
-      if (b.previous.defined()) welcome.tensors.push_back({"previous." + n, b.previous.clone()});
-      if (b.momentum.defined()) welcome.tensors.push_back({"momentum." + n, b.momentum.clone()});
-    }
+                    context.last_synced_step, ring.transactions, ring.checksum(),
+                    welcomeTensors(ring, false)};
     const uint64_t sum = welcome.checksum;
-    const Message message = encode(welcome);
-    for (const auto& j : joiners) {
-      const SendStatus status = context.mailbox.send(j, message, context.timeout);
-      if (status != SendStatus::kSent)
-        CAIRN_WARN("ring ", ring.spec.id, ": welcome to ", j, " not sent (", toString(status),
-                   "); it will be found lost at the next sync");
-    }
+    sendWelcome(context, ring, joiners, encode(welcome));
     context.countStats([&](RingClusterSyncStats& s) { s.last_welcome_checksum = sum; });
     CAIRN_INFO("ring ", ring.spec.id, ": admitted ", joinedNames(joiners), " at step ",
                context.last_synced_step, ", generation ", generation, ", view ", joinedNames(next),

@@ -7,7 +7,9 @@
 //   member side   collectJoinRequests: drain this ring's join requests from the mailbox (from
 //                 ring members only); admit: after the commit of the sync that agreed on them,
 //                 the lowest-ranked member of the view sends each joiner a welcome, and every
-//                 member moves to the next generation with the joiners included.
+//                 member moves to the next generation with the joiners included. A member
+//                 alone in its view also answers between syncs, from the state of its last sync
+//                 (RingWelcomeDesk.h).
 // Ownership: none (operates on RingClusterSync's rings and context). Thread-safety: joinRings on
 // the trainer's thread before any ring thread runs; the others on the ring's own thread.
 #pragma once
@@ -28,5 +30,15 @@ void collectJoinRequests(RingContext& context, Ring& ring);
 void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
                        std::chrono::steady_clock::time_point deadline);
 void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joiners);
+// A join request `m` on this ring's control tag: noted in Ring::join_requests when it is a valid
+// request from a ring member other than this node (a non-member's is kept aside in
+// Ring::strangers); anything else is dropped with a warning.
+void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m);
+// The ring's tensors as a welcome carries them; `copy`: each its own copy (for a snapshot).
+std::vector<NamedTensor> welcomeTensors(const Ring& ring, bool copy);
+// Sends `message` (a welcome) to each joiner within the ring timeout; a failed send is logged
+// (the joiner is then found lost at the next sync).
+void sendWelcome(RingContext& context, const Ring& ring, const std::vector<std::string>& joiners,
+                 const Message& message);
 
 }  // namespace cairn

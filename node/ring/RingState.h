@@ -11,11 +11,13 @@
 // everything else in it is read-only while ring threads run.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -123,6 +125,22 @@ struct Ring : RingBuckets {
   static constexpr size_t kMaxStrangers = 64;
   int64_t transactions = 0;             // syncs of this ring committed (or kept) by this node
   bool alone_logged = false;
+  // What a welcome needs, as of this ring's last committed admitting sync (or start()): kept only
+  // while the view lacks some member (someone may ask to join), so that a join request is
+  // answered between syncs (RingMembership.h welcomeBetweenSyncs) from a consistent state, not
+  // from tensors the trainer has moved on since. Outside "gradients" mode only.
+  struct WelcomeSnapshot {
+    int64_t generation = 0;    // the ring's generation when it was taken
+    int64_t transactions = 0;  // the ring's committed transactions then
+    int64_t step = 0;          // the node's optimizer steps at that sync
+    uint64_t checksum = 0;     // RingBuckets::checksum of the tensors below
+    std::vector<NamedTensor> tensors;  // value.<i>, previous.<i>, momentum.<i> (own copies)
+  };
+  std::optional<WelcomeSnapshot> welcome_snapshot;
+  // Set with the snapshot while this node is alone in the view (a join request can be answered
+  // between syncs); read without the ring's lock by the welcome desk, which looks at the mailbox
+  // only while some ring is ready. A hint: welcomeBetweenSyncs checks again under the lock.
+  std::atomic<bool> welcome_ready{false};
   // The deal proposals of the members at this ring's last admitting sync (transact): the largest
   // and smallest offer proposed (0 / 0: nobody proposed) and whether any proposer refused it.
   struct DealTally {

@@ -8,6 +8,7 @@
 #include "core/Error.h"
 #include "core/Log.h"
 #include "node/ring/RingMembership.h"
+#include "node/ring/RingWelcomeDesk.h"
 
 namespace cairn {
 namespace {
@@ -61,6 +62,7 @@ void transactAlone(RingContext& context, Ring& ring, bool admit_joiners) {
   }
   if (admit_joiners && !ring.join_requests.empty())
     admit(context, ring, {ring.join_requests.begin(), ring.join_requests.end()});
+  if (admit_joiners) keepWelcomeSnapshot(context, ring);
 }
 
 // Agree on whom to admit: max over the members' "has asked" flags, per cluster; returns the
@@ -163,6 +165,8 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
     }
     commitTransaction(ring);
     if (!joiners.empty()) admit(context, ring, joiners);
+    // The state a welcome between syncs carries (RingWelcomeDesk.h): this committed sync's.
+    if (admit_joiners) keepWelcomeSnapshot(context, ring);
     return;
   }
 }

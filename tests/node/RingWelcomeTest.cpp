@@ -1,0 +1,235 @@
+// The welcome of a joiner between a ring member's syncs (node/ring/RingWelcomeDesk.h), with real
+// ZeroMQ on loopback tcp: two nodes a, b in one ring (DiLoCo). b syncs once and leaves; a's next
+// sync drops it (a is alone), then a trains on and BLOCKS — as a node blocked in a pipeline wait
+// that depends, through another ring, on the joiner's own cluster — until b's second life (a
+// joiner, which asks to join only once a is blocked) has finished start(). a can only get past
+// that block if its join request is answered while it blocks: before the welcome desk, b waited
+// for a welcome from a's next sync, which never came (b's 3 × 2 s join wait ran out, its fallback
+// identical-start check found a missing, and start() threw). The ordering is made by the two
+// events, never by a sleep; no assertion depends on timing.
+// Checked: b gets exactly a's parameters, buffers and outer state as of a's last sync (not a's
+// moved-on weights), both enter generation 2, and the next sync of a is b's first: the DiLoCo
+// update over both, bit-identical on both.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "node/ring/RingClusterSync.h"
+#include "node/transport/ZmqTransport.h"
+#include "tests/common/LoopbackPorts.h"
+
+namespace cairn {
+namespace {
+
+using State = std::map<std::string, torch::Tensor>;
+using Saved = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// One-shot event between the two node threads.
+class Event {
+ public:
+  void set() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    set_ = true;
+    changed_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return set_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool set_ = false;
+};
+
+// Sets `event` when the scope ends, however it ends (a failed start() must still release a).
+struct SetOnExit {
+  Event& event;
+  ~SetOnExit() { event.set(); }
+};
+
+// A stage whose parameters are the floating tensors of `state` and buffers the others
+// (layer "0", as clusterize names a stage's modules).
+torch::jit::Module makeStage(const State& state) {
+  torch::jit::Module stage("Stage"), layer("Layer0");
+  for (const auto& [name, t] : state) {
+    const std::string leaf = name.substr(name.find('.') + 1);
+    if (t.is_floating_point() && leaf.rfind("running_", 0) != 0)
+      layer.register_parameter(leaf, t.clone().requires_grad_(true), false);
+    else
+      layer.register_buffer(leaf, t.clone());
+  }
+  stage.register_module("0", layer);
+  return stage;
+}
+
+State stateOf(const torch::jit::Module& stage) {
+  State s;
+  for (const auto& p : stage.named_parameters(true)) s[p.name] = p.value.detach().clone();
+  for (const auto& b : stage.named_buffers(true)) s[b.name] = b.value.detach().clone();
+  return s;
+}
+
+// Local training stand-in: every tensor moves by seeded noise (integers by +1).
+void perturb(torch::jit::Module& stage, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (const auto& p : stage.named_parameters(true))
+    p.value.add_(at::randn(p.value.sizes(), gen, p.value.options()));
+  for (const auto& b : stage.named_buffers(true)) {
+    if (b.value.is_floating_point())
+      b.value.add_(at::randn(b.value.sizes(), gen, b.value.options()));
+    else
+      b.value.add_(1);
+  }
+}
+
+Saved savedOf(RingClusterSync& sync) {
+  Saved tensors;
+  nlohmann::json meta;
+  sync.saveState(&tensors, &meta);
+  return tensors;
+}
+
+// Node `name` of the ring {a, b} on `addresses` (host:port, a's first): its transport, mailbox
+// and RingClusterSync; body(sync, stage) runs after start().
+void runNode(zmq::context_t& context, const std::string& name, const std::vector<std::string>& addresses,
+             const State& initial, bool joining,
+             const std::function<void(RingClusterSync&, torch::jit::Module&)>& body) {
+  NodeSpec spec;
+  spec.name = name;
+  spec.cluster = name == "a" ? 0 : 1;
+  RingSpec ring;
+  ring.id = "ring_0";
+  for (const auto& [n, t] : initial) ring.parameters.push_back(n);
+  ring.members = {{"a", addresses[0], ""}, {"b", addresses[1], ""}};
+  ring.rank = name == "a" ? 0 : 1;
+  spec.rings = {ring};
+  spec.address = "tcp://" + addresses[size_t(ring.rank)];
+  ZmqTransport transport(context, name, spec.address);
+  Mailbox mailbox(transport);
+  SyncOptions options;
+  options.mode = SyncMode::kDiLoCo;
+  // Short: before the welcome desk, the joiner's wait (3 × this) ran out and start() failed.
+  RingClusterSync sync(mailbox, spec, options, 1, std::chrono::milliseconds(2000));
+  sync.setJoining(joining);
+  torch::jit::Module stage = makeStage(initial);
+  sync.start(stage);
+  body(sync, stage);
+  transport.flushAndClose(std::chrono::milliseconds(2000));
+}
+
+TEST(RingWelcome, AJoinRequestIsAnsweredWhileThePeerIsBlockedRightAfterItsSync) {
+  torch::manual_seed(41);
+  const State init = {{"0.weight", torch::randn({4, 3})},
+                      {"0.bias", torch::randn({4}, torch::kDouble)},
+                      {"0.running_mean", torch::randn({4})},
+                      {"0.num_batches_tracked", torch::tensor(int64_t(3))}};
+  const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
+  zmq::context_t context;
+  Event a_blocked, b_started;
+  State a_at_sync, a_before, a_after, b_admitted, b_before, b_after;
+  Saved a_outer, b_outer;
+  RingClusterSyncStats a_stats, b_stats;
+  int64_t a_generation_admitted = -1, a_generation = -1, b_generation = -1;
+  std::exception_ptr a_error, b_error;
+  std::thread a([&] {
+    try {
+      SetOnExit release_b{a_blocked};  // b must not wait forever if a fails first
+      runNode(context, "a", addresses, init, false, [&](RingClusterSync& sync, torch::jit::Module& stage) {
+        perturb(stage, 1);
+        sync.synchronize();  // with b
+        perturb(stage, 2);
+        sync.synchronize();  // b left: dropped, a is alone; this is the last sync before b asks
+        a_at_sync = stateOf(stage);
+        a_outer = savedOf(sync);
+        perturb(stage, 3);  // a trains on past its sync point...
+        a_blocked.set();    // ...and blocks; b asks to join only now
+        b_started.wait();
+        a_generation_admitted = sync.generation("ring_0");
+        perturb(stage, 4);
+        a_before = stateOf(stage);
+        sync.synchronize();  // b's first sync
+        a_after = stateOf(stage);
+        a_stats = sync.stats();
+        a_generation = sync.generation("ring_0");
+      });
+    } catch (...) {
+      a_error = std::current_exception();
+    }
+  });
+  std::thread b([&] {
+    try {
+      SetOnExit release_a{b_started};
+      runNode(context, "b", addresses, init, false, [&](RingClusterSync& sync, torch::jit::Module& stage) {
+        perturb(stage, 11);
+        sync.synchronize();
+        sync.leave();
+      });
+      a_blocked.wait();
+      runNode(context, "b", addresses, init, true, [&](RingClusterSync& sync, torch::jit::Module& stage) {
+        b_admitted = stateOf(stage);
+        b_outer = savedOf(sync);
+        b_stats = sync.stats();
+        b_started.set();
+        perturb(stage, 12);
+        b_before = stateOf(stage);
+        sync.synchronize();
+        b_after = stateOf(stage);
+        b_generation = sync.generation("ring_0");
+      });
+    } catch (...) {
+      b_error = std::current_exception();
+    }
+  });
+  a.join();
+  b.join();
+  if (b_error) std::rethrow_exception(b_error);
+  if (a_error) std::rethrow_exception(a_error);
+  // b holds a's state as of a's last sync, not a's moved-on weights.
+  ASSERT_EQ(b_admitted.size(), a_at_sync.size());
+  for (const auto& [name, t] : a_at_sync)
+    EXPECT_TRUE(torch::equal(b_admitted.at(name), t)) << name << " differs from a's at its sync";
+  ASSERT_EQ(b_outer.size(), a_outer.size());
+  std::map<std::string, torch::Tensor> outer(a_outer.begin(), a_outer.end());
+  for (const auto& [name, t] : b_outer) {
+    ASSERT_TRUE(outer.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, outer.at(name))) << "b's " << name << " differs from a's";
+  }
+  EXPECT_EQ(b_stats.joined_rings, 1);
+  EXPECT_EQ(a_stats.members_joined, 1);
+  EXPECT_EQ(b_stats.last_welcome_checksum, a_stats.last_welcome_checksum);
+  EXPECT_EQ(a_generation_admitted, 2);  // 1: b left; 2: b admitted, before a's next sync
+  EXPECT_EQ(a_generation, 2);
+  EXPECT_EQ(b_generation, 2);
+  // a's next sync is b's first: the DiLoCo update over both from the outer state of a's sync.
+  for (const std::string name : {"0.weight", "0.bias"}) {
+    const torch::ScalarType dtype = init.at(name).scalar_type();
+    torch::Tensor prev, momentum;
+    for (const auto& [key, t] : a_outer) {
+      if (t.scalar_type() != dtype) continue;
+      if (key.find(".previous.") != std::string::npos) prev = t.to(torch::kDouble);
+      if (key.find(".momentum.") != std::string::npos) momentum = t.to(torch::kDouble);
+    }
+    ASSERT_TRUE(prev.defined() && momentum.defined()) << name;
+    prev = prev.view(init.at(name).sizes());
+    momentum = momentum.view(init.at(name).sizes());
+    const torch::Tensor delta = ((prev - a_before.at(name).to(torch::kDouble)) +
+                                 (prev - b_before.at(name).to(torch::kDouble))) / 2;
+    const torch::Tensor expected = prev - 0.7 * (delta + 0.9 * (0.9 * momentum + delta));
+    EXPECT_LE((a_after.at(name).to(torch::kDouble) - expected).abs().max().item<double>(), 1e-5)
+        << name;
+    EXPECT_TRUE(torch::equal(a_after.at(name), b_after.at(name))) << name << " differs a vs b";
+  }
+  EXPECT_TRUE(torch::equal(a_after.at("0.running_mean"), b_after.at("0.running_mean")));
+}
+
+}  // namespace
+}  // namespace cairn
