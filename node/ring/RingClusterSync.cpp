@@ -446,6 +446,7 @@ void RingClusterSync::leave() {
 }
 
 void RingClusterSync::finish(int64_t steps, torch::jit::Module& stage) {
+  desk_.reset();  // the run ends here: nobody is welcomed between syncs any more
   RingsBusy busy(rings_mutex_, busy_);
   if (overlap_) overlap_->cancel();
   if (started_ && !left_) applyAddedMembers(stage);
