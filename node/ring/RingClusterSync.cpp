@@ -441,8 +441,9 @@ void RingClusterSync::leave() {
       if (m != context_.node.name) told.push_back(m);
     regroup(context_, *ring, {context_.node.name}, ring->generation);
   }
-  CAIRN_INFO("cross-cluster sync: ", context_.node.name, " leaves its rings; told ",
-             joinedNames(told));
+  if (!sharedRings().empty())  // a node without ring peers has nothing to leave (ProviderRun's end)
+    CAIRN_INFO("cross-cluster sync: ", context_.node.name, " leaves its rings; told ",
+               joinedNames(told));
 }
 
 void RingClusterSync::finish(int64_t steps, torch::jit::Module& stage) {
