@@ -93,7 +93,8 @@ void Optimizer::adamStep(double base_lr) {
     auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
       return x.lr == lr && x.weight_decay == weight_decay_[i] && x.step == s.step;
     });
-    if (g == groups.end()) g = groups.insert(groups.end(), Group{lr, weight_decay_[i], s.step, {}, {}, {}, {}});
+    if (g == groups.end())
+      g = groups.insert(groups.end(), Group{lr, weight_decay_[i], s.step, {}, {}, {}, {}});
     g->params.push_back(p);
     g->grads.push_back(p.grad());
     g->exp_avgs.push_back(s.exp_avg);
