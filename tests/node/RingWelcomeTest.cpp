@@ -23,11 +23,15 @@
 #include "node/ring/RingClusterSync.h"
 #include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
+#include "tests/node/RingTestStages.h"
 
 namespace cairn {
 namespace {
 
-using State = std::map<std::string, torch::Tensor>;
+using testing::makeStage;
+using testing::perturbSeeded;
+using testing::State;
+using testing::stateOf;
 using Saved = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // One-shot event between the two node threads.
@@ -54,42 +58,6 @@ struct SetOnExit {
   Event& event;
   ~SetOnExit() { event.set(); }
 };
-
-// A stage whose parameters are the floating tensors of `state` and buffers the others
-// (layer "0", as clusterize names a stage's modules).
-torch::jit::Module makeStage(const State& state) {
-  torch::jit::Module stage("Stage"), layer("Layer0");
-  for (const auto& [name, t] : state) {
-    const std::string leaf = name.substr(name.find('.') + 1);
-    if (t.is_floating_point() && leaf.rfind("running_", 0) != 0)
-      layer.register_parameter(leaf, t.clone().requires_grad_(true), false);
-    else
-      layer.register_buffer(leaf, t.clone());
-  }
-  stage.register_module("0", layer);
-  return stage;
-}
-
-State stateOf(const torch::jit::Module& stage) {
-  State s;
-  for (const auto& p : stage.named_parameters(true)) s[p.name] = p.value.detach().clone();
-  for (const auto& b : stage.named_buffers(true)) s[b.name] = b.value.detach().clone();
-  return s;
-}
-
-// Local training stand-in: every tensor moves by seeded noise (integers by +1).
-void perturb(torch::jit::Module& stage, uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  for (const auto& p : stage.named_parameters(true))
-    p.value.add_(at::randn(p.value.sizes(), gen, p.value.options()));
-  for (const auto& b : stage.named_buffers(true)) {
-    if (b.value.is_floating_point())
-      b.value.add_(at::randn(b.value.sizes(), gen, b.value.options()));
-    else
-      b.value.add_(1);
-  }
-}
 
 Saved savedOf(RingClusterSync& sync) {
   Saved tensors;
@@ -144,17 +112,17 @@ TEST(RingWelcome, AJoinRequestIsAnsweredWhileThePeerIsBlockedRightAfterItsSync) 
     try {
       SetOnExit release_b{a_blocked};  // b must not wait forever if a fails first
       runNode(context, "a", addresses, init, false, [&](RingClusterSync& sync, torch::jit::Module& stage) {
-        perturb(stage, 1);
+        perturbSeeded(stage, 1);
         sync.synchronize();  // with b
-        perturb(stage, 2);
+        perturbSeeded(stage, 2);
         sync.synchronize();  // b left: dropped, a is alone; this is the last sync before b asks
         a_at_sync = stateOf(stage);
         a_outer = savedOf(sync);
-        perturb(stage, 3);  // a trains on past its sync point...
+        perturbSeeded(stage, 3);  // a trains on past its sync point...
         a_blocked.set();    // ...and blocks; b asks to join only now
         b_started.wait();
         a_generation_admitted = sync.generation("ring_0");
-        perturb(stage, 4);
+        perturbSeeded(stage, 4);
         a_before = stateOf(stage);
         sync.synchronize();  // b's first sync
         a_after = stateOf(stage);
@@ -169,7 +137,7 @@ TEST(RingWelcome, AJoinRequestIsAnsweredWhileThePeerIsBlockedRightAfterItsSync) 
     try {
       SetOnExit release_a{b_started};
       runNode(context, "b", addresses, init, false, [&](RingClusterSync& sync, torch::jit::Module& stage) {
-        perturb(stage, 11);
+        perturbSeeded(stage, 11);
         sync.synchronize();
         sync.leave();
       });
@@ -179,7 +147,7 @@ TEST(RingWelcome, AJoinRequestIsAnsweredWhileThePeerIsBlockedRightAfterItsSync) 
         b_outer = savedOf(sync);
         b_stats = sync.stats();
         b_started.set();
-        perturb(stage, 12);
+        perturbSeeded(stage, 12);
         b_before = stateOf(stage);
         sync.synchronize();
         b_after = stateOf(stage);
