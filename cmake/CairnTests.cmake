@@ -29,6 +29,17 @@ function(cairn_gtest_suites target)
   if(NOT "TIMEOUT" IN_LIST props)
     list(APPEND props TIMEOUT ${CAIRN_TEST_TIMEOUT})
   endif()
+  # One BLAS thread in every test process (core/BlasThreads.h; tests/CMakeLists.txt gives the
+  # tests it registers itself the same).
+  list(FIND props ENVIRONMENT env_at)
+  if(env_at EQUAL -1)
+    list(APPEND props ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+  else()
+    math(EXPR env_at "${env_at} + 1")
+    list(GET props ${env_at} env)
+    list(REMOVE_AT props ${env_at})
+    list(INSERT props ${env_at} "${env}\\;OPENBLAS_NUM_THREADS=1")
+  endif()
   # Each property value as a bracket argument, so values with ; or spaces pass through unchanged.
   set(props_text "")
   foreach(word IN LISTS props)

@@ -15,6 +15,12 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev python3-torch
+  # Debian's torch calls BLAS through libblas.so.3; a bare Debian 12 has the reference BLAS there,
+  # ~13x slower per matmul (3 vs 43 GFLOP/s on one core here). OpenBLAS's pthread build, which
+  # is safe to call from several threads at once (its serial build is not: wrong results; its
+  # OpenMP build neither, from threads OpenMP did not start). Its thread count changes results'
+  # last bits, so cairn runs it on one thread (core/BlasThreads.h; OPENBLAS_NUM_THREADS=1 in tests).
+  libopenblas0-pthread
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev nlohmann-json3-dev libhwloc-dev libcli11-dev
   libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
   libpng-dev libjpeg62-turbo-dev python3-pil

@@ -10,6 +10,9 @@ cd "$(dirname "$0")/../.."
 BUILD_DIR=${CAIRN_BUILD_DIR:-build}
 OUT=${CAIRN_EXAMPLE_OUT:-node_data/subword_gpt}
 PY=/usr/bin/python3
+# PyTorch checks the providers here to the last bit: one BLAS thread as they use (docs/TRAINING.md
+# "Reproducibility").
+export OPENBLAS_NUM_THREADS=1
 HERE=examples/subword_gpt
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <set>
 
+#include "core/BlasThreads.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
 #include "core/Log.h"
@@ -98,6 +99,7 @@ StageTrainerConfig trainerConfig(const ProviderRunOptions& options, const NodeSp
 
 void setTorchThreads(int threads) {
   at::set_num_threads(threads);
+  setBlasThreads(1);  // one BLAS thread, whatever `threads` says: core/BlasThreads.h says why
   // Once per process: libtorch refuses it after parallel work started (provider --join runs its
   // stage again in-process after a peer was replaced, node/volunteer/VolunteerPeers.h).
   static std::once_flag interop_threads_set;
