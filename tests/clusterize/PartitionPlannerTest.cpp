@@ -30,7 +30,7 @@ CostModel randomCost(std::mt19937& rng, int atoms, int microbatches = 2) {
 
 // Every way to give each node (in order) an empty or contiguous non-empty range covering all atoms
 // (ranges of at most `span` atoms when span > 0).
-double bruteForce(const CostModel& cost, const std::vector<PlannerNode>& nodes, int span = 0) {
+double partitionPlannerBruteForce(const CostModel& cost, const std::vector<PlannerNode>& nodes, int span = 0) {
   double best = std::numeric_limits<double>::infinity();
   std::function<void(size_t, int, double)> go = [&](size_t k, int placed, double worst) {
     if (k == nodes.size()) {
@@ -62,7 +62,7 @@ TEST(PartitionPlanner, OneAtomPerStageMatchesBruteForce) {
     std::uniform_real_distribution<double> cap(3e7, 1.5e8), speed(0.5, 2.0), bw(1e7, 1e9);
     std::vector<PlannerNode> nodes;
     for (int k = 0; k < count; ++k) nodes.push_back({cap(rng), speed(rng), bw(rng)});
-    const double expected = bruteForce(cost, nodes, 1);
+    const double expected = partitionPlannerBruteForce(cost, nodes, 1);
     const ClusterPartition got = partitionCluster(cost, nodes, 1);
     ASSERT_EQ(got.feasible, expected != std::numeric_limits<double>::infinity()) << "trial " << trial;
     if (count < atoms) {
@@ -90,7 +90,7 @@ TEST(PartitionPlanner, MatchesBruteForceOnSmallRandomCases) {
     std::uniform_real_distribution<double> cap(1e7, 1.5e8), speed(0.5, 2.0), bw(1e7, 1e9);
     std::vector<PlannerNode> nodes;
     for (int k = 0; k < count; ++k) nodes.push_back({cap(rng), speed(rng), bw(rng)});
-    const double expected = bruteForce(cost, nodes);
+    const double expected = partitionPlannerBruteForce(cost, nodes);
     const ClusterPartition got = partitionCluster(cost, nodes);
     if (expected == std::numeric_limits<double>::infinity()) {
       EXPECT_FALSE(got.feasible) << "trial " << trial;

@@ -101,7 +101,7 @@ struct Brute {
   std::vector<std::array<int, 3>> best_stages;  // node, begin, end
 };
 
-Brute bruteForce(const std::vector<double>& atom) {
+Brute rebalanceBruteForce(const std::vector<double>& atom) {
   const int n = static_cast<int>(atom.size());
   auto sum = [&](int b, int e) {
     double s = 0;
@@ -156,7 +156,7 @@ TEST(Rebalance, ReCutEqualsBruteForceOverMeasuredUnitCosts) {
       for (int a = bounds[s]; a < bounds[s + 1]; ++a)
         atom[a] = stage_median[s] * profiled[a] / sum;
     }
-    const Brute brute = bruteForce(atom);
+    const Brute brute = rebalanceBruteForce(atom);
     const RebalanceResult r = rebalanceFromNodeData(t.path.string(), 0, 0.0);
     EXPECT_NEAR(r.partition.bottleneck_seconds, brute.best, 1e-12 * brute.best) << scenario;
     if (brute.count_at_best != 1) continue;  // ties: the planner's own tie rule decides

@@ -16,7 +16,7 @@
 namespace cairn::coordinator {
 namespace {
 
-Member member(const std::string& name, MemberState state, double ram) {
+Member growthMember(const std::string& name, MemberState state, double ram) {
   Member m;
   m.name = name;
   m.state = state;
@@ -51,7 +51,7 @@ TEST(Growth, ChoosesAPipelineExactlyWhenOneExists) {
     std::vector<Member> members;
     const int n = int(rng() % 7);
     for (int i = 0; i < n; ++i)
-      members.push_back(member("node_" + std::to_string(i), states[rng() % 4], double(rng() % 5)));
+      members.push_back(growthMember("node_" + std::to_string(i), states[rng() % 4], double(rng() % 5)));
     std::vector<double> need(1 + rng() % 3);
     for (double& r : need) r = double(rng() % 5);
     const int keep = int(rng() % 2);
@@ -77,8 +77,8 @@ TEST(Growth, ChoosesAPipelineExactlyWhenOneExists) {
 
 TEST(Growth, KeepsTheSparesMeantForReplacementAndPrefersTheEarliest) {
   const std::vector<Member> members = {
-      member("a", MemberState::kAssigned, 8), member("b", MemberState::kSpare, 8),
-      member("c", MemberState::kSpare, 8), member("d", MemberState::kSpare, 8)};
+      growthMember("a", MemberState::kAssigned, 8), growthMember("b", MemberState::kSpare, 8),
+      growthMember("c", MemberState::kSpare, 8), growthMember("d", MemberState::kSpare, 8)};
   EXPECT_FALSE(chooseGrowth(members, {4, 4, 4}, 1));  // would consume the replacement spare
   const auto chosen = chooseGrowth(members, {4, 4, 4}, 0);
   ASSERT_TRUE(chosen);
@@ -89,8 +89,8 @@ TEST(Growth, KeepsTheSparesMeantForReplacementAndPrefersTheEarliest) {
   EXPECT_EQ((*two)[0].name, "b");
   EXPECT_EQ((*two)[1].name, "c");
   // The big stage takes the only spare with enough RAM, wherever it stands.
-  const std::vector<Member> mixed = {member("x", MemberState::kSpare, 2),
-                                     member("y", MemberState::kSpare, 16)};
+  const std::vector<Member> mixed = {growthMember("x", MemberState::kSpare, 2),
+                                     growthMember("y", MemberState::kSpare, 16)};
   const auto fit = chooseGrowth(mixed, {1, 12}, 0);
   ASSERT_TRUE(fit);
   EXPECT_EQ((*fit)[0].name, "x");
@@ -184,7 +184,7 @@ std::vector<NodeSpec> twoByTwo() {
 }
 
 TEST(GrowthPlan, TheNewClusterCopiesTheStagesAndJoinsEveryRingLast) {
-  Member a = member("node_7", MemberState::kSpare, 8), b = member("node_9", MemberState::kSpare, 8);
+  Member a = growthMember("node_7", MemberState::kSpare, 8), b = growthMember("node_9", MemberState::kSpare, 8);
   a.advertise = "127.0.0.1:6007";
   b.advertise = "127.0.0.1:6009";
   a.public_key = "A";
@@ -236,7 +236,7 @@ struct GrowerFixture {
   std::string out;
   std::unique_ptr<CoordinatorStore> store;
   std::vector<std::pair<std::string, size_t>> sent;  // (key, frames) in order
-  std::map<std::string, std::string> keys;            // member name -> its Z85 public key
+  std::map<std::string, std::string> keys;            // growthMember name -> its Z85 public key
 
   GrowerFixture() {
     char dir[] = "/tmp/cairn_grower_XXXXXX";
@@ -280,14 +280,14 @@ struct GrowerFixture {
       writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
       cluster["stages"].push_back({{"stage", n.stage}, {"node", n.name}, {"address", n.address}});
       plan["rings"].push_back({{"id", n.rings[0].id}, {"parameters", n.parameters}, {"holders", {n.name}}});
-      Member m = member(n.name, MemberState::kAssigned, 8);
+      Member m = growthMember(n.name, MemberState::kAssigned, 8);
       m.public_key = keys[n.name];
       store->putMember(m);
     }
     plan["clusters"].push_back(cluster);
     writeJsonFile(planPath(out), plan);
     for (const char* name : {"node_2", "node_3"}) {
-      Member m = member(name, MemberState::kSpare, 8);
+      Member m = growthMember(name, MemberState::kSpare, 8);
       m.public_key = keys[name];
       m.advertise = std::string("127.0.0.1:70") + name[5];
       store->putMember(m);
@@ -330,7 +330,7 @@ TEST(Grower, ProposesTellsThePeersAndAssignsOnceTheRootTookTheDeal) {
   EXPECT_EQ(added.extra["public_key"], f.keys["node_3"]);
   EXPECT_EQ(added.extra["deal"], proposed["deal"]);
   EXPECT_FALSE(added.extra.contains("offered_deal"));
-  // Each existing member gets its update once, on its heartbeat; nobody is assigned yet.
+  // Each existing growthMember gets its update once, on its heartbeat; nobody is assigned yet.
   g.onHeartbeat("node_0");
   g.onHeartbeat("node_0");
   g.onHeartbeat("node_2");
@@ -435,7 +435,7 @@ TEST(Grower, ARefusalForAnotherReasonAbandonsGrowthAndOffIsOff) {
   EXPECT_EQ(f.growth().value("state", ""), "abandoned");
   EXPECT_EQ(f.store->memberByName("node_2")->state, MemberState::kSpare);
   // The existing nodes' node.json files are what they were before the proposal (a replacement
-  // gets no member that never comes, no deal nobody took).
+  // gets no growthMember that never comes, no deal nobody took).
   for (const char* name : {"node_0", "node_1"}) {
     const NodeSpec now = readNodeSpec(nodeSpecPath(f.out, name));
     EXPECT_EQ(toJson(now), toJson(parseNodeSpec(before[name], name))) << name;

@@ -23,7 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Member member(const std::string& name, MemberState state, double last_seen, double ram_gb = 8,
+Member replacementMember(const std::string& name, MemberState state, double last_seen, double ram_gb = 8,
               double joined_at = 0) {
   Member m;
   m.name = name;
@@ -82,12 +82,12 @@ std::vector<NodeSpec> twoByThree() {
 
 TEST(Replacement, FindLostCountsSilenceFromTheCoordinatorsStartAndTakesLeftAndUnreplacedNodes) {
   const std::vector<Member> members = {
-      member("node_0", MemberState::kAssigned, 100),  // silent for 30 s
-      member("node_1", MemberState::kAssigned, 125),  // heard 5 s ago
-      member("node_2", MemberState::kLeft, 129),      // said it leaves
-      member("node_3", MemberState::kDone, 10),       // result in: never lost
-      member("node_4", MemberState::kLost, 10),       // lost earlier, no spare yet
-      member("node_5", MemberState::kSpare, 10),      // not placed
+      replacementMember("node_0", MemberState::kAssigned, 100),  // silent for 30 s
+      replacementMember("node_1", MemberState::kAssigned, 125),  // heard 5 s ago
+      replacementMember("node_2", MemberState::kLeft, 129),      // said it leaves
+      replacementMember("node_3", MemberState::kDone, 10),       // result in: never lost
+      replacementMember("node_4", MemberState::kLost, 10),       // lost earlier, no spare yet
+      replacementMember("node_5", MemberState::kSpare, 10),      // not placed
   };
   const std::vector<std::string> placed = {"node_0", "node_1", "node_2", "node_3", "node_4"};
   auto lost = findLost(members, placed, 130, /*heard_since=*/0, /*lost_after_s=*/15);
@@ -104,17 +104,17 @@ TEST(Replacement, FindLostCountsSilenceFromTheCoordinatorsStartAndTakesLeftAndUn
   ASSERT_EQ(lost.size(), 2u);
   EXPECT_EQ(lost[0].name, "node_2");
   // Exactly at the threshold is not yet lost.
-  EXPECT_TRUE(findLost({member("node_0", MemberState::kAssigned, 100)}, {"node_0"}, 115, 0, 15).empty());
+  EXPECT_TRUE(findLost({replacementMember("node_0", MemberState::kAssigned, 100)}, {"node_0"}, 115, 0, 15).empty());
 }
 
 TEST(Replacement, ChoosesTheEarliestSpareWithAtLeastTheLostMembersRam) {
-  const Member lost = member("node_1", MemberState::kLost, 0, /*ram_gb=*/8);
+  const Member lost = replacementMember("node_1", MemberState::kLost, 0, /*ram_gb=*/8);
   std::vector<Member> members = {
-      member("node_0", MemberState::kAssigned, 0, 64, 1),
+      replacementMember("node_0", MemberState::kAssigned, 0, 64, 1),
       lost,
-      member("node_6", MemberState::kSpare, 0, 4, 2),   // too small
-      member("node_7", MemberState::kSpare, 0, 16, 3),
-      member("node_8", MemberState::kSpare, 0, 32, 4),
+      replacementMember("node_6", MemberState::kSpare, 0, 4, 2),   // too small
+      replacementMember("node_7", MemberState::kSpare, 0, 16, 3),
+      replacementMember("node_8", MemberState::kSpare, 0, 32, 4),
   };
   auto spare = chooseSpare(members, lost);
   ASSERT_TRUE(spare.has_value());
@@ -150,13 +150,13 @@ TEST(Replacement, PlanRepointsTheNodeItsNeighboursAndItsRingPeersOnly) {
 }
 
 TEST(Replacement, TheLostRowGetsTheFirstFreeLostName) {
-  const std::vector<Member> members = {member("node_1", MemberState::kAssigned, 0),
-                                       member("node_1-lost-1", MemberState::kLost, 0)};
+  const std::vector<Member> members = {replacementMember("node_1", MemberState::kAssigned, 0),
+                                       replacementMember("node_1-lost-1", MemberState::kLost, 0)};
   EXPECT_EQ(lostRowName("node_1", members), "node_1-lost-2");
   EXPECT_EQ(lostRowName("node_2", members), "node_2-lost-1");
 }
 
-std::string freshDir(const std::string& name) {
+std::string replacementFreshDir(const std::string& name) {
   const std::string dir = (fs::temp_directory_path() / ("cairn_replace_" + name + "_" +
                                                         std::to_string(::getpid()))).string();
   fs::remove_all(dir);
@@ -165,14 +165,14 @@ std::string freshDir(const std::string& name) {
 }
 
 TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold) {
-  const std::string out = freshDir("replacer");
+  const std::string out = replacementFreshDir("replacer");
   CoordinatorStore store(out + "/coordinator.db");
   std::vector<std::string> placed;
   for (const NodeSpec& n : twoByThree()) {
     fs::create_directories(nodeDirectory(out, n.name));
     writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
     std::ofstream(nodeDirectory(out, n.name) + "/stage.pt", std::ios::binary) << "stage of " << n.name;
-    Member m = member(n.name, MemberState::kAssigned, 100, 8, n.cluster * 3 + n.stage);
+    Member m = replacementMember(n.name, MemberState::kAssigned, 100, 8, n.cluster * 3 + n.stage);
     store.putMember(m);
     placed.push_back(n.name);
   }
@@ -181,7 +181,7 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
   job.data.location = "/data";
   job.data.format = "idx";
   writeJsonFile(jobSpecPath(out), toJson(job));
-  const Member spare = member("node_6", MemberState::kSpare, 100, 8, 10);
+  const Member spare = replacementMember("node_6", MemberState::kSpare, 100, 8, 10);
   store.putMember(spare);
   store.setMeta("placed", nlohmann::json(placed).dump());
   store.setMeta("phase", "planned");
@@ -250,7 +250,7 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
   EXPECT_EQ(readNodeSpec(nodeSpecPath(out, "node_4")).rings[0].members[0].public_key, spare.public_key);
   EXPECT_EQ(readNodeSpec(nodeSpecPath(out, "node_3")).downstream->address, peerRef("node_4").address);
 
-  // Peers go out on each told member's next heartbeat, once; a restarted coordinator still owes
+  // Peers go out on each told replacementMember's next heartbeat, once; a restarted coordinator still owes
   // the ones not sent yet.
   sent.clear();
   replacer.onHeartbeat("node_3");  // not told
@@ -276,7 +276,7 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
 }
 
 TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
-  const std::string out = freshDir("nospare");
+  const std::string out = replacementFreshDir("nospare");
   CoordinatorStore store(out + "/coordinator.db");
   NodeSpec n;
   n.name = "node_0";
@@ -292,7 +292,7 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   job.data.location = "/data";
   job.data.format = "idx";
   writeJsonFile(jobSpecPath(out), toJson(job));
-  store.putMember(member("node_0", MemberState::kAssigned, 0));
+  store.putMember(replacementMember("node_0", MemberState::kAssigned, 0));
   store.setMeta("placed", R"(["node_0"])");
   store.setMeta("phase", "planned");
   std::vector<Frames> sent;
@@ -300,7 +300,7 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   replacer.poll(10);
   EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kLost);
   EXPECT_TRUE(sent.empty());
-  store.putMember(member("node_1", MemberState::kSpare, 10, 8, 5));
+  store.putMember(replacementMember("node_1", MemberState::kSpare, 10, 8, 5));
   replacer.poll(11);
   ASSERT_EQ(sent.size(), 2u);  // accepted + assignment, without a checkpoint (none uploaded)
   std::string why;

@@ -39,7 +39,7 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-Member member(const std::string& name, const std::string& address, MemberState state) {
+Member runViewMember(const std::string& name, const std::string& address, MemberState state) {
   Member m;
   m.name = name;
   m.advertise = address;
@@ -61,11 +61,11 @@ std::vector<json> readLines(const std::string& path) {
 
 // Two clusters of two stages: node_1 > node_2 and node_3 > <evil>; node_5 a spare.
 void setUp(RunView& view) {
-  view.syncMembers({member("node_1", "10.0.0.1:1", MemberState::kAssigned),
-                    member("node_2", "10.0.0.2:1", MemberState::kAssigned),
-                    member("node_3", "10.0.0.3:1", MemberState::kAssigned),
-                    member(kEvil, "<b>x</b>:1", MemberState::kAssigned),
-                    member("node_5", "10.0.0.5:1", MemberState::kSpare)},
+  view.syncMembers({runViewMember("node_1", "10.0.0.1:1", MemberState::kAssigned),
+                    runViewMember("node_2", "10.0.0.2:1", MemberState::kAssigned),
+                    runViewMember("node_3", "10.0.0.3:1", MemberState::kAssigned),
+                    runViewMember(kEvil, "<b>x</b>:1", MemberState::kAssigned),
+                    runViewMember("node_5", "10.0.0.5:1", MemberState::kSpare)},
                    1000);
   view.place({"node_1", 0, 0, 2});
   view.place({"node_2", 0, 1, 2});
@@ -181,7 +181,7 @@ TEST(RunView, ThePhaseMovesFromGatheringToPlannedToTrainingAsTheStateSays) {
     RunView view(dir.path);
     EXPECT_EQ(phase(view), "gathering") << "no plan yet";
     // A step record of a node not placed (yet) is not the run training.
-    view.syncMembers({member("node_1", "10.0.0.1:1", MemberState::kSpare)}, 1000);
+    view.syncMembers({runViewMember("node_1", "10.0.0.1:1", MemberState::kSpare)}, 1000);
     view.ingest({"node_1", "early", 0, {stepRecord(1, 2.0, 100, 0.01, 0.001, 0.002)}, 0}, 1000);
     EXPECT_EQ(phase(view), "gathering");
     setUp(view);  // placed, and the coordinator says planned
@@ -263,11 +263,11 @@ TEST(RunView, ASpareTakingALostNodeOverIsAReplacementAndTheLostRowAnEvent) {
   RunView view("");
   setUp(view);
   // As CoordinatorStore::takeOver leaves the rows: node_5 (the spare) now holds node_3's name.
-  view.syncMembers({member("node_1", "10.0.0.1:1", MemberState::kAssigned),
-                    member("node_2", "10.0.0.2:1", MemberState::kAssigned),
-                    member("node_3", "10.0.0.5:1", MemberState::kAssigned),
-                    member(kEvil, "<b>x</b>:1", MemberState::kAssigned),
-                    member("node_3-lost-1", "10.0.0.3:1", MemberState::kLost)},
+  view.syncMembers({runViewMember("node_1", "10.0.0.1:1", MemberState::kAssigned),
+                    runViewMember("node_2", "10.0.0.2:1", MemberState::kAssigned),
+                    runViewMember("node_3", "10.0.0.5:1", MemberState::kAssigned),
+                    runViewMember(kEvil, "<b>x</b>:1", MemberState::kAssigned),
+                    runViewMember("node_3-lost-1", "10.0.0.3:1", MemberState::kLost)},
                    1100);
   const json snap = view.snapshot(1100);
   std::map<std::string, json> nodes;

@@ -1,4 +1,4 @@
-// Transport liveness over real tcp loopback: ZeroMQ socket monitors (and ZMTP heartbeats) tell a
+// Transport liveness over real livenessTcp loopback: ZeroMQ socket monitors (and ZMTP heartbeats) tell a
 // node whether its connection to a peer is up. The reference is the peer's actual lifetime: the
 // peer transport exists (kConnected), is destroyed (kDisconnected), exists again (kConnected).
 #include <gtest/gtest.h>
@@ -15,11 +15,11 @@ namespace {
 using namespace std::chrono_literals;
 
 // Ports from the kernel, fresh in every test process (tests/common/LoopbackPorts.h).
-int port(int offset) {
+int livenessPort(int offset) {
   static const std::vector<int> ports = testutil::freeLoopbackPorts(8);
   return ports.at(offset);
 }
-std::string tcp(int offset) { return "tcp://127.0.0.1:" + std::to_string(port(offset)); }
+std::string livenessTcp(int offset) { return "tcp://127.0.0.1:" + std::to_string(livenessPort(offset)); }
 
 // Waits (blocking in receiveOrLivenessChange, woken by monitor events) until `peer` is in `want`
 // or `limit` passed; returns the state seen last.
@@ -37,11 +37,11 @@ PeerState waitFor(ZmqTransport& t, const std::string& peer, PeerState want,
 
 TEST(Liveness, PeerGoneIsDisconnectedAndBackIsConnected) {
   zmq::context_t a_context, b_context;  // separate contexts, as separate processes have
-  ZmqTransport a(a_context, "a", tcp(0));
+  ZmqTransport a(a_context, "a", livenessTcp(0));
   EXPECT_EQ(a.liveness("b").state, PeerState::kUnknown);  // not even added
-  a.addPeer("b", tcp(1));
+  a.addPeer("b", livenessTcp(1));
   EXPECT_EQ(a.liveness("b").state, PeerState::kUnknown);  // nobody listens yet
-  auto b = std::make_unique<ZmqTransport>(b_context, "b", tcp(1));
+  auto b = std::make_unique<ZmqTransport>(b_context, "b", livenessTcp(1));
   ASSERT_EQ(waitFor(a, "b", PeerState::kConnected, 10s), PeerState::kConnected);
   const auto connected_since = a.liveness("b").since;
 
@@ -57,7 +57,7 @@ TEST(Liveness, PeerGoneIsDisconnectedAndBackIsConnected) {
   ASSERT_EQ(waitFor(a, "b", PeerState::kDisconnected, 10s), PeerState::kDisconnected);
   EXPECT_GT(a.liveness("b").since, connected_since);
 
-  b = std::make_unique<ZmqTransport>(b_context, "b", tcp(1));  // back at the same address
+  b = std::make_unique<ZmqTransport>(b_context, "b", livenessTcp(1));  // back at the same address
   ASSERT_EQ(waitFor(a, "b", PeerState::kConnected, 10s), PeerState::kConnected);
   ASSERT_EQ(a.send("b", m, 5s), SendStatus::kSent);
   auto got = b->receive(5s);
@@ -70,15 +70,15 @@ TEST(Liveness, WorksOverCurveAndAWrongKeyNeverConnects) {
   zmq::context_t a_context, b_context;
   TransportOptions a_options;
   a_options.curve = CurveOptions{a_keys, {{"b", b_keys.public_key}, {"c", generateCurveKeyPair().public_key}}};
-  ZmqTransport a(a_context, "a", tcp(2), a_options);
-  a.addPeer("b", tcp(3));
-  a.addPeer("c", tcp(4));  // c listens with a key other than the one a expects: never "connected"
+  ZmqTransport a(a_context, "a", livenessTcp(2), a_options);
+  a.addPeer("b", livenessTcp(3));
+  a.addPeer("c", livenessTcp(4));  // c listens with a key other than the one a expects: never "connected"
 
   auto makeServer = [&](zmq::context_t& context, const std::string& name, const CurveKeyPair& keys,
                         int offset) {
     TransportOptions options;
     options.curve = CurveOptions{keys, {{"a", a_keys.public_key}}};
-    return std::make_unique<ZmqTransport>(context, name, tcp(offset), options);
+    return std::make_unique<ZmqTransport>(context, name, livenessTcp(offset), options);
   };
   zmq::context_t c_context;
   ZapAuthenticator b_zap{b_context, {{a_keys.public_key, "a"}}};

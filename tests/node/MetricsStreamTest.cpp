@@ -116,8 +116,8 @@ TEST(MetricsQueue, DropsTheOldestWhenFullAndCountsIt) {
 }
 
 // The fake coordinator (tests/common/FakeCoordinator.h) reading metrics batches.
-struct FakeCoordinator : testing::FakeCoordinator {
-  explicit FakeCoordinator(int port = 0, CurveKeyPair k = generateCurveKeyPair())
+struct MetricsStreamFakeCoordinator : testing::FakeCoordinator {
+  explicit MetricsStreamFakeCoordinator(int port = 0, CurveKeyPair k = generateCurveKeyPair())
       : testing::FakeCoordinator(1 << 20, port, std::move(k)) {}
   std::optional<std::pair<Routed, MetricsBatch>> batch(std::chrono::milliseconds wait) {
     return next<MetricsBatch>(wait, "metrics");
@@ -127,7 +127,7 @@ struct FakeCoordinator : testing::FakeCoordinator {
   }
 };
 
-MetricsStreamOptions fast(size_t capacity = 1000) {
+MetricsStreamOptions metricsStreamFast(size_t capacity = 1000) {
   MetricsStreamOptions o;
   o.capacity = capacity;
   o.interval = 20ms;
@@ -139,9 +139,9 @@ MetricsStreamOptions fast(size_t capacity = 1000) {
 json stepRecord(int step) { return {{"step", step}, {"loss", 1.0 / (step + 1)}, {"compute_s", 0.01}}; }
 
 TEST(VolunteerMetrics, EveryRecordArrivesOnceInOrderAndProgressFollowsTheSteps) {
-  FakeCoordinator coordinator;
+  MetricsStreamFakeCoordinator coordinator;
   zmq::context_t context;
-  VolunteerMetrics metrics(context, generateCurveKeyPair(), coordinator.invite(), "node_2", fast());
+  VolunteerMetrics metrics(context, generateCurveKeyPair(), coordinator.invite(), "node_2", metricsStreamFast());
   EXPECT_EQ(metrics.progress(), std::make_pair(std::string("training"), int64_t(-1)));
   std::vector<std::string> lines;
   for (int step = 1; step <= 40; ++step) {
@@ -172,9 +172,9 @@ TEST(VolunteerMetrics, EveryRecordArrivesOnceInOrderAndProgressFollowsTheSteps) 
 }
 
 TEST(VolunteerMetrics, AnUnacknowledgedBatchIsSentAgain) {
-  FakeCoordinator coordinator;
+  MetricsStreamFakeCoordinator coordinator;
   zmq::context_t context;
-  VolunteerMetrics metrics(context, generateCurveKeyPair(), coordinator.invite(), "node_4", fast());
+  VolunteerMetrics metrics(context, generateCurveKeyPair(), coordinator.invite(), "node_4", metricsStreamFast());
   for (int step = 1; step <= 5; ++step) metrics.record(stepRecord(step), stepRecord(step).dump());
   auto first = coordinator.batch(10s);
   ASSERT_TRUE(first.has_value());
@@ -198,13 +198,13 @@ TEST(VolunteerMetrics, ACoordinatorThatIsDownGetsTheNewestRecordsUpToTheBoundOnc
   invite.coordinator_key = coordinator_keys.public_key;
   invite.token = "00112233445566778899aabbccddeeff";
   zmq::context_t context;
-  VolunteerMetrics metrics(context, generateCurveKeyPair(), invite, "node_5", fast(/*capacity=*/20));
+  VolunteerMetrics metrics(context, generateCurveKeyPair(), invite, "node_5", metricsStreamFast(/*capacity=*/20));
   for (int step = 1; step <= 50; ++step) metrics.record(stepRecord(step), stepRecord(step).dump());
   EXPECT_EQ(metrics.queue().dropped(), 30);
   EXPECT_EQ(metrics.queue().size(), 20u);
   std::this_thread::sleep_for(200ms);  // ~10 send attempts; not a synchronisation: none may go out
   EXPECT_EQ(metrics.batchesSent(), 0u) << "a send to a coordinator that is down was queued";
-  FakeCoordinator coordinator(port, coordinator_keys);  // the coordinator comes up
+  MetricsStreamFakeCoordinator coordinator(port, coordinator_keys);  // the coordinator comes up
   std::vector<int64_t> steps;
   while (steps.size() < 20) {
     auto b = coordinator.batch(20s);

@@ -19,14 +19,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
-int port(int offset) {
+int peerRepointPort(int offset) {
   static const std::vector<int> ports = testutil::freeLoopbackPorts(10);
   return ports.at(offset);
 }
-std::string address(int offset) { return "127.0.0.1:" + std::to_string(port(offset)); }
-std::string tcp(int offset) { return "tcp://" + address(offset); }
+std::string address(int offset) { return "127.0.0.1:" + std::to_string(peerRepointPort(offset)); }
+std::string peerRepointTcp(int offset) { return "tcp://" + address(offset); }
 
-Message tagged(const std::string& sender, float value) {
+Message peerRepointTagged(const std::string& sender, float value) {
   Message m;
   m.kind = MessageKind::kActivation;
   m.sender = sender;
@@ -44,7 +44,7 @@ struct Server {
       : zap(context, std::move(admitted)) {
     TransportOptions o;
     o.curve = CurveOptions{keys, {{"a", client_key}}};
-    t = std::make_unique<ZmqTransport>(context, "b", tcp(offset), o);
+    t = std::make_unique<ZmqTransport>(context, "b", peerRepointTcp(offset), o);
   }
 };
 
@@ -54,13 +54,13 @@ TEST(PeerRepoint, ARefusedKeyIsDialledAgainOnceThePeerAdmitsIt) {
   zmq::context_t ctx;
   TransportOptions o;
   o.curve = CurveOptions{a_keys, {{"b", b.keys.public_key}}};
-  ZmqTransport a(ctx, "a", tcp(1), o);
-  a.addPeer("b", tcp(0));
-  EXPECT_EQ(a.send("b", tagged("a", 1), 1s), SendStatus::kTimedOut);
+  ZmqTransport a(ctx, "a", peerRepointTcp(1), o);
+  a.addPeer("b", peerRepointTcp(0));
+  EXPECT_EQ(a.send("b", peerRepointTagged("a", 1), 1s), SendStatus::kTimedOut);
   b.zap.setAllowed({{a_keys.public_key, "a"}});
   // Each send looks at the refusal and dials again; within a few the peer admits us.
   SendStatus status = SendStatus::kTimedOut;
-  for (int i = 0; i < 20 && status != SendStatus::kSent; ++i) status = a.send("b", tagged("a", 2), 500ms);
+  for (int i = 0; i < 20 && status != SendStatus::kSent; ++i) status = a.send("b", peerRepointTagged("a", 2), 500ms);
   ASSERT_EQ(status, SendStatus::kSent);
   auto got = b.t->receive(5s);
   ASSERT_TRUE(got.has_value());
@@ -78,9 +78,9 @@ TEST(PeerRepoint, APeerMovedToAnotherAddressAndKeyGetsTheNextMessages) {
   zmq::context_t ctx;
   TransportOptions o;
   o.curve = CurveOptions{a_keys, {{"b", old_key}}};
-  ZmqTransport a(ctx, "a", tcp(4), o);
-  a.addPeer("b", tcp(2));
-  ASSERT_EQ(a.send("b", tagged("a", 1), 5s), SendStatus::kSent);
+  ZmqTransport a(ctx, "a", peerRepointTcp(4), o);
+  a.addPeer("b", peerRepointTcp(2));
+  ASSERT_EQ(a.send("b", peerRepointTagged("a", 1), 5s), SendStatus::kSent);
   ASSERT_TRUE(old_b->t->receive(5s).has_value());
   // The old b is lost (its process gone); a sees its connection drop.
   old_b.reset();
@@ -99,11 +99,11 @@ TEST(PeerRepoint, APeerMovedToAnotherAddressAndKeyGetsTheNextMessages) {
   after.rings[0].members[1] = {"b", address(3), new_b.keys.public_key};
   EXPECT_EQ(live.apply(after), std::vector<std::string>{"b at " + address(3)});
   EXPECT_TRUE(live.apply(after).empty());  // nothing changed the second time
-  ASSERT_EQ(a.send("b", tagged("a", 7), 5s), SendStatus::kSent);
+  ASSERT_EQ(a.send("b", peerRepointTagged("a", 7), 5s), SendStatus::kSent);
   auto got = new_b.t->receive(5s);
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(torch::equal(got->tensors[0].tensor, torch::full({4}, 7.0f)));
-  EXPECT_FALSE(a.repointPeer("nobody", tcp(3), new_b.keys.public_key));
+  EXPECT_FALSE(a.repointPeer("nobody", peerRepointTcp(3), new_b.keys.public_key));
   NodeSpec other = after;
   other.name = "c";
   EXPECT_THROW(live.apply(other), BadInput);
@@ -122,18 +122,18 @@ TEST(PeerRepoint, LivePeersAdmitsExactlyTheUpdatedKeys) {
   zmq::context_t ctx;
   TransportOptions o;
   o.curve = CurveOptions{new_a, {{"b", b.keys.public_key}}};
-  ZmqTransport a(ctx, "a", tcp(6), o);
-  a.addPeer("b", tcp(5));
-  ASSERT_EQ(a.send("b", tagged("a", 3), 5s), SendStatus::kSent);
+  ZmqTransport a(ctx, "a", peerRepointTcp(6), o);
+  a.addPeer("b", peerRepointTcp(5));
+  ASSERT_EQ(a.send("b", peerRepointTagged("a", 3), 5s), SendStatus::kSent);
   auto got = b.t->receive(5s);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->sender, "a");  // the ZAP named the new key "a"
   // The old key is no longer admitted.
   zmq::context_t ctx2;
   o.curve = CurveOptions{old_a, {{"b", b.keys.public_key}}};
-  ZmqTransport stale(ctx2, "a", tcp(7), o);
-  stale.addPeer("b", tcp(5));
-  EXPECT_EQ(stale.send("b", tagged("a", 4), 1s), SendStatus::kTimedOut);
+  ZmqTransport stale(ctx2, "a", peerRepointTcp(7), o);
+  stale.addPeer("b", peerRepointTcp(5));
+  EXPECT_EQ(stale.send("b", peerRepointTagged("a", 4), 1s), SendStatus::kTimedOut);
   EXPECT_FALSE(b.t->receive(300ms).has_value());
 }
 
@@ -147,7 +147,7 @@ TEST(PeerRepoint, ANewRingMemberIsAddedWhileAnotherThreadReceives) {
   ZapAuthenticator zap(ctx, std::map<std::string, std::string>{});  // a admits nobody yet
   TransportOptions o;
   o.curve = CurveOptions{a_keys, {}};
-  ZmqTransport a(ctx, "a", tcp(9), o);
+  ZmqTransport a(ctx, "a", peerRepointTcp(9), o);
   NodeSpec before;
   before.name = "a";
   RingSpec ring;
@@ -161,12 +161,12 @@ TEST(PeerRepoint, ANewRingMemberIsAddedWhileAnotherThreadReceives) {
   after.rings[0].members.push_back({"b", address(8), b.keys.public_key});
   EXPECT_EQ(live.apply(after), std::vector<std::string>{"b at " + address(8) + " (new)"});
   EXPECT_TRUE(live.apply(after).empty());  // nothing new the second time
-  ASSERT_EQ(a.send("b", tagged("a", 5), 5s), SendStatus::kSent);
+  ASSERT_EQ(a.send("b", peerRepointTagged("a", 5), 5s), SendStatus::kSent);
   auto at_b = b.t->receive(5s);
   ASSERT_TRUE(at_b.has_value());
   EXPECT_EQ(at_b->sender, "a");
-  b.t->addPeer("a", tcp(9));
-  ASSERT_EQ(b.t->send("a", tagged("b", 6), 5s), SendStatus::kSent);  // a's ZAP now admits b
+  b.t->addPeer("a", peerRepointTcp(9));
+  ASSERT_EQ(b.t->send("a", peerRepointTagged("b", 6), 5s), SendStatus::kSent);  // a's ZAP now admits b
   receiver.join();
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->sender, "b");

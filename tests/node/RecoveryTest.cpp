@@ -21,23 +21,23 @@ namespace {
 using namespace std::chrono_literals;
 
 // Ports from the kernel, fresh in every test process (tests/common/LoopbackPorts.h).
-int port(int offset) {
+int recoveryPort(int offset) {
   static const std::vector<int> ports = testutil::freeLoopbackPorts(16);
   return ports.at(offset);
 }
-std::string address(int offset) { return "127.0.0.1:" + std::to_string(port(offset)); }
+std::string recoveryAddress(int offset) { return "127.0.0.1:" + std::to_string(recoveryPort(offset)); }
 
-// A pipeline of `names` (Root first); node i listens on address(base + i).
+// A pipeline of `names` (Root first); node i listens on recoveryAddress(base + i).
 NodeSpec spec(const std::vector<std::string>& names, size_t i, int base) {
   NodeSpec n;
   n.name = names[i];
   n.job_id = "job";
-  n.address = address(base + int(i));
+  n.address = recoveryAddress(base + int(i));
   n.stage = int(i);
   n.num_stages = int(names.size());
   n.role = i == 0 ? StageRole::kRoot : i + 1 == names.size() ? StageRole::kLeaf : StageRole::kStem;
-  if (i > 0) n.upstream = PeerRef{names[i - 1], address(base + int(i) - 1), ""};
-  if (i + 1 < names.size()) n.downstream = PeerRef{names[i + 1], address(base + int(i) + 1), ""};
+  if (i > 0) n.upstream = PeerRef{names[i - 1], recoveryAddress(base + int(i) - 1), ""};
+  if (i + 1 < names.size()) n.downstream = PeerRef{names[i + 1], recoveryAddress(base + int(i) + 1), ""};
   return n;
 }
 

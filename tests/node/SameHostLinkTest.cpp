@@ -21,11 +21,11 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-int port(int offset) {
+int sameHostLinkPort(int offset) {
   static const std::vector<int> ports = testutil::freeLoopbackPorts(8);
   return ports.at(offset);
 }
-std::string tcp(int offset) { return "tcp://127.0.0.1:" + std::to_string(port(offset)); }
+std::string sameHostLinkTcp(int offset) { return "tcp://127.0.0.1:" + std::to_string(sameHostLinkPort(offset)); }
 
 std::string tempDir() {
   std::string pattern = (fs::temp_directory_path() / "cairn_same_host_XXXXXX").string();
@@ -43,7 +43,7 @@ Message tensorFrom(const std::string& sender, float first) {
 }
 
 // One node: its own context (as a process), CURVE keys admitting the other, and a transport.
-struct Node {
+struct SameHostLinkNode {
   zmq::context_t context;
   std::unique_ptr<ZapAuthenticator> zap;
   std::unique_ptr<ZmqTransport> transport;
@@ -51,28 +51,28 @@ struct Node {
 
 // Two nodes "a" and "b" on loopback, both with CURVE, both with `dir` as their same-host directory
 // (empty: off).
-struct Pair {
+struct SameHostLinkPair {
   CurveKeyPair a_keys = generateCurveKeyPair();
   CurveKeyPair b_keys = generateCurveKeyPair();
-  Node a, b;
-  Pair(const std::string& dir, int a_offset, int b_offset) {
-    auto make = [&](Node& n, const std::string& name, const CurveKeyPair& own,
+  SameHostLinkNode a, b;
+  SameHostLinkPair(const std::string& dir, int a_offset, int b_offset) {
+    auto make = [&](SameHostLinkNode& n, const std::string& name, const CurveKeyPair& own,
                     const std::string& other, const CurveKeyPair& other_keys, int offset) {
       n.zap = std::make_unique<ZapAuthenticator>(
           n.context, std::map<std::string, std::string>{{other_keys.public_key, other}});
       TransportOptions o;
       o.curve = CurveOptions{own, {{other, other_keys.public_key}}};
       o.same_host_dir = dir;
-      n.transport = std::make_unique<ZmqTransport>(n.context, name, tcp(offset), o);
+      n.transport = std::make_unique<ZmqTransport>(n.context, name, sameHostLinkTcp(offset), o);
     };
     make(a, "a", a_keys, "b", b_keys, a_offset);
     make(b, "b", b_keys, "a", a_keys, b_offset);
-    a.transport->addPeer("b", tcp(b_offset));
-    b.transport->addPeer("a", tcp(a_offset));
+    a.transport->addPeer("b", sameHostLinkTcp(b_offset));
+    b.transport->addPeer("a", sameHostLinkTcp(a_offset));
   }
 };
 
-void exchange(Pair& p) {
+void exchange(SameHostLinkPair& p) {
   ASSERT_EQ(p.a.transport->send("b", tensorFrom("a", 0), 5s), SendStatus::kSent);
   ASSERT_EQ(p.b.transport->send("a", tensorFrom("b", 7), 5s), SendStatus::kSent);
   auto at_b = p.b.transport->receive(5s);
@@ -87,24 +87,24 @@ void exchange(Pair& p) {
 TEST(SameHostLink, LoopbackPeersTalkOverTheUserSocketAndNeverThroughCurve) {
   const std::string dir = tempDir();
   {
-    Pair p(dir, 0, 1);
-    EXPECT_EQ(p.a.transport->sameHostEndpoint(), "ipc://" + dir + "/" + std::to_string(port(0)));
-    EXPECT_TRUE(fs::exists(dir + "/" + std::to_string(port(0))));
-    EXPECT_TRUE(fs::exists(dir + "/" + std::to_string(port(1))));
+    SameHostLinkPair p(dir, 0, 1);
+    EXPECT_EQ(p.a.transport->sameHostEndpoint(), "ipc://" + dir + "/" + std::to_string(sameHostLinkPort(0)));
+    EXPECT_TRUE(fs::exists(dir + "/" + std::to_string(sameHostLinkPort(0))));
+    EXPECT_TRUE(fs::exists(dir + "/" + std::to_string(sameHostLinkPort(1))));
     EXPECT_TRUE(p.a.transport->isSameHostPeer("b"));
     exchange(p);
     EXPECT_EQ(p.a.transport->stats().messages_sent_same_host, 1u);
     EXPECT_EQ(p.b.transport->stats().messages_received_same_host, 1u);
     EXPECT_EQ(p.a.zap->accepted() + p.b.zap->accepted(), 0u);  // no CURVE handshake happened
     p.a.transport->flushAndClose(0ms);
-    EXPECT_FALSE(fs::exists(dir + "/" + std::to_string(port(0))));  // its socket file is removed
+    EXPECT_FALSE(fs::exists(dir + "/" + std::to_string(sameHostLinkPort(0))));  // its socket file is removed
   }
   fs::remove_all(dir);
 }
 
 // The control: the same pair without the directory authenticates both connections with CURVE.
 TEST(SameHostLink, WithoutTheDirectoryLoopbackPeersUseCurveOverTcp) {
-  Pair p("", 2, 3);
+  SameHostLinkPair p("", 2, 3);
   EXPECT_EQ(p.a.transport->sameHostEndpoint(), "");
   EXPECT_FALSE(p.a.transport->isSameHostPeer("b"));
   exchange(p);
@@ -115,20 +115,20 @@ TEST(SameHostLink, WithoutTheDirectoryLoopbackPeersUseCurveOverTcp) {
 }
 
 // provider --bind 0.0.0.0: peers dial the advertised loopback address, so the same-host socket is
-// named after the advertised port.
+// named after the advertised sameHostLinkPort.
 TEST(SameHostLink, TheSocketIsNamedAfterTheAdvertisedEndpoint) {
   const std::string dir = tempDir();
   {
     zmq::context_t ctx_b, ctx_a;
     TransportOptions ob;
     ob.same_host_dir = dir;
-    ob.advertised_endpoint = tcp(4);
-    ZmqTransport b(ctx_b, "b", "tcp://0.0.0.0:" + std::to_string(port(4)), ob);
-    EXPECT_EQ(b.sameHostEndpoint(), "ipc://" + dir + "/" + std::to_string(port(4)));
+    ob.advertised_endpoint = sameHostLinkTcp(4);
+    ZmqTransport b(ctx_b, "b", "tcp://0.0.0.0:" + std::to_string(sameHostLinkPort(4)), ob);
+    EXPECT_EQ(b.sameHostEndpoint(), "ipc://" + dir + "/" + std::to_string(sameHostLinkPort(4)));
     TransportOptions oa;
     oa.same_host_dir = dir;
-    ZmqTransport a(ctx_a, "a", tcp(5), oa);
-    a.addPeer("b", tcp(4));
+    ZmqTransport a(ctx_a, "a", sameHostLinkTcp(5), oa);
+    a.addPeer("b", sameHostLinkTcp(4));
     ASSERT_EQ(a.send("b", tensorFrom("a", 3), 5s), SendStatus::kSent);
     auto got = b.receive(5s);
     ASSERT_TRUE(got.has_value());
@@ -153,8 +153,8 @@ TEST(SameHostLink, APeerOnThisHostCannotBeRepointedElsewhere) {
     zmq::context_t ctx;
     TransportOptions o;
     o.same_host_dir = dir;
-    ZmqTransport a(ctx, "a", tcp(6), o);
-    a.addPeer("b", tcp(7));
+    ZmqTransport a(ctx, "a", sameHostLinkTcp(6), o);
+    a.addPeer("b", sameHostLinkTcp(7));
     EXPECT_THROW(a.repointPeer("b", "tcp://192.0.2.1:5600", ""), BadInput);  // nothing dialled
     EXPECT_TRUE(a.isSameHostPeer("b"));
   }
@@ -185,7 +185,7 @@ TEST(SameHostLink, OnlyAPrivateDirectoryOfThisUserIsUsed) {
   fs::remove_all(base);
 }
 
-// A node that runs its stage again on the same port (provider --resume after a restart, or in the
+// A node that runs its stage again on the same sameHostLinkPort (provider --resume after a restart, or in the
 // same process): the new transport's same-host socket is the one peers reach.
 TEST(SameHostLink, ATransportOpenedAgainOnTheSamePortIsReached) {
   const std::string dir = tempDir();
@@ -193,19 +193,19 @@ TEST(SameHostLink, ATransportOpenedAgainOnTheSamePortIsReached) {
     TransportOptions o;
     o.same_host_dir = dir;
     zmq::context_t ctx_a;
-    ZmqTransport a(ctx_a, "a", tcp(0), o);
-    a.addPeer("b", tcp(1));
+    ZmqTransport a(ctx_a, "a", sameHostLinkTcp(0), o);
+    a.addPeer("b", sameHostLinkTcp(1));
     {
       zmq::context_t ctx_b;
-      ZmqTransport b(ctx_b, "b", tcp(1), o);
-      b.addPeer("a", tcp(0));
+      ZmqTransport b(ctx_b, "b", sameHostLinkTcp(1), o);
+      b.addPeer("a", sameHostLinkTcp(0));
       ASSERT_EQ(a.send("b", tensorFrom("a", 1), 5s), SendStatus::kSent);
       ASSERT_TRUE(b.receive(5s).has_value());
       b.flushAndClose(0ms);
     }
     zmq::context_t ctx_b2;
-    ZmqTransport b2(ctx_b2, "b", tcp(1), o);
-    b2.addPeer("a", tcp(0));
+    ZmqTransport b2(ctx_b2, "b", sameHostLinkTcp(1), o);
+    b2.addPeer("a", sameHostLinkTcp(0));
     // As the start-up handshake does: say hello again until it is heard (the first may have gone
     // into the connection to the closed transport).
     std::optional<Message> got;

@@ -68,7 +68,7 @@ std::vector<std::string> runRanks(int n, const ProcessGroupOptions& options,
 }
 
 // The codec's round trip of float32 values, from the scalar codecs.
-torch::Tensor roundTrip(const torch::Tensor& x, ChunkCodec codec) {
+torch::Tensor syncCompressionRoundTrip(const torch::Tensor& x, ChunkCodec codec) {
   torch::Tensor in = x.contiguous();
   torch::Tensor out = torch::empty_like(in);
   const float* p = in.data_ptr<float>();
@@ -103,9 +103,9 @@ torch::Tensor ringReference(const std::vector<torch::Tensor>& x, ChunkCodec code
       const int64_t len = seg.second - seg.first;
       torch::Tensor p = x[size_t(b)].narrow(0, seg.first, len).clone();
       for (int64_t k = 1; k < n; ++k)
-        p = roundTrip(p, codec).add_(x[size_t((b + k) % n)].narrow(0, seg.first, len));
+        p = syncCompressionRoundTrip(p, codec).add_(x[size_t((b + k) % n)].narrow(0, seg.first, len));
       if (average) p.div_(n);
-      out.narrow(0, seg.first, len).copy_(roundTrip(p, codec));
+      out.narrow(0, seg.first, len).copy_(syncCompressionRoundTrip(p, codec));
     }
   }
   return out;
@@ -123,14 +123,14 @@ torch::Tensor directReference(const std::vector<torch::Tensor>& x, ChunkCodec co
     torch::Tensor p;
     for (int64_t s = 0; s < n; ++s) {
       torch::Tensor c = x[size_t(s)].narrow(0, begin, len);
-      if (s != b) c = roundTrip(c, codec);
+      if (s != b) c = syncCompressionRoundTrip(c, codec);
       if (s == 0)
         p = c.clone();
       else
         p.add_(c);
     }
     if (average) p.div_(n);
-    out.narrow(0, begin, len).copy_(roundTrip(p, codec));
+    out.narrow(0, begin, len).copy_(syncCompressionRoundTrip(p, codec));
   }
   return out;
 }

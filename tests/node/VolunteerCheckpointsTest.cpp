@@ -28,12 +28,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-constexpr size_t kLimit = 64 << 20;
+constexpr size_t kVolunteerCheckpointsLimit = 64 << 20;
 
 // The fake coordinator (tests/common/FakeCoordinator.h) reading checkpoint uploads.
 struct Coordinator : testing::FakeCoordinator {
   explicit Coordinator(int port = 0, CurveKeyPair k = generateCurveKeyPair())
-      : FakeCoordinator(kLimit, port, std::move(k)) {}
+      : FakeCoordinator(kVolunteerCheckpointsLimit, port, std::move(k)) {}
   // The next checkpoint upload within `wait`, or nullopt.
   std::optional<std::pair<Routed, CheckpointUpload>> upload(std::chrono::milliseconds wait) {
     return next<CheckpointUpload>(wait, "a checkpoint");
@@ -43,15 +43,15 @@ struct Coordinator : testing::FakeCoordinator {
   }
 };
 
-struct TempDir {
+struct VolunteerCheckpointsTempDir {
   std::string path;
-  TempDir() {
+  VolunteerCheckpointsTempDir() {
     path = (fs::temp_directory_path() / ("cairn_ckpt_upload_" + std::to_string(::getpid()) + "_" +
                                          std::to_string(std::random_device{}())))
                .string();
     fs::create_directories(path);
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~VolunteerCheckpointsTempDir() { fs::remove_all(path); }
 };
 
 // A checkpoint of `step` written by the trainer's writer (keeps up to 10).
@@ -74,7 +74,7 @@ std::string fileBytes(const std::string& path) {
 
 // Polls `done` every 10 ms up to 10 s.
 template <typename F>
-bool eventually(F done) {
+bool volunteerCheckpointsEventually(F done) {
   for (int i = 0; i < 1000; ++i) {
     if (done()) return true;
     std::this_thread::sleep_for(10ms);
@@ -90,7 +90,7 @@ CheckpointUploadOptions fast(double mbps) {
 }
 
 TEST(VolunteerCheckpoints, SendsOnlyTheNewestByteForByteAndOneAtATime) {
-  TempDir dir;
+  VolunteerCheckpointsTempDir dir;
   writeStep(dir.path, 10);
   writeStep(dir.path, 20);
   Coordinator coordinator;
@@ -115,7 +115,7 @@ TEST(VolunteerCheckpoints, SendsOnlyTheNewestByteForByteAndOneAtATime) {
   EXPECT_EQ(second->second.step, 30);
   EXPECT_EQ(second->second.file, fileBytes(checkpointPath(dir.path, 30)));
   coordinator.ack(second->first, "node_2", 30);
-  ASSERT_TRUE(eventually([&] { return uploads.acknowledgedStep() == 30; }));
+  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 30; }));
   // Acknowledged and nothing newer: nothing more (step 10 is never sent).
   EXPECT_FALSE(coordinator.upload(300ms).has_value());
   EXPECT_EQ(uploads.sent(), 2u);
@@ -123,7 +123,7 @@ TEST(VolunteerCheckpoints, SendsOnlyTheNewestByteForByteAndOneAtATime) {
 }
 
 TEST(VolunteerCheckpoints, TheRateLimitHoldsTheNextUploadBack) {
-  TempDir dir;
+  VolunteerCheckpointsTempDir dir;
   writeStep(dir.path, 10);
   const double bytes = double(fs::file_size(checkpointPath(dir.path, 10)));
   Coordinator coordinator;
@@ -135,7 +135,7 @@ TEST(VolunteerCheckpoints, TheRateLimitHoldsTheNextUploadBack) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->second.step, 10);
   coordinator.ack(first->first, "node_1", 10);
-  ASSERT_TRUE(eventually([&] { return uploads.acknowledgedStep() == 10; }));
+  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 10; }));
   writeStep(dir.path, 20);
   EXPECT_FALSE(coordinator.upload(1s).has_value()) << "sent before B*8/rate seconds";
   EXPECT_EQ(uploads.sent(), 1u);
@@ -143,7 +143,7 @@ TEST(VolunteerCheckpoints, TheRateLimitHoldsTheNextUploadBack) {
 }
 
 TEST(VolunteerCheckpoints, ACorruptNewestIsSkippedAndFinishSendsTheLast) {
-  TempDir dir;
+  VolunteerCheckpointsTempDir dir;
   writeStep(dir.path, 10);
   writeStep(dir.path, 20);
   {  // flip a byte near the end (tensor data) of step 20: its checksum no longer matches
@@ -160,7 +160,7 @@ TEST(VolunteerCheckpoints, ACorruptNewestIsSkippedAndFinishSendsTheLast) {
   EXPECT_EQ(first->second.step, 10);
   EXPECT_EQ(first->second.file, fileBytes(checkpointPath(dir.path, 10)));
   coordinator.ack(first->first, "node_3", 10);
-  ASSERT_TRUE(eventually([&] { return uploads.acknowledgedStep() == 10; }));
+  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 10; }));
 
   // finish(): the checkpoint written last goes up and is acknowledged before it returns.
   writeStep(dir.path, 40);
@@ -175,7 +175,7 @@ TEST(VolunteerCheckpoints, ACorruptNewestIsSkippedAndFinishSendsTheLast) {
 }
 
 TEST(VolunteerCheckpoints, ACoordinatorThatIsDownIsSkippedAndGetsTheNewestWhenItComes) {
-  TempDir dir;
+  VolunteerCheckpointsTempDir dir;
   writeStep(dir.path, 10);
   const int port = testutil::freeLoopbackPorts(1)[0];
   const CurveKeyPair coordinator_keys = generateCurveKeyPair();
@@ -197,7 +197,7 @@ TEST(VolunteerCheckpoints, ACoordinatorThatIsDownIsSkippedAndGetsTheNewestWhenIt
   EXPECT_EQ(first->second.step, 30);
   EXPECT_EQ(first->second.file, fileBytes(checkpointPath(dir.path, 30)));
   coordinator.ack(first->first, "node_5", 30);
-  ASSERT_TRUE(eventually([&] { return uploads.acknowledgedStep() == 30; }));
+  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 30; }));
   EXPECT_FALSE(coordinator.upload(300ms).has_value()) << "an older checkpoint was sent too";
   EXPECT_EQ(uploads.sent(), 1u);
 }

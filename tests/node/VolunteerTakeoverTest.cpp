@@ -24,18 +24,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
+struct VolunteerTakeoverTempDir {
   std::string path;
-  TempDir() {
+  VolunteerTakeoverTempDir() {
     path = (fs::temp_directory_path() / ("cairn_takeover_" + std::to_string(::getpid()) + "_" +
                                          std::to_string(std::random_device{}())))
                .string();
     fs::create_directories(path);
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~VolunteerTakeoverTempDir() { fs::remove_all(path); }
 };
 
-std::string doublingStage() {
+std::string volunteerTakeoverDoublingStage() {
   torch::jit::Module m("Doubling");
   m.define("def forward(self, x):\n  return x * 2.0\n");
   std::ostringstream bytes;
@@ -70,7 +70,7 @@ Assignment takeover(const NodeSpec& node, std::optional<std::string> checkpoint,
   a.name = node.name;
   a.node = toJson(node);
   a.job = toJson(job);
-  a.stage = doublingStage();
+  a.stage = volunteerTakeoverDoublingStage();
   a.checkpoint = std::move(checkpoint);
   a.checkpoint_step = step;
   return a;
@@ -88,7 +88,7 @@ std::string checkpointBytes(const std::string& dir, int64_t step) {
 }
 
 TEST(VolunteerTakeover, ASparesAssignmentWithACheckpointIsWrittenVerifiedAndResumed) {
-  TempDir dir;
+  VolunteerTakeoverTempDir dir;
   VolunteerWorkdir workdir(dir.path + "/spare");
   const CurveKeyPair identity = workdir.loadOrCreateIdentity();
   const std::string bytes = checkpointBytes(dir.path + "/source", 40);
@@ -106,7 +106,7 @@ TEST(VolunteerTakeover, ASparesAssignmentWithACheckpointIsWrittenVerifiedAndResu
   EXPECT_TRUE(torch::equal(back.tensors[0].second, torch::arange(4, torch::kFloat32)));
 
   // A checkpoint that does not verify is refused, naming the step, and not left behind.
-  TempDir other;
+  VolunteerTakeoverTempDir other;
   VolunteerWorkdir second(other.path + "/spare");
   std::string corrupt = bytes;
   corrupt[corrupt.size() / 2] ^= 0x5a;
@@ -172,7 +172,7 @@ TEST(VolunteerTakeover, APeersUpdateMayOnlyMoveThePeers) {
 }
 
 TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedRunThenIsWritten) {
-  TempDir dir;
+  VolunteerTakeoverTempDir dir;
   const std::string own = generateCurveKeyPair().public_key;
   const NodeSpec current = stem(own);
   const std::string node_data = dir.path + "/node_data";
@@ -214,7 +214,7 @@ TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedRunThenIsWritten) {
 // appended) is handed to the run; one the run refuses is ignored with a warning and never
 // crashes the volunteer, node.json kept.
 TEST(VolunteerTakeover, ALiveUpdateTheRunRefusesIsIgnoredAndNodeJsonKept) {
-  TempDir dir;
+  VolunteerTakeoverTempDir dir;
   const std::string own = generateCurveKeyPair().public_key;
   const NodeSpec current = stem(own);
   const std::string node_data = dir.path + "/node_data";

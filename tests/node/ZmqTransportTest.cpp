@@ -15,7 +15,7 @@ using namespace std::chrono_literals;
 
 // Ports for tcp tests come from the process id so parallel ctest runs do not collide.
 // Ports from the kernel, fresh in every test process (tests/common/LoopbackPorts.h).
-int port(int offset) {
+int zmqTransportPort(int offset) {
   static const std::vector<int> ports = testutil::freeLoopbackPorts(8);
   return ports.at(offset);
 }
@@ -26,8 +26,8 @@ struct Endpoints {
 
 Endpoints endpointsFor(const std::string& kind, int offset) {
   if (kind == "inproc") return {"inproc://a" + std::to_string(offset), "inproc://b" + std::to_string(offset)};
-  return {"tcp://127.0.0.1:" + std::to_string(port(2 * offset)),
-          "tcp://127.0.0.1:" + std::to_string(port(2 * offset + 1))};
+  return {"tcp://127.0.0.1:" + std::to_string(zmqTransportPort(2 * offset)),
+          "tcp://127.0.0.1:" + std::to_string(zmqTransportPort(2 * offset + 1))};
 }
 
 class TransportKinds : public ::testing::TestWithParam<std::string> {};
@@ -99,8 +99,8 @@ TEST(ZmqTransport, ReceiveTimesOutWhenNothingArrives) {
 
 TEST(ZmqTransport, SendToAbsentPeerTimesOutInsteadOfBlocking) {
   zmq::context_t context;
-  ZmqTransport a(context, "a", "tcp://127.0.0.1:" + std::to_string(port(6)));
-  a.addPeer("ghost", "tcp://127.0.0.1:" + std::to_string(port(7)));  // nobody listens
+  ZmqTransport a(context, "a", "tcp://127.0.0.1:" + std::to_string(zmqTransportPort(6)));
+  a.addPeer("ghost", "tcp://127.0.0.1:" + std::to_string(zmqTransportPort(7)));  // nobody listens
   Message m;
   m.tensors = {{"x", torch::ones({4})}};
   EXPECT_EQ(a.send("ghost", m, 200ms), SendStatus::kTimedOut);
@@ -153,7 +153,7 @@ TEST(ZmqTransport, OversizedMessageIsRefusedByZeroMq) {
   TransportOptions options;
   options.codec.max_message_bytes = 4096;
   options.codec.max_header_bytes = 1024;
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port(5));
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(zmqTransportPort(5));
   ZmqTransport b(context, "b", ep, options);
   ZmqTransport a(context, "a", "inproc://sender_of_big");
   a.addPeer("b", ep);
@@ -166,7 +166,7 @@ TEST(ZmqTransport, OversizedMessageIsRefusedByZeroMq) {
 
 TEST(ZmqTransport, BindingAPortInUseIsABadInputNamingIt) {
   zmq::context_t context;
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port(4));
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(zmqTransportPort(4));
   ZmqTransport first(context, "first", ep);
   try {
     ZmqTransport second(context, "second", ep);

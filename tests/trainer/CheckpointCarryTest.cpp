@@ -36,10 +36,10 @@ std::string copyPlan(const std::string& cut, const std::string& name) {
   return (dir / "node_data").string();
 }
 
-constexpr int64_t kSteps = 22;  // 16 steps per epoch: the continuation crosses the boundary
+constexpr int64_t kCheckpointCarrySteps = 22;  // 16 steps per epoch: the continuation crosses the boundary
 
 void options(TrainOptions& t) {
-  t.max_steps = kSteps;
+  t.max_steps = kCheckpointCarrySteps;
   t.checkpoint_every = 3;
   t.lr_scheduler.kind = LrScheduleKind::kCosine;  // the schedule's position must carry too
 }
@@ -50,7 +50,7 @@ void optionsClipped(TrainOptions& t) {
 }
 
 // stop_requested that says yes from its `nth` poll on.
-std::function<bool()> stopFromPoll(int nth) {
+std::function<bool()> checkpointCarryStopFromPoll(int nth) {
   auto calls = std::make_shared<int>(0);
   return [calls, nth] { return ++*calls >= nth; };
 }
@@ -68,7 +68,7 @@ Carried stopCarryContinue(const std::string& from, const std::string& to,
   Carried c;
   c.stopped = testing::runInMemoryPipeline(from, adjust, [&](int i, StageTrainerConfig& cfg) {
     cfg.checkpoint_dir = nodeCheckpointDir(from, nodeName(i));
-    if (i == 0) cfg.stop_requested = stopFromPoll(8);
+    if (i == 0) cfg.stop_requested = checkpointCarryStopFromPoll(8);
   });
   const CarryResult carry =
       planCarry(from, readJobSpec(jobSpecPath(to)), jobSpecPath(to), readCarryStages(to));
@@ -83,7 +83,7 @@ Carried stopCarryContinue(const std::string& from, const std::string& to,
 
 // max |a − b| over the joined losses and every parameter and buffer (by name).
 double maxDifference(const testing::PipelineRun& reference, const Carried& c) {
-  EXPECT_EQ(int64_t(reference.losses.size()), kSteps);
+  EXPECT_EQ(int64_t(reference.losses.size()), kCheckpointCarrySteps);
   EXPECT_GE(int64_t(c.stopped.losses.size()), c.step);
   std::vector<double> joined(c.stopped.losses.begin(), c.stopped.losses.begin() + c.step);
   joined.insert(joined.end(), c.resumed.losses.begin(), c.resumed.losses.end());
@@ -122,7 +122,7 @@ TEST(CheckpointCarry, RecutContinuationEqualsTheUninterruptedRunBitForBit) {
     EXPECT_LT(c.step, 16);  // stopped in the first epoch: the continuation crosses into the second
     for (const auto& r : c.resumed.results) {
       EXPECT_FALSE(r.stopped);
-      EXPECT_EQ(r.steps, kSteps);
+      EXPECT_EQ(r.steps, kCheckpointCarrySteps);
     }
     EXPECT_EQ(maxDifference(reference, c), 0.0);
     // The data order carried over: the continuation's batches are the reference's.
@@ -140,7 +140,7 @@ TEST(CheckpointCarry, WithoutTheOptimizerStateTheContinuationDiffers) {
   Carried c;
   c.stopped = testing::runInMemoryPipeline(from, options, [&](int i, StageTrainerConfig& cfg) {
     cfg.checkpoint_dir = nodeCheckpointDir(from, nodeName(i));
-    if (i == 0) cfg.stop_requested = stopFromPoll(8);
+    if (i == 0) cfg.stop_requested = checkpointCarryStopFromPoll(8);
   });
   CarryResult carry =
       planCarry(from, readJobSpec(jobSpecPath(to)), jobSpecPath(to), readCarryStages(to));
@@ -177,7 +177,7 @@ std::string checkpointedA(const std::string& name) {
   const std::string a = copyPlan("a", name);
   testing::runInMemoryPipeline(a, options, [&](int i, StageTrainerConfig& cfg) {
     cfg.checkpoint_dir = nodeCheckpointDir(a, nodeName(i));
-    if (i == 0) cfg.stop_requested = stopFromPoll(8);
+    if (i == 0) cfg.stop_requested = checkpointCarryStopFromPoll(8);
   });
   return a;
 }

@@ -29,7 +29,7 @@ std::string cnnNodeData() {
   return std::string(dir ? dir : "") + "/cnn_bn_dropout/node_data";
 }
 
-std::string scratch(const std::string& name) {
+std::string deviceScratch(const std::string& name) {
   const std::string dir =
       (fs::temp_directory_path() / ("cairn_device_" + std::to_string(::getpid()) + "_" + name))
           .string();
@@ -115,7 +115,7 @@ std::map<std::string, torch::Tensor> checkpointState(const std::string& dir) {
 }
 
 TEST(Device, CheckpointsCrossToTheHostAndBackForEveryTensor) {
-  const std::string dir = scratch("mapping");
+  const std::string dir = deviceScratch("mapping");
   const auto placement = std::make_shared<NegatingPlacement>();
   auto at = [&](int i) { return dir + "/node_" + std::to_string(i); };
   auto throughDouble = [&](int i, StageTrainerConfig& c) {
@@ -179,7 +179,7 @@ TEST(Device, CudaCheckpointResumesOnTheCpuBitForBit) {
     GTEST_SKIP() << "no CUDA device here (this libtorch "
                  << (cudaBuild() ? "has CUDA but sees no GPU" : "is CPU-only")
                  << "): the GPU script (../shared/device) runs this case";
-  const std::string dir = scratch("cuda");
+  const std::string dir = deviceScratch("cuda");
   auto at = [&](int i) { return dir + "/node_" + std::to_string(i); };
   const auto cuda = makePlacement(torch::Device(torch::kCUDA, 0));
   testing::runInMemoryPipeline(cnnNodeData(), twoSteps, [&](int i, StageTrainerConfig& c) {

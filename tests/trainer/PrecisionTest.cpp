@@ -17,7 +17,7 @@
 namespace cairn {
 namespace {
 
-std::string modelsDir() {
+std::string precisionModelsDir() {
   const char* dir = std::getenv("CAIRN_TEST_MODELS");
   return dir ? dir : "";
 }
@@ -97,7 +97,7 @@ double relativeDeviation(const testing::PipelineRun& a, const testing::PipelineR
 }
 
 TEST_P(Bf16Pipeline, FollowsTheFp32Run) {
-  const std::string node_data = modelsDir() + "/" + GetParam() + "/node_data";
+  const std::string node_data = precisionModelsDir() + "/" + GetParam() + "/node_data";
   // SGD: a parameter's deviation follows its gradients' (Adam would turn near-zero gradients'
   // rounding into lr-sized steps in any two implementations).
   auto adjust = [](Precision p, int64_t steps) {
@@ -122,7 +122,7 @@ TEST_P(Bf16Pipeline, FollowsTheFp32Run) {
     EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 0.02 * fp32.losses[i]) << "step " << i;
   }
   EXPECT_GT(max_loss_diff, 0) << "bf16 gave fp32's exact losses: autocast did not run";
-  torch::jit::Module initial = torch::jit::load(modelsDir() + "/" + GetParam() + "/full.pt");
+  torch::jit::Module initial = torch::jit::load(precisionModelsDir() + "/" + GetParam() + "/full.pt");
   for (const auto& p : initial.named_parameters())
     ASSERT_EQ(bf16.parameters.at(p.name).scalar_type(), torch::kFloat) << p.name;
   // The reference for the bound, from the same CPU's kernels: one step of each from the same
@@ -169,8 +169,8 @@ TEST(TrainOptions, PrecisionIsValidated) {
 // asserted: the machine is shared) and asserts bf16's accuracy is within 1.5 points of fp32's.
 TEST(Precision, FashionMnistSliceBf16VsFp32) {
   const char* override_dir = std::getenv("CAIRN_FASHION_NODE_DATA");
-  const std::string dir = override_dir ? override_dir : modelsDir() + "/fashion_slice";
-  ASSERT_FALSE(override_dir == nullptr && modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = override_dir ? override_dir : precisionModelsDir() + "/fashion_slice";
+  ASSERT_FALSE(override_dir == nullptr && precisionModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   double accuracy[2] = {0, 0}, loss[2] = {0, 0};
   for (int bf16 = 0; bf16 < 2; ++bf16) {
     testing::PipelineRun run = testing::runInMemoryPipeline(dir, [&](TrainOptions& t) {
