@@ -1,7 +1,5 @@
 #include "clusterize/Clusterize.h"
 
-#include <ATen/Parallel.h>
-
 #include <cstdio>
 #include <iomanip>
 #include <map>
@@ -11,6 +9,7 @@
 #include "clusterize/ExampleInputs.h"
 #include "clusterize/InitialWeights.h"
 #include "clusterize/StageBuilder.h"
+#include "core/ComputeThreads.h"
 #include "core/Error.h"
 #include "core/JobFiles.h"
 #include "core/JsonReader.h"
@@ -108,12 +107,7 @@ std::vector<c10::IValue> exampleInputs(const ClusterizeOptions& options,
 // (the demo CNN's conv1 profiled at ~28 ms per micro-batch, its Root measured ~5 ms).
 ModelProfile profileWithThreads(const ModelGraph& graph, const std::vector<c10::IValue>& inputs,
                                 const ProfileOptions& options, int threads) {
-  const int previous_threads = at::get_num_threads();
-  at::set_num_threads(threads);
-  struct Restore {
-    int n;
-    ~Restore() { at::set_num_threads(n); }
-  } restore{previous_threads};
+  ScopedComputeThreads scoped(threads);  // and one BLAS thread, as a provider
   return profileModel(graph, inputs, options);
 }
 

@@ -14,4 +14,10 @@ bool setBlasThreads(int threads) {
   return true;
 }
 
+int blasThreads() {
+  using GetThreads = int (*)();
+  auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return get == nullptr ? -1 : get();
+}
+
 }  // namespace cairn

@@ -14,4 +14,7 @@ namespace cairn {
 // nothing happens with another BLAS). Returns whether an OpenBLAS was found.
 bool setBlasThreads(int threads);
 
+// OpenBLAS's thread count for this process (openblas_get_num_threads), or -1 with another BLAS.
+int blasThreads();
+
 }  // namespace cairn

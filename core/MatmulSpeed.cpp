@@ -1,23 +1,18 @@
 #include "core/MatmulSpeed.h"
 
-#include <ATen/Parallel.h>
 #include <torch/script.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "core/ComputeThreads.h"
 #include "core/Error.h"
 
 namespace cairn {
 
 double measureMatmulGflops(int threads, int size, std::chrono::milliseconds duration) {
   CAIRN_ENFORCE(threads >= 1 && size >= 1, "measureMatmulGflops needs threads and size >= 1");
-  const int previous = at::get_num_threads();
-  at::set_num_threads(threads);
-  struct Restore {
-    int n;
-    ~Restore() { at::set_num_threads(n); }
-  } restore{previous};
+  ScopedComputeThreads scoped(threads);  // the threads a provider computes with
   c10::InferenceMode inference;
   const auto a = torch::randn({size, size}), b = torch::randn({size, size});
   auto c = torch::mm(a, b);  // warm-up: thread pool, caches

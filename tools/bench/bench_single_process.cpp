@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 
+#include "core/BlasThreads.h"
 #include "core/MainGuard.h"
 #include "trainer/Dataset.h"
 #include "trainer/Loss.h"
@@ -39,6 +40,10 @@ int main(int argc, char** argv) {
   }
   return cairn::runGuarded("bench_single_process", [&] {
     at::set_num_threads(threads);
+    // The reference is the process a PyTorch user would run: its threads serve BLAS too (a
+    // provider pins BLAS to one thread for bit-exact runs, core/BlasThreads.h; run_all's
+    // OPENBLAS_NUM_THREADS=1 is only the default).
+    cairn::setBlasThreads(threads);
     at::set_num_interop_threads(1);
     cairn::DataOptions d;
     d.location = data;
