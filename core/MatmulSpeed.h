@@ -4,8 +4,8 @@
 // (clusterize/PlannerNodes.h, measured with the thread count the atoms were profiled with). Sgemms
 // of size x size through torch::mm_out (512² matmuls through torch::matmul spent a large share in
 // dispatch and reported a third of it), rounds of 100 ms for about `duration` (at least 5), the
-// median round, on `threads` intra-op threads.
-// Not thread-safe (sets torch's intra-op thread count for its duration, restored after).
+// median round, on `threads` intra-op threads and one BLAS thread, as a provider computes
+// (core/ComputeThreads.h). Not thread-safe (sets both for its duration, restored after).
 #pragma once
 
 #include <chrono>
