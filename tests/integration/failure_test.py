@@ -2,7 +2,11 @@
 """Integration tests for failures while training (docs/OPERATIONS.md): real provider processes on tcp loopback,
 a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_1–node_2), threads 1.
 
-    failure_test.py CASE --provider BUILD/node/provider --work DIR --port BASE
+    failure_test.py CASE --provider BUILD/node/provider --work DIR --port BASE [--reference DIR]
+
+  reference         the uninterrupted run (STEPS steps, same seed) that the resume cases compare
+                    with, in --work; ctest runs it once as a fixture and hands its folder to them as
+                    --reference (without it, each of them runs its own first).
 
   kill_stem_resume  SIGKILL the Stem mid-run, restart it with --resume a few seconds later: all exit
                     0 and the final test loss is within 2% of an uninterrupted run with the same
@@ -48,6 +52,9 @@ def settings(steps, peer_timeout_s, max_wait_s, checkpoint_every):
 
 
 DATA = {"train_samples": 4000, "test_samples": 1000}
+# The resume cases stop the Stem once the Leaf logged KILL_AT steps (a checkpoint every 20: they
+# resume from step KILL_AT), with STEPS - KILL_AT steps still to go.
+STEPS, KILL_AT = 120, 40
 
 
 class Node:
@@ -105,11 +112,23 @@ def wait_for_steps(node_data, node, n, limit):
 
 
 def reference_run(args, tag, s):
-    """The uninterrupted run with the same seed and settings."""
+    """The uninterrupted run with the same seed and training settings: --reference's (the fixture
+    case `reference`, run once for all of them; timeouts and ports do not change what is trained),
+    else one run here."""
+    if args.reference:
+        node_data = os.path.join(args.reference, "node_data")
+        if not os.path.exists(os.path.join(node_data, "nodes", "node_2", "result.json")):
+            fail(f"--reference {args.reference}: no finished run (node_data/nodes/node_2/result.json)")
+        return node_data
     _, node_data = pct.make_node_data(os.path.join(args.work, tag), args.port, 3, True, s, DATA)
     seconds = pct.launch(node_data, args.provider, 240)
     print(f"uninterrupted run: {seconds:.1f} s")
     return node_data
+
+
+def case_reference(args):
+    args.reference = None
+    reference_run(args, ".", settings(STEPS, 2, 60, 20))
 
 
 def eval_loss(node_data, leaf="node_2"):
@@ -117,11 +136,11 @@ def eval_loss(node_data, leaf="node_2"):
 
 
 def case_kill_stem_resume(args, peer_timeout=2, downtime=5.0, freeze=False):
-    s = settings(200, peer_timeout, 60, 20)
+    s = settings(STEPS, peer_timeout, 60, 20)
     reference = reference_run(args, "reference", s)
     _, node_data = pct.make_node_data(os.path.join(args.work, "run"), args.port, 3, True, s, DATA)
     nodes = {n: Node(args.provider, node_data, n) for n in NODES}
-    wait_for_steps(node_data, "node_2", 60, 120)
+    wait_for_steps(node_data, "node_2", KILL_AT, 120)
     killed = time.time()
     if freeze:
         # SIGSTOP: its TCP connections stay open, only the missing heartbeat answers give it away.
@@ -232,11 +251,11 @@ def case_lost_without_checkpoints(args):
 
 
 def case_sigterm_resume(args):
-    s = settings(200, 2, 60, 20)
+    s = settings(STEPS, 2, 60, 20)
     reference = reference_run(args, "reference", s)
     _, node_data = pct.make_node_data(os.path.join(args.work, "run"), args.port, 3, True, s, DATA)
     nodes = {n: Node(args.provider, node_data, n) for n in NODES}
-    wait_for_steps(node_data, "node_2", 60, 120)
+    wait_for_steps(node_data, "node_2", KILL_AT, 120)
     nodes["node_1"].proc.send_signal(signal.SIGTERM)
     for n in NODES:
         code = nodes[n].wait(60)
@@ -262,12 +281,13 @@ def case_sigterm_resume(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["kill_stem_resume", "stem_restarts_quickly", "frozen_stem", "lost_for_good", "lost_without_checkpoints",
+    parser.add_argument("case", choices=["reference", "kill_stem_resume", "stem_restarts_quickly", "frozen_stem", "lost_for_good", "lost_without_checkpoints",
                                          "sigterm_resume"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
+    parser.add_argument("--reference", help="the `reference` case's --work folder (its finished run)")
     args = parser.parse_args()
     pct.KEYS = pct.keys_binary(args)
     import torch
