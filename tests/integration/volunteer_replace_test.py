@@ -27,9 +27,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 
-STEPS = 200
-RING_STEPS = 300
-HOLD_AT = 250  # ring_peer_replaced: the latest step cluster 1 reaches before cluster 0 resumes
+STEPS = 120
+RING_STEPS = 150
+HOLD_AT = 120  # ring_peer_replaced: the latest step cluster 1 reaches before cluster 0 resumes
 KILL_AFTER = 20
 TEST_SAMPLES = 1000
 TRAINING = {"checkpoint_every": 10,
