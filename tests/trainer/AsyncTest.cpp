@@ -200,16 +200,19 @@ namespace {
 // Fashion-MNIST slice (15,360 training images, 2,000 test images, 3 stages cut by
 // make_node_data_by_hand), sync vs async on the same samples and steps. ctest's fixture
 // trainer.make_fashion_slice writes it to $CAIRN_TEST_MODELS/fashion_slice;
-// CAIRN_FASHION_NODE_DATA names another folder.
+// CAIRN_FASHION_NODE_DATA names another folder. The first 60 steps (7,680 images, half the
+// epoch) by default, as Precision.FashionMnistSliceBf16VsFp32; CAIRN_FASHION_STEPS=0: the epoch.
 TEST(AsyncSchedule, FashionMnistSliceSyncVsAsync) {
   const char* override_dir = std::getenv("CAIRN_FASHION_NODE_DATA");
   const std::string dir = override_dir ? override_dir : modelsDir() + "/fashion_slice";
   ASSERT_FALSE(override_dir == nullptr && modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const char* steps_env = std::getenv("CAIRN_FASHION_STEPS");
+  const int64_t steps = steps_env ? std::atoll(steps_env) : 60;
   double accuracy[2] = {0, 0};
   for (int async = 0; async < 2; ++async) {
     testing::PipelineRun run = testing::runInMemoryPipeline(dir, [&](TrainOptions& t) {
       t.epochs = 1;
-      t.max_steps = 0;
+      t.max_steps = steps;
       t.eval_every = 0;
       if (async) t.schedule = ScheduleKind::kAsync;
     });
