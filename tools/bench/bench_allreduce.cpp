@@ -19,6 +19,11 @@
 #include "node/transport/ZmqTransport.h"
 #include "tools/bench/BenchProcesses.h"
 
+#include "tools/bench/BenchMains.h"
+
+// Inside cairn_bench (tools/bench/bench_main.cpp), run as build/tools/bench/bench_allreduce.
+namespace cairn::bench::allreduce {
+
 using namespace std::chrono;
 
 namespace {
@@ -93,7 +98,7 @@ int runRank(int rank, const BenchOptions& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"bench_allreduce: cairn ring all-reduce among local processes over tcp loopback"};
   BenchOptions o;
   int rank = -1;
@@ -123,3 +128,5 @@ int main(int argc, char** argv) {
     return std::vector<std::string>{"--rank", std::to_string(r)};
   });
 }
+
+}  // namespace cairn::bench::allreduce

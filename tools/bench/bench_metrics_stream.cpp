@@ -20,6 +20,11 @@
 #include "node/transport/CurveSecurity.h"
 #include "node/volunteer/VolunteerMetrics.h"
 
+#include "tools/bench/BenchMains.h"
+
+// Inside cairn_bench (tools/bench/bench_main.cpp), run as build/tools/bench/bench_metrics_stream.
+namespace cairn::bench::metrics_stream {
+
 using namespace cairn;
 using Clock = std::chrono::steady_clock;
 
@@ -76,7 +81,7 @@ std::vector<double> baseline(int records, int step_us) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app("trainer-thread cost of VolunteerMetrics::record per step record");
   int records = 20000;
   size_t capacity = 20000;
@@ -135,3 +140,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace cairn::bench::metrics_stream

@@ -11,7 +11,12 @@
 #include "clusterize/CostModel.h"
 #include "clusterize/RingGroups.h"
 
-int main(int argc, char** argv) {
+#include "tools/bench/BenchMains.h"
+
+// Inside cairn_bench (tools/bench/bench_main.cpp), run as build/tools/bench/bench_planning.
+namespace cairn::bench::planning {
+
+int run(int argc, char** argv) {
   using namespace cairn::clusterize;
   int units = 200, node_count = 1000, rounds = ClusterFormerOptions{}.balance_rounds;
   uint64_t seed = 1;
@@ -78,3 +83,5 @@ int main(int argc, char** argv) {
               std::chrono::duration<double>(end - formed).count());
   return 0;
 }
+
+}  // namespace cairn::bench::planning

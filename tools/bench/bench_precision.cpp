@@ -17,6 +17,11 @@
 #include "trainer/Precision.h"
 #include "trainer/StageExecutor.h"
 
+#include "tools/bench/BenchMains.h"
+
+// Inside cairn_bench (tools/bench/bench_main.cpp), run as build/tools/bench/bench_precision.
+namespace cairn::bench::precision {
+
 namespace {
 
 std::vector<int64_t> shapeOf(const std::string& text) {
@@ -33,7 +38,7 @@ std::vector<int64_t> shapeOf(const std::string& text) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"bench_precision: fp32 vs bf16 forward+backward of one TorchScript model"};
   std::string model_path, input, tokens;
   int64_t classes = 10, iterations = 15;
@@ -113,3 +118,5 @@ int main(int argc, char** argv) {
     return 0;
   });
 }
+
+}  // namespace cairn::bench::precision

@@ -27,6 +27,11 @@
 #include "node/transport/ZmqTransport.h"
 #include "tools/bench/BenchProcesses.h"
 
+#include "tools/bench/BenchMains.h"
+
+// Inside cairn_bench (tools/bench/bench_main.cpp), run as build/tools/bench/bench_rings.
+namespace cairn::bench::rings {
+
 using namespace std::chrono;
 
 namespace {
@@ -115,7 +120,7 @@ int runProcess(int process, bool concurrent, int port, const BenchOptions& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "bench_rings: one node in K rings (clusters cut differently), rings one after another vs "
       "concurrently, over tcp loopback"};
@@ -165,3 +170,5 @@ int main(int argc, char** argv) {
   }
   return rc;
 }
+
+}  // namespace cairn::bench::rings

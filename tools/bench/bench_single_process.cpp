@@ -17,7 +17,12 @@
 #include "trainer/Sampler.h"
 #include "trainer/TrainOptions.h"
 
-int main(int argc, char** argv) {
+#include "tools/bench/BenchMains.h"
+
+// Inside cairn_bench (tools/bench/bench_main.cpp), run as build/tools/bench/bench_single_process.
+namespace cairn::bench::single_process {
+
+int run(int argc, char** argv) {
   CLI::App app{"bench_single_process: train the unsplit model in one process and report samples/s"};
   std::string model_path, job_path, data = "/usr/share/datasets/fashion-mnist";
   int64_t steps = 200, batch_size = 128, warmup = 10;
@@ -96,3 +101,5 @@ int main(int argc, char** argv) {
     return 0;
   });
 }
+
+}  // namespace cairn::bench::single_process

@@ -21,6 +21,11 @@
 #include "core/MainGuard.h"
 #include "node/transport/ZmqTransport.h"
 
+#include "tools/bench/BenchMains.h"
+
+// Inside cairn_bench (tools/bench/bench_main.cpp), run as build/tools/bench/bench_transport.
+namespace cairn::bench::transport {
+
 using namespace std::chrono;
 
 namespace {
@@ -53,7 +58,7 @@ const char* kModes[] = {"cairn", "raw"};
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"bench_transport: tensor throughput between two processes (cairn vs raw ZeroMQ vs memcpy)"};
   std::string sizes_text = "64M";
   int rounds = 5, port = 5590;
@@ -182,3 +187,5 @@ int main(int argc, char** argv) {
   ::waitpid(child, &status, 0);
   return rc != 0 ? rc : (WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
+
+}  // namespace cairn::bench::transport
