@@ -168,14 +168,18 @@ void expectMergeMatchesPipeline(const std::string& model_name, const std::string
 }
 
 TEST(ModelMerge, CnnWithBatchNormMatchesItsPipelineAndAveragesClusters) {
-  // 30 MB holds the whole CNN; 16-20 MB nodes need two per cluster: cluster cuts differ.
-  expectMergeMatchesPipeline("cnn", "--input-shape 32,1,28,28",
-                             {0.030, 0.012, 0.016, 0.020, 0.018});
+  // 30 MB holds the whole CNN; a 16 or 20 MB node does not: with 3 nodes in 2 clusters, the only
+  // plan is the 30 MB node alone and the other two as a 2-stage pipeline, so the clusters are cut
+  // differently whatever the profile's timings (with 5 nodes, a loaded machine's profile once
+  // paired them into two alike 2-stage clusters).
+  expectMergeMatchesPipeline("cnn", "--input-shape 32,1,28,28", {0.030, 0.016, 0.020});
 }
 
 TEST(ModelMerge, GptMatchesItsPipelineAndAveragesClusters) {
+  // 4 MB holds the whole GPT; no two of the others do: the 4 MB node alone and the other three as
+  // a 3-stage pipeline, the only plan.
   expectMergeMatchesPipeline("gpt", "--input-shape 8,16 --input-dtype int64",
-                             {0.004, 0.002, 0.0025, 0.003, 0.0022});
+                             {0.004, 0.0025, 0.003, 0.0022});
 }
 
 TEST(ModelMerge, SafetensorsReadByAnIndependentReader) {
