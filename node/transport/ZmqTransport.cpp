@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include <zmq_addon.hpp>
 
@@ -18,6 +19,26 @@
 #include "core/Log.h"
 
 namespace cairn {
+namespace {
+
+// Binds `socket`; on EADDRINUSE tries again for up to 2 s. ZeroMQ closes a socket in its I/O
+// thread after zmq_close returns, so a transport of this process closed a moment ago (a stage
+// restarted in-process on the same address) can hold its port a little longer, the longer on a
+// loaded machine. A port another process holds still fails, 2 s later, with the same error.
+void bindRetryingWhileInUse(zmq::socket_t& socket, const std::string& endpoint) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    try {
+      socket.bind(endpoint);
+      return;
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EADDRINUSE || std::chrono::steady_clock::now() >= deadline) throw;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
 
 const char* toString(SendStatus status) {
   switch (status) {
@@ -137,7 +158,7 @@ ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
     inbound_.set(zmq::sockopt::zap_domain, "cairn");
   }
   try {
-    inbound_.bind(bind_endpoint);
+    bindRetryingWhileInUse(inbound_, bind_endpoint);
     bound_endpoint_ = inbound_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
     CAIRN_THROW(BadInput, name_, ": cannot listen on ", bind_endpoint, ": ", e.what(),
