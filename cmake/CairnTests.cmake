@@ -16,6 +16,11 @@
 # GoogleTest's own module has no per-suite mode, hence this small one (cmake/GTestSuitesAdd.cmake
 # turns the listing into add_test calls).
 set(CAIRN_TEST_TIMEOUT 300 CACHE STRING "ctest TIMEOUT of each test that names none (seconds)")
+# Every test takes PROCESSORS 2 of ctest's slots, and tools/test.sh runs ctest -j (2 x cores): as
+# many busy tests at once as there are cores, as -j (cores) with one slot each would. The suites
+# that mostly wait (on timeouts, on sockets: node_tests' and coordinator_tests' use a tenth of a
+# core) take 1, so two of them run beside a busy test instead of holding a core each.
+set(CAIRN_TEST_PROCESSORS 2)
 
 function(cairn_gtest_suites target)
   cmake_parse_arguments(ARG "PER_CASE" "FILTER;LABEL;NUMERIC" "PROPERTIES" ${ARGN})
@@ -28,6 +33,10 @@ function(cairn_gtest_suites target)
   set(props ${ARG_PROPERTIES})
   if(NOT "TIMEOUT" IN_LIST props)
     list(APPEND props TIMEOUT ${CAIRN_TEST_TIMEOUT})
+  endif()
+  # ctest's slots: PROCESSORS 2 unless PROPERTIES says otherwise (see CAIRN_TEST_PROCESSORS).
+  if(NOT "PROCESSORS" IN_LIST props)
+    list(APPEND props PROCESSORS ${CAIRN_TEST_PROCESSORS})
   endif()
   # One BLAS thread in every test process (core/BlasThreads.h; tests/CMakeLists.txt gives the
   # tests it registers itself the same).

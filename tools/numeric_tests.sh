@@ -12,11 +12,11 @@ status=0
 for capability in default avx2 best; do
   echo "numeric: ATEN_CPU_CAPABILITY=$capability"
   if [[ "$capability" == best ]]; then
-    (cd "$BUILD_DIR" && env -u ATEN_CPU_CAPABILITY ctest -L numeric -j "${CAIRN_TEST_JOBS:-2}" \
+    (cd "$BUILD_DIR" && env -u ATEN_CPU_CAPABILITY ctest -L numeric -j "${CAIRN_TEST_JOBS:-$((2 * $(nproc)))}" \
        --output-on-failure "$@") || status=1
   else
     (cd "$BUILD_DIR" && ATEN_CPU_CAPABILITY=$capability ctest -L numeric \
-       -j "${CAIRN_TEST_JOBS:-2}" --output-on-failure "$@") || status=1
+       -j "${CAIRN_TEST_JOBS:-$((2 * $(nproc)))}" --output-on-failure "$@") || status=1
   fi
 done
 exit $status

@@ -19,7 +19,7 @@ cd "$BUILD_DIR"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-ctest --output-on-failure -j "${CAIRN_TEST_JOBS:-2}" "$@" 2>&1 | tee "$log" || status=$?
+ctest --output-on-failure -j "${CAIRN_TEST_JOBS:-$((2 * $(nproc)))}" "$@" 2>&1 | tee "$log" || status=$?
 # ctest's result lines: "  12/120 Test  #34: name ......   Passed   12.34 sec"
 echo
 echo "The ten slowest tests:"
