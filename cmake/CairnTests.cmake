@@ -2,10 +2,12 @@
 #
 # cairn_gtest_suites(TARGET LABEL label [NUMERIC suite-regex] [FILTER gtest-filter] [PER_CASE]
 #                    [PROPERTIES prop value ...])
-#   One ctest entry, TARGET.Suite, per GoogleTest *suite* of TARGET (not per case, as gtest_discover_tests does):
-#   each GoogleTest process starts libtorch, and one start per suite instead of one per case is most
-#   of the unit label's time. The entry runs exactly the suite's cases that FILTER selects (all by
-#   default), listed by name; a failing case is named in the test's output ([  FAILED  ] Suite.Case).
+#   Two ctest entries at most, one process each, for TARGET's GoogleTest suites (not one per case,
+#   as gtest_discover_tests does, nor one per suite: each GoogleTest process starts libtorch, ~0.7 s
+#   of CPU, and a hundred starts were a minute of a 2-core suite): the suites that match NUMERIC,
+#   and the others, named TARGET.First..Last after their first and last suite. Each runs exactly
+#   the cases that FILTER selects (all by default), listed by name; a failing case is named in the
+#   test's output ([  FAILED  ] Suite.Case).
 #   PER_CASE registers each selected case on its own instead (TARGET.Suite.Case) (for cases minutes long, so ctest -j
 #   can run them beside others). Like gtest_discover_tests, the cases are listed after each build
 #   (POST_BUILD, `TARGET --gtest_list_tests`), so a new TEST needs no edit here.

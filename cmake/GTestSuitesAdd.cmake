@@ -1,8 +1,9 @@
 # Run after a test binary is built (cmake/CairnTests.cmake, cairn_gtest_suites): lists its cases
-# (EXE --gtest_list_tests --gtest_filter=FILTER) and writes OUT, an add_test per suite (MODE SUITE)
-# or per case (MODE CASE), each running exactly its cases by name, labelled LABEL (and numeric where
-# the suite matches the regex NUMERIC), with the properties in PROPS_FILE.
-# Each test is named PREFIX.Suite (or PREFIX.Suite.Case).
+# (EXE --gtest_list_tests --gtest_filter=FILTER) and writes OUT: with MODE SUITE two add_tests at
+# most, one running the suites that match the regex NUMERIC (labelled LABEL and numeric), one the
+# others (labelled LABEL), each exactly its cases by name and named PREFIX.First..Last after its
+# first and last suite (PREFIX.Suite when it holds one); with MODE CASE an add_test per case,
+# PREFIX.Suite.Case. All with the properties in PROPS_FILE.
 #   cmake -D EXE=... -D PREFIX=... -D FILTER=... -D MODE=SUITE|CASE -D LABEL=... -D NUMERIC=...
 #            -D PROPS_FILE=... -D OUT=... -P this
 execute_process(COMMAND "${EXE}" --gtest_list_tests "--gtest_filter=${FILTER}"
@@ -29,31 +30,56 @@ foreach(line IN LISTS lines)
 endforeach()
 
 set(text "")
-foreach(suite IN LISTS suites)
-  set(groups "")
-  if(MODE STREQUAL "CASE")
-    foreach(name IN LISTS "cases_${suite}")
-      list(APPEND groups "${name}")
-    endforeach()
-  else()
-    string(REPLACE ";" ":" joined "${cases_${suite}}")
-    list(APPEND groups "${suite}=${joined}")
-  endif()
-  foreach(group IN LISTS groups)
-    if(group MATCHES "^([^=]+)=(.*)$")
-      set(name "${PREFIX}.${CMAKE_MATCH_1}")
-      set(filter "${CMAKE_MATCH_2}")
-    else()
-      set(name "${PREFIX}.${group}")
-      set(filter "${group}")
-    endif()
+macro(add_group name filter labels)
+  string(APPEND text
+    "add_test([==[${name}]==] [==[${EXE}]==] [==[--gtest_filter=${filter}]==])\n"
+    "set_tests_properties([==[${name}]==] PROPERTIES LABELS [==[${labels}]==] ${props})\n")
+endmacro()
+if(MODE STREQUAL "CASE")
+  foreach(suite IN LISTS suites)
     set(labels "${LABEL}")
     if(NOT NUMERIC STREQUAL "" AND suite MATCHES "${NUMERIC}")
       string(APPEND labels ";numeric")
     endif()
-    string(APPEND text
-      "add_test([==[${name}]==] [==[${EXE}]==] [==[--gtest_filter=${filter}]==])\n"
-      "set_tests_properties([==[${name}]==] PROPERTIES LABELS [==[${labels}]==] ${props})\n")
+    foreach(name IN LISTS "cases_${suite}")
+      add_group("${PREFIX}.${name}" "${name}" "${labels}")
+    endforeach()
   endforeach()
-endforeach()
+else()
+  # MODE SUITE: the suites that match NUMERIC in one entry (labelled numeric too), the others in
+  # another, each named PREFIX.First..Last by its first and last suite (PREFIX.Suite when alone).
+  foreach(kind plain numeric)
+    set(members "")
+    set(cases "")
+    foreach(suite IN LISTS suites)
+      set(is_numeric OFF)
+      if(NOT NUMERIC STREQUAL "" AND suite MATCHES "${NUMERIC}")
+        set(is_numeric ON)
+      endif()
+      set(want OFF)
+      if(kind STREQUAL "numeric")
+        set(want ON)
+      endif()
+      if(want STREQUAL is_numeric)
+        list(APPEND members "${suite}")
+        list(APPEND cases ${cases_${suite}})
+      endif()
+    endforeach()
+    if(members STREQUAL "")
+      continue()
+    endif()
+    list(GET members 0 first)
+    list(GET members -1 last)
+    set(name "${PREFIX}.${first}")
+    if(NOT first STREQUAL last)
+      set(name "${PREFIX}.${first}..${last}")
+    endif()
+    set(labels "${LABEL}")
+    if(kind STREQUAL "numeric")
+      string(APPEND labels ";numeric")
+    endif()
+    string(REPLACE ";" ":" filter "${cases}")
+    add_group("${name}" "${filter}" "${labels}")
+  endforeach()
+endif()
 file(WRITE "${OUT}" "${text}")
