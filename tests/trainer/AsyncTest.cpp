@@ -206,8 +206,7 @@ TEST(AsyncSchedule, FashionMnistSliceSyncVsAsync) {
   const char* override_dir = std::getenv("CAIRN_FASHION_NODE_DATA");
   const std::string dir = override_dir ? override_dir : modelsDir() + "/fashion_slice";
   ASSERT_FALSE(override_dir == nullptr && modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const char* steps_env = std::getenv("CAIRN_FASHION_STEPS");
-  const int64_t steps = steps_env ? std::atoll(steps_env) : 60;
+  const int64_t steps = testing::fashionSliceSteps();
   double accuracy[2] = {0, 0};
   for (int async = 0; async < 2; ++async) {
     testing::PipelineRun run = testing::runInMemoryPipeline(dir, [&](TrainOptions& t) {

@@ -173,8 +173,7 @@ TEST(Precision, FashionMnistSliceBf16VsFp32) {
   const char* override_dir = std::getenv("CAIRN_FASHION_NODE_DATA");
   const std::string dir = override_dir ? override_dir : precisionModelsDir() + "/fashion_slice";
   ASSERT_FALSE(override_dir == nullptr && precisionModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const char* steps_env = std::getenv("CAIRN_FASHION_STEPS");
-  const int64_t steps = steps_env ? std::atoll(steps_env) : 60;
+  const int64_t steps = testing::fashionSliceSteps();
   double accuracy[2] = {0, 0}, loss[2] = {0, 0};
   for (int bf16 = 0; bf16 < 2; ++bf16) {
     testing::PipelineRun run = testing::runInMemoryPipeline(dir, [&](TrainOptions& t) {
