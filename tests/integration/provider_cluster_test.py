@@ -51,6 +51,8 @@ import time
 import numpy as np
 import torch
 
+from in_process import run_script  # examples/ scripts in this interpreter (no second torch import)
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -73,22 +75,19 @@ def fail(message):
 def make_node_data(work, port, stages, batchnorm, settings, data_settings):
     os.makedirs(work, exist_ok=True)
     model = os.path.join(work, "model.pt")
-    cmd = [sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model]
-    if not batchnorm:
-        cmd.append("--no-batchnorm")
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    run_script(os.path.join(EXAMPLE, "make_model.py"), ["--out", model] + ([] if batchnorm else ["--no-batchnorm"]))
     configs = {str(i): {"IP": f"127.0.0.1:{port + i}", "benchmarks": {"ram": 1, "bandwidth": 1000}} for i in range(3)}
     with open(os.path.join(work, "node_configs.json"), "w") as f:
         json.dump(configs, f)
     node_data = os.path.join(work, "node_data")
     shutil.rmtree(node_data, ignore_errors=True)
-    cmd = [sys.executable, os.path.join(EXAMPLE, "make_node_data_by_hand.py"), "--model", model,
-           "--nodes", os.path.join(work, "node_configs.json"), "--out", node_data, "--stages", str(stages)]
+    cmd = ["--model", model, "--nodes", os.path.join(work, "node_configs.json"), "--out", node_data,
+           "--stages", str(stages)]
     for k, v in settings.items():
         cmd += ["--set", f"{k}={json.dumps(v)}"]
     for k, v in data_settings.items():
         cmd += ["--data-set", f"{k}={json.dumps(v)}"]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    run_script(os.path.join(EXAMPLE, "make_node_data_by_hand.py"), cmd)
     # Providers run secured by default: give the hand-made plan keys as clusterize would.
     subprocess.run([KEYS, node_data], check=True, stdout=subprocess.DEVNULL)
     return model, node_data
@@ -281,8 +280,7 @@ def make_clusters_node_data(work, port, stages, settings, data, keys):
     (node_data, node names per cluster, rings)."""
     os.makedirs(work, exist_ok=True)
     model = os.path.join(work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model],
-                   check=True, stdout=subprocess.DEVNULL)
+    run_script(os.path.join(EXAMPLE, "make_model.py"), ["--out", model])
     first = [sum(stages[:c]) for c in range(len(stages))]  # node number of each cluster's Root
     nodes = [[f"node_{first[c] + i}" for i in range(stages[c])] for c in range(len(stages))]
     parts = []
@@ -294,13 +292,13 @@ def make_clusters_node_data(work, port, stages, settings, data, keys):
         with open(os.path.join(cluster, "node_configs.json"), "w") as f:
             json.dump(configs, f)
         out = os.path.join(cluster, "node_data")
-        cmd = [sys.executable, os.path.join(EXAMPLE, "make_node_data_by_hand.py"), "--model", model,
-               "--nodes", os.path.join(cluster, "node_configs.json"), "--out", out, "--stages", str(stages[c])]
+        cmd = ["--model", model, "--nodes", os.path.join(cluster, "node_configs.json"), "--out", out,
+               "--stages", str(stages[c])]
         for k, v in settings.items():
             cmd += ["--set", f"{k}={json.dumps(v)}"]
         for k, v in data.items():
             cmd += ["--data-set", f"{k}={json.dumps(v)}"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        run_script(os.path.join(EXAMPLE, "make_node_data_by_hand.py"), cmd)
         parts.append(out)
     # Merge every cluster into cluster 0's folder.
     node_data = parts[0]
@@ -498,8 +496,7 @@ def case_clusterize_merge(args):
         fail("clusterize_merge needs --clusterize")
     os.makedirs(args.work, exist_ok=True)
     model = os.path.join(args.work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
+    run_script(os.path.join(EXAMPLE, "make_model.py"), ["--out", model])
     configs = {str(i): {"IP": f"127.0.0.1:{args.port + i}", "benchmarks": {"ram": 1, "bandwidth": 10000}}
                for i in range(3)}
     test_samples = 2000

@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (free_ports)
+from in_process import run_script  # noqa: E402  (make_model.py in this interpreter)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
@@ -88,9 +89,8 @@ def main():
     work = args.work
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out",
-                    os.path.join(work, "model.pt"), "--channels", "8", "16"], check=True,
-                   stdout=subprocess.DEVNULL)
+    run_script(os.path.join(EXAMPLE, "make_model.py"),
+               ["--out", os.path.join(work, "model.pt"), "--channels", "8", "16"])
     nodes = os.path.join(work, "node_configs.json")
     write_json(nodes, {str(i): {"IP": f"127.0.0.1:{p}", "benchmarks": {"ram": 1, "bandwidth": 10000}}
                        for i, p in enumerate(vt.free_ports(3))})

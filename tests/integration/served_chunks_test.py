@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (its Process, ports, coordinator helpers)
+from in_process import run_script  # noqa: E402  (make_model.py in this interpreter)
 
 SHARDS, PER_SHARD = 4, 600
 TEST_SHARDS, PER_TEST_SHARD = 2, 300
@@ -171,9 +172,8 @@ def main():
     if len(text) < SHARDS * per_train + TEST_SHARDS * per_test:
         vt.fail(f"{TEXT} is shorter than the token shards need")
     gpt = os.path.join(args.work, "gpt.pt")
-    subprocess.run([sys.executable, os.path.join(vt.REPO, "examples/tiny_gpt/make_model.py"), "--out", gpt,
-                    "--layers", "1", "--dim", "32", "--heads", "2", "--block", str(block)], check=True,
-                   stdout=subprocess.DEVNULL)
+    run_script(os.path.join(vt.REPO, "examples/tiny_gpt/make_model.py"),
+               ["--out", gpt, "--layers", "1", "--dim", "32", "--heads", "2", "--block", str(block)])
     token_dir, token_test_dir = os.path.join(args.work, "token_data"), os.path.join(args.work, "token_test_data")
     make_token_shards(token_dir, "train", text, SHARDS, per_train)
     make_token_shards(token_test_dir, "test", text[SHARDS * per_train:], TEST_SHARDS, per_test)

@@ -47,6 +47,7 @@ import torch
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 sys.path.insert(0, os.path.join(REPO, "tools/bench"))
 from loopback_ports import ephemeral_low  # noqa: E402  (the port policy the benchmarks share)
+from in_process import run_script  # noqa: E402  (make_model.py in this interpreter)
 EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
 FASHION = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530
@@ -201,8 +202,7 @@ def kill_all(coordinator, volunteers):
 def make_model(work):
     """examples/fashion_mnist/make_model.py's CNN written to WORK/model.pt: that path."""
     model = os.path.join(work, "model.pt")
-    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_model.py"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
+    run_script(os.path.join(EXAMPLE, "make_model.py"), ["--out", model])
     return model
 
 

@@ -10,15 +10,11 @@
 
 #include "core/Error.h"
 #include "tests/trainer/InMemoryPipeline.h"
+#include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Optimizer.h"
 
 namespace cairn {
 namespace {
-
-std::string modelsDir() {
-  const char* dir = std::getenv("CAIRN_TEST_MODELS");
-  return dir ? dir : "";
-}
 
 std::map<std::string, torch::Tensor> snapshot(const StageExecutor& e) {
   std::map<std::string, torch::Tensor> out;
@@ -45,8 +41,8 @@ std::pair<torch::Tensor, std::map<std::string, torch::Tensor>> recompute(
 }
 
 TEST(WeightStashing, StashedBackwardEqualsRecomputationWithStashedWeights) {
-  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const std::string model = modelsDir() + "/cnn/full.pt";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string model = testing::trainerModelsDir() + "/cnn/full.pt";
   torch::manual_seed(11);
   StageExecutor e(torch::jit::load(model), {{"x", "tensor", "float32", {}}},
                   {{"logits", "tensor", "float32", {}}}, /*inputs_need_grad=*/true);
@@ -107,8 +103,8 @@ TEST(WeightStashing, StashedBackwardEqualsRecomputationWithStashedWeights) {
 }
 
 TEST(AsyncSchedule, OneInFlightAndOneUpdatePerBatchIsTheSyncSchedule) {
-  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const std::string node_data = modelsDir() + "/cnn/node_data";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string node_data = testing::trainerModelsDir() + "/cnn/node_data";
   auto common = [](TrainOptions& t) {
     t.optimizer.kind = OptimizerKind::kAdamW;
     t.optimizer.lr = 1e-2;
@@ -133,8 +129,8 @@ TEST(AsyncSchedule, OneInFlightAndOneUpdatePerBatchIsTheSyncSchedule) {
 }
 
 TEST(AsyncSchedule, ManyInFlightEndsCleanlyAndLearns) {
-  ASSERT_FALSE(modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const std::string node_data = modelsDir() + "/cnn/node_data";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string node_data = testing::trainerModelsDir() + "/cnn/node_data";
   for (int64_t k : {3, 6}) {
     testing::PipelineRun run = testing::runInMemoryPipeline(node_data, [&](TrainOptions& t) {
       t.schedule = ScheduleKind::kAsync;
@@ -203,9 +199,8 @@ namespace {
 // CAIRN_FASHION_NODE_DATA names another folder. The first 60 steps (7,680 images, half the
 // epoch) by default, as Precision.FashionMnistSliceBf16VsFp32; CAIRN_FASHION_STEPS=0: the epoch.
 TEST(AsyncSchedule, FashionMnistSliceSyncVsAsync) {
-  const char* override_dir = std::getenv("CAIRN_FASHION_NODE_DATA");
-  const std::string dir = override_dir ? override_dir : modelsDir() + "/fashion_slice";
-  ASSERT_FALSE(override_dir == nullptr && modelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = testing::fashionSliceDir();
+  ASSERT_FALSE(dir.empty()) << "neither CAIRN_FASHION_NODE_DATA nor CAIRN_TEST_MODELS is set";
   const int64_t steps = testing::fashionSliceSteps();
   double accuracy[2] = {0, 0};
   for (int async = 0; async < 2; ++async) {

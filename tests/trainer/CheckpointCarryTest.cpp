@@ -13,6 +13,7 @@
 
 #include "core/Error.h"
 #include "tests/trainer/InMemoryPipeline.h"
+#include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Checkpoint.h"
 #include "trainer/CheckpointCarry.h"
 
@@ -22,8 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fixture(const std::string& cut) {
-  const char* dir = std::getenv("CAIRN_TEST_MODELS");
-  return std::string(dir ? dir : "") + "/recut/" + cut + "/node_data";
+  return testing::trainerModelsDir() + "/recut/" + cut + "/node_data";
 }
 
 // A private copy of a fixture plan (checkpoints are written into it).

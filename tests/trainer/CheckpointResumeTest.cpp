@@ -14,6 +14,7 @@
 
 #include "core/Error.h"
 #include "tests/trainer/InMemoryPipeline.h"
+#include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Checkpoint.h"
 #include "trainer/ClusterSync.h"
 
@@ -22,11 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string checkpointResumeModelsDir() {
-  const char* dir = std::getenv("CAIRN_TEST_MODELS");
-  return dir ? dir : "";
-}
-std::string nodeData() { return checkpointResumeModelsDir() + "/cnn_bn_dropout/node_data"; }
+std::string nodeData() { return testing::trainerModelsDir() + "/cnn_bn_dropout/node_data"; }
 
 std::string scratch(const std::string& name) {
   const std::string dir = (fs::temp_directory_path() /
@@ -94,7 +91,7 @@ void expectSameLosses(const std::vector<double>& reference, const std::vector<do
 }
 
 TEST(CheckpointResume, SyncStopOnANonRootNodeThenResumeIsBitIdentical) {
-  ASSERT_FALSE(checkpointResumeModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const std::string dir = scratch("sync");
   const testing::PipelineRun reference = testing::runInMemoryPipeline(nodeData(), syncOptions);
 
@@ -150,7 +147,7 @@ TEST(CheckpointResume, SyncStopOnANonRootNodeThenResumeIsBitIdentical) {
 }
 
 TEST(CheckpointResume, AsyncStopDrainsAndResumeIsBitIdentical) {
-  ASSERT_FALSE(checkpointResumeModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const std::string dir = scratch("async");
   // Stopped (checkpoints only at the stop): node 1 asks after its 3rd completed step.
   const testing::PipelineRun stopped = testing::runInMemoryPipeline(
@@ -232,7 +229,7 @@ class RecordingSync : public ClusterSync {
 };
 
 TEST(CheckpointResume, ClusterSyncStateIsSavedAndLoadedBeforeStart) {
-  ASSERT_FALSE(checkpointResumeModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const std::string dir = scratch("sync_state");
   RecordingSync reference_sync[3], stopped_sync[3], resumed_sync[3];
   testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
@@ -264,7 +261,7 @@ TEST(CheckpointResume, ClusterSyncStateIsSavedAndLoadedBeforeStart) {
 }
 
 TEST(CheckpointResume, CorruptNewestCheckpointFallsBackToThePreviousValidOne) {
-  ASSERT_FALSE(checkpointResumeModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const std::string dir = scratch("fallback");
   const testing::PipelineRun stopped = testing::runInMemoryPipeline(
       nodeData(), syncCheckpointEvery2, [&](int i, StageTrainerConfig& c) {
@@ -312,7 +309,7 @@ TEST(CheckpointResume, CorruptNewestCheckpointFallsBackToThePreviousValidOne) {
 }
 
 TEST(CheckpointResume, CheckpointOfAnotherNodeOrJobIsRefused) {
-  ASSERT_FALSE(checkpointResumeModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const std::string dir = scratch("refuse");
   testing::runInMemoryPipeline(
       nodeData(),
@@ -377,8 +374,8 @@ TEST(CheckpointResume, CheckpointOfAnotherNodeOrJobIsRefused) {
 // (the augmentation cursor is part of the checkpoint), stopped from the Leaf and resumed: losses,
 // parameters, buffers and the final test loss equal the uninterrupted run's.
 TEST(CheckpointResume, FashionMnistSliceStopAndResumeWithAugmentation) {
-  ASSERT_FALSE(checkpointResumeModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const std::string data = checkpointResumeModelsDir() + "/fashion_slice";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string data = testing::trainerModelsDir() + "/fashion_slice";
   const std::string dir = scratch("fashion");
   auto options = [](TrainOptions& t) {
     t.epochs = 0;
@@ -417,7 +414,7 @@ TEST(CheckpointResume, FashionMnistSliceStopAndResumeWithAugmentation) {
 // A broken or hostile upstream announcing a stop step that is not after the packet's step is a
 // BadInput naming the packet, not a hang or a crash.
 TEST(CheckpointResume, BadStopAtFromUpstreamIsRefused) {
-  ASSERT_FALSE(checkpointResumeModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const JobSpec job = readJobSpec(jobSpecPath(nodeData()));
   StageTrainerConfig c;
   c.node = readNodeSpec(nodeSpecPath(nodeData(), "node_1"));

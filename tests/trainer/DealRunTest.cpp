@@ -11,6 +11,7 @@
 
 #include "core/Error.h"
 #include "tests/trainer/InMemoryPipeline.h"
+#include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/ClusterSync.h"
 #include "trainer/Dataset.h"
 #include "trainer/DealChange.h"
@@ -20,11 +21,6 @@
 namespace cairn {
 namespace {
 
-std::string dealRunModelsDir() {
-  const char* dir = std::getenv("CAIRN_TEST_MODELS");
-  return dir ? dir : "";
-}
-
 void dealRunOptions(TrainOptions& t) {
   t.microbatches = 2;
   t.max_steps = 0;
@@ -32,8 +28,8 @@ void dealRunOptions(TrainOptions& t) {
 }
 
 TEST(DealRun, TheRootSamplesEachEpochsShardOfTheDealAndThePlanFollowsIt) {
-  ASSERT_FALSE(dealRunModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const std::string node_data = dealRunModelsDir() + "/cnn_bn_dropout/node_data";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
   const nlohmann::json deal = {{{"from_epoch", 0}, {"clusters", 1}},
                                {{"from_epoch", 1}, {"clusters", 2}}};
   TrainOptions used;
@@ -73,8 +69,8 @@ TEST(DealRun, TheRootSamplesEachEpochsShardOfTheDealAndThePlanFollowsIt) {
 // A cluster the deal adds from epoch 1 starts at the first step of epoch 1 (the step the first
 // cluster is at then) and samples its own shard of the grown deal.
 TEST(DealRun, AClusterAddedFromEpochOneStartsAtThatEpochsFirstStepOnItsOwnShard) {
-  ASSERT_FALSE(dealRunModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const std::string node_data = dealRunModelsDir() + "/cnn_bn_dropout/node_data";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
   const nlohmann::json deal = {{{"from_epoch", 0}, {"clusters", 1}},
                                {{"from_epoch", 1}, {"clusters", 2}}};
   TrainOptions used;
@@ -168,7 +164,7 @@ struct Offer {
 // `used` / `data` (optional) receive the Root's dealRunOptions.
 testing::PipelineRun runWithOffer(Offer& offer, const std::function<ClusterSync*(int)>& sync_of,
                                   TrainOptions* used = nullptr, DataOptions* data = nullptr) {
-  const std::string node_data = dealRunModelsDir() + "/cnn_bn_dropout/node_data";
+  const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
   return testing::runInMemoryPipeline(node_data, dealRunOptions, [&](int i, StageTrainerConfig& c) {
     c.data.chunks = 4;
     c.cluster_sync = sync_of(i);
@@ -189,7 +185,7 @@ testing::PipelineRun runWithOffer(Offer& offer, std::vector<AdmissionRecorder>& 
 }
 
 TEST(DealChange, TheRootTakesAnOfferedDealAndEveryStageEndsAtTheNewTotal) {
-  ASSERT_FALSE(dealRunModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   std::vector<AdmissionRecorder> syncs(kStages);
   Offer offer;
   offer.from_step = 3;  // taken at step 3 of epoch 0: epoch 1 and later change
@@ -219,14 +215,14 @@ TEST(DealChange, TheRootTakesAnOfferedDealAndEveryStageEndsAtTheNewTotal) {
 }
 
 TEST(DealChange, ADealOfferedAfterItsEpochBeganIsRefusedAndChangesNothing) {
-  ASSERT_FALSE(dealRunModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   std::vector<AdmissionRecorder> syncs(kStages);
   Offer offer;
   TrainOptions used;
   DataOptions data;
   // Offered from the first step of epoch 1 on: one cluster's steps per epoch.
   {
-    const std::string node_data = dealRunModelsDir() + "/cnn_bn_dropout/node_data";
+    const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
     const JobSpec job = readJobSpec(jobSpecPath(node_data));
     const TrainOptions t = parseTrainOptions(job.training, jobSpecPath(node_data));
     const DataOptions d = parseDataOptions(job.data, jobSpecPath(node_data));
@@ -289,7 +285,7 @@ testing::PipelineRun runAgreeing(Offer& offer, std::vector<AgreeingSync>& syncs)
 }
 
 int64_t oneClusterStepsPerEpoch() {
-  const std::string node_data = dealRunModelsDir() + "/cnn_bn_dropout/node_data";
+  const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
   const JobSpec job = readJobSpec(jobSpecPath(node_data));
   const TrainOptions t = parseTrainOptions(job.training, jobSpecPath(node_data));
   DataOptions d = parseDataOptions(job.data, jobSpecPath(node_data));
@@ -297,7 +293,7 @@ int64_t oneClusterStepsPerEpoch() {
 }
 
 TEST(DealChange, RootsThatShareRingsTakeAnOfferOnlyAtTheStepAfterTheSyncThatAgreedOnIt) {
-  ASSERT_FALSE(dealRunModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   std::vector<AgreeingSync> syncs = {AgreeingSync(true), AgreeingSync(false), AgreeingSync(false)};
   Offer offer;
   offer.from_step = 1;  // seen before step 1; a lone Root would take it there
@@ -316,7 +312,7 @@ TEST(DealChange, RootsThatShareRingsTakeAnOfferOnlyAtTheStepAfterTheSyncThatAgre
 }
 
 TEST(DealChange, AnOfferTheRingDidNotAgreeOnOrAnotherRootCannotTakeChangesNothing) {
-  ASSERT_FALSE(dealRunModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const int64_t per_epoch = oneClusterStepsPerEpoch();
   for (AgreeingSync::Others others : {AgreeingSync::Others::kOtherOffer, AgreeingSync::Others::kCannotTake}) {
     std::vector<AgreeingSync> syncs = {AgreeingSync(true, others), AgreeingSync(false), AgreeingSync(false)};
@@ -344,8 +340,8 @@ TEST(DealChange, OfferFingerprintsAreAboveNoOfferBelowTwoToTheSixtyTwoAndFollowT
 // checkpoint's, so the run goes on under it and samples exactly what the run with the deal from
 // the start samples. A deal that renumbers the checkpoint's own epoch is refused naming it.
 TEST(DealRun, AResumeFromACheckpointBeforeADealChangeGoesOnUnderTheDeal) {
-  ASSERT_FALSE(dealRunModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const std::string node_data = dealRunModelsDir() + "/cnn_bn_dropout/node_data";
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
   char tmpl[] = "/tmp/cairn_deal_resume_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;

@@ -16,6 +16,7 @@
 
 #include "core/Error.h"
 #include "tests/trainer/InMemoryPipeline.h"
+#include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Checkpoint.h"
 #include "trainer/Device.h"
 
@@ -25,8 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string cnnNodeData() {
-  const char* dir = std::getenv("CAIRN_TEST_MODELS");
-  return std::string(dir ? dir : "") + "/cnn_bn_dropout/node_data";
+  return testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
 }
 
 std::string deviceScratch(const std::string& name) {

@@ -9,17 +9,13 @@
 #include <fstream>
 
 #include "tests/trainer/InMemoryPipeline.h"
+#include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Dataset.h"
 #include "trainer/Optimizer.h"
 #include "trainer/ScriptedLoss.h"
 
 namespace cairn {
 namespace {
-
-std::string equivalenceModelsDir() {
-  const char* dir = std::getenv("CAIRN_TEST_MODELS");
-  return dir ? dir : "";
-}
 
 struct Reference {
   std::map<std::string, torch::Tensor> parameters;
@@ -118,7 +114,7 @@ Reference trainReference(const std::string& full_model, const BatchFn& batch_of,
 
 BatchFn cnnBatches() {
   torch::Tensor inputs, targets;
-  for (auto& [name, t] : readSafetensors(equivalenceModelsDir() + "/cnn/data.safetensors")) {
+  for (auto& [name, t] : readSafetensors(testing::trainerModelsDir() + "/cnn/data.safetensors")) {
     if (name == "inputs") inputs = t;
     if (name == "targets") targets = t;
   }
@@ -129,7 +125,7 @@ BatchFn cnnBatches() {
 }
 
 BatchFn gptBatches() {
-  std::ifstream in(equivalenceModelsDir() + "/gpt/text.txt", std::ios::binary);
+  std::ifstream in(testing::trainerModelsDir() + "/gpt/text.txt", std::ios::binary);
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
                                    std::istreambuf_iterator<char>());
   return [bytes](const std::vector<int64_t>& ids) {
@@ -161,7 +157,7 @@ std::string caseName(const ::testing::TestParamInfo<Case>& info) {
 class SyncEquivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SyncEquivalence, ThreeStagesMatchUnsplitModel) {
-  ASSERT_FALSE(equivalenceModelsDir().empty())
+  ASSERT_FALSE(testing::trainerModelsDir().empty())
       << "CAIRN_TEST_MODELS is not set (ctest fixture trainer_models)";
   const Case c = GetParam();
   OptimizerOptions o;
@@ -174,7 +170,7 @@ TEST_P(SyncEquivalence, ThreeStagesMatchUnsplitModel) {
     o.lr = 1e-2;
     o.weight_decay = 0.01;
   }
-  const std::string node_data = equivalenceModelsDir() + "/" + c.model + "/node_data";
+  const std::string node_data = testing::trainerModelsDir() + "/" + c.model + "/node_data";
   testing::PipelineRun run = testing::runInMemoryPipeline(node_data, [&](TrainOptions& t) {
     t.optimizer = o;
     t.clip_grad_norm = c.clip;
@@ -184,14 +180,14 @@ TEST_P(SyncEquivalence, ThreeStagesMatchUnsplitModel) {
   });
   ASSERT_EQ(run.batches.size(), 10u);
   Reference ref =
-      trainReference(equivalenceModelsDir() + "/" + c.model + "/full.pt",
+      trainReference(testing::trainerModelsDir() + "/" + c.model + "/full.pt",
                      c.model == "cnn" ? cnnBatches() : gptBatches(), run.batches, o, c.clip);
   ASSERT_EQ(run.losses.size(), ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(run.losses[i], ref.losses[i], 1e-5) << "step " << i;
   ASSERT_EQ(run.parameters.size(), ref.parameters.size());
   double max_diff = 0, max_change = 0;
-  torch::jit::Module initial = torch::jit::load(equivalenceModelsDir() + "/" + c.model + "/full.pt");
+  torch::jit::Module initial = torch::jit::load(testing::trainerModelsDir() + "/" + c.model + "/full.pt");
   std::map<std::string, torch::Tensor> start;
   for (const auto& p : initial.named_parameters()) start[p.name] = p.value;
   for (const auto& [name, expected] : ref.parameters) {
@@ -241,8 +237,8 @@ void expectRunMatches(const testing::PipelineRun& run, const Reference& ref,
 // count(target)) over 3 stages, micro-batches of 8, 8, 7 and 7 samples: the unsplit model with
 // libtorch's cross_entropy on the whole batch.
 TEST(LossEquivalence, TorchScriptLossUnequalMicrobatches) {
-  const std::string dir = equivalenceModelsDir() + "/cnn";
-  const std::string file = equivalenceModelsDir() + "/losses/loss_ce.pt";
+  const std::string dir = testing::trainerModelsDir() + "/cnn";
+  const std::string file = testing::trainerModelsDir() + "/losses/loss_ce.pt";
   OptimizerOptions o;
   o.kind = OptimizerKind::kAdam;
   o.lr = 1e-2;
@@ -264,7 +260,7 @@ TEST(LossEquivalence, TorchScriptLossUnequalMicrobatches) {
 
 // Label smoothing on the GPT (sequence targets), against libtorch's cross_entropy(label_smoothing).
 TEST(LossEquivalence, LabelSmoothingMatchesUnsplitModel) {
-  const std::string dir = equivalenceModelsDir() + "/gpt";
+  const std::string dir = testing::trainerModelsDir() + "/gpt";
   OptimizerOptions o;
   o.kind = OptimizerKind::kSgd;
   o.lr = 0.05;
@@ -283,7 +279,7 @@ TEST(LossEquivalence, LabelSmoothingMatchesUnsplitModel) {
 // last): no weight decay on biases and norm layers, half the lr on the head, as torch::optim
 // param groups on the unsplit model selected by the names written out here.
 TEST(OptimizerEquivalence, ParamGroupsMatchTorchOptimGroups) {
-  const std::string dir = equivalenceModelsDir() + "/gpt";
+  const std::string dir = testing::trainerModelsDir() + "/gpt";
   OptimizerOptions o;
   o.kind = OptimizerKind::kAdamW;
   o.lr = 1e-2;
@@ -314,7 +310,7 @@ TEST(OptimizerEquivalence, ParamGroupsMatchTorchOptimGroups) {
 
 // Same job and seed twice: bit-identical losses.
 TEST(Reproducibility, SameSeedGivesBitIdenticalLosses) {
-  const std::string node_data = equivalenceModelsDir() + "/gpt/node_data";
+  const std::string node_data = testing::trainerModelsDir() + "/gpt/node_data";
   auto adjust = [](TrainOptions& t) { t.max_steps = 5; };
   testing::PipelineRun a = testing::runInMemoryPipeline(node_data, adjust);
   testing::PipelineRun b = testing::runInMemoryPipeline(node_data, adjust);

@@ -14,6 +14,7 @@
 #include "core/Error.h"
 #include "core/JobFiles.h"
 #include "core/Safetensors.h"
+#include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Loss.h"
 #include "trainer/ScriptedLoss.h"
 #include "trainer/TrainOptions.h"
@@ -22,8 +23,7 @@ namespace cairn {
 namespace {
 
 std::string lossDir() {
-  const char* dir = std::getenv("CAIRN_TEST_MODELS");
-  return std::string(dir ? dir : "") + "/losses";
+  return testing::trainerModelsDir() + "/losses";
 }
 
 std::map<std::string, torch::Tensor> references() {

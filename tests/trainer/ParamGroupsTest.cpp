@@ -11,6 +11,7 @@
 
 #include "core/Error.h"
 #include "core/Safetensors.h"
+#include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Optimizer.h"
 #include "trainer/ParamGroups.h"
 #include "trainer/TrainOptions.h"
@@ -19,8 +20,7 @@ namespace cairn {
 namespace {
 
 std::string groupsDir() {
-  const char* dir = std::getenv("CAIRN_TEST_MODELS");
-  return std::string(dir ? dir : "") + "/groups";
+  return testing::trainerModelsDir() + "/groups";
 }
 
 class GroupsMatchTorchOptim : public ::testing::TestWithParam<std::string> {};

@@ -10,17 +10,13 @@
 
 #include "core/Error.h"
 #include "tests/trainer/InMemoryPipeline.h"
+#include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Precision.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/TrainOptions.h"
 
 namespace cairn {
 namespace {
-
-std::string precisionModelsDir() {
-  const char* dir = std::getenv("CAIRN_TEST_MODELS");
-  return dir ? dir : "";
-}
 
 torch::jit::Module linearStage() {
   torch::jit::Module m("LinearStage");
@@ -97,7 +93,7 @@ double relativeDeviation(const testing::PipelineRun& a, const testing::PipelineR
 }
 
 TEST_P(Bf16Pipeline, FollowsTheFp32Run) {
-  const std::string node_data = precisionModelsDir() + "/" + GetParam() + "/node_data";
+  const std::string node_data = testing::trainerModelsDir() + "/" + GetParam() + "/node_data";
   // SGD: a parameter's deviation follows its gradients' (Adam would turn near-zero gradients'
   // rounding into lr-sized steps in any two implementations).
   auto adjust = [](Precision p, int64_t steps) {
@@ -122,7 +118,7 @@ TEST_P(Bf16Pipeline, FollowsTheFp32Run) {
     EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 0.02 * fp32.losses[i]) << "step " << i;
   }
   EXPECT_GT(max_loss_diff, 0) << "bf16 gave fp32's exact losses: autocast did not run";
-  torch::jit::Module initial = torch::jit::load(precisionModelsDir() + "/" + GetParam() + "/full.pt");
+  torch::jit::Module initial = torch::jit::load(testing::trainerModelsDir() + "/" + GetParam() + "/full.pt");
   for (const auto& p : initial.named_parameters())
     ASSERT_EQ(bf16.parameters.at(p.name).scalar_type(), torch::kFloat) << p.name;
   // The reference for the bound, from the same CPU's kernels: one step of each from the same
@@ -170,9 +166,8 @@ TEST(TrainOptions, PrecisionIsValidated) {
 // 60 steps (7,680 images, half the slice's epoch) by default: where bf16 is emulated (AVX2 CPUs)
 // a bf16 step costs ~10 fp32 steps; CAIRN_FASHION_STEPS=0 trains the whole epoch.
 TEST(Precision, FashionMnistSliceBf16VsFp32) {
-  const char* override_dir = std::getenv("CAIRN_FASHION_NODE_DATA");
-  const std::string dir = override_dir ? override_dir : precisionModelsDir() + "/fashion_slice";
-  ASSERT_FALSE(override_dir == nullptr && precisionModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = testing::fashionSliceDir();
+  ASSERT_FALSE(dir.empty()) << "neither CAIRN_FASHION_NODE_DATA nor CAIRN_TEST_MODELS is set";
   const int64_t steps = testing::fashionSliceSteps();
   double accuracy[2] = {0, 0}, loss[2] = {0, 0};
   for (int bf16 = 0; bf16 < 2; ++bf16) {
