@@ -176,8 +176,11 @@ TEST(ModelMerge, CnnWithBatchNormMatchesItsPipelineAndAveragesClusters) {
 }
 
 TEST(ModelMerge, GptMatchesItsPipelineAndAveragesClusters) {
+  // The same for the GPT: clusterize estimates 4.5 MB for it in one stage (2.8 + 1.7 MB cut
+  // before its last block), so the 5 MB node holds it alone and the 3.2 and 3.6 MB nodes only
+  // together. (Its 5 nodes of 2-4 MB could be paired alike under load, as the CNN's were.)
   expectMergeMatchesPipeline("gpt", "--input-shape 8,16 --input-dtype int64",
-                             {0.004, 0.002, 0.0025, 0.003, 0.0022});
+                             {0.005, 0.0032, 0.0036});
 }
 
 TEST(ModelMerge, SafetensorsReadByAnIndependentReader) {
