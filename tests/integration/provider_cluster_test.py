@@ -75,7 +75,8 @@ def fail(message):
 def make_node_data(work, port, stages, batchnorm, settings, data_settings):
     os.makedirs(work, exist_ok=True)
     model = os.path.join(work, "model.pt")
-    run_script(os.path.join(EXAMPLE, "make_model.py"), ["--out", model] + ([] if batchnorm else ["--no-batchnorm"]))
+    run_script(os.path.join(EXAMPLE, "make_model.py"),
+               ["--out", model] + ([] if batchnorm else ["--no-batchnorm"]))
     configs = {str(i): {"IP": f"127.0.0.1:{port + i}", "benchmarks": {"ram": 1, "bandwidth": 1000}} for i in range(3)}
     with open(os.path.join(work, "node_configs.json"), "w") as f:
         json.dump(configs, f)

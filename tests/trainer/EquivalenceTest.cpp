@@ -187,7 +187,8 @@ TEST_P(SyncEquivalence, ThreeStagesMatchUnsplitModel) {
     EXPECT_NEAR(run.losses[i], ref.losses[i], 1e-5) << "step " << i;
   ASSERT_EQ(run.parameters.size(), ref.parameters.size());
   double max_diff = 0, max_change = 0;
-  torch::jit::Module initial = torch::jit::load(testing::trainerModelsDir() + "/" + c.model + "/full.pt");
+  torch::jit::Module initial =
+      torch::jit::load(testing::trainerModelsDir() + "/" + c.model + "/full.pt");
   std::map<std::string, torch::Tensor> start;
   for (const auto& p : initial.named_parameters()) start[p.name] = p.value;
   for (const auto& [name, expected] : ref.parameters) {

@@ -7,7 +7,6 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <map>
@@ -26,14 +25,6 @@
 #include "trainer/TrainOptions.h"
 
 namespace cairn::testing {
-
-// How many steps the Fashion-MNIST slice cases (AsyncSchedule.FashionMnistSliceSyncVsAsync,
-// Precision.FashionMnistSliceBf16VsFp32) train: CAIRN_FASHION_STEPS, 60 by default (7,680 images,
-// half the slice's epoch; bf16 is emulated on AVX2 CPUs); 0 trains the whole epoch.
-inline int64_t fashionSliceSteps() {
-  const char* steps = std::getenv("CAIRN_FASHION_STEPS");
-  return steps ? std::atoll(steps) : 60;
-}
 
 class InMemoryHub {
  public:

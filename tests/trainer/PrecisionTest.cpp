@@ -118,7 +118,8 @@ TEST_P(Bf16Pipeline, FollowsTheFp32Run) {
     EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 0.02 * fp32.losses[i]) << "step " << i;
   }
   EXPECT_GT(max_loss_diff, 0) << "bf16 gave fp32's exact losses: autocast did not run";
-  torch::jit::Module initial = torch::jit::load(testing::trainerModelsDir() + "/" + GetParam() + "/full.pt");
+  torch::jit::Module initial =
+      torch::jit::load(testing::trainerModelsDir() + "/" + GetParam() + "/full.pt");
   for (const auto& p : initial.named_parameters())
     ASSERT_EQ(bf16.parameters.at(p.name).scalar_type(), torch::kFloat) << p.name;
   // The reference for the bound, from the same CPU's kernels: one step of each from the same

@@ -1,7 +1,9 @@
 // Where the trainer tests find what ctest's fixtures made for them (tests/CMakeLists.txt:
-// trainer.make_test_models, trainer.make_fashion_slice, trainer.make_recut_models).
+// trainer.make_test_models, trainer.make_fashion_slice, trainer.make_recut_models), and how long
+// the Fashion-MNIST slice cases train.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -19,6 +21,14 @@ inline std::string trainerModelsDir() {
 inline std::string fashionSliceDir() {
   if (const char* dir = std::getenv("CAIRN_FASHION_NODE_DATA")) return dir;
   return trainerModelsDir().empty() ? "" : trainerModelsDir() + "/fashion_slice";
+}
+
+// How many steps the Fashion-MNIST slice cases (AsyncSchedule.FashionMnistSliceSyncVsAsync,
+// Precision.FashionMnistSliceBf16VsFp32) train: CAIRN_FASHION_STEPS, 60 by default (7,680 images,
+// half the slice's epoch; bf16 is emulated on AVX2 CPUs); 0 trains the whole epoch.
+inline int64_t fashionSliceSteps() {
+  const char* steps = std::getenv("CAIRN_FASHION_STEPS");
+  return steps ? std::atoll(steps) : 60;
 }
 
 }  // namespace cairn::testing
