@@ -26,9 +26,9 @@ if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
 fi
 cmake --build "$BUILD_DIR" -j "${CAIRN_JOBS:-$(nproc)}" --target fuzz_wire_decoder fuzz_node_data
 
-status=0
-for pair in "fuzz_wire_decoder:wire" "fuzz_node_data:node_data"; do
-  target=${pair%%:*}; corpus=${pair##*:}
+# One target: its corpus copied to a scratch folder, libFuzzer run there; a crash input is kept.
+fuzz_one() {
+  local target=$1 corpus=$2 work
   work=$(mktemp -d)
   cp tests/fuzz/corpus/"$corpus"/* "$work"/
   mkdir -p "$work/artifacts"
@@ -37,12 +37,13 @@ for pair in "fuzz_wire_decoder:wire" "fuzz_node_data:node_data"; do
   else
     echo "fuzz: $target for ${SECONDS_PER_TARGET}s"
   fi
+  local rc=0
   # Torch's own allocations are not ours to police; leak checking stays on for cairn code paths.
   if ! ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
       "$BUILD_DIR/tests/$target" "${FIXED[@]}" -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=4096 \
       -max_len=65536 -artifact_prefix="$work/artifacts/" -print_final_stats=1 "$work" \
       > "$work/log" 2>&1; then
-    status=1
+    rc=1
     mkdir -p tests/fuzz/regressions/"$corpus"
     cp "$work"/artifacts/* tests/fuzz/regressions/"$corpus"/ 2>/dev/null || true
     tail -40 "$work/log"
@@ -50,5 +51,20 @@ for pair in "fuzz_wire_decoder:wire" "fuzz_node_data:node_data"; do
   fi
   grep -E "stat::number_of_executed_units|Done [0-9]+ runs" "$work/log" | tail -2 | sed "s/^/fuzz: $target: /"
   rm -rf "$work"
+  return $rc
+}
+
+# The targets are single-threaded: they run side by side (one core each), each printing its lines
+# when it ends, in the targets' order.
+status=0
+pids=(); outs=()
+for pair in "fuzz_wire_decoder:wire" "fuzz_node_data:node_data"; do
+  out=$(mktemp); outs+=("$out")
+  fuzz_one "${pair%%:*}" "${pair##*:}" > "$out" 2>&1 &
+  pids+=($!)
+done
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || status=1
+  cat "${outs[$i]}"; rm -f "${outs[$i]}"
 done
 exit $status
