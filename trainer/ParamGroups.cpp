@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/Log.h"
@@ -54,8 +55,13 @@ std::vector<GroupedParameter> trainableParameters(const torch::jit::Module& modu
     for (const auto& p : m.value.named_parameters(/*recurse=*/false))
       owner[m.name.empty() ? p.name : m.name + "." + p.name] = className(m.value);
   std::vector<GroupedParameter> out;
+  // A tensor tied under two names (a GPT's embedding and head in one stage) is one parameter,
+  // under its first name: listed twice, the optimizer stepped it twice and gradient clipping
+  // counted its gradient twice.
+  std::set<const c10::TensorImpl*> seen;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
     if (!p.value.requires_grad()) continue;
+    if (!seen.insert(p.value.unsafeGetTensorImpl()).second) continue;
     const auto it = owner.find(p.name);
     out.push_back({p.name, it == owner.end() ? "" : it->second, p.value});
   }

@@ -32,7 +32,8 @@ struct GroupedParameter {
   std::string owner_class;   // class name of the module holding it ("LayerNorm"; "" if unknown)
   torch::Tensor tensor;
 };
-// The module's parameters that require grad, in named_parameters order (the optimizer's order).
+// The module's parameters that require grad, in named_parameters order (the optimizer's order),
+// each tensor once: a tensor tied under several names is listed under its first.
 std::vector<GroupedParameter> trainableParameters(const torch::jit::Module& module);
 // Index of the first rule selecting `p`, or -1.
 int paramGroupOf(const GroupedParameter& p, const std::vector<ParamGroupRule>& rules);

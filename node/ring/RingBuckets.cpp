@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "core/Error.h"
@@ -19,6 +20,10 @@ void RingBuckets::build(const std::vector<std::string>& names, torch::jit::Modul
   is_parameter.clear();
   buckets.clear();
   std::map<std::pair<int, bool>, size_t> bucket_of;
+  // A tensor tied under two names (a GPT's embedding and head in one stage) is one tensor: it
+  // keeps its place in `tensors` under each name (the checksum covers both) but joins a bucket
+  // once, so it is reduced, averaged or stepped (DiLoCo's outer step) once per sync.
+  std::set<const c10::TensorImpl*> bucketed;
   for (const auto& name : names) {
     auto it = state.find(name);
     if (it == state.end())
@@ -30,6 +35,7 @@ void RingBuckets::build(const std::vector<std::string>& names, torch::jit::Modul
     const size_t index = tensors.size();
     tensors.push_back(t);
     is_parameter.push_back(it->second.second);
+    if (!bucketed.insert(t.unsafeGetTensorImpl()).second) continue;
     const auto key = std::make_pair(int(t.scalar_type()), it->second.second);
     auto [b, fresh] = bucket_of.emplace(key, buckets.size());
     if (fresh) {

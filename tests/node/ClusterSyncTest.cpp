@@ -1434,6 +1434,27 @@ TEST(RingBuckets, GradientBucketsAreCutFromTheLastParameterBack) {
   EXPECT_EQ(membersOf(whole), (std::vector<std::vector<size_t>>{{0, 1, 2, 3}, {4}}));
 }
 
+// A tensor tied under two names (a GPT's embedding and head in one stage, both listed by
+// node.json's ring) keeps a place under each name, for the checksum, but joins one bucket once:
+// averaged, reduced or stepped by DiLoCo once per sync.
+TEST(RingBuckets, ATiedTensorJoinsItsBucketOnce) {
+  torch::jit::Module stage("__torch__.TiedStage");
+  const torch::Tensor tied = torch::randn({4, 3});
+  stage.register_parameter("tok", tied, false);
+  stage.register_parameter("bias", torch::randn({3}), false);
+  stage.register_parameter("head", tied, false);
+  RingBuckets ring;
+  ring.build({"tok", "bias", "head"}, stage, "n", "ring_0", "stage.pt", true);
+  ASSERT_EQ(ring.tensors.size(), 3u);
+  EXPECT_TRUE(ring.tensors[2].is_same(ring.tensors[0]));
+  ASSERT_EQ(ring.buckets.size(), 1u);
+  EXPECT_EQ(ring.buckets[0].members, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(ring.buckets[0].numel, 15);
+  EXPECT_EQ(ring.flatten(ring.buckets[0], false).numel(), 15);
+  ASSERT_EQ(ring.gradient_buckets.size(), 1u);
+  EXPECT_EQ(ring.gradient_buckets[0].members, (std::vector<size_t>{0, 1}));
+}
+
 // The overlapped all-reduce gives exactly the non-overlapped one's parameters, on every cluster,
 // and both equal libtorch's SGD on the union batch (within float rounding).
 TEST(RingClusterSyncOverlap, OverlappedEqualsNonOverlappedBitForBit) {

@@ -155,5 +155,27 @@ TEST(TrainOptions, ParamGroupsAreValidated) {
   EXPECT_EQ(o.optimizer.param_groups[1].names, std::vector<std::string>{"x"});
 }
 
+
+// A tensor tied under two names (embedding and head in one stage) is one trainable parameter, so
+// an SGD step moves it once: by lr times its gradient, not twice that (issue [R]'s zoo found the
+// tied GPT trained apart from PyTorch in every plan).
+TEST(ParamGroups, ATiedTensorIsOneParameterSteppedOnce) {
+  torch::jit::Module model("__torch__.TiedPair");
+  const torch::Tensor tied = torch::ones({2, 3}).requires_grad_(true);
+  model.register_parameter("tok", tied, false);
+  model.register_parameter("head", tied, false);
+  model.register_parameter("bias", torch::zeros({3}).requires_grad_(true), false);
+  const std::vector<GroupedParameter> trainable = trainableParameters(model);
+  ASSERT_EQ(trainable.size(), 2u);
+  EXPECT_EQ(trainable[0].name, "tok");
+  EXPECT_EQ(trainable[1].name, "bias");
+  const OptimizerOptions options =
+      parseTrainOptions({{"optimizer", {{"name", "sgd"}, {"lr", 0.5}}}}, "job.json").optimizer;
+  std::unique_ptr<Optimizer> optimizer = makeStageOptimizer(model, options);
+  tied.mutable_grad() = torch::full({2, 3}, 2.0);
+  optimizer->step(options.lr);
+  EXPECT_TRUE(tied.detach().equal(torch::full({2, 3}, 1.0 - 0.5 * 2.0)));
+}
+
 }  // namespace
 }  // namespace cairn
