@@ -215,25 +215,28 @@ void StageExecutor::enableWeightStashing() {
   CAIRN_ENFORCE(pending_.empty(), "weight stashing must be enabled before the first forward");
   stashing_ = true;
   stashed_.clear();
+  std::map<const c10::TensorImpl*, size_t> slot_of;  // a tied tensor is one slot
   for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
     if (!p.value.requires_grad()) continue;
-    Slot slot;
-    slot.owner = module_;
+    torch::jit::Module owner = module_;
     std::string name = p.name;
     for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.')) {
-      slot.owner = slot.owner.attr(name.substr(0, dot)).toModule();
+      owner = owner.attr(name.substr(0, dot)).toModule();
       name = name.substr(dot + 1);
     }
-    slot.name = name;
-    slot.master = p.value;
-    stashed_.push_back(std::move(slot));
+    const auto [it, fresh] = slot_of.emplace(p.value.unsafeGetTensorImpl(), stashed_.size());
+    if (fresh) {
+      stashed_.emplace_back();
+      stashed_.back().master = p.value;
+    }
+    stashed_[it->second].holders.emplace_back(owner, name);
   }
 }
 
 void StageExecutor::setParameters(bool use_version, const Version* version) {
   for (size_t i = 0; i < stashed_.size(); ++i)
-    stashed_[i].owner.setattr(stashed_[i].name,
-                              use_version ? version->tensors[i] : stashed_[i].master);
+    for (auto& [owner, name] : stashed_[i].holders)
+      owner.setattr(name, use_version ? version->tensors[i] : stashed_[i].master);
 }
 
 void StageExecutor::releaseVersion(int64_t version, bool move_gradients) {

@@ -86,9 +86,10 @@ class StageExecutor {
     int64_t in_flight = 0;
   };
   struct Slot {
-    torch::jit::Module owner;  // the (sub)module holding the parameter
-    std::string name;          // its attribute name there
-    torch::Tensor master;      // the module's own tensor
+    // The (sub)modules holding the parameter and its attribute name in each: one, or several for
+    // a tensor tied under several names (stashed once, set under every name).
+    std::vector<std::pair<torch::jit::Module, std::string>> holders;
+    torch::Tensor master;  // the module's own tensor
   };
   void setParameters(bool use_version, const Version* version);
   void releaseVersion(int64_t version, bool move_gradients);

@@ -106,7 +106,8 @@ struct ZooJob {
 
 ZooJob zooJob(const ZooModel& m) {
   const nlohmann::json training = readJsonFile(m.folder + "/job.json").at("training_definition");
-  return {training.at("microbatches").get<int64_t>(), training.at("optimizer").at("lr").get<double>(),
+  return {training.at("microbatches").get<int64_t>(),
+          training.at("optimizer").at("lr").get<double>(),
           training.at("optimizer").at("momentum").get<double>()};
 }
 
@@ -157,7 +158,8 @@ Trained trainWhole(const ZooModel& m, const Batches& batches) {
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& grad = params[i].grad();
       if (!grad.defined()) continue;
-      velocity[i] = velocity[i].defined() ? velocity[i].mul_(job.momentum).add_(grad) : grad.clone();
+      velocity[i] =
+          velocity[i].defined() ? velocity[i].mul_(job.momentum).add_(grad) : grad.clone();
       params[i].sub_(velocity[i] * job.lr);
     }
     ref.losses.push_back(total);
@@ -198,7 +200,8 @@ Trained trainCut(const PreparedModel& prepared, const ZooModel& m, const std::ve
   at_cuts.settings.cuts = cuts;
   const ClusterizeResult plan = planNodes(at_cuts, readNodeConfigs(nodes_path), nodes_path);
   if (plan.plan.clusters.size() != 1 || plan.plan.clusters[0].stages.size() != size_t(stages))
-    throw std::runtime_error("the plan is not one cluster of " + std::to_string(stages) + " stages");
+    throw std::runtime_error("the plan is not one cluster of " + std::to_string(stages) +
+                             " stages");
   const std::string node_data = work + "/node_data";
   NodeDataWriter(node_data).write(plan.plan, plan.job, plan.nodes, plan.stages);
 
@@ -337,10 +340,11 @@ TEST_P(Zoo, EveryAllowedCutTrainsAsTheWholeModel) {
     std::filesystem::remove_all(work);
     ++trained;
   }
-  std::printf("zoo %s: %d units, %zu cuts allowed, %d plans trained (%zu of 2 stages, the rest "
-              "of 3), worst relative difference to the whole model %.3g\n",
-              m.name.c_str(), graph.numUnits(), allowed.size(), trained,
-              std::min<size_t>(allowed.size(), 12), worst);
+  std::printf(
+      "zoo %s: %d units, %zu cuts allowed, %d plans trained (%zu of 2 stages, the rest "
+      "of 3), worst relative difference to the whole model %.3g\n",
+      m.name.c_str(), graph.numUnits(), allowed.size(), trained,
+      std::min<size_t>(allowed.size(), 12), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Zoo,

@@ -102,6 +102,35 @@ TEST(WeightStashing, StashedBackwardEqualsRecomputationWithStashedWeights) {
   EXPECT_EQ(s.max_bytes, s.max_versions * param_bytes);
 }
 
+// A tensor tied under two names is stashed once and set under both names in a version: forward
+// sees one tensor, the stash counts its bytes once, and the backward's gradient (both uses
+// summed) equals a recomputation with the weights its forward used.
+TEST(WeightStashing, ATiedTensorIsStashedOnce) {
+  torch::jit::Module m("__torch__.StashTiedPair");
+  const torch::Tensor tied = torch::randn({3, 3}).requires_grad_(true);
+  m.register_parameter("a", tied, false);
+  m.register_parameter("b", tied, false);
+  m.define("def forward(self, x):\n    return (x @ self.a).tanh() @ self.b\n");
+  StageExecutor e(m, {{"x", "tensor", "float32", {}}}, {{"y", "tensor", "float32", {}}},
+                  /*inputs_need_grad=*/true);
+  e.enableWeightStashing();
+  torch::manual_seed(3);
+  const torch::Tensor x = torch::randn({4, 3}), gy = torch::randn({4, 3});
+  const torch::Tensor used = tied.detach().clone();
+  e.forward(0, {x});
+  {
+    torch::NoGradGuard no_grad;
+    tied.add_(1.0);  // an update between the forward and its backward
+  }
+  e.newVersion();
+  e.backward(0, {gy});
+  const torch::Tensor w = used.clone().requires_grad_(true);
+  torch::autograd::backward({x.matmul(w).tanh().matmul(w)}, {gy});
+  ASSERT_TRUE(tied.grad().defined());
+  EXPECT_LE((tied.grad() - w.grad()).abs().max().item<double>(), 1e-6);
+  EXPECT_EQ(e.stashStats().max_bytes, 9 * 4);  // one version of one 3x3 float tensor
+}
+
 TEST(AsyncSchedule, OneInFlightAndOneUpdatePerBatchIsTheSyncSchedule) {
   ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const std::string node_data = testing::trainerModelsDir() + "/cnn/node_data";
