@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -13,16 +14,29 @@ namespace cairn::clusterize::testing {
 
 std::string sourceDirectory() { return CAIRN_CLUSTERIZE_TEST_SOURCE_DIR; }
 
+namespace {
+
+// A folder made for this test process, removed when the process exits.
+std::string processFolder(const std::string& prefix) {
+  static std::vector<std::string> folders;
+  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  if (folders.empty())
+    std::atexit([] {
+      for (const auto& folder : folders) std::filesystem::remove_all(folder);
+    });
+  folders.push_back(pattern);
+  return pattern;
+}
+
+}  // namespace
+
 const std::string& modelDirectory() {
   static const std::string dir = [] {
-    std::string pattern = (std::filesystem::temp_directory_path() / "cairn_clusterize_XXXXXX").string();
-    char* made = mkdtemp(pattern.data());
-    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
+    const std::string made = processFolder("cairn_clusterize");
     const std::string command = "/usr/bin/python3 " + sourceDirectory() + "/make_models.py " + made;
     if (std::system(command.c_str()) != 0) throw std::runtime_error("failed: " + command);
-    static std::string to_remove = made;
-    std::atexit([] { std::filesystem::remove_all(to_remove); });
-    return std::string(made);
+    return made;
   }();
   return dir;
 }
@@ -30,8 +44,9 @@ const std::string& modelDirectory() {
 std::string modelPath(const std::string& name) { return modelDirectory() + "/" + name + ".pt"; }
 
 std::string temporaryDirectory(const std::string& tag) {
+  static const std::string root = processFolder("cairn_clusterize_work");
   static int counter = 0;
-  const std::string dir = modelDirectory() + "/" + tag + "_" + std::to_string(++counter);
+  const std::string dir = root + "/" + tag + "_" + std::to_string(++counter);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

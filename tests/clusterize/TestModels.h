@@ -14,7 +14,8 @@ namespace cairn::clusterize::testing {
 // first use; the test fails if Python cannot script them).
 const std::string& modelDirectory();
 std::string modelPath(const std::string& name);
-// A fresh temporary folder under the model folder.
+// A fresh folder under a temporary folder of this process (removed when it exits); it does not
+// make the models.
 std::string temporaryDirectory(const std::string& tag);
 // Deterministic example inputs for each test model (batch sizes small to keep tests fast).
 std::vector<c10::IValue> exampleInputs(const std::string& name, int64_t batch = 4);

@@ -72,21 +72,6 @@ const std::string& zooDirectory() {
   return dir;
 }
 
-// A fresh folder for one plan's node_data, under a temporary folder of this process.
-std::string zooWorkDirectory(const std::string& tag) {
-  static const std::string root = [] {
-    std::string pattern = (std::filesystem::temp_directory_path() / "cairn_zoo_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    static std::string to_remove = pattern;
-    std::atexit([] { std::filesystem::remove_all(to_remove); });
-    return pattern;
-  }();
-  static int counter = 0;
-  const std::string dir = root + "/" + tag + "_" + std::to_string(++counter);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 ZooModel zooModel(const std::string& name) {
   for (const auto& entry : readJsonFile(zooDirectory() + "/zoo.json")) {
     if (entry.at("name") != name) continue;
@@ -327,7 +312,7 @@ TEST_P(Zoo, EveryAllowedCutTrainsAsTheWholeModel) {
   int trained = 0;
   for (const auto& cuts : plansToTrain(allowed)) {
     const std::string what = m.name + " " + zooCutsText(cuts);
-    const std::string work = zooWorkDirectory(m.name);
+    const std::string work = testing::temporaryDirectory("zoo_" + m.name);
     Trained got;
     try {
       got = trainCut(prepared, m, cuts, work);

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "trainer"))
 from dataset_refs import write_safetensors  # noqa: E402
-from make_models import Gpt, LatePosGpt, ResNet, TwoInput, cnn  # noqa: E402
+from make_models import Block, Gpt, LatePosGpt, ResNet, TwoInput, cnn  # noqa: E402
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 SAMPLES = 64
@@ -44,17 +44,8 @@ def rope(x, cos, sin):
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
 
-class RotaryBlock(nn.Module):
-    def __init__(self, d, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 2 * d)
-        self.out = nn.Linear(2 * d, d)
-
+class RotaryBlock(Block):
+    # make_models.py's Block with q and k rotated by the rotary tables and a bool causal mask.
     def forward(self, x, cos, sin, causal):
         b, t, d = x.size(0), x.size(1), x.size(2)
         hd = d // self.heads
@@ -65,7 +56,7 @@ class RotaryBlock(nn.Module):
         att = (q @ k.transpose(-2, -1)) * (1.0 / (hd ** 0.5))
         att = F.softmax(att.masked_fill(causal.logical_not(), float("-inf")), dim=-1)
         x = x + self.proj((att @ v).transpose(1, 2).contiguous().view(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + self.mlp(self.ln2(x))
 
 
 class RotaryGpt(nn.Module):
