@@ -1,8 +1,10 @@
 // provider: the one binary a volunteer runs. See `provider --help` and docs/THREADS.md.
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <pthread.h>
 #include <thread>
 
@@ -143,7 +145,9 @@ void addJoinOptions(CLI::App& app, Cli& cli) {
                  "trained stage. Exit 2 when the coordinator refuses (its reason is printed), 3 "
                  "when it\ndoes not answer (a wrong key in the invite looks the same). While it "
                  "trains, its metrics.jsonl records,\nrun plan and state changes stream to the "
-                 "coordinator in the background (docs/OPERATIONS.md\n\"Watching a run\")");
+                 "coordinator in the background (docs/OPERATIONS.md\n\"Watching a run\"). "
+                 "@FILE reads the invite from FILE's first line (kept out of `ps`; the service "
+                 "does this)");
   app.add_option("--listen", cli.listen,
                  "with --join (required): host:port this volunteer binds: the coordinator's "
                  "reachability\ncheck while joining, then its pipeline neighbours and ring peers");
@@ -176,6 +180,18 @@ void addJoinOptions(CLI::App& app, Cli& cli) {
       ->check(CLI::Range(10, 10000000))->capture_default_str();
 }
 
+// --config FILE: flags from a file (CLI11's config format: `key = value` per line, # comments,
+// each key a long flag's name without --); the command line wins over the file. A key no flag
+// has is an error, not ignored: a misspelt limit must not silently fall back to its default.
+void addConfigOption(CLI::App& app) {
+  app.set_config("--config", "",
+                 "read flags from FILE, one `key = value` per line, each key a long flag's name "
+                 "without --\n(listen = \"0.0.0.0:7100\"); flags given on the command line win. "
+                 "The service cairn-provider@NAME\nreads /etc/cairn/volunteer.d/NAME.conf this "
+                 "way (docs/OPERATIONS.md \"Running as a service\")");
+  app.allow_config_extras(false);
+}
+
 // What --listen may be: host:port with a real port (the training transport binds the same one
 // later). A wildcard host needs --advertise: peers cannot dial "0.0.0.0".
 bool wildcardHost(const std::string& host) {
@@ -206,11 +222,30 @@ std::string advertisedAddress(const std::string& listen, std::string advertise) 
   return advertise;
 }
 
+// --join's argument: the invite itself, or @FILE: the first line of FILE, without surrounding
+// whitespace (the service, cairn-provider@.service, passes its credential file this way so the
+// token is not on a command line every user of the machine can read).
+std::string inviteText(const std::string& argument) {
+  if (argument.empty() || argument[0] != '@') return argument;
+  const std::string path = argument.substr(1);
+  std::ifstream in(path);
+  if (!in)
+    CAIRN_THROW(BadInput, "--join ", argument, ": cannot read ", path, " (", std::strerror(errno),
+                ")");
+  std::string line;
+  std::getline(in, line);
+  const size_t begin = line.find_first_not_of(" \t\r");
+  const size_t end = line.find_last_not_of(" \t\r");
+  if (begin == std::string::npos)
+    CAIRN_THROW(BadInput, "--join ", argument, ": ", path, " holds no invite on its first line");
+  return line.substr(begin, end - begin + 1);
+}
+
 int runJoin(const Cli& cli) {
   cairn::VolunteerConfig config;
   config.upload_mbps = cli.upload_mbps;
   config.metrics.capacity = size_t(cli.metrics_queue);
-  config.invite = cairn::parseInvite(cli.invite);
+  config.invite = cairn::parseInvite(inviteText(cli.invite));
   config.advertise = advertisedAddress(cli.listen, cli.advertise);
   config.listen = cli.listen;
   config.workdir = cli.workdir;
@@ -309,8 +344,14 @@ int main(int argc, char** argv) {
   addProbeOptions(app, cli);
   addTrainingFlags(app, cli);
   addJoinOptions(app, cli);
+  addConfigOption(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ConfigError& e) {  // a key no flag has, a line that is not `key = value`
+    std::fprintf(stderr, "provider: error: --config %s: %s (keys are the long flags' names "
+                 "without --, e.g. listen = \"0.0.0.0:7100\")\n",
+                 app.get_config_ptr()->as<std::string>().c_str(), e.what());
+    return 2;
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }

@@ -29,6 +29,9 @@ PACKAGES=(
   libcpp-httplib-dev chromium  # the coordinator's web view, and the browser its test loads it in
   sentencepiece python3-sentencepiece bible-kjv
   universal-ctags  # tools/check_sizes.sh (lint.sizes): each function's first and last line
+  # The Debian packages (cmake/Packaging.cmake; ctest package.debs): man pages from --help,
+  # dpkg-shlibdeps, lintian, systemd-analyze verify for the service unit.
+  help2man dpkg-dev lintian systemd
 )
 
 missing=()
