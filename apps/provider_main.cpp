@@ -70,6 +70,8 @@ struct Cli {
   std::string invite, listen, advertise, workdir = "cairn-volunteer";
   double coordinator_timeout_s = 60, result_wait_s = 600, upload_mbps = 50;
   int metrics_queue = 20000;
+  int cores = 0;          // --cores: 0, all of them
+  double memory_gb = 0;   // --memory-gb: 0, all of it
 };
 
 const char* const kDescription =
@@ -178,6 +180,18 @@ void addJoinOptions(CLI::App& app, Cli& cli) {
                  "coordinator while it is\ndown or slow; when full the oldest is dropped (and "
                  "counted): training never waits for it")
       ->check(CLI::Range(10, 10000000))->capture_default_str();
+  app.add_option("--cores", cli.cores,
+                 "with --join: the most CPU cores this volunteer gives (default: all): its probe "
+                 "reports at most\nthese to the coordinator and measures GFLOPS on that many "
+                 "threads, and its stage runs at most\nthat many torch threads whatever job.json "
+                 "asks")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--memory-gb", cli.memory_gb,
+                 "with --join: the most RAM (GB) this volunteer gives (default: all the machine "
+                 "has, cgroup limit\napplied): its probe reports at most this, so the planner "
+                 "gives it no stage whose estimate\nneeds more, and it refuses (exit 2, telling "
+                 "the coordinator why) an assignment that does")
+      ->check(CLI::Range(0.1, 1e6));
 }
 
 // --config FILE: flags from a file (CLI11's config format: `key = value` per line, # comments,
@@ -254,6 +268,8 @@ int runJoin(const Cli& cli) {
   config.probe_megabytes = cli.probe_megabytes_option->count() > 0 ? cli.probe_megabytes : 8;
   config.stop_requested = [] { return g_stop.load(); };
   config.device = cli.device;
+  config.cores = cli.cores;
+  config.memory_gb = cli.memory_gb;
   cairn::resolveDevice(cli.device, "--device");  // a device this machine lacks: exit 2 before joining
   return cairn::runVolunteer(config);
 }
@@ -273,7 +289,8 @@ int joinMode(const Cli& cli) {
 // The first of --join's own options given without --join (nullptr: none).
 const char* joinOptionGiven(const CLI::App& app) {
   for (const char* flag : {"--listen", "--advertise", "--workdir", "--coordinator-timeout-s",
-                           "--result-wait-s", "--upload-mbps", "--metrics-queue"})
+                           "--result-wait-s", "--upload-mbps", "--metrics-queue", "--cores",
+                           "--memory-gb"})
     if (app.count(flag) > 0) return flag;
   return nullptr;
 }

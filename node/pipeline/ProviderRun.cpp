@@ -380,7 +380,13 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   checkNodeOfJob(node, job, nodeSpecPath(node_data, name), name);
   const std::string dir = nodeDirectory(node_data, name);
   StageTrainerConfig config = trainerConfig(options, node, job, job_path, dir);
-  setTorchThreads(config.options.threads);
+  int threads = config.options.threads;
+  if (options.max_threads > 0 && threads > options.max_threads) {
+    CAIRN_INFO("job.json asks for ", threads, " intra-op threads; this volunteer gives ",
+               options.max_threads, " cores (--cores): ", options.max_threads, " threads");
+    threads = options.max_threads;
+  }
+  setTorchThreads(threads);
 
   torch::jit::Module stage = loadStage(dir + "/" + node.stage_file);  // checked here; the
   // runner loads it afresh for every attempt

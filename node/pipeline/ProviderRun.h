@@ -34,6 +34,9 @@ struct ProviderRunOptions {
   // --device: where the stage trains (trainer/Device.h): auto | cpu | cuda | cuda:N. Resolved
   // when the run starts; a device this build or machine lacks is BadInput (exit 2).
   std::string device = "auto";
+  // At most this many torch intra-op threads, whatever job.json's `threads` asks (provider
+  // --join --cores: the volunteer's limit); 0: job.json's.
+  int max_threads = 0;
   // Neighbours and ring peers on loopback addresses over the same-host socket (docs/PROTOCOL.md
   // "Same-host links"). provider --join turns it off: a spare replacing a volunteer comes with a
   // new key, and only CURVE's handshake keeps its first messages from the neighbours' transports

@@ -1,5 +1,6 @@
 #include "node/volunteer/VolunteerAssignment.h"
 
+#include <cstdio>
 #include <sstream>
 
 #include "core/Error.h"
@@ -95,6 +96,15 @@ NodeSpec checkPeersUpdate(const PeersUpdate& update, const NodeSpec& current,
   node.extra["public_key"] = own_public_key;
   if (current.extra.contains("num_clusters")) node.extra["num_clusters"] = current.extra["num_clusters"];
   return node;
+}
+
+std::string whyTooBigForVolunteer(const NodeSpec& node, double memory_gb) {
+  const double need_gb = node.estimated_memory_bytes / 1e9;
+  if (memory_gb <= 0 || need_gb <= memory_gb) return "";
+  char figures[160];
+  std::snprintf(figures, sizeof figures, "needs an estimated %.2f GB and this volunteer gives "
+                "%.2f GB (--memory-gb)", need_gb, memory_gb);
+  return "refused node " + node.name + ": its stage " + figures;
 }
 
 }  // namespace cairn

@@ -29,6 +29,12 @@ std::string whyNotANodeName(const std::string& name);
 CheckedAssignment checkAssignment(const Assignment& assignment, const std::string& accepted_name,
                                   const std::string& own_public_key, const std::string& coordinator);
 
+// provider --join --memory-gb: the sentence with which a volunteer giving `memory_gb` GB refuses
+// the node `node` (its estimates.memory_bytes needs more), or "" when it fits or `memory_gb` is 0
+// (no limit). ("refused node node_3: its stage needs an estimated 5.10 GB and this volunteer
+// gives 4.00 GB (--memory-gb)")
+std::string whyTooBigForVolunteer(const NodeSpec& node, double memory_gb);
+
 // Validates `update` (docs/PROTOCOL.md `peers`) against the node.json the volunteer runs now:
 // the same name, job, cluster, stage, role, stage file and own address, and (when present) this
 // volunteer's public key; only upstream/downstream/ring peers may differ. Returns the new

@@ -13,15 +13,20 @@ namespace cairn {
 namespace {
 
 // This machine's RAM, cores, GFLOPS, GPUs and libtorch version for the join (the bandwidth is
-// measured by the session).
-VolunteerProbe probeThisMachine() {
+// measured by the session), within the volunteer's limits (--cores, --memory-gb): what it gives,
+// not what it has.
+VolunteerProbe probeThisMachine(const VolunteerConfig& config) {
   MachineProbe measured;
   probeMemoryAndCores(&measured);
-  measured.compute_gflops = probeComputeGflops();
   VolunteerProbe probe;
   probe.ram_gb = measured.ram_gb;
   probe.cores = measured.cores;
-  probe.compute_gflops = measured.compute_gflops;
+  if (config.cores > 0 && config.cores < probe.cores) probe.cores = config.cores;
+  if (config.memory_gb > 0 && config.memory_gb < probe.ram_gb) probe.ram_gb = config.memory_gb;
+  if (probe.cores != measured.cores || probe.ram_gb != measured.ram_gb)
+    CAIRN_INFO("probe: giving ", probe.cores, " of ", measured.cores, " cores and ",
+               probe.ram_gb, " of ", measured.ram_gb, " GB (--cores, --memory-gb)");
+  probe.compute_gflops = probeComputeGflops(1024, std::chrono::milliseconds(1500), probe.cores);
   std::string no_gpus;
   probe.gpus = probeGpus(&no_gpus);
   if (probe.gpus.empty()) CAIRN_INFO("probe: GPUs: none (", no_gpus, ")");
@@ -39,6 +44,7 @@ ProviderRunOptions assignedRun(const VolunteerConfig& config, const VolunteerSes
   run.same_host_links = false;  // CURVE over TCP even on loopback (ProviderRunOptions)
   run.resume = wait.resume;  // a restarted volunteer given its stage again: its checkpoints
   run.device = config.device;
+  run.max_threads = config.cores;
   // data.source "coordinator": the Root fetches its cluster's chunks (node/volunteer/ServedChunks.h).
   run.chunk_source = std::make_shared<ServedChunks>(config.invite, session.workdir().loadOrCreateIdentity(),
                                                     wait.name, session.workdir().path() + "/chunks");
@@ -80,13 +86,26 @@ ProviderRunOutcome trainAssignment(const VolunteerConfig& config, VolunteerSessi
   return outcome;
 }
 
+// --memory-gb: an assignment whose stage needs more than the volunteer gives is refused (the
+// coordinator planned with the probe's capped RAM, so only a coordinator that ignored it sends
+// one). The coordinator hears why in `leaving`; BadInput (exit 2): restarting cannot help.
+void checkAssignmentFits(const VolunteerConfig& config, VolunteerSession& session,
+                         const AssignmentWait& wait) {
+  if (config.memory_gb <= 0) return;
+  const std::string path = nodeSpecPath(wait.node_data, wait.name);
+  const std::string why = whyTooBigForVolunteer(readNodeSpec(path), config.memory_gb);
+  if (why.empty()) return;
+  session.sendLeaving(why);
+  CAIRN_THROW(BadInput, why, " (", path, ", estimates.memory_bytes)");
+}
+
 }  // namespace
 
 int runVolunteer(const VolunteerConfig& config) {
   setLogTag("volunteer");
   VolunteerSession session(config);
   session.startResponder();  // a --listen that cannot be bound fails before the probe
-  const auto accepted = session.join(probeThisMachine());
+  const auto accepted = session.join(probeThisMachine(config));
   if (!accepted) {
     CAIRN_INFO("stopped before the coordinator answered");
     return 0;
@@ -101,6 +120,7 @@ int runVolunteer(const VolunteerConfig& config) {
     CAIRN_INFO("the coordinator says the run is over (", wait.reason, "); nothing to train");
     return 0;
   }
+  checkAssignmentFits(config, session, wait);
   ProviderRunOptions run = assignedRun(config, session, wait);
   // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
   VolunteerPeers peers(run.node_data, run.name, session.publicKey(), describeCoordinator(config.invite));

@@ -58,6 +58,14 @@ struct VolunteerConfig {
   size_t max_message_bytes = size_t(2) << 30;     // largest message taken from the coordinator
   std::function<bool()> stop_requested;           // a signal: stop waiting, say `leaving`
   std::string device = "auto";                    // provider --device (trainer/Device.h)
+  // The volunteer's own limits (docs/OPERATIONS.md "Running as a service"). cores: provider
+  // --cores, the most cores it gives (its probe reports min(cores, the machine's), measures its
+  // GFLOPS on that many threads, and its stage runs at most that many intra-op threads); 0: all.
+  // memory_gb: provider --memory-gb, the most RAM it gives (its probe reports min(memory_gb, the
+  // machine's), so the planner gives it no bigger stage, and it refuses an assignment whose
+  // estimate needs more); 0: all.
+  int cores = 0;
+  double memory_gb = 0;
 };
 
 // How waitForAssignment() ended.

@@ -18,7 +18,10 @@ CASE:
                     same invite, the volunteers' pending uploads reach it, and it merges the
                     trained model, whose PyTorch accuracy equals the Leaf's.
   checkpoint_upload 3 volunteers form one 3-stage pipeline that checkpoints every 10 of 60 steps;
-                    each uploads its checkpoints in the background (--upload-mbps). After the run
+                    each uploads its checkpoints in the background (--upload-mbps). One gives less
+                    than the machine has (--cores 1 --memory-gb 3.5): the coordinator's join line
+                    shows those figures and its stage trains on 1 thread though job.json asks for
+                    2 (its log says so). After the run
                     the coordinator's newest stored checkpoint of every node is a step that is a
                     multiple of 10 up to 60, its coordinator.db row names it, and it is
                     byte-identical to the volunteer's own file of that step. Prints the bytes and
@@ -393,13 +396,17 @@ def case_join_train_merge(args):
 
 
 def case_checkpoint_upload(args):
+    # job.json asks for 2 intra-op threads; every volunteer gives 1 core (its limit), volunteer 0
+    # also only 3.5 GB.
     run = start_run(args, 60, 200, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14"], 3,
-                    {"checkpoint_every": 10})
+                    {"checkpoint_every": 10, "threads": 2})
     out = run.out
     with run:
-        run.join(3, ["--upload-mbps", "50"])
+        run.join(1, ["--upload-mbps", "50", "--cores", "1", "--memory-gb", "3.5"])
+        run.join(2, ["--upload-mbps", "50", "--cores", "1"])
         run.wait_planned(1, 120, "'planned 1 cluster(s)'")
         run.all_finish()
+    check_limits(run)
 
     import sqlite3
     db = sqlite3.connect(os.path.join(out, "coordinator.db"))
@@ -427,6 +434,24 @@ def case_checkpoint_upload(args):
         print(f"{name}: coordinator holds step {step}, byte-identical to the volunteer's; uploads:")
         for l in uploads:
             print("   ", l[l.index("uploaded checkpoint"):])
+
+
+def check_limits(run):
+    """Each volunteer (--cores 1; volunteer 0 --memory-gb 3.5 too) offered the coordinator what it
+    gives, not what the machine has, and trained its stage on 1 thread though job.json asks for 2."""
+    for i, (v, _) in enumerate(run.volunteers):
+        address = f"127.0.0.1:{run.ports[i]}"
+        offered = [l for l in run.coordinator.lines if "coordinator: joined: " in l and f" at {address} (" in l]
+        if len(offered) != 1:
+            fail(f"the coordinator's join lines of {v.tag}: {offered}")
+        ram_gb = float(offered[0].split(f" at {address} (")[1].split(" GB, ")[0])
+        if " GB, 1 cores," not in offered[0] or (ram_gb == 3.5) != (i == 0):
+            fail(f"{v.tag} (--cores 1{' --memory-gb 3.5' if i == 0 else ''}) joined as: {offered[0]}")
+        if not v.count(lambda l: "asks for 2 intra-op threads; this volunteer gives 1 cores" in l):
+            fail(f"{v.tag} did not cap job.json's 2 threads at its 1 core")
+        print(f"limits: {offered[0][offered[0].index('joined: '):].strip()}")
+    if not run.volunteers[0][0].count(lambda l: "probe: giving " in l and " and 3.5 of " in l):
+        fail("volunteer 0 did not log what it gives of the machine ('probe: giving …')")
 
 
 def evaluate(path, test_samples):

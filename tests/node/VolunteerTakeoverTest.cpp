@@ -241,5 +241,19 @@ TEST(VolunteerTakeover, ALiveUpdateTheRunRefusesIsIgnoredAndNodeJsonKept) {
   peers.liveHook()({});
 }
 
+// provider --join --memory-gb: a stage whose estimate needs more than the volunteer gives is
+// refused with a sentence naming the node and both figures; one that fits, or no limit, is not.
+TEST(VolunteerLimits, AStageBiggerThanTheMemoryGivenIsRefusedWithASentence) {
+  NodeSpec node;
+  node.name = "node_3";
+  node.estimated_memory_bytes = 5.1e9;
+  EXPECT_EQ(whyTooBigForVolunteer(node, 4.0),
+            "refused node node_3: its stage needs an estimated 5.10 GB and this volunteer gives "
+            "4.00 GB (--memory-gb)");
+  EXPECT_EQ(whyTooBigForVolunteer(node, 5.1), "");  // exactly what it gives: fits
+  EXPECT_EQ(whyTooBigForVolunteer(node, 16.0), "");
+  EXPECT_EQ(whyTooBigForVolunteer(node, 0.0), "");  // 0: no limit
+}
+
 }  // namespace
 }  // namespace cairn

@@ -12,8 +12,9 @@
 #     --help and --probe, cairn-clusterize --help and cairn-keys run; --config reads flags from a
 #     file and refuses a key no flag has (exit 2, naming the file and the key); --join @FILE
 #     reads the invite from a file and refuses a missing one (exit 2 naming it);
-#   * cairn-volunteer add writes the invite 0600 and the flags the provider then reads, refuses
-#     a cut-off invite, and remove deletes both.
+#   * cairn-volunteer add writes the invite 0600, the flags the provider then reads and the
+#     limits' systemd drop-in (CPUQuota, MemoryMax), refuses a cut-off invite, and remove deletes
+#     all three.
 #   tests/package/package_test.sh BUILD_DIR
 set -euo pipefail
 BUILD=$(cd "$1" && pwd)
@@ -138,15 +139,17 @@ echo "cairn-invite:1:127.0.0.1:1:zz:00" > broken.invite
 expect_exit 2 "has a coordinator key that is not 80 hex digits" cairn-provider --join @broken.invite --listen 127.0.0.1:7100
 
 # cairn-volunteer: what it writes is what the service reads.
-export CAIRN_VOLUNTEER_DIR=$work/volunteer.d
+export CAIRN_VOLUNTEER_DIR=$work/volunteer.d CAIRN_SYSTEMD_DIR=$work/systemd
 key=$(printf 'ab%.0s' $(seq 40)); token=$(printf 'cd%.0s' $(seq 16))
 invite="cairn-invite:1:coord.example:7000:$key:$token"
-cairn-volunteer add "$invite" --listen 0.0.0.0:7100 --advertise 192.0.2.7:7100 > add.txt
+cairn-volunteer add "$invite" --listen 0.0.0.0:7100 --advertise 192.0.2.7:7100 --cores 1 --memory-gb 2 > add.txt
 [[ "$(stat -c %a "$CAIRN_VOLUNTEER_DIR/coord.example-7000.invite")" == 600 ]] || fail "the invite file is not 0600"
 [[ "$(cat "$CAIRN_VOLUNTEER_DIR/coord.example-7000.invite")" == "$invite" ]] || fail "the invite file"
 grep -q 'systemctl enable --now cairn-provider@coord.example-7000' add.txt || { cat add.txt; fail "add's next step"; }
-# The provider reads both: the .conf's flags (without --join, --listen is refused: it came from
-# the file), the invite file (this test's made-up key is refused by name, before any network).
+limits="$CAIRN_SYSTEMD_DIR/cairn-provider@coord.example-7000.service.d/limits.conf"
+[[ "$(grep -v '^#' "$limits")" == $'[Service]\nCPUQuota=100%\nMemoryMax=2560M' ]] || { cat "$limits"; fail "the limits' drop-in"; }
+# The provider reads both: the .conf's flags (listen, advertise, cores, memory-gb: all parse, and
+# without --join --listen is refused: it came from the file), the invite file (this test's made-up key is refused by name, before any network).
 expect_exit 2 "--listen is for --join" cairn-provider --config "$CAIRN_VOLUNTEER_DIR/coord.example-7000.conf" --probe
 expect_exit 2 "has a coordinator key that is not a CURVE public key" cairn-provider \
   --config "$CAIRN_VOLUNTEER_DIR/coord.example-7000.conf" --join "@$CAIRN_VOLUNTEER_DIR/coord.example-7000.invite"
@@ -155,4 +158,5 @@ expect_exit 2 "does not look like cairn-invite" cairn-volunteer add "${invite%??
 expect_exit 2 "binds every interface" cairn-volunteer add "$invite" --listen 0.0.0.0:7100 --name open
 cairn-volunteer remove coord.example-7000 > /dev/null
 [[ -z "$(ls "$CAIRN_VOLUNTEER_DIR")" ]] || fail "remove left $(ls "$CAIRN_VOLUNTEER_DIR")"
+[[ -z "$(ls "$CAIRN_SYSTEMD_DIR")" ]] || fail "remove left $(ls -R "$CAIRN_SYSTEMD_DIR")"
 echo "package_test: ok: $(basename "$provider_deb") and $(basename "$coordinator_deb")"
