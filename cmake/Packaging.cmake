@@ -99,6 +99,12 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+# Debian's libtorch calls BLAS through libblas.so.3, which on a bare Debian 12 is the reference
+# BLAS, ~13x slower per matmul (tools/setup.sh): both packages depend on OpenBLAS's pthread build
+# (dpkg-shlibdeps appends what the binaries link). tools/package_test.sh found it: a fresh root's
+# volunteer probed 5.6 GFLOPS where this machine gives 81.
+set(CPACK_DEBIAN_PROVIDER_PACKAGE_DEPENDS libopenblas0-pthread)
+set(CPACK_DEBIAN_COORDINATOR_PACKAGE_DEPENDS libopenblas0-pthread)
 set(CPACK_DEBIAN_PROVIDER_PACKAGE_NAME cairn-provider)
 set(CPACK_DEBIAN_COORDINATOR_PACKAGE_NAME cairn-coordinator)
 set(CPACK_DEBIAN_PROVIDER_PACKAGE_CONTROL_EXTRA

@@ -1,6 +1,7 @@
 #include "node/volunteer/Probe.h"
 
 #include <hwloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -57,6 +58,9 @@ void probeMemoryAndCores(MachineProbe* probe) {
   Topology topology;
   hwloc_obj_t root = hwloc_get_root_obj(topology.get());
   double bytes = static_cast<double>(root->total_memory);
+  // hwloc reads the memory from /sys; where /sys is missing (a chroot, some containers) it
+  // finds none: the kernel's own count of physical pages, as free(1) shows it, instead.
+  if (bytes <= 0) bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   if (auto limit = cgroupMemoryLimit()) bytes = std::min(bytes, *limit);
   probe->ram_gb = bytes / 1e9;
   int cores = hwloc_get_nbobjs_by_type(topology.get(), HWLOC_OBJ_CORE);

@@ -62,7 +62,7 @@ $expect_coordinator"
 # Depends from dpkg-shlibdeps: the libraries the binaries link, as Debian packages.
 for deb in "$provider_deb" "$coordinator_deb"; do
   depends=$(dpkg-deb -f "$deb" Depends)
-  for lib in libtorch libzmq5 libc6; do
+  for lib in libtorch libzmq5 libc6 libopenblas0-pthread; do
     grep -q "$lib" <<<"$depends" || fail "$(basename "$deb") Depends lacks $lib: $depends"
   done
 done
