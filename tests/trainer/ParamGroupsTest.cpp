@@ -155,7 +155,6 @@ TEST(TrainOptions, ParamGroupsAreValidated) {
   EXPECT_EQ(o.optimizer.param_groups[1].names, std::vector<std::string>{"x"});
 }
 
-
 // A tensor tied under two names (embedding and head in one stage) is one trainable parameter, so
 // an SGD step moves it once: by lr times its gradient, not twice that (issue [R]'s zoo found the
 // tied GPT trained apart from PyTorch in every plan).
