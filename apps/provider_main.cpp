@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <pthread.h>
@@ -72,6 +73,7 @@ struct Cli {
   int metrics_queue = 20000;
   int cores = 0;          // --cores: 0, all of them
   double memory_gb = 0;   // --memory-gb: 0, all of it
+  std::string active_hours;  // --active-hours: empty, at all hours
 };
 
 const char* const kDescription =
@@ -87,9 +89,10 @@ const char* const kDescription =
     "checkpoints into nodes/<name>/checkpoints/. A pipeline neighbour lost mid-run (connection\n"
     "down for timeouts.peer_timeout_s) pauses the cluster; it continues when the node is\n"
     "restarted with --resume, or exits 3 after timeouts.max_wait_s naming it.\n"
-    "SIGINT/SIGTERM: stop at a step boundary, checkpoint, tell the neighbours (and with --join\n"
-    "the coordinator), exit 0 (the whole cluster stops; restart every node with --resume).\n"
-    "A second signal exits at once.";
+    "SIGINT/SIGTERM: stop at a step boundary, checkpoint, tell the neighbours, exit 0: with --name\n"
+    "the whole cluster stops (restart every node with --resume); with --join only this volunteer\n"
+    "leaves (it tells the coordinator, which gives its node to a spare; the rest of its cluster\n"
+    "waits for the spare and resumes from that step). A second signal exits at once.";
 
 // The options are declared in the order `provider --help` lists them.
 void addNodeOptions(CLI::App& app, Cli& cli) {
@@ -192,6 +195,12 @@ void addJoinOptions(CLI::App& app, Cli& cli) {
                  "gives it no stage whose estimate\nneeds more, and it refuses (exit 2, telling "
                  "the coordinator why) an assignment that does")
       ->check(CLI::Range(0.1, 1e6));
+  app.add_option("--active-hours", cli.active_hours,
+                 "with --join: compute only between these local times, HH:MM-HH:MM (22:00-07:00: "
+                 "the nights;\nthe end excluded). Outside them it waits, still running; at their "
+                 "end it hands its node over\nas on a signal (checkpoint, `leaving`, a spare takes "
+                 "the node) and waits for the next ones, then\njoins again (its node back if nobody "
+                 "took it, else as a spare)");
 }
 
 // --config FILE: flags from a file (CLI11's config format: `key = value` per line, # comments,
@@ -270,6 +279,10 @@ int runJoin(const Cli& cli) {
   config.device = cli.device;
   config.cores = cli.cores;
   config.memory_gb = cli.memory_gb;
+  if (!cli.active_hours.empty())
+    config.active_hours = cairn::ActiveHours::parse(cli.active_hours, "--active-hours");
+  config.clock = cairn::volunteerClock();
+  if (std::getenv("CAIRN_TEST_CLOCK")) config.hours_poll = std::chrono::milliseconds(200);
   cairn::resolveDevice(cli.device, "--device");  // a device this machine lacks: exit 2 before joining
   return cairn::runVolunteer(config);
 }
@@ -290,7 +303,7 @@ int joinMode(const Cli& cli) {
 const char* joinOptionGiven(const CLI::App& app) {
   for (const char* flag : {"--listen", "--advertise", "--workdir", "--coordinator-timeout-s",
                            "--result-wait-s", "--upload-mbps", "--metrics-queue", "--cores",
-                           "--memory-gb"})
+                           "--memory-gb", "--active-hours"})
     if (app.count(flag) > 0) return flag;
   return nullptr;
 }

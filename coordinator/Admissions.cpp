@@ -1,5 +1,6 @@
 #include "coordinator/Admissions.h"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 
 #include "clusterize/NodeDataWriter.h"
 #include "coordinator/JoinPolicy.h"
+#include "coordinator/Replacement.h"
 #include "coordinator/RunView.h"
 #include "core/Error.h"
 #include "core/Log.h"
@@ -90,11 +92,36 @@ void Admissions::poll() {
   }
 }
 
+// A volunteer back after it said it leaves (JoinDecision::kRejoining): its node again when nobody
+// took it over (then it must be where its neighbours will dial it), else a spare; a row that kept
+// its old node's name for the record (<node>-lost-<n>) gets a fresh name.
+std::optional<std::string> Admissions::rejoin(Member& m, const std::string& advertise) {
+  const auto placed = nlohmann::json::parse(store_.meta("placed").value_or("[]"), nullptr, false);
+  const bool holds_node = placed.is_array() && std::find(placed.begin(), placed.end(), m.name) != placed.end();
+  if (holds_node && store_.meta("phase").value_or("gathering") == "planned") {
+    if (advertise != m.advertise)
+      return m.name + " left and waits for a holder at " + m.advertise + "; join with --advertise " +
+             m.advertise + " to take it again, or once a spare has taken it over";
+    m.state = MemberState::kAssigned;
+    return std::nullopt;
+  }
+  if (isLostRowName(m.name)) {
+    const std::string fresh = store_.nextMemberName();
+    store_.renameMember(m.name, fresh);
+    m.name = fresh;
+  }
+  m.state = MemberState::kSpare;
+  return std::nullopt;
+}
+
 void Admissions::admit(const Pending& p) {
   Member m;
-  const bool returning = p.decision.kind == JoinDecision::Kind::kReturning;
+  const bool returning = p.decision.kind != JoinDecision::Kind::kNew;
   if (returning) {
     m = *p.decision.member;
+    if (p.decision.kind == JoinDecision::Kind::kRejoining) {
+      if (const auto why = rejoin(m, p.ask.advertise)) return refuse_(p.routing_id, p.ask.advertise, *why);
+    }
   } else {
     m.name = store_.nextMemberName();
     m.public_key = p.key;

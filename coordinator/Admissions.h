@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <optional>
 #include <string>
 #include <vector>
 #include <zmq.hpp>
@@ -57,6 +58,8 @@ class Admissions {
  private:
   struct Pending;
   void admit(const Pending& p);
+  // `m` (a kRejoining member) made assigned or spare; the reason to refuse it, if any.
+  std::optional<std::string> rejoin(Member& m, const std::string& advertise);
   void resendAssignment(const Member& m);
   std::string stageFilesLibtorch() const;
 

@@ -198,13 +198,22 @@ void CoordinatorStore::touch(const std::string& name, double now) {
   s.step();
 }
 
+void CoordinatorStore::renameMember(const std::string& from, const std::string& to) {
+  Statement s(db_, path_, "UPDATE members SET name = ? WHERE name = ?");
+  s.text(1, to).text(2, from);
+  s.step();
+  if (sqlite3_changes(db_) != 1) CAIRN_THROW(InternalError, path_, ": no member called ", from, " to rename");
+}
+
 void CoordinatorStore::takeOver(const std::string& lost_name, const std::string& lost_row_name,
                                 const std::string& spare_name, double now) {
   exec("BEGIN IMMEDIATE");
   try {
     {
-      Statement s(db_, path_, "UPDATE members SET name = ?, state = ? WHERE name = ?");
-      s.text(1, lost_row_name).text(2, toString(MemberState::kLost)).text(3, lost_name);
+      Statement s(db_, path_, "UPDATE members SET name = ?, state = CASE state WHEN ? THEN state "
+                              "ELSE ? END WHERE name = ?");
+      s.text(1, lost_row_name).text(2, toString(MemberState::kLeft)).text(3, toString(MemberState::kLost))
+          .text(4, lost_name);
       s.step();
     }
     Statement s(db_, path_, "UPDATE members SET name = ?, state = ?, last_seen = ? WHERE name = ?");

@@ -68,10 +68,13 @@ class CoordinatorStore {
   std::optional<Member> memberByKey(const std::string& public_key) const;
   std::vector<Member> members() const;   // by join time, then name
   void setState(const std::string& name, MemberState state);
+  // The row `from` is called `to` from now on (a left volunteer back under a fresh name).
+  void renameMember(const std::string& from, const std::string& to);
   void touch(const std::string& name, double now);
   // A spare takes a lost member's node over (MemberReplacer), in one transaction: the lost row is
   // renamed `lost_row_name` and marked lost (its key stays known, and refused if it comes back);
-  // the spare's row takes the name `lost_name`, state assigned, last_seen `now`.
+  // the spare's row takes the name `lost_name`, state assigned, last_seen `now`. A lost member
+  // that said it leaves stays `left` (it may come back, JoinPolicy.h).
   void takeOver(const std::string& lost_name, const std::string& lost_row_name,
                 const std::string& spare_name, double now);
 

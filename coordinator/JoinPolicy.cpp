@@ -86,7 +86,10 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
                                "without its old workdir)");
   }
   const Member* known = by_name ? by_name : by_key;
-  if (known && !active(known->state))
+  // A volunteer that said it leaves may come back as long as it does not ask for its old name
+  // (provider --join forgets it when it hands its node over).
+  const bool rejoining = known && known->state == MemberState::kLeft && ask.name.empty();
+  if (known && !active(known->state) && !rejoining)
     return refuse(known->name + " is " + toString(known->state) +
                   " in this run and cannot come back (it was replaced or left)");
   for (const Member& m : members)
@@ -94,7 +97,7 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
       return refuse("advertise " + ask.advertise + " is already taken by " + m.name +
                     " (two volunteers cannot share one address)");
   if (known) {
-    d.kind = JoinDecision::Kind::kReturning;
+    d.kind = rejoining ? JoinDecision::Kind::kRejoining : JoinDecision::Kind::kReturning;
     d.member = *known;
     return d;
   }

@@ -19,9 +19,12 @@
 namespace cairn::coordinator {
 
 struct JoinDecision {
-  enum class Kind { kNew, kReturning, kRefused } kind = Kind::kRefused;
+  // kRejoining: a volunteer that said it leaves (its active hours ended, it was stopped) comes
+  // back without asking for its old name: Admissions::admit gives it its node again when nobody
+  // took it over, else makes it a spare.
+  enum class Kind { kNew, kReturning, kRejoining, kRefused } kind = Kind::kRefused;
   std::string reason;            // kRefused: why
-  std::optional<Member> member;  // kReturning: the member it was
+  std::optional<Member> member;  // kReturning, kRejoining: the member it was
 };
 
 // `key`: the sender's CURVE public key (ZAP User-Id); `members`: everyone the store knows;

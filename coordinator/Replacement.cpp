@@ -114,4 +114,10 @@ std::string lostRowName(const std::string& name, const std::vector<Member>& memb
   }
 }
 
+bool isLostRowName(const std::string& name) {
+  const size_t at = name.rfind("-lost-");
+  if (at == std::string::npos || at == 0 || at + 6 >= name.size()) return false;
+  return std::all_of(name.begin() + long(at) + 6, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 }  // namespace cairn::coordinator

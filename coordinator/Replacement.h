@@ -57,5 +57,7 @@ bool repointPeer(NodeSpec& node, const std::string& peer, const std::string& add
 
 // "<name>-lost-<n>" with the smallest n >= 1 no member is called.
 std::string lostRowName(const std::string& name, const std::vector<Member>& members);
+// True for a name lostRowName makes.
+bool isLostRowName(const std::string& name);
 
 }  // namespace cairn::coordinator

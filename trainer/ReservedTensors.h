@@ -24,8 +24,11 @@ inline constexpr const char* kNormTensor = "__norm";
 // Clean stop: "__stop" rides upstream on gradient packets once a node (or one downstream of it)
 // was asked to stop; "__stop_at" rides downstream on activation packets once the Root has decided
 // the step count at which the whole cluster stops.
+// Both carry the stop's kind (int64): 1 a stop of the whole cluster, 2 a hand-over (the nodes that
+// asked leave; the others wait for their replacement). "__stop_kind" rides next to "__stop_at".
 inline constexpr const char* kStopTensor = "__stop";
 inline constexpr const char* kStopAtTensor = "__stop_at";
+inline constexpr const char* kStopKindTensor = "__stop_kind";
 // A deal taken mid-run (trainer/DealChange.h): rides downstream on activation packets once the
 // Root changed the run's epoch_steps table: int64 [total_steps, from_epoch, steps, …].
 inline constexpr const char* kEpochStepsTensor = "__epoch_steps";

@@ -57,6 +57,10 @@ struct TrainerResult {
   // Stopped early because StageTrainerConfig::stop_requested asked (a checkpoint of step `steps`
   // was written when checkpoints are on); false when the run went to its end.
   bool stopped = false;
+  // With stopped: the stop was a hand-over (StageTrainerConfig::stop_hands_over): the nodes that
+  // asked leave, the others wait for their replacement; and whether this node asked.
+  bool hand_over = false;
+  bool stop_asked_here = false;
 };
 
 // Hooks for tests and tools (all optional, called on the trainer thread).
@@ -98,6 +102,10 @@ struct StageTrainerConfig {
   // boundary, every node of the cluster at the same step, writes a checkpoint of it (when
   // checkpoint_dir is set) and run() returns with TrainerResult::stopped.
   std::function<bool()> stop_requested;
+  // A stop this node asks for is a hand-over (provider --join): this node leaves and the rest of
+  // the cluster, stopped at the same step with a checkpoint, waits for its replacement (NodeRunner)
+  // instead of stopping; false: the whole cluster stops (provider --name).
+  bool stop_hands_over = false;
   // data.source "coordinator": where the Root's chunk files come from (node/volunteer/ServedChunks.h, made
   // by provider --join); null otherwise.
   std::shared_ptr<ChunkSource> chunk_source;

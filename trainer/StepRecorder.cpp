@@ -64,6 +64,8 @@ bool StepRecorder::atBoundary(int64_t steps_done, int64_t updates, int64_t since
     progress_.finish();
     CAIRN_INFO("stopped cleanly after step ", steps_done, " of ", plan.total_steps);
     result->stopped = true;
+    result->hand_over = stop_.handsOver();
+    result->stop_asked_here = stop_.askedHere();
     result->steps = steps_done;
     result->seconds = secondsSince(start_);
     ctx_.metrics.write({{"stopped", {{"steps", result->steps}, {"seconds", result->seconds}}}});

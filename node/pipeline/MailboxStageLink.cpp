@@ -164,13 +164,18 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
   }
   for (const auto& [dir, p] : neighbours) {
     const std::string name = p.name;
-    auto got = mailbox_.receive(
-        [&](const Message& m) {
-          return isControl(m, kHelloTag) && m.sender == name;
-        },
-        left(), [&] { return interrupted_ && interrupted_(); });
-    if (!got && interrupted_ && interrupted_())
-      CAIRN_THROW(Interrupted, "stopped by a signal while waiting for ", name);
+    // In slices too: the mailbox asks `interrupted` only when woken early (a liveness change, a
+    // signal), and a stop asked without a signal (new peers for a paused node) wakes nothing.
+    std::optional<Message> got;
+    do {
+      got = mailbox_.receive(
+          [&](const Message& m) {
+            return isControl(m, kHelloTag) && m.sender == name;
+          },
+          std::min(left(), std::chrono::milliseconds(500)), [&] { return interrupted_ && interrupted_(); });
+      if (!got && interrupted_ && interrupted_())
+        CAIRN_THROW(Interrupted, "stopped by a signal while waiting for ", name);
+    } while (!got && left() > std::chrono::milliseconds(0));
     if (!got) unreachable(dir, p, "no hello from");
     if (got->job_id != node_.job_id)
       CAIRN_THROW(BadInput, toString(dir), " neighbour ", p.name, " runs job \"", got->job_id,

@@ -18,14 +18,34 @@ ControlOrigin originOf(const MailboxStageLink& link) {
 
 // The control message `tag` from `from`, waited for up to `timeout` and decoded by `decode`
 // (node/protocol/PipelineControl.h); a malformed one is a BadInput naming the peer.
+// A "hello" from `from` instead (it restarted and starts a fresh handshake: a paused neighbour
+// given new peers runs its stage again) goes back into the mailbox and throws NeighbourRestarted.
 template <typename Decode>
 auto awaitControl(Mailbox& mailbox, const MailboxStageLink& link, const PeerRef& from,
-                  const char* tag, std::chrono::milliseconds timeout, Decode decode) {
-  auto got = mailbox.receive(
-      [&](const Message& m) {
-        return isControl(m, tag) && m.sender == from.name && m.job_id == link.node().job_id;
-      },
-      timeout);
+                  const char* tag, std::chrono::milliseconds timeout, Decode decode,
+                  const std::function<bool()>& interrupted) {
+  // In slices of at most 500 ms: the mailbox asks `interrupted` only when woken early, and a stop
+  // asked without a signal (new peers for a paused node) wakes nothing.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::optional<Message> got;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    got = mailbox.receive(
+        [&](const Message& m) {
+          return (isControl(m, tag) || isControl(m, kHelloTag)) && m.sender == from.name &&
+                 m.job_id == link.node().job_id;
+        },
+        std::max(std::chrono::milliseconds(0), std::min(left, std::chrono::milliseconds(500))),
+        [&] { return interrupted && interrupted(); });
+    if (!got && interrupted && interrupted())
+      CAIRN_THROW(Interrupted, "stopped by a signal during the resume agreement");
+    if (got || left <= std::chrono::milliseconds(500)) break;
+  }
+  if (got && isControl(*got, kHelloTag)) {
+    mailbox.putBack(std::move(*got));
+    CAIRN_THROW(NeighbourRestarted, "neighbour ", from.name, " restarted during the resume agreement");
+  }
   if (!got)
     CAIRN_THROW(PeerLost, "neighbour ", from.name, " at ", from.address, " sent no \"", tag,
                 "\" (resume agreement) within ", secondsOf(timeout),
@@ -49,14 +69,15 @@ torch::jit::Module loadStage(const std::string& path) {
 }
 
 int64_t NodeRunner::agreeOnResumeStep(Mailbox& mailbox, MailboxStageLink& link,
-                                      std::vector<int64_t> steps, std::chrono::milliseconds timeout) {
+                                      std::vector<int64_t> steps, std::chrono::milliseconds timeout,
+                                      const std::function<bool()>& interrupted) {
   const NodeSpec& node = link.node();
   std::sort(steps.begin(), steps.end());
   // Leaf → Root: every node intersects what downstream holds with its own steps.
   if (node.downstream) {
     std::vector<int64_t> theirs =
         awaitControl(mailbox, link, *node.downstream, kCheckpointStepsTag, timeout,
-                     decodeCheckpointSteps)
+                     decodeCheckpointSteps, interrupted)
             .steps;
     std::sort(theirs.begin(), theirs.end());
     std::vector<int64_t> both;
@@ -72,7 +93,9 @@ int64_t NodeRunner::agreeOnResumeStep(Mailbox& mailbox, MailboxStageLink& link,
       CAIRN_THROW(PeerLost, "upstream neighbour ", node.upstream->name, " did not take \"ckpt_steps\": ",
                   toString(status));
     // Root → Leaf: the Root decides.
-    step = awaitControl(mailbox, link, *node.upstream, kResumeAtTag, timeout, decodeResumeAt).step;
+    step = awaitControl(mailbox, link, *node.upstream, kResumeAtTag, timeout, decodeResumeAt,
+                        interrupted)
+               .step;
     if (step != -1 && !std::binary_search(steps.begin(), steps.end(), step))
       CAIRN_THROW(BadInput, "peer ", node.upstream->name, " asks to resume at step ", step,
                   ", which is not among the checkpoints this node and its downstream hold");
@@ -115,7 +138,11 @@ NodeRunResult NodeRunner::run() {
   bool resuming = config_.resume;
   for (;;) {
     StageTrainerConfig cfg = config_.trainer;
-    if (resuming) cfg.resume_step = agreeOnResume(out);
+    if (resuming) {
+      const std::optional<int64_t> step = agreeOnResume(out);
+      if (!step) return out;  // stopped by a signal during the agreement
+      cfg.resume_step = *step;
+    }
     const TrainerObserver observer = attemptObserver(resuming);
     torch::jit::Module stage = loadStage(config_.stage_path);
     trainer_.reset();
@@ -136,23 +163,51 @@ NodeRunResult NodeRunner::run() {
       resuming = true;
       continue;
     }
+    if (out.result.stopped && out.result.hand_over && !out.result.stop_asked_here) {
+      if (!pauseForHandOver(out)) return out;  // stopped by a signal while paused
+      resuming = true;
+      continue;
+    }
     if (out.result.stopped) {
-      CAIRN_INFO("stopped at step ", out.result.steps, " on request; telling the neighbours");
-      link_.announceLeaving("stopped");
+      const bool hand_over = out.result.hand_over && out.result.stop_asked_here;
+      CAIRN_INFO("stopped at step ", out.result.steps, " on request; telling the neighbours",
+                 hand_over ? " that this node hands its stage over" : "");
+      link_.announceLeaving(hand_over ? kHandOverReason : "stopped");
       if (cluster_sync_) cluster_sync_->leave();
     }
     return out;
   }
 }
 
-int64_t NodeRunner::agreeOnResume(NodeRunResult& out) {
+std::optional<int64_t> NodeRunner::agreeOnResume(NodeRunResult& out) {
   const std::vector<int64_t> own = config_.trainer.checkpoint_dir.empty()
                                        ? std::vector<int64_t>{}
                                        : config_.checkpoint_steps(config_.trainer.checkpoint_dir);
   CAIRN_INFO("resume: this node holds ", own.size(), " valid checkpoint(s)",
              own.empty() ? std::string() : ", newest step " + std::to_string(own.back()),
              "; agreeing on the step with the cluster");
-  const int64_t step = agreeOnResumeStep(mailbox_, link_, own, config_.max_wait);
+  // A neighbour that restarts meanwhile (it was given new peers while this node was already
+  // agreeing) starts a fresh handshake: answer it and agree again, a bounded number of times.
+  int64_t step = -1;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      step = agreeOnResumeStep(mailbox_, link_, own, config_.max_wait, config_.trainer.stop_requested);
+      break;
+    } catch (const Interrupted&) {
+      CAIRN_WARN("stopped by a signal during the resume agreement");
+      out.result.stopped = true;
+      return std::nullopt;
+    } catch (const NeighbourRestarted& e) {
+      if (attempt >= kMaxAgreementRestarts) throw;
+      CAIRN_INFO("resume: ", std::string(e.what()), "; a fresh handshake, then the agreement again");
+      try {
+        link_.connect(config_.max_wait, "training_definition.timeouts.max_wait_s");
+      } catch (const Interrupted&) {
+        out.result.stopped = true;
+        return std::nullopt;
+      }
+    }
+  }
   if (step < 0)
     CAIRN_WARN("resume: no checkpoint step is held by every node of the cluster; starting "
                "from step 0 (fresh stage.pt)");
@@ -185,6 +240,38 @@ void NodeRunner::stopWithNeighbour(const PeerLoss& lost, NodeRunResult& out) {
   link_.announceLeaving("stopped", lost.origin, lost.peer);
   if (cluster_sync_) cluster_sync_->leave();
   out.result.stopped = true;
+}
+
+bool NodeRunner::pauseForHandOver(NodeRunResult& out) {
+  const bool checkpoints = !config_.trainer.checkpoint_dir.empty() &&
+                           config_.trainer.options.checkpoint_every > 0;
+  if (!checkpoints)
+    CAIRN_THROW(PeerLost, "a node of this cluster handed its stage over at step ", out.result.steps,
+                " but checkpoints are off, so the cluster cannot resume with its replacement: set "
+                "training_definition.checkpoint_every > 0");
+  CAIRN_WARN("the cluster stopped after step ", out.result.steps, " so that a node could hand its "
+             "stage over (it leaves); pausing: waiting up to ", secondsOf(config_.max_wait),
+             " s for its replacement");
+  if (config_.on_state)
+    config_.on_state("paused", "a node handed its stage over after step " +
+                                   std::to_string(out.result.steps) + "; waiting for its replacement");
+  if (cluster_sync_) cluster_sync_->leave();
+  trainer_.reset();
+  out.result.stopped = false;
+  out.result.hand_over = false;
+  try {
+    link_.connect(config_.max_wait, "training_definition.timeouts.max_wait_s");
+  } catch (const Interrupted&) {
+    CAIRN_WARN("stopped by a signal while paused; resume the cluster later with --resume");
+    out.result.stopped = true;
+    return false;
+  } catch (const PeerLost& wait) {
+    CAIRN_THROW(PeerLost, "gave up waiting for the replacement of the node that handed its stage "
+                "over after ", secondsOf(config_.max_wait), " s (training_definition.timeouts."
+                "max_wait_s) [", std::string(wait.what()), "]");
+  }
+  ++out.pauses;
+  return true;
 }
 
 bool NodeRunner::pauseUntilBack(const PeerLost& e, const PeerLoss& lost, NodeRunResult& out) {

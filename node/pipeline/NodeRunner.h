@@ -12,6 +12,13 @@
 //   * --resume: the same agreement right after the first handshake.
 //   * a stop request (signal): the trainer stops the cluster at a step boundary and checkpoints;
 //     the runner tells the neighbours ("leaving", reason "stopped") and leaves the rings.
+//   * a hand-over (StageTrainerConfig::stop_hands_over, provider --join): the cluster stops the
+//     same way, but only the node that asked leaves ("leaving", reason kHandOverReason); every
+//     other node pauses as for a lost neighbour, waits up to max_wait_s for the replacement's
+//     handshake, and resumes with it from the agreed step (the stop's checkpoint when the
+//     replacement was given it).
+//   * a neighbour that restarts while this node agrees on the resume step (its "hello"): a fresh
+//     handshake and the agreement again (up to kMaxAgreementRestarts times).
 // Ownership: borrows the mailbox, link and cluster sync (all must outlive it); owns the trainer of
 // the current attempt. Thread-safety: the transport's owning thread only.
 #pragma once
@@ -21,6 +28,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +38,18 @@
 namespace cairn {
 
 class RingClusterSync;
+
+// The "leaving" reason of a node that hands its stage over (not "stopped": its neighbours pause
+// for its replacement instead of stopping).
+inline constexpr const char* kHandOverReason = "handing over";
+// How often one resume agreement starts afresh because a neighbour restarted.
+inline constexpr int kMaxAgreementRestarts = 8;
+
+// Thrown by agreeOnResumeStep when the neighbour it waits on says "hello" (it restarted).
+struct NeighbourRestarted : Error {
+  explicit NeighbourRestarted(std::string m, const char* f = "", int l = 0)
+      : Error(ErrorKind::kPeerLost, std::move(m), f, l) {}
+};
 
 struct NodeRunnerConfig {
   StageTrainerConfig trainer;  // checkpoint_dir set when checkpoints are on
@@ -67,14 +87,18 @@ class NodeRunner {
   // intersecting with its own valid steps; "resume_at" Root → Leaf): every node of the cluster
   // calls it after a handshake; it returns the newest step all hold (-1: none) and purges the
   // abandoned run's pipeline messages. BadInput naming the peer for a malformed message; PeerLost
-  // when a neighbour does not answer within `timeout`.
+  // when a neighbour does not answer within `timeout`; NeighbourRestarted when the neighbour it
+  // waits on says "hello" instead (the hello stays in the mailbox); Interrupted when
+  // `interrupted` (may be empty) says yes while it waits.
   static int64_t agreeOnResumeStep(Mailbox& mailbox, MailboxStageLink& link,
-                                   std::vector<int64_t> own_steps, std::chrono::milliseconds timeout);
+                                   std::vector<int64_t> own_steps, std::chrono::milliseconds timeout,
+                                   const std::function<bool()>& interrupted = {});
 
  private:
   // The resume agreement of an attempt that resumes (--resume, or after a pause): logged, told
-  // to on_state after a pause, the rings joined afresh; returns the agreed step (-1: from scratch).
-  int64_t agreeOnResume(NodeRunResult& out);
+  // to on_state after a pause, the rings joined afresh; returns the agreed step (-1: from scratch),
+  // nullopt when stopped by a signal meanwhile (out.result.stopped).
+  std::optional<int64_t> agreeOnResume(NodeRunResult& out);
   // The observer given to an attempt's trainer; a resumed attempt also logs its first step.
   TrainerObserver attemptObserver(bool resuming) const;
   // A neighbour stopped on a signal: this node tells the other neighbour and stops too.
@@ -83,6 +107,9 @@ class NodeRunner {
   // handshake. True: resume; false: stopped by a signal while paused. Throws PeerLost without
   // checkpoints or when the lost node does not come back.
   bool pauseUntilBack(const PeerLost& e, const PeerLoss& lost, NodeRunResult& out);
+  // The cluster stopped for another node's hand-over: pause as for a lost neighbour. True: resume;
+  // false: stopped by a signal while paused.
+  bool pauseForHandOver(NodeRunResult& out);
 
   NodeRunnerConfig config_;
   Mailbox& mailbox_;

@@ -92,6 +92,7 @@ StageTrainerConfig trainerConfig(const ProviderRunOptions& options, const NodeSp
   config.checkpoint_dir = dir + "/checkpoints";
   config.keep_checkpoints_from = options.keep_checkpoints_from;
   config.stop_requested = options.stop_requested;
+  config.stop_hands_over = options.stop_hands_over;
   config.chunk_source = options.chunk_source;  // data.source "coordinator" (provider --join)
   config.placement = makePlacement(resolveDevice(options.device, "--device"));
   return config;
@@ -114,7 +115,8 @@ LinkChecks linkChecks(const TrainOptions& train, const std::string& job_path) {
   checks.step_window = uint64_t(train.step_window);
   checks.stop_on_nonfinite = train.nonfinite == NonFiniteAction::kStop;
   checks.wire_float = stageWireDtype(toString(train.wire.activations), job_path);
-  checks.max_extra_tensors = 5;  // __targets, __ids, __denominator, __stop_at, __epoch_steps
+  // __targets, __ids, __denominator, __stop_at, __stop_kind, __epoch_steps
+  checks.max_extra_tensors = 6;
   return checks;
 }
 
@@ -297,7 +299,7 @@ NodeRunResult runReportingEnd(NodeRunner& runner, const ProviderRunOptions& opti
     reportState(options, "failed", e.what());
     throw;
   }
-  reportState(options, run.result.stopped ? "stopped" : "finished",
+  reportState(options, !run.result.stopped ? "finished" : run.result.hand_over ? "handed-over" : "stopped",
               std::to_string(run.result.steps) + " steps");
   return run;
 }
@@ -308,6 +310,7 @@ ProviderRunOutcome saveOutcome(const NodeRunResult& run, NodeRunner& runner, con
   const TrainerResult& result = run.result;
   ProviderRunOutcome outcome;
   outcome.stopped = result.stopped;
+  outcome.handed_over = result.stopped && result.hand_over && result.stop_asked_here;
   outcome.result_path = dir + "/result.json";
   const std::string weights = dir + "/trained_stage.pt";
   nlohmann::json& summary = outcome.summary;

@@ -47,6 +47,9 @@ struct ProviderRunOptions {
   std::string bind_address;
   // Polled between steps; true asks for a clean stop at a step boundary (a signal).
   std::function<bool()> stop_requested;
+  // A stop this node asks for hands its stage over (StageTrainerConfig::stop_hands_over): the
+  // rest of the cluster waits for its replacement. provider --join: true.
+  bool stop_hands_over = false;
   // provider --join (node/volunteer/VolunteerPeers.h): once the transport is up, given the function that
   // re-points peers live; given an empty one before the transport closes. Called on the run's
   // thread; the function it is given may be called from any thread while it is set.
@@ -55,7 +58,8 @@ struct ProviderRunOptions {
   // Called on the trainer's thread, so they must not block. on_record: every record written to
   // metrics.jsonl and its line. on_event: {"plan": {total_steps, steps_per_epoch, batch_size}}
   // once the plan is known, and {"state": paused|resumed|stopped|lost-peer|failed|finished,
-  // "message": …} when the node's state changes.
+  // "message": …} when the node's state changes ("handed-over": this node
+  // stopped and leaves; the rest of its cluster waits for its replacement).
   std::function<void(const nlohmann::json& record, const std::string& line)> on_record;
   std::function<void(const nlohmann::json& event)> on_event;
   // provider --join: where a Root of a job with data.source "coordinator" gets its chunks
@@ -70,6 +74,7 @@ struct ProviderRunOutcome {
   std::string result_path;  // nodes/<name>/result.json
   std::string weights_path; // nodes/<name>/trained_stage.pt; empty when stopped (not written)
   bool stopped = false;     // stopped early by stop_requested (its state is in its checkpoint)
+  bool handed_over = false; // stopped, and this node handed its stage over (stop_hands_over)
 };
 
 // Trains the node; throws cairn::Error (BadInput for bad files, PeerLost for a neighbour lost

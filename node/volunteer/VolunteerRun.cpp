@@ -1,5 +1,9 @@
 #include "node/volunteer/VolunteerRun.h"
 
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
 #include "core/Log.h"
 #include "core/NodeData.h"
 #include "core/TorchCompat.h"
@@ -99,32 +103,83 @@ void checkAssignmentFits(const VolunteerConfig& config, VolunteerSession& sessio
   CAIRN_THROW(BadInput, why, " (", path, ", estimates.memory_bytes)");
 }
 
-}  // namespace
+// --active-hours: "HH:MM" of a minute of the day, for the log.
+std::string clockText(int minute) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%02d:%02d", minute / 60 % 24, minute % 60);
+  return text;
+}
 
-int runVolunteer(const VolunteerConfig& config) {
-  setLogTag("volunteer");
-  VolunteerSession session(config);
-  session.startResponder();  // a --listen that cannot be bound fails before the probe
-  const auto accepted = session.join(probeThisMachine(config));
-  if (!accepted) {
-    CAIRN_INFO("stopped before the coordinator answered");
-    return 0;
+// Whether the volunteer's active hours are over, asked between steps and at heartbeats: the clock
+// read at most once a second (a test clock is a file). Always false without --active-hours.
+// Thread-safe (the trainer's thread and the peers' stop predicate may both ask).
+std::function<bool()> hoursOverWatch(const VolunteerConfig& config) {
+  if (!config.active_hours) return [] { return false; };
+  struct State {
+    std::mutex mutex;
+    std::chrono::steady_clock::time_point next{};
+    bool over = false;
+  };
+  auto state = std::make_shared<State>();
+  return [state, hours = *config.active_hours, clock = config.clock] {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= state->next || state->over) {  // "over" is not kept: the next hours may begin
+      state->over = !hours.contains(clock());
+      state->next = now + std::chrono::seconds(1);
+    }
+    return state->over;
+  };
+}
+
+std::string hoursOverReason(const VolunteerConfig& config) {
+  return "its active hours " + config.active_hours->text() + " are over (local time " +
+         clockText(config.clock()) + ")";
+}
+
+// --active-hours: outside them, waits (looking at the clock every hours_poll, seeing a stop
+// within 100 ms) until they begin. False: stopped meanwhile.
+bool waitForActiveHours(const VolunteerConfig& config) {
+  if (!config.active_hours) return true;
+  const auto stopped = [&] { return config.stop_requested && config.stop_requested(); };
+  bool told = false;
+  for (;;) {
+    const int now = config.clock();
+    if (config.active_hours->contains(now)) {
+      if (told) CAIRN_INFO("active hours ", config.active_hours->text(), " begin (local time ",
+                           clockText(now), "): joining");
+      return true;
+    }
+    if (!told)
+      CAIRN_INFO("outside the active hours ", config.active_hours->text(), " (local time ",
+                 clockText(now), "): waiting ", config.active_hours->minutesUntilBegin(now),
+                 " min for them to begin");
+    told = true;
+    const auto until = std::chrono::steady_clock::now() + config.hours_poll;
+    while (std::chrono::steady_clock::now() < until) {
+      if (stopped()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
-  setLogTag(session.name());
-  const AssignmentWait wait = session.waitForAssignment();
-  if (wait.end == AssignmentWait::End::kStopped) {
-    CAIRN_INFO("stopped while waiting for an assignment");
-    return 0;
-  }
-  if (wait.end == AssignmentWait::End::kFinished) {
-    CAIRN_INFO("the coordinator says the run is over (", wait.reason, "); nothing to train");
-    return 0;
-  }
+}
+
+enum class AfterAssignment { kExit, kNextHours };
+
+// Trains one assignment to its end (results uploaded) or until this volunteer stops: a signal
+// (it says `leaving` and exits) or the end of its active hours (it says `leaving` and waits for
+// the next ones). Either way its node is handed over: the rest of its cluster, stopped at the
+// same step with a checkpoint, waits for a spare to take the node (NodeRunner).
+AfterAssignment serveAssignment(const VolunteerConfig& config, VolunteerSession& session,
+                                const AssignmentWait& wait, const std::function<bool()>& hours_over) {
   checkAssignmentFits(config, session, wait);
   ProviderRunOptions run = assignedRun(config, session, wait);
   // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
   VolunteerPeers peers(run.node_data, run.name, session.publicKey(), describeCoordinator(config.invite));
-  run.stop_requested = peers.stopWhenReplaced(config.stop_requested);
+  const auto signal = config.stop_requested;
+  run.stop_requested = peers.stopWhenReplaced([signal, hours_over] {
+    return (signal && signal()) || hours_over();
+  });
+  run.stop_hands_over = true;
   run.on_live_peers = peers.liveHook();  // a ring peer replaced: re-pointed live
   // The trainer's records, plan and state changes go to the coordinator in the background.
   auto metrics = session.metricsStream();
@@ -133,14 +188,53 @@ int runVolunteer(const VolunteerConfig& config) {
   run.on_event = peers.watch(run.on_event);  // notes "paused"
   const ProviderRunOutcome outcome = trainAssignment(config, session, run, peers, *metrics);
   if (outcome.stopped) {
-    session.sendLeaving("stopped");
-    return 0;
+    const bool off_hours = !(signal && signal()) && hours_over();
+    session.sendLeaving(off_hours ? hoursOverReason(config) : std::string("stopped"));
+    return off_hours ? AfterAssignment::kNextHours : AfterAssignment::kExit;
   }
   if (!session.uploadResult(outcome.summary, outcome.weights_path))
     CAIRN_WARN("the coordinator at ", config.invite.address(),
                " did not acknowledge the results; they stay in ", outcome.result_path, " and ",
                outcome.weights_path);
-  return 0;
+  return AfterAssignment::kExit;
+}
+
+}  // namespace
+
+int runVolunteer(const VolunteerConfig& config) {
+  setLogTag("volunteer");
+  VolunteerSession session(config);
+  session.startResponder();  // a --listen that cannot be bound fails before the probe
+  const VolunteerProbe machine = probeThisMachine(config);
+  const std::function<bool()> hours_over = hoursOverWatch(config);
+  for (;;) {
+    if (!waitForActiveHours(config)) {
+      CAIRN_INFO("stopped outside the active hours");
+      return 0;
+    }
+    const auto accepted = session.join(machine);
+    if (!accepted) {
+      CAIRN_INFO("stopped before the coordinator answered");
+      return 0;
+    }
+    setLogTag(session.name());
+    const AssignmentWait wait =
+        session.waitForAssignment(hours_over, [&config] { return hoursOverReason(config); });
+    if (wait.end == AssignmentWait::End::kLeft) {
+      setLogTag("volunteer");
+      continue;  // its active hours are over: wait for the next ones
+    }
+    if (wait.end == AssignmentWait::End::kStopped) {
+      CAIRN_INFO("stopped while waiting for an assignment");
+      return 0;
+    }
+    if (wait.end == AssignmentWait::End::kFinished) {
+      CAIRN_INFO("the coordinator says the run is over (", wait.reason, "); nothing to train");
+      return 0;
+    }
+    if (serveAssignment(config, session, wait, hours_over) == AfterAssignment::kExit) return 0;
+    setLogTag("volunteer");
+  }
 }
 
 }  // namespace cairn

@@ -1,6 +1,7 @@
 #include "node/volunteer/VolunteerSession.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -193,7 +194,8 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
   }
 }
 
-AssignmentWait VolunteerSession::waitForAssignment() {
+AssignmentWait VolunteerSession::waitForAssignment(const std::function<bool()>& leave_when,
+                                                   const std::function<std::string()>& leave_reason) {
   CAIRN_ENFORCE(!name_.empty(), "waitForAssignment before join");
   zmq::socket_t& socket = mainSocket();
   Frames beat = encode(Heartbeat{name_, "waiting", -1});
@@ -208,6 +210,11 @@ AssignmentWait VolunteerSession::waitForAssignment() {
       return out;
     }
     const auto now = Clock::now();
+    if (now >= next_beat && leave_when && leave_when()) {
+      sendLeaving(leave_reason ? leave_reason() : std::string("leaving"));
+      out.end = AssignmentWait::End::kLeft;
+      return out;
+    }
     if (now >= next_beat) {
       (void)trySendFrames(socket, beat);  // not queued (high-water mark): the next one goes
       next_beat = now + config_.heartbeat_interval;
@@ -345,6 +352,12 @@ void VolunteerSession::sendLeaving(const std::string& reason) {
   if (trySendFrames(socket, encode(LeavingNotice{name_, shortReason(reason)})))
     CAIRN_INFO("told the coordinator this volunteer leaves (", shortReason(reason), ")");
   closeMainSocket();
+  // The node is given up: a later join comes back without asking for its name.
+  std::error_code ignored;
+  if (std::filesystem::remove(workdir_.membershipPath(), ignored))
+    CAIRN_INFO("gave up the node ", name_, " (", workdir_.membershipPath(), " removed)");
+  name_.clear();
+  asked_name_.clear();
 }
 
 }  // namespace cairn

@@ -12,7 +12,7 @@
 //   checkpointUploads()  the background checkpoint uploads while training (VolunteerCheckpoints.h)
 //   metricsStream()      the trainer's records streamed in the background (VolunteerMetrics.h)
 //   uploadResult()       `result` + trained_stage.pt until `result_ack`
-//   sendLeaving()        `leaving{reason}`, best effort
+//   sendLeaving()        `leaving{reason}`, best effort; the node is given up (its name forgotten)
 // The volunteer's key pair is made once in the work folder and reused; the coordinator is
 // authenticated by the key in the invite (a wrong key: no answer, see join()).
 //
@@ -32,6 +32,7 @@
 #include <zmq.hpp>
 
 #include "core/CurveKeys.h"
+#include "node/volunteer/ActiveHours.h"
 #include "node/volunteer/ReachabilityResponder.h"
 #include "node/volunteer/VolunteerCheckpoints.h"
 #include "node/volunteer/VolunteerHeartbeats.h"
@@ -66,11 +67,18 @@ struct VolunteerConfig {
   // estimate needs more); 0: all.
   int cores = 0;
   double memory_gb = 0;
+  // provider --active-hours (ActiveHours.h): compute only inside this window of local time; at
+  // its end the volunteer hands its node over (or, as a spare, leaves) and waits, still running,
+  // for the next one; nullopt: at all hours. `clock` reads the minute of the day (volunteerClock).
+  std::optional<ActiveHours> active_hours;
+  std::function<int()> clock = localMinuteOfDay;
+  std::chrono::milliseconds hours_poll{20000};  // how often an idle volunteer looks at the clock
 };
 
 // How waitForAssignment() ended.
 struct AssignmentWait {
-  enum class End { kAssigned, kFinished, kStopped };
+  // kLeft: `leave_when` said yes (its active hours are over); it said `leaving`.
+  enum class End { kAssigned, kFinished, kStopped, kLeft };
   End end = End::kStopped;
   std::string node_data;  // kAssigned: the work folder's node_data/
   std::string name;       // kAssigned: the node name
@@ -113,7 +121,10 @@ class VolunteerSession {
   // An assignment is checked (BadInput naming the coordinator and what is wrong; the volunteer
   // says `leaving` with that reason first), written to the work folder, and the responder is
   // stopped (its port released for the training transport).
-  AssignmentWait waitForAssignment();
+  // `leave_when` (may be empty), asked at every heartbeat: true ends the wait with `leaving`
+  // {leave_reason()} (End::kLeft).
+  AssignmentWait waitForAssignment(const std::function<bool()>& leave_when = {},
+                                   const std::function<std::string()>& leave_reason = {});
 
   // Closes the main socket (training uses none) and starts "training" heartbeats; their state and
   // step come from `progress` when given (VolunteerMetrics::progress).
@@ -132,7 +143,9 @@ class VolunteerSession {
   bool uploadResult(const nlohmann::json& summary, const std::string& weights_path);
 
   // `leaving{name, reason}`, best effort: queued and given up to 2 s to go out when the session
-  // ends. Nothing when not joined.
+  // ends. Nothing when not joined. The volunteer gives its node up with it: the name is
+  // forgotten (membership.json removed), so a later join() comes back without asking for it and
+  // the coordinator gives it that node again when nobody took it over, else makes it a spare.
   void sendLeaving(const std::string& reason);
 
  private:

@@ -154,6 +154,50 @@ TEST(Replacement, TheLostRowGetsTheFirstFreeLostName) {
                                        replacementMember("node_1-lost-1", MemberState::kLost, 0)};
   EXPECT_EQ(lostRowName("node_1", members), "node_1-lost-2");
   EXPECT_EQ(lostRowName("node_2", members), "node_2-lost-1");
+  EXPECT_TRUE(isLostRowName("node_1-lost-12"));
+  for (const char* name : {"node_1", "node_1-lost-", "-lost-1", "node_1-lost-x", "node_1-lost-1a"})
+    EXPECT_FALSE(isLostRowName(name)) << name;
+}
+
+// A volunteer that said it leaves (its active hours ended) may come back when it does not ask for
+// its old name; one that was lost (silent) may not; nor may it ask for the name it gave up.
+TEST(Replacement, AVolunteerThatLeftComesBackWithoutItsNameAndALostOneDoesNot) {
+  const std::string dir = (fs::temp_directory_path() / ("cairn_left_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  CoordinatorStore store(dir + "/coordinator.db");
+  const Member left = replacementMember("node_1", MemberState::kLeft, 0);
+  const Member lost = replacementMember("node_2", MemberState::kAssigned, 0);
+  store.putMember(left);
+  store.putMember(lost);
+  store.putMember(replacementMember("node_3", MemberState::kSpare, 0));
+  store.putMember(replacementMember("node_4", MemberState::kSpare, 0));
+  store.takeOver("node_1", "node_1-lost-1", "node_3", 1);
+  store.setState("node_2", MemberState::kLost);
+  store.takeOver("node_2", "node_2-lost-1", "node_4", 1);
+  EXPECT_EQ(store.memberByName("node_1-lost-1")->state, MemberState::kLeft);  // kept: it said so
+  EXPECT_EQ(store.memberByName("node_2-lost-1")->state, MemberState::kLost);
+
+  JoinAsk ask;
+  ask.token = "0123456789abcdef0123456789abcdef";
+  ask.advertise = "127.0.0.1:7100";
+  ask.probe = {8.0, 4, 50.0, 1000.0, {}, "1.13.0"};
+  auto decide = [&](const std::string& key) {
+    return decideJoin(ask, key, ask.token, {}, store.members(), "1.13.0");
+  };
+  const JoinDecision back = decide(left.public_key);
+  EXPECT_EQ(back.kind, JoinDecision::Kind::kRejoining);
+  ASSERT_TRUE(back.member.has_value());
+  EXPECT_EQ(back.member->name, "node_1-lost-1");
+  EXPECT_NE(decide(lost.public_key).reason.find("node_2-lost-1 is lost in this run and cannot come back"),
+            std::string::npos);
+  ask.name = "node_1";  // the name it gave up now belongs to the spare's key
+  EXPECT_NE(decide(left.public_key).reason.find("belongs to another key"), std::string::npos);
+
+  store.renameMember("node_1-lost-1", "node_5");
+  EXPECT_EQ(store.memberByKey(left.public_key)->name, "node_5");
+  EXPECT_THROW(store.renameMember("node_1-lost-1", "node_6"), InternalError);
+  fs::remove_all(dir);
 }
 
 std::string replacementFreshDir(const std::string& name) {

@@ -18,6 +18,10 @@ spare_replaces_lost
     included) equals the uninterrupted run's; the run resumed from a checkpoint; the merged
     trained.pt evaluated by PyTorch has exactly the accuracy the Leaf reported, which equals the
     reference's; coordinator.db gives the node to the spare's key and keeps the lost key as lost.
+
+ring_peer_replaced, active_hours
+    See their functions: a ring peer re-pointed live; a volunteer whose --active-hours end hands
+    its node over to a spare at a step boundary and comes back as a spare.
 """
 import json
 import os
@@ -29,7 +33,8 @@ import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs,
 
 STEPS = 120
 RING_STEPS = 150
-HOLD_AT = 120  # ring_peer_replaced: the latest step cluster 1 reaches before cluster 0 resumes
+HOLD_AT = 100  # the latest step the held cluster reaches before the awaited event (ring_peer_replaced:
+#                cluster 0 resumes; active_hours: the leaver is back)
 KILL_AFTER = 20
 TEST_SAMPLES = 1000
 TRAINING = {"checkpoint_every": 10,
@@ -188,8 +193,102 @@ def case_ring_peer_replaced(args):
                              "reported {reported}")
 
 
+def leaf_records(workdirs, leaf):
+    """The step records of node LEAF from every volunteer folder that held it, in step order."""
+    records = []
+    for w in workdirs:
+        path = os.path.join(w, "node_data", "nodes", leaf, "metrics.jsonl")
+        if os.path.exists(path):
+            records += [json.loads(line) for line in open(path) if line.strip()]
+    return records
+
+
+def case_active_hours(args):
+    """Volunteer 0 computes only 22:00-07:00 (--active-hours), read from a test clock
+    (CAIRN_TEST_CLOCK, a file holding HH:MM); volunteers 1 and 2 at all hours; a 4th joins as a
+    spare. Once the coordinator holds a checkpoint of step >= KILL_AFTER from volunteer 0, its
+    clock says 07:30: it stops the cluster at a step boundary (every node checkpoints that step),
+    says `leaving` with the reason, and waits, still running; the spare takes its node over from
+    that very checkpoint, the rest of the cluster (paused, not stopped) resumes with the spare from
+    that step. Then its clock says 22:30: it joins again and, its node taken, becomes a spare under
+    a fresh name (the store keeps its key), and exits 0 when the run is over. Cluster 0's Root holds
+    before step HOLD_AT until the rejoin is seen (CAIRN_TEST_HOLD), so the run cannot end first.
+    Whatever stage volunteer 0 held (Root, Stem or Leaf: the plan decides), the checks are: the
+    cluster resumed from exactly the step volunteer 0 stopped at; every step loss the Leaf logged
+    (over every holder) equals the uninterrupted run's; the merged model's accuracy equals the
+    reference's."""
+    model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
+    reference, reference_accuracy = run_reference(args, model, job)
+    clock, release = os.path.join(args.work, "clock"), os.path.join(args.work, "release")
+    with open(clock, "w") as f:
+        f.write("23:00\n")
+    os.environ["CAIRN_TEST_CLOCK"] = clock
+    os.environ["CAIRN_TEST_HOLD"] = f"0:{HOLD_AT}:{release}"
+    run = vt.Run(args, model, job, FLAGS, 4)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(1, ["--upload-mbps", "200", "--active-hours", "22:00-07:00"])
+        run.join(2, ["--upload-mbps", "200"])
+        run.wait_planned(1)
+        run.join(1)
+        coordinator.wait_for(lambda l: "joined: node_3 " in l and ", spare" in l, 120, "the spare")
+        leaver, leaver_dir = volunteers[0]
+        node = name_of(leaver_dir)
+        marker = f"coordinator: checkpoint of {node} at step "
+        coordinator.wait_for(lambda l: marker in l and int(l.split(marker)[1].split()[0]) >= KILL_AFTER,
+                             300, f"a checkpoint of {node} at step >= {KILL_AFTER}")
+        with open(clock, "w") as f:
+            f.write("07:30\n")
+        stopped = leaver.wait_for(lambda l: "stopped cleanly after step " in l, 120, "the leaver's stop")
+        stop_step = int(stopped.split("stopped cleanly after step ")[1].split()[0])
+        coordinator.wait_for(lambda l: f"coordinator: {node} is leaving (its active hours 22:00-07:00 are "
+                             "over (local time 07:30))" in l, 60, "the leaving with its reason")
+        taken = coordinator.wait_for(lambda l: f"coordinator: {node} is taken over by spare node_3" in l, 60,
+                                     "the takeover")
+        print(taken.strip())
+        if f"from its checkpoint of step {stop_step};" not in taken:
+            vt.fail(f"the spare was not given the checkpoint of step {stop_step}, where {node} stopped")
+        leaver.wait_for(lambda l: "outside the active hours 22:00-07:00 (local time 07:30)" in l, 60,
+                        "the leaver waiting for its hours")
+        with open(clock, "w") as f:
+            f.write("22:30\n")
+        back = coordinator.wait_for(lambda l: "coordinator: back: " in l, 120, "the leaver back")
+        if not back.strip().endswith("spare"):
+            vt.fail(f"the leaver did not come back as a spare: {back.strip()}")
+        back_as = back.split("coordinator: back: ")[1].split()[0]
+        open(release, "w").close()
+        run.all_finish()
+
+    if leaver.count(lambda l: "the coordinator says the run is over" in l) != 1:
+        vt.fail("the leaver, a spare again, did not end with the run")
+    if name_of(volunteers[3][1]) != node:
+        vt.fail(f"the spare's membership.json names {name_of(volunteers[3][1])}, not {node}")
+    db = sqlite3.connect(os.path.join(out, "coordinator.db"))
+    leaver_key = open(os.path.join(leaver_dir, "identity.key")).read()
+    rows = [r for r in db.execute("SELECT name, state, public_key FROM members") if r[2] in leaver_key]
+    if [r[0] for r in rows] != [back_as] or back_as == node:
+        vt.fail(f"coordinator.db: the leaver's key is in rows {rows}, expected one, {back_as} (not {node})")
+
+    leaf = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][-1]
+    records = leaf_records([w for _, w in volunteers], leaf)
+    resumed = [r["resumed_from"] for r in records if "resumed_from" in r]
+    if resumed != [stop_step]:
+        vt.fail(f"the Leaf resumed from {resumed}, expected once from step {stop_step}")
+    every = [r for r in records if "step" in r]
+    same = sum(1 for r in every if reference.get(r["step"]) == r["loss"])
+    steps = sorted({r["step"] for r in every})
+    print(f"{node} handed over after step {stop_step}; the cluster resumed from it; {same} of {len(every)} "
+          f"logged Leaf step losses equal the uninterrupted run's")
+    if same != len(every) or len(steps) != STEPS:
+        vt.fail(f"hand-over is not exact or steps are missing: {same} of {len(every)} equal, {len(steps)} steps")
+    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
+                                f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
+    if reported != reference_accuracy:
+        vt.fail("the handed-over run's accuracy differs from the uninterrupted run's")
+
+
 def main():
-    vt.main_of(["spare_replaces_lost", "ring_peer_replaced"], globals())
+    vt.main_of(["spare_replaces_lost", "ring_peer_replaced", "active_hours"], globals())
 
 
 if __name__ == "__main__":
