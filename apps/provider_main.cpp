@@ -266,6 +266,8 @@ std::string inviteText(const std::string& argument) {
 
 int runJoin(const Cli& cli) {
   cairn::VolunteerConfig config;
+  if (!cli.active_hours.empty())  // the flags are checked before the invite
+    config.active_hours = cairn::ActiveHours::parse(cli.active_hours, "--active-hours");
   config.upload_mbps = cli.upload_mbps;
   config.metrics.capacity = size_t(cli.metrics_queue);
   config.invite = cairn::parseInvite(inviteText(cli.invite));
@@ -279,8 +281,6 @@ int runJoin(const Cli& cli) {
   config.device = cli.device;
   config.cores = cli.cores;
   config.memory_gb = cli.memory_gb;
-  if (!cli.active_hours.empty())
-    config.active_hours = cairn::ActiveHours::parse(cli.active_hours, "--active-hours");
   config.clock = cairn::volunteerClock();
   if (std::getenv("CAIRN_TEST_CLOCK")) config.hours_poll = std::chrono::milliseconds(200);
   cairn::resolveDevice(cli.device, "--device");  // a device this machine lacks: exit 2 before joining

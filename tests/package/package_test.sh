@@ -142,13 +142,15 @@ expect_exit 2 "has a coordinator key that is not 80 hex digits" cairn-provider -
 export CAIRN_VOLUNTEER_DIR=$work/volunteer.d CAIRN_SYSTEMD_DIR=$work/systemd
 key=$(printf 'ab%.0s' $(seq 40)); token=$(printf 'cd%.0s' $(seq 16))
 invite="cairn-invite:1:coord.example:7000:$key:$token"
-cairn-volunteer add "$invite" --listen 0.0.0.0:7100 --advertise 192.0.2.7:7100 --cores 1 --memory-gb 2 > add.txt
+cairn-volunteer add "$invite" --listen 0.0.0.0:7100 --advertise 192.0.2.7:7100 --cores 1 --memory-gb 2 \
+  --active-hours 22:00-07:00 > add.txt
+grep -qx 'active-hours = "22:00-07:00"' "$CAIRN_VOLUNTEER_DIR/coord.example-7000.conf" || fail "the .conf's active-hours"
 [[ "$(stat -c %a "$CAIRN_VOLUNTEER_DIR/coord.example-7000.invite")" == 600 ]] || fail "the invite file is not 0600"
 [[ "$(cat "$CAIRN_VOLUNTEER_DIR/coord.example-7000.invite")" == "$invite" ]] || fail "the invite file"
 grep -q 'systemctl enable --now cairn-provider@coord.example-7000' add.txt || { cat add.txt; fail "add's next step"; }
 limits="$CAIRN_SYSTEMD_DIR/cairn-provider@coord.example-7000.service.d/limits.conf"
 [[ "$(grep -v '^#' "$limits")" == $'[Service]\nCPUQuota=100%\nMemoryMax=2560M' ]] || { cat "$limits"; fail "the limits' drop-in"; }
-# The provider reads both: the .conf's flags (listen, advertise, cores, memory-gb: all parse, and
+# The provider reads both: the .conf's flags (listen, advertise, cores, memory-gb, active-hours: all parse, and
 # without --join --listen is refused: it came from the file), the invite file (this test's made-up key is refused by name, before any network).
 expect_exit 2 "--listen is for --join" cairn-provider --config "$CAIRN_VOLUNTEER_DIR/coord.example-7000.conf" --probe
 expect_exit 2 "has a coordinator key that is not a CURVE public key" cairn-provider \
@@ -156,6 +158,8 @@ expect_exit 2 "has a coordinator key that is not a CURVE public key" cairn-provi
 expect_exit 2 "does not look like cairn-invite" cairn-volunteer add "${invite%??}" --listen 127.0.0.1:7100 --name cut
 [[ ! -e "$CAIRN_VOLUNTEER_DIR/cut.invite" ]] || fail "a refused invite was written"
 expect_exit 2 "binds every interface" cairn-volunteer add "$invite" --listen 0.0.0.0:7100 --name open
+expect_exit 2 "is not HH:MM-HH:MM" cairn-volunteer add "$invite" --listen 127.0.0.1:7100 --name late --active-hours 22-07
+expect_exit 2 "--active-hours \"24:00-07:00\"" cairn-provider --join "$invite" --listen 127.0.0.1:7100 --active-hours 24:00-07:00
 cairn-volunteer remove coord.example-7000 > /dev/null
 [[ -z "$(ls "$CAIRN_VOLUNTEER_DIR")" ]] || fail "remove left $(ls "$CAIRN_VOLUNTEER_DIR")"
 [[ -z "$(ls "$CAIRN_SYSTEMD_DIR")" ]] || fail "remove left $(ls -R "$CAIRN_SYSTEMD_DIR")"
