@@ -21,6 +21,7 @@
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
 #include "clusterize/ModelMerge.h"
+#include "coordinator/Credit.h"
 #include "coordinator/RunAssembly.h"
 #include "coordinator/RunView.h"
 #include "coordinator/TerminalView.h"
@@ -79,6 +80,7 @@ struct Coordinator::Impl {
   CoordinatorStats stats;
   std::unique_ptr<RunView> view;  // the run as seen from here (RunView.h)
   bool view_placed = false;       // the plan's nodes are placed in the view
+  bool credit_changed = true;     // the view's credit table is to be recomputed (syncView)
   Clock::time_point view_synced;
 
   // The plan's nodes for the view (none while gathering).
@@ -96,6 +98,8 @@ struct Coordinator::Impl {
   void syncView(bool now = false) {
     if (!now && Clock::now() - view_synced < std::chrono::seconds(1)) return;
     view_synced = Clock::now();
+    if (credit_changed) view->setCredit(creditJson(store->creditTotals(), store->members()));
+    credit_changed = false;
     const std::string p = phase();
     view->setPhase(p);
     view->syncMembers(store->members(), unixNow());
@@ -179,7 +183,12 @@ struct Coordinator::Impl {
     } else if (const auto* batch = std::get_if<MetricsBatch>(&*message)) {
       if (speaker(batch->name)) {
         grower->observe(batch->name, batch->records);
-        sendRouted(router, r.routing_id, encode(view->ingest(*batch, unixNow())));
+        std::vector<nlohmann::json> taken;
+        sendRouted(router, r.routing_id, encode(view->ingest(*batch, unixNow(), &taken)));
+        if (const size_t skipped = creditRecords(*store, member->public_key, batch->name, taken))
+          CAIRN_WARN("coordinator: ", skipped, " step record(s) of ", batch->name,
+                     " were malformed or out of bounds: not credited");
+        credit_changed = true;
       }
     } else if (const auto* leaving = std::get_if<LeavingNotice>(&*message)) {
       if (speaker(leaving->name)) {
@@ -288,6 +297,8 @@ struct Coordinator::Impl {
     const std::string path = dir + "/step_" + std::to_string(c.step) + ".ckpt";
     writeFileAtomically(path, c.file);
     store->putCheckpoint({c.name, c.step, path, c.checksum});
+    if (m) creditCheckpoint(*store, m->public_key, c.name, c.step, view->plannedSteps());
+    credit_changed = true;
     std::error_code ec;  // the row names the new file; an old file left behind is only space
     if (previous && previous->path != path && !std::filesystem::remove(previous->path, ec) && ec)
       CAIRN_WARN("coordinator: cannot remove ", previous->path, ": ", ec.message());
@@ -296,7 +307,7 @@ struct Coordinator::Impl {
   }
 
   void finish(const std::vector<StoredResult>& results) {
-    const FinishedRun f = finishRun(o.out, results);
+    const FinishedRun f = finishRun(o.out, results, creditJson(store->creditTotals(), store->members()));
     std::cout << f.lines << std::flush;
     store->setMeta("phase", "done");
     for (const auto& [key, route] : routes) sendRouted(router, route, encode(Finished{"the run is over"}));

@@ -105,6 +105,9 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
          "TEXT NOT NULL)");
     exec("CREATE TABLE IF NOT EXISTS checkpoints (name TEXT PRIMARY KEY, step INTEGER NOT NULL, "
          "path TEXT NOT NULL, checksum TEXT NOT NULL)");
+    exec("CREATE TABLE IF NOT EXISTS credit (node TEXT NOT NULL, step INTEGER NOT NULL, key TEXT "
+         "NOT NULL, samples INTEGER NOT NULL, compute_s REAL NOT NULL, sent_bytes INTEGER NOT NULL, "
+         "PRIMARY KEY (node, step))");
   } catch (const Error& e) {
     sqlite3_close(db_);
     db_ = nullptr;
@@ -226,6 +229,63 @@ void CoordinatorStore::takeOver(const std::string& lost_name, const std::string&
     exec("ROLLBACK");
     throw;
   }
+}
+
+void CoordinatorStore::creditSteps(const std::string& node, const std::string& key,
+                                   const std::vector<CreditStep>& steps) {
+  if (steps.empty()) return;
+  exec("BEGIN IMMEDIATE");
+  try {
+    for (const CreditStep& c : steps) {
+      Statement s(db_, path_, "INSERT OR REPLACE INTO credit (node, step, key, samples, compute_s, "
+                              "sent_bytes) VALUES (?, ?, ?, ?, ?, ?)");
+      s.text(1, node).integer(2, c.step).text(3, key).integer(4, c.samples).real(5, c.compute_s)
+          .integer(6, c.sent_bytes);
+      s.step();
+    }
+    exec("COMMIT");
+  } catch (...) {
+    exec("ROLLBACK");
+    throw;
+  }
+}
+
+void CoordinatorStore::dropCreditAfter(const std::string& node, int64_t step) {
+  Statement s(db_, path_, "DELETE FROM credit WHERE node = ? AND step > ?");
+  s.text(1, node).integer(2, step);
+  s.step();
+}
+
+void CoordinatorStore::creditUpTo(const std::string& node, const std::string& key, int64_t step) {
+  if (step < 1) return;
+  Statement s(db_, path_, "WITH RECURSIVE n(step) AS (SELECT 1 UNION ALL SELECT step + 1 FROM n "
+                          "WHERE step < ?) INSERT OR IGNORE INTO credit (node, step, key, samples, "
+                          "compute_s, sent_bytes) SELECT ?, step, ?, 0, 0, 0 FROM n");
+  s.integer(1, step).text(2, node).text(3, key);
+  s.step();
+}
+
+int64_t CoordinatorStore::maxCreditedStep() const {
+  Statement s(db_, path_, "SELECT COALESCE(MAX(step), 0) FROM credit");
+  return s.step() ? s.columnInt(0) : 0;
+}
+
+std::vector<CreditTotal> CoordinatorStore::creditTotals() const {
+  Statement s(db_, path_, "SELECT key, node, COUNT(*), SUM(samples), SUM(compute_s), "
+                          "SUM(sent_bytes) FROM credit GROUP BY key, node ORDER BY key, node");
+  std::vector<CreditTotal> out;
+  while (s.step())
+    out.push_back({s.column(0), s.column(1), s.columnInt(2), s.columnInt(3), s.columnReal(4),
+                   s.columnInt(5)});
+  return out;
+}
+
+std::vector<std::pair<int64_t, std::string>> CoordinatorStore::creditedSteps(const std::string& node) const {
+  Statement s(db_, path_, "SELECT step, key FROM credit WHERE node = ? ORDER BY step");
+  s.text(1, node);
+  std::vector<std::pair<int64_t, std::string>> out;
+  while (s.step()) out.emplace_back(s.columnInt(0), s.column(1));
+  return out;
 }
 
 void CoordinatorStore::putResult(const StoredResult& r) {

@@ -7,6 +7,7 @@
 //                volunteer's node over holds its name (the lost row is renamed <name>-lost-<n>)
 //   results      the trained stages received: node name → file, summary (result.json)
 //   checkpoints  the newest checkpoint held per node: node name → step, file, checksum
+//   credit       per node and step, the key that trained it and its figures (coordinator/Credit.h)
 // Every write is one transaction (SQLite's journal makes it atomic); files themselves are written
 // by the caller before their row (a row never names a file that is not complete).
 // Ownership: owns the connection. Thread-safety: one thread (the coordinator's loop).
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct sqlite3;
@@ -49,6 +51,22 @@ struct StoredCheckpoint {
   uint64_t checksum = 0;
 };
 
+// One step of a node, credited to the key of the volunteer that trained it (coordinator/Credit.h).
+struct CreditStep {
+  int64_t step = 0;        // steps done (1-based, as metrics.jsonl counts them)
+  int64_t samples = 0;     // samples carried through the stage in that step
+  double compute_s = 0;    // its compute seconds
+  int64_t sent_bytes = 0;  // tensor bytes its transport sent in that step
+};
+
+// What one key gave one node: the kept steps credited to it and their sums.
+struct CreditTotal {
+  std::string key, node;
+  int64_t steps = 0, samples = 0;
+  double compute_s = 0;
+  int64_t sent_bytes = 0;
+};
+
 class CoordinatorStore {
  public:
   // Opens (creating if needed) the database at `path`; BadInput naming the file when it is not a
@@ -80,6 +98,19 @@ class CoordinatorStore {
 
   void putResult(const StoredResult& result);
   std::vector<StoredResult> results() const;
+
+  // Credit (coordinator/Credit.h), each call one transaction. creditSteps: each of `steps` of
+  // `node` credited to `key` (a step credited before goes to the newest). dropCreditAfter: every
+  // step of `node` after `step` forgotten (a resume rolled them back). creditUpTo: the steps
+  // 1..`step` of `node` that nobody holds credited to `key` with no figures (its checkpoint of
+  // that step; their records may have been lost with the volunteer).
+  void creditSteps(const std::string& node, const std::string& key, const std::vector<CreditStep>& steps);
+  void dropCreditAfter(const std::string& node, int64_t step);
+  void creditUpTo(const std::string& node, const std::string& key, int64_t step);
+  std::vector<CreditTotal> creditTotals() const;  // by key, then node
+  int64_t maxCreditedStep() const;                 // of any node; 0: none
+  // The key credited with each step of `node`, by step.
+  std::vector<std::pair<int64_t, std::string>> creditedSteps(const std::string& node) const;
 
   void putCheckpoint(const StoredCheckpoint& checkpoint);
   std::optional<StoredCheckpoint> checkpoint(const std::string& name) const;

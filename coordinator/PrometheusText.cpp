@@ -100,6 +100,25 @@ void nodeFamilies(const nlohmann::json& nodes, Exposition* out) {
   }
 }
 
+// Credit (coordinator/Credit.h): one sample per (volunteer key, node) of each figure.
+void creditFamilies(const nlohmann::json& credit, Exposition* out) {
+  const Figure credit_figures[] = {
+      {"cairn_credit_steps", "steps", "gauge", "Kept steps of the node trained by the volunteer."},
+      {"cairn_credit_samples", "samples", "gauge",
+       "Samples those steps carried through the volunteer's stage."},
+      {"cairn_credit_compute_seconds", "compute_s", "gauge", "Compute seconds of those steps."},
+      {"cairn_credit_sent_bytes", "sent_bytes", "gauge", "Tensor bytes sent in those steps."}};
+  for (const Figure& f : credit_figures) {
+    out->family(f.metric, f.type, f.help);
+    for (const auto& c : credit)
+      out->sample(f.metric,
+                  label("volunteer", c["volunteer"].get<std::string>()) + "," +
+                      label("key", c["key"].get<std::string>()) + "," +
+                      label("node", c["node"].get<std::string>()),
+                  c[f.key]);
+  }
+}
+
 }  // namespace
 
 std::string prometheusText(const nlohmann::json& snapshot) {
@@ -107,6 +126,7 @@ std::string prometheusText(const nlohmann::json& snapshot) {
   runFamilies(snapshot["run"], &out);
   clusterFamilies(snapshot["clusters"], &out);
   nodeFamilies(snapshot["nodes"], &out);
+  if (snapshot.contains("credit")) creditFamilies(snapshot["credit"], &out);
   return out.text;
 }
 

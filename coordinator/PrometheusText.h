@@ -2,7 +2,7 @@
 // format, version 0.0.4 — what RunView::prometheus() returns and the web server's /metrics serves
 // (docs/OPERATIONS.md "The live page"). Run figures without labels, cluster figures labelled
 // {cluster}, node figures {node, cluster}, and cairn_node_info {node, cluster, role, stage, state}
-// = 1; a figure the snapshot does not know (null) has no sample.
+// = 1, the credit {volunteer, key, node}; a figure the snapshot does not know (null) has no sample.
 // Thread-safety: pure functions.
 #pragma once
 

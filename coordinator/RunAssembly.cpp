@@ -82,7 +82,8 @@ std::string readFileBytes(const std::string& path) {
   return s.str();
 }
 
-FinishedRun finishRun(const std::string& out, const std::vector<StoredResult>& results) {
+FinishedRun finishRun(const std::string& out, const std::vector<StoredResult>& results,
+                      const nlohmann::json& credit) {
   clusterize::MergeOptions options;
   options.node_data = out;
   const clusterize::MergedModel merged = clusterize::mergeTrainedStages(options);
@@ -116,8 +117,13 @@ FinishedRun finishRun(const std::string& out, const std::vector<StoredResult>& r
   }
   lines << "merged " << merged.state.size() << " parameters and buffers from "
         << merged.clusters.size() << " cluster(s) into " << pt << " and " << st << "\n";
+  for (const auto& c : credit)
+    lines << "credit: " << c["volunteer"].get<std::string>() << " trained " << c["node"].get<std::string>()
+          << ": " << c["steps"].get<int64_t>() << " kept steps, " << c["samples"].get<int64_t>()
+          << " samples, " << std::fixed << std::setprecision(1) << c["compute_s"].get<double>() << " compute s, "
+          << std::setprecision(1) << double(c["sent_bytes"].get<int64_t>()) / 1e6 << " MB sent\n";
   f.summary = {{"clusters", clusters}, {"trained_torchscript", pt}, {"trained_safetensors", st},
-               {"merged_clusters", merged.clusters}};
+               {"merged_clusters", merged.clusters}, {"credit", credit}};
   writeJsonFile(out + "/run_result.json", f.summary);
   f.lines = lines.str();
   return f;

@@ -36,9 +36,12 @@ std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers);
 
 struct FinishedRun {
   nlohmann::json summary;   // what run_result.json holds
-  std::string lines;        // human-readable: one line per cluster's final evaluation + files
+  std::string lines;        // human-readable: one line per cluster's final evaluation + files,
+                            // one per volunteer's credit
 };
-FinishedRun finishRun(const std::string& out, const std::vector<StoredResult>& results);
+// `credit`: coordinator/Credit.h creditJson, kept in run_result.json as "credit".
+FinishedRun finishRun(const std::string& out, const std::vector<StoredResult>& results,
+                      const nlohmann::json& credit = nlohmann::json::array());
 
 // The whole file as bytes (a stage.pt or checkpoint sent to a volunteer); InternalError naming the
 // file when it cannot be read (the coordinator wrote it itself).

@@ -189,6 +189,7 @@ struct RunView::State {
   std::map<std::string, NodeState> nodes;
   std::map<int, ClusterState> clusters;
   std::deque<nlohmann::json> events;
+  nlohmann::json credit = nlohmann::json::array();  // setCredit's
 
   // The run's phase as a user reads it: the coordinator's, except that a planned run whose
   // placed volunteers have sent step records is training.
@@ -378,7 +379,20 @@ void RunView::event(const std::string& node, const std::string& kind, const std:
   s_->addEvent(now, node, kind, message);
 }
 
-MetricsAck RunView::ingest(const MetricsBatch& batch, double now) {
+int64_t RunView::plannedSteps() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t most = 0;
+  for (const auto& [id, c] : s_->clusters)
+    if (c.max_steps) most = std::max(most, *c.max_steps);
+  return most;
+}
+
+void RunView::setCredit(nlohmann::json credit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  s_->credit = std::move(credit);
+}
+
+MetricsAck RunView::ingest(const MetricsBatch& batch, double now, std::vector<nlohmann::json>* taken) {
   std::lock_guard<std::mutex> lock(mutex_);
   NodeState& n = s_->node(batch.name);
   int64_t& next = n.next_seq[batch.stream];
@@ -393,6 +407,7 @@ MetricsAck RunView::ingest(const MetricsBatch& batch, double now) {
     if (seq < next) continue;  // held already (a resend)
     s_->append(n, batch.records[i], batch.stream, seq);
     s_->take(n, batch.records[i], now);
+    if (taken) taken->push_back(batch.records[i]);
     next = seq + 1;
   }
   if (s_->file.is_open()) s_->file.flush();
@@ -421,6 +436,7 @@ nlohmann::json RunView::snapshot(double now) const {
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : s.events) events.push_back(e);
   out["events"] = std::move(events);
+  out["credit"] = s.credit;
   return out;
 }
 

@@ -23,7 +23,9 @@
 //    "nodes": [{"name", "cluster"|null, "stage"|null, "role": root|stem|leaf|whole|spare, "state",
 //               "address", "heartbeat_age_s"|null, "step", "compute_s"|null, "send_s"|null,
 //               "wait_s"|null}],
-//    "events": [{"t", "node", "kind", "message"}] (newest last, ≤ 200)}
+//    "events": [{"t", "node", "kind", "message"}] (newest last, ≤ 200),
+//    "credit": [{"volunteer", "key", "node", "steps", "samples", "compute_s", "sent_bytes"}]
+//               (coordinator/Credit.h; what setCredit was given last)}
 // "phase" is the run's as a user reads it: the coordinator's (setPhase: "gathering" while
 // volunteers join, "planned" once the assignments are sent, "done" once the results are merged),
 // except that a planned run is "training" once a step record of a placed node was taken (its
@@ -80,7 +82,12 @@ class RunView {
   void event(const std::string& node, const std::string& kind, const std::string& message, double now);
   // Takes the records of `batch` not taken yet (from a member whose key the caller checked);
   // returns the acknowledgement to send back.
-  MetricsAck ingest(const MetricsBatch& batch, double now);
+  // `taken` (may be null) gets the records taken now, in order (not those held already).
+  MetricsAck ingest(const MetricsBatch& batch, double now, std::vector<nlohmann::json>* taken = nullptr);
+  // The most steps any cluster's plan runs (its Root's "plan" event); 0: no plan seen yet.
+  int64_t plannedSteps() const;
+  // The credit table (coordinator/Credit.h creditJson) the snapshot shows from now on.
+  void setCredit(nlohmann::json credit);
 
   // --- any thread ---
   nlohmann::json snapshot(double now) const;

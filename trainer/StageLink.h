@@ -40,6 +40,9 @@ class StageLink {
   // The packet of `kind` for (step, microbatch, tag) from that neighbour; others wait their turn.
   virtual StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                               const std::string& tag) = 0;
+  // Bytes this node has sent so far over whatever carries the link (its neighbours and, on the
+  // same transport, its rings); the step records' "sent_bytes" are its differences. 0: not known.
+  virtual uint64_t bytesSent() const { return 0; }
 };
 
 }  // namespace cairn

@@ -98,7 +98,7 @@ struct StageTrainer::Impl {
         passes(ctx, link, stop),
         norm(ctx, link),
         evaluator(ctx, link, data),
-        recorder(ctx, stop, checkpoints, evaluator),
+        recorder(ctx, stop, checkpoints, evaluator, l),
         deal_change(ctx, plan, feeder) {
     passes.setDealChange(&deal_change);
     if (is_root) checkpoints.setDeal([this]() -> const std::vector<DealEntry>& { return feeder.deal(); });

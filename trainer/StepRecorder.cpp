@@ -11,15 +11,18 @@
 namespace cairn {
 
 StepRecorder::StepRecorder(TrainerContext& ctx, StopCoordinator& stop,
-                           TrainerCheckpoints& checkpoints, Evaluator& evaluator)
+                           TrainerCheckpoints& checkpoints, Evaluator& evaluator,
+                           const StageLink& link)
     : ctx_(ctx),
       stop_(stop),
       checkpoints_(checkpoints),
       evaluator_(evaluator),
+      link_(link),
       progress_(ctx.is_leaf && ctx.cfg.show_progress, ctx.opt.log_every_s) {}
 
 void StepRecorder::begin(TrainerClock::time_point run_start) {
   start_ = run_start;
+  sent_before_ = link_.bytesSent();
   last_ = TrainerClock::now();
 }
 
@@ -37,7 +40,12 @@ void StepRecorder::record(const StepRecord& s, TrainerResult* result) {
                          {"samples_per_s", double(opt.batch_size) / std::max(step_seconds, 1e-9)},
                          {"compute_s", ctx_.times.compute_s},
                          {"send_s", ctx_.times.send_s},
-                         {"wait_s", ctx_.times.wait_s}};
+                         {"wait_s", ctx_.times.wait_s},
+                         {"samples", opt.batch_size}};
+  // The bytes this node sent during the step (credit, docs/OPERATIONS.md "Credit").
+  const uint64_t sent = link_.bytesSent();
+  line["sent_bytes"] = sent >= sent_before_ ? sent - sent_before_ : 0;
+  sent_before_ = sent;
   for (const auto& [key, value] : s.extra.items()) line[key] = value;
   if (ctx_.is_root || ctx_.is_leaf) line["sample_checksum"] = s.sample_checksum;
   if (s.grad_norm >= 0) line["grad_norm"] = s.grad_norm;

@@ -31,8 +31,9 @@ struct StepRecord {
 
 class StepRecorder {
  public:
+  // `link`: asked for the bytes sent (StageLink::bytesSent) at each step's record.
   StepRecorder(TrainerContext& ctx, StopCoordinator& stop, TrainerCheckpoints& checkpoints,
-               Evaluator& evaluator);
+               Evaluator& evaluator, const StageLink& link);
 
   // The run (its first step) starts now: times per step and in total count from here.
   void begin(TrainerClock::time_point run_start);
@@ -59,6 +60,8 @@ class StepRecorder {
   StopCoordinator& stop_;
   TrainerCheckpoints& checkpoints_;
   Evaluator& evaluator_;
+  const StageLink& link_;
+  uint64_t sent_before_ = 0;  // link_.bytesSent() at the previous step's record
   ProgressLine progress_;
   TrainerClock::time_point start_, last_;
   double bookkeeping_s_ = 0;

@@ -237,6 +237,23 @@ function drawNodes(state) {
   body.replaceChildren(rows);
 }
 
+// Credit (coordinator/Credit.h): per volunteer and node, what the run kept of what it gave.
+function drawCredit(state) {
+  const body = document.querySelector("#credit tbody");
+  const rows = document.createDocumentFragment();
+  for (const c of array(state.credit)) {
+    const row = el("tr");
+    row.setAttribute("data-volunteer", String(c.volunteer));
+    row.setAttribute("data-credit-node", String(c.node));
+    const mb = typeof c.sent_bytes === "number" ? num(c.sent_bytes / 1e6, 1) : "–";
+    for (const value of [c.volunteer, short(String(c.key)), c.node, c.steps, c.samples,
+                         num(c.compute_s, 1), mb])
+      row.appendChild(el("td", "", value === undefined ? "–" : value));
+    rows.appendChild(row);
+  }
+  body.replaceChildren(rows);
+}
+
 function drawEvents(state) {
   const list = document.getElementById("events");
   const items = document.createDocumentFragment();
@@ -271,6 +288,7 @@ async function poll() {
     drawSummary(state);
     drawClusters(state);
     drawNodes(state);
+    drawCredit(state);
     drawEvents(state);
     drawCharts(state);
     polls += 1;

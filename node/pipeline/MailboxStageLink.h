@@ -94,6 +94,7 @@ class MailboxStageLink : public StageLink {
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                       const std::string& tag) override;
   const LinkStats& stats() const { return stats_; }
+  uint64_t bytesSent() const override { return mailbox_.transport().stats().bytes_sent; }
   // The byte limit in force: checks.max_message_bytes, or the planned boundary at the largest
   // batch plus 1 MiB for bookkeeping tensors.
   uint64_t maxMessageBytes() const { return max_message_bytes_; }

@@ -1,6 +1,7 @@
 #include "node/volunteer/VolunteerRun.h"
 
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -163,6 +164,52 @@ bool waitForActiveHours(const VolunteerConfig& config) {
   }
 }
 
+// This volunteer's own running total of what it gave, from its trainer's step records (the
+// coordinator keeps the run's record: coordinator/Credit.h): per node it held, its steps, rolled
+// back by a resume exactly as the coordinator does. Thread-safe (records come from the trainer's
+// thread).
+class OwnCredit {
+ public:
+  void record(const std::string& node, const nlohmann::json& r) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& steps = nodes_[node];
+    if (r.contains("resumed_from") && r["resumed_from"].is_number_integer()) {
+      steps.erase(steps.upper_bound(r["resumed_from"].get<int64_t>()), steps.end());
+    } else if (r.contains("step") && r["step"].is_number_integer()) {
+      Figures& f = steps[r["step"].get<int64_t>()];
+      f.samples = r.value("samples", int64_t(0));
+      f.compute_s = r.value("compute_s", 0.0);
+      f.sent_bytes = r.value("sent_bytes", int64_t(0));
+    }
+  }
+  void print() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [node, steps] : nodes_) {
+      Figures total;
+      for (const auto& [step, f] : steps) {
+        total.samples += f.samples;
+        total.compute_s += f.compute_s;
+        total.sent_bytes += f.sent_bytes;
+      }
+      char text[200];
+      std::snprintf(text, sizeof text, "%zu steps, %lld samples, %.1f compute s, %.1f MB sent",
+                    steps.size(), static_cast<long long>(total.samples), total.compute_s,
+                    double(total.sent_bytes) / 1e6);
+      CAIRN_INFO("this volunteer gave ", node, ": ", text, " (the coordinator's record of what the "
+                 "run kept: run_result.json \"credit\")");
+    }
+  }
+
+ private:
+  struct Figures {
+    int64_t samples = 0;
+    double compute_s = 0;
+    int64_t sent_bytes = 0;
+  };
+  mutable std::mutex mutex_;
+  std::map<std::string, std::map<int64_t, Figures>> nodes_;
+};
+
 enum class AfterAssignment { kExit, kNextHours };
 
 // Trains one assignment to its end (results uploaded) or until this volunteer stops: a signal
@@ -170,7 +217,8 @@ enum class AfterAssignment { kExit, kNextHours };
 // the next ones). Either way its node is handed over: the rest of its cluster, stopped at the
 // same step with a checkpoint, waits for a spare to take the node (NodeRunner).
 AfterAssignment serveAssignment(const VolunteerConfig& config, VolunteerSession& session,
-                                const AssignmentWait& wait, const std::function<bool()>& hours_over) {
+                                const AssignmentWait& wait, const std::function<bool()>& hours_over,
+                                OwnCredit& own) {
   checkAssignmentFits(config, session, wait);
   ProviderRunOptions run = assignedRun(config, session, wait);
   // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
@@ -183,7 +231,10 @@ AfterAssignment serveAssignment(const VolunteerConfig& config, VolunteerSession&
   run.on_live_peers = peers.liveHook();  // a ring peer replaced: re-pointed live
   // The trainer's records, plan and state changes go to the coordinator in the background.
   auto metrics = session.metricsStream();
-  run.on_record = [m = metrics.get()](const nlohmann::json& r, const std::string& line) { m->record(r, line); };
+  run.on_record = [m = metrics.get(), &own, node = wait.name](const nlohmann::json& r, const std::string& line) {
+    own.record(node, r);
+    m->record(r, line);
+  };
   run.on_event = [m = metrics.get()](const nlohmann::json& e) { m->event(e); };
   run.on_event = peers.watch(run.on_event);  // notes "paused"
   const ProviderRunOutcome outcome = trainAssignment(config, session, run, peers, *metrics);
@@ -207,6 +258,7 @@ int runVolunteer(const VolunteerConfig& config) {
   session.startResponder();  // a --listen that cannot be bound fails before the probe
   const VolunteerProbe machine = probeThisMachine(config);
   const std::function<bool()> hours_over = hoursOverWatch(config);
+  OwnCredit own;
   for (;;) {
     if (!waitForActiveHours(config)) {
       CAIRN_INFO("stopped outside the active hours");
@@ -232,7 +284,9 @@ int runVolunteer(const VolunteerConfig& config) {
       CAIRN_INFO("the coordinator says the run is over (", wait.reason, "); nothing to train");
       return 0;
     }
-    if (serveAssignment(config, session, wait, hours_over) == AfterAssignment::kExit) return 0;
+    const AfterAssignment after = serveAssignment(config, session, wait, hours_over, own);
+    own.print();
+    if (after == AfterAssignment::kExit) return 0;
     setLogTag("volunteer");
   }
 }

@@ -305,14 +305,15 @@ def case_live(args):
         url = line.split()[2]
         run.join(3)
         run.wait_planned(1, 120, "'planned 1 cluster(s)'")
-        # Wait (bounded) until the state holds loss and evaluation records of the placed cluster.
+        # Wait (bounded) until the state holds loss and evaluation records of the placed cluster,
+        # and each of its 3 volunteers' credit.
         deadline = time.monotonic() + 180
         while True:
             _, body = fetch(url + "api/state")
             before = json.loads(body)
             c = before["clusters"][0] if before["clusters"] else {}
             if len(c.get("loss_history", [])) >= 10 and c.get("eval_history") and \
-                    len(c.get("nodes", [])) == 3:
+                    len(c.get("nodes", [])) == 3 and len(before.get("credit", [])) == 3:
                 break
             if time.monotonic() > deadline:
                 fail(f"no loss and evaluation records at {url}api/state after 180 s: {body[:2000]}")
@@ -383,6 +384,19 @@ def check_live_page(root, before, after):
     bars = int(by_id["chart-split"].attrs.get("data-points", "-1"))
     if bars < 3:
         fail(f"chart-split: {bars} bars, expected compute/send/wait for the placed nodes")
+    # Credit: a row per (volunteer, node) the state credited before the page loaded, with at least
+    # that many kept steps (coordinator/Credit.h).
+    if not before.get("credit"):
+        fail("the state credits nobody although the volunteers train")
+    for c in before["credit"]:
+        rows = root.find_all(lambda e, c=c: e.tag == "tr" and e.attrs.get("data-volunteer") == c["volunteer"]
+                             and e.attrs.get("data-credit-node") == c["node"])
+        cells = [x for x in rows[0].children if isinstance(x, Element)] if len(rows) == 1 else []
+        if not cells or cells[2].text() != c["node"] or int(cells[3].text()) < c["steps"]:
+            fail(f"credit of {c['volunteer']} for {c['node']}: rows {[[x.text() for x in cells]]}, "
+                 f"the state had {c['steps']} steps")
+    print(f"credit: {len(before['credit'])} row(s) drawn, e.g. {before['credit'][0]['volunteer']} "
+          f"{before['credit'][0]['node']}: {before['credit'][0]['steps']}+ steps")
 
 
 def main():

@@ -69,6 +69,34 @@ def run_reference(args, model, job):
     return losses, summary["clusters"][0]["eval"]["accuracy"]
 
 
+def key_of(workdir):
+    """The Z85 public key in a volunteer's identity.key."""
+    text = open(os.path.join(workdir, "identity.key")).read()
+    return next(line[len("public "):] for line in text.splitlines() if line.startswith("public "))
+
+
+def check_credit(out, expected, batch_size=None):
+    """coordinator.db and run_result.json credit each node's steps 1..STEPS to exactly one key each,
+    and each key with the steps EXPECTED says ({node: {public key: kept steps}}); with BATCH_SIZE,
+    each key's samples are its steps times that (every step's record arrived)."""
+    db = sqlite3.connect(os.path.join(out, "coordinator.db"))
+    for node, keys in expected.items():
+        steps = [s for s, in db.execute("SELECT step FROM credit WHERE node = ? ORDER BY step", (node,))]
+        if steps != list(range(1, STEPS + 1)):
+            vt.fail(f"credit: {node}'s credited steps are {steps[:3]}..{steps[-3:]} ({len(steps)}), expected "
+                    f"1..{STEPS} once each")
+    credit = json.load(open(os.path.join(out, "run_result.json")))["credit"]
+    got = {}
+    for c in credit:
+        got.setdefault(c["node"], {})[c["key"]] = c["steps"]
+        if batch_size is not None and c["samples"] != c["steps"] * batch_size:
+            vt.fail(f"credit: {c['volunteer']} for {c['node']}: {c['samples']} samples for {c['steps']} steps")
+    if got != expected:
+        vt.fail(f"credit in run_result.json: {got}, expected {expected}")
+    print("credit: " + "; ".join(f"{c['volunteer']} {c['node']} {c['steps']} steps, {c['samples']} samples, "
+                                 f"{c['compute_s']:.2f} compute s, {c['sent_bytes']} bytes" for c in credit))
+
+
 def case_spare_replaces_lost(args):
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
     reference, reference_accuracy = run_reference(args, model, job)
@@ -132,6 +160,12 @@ def case_spare_replaces_lost(args):
     if same != len(every) or steps != list(range(1, STEPS + 1)) and steps != list(range(STEPS)):
         vt.fail(f"resume is not exact or steps are missing: {same} of {len(every)} equal, steps "
                 f"{steps[:3]}..{steps[-3:]}")
+
+    # Credit: the lost volunteer keeps the Stem's steps up to the resume, the spare the rest; the
+    # others all of theirs.
+    expected = {name_of(w): {key_of(w): STEPS} for v, w in volunteers[:3] if v is not victim[0]}
+    expected[stem] = {key_of(victim[1]): resumed_from, key_of(spare_workdir): STEPS - resumed_from}
+    check_credit(out, expected)
 
     reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
                                 f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
@@ -264,8 +298,8 @@ def case_active_hours(args):
     if name_of(volunteers[3][1]) != node:
         vt.fail(f"the spare's membership.json names {name_of(volunteers[3][1])}, not {node}")
     db = sqlite3.connect(os.path.join(out, "coordinator.db"))
-    leaver_key = open(os.path.join(leaver_dir, "identity.key")).read()
-    rows = [r for r in db.execute("SELECT name, state, public_key FROM members") if r[2] in leaver_key]
+    leaver_key = key_of(leaver_dir)
+    rows = [r for r in db.execute("SELECT name, state, public_key FROM members") if r[2] == leaver_key]
     if [r[0] for r in rows] != [back_as] or back_as == node:
         vt.fail(f"coordinator.db: the leaver's key is in rows {rows}, expected one, {back_as} (not {node})")
 
@@ -281,6 +315,14 @@ def case_active_hours(args):
           f"logged Leaf step losses equal the uninterrupted run's")
     if same != len(every) or len(steps) != STEPS:
         vt.fail(f"hand-over is not exact or steps are missing: {same} of {len(every)} equal, {len(steps)} steps")
+    # Credit: the leaver keeps its node's steps up to its stop, the spare the rest; each with the
+    # samples of every step (the leaver's records all arrived before it left).
+    expected = {name_of(w): {key_of(w): STEPS} for _, w in volunteers[1:3]}
+    expected[node] = {leaver_key: stop_step, key_of(volunteers[3][1]): STEPS - stop_step}
+    check_credit(out, expected, json.load(open(job))["training_definition"]["batch_size"])
+    gave = leaver.wait_for(lambda l: f"this volunteer gave {node}: {stop_step} steps" in l, 1,
+                           f"the leaver's own total of {stop_step} steps")
+    print(gave.strip())
     reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
                                 f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
     if reported != reference_accuracy:
