@@ -136,7 +136,10 @@ void Admissions::admit(const Pending& p) {
              p.ask.probe.ram_gb, " GB, ", p.ask.probe.cores, " cores, ", p.ask.probe.compute_gflops,
              " GFLOPS, ", p.ask.probe.bandwidth_mbps, " Mbps, GPUs: ", describeGpus(p.ask.probe.gpus),
              ", libtorch ", p.ask.probe.libtorch, "), ", toString(m.state));
-  send_routed_(p.routing_id, encode(Accepted{m.name, toString(m.state)}));
+  const std::string note =
+      m.state == MemberState::kSpare && o_.spare_note ? o_.spare_note(m) : std::string();
+  if (!note.empty()) CAIRN_INFO("coordinator: told ", m.name, ": ", note);
+  send_routed_(p.routing_id, encode(Accepted{m.name, toString(m.state), note}));
   if (m.state == MemberState::kAssigned) resendAssignment(m);
 }
 

@@ -35,6 +35,8 @@ struct AdmissionOptions {
   std::string token;                   // the invite's token
   std::set<std::string> allowed_keys;  // empty: any key holding the token
   std::chrono::milliseconds reach_timeout{5000};
+  // What an admitted spare is told about its wait (MemberReplacer::spareNote); may be empty.
+  std::function<std::string(const Member&)> spare_note;
 };
 
 class Admissions {

@@ -240,6 +240,12 @@ struct Coordinator::Impl {
     store->setMeta("phase", "planned");
     CAIRN_INFO("coordinator: planned ", run.num_clusters, " cluster(s) on ", run.assignments.size(),
                " volunteers", run.unplaced.empty() ? "" : "; spares: " + std::to_string(run.unplaced.size()));
+    for (const Member& m : store->members()) {  // the spares hear why they wait
+      if (m.state != MemberState::kSpare) continue;
+      const std::string note = replacer->spareNote(m);
+      CAIRN_INFO("coordinator: told ", m.name, ": ", note);
+      reply(m.public_key, encode(Accepted{m.name, toString(m.state), note}));
+    }
   }
 
   std::vector<std::string> placed() const {
@@ -385,7 +391,8 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.loadKeysAndToken();
   s.admissions = std::make_unique<Admissions>(
       *s.store, s.context, s.keys,
-      AdmissionOptions{s.o.out, s.token, s.o.allowed_keys, s.o.reach_timeout},
+      AdmissionOptions{s.o.out, s.token, s.o.allowed_keys, s.o.reach_timeout,
+                       [&s](const Member& m) { return s.replacer->spareNote(m); }},
       [&s](const std::string& routing_id, const Frames& frames) {
         sendRouted(s.router, routing_id, frames);
       },

@@ -55,11 +55,19 @@ void MemberReplacer::poll(double now) {
       store_.setState(lost.name, MemberState::kLost);
       holder->state = MemberState::kLost;
     }
-    const std::optional<Member> spare = chooseSpare(members, *holder);
+    const double needed = neededGb(readNodeSpec(nodeSpecPath(out_, lost.name)), *holder);
+    const std::optional<Member> spare = chooseSpare(members, needed);
     if (!spare) {
       if (told_no_spare_.insert(lost.name).second)
         CAIRN_WARN("coordinator: no spare can take ", lost.name, " over (", lost.why,
                    "); its cluster waits (timeouts.max_wait_s) until a volunteer joins");
+      for (const Member& m : members) {  // the spares too small for it hear why, once
+        if (m.state != MemberState::kSpare || !told_too_small_.insert({m.name, lost.name}).second)
+          continue;
+        const std::string note = tooSmallNote(m, lost.name, needed);
+        CAIRN_INFO("coordinator: told ", m.name, ": ", note);
+        send_(m.public_key, encode(Accepted{m.name, toString(MemberState::kSpare), note}));
+      }
       continue;
     }
     replace(*holder, *spare, now);
@@ -68,11 +76,21 @@ void MemberReplacer::poll(double now) {
   }
 }
 
-void MemberReplacer::replace(const Member& lost, const Member& spare, double now) {
+std::vector<NodeSpec> MemberReplacer::placedNodes() const {
   const auto placed = nlohmann::json::parse(store_.meta("placed").value_or("[]"))
                           .get<std::vector<std::string>>();
   std::vector<NodeSpec> nodes;
   for (const std::string& name : placed) nodes.push_back(readNodeSpec(nodeSpecPath(out_, name)));
+  return nodes;
+}
+
+std::string MemberReplacer::spareNote(const Member& spare) const {
+  if (store_.meta("phase").value_or("gathering") != "planned") return "";
+  return coordinator::spareNote(spare, placedNodes());
+}
+
+void MemberReplacer::replace(const Member& lost, const Member& spare, double now) {
+  const std::vector<NodeSpec> nodes = placedNodes();
   const ReplacementPlan plan = planReplacement(nodes, lost.name, spare.advertise, spare.public_key);
 
   Assignment a;

@@ -10,7 +10,9 @@
 //                  members to tell are remembered in coordinator.db (meta peers_pending)
 //   onHeartbeat()  a member owed an update gets `peers{name, node}` on the connection its
 //                  heartbeat just came from (its heartbeat socket, the one it reads them on)
-// Without a spare the node stays lost (its cluster waits, timeouts.max_wait_s) until one joins.
+// Without a spare the node stays lost (its cluster waits, timeouts.max_wait_s) until one joins; a
+// waiting spare whose RAM cannot hold the node's stage is told why (`accepted` with a note), once.
+//   spareNote()    what a spare is told about its wait once the run is planned (Replacement.h)
 // Ownership: borrows the store; sends through the coordinator's `send`.
 // Thread-safety: the coordinator's loop thread only.
 #pragma once
@@ -18,8 +20,11 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "coordinator/CoordinatorStore.h"
+#include "core/NodeData.h"
 #include "node/protocol/Coordination.h"
 
 namespace cairn::coordinator {
@@ -34,6 +39,8 @@ class MemberReplacer {
 
   void poll(double now);
   void onHeartbeat(const std::string& name);
+  // Replacement.h's spareNote for `spare` against the plan's nodes ("" before the plan).
+  std::string spareNote(const Member& spare) const;
 
   uint64_t replaced() const { return replaced_; }
 
@@ -47,6 +54,9 @@ class MemberReplacer {
   double lost_after_s_, started_at_;
   Send send_;
   std::set<std::string> told_no_spare_;  // lost nodes already logged as waiting for a spare
+  std::set<std::pair<std::string, std::string>> told_too_small_;  // (spare, node) told why not
+  // The placed nodes' node.json files.
+  std::vector<NodeSpec> placedNodes() const;
   uint64_t replaced_ = 0;
 };
 

@@ -11,10 +11,10 @@
 namespace cairn::coordinator {
 namespace {
 
-double probeRam(const Member& m) {
-  const nlohmann::json probe = nlohmann::json::parse(m.probe_json, nullptr, /*allow_exceptions=*/false);
-  if (!probe.is_object() || !probe.contains("ram_gb") || !probe["ram_gb"].is_number()) return 0;
-  return probe["ram_gb"].get<double>();
+std::string gbText(double gb) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GB", gb);
+  return text;
 }
 
 std::string secondsText(double s) {
@@ -59,11 +59,47 @@ std::vector<LostNode> findLost(const std::vector<Member>& members,
   return out;
 }
 
-std::optional<Member> chooseSpare(const std::vector<Member>& members, const Member& lost) {
-  const double needed = probeRam(lost);
+double probeRamGb(const Member& m) {
+  const nlohmann::json probe = nlohmann::json::parse(m.probe_json, nullptr, /*allow_exceptions=*/false);
+  if (!probe.is_object() || !probe.contains("ram_gb") || !probe["ram_gb"].is_number()) return 0;
+  return probe["ram_gb"].get<double>();
+}
+
+double neededGb(const NodeSpec& node, const Member& lost) {
+  return node.estimated_memory_bytes > 0 ? node.estimated_memory_bytes / 1e9 : probeRamGb(lost);
+}
+
+std::optional<Member> chooseSpare(const std::vector<Member>& members, double needed_gb) {
   for (const Member& m : members)
-    if (m.state == MemberState::kSpare && probeRam(m) >= needed) return m;
+    if (m.state == MemberState::kSpare && probeRamGb(m) >= needed_gb) return m;
   return std::nullopt;
+}
+
+std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed) {
+  if (placed.empty()) return "";
+  const double gives = probeRamGb(spare);
+  std::string fit, too_big;
+  int fits = 0, too_big_count = 0;
+  for (const NodeSpec& n : placed) {  // at most 8 named per list: the note stays short
+    const bool fitting = n.estimated_memory_bytes / 1e9 <= gives;
+    std::string& list = fitting ? fit : too_big;
+    if (++(fitting ? fits : too_big_count) <= 8)
+      list += (list.empty() ? "" : ", ") + n.name + " " + gbText(n.estimated_memory_bytes / 1e9);
+  }
+  if (fits > 8) fit += " and " + std::to_string(fits - 8) + " more";
+  if (too_big_count > 8) too_big += " and " + std::to_string(too_big_count - 8) + " more";
+  if (fit.empty())
+    return "no stage of the plan fits in the " + gbText(gives) + " this volunteer gives (each needs "
+           "more, estimated: " + too_big + "); it waits as a spare that cannot take a node over "
+           "(give more with --memory-gb, or join a run of a smaller model)";
+  return "the run is planned; this volunteer waits as a spare: it takes over a node whose "
+         "volunteer is lost or leaves if its stage fits in the " + gbText(gives) + " it gives (" + fit +
+         (too_big.empty() ? "" : "; not " + too_big) + "), or, with the coordinator's --grow, joins a new cluster";
+}
+
+std::string tooSmallNote(const Member& spare, const std::string& node, double needed_gb) {
+  return node + " needs a new holder, but its stage needs an estimated " + gbText(needed_gb) +
+         " and this volunteer gives " + gbText(probeRamGb(spare)) + "; it stays a spare";
 }
 
 bool repointPeer(NodeSpec& node, const std::string& peer, const std::string& address,

@@ -5,7 +5,9 @@
 //                     longer than --lost-after-s (counted from the coordinator's own start too, so
 //                     a restarted coordinator does not call everyone lost), said `leaving`, or was
 //                     lost earlier and is still unreplaced
-//   chooseSpare       which waiting spare takes a lost node over
+//   chooseSpare       which waiting spare takes a lost node over: the first whose RAM holds the
+//                     stage's estimate; spareNote / tooSmallNote: what a spare is told about why
+//                     it waits
 //   planReplacement   the lost node's node.json with the spare's address and public key, and every
 //                     other node.json that names the lost node (pipeline neighbours, ring peers in
 //                     other clusters) re-pointed to them: those members are sent `peers`
@@ -37,9 +39,19 @@ std::vector<LostNode> findLost(const std::vector<Member>& members,
                                const std::vector<std::string>& placed, double now,
                                double heard_since, double lost_after_s);
 
-// The earliest-joined spare (members() order) whose probe reports at least the RAM the lost
-// holder reported (the plan put the stage where that much memory was); nullopt when none.
-std::optional<Member> chooseSpare(const std::vector<Member>& members, const Member& lost);
+// The RAM (GB) a member's join probe reports (0 when it reports none).
+double probeRamGb(const Member& m);
+// The RAM (GB) a spare needs to take `node` over: its stage's estimate (node.json
+// estimates.memory_bytes), or, for a node without one, what its lost holder reported.
+double neededGb(const NodeSpec& node, const Member& lost);
+// The earliest-joined spare (members() order) whose probe reports at least `needed_gb`; nullopt
+// when none.
+std::optional<Member> chooseSpare(const std::vector<Member>& members, double needed_gb);
+// What a spare hears about its wait (Accepted::note), from the plan's nodes (empty: no plan yet):
+// which stages fit in the RAM it gives, or that none does.
+std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed);
+// What a spare too small for `node` hears when that node needs a new holder.
+std::string tooSmallNote(const Member& spare, const std::string& node, double needed_gb);
 
 struct ReplacementPlan {
   NodeSpec taken_over;           // the lost node's node.json: the spare's address and public key

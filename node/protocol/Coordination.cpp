@@ -139,7 +139,9 @@ Frames encode(const MetricsAck& m) {
   return frames({{"type", "metrics_ack"}, {"name", m.name}, {"stream", m.stream}, {"seq", m.seq}});
 }
 Frames encode(const Accepted& m) {
-  return frames({{"type", "accepted"}, {"name", m.name}, {"state", m.state}});
+  nlohmann::json header = {{"type", "accepted"}, {"name", m.name}, {"state", m.state}};
+  if (!m.note.empty()) header["note"] = m.note;
+  return frames(header);
 }
 Frames encode(const Rejected& m) { return frames({{"type", "rejected"}, {"reason", m.reason}}); }
 Frames encode(const BandwidthAck& m) { return frames({{"type", "bandwidth_ack"}, {"bytes", m.bytes}}); }
@@ -305,6 +307,7 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
     Accepted m;
     m.name = in.string("name", kMaxNodeNameBytes);
     m.state = in.string("state", kMaxStateBytes);
+    m.note = in.optionalString("note", kMaxNoteBytes);
     return done<V>(in, std::move(m));
   }
   if (type == "rejected") return done<V>(in, Rejected{in.string("reason", kMaxReasonBytes)});

@@ -67,6 +67,7 @@ inline constexpr size_t kMaxNodeNameBytes = 128;
 constexpr int kCoordinationProtocol = 1;
 constexpr size_t kMaxCoordinationHeaderBytes = 1 << 20;  // node.json of a big stage fits
 constexpr size_t kMaxReasonBytes = 512;
+constexpr size_t kMaxNoteBytes = 4096;  // accepted.note
 
 // The frames of one coordination message: [0] the JSON header, [1…] attachments.
 using Frames = std::vector<std::string>;
@@ -115,6 +116,7 @@ constexpr size_t kMaxMetricsRecords = 4096;  // per message (and the header's 1 
 struct Accepted {
   std::string name;
   std::string state;  // "spare" | "assigned"
+  std::string note;   // optional (may be empty): for a spare, why it waits (no stage fits it, …)
 };
 struct Rejected {
   std::string reason;

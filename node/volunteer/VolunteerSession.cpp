@@ -188,6 +188,7 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
       name_ = a->name;
       workdir_.writeMembership({config_.invite.address(), config_.invite.coordinator_key, name_});
       CAIRN_INFO("joined as ", name_, " (", a->state, "); remembered in ", workdir_.membershipPath());
+      if (!a->note.empty()) CAIRN_INFO("the coordinator says: ", a->note);
       return *a;
     }
     CAIRN_DEBUG("ignored a message from the coordinator while waiting for the join's answer");
@@ -239,7 +240,10 @@ AssignmentWait VolunteerSession::waitForAssignment(const std::function<bool()>& 
         beat = encode(Heartbeat{name_, "waiting", -1});
         continue;
       }
-      CAIRN_INFO("the coordinator confirms ", a->name, " (", a->state, ")");
+      if (a->note.empty())
+        CAIRN_INFO("the coordinator confirms ", a->name, " (", a->state, ")");
+      else
+        CAIRN_INFO("the coordinator says: ", a->note);
       continue;
     }
     CAIRN_DEBUG("ignored a message from the coordinator while waiting for an assignment");

@@ -107,21 +107,48 @@ TEST(Replacement, FindLostCountsSilenceFromTheCoordinatorsStartAndTakesLeftAndUn
   EXPECT_TRUE(findLost({replacementMember("node_0", MemberState::kAssigned, 100)}, {"node_0"}, 115, 0, 15).empty());
 }
 
-TEST(Replacement, ChoosesTheEarliestSpareWithAtLeastTheLostMembersRam) {
+TEST(Replacement, ChoosesTheEarliestSpareWhoseRamHoldsTheStagesEstimate) {
   const Member lost = replacementMember("node_1", MemberState::kLost, 0, /*ram_gb=*/8);
   std::vector<Member> members = {
       replacementMember("node_0", MemberState::kAssigned, 0, 64, 1),
       lost,
-      replacementMember("node_6", MemberState::kSpare, 0, 4, 2),   // too small
-      replacementMember("node_7", MemberState::kSpare, 0, 16, 3),
+      replacementMember("node_6", MemberState::kSpare, 0, 4, 2),   // too small for 5 GB
+      replacementMember("node_7", MemberState::kSpare, 0, 6, 3),
       replacementMember("node_8", MemberState::kSpare, 0, 32, 4),
   };
-  auto spare = chooseSpare(members, lost);
+  NodeSpec node;
+  node.name = "node_1";
+  node.estimated_memory_bytes = 5e9;
+  EXPECT_DOUBLE_EQ(neededGb(node, lost), 5.0);  // the stage's estimate, not the lost one's 8 GB
+  auto spare = chooseSpare(members, neededGb(node, lost));
   ASSERT_TRUE(spare.has_value());
   EXPECT_EQ(spare->name, "node_7");
+  node.estimated_memory_bytes = 0;  // no estimate: what the lost volunteer had
+  EXPECT_EQ(chooseSpare(members, neededGb(node, lost))->name, "node_8");
   members[3].state = MemberState::kAssigned;
   members[4].state = MemberState::kLeft;
-  EXPECT_FALSE(chooseSpare(members, lost).has_value());
+  EXPECT_FALSE(chooseSpare(members, 5.0).has_value());
+  EXPECT_EQ(tooSmallNote(members[2], "node_1", 5.0),
+            "node_1 needs a new holder, but its stage needs an estimated 5.00 GB and this volunteer "
+            "gives 4.00 GB; it stays a spare");
+}
+
+TEST(Replacement, ASpareIsToldWhichStagesFitItsRam) {
+  std::vector<NodeSpec> placed(3);
+  const double gb[] = {0.03, 0.24, 0.37};
+  for (int i = 0; i < 3; ++i) {
+    placed[size_t(i)].name = "node_" + std::to_string(i);
+    placed[size_t(i)].estimated_memory_bytes = gb[i] * 1e9;
+  }
+  const Member small = replacementMember("node_5", MemberState::kSpare, 0, 0.1);
+  EXPECT_EQ(spareNote(small, placed),
+            "the run is planned; this volunteer waits as a spare: it takes over a node whose "
+            "volunteer is lost or leaves if its stage fits in the 0.10 GB it gives (node_0 0.03 GB; "
+            "not node_1 0.24 GB, node_2 0.37 GB), or, with the coordinator's --grow, joins a new cluster");
+  const Member tiny = replacementMember("node_6", MemberState::kSpare, 0, 0.02);
+  EXPECT_NE(spareNote(tiny, placed).find("no stage of the plan fits in the 0.02 GB this volunteer gives"),
+            std::string::npos);
+  EXPECT_EQ(spareNote(small, {}), "");
 }
 
 TEST(Replacement, PlanRepointsTheNodeItsNeighboursAndItsRingPeersOnly) {

@@ -19,9 +19,10 @@ spare_replaces_lost
     trained.pt evaluated by PyTorch has exactly the accuracy the Leaf reported, which equals the
     reference's; coordinator.db gives the node to the spare's key and keeps the lost key as lost.
 
-ring_peer_replaced, active_hours
+ring_peer_replaced, active_hours, spare_too_small
     See their functions: a ring peer re-pointed live; a volunteer whose --active-hours end hands
-    its node over to a spare at a step boundary and comes back as a spare.
+    its node over to a spare at a step boundary and comes back as a spare; a spare whose
+    --memory-gb holds no lost stage stays a spare and is told why.
 """
 import json
 import os
@@ -329,8 +330,47 @@ def case_active_hours(args):
         vt.fail("the handed-over run's accuracy differs from the uninterrupted run's")
 
 
+def case_spare_too_small(args):
+    """The plan is profiled at a batch of 256 (--input-shape), so its stages need an estimated
+    0.03 (Leaf), 0.24 (Stem) and 0.37 GB (Root). After planning a 4th volunteer joins giving
+    0.1 GB (--memory-gb): it is told which stage it could take (the Leaf's) and which not. The
+    Stem's volunteer is SIGKILLed: the small spare is not chosen, and is told why, while the
+    cluster waits; a 5th volunteer (all its RAM) joins and takes the Stem over; the run finishes
+    and every volunteer, the small spare too, exits 0. The small spare never trained: no credit."""
+    flags = FLAGS
+    model, job = vt.prepare(args, 40, TEST_SAMPLES, TRAINING)
+    run = vt.Run(args, model, job, flags, 5, shape=("--input-shape", "256,1,28,28"))
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(3, ["--upload-mbps", "200"])
+        run.wait_planned(1)
+        run.join(1, ["--memory-gb", "0.1"])
+        small = volunteers[3][0]
+        said = small.wait_for(lambda l: "the coordinator says: the run is planned" in l, 120, "its note")
+        if "(node_" not in said or "0.10 GB it gives" not in said or "; not " not in said:
+            vt.fail(f"the small spare's note does not list what fits it: {said.strip()}")
+        chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
+        stem = chain[1]
+        victim = next(v for v in volunteers[:3] if name_of(v[1]) == stem)
+        kill_after_checkpoint(coordinator, victim, stem)
+        told = small.wait_for(lambda l: f"the coordinator says: {stem} needs a new holder" in l, 120,
+                              "why it does not take the Stem")
+        if "and this volunteer gives 0.10 GB; it stays a spare" not in told:
+            vt.fail(f"the small spare was told {told.strip()}")
+        print("small spare:", told.strip().split("] ")[-1])
+        run.join(1)
+        coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_4" in l, 120,
+                             "the takeover by the 5th volunteer")
+        run.all_finish(but=victim[0])
+    if name_of(volunteers[4][1]) != stem:
+        vt.fail(f"the 5th volunteer holds {name_of(volunteers[4][1])}, not {stem}")
+    credited = {c["key"] for c in json.load(open(os.path.join(out, "run_result.json")))["credit"]}
+    if key_of(volunteers[3][1]) in credited:
+        vt.fail("the small spare, which never trained, has credit")
+
+
 def main():
-    vt.main_of(["spare_replaces_lost", "ring_peer_replaced", "active_hours"], globals())
+    vt.main_of(["spare_replaces_lost", "ring_peer_replaced", "active_hours", "spare_too_small"], globals())
 
 
 if __name__ == "__main__":

@@ -104,6 +104,9 @@ TEST(Coordination, MessagesToTheVolunteerRoundTripFieldForField) {
   const Accepted a = roundTripToVolunteer<Accepted>(encode(Accepted{"node_9", "spare"}));
   EXPECT_EQ(a.name, "node_9");
   EXPECT_EQ(a.state, "spare");
+  EXPECT_EQ(a.note, "");
+  EXPECT_EQ(roundTripToVolunteer<Accepted>(encode(Accepted{"node_9", "spare", "no stage fits"})).note,
+            "no stage fits");
   EXPECT_EQ(roundTripToVolunteer<Rejected>(encode(Rejected{"wrong token"})).reason, "wrong token");
   EXPECT_EQ(roundTripToVolunteer<BandwidthAck>(encode(BandwidthAck{8 << 20})).bytes, 8 << 20);
 
@@ -225,6 +228,8 @@ TEST(Coordination, MalformedMessagesAreRefusedWithTheirReason) {
   // The other direction, and reachability messages.
   EXPECT_EQ(whyToVolunteer(edited(encode(Accepted{"n", "spare"}), [](auto& h) { h["name"] = 7; })),
             "accepted: \"name\" must be a string");
+  EXPECT_EQ(whyToVolunteer(edited(encode(Accepted{"n", "spare"}), [](auto& h) { h["note"] = 7; })),
+            "accepted: \"note\" must be a string");
   EXPECT_EQ(whyToVolunteer(encode(Heartbeat{"n", "waiting", 1})),
             "unknown message type \"heartbeat\" for a volunteer");
   EXPECT_EQ(whyToVolunteer(edited(encode(CheckpointAck{"n", 10}), [](auto& h) { h["step"] = -1; })),
