@@ -70,6 +70,8 @@ struct Cli {
   // --join: volunteers join a coordinator (`clusterize --serve`) instead of --name.
   std::string invite, listen, advertise, workdir = "cairn-volunteer";
   double coordinator_timeout_s = 60, result_wait_s = 600, upload_mbps = 50;
+  CLI::Option* upload_mbps_option = nullptr;  // given or not: its default differs with --max-mbps
+  double max_mbps = 0;  // --max-mbps: 0, no cap
   int metrics_queue = 20000;
   int cores = 0;          // --cores: 0, all of them
   double memory_gb = 0;   // --memory-gb: 0, all of it
@@ -173,11 +175,19 @@ void addJoinOptions(CLI::App& app, Cli& cli) {
                  "with --join: how long to offer the results to the coordinator (resent every 5 "
                  "s until\nacknowledged; then they stay in --workdir with a warning)")
       ->check(CLI::Range(0.0, 864000.0))->capture_default_str();
-  app.add_option("--upload-mbps", cli.upload_mbps,
-                 "with --join: upload each new checkpoint to the coordinator in the background at "
-                 "up to\nthis many Mbit/s (after B bytes, nothing for B*8/rate s; only the newest "
-                 "is sent, one at\na time; training never waits for it); 0: uploads off")
-      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  app.add_option("--max-mbps", cli.max_mbps,
+                 "with --join: the most this volunteer sends, in Mbit/s, all together: its "
+                 "checkpoint uploads get\n--upload-mbps of it (default a quarter), its training "
+                 "traffic (activations, gradients, ring\nsync) the rest, every message waiting "
+                 "its turn. Default: no cap. What it receives is not capped")
+      ->check(CLI::Range(0.01, 1e6));
+  cli.upload_mbps_option =
+      app.add_option("--upload-mbps", cli.upload_mbps,
+                     "with --join: upload each new checkpoint to the coordinator in the background "
+                     "at up to\nthis many Mbit/s (after B bytes, nothing for B*8/rate s; only the "
+                     "newest is sent, one at\na time; training never waits for it); 0: uploads "
+                     "off. With --max-mbps: its share, below it\n(default a quarter of it)")
+          ->check(CLI::Range(0.0, 1e6))->capture_default_str();
   app.add_option("--metrics-queue", cli.metrics_queue,
                  "with --join: how many of the trainer's records wait in memory for the "
                  "coordinator while it is\ndown or slow; when full the oldest is dropped (and "
@@ -269,6 +279,13 @@ int runJoin(const Cli& cli) {
   if (!cli.active_hours.empty())  // the flags are checked before the invite
     config.active_hours = cairn::ActiveHours::parse(cli.active_hours, "--active-hours");
   config.upload_mbps = cli.upload_mbps;
+  if (cli.max_mbps > 0) {  // one set of caps: uploads a share of --max-mbps, training the rest
+    config.max_mbps = cli.max_mbps;
+    if (cli.upload_mbps_option->count() == 0) config.upload_mbps = cli.max_mbps / 4;
+    if (config.upload_mbps >= cli.max_mbps)
+      CAIRN_THROW(BadInput, "--upload-mbps ", config.upload_mbps, " leaves nothing of --max-mbps ",
+                  cli.max_mbps, " for training: give the checkpoint uploads a share below it");
+  }
   config.metrics.capacity = size_t(cli.metrics_queue);
   config.invite = cairn::parseInvite(inviteText(cli.invite));
   config.advertise = advertisedAddress(cli.listen, cli.advertise);
@@ -303,7 +320,7 @@ int joinMode(const Cli& cli) {
 const char* joinOptionGiven(const CLI::App& app) {
   for (const char* flag : {"--listen", "--advertise", "--workdir", "--coordinator-timeout-s",
                            "--result-wait-s", "--upload-mbps", "--metrics-queue", "--cores",
-                           "--memory-gb", "--active-hours"})
+                           "--memory-gb", "--active-hours", "--max-mbps"})
     if (app.count(flag) > 0) return flag;
   return nullptr;
 }

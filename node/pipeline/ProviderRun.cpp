@@ -134,6 +134,9 @@ TransportOptions transportOptions(const ProviderRunOptions& options, const NodeS
   // user's 0700 directory instead of CURVE over TCP (docs/PROTOCOL.md "Same-host links").
   if (options.same_host_links) transport_options.same_host_dir = sameHostDir();
   transport_options.advertised_endpoint = "tcp://" + node.address;
+  transport_options.pacer = options.send_pacer;
+  if (options.send_pacer)
+    CAIRN_INFO("what this node sends is capped at ", options.send_pacer->mbps(), " Mbit/s (--max-mbps)");
   return transport_options;
 }
 

@@ -21,6 +21,7 @@
 namespace cairn {
 
 class ChunkSource;  // trainer/data/ServedDataset.h
+class SendPacer;    // core/SendPacer.h
 
 // Applies an updated node.json's peers to the running transport (node/transport/LivePeers.h); returns
 // "name at host:port" for each peer re-pointed.
@@ -65,6 +66,9 @@ struct ProviderRunOptions {
   // provider --join: where a Root of a job with data.source "coordinator" gets its chunks
   // (node/volunteer/ServedChunks.h); null: such a job is refused.
   std::shared_ptr<ChunkSource> chunk_source;
+  // provider --join --max-mbps: every message the training transport sends waits its turn here
+  // (core/SendPacer.h); null: no cap.
+  std::shared_ptr<SendPacer> send_pacer;
   // provider --join: keep local checkpoints from this step on (StageTrainerConfig); empty: none.
   std::function<int64_t()> keep_checkpoints_from;
 };

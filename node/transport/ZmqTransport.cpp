@@ -357,6 +357,11 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
   if (!found) return SendStatus::kUnknownPeer;
   std::vector<zmq::message_t> frames = encodeMessage(message, options_.codec);
   handOver(frames);
+  if (options_.pacer) {  // the volunteer's cap on what it sends: wait our turn
+    uint64_t all = 0;
+    for (const auto& f : frames) all += f.size();
+    options_.pacer->take(all);
+  }
   {
     // The monitors belong to whoever receives; a send only reads them when nobody does (the
     // receiver drains them while it waits anyway).

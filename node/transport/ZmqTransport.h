@@ -43,6 +43,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "core/SendPacer.h"
 #include "node/transport/CurveSecurity.h"
 #include "node/transport/SameHostLinks.h"
 #include "node/transport/Transport.h"
@@ -77,6 +78,9 @@ struct TransportOptions {
   // The endpoint peers dial to reach this transport ("tcp://" + node.json address), when it is not
   // the bound one (provider --bind): its port names the same-host socket. Empty: the bound one.
   std::string advertised_endpoint;
+  // Every send reserves its bytes here first and waits its turn (provider --join --max-mbps: the
+  // volunteer's cap on what it sends; core/SendPacer.h); null: no cap.
+  std::shared_ptr<SendPacer> pacer;
 };
 
 class ZmqTransport : public Transport {

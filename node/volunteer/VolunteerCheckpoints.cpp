@@ -154,7 +154,9 @@ void VolunteerCheckpoints::run() {
         break;
       }
     }
-    if (has_in_flight_ && now - sent_at_ > options_.ack_timeout) {
+    // The acknowledgement is awaited for ack_timeout after the transfer time at upload_mbps (a
+    // large checkpoint at a low rate takes longer than any fixed timeout).
+    if (has_in_flight_ && now - next_send > options_.ack_timeout) {
       CAIRN_WARN("the coordinator at ", coordinator_, " did not acknowledge checkpoint step ",
                  in_flight_.step, " within ", secondsOf(options_.ack_timeout), " s; sending the newest again");
       has_in_flight_ = false;

@@ -35,7 +35,7 @@ namespace cairn {
 struct CheckpointUploadOptions {
   double upload_mbps = 50;  // > 0 (0, "uploads off", means: make no VolunteerCheckpoints)
   std::chrono::milliseconds poll{2000};
-  std::chrono::milliseconds ack_timeout{60000};  // beyond the transfer time at upload_mbps
+  std::chrono::milliseconds ack_timeout{60000};  // after the transfer time at upload_mbps
   size_t max_message_bytes = size_t(1) << 20;    // largest message taken from the coordinator
 };
 

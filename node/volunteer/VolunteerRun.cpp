@@ -1,11 +1,13 @@
 #include "node/volunteer/VolunteerRun.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "core/Log.h"
+#include "core/SendPacer.h"
 #include "core/NodeData.h"
 #include "core/TorchCompat.h"
 #include "node/volunteer/Probe.h"
@@ -41,8 +43,9 @@ VolunteerProbe probeThisMachine(const VolunteerConfig& config) {
 
 // The assigned node's run: binding --listen, peers dialling the advertised address.
 ProviderRunOptions assignedRun(const VolunteerConfig& config, const VolunteerSession& session,
-                               const AssignmentWait& wait) {
+                               const AssignmentWait& wait, std::shared_ptr<SendPacer> pacer) {
   ProviderRunOptions run;
+  run.send_pacer = std::move(pacer);
   run.node_data = wait.node_data;
   run.name = wait.name;
   run.bind_address = session.listenBound();
@@ -218,9 +221,9 @@ enum class AfterAssignment { kExit, kNextHours };
 // same step with a checkpoint, waits for a spare to take the node (NodeRunner).
 AfterAssignment serveAssignment(const VolunteerConfig& config, VolunteerSession& session,
                                 const AssignmentWait& wait, const std::function<bool()>& hours_over,
-                                OwnCredit& own) {
+                                OwnCredit& own, const std::shared_ptr<SendPacer>& pacer) {
   checkAssignmentFits(config, session, wait);
-  ProviderRunOptions run = assignedRun(config, session, wait);
+  ProviderRunOptions run = assignedRun(config, session, wait, pacer);
   // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
   VolunteerPeers peers(run.node_data, run.name, session.publicKey(), describeCoordinator(config.invite));
   const auto signal = config.stop_requested;
@@ -259,6 +262,15 @@ int runVolunteer(const VolunteerConfig& config) {
   const VolunteerProbe machine = probeThisMachine(config);
   const std::function<bool()> hours_over = hoursOverWatch(config);
   OwnCredit own;
+  // --max-mbps: the training transport's share of it, one schedule for every assignment.
+  std::shared_ptr<SendPacer> pacer;
+  if (config.max_mbps > 0) {
+    const double training_mbps = config.max_mbps - config.upload_mbps;
+    pacer = std::make_shared<SendPacer>(
+        training_mbps, std::max<uint64_t>(256 << 10, uint64_t(training_mbps * 1e6 / 8 * 0.1)));
+    CAIRN_INFO("sends capped at ", config.max_mbps, " Mbit/s (--max-mbps): ", training_mbps,
+               " for training, ", config.upload_mbps, " for checkpoint uploads");
+  }
   for (;;) {
     if (!waitForActiveHours(config)) {
       CAIRN_INFO("stopped outside the active hours");
@@ -284,7 +296,7 @@ int runVolunteer(const VolunteerConfig& config) {
       CAIRN_INFO("the coordinator says the run is over (", wait.reason, "); nothing to train");
       return 0;
     }
-    const AfterAssignment after = serveAssignment(config, session, wait, hours_over, own);
+    const AfterAssignment after = serveAssignment(config, session, wait, hours_over, own, pacer);
     own.print();
     if (after == AfterAssignment::kExit) return 0;
     setLogTag("volunteer");

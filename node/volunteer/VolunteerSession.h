@@ -54,6 +54,9 @@ struct VolunteerConfig {
   std::chrono::milliseconds result_resend{5000};  // resend the results when not acknowledged
   int probe_megabytes = 8;                        // bandwidth probe size (MiB)
   double upload_mbps = 50;                        // checkpoint uploads (Mbit/s); 0: off
+  // provider --max-mbps: the cap on all it sends (Mbit/s): the checkpoint uploads get upload_mbps
+  // of it, the training transport the rest (a SendPacer); 0: no cap.
+  double max_mbps = 0;
   std::chrono::milliseconds checkpoint_poll{2000};  // how often to look for a new checkpoint
   MetricsStreamOptions metrics;                   // the trainer's records to the coordinator
   size_t max_message_bytes = size_t(2) << 30;     // largest message taken from the coordinator

@@ -26,7 +26,7 @@ std::string creditDir(const std::string& name) {
   return dir;
 }
 
-nlohmann::json stepRecord(int64_t step) {
+nlohmann::json creditStepRecord(int64_t step) {
   return {{"step", step}, {"loss", 1.5}, {"samples", 32}, {"compute_s", 0.25}, {"sent_bytes", 1000}};
 }
 
@@ -47,7 +47,7 @@ TEST(Credit, RandomHistoriesOfRecordsAndResumesEqualAReplayOnAMap) {
           reference.erase(reference.upper_bound(from), reference.end());
           at = std::max<int64_t>(from, 0);
         } else {
-          records.push_back(stepRecord(++at));
+          records.push_back(creditStepRecord(++at));
           reference[at] = key;
         }
       }
@@ -77,10 +77,10 @@ TEST(Credit, RandomHistoriesOfRecordsAndResumesEqualAReplayOnAMap) {
 TEST(Credit, ACheckpointFillsOnlyUnheldStepsUpToThePlanAndRecordsReplaceTheFill) {
   const std::string dir = creditDir("checkpoint");
   CoordinatorStore store(dir + "/coordinator.db");
-  creditRecords(store, "old", "node_1", {stepRecord(1), stepRecord(2)});
+  creditRecords(store, "old", "node_1", {creditStepRecord(1), creditStepRecord(2)});
   creditCheckpoint(store, "old", "node_1", 5, /*planned_steps=*/100);  // records 3..5 not in yet
   creditCheckpoint(store, "liar", "node_1", int64_t(1) << 40, 100);     // bounded by the plan
-  creditRecords(store, "old", "node_1", {stepRecord(3)});
+  creditRecords(store, "old", "node_1", {creditStepRecord(3)});
   const auto credited = store.creditedSteps("node_1");
   ASSERT_EQ(credited.size(), 100u);
   for (int64_t s = 1; s <= 5; ++s) EXPECT_EQ(credited[size_t(s - 1)].second, "old") << s;
@@ -99,10 +99,10 @@ TEST(Credit, ACheckpointFillsOnlyUnheldStepsUpToThePlanAndRecordsReplaceTheFill)
 TEST(Credit, MalformedRecordsAreSkippedAndCounted) {
   const std::string dir = creditDir("malformed");
   CoordinatorStore store(dir + "/coordinator.db");
-  nlohmann::json no_samples = stepRecord(2);
+  nlohmann::json no_samples = creditStepRecord(2);
   no_samples.erase("samples");  // an older provider: credited without samples
   const std::vector<nlohmann::json> records = {
-      stepRecord(1), no_samples,
+      creditStepRecord(1), no_samples,
       {{"step", 0}, {"compute_s", 0.1}},                   // steps count from 1
       {{"step", 3}, {"compute_s", -1.0}},                  // negative time
       {{"step", 4}, {"compute_s", 0.1}, {"samples", "x"}},  // not a number

@@ -128,6 +128,29 @@ TEST(ZmqTransport, BackPressureBoundsTheQueue) {
   EXPECT_EQ(a.send("b", m, 1s), SendStatus::kSent);
 }
 
+// --max-mbps: every message sent reserves its bytes (its tensor bytes and its header) in the
+// pacer before it goes; a receive reserves nothing.
+TEST(ZmqTransport, EverySendGoesThroughThePacer) {
+  zmq::context_t context;
+  TransportOptions options;
+  options.pacer = std::make_shared<SendPacer>(1e6, 1 << 20);  // fast enough never to wait here
+  ZmqTransport a(context, "a", "inproc://paced_a", options), b(context, "b", "inproc://paced_b");
+  a.addPeer("b", "inproc://paced_b");
+  b.addPeer("a", "inproc://paced_a");
+  Message m;
+  m.tensors = {{"x", torch::ones({1000})}};
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(a.send("b", m, 1s), SendStatus::kSent);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(b.receive(1s).has_value());
+  const uint64_t tensors = a.stats().bytes_sent;
+  EXPECT_EQ(tensors, 5u * 4000u);
+  EXPECT_GT(options.pacer->reservedBytes(), tensors);                 // headers too
+  EXPECT_LT(options.pacer->reservedBytes(), tensors + 5u * 1024u);    // and no more
+  ASSERT_EQ(b.send("a", m, 1s), SendStatus::kSent);                   // b has no pacer
+  const uint64_t before = options.pacer->reservedBytes();
+  ASSERT_TRUE(a.receive(1s).has_value());
+  EXPECT_EQ(options.pacer->reservedBytes(), before);
+}
+
 TEST(ZmqTransport, MalformedMessagesAreDroppedAndCounted) {
   zmq::context_t context;
   ZmqTransport b(context, "b", "inproc://victim");

@@ -143,8 +143,9 @@ export CAIRN_VOLUNTEER_DIR=$work/volunteer.d CAIRN_SYSTEMD_DIR=$work/systemd
 key=$(printf 'ab%.0s' $(seq 40)); token=$(printf 'cd%.0s' $(seq 16))
 invite="cairn-invite:1:coord.example:7000:$key:$token"
 cairn-volunteer add "$invite" --listen 0.0.0.0:7100 --advertise 192.0.2.7:7100 --cores 1 --memory-gb 2 \
-  --active-hours 22:00-07:00 > add.txt
+  --active-hours 22:00-07:00 --max-mbps 20 > add.txt
 grep -qx 'active-hours = "22:00-07:00"' "$CAIRN_VOLUNTEER_DIR/coord.example-7000.conf" || fail "the .conf's active-hours"
+grep -qx 'max-mbps = 20' "$CAIRN_VOLUNTEER_DIR/coord.example-7000.conf" || fail "the .conf's max-mbps"
 [[ "$(stat -c %a "$CAIRN_VOLUNTEER_DIR/coord.example-7000.invite")" == 600 ]] || fail "the invite file is not 0600"
 [[ "$(cat "$CAIRN_VOLUNTEER_DIR/coord.example-7000.invite")" == "$invite" ]] || fail "the invite file"
 grep -q 'systemctl enable --now cairn-provider@coord.example-7000' add.txt || { cat add.txt; fail "add's next step"; }
@@ -160,6 +161,7 @@ expect_exit 2 "does not look like cairn-invite" cairn-volunteer add "${invite%??
 expect_exit 2 "binds every interface" cairn-volunteer add "$invite" --listen 0.0.0.0:7100 --name open
 expect_exit 2 "is not HH:MM-HH:MM" cairn-volunteer add "$invite" --listen 127.0.0.1:7100 --name late --active-hours 22-07
 expect_exit 2 "--active-hours \"24:00-07:00\"" cairn-provider --join "$invite" --listen 127.0.0.1:7100 --active-hours 24:00-07:00
+expect_exit 2 "leaves nothing of --max-mbps 10" cairn-provider --join "$invite" --listen 127.0.0.1:7100 --max-mbps 10 --upload-mbps 10
 cairn-volunteer remove coord.example-7000 > /dev/null
 [[ -z "$(ls "$CAIRN_VOLUNTEER_DIR")" ]] || fail "remove left $(ls "$CAIRN_VOLUNTEER_DIR")"
 [[ -z "$(ls "$CAIRN_SYSTEMD_DIR")" ]] || fail "remove left $(ls -R "$CAIRN_SYSTEMD_DIR")"
