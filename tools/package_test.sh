@@ -85,8 +85,10 @@ volunteers = []
 try:
     for i, port in enumerate(vt.free_ports(2)):
         # Inside the root: its cairn-provider, its libraries, its /var/lib; the host's loopback.
+        # The volunteer's own limits as the service passes them: a cap on what it sends.
         cmd = ["chroot", root, "cairn-provider", "--join", invite, "--listen", f"127.0.0.1:{port}",
-               "--workdir", f"/var/lib/cairn/volunteer_{i}", "--probe-megabytes", "1"]
+               "--workdir", f"/var/lib/cairn/volunteer_{i}", "--probe-megabytes", "1",
+               "--max-mbps", "400", "--cores", "1"]
         volunteers.append((vt.Process(f"volunteer {i} (packaged)", cmd), None))
     # A volunteer that fails ends the test at once; the coordinator has 600 s to end the run.
     deadline = time.monotonic() + 600

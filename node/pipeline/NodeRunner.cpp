@@ -243,12 +243,12 @@ void NodeRunner::stopWithNeighbour(const PeerLoss& lost, NodeRunResult& out) {
 }
 
 bool NodeRunner::pauseForHandOver(NodeRunResult& out) {
-  const bool checkpoints = !config_.trainer.checkpoint_dir.empty() &&
-                           config_.trainer.options.checkpoint_every > 0;
-  if (!checkpoints)
+  // The stop wrote a checkpoint of its step on every node (whatever checkpoint_every says): the
+  // cluster resumes from it with the replacement.
+  if (config_.trainer.checkpoint_dir.empty())
     CAIRN_THROW(PeerLost, "a node of this cluster handed its stage over at step ", out.result.steps,
-                " but checkpoints are off, so the cluster cannot resume with its replacement: set "
-                "training_definition.checkpoint_every > 0");
+                " but this node keeps no checkpoints, so the cluster cannot resume with its "
+                "replacement");
   CAIRN_WARN("the cluster stopped after step ", out.result.steps, " so that a node could hand its "
              "stage over (it leaves); pausing: waiting up to ", secondsOf(config_.max_wait),
              " s for its replacement");
