@@ -674,11 +674,8 @@ TEST(VolunteerSession, AMalformedAssignmentIsBadInputNamingTheCoordinator) {
     EXPECT_NE(what.find("inputs"), std::string::npos) << what;
   }
   EXPECT_FALSE(fs::exists(workdir + "/node_data")) << "nothing is written from a bad assignment";
-  // Accepted volunteers remember the coordinator and their name.
-  const nlohmann::json membership = readJsonFile(workdir + "/membership.json");
-  EXPECT_EQ(membership["name"], "node_4");
-  EXPECT_EQ(membership["coordinator"], coordinator.bound);
-  EXPECT_EQ(membership["coordinator_key"], coordinator.keys.public_key);
+  // It said it leaves, so it gave its name up: a later join comes back without asking for it.
+  EXPECT_FALSE(fs::exists(workdir + "/membership.json"));
 }
 
 std::string errorOf(const Assignment& a, const std::string& accepted_as, const std::string& key) {
@@ -774,6 +771,11 @@ TEST(VolunteerSession, AnAssignmentIsWrittenThenHeartbeatsAndResultsGoToTheCoord
   ASSERT_EQ(wait.end, AssignmentWait::End::kAssigned);
   EXPECT_EQ(wait.name, "node_4");
   EXPECT_EQ(wait.node_data, workdir + "/node_data");
+  // Accepted volunteers remember the coordinator and their name.
+  const nlohmann::json membership = readJsonFile(workdir + "/membership.json");
+  EXPECT_EQ(membership["name"], "node_4");
+  EXPECT_EQ(membership["coordinator"], coordinator.bound);
+  EXPECT_EQ(membership["coordinator_key"], coordinator.keys.public_key);
   // What runProvider reads, as the static flow has it.
   const NodeSpec node = readNodeSpec(nodeSpecPath(wait.node_data, "node_4"));
   EXPECT_EQ(node.address, listen_bound);
