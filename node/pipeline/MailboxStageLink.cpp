@@ -164,19 +164,30 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
   }
   for (const auto& [dir, p] : neighbours) {
     const std::string name = p.name;
+    // A downstream neighbour that already shook hands with this node's previous run (its hello
+    // went to the transport this node had before it restarted with new peers) is past its
+    // handshake and sends "ckpt_steps" (the resume agreement): that says it is up too. It stays
+    // in the mailbox for the agreement.
+    const bool downstream = dir == Neighbour::kDownstream;
+    auto up = [&](const Message& m) {
+      return m.sender == name &&
+             (isControl(m, kHelloTag) || (downstream && isControl(m, kCheckpointStepsTag)));
+    };
     // In slices too: the mailbox asks `interrupted` only when woken early (a liveness change, a
     // signal), and a stop asked without a signal (new peers for a paused node) wakes nothing.
     std::optional<Message> got;
     do {
-      got = mailbox_.receive(
-          [&](const Message& m) {
-            return isControl(m, kHelloTag) && m.sender == name;
-          },
-          std::min(left(), std::chrono::milliseconds(500)), [&] { return interrupted_ && interrupted_(); });
+      got = mailbox_.receive(up, std::min(left(), std::chrono::milliseconds(500)),
+                             [&] { return interrupted_ && interrupted_(); });
       if (!got && interrupted_ && interrupted_())
         CAIRN_THROW(Interrupted, "stopped by a signal while waiting for ", name);
     } while (!got && left() > std::chrono::milliseconds(0));
     if (!got) unreachable(dir, p, "no hello from");
+    if (isControl(*got, kCheckpointStepsTag) && got->job_id == node_.job_id) {
+      CAIRN_INFO(toString(dir), " neighbour ", p.name, " is up (already agreeing on the resume step)");
+      mailbox_.putBack(std::move(*got));
+      continue;
+    }
     if (got->job_id != node_.job_id)
       CAIRN_THROW(BadInput, toString(dir), " neighbour ", p.name, " runs job \"", got->job_id,
                   "\" but this node runs \"", node_.job_id, "\" (mixed node_data folders?)");

@@ -19,10 +19,11 @@ spare_replaces_lost
     trained.pt evaluated by PyTorch has exactly the accuracy the Leaf reported, which equals the
     reference's; coordinator.db gives the node to the spare's key and keeps the lost key as lost.
 
-ring_peer_replaced, active_hours, spare_too_small
+ring_peer_replaced, active_hours, spare_too_small, two_replacements
     See their functions: a ring peer re-pointed live; a volunteer whose --active-hours end hands
     its node over to a spare at a step boundary and comes back as a spare; a spare whose
-    --memory-gb holds no lost stage stays a spare and is told why.
+    --memory-gb holds no lost stage stays a spare and is told why; two replacements in two
+    clusters at once.
 """
 import json
 import os
@@ -76,16 +77,16 @@ def key_of(workdir):
     return next(line[len("public "):] for line in text.splitlines() if line.startswith("public "))
 
 
-def check_credit(out, expected, batch_size=None):
+def check_credit(out, expected, batch_size=None, steps=STEPS):
     """coordinator.db and run_result.json credit each node's steps 1..STEPS to exactly one key each,
     and each key with the steps EXPECTED says ({node: {public key: kept steps}}); with BATCH_SIZE,
     each key's samples are its steps times that (every step's record arrived)."""
     db = sqlite3.connect(os.path.join(out, "coordinator.db"))
     for node, keys in expected.items():
-        steps = [s for s, in db.execute("SELECT step FROM credit WHERE node = ? ORDER BY step", (node,))]
-        if steps != list(range(1, STEPS + 1)):
-            vt.fail(f"credit: {node}'s credited steps are {steps[:3]}..{steps[-3:]} ({len(steps)}), expected "
-                    f"1..{STEPS} once each")
+        credited = [s for s, in db.execute("SELECT step FROM credit WHERE node = ? ORDER BY step", (node,))]
+        if credited != list(range(1, steps + 1)):
+            vt.fail(f"credit: {node}'s credited steps are {credited[:3]}..{credited[-3:]} ({len(credited)}), "
+                    f"expected 1..{steps} once each")
     credit = json.load(open(os.path.join(out, "run_result.json")))["credit"]
     got = {}
     for c in credit:
@@ -369,8 +370,90 @@ def case_spare_too_small(args):
         vt.fail("the small spare, which never trained, has credit")
 
 
+def case_two_replacements(args):
+    """Two replacements in a row in one 3-stage pipeline (issue [Q]: overlapping faults), with 2
+    spares. First the Root is SIGKILLed: its spare takes it over, the Stem (told: new peers)
+    restarts while the Leaf (not told) is already agreeing on the resume step, so the Leaf's hello
+    went to the Stem's previous transport and the Stem must take the Leaf's "ckpt_steps" as its
+    handshake. Once the cluster trains again, the Leaf is SIGKILLed: the Stem restarts while the
+    Root (not told) is already agreeing, and the Root must answer the Stem's new hello (a fresh
+    handshake, then the agreement again). Checks: every step loss the Leaf logged (over its two
+    holders) equals an uninterrupted run's; the merged model's accuracy equals the reference's;
+    each node's steps are credited once each, the killed volunteers' up to the resume step of
+    their kill and the spares' after it."""
+    model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
+    reference, reference_accuracy = run_reference(args, model, job)
+    run = vt.Run(args, model, job, FLAGS, 5)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(3, ["--upload-mbps", "200"])
+        run.wait_planned(1)
+        run.join(2, ["--upload-mbps", "200"])
+        coordinator.wait_for(lambda l: "joined: node_4 " in l and ", spare" in l, 120, "the spares")
+        chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
+        root, leaf = chain[0], chain[-1]
+        first = next(v for v in volunteers[:3] if name_of(v[1]) == root)
+        kill_after_checkpoint(coordinator, first, root)
+        taken = coordinator.wait_for(lambda l: f"coordinator: {root} is taken over by spare" in l, 120,
+                                     "the Root's takeover")
+        spare_of_root = volunteers[3] if taken.split("by spare ")[1].split()[0] == "node_3" else volunteers[4]
+        spare_of_root[0].wait_for(lambda l: "resume: first step after resuming done" in l, 120,
+                                  "the cluster training again")
+        second = next(v for v in volunteers[:3] if name_of(v[1]) == leaf)
+        resumed_first = step_of(spare_of_root[0], "resume: the cluster agreed on step ")
+        marker = f"coordinator: checkpoint of {leaf} at step "
+        coordinator.wait_for(lambda l: marker in l and int(l.split(marker)[1].split()[0]) > resumed_first,
+                             300, f"a checkpoint of {leaf} after the first resume")
+        second[0].proc.kill()
+        second[0].finish(30)
+        coordinator.wait_for(lambda l: f"coordinator: {leaf} is taken over by spare" in l, 120,
+                             "the Leaf's takeover")
+        code = coordinator.finish(600)
+        if code != 0:
+            vt.fail(f"the coordinator exited {code}")
+        for v, _ in volunteers:
+            if v is not first[0] and v is not second[0] and v.finish(120) != 0:
+                vt.fail(f"{v.tag} exited {v.proc.poll()}")
+    records = leaf_records([w for _, w in volunteers], leaf)
+    resumed = [r["resumed_from"] for r in records if "resumed_from" in r]
+    every = [r for r in records if "step" in r]
+    same = sum(1 for r in every if reference.get(r["step"]) == r["loss"])
+    print(f"resumed from steps {resumed}; {same} of {len(every)} logged Leaf step losses equal the "
+          f"uninterrupted run's")
+    if len(resumed) < 2 or same != len(every) or sorted({r["step"] for r in every}) != list(range(1, STEPS + 1)):
+        vt.fail(f"two replacements: resumed {resumed}, {same} of {len(every)} losses equal, steps missing?")
+    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
+                                f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
+    if reported != reference_accuracy:
+        vt.fail("the twice-replaced run's accuracy differs from the uninterrupted run's")
+    stem = chain[1]
+    spare_of_leaf = next(w for _, w in volunteers[3:] if name_of_or_none(w) == leaf)
+    # The Leaf's second holder resumed once more than the first: its first resume record is the
+    # second kill's resume step (the first holder's last is the first kill's).
+    second_resume = [r["resumed_from"] for r in leaf_records([spare_of_leaf], leaf) if "resumed_from" in r][0]
+    expected = {stem: {key_of(w): STEPS for _, w in volunteers[:3] if name_of_or_none(w) == stem},
+                root: {key_of(first[1]): resumed[0], key_of(spare_of_root[1]): STEPS - resumed[0]},
+                leaf: {key_of(second[1]): second_resume, key_of(spare_of_leaf): STEPS - second_resume}}
+    check_credit(out, expected)
+
+
+def step_of(process, marker):
+    """The step number right after MARKER in the first line of PROCESS that has it."""
+    line = process.wait_for(lambda l: marker in l, 60, repr(marker))
+    return int(line.split(marker)[1].split()[0].rstrip(";,"))
+
+
+def name_of_or_none(workdir):
+    """The node a volunteer holds, or None when it holds none (killed before it wrote one, or left)."""
+    try:
+        return name_of(workdir)
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+
+
 def main():
-    vt.main_of(["spare_replaces_lost", "ring_peer_replaced", "active_hours", "spare_too_small"], globals())
+    vt.main_of(["spare_replaces_lost", "ring_peer_replaced", "active_hours", "spare_too_small",
+                "two_replacements"], globals())
 
 
 if __name__ == "__main__":
