@@ -113,7 +113,7 @@ void MemberReplacer::replace(const Member& lost, const Member& spare, double now
   owed.erase(lost.name);  // its new holder gets the whole node.json in the assignment
   for (const NodeSpec& n : plan.told) owed.insert(n.name);
   setPending(owed);
-  send_(spare.public_key, encode(Accepted{lost.name, toString(MemberState::kAssigned)}));
+  send_(spare.public_key, encode(Accepted{lost.name, toString(MemberState::kAssigned), ""}));
   send_(spare.public_key, encode(a));
   ++replaced_;
   CAIRN_INFO("coordinator: ", lost.name, " is taken over by spare ", spare.name, " at ",
