@@ -252,9 +252,19 @@ bool NodeRunner::pauseForHandOver(NodeRunResult& out) {
   CAIRN_WARN("the cluster stopped after step ", out.result.steps, " so that a node could hand its "
              "stage over (it leaves); pausing: waiting up to ", secondsOf(config_.max_wait),
              " s for its replacement");
-  if (config_.on_state)
-    config_.on_state("paused", "a node handed its stage over after step " +
-                                   std::to_string(out.result.steps) + "; waiting for its replacement");
+  return waitForHandshake(
+      out, "a node handed its stage over after step " + std::to_string(out.result.steps) +
+               "; waiting for its replacement",
+      [&](const std::string& why) {
+        return detail::concat("gave up waiting for the replacement of the node that handed its "
+                              "stage over after ", secondsOf(config_.max_wait),
+                              " s (training_definition.timeouts.max_wait_s) [", why, "]");
+      });
+}
+
+bool NodeRunner::waitForHandshake(NodeRunResult& out, const std::string& paused_message,
+                                  const std::function<std::string(const std::string&)>& gave_up) {
+  if (config_.on_state) config_.on_state("paused", paused_message);
   if (cluster_sync_) cluster_sync_->leave();
   trainer_.reset();
   out.result.stopped = false;
@@ -266,9 +276,7 @@ bool NodeRunner::pauseForHandOver(NodeRunResult& out) {
     out.result.stopped = true;
     return false;
   } catch (const PeerLost& wait) {
-    CAIRN_THROW(PeerLost, "gave up waiting for the replacement of the node that handed its stage "
-                "over after ", secondsOf(config_.max_wait), " s (training_definition.timeouts."
-                "max_wait_s) [", std::string(wait.what()), "]");
+    CAIRN_THROW(PeerLost, gave_up(wait.what()));
   }
   ++out.pauses;
   return true;
@@ -284,28 +292,17 @@ bool NodeRunner::pauseUntilBack(const PeerLost& e, const PeerLoss& lost, NodeRun
              lost.reason.empty() ? "" : ": " + lost.reason, "): ", std::string(e.what()));
   CAIRN_WARN("pausing: waiting up to ", secondsOf(config_.max_wait), " s for ", lost.origin,
              " to come back (", "provider --name ", lost.origin, " --resume)");
-  if (config_.on_state)
-    config_.on_state("paused", "neighbour " + lost.peer + " lost (" + toString(lost.cause) +
-                                   "); waiting for " + lost.origin);
   link_.announceLeaving("paused", lost.origin, lost.peer);
-  if (cluster_sync_) cluster_sync_->leave();
-  trainer_.reset();
-  try {
-    link_.connect(config_.max_wait, "training_definition.timeouts.max_wait_s");
-  } catch (const Interrupted&) {
-    CAIRN_WARN("stopped by a signal while paused; resume the cluster later with --resume");
-    out.result.stopped = true;
-    return false;
-  } catch (const PeerLost& wait) {
-    const std::string resume_hint = "provider --name " + config_.trainer.node.name +
-                                    " --node-data " + config_.node_data + " --resume";
-    CAIRN_THROW(PeerLost, "gave up waiting for the lost node ", lost.origin, " after ",
-                secondsOf(config_.max_wait), " s (training_definition.timeouts.max_wait_s) [",
-                std::string(wait.what()), "]; restart it with `provider --name ", lost.origin,
-                " --resume` and this node with `", resume_hint, "`");
-  }
-  ++out.pauses;
-  return true;
+  return waitForHandshake(
+      out, "neighbour " + lost.peer + " lost (" + toString(lost.cause) + "); waiting for " + lost.origin,
+      [&](const std::string& why) {
+        const std::string resume_hint = "provider --name " + config_.trainer.node.name +
+                                        " --node-data " + config_.node_data + " --resume";
+        return detail::concat("gave up waiting for the lost node ", lost.origin, " after ",
+                              secondsOf(config_.max_wait), " s (training_definition.timeouts.max_wait_s) [",
+                              why, "]; restart it with `provider --name ", lost.origin,
+                              " --resume` and this node with `", resume_hint, "`");
+      });
 }
 
 }  // namespace cairn

@@ -110,6 +110,12 @@ class NodeRunner {
   // The cluster stopped for another node's hand-over: pause as for a lost neighbour. True: resume;
   // false: stopped by a signal while paused.
   bool pauseForHandOver(NodeRunResult& out);
+  // Both pauses: tell on_state ("paused", `paused_message`), leave the rings, drop the trainer
+  // and wait up to max_wait for a fresh handshake. True: resume (counted in out.pauses); false:
+  // stopped by a signal meanwhile (out.result.stopped). A neighbour that does not come back:
+  // PeerLost with gave_up(its reason).
+  bool waitForHandshake(NodeRunResult& out, const std::string& paused_message,
+                        const std::function<std::string(const std::string&)>& gave_up);
 
   NodeRunnerConfig config_;
   Mailbox& mailbox_;
