@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
 
 namespace cairn::coordinator {
 namespace {
@@ -32,13 +33,23 @@ struct Exposition {
   }
 };
 
-// A family of one figure per cluster or per node: the snapshot's `key`.
+// A family of one figure per cluster, node or credit row: the snapshot's `key`.
 struct Figure {
   const char* metric;
   const char* key;
   const char* type;
   const char* help;
 };
+
+// Each figure's family, with one sample per row of `rows` labelled by `labels(row)`.
+template <typename Labels>
+void figureFamilies(std::initializer_list<Figure> figures, const nlohmann::json& rows,
+                    const Labels& labels, Exposition* out) {
+  for (const Figure& f : figures) {
+    out->family(f.metric, f.type, f.help);
+    for (const auto& row : rows) out->sample(f.metric, labels(row), row[f.key]);
+  }
+}
 
 void runFamilies(const nlohmann::json& run, Exposition* out) {
   out->family("cairn_records_total", "counter",
@@ -54,7 +65,7 @@ void runFamilies(const nlohmann::json& run, Exposition* out) {
 }
 
 void clusterFamilies(const nlohmann::json& clusters, Exposition* out) {
-  const Figure cluster_figures[] = {
+  figureFamilies({
       {"cairn_cluster_step", "step", "gauge",
        "Steps done by the cluster (its Leaf's last record)."},
       {"cairn_cluster_max_steps", "max_steps", "gauge", "Steps of the whole run (the plan)."},
@@ -62,12 +73,9 @@ void clusterFamilies(const nlohmann::json& clusters, Exposition* out) {
       {"cairn_cluster_samples_per_second", "samples_per_s", "gauge",
        "Mean samples per second over the cluster's last 20 steps."},
       {"cairn_cluster_eta_seconds", "eta_s", "gauge",
-       "Estimated seconds until the run's last step."}};
-  for (const Figure& f : cluster_figures) {
-    out->family(f.metric, f.type, f.help);
-    for (const auto& c : clusters)
-      out->sample(f.metric, label("cluster", std::to_string(c["id"].get<int>())), c[f.key]);
-  }
+       "Estimated seconds until the run's last step."}},
+      clusters, [](const nlohmann::json& c) { return label("cluster", std::to_string(c["id"].get<int>())); },
+      out);
 }
 
 std::string nodeLabels(const nlohmann::json& n) {
@@ -76,7 +84,7 @@ std::string nodeLabels(const nlohmann::json& n) {
 }
 
 void nodeFamilies(const nlohmann::json& nodes, Exposition* out) {
-  const Figure node_figures[] = {
+  figureFamilies({
       {"cairn_node_step", "step", "gauge", "The node's last step."},
       {"cairn_node_compute_seconds", "compute_s", "gauge",
        "Mean compute seconds per step (last 20)."},
@@ -84,11 +92,8 @@ void nodeFamilies(const nlohmann::json& nodes, Exposition* out) {
       {"cairn_node_wait_seconds", "wait_s", "gauge",
        "Mean receive-wait seconds per step (last 20)."},
       {"cairn_node_heartbeat_age_seconds", "heartbeat_age_s", "gauge",
-       "Seconds since the node's last heartbeat."}};
-  for (const Figure& f : node_figures) {
-    out->family(f.metric, f.type, f.help);
-    for (const auto& n : nodes) out->sample(f.metric, nodeLabels(n), n[f.key]);
-  }
+       "Seconds since the node's last heartbeat."}},
+      nodes, nodeLabels, out);
   out->family("cairn_node_info", "gauge", "1 per node, with its role, stage and state as labels.");
   for (const auto& n : nodes) {
     const std::string stage =
@@ -102,21 +107,18 @@ void nodeFamilies(const nlohmann::json& nodes, Exposition* out) {
 
 // Credit (coordinator/Credit.h): one sample per (volunteer key, node) of each figure.
 void creditFamilies(const nlohmann::json& credit, Exposition* out) {
-  const Figure credit_figures[] = {
+  figureFamilies({
       {"cairn_credit_steps", "steps", "gauge", "Kept steps of the node trained by the volunteer."},
       {"cairn_credit_samples", "samples", "gauge",
        "Samples those steps carried through the volunteer's stage."},
       {"cairn_credit_compute_seconds", "compute_s", "gauge", "Compute seconds of those steps."},
-      {"cairn_credit_sent_bytes", "sent_bytes", "gauge", "Tensor bytes sent in those steps."}};
-  for (const Figure& f : credit_figures) {
-    out->family(f.metric, f.type, f.help);
-    for (const auto& c : credit)
-      out->sample(f.metric,
-                  label("volunteer", c["volunteer"].get<std::string>()) + "," +
-                      label("key", c["key"].get<std::string>()) + "," +
-                      label("node", c["node"].get<std::string>()),
-                  c[f.key]);
-  }
+      {"cairn_credit_sent_bytes", "sent_bytes", "gauge", "Tensor bytes sent in those steps."}},
+      credit,
+      [](const nlohmann::json& c) {
+        return label("volunteer", c["volunteer"].get<std::string>()) + "," +
+               label("key", c["key"].get<std::string>()) + "," + label("node", c["node"].get<std::string>());
+      },
+      out);
 }
 
 }  // namespace
