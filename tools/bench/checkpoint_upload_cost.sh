@@ -28,57 +28,16 @@ while [[ $# -gt 0 ]]; do
     *) echo "checkpoint_upload_cost.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-build=${CAIRN_BUILD_DIR:-build}
-provider=$build/node/provider
-clusterize=$build/clusterize/clusterize
-for b in "$provider" "$clusterize"; do
-  [[ -x $b ]] || { echo "checkpoint_upload_cost.sh: $b is not built" >&2; exit 2; }
-done
-fashion=/usr/share/datasets/fashion-mnist
-work=$(mktemp -d /tmp/cairn_ckpt_cost.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-/usr/bin/python3 examples/fashion_mnist/make_model.py --out "$work/model.pt" >/dev/null
-cat >"$work/job.json" <<EOF
-{"format": 1, "job_id": "ckpt_cost", "driver": "cairn", "model": "$work/model.pt",
- "data": {"location": "$fashion", "format": "idx", "normalize": {"mean": [0.2860], "std": [0.3530]},
-          "train_samples": 6000, "test_samples": 200},
- "training_definition": {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": $steps,
-                         "seed": 3, "optimizer": {"name": "adamw", "lr": 0.003},
-                         "checkpoint_every": $every,
-                         "timeouts": {"startup_s": 60, "peer_s": 60}}}
-EOF
-
-free_port() { /usr/bin/python3 tools/bench/loopback_ports.py 1; }
+# shellcheck source=tools/bench/volunteer_runs.sh
+source tools/bench/volunteer_runs.sh
+volunteer_bench_setup checkpoint_upload_cost.sh
+write_fashion_job ckpt_cost "$steps" " \"checkpoint_every\": $every,"
 
 # One run with --upload-mbps $1 in $work/run_$2; its Leaf's step times go to $work/steps_$1.txt,
 # the upload lines to $work/uploads_$1.txt.
 one_run() {
   local mbps=$1 dir=$work/run_$2
-  mkdir -p "$dir"
-  pids=()
-  "$clusterize" --model "$work/model.pt" --job "$work/job.json" --input-shape 8,1,28,28 \
-    --serve 127.0.0.1:0 --invite-file "$dir/invite.txt" --out "$dir/coordinator" \
-    --min-volunteers 3 --clusters 1 --cuts 7,14 >"$dir/coordinator.log" 2>&1 &
-  local coordinator=$!
-  pids+=("$coordinator")
-  for _ in $(seq 600); do [[ -s $dir/invite.txt ]] && break; sleep 0.2; done
-  local invite
-  invite=$(cat "$dir/invite.txt")
-  local volunteers=()
-  for i in 0 1 2; do
-    "$provider" --join "$invite" --listen "127.0.0.1:$(free_port)" --workdir "$dir/volunteer_$i" \
-      --probe-megabytes 1 --upload-mbps "$mbps" >"$dir/volunteer_$i.log" 2>&1 &
-    volunteers+=($!)
-    pids+=($!)
-  done
-  wait "$coordinator" || { echo "the coordinator failed; see below" >&2; tail -20 "$dir/coordinator.log" >&2; exit 1; }
-  for v in "${volunteers[@]}"; do wait "$v" || { echo "a volunteer failed" >&2; exit 1; }; done
+  run_volunteers "$dir" --upload-mbps "$mbps"
   /usr/bin/python3 - "$dir" >>"$work/steps_$mbps.txt" <<'EOF'
 import json, os, sys
 d = sys.argv[1]

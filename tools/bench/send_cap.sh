@@ -24,59 +24,14 @@ while [[ $# -gt 0 ]]; do
     *) echo "send_cap.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-build=${CAIRN_BUILD_DIR:-build}
-provider=$build/node/provider
-clusterize=$build/clusterize/clusterize
-for b in "$provider" "$clusterize"; do
-  [[ -x $b ]] || { echo "send_cap.sh: $b is not built" >&2; exit 2; }
-done
-fashion=/usr/share/datasets/fashion-mnist
-work=$(mktemp -d /tmp/cairn_send_cap.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=tools/bench/volunteer_runs.sh
+source tools/bench/volunteer_runs.sh
+volunteer_bench_setup send_cap.sh
+write_fashion_job send_cap "$steps"
 
-/usr/bin/python3 examples/fashion_mnist/make_model.py --out "$work/model.pt" >/dev/null
-cat >"$work/job.json" <<EOF
-{"format": 1, "job_id": "send_cap", "driver": "cairn", "model": "$work/model.pt",
- "data": {"location": "$fashion", "format": "idx", "normalize": {"mean": [0.2860], "std": [0.3530]},
-          "train_samples": 6000, "test_samples": 200},
- "training_definition": {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": $steps,
-                         "seed": 3, "optimizer": {"name": "adamw", "lr": 0.003},
-                         "timeouts": {"startup_s": 60, "peer_s": 60}}}
-EOF
-
-free_port() { /usr/bin/python3 tools/bench/loopback_ports.py 1; }
-
-# One run in $work/$1 with the volunteers' extra flags $2...
-one_run() {
-  local dir=$work/$1
-  shift
-  mkdir -p "$dir"
-  pids=()
-  "$clusterize" --model "$work/model.pt" --job "$work/job.json" --input-shape 8,1,28,28 \
-    --serve 127.0.0.1:0 --invite-file "$dir/invite.txt" --out "$dir/coordinator" \
-    --min-volunteers 3 --clusters 1 --cuts 7,14 >"$dir/coordinator.log" 2>&1 &
-  local coordinator=$!
-  pids+=("$coordinator")
-  for _ in $(seq 600); do [[ -s $dir/invite.txt ]] && break; sleep 0.2; done
-  local invite volunteers=()
-  invite=$(cat "$dir/invite.txt")
-  for i in 0 1 2; do
-    "$provider" --join "$invite" --listen "127.0.0.1:$(free_port)" --workdir "$dir/volunteer_$i" \
-      --probe-megabytes 1 --upload-mbps 0 "$@" >"$dir/volunteer_$i.log" 2>&1 &
-    volunteers+=($!)
-    pids+=($!)
-  done
-  wait "$coordinator" || { echo "the coordinator failed" >&2; tail -20 "$dir/coordinator.log" >&2; exit 1; }
-  for v in "${volunteers[@]}"; do wait "$v" || { echo "a volunteer failed" >&2; exit 1; }; done
-}
-
-one_run free
-one_run capped --max-mbps "$rate"
+# Checkpoint uploads off: the training transport gets all of --max-mbps.
+run_volunteers "$work/free" --upload-mbps 0
+run_volunteers "$work/capped" --upload-mbps 0 --max-mbps "$rate"
 
 /usr/bin/python3 - "$work" "$rate" "$steps" <<'EOF'
 import json, os, sys
