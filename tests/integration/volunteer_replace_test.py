@@ -394,9 +394,12 @@ def case_two_replacements(args):
         root, leaf = chain[0], chain[-1]
         first = next(v for v in volunteers[:3] if name_of(v[1]) == root)
         kill_after_checkpoint(coordinator, first, root)
-        taken = coordinator.wait_for(lambda l: f"coordinator: {root} is taken over by spare" in l, 120,
-                                     "the Root's takeover")
-        spare_of_root = volunteers[3] if taken.split("by spare ")[1].split()[0] == "node_3" else volunteers[4]
+        coordinator.wait_for(lambda l: f"coordinator: {root} is taken over by spare" in l, 120,
+                             "the Root's takeover")
+        # Which spare took it (the two joined at once: their names need not follow their order).
+        took = lambda v: v[0].count(lambda l: f"taking over the node {root} " in l) > 0  # noqa: E731
+        vt.wait_until(lambda: any(took(v) for v in volunteers[3:]), 120, f"a spare taking {root} over")
+        spare_of_root = next(v for v in volunteers[3:] if took(v))
         spare_of_root[0].wait_for(lambda l: "resume: first step after resuming done" in l, 120,
                                   "the cluster training again")
         second = next(v for v in volunteers[:3] if name_of(v[1]) == leaf)
