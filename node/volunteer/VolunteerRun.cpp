@@ -115,7 +115,8 @@ std::string clockText(int minute) {
 }
 
 // Whether the volunteer's active hours are over, asked between steps and at heartbeats: the clock
-// read at most once a second (a test clock is a file). Always false without --active-hours.
+// read at most once a second, or every hours_poll when that is shorter (a test clock is a file,
+// looked at every 0.2 s). Always false without --active-hours.
 // Thread-safe (the trainer's thread and the peers' stop predicate may both ask).
 std::function<bool()> hoursOverWatch(const VolunteerConfig& config) {
   if (!config.active_hours) return [] { return false; };
@@ -125,12 +126,13 @@ std::function<bool()> hoursOverWatch(const VolunteerConfig& config) {
     bool over = false;
   };
   auto state = std::make_shared<State>();
-  return [state, hours = *config.active_hours, clock = config.clock] {
+  const auto every = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), config.hours_poll);
+  return [state, hours = *config.active_hours, clock = config.clock, every] {
     std::lock_guard<std::mutex> lock(state->mutex);
     const auto now = std::chrono::steady_clock::now();
     if (now >= state->next || state->over) {  // "over" is not kept: the next hours may begin
       state->over = !hours.contains(clock());
-      state->next = now + std::chrono::seconds(1);
+      state->next = now + every;
     }
     return state->over;
   };

@@ -38,6 +38,7 @@ RING_STEPS = 150
 HOLD_AT = 100  # the latest step the held cluster reaches before the awaited event (ring_peer_replaced:
 #                cluster 0 resumes; active_hours: the leaver is back)
 KILL_AFTER = 20
+HOURS_END_AT = 30  # active_hours: the Root holds before this step until the leaver's clock says 07:30
 TEST_SAMPLES = 1000
 TRAINING = {"checkpoint_every": 10,
             "timeouts": {"startup_s": 60, "peer_s": 60, "peer_timeout_s": 2, "max_wait_s": 300}}
@@ -242,8 +243,12 @@ def leaf_records(workdirs, leaf):
 def case_active_hours(args):
     """Volunteer 0 computes only 22:00-07:00 (--active-hours), read from a test clock
     (CAIRN_TEST_CLOCK, a file holding HH:MM); volunteers 1 and 2 at all hours; a 4th joins as a
-    spare. Once the coordinator holds a checkpoint of step >= KILL_AFTER from volunteer 0, its
-    clock says 07:30: it stops the cluster at a step boundary (every node checkpoints that step),
+    spare. The Root holds before step HOURS_END_AT (CAIRN_TEST_HOLD) until the coordinator holds a
+    checkpoint of step >= KILL_AFTER from volunteer 0 and its clock says 07:30; so the stop comes
+    soon after HOURS_END_AT, never as late as the second hold at HOLD_AT (a stop needs the cluster
+    to step: a fast machine reaches HOLD_AT from step 30 in half a second, a CI run once did before
+    the stop was asked, and waited there). Volunteer 0 stops the cluster at a step boundary (every
+    node checkpoints that step),
     says `leaving` with the reason, and waits, still running; the spare takes its node over from
     that very checkpoint, the rest of the cluster (paused, not stopped) resumes with the spare from
     that step. Then its clock says 22:30: it joins again and, its node taken, becomes a spare under
@@ -256,10 +261,11 @@ def case_active_hours(args):
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
     reference, reference_accuracy = run_reference(args, model, job)
     clock, release = os.path.join(args.work, "clock"), os.path.join(args.work, "release")
+    hours_end = os.path.join(args.work, "hours_end")
     with open(clock, "w") as f:
         f.write("23:00\n")
     os.environ["CAIRN_TEST_CLOCK"] = clock
-    os.environ["CAIRN_TEST_HOLD"] = f"0:{HOLD_AT}:{release}"
+    os.environ["CAIRN_TEST_HOLD"] = f"0:{HOURS_END_AT}:{hours_end},0:{HOLD_AT}:{release}"
     run = vt.Run(args, model, job, FLAGS, 4)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
@@ -275,8 +281,11 @@ def case_active_hours(args):
                              300, f"a checkpoint of {node} at step >= {KILL_AFTER}")
         with open(clock, "w") as f:
             f.write("07:30\n")
+        open(hours_end, "w").close()
         stopped = leaver.wait_for(lambda l: "stopped cleanly after step " in l, 120, "the leaver's stop")
         stop_step = int(stopped.split("stopped cleanly after step ")[1].split()[0])
+        if not HOURS_END_AT <= stop_step < HOLD_AT:
+            vt.fail(f"the leaver stopped after step {stop_step}, outside [{HOURS_END_AT}, {HOLD_AT})")
         coordinator.wait_for(lambda l: f"coordinator: {node} is leaving (its active hours 22:00-07:00 are "
                              "over (local time 07:30))" in l, 60, "the leaving with its reason")
         taken = coordinator.wait_for(lambda l: f"coordinator: {node} is taken over by spare node_3" in l, 60,

@@ -36,7 +36,7 @@ TEST_F(TestHoldTest, OffWithoutTheVariableAndForOtherClusters) {
 }
 
 TEST_F(TestHoldTest, MalformedValueIsRefusedNamingTheVariable) {
-  for (const char* bad : {"1:5", "x:5:/f", "1:y:/f", "1:5:", "-1:5:/f", "1:-5:/f", "1a:5:/f"}) {
+  for (const char* bad : {"1:5", "1:5:/f,", "1:5:/f,2:x:/g", "x:5:/f", "1:y:/f", "1:5:", "-1:5:/f", "1:-5:/f", "1a:5:/f"}) {
     setenv("CAIRN_TEST_HOLD", bad, 1);
     try {
       testHoldFromEnvironment(1, milliseconds(1000));
@@ -92,6 +92,20 @@ TEST_F(TestHoldTest, HoldsEarlierOnceTheHoldFileExists) {
   expectHeldUntilReleased(hold, 4, release);
   std::filesystem::remove(release);
   std::filesystem::remove(release.string() + ".hold");
+}
+
+TEST_F(TestHoldTest, SeveralHoldsAreWaitedForInTurn) {
+  const auto first = scratch("first"), second = scratch("second");
+  setenv("CAIRN_TEST_HOLD", ("0:3:" + first.string() + ",1:4:/nonexistent/other,0:9:" + second.string()).c_str(), 1);
+  auto hold = testHoldFromEnvironment(0, milliseconds(60000));
+  ASSERT_TRUE(hold);
+  hold(2, {});
+  expectHeldUntilReleased(hold, 3, first);
+  hold(8, {});  // between the two holds: goes on
+  expectHeldUntilReleased(hold, 9, second);
+  hold(10, {});
+  std::filesystem::remove(first);
+  std::filesystem::remove(second);
 }
 
 }  // namespace
