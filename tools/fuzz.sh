@@ -24,7 +24,12 @@ if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCAIRN_FUZZ=ON >/dev/null
 fi
-cmake --build "$BUILD_DIR" -j "${CAIRN_JOBS:-$(nproc)}" --target fuzz_wire_decoder fuzz_node_data
+# Each target with its corpus folder (tests/fuzz/corpus/<folder>, regressions/<folder>).
+TARGETS=(fuzz_wire_decoder:wire fuzz_node_data:node_data fuzz_coordination:coordination fuzz_chunks:chunks
+         fuzz_pipeline_control:pipeline_control fuzz_ring_join:ring_join
+         fuzz_collective_notices:collective_notices)
+JOBS=${CAIRN_JOBS:-$(nproc)}
+cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]%%:*}"
 
 # One target: its corpus copied to a scratch folder, libFuzzer run there; a crash input is kept.
 fuzz_one() {
@@ -37,10 +42,13 @@ fuzz_one() {
   else
     echo "fuzz: $target for ${SECONDS_PER_TARGET}s"
   fi
-  local rc=0
+  local rc=0 dict=()
+  # The protocol decoders read JSON: their keys (tests/fuzz/protocol.dict) let the fuzzer build
+  # well-formed headers instead of waiting to guess them.
+  [[ $corpus == wire || $corpus == node_data ]] || dict=(-dict=tests/fuzz/protocol.dict)
   # Torch's own allocations are not ours to police; leak checking stays on for cairn code paths.
   if ! ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
-      "$BUILD_DIR/tests/$target" "${FIXED[@]}" -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=4096 \
+      "$BUILD_DIR/tests/$target" "${FIXED[@]}" "${dict[@]}" -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=4096 \
       -max_len=65536 -artifact_prefix="$work/artifacts/" -print_final_stats=1 "$work" \
       > "$work/log" 2>&1; then
     rc=1
@@ -54,17 +62,20 @@ fuzz_one() {
   return $rc
 }
 
-# The targets are single-threaded: they run side by side (one core each), each printing its lines
-# when it ends, in the targets' order.
+# The targets are single-threaded: up to JOBS run side by side (one core each), each printing its
+# lines when it ends, in the targets' order.
 status=0
-pids=(); outs=()
-for pair in "fuzz_wire_decoder:wire" "fuzz_node_data:node_data"; do
+pids=(); outs=(); printed=0
+print_next() {
+  wait "${pids[$printed]}" || status=1
+  cat "${outs[$printed]}"; rm -f "${outs[$printed]}"
+  printed=$((printed + 1))
+}
+for pair in "${TARGETS[@]}"; do
+  while (( ${#pids[@]} - printed >= JOBS )); do print_next; done
   out=$(mktemp); outs+=("$out")
   fuzz_one "${pair%%:*}" "${pair##*:}" > "$out" 2>&1 &
   pids+=($!)
 done
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}" || status=1
-  cat "${outs[$i]}"; rm -f "${outs[$i]}"
-done
+while (( printed < ${#pids[@]} )); do print_next; done
 exit $status

@@ -73,6 +73,7 @@ std::optional<Leaving> decodeLeaving(const Message& m, std::string* why) {
   // same); only the fields that are well-formed are kept.
   if (!j) {
     if (m.kind != MessageKind::kControl || m.tag != kLeavingTag) return std::nullopt;
+    if (why) why->clear();  // accepted: no reason to give (tests/fuzz: a value or a reason, never both)
     return leaving;
   }
   if (fieldIs(*j, "reason", &nlohmann::json::is_string))
