@@ -94,7 +94,9 @@ const char* const kDescription =
     "SIGINT/SIGTERM: stop at a step boundary, checkpoint, tell the neighbours, exit 0: with --name\n"
     "the whole cluster stops (restart every node with --resume); with --join only this volunteer\n"
     "leaves (it tells the coordinator, which gives its node to a spare; the rest of its cluster\n"
-    "waits for the spare and resumes from that step). A second signal exits at once.";
+    "waits for the spare and resumes from that step). A second signal exits at once. A stop\n"
+    "asked while a neighbour sends nothing gives the step up after timeouts.peer_timeout_s and\n"
+    "leaves the same way (the cluster resumes from its newest common checkpoint).";
 
 // The options are declared in the order `provider --help` lists them.
 void addNodeOptions(CLI::App& app, Cli& cli) {

@@ -92,7 +92,7 @@ void Admissions::poll() {
   }
 }
 
-// A volunteer back after it said it leaves (JoinDecision::kRejoining): its node again when nobody
+// A volunteer back after it said it leaves or was lost (JoinDecision::kRejoining): its node again when nobody
 // took it over (then it must be where its neighbours will dial it), else a spare; a row that kept
 // its old node's name for the record (<node>-lost-<n>) gets a fresh name.
 std::optional<std::string> Admissions::rejoin(Member& m, const std::string& advertise) {

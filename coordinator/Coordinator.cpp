@@ -20,6 +20,7 @@
 #include "coordinator/Growth.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
+#include "coordinator/Replacement.h"
 #include "clusterize/ModelMerge.h"
 #include "coordinator/Credit.h"
 #include "coordinator/RunAssembly.h"
@@ -167,7 +168,8 @@ struct Coordinator::Impl {
       ++stats.malformed;
       CAIRN_WARN("coordinator: dropped a message claiming to be ", name, " from ",
                  member ? member->name : "key " + r.user_id, " (a volunteer speaks only for itself)");
-      sendRouted(router, r.routing_id, encode(Rejected{"you are not " + name + ": join first"}));
+      const std::string row = member ? member->name : "";
+      sendRouted(router, r.routing_id, encode(Rejected{notThisMemberReason(row, name), lostTo(row, name)}));
       return false;
     };
     if (const auto* beat = std::get_if<Heartbeat>(&*message)) {

@@ -86,9 +86,12 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
                                "without its old workdir)");
   }
   const Member* known = by_name ? by_name : by_key;
-  // A volunteer that said it leaves may come back as long as it does not ask for its old name
-  // (provider --join forgets it when it hands its node over).
-  const bool rejoining = known && known->state == MemberState::kLeft && ask.name.empty();
+  // A volunteer that said it leaves, or that was lost (frozen, cut off) and is back, may come back
+  // as long as it does not ask for its old name (provider --join forgets it when it hands its node
+  // over, or hears that its node was given to a spare): its node again if nobody took it, else a
+  // spare (Admissions::rejoin).
+  const bool rejoining = known && (known->state == MemberState::kLeft || known->state == MemberState::kLost) &&
+                         ask.name.empty();
   if (known && !active(known->state) && !rejoining)
     return refuse(known->name + " is " + toString(known->state) +
                   " in this run and cannot come back (it was replaced or left)");

@@ -19,9 +19,10 @@
 namespace cairn::coordinator {
 
 struct JoinDecision {
-  // kRejoining: a volunteer that said it leaves (its active hours ended, it was stopped) comes
-  // back without asking for its old name: Admissions::admit gives it its node again when nobody
-  // took it over, else makes it a spare.
+  // kRejoining: a volunteer that said it leaves (its active hours ended, it was stopped), or was
+  // lost (frozen or cut off past --lost-after-s) and is back, comes back without asking for its old
+  // name: Admissions::admit gives it its node again when nobody took it over, else makes it a
+  // spare.
   enum class Kind { kNew, kReturning, kRejoining, kRefused } kind = Kind::kRefused;
   std::string reason;            // kRefused: why
   std::optional<Member> member;  // kReturning, kRejoining: the member it was

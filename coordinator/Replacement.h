@@ -71,5 +71,13 @@ bool repointPeer(NodeSpec& node, const std::string& peer, const std::string& add
 std::string lostRowName(const std::string& name, const std::vector<Member>& members);
 // True for a name lostRowName makes.
 bool isLostRowName(const std::string& name);
+// What the coordinator answers a member whose row is `row` when it speaks as `claimed` (a
+// heartbeat, an upload): for a row that lost `claimed` to a spare ("node_1-lost-1" speaking as
+// node_1: a volunteer frozen or cut off past --lost-after-s, then back) the sentence that tells
+// it so (provider --join then gives the node up and joins again as a spare); "you are not
+// <claimed>: join first" otherwise.
+std::string notThisMemberReason(const std::string& row, const std::string& claimed);
+// Whether `row` is the row that lost `claimed` to a spare ("node_1-lost-1" for node_1).
+bool lostTo(const std::string& row, const std::string& claimed);
 
 }  // namespace cairn::coordinator

@@ -103,9 +103,14 @@ void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost,
 
 void MailboxStageLink::checkConnection(const PeerRef& p, Neighbour dir, const std::string& what) {
   const PeerLiveness live = mailbox_.transport().liveness(p.name);
-  if (live.state == PeerState::kDisconnected &&
-      std::chrono::steady_clock::now() - live.since >= timeouts_.lost)
-    throwLost(p, dir, PeerLoss{p.name, LossCause::kDisconnected, "", p.name}, what);
+  if (live.state != PeerState::kDisconnected || std::chrono::steady_clock::now() - live.since < timeouts_.lost)
+    return;
+  // Gone after saying it leaves (a send waits on it, which does not read the mailbox): its
+  // "leaving" says why (a stop stops this node too), not a silent loss.
+  std::optional<Message> leaving = mailbox_.receive(
+      [&](const Message& m) { return m.sender == p.name && isControl(m, kLeavingTag); }, std::chrono::milliseconds(0));
+  if (leaving) throwRecovery(std::move(*leaving), what);
+  throwLost(p, dir, PeerLoss{p.name, LossCause::kDisconnected, "", p.name}, what);
 }
 
 void MailboxStageLink::announceLeaving(const std::string& reason, const std::string& lost,
@@ -225,8 +230,10 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   const std::string what = std::string("room for a ") + toString(packet.kind) + " message (step " +
                            std::to_string(packet.step) + ")";
   SendStatus status = SendStatus::kTimedOut;
+  std::optional<std::chrono::steady_clock::time_point> stop_seen;
   for (;;) {
     checkConnection(p, to, what);
+    checkStopWhileWaiting(p, what, &stop_seen);
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     status = mailbox_.send(p.name, m, std::clamp(left, std::chrono::milliseconds(0),
@@ -250,12 +257,15 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
                            " message for step " + std::to_string(step) + ", micro-batch " +
                            std::to_string(microbatch);
   std::optional<Message> got;
+  std::optional<std::chrono::steady_clock::time_point> stop_seen;
   for (;;) {
     // The awaited neighbour down for timeouts.lost ends the wait; wake up when it reaches that, or
     // on the next liveness change. (The other neighbour's loss is seen when this node next sends
-    // to it or waits for it, or through its "leaving".)
+    // to it or waits for it, or through its "leaving".) A stop request is looked at every 0.5 s.
     auto wake = deadline;
+    if (interrupted_) wake = std::min(wake, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
     checkConnection(p, from, what);
+    checkStopWhileWaiting(p, what, &stop_seen);
     const PeerLiveness live = mailbox_.transport().liveness(p.name);
     if (live.state == PeerState::kDisconnected) wake = std::min(wake, live.since + timeouts_.lost);
     std::optional<std::string> rejected;
@@ -294,6 +304,19 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
                 ", micro-batch ", microbatch, " within ", secondsOf(timeouts_.peer),
                 " s (training_definition.timeouts.peer_s)");
   return unpack(std::move(*got));
+}
+
+void MailboxStageLink::checkStopWhileWaiting(
+    const PeerRef& p, const std::string& what,
+    std::optional<std::chrono::steady_clock::time_point>* stop_seen) const {
+  if (!interrupted_ || !interrupted_()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (!*stop_seen) *stop_seen = now;
+  if (now - **stop_seen < timeouts_.lost) return;
+  CAIRN_THROW(Interrupted, "a stop was asked and, ", secondsOf(timeouts_.lost),
+              " s later (training_definition.timeouts.peer_timeout_s), this node still waits for ", what,
+              " (neighbour ", p.name, " at ", p.address, "): it leaves without ending the step; its "
+              "newest checkpoint keeps its work");
 }
 
 void MailboxStageLink::throwRecovery(Message m, const std::string& what) {

@@ -49,7 +49,10 @@ struct LinkTimeouts {
 };
 
 // Thrown by connect() when `interrupted` (a stop flag set by a signal handler) became true while
-// it waited for a neighbour.
+// it waited for a neighbour; by send() and receive() mid-run when it has been true for
+// timeouts.lost while they still wait (a stop asked while a neighbour sends nothing: the clean stop
+// at a step boundary cannot come, so the node gives up the step and leaves; its newest checkpoint
+// keeps its work).
 struct Interrupted : Error {
   explicit Interrupted(std::string m, const char* f = "", int l = 0)
       : Error(ErrorKind::kPeerLost, std::move(m), f, l) {}
@@ -88,7 +91,9 @@ class MailboxStageLink : public StageLink {
   // True for the upstream or downstream neighbour's name.
   bool isNeighbour(const std::string& name) const;
   const LinkTimeouts& timeouts() const { return timeouts_; }
-  // Asked while connect() waits (a stop flag): when true it throws Interrupted.
+  // Asked while connect() waits (a stop flag): when true it throws Interrupted. Asked too, every
+  // 0.5 s at most, while send() and receive() wait mid-run: true for timeouts.lost there (the stop
+  // asked, and still no message) throws Interrupted.
   void setInterrupted(std::function<bool()> interrupted) { interrupted_ = std::move(interrupted); }
   void send(Neighbour to, const StagePacket& packet) override;
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
@@ -107,8 +112,13 @@ class MailboxStageLink : public StageLink {
  private:
   const PeerRef& peer(Neighbour n) const;
   [[noreturn]] void throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost, const std::string& what);
-  // Throws PeerLost when `p` has been disconnected for timeouts.lost.
+  // Throws PeerLost when `p` has been disconnected for timeouts.lost (naming why when its "leaving"
+  // is in the mailbox).
   void checkConnection(const PeerRef& p, Neighbour dir, const std::string& what);
+  // Mid-run waits: throws Interrupted once `interrupted_` has said yes for timeouts.lost while
+  // waiting for `what` from (or room at) `p`; `*stop_seen` keeps when it first said yes.
+  void checkStopWhileWaiting(const PeerRef& p, const std::string& what,
+                             std::optional<std::chrono::steady_clock::time_point>* stop_seen) const;
   void drop(const Message& m, const std::string& reason, const std::string& detail);
   // A neighbour's "leaving" or mid-run "hello" (`m`) while waiting for `what`: PeerLost naming it
   // (a hello goes back into the mailbox for the next connect()).

@@ -149,6 +149,9 @@ NodeRunResult NodeRunner::run() {
     trainer_ = std::make_unique<StageTrainer>(cfg, std::move(stage), link_, observer);
     try {
       out.result = trainer_->run();
+    } catch (const Interrupted& e) {
+      leaveMidStep(e, out);
+      return out;
     } catch (const PeerLost& e) {
       // Only the loss of a pipeline neighbour pauses the cluster; anything else (a ring member the
       // rings could not do without, a PeerLost without a known peer) ends the run.
@@ -233,6 +236,19 @@ TrainerObserver NodeRunner::attemptObserver(bool resuming) const {
   return observer;
 }
 
+void NodeRunner::leaveMidStep(const Interrupted& e, NodeRunResult& out) {
+  // A stop asked while a neighbour sends nothing: the step cannot end, so no checkpoint of it; the
+  // neighbours hear this node leave as at a clean stop (the whole cluster stops, or, for a
+  // hand-over, pauses for the replacement) and resume from the newest common checkpoint.
+  const bool hands_over = config_.trainer.stop_hands_over;
+  CAIRN_WARN(std::string(e.what()));
+  link_.announceLeaving(hands_over ? kHandOverReason : "stopped");
+  if (cluster_sync_) cluster_sync_->leave();
+  out.result.stopped = true;
+  out.result.hand_over = hands_over;
+  out.result.stop_asked_here = true;
+}
+
 void NodeRunner::stopWithNeighbour(const PeerLoss& lost, NodeRunResult& out) {
   // The neighbour stopped on a signal; the cluster stops with it.
   CAIRN_WARN("neighbour ", lost.peer, " stopped (signal); this node stops too. Restart the "
@@ -272,7 +288,7 @@ bool NodeRunner::waitForHandshake(NodeRunResult& out, const std::string& paused_
   try {
     link_.connect(config_.max_wait, "training_definition.timeouts.max_wait_s");
   } catch (const Interrupted&) {
-    CAIRN_WARN("stopped by a signal while paused; resume the cluster later with --resume");
+    CAIRN_WARN("asked to stop while paused; a cluster of `provider --name` nodes resumes later with --resume");
     out.result.stopped = true;
     return false;
   } catch (const PeerLost& wait) {

@@ -101,6 +101,9 @@ class NodeRunner {
   std::optional<int64_t> agreeOnResume(NodeRunResult& out);
   // The observer given to an attempt's trainer; a resumed attempt also logs its first step.
   TrainerObserver attemptObserver(bool resuming) const;
+  // trainer_->run() gave up a wait because a stop was asked (Interrupted): this node leaves as at
+  // a clean stop, without a checkpoint of the unfinished step.
+  void leaveMidStep(const Interrupted& e, NodeRunResult& out);
   // A neighbour stopped on a signal: this node tells the other neighbour and stops too.
   void stopWithNeighbour(const PeerLoss& lost, NodeRunResult& out);
   // A neighbour lost (`e`, `lost`): pause the cluster and wait up to max_wait for a fresh

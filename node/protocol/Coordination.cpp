@@ -143,7 +143,11 @@ Frames encode(const Accepted& m) {
   if (!m.note.empty()) header["note"] = m.note;
   return frames(header);
 }
-Frames encode(const Rejected& m) { return frames({{"type", "rejected"}, {"reason", m.reason}}); }
+Frames encode(const Rejected& m) {
+  nlohmann::json header = {{"type", "rejected"}, {"reason", m.reason}};
+  if (m.node_taken) header["node_taken"] = true;  // absent when false: older volunteers read it as before
+  return frames(header);
+}
 Frames encode(const BandwidthAck& m) { return frames({{"type", "bandwidth_ack"}, {"bytes", m.bytes}}); }
 Frames encode(const Assignment& m) {
   std::vector<std::string> att{m.stage};
@@ -310,7 +314,11 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
     m.note = in.optionalString("note", kMaxNoteBytes);
     return done<V>(in, std::move(m));
   }
-  if (type == "rejected") return done<V>(in, Rejected{in.string("reason", kMaxReasonBytes)});
+  if (type == "rejected") {
+    Rejected m{in.string("reason", kMaxReasonBytes)};
+    m.node_taken = in.optionalBoolean("node_taken");
+    return done<V>(in, std::move(m));
+  }
   if (type == "bandwidth_ack")
     return done<V>(in, BandwidthAck{in.integer("bytes", 0, INT64_MAX)});
   if (type == "peers") {

@@ -25,7 +25,10 @@
 //                                             metrics_ack
 //   coordinator → volunteer
 //     accepted   {name, state}                joined; `state` is "spare" until it is assigned
-//     rejected   {reason}                     not joined (the volunteer prints the reason, exits 2)
+//     rejected   {reason, node_taken?}        not joined (the volunteer prints the reason, exits 2);
+//                                             to a member's heartbeat or upload: not taken, and
+//                                             node_taken: true when its node was given to a spare
+//                                             while it was lost (it gives the node up, joins again)
 //     bandwidth_ack {bytes}
 //     assignment {name, node{node.json}, job{job.json}, num_clusters, resume} + 1 or 2
 //                 attachments: stage.pt, and the newest checkpoint when `resume` is true
@@ -120,6 +123,9 @@ struct Accepted {
 };
 struct Rejected {
   std::string reason;
+  // To a member's message (heartbeat, upload): the node it speaks for was given to a spare while
+  // it was unreachable (lost); it should give the node up and join again (as a spare).
+  bool node_taken = false;
 };
 struct BandwidthAck {
   int64_t bytes = 0;

@@ -76,6 +76,10 @@ class Fields {
     }
     return it->get<bool>();
   }
+  bool optionalBoolean(const char* key) {  // absent: false
+    if (!ok_ || !j_.contains(key)) return false;
+    return boolean(key);
+  }
   nlohmann::json object(const char* key) {
     if (!ok_) return {};
     auto it = j_.find(key);

@@ -33,6 +33,11 @@ void VolunteerHeartbeats::onPeers(std::function<void(const PeersUpdate&)> handle
   on_peers_ = std::move(handler);
 }
 
+void VolunteerHeartbeats::onRejected(std::function<void(const Rejected&)> handler) {
+  std::lock_guard<std::mutex> lock(peers_mutex_);
+  on_rejected_ = std::move(handler);
+}
+
 void VolunteerHeartbeats::run() {
   using Clock = std::chrono::steady_clock;
   // A coordinator that has taken no heartbeat for this long counts as away (logged once); the
@@ -73,13 +78,20 @@ void VolunteerHeartbeats::run() {
       std::string why;
       const auto message = decodeToVolunteer(*in, kMaxCoordinationHeaderBytes, &why);
       const auto* peers = message ? std::get_if<PeersUpdate>(&*message) : nullptr;
+      const auto* rejected = message ? std::get_if<Rejected>(&*message) : nullptr;
       std::function<void(const PeersUpdate&)> handler;
+      std::function<void(const Rejected&)> refused;
       {
         std::lock_guard<std::mutex> lock(peers_mutex_);
         handler = on_peers_;
+        refused = on_rejected_;
       }
       if (peers && handler) {
         handler(*peers);
+      } else if (rejected && refused) {
+        refused(*rejected);
+      } else if (rejected) {
+        CAIRN_WARN("the coordinator refused a heartbeat: ", rejected->reason);
       } else if (!message) {
         CAIRN_WARN("the coordinator at ", coordinator_, " sent a malformed message (dropped): ", why);
       } else {

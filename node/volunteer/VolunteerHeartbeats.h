@@ -5,7 +5,8 @@
 // training path: a send never waits (a coordinator that is down just means the heartbeat is not
 // sent), ZeroMQ reconnects by itself, and the thread logs once when the coordinator stops taking
 // heartbeats and once when it takes them again. Messages from the coordinator on this socket are
-// read and dropped (the coordinator does not answer heartbeats; nothing else is expected here).
+// read: `peers` updates and refusals go to their handlers (onPeers, onRejected), anything else is
+// dropped (the coordinator answers a heartbeat only to refuse it).
 //
 // Ownership: owns its thread and socket; `context` is borrowed and must outlive it.
 // Thread-safety: construct, stop() and read counters from one thread; the socket is the thread's.
@@ -45,6 +46,10 @@ class VolunteerHeartbeats {
   // docs/PROTOCOL.md) go to `handler`, called on the heartbeats' thread; without one they are
   // dropped like any other message.
   void onPeers(std::function<void(const PeersUpdate&)> handler);
+  // The coordinator refusing a heartbeat (`rejected{reason, node_taken}`: this volunteer no longer
+  // holds the node it beats for, e.g. a spare took it over while it was frozen) goes to `handler`,
+  // on the heartbeats' thread; without one it is logged and dropped.
+  void onRejected(std::function<void(const Rejected&)> handler);
 
   uint64_t sent() const { return sent_.load(); }
   uint64_t unsent() const { return unsent_.load(); }        // not sent: the coordinator was away
@@ -59,6 +64,7 @@ class VolunteerHeartbeats {
   std::chrono::milliseconds interval_;
   Progress progress_;
   std::mutex peers_mutex_;  // guards on_peers_ (set from the owner's thread)
+  std::function<void(const Rejected&)> on_rejected_;  // guarded by peers_mutex_
   std::function<void(const PeersUpdate&)> on_peers_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> sent_{0}, unsent_{0}, received_{0};

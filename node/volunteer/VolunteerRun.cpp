@@ -1,6 +1,7 @@
 #include "node/volunteer/VolunteerRun.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -59,20 +60,37 @@ ProviderRunOptions assignedRun(const VolunteerConfig& config, const VolunteerSes
   return run;
 }
 
+// The coordinator's word, in answer to a heartbeat, that this volunteer's node was given to a spare
+// while it was unreachable (frozen, cut off: rejected{node_taken}). Set on the heartbeats' thread,
+// read by the run's stop predicate: the run stops (giving up a step whose neighbours no longer
+// answer, MailboxStageLink) and the volunteer joins again, as a spare.
+struct NodeTaken {
+  std::atomic<bool> yes{false};
+  void heard(const Rejected& rejected, const std::string& node) {
+    if (!rejected.node_taken) {
+      CAIRN_WARN("the coordinator refused a heartbeat: ", rejected.reason);
+      return;
+    }
+    if (!yes.exchange(true))
+      CAIRN_WARN("the coordinator says: ", rejected.reason, "; stopping ", node, "'s run");
+  }
+};
+
 // Trains the assignment (again with resume after a neighbour was replaced by a spare) while
 // heartbeats, checkpoint uploads and the metrics stream go on in the background; they are
 // finished before it returns. On an error the coordinator hears `leaving` before it is rethrown.
 ProviderRunOutcome trainAssignment(const VolunteerConfig& config, VolunteerSession& session,
                                    ProviderRunOptions& run, VolunteerPeers& peers,
-                                   VolunteerMetrics& metrics) {
+                                   VolunteerMetrics& metrics, NodeTaken& taken) {
   ProviderRunOutcome outcome;
   auto heartbeats = session.trainingHeartbeats([m = &metrics] { return m->progress(); });
   auto uploads = session.checkpointUploads(nodeDirectory(run.node_data, run.name) + "/checkpoints");
   heartbeats->onPeers([&peers](const PeersUpdate& update) { peers.offer(update); });
+  heartbeats->onRejected([&taken, node = run.name](const Rejected& r) { taken.heard(r, node); });
   if (uploads) run.keep_checkpoints_from = [u = uploads.get()] { return u->keepFrom(); };
   try {
     outcome = runProvider(run);
-    while (outcome.stopped && !(config.stop_requested && config.stop_requested()) &&
+    while (outcome.stopped && !(config.stop_requested && config.stop_requested()) && !taken.yes &&
            peers.applyPending()) {
       run.resume = true;
       outcome = runProvider(run);
@@ -215,7 +233,7 @@ class OwnCredit {
   std::map<std::string, std::map<int64_t, Figures>> nodes_;
 };
 
-enum class AfterAssignment { kExit, kNextHours };
+enum class AfterAssignment { kExit, kNextHours, kJoinAgain };
 
 // Trains one assignment to its end (results uploaded) or until this volunteer stops: a signal
 // (it says `leaving` and exits) or the end of its active hours (it says `leaving` and waits for
@@ -229,8 +247,9 @@ AfterAssignment serveAssignment(const VolunteerConfig& config, VolunteerSession&
   // A neighbour replaced by a spare: the paused run stops and runs again with the new peers.
   VolunteerPeers peers(run.node_data, run.name, session.publicKey(), describeCoordinator(config.invite));
   const auto signal = config.stop_requested;
-  run.stop_requested = peers.stopWhenReplaced([signal, hours_over] {
-    return (signal && signal()) || hours_over();
+  auto taken = std::make_shared<NodeTaken>();
+  run.stop_requested = peers.stopWhenReplaced([signal, hours_over, taken] {
+    return (signal && signal()) || hours_over() || taken->yes;
   });
   run.stop_hands_over = true;
   run.on_live_peers = peers.liveHook();  // a ring peer replaced: re-pointed live
@@ -242,7 +261,12 @@ AfterAssignment serveAssignment(const VolunteerConfig& config, VolunteerSession&
   };
   run.on_event = [m = metrics.get()](const nlohmann::json& e) { m->event(e); };
   run.on_event = peers.watch(run.on_event);  // notes "paused"
-  const ProviderRunOutcome outcome = trainAssignment(config, session, run, peers, *metrics);
+  const ProviderRunOutcome outcome = trainAssignment(config, session, run, peers, *metrics, *taken);
+  if (outcome.stopped && taken->yes && !(signal && signal())) {
+    CAIRN_INFO("gave ", wait.name, " up (the coordinator gave it to a spare); joining again");
+    session.forgetNode();
+    return AfterAssignment::kJoinAgain;
+  }
   if (outcome.stopped) {
     const bool off_hours = !(signal && signal()) && hours_over();
     session.sendLeaving(off_hours ? hoursOverReason(config) : std::string("stopped"));

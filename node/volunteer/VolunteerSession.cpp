@@ -356,6 +356,10 @@ void VolunteerSession::sendLeaving(const std::string& reason) {
   if (trySendFrames(socket, encode(LeavingNotice{name_, shortReason(reason)})))
     CAIRN_INFO("told the coordinator this volunteer leaves (", shortReason(reason), ")");
   closeMainSocket();
+  forgetNode();
+}
+
+void VolunteerSession::forgetNode() {
   // The node is given up: a later join comes back without asking for its name.
   std::error_code ignored;
   if (std::filesystem::remove(workdir_.membershipPath(), ignored))

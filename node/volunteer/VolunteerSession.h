@@ -150,6 +150,9 @@ class VolunteerSession {
   // forgotten (membership.json removed), so a later join() comes back without asking for it and
   // the coordinator gives it that node again when nobody took it over, else makes it a spare.
   void sendLeaving(const std::string& reason);
+  // The node is given up without a word to the coordinator (it gave the node to a spare already):
+  // membership.json removed, the name forgotten, so the next join() asks for no name.
+  void forgetNode();
 
  private:
   zmq::socket_t& mainSocket(bool immediate = false);

@@ -188,7 +188,7 @@ TEST(Replacement, TheLostRowGetsTheFirstFreeLostName) {
 
 // A volunteer that said it leaves (its active hours ended) may come back when it does not ask for
 // its old name; one that was lost (silent) may not; nor may it ask for the name it gave up.
-TEST(Replacement, AVolunteerThatLeftComesBackWithoutItsNameAndALostOneDoesNot) {
+TEST(Replacement, AVolunteerThatLeftOrWasLostComesBackWithoutItsName) {
   const std::string dir = (fs::temp_directory_path() / ("cairn_left_" + std::to_string(::getpid()))).string();
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -216,8 +216,11 @@ TEST(Replacement, AVolunteerThatLeftComesBackWithoutItsNameAndALostOneDoesNot) {
   EXPECT_EQ(back.kind, JoinDecision::Kind::kRejoining);
   ASSERT_TRUE(back.member.has_value());
   EXPECT_EQ(back.member->name, "node_1-lost-1");
-  EXPECT_NE(decide(lost.public_key).reason.find("node_2-lost-1 is lost in this run and cannot come back"),
-            std::string::npos);
+  // A lost volunteer back (it was frozen, or cut off, past --lost-after-s) rejoins the same way.
+  const JoinDecision woken = decide(lost.public_key);
+  EXPECT_EQ(woken.kind, JoinDecision::Kind::kRejoining) << woken.reason;
+  ASSERT_TRUE(woken.member.has_value());
+  EXPECT_EQ(woken.member->name, "node_2-lost-1");
   ask.name = "node_1";  // the name it gave up now belongs to the spare's key
   EXPECT_NE(decide(left.public_key).reason.find("belongs to another key"), std::string::npos);
 
@@ -225,6 +228,20 @@ TEST(Replacement, AVolunteerThatLeftComesBackWithoutItsNameAndALostOneDoesNot) {
   EXPECT_EQ(store.memberByKey(left.public_key)->name, "node_5");
   EXPECT_THROW(store.renameMember("node_1-lost-1", "node_6"), InternalError);
   fs::remove_all(dir);
+}
+
+TEST(Replacement, AMemberSpeakingForTheNodeItLostIsToldItWasTaken) {
+  // The row "node_1-lost-1" speaking as node_1: the volunteer frozen past --lost-after-s, back.
+  EXPECT_TRUE(lostTo("node_1-lost-1", "node_1"));
+  EXPECT_NE(notThisMemberReason("node_1-lost-1", "node_1").find("node_1 was given to another volunteer"),
+            std::string::npos);
+  // Anyone else claiming a name is only told it is not that member.
+  for (const auto& [row, claimed] : std::vector<std::pair<std::string, std::string>>{
+           {"node_1", "node_2"}, {"node_11-lost-1", "node_1"}, {"node_1-lost-x", "node_1"}, {"", "node_1"},
+           {"node_1-lost-", "node_1"}}) {
+    EXPECT_FALSE(lostTo(row, claimed)) << row << " as " << claimed;
+    EXPECT_EQ(notThisMemberReason(row, claimed), "you are not " + claimed + ": join first") << row;
+  }
 }
 
 std::string replacementFreshDir(const std::string& name) {

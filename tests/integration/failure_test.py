@@ -22,6 +22,13 @@ a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_
                     and hinting at checkpoint_every.
   sigterm_resume    SIGTERM the Stem: all exit 0 with "stopped"; restart all with --resume: they
                     finish with the weights of an uninterrupted run.
+  sigterm_while_waiting  SIGTERM the Stem while no message can come (the Root held before step
+                    HOLD_AT by CAIRN_TEST_HOLD; peer_s 600, so the step boundary of a clean stop is
+                    10 minutes away): the Stem gives up the step peer_timeout_s after the signal,
+                    says why, tells its neighbours and exits 0 (issue [Q]: a volunteer exits on its
+                    first SIGTERM whatever it waits for); the Leaf stops with it, the Root once
+                    released; restarted with --resume they finish with the uninterrupted run's
+                    weights (only the unfinished step was given up: they resume from step 20).
 """
 import argparse
 import json
@@ -279,10 +286,71 @@ def case_sigterm_resume(args):
             fail(f"{n}'s weights differ from the uninterrupted run's")
 
 
+HOLD_AT = 30  # sigterm_while_waiting: the Root holds before this step (the checkpoint of 20 written)
+
+
+def wait_for_line(node, text, limit):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        found = node.first(text)
+        if found:
+            return found[1]
+        if node.proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    node.dump(15)
+    fail(f"{node.name}: no line with {text!r} within {limit} s")
+
+
+def case_sigterm_while_waiting(args):
+    s = settings(STEPS, 2, 60, 20)
+    s["timeouts"]["peer_s"] = 600  # without the give-up, the Stem would wait this long
+    reference = reference_run(args, "reference", s)
+    _, node_data = pct.make_node_data(os.path.join(args.work, "run"), args.port, 3, True, s, DATA)
+    release = os.path.join(args.work, "release")
+    os.environ["CAIRN_TEST_HOLD"] = f"0:{HOLD_AT}:{release}"
+    nodes = {n: Node(args.provider, node_data, n) for n in NODES}
+    wait_for_line(nodes["node_0"], f"test hold: before step {HOLD_AT}", 120)
+    nodes["node_1"].proc.send_signal(signal.SIGTERM)
+    for n in ["node_1", "node_2"]:  # the Root is held: it stops once released, below
+        code = nodes[n].wait(60)
+        result = json.load(open(os.path.join(node_data, "nodes", n, "result.json")))
+        print(f"{n}: exit {code}, stopped {result.get('stopped')}")
+        if code != 0 or not result.get("stopped"):
+            nodes[n].dump(15)
+            fail(f"{n}: exit {code}, stopped {result.get('stopped')}: expected 0 and true")
+    gave_up = nodes["node_1"].first("a stop was asked and")
+    if not gave_up:
+        nodes["node_1"].dump(15)
+        fail("the Stem did not say why it left mid-step")
+    print("node_1:", gave_up[1].split("] ", 1)[-1])
+    open(release, "w").close()
+    code = nodes["node_0"].wait(60)
+    if code != 0 or not json.load(open(os.path.join(node_data, "nodes", "node_0", "result.json"))).get("stopped"):
+        nodes["node_0"].dump(15)
+        fail(f"node_0 (released) exit {code}: expected 0, stopped")
+    del os.environ["CAIRN_TEST_HOLD"]
+    nodes = {n: Node(args.provider, node_data, n, ["--resume"]) for n in NODES}
+    for n in NODES:
+        if nodes[n].wait(180) != 0:
+            nodes[n].dump(15)
+            fail(f"{n} did not finish after --resume")
+    resumed = nodes["node_2"].first("the cluster agreed on step")
+    print("node_2:", resumed[1].split("] ", 1)[-1] if resumed else "(no agreement line)")
+    import torch
+    for n in NODES:
+        a = torch.jit.load(os.path.join(reference, "nodes", n, "trained_stage.pt")).state_dict()
+        b = torch.jit.load(os.path.join(node_data, "nodes", n, "trained_stage.pt")).state_dict()
+        worst = max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
+        print(f"{n}: largest weight difference to the uninterrupted run {worst:.3g}")
+        if worst != 0.0:
+            fail(f"{n}'s weights differ from the uninterrupted run's")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("case", choices=["reference", "kill_stem_resume", "stem_restarts_quickly", "frozen_stem", "lost_for_good", "lost_without_checkpoints",
-                                         "sigterm_resume"])
+                                         "sigterm_resume", "sigterm_while_waiting"])
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)

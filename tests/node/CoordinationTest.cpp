@@ -108,6 +108,13 @@ TEST(Coordination, MessagesToTheVolunteerRoundTripFieldForField) {
   EXPECT_EQ(roundTripToVolunteer<Accepted>(encode(Accepted{"node_9", "spare", "no stage fits"})).note,
             "no stage fits");
   EXPECT_EQ(roundTripToVolunteer<Rejected>(encode(Rejected{"wrong token"})).reason, "wrong token");
+  EXPECT_FALSE(roundTripToVolunteer<Rejected>(encode(Rejected{"wrong token"})).node_taken);
+  EXPECT_TRUE(roundTripToVolunteer<Rejected>(encode(Rejected{"node_1 was given to another", true})).node_taken);
+  // node_taken is absent when false (what older volunteers read), and must be a bool when present.
+  EXPECT_EQ(nlohmann::json::parse(encode(Rejected{"wrong token"})[0]).count("node_taken"), 0u);
+  std::string bad_flag;
+  EXPECT_FALSE(decodeToVolunteer({R"({"protocol":1,"type":"rejected","reason":"x","node_taken":1})"}, 1024, &bad_flag));
+  EXPECT_NE(bad_flag.find("node_taken"), std::string::npos) << bad_flag;
   EXPECT_EQ(roundTripToVolunteer<BandwidthAck>(encode(BandwidthAck{8 << 20})).bytes, 8 << 20);
 
   Assignment fresh;

@@ -1,0 +1,102 @@
+#!/usr/bin/python3
+"""Churn among volunteers (issue [Q]): faults a real volunteer run meets, on top of the single
+replacements of volunteer_replace_test.py (whose helpers, job and reference this shares): a real
+coordinator (`clusterize --serve --lost-after-s`) and real `provider --join` processes on tcp
+loopback with CurveZMQ, each step waiting for the log line that says the previous one happened.
+
+    volunteer_churn_test.py frozen_replaced --provider BUILD/node/provider
+        --clusterize BUILD/clusterize/clusterize --work DIR
+
+frozen_replaced
+    See its function: a frozen volunteer replaced, then woken, cannot take its node back.
+"""
+import json
+import os
+import signal
+import sqlite3
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
+from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, STEPS, TEST_SAMPLES, TRAINING,  # noqa: E402
+                                    key_of, leaf_records, name_of, run_reference)
+
+
+def case_frozen_replaced(args):
+    """Issue [Q]: a volunteer frozen (SIGSTOP: a laptop lid closed) for longer than --lost-after-s
+    is replaced by the spare; once the cluster trains again with the spare, it wakes (SIGCONT).
+    It must not take its node back nor touch the run: the coordinator refuses it as that node (its
+    key's row is `<node>-lost-1`; rejected{node_taken}), no current member accepts its packets
+    (they admit the spare's key now: its connections are refused), and the run goes on exactly.
+    Told so, it stops its run, gives the node up and joins again, as a spare under a fresh name.
+    Cluster 0's Root holds before step HOLD_AT until it is back, so the run cannot end first.
+    Checks: every step loss the Leaf logged equals the uninterrupted run's; the merged model's
+    accuracy equals the reference's; coordinator.db gives the node to the spare's key and the
+    woken key one row, its fresh name; every volunteer exits 0, the woken one too."""
+    model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
+    reference, reference_accuracy = run_reference(args, model, job)
+    release = os.path.join(args.work, "release")
+    os.environ["CAIRN_TEST_HOLD"] = f"0:{HOLD_AT}:{release}"
+    run = vt.Run(args, model, job, FLAGS, 4)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(3, ["--upload-mbps", "200"])
+        run.wait_planned(1)
+        run.join(1)
+        coordinator.wait_for(lambda l: "joined: node_3 " in l and ", spare" in l, 120, "the spare")
+        chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
+        stem, leaf = chain[1], chain[2]
+        victim = next(v for v in volunteers[:3] if name_of(v[1]) == stem)
+        marker = f"coordinator: checkpoint of {stem} at step "
+
+        def checkpoint_after(step):
+            return lambda l: marker in l and int(l.split(marker)[1].split()[0]) > step
+
+        coordinator.wait_for(checkpoint_after(KILL_AFTER - 1), 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
+        victim[0].proc.send_signal(signal.SIGSTOP)
+        taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_3" in l, 120,
+                                     "the takeover")
+        resumed_from = int(taken.split("from its checkpoint of step ")[1].split(";")[0])
+        coordinator.wait_for(checkpoint_after(resumed_from), 120, "the spare's first checkpoint")
+        victim[0].proc.send_signal(signal.SIGCONT)
+        refused = coordinator.wait_for(lambda l: f"claiming to be {stem} from {stem}-lost-1" in l, 120,
+                                       "the woken volunteer refused as its old node")
+        print(refused.strip())
+        told = victim[0].wait_for(lambda l: "the coordinator says: " in l and "given to another volunteer" in l,
+                                  60, "the woken volunteer told its node was taken")
+        print(told.strip().split("] ", 1)[-1])
+        back = coordinator.wait_for(lambda l: "coordinator: back: " in l, 120, "the woken volunteer back")
+        if not back.strip().endswith("spare"):
+            vt.fail(f"the woken volunteer did not come back as a spare: {back.strip()}")
+        back_as = back.split("coordinator: back: ")[1].split()[0]
+        print(back.strip())
+        open(release, "w").close()
+        run.all_finish()  # every volunteer exits 0, the woken one too (a spare at the end)
+
+    db = sqlite3.connect(os.path.join(out, "coordinator.db"))
+    spare_key = key_of(volunteers[3][1])
+    row = db.execute("SELECT public_key, state FROM members WHERE name = ?", (stem,)).fetchone()
+    if row is None or row[0] != spare_key:
+        vt.fail(f"coordinator.db: {stem} is {row}, expected the spare's key")
+    frozen = [r[0] for r in db.execute("SELECT name, state, public_key FROM members") if r[2] == key_of(victim[1])]
+    if frozen != [back_as] or back_as == stem:
+        vt.fail(f"coordinator.db: the woken volunteer's key is in rows {frozen}, expected one, {back_as} (not {stem})")
+    records = leaf_records([w for _, w in volunteers], leaf)
+    every = [r for r in records if "step" in r]
+    same = sum(1 for r in every if reference.get(r["step"]) == r["loss"])
+    print(f"{stem} frozen, replaced from step {resumed_from}, woken and refused; {same} of {len(every)} logged "
+          f"Leaf step losses equal the uninterrupted run's")
+    if same != len(every) or len({r["step"] for r in every}) != STEPS:
+        vt.fail(f"the run is not exact or steps are missing: {same} of {len(every)} equal")
+    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
+                                f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
+    if reported != reference_accuracy:
+        vt.fail("the run with a woken, replaced volunteer differs from the uninterrupted run")
+
+
+def main():
+    vt.main_of(["frozen_replaced"], globals())
+
+
+if __name__ == "__main__":
+    main()
