@@ -23,6 +23,7 @@
 #include "coordinator/Replacement.h"
 #include "clusterize/ModelMerge.h"
 #include "coordinator/Credit.h"
+#include "coordinator/FinalResult.h"
 #include "coordinator/RunAssembly.h"
 #include "coordinator/RunView.h"
 #include "coordinator/TerminalView.h"
@@ -280,6 +281,28 @@ struct Coordinator::Impl {
     finish(results);
   }
 
+  // A placed node lost after its final checkpoint (FinalResult.h): its result from that checkpoint
+  // instead of a spare. A checkpoint found not final is not read again until a newer one comes.
+  std::map<std::string, int64_t> not_final;
+  bool resultFromCheckpoint(const std::string& name) {
+    const auto held = store->checkpoint(name);
+    if (!held || not_final[name] == held->step) return false;
+    std::optional<ResultUpload> result;
+    try {
+      result = resultFromFinalCheckpoint(o.out, name, *held);
+    } catch (const Error& e) {
+      CAIRN_WARN("coordinator: cannot make ", name, "'s result from its checkpoint: ", e.what());
+    }
+    if (!result) {
+      not_final[name] = held->step;
+      return false;
+    }
+    CAIRN_WARN("coordinator: ", name, " was lost after its final checkpoint (step ", held->step,
+               "): its result is that checkpoint's weights; no spare needed");
+    onResult(*result);
+    return true;
+  }
+
   // The oldest of the newest checkpoints held for the placed nodes (0 while one has none): every
   // volunteer keeps its checkpoints from this step on, so the one a spare is given (always one of
   // these) is also held by the lost node's neighbours and their cluster resumes at its step.
@@ -387,6 +410,7 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.replacer = std::make_unique<MemberReplacer>(
       *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
+  s.replacer->onLostAfterFinishing([&s](const std::string& name) { return s.resultFromCheckpoint(name); });
   s.grower = std::make_unique<Grower>(
       *s.store, s.o.out, GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares},
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });

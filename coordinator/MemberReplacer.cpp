@@ -55,6 +55,10 @@ void MemberReplacer::poll(double now) {
       store_.setState(lost.name, MemberState::kLost);
       holder->state = MemberState::kLost;
     }
+    if (finished_ && finished_(lost.name)) {
+      members = store_.members();
+      continue;
+    }
     const double needed = neededGb(readNodeSpec(nodeSpecPath(out_, lost.name)), *holder);
     const std::optional<Member> spare = chooseSpare(members, needed);
     if (!spare) {

@@ -10,6 +10,7 @@
 //                  members to tell are remembered in coordinator.db (meta peers_pending)
 //   onHeartbeat()  a member owed an update gets `peers{name, node}` on the connection its
 //                  heartbeat just came from (its heartbeat socket, the one it reads them on)
+// A lost node that had finished (its final checkpoint held) needs no spare: onLostAfterFinishing.
 // Without a spare the node stays lost (its cluster waits, timeouts.max_wait_s) until one joins; a
 // waiting spare whose RAM cannot hold the node's stage is told why (`accepted` with a note), once.
 //   spareNote()    what a spare is told about its wait once the run is planned (Replacement.h)
@@ -38,6 +39,9 @@ class MemberReplacer {
                  Send send);
 
   void poll(double now);
+  // Asked for every lost node before a spare is sought: true when it was done with instead (the
+  // coordinator made its result from its final checkpoint, FinalResult.h).
+  void onLostAfterFinishing(std::function<bool(const std::string& name)> finished) { finished_ = std::move(finished); }
   void onHeartbeat(const std::string& name);
   // Replacement.h's spareNote for `spare` against the plan's nodes ("" before the plan).
   std::string spareNote(const Member& spare) const;
@@ -53,6 +57,7 @@ class MemberReplacer {
   std::string out_;
   double lost_after_s_, started_at_;
   Send send_;
+  std::function<bool(const std::string&)> finished_;
   std::set<std::string> told_no_spare_;  // lost nodes already logged as waiting for a spare
   std::set<std::pair<std::string, std::string>> told_too_small_;  // (spare, node) told why not
   // The placed nodes' node.json files.

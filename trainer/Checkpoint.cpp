@@ -193,4 +193,43 @@ std::vector<int64_t> validCheckpointSteps(const std::string& dir) {
   return valid;
 }
 
+namespace {
+
+// Copies the checkpoint's "stage.<name>" into `target` (same shape and dtype) and takes it out
+// of `by_name`.
+void restoreStageTensor(const std::string& name, torch::Tensor target, std::map<std::string, torch::Tensor>* by_name,
+                        const std::string& path) {
+  auto it = by_name->find("stage." + name);
+  if (it == by_name->end()) CAIRN_THROW(BadInput, path, ": lacks stage tensor \"", name, "\"");
+  if (it->second.sizes() != target.sizes() || it->second.scalar_type() != target.scalar_type())
+    CAIRN_THROW(BadInput, path, ": stage tensor \"", name, "\" is ",
+                c10::toString(it->second.scalar_type()), " ", it->second.sizes(),
+                "; the stage has ", c10::toString(target.scalar_type()), " ", target.sizes());
+  target.copy_(it->second);
+  by_name->erase(it);
+}
+
+}  // namespace
+
+void restoreStageWeights(torch::jit::Module& module, std::map<std::string, torch::Tensor>* by_name,
+                         const std::string& path) {
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : module.named_parameters(/*recurse=*/true))
+      restoreStageTensor(p.name, p.value, by_name, path);
+    for (const auto& b : module.named_buffers(/*recurse=*/true))
+      restoreStageTensor(b.name, b.value, by_name, path);
+  }
+  for (const auto& [name, t] : *by_name)
+    if (name.rfind("stage.", 0) == 0)
+      CAIRN_THROW(BadInput, path, ": stage tensor \"", name.substr(6),
+                  "\" is not in this node's stage");
+}
+
+
+void loadStageWeights(torch::jit::Module& stage, const CheckpointData& data, const std::string& source) {
+  std::map<std::string, torch::Tensor> by_name(data.tensors.begin(), data.tensors.end());
+  restoreStageWeights(stage, &by_name, source);
+}
+
 }  // namespace cairn

@@ -9,6 +9,7 @@
 #include <torch/script.h>
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -38,5 +39,14 @@ void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t
 std::vector<int64_t> validCheckpointSteps(const std::string& dir);
 // Reads and verifies one checkpoint; BadInput naming the file when it is missing or corrupt.
 CheckpointData readCheckpoint(const std::string& dir, int64_t step);
+
+// Copies the checkpoint tensors "stage.<name>" in `by_name` into the stage's parameters, then
+// buffers, of the same names, shapes and dtypes, taking them out of `by_name`; BadInput naming
+// `path` when one is missing or does not fit, or a "stage." tensor is left over (not this stage's).
+void restoreStageWeights(torch::jit::Module& module, std::map<std::string, torch::Tensor>* by_name,
+                         const std::string& path);
+// The same from a whole checkpoint: `stage` then holds the weights a node that wrote `data` had
+// (the coordinator makes a lost node's trained stage from its final checkpoint).
+void loadStageWeights(torch::jit::Module& stage, const CheckpointData& data, const std::string& source);
 
 }  // namespace cairn

@@ -150,35 +150,6 @@ void expectMeta(const nlohmann::json& m, const char* key, const nlohmann::json& 
                 "): refusing to load another node's or job's state");
 }
 
-// Copies the checkpoint's "stage.<name>" into `target` (same shape and dtype) and takes it out
-// of `by_name`.
-void restoreStageTensor(const std::string& name, torch::Tensor target, TensorsByName* by_name,
-                        const std::string& path) {
-  auto it = by_name->find("stage." + name);
-  if (it == by_name->end()) CAIRN_THROW(BadInput, path, ": lacks stage tensor \"", name, "\"");
-  if (it->second.sizes() != target.sizes() || it->second.scalar_type() != target.scalar_type())
-    CAIRN_THROW(BadInput, path, ": stage tensor \"", name, "\" is ",
-                c10::toString(it->second.scalar_type()), " ", it->second.sizes(),
-                "; the stage has ", c10::toString(target.scalar_type()), " ", target.sizes());
-  target.copy_(it->second);
-  by_name->erase(it);
-}
-
-// The stage's parameters then buffers from the checkpoint; no stage tensor may be left over.
-void restoreStage(torch::jit::Module& module, TensorsByName* by_name, const std::string& path) {
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : module.named_parameters(/*recurse=*/true))
-      restoreStageTensor(p.name, p.value, by_name, path);
-    for (const auto& b : module.named_buffers(/*recurse=*/true))
-      restoreStageTensor(b.name, b.value, by_name, path);
-  }
-  for (const auto& [name, t] : *by_name)
-    if (name.rfind("stage.", 0) == 0)
-      CAIRN_THROW(BadInput, path, ": stage tensor \"", name.substr(6),
-                  "\" is not in this node's stage");
-}
-
 // Gradients accumulated towards the next update (async): "grad.<i>" of the optimizer's i-th
 // parameter.
 void restoreGradients(const std::vector<torch::Tensor>& params, const TensorsByName& by_name,
@@ -253,7 +224,7 @@ void TrainerCheckpoints::load() {
   for (auto& [name, tensor] : d.tensors)
     if (onTrainingDevice(name)) tensor = ctx_.placement.toDevice(tensor);
   TensorsByName by_name(d.tensors.begin(), d.tensors.end());
-  restoreStage(ctx_.executor.module(), &by_name, path);
+  restoreStageWeights(ctx_.executor.module(), &by_name, path);
   ctx_.optimizer.importState(d.tensors, path);
   restoreGradients(ctx_.optimizer.parameters(), by_name, path);
   restoreCpuGenerator(by_name, path);

@@ -1,6 +1,8 @@
 #include "node/volunteer/VolunteerRun.h"
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <atomic>
 #include <cstdio>
 #include <map>
@@ -235,6 +237,18 @@ class OwnCredit {
 
 enum class AfterAssignment { kExit, kNextHours, kJoinAgain };
 
+// A test hook, off unless the environment asks for it: CAIRN_TEST_CRASH_BEFORE_RESULT=STAGE
+// SIGKILLs the volunteer whose node is that stage (0: the Root) once it has finished training and
+// its final checkpoint is uploaded, just before its result would go up: a machine lost at that
+// moment (tests/integration/volunteer_churn_test.py lost_after_finishing).
+void testCrashBeforeResult(const std::string& node_data, const std::string& name) {
+  const char* value = std::getenv("CAIRN_TEST_CRASH_BEFORE_RESULT");
+  if (value == nullptr || *value == '\0') return;
+  if (std::to_string(readNodeSpec(nodeSpecPath(node_data, name)).stage) != value) return;
+  CAIRN_WARN("CAIRN_TEST_CRASH_BEFORE_RESULT=", value, ": killing this volunteer before its result goes up");
+  std::raise(SIGKILL);
+}
+
 // Trains one assignment to its end (results uploaded) or until this volunteer stops: a signal
 // (it says `leaving` and exits) or the end of its active hours (it says `leaving` and waits for
 // the next ones). Either way its node is handed over: the rest of its cluster, stopped at the
@@ -272,6 +286,7 @@ AfterAssignment serveAssignment(const VolunteerConfig& config, VolunteerSession&
     session.sendLeaving(off_hours ? hoursOverReason(config) : std::string("stopped"));
     return off_hours ? AfterAssignment::kNextHours : AfterAssignment::kExit;
   }
+  testCrashBeforeResult(run.node_data, run.name);
   if (!session.uploadResult(outcome.summary, outcome.weights_path))
     CAIRN_WARN("the coordinator at ", config.invite.address(),
                " did not acknowledge the results; they stay in ", outcome.result_path, " and ",

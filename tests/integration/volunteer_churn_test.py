@@ -9,6 +9,8 @@ loopback with CurveZMQ, each step waiting for the log line that says the previou
 
 frozen_replaced
     See its function: a frozen volunteer replaced, then woken, cannot take its node back.
+lost_after_finishing
+    See its function: a volunteer lost between its final checkpoint and its result.
 """
 import json
 import os
@@ -94,8 +96,51 @@ def case_frozen_replaced(args):
         vt.fail("the run with a woken, replaced volunteer differs from the uninterrupted run")
 
 
+def case_lost_after_finishing(args):
+    """Issue [Q]: the Stem's volunteer is SIGKILLed after it finished training and uploaded its
+    final checkpoint, just before its result would go up (CAIRN_TEST_CRASH_BEFORE_RESULT=1). A
+    spare could only resume at the last step and wait for neighbours that have finished and gone,
+    so the coordinator makes the Stem's result from that checkpoint (the stage file with its
+    weights) and finishes the run; the spare is not used. Checks: the coordinator says so and
+    takes no spare; every other volunteer, the spare too, exits 0; the merged model evaluates in
+    PyTorch to the Leaf's accuracy, which equals the uninterrupted run's, and the Stem's
+    trained_stage.pt holds the weights of the reference's Stem exactly."""
+    model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
+    reference, reference_accuracy = run_reference(args, model, job)
+    os.environ["CAIRN_TEST_CRASH_BEFORE_RESULT"] = "1"
+    run = vt.Run(args, model, job, FLAGS, 4)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(3, ["--upload-mbps", "200"])
+        run.wait_planned(1)
+        run.join(1)
+        coordinator.wait_for(lambda l: "joined: node_3 " in l and ", spare" in l, 120, "the spare")
+        stem = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][1]
+        victim = next(v for v in volunteers[:3] if name_of(v[1]) == stem)
+        said = coordinator.wait_for(lambda l: f"coordinator: {stem} was lost after its final checkpoint" in l, 180,
+                                    "the result made from the final checkpoint")
+        print(said.strip())
+        run.all_finish(but=victim[0])
+        if victim[0].finish(10) != -9:
+            vt.fail("the Stem's volunteer was not the one killed by the test hook")
+    if coordinator.count(lambda l: "is taken over by spare" in l):
+        vt.fail("a spare was given the node that had finished")
+    import torch
+    ref_out = os.path.join(args.work, "reference", "coordinator")
+    ref_name = json.load(open(os.path.join(ref_out, "plan.json")))["clusters"][0]["chain"][1]  # its Stem
+    ref_stem = torch.jit.load(os.path.join(ref_out, "nodes", ref_name, "trained_stage.pt")).state_dict()
+    got = torch.jit.load(os.path.join(out, "nodes", stem, "trained_stage.pt")).state_dict()
+    if sorted(ref_stem) != sorted(got) or any(not torch.equal(ref_stem[k], got[k]) for k in got):
+        vt.fail(f"{stem}'s result from its checkpoint differs from the uninterrupted run's trained stage")
+    print(f"{stem}'s result from its final checkpoint: {len(got)} tensors, equal to the uninterrupted run's")
+    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
+                                f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
+    if reported != reference_accuracy:
+        vt.fail("the run finished from a checkpoint differs from the uninterrupted run")
+
+
 def main():
-    vt.main_of(["frozen_replaced"], globals())
+    vt.main_of(["frozen_replaced", "lost_after_finishing"], globals())
 
 
 if __name__ == "__main__":
