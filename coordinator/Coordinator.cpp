@@ -80,6 +80,7 @@ struct Coordinator::Impl {
   std::optional<Clock::time_point> enough_since;
   int needed = 1;  // spares needed before planning (grows when a plan fails)
   CoordinatorStats stats;
+  std::unique_ptr<FloodGuard> floods;  // every message is charged to its key first
   std::unique_ptr<RunView> view;  // the run as seen from here (RunView.h)
   bool view_placed = false;       // the plan's nodes are placed in the view
   bool credit_changed = true;     // the view's credit table is to be recomputed (syncView)
@@ -404,6 +405,7 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   std::filesystem::create_directories(s.o.out);
   s.store = std::make_unique<CoordinatorStore>(s.o.out + "/coordinator.db");
   if (!s.store->meta("started_at")) s.store->setMeta("started_at", std::to_string(unixNow()));
+  s.floods = std::make_unique<FloodGuard>(s.o.flood, s.o.max_attachment_bytes);
   s.view = std::make_unique<RunView>(s.o.out, s.placement());
   s.view->setStartedAt(std::stod(*s.store->meta("started_at")));
   s.syncView(/*now=*/true);
@@ -457,7 +459,14 @@ int Coordinator::run() {
       return 0;
     }
     const auto routed = recvRouted(s.router, std::chrono::milliseconds(100), &s.stats.malformed);
-    if (routed) {
+    size_t bytes = 0;
+    for (const std::string& frame : routed ? routed->frames : Frames{}) bytes += frame.size();
+    const auto verdict = routed ? s.floods->check(routed->user_id, bytes, unixNow()) : FloodGuard::Verdict::kTake;
+    s.stats.flood_dropped = s.floods->dropped();
+    s.stats.flood_blocked = s.floods->blockedKeys();
+    if (const auto answer = floodAnswer(verdict, s.floods->limits(), routed ? routed->user_id : ""))
+      sendRouted(s.router, routed->routing_id, encode(*answer));
+    if (routed && verdict == FloodGuard::Verdict::kTake) {
       try {
         s.handle(*routed);
       } catch (const Error& e) {

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "clusterize/Clusterize.h"
+#include "coordinator/FloodGuard.h"
 
 namespace cairn::coordinator {
 
@@ -50,12 +51,15 @@ struct CoordinatorOptions {
   bool grow = false;
   int max_clusters = 0;  // 0: no limit
   int keep_spares = 0;   // spares growth leaves waiting for replacements
+  FloodLimits flood;     // what one key may send (FloodGuard.h)
 };
 
 struct CoordinatorStats {
   uint64_t messages = 0;
   uint64_t malformed = 0;     // dropped: undecodable or from a key that is not a member
   uint64_t refused_joins = 0;
+  uint64_t flood_dropped = 0;  // over a key's budget (FloodGuard.h), never decoded
+  uint64_t flood_blocked = 0;  // keys blocked for flooding, so far
 };
 
 class Coordinator {

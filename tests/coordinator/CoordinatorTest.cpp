@@ -230,8 +230,10 @@ class LiveCoordinator {
  public:
   // The reach timeout is the production default: a good join's dial-back must never miss it on a
   // loaded machine (the refusals of unreachable addresses wait for it, a few seconds each).
-  explicit LiveCoordinator(const std::string& out, milliseconds reach_timeout = milliseconds(5000)) {
+  explicit LiveCoordinator(const std::string& out, milliseconds reach_timeout = milliseconds(5000),
+                           const FloodLimits& flood = {}) {
     CoordinatorOptions o;
+    o.flood = flood;
     o.listen = "127.0.0.1:0";
     o.out = out;
     o.min_volunteers = 1000;  // never plans: these tests are about joining
@@ -460,6 +462,52 @@ TEST(LiveCoordinator, KeepsOnlyTheNewestCheckpointPerNodeAndAcknowledgesIt) {
 
 namespace cairn::coordinator {
 namespace {
+
+// A key flooding a live coordinator (issue [Q]): its budget is taken (each answered: it is no
+// member), the first drop is answered once naming the limits, the drop_after-th blocks it (answered
+// once), and from then on nothing of it is answered, while a member's request is answered all along.
+// Refill is made negligible (one message per 1000 s), so the counts follow from the limits alone.
+TEST(LiveCoordinator, AFloodingKeyIsToldThenBlockedWhileAMemberIsStillAnswered) {
+  const std::string out = freshDir("flood");
+  FloodLimits flood;
+  flood.messages_per_s = 0.001;
+  flood.message_burst = 20;
+  flood.drop_after = 200;
+  flood.block_s = 3600;
+  LiveCoordinator coordinator(out, milliseconds(5000), flood);
+  zmq::context_t ctx;
+  Client member(ctx, coordinator.invite());
+  FakeResponder responder(member.keys, coordinator.invite().coordinator_key);
+  const auto accepted = member.ask(encode(goodAsk(responder.address())));
+  ASSERT_TRUE(accepted && std::holds_alternative<Accepted>(*accepted));
+
+  Client flooder(ctx, coordinator.invite());
+  constexpr int kSent = 1000;
+  for (int i = 0; i < kSent; ++i) sendFrames(flooder.socket, encode(Heartbeat{"node_0", "training", i}));
+  std::vector<std::string> answers;
+  while (answers.empty() || answers.back().find("blocked for") == std::string::npos) {
+    const auto reply = recvFrames(flooder.socket, milliseconds(20000));
+    ASSERT_TRUE(reply) << "no answer after " << answers.size() << " answers";
+    std::string why;
+    const auto m = decodeToVolunteer(*reply, 1 << 20, &why);
+    ASSERT_TRUE(m && std::holds_alternative<Rejected>(*m)) << why;
+    answers.push_back(std::get<Rejected>(*m).reason);
+  }
+  ASSERT_EQ(answers.size(), 22u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(answers[i], "you are not node_0: join first") << i;
+  EXPECT_NE(answers[20].find("too many messages: this key may send at most 0.001 messages (20 at once)"),
+            std::string::npos) << answers[20];
+  EXPECT_NE(answers[21].find("blocked for 3600 s after 200 messages dropped in a row"), std::string::npos)
+      << answers[21];
+  // The member is answered; the blocked key is not, whatever it asks.
+  const auto ack = member.ask(encode(BandwidthProbeMsg{std::string(1000, 'x')}));
+  ASSERT_TRUE(ack && std::holds_alternative<BandwidthAck>(*ack));
+  sendFrames(flooder.socket, encode(BandwidthProbeMsg{std::string(1000, 'x')}));
+  EXPECT_FALSE(recvFrames(flooder.socket, milliseconds(1000))) << "a blocked key was answered";
+  const CoordinatorStats& stats = coordinator.stop();
+  EXPECT_EQ(stats.flood_dropped, uint64_t(kSent - 20 + 1));  // the probe too
+  EXPECT_EQ(stats.flood_blocked, 1u);
+}
 
 // GPUs and libtorch versions at a live coordinator: a volunteer's GPUs and libtorch are stored
 // with it; one whose libtorch is older than the one that writes the stage files (no plan yet: the
