@@ -1,10 +1,10 @@
 #include "node/volunteer/VolunteerRun.h"
 
 #include <algorithm>
-#include <csignal>
-#include <cstdlib>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
