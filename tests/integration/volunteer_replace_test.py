@@ -430,7 +430,14 @@ def case_two_replacements(args):
         second = next(v for v in volunteers[:3] if name_of(v[1]) == leaf)
         resumed_first = step_of(spare_of_root[0], "resume: the cluster agreed on step ")
         marker = f"coordinator: checkpoint of {leaf} at step "
-        coordinator.wait_for(lambda l: marker in l and int(l.split(marker)[1].split()[0]) > resumed_first,
+        # Only lines logged from now on: the Leaf uploaded checkpoints past the resume step before
+        # the Root was killed (a late kill resumes from an older step), and killing it on one of
+        # those would come before the cluster trained again (a CI-like run once did: its spare got
+        # a checkpoint its neighbours had dropped, and steps went missing).
+        with coordinator.cond:
+            before = set(coordinator.lines)
+        coordinator.wait_for(lambda l: l not in before and marker in l and
+                             int(l.split(marker)[1].split()[0]) > resumed_first,
                              300, f"a checkpoint of {leaf} after the first resume")
         second[0].proc.kill()
         second[0].finish(30)
