@@ -257,6 +257,18 @@ def case_lost_without_checkpoints(args):
     case_lost_for_good(args, checkpoint_every=0)
 
 
+def expect_reference_weights(reference, node_data):
+    """Every node's trained_stage.pt in NODE_DATA equals the uninterrupted run's, bit for bit."""
+    import torch
+    for n in NODES:
+        a = torch.jit.load(os.path.join(reference, "nodes", n, "trained_stage.pt")).state_dict()
+        b = torch.jit.load(os.path.join(node_data, "nodes", n, "trained_stage.pt")).state_dict()
+        worst = max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
+        print(f"{n}: largest weight difference to the uninterrupted run {worst:.3g}")
+        if worst != 0.0:
+            fail(f"{n}'s weights differ from the uninterrupted run's")
+
+
 def case_sigterm_resume(args):
     s = settings(STEPS, 2, 60, 20)
     reference = reference_run(args, "reference", s)
@@ -276,14 +288,7 @@ def case_sigterm_resume(args):
         if nodes[n].wait(180) != 0:
             nodes[n].dump(15)
             fail(f"{n} did not finish after --resume")
-    import torch
-    for n in NODES:
-        a = torch.jit.load(os.path.join(reference, "nodes", n, "trained_stage.pt")).state_dict()
-        b = torch.jit.load(os.path.join(node_data, "nodes", n, "trained_stage.pt")).state_dict()
-        worst = max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
-        print(f"{n}: largest weight difference to the uninterrupted run {worst:.3g}")
-        if worst != 0.0:
-            fail(f"{n}'s weights differ from the uninterrupted run's")
+    expect_reference_weights(reference, node_data)
 
 
 HOLD_AT = 30  # sigterm_while_waiting: the Root holds before this step (the checkpoint of 20 written)
@@ -337,14 +342,7 @@ def case_sigterm_while_waiting(args):
             fail(f"{n} did not finish after --resume")
     resumed = nodes["node_2"].first("the cluster agreed on step")
     print("node_2:", resumed[1].split("] ", 1)[-1] if resumed else "(no agreement line)")
-    import torch
-    for n in NODES:
-        a = torch.jit.load(os.path.join(reference, "nodes", n, "trained_stage.pt")).state_dict()
-        b = torch.jit.load(os.path.join(node_data, "nodes", n, "trained_stage.pt")).state_dict()
-        worst = max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
-        print(f"{n}: largest weight difference to the uninterrupted run {worst:.3g}")
-        if worst != 0.0:
-            fail(f"{n}'s weights differ from the uninterrupted run's")
+    expect_reference_weights(reference, node_data)
 
 
 def main():

@@ -21,7 +21,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, STEPS, TEST_SAMPLES, TRAINING,  # noqa: E402
-                                    key_of, leaf_records, name_of, run_reference)
+                                    hold_root, key_of, leaf_records, name_of, run_reference,
+                                    three_and_a_spare)
 
 
 def case_frozen_replaced(args):
@@ -37,17 +38,11 @@ def case_frozen_replaced(args):
     woken key one row, its fresh name; every volunteer exits 0, the woken one too."""
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
     reference, reference_accuracy = run_reference(args, model, job)
-    release = os.path.join(args.work, "release")
-    os.environ["CAIRN_TEST_HOLD"] = f"0:{HOLD_AT}:{release}"
+    release = hold_root(args, HOLD_AT)
     run = vt.Run(args, model, job, FLAGS, 4)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
-        run.join(3, ["--upload-mbps", "200"])
-        run.wait_planned(1)
-        run.join(1)
-        coordinator.wait_for(lambda l: "joined: node_3 " in l and ", spare" in l, 120, "the spare")
-        chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
-        stem, leaf = chain[1], chain[2]
+        stem, leaf = three_and_a_spare(run)[1:3]
         victim = next(v for v in volunteers[:3] if name_of(v[1]) == stem)
         marker = f"coordinator: checkpoint of {stem} at step "
 
@@ -111,11 +106,7 @@ def case_lost_after_finishing(args):
     run = vt.Run(args, model, job, FLAGS, 4)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
-        run.join(3, ["--upload-mbps", "200"])
-        run.wait_planned(1)
-        run.join(1)
-        coordinator.wait_for(lambda l: "joined: node_3 " in l and ", spare" in l, 120, "the spare")
-        stem = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][1]
+        stem = three_and_a_spare(run)[1]
         victim = next(v for v in volunteers[:3] if name_of(v[1]) == stem)
         said = coordinator.wait_for(lambda l: f"coordinator: {stem} was lost after its final checkpoint" in l, 180,
                                     "the result made from the final checkpoint")

@@ -59,6 +59,16 @@ def hold_root(args, step):
     return release
 
 
+def three_and_a_spare(run):
+    """Three volunteers that the plan places (uploading checkpoints), then a 4th that waits as a
+    spare (node_3); returns the plan's cluster 0 chain."""
+    run.join(3, ["--upload-mbps", "200"])
+    run.wait_planned(1)
+    run.join(1)
+    run.coordinator.wait_for(lambda l: "joined: node_3 " in l and ", spare" in l, 120, "the spare")
+    return json.load(open(os.path.join(run.out, "plan.json")))["clusters"][0]["chain"]
+
+
 def kill_after_checkpoint(coordinator, victim, stem):
     """SIGKILLs the victim (a volunteer's (Process, workdir)) once the coordinator has acknowledged
     a checkpoint of its node STEM at step >= KILL_AFTER; returns that acknowledgement's line."""
