@@ -137,6 +137,18 @@ struct Coordinator::Impl {
     sendRouted(router, routing_id, encode(Rejected{reason}));
   }
 
+  // The message charged to its key (FloodGuard.h); false: dropped undecoded (answered at most once).
+  bool withinBudget(const Routed& r) {
+    size_t bytes = 0;
+    for (const std::string& frame : r.frames) bytes += frame.size();
+    const FloodGuard::Verdict verdict = floods->check(r.user_id, bytes, unixNow());
+    stats.flood_dropped = floods->dropped();
+    stats.flood_blocked = floods->blockedKeys();
+    if (const auto answer = floodAnswer(verdict, floods->limits(), r.user_id))
+      sendRouted(router, r.routing_id, encode(*answer));
+    return verdict == FloodGuard::Verdict::kTake;
+  }
+
   void handle(const Routed& r) {
     ++stats.messages;
     std::string why;
@@ -170,8 +182,7 @@ struct Coordinator::Impl {
       ++stats.malformed;
       CAIRN_WARN("coordinator: dropped a message claiming to be ", name, " from ",
                  member ? member->name : "key " + r.user_id, " (a volunteer speaks only for itself)");
-      const std::string row = member ? member->name : "";
-      sendRouted(router, r.routing_id, encode(Rejected{notThisMemberReason(row, name), lostTo(row, name)}));
+      sendRouted(router, r.routing_id, encode(notThisMember(member ? member->name : "", name)));
       return false;
     };
     if (const auto* beat = std::get_if<Heartbeat>(&*message)) {
@@ -283,25 +294,12 @@ struct Coordinator::Impl {
   }
 
   // A placed node lost after its final checkpoint (FinalResult.h): its result from that checkpoint
-  // instead of a spare. A checkpoint found not final is not read again until a newer one comes.
-  std::map<std::string, int64_t> not_final;
+  // instead of a spare.
+  FinalResults final_results;
   bool resultFromCheckpoint(const std::string& name) {
-    const auto held = store->checkpoint(name);
-    if (!held || not_final[name] == held->step) return false;
-    std::optional<ResultUpload> result;
-    try {
-      result = resultFromFinalCheckpoint(o.out, name, *held);
-    } catch (const Error& e) {
-      CAIRN_WARN("coordinator: cannot make ", name, "'s result from its checkpoint: ", e.what());
-    }
-    if (!result) {
-      not_final[name] = held->step;
-      return false;
-    }
-    CAIRN_WARN("coordinator: ", name, " was lost after its final checkpoint (step ", held->step,
-               "): its result is that checkpoint's weights; no spare needed");
-    onResult(*result);
-    return true;
+    const auto result = final_results.take(o.out, name, store->checkpoint(name));
+    if (result) onResult(*result);
+    return result.has_value();
   }
 
   // The oldest of the newest checkpoints held for the placed nodes (0 while one has none): every
@@ -459,14 +457,7 @@ int Coordinator::run() {
       return 0;
     }
     const auto routed = recvRouted(s.router, std::chrono::milliseconds(100), &s.stats.malformed);
-    size_t bytes = 0;
-    for (const std::string& frame : routed ? routed->frames : Frames{}) bytes += frame.size();
-    const auto verdict = routed ? s.floods->check(routed->user_id, bytes, unixNow()) : FloodGuard::Verdict::kTake;
-    s.stats.flood_dropped = s.floods->dropped();
-    s.stats.flood_blocked = s.floods->blockedKeys();
-    if (const auto answer = floodAnswer(verdict, s.floods->limits(), routed ? routed->user_id : ""))
-      sendRouted(s.router, routed->routing_id, encode(*answer));
-    if (routed && verdict == FloodGuard::Verdict::kTake) {
+    if (routed && s.withinBudget(*routed)) {
       try {
         s.handle(*routed);
       } catch (const Error& e) {

@@ -1,10 +1,10 @@
 #include "coordinator/FinalResult.h"
 
 #include <filesystem>
+#include <sstream>
 
-#include "clusterize/ModelMerge.h"
-#include "coordinator/RunAssembly.h"
 #include "core/Error.h"
+#include "core/Log.h"
 #include "core/NodeData.h"
 #include "trainer/Checkpoint.h"
 
@@ -21,13 +21,32 @@ std::optional<ResultUpload> resultFromFinalCheckpoint(const std::string& out, co
   const std::string dir = nodeDirectory(out, name);
   torch::jit::Module stage = torch::jit::load(dir + "/" + node.stage_file);
   loadStageWeights(stage, data, checkpoint.path);
-  const std::string weights = dir + "/" + clusterize::kTrainedStageFile + ".from_checkpoint.tmp";
-  stage.save(weights);
+  std::ostringstream bytes;  // the bytes a node's `result` upload carries; onResult writes the file
+  stage.save(bytes);
   ResultUpload result;
   result.name = name;
-  result.trained_stage = readFileBytes(weights);
-  std::filesystem::remove(weights);
+  result.trained_stage = bytes.str();
   result.summary = {{"steps", data.step}, {"stopped", false}, {"from_checkpoint", data.step}};
+  return result;
+}
+
+std::optional<ResultUpload> FinalResults::take(const std::string& out, const std::string& name,
+                                               const std::optional<StoredCheckpoint>& held) {
+  if (!held) return std::nullopt;
+  const auto seen = not_final_.find(name);
+  if (seen != not_final_.end() && seen->second == held->step) return std::nullopt;
+  std::optional<ResultUpload> result;
+  try {
+    result = resultFromFinalCheckpoint(out, name, *held);
+  } catch (const Error& e) {
+    CAIRN_WARN("coordinator: cannot make ", name, "'s result from its checkpoint: ", e.what());
+  }
+  if (!result) {
+    not_final_[name] = held->step;
+    return std::nullopt;
+  }
+  CAIRN_WARN("coordinator: ", name, " was lost after its final checkpoint (step ", held->step,
+             "): its result is that checkpoint's weights; no spare needed");
   return result;
 }
 

@@ -10,6 +10,8 @@
 // Thread-safety: pure functions of the files they read.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -23,5 +25,18 @@ namespace cairn::coordinator {
 // final checkpoint that cannot be read or does not fit the stage: BadInput naming the file.
 std::optional<ResultUpload> resultFromFinalCheckpoint(const std::string& out, const std::string& name,
                                                       const StoredCheckpoint& checkpoint);
+
+// What the coordinator asks for every lost node (MemberReplacer::onLostAfterFinishing, on each
+// poll while it waits for a spare): its result from `held` when that checkpoint is final (logged),
+// else nullopt. A checkpoint found not final, or unusable (logged once), is not read again until
+// a newer one is held. Thread-safety: the coordinator's loop thread only.
+class FinalResults {
+ public:
+  std::optional<ResultUpload> take(const std::string& out, const std::string& name,
+                                   const std::optional<StoredCheckpoint>& held);
+
+ private:
+  std::map<std::string, int64_t> not_final_;  // node → the step of its checkpoint found not final
+};
 
 }  // namespace cairn::coordinator

@@ -156,15 +156,13 @@ bool isLostRowName(const std::string& name) {
   return std::all_of(name.begin() + long(at) + 6, name.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-bool lostTo(const std::string& row, const std::string& claimed) {
-  return isLostRowName(row) && row.size() > claimed.size() + 6 && row.compare(0, claimed.size() + 6, claimed + "-lost-") == 0;
-}
-
-std::string notThisMemberReason(const std::string& row, const std::string& claimed) {
-  if (lostTo(row, claimed))
-    return claimed + " was given to another volunteer while this one was unreachable; it is not this "
-           "volunteer's node any more (join again without its name to be a spare)";
-  return "you are not " + claimed + ": join first";
+Rejected notThisMember(const std::string& row, const std::string& claimed) {
+  const std::string prefix = claimed + "-lost-";
+  if (isLostRowName(row) && row.size() > prefix.size() && row.compare(0, prefix.size(), prefix) == 0)
+    return {claimed + " was given to another volunteer while this one was unreachable; it is not this "
+            "volunteer's node any more (join again without its name to be a spare)",
+            /*node_taken=*/true};
+  return {"you are not " + claimed + ": join first", /*node_taken=*/false};
 }
 
 }  // namespace cairn::coordinator

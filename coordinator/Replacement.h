@@ -23,6 +23,7 @@
 
 #include "coordinator/CoordinatorStore.h"
 #include "core/NodeData.h"
+#include "node/protocol/Coordination.h"
 
 namespace cairn::coordinator {
 
@@ -73,11 +74,9 @@ std::string lostRowName(const std::string& name, const std::vector<Member>& memb
 bool isLostRowName(const std::string& name);
 // What the coordinator answers a member whose row is `row` when it speaks as `claimed` (a
 // heartbeat, an upload): for a row that lost `claimed` to a spare ("node_1-lost-1" speaking as
-// node_1: a volunteer frozen or cut off past --lost-after-s, then back) the sentence that tells
-// it so (provider --join then gives the node up and joins again as a spare); "you are not
-// <claimed>: join first" otherwise.
-std::string notThisMemberReason(const std::string& row, const std::string& claimed);
-// Whether `row` is the row that lost `claimed` to a spare ("node_1-lost-1" for node_1).
-bool lostTo(const std::string& row, const std::string& claimed);
+// node_1: a volunteer frozen or cut off past --lost-after-s, then back) `node_taken` and the
+// sentence that tells it so (provider --join then gives the node up and joins again as a spare);
+// "you are not <claimed>: join first" otherwise.
+Rejected notThisMember(const std::string& row, const std::string& claimed);
 
 }  // namespace cairn::coordinator

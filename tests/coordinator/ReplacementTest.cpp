@@ -232,15 +232,16 @@ TEST(Replacement, AVolunteerThatLeftOrWasLostComesBackWithoutItsName) {
 
 TEST(Replacement, AMemberSpeakingForTheNodeItLostIsToldItWasTaken) {
   // The row "node_1-lost-1" speaking as node_1: the volunteer frozen past --lost-after-s, back.
-  EXPECT_TRUE(lostTo("node_1-lost-1", "node_1"));
-  EXPECT_NE(notThisMemberReason("node_1-lost-1", "node_1").find("node_1 was given to another volunteer"),
-            std::string::npos);
+  const Rejected taken = notThisMember("node_1-lost-1", "node_1");
+  EXPECT_TRUE(taken.node_taken);
+  EXPECT_NE(taken.reason.find("node_1 was given to another volunteer"), std::string::npos);
   // Anyone else claiming a name is only told it is not that member.
   for (const auto& [row, claimed] : std::vector<std::pair<std::string, std::string>>{
            {"node_1", "node_2"}, {"node_11-lost-1", "node_1"}, {"node_1-lost-x", "node_1"}, {"", "node_1"},
            {"node_1-lost-", "node_1"}}) {
-    EXPECT_FALSE(lostTo(row, claimed)) << row << " as " << claimed;
-    EXPECT_EQ(notThisMemberReason(row, claimed), "you are not " + claimed + ": join first") << row;
+    const Rejected other = notThisMember(row, claimed);
+    EXPECT_FALSE(other.node_taken) << row << " as " << claimed;
+    EXPECT_EQ(other.reason, "you are not " + claimed + ": join first") << row;
   }
 }
 
