@@ -44,6 +44,7 @@ struct TrainingChoices {
   int microbatches = 4;
   int threads = 1;  // a provider's torch intra-op threads (training_definition.threads, default 1)
   std::string optimizer = "adam";
+  bool async = false;  // training_definition.schedule "async": shared parameters stay in one stage
 };
 
 TrainingChoices trainingChoices(const ClusterizeOptions& options,
@@ -54,6 +55,7 @@ TrainingChoices trainingChoices(const ClusterizeOptions& options,
     chosen.microbatches =
         static_cast<int>(training.integerOr("microbatches", 1, 1 << 16, chosen.microbatches));
     chosen.threads = static_cast<int>(training.integerOr("threads", 1, 1024, chosen.threads));
+    chosen.async = training.has("schedule") && given_job->training["schedule"] == "async";
     if (training.has("optimizer")) {
       const auto& opt = given_job->training["optimizer"];
       if (opt.is_string()) {
@@ -148,7 +150,8 @@ PreparedModel prepareModel(const ClusterizeOptions& options) {
 
   PreparedModel prepared;
   prepared.model = loadModel(options);
-  prepared.graph = std::make_shared<const ModelGraph>(prepared.model, options.granularity);
+  prepared.graph = std::make_shared<const ModelGraph>(prepared.model, options.granularity,
+                                                    /*split_shared=*/!chosen.async);
   const ModelGraph& graph = *prepared.graph;
   CAIRN_INFO("clusterize: ", options.model_path, ": ", graph.numUnits(), " units, ",
              graph.atomCuts().size() - 1, " atoms between valid cuts");

@@ -114,8 +114,8 @@ c10::IValue attributeAt(const torch::jit::Module& model, const std::string& path
   return current;
 }
 
-ModelGraph::ModelGraph(torch::jit::Module model, Granularity granularity)
-    : model_(std::move(model)) {
+ModelGraph::ModelGraph(torch::jit::Module model, Granularity granularity, bool split_shared)
+    : model_(std::move(model)), split_shared_(split_shared) {
   if (!model_.find_method("forward"))
     CAIRN_THROW(BadInput, "the model has no forward method");
   graph_ = model_.get_method("forward").graph()->copy();
@@ -195,26 +195,46 @@ void ModelGraph::collectUnits() {
     units_.push_back(std::move(unit));
     resolveState(&units_.back(), &users);
   }
-  // Tensors used by several units: no cut between the first and the last user.
+  // Tensors used by several units. A parameter is kept in every stage that uses it and its copies
+  // are kept equal (SharedParameter); a buffer (running statistics a unit may update) cannot be:
+  // no cut between its first and its last user.
   why_invalid_.assign(units_.size() + 1, "");
   for (const auto& [impl, list] : users) {
-    int first = list.front().first, last = list.front().first;
+    std::set<int> unit_set;
     std::set<std::string> names;
-    for (const auto& [unit, name] : list) {
-      first = std::min(first, unit);
-      last = std::max(last, unit);
-      names.insert(name);
-    }
+    for (const auto& [unit, name] : list) unit_set.insert(unit), names.insert(name);
+    const int first = *unit_set.begin(), last = *unit_set.rbegin();
     if (first == last) continue;
     std::string joined;
     for (const auto& name : names) joined += (joined.empty() ? "" : " = ") + name;
-    const std::string why = "tensor " + joined + " is used by units " + std::to_string(first) +
-                            " (" + units_[first].label + ") and " + std::to_string(last) + " (" +
-                            units_[last].label + "), so they stay in one stage";
+    const std::string users_text = "units " + std::to_string(first) + " (" +
+                                   units_[first].label + ") and " + std::to_string(last) + " (" +
+                                   units_[last].label + ")";
+    const auto& first_params = units_[first].parameters;
+    const std::string first_name = list.front().second;
+    const bool parameter =
+        std::find(first_params.begin(), first_params.end(), first_name) != first_params.end();
+    if (parameter && split_shared_) {
+      SharedParameter shared;
+      shared.units.assign(unit_set.begin(), unit_set.end());
+      shared.names.assign(names.begin(), names.end());
+      for (const auto& [unit, name] : list)
+        if (unit == first && (shared.name.empty() || name < shared.name)) shared.name = name;
+      notes_.push_back("parameter " + joined + " is used by " + users_text +
+                       "; a stage holding either keeps a copy, kept equal every step");
+      shared_.push_back(std::move(shared));
+      continue;
+    }
+    const std::string why =
+        (parameter ? "parameter " : "buffer ") + joined + " is used by " + users_text +
+        (parameter ? ", so they stay in one stage (the async schedule cannot keep copies equal)"
+                   : ", so they stay in one stage");
     notes_.push_back(why);
     for (int c = first + 1; c <= last; ++c)
       if (why_invalid_[c].empty()) why_invalid_[c] = why;
   }
+  std::sort(shared_.begin(), shared_.end(),
+            [](const SharedParameter& a, const SharedParameter& b) { return a.units < b.units; });
 }
 
 void ModelGraph::resolveState(

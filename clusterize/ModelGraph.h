@@ -5,8 +5,9 @@
 // with its nested blocks). Constants and attribute reads on `self` (prim::GetAttr chains) are not
 // units: every stage that needs them re-creates them. Cut c lies before unit c (0..U); cut 0 is the
 // model's inputs, cut U its outputs. A cut is valid when every value crossing it is a tensor, int,
-// float, bool or int list, and no parameter or buffer is used on both sides of it (tied weights stay
-// in one stage). Calls of methods on `self` are inlined; with Granularity::kExpandContainers calls of
+// float, bool or int list, and no buffer is used on both sides of it. A parameter used on both
+// sides (a tied embedding and head) does not stop a cut: it is a SharedParameter, copied into every
+// stage that uses it and kept equal by the trainer (docs/CLUSTERIZE.md "Shared parameters"). Calls of methods on `self` are inlined; with Granularity::kExpandContainers calls of
 // child nn.Sequential containers are inlined too, so their elements become units.
 //
 // Owns a copy of the model's forward graph; the model itself is shared (torch::jit::Module is a
@@ -36,6 +37,13 @@ struct Unit {
   std::vector<std::string> buffers;     // dotted names of the buffers it uses
 };
 
+// A parameter that several units use (under one name or several, as a tied embedding and head).
+struct SharedParameter {
+  std::string name;                // the name the first unit uses it by (the smallest, if several)
+  std::vector<std::string> names;  // every name units use it by, sorted
+  std::vector<int> units;          // the units using it, ascending (two or more)
+};
+
 // What kind of value crosses a cut; kUnsupported values make the cut invalid.
 enum class ValueKind { kTensor, kInt, kFloat, kBool, kIntList, kUnsupported };
 ValueKind valueKindOf(const c10::TypePtr& type);
@@ -44,7 +52,9 @@ std::string toString(ValueKind kind);
 
 class ModelGraph {
  public:
-  ModelGraph(torch::jit::Module model, Granularity granularity);
+  // `split_shared` false (the async schedule): a parameter used on both sides of a cut makes it
+  // invalid too, as a buffer does.
+  ModelGraph(torch::jit::Module model, Granularity granularity, bool split_shared = true);
 
   const torch::jit::Module& model() const { return model_; }
   const std::shared_ptr<torch::jit::Graph>& graph() const { return graph_; }
@@ -69,8 +79,10 @@ class ModelGraph {
   // Whether the node is re-created per stage (constant or GetAttr chain on self).
   bool isRematerialized(const torch::jit::Node* node) const;
 
-  // Messages about tied tensors kept in one stage (for the report).
+  // Messages about tensors several units use (for the report).
   const std::vector<std::string>& notes() const { return notes_; }
+  // The parameters several units use, ordered by their units.
+  const std::vector<SharedParameter>& sharedParameters() const { return shared_; }
 
  private:
   void inlineCalls(Granularity granularity);
@@ -84,6 +96,8 @@ class ModelGraph {
   std::vector<std::vector<torch::jit::Value*>> boundaries_;
   std::vector<std::string> why_invalid_;
   std::vector<std::string> notes_;
+  std::vector<SharedParameter> shared_;
+  bool split_shared_ = true;
   std::map<const torch::jit::Value*, int> definition_order_;
 };
 

@@ -31,6 +31,10 @@ struct PlanForMerge {
   std::string model;
   std::vector<std::vector<PlanStage>> clusters;
   std::map<std::string, std::vector<std::string>> ring_holders;  // tensor → holder per cluster
+  // A shared parameter's other names → its first name (plan.json "shared_parameters", format 3):
+  // the ring holder's copy under the first name is the value; the model's tied names follow it.
+  std::map<std::string, std::string> alias_of;
+  std::set<std::string> shared;  // the first names
 };
 
 PlanForMerge readPlan(const std::string& node_data) {
@@ -58,6 +62,13 @@ PlanForMerge readPlan(const std::string& node_data) {
                 "must name one node per cluster (" + std::to_string(out.clusters.size()) + ")");
     for (const auto& name : ring.stringList("parameters")) out.ring_holders[name] = holders;
   }
+  if (plan.has("shared_parameters"))
+    for (const JsonReader& shared : plan.objectList("shared_parameters")) {
+      const std::string first = shared.string("name");
+      out.shared.insert(first);
+      for (const auto& name : shared.stringList("names"))
+        if (name != first) out.alias_of[name] = first;
+    }
   return out;
 }
 
@@ -127,6 +138,15 @@ std::map<std::string, torch::Tensor> readCluster(const std::string& node_data,
             t.scalar_type() != in_model->second.scalar_type())
           CAIRN_THROW(BadInput, file, ": ", where, ": ", kind, " ", inQuotes(name), " is ",
                       describe(t), " but the model's is ", describe(in_model->second));
+        // A shared parameter's copies: every holder has one (equal by training), the ring
+        // holder's is taken; its other names are the same tensor in the model.
+        if (plan.alias_of.count(name)) continue;
+        if (plan.shared.count(name)) {
+          const auto ring = plan.ring_holders.find(name);
+          if (ring != plan.ring_holders.end() && ring->second[cluster] == stage.node)
+            values[name] = t;
+          continue;
+        }
         const auto [previous, added] = holder.emplace(name, stage.node);
         if (!added)
           CAIRN_THROW(BadInput, plan_file, ": cluster ", cluster, ": ", inQuotes(name),
@@ -200,6 +220,7 @@ MergedModel mergeTrainedStages(const MergeOptions& options) {
 
   torch::NoGradGuard no_grad;
   for (const auto& name : model.order) {
+    if (plan.alias_of.count(name)) continue;  // tied to its first name, written with it
     if (!plan.ring_holders.count(name)) {
       merged.untouched.push_back(name);
       continue;

@@ -85,12 +85,22 @@ nlohmann::json toJson(const PartitionPlan& plan) {
     }
     for (int s = 0; s < count; ++s)
       if (!cluster.stages[s].gpu.empty()) cj["stages"][s]["gpu"] = cluster.stages[s].gpu;
+    cj["shared_parameters"] = nlohmann::json::array();
+    for (const PlannedShared& shared : cluster.shared)
+      cj["shared_parameters"].push_back({{"name", shared.name},
+                                         {"names", shared.names},
+                                         {"stages", shared.stages},
+                                         {"holders", shared.holders},
+                                         {"local_names", shared.local_names}});
     j["clusters"].push_back(cj);
   }
   j["spare_nodes"] = plan.spare_nodes;
   j["rings"] = nlohmann::json::array();
   for (const auto& r : plan.rings)
     j["rings"].push_back({{"id", r.id}, {"parameters", r.parameters}, {"holders", r.holders}});
+  j["shared_parameters"] = nlohmann::json::array();
+  for (const auto& [name, names] : plan.shared_names)
+    j["shared_parameters"].push_back({{"name", name}, {"names", names}});
   j["notes"] = plan.notes;
   if (plan.gpu.present) j["gpu_plan"] = gpuPlanJson(plan.gpu);
   return j;

@@ -31,8 +31,18 @@ struct PlannedStage {
   std::string gpu;            // the node's first GPU (what it trains on); empty: a CPU node
 };
 
+// A parameter that several stages of one cluster hold (ModelGraph.h SharedParameter).
+struct PlannedShared {
+  std::string name;                      // its first name: the exchange's and the ring's key
+  std::vector<std::string> names;        // every name units use it by
+  std::vector<int> stages;               // the stages holding a copy, ascending
+  std::vector<std::string> holders;      // their nodes
+  std::vector<std::string> local_names;  // the copy's name in each of those stages
+};
+
 struct PlannedCluster {
   std::vector<PlannedStage> stages;  // pipeline order: Root first, Leaf last
+  std::vector<PlannedShared> shared;  // parameters several of its stages hold
   double seconds_per_microbatch = 0;  // the slowest stage
 };
 
@@ -74,6 +84,8 @@ struct PartitionPlan {
   std::vector<PlannedCluster> clusters;
   std::vector<std::string> spare_nodes;
   std::vector<RingGroup> rings;
+  // Parameters several units use (ModelGraph.h SharedParameter): its first name, every name.
+  std::vector<std::pair<std::string, std::vector<std::string>>> shared_names;
   std::vector<std::string> notes;
   GpuPlanChoice gpu;
 };

@@ -107,10 +107,17 @@ std::string wireActivations(const JobSpec& job) {
   return a != w->end() && a->is_string() ? a->get<std::string>() : "fp32";
 }
 
+int64_t parameterBytes(const ModelGraph& graph, const std::string& name) {
+  const at::Tensor t = attributeAt(graph.model(), name).toTensor();
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
 // What each planning cut sends per micro-batch in `codec`: its profiled bytes with every float32
 // tensor counted in the form it travels (core/WireCompression.h float32WireBytes).
 std::vector<double> wireBytes(const ModelGraph& graph, const ModelProfile& profile,
-                              const PlanningAtoms& planning, const std::string& codec) {
+                              const PlanningAtoms& planning, const std::string& codec,
+                              double microbatches) {
+  microbatches = std::max(1.0, microbatches);
   std::vector<double> out;
   for (size_t k = 0; k < planning.first_atom.size(); ++k) {
     double bytes = planning.boundary_bytes[k];
@@ -119,6 +126,14 @@ std::vector<double> wireBytes(const ModelGraph& graph, const ModelProfile& profi
         if (v.type == "tensor" && v.dtype == "float32")
           bytes += static_cast<double>(wire::float32WireBytes(v.shape, codec) -
                                        wire::float32WireBytes(v.shape, "fp32"));
+    // The shared parameters whose holders this cut separates: once per step their gradients go up
+    // and the totals come back down through it (trainer/SharedParameters.h).
+    if (k > 0 && k + 1 < planning.first_atom.size()) {
+      const int unit = profile.cuts[planning.first_atom[k]];
+      for (const SharedParameter& shared : graph.sharedParameters())
+        if (shared.units.front() < unit && unit <= shared.units.back())
+          bytes += 2.0 * static_cast<double>(parameterBytes(graph, shared.name)) / microbatches;
+    }
     out.push_back(bytes);
   }
   return out;
@@ -293,6 +308,51 @@ std::vector<RingGroup> ringsOf(const ModelState& state,
   return groupRings(used, used_holders);
 }
 
+// The parameters several stages of `stages` hold (ModelGraph::sharedParameters): each with the
+// stages that hold a copy, in stage order.
+std::vector<PlannedShared> sharedOf(const ModelGraph& graph,
+                                    const std::vector<PlannedStage>& stages) {
+  std::vector<PlannedShared> out;
+  for (const SharedParameter& shared : graph.sharedParameters()) {
+    PlannedShared planned;
+    planned.name = shared.name;
+    planned.names = shared.names;
+    for (int s = 0; s < static_cast<int>(stages.size()); ++s) {
+      std::string local;  // the name the stage's first unit using it gives it
+      for (int u : shared.units) {
+        if (u < stages[s].begin_unit || u >= stages[s].end_unit) continue;
+        for (const auto& n : graph.units()[u].parameters)
+          if (std::find(shared.names.begin(), shared.names.end(), n) != shared.names.end()) {
+            local = n;
+            break;
+          }
+        break;
+      }
+      if (local.empty()) continue;
+      planned.stages.push_back(s);
+      planned.holders.push_back(stages[s].node);
+      planned.local_names.push_back(local);
+    }
+    if (planned.stages.size() > 1) out.push_back(std::move(planned));
+  }
+  return out;
+}
+
+// A shared parameter joins the rings once, under its first name, from the stage holding its first
+// user (its copies elsewhere take that copy's result: trainer/SharedParameters.h). The same in
+// every cluster, however each is cut, so the rings match.
+void ringSharedOnce(const PlacementContext& ctx, const PlannedCluster& cluster,
+                    std::vector<std::string>* holders) {
+  for (const SharedParameter& shared : ctx.graph.sharedParameters()) {
+    std::string first_holder;
+    for (const auto& stage : cluster.stages)
+      if (shared.units.front() >= stage.begin_unit && shared.units.front() < stage.end_unit)
+        first_holder = stage.node;
+    for (const auto& name : shared.names) (*holders)[ctx.state.index.at(name)].clear();
+    (*holders)[ctx.state.index.at(shared.name)] = first_holder;
+  }
+}
+
 // Stages, rings and spares of the formed clusters, into `plan`.
 void placeClusters(const PlacementContext& ctx, const ClusterFormation& formation,
                    const std::vector<NodeConfig>& configs, const std::vector<PlannerNode>& nodes,
@@ -309,6 +369,8 @@ void placeClusters(const PlacementContext& ctx, const ClusterFormation& formatio
       for (const auto& name : stage.buffers) holders[ctx.state.index.at(name)] = stage.node;
       cluster.stages.push_back(std::move(stage));
     }
+    cluster.shared = sharedOf(ctx.graph, cluster.stages);
+    ringSharedOnce(ctx, cluster, &holders);
     holder_of.push_back(std::move(holders));
     plan.clusters.push_back(std::move(cluster));
   }
@@ -345,6 +407,13 @@ NodeSpec nodeSpecOf(const PartitionPlan& plan, size_t c, int s, const JobSpec& j
     ring.rank = static_cast<int>(c);
     node.rings.push_back(std::move(ring));
   }
+  for (const auto& shared : plan.clusters[c].shared) {
+    if (s < shared.stages.front() || s > shared.stages.back()) continue;
+    SharedParameterSpec spec{shared.name, shared.stages, ""};
+    for (size_t h = 0; h < shared.stages.size(); ++h)
+      if (shared.stages[h] == s) spec.local_name = shared.local_names[h];
+    node.shared_parameters.push_back(std::move(spec));
+  }
   node.estimated_memory_bytes = st.memory_bytes;
   node.estimated_seconds_per_microbatch = st.seconds;
   node.extra = {{"units", {st.begin_unit, st.end_unit}},
@@ -364,7 +433,8 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
   const PlanningAtoms planning = planningAtoms(graph, profile, settings.cuts);
   const std::string wire_activations = wireActivations(job);
   const CostModel cost(planning.atoms, planning.boundary_bytes, settings.cost,
-                       wireBytes(graph, profile, planning, wire_activations));
+                       wireBytes(graph, profile, planning, wire_activations,
+                                 double(settings.cost.microbatches)));
   GpuPlanChoice gpu;
   const std::vector<PlannerNode> nodes = nodesFor(configs, job, settings, &gpu);
   checkFits(graph, planning, cost, configs, nodes, settings);
@@ -374,6 +444,8 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
   result.job = job;
   result.plan = describedPlan(graph, profile, job, settings, wire_activations);
   result.plan.gpu = gpu;
+  for (const SharedParameter& shared : graph.sharedParameters())
+    result.plan.shared_names.emplace_back(shared.name, shared.names);
   const ModelState state(graph.model());
   placeClusters({graph, profile, planning, cost, state}, formation, configs, nodes, result.plan);
 

@@ -115,6 +115,13 @@ nlohmann::json toJson(const NodeSpec& n) {
     for (const auto& m : ring.members) r["members"].push_back(peerToJson(m));
     j["rings"].push_back(r);
   }
+  j["shared_parameters"] = nlohmann::json::array();
+  for (const auto& shared : n.shared_parameters)
+    j["shared_parameters"].push_back(
+        {{"name", shared.name},
+         {"stages", shared.stages},
+         {"local_name", shared.local_name.empty() ? nlohmann::json(nullptr)
+                                                  : nlohmann::json(shared.local_name)}});
   j["stage_file"] = n.stage_file;
   j["estimates"] = {{"memory_bytes", n.estimated_memory_bytes},
                     {"seconds_per_microbatch", n.estimated_seconds_per_microbatch}};
@@ -122,11 +129,45 @@ nlohmann::json toJson(const NodeSpec& n) {
   return j;
 }
 
+// node.json "shared_parameters": each entry's stages ascending, this node's stage within them or
+// between the first and the last, a local_name exactly when this node holds a copy (and listed in
+// "parameters", which is what loads and trains it).
+void parseSharedParameters(const JsonReader& r, NodeSpec* n) {
+  std::set<std::string> names;
+  for (const auto& e : r.objectList("shared_parameters")) {
+    e.rejectUnknownKeys({"name", "stages", "local_name"});
+    SharedParameterSpec shared;
+    shared.name = e.string("name");
+    if (!names.insert(shared.name).second)
+      e.fail("name", "\"" + shared.name + "\" is listed twice in shared_parameters");
+    for (int64_t s : e.integerList("stages", 0, n->num_stages - 1))
+      shared.stages.push_back(static_cast<int>(s));
+    if (shared.stages.size() < 2 ||
+        !std::is_sorted(shared.stages.begin(), shared.stages.end()) ||
+        std::adjacent_find(shared.stages.begin(), shared.stages.end()) != shared.stages.end())
+      e.fail("stages", "must list two or more different stages in ascending order");
+    if (n->stage < shared.stages.front() || n->stage > shared.stages.back())
+      e.fail("stages", "do not span this node's stage " + std::to_string(n->stage));
+    const bool holds =
+        std::find(shared.stages.begin(), shared.stages.end(), n->stage) != shared.stages.end();
+    if (auto local = e.optionalString("local_name")) shared.local_name = *local;
+    if (holds == shared.local_name.empty())
+      e.fail("local_name", holds ? "is required: stage " + std::to_string(n->stage) +
+                                       " holds a copy of \"" + shared.name + "\""
+                                 : "must be null: this node only relays \"" + shared.name + "\"");
+    if (holds && std::find(n->parameters.begin(), n->parameters.end(), shared.local_name) ==
+                     n->parameters.end())
+      e.fail("local_name", "\"" + shared.local_name + "\" is not among this node's parameters");
+    n->shared_parameters.push_back(std::move(shared));
+  }
+}
+
 NodeSpec parseNodeSpec(const nlohmann::json& document, const std::string& source) {
   JsonReader r(document, source);
   r.rejectUnknownKeys({"format", "name", "job_id", "address", "cluster", "stage", "num_stages",
                        "role", "upstream", "downstream", "inputs", "outputs", "parameters",
-                       "buffers", "rings", "stage_file", "estimates", "extra"});
+                       "buffers", "rings", "shared_parameters", "stage_file", "estimates",
+                       "extra"});
   checkFormat(r);
   NodeSpec n;
   n.name = r.string("name");
@@ -179,6 +220,7 @@ NodeSpec parseNodeSpec(const nlohmann::json& document, const std::string& source
       n.rings.push_back(std::move(ring));
     }
   }
+  if (r.has("shared_parameters")) parseSharedParameters(r, &n);
   n.stage_file = r.stringOr("stage_file", "stage.pt");
   if (n.stage_file.find('/') != std::string::npos || n.stage_file.find("..") != std::string::npos)
     r.fail("stage_file", "must be a file name inside the node's folder");

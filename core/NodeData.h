@@ -17,8 +17,10 @@
 namespace cairn {
 
 // Format 2 added BoundaryValue::batch_dim; a format-1 document (no batch_dim) is still read, each
-// of its tensors batched along its first dimension (what format 1 meant).
-constexpr int kNodeDataFormat = 2;
+// of its tensors batched along its first dimension (what format 1 meant). Format 3 added
+// NodeSpec::shared_parameters; a format-1 or 2 document has none (those plans never split a
+// tensor between stages: clusterize refused such cuts).
+constexpr int kNodeDataFormat = 3;
 constexpr int kOldestNodeDataFormat = 1;
 
 enum class StageRole { kRoot, kStem, kLeaf, kRootLeaf };
@@ -56,6 +58,17 @@ struct RingSpec {
   int rank = 0;                         // this node's position in `members`
 };
 
+// A parameter that units in several stages of this node's cluster use (a tied embedding and head):
+// each of those stages holds a copy; once per step their gradients are summed over the pipeline
+// and every copy gets the total (trainer/SharedParameters.h). Listed on every node from the first
+// holder to the last (the nodes between relay the exchange).
+struct SharedParameterSpec {
+  std::string name;         // the name the first using unit gives it: the exchange's and ring's key
+  std::vector<int> stages;  // the stages holding a copy, ascending (two or more)
+  // The name of this node's copy inside stage.pt; empty when this node only relays.
+  std::string local_name;
+};
+
 struct NodeSpec {
   int format = kNodeDataFormat;
   std::string name;     // "node_3"
@@ -72,6 +85,7 @@ struct NodeSpec {
   std::vector<std::string> parameters;  // dotted names as in the original model
   std::vector<std::string> buffers;
   std::vector<RingSpec> rings;
+  std::vector<SharedParameterSpec> shared_parameters;  // format 3; empty: none
   std::string stage_file = "stage.pt";  // relative to the node's folder
   double estimated_memory_bytes = 0;
   double estimated_seconds_per_microbatch = 0;

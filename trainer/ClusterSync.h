@@ -53,6 +53,10 @@ class ClusterSync {
   // cluster starts from the same ones (a cluster that resumes or is added mid-run). Default: no
   // peers, nothing to do.
   virtual void setJoining(bool /*joining*/) {}
+  // Changes whenever a call may have written the stage's weights (start taking its peers' weights,
+  // a sync): trainer/SharedParameters.h passes a shared parameter's new value to its other copies
+  // then. Default: the weights are never written here.
+  virtual uint64_t weightsVersion() const { return 0; }
   // A cluster the deal adds (docs/TRAINING.md "the deal") starts at step `steps_done`: at the sync
   // boundary after that many steps the rings take the members added for it in, waiting for them,
   // so its weights are exactly these. Called on the trainer's thread when the plan learns of it.

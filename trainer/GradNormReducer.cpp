@@ -4,12 +4,14 @@
 
 #include "trainer/Optimizer.h"
 #include "trainer/ReservedTensors.h"
+#include "trainer/SharedParameters.h"
 
 namespace cairn {
 
 double GradNormReducer::reduceAndClip(int64_t step) {
   auto t = TrainerClock::now();
-  double partial = squaredGradientNorm(ctx_.optimizer.parameters());
+  // A shared parameter counts once: its copies other than the first holder's are left out.
+  double partial = squaredGradientNorm(ctx_.shared->withoutCopies(ctx_.optimizer.parameters()));
   ctx_.times.compute_s += secondsSince(t);
   auto control = [&](const char* tag, double value) {
     StagePacket p;

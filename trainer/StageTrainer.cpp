@@ -25,6 +25,7 @@
 #include "trainer/Optimizer.h"
 #include "trainer/ParamGroups.h"
 #include "trainer/RunPlan.h"
+#include "trainer/SharedParameters.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/StepRecorder.h"
 #include "trainer/StopCoordinator.h"
@@ -67,6 +68,7 @@ struct StageTrainer::Impl {
   StepTimes times;
   TrainerContext ctx;
   TimedLink link;
+  SharedParameters shared;
   StopCoordinator stop;
   TrainerCheckpoints checkpoints;
   BatchFeeder feeder;
@@ -92,6 +94,7 @@ struct StageTrainer::Impl {
         ctx{cfg,  cfg.options, is_root, is_leaf,  *executor, *optimizer,
             metrics, plan,      times,   observer, *placement},
         link(l, times, *placement),
+        shared(ctx, link),
         stop(cfg, is_root),
         checkpoints(ctx, data),
         feeder(ctx, data),
@@ -100,6 +103,7 @@ struct StageTrainer::Impl {
         evaluator(ctx, link, data),
         recorder(ctx, stop, checkpoints, evaluator, l),
         deal_change(ctx, plan, feeder) {
+    ctx.shared = &shared;
     passes.setDealChange(&deal_change);
     if (is_root) checkpoints.setDeal([this]() -> const std::vector<DealEntry>& { return feeder.deal(); });
     if (observer.on_metrics_record) metrics.setTee(observer.on_metrics_record);
@@ -135,6 +139,8 @@ struct StageTrainer::Impl {
       if (joins) cfg.cluster_sync->setJoining(true);
       cfg.cluster_sync->start(executor->module());
     }
+    // Copies of a shared parameter start from the first holder's (which the rings may have set).
+    shared.shareWeights(from.start_step, "shared_weights_start", /*always=*/true);
     if (async) return AsyncLoop(ctx, feeder, passes, stop, checkpoints, recorder).run(from, start);
     return SyncLoop(ctx, schedule, feeder, passes, norm, stop, recorder, &deal_change)
         .run(from.start_step, start);

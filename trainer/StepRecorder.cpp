@@ -6,6 +6,7 @@
 #include "core/Log.h"
 #include "trainer/ClusterSync.h"
 #include "trainer/RunPlan.h"
+#include "trainer/SharedParameters.h"
 #include "trainer/StageExecutor.h"
 
 namespace cairn {
@@ -93,6 +94,7 @@ void StepRecorder::finishRun(int64_t sync_steps,
   const RunPlan& plan = ctx_.plan;
   progress_.finish();
   if (ctx_.cfg.cluster_sync) ctx_.cfg.cluster_sync->finish(sync_steps, ctx_.executor.module());
+  if (ctx_.shared) ctx_.shared->shareWeights(sync_steps, "shared_weights_end", /*always=*/false);
   result->steps = plan.total_steps;
   const double train_seconds = secondsSince(start_);
   result->samples_per_second =

@@ -3,6 +3,7 @@
 #include "core/Error.h"
 #include "trainer/LrSchedule.h"
 #include "trainer/RunPlan.h"
+#include "trainer/SharedParameters.h"
 #include "trainer/StageExecutor.h"
 
 namespace cairn {
@@ -12,6 +13,7 @@ void SyncLoop::forward(int k) { passes_.forward(micro_[k], uint64_t(k), step_, k
 void SyncLoop::backward(int k) {
   auto it = micro_.find(k);
   CAIRN_ENFORCE(it != micro_.end());
+  if (k == last_backward_) ctx_.shared->receivePartials(step_);
   syncBeforeBackward(ctx_, step_, k == last_backward_);
   step_loss_ += passes_.backward(it->second, uint64_t(k), uint64_t(step_), uint64_t(k));
   micro_.erase(it);
@@ -23,7 +25,9 @@ double SyncLoop::walkSchedule(double lr) {
   auto syncGradients = [&] {
     if (gradients_synced) return;
     gradients_synced = true;
+    ctx_.shared->sendPartials(step_);
     syncBeforeOptimizerStep(ctx_, step_);
+    ctx_.shared->shareTotals(step_);
   };
   schedule_.begin();
   last_backward_ = -1;  // the step's last backward: its gradients are final after it

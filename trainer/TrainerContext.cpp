@@ -4,6 +4,7 @@
 
 #include "trainer/ClusterSync.h"
 #include "trainer/Optimizer.h"
+#include "trainer/SharedParameters.h"
 #include "trainer/StageExecutor.h"
 
 namespace cairn {
@@ -49,6 +50,7 @@ void optimizerStep(TrainerContext& ctx, double lr, int64_t sync_step, bool new_v
   if (ctx.cfg.cluster_sync) {
     const auto ts = TrainerClock::now();
     ctx.cfg.cluster_sync->afterOptimizerStep(sync_step, ctx.executor.module());
+    if (ctx.shared) ctx.shared->shareWeights(sync_step + 1, "shared_weights", /*always=*/false);
     ctx.times.sync_s += secondsSince(ts);
   }
 }

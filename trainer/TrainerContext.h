@@ -21,6 +21,7 @@ namespace cairn {
 
 class MetricsLog;
 class Optimizer;
+class SharedParameters;
 class StageExecutor;
 class TensorPlacement;
 struct RunPlan;
@@ -75,6 +76,8 @@ struct TrainerContext {
   StepTimes& times;
   TrainerObserver& observer;
   const TensorPlacement& placement;  // where the stage trains (trainer/Device.h)
+  // Parameters other stages hold copies of (trainer/SharedParameters.h); set by StageTrainer.
+  SharedParameters* shared = nullptr;
 };
 
 // ClusterSync::beforeBackward (when there is a ClusterSync): before micro-batch backwards; `last`

@@ -163,6 +163,7 @@ void RingClusterSync::start(torch::jit::Module& stage) {
   }
   joining_ = false;
   started_ = true;
+  ++weights_version_;
   // Join requests are answered between syncs from here on (RingWelcomeDesk.h).
   desk_.reset();
   std::vector<Ring*> all;
@@ -197,6 +198,7 @@ void RingClusterSync::synchronize() {
   CAIRN_ENFORCE(started_, "RingClusterSync::synchronize before start()");
   if (left_) return;
   const auto t0 = Clock::now();
+  ++weights_version_;
   forEachRing(sharedRings(), context_.sync.concurrent_rings, [this](Ring& r) {
     transact(context_, r, /*gradients=*/false, /*admit=*/true, [this, &r] {
       switch (context_.sync.mode) {

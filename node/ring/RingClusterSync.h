@@ -127,6 +127,7 @@ class RingClusterSync : public ClusterSync {
   // stage before training; when no ring peer admits it within 3 × timeout (at once when every
   // other member is asking to join too) it falls back to the ordinary start.
   void setJoining(bool joining) override { joining_ = joining; }
+  uint64_t weightsVersion() const override { return weights_version_; }
 
   // A new cluster joins the run (docs/OPERATIONS.md "Growing"): `updated` is this node's node.json
   // with members appended to some of its rings (the coordinator's peers update). Checks it and
@@ -182,6 +183,7 @@ class RingClusterSync : public ClusterSync {
   std::vector<std::unique_ptr<Ring>> rings_;     // ring id order
   bool left_ = false;
   bool started_ = false;
+  uint64_t weights_version_ = 0;  // weightsVersion(): bumped by start() and every synchronize()
   bool joining_ = false;
   std::mutex added_mutex_;
   // Under added_mutex_: each ring's members as the latest addMembers left them (ring id → list).

@@ -233,27 +233,54 @@ TEST(ModelGraph, GptCarriesTheSequenceLengthAsAnInt) {
   EXPECT_TRUE(refused_device);
 }
 
-TEST(ModelGraph, TiedWeightsStayInOneStageAndAreNamed) {
+// A tied embedding and head (one tensor, two names, two units) no longer stops a cut: it is one
+// SharedParameter named by its first user; each stage holds its own copy. With split_shared off
+// (the async schedule) every cut between the two units is refused, naming both names.
+TEST(ModelGraph, TiedWeightsAreSharedAcrossCutsUnlessAsync) {
   const ModelGraph graph(torch::jit::load(modelPath("gpt_tied")), Granularity::kTop);
-  ASSERT_EQ(graph.notes().size(), 1u);
-  EXPECT_NE(graph.notes()[0].find("head.weight = tok.weight"), std::string::npos) << graph.notes()[0];
   int tok = -1, head = -1;
   for (int u = 0; u < graph.numUnits(); ++u) {
     if (graph.units()[u].label == "tok (Embedding)") tok = u;
     if (graph.units()[u].label == "head (Linear)") head = u;
   }
-  for (int c = tok + 1; c <= head; ++c) EXPECT_FALSE(graph.isValidCut(c)) << c;
-  // The stage holding both keeps one tensor under both names (no silent copy).
+  ASSERT_GE(tok, 0);
+  ASSERT_GT(head, tok + 1);
+  ASSERT_EQ(graph.sharedParameters().size(), 1u);
+  const SharedParameter& shared = graph.sharedParameters()[0];
+  EXPECT_EQ(shared.name, "tok.weight");
+  EXPECT_EQ(shared.names, (std::vector<std::string>{"head.weight", "tok.weight"}));
+  EXPECT_EQ(shared.units, (std::vector<int>{tok, head}));
+  EXPECT_TRUE(graph.isValidCut(head)) << graph.whyInvalid(head);
+
   StageBuilder builder(graph);
-  const auto cuts = graph.atomCuts();
-  StageModule whole = builder.build(0, graph.numUnits(), "Whole");
+  StageModule first = builder.build(0, head, "First"), last = builder.build(head, graph.numUnits(), "Last");
   at::Tensor a, b;
-  for (const auto& p : whole.module.named_parameters()) {
+  for (const auto& p : first.module.named_parameters())
     if (p.name == "tok.weight") a = p.value;
+  for (const auto& p : last.module.named_parameters())
     if (p.name == "head.weight") b = p.value;
-  }
   ASSERT_TRUE(a.defined() && b.defined());
-  EXPECT_TRUE(a.is_same(b));
+  EXPECT_FALSE(a.is_same(b));  // a copy per stage
+  EXPECT_TRUE(a.equal(b));
+
+  const ModelGraph async(torch::jit::load(modelPath("gpt_tied")), Granularity::kTop,
+                         /*split_shared=*/false);
+  EXPECT_TRUE(async.sharedParameters().empty());
+  for (int c = tok + 1; c <= head; ++c) {
+    EXPECT_FALSE(async.isValidCut(c)) << c;
+    EXPECT_NE(async.whyInvalid(c).find("head.weight = tok.weight"), std::string::npos)
+        << async.whyInvalid(c);
+  }
+  // The stage holding both keeps one tensor under both names (no silent copy).
+  StageBuilder whole_builder(async);
+  StageModule whole = whole_builder.build(0, async.numUnits(), "Whole");
+  at::Tensor x, y;
+  for (const auto& p : whole.module.named_parameters()) {
+    if (p.name == "tok.weight") x = p.value;
+    if (p.name == "head.weight") y = p.value;
+  }
+  ASSERT_TRUE(x.defined() && y.defined());
+  EXPECT_TRUE(x.is_same(y));
 }
 
 TEST(StageBuilder, StageHoldsOnlyItsOwnStateUnderOriginalNames) {

@@ -27,6 +27,8 @@ NodeSpec exampleStem() {
   ring.members = {{"node_2", "127.0.0.1:5002", ""}, {"node_7", "127.0.0.1:5007", ""}};
   ring.rank = 0;
   n.rings = {ring};
+  // A tied embedding and head held by stages 0 and 2: this Stem relays their exchange.
+  n.shared_parameters = {{"emb.weight", {0, 2}, ""}};
   n.estimated_memory_bytes = 1234;
   return n;
 }
@@ -39,6 +41,14 @@ TEST(NodeData, NodeSpecRoundTripsThroughJson) {
   EXPECT_EQ(back.upstream->name, "node_1");
   EXPECT_EQ(back.inputs[1].type, "int");
   EXPECT_EQ(back.rings[0].members[1].name, "node_7");
+  ASSERT_EQ(back.shared_parameters.size(), 1u);
+  EXPECT_EQ(back.shared_parameters[0].stages, (std::vector<int>{0, 2}));
+  EXPECT_TRUE(back.shared_parameters[0].local_name.empty());
+  // A format-2 document has no shared_parameters: none.
+  nlohmann::json old = toJson(n);
+  old["format"] = 2;
+  old.erase("shared_parameters");
+  EXPECT_TRUE(parseNodeSpec(old, "node.json").shared_parameters.empty());
 }
 
 struct BrokenNode {
@@ -61,8 +71,22 @@ TEST_P(BrokenNodeSpec, Rejected) {
 }
 
 const BrokenNode kBroken[] = {
-    {"future_format", [](nlohmann::json& j) { j["format"] = 3; },
-     "node.json: format is 3 but this cairn reads formats 1..2 (re-run clusterize)"},
+    {"future_format", [](nlohmann::json& j) { j["format"] = 4; },
+     "node.json: format is 4 but this cairn reads formats 1..3 (re-run clusterize)"},
+    {"shared_relay_with_copy",
+     [](nlohmann::json& j) { j["shared_parameters"][0]["local_name"] = "conv2.weight"; },
+     "node.json: shared_parameters[0].local_name must be null: this node only relays \"emb.weight\""},
+    {"shared_holder_without_copy",
+     [](nlohmann::json& j) { j["shared_parameters"][0]["stages"] = {1, 2}; },
+     "node.json: shared_parameters[0].local_name is required: stage 1 holds a copy of \"emb.weight\""},
+    {"shared_copy_not_a_parameter",
+     [](nlohmann::json& j) {
+       j["shared_parameters"][0]["stages"] = {0, 1};
+       j["shared_parameters"][0]["local_name"] = "emb.weight";
+     },
+     "node.json: shared_parameters[0].local_name \"emb.weight\" is not among this node's parameters"},
+    {"shared_one_stage", [](nlohmann::json& j) { j["shared_parameters"][0]["stages"] = {2, 2}; },
+     "node.json: shared_parameters[0].stages must list two or more different stages in ascending order"},
     {"role_mismatch", [](nlohmann::json& j) { j["role"] = "leaf"; },
      "node.json: role is \"leaf\" but stage 1 of 3 is a stem"},
     {"stage_out_of_range", [](nlohmann::json& j) { j["stage"] = 3; },
