@@ -37,6 +37,10 @@ struct CarryStage {
   // shapes and dtypes.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   std::vector<std::string> trainable;  // the optimizer's order (trainableParameters)
+  // A parameter's other names: tied inside the stage (one tensor under several names) and, for a
+  // copy of a parameter several stages hold (node.json shared_parameters), its first name. Only
+  // names with others are keys.
+  std::map<std::string, std::vector<std::string>> aliases;
 };
 
 CarryStage carryStageOf(const NodeSpec& node, const torch::jit::Module& stage);

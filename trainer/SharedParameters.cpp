@@ -20,6 +20,17 @@ std::string shapeText(const torch::Tensor& t) {
 
 }  // namespace
 
+void checkSharedParameters(const NodeSpec& node, const TrainOptions& options,
+                           const std::string& job_path) {
+  if (node.shared_parameters.empty() || options.schedule != ScheduleKind::kAsync) return;
+  CAIRN_THROW(BadInput, job_path, ": training_definition.schedule is \"async\", but node ",
+              node.name, " shares parameter ", node.shared_parameters.front().name,
+              " with other stages (node.json shared_parameters), and the async schedule cannot "
+              "keep its copies equal (each stage steps on its own); use schedule \"sync\", or "
+              "re-run clusterize with this job (it keeps such a parameter in one stage for the "
+              "async schedule)");
+}
+
 SharedParameters::SharedParameters(TrainerContext& ctx, TimedLink& link)
     : ctx_(ctx), link_(link), stage_(ctx.cfg.node.stage) {
   std::map<std::string, torch::Tensor> parameters;
@@ -39,12 +50,7 @@ SharedParameters::SharedParameters(TrainerContext& ctx, TimedLink& link)
     }
     groups_.push_back(std::move(g));
   }
-  if (!groups_.empty() && ctx_.opt.schedule == ScheduleKind::kAsync)
-    CAIRN_THROW(BadInput, "node.json of ", ctx_.cfg.node.name, " shares parameter ",
-                groups_.front().name,
-                " with other stages, which the async schedule cannot keep equal (each stage "
-                "steps on its own); use schedule \"sync\", or re-run clusterize with this job "
-                "(it keeps such parameters in one stage for the async schedule)");
+  checkSharedParameters(ctx_.cfg.node, ctx_.opt, "job.json");
 }
 
 std::vector<SharedParameters::Group*> SharedParameters::across(int upper) {

@@ -26,9 +26,16 @@
 #include <string>
 #include <vector>
 
+#include "core/NodeData.h"
+#include "trainer/TrainOptions.h"
 #include "trainer/TrainerContext.h"
 
 namespace cairn {
+
+// BadInput naming `job_path` when `node` shares parameters with other stages and `options` asks
+// for the async schedule, which cannot keep copies equal (each stage steps on its own).
+void checkSharedParameters(const NodeSpec& node, const TrainOptions& options,
+                           const std::string& job_path);
 
 class SharedParameters {
  public:

@@ -20,6 +20,7 @@
 #include "node/ring/RingClusterSync.h"
 #include "node/transport/ZmqTransport.h"
 #include "trainer/Device.h"
+#include "trainer/SharedParameters.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/StageTrainer.h"
 
@@ -83,6 +84,7 @@ StageTrainerConfig trainerConfig(const ProviderRunOptions& options, const NodeSp
   StageTrainerConfig config;
   config.node = node;
   config.options = parseTrainOptions(job.training, job_path);
+  checkSharedParameters(node, config.options, job_path);
   config.data = parseDataOptions(job.data, job_path);
   config.num_clusters = countClusters(options.node_data, node);
   config.metrics_path = dir + "/metrics.jsonl";

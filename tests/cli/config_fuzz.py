@@ -110,8 +110,13 @@ CASES = [
     ("node_address_port_too_big", "provider", edit(NODE, setp("address", "127.0.0.1:70000")), NODE, "address"),
     ("node_address_port_zero", "provider", edit(NODE, setp("address", "127.0.0.1:0")), NODE, "address"),
     ("node_unknown_key", "provider", edit(NODE, setp("adress", "127.0.0.1:1")), NODE, "adress"),
-    ("node_format_3", "provider", edit(NODE, setp("format", 3)), NODE, "format"),
+    ("node_format_4", "provider", edit(NODE, setp("format", 4)), NODE, "format"),
     ("node_role_mismatch", "provider", edit(NODE, setp("role", "stem")), NODE, "role"),
+    ("node_shared_one_stage", "provider",
+     edit(NODE, setp("shared_parameters", [{"name": "0.weight", "stages": [0, 0], "local_name": "0.weight"}])),
+     NODE, "shared_parameters[0].stages"),
+    ("node_shared_wrong_type", "provider", edit(NODE, setp("shared_parameters", "0.weight")), NODE,
+     "shared_parameters"),
     ("node_name_mismatch", "provider", edit(NODE, setp("name", "node_7")), NODE, "node_7"),
     ("node_wrong_job_id", "provider", edit(NODE, setp("job_id", "another-job")), NODE, "job_id"),
     ("node_duplicate_parameter", "provider",
@@ -160,7 +165,7 @@ CASES = [
     ("plan_truncated", "merge", lambda nd: write(os.path.join(nd, PLAN), open(os.path.join(nd, PLAN)).read()[:50]),
      PLAN, "not valid JSON"),
     ("plan_clusters_wrong_type", "merge", edit(PLAN, setp("clusters", "all")), PLAN, "clusters"),
-    ("plan_format_3", "merge", edit(PLAN, setp("format", 3)), PLAN, "format"),
+    ("plan_format_4", "merge", edit(PLAN, setp("format", 4)), PLAN, "format"),
 ]
 
 

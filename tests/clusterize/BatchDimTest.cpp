@@ -86,7 +86,7 @@ TEST(BatchDim, NodeJsonWritesAndReadsBatchDim) {
   n.inputs = {positions, transposed, BoundaryValue{"x", "tensor", "float32", {8, 16, 32}}};
   n.outputs = {BoundaryValue{"logits", "tensor", "float32", {8, 16, 50}}};
   nlohmann::json j = toJson(n);
-  EXPECT_EQ(j["format"], 2);
+  EXPECT_EQ(j["format"], kNodeDataFormat);
   EXPECT_TRUE(j["inputs"][0]["batch_dim"].is_null());
   EXPECT_EQ(j["inputs"][1]["batch_dim"], 1);
   EXPECT_EQ(j["inputs"][2]["batch_dim"], 0);
