@@ -92,7 +92,10 @@ void declarePlanner(CLI::App& app, ClusterizeFlags& f) {
                  "fix the stage boundaries instead of letting the planner choose: unit "
                  "indices where stages 1, 2, ... begin, e.g. --cuts 4,9 (3 stages); each "
                  "cluster gets exactly these stages, the planner still places them on nodes. "
-                 "plan.json's \"units\" lists the units and which are valid cuts")
+                 "plan.json's \"units\" lists the units and which are valid cuts; a "
+                 "parameter used on both sides of a cut (tied embeddings) gets a copy in each "
+                 "stage, kept equal every step (plan.json \"shared_parameters\"; with the "
+                 "async schedule it stays in one stage)")
       ->delimiter(',');
   app.add_option("--profile-runs", f.plan.profile.timed_runs,
                  "timed forward+backward runs per unit (the fastest is kept)")
