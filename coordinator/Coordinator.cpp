@@ -318,10 +318,17 @@ struct Coordinator::Impl {
   void onCheckpoint(const CheckpointUpload& c) {
     const auto previous = store->checkpoint(c.name);
     const auto m = store->memberByName(c.name);
-    if (previous && previous->step >= c.step) {  // a resend or an older one: say what it holds
+    // A repeat (same step, same bytes) changes nothing. Anything else replaces what is held: a
+    // node sends an older step, or the same step with other bytes, only once its cluster resumed
+    // from an earlier checkpoint (trainer/TrainerCheckpoints.cpp drops the newer ones), and a
+    // spare must be given the run its neighbours train now, not the abandoned one.
+    if (previous && previous->step == c.step && previous->checksum == c.checksum) {
       if (m) reply(m->public_key, encode(CheckpointAck{c.name, previous->step, keepFrom()}));
       return;
     }
+    if (previous && previous->step >= c.step)
+      CAIRN_INFO("coordinator: ", c.name, "'s checkpoint of step ", previous->step,
+                 " is replaced by one of step ", c.step, " (its cluster resumed from an earlier step)");
     const std::string dir = o.out + "/checkpoints/" + c.name;
     std::filesystem::create_directories(dir);
     const std::string path = dir + "/step_" + std::to_string(c.step) + ".ckpt";

@@ -103,6 +103,14 @@ std::vector<int64_t> namedSteps(const std::string& dir) {
 
 }  // namespace
 
+std::vector<int64_t> removeCheckpointsAfter(const std::string& dir, int64_t step) {
+  std::vector<int64_t> removed;
+  std::error_code ec;
+  for (int64_t s : namedSteps(dir))
+    if (s > step && fs::remove(checkpointPath(dir, s), ec)) removed.push_back(s);
+  return removed;
+}
+
 std::string checkpointPath(const std::string& dir, int64_t step) {
   return (fs::path(dir) / ("step_" + std::to_string(step) + ".ckpt")).string();
 }
@@ -132,13 +140,8 @@ void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t
   // Checkpoints of later steps belong to a run that was resumed from an earlier one: this one
   // supersedes them. Then keep the newest `keep` (by step) and those from `keep_from` on, delete
   // the rest and any temporary files left by a crash.
-  std::vector<int64_t> steps;
-  for (int64_t s : namedSteps(dir)) {
-    if (s > data.step)
-      fs::remove(checkpointPath(dir, s), ec);
-    else
-      steps.push_back(s);
-  }
+  removeCheckpointsAfter(dir, data.step);
+  std::vector<int64_t> steps = namedSteps(dir);
   if (keep > 0 && int64_t(steps.size()) > keep)
     for (size_t i = 0; i + size_t(keep) < steps.size(); ++i)
       if (keep_from < 0 || steps[i] < keep_from) fs::remove(checkpointPath(dir, steps[i]), ec);

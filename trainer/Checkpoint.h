@@ -34,6 +34,9 @@ std::string checkpointPath(const std::string& dir, int64_t step);
 // neighbours too); -1: only the newest `keep`.
 void writeCheckpoint(const std::string& dir, const CheckpointData& data, int64_t keep,
                      int64_t keep_from = -1);
+// Deletes the checkpoints in `dir` of a step later than `step` (a run resumed from `step` trains
+// those steps again: the files are of the abandoned run); returns their steps.
+std::vector<int64_t> removeCheckpointsAfter(const std::string& dir, int64_t step);
 // Steps of the checkpoints in `dir` that verify, ascending (corrupt ones skipped with a warning;
 // a missing folder gives none).
 std::vector<int64_t> validCheckpointSteps(const std::string& dir);

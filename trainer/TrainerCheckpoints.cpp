@@ -240,6 +240,12 @@ void TrainerCheckpoints::load() {
   resume_.start_step = d.step;
   resumed_meta_ = m;
   CAIRN_INFO("resuming from ", path, " (step ", resume_.start_step, ")");
+  // Checkpoints of later steps are of the run abandoned here: gone now, not at the next write, so
+  // none of them is uploaded or agreed on as if this run had trained it (provider --join uploads
+  // the newest held: step `resume_step` again, which the coordinator takes as a roll-back).
+  for (int64_t s : removeCheckpointsAfter(ctx_.cfg.checkpoint_dir, d.step))
+    CAIRN_INFO("dropped checkpoint ", checkpointPath(ctx_.cfg.checkpoint_dir, s),
+               ": written before this run resumed from step ", d.step);
   ctx_.metrics.write({{"resumed_from", resume_.start_step}});
 }
 

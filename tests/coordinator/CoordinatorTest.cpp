@@ -407,10 +407,12 @@ TEST(LiveCoordinator, KeepsItsInviteAcrossARestart) {
 namespace cairn::coordinator {
 namespace {
 
-// Checkpoint uploads: each is answered with `checkpoint_ack` naming the newest step held; only the
-// newest per node is kept on disk (the older file removed) and in coordinator.db; an older or
-// repeated upload changes nothing and is answered with the step held.
-TEST(LiveCoordinator, KeepsOnlyTheNewestCheckpointPerNodeAndAcknowledgesIt) {
+// Checkpoint uploads: each is answered with `checkpoint_ack` naming the step held; one per node is
+// kept on disk (the previous file removed) and in coordinator.db: the last one sent, unless it
+// repeats the held one (same step and bytes: nothing changes). A node sends an older step, or the
+// same step with other bytes, only after its cluster resumed from an earlier checkpoint (issue [Q]:
+// the abandoned run's step kept here was given to a spare whose neighbours train another run).
+TEST(LiveCoordinator, KeepsTheLastCheckpointPerNodeAndAcknowledgesIt) {
   const std::string out = freshDir("checkpoints");
   LiveCoordinator coordinator(out);
   zmq::context_t ctx;
@@ -444,17 +446,22 @@ TEST(LiveCoordinator, KeepsOnlyTheNewestCheckpointPerNodeAndAcknowledgesIt) {
   EXPECT_EQ(upload(20, "twenty"), 20);
   EXPECT_EQ(held(), std::vector<std::string>{"step_20.ckpt"});
   EXPECT_EQ(contents("step_20.ckpt"), "twenty");
-  EXPECT_EQ(upload(15, "fifteen"), 20);  // older: the coordinator keeps step 20
-  EXPECT_EQ(upload(20, "other"), 20);    // repeated step: kept as first stored
-  EXPECT_EQ(held(), std::vector<std::string>{"step_20.ckpt"});
+  EXPECT_EQ(upload(20, "twenty"), 20);  // a resend: nothing changes
   EXPECT_EQ(contents("step_20.ckpt"), "twenty");
+  EXPECT_EQ(upload(15, "fifteen"), 15);  // resumed from step 15: the abandoned step 20 goes
+  EXPECT_EQ(held(), std::vector<std::string>{"step_15.ckpt"});
+  EXPECT_EQ(contents("step_15.ckpt"), "fifteen");
+  EXPECT_EQ(upload(20, "other"), 20);  // step 20 of the resumed run
+  EXPECT_EQ(upload(20, "other"), 20);
+  EXPECT_EQ(held(), std::vector<std::string>{"step_20.ckpt"});
+  EXPECT_EQ(contents("step_20.ckpt"), "other");
   coordinator.stop();
   CoordinatorStore store(out + "/coordinator.db");
   const auto row = store.checkpoint(name);
   ASSERT_TRUE(row.has_value());
   EXPECT_EQ(row->step, 20);
   EXPECT_EQ(row->path, out + "/checkpoints/" + name + "/step_20.ckpt");
-  EXPECT_EQ(row->checksum, fnv1a64("twenty"));
+  EXPECT_EQ(row->checksum, fnv1a64("other"));
 }
 
 }  // namespace

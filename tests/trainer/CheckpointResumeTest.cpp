@@ -146,6 +146,37 @@ TEST(CheckpointResume, SyncStopOnANonRootNodeThenResumeIsBitIdentical) {
   fs::remove_all(dir);
 }
 
+// A run resumed from an older step than a node's newest checkpoint (its cluster agreed on that
+// step after a loss) drops the newer checkpoints when it loads, not at its next write: they are of
+// the abandoned run, and until then a volunteer would neither upload the step it resumed from nor
+// could a resume agreement tell them from the new run's (issue [Q]: a spare was given such a step
+// and its neighbours, which had deleted it, could not resume with it).
+TEST(CheckpointResume, ResumingFromAnOlderStepDropsTheNewerCheckpointsWhenLoading) {
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string dir = scratch("older");
+  const testing::PipelineRun reference = testing::runInMemoryPipeline(nodeData(), syncOptions);
+  const testing::PipelineRun stopped = testing::runInMemoryPipeline(
+      nodeData(), syncCheckpointEvery2, [&](int i, StageTrainerConfig& c) {
+        c.checkpoint_dir = nodeDir(dir, i);
+        if (i == 1) c.stop_requested = stopFromPoll(4);
+      });
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(validCheckpointSteps(nodeDir(dir, i)), (std::vector<int64_t>{2, 4, 5}));
+  // Node i's trainer loads its checkpoint when it is made, before node i + 1's config is made.
+  std::vector<std::vector<int64_t>> held_after_loading;
+  const testing::PipelineRun resumed = testing::runInMemoryPipeline(
+      nodeData(), syncCheckpointEvery2, [&](int i, StageTrainerConfig& c) {
+        if (i > 0) held_after_loading.push_back(validCheckpointSteps(nodeDir(dir, i - 1)));
+        c.checkpoint_dir = nodeDir(dir, i);
+        c.resume_step = 4;
+      });
+  ASSERT_EQ(held_after_loading.size(), 2u);
+  for (const auto& held : held_after_loading) EXPECT_EQ(held, (std::vector<int64_t>{2, 4}));
+  expectSameLosses(reference.losses, stopped.losses, 4, resumed.losses);
+  expectSameState(reference, resumed);
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointResume, AsyncStopDrainsAndResumeIsBitIdentical) {
   ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const std::string dir = scratch("async");
