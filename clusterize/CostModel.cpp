@@ -1,5 +1,7 @@
 #include "clusterize/CostModel.h"
 
+#include <algorithm>
+
 #include "core/Error.h"
 
 namespace cairn::clusterize {
@@ -40,8 +42,10 @@ int optimizerStateCopies(OptimizerKind kind) {
 }
 
 CostModel::CostModel(std::vector<AtomCost> atoms, std::vector<double> boundary_bytes,
-                     CostOptions options, std::vector<double> wire_bytes)
+                     CostOptions options, std::vector<double> wire_bytes,
+                     std::vector<SharedCost> shared)
     : atoms_(std::move(atoms)),
+      shared_(std::move(shared)),
       boundary_(std::move(boundary_bytes)),
       wire_(std::move(wire_bytes)),
       options_(options) {
@@ -66,8 +70,22 @@ CostModel::CostModel(std::vector<AtomCost> atoms, std::vector<double> boundary_b
   }
 }
 
+double CostModel::sharedExcess(int begin, int end, double per_parameter,
+                               double per_trainable) const {
+  double excess = 0;
+  for (const SharedCost& s : shared_) {
+    const auto first = std::lower_bound(s.atoms.begin(), s.atoms.end(), begin);
+    const auto last = std::lower_bound(s.atoms.begin(), s.atoms.end(), end);
+    const auto uses = last - first;
+    if (uses > 1)
+      excess += double(uses - 1) * (per_parameter * s.parameter_bytes + per_trainable * s.trainable_bytes);
+  }
+  return excess;
+}
+
 double CostModel::memoryLowerBound(int begin, int end) const {
-  return static_prefix_[end] - static_prefix_[begin] +
+  const double copies = 1 + optimizerStateCopies(options_.optimizer);
+  return static_prefix_[end] - static_prefix_[begin] - sharedExcess(begin, end, 1, copies) +
          options_.microbatches * (saved_prefix_[end] - saved_prefix_[begin]);
 }
 
@@ -96,11 +114,11 @@ double CostModel::deviceOutBytes(int begin, int end) const {
 }
 
 double CostModel::stateBytes(int begin, int end) const {
-  return state_prefix_[end] - state_prefix_[begin];
+  return state_prefix_[end] - state_prefix_[begin] - sharedExcess(begin, end, 1, 0);
 }
 
 double CostModel::trainableBytes(int begin, int end) const {
-  return trainable_prefix_[end] - trainable_prefix_[begin];
+  return trainable_prefix_[end] - trainable_prefix_[begin] - sharedExcess(begin, end, 0, 1);
 }
 
 }  // namespace cairn::clusterize

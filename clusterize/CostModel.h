@@ -2,7 +2,8 @@
 // Pure arithmetic over prefix sums (O(1) per query); no torch. Thread-safe for reading.
 //
 // Memory of a stage holding atoms [b, e):
-//   parameters + buffers + trainable parameters * (1 gradient + optimizer copies)
+//   parameters + buffers + trainable parameters * (1 gradient + optimizer copies), a parameter
+//   several of its atoms use (SharedCost) counted once
 //   + microbatches * (bytes saved for backward + incoming boundary kept as autograd leaf)
 //   + incoming boundary + outgoing boundary (one receive/send buffer each)
 // optimizer copies: 0 SGD, 1 momentum, 2 Adam/AdamW. All micro-batches of a step are assumed in
@@ -37,12 +38,20 @@ struct AtomCost {
   double seconds = 0;  // forward + backward at the profiling host's speed
 };
 
+// A parameter several atoms use (ModelGraph.h SharedParameter): each atom's profile counts it, a
+// stage holds it once (its copy) however many of its atoms use it.
+struct SharedCost {
+  std::vector<int> atoms;  // the atom of each profiled use, ascending (repeats allowed)
+  double parameter_bytes = 0;
+  double trainable_bytes = 0;  // 0 for a parameter that does not require a gradient
+};
+
 class CostModel {
  public:
   // boundary_bytes has atoms.size() + 1 entries (entry 0: the model inputs): what each cut holds
   // in memory. wire_bytes (same length, or empty: equal to boundary_bytes) is what each cut sends.
   CostModel(std::vector<AtomCost> atoms, std::vector<double> boundary_bytes, CostOptions options,
-            std::vector<double> wire_bytes = {});
+            std::vector<double> wire_bytes = {}, std::vector<SharedCost> shared = {});
 
   int numAtoms() const { return static_cast<int>(atoms_.size()); }
   const AtomCost& atom(int index) const { return atoms_.at(index); }
@@ -66,7 +75,11 @@ class CostModel {
   double trainableBytes(int begin, int end) const;
 
  private:
+  // What the atoms of [begin, end) count more than once of the shared parameters, weighted.
+  double sharedExcess(int begin, int end, double per_parameter, double per_trainable) const;
+
   std::vector<AtomCost> atoms_;
+  std::vector<SharedCost> shared_;
   std::vector<double> boundary_;
   std::vector<double> wire_;
   CostOptions options_;

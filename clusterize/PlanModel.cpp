@@ -112,6 +112,28 @@ int64_t parameterBytes(const ModelGraph& graph, const std::string& name) {
   return t.numel() * static_cast<int64_t>(t.element_size());
 }
 
+// The shared parameters as the cost model counts them: the planning atom of each profiled atom
+// whose parameters name one (so a stage holding several of those atoms counts it once).
+std::vector<SharedCost> sharedCosts(const ModelGraph& graph, const ModelProfile& profile,
+                                    const PlanningAtoms& planning) {
+  std::vector<SharedCost> out;
+  for (const SharedParameter& shared : graph.sharedParameters()) {
+    SharedCost cost;
+    const at::Tensor t = attributeAt(graph.model(), shared.name).toTensor();
+    cost.parameter_bytes = double(parameterBytes(graph, shared.name));
+    cost.trainable_bytes = t.requires_grad() ? cost.parameter_bytes : 0;
+    for (int a = 0; a < int(profile.atoms.size()); ++a)
+      for (const auto& name : profile.atoms[a].parameters)
+        if (std::count(shared.names.begin(), shared.names.end(), name)) {
+          const auto k = std::upper_bound(planning.first_atom.begin(), planning.first_atom.end(), a);
+          cost.atoms.push_back(int(k - planning.first_atom.begin()) - 1);
+          break;
+        }
+    out.push_back(std::move(cost));
+  }
+  return out;
+}
+
 // What each planning cut sends per micro-batch in `codec`: its profiled bytes with every float32
 // tensor counted in the form it travels (core/WireCompression.h float32WireBytes).
 std::vector<double> wireBytes(const ModelGraph& graph, const ModelProfile& profile,
@@ -282,7 +304,10 @@ PlannedStage plannedStage(const PlacementContext& ctx, const StagePlacement& pla
     stage.units.push_back(ctx.graph.units()[u].label);
   stage.parameters = ctx.state.byModelOrder(params);
   stage.buffers = ctx.state.byModelOrder(buffers);
-  for (const auto& p : stage.parameters) stage.parameter_count += ctx.state.elements.at(p);
+  std::set<const c10::TensorImpl*> counted;  // a tensor tied under several names counts once
+  for (const auto& p : stage.parameters)
+    if (counted.insert(attributeAt(ctx.graph.model(), p).toTensor().unsafeGetTensorImpl()).second)
+      stage.parameter_count += ctx.state.elements.at(p);
   stage.inputs = ctx.profile.describeCut(ctx.graph, stage.begin_unit);
   stage.outputs = ctx.profile.describeCut(ctx.graph, stage.end_unit);
   stage.memory_bytes = placement.memory_bytes;
@@ -434,7 +459,8 @@ ClusterizeResult planModel(const ModelGraph& graph, const ModelProfile& profile,
   const std::string wire_activations = wireActivations(job);
   const CostModel cost(planning.atoms, planning.boundary_bytes, settings.cost,
                        wireBytes(graph, profile, planning, wire_activations,
-                                 double(settings.cost.microbatches)));
+                                 double(settings.cost.microbatches)),
+                       sharedCosts(graph, profile, planning));
   GpuPlanChoice gpu;
   const std::vector<PlannerNode> nodes = nodesFor(configs, job, settings, &gpu);
   checkFits(graph, planning, cost, configs, nodes, settings);

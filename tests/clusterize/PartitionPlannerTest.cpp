@@ -231,6 +231,24 @@ TEST(CostModel, OptimizerStateAndMicrobatchesEnterMemory) {
   EXPECT_DOUBLE_EQ(adam.transferBytes(0, 2), 0);        // one stage sends nothing
 }
 
+// A tied embedding and head (one 64-byte trainable parameter used by atoms 0 and 2, each of which
+// counts it): a stage holding both holds it once, with one gradient and one optimizer state;
+// stages holding one each hold a copy each.
+TEST(CostModel, ASharedParameterIsHeldOncePerStage) {
+  const std::vector<AtomCost> atoms = {{64, 64, 0, 0, 1}, {10, 10, 0, 0, 1}, {64, 64, 0, 0, 1}};
+  const std::vector<double> boundary = {0, 0, 0, 0};
+  const CostModel plain(atoms, boundary, {OptimizerKind::kAdam, 1});
+  const CostModel shared(atoms, boundary, {OptimizerKind::kAdam, 1}, {}, {SharedCost{{0, 2}, 64, 64}});
+  // Adam: parameter + gradient + 2 states = 4 copies of each trainable byte.
+  EXPECT_DOUBLE_EQ(plain.memoryBytes(0, 3), 4 * (64 + 10 + 64));
+  EXPECT_DOUBLE_EQ(shared.memoryBytes(0, 3), 4 * (64 + 10));
+  EXPECT_DOUBLE_EQ(shared.memoryBytes(0, 2), plain.memoryBytes(0, 2));  // one use in the range
+  EXPECT_DOUBLE_EQ(shared.memoryBytes(2, 3), plain.memoryBytes(2, 3));
+  EXPECT_DOUBLE_EQ(shared.stateBytes(0, 3), 64 + 10);
+  EXPECT_DOUBLE_EQ(shared.trainableBytes(0, 3), 64 + 10);
+  EXPECT_DOUBLE_EQ(shared.trainableBytes(0, 1) + shared.trainableBytes(1, 3), 64 + 10 + 64);
+}
+
 // With compressed activations (wire bytes) only the transfer changes: memory still holds float32,
 // and on a slow link the planner's bottleneck follows the smaller transfer.
 TEST(CostModel, WireBytesChangeTransferNotMemory) {
