@@ -203,9 +203,11 @@ void RingClusterSync::synchronize() {
     transact(context_, r, /*gradients=*/false, /*admit=*/true, [this, &r] {
       switch (context_.sync.mode) {
         case SyncMode::kAverage:
+          checkContributions(r, *r.group);
           reduceBuckets(r, *r.group, true, true);
           break;
         case SyncMode::kDiLoCo:
+          checkContributions(r, *r.group);
           outerStep(r, *r.group, context_.sync);
           break;
         case SyncMode::kGradients:

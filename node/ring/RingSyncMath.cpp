@@ -1,6 +1,43 @@
 #include "node/ring/RingSyncMath.h"
 
+#include <algorithm>
+#include <string>
+
+#include "core/Error.h"
+
 namespace cairn {
+
+void checkContributions(RingBuckets& ring, ProcessGroup& group) {
+  double nonfinite = 0, largest = 0;
+  torch::NoGradGuard no_grad;
+  for (const auto& b : ring.buckets) {
+    if (b.numel == 0 || !b.parameters || !at::isFloatingType(b.dtype)) continue;
+    const torch::Tensor flat = ring.flatten(b, false).to(torch::kDouble);
+    if (!torch::isfinite(flat).all().item<bool>()) nonfinite = 1;
+    largest = std::max(largest, flat.abs().nan_to_num(0, 0, 0).max().item<double>());
+  }
+  const std::vector<torch::Tensor> all =
+      group.allGather(torch::tensor({nonfinite, largest}, torch::kDouble));
+  const auto& members = group.members();
+  for (size_t r = 0; r < all.size(); ++r) {
+    const auto s = all[r].accessor<double, 1>();
+    double others = 1;
+    for (size_t o = 0; o < all.size(); ++o)
+      if (o != r) others = std::max(others, all[o][1].item<double>());
+    const bool corrupt = s[0] != 0 || s[1] > kCorruptionFactor * others;
+    if (!corrupt) continue;
+    const std::string why = s[0] != 0 ? "holds a non-finite weight"
+                                      : detail::concat("holds a weight of magnitude ", s[1],
+                                                       ", over ", kCorruptionFactor,
+                                                       "x every other member's largest (", others, ")");
+    if (int(r) == group.rank())
+      CAIRN_THROW(BadInput, "this node's copy of the ring's parameters ", why,
+                  ": corrupt (a flipped bit, bad memory?); it must not be averaged or trained on");
+    CAIRN_THROW_LOST((PeerLoss{members[r], LossCause::kAborted, "corrupt weights", members[r]}),
+                     members[r], "'s copy of the ring's parameters ", why,
+                     ": dropped before the average");
+  }
+}
 
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers) {
   for (auto& b : ring.buckets) {

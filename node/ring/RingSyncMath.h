@@ -8,6 +8,9 @@
 //                     parameter has none), gradient bucket by gradient bucket (RingBuckets.h), in
 //                     order; averageGradientBucket is one of them (the overlapped path runs the same
 //                     buckets one at a time, so both give bit-identical results)
+//   checkContributions  before an average or DiLoCo step: every member's floating parameters are
+//                     checked against the ring's (below), so a silently corrupted copy (a flipped
+//                     exponent bit) is dropped before it is averaged into everyone's weights
 // Ownership: none (operates on the caller's buckets and group). Thread-safety: the ring's thread.
 #pragma once
 
@@ -17,6 +20,17 @@
 
 namespace cairn {
 
+// Every member's floating parameters, summarised (non-finite or not, the largest magnitude) and
+// all-gathered. A member whose copy holds a non-finite value, or whose largest magnitude exceeds
+// kCorruptionFactor x max(1, the largest of every other member), is corrupt: members start each
+// sync interval from one average and drift by a few local steps, never by three orders of
+// magnitude, while a flipped high exponent bit makes a weight infinite, NaN or ~1e38. This node
+// corrupt: BadInput (it must not train on; provider --join exits and its node goes to a spare).
+// Another corrupt: PeerLost naming it (kAborted), which the transaction takes as a loss: dropped,
+// and the sync redone among the others (every member gathers the same summaries, so every
+// survivor names the same member).
+constexpr double kCorruptionFactor = 1000;
+void checkContributions(RingBuckets& ring, ProcessGroup& group);
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers);
 void outerStep(RingBuckets& ring, ProcessGroup& group, const SyncOptions& sync);
 void averageGradients(RingBuckets& ring, ProcessGroup& group);

@@ -22,6 +22,8 @@
 //   the DiLoCo update over all three
 //   saveState/loadState: resuming from the saved outer state equals the uninterrupted run
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -529,6 +531,72 @@ TEST(RingClusterSyncFailures, MemberDyingMidAverageIsDroppedAndTheOthersAverageW
   EXPECT_EQ(views[2], (std::vector<std::string>{"x2"}));
   std::printf("lost mid-average: survivors redid 1 sync; x2 dropped %lld member(s)\n",
               static_cast<long long>(stats[2].members_lost));
+}
+
+// Silent corruption (issue [Q]): x2's copy of "0.weight" gets bit 30 of one float flipped (the top
+// exponent bit: 0.3 becomes ~1e38, a value of magnitude >= 1 becomes inf or NaN) before a sync. Its
+// contribution is checked before the average (RingSyncMath.h checkContributions): x2 refuses to go
+// on (BadInput naming the corruption), x0 and x1 drop it and average without it. Without the check
+// the average would carry the flipped value into every copy.
+void flipBit30(torch::jit::Module& stage, const std::string& name, int64_t index) {
+  torch::NoGradGuard no_grad;
+  for (const auto& p : stage.named_parameters(true))
+    if (p.name == name) {
+      float* value = p.value.data_ptr<float>() + index;
+      uint32_t bits;
+      std::memcpy(&bits, value, sizeof bits);
+      bits ^= uint32_t(1) << 30;
+      std::memcpy(value, &bits, sizeof bits);
+    }
+}
+
+void expectCorruptCopyDropped(bool to_non_finite) {
+  const State init = layerState("0", 5, 31);
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  std::vector<State> before(3), after(3);
+  std::vector<RingClusterSyncStats> stats(3);
+  std::vector<std::string> refused(3);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(5000);
+  runNodes(nodes, rings, {init, init, init}, {},
+           [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+             perturbSeeded(stage, 700 + i);
+             if (i == 2) {
+               // The first element of magnitude below 1 (a huge finite result) or at least 1.
+               const torch::Tensor w = stateOf(stage).at("0.weight").flatten();
+               int64_t index = 0;
+               while ((std::abs(w[index].item<float>()) >= 1) != to_non_finite) ++index;
+               flipBit30(stage, "0.weight", index);
+             }
+             before[i] = stateOf(stage);
+             try {
+               sync.synchronize();
+             } catch (const BadInput& e) {
+               refused[i] = e.what();
+             }
+             after[i] = stateOf(stage);
+             stats[i] = sync.stats();
+           },
+           setup);
+  EXPECT_NE(refused[2].find("corrupt"), std::string::npos) << refused[2];
+  EXPECT_NE(refused[2].find(to_non_finite ? "non-finite" : "magnitude"), std::string::npos)
+      << refused[2];
+  EXPECT_TRUE(refused[0].empty() && refused[1].empty()) << refused[0] << refused[1];
+  expectAverages(before, after, {{"ring_0", namesOf(init), {"x0", "x1"}}}, nodes);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(stats[i].members_lost, 1) << i;
+    EXPECT_TRUE(torch::isfinite(after[i].at("0.weight")).all().item<bool>()) << i;
+    EXPECT_LT(after[i].at("0.weight").abs().max().item<double>(), 10) << i;
+  }
+}
+
+TEST(RingClusterSyncFailures, ACopyWithAFlippedExponentBitIsDroppedBeforeTheAverage) {
+  expectCorruptCopyDropped(/*to_non_finite=*/false);
+}
+
+TEST(RingClusterSyncFailures, ACopyWithANonFiniteWeightIsDroppedBeforeTheAverage) {
+  expectCorruptCopyDropped(/*to_non_finite=*/true);
 }
 
 // Concurrent rings fail independently: "a" is in ring_0 {a, b, d} and ring_1 {a, c}, which run at
