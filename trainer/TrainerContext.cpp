@@ -5,6 +5,7 @@
 #include "trainer/ClusterSync.h"
 #include "trainer/Optimizer.h"
 #include "trainer/SharedParameters.h"
+#include "trainer/TestFlipBit.h"
 #include "trainer/StageExecutor.h"
 
 namespace cairn {
@@ -47,6 +48,7 @@ void optimizerStep(TrainerContext& ctx, double lr, int64_t sync_step, bool new_v
   ctx.optimizer.step(lr);
   ctx.optimizer.zeroGrad();
   ctx.times.compute_s += secondsSince(t);
+  testFlipBit(ctx.executor.module(), ctx.cfg.node.cluster, ctx.cfg.node.stage, sync_step + 1);
   if (ctx.cfg.cluster_sync) {
     const auto ts = TrainerClock::now();
     ctx.cfg.cluster_sync->afterOptimizerStep(sync_step, ctx.executor.module());

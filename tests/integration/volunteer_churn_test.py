@@ -11,6 +11,9 @@ frozen_replaced
     See its function: a frozen volunteer replaced, then woken, cannot take its node back.
 lost_after_finishing
     See its function: a volunteer lost between its final checkpoint and its result.
+bit_flip
+    See its function: a flipped exponent bit in one volunteer's weights is caught before the
+    average spreads it, and that volunteer's node goes to a spare.
 """
 import json
 import os
@@ -20,7 +23,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
-from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, STEPS, TEST_SAMPLES, TRAINING,  # noqa: E402
+from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, RING_STEPS, STEPS, TEST_SAMPLES,  # noqa: E402
+                                    TRAINING,
                                     hold_root, key_of, leaf_records, name_of, run_reference,
                                     three_and_a_spare)
 
@@ -130,8 +134,71 @@ def case_lost_after_finishing(args):
         vt.fail("the run finished from a checkpoint differs from the uninterrupted run")
 
 
+FLIP_AT = 25  # after the Root's checkpoint of step 20 (checkpoint_every 10), before that of step 30
+
+
+def case_bit_flip(args):
+    """Issue [Q], silent corruption: 2 clusters x 3 stages and a spare, averaging every step. Right
+    after step FLIP_AT, cluster 0's Root flips bit 30 (the top exponent bit) of conv1.weight[0]
+    (CAIRN_TEST_FLIP_BIT, trainer/TestFlipBit.h): the value becomes ~1e38, inf or NaN. The ring
+    check before that step's average (node/ring/RingSyncMath.h checkContributions) finds it: the Root
+    refuses to go on and its volunteer exits naming the corruption, its ring peer drops it and
+    averages without it, the spare takes the node over from its checkpoint of step 20 (written
+    before the flip) and the run finishes. Cluster 1's Root holds before step HOLD_AT until the
+    spare's cluster agreed on its resume step, so the replacement finds its ring peer training.
+    Checks: the flip happened and was refused by the volunteer that made it (exit 2, "corrupt"); the
+    coordinator gave its node to the spare; every parameter of both clusters' trained stages is
+    finite and below 1e3 in magnitude (without the check the flipped value is averaged into every
+    copy: ~5e37, inf or NaN); each cluster's weights evaluate in PyTorch to its Leaf's accuracy."""
+    flags = ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14", "--lost-after-s", "8"]
+    os.makedirs(args.work, exist_ok=True)
+    once = os.path.join(args.work, "flipped")
+    os.environ["CAIRN_TEST_FLIP_BIT"] = f"0:0:{FLIP_AT}:conv1.weight:0:30:{once}"
+    release = os.path.join(args.work, "release_cluster_1")
+    os.environ["CAIRN_TEST_HOLD"] = f"1:{HOLD_AT}:{release}"
+    run = vt.start_run(args, RING_STEPS, TEST_SAMPLES, flags, 7, TRAINING)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(6, ["--upload-mbps", "200"])
+        run.wait_planned(2, 180)
+        run.join(1)
+        coordinator.wait_for(lambda l: "joined: node_6 " in l and ", spare" in l, 120, "the spare")
+        root = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][0]
+        flipper = next(v for v, w in volunteers[:6] if name_of(w) == root)
+        flipper.wait_for(lambda l: "CAIRN_TEST_FLIP_BIT: flipped bit 30 of conv1.weight[0]" in l, 300, "the flip")
+        code = flipper.finish(120)
+        taken = coordinator.wait_for(lambda l: f"coordinator: {root} is taken over by spare node_6" in l, 120,
+                                     "the takeover")
+        print(taken.strip())
+        volunteers[6][0].wait_for(lambda l: "resume: the cluster agreed on step" in l, 120,
+                                  "the replacement's resume agreement")
+        open(release, "w").close()
+        run.all_finish(but=flipper)
+    said = [l.strip() for l in flipper.lines if "corrupt" in l]
+    if code != 2 or not said:
+        vt.fail(f"the volunteer that flipped a bit exited {code} without naming the corruption")
+    print(f"{root}'s volunteer exited {code}: {said[-1]}")
+    import torch
+    worst = 0.0
+    for cluster in json.load(open(os.path.join(out, "plan.json")))["clusters"]:
+        for node in cluster["chain"]:
+            stage = torch.jit.load(os.path.join(out, "nodes", node, "trained_stage.pt"))
+            for name, p in stage.named_parameters():
+                if not torch.isfinite(p).all():
+                    vt.fail(f"{node}'s trained {name} holds a non-finite value: the corruption spread")
+                worst = max(worst, p.abs().max().item())
+    print(f"largest trained weight magnitude over both clusters: {worst:.4g}")
+    if worst >= 1e3:
+        vt.fail(f"a trained weight of magnitude {worst}: the corruption spread")
+    vt.check_cluster_weights(args, out, lambda path: vt.evaluate(path, TEST_SAMPLES),
+                             "cluster {cluster} ({leaf}): Leaf reports {reported:.4f}, its weights in "
+                             "PyTorch {accuracy:.4f}",
+                             "cluster {cluster}'s weights evaluate to {accuracy} in PyTorch, its Leaf "
+                             "reported {reported}")
+
+
 def main():
-    vt.main_of(["frozen_replaced", "lost_after_finishing"], globals())
+    vt.main_of(["frozen_replaced", "lost_after_finishing", "bit_flip"], globals())
 
 
 if __name__ == "__main__":
