@@ -56,6 +56,10 @@ CarryStage carryStageOf(const NodeSpec& node, const torch::jit::Module& stage) {
       for (const auto& name : names)
         for (const auto& other : names)
           if (other != name) s.aliases[name].push_back(other);
+  // A copy used under one name by several stages (a parameter two units use) has no other name,
+  // and is shared all the same.
+  for (const SharedParameterSpec& shared : node.shared_parameters)
+    if (!shared.local_name.empty()) s.aliases[shared.local_name];
   return s;
 }
 

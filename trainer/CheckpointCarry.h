@@ -38,8 +38,8 @@ struct CarryStage {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   std::vector<std::string> trainable;  // the optimizer's order (trainableParameters)
   // A parameter's other names: tied inside the stage (one tensor under several names) and, for a
-  // copy of a parameter several stages hold (node.json shared_parameters), its first name. Only
-  // names with others are keys.
+  // copy of a parameter several stages hold (node.json shared_parameters), its first name. Keys:
+  // the names with others, and every such copy's name (its list may be empty: one name).
   std::map<std::string, std::vector<std::string>> aliases;
 };
 
