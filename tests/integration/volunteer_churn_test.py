@@ -144,8 +144,10 @@ def case_bit_flip(args):
     check before that step's average (node/ring/RingSyncMath.h checkContributions) finds it: the Root
     refuses to go on and its volunteer exits naming the corruption, its ring peer drops it and
     averages without it, the spare takes the node over from its checkpoint of step 20 (written
-    before the flip) and the run finishes. Cluster 1's Root holds before step HOLD_AT until the
-    spare's cluster agreed on its resume step, so the replacement finds its ring peer training.
+    before the flip) and the run finishes. Cluster 0's Root holds before step FLIP_AT - 3 until the
+    coordinator acknowledged its checkpoint of step 20 (however fast the machine, the spare gets
+    it), and cluster 1's Root before step HOLD_AT until the spare's cluster agreed on its resume
+    step, so the replacement finds its ring peer training.
     Checks: the flip happened and was refused by the volunteer that made it (exit 2, "corrupt"); the
     coordinator gave its node to the spare; every parameter of both clusters' trained stages is
     finite and below 1e3 in magnitude (without the check the flipped value is averaged into every
@@ -155,7 +157,8 @@ def case_bit_flip(args):
     once = os.path.join(args.work, "flipped")
     os.environ["CAIRN_TEST_FLIP_BIT"] = f"0:0:{FLIP_AT}:conv1.weight:0:30:{once}"
     release = os.path.join(args.work, "release_cluster_1")
-    os.environ["CAIRN_TEST_HOLD"] = f"1:{HOLD_AT}:{release}"
+    uploaded = os.path.join(args.work, "release_cluster_0")
+    os.environ["CAIRN_TEST_HOLD"] = f"0:{FLIP_AT - 3}:{uploaded},1:{HOLD_AT}:{release}"
     run = vt.start_run(args, RING_STEPS, TEST_SAMPLES, flags, 7, TRAINING)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
@@ -165,11 +168,16 @@ def case_bit_flip(args):
         coordinator.wait_for(lambda l: "joined: node_6 " in l and ", spare" in l, 120, "the spare")
         root = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][0]
         flipper = next(v for v, w in volunteers[:6] if name_of(w) == root)
+        coordinator.wait_for(lambda l: f"coordinator: checkpoint of {root} at step 20 " in l, 300,
+                             f"{root}'s checkpoint of step 20")
+        open(uploaded, "w").close()
         flipper.wait_for(lambda l: "CAIRN_TEST_FLIP_BIT: flipped bit 30 of conv1.weight[0]" in l, 300, "the flip")
         code = flipper.finish(120)
         taken = coordinator.wait_for(lambda l: f"coordinator: {root} is taken over by spare node_6" in l, 120,
                                      "the takeover")
         print(taken.strip())
+        if "from its checkpoint of step 20;" not in taken:
+            vt.fail("the spare was not given the Root's checkpoint of step 20")
         volunteers[6][0].wait_for(lambda l: "resume: the cluster agreed on step" in l, 120,
                                   "the replacement's resume agreement")
         open(release, "w").close()
