@@ -34,7 +34,8 @@
 //                 attachments: stage.pt, and the newest checkpoint when `resume` is true
 //     peers      {name, node{node.json}}      the node's updated neighbours / ring peers
 //     result_ack {name}
-//     checkpoint_ack {name, step, keep_from?} the newest checkpoint of `name` it holds is `step`;
+//     checkpoint_ack {name, step, keep_from?} the checkpoint of `name` it holds is `step` (the
+//                                             last one sent: an older one after a resume too);
 //                                             keep_from: keep every local checkpoint of a step >=
 //                                             it (the oldest of the newest checkpoints the
 //                                             coordinator holds for the placed nodes, 0 while one
