@@ -206,9 +206,11 @@ def case_positions_cross_int8(args):
     case_positions_cross(args, "int8", 1e-2)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("case", choices=["positions_cross", "positions_cross_int8"])
+def main_of(cases, namespace, doc):
+    """The command line of a static-plan case script: CASE --provider --clusterize --work --port;
+    runs namespace["case_" + CASE] in a fresh work folder and prints PASS."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("case", choices=cases)
     parser.add_argument("--provider", required=True)
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
@@ -216,9 +218,9 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
-    globals()["case_" + args.case](args)
+    namespace["case_" + args.case](args)
     print("PASS")
 
 
 if __name__ == "__main__":
-    main()
+    main_of(["positions_cross", "positions_cross_int8"], globals(), __doc__)

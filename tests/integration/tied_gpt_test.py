@@ -37,10 +37,8 @@ tok.weight and the Leaf's head.weight end bit for bit equal; `clusterize --merge
 tensor, and that model evaluated in PyTorch on the validation shard gives each Leaf's reported
 validation loss.
 """
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -51,7 +49,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 sys.path.insert(0, os.path.join(REPO, "tests/clusterize"))
 from make_models import Gpt  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batch_free_test import fail, run  # noqa: E402  (one exit-on-failure helper, one command runner)
+from batch_free_test import fail, main_of, run  # noqa: E402  (exit on failure, run a command, the CLI)
 
 BLOCK, VOCAB = 16, 256
 BATCH, MICROBATCHES = 8, 2
@@ -351,19 +349,5 @@ def case_carry(args):
         fail("the carried runs' trained models differ from the uninterrupted run's")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("case", choices=["gradients", "average", "diloco", "relay", "async", "carry"])
-    parser.add_argument("--provider", required=True)
-    parser.add_argument("--clusterize", required=True)
-    parser.add_argument("--work", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    shutil.rmtree(args.work, ignore_errors=True)
-    globals()["case_" + args.case](args)
-    print("PASS")
-
-
 if __name__ == "__main__":
-    main()
+    main_of(["gradients", "average", "diloco", "relay", "async", "carry"], globals(), __doc__)

@@ -23,8 +23,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
-from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, RING_STEPS, STEPS, TEST_SAMPLES,  # noqa: E402
-                                    TRAINING,
+from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, RING_FLAGS, RING_STEPS, STEPS,  # noqa: E402
+                                    TEST_SAMPLES, TRAINING, check_each_cluster, six_and_a_spare,
                                     hold_root, key_of, leaf_records, name_of, run_reference,
                                     three_and_a_spare)
 
@@ -152,21 +152,16 @@ def case_bit_flip(args):
     coordinator gave its node to the spare; every parameter of both clusters' trained stages is
     finite and below 1e3 in magnitude (without the check the flipped value is averaged into every
     copy: ~5e37, inf or NaN); each cluster's weights evaluate in PyTorch to its Leaf's accuracy."""
-    flags = ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14", "--lost-after-s", "8"]
     os.makedirs(args.work, exist_ok=True)
     once = os.path.join(args.work, "flipped")
     os.environ["CAIRN_TEST_FLIP_BIT"] = f"0:0:{FLIP_AT}:conv1.weight:0:30:{once}"
     release = os.path.join(args.work, "release_cluster_1")
     uploaded = os.path.join(args.work, "release_cluster_0")
     os.environ["CAIRN_TEST_HOLD"] = f"0:{FLIP_AT - 3}:{uploaded},1:{HOLD_AT}:{release}"
-    run = vt.start_run(args, RING_STEPS, TEST_SAMPLES, flags, 7, TRAINING)
+    run = vt.start_run(args, RING_STEPS, TEST_SAMPLES, RING_FLAGS, 7, TRAINING)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
-        run.join(6, ["--upload-mbps", "200"])
-        run.wait_planned(2, 180)
-        run.join(1)
-        coordinator.wait_for(lambda l: "joined: node_6 " in l and ", spare" in l, 120, "the spare")
-        root = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][0]
+        root = six_and_a_spare(run)[0][0]
         flipper = next(v for v, w in volunteers[:6] if name_of(w) == root)
         coordinator.wait_for(lambda l: f"coordinator: checkpoint of {root} at step 20 " in l, 300,
                              f"{root}'s checkpoint of step 20")
@@ -198,11 +193,7 @@ def case_bit_flip(args):
     print(f"largest trained weight magnitude over both clusters: {worst:.4g}")
     if worst >= 1e3:
         vt.fail(f"a trained weight of magnitude {worst}: the corruption spread")
-    vt.check_cluster_weights(args, out, lambda path: vt.evaluate(path, TEST_SAMPLES),
-                             "cluster {cluster} ({leaf}): Leaf reports {reported:.4f}, its weights in "
-                             "PyTorch {accuracy:.4f}",
-                             "cluster {cluster}'s weights evaluate to {accuracy} in PyTorch, its Leaf "
-                             "reported {reported}")
+    check_each_cluster(args, out)
 
 
 def main():

@@ -199,6 +199,29 @@ def case_spare_replaces_lost(args):
         vt.fail("the replaced run's accuracy differs from the uninterrupted run's")
 
 
+RING_FLAGS = ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14", "--lost-after-s", "8"]
+
+
+def six_and_a_spare(run):
+    """Six volunteers that the plan places in 2 clusters of 3 (uploading checkpoints), then a 7th
+    that waits as a spare (node_6); returns the plan's chains, cluster by cluster."""
+    run.join(6, ["--upload-mbps", "200"])
+    run.wait_planned(2, 180)
+    run.join(1)
+    run.coordinator.wait_for(lambda l: "joined: node_6 " in l and ", spare" in l, 120, "the spare")
+    return [c["chain"] for c in json.load(open(os.path.join(run.out, "plan.json")))["clusters"]]
+
+
+def check_each_cluster(args, out):
+    """Each cluster's own weights (`clusterize --merge --cluster N`) evaluated by PyTorch give
+    exactly the accuracy its Leaf reported."""
+    vt.check_cluster_weights(args, out, lambda path: vt.evaluate(path, TEST_SAMPLES),
+                             "cluster {cluster} ({leaf}): Leaf reports {reported:.4f}, its weights in "
+                             "PyTorch {accuracy:.4f}",
+                             "cluster {cluster}'s weights evaluate to {accuracy} in PyTorch, its Leaf "
+                             "reported {reported}")
+
+
 def case_ring_peer_replaced(args):
     """2 clusters x 3 stages and a spare; the Stem of cluster 0 is SIGKILLed after its checkpoint
     ack. Its neighbours restart with the new peers; its ring peer (cluster 1's Stem, which keeps
@@ -211,17 +234,12 @@ def case_ring_peer_replaced(args):
     from the kill, or from step HOLD_AT at the latest, until the replacement says the cluster agreed
     on its resume step, so cluster 1 still has at least RING_STEPS - HOLD_AT steps to go whatever
     the machine's speed (the precondition is still checked and reported as such)."""
-    flags = ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14", "--lost-after-s", "8"]
     release = os.path.join(args.work, "release_cluster_1")
     os.environ["CAIRN_TEST_HOLD"] = f"1:{HOLD_AT}:{release}"
-    run = vt.start_run(args, RING_STEPS, TEST_SAMPLES, flags, 7, TRAINING)
+    run = vt.start_run(args, RING_STEPS, TEST_SAMPLES, RING_FLAGS, 7, TRAINING)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
-        run.join(6, ["--upload-mbps", "200"])
-        run.wait_planned(2, 180)
-        run.join(1)
-        coordinator.wait_for(lambda l: "joined: node_6 " in l and ", spare" in l, 120, "the spare")
-        chains = [c["chain"] for c in json.load(open(os.path.join(out, "plan.json")))["clusters"]]
+        chains = six_and_a_spare(run)
         stem, ring_peer = chains[0][1], chains[1][1]
         victim = next(v for v in volunteers[:6] if name_of(v[1]) == stem)
         peer_proc = next(v for v, w in volunteers[:6] if name_of(w) == ring_peer)
@@ -246,11 +264,7 @@ def case_ring_peer_replaced(args):
                     "could join its rings (a slow machine: raise RING_STEPS)")
         vt.fail(f"the replacement never joined the rings with a welcome from {ring_peer}")
     print("replacement:", welcomed[0].strip())
-    vt.check_cluster_weights(args, out, lambda path: vt.evaluate(path, TEST_SAMPLES),
-                             "cluster {cluster} ({leaf}): Leaf reports {reported:.4f}, its weights in "
-                             "PyTorch {accuracy:.4f}",
-                             "cluster {cluster}'s weights evaluate to {accuracy} in PyTorch, its Leaf "
-                             "reported {reported}")
+    check_each_cluster(args, out)
 
 
 def leaf_records(workdirs, leaf):
