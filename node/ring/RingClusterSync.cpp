@@ -105,25 +105,6 @@ int64_t RingClusterSync::generation(const std::string& id) const {
   CAIRN_THROW(BadInput, "no ring ", id, " at node ", context_.node.name);
 }
 
-// Identical start: hash of names, dtypes, shapes and bytes, all-gathered.
-void RingClusterSync::checkIdenticalStart(Ring& ring) {
-  torch::Tensor mine = torch::tensor({int64_t(ring.checksum())}, torch::kLong);
-  const auto t0 = Clock::now();
-  std::vector<torch::Tensor> all = ring.group->allGather(mine);
-  context_.countStats([&](RingClusterSyncStats& s) {
-    s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-  });
-  const auto& members = ring.spec.members;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].item<int64_t>() == all[0].item<int64_t>()) continue;
-    CAIRN_THROW(BadInput, "ring ", ring.describe(), ": ", members[r].name, " (cluster ", r,
-                ") starts from different weights than ", members[0].name, " (cluster 0): checksum ",
-                uint64_t(all[r].item<int64_t>()), " vs ", uint64_t(all[0].item<int64_t>()),
-                "; every cluster must start from the same stage weights (cut them from one "
-                "model with one clusterize run). Refusing to train.");
-  }
-}
-
 void RingClusterSync::start(torch::jit::Module& stage) {
   RingsBusy busy(rings_mutex_, busy_);
   // A run that ended inside an armed step (a lost pipeline neighbour during the last backward)
@@ -154,12 +135,14 @@ void RingClusterSync::start(torch::jit::Module& stage) {
       if (ring->spec.members.size() <= 1) continue;
       std::vector<std::string> all;
       for (const auto& m : ring->spec.members) all.push_back(m.name);
-      if (ring->generation != 0 || ring->view != all) regroup(context_, *ring, all, 0);
+      // A fresh group always: one made before a peers update marked a member replaced
+      // (ReplacedMembers) would fail at once on that member's new process, the one it talks to now.
+      regroup(context_, *ring, all, 0);
       ring->transactions = 0;
       shared.push_back(ring.get());
     }
     forEachRing(shared, context_.sync.concurrent_rings,
-                [this](Ring& ring) { checkIdenticalStart(ring); });
+                [this](Ring& ring) { checkIdenticalStart(context_, ring); });
   }
   joining_ = false;
   started_ = true;

@@ -170,7 +170,6 @@ class RingClusterSync : public ClusterSync {
   const RingClusterSyncStats& stats() const { return context_.stats; }
 
  private:
-  void checkIdenticalStart(Ring& ring);
   // Moves the queued additions into the rings (trainer's thread, between calls).
   void applyAddedMembers(torch::jit::Module& stage);
   // The rings this node shares with other clusters (more than one member in node.json).

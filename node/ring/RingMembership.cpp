@@ -6,6 +6,7 @@
 
 #include "core/Log.h"
 #include "node/protocol/RingJoin.h"
+#include "node/ring/RingTransaction.h"
 
 namespace cairn {
 namespace {
@@ -248,6 +249,37 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
     if (takeWelcome(context, *ring, done, *m)) done.insert(ring);
   }
   return finishJoining(context, shared, done, wait);
+}
+
+void checkIdenticalStart(RingContext& context, Ring& ring) {
+  torch::Tensor mine = torch::tensor({int64_t(ring.checksum())}, torch::kLong);
+  const auto t0 = Clock::now();
+  std::vector<torch::Tensor> all;
+  for (;;) {
+    if (!ring.group) return;  // alone: nobody to compare with
+    try {
+      all = ring.group->allGather(mine);
+      break;
+    } catch (const PeerLost& e) {
+      dropLost(context, ring, e);
+    }
+  }
+  context.countStats([&](RingClusterSyncStats& s) {
+    s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  });
+  auto named = [&ring](const std::string& member) {  // "m1 (cluster 1)": its place in the ring
+    const auto& m = ring.spec.members;
+    const auto at = std::find_if(m.begin(), m.end(), [&](const PeerRef& p) { return p.name == member; });
+    return member + " (cluster " + std::to_string(at - m.begin()) + ")";
+  };
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].item<int64_t>() == all[0].item<int64_t>()) continue;
+    CAIRN_THROW(BadInput, "ring ", ring.describe(), ": ", named(ring.view[r]),
+                " starts from different weights than ", named(ring.view[0]), ": checksum ",
+                uint64_t(all[r].item<int64_t>()), " vs ", uint64_t(all[0].item<int64_t>()),
+                "; every cluster must start from the same stage weights (cut them from one "
+                "model with one clusterize run). Refusing to train.");
+  }
 }
 
 // Drains this ring's join requests from the mailbox. Requests from members of the view are kept

@@ -24,6 +24,12 @@ namespace cairn {
 
 // True when at least one ring was joined through a welcome; rings left without one train alone.
 bool joinRings(RingContext& context, const std::vector<Ring*>& shared);
+// The ordinary start (no welcome): the ring's members all-gather a checksum of their tensors
+// (names, dtypes, shapes, bytes) and refuse to train (BadInput) unless all are equal. A member
+// lost meanwhile (PeerLost: gone, or replaced by a spare whose process rejoins through the join
+// protocol later) is dropped from the view and the check is done again among the others; a
+// member found alone is done.
+void checkIdenticalStart(RingContext& context, Ring& ring);
 void collectJoinRequests(RingContext& context, Ring& ring);
 // Member side, at an admission step (RingClusterSync::admitJoinersAt): waits until every member
 // of each ring that is not in its view has asked to join, or `deadline` (then logs who did not).

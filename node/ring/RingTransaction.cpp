@@ -39,14 +39,6 @@ void restoreSnapshot(Ring& ring, const Snapshot& snap, bool gradients) {
   }
 }
 
-// Drops the member a PeerLost of the ring's group names. Called from the handler of `e`: one that
-// names nobody is rethrown as it is.
-void dropLost(RingContext& context, Ring& ring, const PeerLost& e) {
-  // The group's PeerLost says whom it blames (every survivor blames the same member).
-  if (!e.loss() || e.loss()->peer.empty()) throw;
-  dropMember(context, ring, e.loss()->peer, e.loss()->cause == LossCause::kLeft, e.what());
-}
-
 // A ring left with only this node: nothing to exchange; its transaction counts, and with
 // `admit_joiners` its deal tally is its own offer and whoever asked is welcomed.
 void transactAlone(RingContext& context, Ring& ring, bool admit_joiners) {
@@ -121,6 +113,14 @@ bool recover(RingContext& context, Ring& ring, bool work_done) {
     }
     return v % 2 == 0;
   }
+}
+
+// Drops the member a PeerLost of the ring's group names. Called from the handler of `e`: one that
+// names nobody is rethrown as it is.
+void dropLost(RingContext& context, Ring& ring, const PeerLost& e) {
+  // The group's PeerLost says whom it blames (every survivor blames the same member).
+  if (!e.loss() || e.loss()->peer.empty()) throw;
+  dropMember(context, ring, e.loss()->peer, e.loss()->cause == LossCause::kLeft, e.what());
 }
 
 bool settleLoss(RingContext& context, Ring& ring, const PeerLost& e, bool work_done,

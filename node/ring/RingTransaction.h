@@ -38,6 +38,9 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
 // phase completed. transact uses it; so does the overlapped gradient all-reduce
 // (GradientOverlap.h), whose first attempt runs outside transact.
 bool recover(RingContext& context, Ring& ring, bool work_done);
+// Drops the member a PeerLost `e` of the ring's group names (dropMember: the next generation
+// without it); call it from the handler of `e`: one that names nobody is rethrown as it is.
+void dropLost(RingContext& context, Ring& ring, const PeerLost& e);
 // The handling of a PeerLost `e` in a ring's transaction (its work or its commit), shared by
 // transact and GradientOverlap::complete; call it from the handler of `e`. Drops the member `e`
 // names (rethrows `e` when it names nobody), then the survivors vote (recover). True: the attempt

@@ -7,6 +7,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -37,34 +38,6 @@ void bindRetryingWhileInUse(zmq::socket_t& socket, const std::string& endpoint) 
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
-
-}  // namespace
-
-const char* toString(SendStatus status) {
-  switch (status) {
-    case SendStatus::kSent:
-      return "sent";
-    case SendStatus::kTimedOut:
-      return "timed out";
-    case SendStatus::kUnknownPeer:
-      return "unknown peer";
-  }
-  return "?";
-}
-
-const char* toString(PeerState state) {
-  switch (state) {
-    case PeerState::kUnknown:
-      return "unknown";
-    case PeerState::kConnected:
-      return "connected";
-    case PeerState::kDisconnected:
-      return "disconnected";
-  }
-  return "?";
-}
-
-namespace {
 
 // ZeroMQ hands a message from the sending thread to the receiving one inside libzmq (over inproc
 // the very buffer, through a lock-free pipe), and libzmq is not built with ThreadSanitizer: in a
@@ -286,7 +259,10 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   Peer* found = findPeer(peer);
   if (!found) return false;
   Peer& p = *found;
-  std::lock_guard<std::mutex> sending(*p.send_mutex);
+  // Announced first: a send waiting for room leaves the lock to us at its next slice.
+  p.repointing->fetch_add(1);
+  std::unique_lock<std::mutex> sending(*p.send_mutex);
+  p.repointing->fetch_sub(1);
   // A loopback address is reachable from this host only: a peer on this host stays on it (its
   // socket has no CURVE), one elsewhere stays elsewhere.
   const std::string same_host = sameHostEndpointFor(endpoint);
@@ -368,20 +344,35 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
     std::unique_lock<std::mutex> receiving(receive_mutex_, std::try_to_lock);
     if (receiving.owns_lock()) drainMonitors();
   }
-  std::lock_guard<std::mutex> sending(*found->send_mutex);
-  zmq::socket_t& socket = found->socket;
-  if (found->refused->exchange(false)) {
-    try {
-      socket.disconnect(found->endpoint);  // may be gone already (ENOENT)
-    } catch (const zmq::error_t&) {
+  // The wait for room is cut into slices, the peer's send lock released between them, so a
+  // re-pointing (repointPeer, from the thread applying a coordinator's `peers` update) never waits
+  // behind a send to the peer's old, dead endpoint for the whole timeout: the send goes on to the
+  // new endpoint in the next slice.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_lock<std::mutex> sending(*found->send_mutex, std::defer_lock);
+  for (;;) {
+    while (found->repointing->load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    sending.lock();
+    if (found->refused->exchange(false)) {
+      try {
+        found->socket.disconnect(found->endpoint);  // may be gone already (ENOENT)
+      } catch (const zmq::error_t&) {
+      }
+      found->socket.connect(found->endpoint);
     }
-    socket.connect(found->endpoint);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (queueFirstFrame(found->socket, frames,
+                        std::clamp(left, std::chrono::milliseconds(0), kSendSlice)))
+      break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      ++stats_.send_timeouts;
+      return SendStatus::kTimedOut;
+    }
+    sending.unlock();
   }
-  if (!queueFirstFrame(socket, frames, timeout)) {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    ++stats_.send_timeouts;
-    return SendStatus::kTimedOut;
-  }
+  zmq::socket_t& socket = found->socket;
   uint64_t bytes = 0;
   for (size_t i = 1; i < frames.size(); ++i) {
     bytes += frames[i].size();

@@ -114,7 +114,8 @@ class ZmqTransport : public Transport {
   // Points the named peer at a new endpoint and CURVE server key (a ring peer whose volunteer
   // was replaced by a spare, node/transport/LivePeers.h): the old connection is dropped, the next one uses
   // them. Done under that peer's send lock, like every send, so it may run while other threads
-  // send and receive. `public_key` is ignored without CURVE. False for an unknown peer.
+  // send and receive; a send waiting for room at the old endpoint leaves the lock to it within
+  // kSendSlice and goes on to the new one. `public_key` is ignored without CURVE. False for an unknown peer.
   bool repointPeer(const std::string& peer, const std::string& endpoint, const std::string& public_key);
 
   // The endpoint actually bound: with "tcp://127.0.0.1:*" (a port the kernel picks), the port it
@@ -144,7 +145,11 @@ class ZmqTransport : public Transport {
     // Set when the peer's ZAP refused our key (a peer that does not admit us yet: a replaced
     // volunteer's neighbour before it applied the new peers); the next send dials again.
     std::unique_ptr<std::atomic<bool>> refused = std::make_unique<std::atomic<bool>>(false);
+    // repointPeer calls waiting for send_mutex: a waiting send steps aside between its slices.
+    std::unique_ptr<std::atomic<int>> repointing = std::make_unique<std::atomic<int>>(0);
   };
+  // The longest a send holds a peer's send lock while it waits for room (send() above).
+  static constexpr std::chrono::milliseconds kSendSlice{50};
   // Reads every pending monitor event; true when some peer's state changed. Caller holds
   // receive_mutex_.
   bool drainMonitors();

@@ -19,13 +19,46 @@ VolunteerHeartbeats::VolunteerHeartbeats(zmq::context_t& context, const CurveKey
       interval_(interval),
       progress_(std::move(progress)) {
   thread_ = std::thread([this] { run(); });
+  handlers_ = std::thread([this] { runHandlers(); });
 }
 
 VolunteerHeartbeats::~VolunteerHeartbeats() { stop(); }
 
 void VolunteerHeartbeats::stop() {
-  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (handlers_.joinable()) handlers_.join();
+}
+
+void VolunteerHeartbeats::handLater(std::function<void()> call) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (queue_.size() >= kMaxQueued) {
+      queue_.pop_front();
+      CAIRN_WARN("heartbeats: ", kMaxQueued, " coordinator messages wait for their handler; the oldest is dropped");
+    }
+    queue_.push_back(std::move(call));
+  }
+  queue_cv_.notify_one();
+}
+
+// A stop drops what is still queued: the run these messages were for is ending.
+void VolunteerHeartbeats::runHandlers() {
+  for (;;) {
+    std::function<void()> call;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_cv_.wait(lock, [this] { return stop_.load() || !queue_.empty(); });
+      if (stop_.load()) return;
+      call = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    call();
+  }
 }
 
 void VolunteerHeartbeats::onPeers(std::function<void(const PeersUpdate&)> handler) {
@@ -87,9 +120,9 @@ void VolunteerHeartbeats::run() {
         refused = on_rejected_;
       }
       if (peers && handler) {
-        handler(*peers);
+        handLater([handler, update = *peers] { handler(update); });
       } else if (rejected && refused) {
-        refused(*rejected);
+        handLater([refused, said = *rejected] { refused(said); });
       } else if (rejected) {
         CAIRN_WARN("the coordinator refused a heartbeat: ", rejected->reason);
       } else if (!message) {
