@@ -139,18 +139,21 @@ void CoordinatorStore::setMeta(const std::string& key, const std::string& value)
   s.step();
 }
 
-std::string CoordinatorStore::nextMemberName() const {
-  Statement s(db_, path_, "SELECT name FROM members");
+std::string CoordinatorStore::nextMemberName() {
   int64_t next = 0;
+  auto atLeast = [&next](const std::string& number, int64_t plus) {  // a name's number and beyond
+    try {
+      next = std::max<int64_t>(next, std::stoll(number) + plus);
+    } catch (const std::exception&) {
+    }
+  };
+  if (const auto given = meta("names_given")) atLeast(*given, 0);
+  Statement s(db_, path_, "SELECT name FROM members");
   while (s.step()) {
     const std::string name = s.column(0);
-    if (name.rfind("node_", 0) == 0) {
-      try {
-        next = std::max<int64_t>(next, std::stoll(name.substr(5)) + 1);
-      } catch (const std::exception&) {
-      }
-    }
+    if (name.rfind("node_", 0) == 0) atLeast(name.substr(5), 1);
   }
+  setMeta("names_given", std::to_string(next + 1));
   return "node_" + std::to_string(next);
 }
 

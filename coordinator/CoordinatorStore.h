@@ -79,8 +79,11 @@ class CoordinatorStore {
   std::optional<std::string> meta(const std::string& key) const;
   void setMeta(const std::string& key, const std::string& value);
 
-  // The next free name: node_<n> with n one more than the largest taken.
-  std::string nextMemberName() const;
+  // Gives out the next name: node_<n> with n one more than the largest any row holds or any
+  // earlier call gave (kept in meta "names_given": a spare that took a lost node over leaves its
+  // own name unused, and that name is never given to another volunteer, so one name means one
+  // volunteer in the metrics, the live page and the credit).
+  std::string nextMemberName();
   void putMember(const Member& member);  // insert or replace by name
   std::optional<Member> memberByName(const std::string& name) const;
   std::optional<Member> memberByKey(const std::string& public_key) const;

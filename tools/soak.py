@@ -21,8 +21,12 @@ same points on any machine:
   partition  cut one volunteer's link (its veth down) for 2 x --lost-after-s, then restore it
   restart    SIGKILL the coordinator, start it again with the same command 5 s later
   late       start --late more volunteers (spares; with --grow a new cluster once enough wait)
-  flip       (--flip) one Root flips the top exponent bit of one weight (CAIRN_TEST_FLIP_BIT)
-Faults stop at 60% of the run's steps so that replaced clusters meet their ring peers training.
+With --overlap (the default but with --short) the first kill has a twin in another cluster at
+the same step (two replacements at once); every other fault but `late` waits until the run has settled from the one before (every node held by a
+live volunteer, nobody frozen or cut off; 90 s at most). With --flip, the last cluster's Root also
+flips the top exponent bit of one weight at 45% of the steps (CAIRN_TEST_FLIP_BIT, given to every
+volunteer; it fires once). Faults stop at 60% of the run's steps so that replaced clusters meet
+their ring peers training.
 
 What the soak checks (exit 1 naming what failed; every check is on outcomes, none on timing):
   1. the coordinator finishes (exit 0); every cluster in run_result.json merged on its own
@@ -168,18 +172,23 @@ class Metrics:
 
 
 def schedule(args, clusters):
-    """The seeded fault schedule: [{kind, cluster, stage, at_step}] in firing order."""
+    """The seeded fault schedule: [{kind, cluster, stage, at_step, overlap}] in firing order. With
+    --overlap the first kill has a twin in another cluster at the same step (two replacements at
+    once); every
+    other fault but `late` waits for the run to settle first (overlap False: Soak.settled)."""
     rng = random.Random(args.seed)
     last = int(args.steps * 0.6)
     events = []
     for step in range(args.kill_every, last + 1, args.kill_every):
         events.append({"kind": "kill", "cluster": rng.randrange(clusters), "stage": rng.randrange(3),
-                       "at_step": step})
-    extra = ["freeze", "partition", "restart", "late"] + (["flip"] if args.flip else [])
-    for kind in extra:
+                       "at_step": step, "overlap": False})
+    if events and clusters > 1 and args.overlap:
+        events[0]["overlap"] = True
+        events.insert(1, dict(events[0], cluster=(events[0]["cluster"] + 1) % clusters))
+    for kind in ["freeze", "partition", "restart", "late"]:
         events.append({"kind": kind, "cluster": rng.randrange(clusters), "stage": rng.randrange(3),
-                       "at_step": rng.randrange(args.kill_every // 2 + 5, last + 1)})
-    events.sort(key=lambda e: (e["at_step"], e["kind"]))
+                       "at_step": rng.randrange(args.kill_every // 2 + 5, last + 1), "overlap": kind == "late"})
+    events.sort(key=lambda e: (e["at_step"], not e["overlap"], e["kind"]))
     return events
 
 
@@ -189,7 +198,8 @@ class Soak:
         self.net = Network(not args.no_netns)
         self.volunteers = []   # dicts: i, process, workdir, address
         self.fired = []        # what happened, when
-        self.killed, self.faulted = set(), {}   # volunteer index -> kind (freeze/partition)
+        self.killed, self.faulted = set(), {}   # faulted: volunteer index -> the node it held
+        self.out_now = set()   # volunteers frozen or cut off right now
         self.out = os.path.join(args.work, "coordinator")
         self.timers = []
 
@@ -204,8 +214,9 @@ class Soak:
                 "--serve", f"{self.net.coordinator_host}:{COORDINATOR_PORT if self.net.netns else self.port}",
                 "--invite-file", os.path.join(a.work, "invite.txt"), "--out", self.out,
                 "--min-volunteers", str(3 * a.clusters), "--clusters", str(a.clusters), "--cuts", "7,14",
-                "--lost-after-s", str(a.lost_after_s), "--grow", "--max-clusters", str(a.clusters + 2),
-                "--keep-spares", str(a.keep_spares)]
+                "--lost-after-s", str(a.lost_after_s)] + (
+                    ["--grow", "--max-clusters", str(a.clusters + 2), "--keep-spares", str(a.keep_spares)]
+                    if a.grow else [])
 
     def start_coordinator(self):
         self.coordinator = Quiet("coordinator", self.coordinator_cmd(), os.path.join(self.args.work, "coordinator.log"))
@@ -220,7 +231,8 @@ class Soak:
         if self.args.flip:
             env["CAIRN_TEST_FLIP_BIT"] = self.flip_spec
         cmd = prefix + [self.args.provider, "--join", self.invite, "--listen", f"{address}:{port}",
-                        "--workdir", workdir, "--probe-megabytes", "1", "--upload-mbps", "200"]
+                        "--workdir", workdir, "--probe-megabytes", "1", "--max-mbps", str(self.args.mbps),
+                        "--upload-mbps", str(self.args.mbps / 2)]
         process = Quiet(f"volunteer {i}", cmd, os.path.join(self.args.work, f"volunteer_{i}.log"), env)
         self.volunteers.append({"i": i, "process": process, "workdir": workdir, "address": address})
 
@@ -260,8 +272,6 @@ class Soak:
             if self.start_coordinator() != self.invite:
                 vt.fail("the restarted coordinator has another invite")
             return "coordinator SIGKILLed, started again 5 s later"
-        if kind == "flip":
-            return "armed (CAIRN_TEST_FLIP_BIT given to every volunteer at start)"
         v, node = self.target(event)
         if v is None:
             return None  # every holder of that cluster is down right now: try again later
@@ -272,32 +282,47 @@ class Soak:
         elif kind == "freeze":
             p.send_signal(signal.SIGSTOP)
             self.faulted[v["i"]] = node
+            self.out_now.add(v["i"])
             self.later(2.5 * self.args.lost_after_s, lambda: p.send_signal(signal.SIGCONT), v, "woken")
         elif kind == "partition":
             if not self.net.netns:
                 return f"skipped ({self.net.reason})"
             self.net.cut(v["i"], True)
             self.faulted[v["i"]] = node
+            self.out_now.add(v["i"])
             self.later(2 * self.args.lost_after_s, lambda: self.net.cut(v["i"], False), v, "link restored")
         return f"volunteer {v['i']} holding {node}"
 
     def later(self, seconds, action, v, said):
         def run():
             action()
+            self.out_now.discard(v["i"])
             self.log(f"volunteer {v['i']}: {said}")
         timer = threading.Timer(seconds, run)
         timer.start()
         self.timers.append(timer)
 
+    def settled(self):
+        """No fault in progress: every node of the plan has a live holder (a lost one was taken over)
+        and no volunteer is frozen or cut off right now."""
+        if self.out_now:
+            return False
+        chains = [c["chain"] for c in json.load(open(os.path.join(self.out, "plan.json")))["clusters"]]
+        return all(self.holder(node) is not None for chain in chains for node in chain)
+
     def drive(self, events):
         pending = list(events)
         deadline = time.monotonic() + self.args.timeout_s
+        due_since = {}  # event -> when its step was reached (a fault waits 90 s at most to settle)
         while self.coordinator.proc.poll() is None or pending:
             if time.monotonic() > deadline:
                 vt.fail(f"the run did not finish within {self.args.timeout_s} s; pending faults: {pending}")
             self.metrics.poll()
             for event in list(pending):
                 if self.metrics.top.get(event["cluster"] % self.args.clusters, 0) < event["at_step"]:
+                    continue
+                since = due_since.setdefault(id(event), time.monotonic())
+                if not event["overlap"] and time.monotonic() - since < 90 and not self.settled():
                     continue
                 said = self.fire(event)
                 if said is None:
@@ -317,11 +342,11 @@ class Soak:
         os.makedirs(a.work, exist_ok=True)
         self.model, self.job = vt.prepare(a, a.steps, TEST_SAMPLES, {
             "checkpoint_every": 10, "record_sample_ids": True, "threads": 1,
-            "timeouts": {"startup_s": 120, "peer_s": 120, "peer_timeout_s": 2, "max_wait_s": 600}})
+            "timeouts": {"startup_s": 60, "peer_s": 30, "peer_timeout_s": 2, "max_wait_s": 300}})
         job = json.load(open(self.job))
         job["data"].update({"train_samples": a.train_samples, "chunks": 24})
         json.dump(job, open(self.job, "w"))
-        self.flip_spec = f"{a.clusters - 1}:0:{int(a.steps * 0.4) + 5}:conv1.weight:0:30:{os.path.join(a.work, 'flipped')}"
+        self.flip_spec = f"{a.clusters - 1}:0:{int(a.steps * 0.45)}:conv1.weight:0:30:{os.path.join(a.work, 'flipped')}"
         self.port = vt.free_ports(1)[0]
         self.metrics = Metrics(os.path.join(self.out, "metrics.jsonl"))
         events = schedule(a, a.clusters)
@@ -522,16 +547,23 @@ def main():
     p.add_argument("--lost-after-s", type=float, default=8)
     p.add_argument("--train-samples", type=int, default=12000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mbps", type=float, default=40,
+                   help="each volunteer's --max-mbps (half of it for checkpoint uploads): a home link, "
+                        "and steps slow enough that a replacement takes few of them")
     p.add_argument("--flip", action="store_true", help="add a flipped exponent bit")
     p.add_argument("--no-netns", action="store_true", help="all on 127.0.0.1 (no partition faults)")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="no twin kill: every fault but `late` waits for the run to settle")
+    p.add_argument("--no-grow", dest="grow", action="store_false",
+                   help="no --grow: late volunteers stay spares")
     p.add_argument("--timeout-s", type=float, default=3600)
     p.add_argument("--short", action="store_true",
-                   help="the suite's case: 9 volunteers (2 clusters and 3 spares), 100 steps, kills "
-                        "every 30, 3 late volunteers, a flip")
+                   help="the suite's case: 9 volunteers (2 clusters and 3 spares), 200 steps, kills "
+                        "every 50, 3 late volunteers, a flip; no growth, no twin kill")
     args = p.parse_args()
     if args.short:
-        args.volunteers, args.clusters, args.steps, args.kill_every, args.late = 9, 2, 100, 30, 3
-        args.keep_spares, args.train_samples, args.flip, args.timeout_s = 1, 6000, True, 1500
+        args.volunteers, args.clusters, args.steps, args.kill_every, args.late = 9, 2, 200, 50, 3
+        args.grow, args.overlap, args.train_samples, args.flip, args.timeout_s = False, False, 6000, True, 1500
     args.provider = args.provider or os.path.join(args.build, "node/provider")
     args.clusterize = args.clusterize or os.path.join(args.build, "clusterize/clusterize")
     if os.path.exists(args.work):

@@ -75,7 +75,7 @@ void VolunteerPeers::offer(const PeersUpdate& update) {
   update_ = update;
   has_pending_ = true;
   CAIRN_INFO("the coordinator sent updated peers (a peer was replaced); ",
-             paused_.load() ? "this paused node restarts its stage with them"
+             paused_.load() ? "this node (paused, or not training yet) restarts its stage with them"
                             : "applied once this node's cluster pauses on the lost peer");
 }
 
@@ -94,6 +94,7 @@ std::function<void(const nlohmann::json&)> VolunteerPeers::watch(
       if (state == "paused") paused_ = true;
       if (state == "resumed") paused_ = false;
     }
+    if (event.is_object() && event.contains("plan")) paused_ = false;  // training has started
     if (inner) inner(event);
   };
 }
@@ -110,7 +111,7 @@ bool VolunteerPeers::applyPending() {
   std::optional<PeersUpdate> update;
   update.swap(update_);
   has_pending_ = false;
-  paused_ = false;
+  paused_ = true;  // the next run starts by connecting
   if (!update) return false;
   const std::string path = nodeSpecPath(node_data_, name_);
   try {

@@ -3,7 +3,10 @@
 // replaced by a spare"). Two ways, by what changed (the update is checked first,
 // checkPeersUpdate):
 //   * a pipeline neighbour (upstream/downstream): the update waits until this node's cluster has
-//     paused on the lost neighbour (NodeRunner's "paused" event), then the paused run is stopped
+//     paused on the lost neighbour (NodeRunner's "paused" event) — or applies at once while the run
+//     has not started training yet (before its "plan" event: connecting to its neighbours, agreeing
+//     on the resume step; a spare given a node whose neighbour is replaced right after would
+//     otherwise wait for the old neighbour's address until startup_s) — then the run is stopped
 //     (stop_requested: the wait for the lost node ends, nothing is announced to the neighbours),
 //     the node.json is written, and the volunteer runs its stage again in-process with resume —
 //     the cluster agrees on the newest common checkpoint exactly as `provider --resume` does, the
@@ -56,7 +59,9 @@ class VolunteerPeers {
   std::mutex mutex_;
   std::optional<PeersUpdate> update_;  // under mutex_
   LivePeersApply live_;                // under mutex_
-  std::atomic<bool> has_pending_{false}, paused_{false};
+  std::atomic<bool> has_pending_{false};
+  // Not training: paused on a lost neighbour, or not started yet (true until the run's "plan").
+  std::atomic<bool> paused_{true};
 };
 
 }  // namespace cairn

@@ -80,6 +80,9 @@ TEST(CoordinatorStore, KeepsTheRunAcrossReopening) {
   EXPECT_EQ(store.meta("token").value_or(""), kToken);
   EXPECT_FALSE(store.meta("phase").has_value());
   EXPECT_EQ(store.nextMemberName(), "node_2");
+  // A name once given is never given again, even when no row holds it any more (node_2 above was
+  // given but never stored; a spare that took a lost node over leaves its name unused likewise).
+  EXPECT_EQ(store.nextMemberName(), "node_3");
   const auto m1 = store.memberByKey(key1);
   ASSERT_TRUE(m1.has_value());
   EXPECT_EQ(m1->name, "node_1");
