@@ -238,8 +238,10 @@ class Soak:
 
     def holder(self, node):
         for v in self.volunteers:
-            if v["i"] in self.killed or v["i"] in self.faulted or v["process"].proc.poll() is not None:
+            if v["i"] in self.killed or v["i"] in self.out_now or v["process"].proc.poll() is not None:
                 continue
+            if self.faulted.get(v["i"]) == node:
+                continue  # frozen or cut off while holding it: it was (or is being) replaced
             path = os.path.join(v["workdir"], "membership.json")
             try:
                 if json.load(open(path))["name"] == node:
@@ -431,7 +433,7 @@ def check_samples(soak, checks):
             checks.append(f"FAIL cluster {c}: steps {gaps[:5]} of {first}..{last} have no sample ids (lost)")
         per_epoch = {}
         for s, ids in steps.items():
-            e = epoch_of.get(c, {}).get(s)
+            e = epoch_of.get(c, {}).get(s + 1)  # sample_ids.jsonl counts steps from 0, the records from 1
             if e is None:
                 continue  # a step whose record the coordinator never got (killed before it went up)
             per_epoch.setdefault(e, []).extend(ids)
@@ -458,11 +460,16 @@ def check_replaced_refused(soak, checks):
             continue
         if not re.search(rf"claiming to be {node} from {node}-lost-\d+", log):
             checks.append(f"FAIL volunteer {i}: replaced as {node}, not refused as it when back")
-        mine = "".join(soak.volunteers[i]["process"].lines)
-        if "given to another volunteer" not in mine:
+        lines = soak.volunteers[i]["process"].lines
+        told = next((k for k, l in enumerate(lines) if "given to another volunteer" in l), None)
+        if told is None:
             checks.append(f"FAIL volunteer {i}: never told that {node} was given to another volunteer")
-        now = vt.name_of(soak.volunteers[i]["workdir"])
-        said.append(f"volunteer {i} replaced as {node}, refused as it when back, rejoined as {now}")
+            continue
+        again = next((l for l in lines[told:] if "joined as node_" in l), None)
+        if again is None and i not in soak.killed:
+            checks.append(f"FAIL volunteer {i}: told {node} was taken, it did not join again as a spare")
+        name = again.split("joined as ")[1].split()[0] if again else "(killed before it joined again)"
+        said.append(f"volunteer {i} replaced as {node}, refused as it when back, joined again as {name}")
     return "; ".join(said) or "no freeze or partition fired"
 
 

@@ -152,11 +152,15 @@ void askToJoin(RingContext& context, const Ring& ring) {
       (void)context.mailbox.send(m.name, request, kJoinRequestSendTimeout);
 }
 
-// Every other member of every shared ring is itself asking to join (all restarting).
-bool everyoneJoining(const RingContext& context, const std::vector<Ring*>& shared) {
+// Every other member of every shared ring is itself asking to join (all restarting): each asked
+// during this joinRings (`heard`). A request queued before it may be stale: its sender may have
+// stopped asking since (a stage stopped and started again to apply new peers); a joiner that still
+// waits asks again every kJoinRequestRepeat.
+bool everyoneJoining(const RingContext& context, const std::vector<Ring*>& shared,
+                     const std::set<std::string>& heard) {
   for (Ring* ring : shared)
     for (const auto& m : ring->spec.members)
-      if (m.name != context.node.name && !ring->join_requests.count(m.name)) return false;
+      if (m.name != context.node.name && !heard.count(m.name)) return false;
   return true;
 }
 
@@ -214,6 +218,7 @@ bool finishJoining(RingContext& context, const std::vector<Ring*>& shared,
 // timeout in all) for one welcome per ring and copy what it carries into the stage.
 bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
   if (shared.empty()) return false;
+  for (Ring* ring : shared) collectJoinRequests(context, *ring);  // queued before: noted, not heard
   for (Ring* ring : shared) askToJoin(context, *ring);
   // A member that restarted quickly may still be in the live members' view: they need up to two
   // timeouts to drop it (ProcessGroup's keep-alive rule), then up to local_steps steps to reach a
@@ -223,6 +228,7 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
              shared.size(), " ring(s)); waiting up to ", wait.count(), " ms for a welcome");
   const auto deadline = Clock::now() + wait;
   std::set<Ring*> done;  // the rings joined through a welcome
+  std::set<std::string> heard;  // members whose join request came during this call
   // Requests are sent again every second to the rings not joined yet: a member that is told about
   // this node only now (a new cluster, RingClusterSync::addMembers) may have refused the first
   // connection, or dropped the request before it knew the name.
@@ -235,7 +241,7 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
         if (!done.count(ring)) askToJoin(context, *ring);
       next_ask = Clock::now() + kJoinRequestRepeat;
     }
-    if (done.empty() && everyoneJoining(context, shared)) {
+    if (done.empty() && everyoneJoining(context, shared, heard)) {
       CAIRN_INFO("cross-cluster sync: every other ring member is joining too (all restarting)");
       break;
     }
@@ -246,6 +252,8 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
         std::chrono::duration_cast<std::chrono::milliseconds>(std::min(deadline, next_ask) - now));
     if (!m) continue;
     Ring* ring = ringOfTag(shared, m->tag);
+    std::string why;
+    if (!isWelcome(*m) && decodeJoinRequest(*m, &why)) heard.insert(m->sender);
     if (takeWelcome(context, *ring, done, *m)) done.insert(ring);
   }
   return finishJoining(context, shared, done, wait);
