@@ -226,7 +226,9 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   // In slices, so a neighbour whose connection went down is declared lost after timeouts.lost
   // instead of blocking the whole peer timeout (a send waits only while the peer's queue is full
   // or its connection is down).
-  const auto deadline = std::chrono::steady_clock::now() + timeouts_.peer;
+  const auto began = std::chrono::steady_clock::now();
+  auto deadline = began + timeouts_.peer;
+  bool extended = false;  // past `peer`, waiting on because the neighbour is still connected
   const std::string what = std::string("room for a ") + toString(packet.kind) + " message (step " +
                            std::to_string(packet.step) + ")";
   SendStatus status = SendStatus::kTimedOut;
@@ -252,7 +254,9 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
                                       uint64_t microbatch, const std::string& tag) {
   const PeerRef& p = peer(from);
   const MessageKind wire = wireKind(kind);
-  const auto deadline = std::chrono::steady_clock::now() + timeouts_.peer;
+  const auto began = std::chrono::steady_clock::now();
+  auto deadline = began + timeouts_.peer;
+  bool extended = false;  // past `peer`, waiting on because the neighbour is still connected
   const std::string what = std::string(toString(kind)) + (tag.empty() ? "" : " \"" + tag + "\"") +
                            " message for step " + std::to_string(step) + ", micro-batch " +
                            std::to_string(microbatch);
@@ -290,6 +294,16 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
         left, [] { return true; });  // back to the checks above on every liveness change
     if (got && recovery) throwRecovery(std::move(*got), what);
     if (!got && std::chrono::steady_clock::now() < deadline) continue;
+    if (!got && !extended && timeouts_.connected > timeouts_.peer &&
+        mailbox_.transport().liveness(p.name).state == PeerState::kConnected) {
+      extended = true;
+      deadline = began + timeouts_.connected;
+      CAIRN_WARN(toString(from), " neighbour ", p.name, " is connected but sent no ", what, " for ",
+                 secondsOf(timeouts_.peer), " s (training_definition.timeouts.peer_s); waiting up to ",
+                 secondsOf(timeouts_.connected), " s in all (timeouts.max_wait_s): it may be in a "
+                 "cross-cluster sync whose ring waits for a member");
+      continue;
+    }
     if (!got) break;
     if (!rejected) rejected = rejectReason(*got, step, /*deep=*/true, &detail);
     if (!rejected) break;
@@ -301,8 +315,9 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
   if (!got)
     CAIRN_THROW_LOST(*lost_, toString(from), " neighbour ", p.name, " at ", p.address, " sent no ",
                 toString(kind), tag.empty() ? "" : " \"" + tag + "\"", " message for step ", step,
-                ", micro-batch ", microbatch, " within ", secondsOf(timeouts_.peer),
-                " s (training_definition.timeouts.peer_s)");
+                ", micro-batch ", microbatch, " within ", secondsOf(extended ? timeouts_.connected : timeouts_.peer),
+                extended ? " s, connected all along (training_definition.timeouts.max_wait_s)"
+                         : " s (training_definition.timeouts.peer_s)");
   return unpack(std::move(*got));
 }
 

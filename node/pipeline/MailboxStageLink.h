@@ -46,6 +46,10 @@ struct LinkTimeouts {
   std::chrono::milliseconds peer{120000};
   // A neighbour whose connection is down this long is lost (timeouts.peer_timeout_s).
   std::chrono::milliseconds lost{10000};
+  // A neighbour still connected after `peer` without the awaited message (its ZMTP heartbeats
+  // answer: it runs, e.g. in a cross-cluster sync its ring holds while a member is replaced) is
+  // waited for up to this long in all (timeouts.max_wait_s); not more than `peer` when smaller.
+  std::chrono::milliseconds connected{0};
 };
 
 // Thrown by connect() when `interrupted` (a stop flag set by a signal handler) became true while

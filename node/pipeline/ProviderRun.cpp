@@ -176,6 +176,7 @@ LinkTimeouts linkTimeouts(const TimeoutOptions& t) {
   timeouts.startup = std::chrono::milliseconds(int64_t(t.startup_s * 1000));
   timeouts.peer = std::chrono::milliseconds(int64_t(t.peer_s * 1000));
   timeouts.lost = std::chrono::milliseconds(int64_t(t.peer_timeout_s * 1000));
+  timeouts.connected = std::chrono::milliseconds(int64_t(t.max_wait_s * 1000));
   return timeouts;
 }
 

@@ -171,7 +171,7 @@ TEST(VolunteerTakeover, APeersUpdateMayOnlyMoveThePeers) {
     EXPECT_EQ(e.rfind("the coordinator at c:1 sent a peers update this volunteer cannot use: ", 0), 0u) << e;
 }
 
-TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedRunThenIsWritten) {
+TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedOrStartingRunThenIsWritten) {
   VolunteerTakeoverTempDir dir;
   const std::string own = generateCurveKeyPair().public_key;
   const NodeSpec current = stem(own);
@@ -188,6 +188,10 @@ TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedRunThenIsWritten) {
   moved.upstream->address = "127.0.0.1:7555";
   peers.offer({"node_1", toJson(moved)});
   EXPECT_TRUE(peers.pending());
+  // Not training yet (no "plan" event: connecting, agreeing on the resume step): the run stops and
+  // starts again with the new peers at once.
+  EXPECT_TRUE(stop());
+  on_event({{"plan", {{"total_steps", 100}, {"steps_per_epoch", 10}, {"batch_size", 32}}}});
   EXPECT_FALSE(stop());  // training: the update waits for the pause
   on_event({{"state", "paused"}, {"message", "neighbour node_0 lost"}});
   EXPECT_TRUE(stop());
@@ -195,7 +199,7 @@ TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedRunThenIsWritten) {
   EXPECT_FALSE(stop());
   on_event({{"state", "paused"}, {"message", "again"}});
   EXPECT_TRUE(stop());
-  EXPECT_EQ(seen.size(), 3u);  // every event still reaches the inner function
+  EXPECT_EQ(seen.size(), 4u);  // every event still reaches the inner function
   EXPECT_TRUE(peers.applyPending());
   EXPECT_FALSE(peers.pending());
   EXPECT_FALSE(stop());
