@@ -226,9 +226,7 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   // In slices, so a neighbour whose connection went down is declared lost after timeouts.lost
   // instead of blocking the whole peer timeout (a send waits only while the peer's queue is full
   // or its connection is down).
-  const auto began = std::chrono::steady_clock::now();
-  auto deadline = began + timeouts_.peer;
-  bool extended = false;  // past `peer`, waiting on because the neighbour is still connected
+  const auto deadline = std::chrono::steady_clock::now() + timeouts_.peer;
   const std::string what = std::string("room for a ") + toString(packet.kind) + " message (step " +
                            std::to_string(packet.step) + ")";
   SendStatus status = SendStatus::kTimedOut;
