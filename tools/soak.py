@@ -97,6 +97,11 @@ class Network:
             self.netns, self.reason = self._probe()
         if self.netns:
             self._sh("ip", "link", "add", self.tag + "b", "type", "bridge")
+            # A bridge takes the lowest MAC of its ports unless it has one of its own: a namespace
+            # added later (a late volunteer) could change it, and every volunteer's ARP entry for
+            # the coordinator would point at a port instead, so their new connections to it failed
+            # until the entries expired (30-60 s: placed volunteers taken for lost).
+            self._sh("ip", "link", "set", self.tag + "b", "address", f"02:ca:12:{self.octet:02x}:00:01")
             self._sh("ip", "addr", "add", f"10.{self.octet}.0.1/16", "dev", self.tag + "b")
             self._sh("ip", "link", "set", self.tag + "b", "up")
         self.coordinator_host = f"10.{self.octet}.0.1" if self.netns else "127.0.0.1"
