@@ -65,26 +65,6 @@ COORDINATOR_PORT = 7100
 VOLUNTEER_PORT = 7200
 
 
-class Quiet(vt.Process):
-    """vt.Process whose lines go to a log file (24 volunteers would flood the terminal)."""
-
-    def __init__(self, tag, cmd, log, env=None):
-        self.log = open(log, "a")
-        self.tag, self.lines, self.cond = tag, [], threading.Condition()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     bufsize=1, env=env)
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.log.write(line)
-            self.log.flush()
-            with self.cond:
-                self.lines.append(line)
-                self.cond.notify_all()
-
-
 class Network:
     """One namespace per volunteer on a bridge (netns mode), or plain loopback."""
 
@@ -179,8 +159,8 @@ class Metrics:
 def schedule(args, clusters):
     """The seeded fault schedule: [{kind, cluster, stage, at_step, overlap}] in firing order. With
     --overlap the first kill has a twin in another cluster at the same step (two replacements at
-    once); every
-    other fault but `late` waits for the run to settle first (overlap False: Soak.settled)."""
+    once); every other fault but `late` waits for the run to settle first (overlap False:
+    Soak.settled)."""
     rng = random.Random(args.seed)
     last = int(args.steps * 0.6)
     events = []
@@ -224,7 +204,8 @@ class Soak:
                     if a.grow else [])
 
     def start_coordinator(self):
-        self.coordinator = Quiet("coordinator", self.coordinator_cmd(), os.path.join(self.args.work, "coordinator.log"))
+        self.coordinator = vt.Process("coordinator", self.coordinator_cmd(),
+                                      log=os.path.join(self.args.work, "coordinator.log"))
         line = self.coordinator.wait_for(lambda l: l.startswith("invite: "), 120, "'invite: …'")
         return line.split()[1]
 
@@ -238,31 +219,34 @@ class Soak:
         cmd = prefix + [self.args.provider, "--join", self.invite, "--listen", f"{address}:{port}",
                         "--workdir", workdir, "--probe-megabytes", "1", "--max-mbps", str(self.args.mbps),
                         "--upload-mbps", str(self.args.mbps / 2)]
-        process = Quiet(f"volunteer {i}", cmd, os.path.join(self.args.work, f"volunteer_{i}.log"), env)
+        process = vt.Process(f"volunteer {i}", cmd, log=os.path.join(self.args.work, f"volunteer_{i}.log"), env=env)
         self.volunteers.append({"i": i, "process": process, "workdir": workdir, "address": address})
 
-    def holder(self, node):
+    def chains(self):
+        return [c["chain"] for c in json.load(open(os.path.join(self.out, "plan.json")))["clusters"]]
+
+    def holders(self):
+        """{node: the live volunteer that holds it now}, from each one's membership.json."""
+        held = {}
         for v in self.volunteers:
             if v["i"] in self.killed or v["i"] in self.out_now or v["process"].proc.poll() is not None:
                 continue
-            if self.faulted.get(v["i"]) == node:
-                continue  # frozen or cut off while holding it: it was (or is being) replaced
-            path = os.path.join(v["workdir"], "membership.json")
             try:
-                if json.load(open(path))["name"] == node:
-                    return v
+                node = json.load(open(os.path.join(v["workdir"], "membership.json")))["name"]
             except (OSError, ValueError, KeyError):
                 continue
-        return None
+            if self.faulted.get(v["i"]) != node:  # else frozen or cut off while holding it: replaced
+                held.setdefault(node, v)
+        return held
 
     def target(self, event):
         """The volunteer holding (cluster, stage), else the next stage's, else None (all busy)."""
-        chains = [c["chain"] for c in json.load(open(os.path.join(self.out, "plan.json")))["clusters"]]
-        chain = chains[event["cluster"] % len(chains)]
+        chains = self.chains()
+        chain, held = chains[event["cluster"] % len(chains)], self.holders()
         for k in range(3):
-            v = self.holder(chain[(event["stage"] + k) % 3])
-            if v is not None:
-                return v, chain[(event["stage"] + k) % 3]
+            node = chain[(event["stage"] + k) % 3]
+            if node in held:
+                return held[node], node
         return None, None
 
     # --- faults ----------------------------------------------------------------------------
@@ -314,8 +298,8 @@ class Soak:
         and no volunteer is frozen or cut off right now."""
         if self.out_now:
             return False
-        chains = [c["chain"] for c in json.load(open(os.path.join(self.out, "plan.json")))["clusters"]]
-        return all(self.holder(node) is not None for chain in chains for node in chain)
+        held = self.holders()
+        return all(node in held for chain in self.chains() for node in chain)
 
     def drive(self, events):
         pending = list(events)
@@ -500,16 +484,10 @@ def check_exits(soak, exits, checks):
 def check_weights(soak, checks):
     import torch
     worst = 0.0
-    plan = json.load(open(os.path.join(soak.out, "plan.json")))
-    for cluster in plan["clusters"]:
-        for node in cluster["chain"]:
-            path = os.path.join(soak.out, "nodes", node, "trained_stage.pt")
-            if not os.path.exists(path):
-                continue
-            for name, p in torch.jit.load(path).named_parameters():
-                if not torch.isfinite(p).all():
-                    checks.append(f"FAIL {node}'s trained {name} holds a non-finite value")
-                worst = max(worst, p.abs().max().item())
+    for node, name, p in vt.trained_parameters(soak.out, missing_ok=True):
+        if not torch.isfinite(p).all():
+            checks.append(f"FAIL {node}'s trained {name} holds a non-finite value")
+        worst = max(worst, p.abs().max().item())
     if worst >= 1e3:
         checks.append(f"FAIL a trained weight of magnitude {worst}")
     return worst
@@ -522,8 +500,7 @@ def timeline(soak, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return "skipped: no python3-matplotlib"
-    plan = json.load(open(os.path.join(soak.out, "plan.json")))
-    rows = [n for c in plan["clusters"] for n in c["chain"]]
+    rows = [n for chain in soak.chains() for n in chain]
     streams = sorted({r.get("stream", "") for _, r in soak.metrics.records})
     colours = plt.get_cmap("tab20")
     fig, ax = plt.subplots(figsize=(12, 0.3 * len(rows) + 2))

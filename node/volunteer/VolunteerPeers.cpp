@@ -75,7 +75,7 @@ void VolunteerPeers::offer(const PeersUpdate& update) {
   update_ = update;
   has_pending_ = true;
   CAIRN_INFO("the coordinator sent updated peers (a peer was replaced); ",
-             paused_.load() ? "this node (paused, or not training yet) restarts its stage with them"
+             not_training_.load() ? "this node (paused, or not training yet) restarts its stage with them"
                             : "applied once this node's cluster pauses on the lost peer");
 }
 
@@ -91,10 +91,10 @@ std::function<void(const nlohmann::json&)> VolunteerPeers::watch(
   return [this, inner = std::move(inner)](const nlohmann::json& event) {
     if (event.is_object() && event.contains("state") && event["state"].is_string()) {
       const std::string state = event["state"].get<std::string>();
-      if (state == "paused") paused_ = true;
-      if (state == "resumed") paused_ = false;
+      if (state == "paused") not_training_ = true;
+      if (state == "resumed") not_training_ = false;
     }
-    if (event.is_object() && event.contains("plan")) paused_ = false;  // training has started
+    if (event.is_object() && event.contains("plan")) not_training_ = false;  // training has started
     if (inner) inner(event);
   };
 }
@@ -102,7 +102,7 @@ std::function<void(const nlohmann::json&)> VolunteerPeers::watch(
 std::function<bool()> VolunteerPeers::stopWhenReplaced(std::function<bool()> signal) {
   return [this, signal = std::move(signal)] {
     if (signal && signal()) return true;
-    return has_pending_.load() && paused_.load();
+    return has_pending_.load() && not_training_.load();
   };
 }
 
@@ -111,7 +111,7 @@ bool VolunteerPeers::applyPending() {
   std::optional<PeersUpdate> update;
   update.swap(update_);
   has_pending_ = false;
-  paused_ = true;  // the next run starts by connecting
+  not_training_ = true;  // the next run starts by connecting
   if (!update) return false;
   const std::string path = nodeSpecPath(node_data_, name_);
   try {

@@ -61,7 +61,7 @@ class VolunteerPeers {
   LivePeersApply live_;                // under mutex_
   std::atomic<bool> has_pending_{false};
   // Not training: paused on a lost neighbour, or not started yet (true until the run's "plan").
-  std::atomic<bool> paused_{true};
+  std::atomic<bool> not_training_{true};
 };
 
 }  // namespace cairn

@@ -183,13 +183,10 @@ def case_bit_flip(args):
     print(f"{root}'s volunteer exited {code}: {said[-1]}")
     import torch
     worst = 0.0
-    for cluster in json.load(open(os.path.join(out, "plan.json")))["clusters"]:
-        for node in cluster["chain"]:
-            stage = torch.jit.load(os.path.join(out, "nodes", node, "trained_stage.pt"))
-            for name, p in stage.named_parameters():
-                if not torch.isfinite(p).all():
-                    vt.fail(f"{node}'s trained {name} holds a non-finite value: the corruption spread")
-                worst = max(worst, p.abs().max().item())
+    for node, name, p in vt.trained_parameters(out):
+        if not torch.isfinite(p).all():
+            vt.fail(f"{node}'s trained {name} holds a non-finite value: the corruption spread")
+        worst = max(worst, p.abs().max().item())
     print(f"largest trained weight magnitude over both clusters: {worst:.4g}")
     if worst >= 1e3:
         vt.fail(f"a trained weight of magnitude {worst}: the corruption spread")

@@ -86,18 +86,25 @@ def free_ports(count):
 
 
 class Process:
-    """A child process whose output lines are collected by a thread (and echoed with a tag)."""
+    """A child process whose output lines are collected by a thread (and echoed with a tag, or,
+    with `log`, appended to that file instead: many processes would flood the terminal). `env`:
+    its environment (default this one's)."""
 
-    def __init__(self, tag, cmd, cwd=None):
+    def __init__(self, tag, cmd, cwd=None, log=None, env=None):
         self.tag, self.lines, self.cond = tag, [], threading.Condition()
+        self.log = open(log, "a") if log else None
         self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, env=env)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
     def _read(self):
         for line in self.proc.stdout:
-            print(f"[{self.tag}] {line}", end="", flush=True)
+            if self.log:
+                self.log.write(line)
+                self.log.flush()
+            else:
+                print(f"[{self.tag}] {line}", end="", flush=True)
             with self.cond:
                 self.lines.append(line)
                 self.cond.notify_all()
@@ -317,6 +324,19 @@ def check_trained(out, test_samples, said):
     if abs(accuracy - reported) > 1e-9:
         fail("the merged model's accuracy differs from the Leaf's")
     return reported
+
+
+def trained_parameters(out, missing_ok=False):
+    """(node, parameter name, tensor) of every trained stage of the run in OUT (plan.json's
+    clusters, OUT/nodes/<node>/trained_stage.pt); with missing_ok, a node without one is skipped."""
+    import torch
+    for cluster in json.load(open(os.path.join(out, "plan.json")))["clusters"]:
+        for node in cluster["chain"]:
+            path = os.path.join(out, "nodes", node, "trained_stage.pt")
+            if missing_ok and not os.path.exists(path):
+                continue
+            for name, p in torch.jit.load(path).named_parameters():
+                yield node, name, p
 
 
 def check_cluster_weights(args, out, evaluate_file, said, failed):
