@@ -552,7 +552,7 @@ def main():
     args = p.parse_args()
     if args.short:
         args.volunteers, args.clusters, args.steps, args.kill_every, args.late = 9, 2, 200, 50, 3
-        args.grow, args.overlap, args.train_samples, args.flip, args.timeout_s = False, False, 6000, True, 1500
+        args.grow, args.overlap, args.train_samples, args.flip, args.timeout_s = False, True, 6000, True, 1500
     args.provider = args.provider or os.path.join(args.build, "node/provider")
     args.clusterize = args.clusterize or os.path.join(args.build, "clusterize/clusterize")
     if os.path.exists(args.work):

@@ -10,6 +10,7 @@
 #include "core/Log.h"
 #include "node/ring/RingCheckpoint.h"
 #include "node/ring/RingMembership.h"
+#include "node/ring/RingRestart.h"
 #include "node/ring/RingSyncMath.h"
 #include "node/ring/RingThreads.h"
 #include "node/ring/RingTransaction.h"
@@ -141,10 +142,10 @@ void RingClusterSync::start(torch::jit::Module& stage) {
       ring->transactions = 0;
       shared.push_back(ring.get());
     }
+    // Restarting (joining_) with nobody to welcome this node: every member is restarting too.
     forEachRing(shared, context_.sync.concurrent_rings,
-                [this](Ring& ring) { checkIdenticalStart(context_, ring); });
+                [this](Ring& ring) { startTogether(context_, ring, joining_); });
   }
-  joining_ = false;
   started_ = true;
   ++weights_version_;
   // Join requests are answered between syncs from here on (RingWelcomeDesk.h).
@@ -172,8 +173,11 @@ void RingClusterSync::start(torch::jit::Module& stage) {
     CAIRN_INFO("cross-cluster sync: ", toString(context_.sync.mode), ", local_steps ", local_steps_,
                ", ", activeRings(), " ring(s):", partners.str(), "; ", tensors, " tensors, ", bytes,
                joined_any ? " bytes; joined through a welcome"
-                          : " bytes; identical initial weights verified");
+                          : joining_ ? " bytes; restarted together (identical weights, or the "
+                                       "newest member's)"
+                                     : " bytes; identical initial weights verified");
   }
+  joining_ = false;
 }
 
 void RingClusterSync::synchronize() {

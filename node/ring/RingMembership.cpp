@@ -96,6 +96,19 @@ void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome) {
 
 }  // namespace
 
+bool acceptWelcome(RingContext& context, Ring& ring, const Message& m) {
+  // A welcome from a non-member or one that does not fit this stage is dropped, not trusted.
+  std::string problem;
+  const auto welcome = decodeWelcome(m, &problem);
+  if (welcome) problem = misfit(context, ring, *welcome);
+  if (!problem.empty()) {
+    CAIRN_WARN("ring ", ring.spec.id, ": dropped a welcome from ", m.sender, ": ", problem);
+    return false;
+  }
+  applyWelcome(context, ring, *welcome);
+  return true;
+}
+
 // A join request from a ring member other than this node is noted; anything else is dropped with
 // a warning.
 void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
@@ -181,16 +194,7 @@ bool takeWelcome(RingContext& context, Ring& ring, const std::set<Ring*>& done,
     return false;
   }
   if (done.count(&ring)) return false;
-  // A welcome from a non-member or one that does not fit this stage is dropped, not trusted.
-  std::string problem;
-  const auto welcome = decodeWelcome(m, &problem);
-  if (welcome) problem = misfit(context, ring, *welcome);
-  if (!problem.empty()) {
-    CAIRN_WARN("ring ", ring.spec.id, ": dropped a welcome from ", m.sender, ": ", problem);
-    return false;
-  }
-  applyWelcome(context, ring, *welcome);
-  return true;
+  return acceptWelcome(context, ring, m);
 }
 
 // The end of joinRings: false when no ring welcomed this node; otherwise the rings without a
@@ -199,8 +203,8 @@ bool finishJoining(RingContext& context, const std::vector<Ring*>& shared,
                    const std::set<Ring*>& done, std::chrono::milliseconds wait) {
   if (done.empty()) {
     CAIRN_WARN("cross-cluster sync: no ring peer admitted ", context.node.name,
-               " (every cluster starting or resuming together?): ordinary start with the "
-               "identical-weights check");
+               " (every cluster starting or resuming together?): starting together with the "
+               "others (RingRestart.h)");
     return false;
   }
   for (Ring* ring : shared)
@@ -257,37 +261,6 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
     if (takeWelcome(context, *ring, done, *m)) done.insert(ring);
   }
   return finishJoining(context, shared, done, wait);
-}
-
-void checkIdenticalStart(RingContext& context, Ring& ring) {
-  torch::Tensor mine = torch::tensor({int64_t(ring.checksum())}, torch::kLong);
-  const auto t0 = Clock::now();
-  std::vector<torch::Tensor> all;
-  for (;;) {
-    if (!ring.group) return;  // alone: nobody to compare with
-    try {
-      all = ring.group->allGather(mine);
-      break;
-    } catch (const PeerLost& e) {
-      dropLost(context, ring, e);
-    }
-  }
-  context.countStats([&](RingClusterSyncStats& s) {
-    s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-  });
-  auto named = [&ring](const std::string& member) {  // "m1 (cluster 1)": its place in the ring
-    const auto& m = ring.spec.members;
-    const auto at = std::find_if(m.begin(), m.end(), [&](const PeerRef& p) { return p.name == member; });
-    return member + " (cluster " + std::to_string(at - m.begin()) + ")";
-  };
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].item<int64_t>() == all[0].item<int64_t>()) continue;
-    CAIRN_THROW(BadInput, "ring ", ring.describe(), ": ", named(ring.view[r]),
-                " starts from different weights than ", named(ring.view[0]), ": checksum ",
-                uint64_t(all[r].item<int64_t>()), " vs ", uint64_t(all[0].item<int64_t>()),
-                "; every cluster must start from the same stage weights (cut them from one "
-                "model with one clusterize run). Refusing to train.");
-  }
 }
 
 // Drains this ring's join requests from the mailbox. Requests from members of the view are kept

@@ -24,18 +24,17 @@ namespace cairn {
 
 // True when at least one ring was joined through a welcome; rings left without one train alone.
 bool joinRings(RingContext& context, const std::vector<Ring*>& shared);
-// The ordinary start (no welcome): the ring's members all-gather a checksum of their tensors
-// (names, dtypes, shapes, bytes) and refuse to train (BadInput) unless all are equal. A member
-// lost meanwhile (PeerLost: gone, or replaced by a spare whose process rejoins through the join
-// protocol later) is dropped from the view and the check is done again among the others; a
-// member found alone is done.
-void checkIdenticalStart(RingContext& context, Ring& ring);
 void collectJoinRequests(RingContext& context, Ring& ring);
 // Member side, at an admission step (RingClusterSync::admitJoinersAt): waits until every member
 // of each ring that is not in its view has asked to join, or `deadline` (then logs who did not).
 void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
                        std::chrono::steady_clock::time_point deadline);
 void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joiners);
+// A welcome `m` on this ring's control tag: decoded and checked (its sender and view are ring
+// members, the view holds this node and the sender, its tensors fit the stage's buckets), then
+// copied into the stage and the ring's outer state, and its view and generation entered. False
+// (logged, nothing changed) when it does not fit.
+bool acceptWelcome(RingContext& context, Ring& ring, const Message& m);
 // A join request `m` on this ring's control tag: noted in Ring::join_requests when it is a valid
 // request from a ring member other than this node (a non-member's is kept aside in
 // Ring::strangers); anything else is dropped with a warning.

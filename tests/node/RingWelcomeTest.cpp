@@ -68,9 +68,11 @@ Saved savedOf(RingClusterSync& sync) {
 
 // Node `name` of the ring {a, b} on `addresses` (host:port, a's first): its transport, mailbox
 // and RingClusterSync; body(sync, stage) runs after start().
+// `last_synced_step` (≥ 0): loaded as a checkpoint's, before start().
 void runNode(zmq::context_t& context, const std::string& name, const std::vector<std::string>& addresses,
              const State& initial, bool joining,
-             const std::function<void(RingClusterSync&, torch::jit::Module&)>& body) {
+             const std::function<void(RingClusterSync&, torch::jit::Module&)>& body,
+             int64_t last_synced_step = -1) {
   NodeSpec spec;
   spec.name = name;
   spec.cluster = name == "a" ? 0 : 1;
@@ -88,6 +90,7 @@ void runNode(zmq::context_t& context, const std::string& name, const std::vector
   // Short: before the welcome desk, the joiner's wait (3 × this) ran out and start() failed.
   RingClusterSync sync(mailbox, spec, options, 1, std::chrono::milliseconds(2000));
   sync.setJoining(joining);
+  if (last_synced_step >= 0) sync.loadState({}, {{"last_synced_step", last_synced_step}});
   torch::jit::Module stage = makeStage(initial);
   sync.start(stage);
   body(sync, stage);
@@ -197,6 +200,70 @@ TEST(RingWelcome, AJoinRequestIsAnsweredWhileThePeerIsBlockedRightAfterItsSync) 
     EXPECT_TRUE(torch::equal(a_after.at(name), b_after.at(name))) << name << " differs a vs b";
   }
   EXPECT_TRUE(torch::equal(a_after.at("0.running_mean"), b_after.at("0.running_mean")));
+}
+
+// Every member restarting at once (RingRestart.h): two clusters each resumed from their own
+// checkpoint, a's with its last sync at step 4, b's at step 6, and different weights. Nobody is live
+// to welcome the other: before RingRestart, both fell back to the fresh start's identical-weights
+// check and refused to train (BadInput). Checked: both train on from b's state (the newest last
+// sync): a's parameters, buffers and DiLoCo outer state become exactly b's; both enter generation
+// 1; their next sync is an ordinary DiLoCo sync over both, bit-identical on both.
+TEST(RingRestart, EveryMemberRestartingTakesTheNewestLastSync) {
+  torch::manual_seed(43);
+  const State init = {{"0.weight", torch::randn({4, 3})},
+                      {"0.bias", torch::randn({4}, torch::kDouble)},
+                      {"0.running_mean", torch::randn({4})},
+                      {"0.num_batches_tracked", torch::tensor(int64_t(3))}};
+  State b_init = init;
+  for (auto& [name, t] : b_init) t = t.clone();
+  b_init["0.weight"] += 0.25;
+  b_init["0.running_mean"] -= 1.0;
+  b_init["0.num_batches_tracked"] += 2;
+  const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
+  zmq::context_t context;
+  State a_started, b_started, a_after, b_after;
+  Saved a_outer, b_outer;
+  int64_t a_generation = -1, b_generation = -1;
+  std::exception_ptr a_error, b_error;
+  auto node = [&](const std::string& name, const State& initial, int64_t last_sync, State& started,
+                  Saved& outer, State& after, int64_t& generation, std::exception_ptr& error) {
+    try {
+      runNode(context, name, addresses, initial, true,
+              [&](RingClusterSync& sync, torch::jit::Module& stage) {
+                started = stateOf(stage);
+                outer = savedOf(sync);
+                generation = sync.generation("ring_0");
+                perturbSeeded(stage, name == "a" ? 21 : 22);
+                sync.synchronize();
+                after = stateOf(stage);
+              },
+              last_sync);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  };
+  std::thread a([&] { node("a", init, 4, a_started, a_outer, a_after, a_generation, a_error); });
+  std::thread b([&] { node("b", b_init, 6, b_started, b_outer, b_after, b_generation, b_error); });
+  a.join();
+  b.join();
+  if (a_error) std::rethrow_exception(a_error);
+  if (b_error) std::rethrow_exception(b_error);
+  ASSERT_EQ(a_started.size(), b_init.size());
+  for (const auto& [name, t] : b_init) {
+    EXPECT_TRUE(torch::equal(a_started.at(name), t)) << "a's " << name << " is not b's";
+    EXPECT_TRUE(torch::equal(b_started.at(name), t)) << "b's own " << name << " changed";
+  }
+  ASSERT_EQ(a_outer.size(), b_outer.size());
+  ASSERT_FALSE(a_outer.empty());
+  for (size_t i = 0; i < a_outer.size(); ++i) {
+    EXPECT_EQ(a_outer[i].first, b_outer[i].first);
+    EXPECT_TRUE(torch::equal(a_outer[i].second, b_outer[i].second)) << a_outer[i].first;
+  }
+  EXPECT_EQ(a_generation, 1);
+  EXPECT_EQ(b_generation, 1);
+  for (const auto& [name, t] : a_after)
+    EXPECT_TRUE(torch::equal(t, b_after.at(name))) << name << " differs a vs b after the sync";
+  EXPECT_FALSE(torch::equal(a_after.at("0.weight"), b_init.at("0.weight")));  // a sync happened
 }
 
 }  // namespace
