@@ -25,7 +25,7 @@ FloodGuard::Verdict FloodGuard::check(const std::string& key, size_t bytes, doub
       ++dropped_;
       return Verdict::kBlocked;
     }
-    k = Key{limits_.message_burst, limits_.byte_burst, now, 0, -1};  // served its time: a fresh start
+    k = Key{limits_.message_burst, limits_.byte_burst, now, 0, -1e300, -1};  // served: a fresh start
   }
   const double elapsed = std::max(0.0, now - k.last);
   k.last = now;
@@ -34,16 +34,19 @@ FloodGuard::Verdict FloodGuard::check(const std::string& key, size_t bytes, doub
   if (k.messages >= 1 && k.bytes >= double(bytes)) {
     k.messages -= 1;
     k.bytes -= double(bytes);
-    k.dropped_in_a_row = 0;
     return Verdict::kTake;
   }
   ++dropped_;
-  if (++k.dropped_in_a_row >= limits_.drop_after) {
+  // A steady flooder gets a message taken whenever a token refills (every 1/messages_per_s s):
+  // counting only drops in a row, such a flooder was never blocked.
+  if (now - k.last_drop > limits_.quiet_s) k.dropped_in_episode = 0;
+  k.last_drop = now;
+  if (++k.dropped_in_episode >= limits_.drop_after) {
     k.blocked_until = now + limits_.block_s;
     ++blocked_;
     return Verdict::kBlockNow;
   }
-  return k.dropped_in_a_row == 1 ? Verdict::kDropTell : Verdict::kDrop;
+  return k.dropped_in_episode == 1 ? Verdict::kDropTell : Verdict::kDrop;
 }
 
 void FloodGuard::forgetRefilled(double now) {
@@ -65,7 +68,8 @@ std::optional<Rejected> floodAnswer(FloodGuard::Verdict verdict, const FloodLimi
     return Rejected{"too many messages: " + limit.str() + "; what comes faster is dropped"};
   std::ostringstream blocked;
   blocked << "blocked for " << limits.block_s << " s after " << limits.drop_after
-          << " messages dropped in a row (" << limit.str() << ")";
+          << " messages dropped in one flood (no " << limits.quiet_s << " s without a drop; "
+          << limit.str() << ")";
   CAIRN_WARN("coordinator: key ", who, " is ", blocked.str(), ": its messages are dropped unanswered");
   return Rejected{blocked.str()};
 }

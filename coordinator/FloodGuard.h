@@ -3,9 +3,11 @@
 // volunteer from one loop: a key that sends joins, heartbeats, metrics batches, chunk requests or
 // uploads faster than any volunteer needs would starve the others. Each key (its CURVE public key,
 // the ZAP User-Id) has two token buckets, messages and bytes (FloodLimits), charged before its
-// message is decoded. Over budget, the message is dropped undecoded; the first drop of an episode
-// is answered once (`rejected`, naming the limits), the rest silently. A key that keeps flooding —
-// `drop_after` messages dropped with none taken between — is blocked for `block_s`: every message
+// message is decoded. Over budget, the message is dropped undecoded. Drops come in *episodes*: one
+// begins with a drop after `quiet_s` without any, and lasts while drops keep coming (messages taken
+// between, as the refill lets some through, do not end it). The first drop of an episode is
+// answered once (`rejected`, naming the limits), the rest silently. A key that keeps flooding —
+// `drop_after` drops in one episode — is blocked for `block_s`: every message
 // of it is dropped unanswered, so a flooding member's heartbeats stop counting and, past
 // --lost-after-s, its node goes to a spare like any lost volunteer's.
 // Memory: one entry per key seen; past `max_keys` entries, those whose buckets have refilled and
@@ -29,7 +31,8 @@ struct FloodLimits {
   double message_burst = 500;      // at once (joins, uploads and chunk requests come in bursts)
   double bytes_per_s = 64 << 20;   // sustained, per key
   double byte_burst = 0;           // 0: max_attachment_bytes + 1 MiB (the largest message fits)
-  uint64_t drop_after = 1000;      // dropped in a row (none taken between): the key is blocked
+  uint64_t drop_after = 1000;      // dropped in one episode: the key is blocked
+  double quiet_s = 10;             // without a drop: the episode is over
   double block_s = 300;            // for this long
   size_t max_keys = 100000;        // entries kept before refilled ones are forgotten
 };
@@ -59,7 +62,8 @@ class FloodGuard {
   struct Key {
     double messages = 0, bytes = 0;  // tokens left
     double last = 0;                 // when they were last refilled
-    uint64_t dropped_in_a_row = 0;
+    uint64_t dropped_in_episode = 0;
+    double last_drop = -1e300;       // when its last message was dropped
     double blocked_until = -1;
   };
   void forgetRefilled(double now);

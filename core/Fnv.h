@@ -22,6 +22,20 @@ inline uint64_t fnv1a(uint64_t hash, const void* data, size_t bytes) {
   return hash;
 }
 
+// FNV-1a's step over 8-byte words (the tail byte by byte): ~8x faster than fnv1a, for hashing
+// tensors on every sync (RingBuckets::resultChecksum). Not the standard FNV-1a of the bytes.
+inline uint64_t fnv1aWords(uint64_t hash, const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t word;
+    __builtin_memcpy(&word, p + i, 8);
+    hash ^= word;
+    hash *= 1099511628211ull;
+  }
+  return fnv1a(hash, p + i, bytes - i);
+}
+
 inline uint64_t fnv1a64(const std::string& bytes) { return fnv1a(kFnvOffset, bytes.data(), bytes.size()); }
 
 }  // namespace cairn

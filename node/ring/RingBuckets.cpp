@@ -115,7 +115,10 @@ void RingBuckets::unflatten(const RingBucket& b, const torch::Tensor& flat, bool
   }
 }
 
-uint64_t RingBuckets::checksum(const std::vector<std::string>& names) const {
+namespace {
+
+uint64_t hashTensors(const std::vector<torch::Tensor>& tensors, const std::vector<std::string>& names,
+                     bool words) {
   uint64_t hash = kFnvOffset;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string& name = names[i];
@@ -124,9 +127,20 @@ uint64_t RingBuckets::checksum(const std::vector<std::string>& names) const {
     const int dtype = int(t.scalar_type());
     hash = fnv1a(hash, &dtype, sizeof dtype);
     for (int64_t d : t.sizes()) hash = fnv1a(hash, &d, sizeof d);
-    hash = fnv1a(hash, t.data_ptr(), size_t(t.numel()) * t.element_size());
+    const size_t bytes = size_t(t.numel()) * t.element_size();
+    hash = words ? fnv1aWords(hash, t.data_ptr(), bytes) : fnv1a(hash, t.data_ptr(), bytes);
   }
   return hash;
+}
+
+}  // namespace
+
+uint64_t RingBuckets::checksum(const std::vector<std::string>& names) const {
+  return hashTensors(tensors, names, false);
+}
+
+uint64_t RingBuckets::resultChecksum(const std::vector<std::string>& names) const {
+  return hashTensors(tensors, names, true);
 }
 
 }  // namespace cairn

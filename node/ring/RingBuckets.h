@@ -55,6 +55,9 @@ struct RingBuckets {
   void unflatten(const RingBucket& b, const torch::Tensor& flat, bool gradients);
   // FNV-1a of names (`names[i]` for tensors[i]), dtypes, shapes and bytes.
   uint64_t checksum(const std::vector<std::string>& names) const;
+  // The same over the same fields, the tensors' bytes hashed 8 at a time (fnv1aWords): the result
+  // of every average is hashed (RingSyncMath.h checkContributions), so it must be cheap.
+  uint64_t resultChecksum(const std::vector<std::string>& names) const;
 };
 
 }  // namespace cairn

@@ -11,6 +11,7 @@
 #include "node/ring/RingCheckpoint.h"
 #include "node/ring/RingMembership.h"
 #include "node/ring/RingRestart.h"
+#include "node/ring/RingTestHooks.h"
 #include "node/ring/RingSyncMath.h"
 #include "node/ring/RingThreads.h"
 #include "node/ring/RingTransaction.h"
@@ -152,6 +153,7 @@ void RingClusterSync::start(torch::jit::Module& stage) {
   desk_.reset();
   std::vector<Ring*> all;
   for (auto& ring : rings_) {
+    noteResult(context_, *ring);  // identical (checked), agreed on, or a welcome's
     keepWelcomeSnapshot(context_, *ring);
     all.push_back(ring.get());
   }
@@ -190,8 +192,9 @@ void RingClusterSync::synchronize() {
     transact(context_, r, /*gradients=*/false, /*admit=*/true, [this, &r] {
       switch (context_.sync.mode) {
         case SyncMode::kAverage:
-          checkContributions(r, *r.group);
+          checkContributions(r, *r.group, r.result_sum);
           reduceBuckets(r, *r.group, true, true);
+          testFlipAfterAverage(context_.node.name, r);
           break;
         case SyncMode::kDiLoCo:
           checkContributions(r, *r.group);

@@ -85,6 +85,7 @@ void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome) {
       ordered.push_back(member.name);
   regroup(context, ring, ordered, welcome.generation);
   ring.transactions = welcome.transactions;
+  noteResult(context, ring);  // the sender's result (its welcome carries the state of a sync)
   context.countStats([&](RingClusterSyncStats& s) {
     ++s.joined_rings;
     s.last_welcome_checksum = sum;
@@ -247,6 +248,10 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
     }
     if (done.empty() && everyoneJoining(context, shared, heard)) {
       CAIRN_INFO("cross-cluster sync: every other ring member is joining too (all restarting)");
+      // Once more, so that a member whose wait began after this node's last request hears one
+      // during its wait and starts together too, instead of waiting for a welcome until this
+      // node's start drops it as silent (a ring timeout; seen in the soak's twin kill).
+      for (Ring* ring : shared) askToJoin(context, *ring);
       break;
     }
     auto m = context.mailbox.receive(

@@ -124,6 +124,10 @@ struct Ring : RingBuckets {
   std::set<std::string> strangers;
   static constexpr size_t kMaxStrangers = 64;
   int64_t transactions = 0;             // syncs of this ring committed (or kept) by this node
+  // "average" mode: resultChecksum of the ring's tensors as its last committed sync left them (or
+  // start(), or a welcome): bit-identical on every member, compared at the next sync
+  // (RingSyncMath.h checkContributions). Unset in the other modes.
+  std::optional<uint64_t> result_sum;
   bool alone_logged = false;
   // What a welcome needs, as of this ring's last committed admitting sync (or start()): kept only
   // while the view lacks some member (someone may ask to join), so that a join request is
@@ -157,6 +161,9 @@ struct Ring : RingBuckets {
 
 // "[a,b,c]", for logs.
 std::string joinedNames(const std::vector<std::string>& names);
+
+// "average" mode: notes the ring's tensors as they are now as its last result (Ring::result_sum).
+void noteResult(const RingContext& context, Ring& ring);
 
 // A new view/generation: a fresh ProcessGroup (or none when alone), and what is left in the
 // mailbox of this ring's earlier generations thrown away.

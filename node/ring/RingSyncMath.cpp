@@ -1,13 +1,60 @@
 #include "node/ring/RingSyncMath.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "core/Error.h"
+#include "core/Log.h"
 
 namespace cairn {
 
-void checkContributions(RingBuckets& ring, ProcessGroup& group) {
+namespace {
+
+// Member `r` of `group` is corrupt (`why`): this node → BadInput; another → PeerLost naming it.
+[[noreturn]] void corrupt(const ProcessGroup& group, size_t r, const std::string& why) {
+  const auto& members = group.members();
+  if (int(r) == group.rank())
+    CAIRN_THROW(BadInput, "this node's copy of the ring's parameters ", why,
+                ": corrupt (a flipped bit, bad memory?); it must not be averaged or trained on");
+  CAIRN_THROW_LOST((PeerLoss{members[r], LossCause::kAborted, "corrupt weights", members[r]}),
+                   members[r], "'s copy of the ring's parameters ", why,
+                   ": dropped before the average");
+}
+
+// The last results' checksums (summary columns 2..4: has one, high and low 32 bits): a member
+// outvoted by a strict majority of those that have one is corrupt; without a majority, a warning.
+void checkResults(const ProcessGroup& group, const std::vector<torch::Tensor>& all) {
+  std::map<uint64_t, size_t> counts;
+  size_t with = 0;
+  auto sumOf = [&all](size_t r) {
+    const auto s = all[r].accessor<double, 1>();
+    return (uint64_t(s[3]) << 32) | uint64_t(s[4]);
+  };
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r][2].item<double>() != 0) {
+      ++counts[sumOf(r)];
+      ++with;
+    }
+  if (counts.size() <= 1) return;
+  const auto top = std::max_element(counts.begin(), counts.end(),
+                                    [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (2 * top->second <= with) {
+    CAIRN_WARN("ring members' results of their last average differ (", counts.size(),
+               " checksums among ", with, " members) and no majority names the corrupt copy; "
+               "averaging on (the magnitude check still guards)");
+    return;
+  }
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r][2].item<double>() != 0 && sumOf(r) != top->first)
+      corrupt(group, r,
+              detail::concat("left the last average hashing to ", sumOf(r), ", not the ", top->first,
+                             " of ", top->second, " of the ", with, " members"));
+}
+
+}  // namespace
+
+void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<uint64_t> last_result) {
   double nonfinite = 0, largest = 0;
   torch::NoGradGuard no_grad;
   for (const auto& b : ring.buckets) {
@@ -16,27 +63,23 @@ void checkContributions(RingBuckets& ring, ProcessGroup& group) {
     if (!torch::isfinite(flat).all().item<bool>()) nonfinite = 1;
     largest = std::max(largest, flat.abs().nan_to_num(0, 0, 0).max().item<double>());
   }
-  const std::vector<torch::Tensor> all =
-      group.allGather(torch::tensor({nonfinite, largest}, torch::kDouble));
-  const auto& members = group.members();
+  const uint64_t sum = last_result.value_or(0);
+  const std::vector<torch::Tensor> all = group.allGather(
+      torch::tensor({nonfinite, largest, last_result ? 1.0 : 0.0, double(sum >> 32),
+                     double(sum & 0xffffffffull)},
+                    torch::kDouble));
   for (size_t r = 0; r < all.size(); ++r) {
     const auto s = all[r].accessor<double, 1>();
     double others = 1;
     for (size_t o = 0; o < all.size(); ++o)
       if (o != r) others = std::max(others, all[o][1].item<double>());
-    const bool corrupt = s[0] != 0 || s[1] > kCorruptionFactor * others;
-    if (!corrupt) continue;
-    const std::string why = s[0] != 0 ? "holds a non-finite weight"
-                                      : detail::concat("holds a weight of magnitude ", s[1],
-                                                       ", over ", kCorruptionFactor,
-                                                       "x every other member's largest (", others, ")");
-    if (int(r) == group.rank())
-      CAIRN_THROW(BadInput, "this node's copy of the ring's parameters ", why,
-                  ": corrupt (a flipped bit, bad memory?); it must not be averaged or trained on");
-    CAIRN_THROW_LOST((PeerLoss{members[r], LossCause::kAborted, "corrupt weights", members[r]}),
-                     members[r], "'s copy of the ring's parameters ", why,
-                     ": dropped before the average");
+    if (s[0] != 0) corrupt(group, r, "holds a non-finite weight");
+    if (s[1] > kCorruptionFactor * others)
+      corrupt(group, r,
+              detail::concat("holds a weight of magnitude ", s[1], ", over ", kCorruptionFactor,
+                             "x every other member's largest (", others, ")"));
   }
+  checkResults(group, all);
 }
 
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers) {

@@ -14,6 +14,8 @@
 // Ownership: none (operates on the caller's buckets and group). Thread-safety: the ring's thread.
 #pragma once
 
+#include <optional>
+
 #include "node/collectives/ProcessGroup.h"
 #include "node/ring/RingBuckets.h"
 #include "trainer/TrainOptions.h"
@@ -29,8 +31,15 @@ namespace cairn {
 // Another corrupt: PeerLost naming it (kAborted), which the transaction takes as a loss: dropped,
 // and the sync redone among the others (every member gathers the same summaries, so every
 // survivor names the same member).
+// `last_result` ("average" mode: Ring::result_sum): the checksum of this node's tensors as its last
+// average left them, bit-identical on every member unless a copy was corrupted after that
+// average's check (during the reduction, or while it was written back). The checksums are
+// gathered with the summaries; a member outvoted by a strict majority of the members that have one
+// is corrupt as above (it is caught at the sync after the one it was corrupted in); two members
+// that differ, or a split without a majority, are logged (nobody can tell which copy is wrong).
 constexpr double kCorruptionFactor = 1000;
-void checkContributions(RingBuckets& ring, ProcessGroup& group);
+void checkContributions(RingBuckets& ring, ProcessGroup& group,
+                        std::optional<uint64_t> last_result = std::nullopt);
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers);
 void outerStep(RingBuckets& ring, ProcessGroup& group, const SyncOptions& sync);
 void averageGradients(RingBuckets& ring, ProcessGroup& group);

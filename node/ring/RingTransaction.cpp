@@ -48,6 +48,7 @@ void transactAlone(RingContext& context, Ring& ring, bool admit_joiners) {
     ring.alone_logged = true;
   }
   ++ring.transactions;
+  if (admit_joiners) noteResult(context, ring);  // nothing changed: its tensors are its result
   if (admit_joiners) {
     const uint64_t offer = context.deal_offer;
     ring.deal_tally = {true, offer, offer, offer != 0 && !context.deal_can_take};
@@ -164,6 +165,7 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
         continue;
     }
     commitTransaction(ring);
+    if (!gradients) noteResult(context, ring);  // before a welcome carries it to the joiners
     if (!joiners.empty()) admit(context, ring, joiners);
     // The state a welcome between syncs carries (RingWelcomeDesk.h): this committed sync's.
     if (admit_joiners) keepWelcomeSnapshot(context, ring);

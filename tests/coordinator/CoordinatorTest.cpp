@@ -507,7 +507,7 @@ TEST(LiveCoordinator, AFloodingKeyIsToldThenBlockedWhileAMemberIsStillAnswered) 
   for (size_t i = 0; i < 20; ++i) EXPECT_EQ(answers[i], "you are not node_0: join first") << i;
   EXPECT_NE(answers[20].find("too many messages: this key may send at most 0.001 messages (20 at once)"),
             std::string::npos) << answers[20];
-  EXPECT_NE(answers[21].find("blocked for 3600 s after 200 messages dropped in a row"), std::string::npos)
+  EXPECT_NE(answers[21].find("blocked for 3600 s after 200 messages dropped in one flood"), std::string::npos)
       << answers[21];
   // The member is answered; the blocked key is not, whatever it asks.
   const auto ack = member.ask(encode(BandwidthProbeMsg{std::string(1000, 'x')}));

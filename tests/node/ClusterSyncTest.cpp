@@ -599,6 +599,55 @@ TEST(RingClusterSyncFailures, ACopyWithANonFiniteWeightIsDroppedBeforeTheAverage
   expectCorruptCopyDropped(/*to_non_finite=*/true);
 }
 
+// Corruption after the check (issue [Q]): x2 flips the lowest mantissa bit of one weight right
+// after its first average's reduction (CAIRN_TEST_FLIP_AFTER_AVERAGE, RingTestHooks.h): a change no
+// magnitude check can see, so x2 leaves that sync with a result unlike x0's and x1's. At the next
+// sync the members compare their last results' checksums (RingSyncMath.h checkContributions): x2 is
+// outvoted 2 to 1, refuses to go on (BadInput), and x0 and x1 drop it and average without it.
+// Without the checksums x2's copy would be averaged in, and nobody refused.
+TEST(RingClusterSyncFailures, ACopyCorruptedAfterTheAverageIsCaughtAtTheNextSync) {
+  const State init = layerState("0", 5, 37);
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  std::vector<std::vector<State>> before(2, std::vector<State>(3)), after(2, std::vector<State>(3));
+  std::vector<RingClusterSyncStats> stats(3);
+  std::vector<std::string> refused(3);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(5000);
+  ASSERT_EQ(setenv("CAIRN_TEST_FLIP_AFTER_AVERAGE", "x2:0.weight:3:0", 1), 0);
+  runNodes(nodes, rings, {init, init, init}, {},
+           [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+             for (size_t round = 0; round < 2; ++round) {
+               perturbSeeded(stage, 800 + 10 * round + i);
+               before[round][i] = stateOf(stage);
+               try {
+                 sync.synchronize();
+               } catch (const BadInput& e) {
+                 refused[i] = e.what();
+               }
+               after[round][i] = stateOf(stage);
+               if (!refused[i].empty()) break;
+             }
+             stats[i] = sync.stats();
+           },
+           setup);
+  unsetenv("CAIRN_TEST_FLIP_AFTER_AVERAGE");
+  // Round 0: everyone averaged; x2's result differs from the others' in exactly bit 0 of element 3.
+  expectSameState(after[0][0], after[0][1], "x0 vs x1 after the first average");
+  const torch::Tensor clean = after[0][0].at("0.weight").flatten(), flipped = after[0][2].at("0.weight").flatten();
+  EXPECT_EQ((clean != flipped).sum().item<int64_t>(), 1);
+  int32_t a = 0, b = 0;
+  const float ca = clean[3].item<float>(), fb = flipped[3].item<float>();
+  std::memcpy(&a, &ca, sizeof a);
+  std::memcpy(&b, &fb, sizeof b);
+  EXPECT_EQ(a ^ b, 1) << "bit 0 of element 3";
+  // Round 1: x2 refused; x0 and x1 averaged without it.
+  EXPECT_NE(refused[2].find("left the last average hashing to"), std::string::npos) << refused[2];
+  EXPECT_TRUE(refused[0].empty() && refused[1].empty()) << refused[0] << refused[1];
+  expectAverages(before[1], after[1], {{"ring_0", namesOf(init), {"x0", "x1"}}}, nodes);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(stats[i].members_lost, 1) << i;
+}
+
 // Concurrent rings fail independently: "a" is in ring_0 {a, b, d} and ring_1 {a, c}, which run at
 // the same time; "b" dies in the middle of ring_0's average. ring_0 drops it and "a" and "d"
 // average without it; ring_1 completes the exact average of "a" and "c" with nobody lost.

@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""A flooding volunteer beside a run (issue [Q], docs/OPERATIONS.md "Floods"):
+
+    volunteer_flood_test.py --provider P --clusterize C --flooder F --work DIR
+
+The same 2 clusters x 2 stages job (4 real `provider --join` volunteers on loopback, the example
+Fashion-MNIST CNN, 40 steps, "average" syncs) runs twice: once alone (the reference), once with
+`flood_volunteer` (tests/node/FloodVolunteerMain.cpp) beside it. The flooder holds the invite and
+joins as a real volunteer (its own key, a reachability responder; its probe fits no stage, so it
+stays a spare), and from the moment the run is planned until it ends sends, as fast as ZeroMQ takes
+them, joins, heartbeats, 4,096-record metrics batches, chunk requests for the largest piece and
+8 MiB checkpoint uploads. Checked (outcomes only): every step's loss of every cluster's Leaf in the
+flooded run equals the reference's exactly; the coordinator told the flooder once that it sends
+too much and then blocked its key (its log and the flooder's replies say so); every volunteer and
+the coordinator exit 0. Printed, not checked (figures): the messages the flooder got in, and the
+coordinator's peak RSS in both runs.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import volunteer_test as vt  # noqa: E402
+
+STEPS = 40
+FLAGS = ["--min-volunteers", "4", "--clusters", "2", "--cuts", "7"]
+
+
+def peak_rss_mb(pid):
+    """The process's peak resident set (VmHWM) in MB; None once it is gone."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def leaf_losses(run):
+    """{cluster: [(step, loss), ...]} from each cluster's Leaf's own metrics.jsonl."""
+    plan = json.load(open(os.path.join(run.out, "plan.json")))
+    losses = {}
+    for c, cluster in enumerate(plan["clusters"]):
+        leaf = cluster["chain"][-1]
+        holders = [w for _, w in run.volunteers if vt.name_of(w) == leaf]
+        if len(holders) != 1:
+            vt.fail(f"cluster {c}: {len(holders)} volunteers hold its Leaf {leaf}")
+        losses[c] = [(r["step"], r["loss"]) for r in vt.node_records(holders[0], leaf) if "step" in r]
+    return losses
+
+
+class PeakRss:
+    """Samples a process's VmHWM every half second until it exits (the last sample is its peak)."""
+
+    def __init__(self, pid):
+        self.pid, self.mb, self.stop = pid, None, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self):
+        while not self.stop.wait(0.5):
+            mb = peak_rss_mb(self.pid)
+            if mb is None:
+                return
+            self.mb = mb
+
+    def done(self):
+        self.stop.set()
+        self.thread.join(5)
+        return self.mb
+
+
+def one_run(args, name, flood):
+    """(Leaf losses, coordinator peak RSS in MB, the flooder's last line or None)."""
+    run = vt.start_run(vt.in_folder(args, name), STEPS, 500, FLAGS, 4)
+    rss = PeakRss(run.coordinator.proc.pid)
+    flooder = None
+    with run:
+        run.join(4)
+        run.wait_planned(2)
+        if flood:
+            port = vt.free_ports(1)[0]
+            flooder = vt.Process("flooder", [args.flooder, "--invite", run.invite, "--listen",
+                                             f"127.0.0.1:{port}", "--seconds", "900"])
+            flooder.wait_for(lambda l: l.startswith("flood: joined as"), 120, "'flood: joined as'")
+        run.all_finish()
+        peak = rss.done()
+        if not flooder:
+            return leaf_losses(run), peak, None
+        flooder.proc.send_signal(signal.SIGTERM)
+        if flooder.finish(60) != 0:
+            vt.fail("the flooder did not exit 0 on SIGTERM")
+        tally = [l for l in flooder.lines if l.startswith("flood: sent")]
+        if not tally:
+            vt.fail("the flooder printed no tally")
+        blocked = [l for l in run.coordinator.lines if "blocked for" in l]
+        if not blocked:
+            vt.fail("the coordinator never blocked the flooding key")
+        print("coordinator:", blocked[0].strip())
+        return leaf_losses(run), peak, tally[-1].strip()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--clusterize", required=True)
+    parser.add_argument("--flooder", required=True)
+    parser.add_argument("--work", required=True)
+    args = parser.parse_args()
+    vt.torch.set_num_threads(1)
+    shutil.rmtree(args.work, ignore_errors=True)
+    reference, reference_rss, _ = one_run(args, "reference", False)
+    flooded, flooded_rss, tally = one_run(args, "flooded", True)
+    print(tally)
+    # "flood: sent N messages (B bytes); replies R; too-many T; blocked K; ..."
+    fields = dict(part.strip().rsplit(" ", 1) for part in tally.split(";")[1:4])
+    if int(fields.get("too-many", 0)) < 1 or int(fields.get("blocked", 0)) != 1:
+        vt.fail(f"the flooder should be told once that it sends too much, then blocked once: {tally}")
+    for c in sorted(reference):
+        if [s for s, _ in reference[c]] != list(range(1, STEPS + 1)):
+            vt.fail(f"reference cluster {c}: steps {[s for s, _ in reference[c]]}")
+        if flooded.get(c) != reference[c]:
+            diff = [(a, b) for a, b in zip(reference[c], flooded.get(c, [])) if a != b]
+            vt.fail(f"cluster {c}: the flooded run's Leaf losses differ from the reference's: {diff[:5]}")
+    print(f"every Leaf loss of {len(reference)} clusters x {STEPS} steps equals the run without the "
+          f"flooder; coordinator peak RSS {reference_rss:.0f} MB alone, {flooded_rss:.0f} MB flooded")
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
