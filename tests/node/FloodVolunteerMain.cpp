@@ -1,12 +1,13 @@
 // flood_volunteer: a hostile member for the flood integration test (issue [Q], docs/OPERATIONS.md
-// "Floods"). It joins the coordinator of `--invite` as a real volunteer would (its own CURVE key,
-// a reachability responder at `--listen`, a probe too small for any stage, so it stays a spare),
-// then for `--seconds` (or until SIGTERM/SIGINT) sends everything a member may send, as fast as ZeroMQ takes it: joins again,
-// heartbeats, metrics batches of kMaxMetricsRecords records, chunk requests for the largest piece
-// (on a second connection, as a Root's fetcher does) and checkpoint uploads of `--upload-mib` MiB.
-// Sends never block (a full queue skips the message). Every reply is read and counted.
+// "Floods"). It joins the coordinator of `--invite` as a real volunteer would (its own CURVE key, a
+// reachability responder at `--listen`, the smallest probe allowed; it joins after the run is
+// planned, so it is a spare), then for `--seconds` (or until SIGTERM/SIGINT) sends everything a
+// member may send, as fast as ZeroMQ takes it: joins again, heartbeats, metrics batches of
+// kMaxMetricsRecords records, chunk requests for the largest piece (on a second connection, as a
+// Root's fetcher does) and checkpoint uploads of `--upload-mib` MiB. Sends never block (a full
+// queue skips the message). Every reply is read and counted.
 // Prints one line "flood: sent N messages (B bytes); replies R; too-many T; blocked K; other
-// rejections O; pieces P" and exits 0; 2 on bad flags or when it is not accepted.
+// rejections O; chunk replies P" and exits 0; 2 on bad flags or when it is not accepted.
 #include <CLI/CLI.hpp>
 
 #include <atomic>
@@ -31,7 +32,7 @@ std::atomic<bool> stop_asked{false};
 extern "C" void onStopSignal(int) { stop_asked = true; }
 
 struct Tally {
-  uint64_t sent = 0, bytes = 0, replies = 0, too_many = 0, blocked = 0, other = 0, pieces = 0;
+  uint64_t sent = 0, bytes = 0, replies = 0, too_many = 0, blocked = 0, other = 0, chunk_replies = 0;
 };
 
 // Without blocking: a message whose first frame finds the queue full is skipped (ZeroMQ then takes
@@ -66,7 +67,7 @@ void drain(zmq::socket_t& socket, Tally& tally) {
       else
         ++tally.other;
     } else if (!m && decodeChunkReply(*reply, &why)) {
-      ++tally.pieces;
+      ++tally.chunk_replies;
     }
   }
 }
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
     JoinAsk ask;
     ask.token = invite.token;
     ask.advertise = responder.bound();
-    ask.probe = {0.001, 1, 1.0, 10.0, {}, libtorchVersion()};  // fits no stage: stays a spare
+    ask.probe = {0.1, 1, 1.0, 10.0, {}, libtorchVersion()};  // near the least a probe may give
     sendFrames(session, encode(ask));
     std::string name;
     const auto deadline = Clock::now() + std::chrono::seconds(60);
@@ -132,18 +133,18 @@ int main(int argc, char** argv) {
       metrics.seq = i * int64_t(kMaxMetricsRecords);
       send(session, encode(metrics), tally);
       send(chunks, encode(ChunkRequest{name, 0, 0, kMaxChunkPieceBytes}), tally);
-      if (i % 4 == 0) send(session, encode(upload), tally);
+      if (i % 32 == 0) send(session, encode(upload), tally);
       drain(session, tally);
       drain(chunks, tally);
     }
     drain(session, tally);
     drain(chunks, tally);
     std::printf("flood: sent %llu messages (%llu bytes); replies %llu; too-many %llu; blocked %llu; "
-                "other rejections %llu; pieces %llu\n",
+                "other rejections %llu; chunk replies %llu\n",
                 (unsigned long long)tally.sent, (unsigned long long)tally.bytes,
                 (unsigned long long)tally.replies, (unsigned long long)tally.too_many,
                 (unsigned long long)tally.blocked, (unsigned long long)tally.other,
-                (unsigned long long)tally.pieces);
+                (unsigned long long)tally.chunk_replies);
     session.set(zmq::sockopt::linger, 0);
     chunks.set(zmq::sockopt::linger, 0);
     return 0;
