@@ -65,13 +65,13 @@ std::string Ring::describe() const {
   return out.str();
 }
 
-// A new view/generation: a fresh ProcessGroup (or none when alone), and what is left in the
-// mailbox of this ring's earlier generations thrown away (best effort: what arrives later is
-// ignored by the new group's tag anyway and ages out of the bounded mailbox).
 void noteResult(const RingContext& context, Ring& ring) {
   if (context.sync.mode == SyncMode::kAverage) ring.result_sum = ring.resultChecksum(ring.spec.parameters);
 }
 
+// A new view/generation: a fresh ProcessGroup (or none when alone), and what is left in the
+// mailbox of this ring's earlier generations thrown away (best effort: what arrives later is
+// ignored by the new group's tag anyway and ages out of the bounded mailbox).
 void regroup(RingContext& context, Ring& ring, std::vector<std::string> view, int64_t generation) {
   ring.view = std::move(view);
   ring.generation = generation;
