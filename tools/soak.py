@@ -174,6 +174,28 @@ def schedule(args, clusters):
         events.append({"kind": kind, "cluster": rng.randrange(clusters), "stage": rng.randrange(3),
                        "at_step": rng.randrange(args.kill_every // 2 + 5, last + 1), "overlap": kind == "late"})
     events.sort(key=lambda e: (e["at_step"], not e["overlap"], e["kind"]))
+    return early_enough_late(args, clusters, events)
+
+
+def early_enough_late(args, clusters, events):
+    """Moves `late` forward to the step of the first fault that would find no spare left: each
+    kill, freeze and partition (and the flip) gives a node to a spare (a frozen or cut-off
+    volunteer comes back as one only later; counted as if never). Without it a seed could schedule more replacements than spares
+    before the late volunteers came (seed 2 of --short: three kills and the flip, three spares), and
+    the soak measured its own schedule, not cairn (a cluster waits max_wait_s for a spare)."""
+    spares = args.volunteers - 3 * clusters
+    flip = [{"kind": "flip", "at_step": int(args.steps * 0.45)}] if args.flip else []
+    late = next(e for e in events if e["kind"] == "late")
+    used = 0
+    for e in sorted(events + flip, key=lambda e: e["at_step"]):
+        if e is late:
+            return events
+        if e["kind"] in ("kill", "flip", "freeze", "partition"):
+            used += 1
+        if used > spares:
+            late["at_step"] = e["at_step"]
+            break
+    events.sort(key=lambda e: (e["at_step"], not e["overlap"], e["kind"]))
     return events
 
 
