@@ -307,4 +307,21 @@ void TrainerCheckpoints::checkResumedPlan() {
     data_.train->setTrainingDraws(resumed_meta_.value("augmentation_draws", uint64_t(0)));
 }
 
+void adoptDealOfCheckpoint(StageTrainerConfig* cfg) {
+  nlohmann::json& extra = cfg->node.extra;
+  if (cfg->node.stage != 0 || cfg->checkpoint_dir.empty() || !extra.is_object() ||
+      !extra.contains("offered_deal"))
+    return;
+  const CheckpointData data = readCheckpoint(cfg->checkpoint_dir, cfg->resume_step);
+  if (!data.meta.is_object() || !data.meta.contains("deal")) return;
+  const std::string where = "checkpoint of step " + std::to_string(cfg->resume_step);
+  const auto written = dealFromJson(data.meta["deal"], where + ": meta deal");
+  const auto offered = dealFromJson(extra["offered_deal"], "node.json extra.offered_deal");
+  if (written != offered) return;
+  CAIRN_INFO("resume: the ", where, " was written under the deal this cluster took, ",
+             dealToJson(written).dump(), ", which node.json still only offers: planning with it");
+  extra["deal"] = dealToJson(written);
+  extra.erase("offered_deal");
+}
+
 }  // namespace cairn

@@ -8,6 +8,7 @@
 #include "node/ring/RingClusterSync.h"
 #include "node/protocol/PipelineControl.h"
 #include "trainer/Checkpoint.h"
+#include "trainer/TrainerCheckpoints.h"
 
 namespace cairn {
 namespace {
@@ -142,6 +143,7 @@ NodeRunResult NodeRunner::run() {
       const std::optional<int64_t> step = agreeOnResume(out);
       if (!step) return out;  // stopped by a signal during the agreement
       cfg.resume_step = *step;
+      adoptDealOfCheckpoint(&cfg);
     }
     const TrainerObserver observer = attemptObserver(resuming);
     torch::jit::Module stage = loadStage(config_.stage_path);

@@ -17,6 +17,7 @@
 #include "trainer/DealChange.h"
 #include "trainer/DealSampler.h"
 #include "trainer/Sampler.h"
+#include "trainer/TrainerCheckpoints.h"
 
 namespace cairn {
 namespace {
@@ -384,6 +385,73 @@ TEST(DealRun, AResumeFromACheckpointBeforeADealChangeGoesOnUnderTheDeal) {
         c.data.chunks = 4;
         if (i == 0) c.node.extra["deal"] = kGrown;
       });
+  std::vector<std::vector<int64_t>> both = stopped.batches;
+  both.insert(both.end(), resumed.batches.begin(), resumed.batches.end());
+  EXPECT_EQ(both, reference.batches);
+  for (const TrainerResult& r : resumed.results) EXPECT_EQ(r.steps, reference.results[0].steps);
+  std::filesystem::remove_all(dir);
+}
+
+// A Root that took an offered deal, checkpointed under it, and restarts while its node.json still
+// only offers the deal (extra.offered_deal: the coordinator's peers update written after the Root
+// took it, or a spare's assignment): planning with node.json's deal in force (none: the planned
+// clusters) it refused its own checkpoint, and the cluster gave its nodes up (the 24-volunteer
+// soak). adoptDealOfCheckpoint (TrainerCheckpoints.h, which NodeRunner calls before a resumed
+// attempt) plans with the checkpoint's deal: the stopped and resumed halves sample exactly what the
+// uninterrupted run with the offer samples.
+TEST(DealRun, AResumeUnderADealTakenButStillOnlyOfferedInNodeJsonPlansWithIt) {
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  char tmpl[] = "/tmp/cairn_deal_offered_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto nodeDir = [&](int i) { return dir + "/node_" + std::to_string(i); };
+  std::vector<AdmissionRecorder> syncs(kStages), resumed_syncs(kStages), reference_syncs(kStages);
+  Offer offer;
+  offer.from_step = 3;  // taken at step 3 of epoch 0
+  const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
+  auto polls = std::make_shared<int>(0);
+  const testing::PipelineRun stopped =
+      testing::runInMemoryPipeline(node_data, dealRunOptions, [&](int i, StageTrainerConfig& c) {
+        c.data.chunks = 4;
+        c.cluster_sync = &syncs[size_t(i)];
+        c.options.checkpoint_every = 2;
+        c.checkpoint_dir = nodeDir(i);
+        if (i != 0) return;
+        c.stop_requested = [polls] { return ++*polls >= 9; };
+        c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
+          if (offer.calls++ < offer.from_step) return std::nullopt;
+          return kGrown;
+        };
+      });
+  ASSERT_TRUE(stopped.results[0].stopped);
+  const int64_t at = stopped.results[0].steps;
+  ASSERT_GT(at, offer.from_step);  // the checkpoint comes after the deal was taken
+  auto resume = [&](bool adopt) {
+    return testing::runInMemoryPipeline(node_data, dealRunOptions, [&, adopt](int i, StageTrainerConfig& c) {
+      c.data.chunks = 4;
+      c.cluster_sync = &resumed_syncs[size_t(i)];
+      c.options.checkpoint_every = 2;
+      c.checkpoint_dir = nodeDir(i);
+      c.resume_step = at;
+      c.node.extra["offered_deal"] = kGrown;  // what the coordinator's update said
+      if (adopt) adoptDealOfCheckpoint(&c);
+      if (i == 0 && adopt) {
+        EXPECT_EQ(c.node.extra.value("deal", nlohmann::json()), kGrown);
+        EXPECT_FALSE(c.node.extra.contains("offered_deal"));
+      }
+    });
+  };
+  // Without it (it writes no checkpoint): the Root refuses its own checkpoint.
+  try {
+    resume(false);
+    ADD_FAILURE() << "a Root planning without the deal it took accepted its checkpoint";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find(".ckpt: written for a run of"), std::string::npos) << e.what();
+  }
+  const testing::PipelineRun resumed = resume(true);
+  Offer again;
+  again.from_step = 3;
+  const testing::PipelineRun reference = runWithOffer(again, reference_syncs, nullptr, nullptr);
   std::vector<std::vector<int64_t>> both = stopped.batches;
   both.insert(both.end(), resumed.batches.begin(), resumed.batches.end());
   EXPECT_EQ(both, reference.batches);
