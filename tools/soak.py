@@ -184,6 +184,8 @@ def early_enough_late(args, clusters, events):
     before the late volunteers came (seed 2 of --short: three kills and the flip, three spares), and
     the soak measured its own schedule, not cairn (a cluster waits max_wait_s for a spare)."""
     spares = args.volunteers - 3 * clusters
+    while getattr(args, "grow", False) and spares - 3 >= args.keep_spares:
+        spares -= 3  # a cluster grown from spares at the start (coordinator/Growth.h)
     flip = [{"kind": "flip", "at_step": int(args.steps * 0.45)}] if args.flip else []
     late = next(e for e in events if e["kind"] == "late")
     used = 0
