@@ -195,7 +195,7 @@ def early_enough_late(args, clusters, events):
         if e["kind"] in ("kill", "flip", "freeze", "partition"):
             used += 1
         if used > spares:
-            late["at_step"] = e["at_step"]
+            late["at_step"], late["cluster"] = e["at_step"], e.get("cluster", late["cluster"])
             break
     events.sort(key=lambda e: (e["at_step"], not e["overlap"], e["kind"]))
     return events

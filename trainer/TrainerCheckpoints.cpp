@@ -309,19 +309,26 @@ void TrainerCheckpoints::checkResumedPlan() {
 
 void adoptDealOfCheckpoint(StageTrainerConfig* cfg) {
   nlohmann::json& extra = cfg->node.extra;
-  if (cfg->node.stage != 0 || cfg->checkpoint_dir.empty() || !extra.is_object() ||
-      !extra.contains("offered_deal"))
-    return;
+  if (cfg->node.stage != 0 || cfg->checkpoint_dir.empty() || cfg->resume_step < 0) return;
   const CheckpointData data = readCheckpoint(cfg->checkpoint_dir, cfg->resume_step);
   if (!data.meta.is_object() || !data.meta.contains("deal")) return;
   const std::string where = "checkpoint of step " + std::to_string(cfg->resume_step);
   const auto written = dealFromJson(data.meta["deal"], where + ": meta deal");
-  const auto offered = dealFromJson(extra["offered_deal"], "node.json extra.offered_deal");
-  if (written != offered) return;
+  const bool dealt = extra.is_object() && extra.contains("deal");
+  const std::vector<DealEntry> in_force =
+      dealt ? dealFromJson(extra["deal"], "node.json extra.deal")
+            : std::vector<DealEntry>{{0, int(cfg->num_clusters)}};
+  // Deals only ever grow by entries for later epochs (trainer/DealChange.h): the checkpoint's
+  // extends the one in force exactly when the cluster took a deal this configuration has not heard.
+  const bool extends = written.size() > in_force.size() &&
+                       std::equal(in_force.begin(), in_force.end(), written.begin());
+  if (!extends) return;
   CAIRN_INFO("resume: the ", where, " was written under the deal this cluster took, ",
-             dealToJson(written).dump(), ", which node.json still only offers: planning with it");
+             dealToJson(written).dump(), "; node.json's configuration ",
+             extra.is_object() && extra.contains("offered_deal") ? "only offers it" : "predates it",
+             ": planning with it");
   extra["deal"] = dealToJson(written);
-  extra.erase("offered_deal");
+  if (extra.contains("offered_deal")) extra.erase("offered_deal");
 }
 
 }  // namespace cairn

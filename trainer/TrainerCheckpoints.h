@@ -62,13 +62,16 @@ class TrainerCheckpoints {
 };
 
 // A Root resuming (cfg->resume_step) from a checkpoint written under a deal its cluster took
-// (DealChange.h) while its node.json still only offers that deal (extra.offered_deal: a peers
-// update, or a spare's assignment, made before the coordinator heard every Root take it): the
-// checkpoint's meta "deal" says it was in force, so extra.deal becomes it (offered_deal dropped)
-// and the Root plans with it. Without this the Root planned with the old deal and refused its own
-// checkpoint, and the cluster gave its nodes up (the 24-volunteer soak: a growth offer taken, then
-// two replacements at once). Anything else is left as it is. NodeRunner calls it before each
-// resumed attempt; BadInput when the checkpoint or a deal is malformed.
+// (DealChange.h) that the configuration it resumes with does not hold in force: its node.json
+// was read before the take (a pause and resume inside one provider run, whose configuration is
+// read once), or was written after it by an update that still only offers the deal
+// (extra.offered_deal: before the coordinator heard every Root take it; a spare's assignment
+// then). The checkpoint's meta "deal" extends the deal in force (the same entries, then more:
+// deals only grow by later epochs), so extra.deal becomes it and the Root plans with it. Before,
+// the Root planned with the old deal and refused its own checkpoint, and the cluster gave its
+// nodes up (the 24-volunteer soak: a growth offer taken, then two replacements at once). Anything
+// else is left as it is. NodeRunner calls it before each resumed attempt; BadInput when the
+// checkpoint or a deal is malformed.
 void adoptDealOfCheckpoint(StageTrainerConfig* cfg);
 
 }  // namespace cairn

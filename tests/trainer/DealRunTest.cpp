@@ -392,14 +392,15 @@ TEST(DealRun, AResumeFromACheckpointBeforeADealChangeGoesOnUnderTheDeal) {
   std::filesystem::remove_all(dir);
 }
 
-// A Root that took an offered deal, checkpointed under it, and restarts while its node.json still
-// only offers the deal (extra.offered_deal: the coordinator's peers update written after the Root
-// took it, or a spare's assignment): planning with node.json's deal in force (none: the planned
-// clusters) it refused its own checkpoint, and the cluster gave its nodes up (the 24-volunteer
-// soak). adoptDealOfCheckpoint (TrainerCheckpoints.h, which NodeRunner calls before a resumed
-// attempt) plans with the checkpoint's deal: the stopped and resumed halves sample exactly what the
-// uninterrupted run with the offer samples.
-TEST(DealRun, AResumeUnderADealTakenButStillOnlyOfferedInNodeJsonPlansWithIt) {
+// A Root that took an offered deal, checkpointed under it, and resumes with a configuration that
+// does not hold the deal in force: node.json still only offers it (extra.offered_deal: the
+// coordinator's peers update written after the Root took it, or a spare's assignment), or the
+// configuration predates the take (a pause inside one provider run, which reads node.json once).
+// Planning with the old deal, it refused its own checkpoint and the cluster gave its nodes up (the
+// 24-volunteer soak). adoptDealOfCheckpoint (TrainerCheckpoints.h, which NodeRunner calls before a
+// resumed attempt) plans with the checkpoint's deal: in both cases the stopped and resumed halves
+// sample exactly what the uninterrupted run with the offer samples.
+TEST(DealRun, AResumeUnderADealTakenButNotInItsConfigurationPlansWithIt) {
   ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   char tmpl[] = "/tmp/cairn_deal_offered_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -426,14 +427,19 @@ TEST(DealRun, AResumeUnderADealTakenButStillOnlyOfferedInNodeJsonPlansWithIt) {
   ASSERT_TRUE(stopped.results[0].stopped);
   const int64_t at = stopped.results[0].steps;
   ASSERT_GT(at, offer.from_step);  // the checkpoint comes after the deal was taken
-  auto resume = [&](bool adopt) {
-    return testing::runInMemoryPipeline(node_data, dealRunOptions, [&, adopt](int i, StageTrainerConfig& c) {
+  const std::string kept = dir + "_kept";
+  std::filesystem::copy(dir, kept, std::filesystem::copy_options::recursive);
+  // Each resume starts from the stopped run's checkpoints (a resumed run writes its own).
+  auto resume = [&](bool adopt, bool offered) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::copy(kept, dir, std::filesystem::copy_options::recursive);
+    return testing::runInMemoryPipeline(node_data, dealRunOptions, [&, adopt, offered](int i, StageTrainerConfig& c) {
       c.data.chunks = 4;
       c.cluster_sync = &resumed_syncs[size_t(i)];
       c.options.checkpoint_every = 2;
       c.checkpoint_dir = nodeDir(i);
       c.resume_step = at;
-      c.node.extra["offered_deal"] = kGrown;  // what the coordinator's update said
+      if (offered) c.node.extra["offered_deal"] = kGrown;  // what the coordinator's update said
       if (adopt) adoptDealOfCheckpoint(&c);
       if (i == 0 && adopt) {
         EXPECT_EQ(c.node.extra.value("deal", nlohmann::json()), kGrown);
@@ -441,22 +447,26 @@ TEST(DealRun, AResumeUnderADealTakenButStillOnlyOfferedInNodeJsonPlansWithIt) {
       }
     });
   };
-  // Without it (it writes no checkpoint): the Root refuses its own checkpoint.
+  // Without it: the Root refuses its own checkpoint.
   try {
-    resume(false);
+    resume(false, true);
     ADD_FAILURE() << "a Root planning without the deal it took accepted its checkpoint";
   } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find(".ckpt: written for a run of"), std::string::npos) << e.what();
   }
-  const testing::PipelineRun resumed = resume(true);
   Offer again;
   again.from_step = 3;
   const testing::PipelineRun reference = runWithOffer(again, reference_syncs, nullptr, nullptr);
-  std::vector<std::vector<int64_t>> both = stopped.batches;
-  both.insert(both.end(), resumed.batches.begin(), resumed.batches.end());
-  EXPECT_EQ(both, reference.batches);
-  for (const TrainerResult& r : resumed.results) EXPECT_EQ(r.steps, reference.results[0].steps);
+  for (const bool offered : {true, false}) {
+    SCOPED_TRACE(offered ? "node.json offers the deal" : "the configuration predates the take");
+    const testing::PipelineRun resumed = resume(true, offered);
+    std::vector<std::vector<int64_t>> both = stopped.batches;
+    both.insert(both.end(), resumed.batches.begin(), resumed.batches.end());
+    EXPECT_EQ(both, reference.batches);
+    for (const TrainerResult& r : resumed.results) EXPECT_EQ(r.steps, reference.results[0].steps);
+  }
   std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(kept);
 }
 
 TEST(DealChange, DealUpToKeepsTheEntriesInForceUpToAnEpoch) {
