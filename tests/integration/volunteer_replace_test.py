@@ -69,13 +69,31 @@ def three_and_a_spare(run):
     return json.load(open(os.path.join(run.out, "plan.json")))["clusters"][0]["chain"]
 
 
-def kill_after_checkpoint(coordinator, victim, stem):
+def kill_after_checkpoint(coordinator, victim, stem, records_in=None):
     """SIGKILLs the victim (a volunteer's (Process, workdir)) once the coordinator has acknowledged
-    a checkpoint of its node STEM at step >= KILL_AFTER; returns that acknowledgement's line."""
+    a checkpoint of its node STEM at step >= KILL_AFTER; returns that acknowledgement's line.
+    records_in (the coordinator's out folder): also wait until its metrics.jsonl holds STEM's step
+    record of that step (the volunteer sends its records about once a second, apart from its
+    checkpoint uploads)."""
+    marker = f"coordinator: checkpoint of {stem} at step "
+
     def acknowledged(line):
-        marker = f"coordinator: checkpoint of {stem} at step "
         return marker in line and int(line.split(marker)[1].split()[0]) >= KILL_AFTER
     ack = coordinator.wait_for(acknowledged, 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
+    if records_in:
+        step = int(ack.split(marker)[1].split()[0])
+        metrics = os.path.join(records_in, "metrics.jsonl")
+
+        def recorded():
+            if not os.path.exists(metrics):
+                return False
+            for line in open(metrics):
+                if line.endswith("\n"):
+                    r = json.loads(line)
+                    if r.get("node") == stem and r.get("step") == step:
+                        return True
+            return False
+        vt.wait_until(recorded, 120, f"{stem}'s step record {step} at the coordinator")
     victim[0].proc.kill()
     victim[0].finish(30)
     return ack
@@ -128,6 +146,11 @@ def case_spare_replaces_lost(args):
         vt.fail(f"the reference Leaf logged {len(reference)} steps, expected {STEPS}")
 
     release = hold_root(args, HOLD_AT)
+    # Held also after KILL_AFTER steps until the kill: the checkpoint the spare resumes from is
+    # that step's, and the victim's step records up to it have reached the coordinator (its
+    # credit), however the machine's load spaces the records and the uploads.
+    killed = os.path.join(args.work, "killed")
+    os.environ["CAIRN_TEST_HOLD"] = f"0:{KILL_AFTER}:{killed}," + os.environ["CAIRN_TEST_HOLD"]
     run = vt.Run(args, model, job, FLAGS, 4)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
@@ -141,12 +164,13 @@ def case_spare_replaces_lost(args):
         stem, leaf = chain[1], chain[2]
         victim = next(v for v in volunteers[:3] if name_of(v[1]) == stem)
         leaf_workdir = next(w for _, w in volunteers[:3] if name_of(w) == leaf)
-        ack = kill_after_checkpoint(coordinator, victim, stem)
+        ack = kill_after_checkpoint(coordinator, victim, stem, records_in=out)
         print(f"SIGKILLed {victim[0].tag} ({stem}) after: {ack.strip()}")
         coordinator.wait_for(lambda l: f"coordinator: lost: {stem}" in l, 120, f"'lost: {stem}'")
         taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_3" in l, 60,
                                      "the takeover")
         print(taken.strip())
+        open(killed, "w").close()
         open(release, "w").close()
         run.all_finish(but=victim[0])
 
