@@ -19,8 +19,9 @@
 // buffer average (gradients), so every cluster ends the run with the same weights; then leave().
 //
 // start() checks that every cluster starts from identical state: per ring, an FNV-1a hash of the
-// names, dtypes, shapes and bytes of its tensors is all-gathered; a differing member is named in a
-// BadInput and nothing is trained.
+// names, dtypes, shapes and bytes of its tensors is all-gathered; at the run's first start a
+// differing member is named in a BadInput and nothing is trained; when every member is restarting,
+// the one with the newest last sync welcomes the others (RingRestart.h).
 //
 // Several rings (clusters cut differently: one node shares different tensors with different
 // peers) run concurrently, one thread per ring with more than one live member, for the
@@ -125,7 +126,8 @@ class RingClusterSync : public ClusterSync {
   // --resume, or resuming after its cluster paused): start() then asks the live ring peers to
   // admit it and copies their current parameters and buffers (and DiLoCo outer state) into the
   // stage before training; when no ring peer admits it within 3 × timeout (at once when every
-  // other member is asking to join too) it falls back to the ordinary start.
+  // other member is asking to join too) the members start together (RingRestart.h: the newest
+  // last sync welcomes the others).
   void setJoining(bool joining) override { joining_ = joining; }
   uint64_t weightsVersion() const override { return weights_version_; }
 
