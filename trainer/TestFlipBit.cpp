@@ -12,6 +12,15 @@
 
 namespace cairn {
 
+float flipFloatBit(float* at, int bit) {
+  const float before = *at;
+  uint32_t bits = 0;
+  std::memcpy(&bits, at, sizeof bits);
+  bits ^= uint32_t(1) << bit;
+  std::memcpy(at, &bits, sizeof bits);
+  return before;
+}
+
 void testFlipBit(torch::jit::Module& stage, int cluster, int stage_index, int64_t steps_done) {
   const char* value = std::getenv("CAIRN_TEST_FLIP_BIT");
   if (!value || !*value) return;
@@ -39,11 +48,7 @@ void testFlipBit(torch::jit::Module& stage, int cluster, int stage_index, int64_
                   " has no float element ", index, " with a bit ", bit, " on the CPU");
     torch::NoGradGuard no_grad;
     float* at = p.value.data_ptr<float>() + index;
-    const float before = *at;
-    uint32_t bits = 0;
-    std::memcpy(&bits, at, sizeof bits);
-    bits ^= uint32_t(1) << bit;
-    std::memcpy(at, &bits, sizeof bits);
+    const float before = flipFloatBit(at, int(bit));
     std::ofstream(once) << steps_done << "\n";
     CAIRN_WARN("test hook CAIRN_TEST_FLIP_BIT: flipped bit ", bit, " of ", parts[3], "[", index,
                "] after step ", steps_done, ": ", before, " -> ", *at);

@@ -15,5 +15,8 @@
 namespace cairn {
 
 void testFlipBit(torch::jit::Module& stage, int cluster, int stage_index, int64_t steps_done);
+// Flips bit `bit` (0..31) of the float at `at` in place; returns the value before. Also the ring's
+// CAIRN_TEST_FLIP_AFTER_AVERAGE hook (node/ring/RingTestHooks.h).
+float flipFloatBit(float* at, int bit);
 
 }  // namespace cairn

@@ -2,12 +2,12 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <sstream>
 #include <vector>
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "trainer/TestFlipBit.h"
 
 namespace cairn {
 
@@ -35,11 +35,7 @@ void testFlipAfterAverage(const std::string& node, Ring& ring) {
                   " has no float element ", index, " with a bit ", bit, " on the CPU");
     if (fired.exchange(true)) return;
     float* at = t.data_ptr<float>() + index;
-    const float before = *at;
-    uint32_t bits = 0;
-    std::memcpy(&bits, at, sizeof bits);
-    bits ^= uint32_t(1) << bit;
-    std::memcpy(at, &bits, sizeof bits);
+    const float before = flipFloatBit(at, int(bit));
     CAIRN_WARN("test hook CAIRN_TEST_FLIP_AFTER_AVERAGE: flipped bit ", bit, " of ", parts[1], "[",
                index, "] after the average: ", before, " -> ", *at);
     return;
