@@ -10,9 +10,10 @@
 // to c — in any epoch, since a request does not name one. The planned deal is followed from the
 // start; a grown deal from the moment the coordinator proposes it (a running Root that takes it
 // between steps asks for its new chunks at once, before the coordinator has heard it took it).
-// Following only ever widens: a Root that took an offer may still need what it gave. The coordinator's loop asks it (one thread); it reads with
-// pread (trainer/data/FileReader.h), so a big shard never sits in memory.
-// Ownership: owns the open files. Thread-safety: one thread (the coordinator's loop).
+// Following only ever widens: a Root that took an offer may still need what it gave. The
+// coordinator's ChunkService worker asks it (one thread, off the coordinator's loop: ChunkService.h);
+// it reads with pread (trainer/data/FileReader.h), so a big shard never sits in memory.
+// Ownership: owns the open files. Thread-safety: one thread (the ChunkService worker).
 #pragma once
 
 #include <cstdint>

@@ -15,6 +15,8 @@
 
 #include "coordinator/Admissions.h"
 #include "coordinator/ChunkServer.h"
+#include "coordinator/ChunkService.h"
+#include "coordinator/CoordinatorInvite.h"
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/Grower.h"
 #include "coordinator/Growth.h"
@@ -75,6 +77,7 @@ struct Coordinator::Impl {
   zmq::context_t context;
   std::unique_ptr<ZapAuthenticator> zap;  // before the ROUTER, destroyed after it
   zmq::socket_t router;
+  std::unique_ptr<ChunkService> chunk_service;  // answers chunk requests off this loop (after router)
   std::map<std::string, std::string> routes;  // public key → routing id of its last message
   std::unique_ptr<Admissions> admissions;  // joins waiting for the dial-back; after the context
   std::optional<Clock::time_point> enough_since;
@@ -149,15 +152,40 @@ struct Coordinator::Impl {
     return verdict == FloodGuard::Verdict::kTake;
   }
 
+  // The next message on the ROUTER, waiting at most 100 ms; the chunk answers that became ready
+  // meanwhile are sent on first (ChunkService.h).
+  std::optional<Routed> nextMessage() {
+    zmq::pollitem_t items[] = {{static_cast<void*>(router), 0, ZMQ_POLLIN, 0},
+                               {static_cast<void*>(chunk_service->ready()), 0, ZMQ_POLLIN, 0}};
+    try {
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+      return std::nullopt;
+    }
+    if (items[1].revents & ZMQ_POLLIN)
+      chunk_service->forward([this](const std::string& routing_id, const Frames& frames) {
+        sendRouted(router, routing_id, frames);
+      });
+    if (!(items[0].revents & ZMQ_POLLIN)) return std::nullopt;
+    return recvRouted(router, std::chrono::milliseconds(0), &stats.malformed);
+  }
+
   void handle(const Routed& r) {
     ++stats.messages;
     std::string why;
     const std::optional<Member> member = store->memberByKey(r.user_id);
-    if (isChunkRequest(r.frames))  // a Root fetching its cluster's data (ChunkServer.h)
-      return sendRouted(router, r.routing_id,
-                        serveChunkRequest(&chunks, o.out, r.frames,
-                                          member ? std::optional(member->name) : std::nullopt,
-                                          servedDeals(*store)));
+    if (isChunkRequest(r.frames)) {  // a Root fetching its cluster's data (ChunkServer.h)
+      // Read on the service's worker (only it touches `chunks`); what the answer depends on in the
+      // store is read here, on the loop.
+      (void)chunk_service->submit(
+          r.routing_id, [this, frames = r.frames, deals = servedDeals(*store),
+                         who = member ? std::optional(member->name) : std::nullopt] {
+            return serveChunkRequest(&chunks, o.out, frames, who, deals);
+          });
+      stats.chunk_requests_dropped = chunk_service->dropped();
+      return;
+    }
     const auto message = decodeToCoordinator(r.frames, o.max_attachment_bytes, &why);
     if (!message) {
       ++stats.malformed;
@@ -350,54 +378,14 @@ struct Coordinator::Impl {
     for (const auto& [key, route] : routes) sendRouted(router, route, encode(Finished{"the run is over"}));
   }
 
-  // The coordinator's key pair (coordinator.key, made on the first start) and the invite's token
-  // (--token, else the stored one, else a fresh one), kept in coordinator.db.
-  void loadKeysAndToken() {
-    const std::string key_path = o.out + "/coordinator.key";
-    if (std::filesystem::exists(key_path)) {
-      keys = readKeyFile(key_path);
-    } else {
-      keys = generateCurveKeyPair();
-      writeKeyFile(key_path, keys);
-    }
-    if (!o.token.empty()) {
-      if (o.token.size() < 32 || o.token.size() > 128 ||
-          o.token.find_first_not_of("0123456789abcdef") != std::string::npos)
-        CAIRN_THROW(BadInput, "--token must be 32 to 128 lowercase hex digits");
-      token = o.token;
-    } else {
-      token = store->meta("token").value_or(randomHex(16));
-    }
-    store->setMeta("token", token);
-  }
-
-  // Binds the ROUTER (behind the ZAP authenticator) and forms the invite from the address
-  // volunteers dial; writes it to --invite-file too.
+  // Binds the ROUTER (behind the ZAP authenticator); the invite names the address volunteers
+  // dial (CoordinatorInvite.h).
   void bindAndInvite() {
     zap = std::make_unique<ZapAuthenticator>(context, ZapAuthenticator::AnyKey{});
     std::string bound;
     router =
         coordinationServer(context, keys, o.listen, o.max_attachment_bytes + (1 << 20), &bound);
-    std::string bound_host, advertise_host;
-    int bound_port = 0, advertise_port = 0;
-    parseHostPort(bound, "coordinator", "bound address", &bound_host, &bound_port);
-    if (!o.advertise.empty()) {
-      parseHostPort(o.advertise, "command line", "--advertise", &advertise_host, &advertise_port);
-    } else {
-      advertise_host = bound_host;
-      advertise_port = bound_port;
-      if (advertise_host == "0.0.0.0")
-        CAIRN_THROW(BadInput, "--serve ", o.listen,
-                    " listens on every interface: give --advertise HOST:PORT, the address "
-                    "volunteers dial");
-    }
-    invite = formatInvite(Invite{advertise_host, advertise_port, keys.public_key, token});
-    if (!o.invite_file.empty()) {
-      std::ofstream f(o.invite_file + ".tmp");
-      f << invite << "\n";
-      f.close();
-      std::filesystem::rename(o.invite_file + ".tmp", o.invite_file);
-    }
+    invite = formInvite(bound, o.advertise, o.listen, keys.public_key, token, o.invite_file);
   }
 };
 
@@ -421,7 +409,8 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.grower = std::make_unique<Grower>(
       *s.store, s.o.out, GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares},
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
-  s.loadKeysAndToken();
+  s.keys = loadOrMakeCoordinatorKeys(s.o.out);
+  s.token = chooseToken(*s.store, s.o.token);
   s.admissions = std::make_unique<Admissions>(
       *s.store, s.context, s.keys,
       AdmissionOptions{s.o.out, s.token, s.o.allowed_keys, s.o.reach_timeout,
@@ -434,6 +423,7 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
         s.refuse(routing_id, who, reason);
       });
   s.bindAndInvite();
+  s.chunk_service = std::make_unique<ChunkService>(s.context);
 }
 
 Coordinator::~Coordinator() = default;
@@ -463,7 +453,7 @@ int Coordinator::run() {
                  "/coordinator.db (run the same command to pick it up)");
       return 0;
     }
-    const auto routed = recvRouted(s.router, std::chrono::milliseconds(100), &s.stats.malformed);
+    const auto routed = s.nextMessage();
     if (routed && s.withinBudget(*routed)) {
       try {
         s.handle(*routed);

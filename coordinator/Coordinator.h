@@ -60,6 +60,7 @@ struct CoordinatorStats {
   uint64_t refused_joins = 0;
   uint64_t flood_dropped = 0;  // over a key's budget (FloodGuard.h), never decoded
   uint64_t flood_blocked = 0;  // keys blocked for flooding, so far
+  uint64_t chunk_requests_dropped = 0;  // unanswered: too many waiting (ChunkService.h)
 };
 
 class Coordinator {

@@ -376,7 +376,18 @@ void CollectiveChannel::sendAborts(Operation& op, int lost_rank, bool left) {
 // An abort fails the operation. A leave names the member that left: from that member itself, it
 // is noted (and fails the operation only when we wait on it: `wait_rank`); forwarded by another
 // member, that member's operation failed on it, so ours fails too.
+// A notice stamped more than two operations past this one is left over from an earlier life of
+// the same group id (a stage stopped and started again: its ring's generation back at 0) and
+// dropped as stale: in this life no member gets that far ahead, since every operation needs every
+// member's chunks (a broadcast's root could; a leave it sends that far ahead is then found by the
+// silence timeout instead).
 void CollectiveChannel::onNotice(Operation& op, const Message& m, int sender_rank, int wait_rank) {
+  if (m.step > op.sequence + 2) {
+    ++stats_.dropped_stale;
+    CAIRN_WARN("group ", group_id_, " ", op.name, " #", op.sequence, ": dropped a notice from ",
+               m.sender, " stamped #", m.step, " (left over from an earlier life of this group)");
+    return;
+  }
   std::string why;
   if (collectiveMessageType(m) == CollectiveMessageType::kAbort) {
     const auto abort = decodeAbort(m, &why);

@@ -91,7 +91,7 @@ struct ProcessGroupStats {
   uint64_t bytes_sent = 0;          // tensor bytes
   uint64_t dropped_malformed = 0;   // wrong dtype / size / tensor count, non-member sender
   uint64_t dropped_unexpected = 0;  // duplicates, indices the operation never expects
-  uint64_t dropped_stale = 0;       // belonging to an operation this group already finished
+  uint64_t dropped_stale = 0;       // of an operation this group finished, or of an earlier life
   double seconds_receiving = 0;     // blocked waiting for chunks (includes decoding them)
   double seconds_sending = 0;       // handing chunks to the transport (waiting for room)
   double seconds_completing = 0;    // waiting for the transport to let go of the last chunks

@@ -6,6 +6,7 @@
 
 #include "core/Log.h"
 #include "node/protocol/RingJoin.h"
+#include "node/ring/RingSyncMath.h"
 #include "node/ring/RingTransaction.h"
 
 namespace cairn {
@@ -60,12 +61,26 @@ std::string misfit(const RingContext& context, const Ring& ring, const Welcome& 
   return problem;
 }
 
-// Copies a welcome that fits into the stage and the ring's outer state, and enters its view and
-// generation.
-void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome) {
+// Why the parameters `welcome` carries look corrupt next to this node's own copy (empty when
+// they do not): the contribution check's rule (RingSyncMath.h). A sender alone in its ring has
+// had nobody to compare its copy with; its first joiner is the first to see it.
+std::string welcomeCorruption(const Ring& ring, const Welcome& welcome) {
   std::map<std::string, torch::Tensor> named;
   for (const auto& t : welcome.tensors) named[t.name] = t.tensor;
-  for (size_t i = 0; i < ring.buckets.size(); ++i) {
+  const CopySummary theirs = summarizeCopy(
+      ring, [&named](size_t i) { return named.at("value." + std::to_string(i)); });
+  const CopySummary mine =
+      summarizeCopy(ring, [&ring](size_t i) { return ring.flatten(ring.buckets[i], false); });
+  if (mine.nonfinite) return "";  // this node's own copy is no reference
+  return corruptNextTo(theirs, mine);
+}
+
+// Copies a welcome that fits into the stage and the ring's outer state (unless `take_tensors` is
+// false: a corrupt-looking welcome, this node keeps its own), and enters its view and generation.
+void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome, bool take_tensors) {
+  std::map<std::string, torch::Tensor> named;
+  for (const auto& t : welcome.tensors) named[t.name] = t.tensor;
+  for (size_t i = 0; take_tensors && i < ring.buckets.size(); ++i) {
     auto& b = ring.buckets[i];
     const std::string n = std::to_string(i);
     if (b.numel > 0) ring.unflatten(b, named.at("value." + n), false);
@@ -76,7 +91,7 @@ void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome) {
     }
   }
   const uint64_t sum = ring.checksum();
-  if (sum != welcome.checksum)
+  if (take_tensors && sum != welcome.checksum)
     CAIRN_WARN("ring ", ring.spec.id, ": welcome from ", welcome.sender, " claims checksum ",
                welcome.checksum, " but its tensors hash to ", sum);
   std::vector<std::string> ordered;  // cluster order, whatever order the sender used
@@ -86,6 +101,7 @@ void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome) {
   regroup(context, ring, ordered, welcome.generation);
   ring.transactions = welcome.transactions;
   noteResult(context, ring);  // the sender's result (its welcome carries the state of a sync)
+  if (!take_tensors) ring.result_sum.reset();  // not the sender's result: nothing to compare
   context.countStats([&](RingClusterSyncStats& s) {
     ++s.joined_rings;
     s.last_welcome_checksum = sum;
@@ -102,11 +118,22 @@ bool acceptWelcome(RingContext& context, Ring& ring, const Message& m) {
   std::string problem;
   const auto welcome = decodeWelcome(m, &problem);
   if (welcome) problem = misfit(context, ring, *welcome);
+  std::string corrupt;
+  if (problem.empty()) corrupt = welcomeCorruption(ring, *welcome);
+  // Without a contribution check (gradients mode keeps copies equal by averaging gradients), a
+  // corrupt-looking welcome cannot be taken as a member with its own weights: dropped.
+  if (!corrupt.empty() && context.sync.mode == SyncMode::kGradients)
+    problem = "its copy of the parameters " + corrupt + ": corrupt, not taken";
   if (!problem.empty()) {
     CAIRN_WARN("ring ", ring.spec.id, ": dropped a welcome from ", m.sender, ": ", problem);
     return false;
   }
-  applyWelcome(context, ring, *welcome);
+  if (!corrupt.empty())
+    CAIRN_WARN("ring ", ring.spec.id, ": the welcome from ", welcome->sender,
+               " carries a copy of the parameters that ", corrupt, ": joined its view and generation but kept ",
+               "this node's own weights; the next sync's contribution check decides which copy is ",
+               "corrupt (RingSyncMath.h)");
+  applyWelcome(context, ring, *welcome, corrupt.empty());
   return true;
 }
 

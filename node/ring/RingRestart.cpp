@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/Log.h"
+#include "node/protocol/CollectiveNotices.h"
 #include "node/protocol/RingJoin.h"
 #include "node/ring/RingMembership.h"
 #include "node/ring/RingTransaction.h"
@@ -113,9 +114,29 @@ void refuseDifferentStart(const Ring& ring, const std::vector<Arrival>& arrivals
               "model with one clusterize run). Refusing to train.");
 }
 
+// Leave and abort notices of this ring already in the mailbox are left over from the members'
+// earlier lives (a member that paused to apply new peers told the group it left; the group of
+// this life has the same id at generation 0): nobody can leave this life's group before this
+// node's arrival is gathered, so they are thrown away. One still on its way is dropped by its
+// stamp (CollectiveChannel::onNotice).
+void dropEarlierNotices(RingContext& context, const Ring& ring) {
+  const std::string& id = ring.spec.id;
+  auto notice = [&id](const Message& m) {
+    if (m.kind != MessageKind::kCollective || generationOfTag(m.tag, id) < 0) return false;
+    const CollectiveMessageType type = collectiveMessageType(m);
+    return type == CollectiveMessageType::kLeave || type == CollectiveMessageType::kAbort;
+  };
+  int dropped = 0;
+  while (dropped < 4096 && context.mailbox.receive(notice, std::chrono::milliseconds(0))) ++dropped;
+  if (dropped > 0)
+    CAIRN_INFO("ring ", id, ": dropped ", dropped, " leave/abort notice(s) left over from the "
+               "members' earlier lives");
+}
+
 }  // namespace
 
 void startTogether(RingContext& context, Ring& ring, bool restarting) {
+  dropEarlierNotices(context, ring);
   for (;;) {
     const std::vector<Arrival> arrivals = gatherArrivals(context, ring, restarting);
     if (arrivals.empty()) return;

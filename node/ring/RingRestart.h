@@ -15,7 +15,9 @@
 // A member lost meanwhile (PeerLost: gone, or replaced by a spare whose process rejoins through the
 // join protocol later) is dropped from the view and the agreement done again among the others; a
 // source that sends no welcome within 2 × the ring timeout is dropped the same way. A member found
-// alone is done.
+// alone is done. Leave and abort notices of the members' earlier lives (the group of generation 0
+// has the same id in every life) are thrown away first, or stamped too far ahead to count
+// (CollectiveChannel::onNotice).
 // Ownership: none (operates on one Ring of RingClusterSync). Thread-safety: the ring's thread
 // (RingClusterSync::start, before any other ring thread runs).
 #pragma once

@@ -13,20 +13,6 @@ std::string groupIdOf(const std::string& ring_id, int64_t generation) {
   return generation == 0 ? ring_id : ring_id + "@" + std::to_string(generation);
 }
 
-// Generation of a collective tag "coll:<ring>[@<g>]" of ring `ring_id`; -1 for other tags.
-int64_t generationOfTag(const std::string& tag, const std::string& ring_id) {
-  const std::string prefix = "coll:" + ring_id;
-  if (tag.compare(0, prefix.size(), prefix) != 0) return -1;
-  if (tag.size() == prefix.size()) return 0;
-  if (tag[prefix.size()] != '@' || tag.size() == prefix.size() + 1) return -1;
-  int64_t g = 0;
-  for (size_t i = prefix.size() + 1; i < tag.size(); ++i) {
-    if (tag[i] < '0' || tag[i] > '9' || g > (int64_t(1) << 40)) return -1;
-    g = g * 10 + (tag[i] - '0');
-  }
-  return g;
-}
-
 // training_definition.wire.sync → the groups' chunk codec (the job parser allows no other value).
 ChunkCodec chunkCodecOf(WireCodec wire) {
   switch (wire) {
@@ -44,6 +30,19 @@ ChunkCodec chunkCodecOf(WireCodec wire) {
 }
 
 }  // namespace
+
+int64_t generationOfTag(const std::string& tag, const std::string& ring_id) {
+  const std::string prefix = "coll:" + ring_id;
+  if (tag.compare(0, prefix.size(), prefix) != 0) return -1;
+  if (tag.size() == prefix.size()) return 0;
+  if (tag[prefix.size()] != '@' || tag.size() == prefix.size() + 1) return -1;
+  int64_t g = 0;
+  for (size_t i = prefix.size() + 1; i < tag.size(); ++i) {
+    if (tag[i] < '0' || tag[i] > '9' || g > (int64_t(1) << 40)) return -1;
+    g = g * 10 + (tag[i] - '0');
+  }
+  return g;
+}
 
 std::string joinedNames(const std::vector<std::string>& names) {
   std::string out;
@@ -108,6 +107,8 @@ void dropMember(RingContext& context, Ring& ring, const std::string& lost, bool 
   CAIRN_ENFORCE(next.size() < ring.view.size(), "ring ", ring.spec.id, ": lost member ", lost,
                 " is not in the view ", joinedNames(ring.view));
   context.countStats([&](RingClusterSyncStats& s) { ++(left ? s.members_left : s.members_lost); });
+  // A join request it sent before is of its earlier life: back, it asks again (every second).
+  ring.join_requests.erase(lost);
   CAIRN_WARN("ring ", ring.spec.id, ": dropped ", lost, left ? " (it left)" : " (lost)", "; ", why,
              "; continuing with ", joinedNames(next), ", generation ", ring.generation + 1);
   regroup(context, ring, next, ring.generation + 1);

@@ -162,6 +162,9 @@ struct Ring : RingBuckets {
 // "[a,b,c]", for logs.
 std::string joinedNames(const std::vector<std::string>& names);
 
+// Generation of a collective tag "coll:<ring>[@<g>]" of ring `ring_id`; -1 for other tags.
+int64_t generationOfTag(const std::string& tag, const std::string& ring_id);
+
 // "average" mode: notes the ring's tensors as they are now as its last result (Ring::result_sum).
 void noteResult(const RingContext& context, Ring& ring);
 

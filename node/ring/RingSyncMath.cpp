@@ -54,15 +54,34 @@ void checkResults(const ProcessGroup& group, const std::vector<torch::Tensor>& a
 
 }  // namespace
 
-void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<uint64_t> last_result) {
-  double nonfinite = 0, largest = 0;
+CopySummary summarizeCopy(const RingBuckets& ring,
+                          const std::function<torch::Tensor(size_t)>& value_of) {
+  CopySummary summary;
   torch::NoGradGuard no_grad;
-  for (const auto& b : ring.buckets) {
+  for (size_t i = 0; i < ring.buckets.size(); ++i) {
+    const RingBucket& b = ring.buckets[i];
     if (b.numel == 0 || !b.parameters || !at::isFloatingType(b.dtype)) continue;
-    const torch::Tensor flat = ring.flatten(b, false).to(torch::kDouble);
-    if (!torch::isfinite(flat).all().item<bool>()) nonfinite = 1;
-    largest = std::max(largest, flat.abs().nan_to_num(0, 0, 0).max().item<double>());
+    const torch::Tensor flat = value_of(i).to(torch::kDouble);
+    if (!torch::isfinite(flat).all().item<bool>()) summary.nonfinite = true;
+    summary.largest =
+        std::max(summary.largest, flat.abs().nan_to_num(0, 0, 0).max().item<double>());
   }
+  return summary;
+}
+
+std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine) {
+  if (theirs.nonfinite) return "holds a non-finite weight";
+  const double others = std::max(1.0, mine.largest);
+  if (theirs.largest > kCorruptionFactor * others)
+    return detail::concat("holds a weight of magnitude ", theirs.largest, ", over ",
+                          kCorruptionFactor, "x this node's own largest (", others, ")");
+  return "";
+}
+
+void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<uint64_t> last_result) {
+  const CopySummary mine =
+      summarizeCopy(ring, [&ring](size_t i) { return ring.flatten(ring.buckets[i], false); });
+  const double nonfinite = mine.nonfinite ? 1 : 0, largest = mine.largest;
   const uint64_t sum = last_result.value_or(0);
   const std::vector<torch::Tensor> all = group.allGather(
       torch::tensor({nonfinite, largest, last_result ? 1.0 : 0.0, double(sum >> 32),

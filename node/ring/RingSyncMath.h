@@ -14,7 +14,9 @@
 // Ownership: none (operates on the caller's buckets and group). Thread-safety: the ring's thread.
 #pragma once
 
+#include <functional>
 #include <optional>
+#include <string>
 
 #include "node/collectives/ProcessGroup.h"
 #include "node/ring/RingBuckets.h"
@@ -38,6 +40,19 @@ namespace cairn {
 // is corrupt as above (it is caught at the sync after the one it was corrupted in); two members
 // that differ, or a split without a majority, are logged (nobody can tell which copy is wrong).
 constexpr double kCorruptionFactor = 1000;
+
+// One copy's floating parameters summarised for the checks above: any non-finite value, and the
+// largest finite magnitude. `value_of(i)`: bucket i's flat values (RingBuckets::flatten, or the
+// value.<i> of a welcome).
+struct CopySummary {
+  bool nonfinite = false;
+  double largest = 0;
+};
+CopySummary summarizeCopy(const RingBuckets& ring,
+                          const std::function<torch::Tensor(size_t)>& value_of);
+// Why `theirs` is corrupt next to `mine` by the rule above (empty when it is not): a welcome is
+// checked this way against the joiner's own copy before it is taken (RingMembership.cpp).
+std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine);
 void checkContributions(RingBuckets& ring, ProcessGroup& group,
                         std::optional<uint64_t> last_result = std::nullopt);
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers);

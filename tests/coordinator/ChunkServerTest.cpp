@@ -1,15 +1,18 @@
 // Served chunks, the coordinator's side (coordinator/ChunkServer.h): pieces are the file's bytes
 // (checked against the bytes the test wrote), the last piece is short, and every refusal names the
 // chunk: another cluster's chunk, an unknown chunk, an offset past the end, a file that changed.
+// ChunkService (coordinator/ChunkService.h): the same answers off the coordinator's loop.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <algorithm>
 #include <fstream>
+#include <future>
 #include <set>
 
 #include "coordinator/ChunkServer.h"
+#include "coordinator/ChunkService.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -220,6 +223,42 @@ TEST(ChunkServer, AGrownDealIsServedToTheClustersItDealsEachChunkToAndNoOthers) 
   EXPECT_EQ(refusal(server.answer({"node_2", 9, 0, 10}, 2)), "chunk 9 is not served by this coordinator");
   EXPECT_EQ(refusal(server.answer({"node_2", 2, 10, 10}, 2)),
             "chunk 2: offset 10 is past its end (10 bytes)");
+}
+
+// The coordinator's loop hands chunk requests to a ChunkService and never waits on one: while the
+// worker is held inside the first job (a slow read), submitting and forwarding return at once; a
+// request over the bound is dropped and counted; once the job is let go, every answer reaches its
+// routing id, in order, with the job's frames.
+TEST(ChunkService, AnswersOffTheLoopInOrderAndDropsBeyondItsBound) {
+  zmq::context_t context;
+  ChunkService service(context, /*max_pending=*/2);
+  std::promise<void> started, release;
+  std::shared_future<void> released = release.get_future().share();
+  ASSERT_TRUE(service.submit("id-1", [&started, released] {
+    started.set_value();
+    released.wait();
+    return Frames{"one", "1"};
+  }));
+  started.get_future().wait();  // the worker holds job 1: the two below wait, the third is dropped
+  EXPECT_TRUE(service.submit("id-2", [] { return Frames{"two"}; }));
+  EXPECT_TRUE(service.submit("id-3", [] { return Frames{"three", "3", "33"}; }));
+  EXPECT_FALSE(service.submit("id-4", [] { return Frames{"four"}; }));
+  EXPECT_EQ(service.dropped(), 1u);
+  std::vector<std::pair<std::string, Frames>> sent;
+  auto send = [&sent](const std::string& id, const Frames& f) { sent.emplace_back(id, f); };
+  EXPECT_EQ(service.forward(send), 0u);  // nothing ready, and no wait for it
+  release.set_value();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (sent.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    zmq::pollitem_t item{static_cast<void*>(service.ready()), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    service.forward(send);
+  }
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_EQ(sent[0], (std::pair<std::string, Frames>{"id-1", {"one", "1"}}));
+  EXPECT_EQ(sent[1], (std::pair<std::string, Frames>{"id-2", {"two"}}));
+  EXPECT_EQ(sent[2], (std::pair<std::string, Frames>{"id-3", {"three", "3", "33"}}));
+  EXPECT_EQ(service.answered(), 3u);
 }
 
 }  // namespace

@@ -554,6 +554,70 @@ TEST(Collectives, LeaveMakesEveryOtherMemberFailNamingTheLeaver) {
   EXPECT_EQ(outcomes[3].error, "");
 }
 
+// A stage that stops and starts again (to apply new peers) makes its ring's group again with the
+// same id, generation 0. The leave that a member sent when its earlier life ended may still be in
+// the others' mailboxes: before the stamp check, the new group took it and failed naming a member
+// that had not left (both sides then started alone). Here rank 2 ends a life of 4 operations with
+// a leave (once all three are done with it), then a marker on the same pipe makes sure the leave (stamped #4) is in ranks 0 and 1's
+// mailboxes before the group of the next life (same id) runs two all-reduces: both give the
+// right sums on every rank, and ranks 0 and 1 each count the leave as stale.
+TEST(Collectives, ALeaveLeftOverFromAnEarlierLifeOfTheGroupIsNotTaken) {
+  const auto names = rankNames(3);
+  zmq::context_t context;
+  std::vector<std::string> errors(3);
+  std::vector<torch::Tensor> results(3);
+  std::vector<uint64_t> stale(3, 0);
+  std::atomic<int> lives_done{0};  // the leave is sent once every rank is done with its life
+  auto input = [](int r, int round) { return torch::arange(3000, torch::kFloat64) * (r + 1) + round; };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ZmqTransport transport(context, names[r], "inproc://lives_" + names[r]);
+        for (int p = 0; p < 3; ++p)
+          if (p != r) transport.addPeer(names[p], "inproc://lives_" + names[p]);
+        Mailbox mailbox(transport);
+        {
+          ProcessGroup life(mailbox, "ring_0", names, names[r], testOptions());
+          for (int round = 0; round < 4; ++round) {
+            torch::Tensor t = input(r, round);
+            life.allReduce(t);
+          }
+          ++lives_done;
+          if (r == 2) {
+            while (lives_done.load() < 3) std::this_thread::sleep_for(1ms);
+            life.sendLeave(1000ms);
+          }
+        }
+        Message marker;
+        marker.kind = MessageKind::kCollective;
+        marker.sender = names[r];
+        marker.tag = "marker";
+        if (r == 2) {
+          for (int p : {0, 1}) ASSERT_EQ(mailbox.send(names[p], marker, 5000ms), SendStatus::kSent);
+        } else {
+          auto is_marker = [](const Message& m) { return m.tag == "marker"; };
+          ASSERT_TRUE(mailbox.receive(is_marker, 20000ms)) << "rank " << r << ": no marker";
+        }
+        ProcessGroup next(mailbox, "ring_0", names, names[r], testOptions());
+        for (int round = 10; round < 12; ++round) {
+          results[r] = input(r, round);
+          next.allReduce(results[r]);
+        }
+        stale[r] = next.stats().dropped_stale;
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  const torch::Tensor expected = input(0, 11) + input(1, 11) + input(2, 11);
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(torch::equal(results[r], expected)) << "rank " << r;
+  EXPECT_GE(stale[0], 1u);
+  EXPECT_GE(stale[1], 1u);
+}
+
 TEST(Collectives, RejectsBadArguments) {
   zmq::context_t context;
   ZmqTransport transport(context, "solo", "inproc://solo");

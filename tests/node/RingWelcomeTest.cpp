@@ -266,5 +266,71 @@ TEST(RingRestart, EveryMemberRestartingTakesTheNewestLastSync) {
   EXPECT_FALSE(torch::equal(a_after.at("0.weight"), b_init.at("0.weight")));  // a sync happened
 }
 
+// The same restart, but b's copy (the newest last sync, so the one the welcome carries) holds a
+// weight made huge by a flipped exponent bit while b trained alone: nobody compared it before.
+// Taking the welcome would copy the corruption to a, and then both copies agree and no check can
+// name either. Checked: a keeps its own weights (not b's) while it enters b's generation, and at
+// their first sync the contribution check names b: b refuses to go on (BadInput), a drops b and
+// syncs alone, its weights finite and of their usual size.
+TEST(RingRestart, ANewestMemberWithACorruptCopyIsCaughtNotCopied) {
+  torch::manual_seed(44);
+  const State init = {{"0.weight", torch::randn({4, 3})},
+                      {"0.bias", torch::randn({4}, torch::kDouble)},
+                      {"0.running_mean", torch::randn({4})},
+                      {"0.num_batches_tracked", torch::tensor(int64_t(3))}};
+  State b_init = init;
+  for (auto& [name, t] : b_init) t = t.clone();
+  b_init["0.weight"] += 0.25;
+  b_init["0.weight"][1][2] = 3.0e30;  // exponent bit 30 of a weight near 1 flipped
+  const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
+  zmq::context_t context;
+  State a_started, a_after;
+  int64_t a_generation_started = -1, a_generation_after = -1;
+  std::exception_ptr a_error, b_error;
+  std::thread a([&] {
+    try {
+      runNode(context, "a", addresses, init, true,
+              [&](RingClusterSync& sync, torch::jit::Module& stage) {
+                a_started = stateOf(stage);
+                a_generation_started = sync.generation("ring_0");
+                perturbSeeded(stage, 21);
+                sync.synchronize();
+                a_after = stateOf(stage);
+                a_generation_after = sync.generation("ring_0");
+              },
+              4);
+    } catch (...) {
+      a_error = std::current_exception();
+    }
+  });
+  std::thread b([&] {
+    try {
+      runNode(context, "b", addresses, b_init, true,
+              [&](RingClusterSync& sync, torch::jit::Module& stage) {
+                perturbSeeded(stage, 22);
+                sync.synchronize();
+              },
+              6);
+    } catch (...) {
+      b_error = std::current_exception();
+    }
+  });
+  a.join();
+  b.join();
+  if (a_error) std::rethrow_exception(a_error);
+  ASSERT_TRUE(b_error) << "b's corrupt copy was not caught";
+  try {
+    std::rethrow_exception(b_error);
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a_generation_started, 1);  // entered b's generation...
+  for (const auto& [name, t] : init)   // ...with its own weights
+    EXPECT_TRUE(torch::equal(a_started.at(name), t)) << "a took b's " << name;
+  EXPECT_EQ(a_generation_after, 2);  // b dropped at the sync
+  EXPECT_TRUE(torch::isfinite(a_after.at("0.weight")).all().item<bool>());
+  EXPECT_LT(a_after.at("0.weight").abs().max().item<double>(), 1e3);
+}
+
 }  // namespace
 }  // namespace cairn
