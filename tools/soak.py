@@ -40,7 +40,8 @@ What the soak checks (exit 1 naming what failed; every check is on outcomes, non
      finite and below 1e3;
   5. every volunteer not killed exits 0 (or 2, the flipper) on its own, and every volunteer still
      running after the coordinator ends exits on its first SIGTERM;
-Writes WORK/report.json (the schedule, what fired when, the checks, accuracies, wall time) and
+Writes WORK/report.json (the schedule, what fired when, the checks, accuracies, wall time; on a
+failure or a stall past --timeout-s what fired and the step each cluster reached) and
 WORK/timeline.png (who trained which node's steps when, from the metrics; faults marked; needs
 Debian's python3-matplotlib, else the PNG is skipped with the reason).
 """
@@ -611,10 +612,30 @@ def main():
         print(f"soak passed: {len(soak.fired)} faults over {len(soak.volunteers)} volunteers")
     except SystemExit as e:
         if e.code:
+            partial_report(soak, args)
             tails(args.work)
         raise
     finally:
         soak.close()
+
+
+def partial_report(soak, args):
+    """On a failure (a stall past --timeout-s included): report.json with what fired and how far
+    each cluster got, and the timeline so far, so a stalled run can be read like a finished one."""
+    path = os.path.join(args.work, "report.json")
+    if os.path.exists(path):
+        return  # the checks ran and wrote the full report
+    metrics = getattr(soak, "metrics", None)  # made when the run started
+    report = {"seed": args.seed, "network": soak.net.reason, "volunteers": len(soak.volunteers),
+              "fired": soak.fired, "failed": True,
+              "steps_reached": {str(c): s for c, s in sorted(metrics.top.items())} if metrics else {}}
+    try:
+        report["timeline"] = timeline(soak, os.path.join(args.work, "timeline.png"))
+    except Exception as e:  # noqa: BLE001  (the report must be written whatever the plot does)
+        report["timeline"] = f"not drawn: {e}"
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"partial report {path}", file=sys.stderr)
 
 
 def tails(work):

@@ -113,11 +113,16 @@ void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome, bool
 
 }  // namespace
 
-bool acceptWelcome(RingContext& context, Ring& ring, const Message& m) {
+bool acceptWelcome(RingContext& context, Ring& ring, const Message& m,
+                   std::optional<int64_t> generation) {
   // A welcome from a non-member or one that does not fit this stage is dropped, not trusted.
   std::string problem;
   const auto welcome = decodeWelcome(m, &problem);
-  if (welcome) problem = misfit(context, ring, *welcome);
+  if (welcome && generation && welcome->generation != *generation)
+    problem = "it is into generation " + std::to_string(welcome->generation) + ", not " +
+              std::to_string(*generation);
+  else if (welcome)
+    problem = misfit(context, ring, *welcome);
   std::string corrupt;
   if (problem.empty()) corrupt = welcomeCorruption(ring, *welcome);
   // Without a contribution check (gradients mode keeps copies equal by averaging gradients), a

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,11 @@ void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joi
 // A welcome `m` on this ring's control tag: decoded and checked (its sender and view are ring
 // members, the view holds this node and the sender, its tensors fit the stage's buckets), then
 // copied into the stage and the ring's outer state, and its view and generation entered. False
-// (logged, nothing changed) when it does not fit.
-bool acceptWelcome(RingContext& context, Ring& ring, const Message& m);
+// (logged, nothing changed) when it does not fit, or when `generation` is given and the welcome
+// is into another one. Parameters that look corrupt next to this node's own copy are not taken
+// (RingSyncMath.h corruptNextTo; docs/TRAINING.md "A welcome is checked too").
+bool acceptWelcome(RingContext& context, Ring& ring, const Message& m,
+                   std::optional<int64_t> generation = std::nullopt);
 // A join request `m` on this ring's control tag: noted in Ring::join_requests when it is a valid
 // request from a ring member other than this node (a non-member's is kept aside in
 // Ring::strangers); anything else is dropped with a warning.

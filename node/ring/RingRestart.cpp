@@ -93,15 +93,7 @@ bool takeRestartWelcome(RingContext& context, Ring& ring, const std::string& sou
                  isWelcome(x);
         },
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-    if (!m) continue;
-    std::string why;
-    const auto welcome = decodeWelcome(*m, &why);
-    if (welcome && welcome->generation != generation) {
-      CAIRN_WARN("ring ", ring.spec.id, ": dropped a welcome from ", source, " into generation ",
-                 welcome->generation, " (expected ", generation, ")");
-      continue;
-    }
-    if (acceptWelcome(context, ring, *m)) return true;
+    if (m && acceptWelcome(context, ring, *m, generation)) return true;
   }
   return false;
 }

@@ -1064,6 +1064,65 @@ TEST(RingClusterSyncFailures, MalformedWelcomesAreDroppedAndAValidOneIsApplied) 
   EXPECT_EQ(stats.joined_rings, 1);
 }
 
+// A welcome whose copy looks corrupt next to the joiner's own (one weight ~1e30: a flipped
+// exponent bit at a member that was alone in its ring): in "average" mode the joiner enters the
+// sender's view but keeps its own weights (the next sync's contribution check names the corrupt
+// copy: RingRestart.ANewestMemberWithACorruptCopyIsCaughtNotCopied); in "gradients" mode, which
+// has no such check, it drops the welcome and takes the valid one that follows.
+TEST(RingClusterSyncFailures, ACorruptLookingWelcomeIsNotTaken) {
+  for (const SyncMode mode : {SyncMode::kAverage, SyncMode::kGradients}) {
+    torch::manual_seed(45);
+    const State init = {{"0.weight", torch::randn({3, 4})}};
+    const std::vector<TestNode> nodes = {{"w0", 0, {"0.weight"}}, {"w1", 1, {"0.weight"}}};
+    const std::vector<TestRing> rings = {{"ring_0", {"0.weight"}, {"w0", "w1"}}};
+    const torch::Tensor live = torch::randn({3, 4});
+    torch::Tensor corrupt = live.clone();
+    corrupt[1][2] = 3.0e30;
+    zmq::context_t context;
+    const std::string prefix = "inproc://corrupt_welcome" + std::to_string(run_counter++) + "_";
+    std::exception_ptr fake_error;
+    std::thread fake([&] {
+      try {
+        ZmqTransport transport(context, "w0", prefix + "w0");
+        transport.addPeer("w1", prefix + "w1");
+        auto request = transport.receive(std::chrono::milliseconds(20000));
+        ASSERT_TRUE(request.has_value());
+        for (const torch::Tensor& value : {corrupt, live}) {
+          Message m;
+          m.kind = MessageKind::kCollective;
+          m.sender = "w0";
+          m.tag = "ring:ring_0";
+          m.text = R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":7,"transactions":3,"checksum":1})";
+          m.tensors.push_back({"value.0", value.reshape({-1})});
+          ASSERT_EQ(transport.send("w1", m, std::chrono::milliseconds(2000)), SendStatus::kSent);
+        }
+        transport.flushAndClose(std::chrono::milliseconds(2000));
+      } catch (...) {
+        fake_error = std::current_exception();
+      }
+    });
+    State joined;
+    std::vector<std::string> view;
+    MemberSetup joiner;
+    joiner.joining = true;
+    SyncOptions options;
+    options.mode = mode;
+    runMember(context, prefix, nodes[1], rings, init, options, joiner,
+              [&](RingClusterSync& sync, torch::jit::Module& stage, FaultyTransport&) {
+                joined = stateOf(stage);
+                view = sync.view("ring_0");
+              });
+    fake.join();
+    if (fake_error) std::rethrow_exception(fake_error);
+    const std::string name = toString(mode);
+    EXPECT_EQ(view, (std::vector<std::string>{"w0", "w1"})) << name;
+    if (mode == SyncMode::kAverage)
+      EXPECT_TRUE(torch::equal(joined.at("0.weight"), init.at("0.weight"))) << "kept its own";
+    else
+      EXPECT_TRUE(torch::equal(joined.at("0.weight"), live)) << "took the valid welcome";
+  }
+}
+
 TEST(RingClusterSyncFailures, SavedOuterStateReproducesTheUninterruptedDiLoCoRun) {
   torch::manual_seed(36);
   const State init = {{"0.weight", torch::randn({3, 5})}, {"0.bias", torch::randn({3}, torch::kDouble)}};
