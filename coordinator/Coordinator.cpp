@@ -152,6 +152,18 @@ struct Coordinator::Impl {
     return verdict == FloodGuard::Verdict::kTake;
   }
 
+  // The route back to a key (its routing id), for replies sent later (assignments, peers updates,
+  // the end of the run). Memory is bounded by the run, not by the keys that ever wrote: past
+  // FloodLimits::max_keys routes, those of keys that are not members are forgotten (a key that
+  // joins, or speaks again, has its route again).
+  void keepRoute(const Routed& r, bool is_member) {
+    routes[r.user_id] = r.routing_id;
+    if (!is_member && routes.size() > floods->limits().max_keys)
+      for (auto it = routes.begin(); it != routes.end();)
+        it = store->memberByKey(it->first) ? std::next(it) : routes.erase(it);
+    stats.routes = routes.size();
+  }
+
   // The next message on the ROUTER, waiting at most 100 ms; the chunk answers that became ready
   // meanwhile are sent on first (ChunkService.h).
   std::optional<Routed> nextMessage() {
@@ -194,7 +206,7 @@ struct Coordinator::Impl {
       sendRouted(router, r.routing_id, encode(Rejected{"malformed message: " + why}));
       return;
     }
-    routes[r.user_id] = r.routing_id;
+    keepRoute(r, member.has_value());
     observe(*message, member);
     if (const auto* join = std::get_if<JoinAsk>(&*message))
       return admissions->onJoin(r, *join, /*run_over=*/phase() == "done");

@@ -61,6 +61,7 @@ struct CoordinatorStats {
   uint64_t flood_dropped = 0;  // over a key's budget (FloodGuard.h), never decoded
   uint64_t flood_blocked = 0;  // keys blocked for flooding, so far
   uint64_t chunk_requests_dropped = 0;  // unanswered: too many waiting (ChunkService.h)
+  uint64_t routes = 0;  // keys with a route back kept (members, and at most max_keys others)
 };
 
 class Coordinator {

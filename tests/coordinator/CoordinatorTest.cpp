@@ -519,6 +519,33 @@ TEST(LiveCoordinator, AFloodingKeyIsToldThenBlockedWhileAMemberIsStillAnswered) 
   EXPECT_EQ(stats.flood_blocked, 1u);
 }
 
+// The coordinator keeps a route back to every key that wrote it (for replies sent later). Keys
+// are free to make, so past FloodLimits::max_keys routes those of non-members are forgotten: 12
+// fresh keys writing once each leave at most max_keys (3) routes beside the member's, and the
+// member's survives (its checkpoint is acknowledged through it: CheckpointAck goes by key).
+TEST(LiveCoordinator, RoutesOfKeysThatAreNotMembersAreBounded) {
+  const std::string out = freshDir("routes");
+  FloodLimits flood;
+  flood.max_keys = 3;
+  LiveCoordinator coordinator(out, milliseconds(5000), flood);
+  zmq::context_t ctx;
+  Client member(ctx, coordinator.invite());
+  FakeResponder responder(member.keys, coordinator.invite().coordinator_key);
+  const auto accepted = member.ask(encode(goodAsk(responder.address())));
+  ASSERT_TRUE(accepted && std::holds_alternative<Accepted>(*accepted));
+  const std::string name = std::get<Accepted>(*accepted).name;
+  for (int i = 0; i < 12; ++i) {
+    Client stranger(ctx, coordinator.invite());
+    EXPECT_EQ(stranger.refusal(encode(Heartbeat{name, "training", i})),
+              "you are not " + name + ": join first");
+  }
+  const auto ack = member.ask(encode(CheckpointUpload{name, 5, fnv1a64("five"), "five"}));
+  ASSERT_TRUE(ack && std::holds_alternative<CheckpointAck>(*ack)) << "the member's route was lost";
+  const CoordinatorStats& stats = coordinator.stop();
+  EXPECT_GE(stats.routes, 1u);
+  EXPECT_LE(stats.routes, 1u + flood.max_keys);
+}
+
 // GPUs and libtorch versions at a live coordinator: a volunteer's GPUs and libtorch are stored
 // with it; one whose libtorch is older than the one that writes the stage files (no plan yet: the
 // coordinator's own) and one claiming an impossible GPU each receive the sentence saying so.
