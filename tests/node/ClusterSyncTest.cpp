@@ -1002,6 +1002,20 @@ TEST(RingClusterSyncFailures, JoinerGetsTheLiveWeightsAndOuterStateAndTheNextSyn
     EXPECT_LE((final_after[i].at("0.running_mean") - mean).abs().max().item<double>(), 1e-6);
 }
 
+// A welcome from the fake ring peer "w0" to "w1" on ring_0 (its text as given, `value` as
+// value.0 when defined); the welcome tests' broken or hostile peer.
+constexpr const char* kFakeWelcome =
+    R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":7,"transactions":3,"checksum":1})";
+void sendFakeWelcome(ZmqTransport& transport, std::string text, const torch::Tensor& value) {
+  Message m;
+  m.kind = MessageKind::kCollective;
+  m.sender = "w0";
+  m.tag = "ring:ring_0";
+  m.text = std::move(text);
+  if (value.defined()) m.tensors.push_back({"value.0", value});
+  ASSERT_EQ(transport.send("w1", m, std::chrono::milliseconds(2000)), SendStatus::kSent);
+}
+
 TEST(RingClusterSyncFailures, MalformedWelcomesAreDroppedAndAValidOneIsApplied) {
   // A broken ring peer answers the join with welcomes that do not fit (not JSON, wrong types,
   // a wrong tensor size), then a valid one: the joiner survives the first and applies the last.
@@ -1021,16 +1035,9 @@ TEST(RingClusterSyncFailures, MalformedWelcomesAreDroppedAndAValidOneIsApplied) 
       ASSERT_TRUE(request.has_value());
       ASSERT_NE(request->text.find("join"), std::string::npos);
       auto welcome = [&](std::string text, torch::Tensor value) {
-        Message m;
-        m.kind = MessageKind::kCollective;
-        m.sender = "w0";
-        m.tag = "ring:ring_0";
-        m.text = std::move(text);
-        if (value.defined()) m.tensors.push_back({"value.0", value});
-        ASSERT_EQ(transport.send("w1", m, std::chrono::milliseconds(2000)), SendStatus::kSent);
+        sendFakeWelcome(transport, std::move(text), value);
       };
-      const std::string good =
-          R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":7,"transactions":3,"checksum":1})";
+      const std::string good = kFakeWelcome;
       welcome("welcome, not JSON", live.reshape({-1}));
       welcome(R"({"type":5,"generation":1,"view":["w0","w1"]})", live.reshape({-1}));
       welcome(R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":"x","transactions":0,"checksum":1})",
@@ -1087,15 +1094,7 @@ TEST(RingClusterSyncFailures, ACorruptLookingWelcomeIsNotTaken) {
         transport.addPeer("w1", prefix + "w1");
         auto request = transport.receive(std::chrono::milliseconds(20000));
         ASSERT_TRUE(request.has_value());
-        for (const torch::Tensor& value : {corrupt, live}) {
-          Message m;
-          m.kind = MessageKind::kCollective;
-          m.sender = "w0";
-          m.tag = "ring:ring_0";
-          m.text = R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":7,"transactions":3,"checksum":1})";
-          m.tensors.push_back({"value.0", value.reshape({-1})});
-          ASSERT_EQ(transport.send("w1", m, std::chrono::milliseconds(2000)), SendStatus::kSent);
-        }
+        for (const torch::Tensor& value : {corrupt, live}) sendFakeWelcome(transport, kFakeWelcome, value.reshape({-1}));
         transport.flushAndClose(std::chrono::milliseconds(2000));
       } catch (...) {
         fake_error = std::current_exception();

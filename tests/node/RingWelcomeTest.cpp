@@ -97,12 +97,24 @@ void runNode(zmq::context_t& context, const std::string& name, const std::vector
   transport.flushAndClose(std::chrono::milliseconds(2000));
 }
 
+// The ring's tensors of these tests: a float weight, a double bias, a buffer and an integer
+// buffer (drawn from torch's generator: seed it first).
+State ringState() {
+  return {{"0.weight", torch::randn({4, 3})},
+          {"0.bias", torch::randn({4}, torch::kDouble)},
+          {"0.running_mean", torch::randn({4})},
+          {"0.num_batches_tracked", torch::tensor(int64_t(3))}};
+}
+
+State copyOf(const State& state) {
+  State copy;
+  for (const auto& [name, t] : state) copy[name] = t.clone();
+  return copy;
+}
+
 TEST(RingWelcome, AJoinRequestIsAnsweredWhileThePeerIsBlockedRightAfterItsSync) {
   torch::manual_seed(41);
-  const State init = {{"0.weight", torch::randn({4, 3})},
-                      {"0.bias", torch::randn({4}, torch::kDouble)},
-                      {"0.running_mean", torch::randn({4})},
-                      {"0.num_batches_tracked", torch::tensor(int64_t(3))}};
+  const State init = ringState();
   const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
   zmq::context_t context;
   Event a_blocked, b_started;
@@ -210,12 +222,8 @@ TEST(RingWelcome, AJoinRequestIsAnsweredWhileThePeerIsBlockedRightAfterItsSync) 
 // 1; their next sync is an ordinary DiLoCo sync over both, bit-identical on both.
 TEST(RingRestart, EveryMemberRestartingTakesTheNewestLastSync) {
   torch::manual_seed(43);
-  const State init = {{"0.weight", torch::randn({4, 3})},
-                      {"0.bias", torch::randn({4}, torch::kDouble)},
-                      {"0.running_mean", torch::randn({4})},
-                      {"0.num_batches_tracked", torch::tensor(int64_t(3))}};
-  State b_init = init;
-  for (auto& [name, t] : b_init) t = t.clone();
+  const State init = ringState();
+  State b_init = copyOf(init);
   b_init["0.weight"] += 0.25;
   b_init["0.running_mean"] -= 1.0;
   b_init["0.num_batches_tracked"] += 2;
@@ -274,12 +282,8 @@ TEST(RingRestart, EveryMemberRestartingTakesTheNewestLastSync) {
 // syncs alone, its weights finite and of their usual size.
 TEST(RingRestart, ANewestMemberWithACorruptCopyIsCaughtNotCopied) {
   torch::manual_seed(44);
-  const State init = {{"0.weight", torch::randn({4, 3})},
-                      {"0.bias", torch::randn({4}, torch::kDouble)},
-                      {"0.running_mean", torch::randn({4})},
-                      {"0.num_batches_tracked", torch::tensor(int64_t(3))}};
-  State b_init = init;
-  for (auto& [name, t] : b_init) t = t.clone();
+  const State init = ringState();
+  State b_init = copyOf(init);
   b_init["0.weight"] += 0.25;
   b_init["0.weight"][1][2] = 3.0e30;  // exponent bit 30 of a weight near 1 flipped
   const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
