@@ -36,6 +36,13 @@ struct DealAgreement {
   bool all_can_take = true;   // no proposing member's own check (its data cache, its shard) refused it
 };
 
+// Members of some clusters admitted into the rings at the sync boundary after `steps_done` steps
+// (ClusterSync::gateAdmissions).
+struct ClusterAdmission {
+  int64_t steps_done = 0;
+  std::vector<int64_t> clusters;
+};
+
 class ClusterSync {
  public:
   virtual ~ClusterSync() = default;
@@ -62,6 +69,19 @@ class ClusterSync {
   // so its weights are exactly these. Called on the trainer's thread when the plan learns of it.
   // Default: nothing.
   virtual void admitJoinersAt(int64_t /*steps_done*/) {}
+  // A cluster that resumes must be admitted at the same sync of the live clusters in every ring:
+  // admitted at different ones, its pipeline is a sync out of step with the others in some ring,
+  // and with several such clusters the rings wait on each other through the pipelines
+  // (docs/TRAINING.md "Lost and returning ring members"). gateAdmissions (before start(), sync
+  // schedule): join requests are then taken in only at the admission steps admitClustersAt names.
+  // The Root (`decides`) names them: after a sync at which its rings agreed that members of some
+  // clusters asked, it admits those clusters at its next sync boundary, and pendingAdmission()
+  // says so until then; the pipeline carries it downstream with the activations ("__admit"), and
+  // every other stage calls admitClustersAt with it. Every Root syncs at the same ordinal of its
+  // rings, so every ring admits a cluster at the same ordinal. Defaults: no rings, nothing to do.
+  virtual void gateAdmissions(bool /*decides*/) {}
+  virtual void admitClustersAt(const ClusterAdmission& /*admission*/) {}
+  virtual std::optional<ClusterAdmission> pendingAdmission() const { return std::nullopt; }
   // Several running clusters take a new deal together (trainer/DealChange.h): a Root that shares
   // a ring with other clusters (agreesOnDeals) does not decide an offer alone. Before each step it
   // proposes the newest offer it holds (a fingerprint of its text; a Root holding none proposes a

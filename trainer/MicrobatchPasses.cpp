@@ -9,6 +9,44 @@
 
 namespace cairn {
 
+namespace {
+
+// Gated ring admissions (trainer/ClusterSync.h gateAdmissions): the admission the Root decided
+// rides on every activation until its step, as "__admit" int64 [steps_done, cluster, …]; every
+// stage downstream takes it (admitClustersAt is idempotent).
+void attachAdmission(const ClusterSync& sync, int64_t step, StagePacket& out) {
+  const auto pending = sync.pendingAdmission();
+  if (!pending || pending->steps_done <= step) return;
+  std::vector<int64_t> values{pending->steps_done};
+  values.insert(values.end(), pending->clusters.begin(), pending->clusters.end());
+  out.tensors.emplace_back(kAdmitTensor, torch::tensor(values, torch::kLong));
+}
+
+void readAdmission(ClusterSync& sync, const StagePacket& in) {
+  if (!in.has(kAdmitTensor)) return;
+  const torch::Tensor& t = in.tensor(kAdmitTensor);
+  bool ok = t.scalar_type() == torch::kLong && t.dim() == 1 && t.numel() >= 2;
+  ClusterAdmission admission;
+  if (ok) {
+    const torch::Tensor c = t.contiguous();
+    const int64_t* v = c.data_ptr<int64_t>();
+    admission.steps_done = v[0];
+    ok = admission.steps_done > int64_t(in.step);
+    for (int64_t i = 1; ok && i < c.numel(); ++i) {
+      ok = v[i] >= 0 && v[i] < (int64_t(1) << 16);
+      admission.clusters.push_back(v[i]);
+    }
+  }
+  if (!ok)
+    CAIRN_THROW(BadInput, "activation from upstream for step ", in.step, " micro-batch ",
+                in.microbatch, ": ", kAdmitTensor,
+                " must be a 1-d int64 tensor [steps_done > the step, cluster in [0, 65536), …]");
+  sync.admitClustersAt(admission);
+}
+
+}  // namespace
+
+
 void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_t microbatch,
                                uint64_t* id_checksum) {
   const StageTrainerConfig& cfg = ctx_.cfg;
@@ -27,6 +65,7 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
     mb.ids = in.tensor(kIdsTensor);
     mb.denominator = in.tensor(kDenominatorTensor);
     if (deal_) deal_->read(in);  // before __stop_at, which is clamped to the (new) total
+    if (ctx_.cfg.cluster_sync) readAdmission(*ctx_.cfg.cluster_sync, in);
     stop_.readStopAt(in, ctx_.plan.total_steps);
   }
   const auto t = TrainerClock::now();
@@ -56,6 +95,7 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
   out.tensors.emplace_back(kDenominatorTensor, mb.denominator);
   stop_.attachStopAt(out);
   if (deal_) deal_->attach(out);
+  if (ctx_.cfg.cluster_sync) attachAdmission(*ctx_.cfg.cluster_sync, step, out);
   mb.inputs.clear();  // not needed after the forward (the executor keeps what backward needs)
   link_.send(Neighbour::kDownstream, out);
 }

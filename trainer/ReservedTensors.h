@@ -32,6 +32,9 @@ inline constexpr const char* kStopKindTensor = "__stop_kind";
 // A deal taken mid-run (trainer/DealChange.h): rides downstream on activation packets once the
 // Root changed the run's epoch_steps table: int64 [total_steps, from_epoch, steps, …].
 inline constexpr const char* kEpochStepsTensor = "__epoch_steps";
+// Gated ring admissions (trainer/ClusterSync.h gateAdmissions): rides downstream on activation
+// packets while an admission the Root decided is pending: int64 [steps_done, cluster, …].
+inline constexpr const char* kAdmitTensor = "__admit";
 
 // True for names that start with kReservedPrefix (bookkeeping, not a boundary tensor).
 inline bool isReservedTensorName(const std::string& name) {

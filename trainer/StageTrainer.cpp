@@ -137,6 +137,10 @@ struct StageTrainer::Impl {
     if (joins) from = ResumePoint{plan.first_step, 0, 0};
     if (cfg.cluster_sync) {
       if (joins) cfg.cluster_sync->setJoining(true);
+      // Joiners admitted at the same sync in every ring: the Root decides, the activations carry
+      // it down (ClusterSync::gateAdmissions; the sync schedule, where every stage syncs after
+      // the same steps).
+      if (!async) cfg.cluster_sync->gateAdmissions(is_root);
       cfg.cluster_sync->start(executor->module());
     }
     // Copies of a shared parameter start from the first holder's (which the rings may have set).

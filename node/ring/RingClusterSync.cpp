@@ -116,6 +116,10 @@ void RingClusterSync::start(torch::jit::Module& stage) {
   size_t tensors = 0;
   int64_t bytes = 0;
   left_ = false;
+  // Admissions decided in an earlier life are not this one's (it may resume from an earlier step).
+  admit_clusters_at_.clear();
+  admitted_clusters_.clear();
+  last_boundary_ = 0;
   for (auto& ring : rings_) {
     if (ring->spec.members.size() <= 1) continue;  // nothing is ever exchanged
     ring->build(ring->spec.parameters, stage, context_.node.name, ring->spec.id,
@@ -157,7 +161,8 @@ void RingClusterSync::start(torch::jit::Module& stage) {
     keepWelcomeSnapshot(context_, *ring);
     all.push_back(ring.get());
   }
-  if (context_.sync.mode != SyncMode::kGradients && !sharedRings().empty())
+  // Gated admissions take joiners only at admission steps, never between syncs.
+  if (context_.sync.mode != SyncMode::kGradients && !context_.gated && !sharedRings().empty())
     desk_ = std::make_unique<WelcomeDesk>(context_, all, rings_mutex_, busy_);
   if (activeRings() > 0) {
     std::ostringstream partners;
@@ -294,131 +299,45 @@ void RingClusterSync::beforeOptimizerStep(int64_t, torch::jit::Module&) {
   context_.stats.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::vector<std::string> RingClusterSync::addMembers(const NodeSpec& updated,
-                                                    bool at_admission_step) {
-  const std::string& me = context_.node.name;
-  if (updated.name != me)
-    CAIRN_THROW(BadInput, "ring members for ", updated.name, " given to the rings of ", me);
-  std::lock_guard<std::mutex> lock(added_mutex_);
-  std::map<std::string, std::vector<PeerRef>> next = added_;
-  std::vector<std::string> names;
-  for (const RingSpec& spec : updated.rings) {
-    const Ring* ring = nullptr;
-    for (const auto& r : rings_)
-      if (r->spec.id == spec.id) ring = r.get();
-    if (!ring)
-      CAIRN_THROW(BadInput, "ring members for ", me, ": node ", me, " has no ring ", spec.id);
-    auto known = next.find(spec.id);
-    const std::vector<PeerRef>& now = known != next.end() ? known->second : ring->spec.members;
-    if (spec.members.size() < now.size())
-      CAIRN_THROW(BadInput, "ring members for ", me, ": ring ", spec.id, " lists ",
-                  spec.members.size(), " members, fewer than its ", now.size(),
-                  "; members are only ever appended");
-    for (size_t i = 0; i < now.size(); ++i)
-      if (spec.members[i].name != now[i].name)
-        CAIRN_THROW(BadInput, "ring members for ", me, ": ring ", spec.id, " member ", i, " is \"",
-                    spec.members[i].name, "\", not \"", now[i].name,
-                    "\"; members are only ever appended");
-    std::set<std::string> seen;
-    for (const auto& m : spec.members)
-      if (m.name.empty() || !seen.insert(m.name).second)
-        CAIRN_THROW(BadInput, "ring members for ", me, ": ring ", spec.id,
-                    " names member \"", m.name, "\" twice or with no name");
-    for (size_t i = now.size(); i < spec.members.size(); ++i) names.push_back(spec.members[i].name);
-    if (spec.members.size() > now.size()) next[spec.id] = spec.members;
-  }
-  if (!at_admission_step)
-    // A growth abandoned before its admission: the update lists the rings without the members
-    // held for it, which are dropped (never admitted).
-    for (const RingSpec& spec : updated.rings) {
-      auto held = held_.find(spec.id);
-      if (held != held_.end() && spec.members.size() < held->second.size()) {
-        CAIRN_INFO("ring ", spec.id, ": the members held for a new cluster are dropped (the growth was abandoned)");
-        held_.erase(held);
-      }
-    }
-  if (at_admission_step) {
-    for (auto& [id, members] : next) {
-      auto known = added_.find(id);
-      if (known == added_.end() || known->second.size() != members.size()) held_[id] = members;
-    }
-    return names;
-  }
-  added_ = std::move(next);
-  return names;
-}
-
-void RingClusterSync::applyAddedMembers(torch::jit::Module& stage) {
-  std::map<std::string, std::vector<PeerRef>> added;
-  {
-    std::lock_guard<std::mutex> lock(added_mutex_);
-    added.swap(added_);
-  }
-  for (auto& [id, members] : added) {
-    for (auto& ring : rings_) {
-      if (ring->spec.id != id || members.size() <= ring->spec.members.size()) continue;
-      const bool was_alone = ring->spec.members.size() <= 1;
-      std::vector<std::string> names;
-      for (size_t i = ring->spec.members.size(); i < members.size(); ++i) names.push_back(members[i].name);
-      ring->spec.members = members;
-      if (was_alone) {
-        // Its tensors were never gathered (nothing was exchanged): gather them now.
-        if (overlap_) overlap_->forget(ring.get());
-        ring->build(ring->spec.parameters, stage, context_.node.name, ring->spec.id,
-                    context_.node.stage_file, context_.sync.mode == SyncMode::kDiLoCo);
-        ring->view = {context_.node.name};
-        ring->alone_logged = true;  // alone because the others have not joined yet, not lost
-      }
-      for (const auto& n : names)
-        if (ring->strangers.erase(n)) ring->join_requests.insert(n);
-      CAIRN_INFO("ring ", id, ": members added ", joinedNames(names),
-                 "; they are welcomed at a sync once they ask to join");
-    }
-  }
-}
-
-void RingClusterSync::admitJoinersAt(int64_t steps_done) {
-  if (admit_at_.insert(steps_done).second)
-    CAIRN_INFO("cross-cluster sync: the new cluster's members are taken into the rings at the sync "
-               "after step ", steps_done);
-}
-
-void RingClusterSync::admitHeld(torch::jit::Module& stage, int64_t steps_done) {
-  const auto deadline = std::chrono::steady_clock::now() + context_.timeout;
-  for (bool waited = false;; waited = true) {
-    {
-      std::lock_guard<std::mutex> lock(added_mutex_);
-      if (!held_.empty()) {
-        for (auto& [id, members] : held_) added_[id] = members;
-        held_.clear();
-        break;
-      }
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      CAIRN_WARN("cross-cluster sync: no ring members were added for step ", steps_done,
-                 " within ", context_.timeout.count(), " ms; training on without them");
-      return;
-    }
-    if (!waited)
-      CAIRN_INFO("cross-cluster sync: waiting for the coordinator's update with the new members");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  applyAddedMembers(stage);
-  awaitJoinRequests(context_, sharedRings(), deadline);
-}
-
 void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage) {
   RingsBusy busy(rings_mutex_, busy_);
   if (started_ && !left_) applyAddedMembers(stage);
   const int64_t done = step + 1;
+  last_boundary_ = done;
   const bool admission = started_ && !left_ && admit_at_.erase(done) > 0;
   if (admission) admitHeld(stage, done);
-  if (done % local_steps_ != 0 && !admission) return;
+  // Gated: the clusters admitted at this boundary (earlier ones not reached are stale: dropped).
+  std::set<int64_t> clusters;
+  if (auto it = admit_clusters_at_.find(done); it != admit_clusters_at_.end()) clusters = it->second;
+  admit_clusters_at_.erase(admit_clusters_at_.begin(), admit_clusters_at_.upper_bound(done));
+  const bool clusters_now = started_ && !left_ && !clusters.empty();
+  if (clusters_now)
+    awaitJoinRequests(context_, sharedRings(), std::chrono::steady_clock::now() + context_.timeout,
+                      &clusters);
+  if (done % local_steps_ != 0 && !admission && !clusters_now) return;
   bool shared = false;
   for (const auto& ring : rings_) shared = shared || ring->spec.members.size() > 1;
   if (!shared || left_) return;
   context_.last_synced_step = done;  // before the sync: a welcome sent during it names this step
+  // An admitted cluster stays admissible until its member is in the view of every shared ring (a
+  // join request that came too late for its admission step is taken at the next sync).
+  admitted_clusters_.insert(clusters.begin(), clusters.end());
+  context_.admit_all = admission;
+  context_.admitting = admitted_clusters_;
   synchronize();
+  context_.admit_all = false;
+  context_.admitting.clear();
+  for (auto it = admitted_clusters_.begin(); it != admitted_clusters_.end();) {
+    bool everywhere = true;
+    for (Ring* ring : sharedRings()) {
+      const auto& m = ring->spec.members;
+      if (*it < int64_t(m.size()) &&
+          std::find(ring->view.begin(), ring->view.end(), m[size_t(*it)].name) == ring->view.end())
+        everywhere = false;
+    }
+    it = everywhere ? admitted_clusters_.erase(it) : std::next(it);
+  }
+  if (context_.gated) decideAdmission(done);
 }
 
 void RingClusterSync::leave() {

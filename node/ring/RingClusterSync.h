@@ -22,6 +22,9 @@
 // names, dtypes, shapes and bytes of its tensors is all-gathered; at the run's first start a
 // differing member is named in a BadInput and nothing is trained; when every member is restarting,
 // the one with the newest last sync welcomes the others (RingRestart.h).
+// Joiners (a cluster that resumes) are welcomed at a sync; in the sync schedule at the sync its
+// Roots decided, the same in every ring (gateAdmissions); otherwise at the next sync, or at once
+// by a member alone (RingWelcomeDesk.h).
 //
 // Several rings (clusters cut differently: one node shares different tensors with different
 // peers) run concurrently, one thread per ring with more than one live member, for the
@@ -153,6 +156,15 @@ class RingClusterSync : public ClusterSync {
   // update and for each new member's join request — and a sync runs (also off the local_steps
   // grid), which welcomes them with exactly these weights.
   void admitJoinersAt(int64_t steps_done) override;
+  // Joiners admitted together (ClusterSync::gateAdmissions): gated, a sync admits only the joiners
+  // of the clusters of an admission step (every joiner at a growth admission step); the Root
+  // (`decides`) schedules one at its next sync boundary after a sync whose rings agreed that
+  // members of other clusters asked (one admission pending at a time). The welcome desk is off.
+  // At the admission step each ring waits (up to the ring timeout) for the join requests of
+  // those clusters' members, then syncs.
+  void gateAdmissions(bool decides) override;
+  void admitClustersAt(const ClusterAdmission& admission) override;
+  std::optional<ClusterAdmission> pendingAdmission() const override;
 
   // The deal agreement (ClusterSync): agreesOnDeals while started, not left, and some ring has
   // members in other clusters. Each synchronize() tallies the proposals of every shared ring's
@@ -192,6 +204,16 @@ class RingClusterSync : public ClusterSync {
   // Under added_mutex_: additions held for an admission step (addMembers at_admission_step).
   std::map<std::string, std::vector<PeerRef>> held_;
   std::set<int64_t> admit_at_;  // admission steps (steps done), trainer's thread
+  // Gated admissions (gateAdmissions), trainer's thread: whether this node decides (the Root),
+  // and the clusters admitted at each admission step (steps done) not reached yet.
+  bool decides_ = false;
+  std::map<int64_t, std::set<int64_t>> admit_clusters_at_;
+  // Clusters whose admission step passed while some ring's view still lacks their member: still
+  // admitted at the following syncs.
+  std::set<int64_t> admitted_clusters_;
+  int64_t last_boundary_ = 0;  // steps done at the last afterOptimizerStep
+  // Root: after a sync, the clusters its rings saw asking are admitted at the next boundary.
+  void decideAdmission(int64_t steps_done);
   // The deal agreement of the last synchronize() not yet taken (trainer's thread).
   std::optional<DealAgreement> deal_agreement_;
   // The overlapped gradient all-reduce (created at its first use); destroyed before rings_.

@@ -315,14 +315,17 @@ void collectJoinRequests(RingContext& context, Ring& ring) {
 }
 
 void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
-                       Clock::time_point deadline) {
-  auto missing = [&rings] {
+                       Clock::time_point deadline, const std::set<int64_t>* clusters) {
+  auto missing = [&rings, clusters] {
     std::vector<std::string> names;
     for (Ring* ring : rings)
-      for (const auto& m : ring->spec.members)
-        if (std::find(ring->view.begin(), ring->view.end(), m.name) == ring->view.end() &&
-            !ring->join_requests.count(m.name))
-          names.push_back(m.name);
+      for (size_t i = 0; i < ring->spec.members.size(); ++i) {
+        const std::string& name = ring->spec.members[i].name;
+        if ((!clusters || clusters->count(int64_t(i))) &&
+            std::find(ring->view.begin(), ring->view.end(), name) == ring->view.end() &&
+            !ring->join_requests.count(name))
+          names.push_back(name);
+      }
     return names;
   };
   for (Ring* ring : rings) collectJoinRequests(context, *ring);

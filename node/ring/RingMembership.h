@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,12 @@ namespace cairn {
 // True when at least one ring was joined through a welcome; rings left without one train alone.
 bool joinRings(RingContext& context, const std::vector<Ring*>& shared);
 void collectJoinRequests(RingContext& context, Ring& ring);
-// Member side, at an admission step (RingClusterSync::admitJoinersAt): waits until every member
-// of each ring that is not in its view has asked to join, or `deadline` (then logs who did not).
+// Member side, at an admission step (RingClusterSync::admitJoinersAt, admitClustersAt): waits
+// until every member of each ring that is not in its view (of `clusters` only, when given: a
+// member's index in RingSpec::members) has asked to join, or `deadline` (then logs who did not).
 void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
-                       std::chrono::steady_clock::time_point deadline);
+                       std::chrono::steady_clock::time_point deadline,
+                       const std::set<int64_t>* clusters = nullptr);
 void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joiners);
 // A welcome `m` on this ring's control tag: decoded and checked (its sender and view are ring
 // members, the view holds this node and the sender, its tensors fit the stage's buckets), then

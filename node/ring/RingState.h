@@ -98,6 +98,14 @@ struct RingContext {
   // abstains) and whether its own checks allow it. Set on the trainer's thread between syncs.
   uint64_t deal_offer = 0;
   bool deal_can_take = true;
+  // Joiners admitted together (RingClusterSync::gateAdmissions; docs/TRAINING.md "Lost and
+  // returning ring members"): set before start(). While gated, a sync admits only the joiners of
+  // the clusters in `admitting` (a ring member's index in RingSpec::members is its cluster), or
+  // every joiner with `admit_all` (a growth admission step); both set by the trainer's thread
+  // around one synchronize(), read by the ring threads during it.
+  bool gated = false;
+  std::set<int64_t> admitting;
+  bool admit_all = false;
 
   // Guards stats and bytes_retired, which the ring threads of one call update together.
   mutable std::mutex stats_mutex;
@@ -152,6 +160,10 @@ struct Ring : RingBuckets {
     uint64_t max_offer = 0, min_offer = 0;
     bool any_cannot = false;
   } deal_tally;
+  // Gated: the clusters whose members this ring agreed had asked to join but were not admitted
+  // (not in RingContext::admitting), since RingClusterSync last took them (ring's thread in a
+  // sync; the trainer's thread between).
+  std::set<int64_t> asked_clusters;
 
   // "<id> (<first parameter names>…)", for error messages.
   std::string describe() const;

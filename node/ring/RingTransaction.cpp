@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,36 @@ void restoreSnapshot(Ring& ring, const Snapshot& snap, bool gradients) {
   }
 }
 
+// The joiners this sync admits: all of them, unless admissions are gated (RingState.h
+// RingContext::gated); then those of the clusters in `admit` (at a sync, what the members agreed
+// on; alone, this node's own RingContext::admitting), the others noted as asking
+// (Ring::asked_clusters) for the Root's decision (RingClusterSync::gateAdmissions).
+std::vector<std::string> admissible(const RingContext& context, Ring& ring,
+                                    const std::vector<std::string>& joiners,
+                                    const std::set<int64_t>& admit) {
+  if (!context.gated) return joiners;
+  std::vector<std::string> now;
+  for (const auto& j : joiners) {
+    const auto& m = ring.spec.members;
+    const auto at = std::find_if(m.begin(), m.end(), [&j](const PeerRef& p) { return p.name == j; });
+    const int64_t cluster = int64_t(at - m.begin());
+    if (admit.count(cluster))
+      now.push_back(j);
+    else
+      ring.asked_clusters.insert(cluster);
+  }
+  return now;
+}
+
+// This node's own admission set this sync (gated): the clusters of RingContext::admitting, or
+// every member's with admit_all.
+std::set<int64_t> ownAdmissions(const RingContext& context, const Ring& ring) {
+  if (!context.admit_all) return context.admitting;
+  std::set<int64_t> all;
+  for (size_t i = 0; i < ring.spec.members.size(); ++i) all.insert(int64_t(i));
+  return all;
+}
+
 // A ring left with only this node: nothing to exchange; its transaction counts, and with
 // `admit_joiners` its deal tally is its own offer and whoever asked is welcomed.
 void transactAlone(RingContext& context, Ring& ring, bool admit_joiners) {
@@ -53,37 +84,59 @@ void transactAlone(RingContext& context, Ring& ring, bool admit_joiners) {
     const uint64_t offer = context.deal_offer;
     ring.deal_tally = {true, offer, offer, offer != 0 && !context.deal_can_take};
   }
-  if (admit_joiners && !ring.join_requests.empty())
-    admit(context, ring, {ring.join_requests.begin(), ring.join_requests.end()});
+  if (admit_joiners && !ring.join_requests.empty()) {
+    const auto now = admissible(context, ring, {ring.join_requests.begin(), ring.join_requests.end()},
+                                ownAdmissions(context, ring));
+    if (!now.empty()) admit(context, ring, now);
+  }
   if (admit_joiners) keepWelcomeSnapshot(context, ring);
 }
 
-// Agree on whom to admit: max over the members' "has asked" flags, per cluster; returns the
-// joiners. The same max-all-reduce tallies the deal proposals (ClusterSync::proposeDeal): after
-// the flags, the largest offer (abstaining: 0), minus the smallest (abstaining: kAbstain), and
-// whether a proposer's own checks refused its offer.
-std::vector<std::string> agreeOnJoiners(RingContext& context, Ring& ring) {
+// What the members agree on at an admitting sync: who asked to join, and (gated admissions) the
+// clusters whose joiners this sync takes in.
+struct JoinAgreement {
+  std::vector<std::string> joiners;
+  std::set<int64_t> admit;
+};
+
+// Agree on whom to admit: max over the members' "has asked" flags, per cluster, then over their
+// "admit now" flags (gated: the clusters of this admission step; a member that has one makes the
+// whole ring admit them, so the view stays one). The same max-all-reduce tallies the deal
+// proposals (ClusterSync::proposeDeal): after the flags, the largest offer (abstaining: 0), minus
+// the smallest (abstaining: kAbstain), and whether a proposer's own checks refused its offer.
+JoinAgreement agreeOnJoiners(RingContext& context, Ring& ring) {
   constexpr int64_t kAbstain = std::numeric_limits<int64_t>::min();
-  const int64_t n = int64_t(ring.spec.members.size());
-  torch::Tensor asked = torch::zeros({n + 3}, torch::kLong);
+  // The members may list different numbers of ring members: a growth appends members, and a
+  // member that restarted read them from its node.json while the live ones hold them until the
+  // admission step. The flags are sized by the largest list (so every member reduces tensors of
+  // one size) and only the members every list holds can be admitted (the shortest).
+  torch::Tensor sizes = torch::tensor({int64_t(ring.spec.members.size()),
+                                       -int64_t(ring.spec.members.size())}, torch::kLong);
+  ring.group->allReduce(sizes, ReduceOp::kMax);
+  const int64_t n = sizes[0].item<int64_t>(), known = -sizes[1].item<int64_t>();
+  torch::Tensor asked = torch::zeros({2 * n + 3}, torch::kLong);
+  const std::set<int64_t> own = ownAdmissions(context, ring);
   for (size_t i = 0; i < ring.spec.members.size(); ++i) {
     const std::string& name = ring.spec.members[i].name;
     if (ring.join_requests.count(name) &&
         std::find(ring.view.begin(), ring.view.end(), name) == ring.view.end())
       asked[int64_t(i)] = 1;
+    if (own.count(int64_t(i))) asked[n + int64_t(i)] = 1;
   }
   const int64_t offer = int64_t(context.deal_offer);  // below 2^62 (DealChange.h)
-  asked[n] = offer;
-  asked[n + 1] = offer != 0 ? -offer : kAbstain;
-  asked[n + 2] = offer != 0 && !context.deal_can_take ? 1 : 0;
+  asked[2 * n] = offer;
+  asked[2 * n + 1] = offer != 0 ? -offer : kAbstain;
+  asked[2 * n + 2] = offer != 0 && !context.deal_can_take ? 1 : 0;
   ring.group->allReduce(asked, ReduceOp::kMax);
-  std::vector<std::string> joiners;
-  for (size_t i = 0; i < ring.spec.members.size(); ++i)
-    if (asked[int64_t(i)].item<int64_t>() != 0) joiners.push_back(ring.spec.members[i].name);
-  const int64_t largest = asked[n].item<int64_t>(), smallest = asked[n + 1].item<int64_t>();
+  JoinAgreement agreed;
+  for (int64_t i = 0; i < known; ++i) {
+    if (asked[i].item<int64_t>() != 0) agreed.joiners.push_back(ring.spec.members[size_t(i)].name);
+    if (asked[n + i].item<int64_t>() != 0) agreed.admit.insert(i);
+  }
+  const int64_t largest = asked[2 * n].item<int64_t>(), smallest = asked[2 * n + 1].item<int64_t>();
   ring.deal_tally = {true, uint64_t(largest), smallest == kAbstain ? 0 : uint64_t(-smallest),
-                     asked[n + 2].item<int64_t>() != 0};
-  return joiners;
+                     asked[2 * n + 2].item<int64_t>() != 0};
+  return agreed;
 }
 
 }  // namespace
@@ -152,10 +205,10 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
       transactAlone(context, ring, admit_joiners);
       return;
     }
-    std::vector<std::string> joiners;
+    JoinAgreement agreed;
     bool work_done = false;
     try {
-      if (admit_joiners) joiners = agreeOnJoiners(context, ring);
+      if (admit_joiners) agreed = agreeOnJoiners(context, ring);
       work();
       work_done = true;
       ring.group->barrier();  // the commit
@@ -166,6 +219,8 @@ void transact(RingContext& context, Ring& ring, bool gradients, bool admit_joine
     }
     commitTransaction(ring);
     if (!gradients) noteResult(context, ring);  // before a welcome carries it to the joiners
+    const std::vector<std::string> joiners =
+        agreed.joiners.empty() ? agreed.joiners : admissible(context, ring, agreed.joiners, agreed.admit);
     if (!joiners.empty()) admit(context, ring, joiners);
     // The state a welcome between syncs carries (RingWelcomeDesk.h): this committed sync's.
     if (admit_joiners) keepWelcomeSnapshot(context, ring);

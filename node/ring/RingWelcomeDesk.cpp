@@ -21,7 +21,9 @@ bool viewHolds(const Ring& ring, const std::string& name) {
 void keepWelcomeSnapshot(RingContext& context, Ring& ring) {
   bool incomplete = false;
   for (const auto& m : ring.spec.members) incomplete = incomplete || !viewHolds(ring, m.name);
-  if (!incomplete || ring.spec.members.size() <= 1 || context.sync.mode == SyncMode::kGradients) {
+  // Gated admissions (RingClusterSync::gateAdmissions) have no desk: nothing to keep.
+  if (!incomplete || ring.spec.members.size() <= 1 || context.sync.mode == SyncMode::kGradients ||
+      context.gated) {
     ring.welcome_snapshot.reset();
     ring.welcome_ready = false;
     return;
