@@ -46,7 +46,6 @@ void readAdmission(ClusterSync& sync, const StagePacket& in) {
 
 }  // namespace
 
-
 void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_t microbatch,
                                uint64_t* id_checksum) {
   const StageTrainerConfig& cfg = ctx_.cfg;

@@ -1,7 +1,7 @@
 // MicrobatchPasses: one micro-batch's forward and backward through this stage and across its
 // neighbours, shared by the sync and async loops. Activations go downstream with the boundary
 // tensors plus "__targets", "__ids" and "__denominator" (and "__stop_at" once the Root decided a
-// stop); gradients come back with "__loss", each micro-batch's share of the batch loss, so every
+// stop, "__epoch_steps" after a deal, "__admit" while a ring admission is pending); gradients come back with "__loss", each micro-batch's share of the batch loss, so every
 // node knows the step loss (and "__stop" when a node downstream asked to stop). Reserved names:
 // trainer/ReservedTensors.h.
 // Ownership: borrows the context, the link and the stop coordinator. Thread-safety: one thread
