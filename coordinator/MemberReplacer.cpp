@@ -127,6 +127,16 @@ void MemberReplacer::replace(const Member& lost, const Member& spare, double now
 }
 
 void MemberReplacer::onHeartbeat(const std::string& name) {
+  // A node marked lost whose own volunteer is heard again before a spare took it over (a frozen
+  // laptop woke, a partition healed) holds it again: replacing a live holder would leave two
+  // processes training one node (its cluster resumes with the woken one meanwhile). Once taken
+  // over, the old holder's row is renamed and its heartbeats claim a name it no longer has.
+  if (const auto m = store_.memberByName(name); m && m->state == MemberState::kLost) {
+    store_.setState(name, MemberState::kAssigned);
+    told_no_spare_.erase(name);
+    CAIRN_INFO("coordinator: ", name, " is heard again before a spare took it over: its volunteer "
+               "holds it again (not replaced)");
+  }
   std::set<std::string> owed = pending();
   if (!owed.count(name)) return;
   const auto m = store_.memberByName(name);

@@ -9,7 +9,9 @@
 //                  the newest checkpoint the coordinator holds for the node (resume), and the
 //                  members to tell are remembered in coordinator.db (meta peers_pending)
 //   onHeartbeat()  a member owed an update gets `peers{name, node}` on the connection its
-//                  heartbeat just came from (its heartbeat socket, the one it reads them on)
+//                  heartbeat just came from (its heartbeat socket, the one it reads them on); a
+//                  member marked lost but not yet replaced holds its node again (it was frozen
+//                  or cut off, and is back)
 // A lost node that had finished (its final checkpoint held) needs no spare: onLostAfterFinishing.
 // Without a spare the node stays lost (its cluster waits, timeouts.max_wait_s) until one joins; a
 // waiting spare whose RAM cannot hold the node's stage is told why (`accepted` with a note), once.

@@ -66,6 +66,15 @@ struct PeerLost : Error {
  private:
   std::optional<PeerLoss> loss_;
 };
+// A wait given up because this node was asked to stop (a signal, or its node was given to
+// another volunteer) and the stop has been asked for a while with the wait still going on: thrown
+// by a pipeline link's waits (node/pipeline/MailboxStageLink.h) and a collective's
+// (node/collectives/ProcessGroup.h ProcessGroupOptions::interrupted). Not a PeerLost: nobody is
+// lost, this node leaves.
+struct Interrupted : Error {
+  explicit Interrupted(std::string m, const char* f = "", int l = 0)
+      : Error(ErrorKind::kPeerLost, std::move(m), f, l) {}
+};
 struct InternalError : Error {
   explicit InternalError(std::string m, const char* f = "", int l = 0)
       : Error(ErrorKind::kInternal, std::move(m), f, l) {}

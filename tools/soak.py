@@ -179,27 +179,48 @@ def schedule(args, clusters):
 
 
 def early_enough_late(args, clusters, events):
-    """Moves `late` forward to the step of the first fault that would find no spare left: each
-    kill, freeze and partition (and the flip) gives a node to a spare (a frozen or cut-off
-    volunteer comes back as one only later; counted as if never). Without it a seed could schedule more replacements than spares
-    before the late volunteers came (seed 2 of --short: three kills and the flip, three spares), and
-    the soak measured its own schedule, not cairn (a cluster waits max_wait_s for a spare)."""
+    """Budgets the schedule's replacements against the spares there will be. Each kill, freeze and
+    partition (and the flip) gives a node to a spare (a frozen or cut-off volunteer comes back as
+    one only later, or holds its node again when no spare took it: counted as used either way).
+    First `late` moves forward to the step of the first fault that would find no spare left; then,
+    as the late volunteers come (with --grow, the coordinator makes a cluster of three of them
+    while --keep-spares more wait), a fault that would still find none is dropped from the
+    schedule and said in the report (`args.dropped`). Without it a seed could schedule more
+    replacements than spares (seed 2 of --short: three kills and the flip, three spares; seed 1
+    of the 24-volunteer run: the late volunteers became a cluster and the last kill found no
+    spare), and the soak measured its own schedule, not cairn (a cluster waits max_wait_s for a
+    spare, then its volunteers leave)."""
+    grow = getattr(args, "grow", False)
     spares = args.volunteers - 3 * clusters
-    while getattr(args, "grow", False) and spares - 3 >= args.keep_spares:
+    while grow and spares - 3 >= args.keep_spares:
         spares -= 3  # a cluster grown from spares at the start (coordinator/Growth.h)
     flip = [{"kind": "flip", "at_step": int(args.steps * 0.45)}] if args.flip else []
     late = next(e for e in events if e["kind"] == "late")
+    order = lambda e: (e["at_step"], not e.get("overlap", False), e["kind"])  # noqa: E731
     used = 0
-    for e in sorted(events + flip, key=lambda e: e["at_step"]):
+    for e in sorted(events + flip, key=order):
         if e is late:
-            return events
+            break
         if e["kind"] in ("kill", "flip", "freeze", "partition"):
             used += 1
         if used > spares:
             late["at_step"], late["cluster"] = e["at_step"], e.get("cluster", late["cluster"])
             break
-    events.sort(key=lambda e: (e["at_step"], not e["overlap"], e["kind"]))
-    return events
+    events.sort(key=order)
+    kept, used, args.dropped = [], 0, []
+    for e in sorted(events + flip, key=order):
+        if e is late:
+            spares += args.late
+            while grow and spares - used - 3 >= args.keep_spares:
+                spares -= 3  # the late volunteers grow the run by a cluster
+        elif e["kind"] in ("kill", "flip", "freeze", "partition"):
+            if used + 1 > spares and e["kind"] != "flip":  # the flip is set at the start: kept
+                args.dropped.append(dict(e, why=f"no spare left for it ({spares} in all)"))
+                continue
+            used += 1
+        if e["kind"] != "flip":
+            kept.append(e)
+    return kept
 
 
 class Soak:
@@ -368,6 +389,8 @@ class Soak:
         events = schedule(a, a.clusters)
         self.log(f"network: {self.net.reason}; schedule (seed {a.seed}): " +
                  ", ".join(f"{e['kind']}@c{e['cluster']}s{e['at_step']}" for e in events))
+        for e in a.dropped:
+            self.log(f"dropped from the schedule: {e['kind']}@c{e['cluster']}s{e['at_step']}: {e['why']}")
         start = time.monotonic()
         self.invite = self.start_coordinator()
         for _ in range(3 * a.clusters):
@@ -557,7 +580,8 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--kill-every", type=int, default=20)
     p.add_argument("--late", type=int, default=6, help="volunteers started by the 'late' fault")
-    p.add_argument("--keep-spares", type=int, default=2)
+    p.add_argument("--keep-spares", type=int, default=4,
+                   help="with --grow: spares the coordinator keeps (4: the default schedule's faults all find one)")
     p.add_argument("--lost-after-s", type=float, default=8)
     p.add_argument("--train-samples", type=int, default=12000)
     p.add_argument("--seed", type=int, default=1)
@@ -599,7 +623,7 @@ def main():
             "cluster {cluster} ({leaf}): Leaf reports {reported:.4f}, its weights in PyTorch {accuracy:.4f}",
             "cluster {cluster}'s weights evaluate to {accuracy} in PyTorch, its Leaf reported {reported}")
         report = {"seed": args.seed, "network": soak.net.reason, "volunteers": len(soak.volunteers),
-                  "schedule": events, "fired": soak.fired, "wall_s": round(wall, 1),
+                  "schedule": events, "dropped": args.dropped, "fired": soak.fired, "wall_s": round(wall, 1),
                   "exits": {str(i): c for i, c in exits.items()}, "flipper": flipper,
                   "samples": samples, "replaced_and_back": refused, "largest_weight": worst,
                   "accuracy": {str(c["cluster"]): c["eval"]["accuracy"] for c in summary["clusters"]},

@@ -137,12 +137,25 @@ void CollectiveChannel::sendChunk(Operation& op, int to_rank, uint64_t index,
            gone + " (chunk " + std::to_string(index) + " could not be sent)");
     checkNotices(op, to_rank);
     sendKeepAlives(op, to_rank);
+    checkInterrupted(op, "for room to send a chunk");
   }
   ++stats_.messages_sent;
   stats_.bytes_sent += view.nbytes();
   stats_.seconds_sending += std::chrono::duration<double>(Clock::now() - began).count();
   m.tensors.clear();
   op.sent.emplace_back(to_rank, std::move(view));
+}
+
+void CollectiveChannel::checkInterrupted(const Operation& op, const char* waiting_for) {
+  if (!options_.interrupted) return;
+  if (!stop_seen_) {
+    if (!options_.interrupted()) return;
+    stop_seen_ = Clock::now();
+  }
+  if (Clock::now() - *stop_seen_ < options_.interrupt_after) return;
+  CAIRN_THROW(Interrupted, "group ", group_id_, " ", op.name, " #", op.sequence, ": a stop was "
+              "asked and, ", millis(options_.interrupt_after), " later, this node still waits (",
+              waiting_for, "); it leaves the group without finishing the operation");
 }
 
 std::string CollectiveChannel::goneReason(int rank) const {
@@ -272,6 +285,7 @@ void CollectiveChannel::checkWait(Operation& op, ChunkWait& wait, Clock::time_po
     if (!op.last_malformed.empty()) why += "; last malformed chunk dropped: " + op.last_malformed;
     fail(op, wait.from_rank, LossCause::kSilent, why);
   }
+  checkInterrupted(op, "for a chunk");
 }
 
 // The next message of ours from the mailbox, waiting at most until the next deadline, keep-alive
@@ -457,6 +471,7 @@ void CollectiveChannel::waitForSendsToComplete(Operation& op) {
       if (now >= next_keep_alive) {
         sendKeepAlives(op, to_rank);
         next_keep_alive = now + keepAliveInterval();
+        checkInterrupted(op, "for the transport to take the last chunks");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

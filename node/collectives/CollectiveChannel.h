@@ -82,6 +82,14 @@ struct ProcessGroupOptions {
   // took its node over: node/ring/RingState.h ReplacedMembers); a wait on it then fails at once,
   // as kDisconnected. Null: never. Called on the group's thread every poll (100 ms) of a wait.
   std::function<bool(const std::string& member)> replaced;
+  // This node was asked to stop (a signal; its node given to another volunteer). Null: never.
+  // Asked on the group's thread every poll of a wait: once it has said yes for `interrupt_after`
+  // while an operation still waits (a member silent for the whole `timeout`, its replacement's
+  // welcome…), the operation throws Interrupted (core/Error.h), and so does every wait after it.
+  // A stop asked at a sync that ends within the grace lets it end (the clean stop comes at the
+  // step boundary that follows).
+  std::function<bool()> interrupted;
+  std::chrono::milliseconds interrupt_after{10000};
 };
 
 struct ProcessGroupStats {
@@ -157,6 +165,8 @@ class CollectiveChannel {
   // Why member `rank` is gone for good (ProcessGroupOptions::replaced, or kDisconnected for over
   // disconnected_grace); empty while it may still answer.
   std::string goneReason(int rank) const;
+  // Throws Interrupted once ProcessGroupOptions::interrupted has said yes for interrupt_after.
+  void checkInterrupted(const Operation& op, const char* waiting_for);
   [[noreturn]] void failLeft(Operation& op, int rank);
   void sendAborts(Operation& op, int lost_rank, bool left);
   // An abort or leave notice (node/protocol/CollectiveNotices.h): throws PeerLost for a valid
@@ -193,6 +203,8 @@ class CollectiveChannel {
   ProcessGroupOptions options_;
   uint64_t next_sequence_ = 0;
   std::string broken_;        // non-empty after a failure: the PeerLost message every call repeats
+  // When ProcessGroupOptions::interrupted first said yes during a wait (checkInterrupted).
+  std::optional<std::chrono::steady_clock::time_point> stop_seen_;
   PeerLoss loss_;             // after a failure: the member blamed and why
   std::set<int> left_ranks_;  // members whose leave message arrived
   ProcessGroupStats stats_;

@@ -52,15 +52,11 @@ struct LinkTimeouts {
   std::chrono::milliseconds connected{0};
 };
 
-// Thrown by connect() when `interrupted` (a stop flag set by a signal handler) became true while
-// it waited for a neighbour; by send() and receive() mid-run when it has been true for
-// timeouts.lost while they still wait (a stop asked while a neighbour sends nothing: the clean stop
-// at a step boundary cannot come, so the node gives up the step and leaves; its newest checkpoint
-// keeps its work).
-struct Interrupted : Error {
-  explicit Interrupted(std::string m, const char* f = "", int l = 0)
-      : Error(ErrorKind::kPeerLost, std::move(m), f, l) {}
-};
+// Interrupted (core/Error.h) is thrown by connect() when `interrupted` (a stop flag set by a
+// signal handler) became true while it waited for a neighbour; by send() and receive() mid-run
+// when it has been true for timeouts.lost while they still wait (a stop asked while a neighbour
+// sends nothing: the clean stop at a step boundary cannot come, so the node gives up the step and
+// leaves; its newest checkpoint keeps its work).
 
 // Why received messages were dropped, by reason ("unknown_peer", "kind_not_allowed", "job_id",
 // "step_window", "tensor_count", "tensor_name", "dtype", "shape", "bytes", "encoding",

@@ -416,7 +416,8 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   // first collective (the initial-weights check) waits for late members up to this timeout.
   const GradientSyncOptions gradient_sync = gradientSync(config.options.sync);
   RingClusterSync cluster_sync(mailbox, node, config.options.sync, config.options.local_steps,
-                               std::max(timeouts.startup, timeouts.peer), gradient_sync);
+                               std::max(timeouts.startup, timeouts.peer), gradient_sync,
+                               RingStopHook{options.stop_requested, timeouts.lost});
   config.cluster_sync = &cluster_sync;
   // Registered after the ring sync it feeds (a ring member added by a new cluster: LivePeers adds
   // the peer, the ring sync the member), so it is withdrawn before either is gone.

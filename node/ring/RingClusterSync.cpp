@@ -45,7 +45,7 @@ std::string endpointOf(const PeerRef& peer) {
 
 RingClusterSync::RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOptions sync,
                                  int64_t local_steps, std::chrono::milliseconds timeout,
-                                 GradientSyncOptions gradients)
+                                 GradientSyncOptions gradients, RingStopHook stop)
     : context_(mailbox, node, sync, timeout),
       local_steps_(std::max<int64_t>(1, local_steps)),
       gradients_(gradients) {
@@ -54,6 +54,8 @@ RingClusterSync::RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOpt
             [](const RingSpec& a, const RingSpec& b) { return a.id < b.id; });
   std::set<std::string> added;
   context_.group_options.timeout = timeout;
+  context_.group_options.interrupted = std::move(stop.asked);
+  context_.group_options.interrupt_after = stop.grace;
   // Concurrent rings that share a link share its queues: each keeps a proportional share of the
   // in-flight window (see the header).
   const int shared_rings = static_cast<int>(std::count_if(

@@ -65,6 +65,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -91,12 +92,21 @@ struct GradientSyncOptions {
   bool overlap = true;
 };
 
+// A stop asked of this node (a signal, its node given to another volunteer): a ring's wait that
+// still goes on `grace` after it gives up with Interrupted (ProcessGroupOptions::interrupted), and
+// the node leaves as after a stop mid-step (NodeRunner), instead of waiting out a silent member.
+struct RingStopHook {
+  std::function<bool()> asked;  // null: never
+  std::chrono::milliseconds grace{10000};
+};
+
 class RingClusterSync : public ClusterSync {
  public:
   // `timeout`: longest wait for one message of a ring member (the first collective, the
   // checksum check, also waits for members that start late).
   RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOptions sync, int64_t local_steps,
-                  std::chrono::milliseconds timeout, GradientSyncOptions gradients = {});
+                  std::chrono::milliseconds timeout, GradientSyncOptions gradients = {},
+                  RingStopHook stop = {});
   ~RingClusterSync() override;
 
   void start(torch::jit::Module& stage) override;

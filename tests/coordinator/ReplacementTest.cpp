@@ -400,5 +400,52 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   fs::remove_all(out);
 }
 
+// A frozen volunteer (SIGSTOP: the 24-volunteer soak's fault) wakes after it was marked lost but
+// before any spare came: it holds its node again, and the spare that joins later stays a spare
+// (taking the node over would leave two processes training it). Silent again, it is lost again.
+TEST(MemberReplacer, ALostNodeHeardAgainBeforeASpareCameIsHeldByItsVolunteerAgain) {
+  const std::string out = replacementFreshDir("woken");
+  CoordinatorStore store(out + "/coordinator.db");
+  NodeSpec n;
+  n.name = "node_0";
+  n.job_id = "job";
+  n.address = "127.0.0.1:7000";
+  n.inputs = {{"x", "tensor", "float32", {1, 4}}};
+  n.outputs = {{"y", "tensor", "float32", {1, 4}}};
+  fs::create_directories(nodeDirectory(out, n.name));
+  writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
+  std::ofstream(nodeDirectory(out, n.name) + "/stage.pt") << "s";
+  JobSpec job;
+  job.job_id = "job";
+  job.data.location = "/data";
+  job.data.format = "idx";
+  writeJsonFile(jobSpecPath(out), toJson(job));
+  const Member holder = replacementMember("node_0", MemberState::kAssigned, 0);
+  store.putMember(holder);
+  store.setMeta("placed", R"(["node_0"])");
+  store.setMeta("phase", "planned");
+  std::vector<Frames> sent;
+  MemberReplacer replacer(store, out, 5, 0, [&](const std::string&, const Frames& f) { sent.push_back(f); });
+  replacer.poll(10);
+  ASSERT_EQ(store.memberByName("node_0")->state, MemberState::kLost);
+  // Its heartbeat again (the coordinator touches the row, then tells the replacer).
+  store.touch("node_0", 12);
+  replacer.onHeartbeat("node_0");
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  EXPECT_EQ(store.memberByName("node_0")->public_key, holder.public_key);
+  const Member spare = replacementMember("node_1", MemberState::kSpare, 12, 8, 5);
+  store.putMember(spare);
+  replacer.poll(13);
+  EXPECT_TRUE(sent.empty());
+  EXPECT_EQ(store.memberByName("node_1")->state, MemberState::kSpare);
+  EXPECT_EQ(replacer.replaced(), 0u);
+  // Silent for longer than --lost-after-s again: lost again, and now the spare takes it over.
+  replacer.poll(18);
+  EXPECT_EQ(replacer.replaced(), 1u);
+  EXPECT_EQ(store.memberByName("node_0")->public_key, spare.public_key);
+  EXPECT_EQ(store.memberByKey(holder.public_key)->name, "node_0-lost-1");
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace cairn::coordinator

@@ -477,6 +477,43 @@ TEST(Collectives, ReplacedMemberEndsTheWaitsOnItAtOnce) {
   EXPECT_GE(said_replaced, 1);
 }
 
+// A stop asked of this node (ProcessGroupOptions::interrupted: a signal, or its node given to
+// another volunteer: the 24-volunteer soak's woken Root spent five minutes in its ring's waits on
+// members that refused it, one minute each) ends a wait interrupt_after later as Interrupted, not
+// after the timeout as PeerLost naming the silent member; the next operation throws at once.
+TEST(Collectives, AStopAskedEndsAWaitOnASilentMemberAsInterrupted) {
+  const int n = 3;
+  ProcessGroupOptions options = testOptions();
+  options.timeout = 60s;
+  options.interrupt_after = 200ms;
+  options.interrupted = [] { return true; };
+  std::vector<std::string> first(n), second(n);
+  auto outcomes = runRanks(
+      n, options, [&](int r, ProcessGroup& g) {
+        torch::Tensor t = torch::ones({1000});
+        try {
+          g.allReduce(t);
+        } catch (const Interrupted& e) {
+          first[r] = e.what();
+        }
+        try {
+          g.barrier();
+        } catch (const Interrupted& e) {
+          second[r] = e.what();
+        }
+      },
+      /*silent=*/{2});
+  for (int r : {0, 1}) {
+    EXPECT_EQ(outcomes[r].error, "") << "rank " << r << " threw something other than Interrupted";
+    EXPECT_NE(first[r].find("group test allReduce #0: a stop was asked and, 200 ms later, this node "
+                            "still waits"),
+              std::string::npos)
+        << "rank " << r << ": " << first[r];
+    EXPECT_NE(second[r].find("barrier #1: a stop was asked"), std::string::npos)
+        << "rank " << r << ": " << second[r];
+  }
+}
+
 // ReplacedMembers: a mark counts for the groups made before it, not for those made after (the
 // group that admits the replacement must wait on the new process like on any member).
 TEST(ReplacedMembers, OnlyGroupsMadeBeforeTheMarkCountTheMemberAsGone) {
