@@ -147,7 +147,9 @@ void RingClusterSync::decideAdmission(int64_t steps_done) {
 
 void RingClusterSync::admitHeld(torch::jit::Module& stage, int64_t steps_done) {
   const auto deadline = std::chrono::steady_clock::now() + context_.timeout;
+  std::optional<std::chrono::steady_clock::time_point> stop_seen;
   for (bool waited = false;; waited = true) {
+    checkStop(context_, &stop_seen, "for the coordinator's update with the new ring members");
     {
       std::lock_guard<std::mutex> lock(added_mutex_);
       if (!held_.empty()) {

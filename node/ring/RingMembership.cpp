@@ -270,7 +270,9 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
   // this node only now (a new cluster, RingClusterSync::addMembers) may have refused the first
   // connection, or dropped the request before it knew the name.
   auto next_ask = Clock::now() + kJoinRequestRepeat;
+  std::optional<Clock::time_point> stop_seen;
   while (done.size() < shared.size()) {
+    checkStop(context, &stop_seen, "for a welcome into its rings");
     const auto now = Clock::now();
     if (now >= deadline) break;
     if (now >= next_ask) {
@@ -330,7 +332,9 @@ void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
   };
   for (Ring* ring : rings) collectJoinRequests(context, *ring);
   bool told = false;
+  std::optional<Clock::time_point> stop_seen;
   while (!missing().empty()) {
+    checkStop(context, &stop_seen, "for the joiners' requests");
     const auto now = Clock::now();
     if (now >= deadline) {
       CAIRN_WARN("cross-cluster sync: no join request from ", joinedNames(missing()),
@@ -348,7 +352,7 @@ void awaitJoinRequests(RingContext& context, const std::vector<Ring*>& rings,
             if (x.tag == ringControlTag(ring->spec.id)) return true;
           return false;
         },
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::min(deadline, now + kStopPoll) - now));
     if (!m) continue;
     for (Ring* ring : rings)
       if (m->tag == ringControlTag(ring->spec.id)) noteJoinRequest(context, *ring, *m);

@@ -86,13 +86,15 @@ bool takeRestartWelcome(RingContext& context, Ring& ring, const std::string& sou
   const std::string tag = ringControlTag(ring.spec.id);
   const int64_t generation = ring.generation + 1;
   const auto deadline = Clock::now() + 2 * context.timeout;
+  std::optional<Clock::time_point> stop_seen;
   for (auto now = Clock::now(); now < deadline; now = Clock::now()) {
+    checkStop(context, &stop_seen, "for " + source + "'s welcome");
     auto m = context.mailbox.receive(
         [&](const Message& x) {
           return x.kind == MessageKind::kCollective && x.tag == tag && x.sender == source &&
                  isWelcome(x);
         },
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::min(deadline, now + kStopPoll) - now));
     if (m && acceptWelcome(context, ring, *m, generation)) return true;
   }
   return false;

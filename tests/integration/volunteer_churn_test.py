@@ -121,7 +121,7 @@ def case_lost_after_finishing(args):
     if coordinator.count(lambda l: "is taken over by spare" in l):
         vt.fail("a spare was given the node that had finished")
     import torch
-    ref_out = os.path.join(args.work, "reference", "coordinator")
+    ref_out = args.reference_out
     ref_name = json.load(open(os.path.join(ref_out, "plan.json")))["clusters"][0]["chain"][1]  # its Stem
     ref_stem = torch.jit.load(os.path.join(ref_out, "nodes", ref_name, "trained_stage.pt")).state_dict()
     got = torch.jit.load(os.path.join(out, "nodes", stem, "trained_stage.pt")).state_dict()
