@@ -226,11 +226,11 @@ namespace {
 // make_node_data_by_hand), sync vs async on the same samples and steps. ctest's fixture
 // trainer.make_fashion_slice writes it to $CAIRN_TEST_MODELS/fashion_slice;
 // CAIRN_FASHION_NODE_DATA names another folder. The first 60 steps (7,680 images, half the
-// epoch) by default, as Precision.FashionMnistSliceBf16VsFp32; CAIRN_FASHION_STEPS=0: the epoch.
+// epoch) by default; CAIRN_FASHION_STEPS=0: the epoch.
 TEST(AsyncSchedule, FashionMnistSliceSyncVsAsync) {
   const std::string dir = testing::fashionSliceDir();
   ASSERT_FALSE(dir.empty()) << "neither CAIRN_FASHION_NODE_DATA nor CAIRN_TEST_MODELS is set";
-  const int64_t steps = testing::fashionSliceSteps();
+  const int64_t steps = testing::fashionSliceSteps(60);
   double accuracy[2] = {0, 0};
   for (int async = 0; async < 2; ++async) {
     testing::PipelineRun run = testing::runInMemoryPipeline(dir, [&](TrainOptions& t) {

@@ -163,13 +163,14 @@ TEST(TrainOptions, PrecisionIsValidated) {
 
 // Fashion-MNIST slice (15,360 training images, 2,000 test images, the example CNN with BatchNorm
 // in 3 stages): the same steps in fp32 and in bf16 on the same samples. Prints both times (not
-// asserted: the machine is shared) and asserts bf16's accuracy is within 1.5 points of fp32's.
-// 60 steps (7,680 images, half the slice's epoch) by default: where bf16 is emulated (AVX2 CPUs)
-// a bf16 step costs ~10 fp32 steps; CAIRN_FASHION_STEPS=0 trains the whole epoch.
+// asserted: the machine is shared) and asserts bf16's accuracy is within 1.5 points of fp32's, and
+// fp32's above 70 % (it trains: chance is 10 %). 30 steps (3,840 images) by default: where bf16 is
+// emulated (AVX2 CPUs) a bf16 step costs ~10 fp32 steps (here 74.80 % and 74.45 %, 4.7 s and
+// 40.8 s); CAIRN_FASHION_STEPS=N trains N steps, 0 the whole epoch (85.80 % and 85.45 %).
 TEST(Precision, FashionMnistSliceBf16VsFp32) {
   const std::string dir = testing::fashionSliceDir();
   ASSERT_FALSE(dir.empty()) << "neither CAIRN_FASHION_NODE_DATA nor CAIRN_TEST_MODELS is set";
-  const int64_t steps = testing::fashionSliceSteps();
+  const int64_t steps = testing::fashionSliceSteps(30);
   double accuracy[2] = {0, 0}, loss[2] = {0, 0};
   for (int bf16 = 0; bf16 < 2; ++bf16) {
     testing::PipelineRun run = testing::runInMemoryPipeline(dir, [&](TrainOptions& t) {
@@ -185,7 +186,7 @@ TEST(Precision, FashionMnistSliceBf16VsFp32) {
                 bf16 ? "bf16" : "fp32", run.losses.size(), loss[bf16], 100 * accuracy[bf16],
                 run.results.back().seconds);
   }
-  EXPECT_GT(accuracy[0], 0.80);
+  EXPECT_GT(accuracy[0], 0.70);
   EXPECT_NEAR(accuracy[1], accuracy[0], 0.015);
 }
 

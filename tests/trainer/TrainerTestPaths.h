@@ -23,12 +23,12 @@ inline std::string fashionSliceDir() {
   return trainerModelsDir().empty() ? "" : trainerModelsDir() + "/fashion_slice";
 }
 
-// How many steps the Fashion-MNIST slice cases (AsyncSchedule.FashionMnistSliceSyncVsAsync,
-// Precision.FashionMnistSliceBf16VsFp32) train: CAIRN_FASHION_STEPS, 60 by default (7,680 images,
-// half the slice's epoch; bf16 is emulated on AVX2 CPUs); 0 trains the whole epoch.
-inline int64_t fashionSliceSteps() {
+// How many steps the Fashion-MNIST slice cases train: CAIRN_FASHION_STEPS when set (0 trains the
+// whole epoch), else `fallback` (AsyncSchedule.FashionMnistSliceSyncVsAsync: 60, 7,680 images, half
+// the slice's epoch; Precision.FashionMnistSliceBf16VsFp32: 30, bf16 being emulated on AVX2 CPUs).
+inline int64_t fashionSliceSteps(int64_t fallback) {
   const char* steps = std::getenv("CAIRN_FASHION_STEPS");
-  return steps ? std::atoll(steps) : 60;
+  return steps ? std::atoll(steps) : fallback;
 }
 
 }  // namespace cairn::testing
