@@ -89,7 +89,9 @@ bool MailboxStageLink::isNeighbour(const std::string& name) const {
 void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost,
                                  const std::string& what) {
   std::string how;
-  if (lost.cause == LossCause::kDisconnected)
+  if (lost.cause == LossCause::kDisconnected && lost.reason == kReplacedReason)
+    how = "the coordinator gave its node to another volunteer (a peers update names the new one)";
+  else if (lost.cause == LossCause::kDisconnected)
     how = detail::concat("its connection has been down for ", secondsOf(timeouts_.lost),
                          " s (training_definition.timeouts.peer_timeout_s)");
   else if (lost.cause == LossCause::kLeft)
@@ -102,6 +104,8 @@ void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost,
 }
 
 void MailboxStageLink::checkConnection(const PeerRef& p, Neighbour dir, const std::string& what) {
+  if (replaced_ && replaced_(p.name))
+    throwLost(p, dir, PeerLoss{p.name, LossCause::kDisconnected, kReplacedReason, p.name}, what);
   const PeerLiveness live = mailbox_.transport().liveness(p.name);
   if (live.state != PeerState::kDisconnected || std::chrono::steady_clock::now() - live.since < timeouts_.lost)
     return;
@@ -265,7 +269,8 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
     // on the next liveness change. (The other neighbour's loss is seen when this node next sends
     // to it or waits for it, or through its "leaving".) A stop request is looked at every 0.5 s.
     auto wake = deadline;
-    if (interrupted_) wake = std::min(wake, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+    if (interrupted_ || replaced_)
+      wake = std::min(wake, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
     checkConnection(p, from, what);
     checkStopWhileWaiting(p, what, &stop_seen);
     const PeerLiveness live = mailbox_.transport().liveness(p.name);

@@ -58,6 +58,10 @@ struct LinkTimeouts {
 // sends nothing: the clean stop at a step boundary cannot come, so the node gives up the step and
 // leaves; its newest checkpoint keeps its work).
 
+// PeerLoss::reason of a neighbour lost because its node was given to another volunteer
+// (setReplaced), cause kDisconnected.
+inline constexpr const char* kReplacedReason = "replaced";
+
 // Why received messages were dropped, by reason ("unknown_peer", "kind_not_allowed", "job_id",
 // "step_window", "tensor_count", "tensor_name", "dtype", "shape", "bytes", "encoding",
 // "nonfinite").
@@ -95,6 +99,11 @@ class MailboxStageLink : public StageLink {
   // 0.5 s at most, while send() and receive() wait mid-run: true for timeouts.lost there (the stop
   // asked, and still no message) throws Interrupted.
   void setInterrupted(std::function<bool()> interrupted) { interrupted_ = std::move(interrupted); }
+  // Asked every 0.5 s at most while send() and receive() wait on a neighbour (may be empty): true
+  // means that neighbour's node was given to another volunteer (ProviderRunOptions::
+  // neighbour_replaced): the wait ends at once with PeerLost (cause disconnected), as if its
+  // connection had been down for timeouts.lost (a frozen or cut-off holder keeps it open).
+  void setReplaced(std::function<bool(const std::string&)> replaced) { replaced_ = std::move(replaced); }
   void send(Neighbour to, const StagePacket& packet) override;
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                       const std::string& tag) override;
@@ -134,6 +143,7 @@ class MailboxStageLink : public StageLink {
   LinkStats stats_;
   std::optional<PeerLoss> lost_;
   std::function<bool()> interrupted_;
+  std::function<bool(const std::string&)> replaced_;
 };
 
 }  // namespace cairn

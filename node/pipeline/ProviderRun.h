@@ -55,6 +55,11 @@ struct ProviderRunOptions {
   // re-points peers live; given an empty one before the transport closes. Called on the run's
   // thread; the function it is given may be called from any thread while it is set.
   std::function<void(LivePeersApply)> on_live_peers;
+  // provider --join (VolunteerPeers::replacedHook): true for a pipeline neighbour that the
+  // coordinator gave to another volunteer (a peers update names its new holder): a wait on it ends
+  // at once as its loss (MailboxStageLink::setReplaced), so the cluster pauses and this node runs
+  // its stage again with the new peers instead of waiting on the old holder. Any thread.
+  std::function<bool(const std::string& neighbour)> neighbour_replaced;
   // provider --join streams these to the coordinator (node/volunteer/VolunteerMetrics.h); empty: nothing.
   // Called on the trainer's thread, so they must not block. on_record: every record written to
   // metrics.jsonl and its line. on_event: {"plan": {total_steps, steps_per_epoch, batch_size}}

@@ -73,10 +73,25 @@ void VolunteerPeers::offer(const PeersUpdate& update) {
     return;
   }
   update_ = update;
+  replaced_.clear();
+  auto note = [&](const std::optional<PeerRef>& before, const std::optional<PeerRef>& after) {
+    if (before && !same(before, after)) replaced_.insert(before->name);
+  };
+  note(current.upstream, next.upstream);
+  note(current.downstream, next.downstream);
   has_pending_ = true;
   CAIRN_INFO("the coordinator sent updated peers (a peer was replaced); ",
              not_training_.load() ? "this node (paused, or not training yet) restarts its stage with them"
-                            : "applied once this node's cluster pauses on the lost peer");
+                            : "the wait on the replaced neighbour ends: the cluster pauses and this "
+                              "node restarts its stage with them");
+}
+
+std::function<bool(const std::string&)> VolunteerPeers::replacedHook() {
+  return [this](const std::string& neighbour) {
+    if (!has_pending_.load()) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return replaced_.count(neighbour) > 0;
+  };
 }
 
 std::function<void(LivePeersApply)> VolunteerPeers::liveHook() {
@@ -110,6 +125,7 @@ bool VolunteerPeers::applyPending() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::optional<PeersUpdate> update;
   update.swap(update_);
+  replaced_.clear();
   has_pending_ = false;
   not_training_ = true;  // the next run starts by connecting
   if (!update) return false;

@@ -3,7 +3,9 @@
 // replaced by a spare"). Two ways, by what changed (the update is checked first,
 // checkPeersUpdate):
 //   * a pipeline neighbour (upstream/downstream): the update waits until this node's cluster has
-//     paused on the lost neighbour (NodeRunner's "paused" event) — or applies at once while the run
+//     paused on the lost neighbour (NodeRunner's "paused" event; a wait on the re-pointed
+//     neighbour ends at once as its loss, replacedHook, so a holder that froze or was cut off with
+//     its connection open does not keep it waiting) — or applies at once while the run
 //     has not started training yet (before its "plan" event: connecting to its neighbours, agreeing
 //     on the resume step; a spare given a node whose neighbour is replaced right after would
 //     otherwise wait for the old neighbour's address until startup_s) — then the run is stopped
@@ -24,6 +26,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -45,6 +48,11 @@ class VolunteerPeers {
   std::function<void(LivePeersApply)> liveHook();
   // Wraps a ProviderRunOptions::on_event: notes {"state": "paused"|"resumed"|…}, then calls `inner`.
   std::function<void(const nlohmann::json&)> watch(std::function<void(const nlohmann::json&)> inner);
+  // ProviderRunOptions::neighbour_replaced: true for a pipeline neighbour whose address or key a
+  // pending update changes (its node went to another volunteer): the run's wait on it ends, its
+  // cluster pauses, and the update is applied (before, a frozen or cut-off holder whose
+  // connection stayed open kept this node waiting on it while its replacement was refused).
+  std::function<bool(const std::string&)> replacedHook();
   // A ProviderRunOptions::stop_requested: `signal` (may be empty), or an update is pending while
   // the run is paused.
   std::function<bool()> stopWhenReplaced(std::function<bool()> signal);
@@ -58,6 +66,7 @@ class VolunteerPeers {
   std::string node_data_, name_, own_public_key_, coordinator_;
   std::mutex mutex_;
   std::optional<PeersUpdate> update_;  // under mutex_
+  std::set<std::string> replaced_;     // neighbours update_ re-points; under mutex_
   LivePeersApply live_;                // under mutex_
   std::atomic<bool> has_pending_{false};
   // Not training: paused on a lost neighbour, or not started yet (true until the run's "plan").

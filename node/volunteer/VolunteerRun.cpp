@@ -267,6 +267,7 @@ AfterAssignment serveAssignment(const VolunteerConfig& config, VolunteerSession&
   });
   run.stop_hands_over = true;
   run.on_live_peers = peers.liveHook();  // a ring peer replaced: re-pointed live
+  run.neighbour_replaced = peers.replacedHook();  // a neighbour replaced: its wait ends
   // The trainer's records, plan and state changes go to the coordinator in the background.
   auto metrics = session.metricsStream();
   run.on_record = [m = metrics.get(), &own, node = wait.name](const nlohmann::json& r, const std::string& line) {

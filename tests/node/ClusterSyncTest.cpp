@@ -1016,6 +1016,35 @@ void sendFakeWelcome(ZmqTransport& transport, std::string text, const torch::Ten
   ASSERT_EQ(transport.send("w1", m, std::chrono::milliseconds(2000)), SendStatus::kSent);
 }
 
+// The fake ring peer "w0" on its own thread: waits for w1's join request, then `answer`s it
+// (sendFakeWelcome…) and closes. join() rethrows what went wrong on that thread.
+class FakeWelcomer {
+ public:
+  FakeWelcomer(zmq::context_t& context, const std::string& prefix,
+               std::function<void(ZmqTransport&)> answer)
+      : thread_([this, &context, prefix, answer = std::move(answer)] {
+          try {
+            ZmqTransport transport(context, "w0", prefix + "w0");
+            transport.addPeer("w1", prefix + "w1");
+            auto request = transport.receive(std::chrono::milliseconds(20000));
+            ASSERT_TRUE(request.has_value());
+            ASSERT_NE(request->text.find("join"), std::string::npos);
+            answer(transport);
+            transport.flushAndClose(std::chrono::milliseconds(2000));
+          } catch (...) {
+            error_ = std::current_exception();
+          }
+        }) {}
+  void join() {
+    thread_.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::exception_ptr error_;
+  std::thread thread_;  // last: starts once error_ exists
+};
+
 TEST(RingClusterSyncFailures, MalformedWelcomesAreDroppedAndAValidOneIsApplied) {
   // A broken ring peer answers the join with welcomes that do not fit (not JSON, wrong types,
   // a wrong tensor size), then a valid one: the joiner survives the first and applies the last.
@@ -1026,31 +1055,20 @@ TEST(RingClusterSyncFailures, MalformedWelcomesAreDroppedAndAValidOneIsApplied) 
   const torch::Tensor live = torch::randn({3, 4});
   zmq::context_t context;
   const std::string prefix = "inproc://welcome" + std::to_string(run_counter++) + "_";
-  std::exception_ptr fake_error;
-  std::thread fake([&] {
-    try {
-      ZmqTransport transport(context, "w0", prefix + "w0");
-      transport.addPeer("w1", prefix + "w1");
-      auto request = transport.receive(std::chrono::milliseconds(20000));
-      ASSERT_TRUE(request.has_value());
-      ASSERT_NE(request->text.find("join"), std::string::npos);
-      auto welcome = [&](std::string text, torch::Tensor value) {
-        sendFakeWelcome(transport, std::move(text), value);
-      };
-      const std::string good = kFakeWelcome;
-      welcome("welcome, not JSON", live.reshape({-1}));
-      welcome(R"({"type":5,"generation":1,"view":["w0","w1"]})", live.reshape({-1}));
-      welcome(R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":"x","transactions":0,"checksum":1})",
-              live.reshape({-1}));
-      welcome(R"({"type":"welcome","generation":1,"view":["w0","stranger"],"step":7,"transactions":3,"checksum":1})",
-              live.reshape({-1}));
-      welcome(good, torch::zeros({5}));  // wrong element count
-      welcome(good, live.reshape({-1}).to(torch::kDouble));  // wrong dtype
-      welcome(good, live.reshape({-1}));
-      transport.flushAndClose(std::chrono::milliseconds(2000));
-    } catch (...) {
-      fake_error = std::current_exception();
-    }
+  FakeWelcomer fake(context, prefix, [&](ZmqTransport& transport) {
+    auto welcome = [&](std::string text, torch::Tensor value) {
+      sendFakeWelcome(transport, std::move(text), value);
+    };
+    const std::string good = kFakeWelcome;
+    welcome("welcome, not JSON", live.reshape({-1}));
+    welcome(R"({"type":5,"generation":1,"view":["w0","w1"]})", live.reshape({-1}));
+    welcome(R"({"type":"welcome","generation":1,"view":["w0","w1"],"step":"x","transactions":0,"checksum":1})",
+            live.reshape({-1}));
+    welcome(R"({"type":"welcome","generation":1,"view":["w0","stranger"],"step":7,"transactions":3,"checksum":1})",
+            live.reshape({-1}));
+    welcome(good, torch::zeros({5}));  // wrong element count
+    welcome(good, live.reshape({-1}).to(torch::kDouble));  // wrong dtype
+    welcome(good, live.reshape({-1}));
   });
   State joined;
   std::vector<std::string> view;
@@ -1065,7 +1083,6 @@ TEST(RingClusterSyncFailures, MalformedWelcomesAreDroppedAndAValidOneIsApplied) 
               stats = sync.stats();
             });
   fake.join();
-  if (fake_error) std::rethrow_exception(fake_error);
   EXPECT_TRUE(torch::equal(joined.at("0.weight"), live));
   EXPECT_EQ(view, (std::vector<std::string>{"w0", "w1"}));
   EXPECT_EQ(stats.joined_rings, 1);
@@ -1087,18 +1104,8 @@ TEST(RingClusterSyncFailures, ACorruptLookingWelcomeIsNotTaken) {
     corrupt[1][2] = 3.0e30;
     zmq::context_t context;
     const std::string prefix = "inproc://corrupt_welcome" + std::to_string(run_counter++) + "_";
-    std::exception_ptr fake_error;
-    std::thread fake([&] {
-      try {
-        ZmqTransport transport(context, "w0", prefix + "w0");
-        transport.addPeer("w1", prefix + "w1");
-        auto request = transport.receive(std::chrono::milliseconds(20000));
-        ASSERT_TRUE(request.has_value());
-        for (const torch::Tensor& value : {corrupt, live}) sendFakeWelcome(transport, kFakeWelcome, value.reshape({-1}));
-        transport.flushAndClose(std::chrono::milliseconds(2000));
-      } catch (...) {
-        fake_error = std::current_exception();
-      }
+    FakeWelcomer fake(context, prefix, [&](ZmqTransport& transport) {
+      for (const torch::Tensor& value : {corrupt, live}) sendFakeWelcome(transport, kFakeWelcome, value.reshape({-1}));
     });
     State joined;
     std::vector<std::string> view;
@@ -1112,7 +1119,6 @@ TEST(RingClusterSyncFailures, ACorruptLookingWelcomeIsNotTaken) {
                 view = sync.view("ring_0");
               });
     fake.join();
-    if (fake_error) std::rethrow_exception(fake_error);
     const std::string name = toString(mode);
     EXPECT_EQ(view, (std::vector<std::string>{"w0", "w1"})) << name;
     if (mode == SyncMode::kAverage)

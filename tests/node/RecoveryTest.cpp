@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <memory>
 #include <thread>
@@ -82,6 +83,44 @@ TEST(Recovery, DisconnectedNeighbourIsLostNotSilent) {
     EXPECT_EQ(e.loss()->cause, LossCause::kDisconnected);
     EXPECT_NE(std::string(e.what()).find("peer_timeout_s"), std::string::npos) << e.what();
   }
+}
+
+// A neighbour whose node the coordinator gave to another volunteer (MailboxStageLink::setReplaced:
+// the volunteer's pending peers update re-points it) but whose process is still connected — frozen
+// or cut off with its connection open, as the 24-volunteer soak's partitioned Leaf was, whose Stem
+// kept waiting on it and refused its replacements — is lost at once (cause disconnected, reason
+// "replaced"), not after peer_s (60 s here).
+TEST(Recovery, ANeighbourGivenToAnotherVolunteerIsLostAtOnceThoughStillConnected) {
+  const std::vector<std::string> names{"a", "b"};
+  std::promise<void> b_done;
+  std::thread a_thread([&] {
+    Node a(spec(names, 0, 10), quick());
+    a.link.connect();
+    b_done.get_future().wait_for(30s);  // connected and silent until b gave up on it
+  });
+  Node b(spec(names, 1, 10), quick());
+  b.link.connect();
+  std::atomic<bool> replaced{false};
+  b.link.setReplaced([&replaced](const std::string& neighbour) { return replaced && neighbour == "a"; });
+  std::thread update([&replaced] {
+    std::this_thread::sleep_for(200ms);  // the coordinator's update comes mid-wait
+    replaced = true;
+  });
+  try {
+    (void)b.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, "");
+    ADD_FAILURE() << "no PeerLost";
+  } catch (const PeerLost& e) {
+    ASSERT_TRUE(e.loss().has_value());
+    EXPECT_EQ(e.loss()->peer, "a");
+    EXPECT_EQ(e.loss()->cause, LossCause::kDisconnected);
+    EXPECT_EQ(e.loss()->reason, kReplacedReason);
+    EXPECT_NE(std::string(e.what()).find("the coordinator gave its node to another volunteer"),
+              std::string::npos)
+        << e.what();
+  }
+  update.join();
+  b_done.set_value();
+  a_thread.join();
 }
 
 TEST(Recovery, LeavingAndHelloMidRunEndTheWaitAndTheHelloIsKeptForTheNextHandshake) {
