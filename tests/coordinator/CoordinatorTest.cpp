@@ -321,6 +321,21 @@ class FakeResponder {
   std::thread thread_;
 };
 
+// A volunteer that joined `coordinator` (its dial-back answered by its own responder, kept with
+// it): `client` talks as the member called `name`.
+struct JoinedMember {
+  JoinedMember(zmq::context_t& ctx, const LiveCoordinator& coordinator)
+      : client(ctx, coordinator.invite()), responder(client.keys, coordinator.invite().coordinator_key) {
+    const auto accepted = client.ask(encode(goodAsk(responder.address())));
+    if (!accepted || !std::holds_alternative<Accepted>(*accepted))
+      throw std::runtime_error("the coordinator did not accept a good join");
+    name = std::get<Accepted>(*accepted).name;
+  }
+  Client client;
+  FakeResponder responder;
+  std::string name;
+};
+
 TEST(LiveCoordinator, AdmitsAReachableVolunteerAndRefusesEachBadJoin) {
   const std::string out = freshDir("live");
   LiveCoordinator coordinator(out);
@@ -419,11 +434,9 @@ TEST(LiveCoordinator, KeepsTheLastCheckpointPerNodeAndAcknowledgesIt) {
   const std::string out = freshDir("checkpoints");
   LiveCoordinator coordinator(out);
   zmq::context_t ctx;
-  Client member(ctx, coordinator.invite());
-  FakeResponder responder(member.keys, coordinator.invite().coordinator_key);
-  const auto accepted = member.ask(encode(goodAsk(responder.address())));
-  ASSERT_TRUE(accepted && std::holds_alternative<Accepted>(*accepted));
-  const std::string name = std::get<Accepted>(*accepted).name;
+  JoinedMember joined(ctx, coordinator);
+  Client& member = joined.client;
+  const std::string name = joined.name;
   auto upload = [&](int64_t step, const std::string& bytes) -> int64_t {
     const auto reply = member.ask(encode(CheckpointUpload{name, step, fnv1a64(bytes), bytes}));
     if (!reply || !std::holds_alternative<CheckpointAck>(*reply)) return -1;
@@ -486,10 +499,8 @@ TEST(LiveCoordinator, AFloodingKeyIsToldThenBlockedWhileAMemberIsStillAnswered) 
   flood.block_s = 3600;
   LiveCoordinator coordinator(out, milliseconds(5000), flood);
   zmq::context_t ctx;
-  Client member(ctx, coordinator.invite());
-  FakeResponder responder(member.keys, coordinator.invite().coordinator_key);
-  const auto accepted = member.ask(encode(goodAsk(responder.address())));
-  ASSERT_TRUE(accepted && std::holds_alternative<Accepted>(*accepted));
+  JoinedMember joined(ctx, coordinator);
+  Client& member = joined.client;
 
   Client flooder(ctx, coordinator.invite());
   constexpr int kSent = 1000;
@@ -529,11 +540,9 @@ TEST(LiveCoordinator, RoutesOfKeysThatAreNotMembersAreBounded) {
   flood.max_keys = 3;
   LiveCoordinator coordinator(out, milliseconds(5000), flood);
   zmq::context_t ctx;
-  Client member(ctx, coordinator.invite());
-  FakeResponder responder(member.keys, coordinator.invite().coordinator_key);
-  const auto accepted = member.ask(encode(goodAsk(responder.address())));
-  ASSERT_TRUE(accepted && std::holds_alternative<Accepted>(*accepted));
-  const std::string name = std::get<Accepted>(*accepted).name;
+  JoinedMember joined(ctx, coordinator);
+  Client& member = joined.client;
+  const std::string name = joined.name;
   for (int i = 0; i < 12; ++i) {
     Client stranger(ctx, coordinator.invite());
     EXPECT_EQ(stranger.refusal(encode(Heartbeat{name, "training", i})),
