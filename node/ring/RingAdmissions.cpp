@@ -147,17 +147,24 @@ void RingClusterSync::decideAdmission(int64_t steps_done) {
 
 void RingClusterSync::admitHeld(torch::jit::Module& stage, int64_t steps_done) {
   const auto deadline = std::chrono::steady_clock::now() + context_.timeout;
+  auto take_held = [this] {
+    std::lock_guard<std::mutex> lock(added_mutex_);
+    const bool any = !held_.empty();
+    for (auto& [id, members] : held_) added_[id] = members;
+    held_.clear();
+    return any;
+  };
+  // A node whose node.json already lists members outside its views (it started, or restarted from
+  // a checkpoint, after the coordinator's update with the new cluster: the 24-volunteer soak's
+  // replaced Root waited a ring timeout here for an update that had come before) has no update
+  // to wait for; a member lost meanwhile is waited for below only as long as any joiner.
+  bool known = false;
+  for (Ring* ring : sharedRings())
+    for (const PeerRef& m : ring->spec.members)
+      known = known || std::find(ring->view.begin(), ring->view.end(), m.name) == ring->view.end();
   std::optional<std::chrono::steady_clock::time_point> stop_seen;
-  for (bool waited = false;; waited = true) {
+  for (bool waited = false; !take_held() && !known; waited = true) {
     checkStop(context_, &stop_seen, "for the coordinator's update with the new ring members");
-    {
-      std::lock_guard<std::mutex> lock(added_mutex_);
-      if (!held_.empty()) {
-        for (auto& [id, members] : held_) added_[id] = members;
-        held_.clear();
-        break;
-      }
-    }
     if (std::chrono::steady_clock::now() >= deadline) {
       CAIRN_WARN("cross-cluster sync: no ring members were added for step ", steps_done,
                  " within ", context_.timeout.count(), " ms; training on without them");
