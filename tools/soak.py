@@ -26,7 +26,10 @@ the same step (two replacements at once); every other fault but `late` waits unt
 live volunteer, nobody frozen or cut off; 90 s at most). With --flip, the last cluster's Root also
 flips the top exponent bit of one weight at 45% of the steps (CAIRN_TEST_FLIP_BIT, given to every
 volunteer; it fires once). Faults stop at 60% of the run's steps so that replaced clusters meet
-their ring peers training.
+their ring peers training. The schedule is budgeted against the spares there will be (each kill,
+freeze and partition, and the flip, needs one; the late volunteers add some, less the cluster --grow makes of them while
+--keep-spares wait): `late` comes no later than the first fault that would find none, and a fault
+that still would is dropped (logged, and listed in the report's "dropped").
 
 What the soak checks (exit 1 naming what failed; every check is on outcomes, none on timing):
   1. the coordinator finishes (exit 0); every cluster in run_result.json merged on its own
