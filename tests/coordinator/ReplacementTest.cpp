@@ -364,9 +364,8 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
   fs::remove_all(out);
 }
 
-TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
-  const std::string out = replacementFreshDir("nospare");
-  CoordinatorStore store(out + "/coordinator.db");
+// The plan of a run with one node, node_0 (its node.json, a stage file, job.json), in `out`.
+void writeOneNodePlan(const std::string& out) {
   NodeSpec n;
   n.name = "node_0";
   n.job_id = "job";
@@ -381,6 +380,12 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   job.data.location = "/data";
   job.data.format = "idx";
   writeJsonFile(jobSpecPath(out), toJson(job));
+}
+
+TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
+  const std::string out = replacementFreshDir("nospare");
+  CoordinatorStore store(out + "/coordinator.db");
+  writeOneNodePlan(out);
   store.putMember(replacementMember("node_0", MemberState::kAssigned, 0));
   store.setMeta("placed", R"(["node_0"])");
   store.setMeta("phase", "planned");
@@ -406,20 +411,7 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
 TEST(MemberReplacer, ALostNodeHeardAgainBeforeASpareCameIsHeldByItsVolunteerAgain) {
   const std::string out = replacementFreshDir("woken");
   CoordinatorStore store(out + "/coordinator.db");
-  NodeSpec n;
-  n.name = "node_0";
-  n.job_id = "job";
-  n.address = "127.0.0.1:7000";
-  n.inputs = {{"x", "tensor", "float32", {1, 4}}};
-  n.outputs = {{"y", "tensor", "float32", {1, 4}}};
-  fs::create_directories(nodeDirectory(out, n.name));
-  writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
-  std::ofstream(nodeDirectory(out, n.name) + "/stage.pt") << "s";
-  JobSpec job;
-  job.job_id = "job";
-  job.data.location = "/data";
-  job.data.format = "idx";
-  writeJsonFile(jobSpecPath(out), toJson(job));
+  writeOneNodePlan(out);
   const Member holder = replacementMember("node_0", MemberState::kAssigned, 0);
   store.putMember(holder);
   store.setMeta("placed", R"(["node_0"])");
