@@ -228,7 +228,7 @@ struct Coordinator::Impl {
     if (const auto* beat = std::get_if<Heartbeat>(&*message)) {
       if (speaker(beat->name)) {
         store->touch(beat->name, unixNow());
-        replacer->onHeartbeat(beat->name);
+        replacer->onHeartbeat(*member);  // the speaker: its row, read before the touch
         grower->onHeartbeat(beat->name);
       }
     } else if (const auto* result = std::get_if<ResultUpload>(&*message)) {

@@ -126,12 +126,13 @@ void MemberReplacer::replace(const Member& lost, const Member& spare, double now
              "; peers to tell: ", joined(plan.told));
 }
 
-void MemberReplacer::onHeartbeat(const std::string& name) {
+void MemberReplacer::onHeartbeat(const Member& member) {
+  const std::string& name = member.name;
   // A node marked lost whose own volunteer is heard again before a spare took it over (a frozen
   // laptop woke, a partition healed) holds it again: replacing a live holder would leave two
   // processes training one node (its cluster resumes with the woken one meanwhile). Once taken
   // over, the old holder's row is renamed and its heartbeats claim a name it no longer has.
-  if (const auto m = store_.memberByName(name); m && m->state == MemberState::kLost) {
+  if (member.state == MemberState::kLost) {
     store_.setState(name, MemberState::kAssigned);
     told_no_spare_.erase(name);
     CAIRN_INFO("coordinator: ", name, " is heard again before a spare took it over: its volunteer "
@@ -139,10 +140,8 @@ void MemberReplacer::onHeartbeat(const std::string& name) {
   }
   std::set<std::string> owed = pending();
   if (!owed.count(name)) return;
-  const auto m = store_.memberByName(name);
-  if (!m) return;
   const NodeSpec node = readNodeSpec(nodeSpecPath(out_, name));
-  send_(m->public_key, encode(PeersUpdate{name, toJson(node)}));
+  send_(member.public_key, encode(PeersUpdate{name, toJson(node)}));
   owed.erase(name);
   setPending(owed);
   CAIRN_INFO("coordinator: sent ", name, " its updated peers");

@@ -44,7 +44,8 @@ class MemberReplacer {
   // Asked for every lost node before a spare is sought: true when it was done with instead (the
   // coordinator made its result from its final checkpoint, FinalResult.h).
   void onLostAfterFinishing(std::function<bool(const std::string& name)> finished) { finished_ = std::move(finished); }
-  void onHeartbeat(const std::string& name);
+  // `member`: the row of the heartbeat's sender (the coordinator has it at hand: no lookup here).
+  void onHeartbeat(const Member& member);
   // Replacement.h's spareNote for `spare` against the plan's nodes ("" before the plan).
   std::string spareNote(const Member& spare) const;
 

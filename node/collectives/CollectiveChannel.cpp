@@ -146,16 +146,24 @@ void CollectiveChannel::sendChunk(Operation& op, int to_rank, uint64_t index,
   op.sent.emplace_back(to_rank, std::move(view));
 }
 
-void CollectiveChannel::checkInterrupted(const Operation& op, const char* waiting_for) {
-  if (!options_.interrupted) return;
-  if (!stop_seen_) {
-    if (!options_.interrupted()) return;
-    stop_seen_ = Clock::now();
+void checkStopAsked(const ProcessGroupOptions& options, std::optional<Clock::time_point>* seen,
+                    const std::string& prefix, const std::string& waiting_for,
+                    const std::string& then) {
+  if (!options.interrupted) return;
+  if (!*seen) {
+    if (!options.interrupted()) return;
+    *seen = Clock::now();
   }
-  if (Clock::now() - *stop_seen_ < options_.interrupt_after) return;
-  CAIRN_THROW(Interrupted, "group ", group_id_, " ", op.name, " #", op.sequence, ": a stop was "
-              "asked and, ", millis(options_.interrupt_after), " later, this node still waits (",
-              waiting_for, "); it leaves the group without finishing the operation");
+  if (Clock::now() - **seen < options.interrupt_after) return;
+  CAIRN_THROW(Interrupted, prefix, "a stop was asked and, ", millis(options.interrupt_after),
+              " later, this node still waits (", waiting_for, "); ", then);
+}
+
+void CollectiveChannel::checkInterrupted(const Operation& op, const char* waiting_for) {
+  if (!options_.interrupted) return;  // no hook: the message below is not built every poll
+  checkStopAsked(options_, &stop_seen_,
+                 "group " + group_id_ + " " + op.name + " #" + std::to_string(op.sequence) + ": ",
+                 waiting_for, "it leaves the group without finishing the operation");
 }
 
 std::string CollectiveChannel::goneReason(int rank) const {

@@ -92,6 +92,16 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds interrupt_after{10000};
 };
 
+// The check behind ProcessGroupOptions::interrupted, for a group's waits and for the waits of
+// what builds on groups with the same options (node/ring/RingState.h checkStop): throws
+// Interrupted "<prefix>a stop was asked and, <interrupt_after> later, this node still waits
+// (<waiting_for>); <then>" once `interrupted` has said yes for interrupt_after; `*seen` (one per
+// wait or group, empty at first) keeps when it first said yes. Nothing while it is null.
+void checkStopAsked(const ProcessGroupOptions& options,
+                    std::optional<std::chrono::steady_clock::time_point>* seen,
+                    const std::string& prefix, const std::string& waiting_for,
+                    const std::string& then);
+
 struct ProcessGroupStats {
   uint64_t operations = 0;
   uint64_t messages_sent = 0;

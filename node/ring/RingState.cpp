@@ -101,16 +101,7 @@ void regroup(RingContext& context, Ring& ring, std::vector<std::string> view, in
 
 void checkStop(const RingContext& context, std::optional<std::chrono::steady_clock::time_point>* seen,
                const std::string& what) {
-  const ProcessGroupOptions& o = context.group_options;
-  if (!o.interrupted) return;
-  const auto now = std::chrono::steady_clock::now();
-  if (!*seen) {
-    if (!o.interrupted()) return;
-    *seen = now;
-  }
-  if (now - **seen < o.interrupt_after) return;
-  CAIRN_THROW(Interrupted, "a stop was asked and, ", o.interrupt_after.count(),
-              " ms later, this node still waits (", what, "); it leaves its rings");
+  checkStopAsked(context.group_options, seen, "", what, "it leaves its rings");
 }
 
 void dropMember(RingContext& context, Ring& ring, const std::string& lost, bool left,

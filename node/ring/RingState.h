@@ -188,9 +188,8 @@ void dropMember(RingContext& context, Ring& ring, const std::string& lost, bool 
                 const std::string& why);
 
 // The ring protocol's own waits (a welcome, join requests, the coordinator's added members) and
-// a stop asked of this node (RingContext::group_options.interrupted, as a group's waits see it):
-// throws Interrupted once it has said yes for interrupt_after during the wait `what`; `*seen`
-// (one per wait, empty at first) keeps when it first said yes. The waits look at least every
+// a stop asked of this node: checkStopAsked (CollectiveChannel.h) with the groups' options, so
+// they give up as a group's wait does; `*seen` is one per wait. The waits look at least every
 // kStopPoll.
 void checkStop(const RingContext& context, std::optional<std::chrono::steady_clock::time_point>* seen,
                const std::string& what);

@@ -342,9 +342,9 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
   // Peers go out on each told replacementMember's next heartbeat, once; a restarted coordinator still owes
   // the ones not sent yet.
   sent.clear();
-  replacer.onHeartbeat("node_3");  // not told
+  replacer.onHeartbeat(*store.memberByName("node_3"));  // not told
   EXPECT_TRUE(sent.empty());
-  replacer.onHeartbeat("node_0");
+  replacer.onHeartbeat(*store.memberByName("node_0"));
   ASSERT_EQ(sent.size(), 1u);
   auto peers = decodeToVolunteer(sent[0].second, 1 << 20, &why);
   ASSERT_TRUE(peers) << why;
@@ -352,20 +352,21 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
   ASSERT_NE(update, nullptr);
   EXPECT_EQ(update->name, "node_0");
   EXPECT_EQ(parseNodeSpec(update->node, "peers").downstream->public_key, spare.public_key);
-  replacer.onHeartbeat("node_0");
+  replacer.onHeartbeat(*store.memberByName("node_0"));
   EXPECT_EQ(sent.size(), 1u);
   MemberReplacer restarted(store, out, 15, 200,
                            [&](const std::string& key, const Frames& f) { sent.emplace_back(key, f); });
-  restarted.onHeartbeat("node_2");
-  restarted.onHeartbeat("node_4");
+  restarted.onHeartbeat(*store.memberByName("node_2"));
+  restarted.onHeartbeat(*store.memberByName("node_4"));
   EXPECT_EQ(sent.size(), 3u);
   restarted.poll(210);  // everyone heard since its start: nothing lost, nothing sent
   EXPECT_EQ(sent.size(), 3u);
   fs::remove_all(out);
 }
 
-// The plan of a run with one node, node_0 (its node.json, a stage file, job.json), in `out`.
-void writeOneNodePlan(const std::string& out) {
+// A planned run of one node, node_0, held by `holder`: its node.json, a stage file and job.json
+// in `out`, the holder's row and the plan's meta in `store`.
+void placeOneNode(const std::string& out, CoordinatorStore& store, const Member& holder) {
   NodeSpec n;
   n.name = "node_0";
   n.job_id = "job";
@@ -380,15 +381,15 @@ void writeOneNodePlan(const std::string& out) {
   job.data.location = "/data";
   job.data.format = "idx";
   writeJsonFile(jobSpecPath(out), toJson(job));
+  store.putMember(holder);
+  store.setMeta("placed", R"(["node_0"])");
+  store.setMeta("phase", "planned");
 }
 
 TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   const std::string out = replacementFreshDir("nospare");
   CoordinatorStore store(out + "/coordinator.db");
-  writeOneNodePlan(out);
-  store.putMember(replacementMember("node_0", MemberState::kAssigned, 0));
-  store.setMeta("placed", R"(["node_0"])");
-  store.setMeta("phase", "planned");
+  placeOneNode(out, store, replacementMember("node_0", MemberState::kAssigned, 0));
   std::vector<Frames> sent;
   MemberReplacer replacer(store, out, 5, 0, [&](const std::string&, const Frames& f) { sent.push_back(f); });
   replacer.poll(10);
@@ -411,18 +412,15 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
 TEST(MemberReplacer, ALostNodeHeardAgainBeforeASpareCameIsHeldByItsVolunteerAgain) {
   const std::string out = replacementFreshDir("woken");
   CoordinatorStore store(out + "/coordinator.db");
-  writeOneNodePlan(out);
   const Member holder = replacementMember("node_0", MemberState::kAssigned, 0);
-  store.putMember(holder);
-  store.setMeta("placed", R"(["node_0"])");
-  store.setMeta("phase", "planned");
+  placeOneNode(out, store, holder);
   std::vector<Frames> sent;
   MemberReplacer replacer(store, out, 5, 0, [&](const std::string&, const Frames& f) { sent.push_back(f); });
   replacer.poll(10);
   ASSERT_EQ(store.memberByName("node_0")->state, MemberState::kLost);
   // Its heartbeat again (the coordinator touches the row, then tells the replacer).
   store.touch("node_0", 12);
-  replacer.onHeartbeat("node_0");
+  replacer.onHeartbeat(*store.memberByName("node_0"));
   EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
   EXPECT_EQ(store.memberByName("node_0")->public_key, holder.public_key);
   const Member spare = replacementMember("node_1", MemberState::kSpare, 12, 8, 5);
