@@ -34,13 +34,21 @@ namespace cairn {
 struct DealAgreement {
   uint64_t offer = 0;         // the fingerprint of the offer every proposing member held
   bool all_can_take = true;   // no proposing member's own check (its data cache, its shard) refused it
+  // The most steps any member of the agreeing rings had done at that sync (clusters that resumed
+  // from a checkpoint lag the others by whole syncs): the deal is judged, and the new cluster's
+  // admission placed, by the leading cluster's count (trainer/DealChange.h). 0: unknown (the
+  // deciding Root's own count is used).
+  int64_t leading_steps_done = 0;
 };
 
 // Members of some clusters admitted into the rings at the sync boundary after `steps_done` steps
 // (ClusterSync::gateAdmissions).
+// `growth`: also the members a growth added (ClusterSync::admitJoinersAt on the Root): the held
+// additions are taken in there and every member that asks is admitted.
 struct ClusterAdmission {
   int64_t steps_done = 0;
   std::vector<int64_t> clusters;
+  bool growth = false;
 };
 
 class ClusterSync {
@@ -64,10 +72,12 @@ class ClusterSync {
   // a sync): trainer/SharedParameters.h passes a shared parameter's new value to its other copies
   // then. Default: the weights are never written here.
   virtual uint64_t weightsVersion() const { return 0; }
-  // A cluster the deal adds (docs/TRAINING.md "the deal") starts at step `steps_done`: at the sync
-  // boundary after that many steps the rings take the members added for it in, waiting for them,
-  // so its weights are exactly these. Called on the trainer's thread when the plan learns of it.
-  // Default: nothing.
+  // A cluster the deal adds (docs/TRAINING.md "the deal"): at the sync boundary after `steps_done`
+  // of this node's steps the rings take the members added for it in, waiting for them, so its
+  // weights are exactly these. Called on the Root's trainer thread when it takes the deal
+  // (trainer/DealChange.h: the new cluster's first step, less this cluster's lag behind the
+  // leading one, so every cluster admits it at the same sync). Gated (below), the admission is
+  // pending like a decided one and rides down the pipeline with `growth` set. Default: nothing.
   virtual void admitJoinersAt(int64_t /*steps_done*/) {}
   // A cluster that resumes must be admitted at the same sync of the live clusters in every ring:
   // admitted at different ones, its pipeline is a sync out of step with the others in some ring,

@@ -17,13 +17,21 @@
 //        which agrees with no offer) and its own verdict on it (the
 //        feeder's dry run: its shard, its data cache); an offer is decided only at the step after
 //        a sync at which every proposing Root held that same offer, and refused by all when any
-//        of them could not take it. The syncs fall after the same step on every cluster, so every
-//        Root takes or refuses the same offer at the same step, whatever moment its update came.
+//        of them could not take it. Every Root reaches that sync at the same ordinal of its
+//        syncs, but not always at the same step: a cluster that resumed from a checkpoint lags
+//        the others by whole syncs. So the deal is judged at the leading cluster's step (the
+//        sync's DealAgreement::leading_steps_done: refused by all when the leading cluster is
+//        already in epoch E), and each Root arms the admission at firstStepOf(E) less its own
+//        lag behind the leading cluster: the same ordinal of its syncs for every cluster (the
+//        leading one admits at exactly firstStepOf(E)). Whatever moment its update came, every
+//        Root takes or refuses the same offer at the same sync.
 //        A lone Root (one cluster, or rings of this node alone) decides as soon as it sees it.
 //   Every node but the Leaf (attach): once the table changed in this run, every activation
 //        carries "__epoch_steps" (int64: total_steps, then from_epoch, steps per table entry).
 //   Every node but the Root (read): a "__epoch_steps" that differs from the plan is taken: the
-//        plan's table and total_steps, and admitJoinersAt for each new table entry.
+//        plan's table and total_steps. The admission the Root armed reaches them from its
+//        ClusterSync ("__admit" with growth, ClusterSync::gateAdmissions), not from the table:
+//        only the Root knows its lag.
 // A decision depends only on the step at which the Root first sees the offer (alone) or at
 // which the Roots agreed on it (together), never on the clock, and every stage of the cluster
 // learns it in the same step.
@@ -36,6 +44,7 @@
 // Header-only (inline functions).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -69,14 +78,16 @@ class DealChange {
 
  private:
   // The table entries of `next` not in `before` (same from_epoch and steps): admitJoinersAt
-  // firstStepOfEpoch(next, entry.from_epoch) for each, when it lies after `step`.
+  // firstStepOfEpoch(next, entry.from_epoch) - `lag` for each, when it lies after `step`.
   void admitNewEntries(const std::vector<EpochSteps>& before, const std::vector<EpochSteps>& next,
-                       int64_t step);
+                       int64_t step, int64_t lag);
 
   // Takes or refuses `offer` (text: its dump) at `step`, once per offer. `all_can_take` false:
-  // refused (`own_refusal` says why when this Root's own check refused it).
+  // refused (`own_refusal` says why when this Root's own check refused it). `leading`: the most
+  // steps done of any cluster deciding together (the epoch is judged there; this cluster's lag is
+  // leading - step), `step` when deciding alone.
   bool decide(const nlohmann::json& offer, const std::string& text, bool all_can_take,
-              const std::string& own_refusal, int64_t step);
+              const std::string& own_refusal, int64_t step, int64_t leading);
   // This Root's own verdict on `offer`: "" when it could take it, else why not (the feeder's
   // dry run; the epoch is judged when deciding).
   std::string ownVerdict(const nlohmann::json& offer);
@@ -113,14 +124,15 @@ inline std::string tableText(const std::vector<EpochSteps>& table, int64_t total
 }  // namespace deal_change_detail
 
 inline void DealChange::admitNewEntries(const std::vector<EpochSteps>& before,
-                                 const std::vector<EpochSteps>& next, int64_t step) {
+                                        const std::vector<EpochSteps>& next, int64_t step,
+                                        int64_t lag) {
   if (!ctx_.cfg.cluster_sync) return;
   for (const EpochSteps& e : next) {
     bool known = false;
     for (const EpochSteps& b : before) known = known || b == e;
     if (known || e.from_epoch == 0) continue;
-    const int64_t first = firstStepOfEpoch(next, e.from_epoch);
-    if (first > step) ctx_.cfg.cluster_sync->admitJoinersAt(first);
+    const int64_t at = firstStepOfEpoch(next, e.from_epoch) - lag;
+    if (at > step) ctx_.cfg.cluster_sync->admitJoinersAt(at);
   }
 }
 
@@ -147,14 +159,15 @@ inline bool DealChange::atStep(int64_t step) {
   ClusterSync* sync = ctx_.cfg.cluster_sync;
   if (!sync || !sync->agreesOnDeals()) {
     if (!offer) return false;
-    return decide(*offer, offer->dump(), true, "", step);
+    return decide(*offer, offer->dump(), true, "", step, step);
   }
   // Together: decide the offer the last sync agreed on (the one proposed before it), then
   // propose the newest for the next sync.
   bool taken = false;
   const std::optional<DealAgreement> agreed = sync->takeDealAgreement();
   if (agreed && proposed_fingerprint_ != 0 && agreed->offer == proposed_fingerprint_)
-    taken = decide(proposed_, proposed_text_, agreed->all_can_take, proposed_refusal_, step);
+    taken = decide(proposed_, proposed_text_, agreed->all_can_take, proposed_refusal_, step,
+                   std::max(step, agreed->leading_steps_done));
   if (!offer) {
     // A Root without an offer does not abstain: the others' offer is not agreed until it has it.
     sync->proposeDeal(kNoOffer, true);
@@ -172,11 +185,13 @@ inline bool DealChange::atStep(int64_t step) {
 }
 
 inline bool DealChange::decide(const nlohmann::json& offer, const std::string& text,
-                               bool all_can_take, const std::string& own_refusal, int64_t step) {
+                               bool all_can_take, const std::string& own_refusal, int64_t step,
+                               int64_t leading) {
   if (text == last_offer_) return false;
   last_offer_ = text;
   const std::string& name = ctx_.cfg.node.name;
   const int64_t epoch = plan_.epochOf(step);
+  const int64_t leading_epoch = plan_.epochOf(leading);
   auto report = [&](bool accepted, const std::string& reason) {
     ctx_.metrics.write({{"deal", {{"accepted", accepted}, {"deal", offer}, {"epoch", epoch},
                                   {"step", step}, {"reason", reason}}}});
@@ -191,9 +206,10 @@ inline bool DealChange::decide(const nlohmann::json& offer, const std::string& t
   }
   const std::vector<DealEntry>& current = feeder_.deal();
   if (next == current) return false;
-  if (dealUpTo(next, epoch) != dealUpTo(current, epoch)) {
-    const std::string why = "the cluster is already in epoch " + std::to_string(epoch) +
-                            " (step " + std::to_string(step) + ") and the new deal " +
+  if (dealUpTo(next, leading_epoch) != dealUpTo(current, leading_epoch)) {
+    const std::string who = leading > step ? "the leading cluster" : "the cluster";
+    const std::string why = who + " is already in epoch " + std::to_string(leading_epoch) +
+                            " (step " + std::to_string(leading) + ") and the new deal " +
                             dealToJson(next).dump() + " changes it or an epoch before it";
     CAIRN_WARN("refused a new deal: ", why, "; the coordinator deals again from a later epoch");
     report(false, why);
@@ -219,9 +235,13 @@ inline bool DealChange::decide(const nlohmann::json& offer, const std::string& t
   plan_ = changed;
   changed_ = true;
   CAIRN_INFO("data: took the new deal ", dealToJson(next).dump(), " at step ", step, " (epoch ",
-             epoch, "): epoch steps ", deal_change_detail::tableText(plan_.epoch_steps, plan_.total_steps));
+             epoch, "): epoch steps ", deal_change_detail::tableText(plan_.epoch_steps, plan_.total_steps),
+             leading > step ? "; " + std::to_string(leading - step) +
+                                  " steps behind the leading cluster, which admits the new one "
+                                  "at its first step"
+                            : std::string());
   report(true, "");
-  admitNewEntries(before, plan_.epoch_steps, step);
+  admitNewEntries(before, plan_.epoch_steps, step, leading - step);
   if (ctx_.observer.on_plan) ctx_.observer.on_plan(plan_.total_steps, plan_.steps_per_epoch);
   return true;
 }
@@ -263,12 +283,10 @@ inline void DealChange::read(const StagePacket& in) {
   const int64_t epoch = plan_.epochOf(step);
   if (next.epochOf(step) != epoch || next.firstStepOf(epoch) != plan_.firstStepOf(epoch))
     bad("renumbers the steps before step " + std::to_string(step));
-  const std::vector<EpochSteps> before = plan_.epoch_steps;
   plan_ = next;
   changed_ = true;
   CAIRN_INFO("data: the Root took a new deal at step ", step, ": epoch steps ",
              deal_change_detail::tableText(plan_.epoch_steps, plan_.total_steps));
-  admitNewEntries(before, plan_.epoch_steps, step);
   if (ctx_.observer.on_plan) ctx_.observer.on_plan(plan_.total_steps, plan_.steps_per_epoch);
 }
 

@@ -12,12 +12,12 @@ namespace cairn {
 namespace {
 
 // Gated ring admissions (trainer/ClusterSync.h gateAdmissions): the admission the Root decided
-// rides on every activation until its step, as "__admit" int64 [steps_done, cluster, …]; every
-// stage downstream takes it (admitClustersAt is idempotent).
+// rides on every activation until its step, as "__admit" int64 [steps_done, growth (0/1),
+// cluster, …]; every stage downstream takes it (admitClustersAt is idempotent).
 void attachAdmission(const ClusterSync& sync, int64_t step, StagePacket& out) {
   const auto pending = sync.pendingAdmission();
   if (!pending || pending->steps_done <= step) return;
-  std::vector<int64_t> values{pending->steps_done};
+  std::vector<int64_t> values{pending->steps_done, pending->growth ? 1 : 0};
   values.insert(values.end(), pending->clusters.begin(), pending->clusters.end());
   out.tensors.emplace_back(kAdmitTensor, torch::tensor(values, torch::kLong));
 }
@@ -31,8 +31,10 @@ void readAdmission(ClusterSync& sync, const StagePacket& in) {
     const torch::Tensor c = t.contiguous();
     const int64_t* v = c.data_ptr<int64_t>();
     admission.steps_done = v[0];
-    ok = admission.steps_done > int64_t(in.step);
-    for (int64_t i = 1; ok && i < c.numel(); ++i) {
+    admission.growth = v[1] == 1;
+    ok = admission.steps_done > int64_t(in.step) && (v[1] == 0 || v[1] == 1) &&
+         (admission.growth || c.numel() > 2);
+    for (int64_t i = 2; ok && i < c.numel(); ++i) {
       ok = v[i] >= 0 && v[i] < (int64_t(1) << 16);
       admission.clusters.push_back(v[i]);
     }
@@ -40,7 +42,8 @@ void readAdmission(ClusterSync& sync, const StagePacket& in) {
   if (!ok)
     CAIRN_THROW(BadInput, "activation from upstream for step ", in.step, " micro-batch ",
                 in.microbatch, ": ", kAdmitTensor,
-                " must be a 1-d int64 tensor [steps_done > the step, cluster in [0, 65536), …]");
+                " must be a 1-d int64 tensor [steps_done > the step, growth 0 or 1, cluster in "
+                "[0, 65536), …] naming a growth or some cluster");
   sync.admitClustersAt(admission);
 }
 

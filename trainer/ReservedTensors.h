@@ -33,7 +33,8 @@ inline constexpr const char* kStopKindTensor = "__stop_kind";
 // Root changed the run's epoch_steps table: int64 [total_steps, from_epoch, steps, …].
 inline constexpr const char* kEpochStepsTensor = "__epoch_steps";
 // Gated ring admissions (trainer/ClusterSync.h gateAdmissions): rides downstream on activation
-// packets while an admission the Root decided is pending: int64 [steps_done, cluster, …].
+// packets while an admission the Root decided is pending: int64 [steps_done, growth (1: a
+// growth's held members too, ClusterSync::admitJoinersAt), cluster, …].
 inline constexpr const char* kAdmitTensor = "__admit";
 
 // True for names that start with kReservedPrefix (bookkeeping, not a boundary tensor).

@@ -99,6 +99,10 @@ void RingClusterSync::applyAddedMembers(torch::jit::Module& stage) {
 }
 
 void RingClusterSync::admitJoinersAt(int64_t steps_done) {
+  if (context_.gated) {
+    admitClustersAt({steps_done, {}, /*growth=*/true});
+    return;
+  }
   if (admit_at_.insert(steps_done).second)
     CAIRN_INFO("cross-cluster sync: the new cluster's members are taken into the rings at the sync "
                "after step ", steps_done);
@@ -110,25 +114,31 @@ void RingClusterSync::gateAdmissions(bool decides) {
 }
 
 void RingClusterSync::admitClustersAt(const ClusterAdmission& admission) {
-  if (!context_.gated || admission.clusters.empty()) return;
+  if (!context_.gated || (admission.clusters.empty() && !admission.growth)) return;
   if (admission.steps_done <= last_boundary_) {
     CAIRN_WARN("cross-cluster sync: an admission at the sync after step ", admission.steps_done,
                " came after this node passed it (at step ", last_boundary_, "); ignored");
     return;
   }
-  std::set<int64_t>& at = admit_clusters_at_[admission.steps_done];
+  PendingAdmission& at = admit_clusters_at_[admission.steps_done];
   std::vector<std::string> added;
   for (const int64_t c : admission.clusters)
-    if (at.insert(c).second) added.push_back(std::to_string(c));
+    if (at.clusters.insert(c).second) added.push_back(std::to_string(c));
   if (!added.empty())
     CAIRN_INFO("cross-cluster sync: ring members of cluster(s) ", joinedNames(added),
                " are taken into the rings at the sync after step ", admission.steps_done);
+  if (admission.growth && !at.growth) {
+    at.growth = true;
+    CAIRN_INFO("cross-cluster sync: the new cluster's members are taken into the rings at the sync "
+               "after step ", admission.steps_done);
+  }
 }
 
 std::optional<ClusterAdmission> RingClusterSync::pendingAdmission() const {
   if (admit_clusters_at_.empty()) return std::nullopt;
-  const auto& [steps_done, clusters] = *admit_clusters_at_.begin();
-  return ClusterAdmission{steps_done, {clusters.begin(), clusters.end()}};
+  const auto& [steps_done, pending] = *admit_clusters_at_.begin();
+  return ClusterAdmission{steps_done, {pending.clusters.begin(), pending.clusters.end()},
+                          pending.growth};
 }
 
 void RingClusterSync::decideAdmission(int64_t steps_done) {

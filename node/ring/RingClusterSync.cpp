@@ -226,7 +226,9 @@ void RingClusterSync::synchronize() {
       continue;
     }
     const bool can = (!deal_agreement_ || deal_agreement_->all_can_take) && !t.any_cannot;
-    deal_agreement_ = DealAgreement{t.max_offer, can};
+    const int64_t lead = std::max(deal_agreement_ ? deal_agreement_->leading_steps_done : 0,
+                                  t.max_steps_done);
+    deal_agreement_ = DealAgreement{t.max_offer, can, lead};
   }
   if (disagree) deal_agreement_.reset();
   std::lock_guard<std::mutex> lock(context_.stats_mutex);
@@ -306,12 +308,14 @@ void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage
   if (started_ && !left_) applyAddedMembers(stage);
   const int64_t done = step + 1;
   last_boundary_ = done;
-  const bool admission = started_ && !left_ && admit_at_.erase(done) > 0;
-  if (admission) admitHeld(stage, done);
-  // Gated: the clusters admitted at this boundary (earlier ones not reached are stale: dropped).
-  std::set<int64_t> clusters;
-  if (auto it = admit_clusters_at_.find(done); it != admit_clusters_at_.end()) clusters = it->second;
+  // Gated: what is admitted at this boundary (earlier ones not reached are stale: dropped).
+  PendingAdmission gated;
+  if (auto it = admit_clusters_at_.find(done); it != admit_clusters_at_.end()) gated = it->second;
   admit_clusters_at_.erase(admit_clusters_at_.begin(), admit_clusters_at_.upper_bound(done));
+  const std::set<int64_t>& clusters = gated.clusters;
+  // A growth's admission: ungated at the step admitJoinersAt named, gated where the Root's did.
+  const bool admission = started_ && !left_ && (admit_at_.erase(done) > 0 || gated.growth);
+  if (admission) admitHeld(stage, done);
   const bool clusters_now = started_ && !left_ && !clusters.empty();
   if (clusters_now)
     awaitJoinRequests(context_, sharedRings(), std::chrono::steady_clock::now() + context_.timeout,

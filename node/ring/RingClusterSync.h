@@ -161,10 +161,12 @@ class RingClusterSync : public ClusterSync {
   // their node over): a sync waiting on one of them ends at once and drops it, and the
   // replacement is admitted when it asks (RingState.h ReplacedMembers). Any thread.
   void markReplaced(const std::vector<std::string>& names) { context_.replaced->mark(names); }
-  // The new cluster's first step (its deal's firstStepOf(E)): at the sync boundary after
-  // `steps_done` steps the held additions are taken in — waiting up to the ring timeout for the
-  // update and for each new member's join request — and a sync runs (also off the local_steps
-  // grid), which welcomes them with exactly these weights.
+  // The new cluster's admission (DealChange: its firstStepOf(E) less this cluster's lag): at the
+  // sync boundary after `steps_done` steps the held additions are taken in — waiting up to the
+  // ring timeout for the update and for each new member's join request — and a sync runs (also
+  // off the local_steps grid), which welcomes them with exactly these weights. Gated, it is a
+  // pending admission with `growth` (pendingAdmission: the pipeline carries it to the other
+  // stages, whose admitClustersAt arms it there).
   void admitJoinersAt(int64_t steps_done) override;
   // Joiners admitted together (ClusterSync::gateAdmissions): gated, a sync admits only the joiners
   // of the clusters of an admission step (every joiner at a growth admission step); the Root
@@ -215,9 +217,14 @@ class RingClusterSync : public ClusterSync {
   std::map<std::string, std::vector<PeerRef>> held_;
   std::set<int64_t> admit_at_;  // admission steps (steps done), trainer's thread
   // Gated admissions (gateAdmissions), trainer's thread: whether this node decides (the Root),
-  // and the clusters admitted at each admission step (steps done) not reached yet.
+  // and what is admitted at each admission step (steps done) not reached yet: clusters, and
+  // whether a growth's held members are taken in there (admitJoinersAt on the Root).
   bool decides_ = false;
-  std::map<int64_t, std::set<int64_t>> admit_clusters_at_;
+  struct PendingAdmission {
+    std::set<int64_t> clusters;
+    bool growth = false;
+  };
+  std::map<int64_t, PendingAdmission> admit_clusters_at_;
   // Clusters whose admission step passed while some ring's view still lacks their member: still
   // admitted at the following syncs.
   std::set<int64_t> admitted_clusters_;

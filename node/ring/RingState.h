@@ -154,11 +154,13 @@ struct Ring : RingBuckets {
   // only while some ring is ready. A hint: welcomeBetweenSyncs checks again under the lock.
   std::atomic<bool> welcome_ready{false};
   // The deal proposals of the members at this ring's last admitting sync (transact): the largest
-  // and smallest offer proposed (0 / 0: nobody proposed) and whether any proposer refused it.
+  // and smallest offer proposed (0 / 0: nobody proposed), whether any proposer refused it, and
+  // the most steps any member had done (RingContext::last_synced_step).
   struct DealTally {
     bool counted = false;  // a sync counted them since RingClusterSync last read it
     uint64_t max_offer = 0, min_offer = 0;
     bool any_cannot = false;
+    int64_t max_steps_done = 0;
   } deal_tally;
   // Gated: the clusters whose members this ring agreed had asked to join but were not admitted
   // (not in RingContext::admitting), since RingClusterSync last took them (ring's thread in a

@@ -212,7 +212,9 @@ TEST(DealChange, TheRootTakesAnOfferedDealAndEveryStageEndsAtTheNewTotal) {
   ASSERT_EQ(run.results.size(), size_t(kStages));
   for (const TrainerResult& r : run.results) EXPECT_EQ(r.steps, int64_t(expected.size()));
   EXPECT_EQ(run.losses.size(), expected.size());
-  for (const AdmissionRecorder& s : syncs) EXPECT_EQ(s.admitted, std::vector<int64_t>{n / b});
+  // The Root arms the admission (its ClusterSync carries it down the pipeline, "__admit").
+  EXPECT_EQ(syncs[0].admitted, std::vector<int64_t>{n / b});
+  for (size_t i = 1; i < syncs.size(); ++i) EXPECT_TRUE(syncs[i].admitted.empty()) << "stage " << i;
 }
 
 TEST(DealChange, ADealOfferedAfterItsEpochBeganIsRefusedAndChangesNothing) {
@@ -243,14 +245,17 @@ class AgreeingSync : public ClusterSync {
  public:
   static constexpr int64_t kSyncEvery = 4;
   enum class Others { kSameOffer, kOtherOffer, kCannotTake };
-  explicit AgreeingSync(bool root, Others others = Others::kSameOffer) : root_(root), others_(others) {}
+  // `lead_by`: the leading cluster's steps done at each sync exceed this one's by that many (this
+  // cluster resumed from a checkpoint and lags).
+  explicit AgreeingSync(bool root, Others others = Others::kSameOffer, int64_t lead_by = 0)
+      : root_(root), others_(others), lead_by_(lead_by) {}
   void start(torch::jit::Module&) override {}
   void beforeOptimizerStep(int64_t, torch::jit::Module&) override {}
   void afterOptimizerStep(int64_t step, torch::jit::Module&) override {
     done = step + 1;
     if (done % kSyncEvery != 0 || proposed == 0 || proposed == kNoOffer) return;
     agreement = DealAgreement{others_ == Others::kOtherOffer ? proposed + 1 : proposed,
-                              proposed_can_take && others_ != Others::kCannotTake};
+                              proposed_can_take && others_ != Others::kCannotTake, done + lead_by_};
   }
   void finish(int64_t, torch::jit::Module&) override {}
   void admitJoinersAt(int64_t steps_done) override {
@@ -279,6 +284,7 @@ class AgreeingSync : public ClusterSync {
  private:
   bool root_;
   Others others_;
+  int64_t lead_by_;
 };
 
 testing::PipelineRun runAgreeing(Offer& offer, std::vector<AgreeingSync>& syncs) {
@@ -307,9 +313,45 @@ TEST(DealChange, RootsThatShareRingsTakeAnOfferOnlyAtTheStepAfterTheSyncThatAgre
   EXPECT_EQ(syncs[0].proposals, (std::vector<uint64_t>{kNoOffer, offerFingerprint(kGrown.dump())}));
   EXPECT_TRUE(syncs[0].proposed_can_take);
   EXPECT_EQ(syncs[0].admitted_after, std::vector<int64_t>{AgreeingSync::kSyncEvery});
-  for (const AgreeingSync& s : syncs) EXPECT_EQ(s.admitted, std::vector<int64_t>{per_epoch});
+  EXPECT_EQ(syncs[0].admitted, std::vector<int64_t>{per_epoch});
+  EXPECT_TRUE(syncs[1].admitted.empty());  // the Root's ClusterSync carries it down
+  EXPECT_TRUE(syncs[2].admitted.empty());
   for (const TrainerResult& r : run.results) EXPECT_LT(r.steps, 3 * per_epoch);  // the grown deal's shorter epochs
   EXPECT_EQ(syncs[1].proposals, std::vector<uint64_t>{});  // only the Root proposes
+}
+
+// A Root whose cluster lags the leading one (it resumed from a checkpoint: its syncs fall after
+// fewer steps, at the same ordinals): the agreement's leading_steps_done is lead_by steps ahead.
+// It takes the offer at the same sync as the others and arms the admission lead_by steps before
+// the new cluster's first step, which the leading cluster reaches at that same sync. When the
+// leading cluster is already in the epoch the deal changes, the lagging Root refuses it too
+// (alone it was still in epoch 0 and would have taken it: the clusters would split).
+TEST(DealChange, ALaggingRootArmsTheAdmissionAtTheLeadingClustersSyncAndJudgesTheEpochThere) {
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const int64_t per_epoch = oneClusterStepsPerEpoch();
+  const int64_t lag = AgreeingSync::kSyncEvery;
+  ASSERT_GT(per_epoch, 2 * lag);
+  {
+    std::vector<AgreeingSync> syncs = {AgreeingSync(true, AgreeingSync::Others::kSameOffer, lag),
+                                       AgreeingSync(false), AgreeingSync(false)};
+    Offer offer;
+    offer.from_step = 1;
+    const testing::PipelineRun run = runAgreeing(offer, syncs);
+    EXPECT_EQ(syncs[0].admitted_after, std::vector<int64_t>{AgreeingSync::kSyncEvery});
+    EXPECT_EQ(syncs[0].admitted, std::vector<int64_t>{per_epoch - lag});
+    for (const TrainerResult& r : run.results) EXPECT_LT(r.steps, 3 * per_epoch);
+  }
+  {
+    // Agreed at the sync after 4 steps, the leading cluster then at epoch 1's first step.
+    std::vector<AgreeingSync> syncs = {
+        AgreeingSync(true, AgreeingSync::Others::kSameOffer, per_epoch - AgreeingSync::kSyncEvery),
+        AgreeingSync(false), AgreeingSync(false)};
+    Offer offer;
+    offer.from_step = 1;
+    const testing::PipelineRun run = runAgreeing(offer, syncs);
+    EXPECT_TRUE(syncs[0].admitted.empty());
+    for (const TrainerResult& r : run.results) EXPECT_EQ(r.steps, 3 * per_epoch);
+  }
 }
 
 TEST(DealChange, AnOfferTheRingDidNotAgreeOnOrAnotherRootCannotTakeChangesNothing) {

@@ -1,0 +1,197 @@
+// A growth taken by clusters at different steps (the 24-volunteer soak: a cluster that resumed
+// from a checkpoint lags the others by whole syncs), with real ZeroMQ on loopback tcp. Ring
+// ring_0 holds a0 (cluster 0, leading: 8 steps done at the agreeing sync) and b1 (cluster 1,
+// lagging: 4 steps done at the same sync); a growth adds c2 (cluster 2) from step F = 11, off the
+// local_steps grid (2). Both members gate their admissions as Roots do (the sync schedule).
+// The sync's deal tally carries the leading count (DealAgreement::leading_steps_done = 8 on both),
+// from which each arms the admission as trainer/DealChange.h does: F less its lag, so a0 at 11
+// and b1 at 7 — the same sync of both. Before, both armed it at 11: b1 reached its step 11 two
+// syncs after a0, a0's admission sync waited on a member that was not admitting, and the new
+// cluster was never admitted together.
+// Checked: the agreement's leading count; b1's pending admission is the growth at 7 (what
+// "__admit" carries to its other stages); c2 is welcomed with exactly the weights a0 and b1 hold
+// after that sync; the next sync averages all three; no timing decides an assertion.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "node/ring/RingClusterSync.h"
+#include "node/transport/ZmqTransport.h"
+#include "tests/common/LoopbackPorts.h"
+#include "tests/node/RingTestStages.h"
+
+namespace cairn {
+namespace {
+
+using testing::makeStage;
+using testing::perturbSeeded;
+using testing::State;
+using testing::stateOf;
+
+constexpr int64_t kLocalSteps = 2;
+constexpr int64_t kFirstStep = 11;  // F: the new cluster's first step
+constexpr uint64_t kOffer = 77;     // the deal's fingerprint both Roots propose
+
+struct Member {
+  std::string name;
+  int64_t steps_at_agreement;  // own steps done at the sync that agrees on the deal
+};
+
+// Node `name` of ring_0 (members `members`, cluster order) on `addresses`, gated as a Root;
+// body(sync, stage, transport) runs after start().
+void runNode(zmq::context_t& context, const std::string& name, const std::vector<std::string>& members,
+             const std::map<std::string, std::string>& addresses, const State& initial, bool joining,
+             const std::function<void(RingClusterSync&, torch::jit::Module&, ZmqTransport&)>& body) {
+  NodeSpec spec;
+  spec.name = name;
+  spec.cluster = name.back() - '0';
+  RingSpec ring;
+  ring.id = "ring_0";
+  for (const auto& [n, t] : initial) ring.parameters.push_back(n);
+  for (const auto& m : members) {
+    if (m == name) ring.rank = int(ring.members.size());
+    ring.members.push_back({m, addresses.at(m), ""});
+  }
+  spec.rings = {ring};
+  spec.address = "tcp://" + addresses.at(name);
+  ZmqTransport transport(context, name, spec.address);
+  Mailbox mailbox(transport);
+  RingClusterSync sync(mailbox, spec, SyncOptions{}, kLocalSteps, std::chrono::milliseconds(20000));
+  sync.setJoining(joining);
+  sync.gateAdmissions(/*decides=*/true);
+  torch::jit::Module stage = makeStage(initial);
+  sync.start(stage);
+  body(sync, stage, transport);
+  transport.flushAndClose(std::chrono::milliseconds(2000));
+}
+
+// afterOptimizerStep for steps [from, to), the weights moved (seeded) before each.
+void stepsTo(RingClusterSync& sync, torch::jit::Module& stage, int64_t from, int64_t to, uint64_t salt) {
+  for (int64_t step = from; step < to; ++step) {
+    perturbSeeded(stage, salt + uint64_t(step));
+    sync.afterOptimizerStep(step, stage);
+  }
+}
+
+TEST(RingClusterSyncGrowth, ClustersAtDifferentStepsAdmitTheNewClusterAtTheSameSync) {
+  torch::manual_seed(47);
+  const State init = {{"0.weight", torch::randn({3, 4})}, {"0.bias", torch::randn({3})}};
+  const std::vector<std::string> names = {"a0", "b1", "c2"};
+  const std::vector<std::string> ports = testutil::freeLoopbackAddresses(3);
+  std::map<std::string, std::string> addresses;
+  for (size_t i = 0; i < names.size(); ++i) addresses[names[i]] = ports[i];
+  const std::vector<std::string> before_growth = {"a0", "b1"}, grown = {"a0", "b1", "c2"};
+  const std::vector<Member> running = {{"a0", 8}, {"b1", 4}};
+
+  zmq::context_t context;
+  std::mutex mutex;  // guards everything below
+  std::map<std::string, int64_t> leading, armed_at, pending_at;
+  std::map<std::string, bool> pending_growth;
+  std::map<std::string, State> at_admission, before_last, after_last;
+  std::map<std::string, std::exception_ptr> errors;
+  auto record = [&](auto& map, const std::string& name, auto value) {
+    std::lock_guard<std::mutex> lock(mutex);
+    map[name] = value;
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < running.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const Member m = running[i];
+      try {
+        runNode(context, m.name, before_growth, addresses, init, false,
+                [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport& transport) {
+                  // Up to the agreeing sync: every earlier boundary is a sync of both (the same
+                  // ordinal), the last one tallies the proposals.
+                  const int64_t start = m.steps_at_agreement - 2 * kLocalSteps;
+                  stepsTo(sync, stage, start, m.steps_at_agreement - 1, 100);
+                  sync.proposeDeal(kOffer, true);
+                  stepsTo(sync, stage, m.steps_at_agreement - 1, m.steps_at_agreement, 100);
+                  const std::optional<DealAgreement> agreed = sync.takeDealAgreement();
+                  if (!agreed || agreed->offer != kOffer) throw std::runtime_error("no agreement");
+                  record(leading, m.name, agreed->leading_steps_done);
+                  // As DealChange arms it: F less this cluster's lag behind the leading one.
+                  const int64_t lag = std::max(m.steps_at_agreement, agreed->leading_steps_done) -
+                                      m.steps_at_agreement;
+                  const int64_t at = kFirstStep - lag;
+                  record(armed_at, m.name, at);
+                  sync.proposeDeal(0, true);
+                  // The coordinator's update: the newcomer's address, and the ring grown.
+                  transport.addPeer("c2", "tcp://" + addresses.at("c2"));
+                  NodeSpec updated;
+                  updated.name = m.name;
+                  RingSpec ring;
+                  ring.id = "ring_0";
+                  for (const auto& [n, t] : init) ring.parameters.push_back(n);
+                  for (const auto& g : grown) ring.members.push_back({g, addresses.at(g), ""});
+                  ring.rank = int(i);
+                  updated.rings = {ring};
+                  sync.addMembers(updated, /*at_admission_step=*/true);
+                  sync.admitJoinersAt(at);
+                  const std::optional<ClusterAdmission> pending = sync.pendingAdmission();
+                  record(pending_at, m.name, pending ? pending->steps_done : -1);
+                  record(pending_growth, m.name, pending && pending->growth);
+                  stepsTo(sync, stage, m.steps_at_agreement, at - 1, 100);
+                  perturbSeeded(stage, 100 + uint64_t(at - 1));
+                  sync.afterOptimizerStep(at - 1, stage);  // the admission sync (off the grid)
+                  record(at_admission, m.name, stateOf(stage));
+                  // The next grid boundary: an ordinary sync of the three.
+                  const int64_t next = (at / kLocalSteps + 1) * kLocalSteps;
+                  stepsTo(sync, stage, at, next - 1, 300);
+                  perturbSeeded(stage, 900 + i);
+                  record(before_last, m.name, stateOf(stage));
+                  sync.afterOptimizerStep(next - 1, stage);
+                  record(after_last, m.name, stateOf(stage));
+                });
+      } catch (...) {
+        record(errors, m.name, std::current_exception());
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    try {
+      State other;
+      for (const auto& [name, t] : init) other[name] = t + 1;  // replaced by the welcome
+      runNode(context, "c2", grown, addresses, other, /*joining=*/true,
+              [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport&) {
+                record(at_admission, "c2", stateOf(stage));  // its first step is F, with the welcome
+                const int64_t next = (kFirstStep / kLocalSteps + 1) * kLocalSteps;
+                stepsTo(sync, stage, kFirstStep, next - 1, 500);
+                perturbSeeded(stage, 902);
+                record(before_last, "c2", stateOf(stage));
+                sync.afterOptimizerStep(next - 1, stage);
+                record(after_last, "c2", stateOf(stage));
+              });
+    } catch (...) {
+      record(errors, "c2", std::current_exception());
+    }
+  });
+  for (auto& t : threads) t.join();
+  for (const auto& [name, e] : errors)
+    if (e) std::rethrow_exception(e);
+
+  EXPECT_EQ(leading.at("a0"), 8);
+  EXPECT_EQ(leading.at("b1"), 8);
+  EXPECT_EQ(armed_at.at("a0"), kFirstStep);
+  EXPECT_EQ(armed_at.at("b1"), kFirstStep - 4);
+  EXPECT_EQ(pending_at.at("b1"), kFirstStep - 4);  // what "__admit" carries down b1's pipeline
+  EXPECT_TRUE(pending_growth.at("b1"));
+  for (const auto& [name, t] : init) {
+    EXPECT_TRUE(torch::equal(at_admission.at("c2").at(name), at_admission.at("a0").at(name)))
+        << "c2 was not welcomed with a0's weights of the admission sync: " << name;
+    EXPECT_TRUE(torch::equal(at_admission.at("a0").at(name), at_admission.at("b1").at(name)))
+        << "a0 and b1 disagree after the admission sync: " << name;
+    // The next sync averages the three (summed in rank order: a0, b1, c2).
+    const torch::Tensor mean =
+        (before_last.at("a0").at(name) + before_last.at("b1").at(name) + before_last.at("c2").at(name)) / 3;
+    for (const std::string& n : names)
+      EXPECT_TRUE(torch::allclose(after_last.at(n).at(name), mean, 1e-5, 1e-6))
+          << n << " after the first sync of three: " << name;
+  }
+}
+
+}  // namespace
+}  // namespace cairn
