@@ -43,7 +43,7 @@ struct Member {
 
 // Node `name` of ring_0 (members `members`, cluster order) on `addresses`, gated as a Root;
 // body(sync, stage, transport) runs after start().
-void runNode(zmq::context_t& context, const std::string& name, const std::vector<std::string>& members,
+void runGrowthNode(zmq::context_t& context, const std::string& name, const std::vector<std::string>& members,
              const std::map<std::string, std::string>& addresses, const State& initial, bool joining,
              const std::function<void(RingClusterSync&, torch::jit::Module&, ZmqTransport&)>& body) {
   NodeSpec spec;
@@ -102,7 +102,7 @@ TEST(RingClusterSyncGrowth, ClustersAtDifferentStepsAdmitTheNewClusterAtTheSameS
     threads.emplace_back([&, i] {
       const Member m = running[i];
       try {
-        runNode(context, m.name, before_growth, addresses, init, false,
+        runGrowthNode(context, m.name, before_growth, addresses, init, false,
                 [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport& transport) {
                   // Up to the agreeing sync: every earlier boundary is a sync of both (the same
                   // ordinal), the last one tallies the proposals.
@@ -155,7 +155,7 @@ TEST(RingClusterSyncGrowth, ClustersAtDifferentStepsAdmitTheNewClusterAtTheSameS
     try {
       State other;
       for (const auto& [name, t] : init) other[name] = t + 1;  // replaced by the welcome
-      runNode(context, "c2", grown, addresses, other, /*joining=*/true,
+      runGrowthNode(context, "c2", grown, addresses, other, /*joining=*/true,
               [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport&) {
                 record(at_admission, "c2", stateOf(stage));  // its first step is F, with the welcome
                 const int64_t next = (kFirstStep / kLocalSteps + 1) * kLocalSteps;
