@@ -39,6 +39,10 @@ struct DealAgreement {
   // admission placed, by the leading cluster's count (trainer/DealChange.h). 0: unknown (the
   // deciding Root's own count is used).
   int64_t leading_steps_done = 0;
+  // Some proposing member had already taken this offer (ClusterSync::proposeDeal `taken`): it
+  // was decided at an earlier sync this Root missed (its cluster was paused or resuming), and is
+  // taken if this Root's own epoch allows (trainer/DealChange.h).
+  bool taken_before = false;
 };
 
 // Members of some clusters admitted into the rings at the sync boundary after `steps_done` steps
@@ -99,10 +103,11 @@ class ClusterSync {
   // sync that can admit joiners also agrees on the proposals of the ring's live members (members
   // that propose nothing, 0, abstain: the non-Roots). takeDealAgreement then returns, once,
   // the offer when every proposing member held that same one, nullopt when no such sync ran since
-  // the last call or the proposals differed. Every Root of those rings syncs after the same step,
-  // so every Root decides the same offer at the same step. Defaults: no rings, decide alone.
+  // the last call or the proposals differed. Every Root of those rings syncs at the same ordinal,
+  // so every Root decides the same offer at the same sync. `taken`: this Root already took the
+  // offer it proposes (DealAgreement::taken_before). Defaults: no rings, decide alone.
   virtual bool agreesOnDeals() const { return false; }
-  virtual void proposeDeal(uint64_t /*offer*/, bool /*can_take*/) {}
+  virtual void proposeDeal(uint64_t /*offer*/, bool /*can_take*/, bool /*taken*/ = false) {}
   virtual std::optional<DealAgreement> takeDealAgreement() { return std::nullopt; }
 
   // Checkpoints (trainer/Checkpoint.h): the state this object must carry across a restart (DiLoCo

@@ -83,14 +83,17 @@ class DealChange {
                        int64_t step, int64_t lag);
 
   // Takes or refuses `offer` (text: its dump) at `step`, once per offer. `all_can_take` false:
-  // refused (`own_refusal` says why when this Root's own check refused it). `leading`: the most
-  // steps done of any cluster deciding together (the epoch is judged there; this cluster's lag is
-  // leading - step), `step` when deciding alone.
+  // refused (`own_refusal` says why when this Root's own check refused it). The epoch is judged at
+  // step `judged_at` (the leading cluster's when deciding together, this Root's own when another
+  // Root had already taken the offer, or alone); `leading`: the most steps done of any cluster
+  // deciding together (this cluster's lag is leading - step), `step` alone.
   bool decide(const nlohmann::json& offer, const std::string& text, bool all_can_take,
-              const std::string& own_refusal, int64_t step, int64_t leading);
+              const std::string& own_refusal, int64_t step, int64_t judged_at, int64_t leading);
   // This Root's own verdict on `offer`: "" when it could take it, else why not (the feeder's
   // dry run; the epoch is judged when deciding).
   std::string ownVerdict(const nlohmann::json& offer);
+  // Whether `offer` is the deal this Root samples with (taken, or adopted from its checkpoint).
+  bool inForce(const nlohmann::json& offer) const;
 
   TrainerContext& ctx_;
   RunPlan& plan_;
@@ -102,6 +105,7 @@ class DealChange {
   std::string proposed_text_;
   uint64_t proposed_fingerprint_ = 0;
   std::string proposed_refusal_;
+  bool proposed_taken_ = false;  // the proposed offer is the deal in force here (taken or adopted)
 };
 
 // The fingerprint of an offer's JSON text a Root proposes to its ring peers: FNV-1a (64-bit),
@@ -141,6 +145,14 @@ inline uint64_t offerFingerprint(const std::string& text) {
   return h < 2 ? h + 2 : h;
 }
 
+inline bool DealChange::inForce(const nlohmann::json& offer) const {
+  try {
+    return dealFromJson(offer, "the deal a peers update gave " + ctx_.cfg.node.name) == feeder_.deal();
+  } catch (const BadInput&) {
+    return false;
+  }
+}
+
 inline std::string DealChange::ownVerdict(const nlohmann::json& offer) {
   try {
     const std::vector<DealEntry> next = dealFromJson(offer, "the deal a peers update gave " + ctx_.cfg.node.name);
@@ -159,15 +171,22 @@ inline bool DealChange::atStep(int64_t step) {
   ClusterSync* sync = ctx_.cfg.cluster_sync;
   if (!sync || !sync->agreesOnDeals()) {
     if (!offer) return false;
-    return decide(*offer, offer->dump(), true, "", step, step);
+    return decide(*offer, offer->dump(), true, "", step, step, step);
   }
   // Together: decide the offer the last sync agreed on (the one proposed before it), then
   // propose the newest for the next sync.
   bool taken = false;
   const std::optional<DealAgreement> agreed = sync->takeDealAgreement();
-  if (agreed && proposed_fingerprint_ != 0 && agreed->offer == proposed_fingerprint_)
+  if (agreed && proposed_fingerprint_ != 0 && agreed->offer == proposed_fingerprint_) {
+    // Decided afresh: judged where the leading cluster is, so every Root answers alike. Taken at
+    // an earlier sync this cluster missed (it was paused or resuming): follow it if this cluster's
+    // own epoch allows (judged at the leading step it would be refused while the others train
+    // under it, and two deals would deal the same samples twice: the 24-volunteer soak).
+    const int64_t leading = std::max(step, agreed->leading_steps_done);
     taken = decide(proposed_, proposed_text_, agreed->all_can_take, proposed_refusal_, step,
-                   std::max(step, agreed->leading_steps_done));
+                   agreed->taken_before ? step : leading, leading);
+    proposed_taken_ = proposed_taken_ || taken;
+  }
   if (!offer) {
     // A Root without an offer does not abstain: the others' offer is not agreed until it has it.
     sync->proposeDeal(kNoOffer, true);
@@ -179,21 +198,24 @@ inline bool DealChange::atStep(int64_t step) {
     proposed_fingerprint_ = offerFingerprint(text);
     proposed_text_ = std::move(text);
     proposed_refusal_ = ownVerdict(proposed_);
+    proposed_taken_ = inForce(proposed_);
   }
-  sync->proposeDeal(proposed_fingerprint_, proposed_refusal_.empty());
+  sync->proposeDeal(proposed_fingerprint_, proposed_refusal_.empty(), proposed_taken_);
   return taken;
 }
 
 inline bool DealChange::decide(const nlohmann::json& offer, const std::string& text,
                                bool all_can_take, const std::string& own_refusal, int64_t step,
-                               int64_t leading) {
+                               int64_t judged_at, int64_t leading) {
   if (text == last_offer_) return false;
   last_offer_ = text;
   const std::string& name = ctx_.cfg.node.name;
   const int64_t epoch = plan_.epochOf(step);
-  const int64_t leading_epoch = plan_.epochOf(leading);
+  const int64_t judged_epoch = plan_.epochOf(judged_at);
+  // "epoch": the epoch it was judged in (the leading cluster's, deciding together): a refusal as
+  // too late there makes the coordinator deal again from a later epoch, not abandon the growth.
   auto report = [&](bool accepted, const std::string& reason) {
-    ctx_.metrics.write({{"deal", {{"accepted", accepted}, {"deal", offer}, {"epoch", epoch},
+    ctx_.metrics.write({{"deal", {{"accepted", accepted}, {"deal", offer}, {"epoch", judged_epoch},
                                   {"step", step}, {"reason", reason}}}});
   };
   std::vector<DealEntry> next;
@@ -206,10 +228,10 @@ inline bool DealChange::decide(const nlohmann::json& offer, const std::string& t
   }
   const std::vector<DealEntry>& current = feeder_.deal();
   if (next == current) return false;
-  if (dealUpTo(next, leading_epoch) != dealUpTo(current, leading_epoch)) {
-    const std::string who = leading > step ? "the leading cluster" : "the cluster";
-    const std::string why = who + " is already in epoch " + std::to_string(leading_epoch) +
-                            " (step " + std::to_string(leading) + ") and the new deal " +
+  if (dealUpTo(next, judged_epoch) != dealUpTo(current, judged_epoch)) {
+    const std::string who = judged_at > step ? "the leading cluster" : "the cluster";
+    const std::string why = who + " is already in epoch " + std::to_string(judged_epoch) +
+                            " (step " + std::to_string(judged_at) + ") and the new deal " +
                             dealToJson(next).dump() + " changes it or an epoch before it";
     CAIRN_WARN("refused a new deal: ", why, "; the coordinator deals again from a later epoch");
     report(false, why);

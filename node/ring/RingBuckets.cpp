@@ -143,4 +143,18 @@ uint64_t RingBuckets::resultChecksum(const std::vector<std::string>& names) cons
   return hashTensors(tensors, names, true);
 }
 
+uint64_t RingBuckets::outerStateChecksum() const {
+  uint64_t hash = kFnvOffset;
+  for (size_t i = 0; i < buckets.size(); ++i)
+    for (int which = 0; which < 2; ++which) {
+      const torch::Tensor& t = which == 0 ? buckets[i].previous : buckets[i].momentum;
+      if (!t.defined()) continue;
+      const uint64_t tag[2] = {uint64_t(i), uint64_t(which)};
+      hash = fnv1a(hash, tag, sizeof tag);
+      const torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+      hash = fnv1aWords(hash, c.data_ptr(), size_t(c.numel()) * c.element_size());
+    }
+  return hash;
+}
+
 }  // namespace cairn

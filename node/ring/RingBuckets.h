@@ -58,6 +58,9 @@ struct RingBuckets {
   // The same over the same fields, the tensors' bytes hashed 8 at a time (fnv1aWords): the result
   // of every average is hashed (RingSyncMath.h checkContributions), so it must be cheap.
   uint64_t resultChecksum(const std::vector<std::string>& names) const;
+  // DiLoCo: FNV-1a (8 bytes at a time) of every bucket's θ_prev and momentum (where defined, in
+  // bucket order, each with its bucket index and which of the two it is); kFnvOffset when none.
+  uint64_t outerStateChecksum() const;
 };
 
 }  // namespace cairn

@@ -204,8 +204,9 @@ void RingClusterSync::synchronize() {
           testFlipAfterAverage(context_.node.name, r);
           break;
         case SyncMode::kDiLoCo:
-          checkContributions(r, *r.group);
+          checkContributions(r, *r.group, r.outerStateChecksum(), "outer state (θ_prev, momentum)");
           outerStep(r, *r.group, context_.sync);
+          testFlipAfterAverage(context_.node.name, r);
           break;
         case SyncMode::kGradients:
           reduceBuckets(r, *r.group, false, true);  // parameters are kept equal by the gradients
@@ -228,7 +229,8 @@ void RingClusterSync::synchronize() {
     const bool can = (!deal_agreement_ || deal_agreement_->all_can_take) && !t.any_cannot;
     const int64_t lead = std::max(deal_agreement_ ? deal_agreement_->leading_steps_done : 0,
                                   t.max_steps_done);
-    deal_agreement_ = DealAgreement{t.max_offer, can, lead};
+    const bool taken = (deal_agreement_ && deal_agreement_->taken_before) || t.any_taken;
+    deal_agreement_ = DealAgreement{t.max_offer, can, lead, taken};
   }
   if (disagree) deal_agreement_.reset();
   std::lock_guard<std::mutex> lock(context_.stats_mutex);
@@ -246,9 +248,10 @@ bool RingClusterSync::agreesOnDeals() const {
   return false;
 }
 
-void RingClusterSync::proposeDeal(uint64_t offer, bool can_take) {
+void RingClusterSync::proposeDeal(uint64_t offer, bool can_take, bool taken) {
   context_.deal_offer = offer;
   context_.deal_can_take = can_take;
+  context_.deal_taken = taken;
 }
 
 std::optional<DealAgreement> RingClusterSync::takeDealAgreement() {

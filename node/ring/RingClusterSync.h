@@ -183,7 +183,7 @@ class RingClusterSync : public ClusterSync {
   // live members (RingTransaction.h); the agreement is the one offer every proposer of every such
   // ring held (a ring left with this node alone tallies its own proposal).
   bool agreesOnDeals() const override;
-  void proposeDeal(uint64_t offer, bool can_take) override;
+  void proposeDeal(uint64_t offer, bool can_take, bool taken = false) override;
   std::optional<DealAgreement> takeDealAgreement() override;
 
   // The sync itself (average or DiLoCo outer step, by mode), callable directly by tests.

@@ -98,6 +98,7 @@ struct RingContext {
   // abstains) and whether its own checks allow it. Set on the trainer's thread between syncs.
   uint64_t deal_offer = 0;
   bool deal_can_take = true;
+  bool deal_taken = false;  // this node already took the offer it proposes
   // Joiners admitted together (RingClusterSync::gateAdmissions; docs/TRAINING.md "Lost and
   // returning ring members"): set before start(). While gated, a sync admits only the joiners of
   // the clusters in `admitting` (a ring member's index in RingSpec::members is its cluster), or
@@ -161,6 +162,7 @@ struct Ring : RingBuckets {
     uint64_t max_offer = 0, min_offer = 0;
     bool any_cannot = false;
     int64_t max_steps_done = 0;
+    bool any_taken = false;  // some proposer had already taken its offer
   } deal_tally;
   // Gated: the clusters whose members this ring agreed had asked to join but were not admitted
   // (not in RingContext::admitting), since RingClusterSync last took them (ring's thread in a

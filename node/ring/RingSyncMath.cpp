@@ -24,7 +24,9 @@ namespace {
 
 // The last results' checksums (summary columns 2..4: has one, high and low 32 bits): a member
 // outvoted by a strict majority of those that have one is corrupt; without a majority, a warning.
-void checkResults(const ProcessGroup& group, const std::vector<torch::Tensor>& all) {
+// `what`: what the checksum covers, for the messages.
+void checkResults(const ProcessGroup& group, const std::vector<torch::Tensor>& all,
+                  const std::string& what) {
   std::map<uint64_t, size_t> counts;
   size_t with = 0;
   auto sumOf = [&all](size_t r) {
@@ -40,15 +42,15 @@ void checkResults(const ProcessGroup& group, const std::vector<torch::Tensor>& a
   const auto top = std::max_element(counts.begin(), counts.end(),
                                     [](const auto& a, const auto& b) { return a.second < b.second; });
   if (2 * top->second <= with) {
-    CAIRN_WARN("ring members' results of their last average differ (", counts.size(),
-               " checksums among ", with, " members) and no majority names the corrupt copy; "
-               "averaging on (the magnitude check still guards)");
+    CAIRN_WARN("ring members' ", what, " differ (", counts.size(), " checksums among ", with,
+               " members) and no majority names the corrupt copy; going on (the magnitude check "
+               "still guards)");
     return;
   }
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r][2].item<double>() != 0 && sumOf(r) != top->first)
       corrupt(group, r,
-              detail::concat("left the last average hashing to ", sumOf(r), ", not the ", top->first,
+              detail::concat("has its ", what, " hashing to ", sumOf(r), ", not the ", top->first,
                              " of ", top->second, " of the ", with, " members"));
 }
 
@@ -61,7 +63,9 @@ CopySummary summarizeCopy(const RingBuckets& ring,
   for (size_t i = 0; i < ring.buckets.size(); ++i) {
     const RingBucket& b = ring.buckets[i];
     if (b.numel == 0 || !b.parameters || !at::isFloatingType(b.dtype)) continue;
-    const torch::Tensor flat = value_of(i).to(torch::kDouble);
+    const torch::Tensor value = value_of(i);
+    if (!value.defined()) continue;  // e.g. θ_prev outside DiLoCo
+    const torch::Tensor flat = value.to(torch::kDouble);
     if (!torch::isfinite(flat).all().item<bool>()) summary.nonfinite = true;
     summary.largest =
         std::max(summary.largest, flat.abs().nan_to_num(0, 0, 0).max().item<double>());
@@ -78,9 +82,14 @@ std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine) {
   return "";
 }
 
-void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<uint64_t> last_result) {
-  const CopySummary mine =
+void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<uint64_t> last_result,
+                        const std::string& result_what) {
+  CopySummary mine =
       summarizeCopy(ring, [&ring](size_t i) { return ring.flatten(ring.buckets[i], false); });
+  // DiLoCo averages θ_prev − θ_local: a corrupt θ_prev spreads as surely as a corrupt weight.
+  const CopySummary outer = summarizeCopy(ring, [&ring](size_t i) { return ring.buckets[i].previous; });
+  mine.nonfinite = mine.nonfinite || outer.nonfinite;
+  mine.largest = std::max(mine.largest, outer.largest);
   const double nonfinite = mine.nonfinite ? 1 : 0, largest = mine.largest;
   const uint64_t sum = last_result.value_or(0);
   const std::vector<torch::Tensor> all = group.allGather(
@@ -98,7 +107,7 @@ void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<ui
               detail::concat("holds a weight of magnitude ", s[1], ", over ", kCorruptionFactor,
                              "x every other member's largest (", others, ")"));
   }
-  checkResults(group, all);
+  checkResults(group, all, result_what);
 }
 
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers) {
@@ -117,16 +126,22 @@ void outerStep(RingBuckets& ring, ProcessGroup& group, const SyncOptions& sync) 
     torch::NoGradGuard no_grad;
     torch::Tensor delta = b.previous - ring.flatten(b, false);
     group.allReduce(delta, ReduceOp::kAverage);
+    // Every product is its own correctly rounded op, never fused into an add (`add(x, alpha)` is
+    // an FMA in ATen's AVX2 kernels and a multiply-then-add in its default ones): members on
+    // different CPUs (or devices) then compute bit-identical outer states, which the outer-state
+    // checksum (checkContributions) requires.
     const double m = sync.outer_momentum;
     torch::Tensor update = delta;
     if (m > 0) {
-      if (!b.momentum.defined())
+      if (!b.momentum.defined()) {
         b.momentum = delta.clone();
-      else
-        b.momentum.mul_(m).add_(delta);
-      update = sync.outer_nesterov ? delta.add(b.momentum, m) : b.momentum;
+      } else {
+        b.momentum.mul_(m);
+        b.momentum.add_(delta);
+      }
+      update = sync.outer_nesterov ? delta + b.momentum * m : b.momentum;
     }
-    b.previous.add_(update, -sync.outer_lr);
+    b.previous.sub_(update * sync.outer_lr);
     ring.unflatten(b, b.previous, false);
   }
   reduceBuckets(ring, group, /*parameters=*/false, /*buffers=*/true);

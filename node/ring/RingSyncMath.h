@@ -33,17 +33,21 @@ namespace cairn {
 // Another corrupt: PeerLost naming it (kAborted), which the transaction takes as a loss: dropped,
 // and the sync redone among the others (every member gathers the same summaries, so every
 // survivor names the same member).
-// `last_result` ("average" mode: Ring::result_sum): the checksum of this node's tensors as its last
-// average left them, bit-identical on every member unless a copy was corrupted after that
-// average's check (during the reduction, or while it was written back). The checksums are
-// gathered with the summaries; a member outvoted by a strict majority of the members that have one
-// is corrupt as above (it is caught at the sync after the one it was corrupted in); two members
-// that differ, or a split without a majority, are logged (nobody can tell which copy is wrong).
+// `last_result`: a checksum bit-identical on every member unless a copy was corrupted — "average"
+// mode: Ring::result_sum, this node's tensors as its last average left them (a copy corrupted
+// after that average's check, during the reduction or while it was written back); DiLoCo:
+// RingBuckets::outerStateChecksum now (θ_prev and momentum, which only the outer steps write,
+// the same way on every member: a flip in them since, or in an outer step's result). The
+// checksums are gathered with the summaries; a member outvoted by a strict majority of the members
+// that have one is corrupt as above (an average's is caught at the sync after the one it was
+// corrupted in); two members that differ, or a split without a majority, are logged (nobody can
+// tell which copy is wrong); `result_what` names what the checksum covers in those messages.
+// In DiLoCo the magnitude check covers θ_prev too (its difference to θ_local is what is averaged).
 constexpr double kCorruptionFactor = 1000;
 
 // One copy's floating parameters summarised for the checks above: any non-finite value, and the
 // largest finite magnitude. `value_of(i)`: bucket i's flat values (RingBuckets::flatten, or the
-// value.<i> of a welcome).
+// value.<i> of a welcome, or θ_prev); an undefined tensor is skipped.
 struct CopySummary {
   bool nonfinite = false;
   double largest = 0;
@@ -54,7 +58,8 @@ CopySummary summarizeCopy(const RingBuckets& ring,
 // checked this way against the joiner's own copy before it is taken (RingMembership.cpp).
 std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine);
 void checkContributions(RingBuckets& ring, ProcessGroup& group,
-                        std::optional<uint64_t> last_result = std::nullopt);
+                        std::optional<uint64_t> last_result = std::nullopt,
+                        const std::string& result_what = "result of the last average");
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers);
 void outerStep(RingBuckets& ring, ProcessGroup& group, const SyncOptions& sync);
 void averageGradients(RingBuckets& ring, ProcessGroup& group);

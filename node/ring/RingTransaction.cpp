@@ -83,7 +83,7 @@ void transactAlone(RingContext& context, Ring& ring, bool admit_joiners) {
   if (admit_joiners) {
     const uint64_t offer = context.deal_offer;
     ring.deal_tally = {true, offer, offer, offer != 0 && !context.deal_can_take,
-                       context.last_synced_step};
+                       context.last_synced_step, offer != 0 && context.deal_taken};
   }
   if (admit_joiners && !ring.join_requests.empty()) {
     const auto now = admissible(context, ring, {ring.join_requests.begin(), ring.join_requests.end()},
@@ -104,8 +104,9 @@ struct JoinAgreement {
 // "admit now" flags (gated: the clusters of this admission step; a member that has one makes the
 // whole ring admit them, so the view stays one). The same max-all-reduce tallies the deal
 // proposals (ClusterSync::proposeDeal): after the flags, the largest offer (abstaining: 0), minus
-// the smallest (abstaining: kAbstain), whether a proposer's own checks refused its offer, and the
-// most steps a member had done (DealAgreement::leading_steps_done).
+// the smallest (abstaining: kAbstain), whether a proposer's own checks refused its offer, the most
+// steps a member had done (DealAgreement::leading_steps_done), and whether a proposer had already
+// taken its offer (DealAgreement::taken_before).
 JoinAgreement agreeOnJoiners(RingContext& context, Ring& ring) {
   constexpr int64_t kAbstain = std::numeric_limits<int64_t>::min();
   // The members may list different numbers of ring members: a growth appends members, and a
@@ -116,7 +117,7 @@ JoinAgreement agreeOnJoiners(RingContext& context, Ring& ring) {
                                        -int64_t(ring.spec.members.size())}, torch::kLong);
   ring.group->allReduce(sizes, ReduceOp::kMax);
   const int64_t n = sizes[0].item<int64_t>(), known = -sizes[1].item<int64_t>();
-  torch::Tensor asked = torch::zeros({2 * n + 4}, torch::kLong);
+  torch::Tensor asked = torch::zeros({2 * n + 5}, torch::kLong);
   const std::set<int64_t> own = ownAdmissions(context, ring);
   for (size_t i = 0; i < ring.spec.members.size(); ++i) {
     const std::string& name = ring.spec.members[i].name;
@@ -130,6 +131,7 @@ JoinAgreement agreeOnJoiners(RingContext& context, Ring& ring) {
   asked[2 * n + 1] = offer != 0 ? -offer : kAbstain;
   asked[2 * n + 2] = offer != 0 && !context.deal_can_take ? 1 : 0;
   asked[2 * n + 3] = context.last_synced_step;
+  asked[2 * n + 4] = offer != 0 && context.deal_taken ? 1 : 0;
   ring.group->allReduce(asked, ReduceOp::kMax);
   JoinAgreement agreed;
   for (int64_t i = 0; i < known; ++i) {
@@ -138,7 +140,8 @@ JoinAgreement agreeOnJoiners(RingContext& context, Ring& ring) {
   }
   const int64_t largest = asked[2 * n].item<int64_t>(), smallest = asked[2 * n + 1].item<int64_t>();
   ring.deal_tally = {true, uint64_t(largest), smallest == kAbstain ? 0 : uint64_t(-smallest),
-                     asked[2 * n + 2].item<int64_t>() != 0, asked[2 * n + 3].item<int64_t>()};
+                     asked[2 * n + 2].item<int64_t>() != 0, asked[2 * n + 3].item<int64_t>(),
+                     asked[2 * n + 4].item<int64_t>() != 0};
   return agreed;
 }
 

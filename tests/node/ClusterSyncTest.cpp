@@ -642,10 +642,75 @@ TEST(RingClusterSyncFailures, ACopyCorruptedAfterTheAverageIsCaughtAtTheNextSync
   std::memcpy(&b, &fb, sizeof b);
   EXPECT_EQ(a ^ b, 1) << "bit 0 of element 3";
   // Round 1: x2 refused; x0 and x1 averaged without it.
-  EXPECT_NE(refused[2].find("left the last average hashing to"), std::string::npos) << refused[2];
+  EXPECT_NE(refused[2].find("result of the last average hashing to"), std::string::npos) << refused[2];
   EXPECT_TRUE(refused[0].empty() && refused[1].empty()) << refused[0] << refused[1];
   expectAverages(before[1], after[1], {{"ring_0", namesOf(init), {"x0", "x1"}}}, nodes);
   for (size_t i = 0; i < 2; ++i) EXPECT_EQ(stats[i].members_lost, 1) << i;
+}
+
+// The same in DiLoCo (issue [Q]): x2 flips the lowest mantissa bit of element 2 of its outer
+// step's result — θ_prev and the weight copied from it — right after its first outer step. The
+// weights then train on as usual; only the outer state shows it. At the next sync the members
+// compare their outer-state checksums (θ_prev, momentum: RingBuckets::outerStateChecksum): x2 is
+// outvoted 2 to 1 and refuses to go on, and x0 and x1 take the outer step without it — exactly the
+// two-member step computed here. Without the check x2's flipped θ_prev would be averaged in
+// (Δ = θ_prev − θ_local) and nobody refused.
+TEST(RingClusterSyncFailures, ADiLoCoOuterStateCorruptedAfterItsStepIsCaughtAtTheNextSync) {
+  const State init = layerState("0", 5, 43);
+  const auto nodes = threeNodes(init);
+  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
+  SyncOptions options;
+  options.mode = SyncMode::kDiLoCo;  // lr 0.7, momentum 0.9, Nesterov
+  std::vector<std::vector<State>> before(2, std::vector<State>(3)), after(2, std::vector<State>(3));
+  std::vector<RingClusterSyncStats> stats(3);
+  std::vector<std::string> refused(3);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(5000);
+  ASSERT_EQ(setenv("CAIRN_TEST_FLIP_AFTER_AVERAGE", "x2:0.weight:2:0", 1), 0);
+  runNodes(nodes, rings, {init, init, init}, options,
+           [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+             for (size_t round = 0; round < 2; ++round) {
+               perturbSeeded(stage, 850 + 10 * round + i);
+               before[round][i] = stateOf(stage);
+               try {
+                 sync.synchronize();
+               } catch (const BadInput& e) {
+                 refused[i] = e.what();
+               }
+               after[round][i] = stateOf(stage);
+               if (!refused[i].empty()) break;
+             }
+             stats[i] = sync.stats();
+           },
+           setup);
+  unsetenv("CAIRN_TEST_FLIP_AFTER_AVERAGE");
+  // Round 0: x2's result differs from the others' in exactly bit 0 of element 3.
+  expectSameState(after[0][0], after[0][1], "x0 vs x1 after the first outer step");
+  const torch::Tensor clean = after[0][0].at("0.weight").flatten(), flipped = after[0][2].at("0.weight").flatten();
+  EXPECT_EQ((clean != flipped).sum().item<int64_t>(), 1);
+  int32_t a = 0, b = 0;
+  const float ca = clean[2].item<float>(), fb = flipped[2].item<float>();
+  std::memcpy(&a, &ca, sizeof a);
+  std::memcpy(&b, &fb, sizeof b);
+  EXPECT_EQ(a ^ b, 1) << "bit 0 of element 2";
+  // Round 1: x2 refused naming its outer state; x0 and x1 stepped together from round 0's θ.
+  EXPECT_NE(refused[2].find("outer state (θ_prev, momentum) hashing to"), std::string::npos) << refused[2];
+  EXPECT_TRUE(refused[0].empty() && refused[1].empty()) << refused[0] << refused[1];
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(stats[i].members_lost, 1) << i;
+  for (const std::string name : {"0.weight", "0.bias"}) {  // the parameters (the buffers are averaged)
+    const torch::Tensor theta = after[0][0].at(name).to(torch::kDouble);
+    // Round 1 over x0 and x1 only: Δ averaged over the two, momentum 0.9 m0 + Δ with m0 round 0's
+    // Δ over three (recovered from round 0's step: θ1 = θ0 − 0.7 (Δ0 + 0.9 Δ0)).
+    const torch::Tensor init_d = init.at(name).to(torch::kDouble);
+    const torch::Tensor m0 = (init_d - theta) / (0.7 * 1.9);
+    const torch::Tensor d1 = ((theta - before[1][0].at(name).to(torch::kDouble)) +
+                              (theta - before[1][1].at(name).to(torch::kDouble))) / 2;
+    const torch::Tensor m1 = 0.9 * m0 + d1;
+    const torch::Tensor expected = theta - 0.7 * (d1 + 0.9 * m1);
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_LE((after[1][i].at(name).to(torch::kDouble) - expected).abs().max().item<double>(), 1e-5)
+          << name << " x" << i;
+  }
 }
 
 // Concurrent rings fail independently: "a" is in ring_0 {a, b, d} and ring_1 {a, c}, which run at
@@ -1355,6 +1420,7 @@ TEST(RingClusterSyncGrowth, DealProposalsAreAgreedOnlyWhenEveryProposerHoldsTheS
   struct Proposal {
     uint64_t offer;
     bool can_take;
+    bool taken = false;
   };
   // Per sync, per member.
   const std::vector<std::vector<Proposal>> rounds = {
@@ -1362,16 +1428,17 @@ TEST(RingClusterSyncGrowth, DealProposalsAreAgreedOnlyWhenEveryProposerHoldsTheS
       {{7, true}, {7, true}, {0, true}},    // two propose 7, one abstains: 7 agreed
       {{7, true}, {9, true}, {0, true}},    // 7 and 9: nothing agreed
       {{9, true}, {9, true}, {9, false}},   // 9 everywhere, c2s0 cannot take it
-      {{0, true}, {0, true}, {11, true}}};  // a single proposer: its own offer
+      {{0, true}, {0, true}, {11, true}},   // a single proposer: its own offer
+      {{11, true, true}, {11, true}, {0, true}}};  // c0s0 had taken it: every member learns so
   const std::vector<std::optional<DealAgreement>> expected = {
       std::nullopt, DealAgreement{7, true}, std::nullopt, DealAgreement{9, false},
-      DealAgreement{11, true}};
+      DealAgreement{11, true}, DealAgreement{11, true, 0, true}};
   std::vector<std::vector<std::optional<DealAgreement>>> got(nodes.size());
   std::vector<int> agrees(nodes.size(), -1), taken_twice(nodes.size(), -1);
   runNodes(nodes, rings, {l0, l0, l0}, {}, [&](size_t i, RingClusterSync& sync, auto&) {
     agrees[i] = sync.agreesOnDeals();
     for (const auto& round : rounds) {
-      sync.proposeDeal(round[i].offer, round[i].can_take);
+      sync.proposeDeal(round[i].offer, round[i].can_take, round[i].taken);
       sync.synchronize();
       got[i].push_back(sync.takeDealAgreement());
     }
@@ -1386,6 +1453,7 @@ TEST(RingClusterSyncGrowth, DealProposalsAreAgreedOnlyWhenEveryProposerHoldsTheS
       if (!expected[k]) continue;
       EXPECT_EQ(got[i][k]->offer, expected[k]->offer) << nodes[i].name << " sync " << k;
       EXPECT_EQ(got[i][k]->all_can_take, expected[k]->all_can_take) << nodes[i].name << " sync " << k;
+      EXPECT_EQ(got[i][k]->taken_before, expected[k]->taken_before) << nodes[i].name << " sync " << k;
     }
   }
 }

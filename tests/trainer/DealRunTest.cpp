@@ -247,15 +247,18 @@ class AgreeingSync : public ClusterSync {
   enum class Others { kSameOffer, kOtherOffer, kCannotTake };
   // `lead_by`: the leading cluster's steps done at each sync exceed this one's by that many (this
   // cluster resumed from a checkpoint and lags).
-  explicit AgreeingSync(bool root, Others others = Others::kSameOffer, int64_t lead_by = 0)
-      : root_(root), others_(others), lead_by_(lead_by) {}
+  // `taken_before`: another Root had taken the offer at a sync this cluster missed.
+  explicit AgreeingSync(bool root, Others others = Others::kSameOffer, int64_t lead_by = 0,
+                        bool taken_before = false)
+      : root_(root), others_(others), lead_by_(lead_by), taken_before_(taken_before) {}
   void start(torch::jit::Module&) override {}
   void beforeOptimizerStep(int64_t, torch::jit::Module&) override {}
   void afterOptimizerStep(int64_t step, torch::jit::Module&) override {
     done = step + 1;
     if (done % kSyncEvery != 0 || proposed == 0 || proposed == kNoOffer) return;
     agreement = DealAgreement{others_ == Others::kOtherOffer ? proposed + 1 : proposed,
-                              proposed_can_take && others_ != Others::kCannotTake, done + lead_by_};
+                              proposed_can_take && others_ != Others::kCannotTake, done + lead_by_,
+                              taken_before_};
   }
   void finish(int64_t, torch::jit::Module&) override {}
   void admitJoinersAt(int64_t steps_done) override {
@@ -263,7 +266,8 @@ class AgreeingSync : public ClusterSync {
     admitted_after.push_back(done);
   }
   bool agreesOnDeals() const override { return root_; }
-  void proposeDeal(uint64_t offer, bool can_take) override {
+  void proposeDeal(uint64_t offer, bool can_take, bool taken) override {
+    if (taken) proposed_taken = true;
     if (proposals.empty() || proposals.back() != offer) proposals.push_back(offer);
     proposed = offer;
     proposed_can_take = can_take;
@@ -279,12 +283,14 @@ class AgreeingSync : public ClusterSync {
   bool proposed_can_take = true;
   std::optional<DealAgreement> agreement;
   std::vector<uint64_t> proposals;
+  bool proposed_taken = false;  // proposed an offer it had taken
   std::vector<int64_t> admitted, admitted_after;
 
  private:
   bool root_;
   Others others_;
   int64_t lead_by_;
+  bool taken_before_;
 };
 
 testing::PipelineRun runAgreeing(Offer& offer, std::vector<AgreeingSync>& syncs) {
@@ -350,7 +356,22 @@ TEST(DealChange, ALaggingRootArmsTheAdmissionAtTheLeadingClustersSyncAndJudgesTh
     offer.from_step = 1;
     const testing::PipelineRun run = runAgreeing(offer, syncs);
     EXPECT_TRUE(syncs[0].admitted.empty());
+    EXPECT_FALSE(syncs[0].proposed_taken);
     for (const TrainerResult& r : run.results) EXPECT_EQ(r.steps, 3 * per_epoch);
+  }
+  {
+    // The same, but the other Roots had taken the offer at a sync this cluster missed (it was
+    // resuming): it follows them, judged by its own epoch (0); the admission passed already.
+    std::vector<AgreeingSync> syncs = {
+        AgreeingSync(true, AgreeingSync::Others::kSameOffer, per_epoch - AgreeingSync::kSyncEvery,
+                     /*taken_before=*/true),
+        AgreeingSync(false), AgreeingSync(false)};
+    Offer offer;
+    offer.from_step = 1;
+    const testing::PipelineRun run = runAgreeing(offer, syncs);
+    EXPECT_TRUE(syncs[0].admitted.empty());
+    EXPECT_TRUE(syncs[0].proposed_taken);  // and says so at the next syncs
+    for (const TrainerResult& r : run.results) EXPECT_LT(r.steps, 3 * per_epoch);
   }
 }
 
