@@ -124,4 +124,17 @@ std::vector<std::vector<DealEntry>> servedDeals(const CoordinatorStore& store) {
   return deals;
 }
 
+std::vector<std::string> proposedGrowthNodes(const CoordinatorStore& store) {
+  const auto text = store.meta("growth");
+  if (!text) return {};
+  const nlohmann::json g = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!g.is_object() || g.value("state", "") != "proposed" || !g.contains("spares") ||
+      !g["spares"].is_array())
+    return {};
+  std::vector<std::string> nodes;
+  for (const auto& n : g["spares"])
+    if (n.is_string()) nodes.push_back(n.get<std::string>());
+  return nodes;
+}
+
 }  // namespace cairn::coordinator

@@ -67,5 +67,10 @@ void saveDeal(CoordinatorStore& store, const std::vector<DealEntry>& deal);
 // its deal whatever became of it (meta "growth": a Root may have taken an offer that was dealt
 // again or abandoned since). All from coordinator.db, so a restarted coordinator serves the same.
 std::vector<std::vector<DealEntry>> servedDeals(const CoordinatorStore& store);
+// The nodes of a growth proposed but not formed yet (meta "growth" state "proposed": its spares'
+// node names): their node.json files are written and not placed, so a replacement meanwhile must
+// re-point them too (MemberReplacer), or the new cluster starts with the lost volunteer's address
+// and key (the 24-volunteer soak: the newcomer refused its replaced ring peer's connection).
+std::vector<std::string> proposedGrowthNodes(const CoordinatorStore& store);
 
 }  // namespace cairn::coordinator

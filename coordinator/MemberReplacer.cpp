@@ -1,10 +1,12 @@
 #include "coordinator/MemberReplacer.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/Growth.h"
 #include "coordinator/Replacement.h"
 #include "coordinator/RunAssembly.h"
 #include "core/Error.h"
@@ -94,7 +96,11 @@ std::string MemberReplacer::spareNote(const Member& spare) const {
 }
 
 void MemberReplacer::replace(const Member& lost, const Member& spare, double now) {
-  const std::vector<NodeSpec> nodes = placedNodes();
+  std::vector<NodeSpec> nodes = placedNodes();
+  // A proposed growth's nodes are re-pointed too (their holders get the file when the cluster
+  // forms, so nothing is owed to them now).
+  const std::vector<std::string> growing = proposedGrowthNodes(store_);
+  for (const std::string& name : growing) nodes.push_back(readNodeSpec(nodeSpecPath(out_, name)));
   const ReplacementPlan plan = planReplacement(nodes, lost.name, spare.advertise, spare.public_key);
 
   Assignment a;
@@ -115,7 +121,8 @@ void MemberReplacer::replace(const Member& lost, const Member& spare, double now
   store_.takeOver(lost.name, lostRowName(lost.name, store_.members()), spare.name, now);
   std::set<std::string> owed = pending();
   owed.erase(lost.name);  // its new holder gets the whole node.json in the assignment
-  for (const NodeSpec& n : plan.told) owed.insert(n.name);
+  for (const NodeSpec& n : plan.told)
+    if (std::find(growing.begin(), growing.end(), n.name) == growing.end()) owed.insert(n.name);
   setPending(owed);
   send_(spare.public_key, encode(Accepted{lost.name, toString(MemberState::kAssigned), ""}));
   send_(spare.public_key, encode(a));

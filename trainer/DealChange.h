@@ -35,6 +35,9 @@
 // A decision depends only on the step at which the Root first sees the offer (alone) or at
 // which the Roots agreed on it (together), never on the clock, and every stage of the cluster
 // learns it in the same step.
+//   A Root that missed the sync where the others took the offer (paused, resuming) proposes it
+//        too and learns at its own agreement that some proposer had taken it
+//        (DealAgreement::taken_before): it follows them when its own epoch allows.
 // Limits: the sync schedule only (AsyncLoop does not call it); a cluster that resumes after the
 // others took an offer, already past its epoch, refuses it alone; clusters cut
 // differently agree only ring by ring (a Root that shares no ring with another cluster's Root

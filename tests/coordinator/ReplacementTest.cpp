@@ -10,6 +10,7 @@
 #include <map>
 
 #include "coordinator/CoordinatorStore.h"
+#include "coordinator/Growth.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
 #include "coordinator/Replacement.h"
@@ -434,6 +435,54 @@ TEST(MemberReplacer, ALostNodeHeardAgainBeforeASpareCameIsHeldByItsVolunteerAgai
   EXPECT_EQ(replacer.replaced(), 1u);
   EXPECT_EQ(store.memberByName("node_0")->public_key, spare.public_key);
   EXPECT_EQ(store.memberByKey(holder.public_key)->name, "node_0-lost-1");
+  fs::remove_all(out);
+}
+
+// A replacement while a growth is proposed (its spares assigned, their node.json written, the
+// cluster not formed yet): the 24-volunteer soak's new cluster formed a minute after a ring peer
+// of it was replaced and started with the lost volunteer's key, so it refused the replacement's
+// connections. The growth's nodes are re-pointed too, and owed nothing (their holders get the
+// whole file when the cluster forms). Here cluster 1 of twoByThree is the proposed growth.
+TEST(MemberReplacer, AReplacementDuringAProposedGrowthRepointsTheGrowthsNodesToo) {
+  const std::string out = replacementFreshDir("growing");
+  CoordinatorStore store(out + "/coordinator.db");
+  std::vector<std::string> placed, growing;
+  for (const NodeSpec& n : twoByThree()) {
+    fs::create_directories(nodeDirectory(out, n.name));
+    writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
+    std::ofstream(nodeDirectory(out, n.name) + "/stage.pt", std::ios::binary) << "stage of " << n.name;
+    store.putMember(replacementMember(n.name, MemberState::kAssigned, 100, 8, n.cluster * 3 + n.stage));
+    (n.cluster == 0 ? placed : growing).push_back(n.name);
+  }
+  JobSpec job;
+  job.job_id = "job";
+  job.data.location = "/data";
+  job.data.format = "idx";
+  writeJsonFile(jobSpecPath(out), toJson(job));
+  const Member spare = replacementMember("node_6", MemberState::kSpare, 100, 8, 10);
+  store.putMember(spare);
+  store.setMeta("placed", nlohmann::json(placed).dump());
+  store.setMeta("phase", "planned");
+  store.setMeta("growth", nlohmann::json({{"state", "proposed"}, {"cluster", 1}, {"spares", growing}}).dump());
+  EXPECT_EQ(proposedGrowthNodes(store), growing);
+  std::vector<std::pair<std::string, Frames>> sent;
+  MemberReplacer replacer(store, out, 15, /*started_at=*/100,
+                          [&](const std::string& key, const Frames& f) { sent.emplace_back(key, f); });
+  for (const auto& n : placed)
+    if (n != "node_1") store.touch(n, 110);
+  replacer.poll(116);  // node_1 silent for 16 s: the spare takes it
+  ASSERT_EQ(replacer.replaced(), 1u);
+  // node_4 (cluster 1's stage 1) lists node_1 in its ring: re-pointed on disk, told nothing.
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(out, "node_4")).rings[0].members[0].public_key, spare.public_key);
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(out, "node_4")).rings[0].members[0].address, spare.advertise);
+  sent.clear();
+  replacer.onHeartbeat(*store.memberByName("node_4"));
+  EXPECT_TRUE(sent.empty());
+  replacer.onHeartbeat(*store.memberByName("node_0"));  // a placed neighbour is told as before
+  EXPECT_EQ(sent.size(), 1u);
+  // Once formed (state "done"), a growth's nodes are placed ones like any other.
+  store.setMeta("growth", nlohmann::json({{"state", "done"}, {"cluster", 1}, {"spares", growing}}).dump());
+  EXPECT_TRUE(proposedGrowthNodes(store).empty());
   fs::remove_all(out);
 }
 
