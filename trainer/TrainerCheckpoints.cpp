@@ -307,6 +307,16 @@ void TrainerCheckpoints::checkResumedPlan() {
     data_.train->setTrainingDraws(resumed_meta_.value("augmentation_draws", uint64_t(0)));
 }
 
+void takeDealInForce(StageTrainerConfig* cfg, const nlohmann::json& deal) {
+  if (!deal.is_object() && !deal.is_array()) return;
+  nlohmann::json& extra = cfg->node.extra;
+  if (!extra.is_object()) extra = nlohmann::json::object();
+  if (extra.contains("deal") && extra["deal"] == deal) return;
+  extra["deal"] = deal;
+  CAIRN_INFO("resume: plans with the deal in force in node.json, ", deal.dump(),
+             " (taken since the run began)");
+}
+
 void adoptDealOfCheckpoint(StageTrainerConfig* cfg) {
   nlohmann::json& extra = cfg->node.extra;
   if (cfg->node.stage != 0 || cfg->checkpoint_dir.empty() || cfg->resume_step < 0) return;

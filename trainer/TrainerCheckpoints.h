@@ -73,5 +73,13 @@ class TrainerCheckpoints {
 // else is left as it is. NodeRunner calls it before each resumed attempt; BadInput when the
 // checkpoint or a deal is malformed.
 void adoptDealOfCheckpoint(StageTrainerConfig* cfg);
+// A resumed Root plans with `deal`, the deal in force now (node.json's extra.deal as on disk: the
+// Root writes a deal it takes there), when it is one (an object or array) and differs from its
+// configuration's. A Root that took a deal and paused before its next checkpoint resumed from a
+// checkpoint of the old deal with the configuration its run began with, and retrained those steps
+// under the old deal: other samples than the first time, and some another cluster trains (the
+// 24-volunteer soak: step 124 of one cluster). NodeRunner calls it before adoptDealOfCheckpoint;
+// checkResumedPlan then checks the checkpoint against it as always.
+void takeDealInForce(StageTrainerConfig* cfg, const nlohmann::json& deal);
 
 }  // namespace cairn

@@ -143,6 +143,13 @@ NodeRunResult NodeRunner::run() {
       const std::optional<int64_t> step = agreeOnResume(out);
       if (!step) return out;  // stopped by a signal during the agreement
       cfg.resume_step = *step;
+      if (config_.deal_in_force) {
+        try {
+          takeDealInForce(&cfg, config_.deal_in_force());
+        } catch (const std::exception& e) {
+          CAIRN_WARN("resume: could not read the deal in force (", e.what(), "); planning with the run's");
+        }
+      }
       adoptDealOfCheckpoint(&cfg);
     }
     const TrainerObserver observer = attemptObserver(resuming);

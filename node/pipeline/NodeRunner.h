@@ -63,6 +63,11 @@ struct NodeRunnerConfig {
   TrainerObserver observer;
   // "paused" (a neighbour lost) and "resumed" (the cluster agreed on the step), with a message.
   std::function<void(const std::string& state, const std::string& message)> on_state;
+  // The deal in force now (node.json's extra.deal as on disk: the Root writes a deal it takes
+  // there; null when none). A resumed attempt plans with it, not with the one the run began with:
+  // a Root that took a deal and paused before its next checkpoint otherwise retrained those
+  // steps under the old deal (the 24-volunteer soak: step 124 trained on two clusters' samples).
+  std::function<nlohmann::json()> deal_in_force;
 };
 
 struct NodeRunResult {

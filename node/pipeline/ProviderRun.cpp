@@ -277,9 +277,11 @@ NodeRunnerConfig nodeRunnerConfig(const ProviderRunOptions& options,
   run_config.observer.on_metrics_record = options.on_record;
   if (node.stage == 0)
     run_config.observer.on_batch = testHoldFromEnvironment(node.cluster, run_config.max_wait);
-  if (node.stage == 0 && options.on_live_peers)  // a volunteer's Root: growth updates reach it
-    run_config.observer.on_metrics_record =
-        recordTakingDeals(options, nodeSpecPath(options.node_data, options.name));
+  if (node.stage == 0 && options.on_live_peers) {  // a volunteer's Root: growth updates reach it
+    const std::string spec_path = nodeSpecPath(options.node_data, options.name);
+    run_config.observer.on_metrics_record = recordTakingDeals(options, spec_path);
+    run_config.deal_in_force = [spec_path] { return dealOf(readNodeSpec(spec_path)); };
+  }
   if (options.on_event) {
     run_config.observer.on_plan = [&options, batch = config.options.batch_size](int64_t total,
                                                                                  int64_t per_epoch) {

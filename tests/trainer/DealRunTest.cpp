@@ -532,6 +532,67 @@ TEST(DealRun, AResumeUnderADealTakenButNotInItsConfigurationPlansWithIt) {
   std::filesystem::remove_all(kept);
 }
 
+// A Root that took an offered deal (at step 5) and paused before its next checkpoint: its cluster
+// resumes from the checkpoint of step 4, written under the old deal, and the configuration its
+// provider run began with holds the old deal too. node.json says the deal taken is in force (the
+// Root wrote it there when it took it), and takeDealInForce (which NodeRunner calls before a
+// resumed attempt) plans with it: the stopped run's first four steps and the resumed run sample
+// exactly what the uninterrupted run with the offer samples. Without it the resumed Root retrained
+// under the old deal (the 24-volunteer soak: step 124 of one cluster on two clusters' samples).
+TEST(DealRun, AResumeFromBeforeATakeWithinOneRunPlansWithTheDealInForce) {
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  char tmpl[] = "/tmp/cairn_deal_in_force_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto nodeDir = [&](int i) { return dir + "/node_" + std::to_string(i); };
+  std::vector<AdmissionRecorder> syncs(kStages), resumed_syncs(kStages), reference_syncs(kStages);
+  Offer offer;
+  offer.from_step = 5;  // taken before step 5; checkpoints at 2, 4, 6
+  const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
+  auto polls = std::make_shared<int>(0);
+  const testing::PipelineRun stopped =
+      testing::runInMemoryPipeline(node_data, dealRunOptions, [&](int i, StageTrainerConfig& c) {
+        c.data.chunks = 4;
+        c.cluster_sync = &syncs[size_t(i)];
+        c.options.checkpoint_every = 2;
+        c.checkpoint_dir = nodeDir(i);
+        if (i != 0) return;
+        c.stop_requested = [polls] { return ++*polls >= 7; };
+        c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
+          if (offer.calls++ < offer.from_step) return std::nullopt;
+          return kGrown;
+        };
+      });
+  ASSERT_TRUE(stopped.results[0].stopped);
+  ASSERT_GT(stopped.results[0].steps, offer.from_step);  // steps after the take were trained
+  constexpr int64_t kFrom = 4;                             // the checkpoint before the take
+  ASSERT_GE(stopped.batches.size(), size_t(kFrom));
+  auto resume = [&](bool in_force) {
+    return testing::runInMemoryPipeline(node_data, dealRunOptions, [&, in_force](int i, StageTrainerConfig& c) {
+      c.data.chunks = 4;
+      c.cluster_sync = &resumed_syncs[size_t(i)];
+      c.checkpoint_dir = nodeDir(i);
+      c.resume_step = kFrom;
+      if (i == 0 && in_force) takeDealInForce(&c, kGrown);
+      if (i == 0) adoptDealOfCheckpoint(&c);  // the checkpoint predates the take: nothing to adopt
+    });
+  };
+  Offer again;
+  again.from_step = offer.from_step;
+  const testing::PipelineRun reference = runWithOffer(again, reference_syncs, nullptr, nullptr);
+  std::vector<std::vector<int64_t>> both(stopped.batches.begin(), stopped.batches.begin() + kFrom);
+  const testing::PipelineRun resumed = resume(true);
+  both.insert(both.end(), resumed.batches.begin(), resumed.batches.end());
+  EXPECT_EQ(both, reference.batches);
+  for (const TrainerResult& r : resumed.results) EXPECT_EQ(r.steps, reference.results[0].steps);
+  // Control: planning with the configuration the run began with samples other batches.
+  const testing::PipelineRun old = resume(false);
+  std::vector<std::vector<int64_t>> old_both(stopped.batches.begin(), stopped.batches.begin() + kFrom);
+  old_both.insert(old_both.end(), old.batches.begin(), old.batches.end());
+  EXPECT_NE(old_both, reference.batches);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DealChange, DealUpToKeepsTheEntriesInForceUpToAnEpoch) {
   const std::vector<DealEntry> deal = {{0, 1}, {2, 2}, {5, 3}};
   EXPECT_EQ(dealUpTo(deal, 0), (std::vector<DealEntry>{{0, 1}}));
