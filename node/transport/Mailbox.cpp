@@ -1,13 +1,45 @@
 #include "node/transport/Mailbox.h"
 
+#include <vector>
+
 #include "core/Log.h"
 
 namespace cairn {
 
 using Clock = std::chrono::steady_clock;
 
+Mailbox::Mailbox(Transport& transport, size_t max_buffered)
+    : transport_(transport), max_buffered_(max_buffered) {
+  transport_.setSendWaitHook([this] { drainWhileSending(); });
+}
+
+Mailbox::~Mailbox() { transport_.setSendWaitHook({}); }
+
 std::optional<Message> Mailbox::receive(const Match& match, std::chrono::milliseconds timeout) {
   return receive(match, timeout, {});
+}
+
+void Mailbox::drainWhileSending() {
+  constexpr size_t kMostPerCall = 256;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (receiving_) return;  // a waiter reads the transport already
+  receiving_ = true;
+  lock.unlock();
+  std::vector<Message> arrived;
+  try {
+    for (size_t i = 0; i < kMostPerCall; ++i) {
+      std::optional<Message> message = transport_.receive(std::chrono::milliseconds(0));
+      if (!message) break;
+      arrived.push_back(std::move(*message));
+    }
+  } catch (const std::exception& e) {
+    CAIRN_WARN("mailbox: reading the transport while a send waits failed: ", e.what());
+  }
+  lock.lock();
+  receiving_ = false;
+  for (Message& m : arrived) keepForLater(std::move(m));
+  ++wakeups_;  // liveness may have moved too: every waiter re-checks
+  changed_.notify_all();
 }
 
 size_t Mailbox::purge(const Match& match) {

@@ -30,8 +30,11 @@ class Mailbox {
  public:
   using Match = std::function<bool(const Message&)>;
 
-  explicit Mailbox(Transport& transport, size_t max_buffered = 4096)
-      : transport_(transport), max_buffered_(max_buffered) {}
+  // Registers drainWhileSending as the transport's send-wait hook (cleared by the destructor).
+  explicit Mailbox(Transport& transport, size_t max_buffered = 4096);
+  ~Mailbox();
+  Mailbox(const Mailbox&) = delete;
+  Mailbox& operator=(const Mailbox&) = delete;
 
   // The oldest buffered or arriving message for which `match` is true; nullopt after `timeout`.
   [[nodiscard]] std::optional<Message> receive(const Match& match,
@@ -59,6 +62,15 @@ class Mailbox {
   // Keeps a message nobody asked for yet in the buffer (dropping the oldest when full). Caller
   // holds mutex_.
   void keepForLater(Message message);
+  // A send waits for room (Transport::setSendWaitHook): when no thread reads the transport, this
+  // one files what has arrived (without waiting) in the buffer. Without it a node whose threads
+  // all wait to send (a ring sending to a peer that refuses it, 60 s) stops reading its inbound
+  // socket, whose queue (receive_high_water_mark) fills; libzmq 4.3.4 then stops reading that
+  // connection, misses the peer's ZMTP heartbeats, and when the peer gives the connection up
+  // meanwhile, the next read of the buffered heartbeat aborts the process
+  // (`Assertion failed: !_io_error (src/stream_engine_base.cpp:331)`, libzmq issue #4364: a
+  // volunteer of the 24-volunteer soak).
+  void drainWhileSending();
 
   Transport& transport_;
   size_t max_buffered_;

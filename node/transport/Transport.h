@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -69,6 +70,11 @@ class Transport {
   // The connection state of an added peer as of the last send/receive call (those calls update
   // it; ZmqTransport: our outbound connection to the peer, with ZMTP heartbeats); transports that cannot tell answer kUnknown. Callers combine it with their own timeouts.
   virtual PeerLiveness liveness(const std::string& /*peer*/) const { return {}; }
+  // Called by a send that waits for room, between its slices (ZmqTransport: every 50 ms), on the
+  // sending thread with none of the transport's locks held; empty: none. Mailbox sets it to keep
+  // the inbound flowing while every thread of a node is blocked sending. Set before sends start
+  // (or with none in flight) and cleared before its owner goes. Default: ignored.
+  virtual void setSendWaitHook(std::function<void()> /*hook*/) {}
   // Waits up to `timeout` for queued outgoing messages to leave, then closes every socket.
   // Without a call, destruction abandons queued messages (linger 0).
   virtual void flushAndClose(std::chrono::milliseconds timeout) = 0;

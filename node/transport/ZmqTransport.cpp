@@ -371,6 +371,12 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
       return SendStatus::kTimedOut;
     }
     sending.unlock();
+    std::function<void()> hook;
+    {
+      std::lock_guard<std::mutex> lock(hook_mutex_);
+      hook = send_wait_hook_;
+    }
+    if (hook) hook();
   }
   zmq::socket_t& socket = found->socket;
   uint64_t bytes = 0;

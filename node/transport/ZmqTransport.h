@@ -105,6 +105,10 @@ class ZmqTransport : public Transport {
   [[nodiscard]] std::optional<Message> receiveOrLivenessChange(
       std::chrono::milliseconds timeout) override;
   PeerLiveness liveness(const std::string& peer) const override;
+  void setSendWaitHook(std::function<void()> hook) override {
+    std::lock_guard<std::mutex> lock(hook_mutex_);
+    send_wait_hook_ = std::move(hook);
+  }
   TransportStats stats() const override {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     return stats_;
@@ -150,6 +154,8 @@ class ZmqTransport : public Transport {
   };
   // The longest a send holds a peer's send lock while it waits for room (send() above).
   static constexpr std::chrono::milliseconds kSendSlice{50};
+  mutable std::mutex hook_mutex_;
+  std::function<void()> send_wait_hook_;  // under hook_mutex_ (setSendWaitHook)
   // Reads every pending monitor event; true when some peer's state changed. Caller holds
   // receive_mutex_.
   bool drainMonitors();

@@ -30,6 +30,23 @@ std::string changes(const NodeSpec& before, const NodeSpec& after) {
   return out.empty() ? "no peer changed" : out;
 }
 
+// The Root that takes an offered deal writes it into its node.json as the deal in force
+// (ProviderRun recordTakingDeals); an update the coordinator wrote before it heard every Root
+// take it still offers it (extra.offered_deal) over the old extra.deal. Written as it came, the
+// update would undo the take, and a run started after it (a Root stopped while paused to take the
+// update) planned with the old deal: the 24-volunteer soak retrained steps under it, on samples
+// another cluster trained. The deal taken stays in force.
+void keepDealTaken(const NodeSpec& current, NodeSpec* next) {
+  const nlohmann::json& now = current.extra;
+  nlohmann::json& updated = next->extra;
+  if (!now.is_object() || !now.contains("deal") || !updated.is_object() ||
+      !updated.contains("offered_deal") || updated["offered_deal"] != now["deal"])
+    return;
+  updated["deal"] = now["deal"];
+  updated.erase("offered_deal");
+  CAIRN_INFO("the coordinator's update still offers the deal this node took; it stays in force");
+}
+
 }  // namespace
 
 VolunteerPeers::VolunteerPeers(std::string node_data, std::string name, std::string own_public_key,
@@ -46,6 +63,7 @@ void VolunteerPeers::offer(const PeersUpdate& update) {
   try {
     current = readNodeSpec(path);
     next = checkPeersUpdate(update, current, own_public_key_, coordinator_);
+    keepDealTaken(current, &next);
   } catch (const BadInput& e) {
     CAIRN_WARN("ignored the coordinator's peers update: ", e.what());
     return;
@@ -132,7 +150,8 @@ bool VolunteerPeers::applyPending() {
   const std::string path = nodeSpecPath(node_data_, name_);
   try {
     const NodeSpec current = readNodeSpec(path);
-    const NodeSpec next = checkPeersUpdate(*update, current, own_public_key_, coordinator_);
+    NodeSpec next = checkPeersUpdate(*update, current, own_public_key_, coordinator_);
+    keepDealTaken(current, &next);
     writeJsonFile(path, toJson(next));
     CAIRN_INFO("peers updated in ", path, " (", changes(current, next),
                "); running the stage again from the cluster's newest common checkpoint");

@@ -155,5 +155,54 @@ TEST(Mailbox, ABlockedSendDoesNotStopAnotherThreadReceiving) {
   EXPECT_EQ(status, SendStatus::kSent);
 }
 
+// A node whose only thread waits to send (its queue to "slow" full) still reads its inbound
+// socket: each slice of the wait files what has arrived in the mailbox (Mailbox::
+// drainWhileSending). "other" sends 40 messages through queues of one message each way; without
+// the drain its third send would wait until its timeout and fail, nobody reading "n". With it all
+// 40 are sent while n's send still waits ("slow" reads nothing until they are), and n's mailbox
+// holds them in order. (libzmq 4.3.4 aborts a process that stopped reading a connection whose
+// peer then gave it up: the 24-volunteer soak.)
+TEST(Mailbox, ABlockedSendKeepsTheInboundFlowingIntoTheBuffer) {
+  zmq::context_t context;
+  TransportOptions small;
+  small.send_high_water_mark = 1;
+  small.receive_high_water_mark = 1;
+  ZmqTransport node(context, "n", "inproc://mbd_n", small);
+  ZmqTransport slow(context, "slow", "inproc://mbd_slow", small);
+  ZmqTransport other(context, "other", "inproc://mbd_other", small);
+  node.addPeer("slow", "inproc://mbd_slow");
+  other.addPeer("n", "inproc://mbd_n");
+  Mailbox box(node);
+  int queued = 0;
+  while (box.send("slow", tagged(MessageKind::kCollective, "fill"), 50ms) == SendStatus::kSent) {
+    ASSERT_LT(++queued, 1000) << "the queue to slow never filled";
+  }
+  std::atomic<bool> sending{true};
+  SendStatus status = SendStatus::kTimedOut;
+  std::thread blocked([&] {
+    status = box.send("slow", tagged(MessageKind::kCollective, "late"), 120s);
+    sending = false;
+  });
+  constexpr int kMessages = 40;
+  int sent = 0;
+  for (int i = 0; i < kMessages; ++i) {
+    if (other.send("n", tagged(MessageKind::kCollective, "m" + std::to_string(i)), 20s) !=
+        SendStatus::kSent)
+      break;  // nobody read n for 20 s
+    ++sent;
+  }
+  EXPECT_EQ(sent, kMessages);
+  EXPECT_TRUE(sending) << "the send to slow ended before slow read anything";
+  // Let the blocked send finish, then every message is in the buffer, in order.
+  while (sending) (void)slow.receive(100ms);
+  blocked.join();
+  EXPECT_EQ(status, SendStatus::kSent);
+  for (int i = 0; i < kMessages; ++i) {
+    auto got = box.receive([](const Message&) { return true; }, 5s);
+    ASSERT_TRUE(got) << i;
+    EXPECT_EQ(got->tag, "m" + std::to_string(i));
+  }
+}
+
 }  // namespace
 }  // namespace cairn

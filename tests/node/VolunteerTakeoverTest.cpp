@@ -171,6 +171,37 @@ TEST(VolunteerTakeover, APeersUpdateMayOnlyMoveThePeers) {
     EXPECT_EQ(e.rfind("the coordinator at c:1 sent a peers update this volunteer cannot use: ", 0), 0u) << e;
 }
 
+// A Root that took an offered deal wrote it into its node.json as the deal in force; the
+// coordinator's next update (written before it heard every Root take it) still offers it over the
+// old deal. Written as it came, the update undid the take and the Root's next run (stopped while
+// paused to take the update) planned with the old deal (the 24-volunteer soak). The deal taken
+// stays in force; an update offering another deal, or none, is written as it came.
+TEST(VolunteerTakeover, AnUpdateStillOfferingTheDealTakenKeepsItInForce) {
+  VolunteerTakeoverTempDir dir;
+  const std::string own = generateCurveKeyPair().public_key;
+  const nlohmann::json old_deal = {{{"from_epoch", 0}, {"clusters", 2}}};
+  const nlohmann::json grown = {{{"from_epoch", 0}, {"clusters", 2}}, {{"from_epoch", 2}, {"clusters", 3}}};
+  NodeSpec taken = stem(own);
+  taken.extra["deal"] = grown;  // what the Root wrote when it took the offer
+  const std::string node_data = dir.path + "/node_data";
+  fs::create_directories(nodeDirectory(node_data, "node_1"));
+  const std::string path = nodeSpecPath(node_data, "node_1");
+  VolunteerPeers peers(node_data, "node_1", own, "c");
+  for (const bool same_offer : {true, false}) {
+    writeJsonFile(path, toJson(taken));
+    NodeSpec update = taken;
+    update.upstream->address = "127.0.0.1:7556";  // a replaced neighbour: not applied live
+    update.extra["deal"] = old_deal;
+    update.extra["offered_deal"] = same_offer ? grown : nlohmann::json(old_deal);
+    peers.offer({"node_1", toJson(update)});
+    ASSERT_TRUE(peers.applyPending());
+    const NodeSpec written = readNodeSpec(path);
+    EXPECT_EQ(written.upstream->address, "127.0.0.1:7556");
+    EXPECT_EQ(written.extra["deal"], same_offer ? grown : old_deal) << same_offer;
+    EXPECT_EQ(written.extra.contains("offered_deal"), !same_offer) << same_offer;
+  }
+}
+
 TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedOrStartingRunThenIsWritten) {
   VolunteerTakeoverTempDir dir;
   const std::string own = generateCurveKeyPair().public_key;
