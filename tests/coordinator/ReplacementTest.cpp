@@ -254,17 +254,14 @@ std::string replacementFreshDir(const std::string& name) {
   return dir;
 }
 
-TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold) {
-  const std::string out = replacementFreshDir("replacer");
-  CoordinatorStore store(out + "/coordinator.db");
-  std::vector<std::string> placed;
+// twoByThree written into `out` (node.json and a stage file per node, job.json) with a row per
+// node held by its own volunteer, and a spare node_6; returns the spare.
+Member writeTwoByThreeRun(const std::string& out, CoordinatorStore& store) {
   for (const NodeSpec& n : twoByThree()) {
     fs::create_directories(nodeDirectory(out, n.name));
     writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
     std::ofstream(nodeDirectory(out, n.name) + "/stage.pt", std::ios::binary) << "stage of " << n.name;
-    Member m = replacementMember(n.name, MemberState::kAssigned, 100, 8, n.cluster * 3 + n.stage);
-    store.putMember(m);
-    placed.push_back(n.name);
+    store.putMember(replacementMember(n.name, MemberState::kAssigned, 100, 8, n.cluster * 3 + n.stage));
   }
   JobSpec job;
   job.job_id = "job";
@@ -273,8 +270,17 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
   writeJsonFile(jobSpecPath(out), toJson(job));
   const Member spare = replacementMember("node_6", MemberState::kSpare, 100, 8, 10);
   store.putMember(spare);
-  store.setMeta("placed", nlohmann::json(placed).dump());
   store.setMeta("phase", "planned");
+  return spare;
+}
+
+TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold) {
+  const std::string out = replacementFreshDir("replacer");
+  CoordinatorStore store(out + "/coordinator.db");
+  const Member spare = writeTwoByThreeRun(out, store);
+  std::vector<std::string> placed;
+  for (const NodeSpec& n : twoByThree()) placed.push_back(n.name);
+  store.setMeta("placed", nlohmann::json(placed).dump());
   fs::create_directories(out + "/checkpoints/node_1");
   const std::string ckpt = out + "/checkpoints/node_1/step_20.ckpt";
   std::ofstream(ckpt, std::ios::binary) << "checkpoint bytes";
@@ -446,23 +452,10 @@ TEST(MemberReplacer, ALostNodeHeardAgainBeforeASpareCameIsHeldByItsVolunteerAgai
 TEST(MemberReplacer, AReplacementDuringAProposedGrowthRepointsTheGrowthsNodesToo) {
   const std::string out = replacementFreshDir("growing");
   CoordinatorStore store(out + "/coordinator.db");
+  const Member spare = writeTwoByThreeRun(out, store);
   std::vector<std::string> placed, growing;
-  for (const NodeSpec& n : twoByThree()) {
-    fs::create_directories(nodeDirectory(out, n.name));
-    writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
-    std::ofstream(nodeDirectory(out, n.name) + "/stage.pt", std::ios::binary) << "stage of " << n.name;
-    store.putMember(replacementMember(n.name, MemberState::kAssigned, 100, 8, n.cluster * 3 + n.stage));
-    (n.cluster == 0 ? placed : growing).push_back(n.name);
-  }
-  JobSpec job;
-  job.job_id = "job";
-  job.data.location = "/data";
-  job.data.format = "idx";
-  writeJsonFile(jobSpecPath(out), toJson(job));
-  const Member spare = replacementMember("node_6", MemberState::kSpare, 100, 8, 10);
-  store.putMember(spare);
+  for (const NodeSpec& n : twoByThree()) (n.cluster == 0 ? placed : growing).push_back(n.name);
   store.setMeta("placed", nlohmann::json(placed).dump());
-  store.setMeta("phase", "planned");
   store.setMeta("growth", nlohmann::json({{"state", "proposed"}, {"cluster", 1}, {"spares", growing}}).dump());
   EXPECT_EQ(proposedGrowthNodes(store), growing);
   std::vector<std::pair<std::string, Frames>> sent;

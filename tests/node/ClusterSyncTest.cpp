@@ -599,6 +599,54 @@ TEST(RingClusterSyncFailures, ACopyWithANonFiniteWeightIsDroppedBeforeTheAverage
   expectCorruptCopyDropped(/*to_non_finite=*/true);
 }
 
+// Two syncs of the three members x0, x1, x2 (ring_0 over `init`) with
+// CAIRN_TEST_FLIP_AFTER_AVERAGE=`flip`: the states before and after each round, each member's
+// stats and what it refused (a member that refused stops there).
+struct FlipRounds {
+  std::vector<std::vector<State>> before{2, std::vector<State>(3)}, after{2, std::vector<State>(3)};
+  std::vector<RingClusterSyncStats> stats{3};
+  std::vector<std::string> refused{3};
+};
+
+FlipRounds runFlipRounds(const State& init, const SyncOptions& options, const char* flip, uint64_t salt) {
+  FlipRounds out;
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(5000);
+  EXPECT_EQ(setenv("CAIRN_TEST_FLIP_AFTER_AVERAGE", flip, 1), 0);
+  runNodes(threeNodes(init), {{"ring_0", namesOf(init), kThree}}, {init, init, init}, options,
+           [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+             for (size_t round = 0; round < 2; ++round) {
+               perturbSeeded(stage, salt + 10 * round + i);
+               out.before[round][i] = stateOf(stage);
+               try {
+                 sync.synchronize();
+               } catch (const BadInput& e) {
+                 out.refused[i] = e.what();
+               }
+               out.after[round][i] = stateOf(stage);
+               if (!out.refused[i].empty()) break;
+             }
+             out.stats[i] = sync.stats();
+           },
+           setup);
+  unsetenv("CAIRN_TEST_FLIP_AFTER_AVERAGE");
+  return out;
+}
+
+// Round 0 of `r`: x0 and x1 agree, and x2's 0.weight differs from theirs in bit 0 of element
+// `index` only.
+void expectOnlyBit0Flipped(const FlipRounds& r, int64_t index) {
+  expectSameState(r.after[0][0], r.after[0][1], "x0 vs x1 after the first sync");
+  const torch::Tensor clean = r.after[0][0].at("0.weight").flatten();
+  const torch::Tensor flipped = r.after[0][2].at("0.weight").flatten();
+  EXPECT_EQ((clean != flipped).sum().item<int64_t>(), 1);
+  int32_t a = 0, b = 0;
+  const float ca = clean[index].item<float>(), fb = flipped[index].item<float>();
+  std::memcpy(&a, &ca, sizeof a);
+  std::memcpy(&b, &fb, sizeof b);
+  EXPECT_EQ(a ^ b, 1) << "bit 0 of element " << index;
+}
+
 // Corruption after the check (issue [Q]): x2 flips the lowest mantissa bit of one weight right
 // after its first average's reduction (CAIRN_TEST_FLIP_AFTER_AVERAGE, RingTestHooks.h): a change no
 // magnitude check can see, so x2 leaves that sync with a result unlike x0's and x1's. At the next
@@ -607,45 +655,13 @@ TEST(RingClusterSyncFailures, ACopyWithANonFiniteWeightIsDroppedBeforeTheAverage
 // Without the checksums x2's copy would be averaged in, and nobody refused.
 TEST(RingClusterSyncFailures, ACopyCorruptedAfterTheAverageIsCaughtAtTheNextSync) {
   const State init = layerState("0", 5, 37);
-  const auto nodes = threeNodes(init);
-  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
-  std::vector<std::vector<State>> before(2, std::vector<State>(3)), after(2, std::vector<State>(3));
-  std::vector<RingClusterSyncStats> stats(3);
-  std::vector<std::string> refused(3);
-  MemberSetup setup;
-  setup.timeout = std::chrono::milliseconds(5000);
-  ASSERT_EQ(setenv("CAIRN_TEST_FLIP_AFTER_AVERAGE", "x2:0.weight:3:0", 1), 0);
-  runNodes(nodes, rings, {init, init, init}, {},
-           [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
-             for (size_t round = 0; round < 2; ++round) {
-               perturbSeeded(stage, 800 + 10 * round + i);
-               before[round][i] = stateOf(stage);
-               try {
-                 sync.synchronize();
-               } catch (const BadInput& e) {
-                 refused[i] = e.what();
-               }
-               after[round][i] = stateOf(stage);
-               if (!refused[i].empty()) break;
-             }
-             stats[i] = sync.stats();
-           },
-           setup);
-  unsetenv("CAIRN_TEST_FLIP_AFTER_AVERAGE");
-  // Round 0: everyone averaged; x2's result differs from the others' in exactly bit 0 of element 3.
-  expectSameState(after[0][0], after[0][1], "x0 vs x1 after the first average");
-  const torch::Tensor clean = after[0][0].at("0.weight").flatten(), flipped = after[0][2].at("0.weight").flatten();
-  EXPECT_EQ((clean != flipped).sum().item<int64_t>(), 1);
-  int32_t a = 0, b = 0;
-  const float ca = clean[3].item<float>(), fb = flipped[3].item<float>();
-  std::memcpy(&a, &ca, sizeof a);
-  std::memcpy(&b, &fb, sizeof b);
-  EXPECT_EQ(a ^ b, 1) << "bit 0 of element 3";
+  const FlipRounds r = runFlipRounds(init, {}, "x2:0.weight:3:0", 800);
+  expectOnlyBit0Flipped(r, 3);
   // Round 1: x2 refused; x0 and x1 averaged without it.
-  EXPECT_NE(refused[2].find("result of the last average hashing to"), std::string::npos) << refused[2];
-  EXPECT_TRUE(refused[0].empty() && refused[1].empty()) << refused[0] << refused[1];
-  expectAverages(before[1], after[1], {{"ring_0", namesOf(init), {"x0", "x1"}}}, nodes);
-  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(stats[i].members_lost, 1) << i;
+  EXPECT_NE(r.refused[2].find("result of the last average hashing to"), std::string::npos) << r.refused[2];
+  EXPECT_TRUE(r.refused[0].empty() && r.refused[1].empty()) << r.refused[0] << r.refused[1];
+  expectAverages(r.before[1], r.after[1], {{"ring_0", namesOf(init), {"x0", "x1"}}}, threeNodes(init));
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(r.stats[i].members_lost, 1) << i;
 }
 
 // The same in DiLoCo (issue [Q]): x2 flips the lowest mantissa bit of element 2 of its outer
@@ -657,46 +673,16 @@ TEST(RingClusterSyncFailures, ACopyCorruptedAfterTheAverageIsCaughtAtTheNextSync
 // (Δ = θ_prev − θ_local) and nobody refused.
 TEST(RingClusterSyncFailures, ADiLoCoOuterStateCorruptedAfterItsStepIsCaughtAtTheNextSync) {
   const State init = layerState("0", 5, 43);
-  const auto nodes = threeNodes(init);
-  const std::vector<TestRing> rings = {{"ring_0", namesOf(init), kThree}};
   SyncOptions options;
   options.mode = SyncMode::kDiLoCo;  // lr 0.7, momentum 0.9, Nesterov
-  std::vector<std::vector<State>> before(2, std::vector<State>(3)), after(2, std::vector<State>(3));
-  std::vector<RingClusterSyncStats> stats(3);
-  std::vector<std::string> refused(3);
-  MemberSetup setup;
-  setup.timeout = std::chrono::milliseconds(5000);
-  ASSERT_EQ(setenv("CAIRN_TEST_FLIP_AFTER_AVERAGE", "x2:0.weight:2:0", 1), 0);
-  runNodes(nodes, rings, {init, init, init}, options,
-           [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
-             for (size_t round = 0; round < 2; ++round) {
-               perturbSeeded(stage, 850 + 10 * round + i);
-               before[round][i] = stateOf(stage);
-               try {
-                 sync.synchronize();
-               } catch (const BadInput& e) {
-                 refused[i] = e.what();
-               }
-               after[round][i] = stateOf(stage);
-               if (!refused[i].empty()) break;
-             }
-             stats[i] = sync.stats();
-           },
-           setup);
-  unsetenv("CAIRN_TEST_FLIP_AFTER_AVERAGE");
-  // Round 0: x2's result differs from the others' in exactly bit 0 of element 3.
-  expectSameState(after[0][0], after[0][1], "x0 vs x1 after the first outer step");
-  const torch::Tensor clean = after[0][0].at("0.weight").flatten(), flipped = after[0][2].at("0.weight").flatten();
-  EXPECT_EQ((clean != flipped).sum().item<int64_t>(), 1);
-  int32_t a = 0, b = 0;
-  const float ca = clean[2].item<float>(), fb = flipped[2].item<float>();
-  std::memcpy(&a, &ca, sizeof a);
-  std::memcpy(&b, &fb, sizeof b);
-  EXPECT_EQ(a ^ b, 1) << "bit 0 of element 2";
+  const FlipRounds r = runFlipRounds(init, options, "x2:0.weight:2:0", 850);
+  const auto& before = r.before;
+  const auto& after = r.after;
+  expectOnlyBit0Flipped(r, 2);
   // Round 1: x2 refused naming its outer state; x0 and x1 stepped together from round 0's θ.
-  EXPECT_NE(refused[2].find("outer state (θ_prev, momentum) hashing to"), std::string::npos) << refused[2];
-  EXPECT_TRUE(refused[0].empty() && refused[1].empty()) << refused[0] << refused[1];
-  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(stats[i].members_lost, 1) << i;
+  EXPECT_NE(r.refused[2].find("outer state (θ_prev, momentum) hashing to"), std::string::npos) << r.refused[2];
+  EXPECT_TRUE(r.refused[0].empty() && r.refused[1].empty()) << r.refused[0] << r.refused[1];
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(r.stats[i].members_lost, 1) << i;
   for (const std::string name : {"0.weight", "0.bias"}) {  // the parameters (the buffers are averaged)
     const torch::Tensor theta = after[0][0].at(name).to(torch::kDouble);
     // Round 1 over x0 and x1 only: Δ averaged over the two, momentum 0.9 m0 + Δ with m0 round 0's

@@ -19,6 +19,15 @@ Message tagged(MessageKind kind, const std::string& tag) {
   return m;
 }
 
+// Sends to `peer` until a send would wait (its queue full); returns how many were queued (1000:
+// it never filled).
+int fillTheQueueTo(Mailbox& box, const std::string& peer) {
+  int queued = 0;
+  while (queued < 1000 && box.send(peer, tagged(MessageKind::kCollective, "fill"), 50ms) == SendStatus::kSent)
+    ++queued;
+  return queued;
+}
+
 TEST(Mailbox, SelectiveReceiveKeepsOthersInArrivalOrder) {
   zmq::context_t context;
   ZmqTransport a(context, "a", "inproc://mb_a"), b(context, "b", "inproc://mb_b");
@@ -128,10 +137,8 @@ TEST(Mailbox, ABlockedSendDoesNotStopAnotherThreadReceiving) {
   other.addPeer("n", "inproc://mbs_n");
   Mailbox box(node);
   // Fill the path to "slow" until a send would wait.
-  int queued = 0;
-  while (box.send("slow", tagged(MessageKind::kCollective, "fill"), 50ms) == SendStatus::kSent) {
-    ASSERT_LT(++queued, 1000) << "the queue to slow never filled";
-  }
+  const int queued = fillTheQueueTo(box, "slow");
+  ASSERT_LT(queued, 1000) << "the queue to slow never filled";
   std::atomic<bool> sending{true};
   SendStatus status = SendStatus::kTimedOut;
   std::thread blocked([&] {
@@ -173,10 +180,7 @@ TEST(Mailbox, ABlockedSendKeepsTheInboundFlowingIntoTheBuffer) {
   node.addPeer("slow", "inproc://mbd_slow");
   other.addPeer("n", "inproc://mbd_n");
   Mailbox box(node);
-  int queued = 0;
-  while (box.send("slow", tagged(MessageKind::kCollective, "fill"), 50ms) == SendStatus::kSent) {
-    ASSERT_LT(++queued, 1000) << "the queue to slow never filled";
-  }
+  ASSERT_LT(fillTheQueueTo(box, "slow"), 1000) << "the queue to slow never filled";
   std::atomic<bool> sending{true};
   SendStatus status = SendStatus::kTimedOut;
   std::thread blocked([&] {

@@ -455,6 +455,26 @@ TEST(DealRun, AResumeFromACheckpointBeforeADealChangeGoesOnUnderTheDeal) {
   std::filesystem::remove_all(dir);
 }
 
+// The in-memory pipeline with checkpoints every 2 steps in nodeDir(i), `offer` made to its Root,
+// and its Root stopped at its `stop_at`-th poll of the stop flag (each step polls it).
+testing::PipelineRun runStoppedWithOffer(Offer& offer, std::vector<AdmissionRecorder>& syncs,
+                                         const std::function<std::string(int)>& nodeDir, int stop_at) {
+  const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
+  auto polls = std::make_shared<int>(0);
+  return testing::runInMemoryPipeline(node_data, dealRunOptions, [&](int i, StageTrainerConfig& c) {
+    c.data.chunks = 4;
+    c.cluster_sync = &syncs[size_t(i)];
+    c.options.checkpoint_every = 2;
+    c.checkpoint_dir = nodeDir(i);
+    if (i != 0) return;
+    c.stop_requested = [polls, stop_at] { return ++*polls >= stop_at; };
+    c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
+      if (offer.calls++ < offer.from_step) return std::nullopt;
+      return kGrown;
+    };
+  });
+}
+
 // A Root that took an offered deal, checkpointed under it, and resumes with a configuration that
 // does not hold the deal in force: node.json still only offers it (extra.offered_deal: the
 // coordinator's peers update written after the Root took it, or a spare's assignment), or the
@@ -473,20 +493,7 @@ TEST(DealRun, AResumeUnderADealTakenButNotInItsConfigurationPlansWithIt) {
   Offer offer;
   offer.from_step = 3;  // taken at step 3 of epoch 0
   const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
-  auto polls = std::make_shared<int>(0);
-  const testing::PipelineRun stopped =
-      testing::runInMemoryPipeline(node_data, dealRunOptions, [&](int i, StageTrainerConfig& c) {
-        c.data.chunks = 4;
-        c.cluster_sync = &syncs[size_t(i)];
-        c.options.checkpoint_every = 2;
-        c.checkpoint_dir = nodeDir(i);
-        if (i != 0) return;
-        c.stop_requested = [polls] { return ++*polls >= 9; };
-        c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
-          if (offer.calls++ < offer.from_step) return std::nullopt;
-          return kGrown;
-        };
-      });
+  const testing::PipelineRun stopped = runStoppedWithOffer(offer, syncs, nodeDir, 9);
   ASSERT_TRUE(stopped.results[0].stopped);
   const int64_t at = stopped.results[0].steps;
   ASSERT_GT(at, offer.from_step);  // the checkpoint comes after the deal was taken
@@ -549,20 +556,7 @@ TEST(DealRun, AResumeFromBeforeATakeWithinOneRunPlansWithTheDealInForce) {
   Offer offer;
   offer.from_step = 5;  // taken before step 5; checkpoints at 2, 4, 6
   const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
-  auto polls = std::make_shared<int>(0);
-  const testing::PipelineRun stopped =
-      testing::runInMemoryPipeline(node_data, dealRunOptions, [&](int i, StageTrainerConfig& c) {
-        c.data.chunks = 4;
-        c.cluster_sync = &syncs[size_t(i)];
-        c.options.checkpoint_every = 2;
-        c.checkpoint_dir = nodeDir(i);
-        if (i != 0) return;
-        c.stop_requested = [polls] { return ++*polls >= 7; };
-        c.offered_deal = [&offer]() -> std::optional<nlohmann::json> {
-          if (offer.calls++ < offer.from_step) return std::nullopt;
-          return kGrown;
-        };
-      });
+  const testing::PipelineRun stopped = runStoppedWithOffer(offer, syncs, nodeDir, 7);
   ASSERT_TRUE(stopped.results[0].stopped);
   ASSERT_GT(stopped.results[0].steps, offer.from_step);  // steps after the take were trained
   constexpr int64_t kFrom = 4;                             // the checkpoint before the take
