@@ -20,6 +20,7 @@ constexpr std::chrono::milliseconds kJoinRequestRepeat{1000};
 std::set<std::string> membersOf(const Ring& ring) {
   std::set<std::string> members;
   for (const auto& m : ring.spec.members) members.insert(m.name);
+  for (const auto& m : ring.expected_members) members.insert(m.name);
   return members;
 }
 
@@ -78,6 +79,17 @@ std::string welcomeCorruption(const Ring& ring, const Welcome& welcome) {
 // Copies a welcome that fits into the stage and the ring's outer state (unless `take_tensors` is
 // false: a corrupt-looking welcome, this node keeps its own), and enters its view and generation.
 void applyWelcome(RingContext& context, Ring& ring, const Welcome& welcome, bool take_tensors) {
+  // A view naming members a growth added (admitted while this node was away): they are members now.
+  for (const auto& v : welcome.view) {
+    const bool known = std::any_of(ring.spec.members.begin(), ring.spec.members.end(),
+                                   [&v](const PeerRef& m) { return m.name == v; });
+    if (!known && ring.expected_members.size() > ring.spec.members.size()) {
+      ring.spec.members = ring.expected_members;
+      CAIRN_INFO("ring ", ring.spec.id, ": the welcome's view holds the members a growth added; "
+                 "they are ring members from now on");
+      break;
+    }
+  }
   std::map<std::string, torch::Tensor> named;
   for (const auto& t : welcome.tensors) named[t.name] = t.tensor;
   for (size_t i = 0; take_tensors && i < ring.buckets.size(); ++i) {

@@ -131,6 +131,12 @@ struct Ring : RingBuckets {
   // RingClusterSync::addMembers) may ask before this node has applied the addition. At most
   // kMaxStrangers names; moved to join_requests when the name becomes a member.
   std::set<std::string> strangers;
+  // The ring's members with those a growth added that this node still holds for their admission
+  // (RingClusterSync::addMembers; empty when none), set before it joins: the others may have
+  // admitted them meanwhile, so a welcome whose view names them is taken, and they become members
+  // (a cluster that resumed after the growth's admission dropped every such welcome as naming a
+  // non-member: the 24-volunteer soak, seed 2).
+  std::vector<PeerRef> expected_members;
   static constexpr size_t kMaxStrangers = 64;
   int64_t transactions = 0;             // syncs of this ring committed (or kept) by this node
   // "average" mode: resultChecksum of the ring's tensors as its last committed sync left them (or

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -41,11 +42,15 @@ struct Member {
   int64_t steps_at_agreement;  // own steps done at the sync that agrees on the deal
 };
 
-// Node `name` of ring_0 (members `members`, cluster order) on `addresses`, gated as a Root;
-// body(sync, stage, transport) runs after start().
+using BeforeStart = std::function<void(RingClusterSync&, ZmqTransport&)>;
+
+// Node `name` of ring_0 (members `members`, cluster order) on `addresses`, gated as a Root unless
+// `gate` is false; before_start(sync, transport) runs before start(), body(sync, stage, transport)
+// after it.
 void runGrowthNode(zmq::context_t& context, const std::string& name, const std::vector<std::string>& members,
              const std::map<std::string, std::string>& addresses, const State& initial, bool joining,
-             const std::function<void(RingClusterSync&, torch::jit::Module&, ZmqTransport&)>& body) {
+             const std::function<void(RingClusterSync&, torch::jit::Module&, ZmqTransport&)>& body,
+             const BeforeStart& before_start = {}, bool gate = true) {
   NodeSpec spec;
   spec.name = name;
   spec.cluster = name.back() - '0';
@@ -62,7 +67,8 @@ void runGrowthNode(zmq::context_t& context, const std::string& name, const std::
   Mailbox mailbox(transport);
   RingClusterSync sync(mailbox, spec, SyncOptions{}, kLocalSteps, std::chrono::milliseconds(20000));
   sync.setJoining(joining);
-  sync.gateAdmissions(/*decides=*/true);
+  if (gate) sync.gateAdmissions(/*decides=*/true);
+  if (before_start) before_start(sync, transport);
   torch::jit::Module stage = makeStage(initial);
   sync.start(stage);
   body(sync, stage, transport);
@@ -190,6 +196,157 @@ TEST(RingClusterSyncGrowth, ClustersAtDifferentStepsAdmitTheNewClusterAtTheSameS
     for (const std::string& n : names)
       EXPECT_TRUE(torch::allclose(after_last.at(n).at(name), mean, 1e-5, 1e-6))
           << n << " after the first sync of three: " << name;
+  }
+}
+
+
+// NodeSpec `name`'s ring_0 listing `members` (cluster order) on `addresses`: a coordinator update.
+NodeSpec ringUpdate(const std::string& name, const std::vector<std::string>& members,
+                    const std::map<std::string, std::string>& addresses, const State& initial) {
+  NodeSpec updated;
+  updated.name = name;
+  RingSpec ring;
+  ring.id = "ring_0";
+  for (const auto& [n, t] : initial) ring.parameters.push_back(n);
+  for (const auto& m : members) {
+    if (m == name) ring.rank = int(ring.members.size());
+    ring.members.push_back({m, addresses.at(m), ""});
+  }
+  updated.rings = {ring};
+  return updated;
+}
+
+// A cluster that was away while a growth was admitted (the 24-volunteer soak, seed 2: its Root
+// paused, took the coordinator's growth update while paused — held for the admission step — and
+// resumed after the others had admitted the new cluster). b1 syncs once with a0 and leaves; a0
+// admits the newcomer c2 at step 4; b1 comes back joining, its node.json still listing {a0, b1},
+// the growth held. a0's welcome names a0, b1 and c2: b1 takes it (the held members become ring
+// members) with exactly a0's weights of that sync, and the next sync averages all three. Before,
+// b1 dropped every such welcome ("view names a non-member") and gave up.
+TEST(RingClusterSyncGrowth, AClusterBackAfterAGrowthWasAdmittedTakesAWelcomeNamingTheNewMembers) {
+  torch::manual_seed(48);
+  const State init = {{"0.weight", torch::randn({3, 4})}, {"0.bias", torch::randn({3})}};
+  const std::vector<std::string> names = {"a0", "b1", "c2"};
+  const std::vector<std::string> ports = testutil::freeLoopbackAddresses(3);
+  std::map<std::string, std::string> addresses;
+  for (size_t i = 0; i < names.size(); ++i) addresses[names[i]] = ports[i];
+  const std::vector<std::string> two = {"a0", "b1"}, grown = {"a0", "b1", "c2"};
+  zmq::context_t context;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool b1_left = false, c2_admitted = false;
+  auto set = [&](bool& flag) {
+    std::lock_guard<std::mutex> lock(mutex);
+    flag = true;
+    cv.notify_all();
+  };
+  auto wait = [&](bool& flag) {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!cv.wait_for(lock, std::chrono::seconds(120), [&] { return flag; }))
+      throw std::runtime_error("a step of the test never came");
+  };
+  std::map<std::string, State> welcomed, before_last, after_last;
+  std::map<std::string, std::vector<std::string>> views;
+  std::map<std::string, std::exception_ptr> errors;
+  auto record = [&](auto& map, const std::string& name, auto value) {
+    std::lock_guard<std::mutex> lock(mutex);
+    map[name] = value;
+  };
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    try {
+      runGrowthNode(context, "a0", two, addresses, init, false,
+                    [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport& transport) {
+                      stepsTo(sync, stage, 0, 2, 100);  // a sync with b1
+                      wait(b1_left);
+                      transport.addPeer("c2", "tcp://" + addresses.at("c2"));
+                      sync.addMembers(ringUpdate("a0", grown, addresses, init), /*at_admission_step=*/true);
+                      sync.admitJoinersAt(4);
+                      stepsTo(sync, stage, 2, 4, 100);  // 4 done: c2 admitted
+                      set(c2_admitted);
+                      // Syncs until b1 is back in the view (its join request comes when it starts).
+                      int64_t step = 4;
+                      for (; sync.view("ring_0").size() < 3; step += kLocalSteps) {
+                        if (step > 400) throw std::runtime_error("b1 never came back");
+                        stepsTo(sync, stage, step, step + kLocalSteps, 300);
+                        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                      }
+                      record(welcomed, "a0", stateOf(stage));
+                      record(views, "a0", sync.view("ring_0"));
+                      perturbSeeded(stage, 900);
+                      record(before_last, "a0", stateOf(stage));
+                      sync.afterOptimizerStep(step + 1, stage);  // the next grid boundary
+                      record(after_last, "a0", stateOf(stage));
+                    },
+                    {}, /*gate=*/false);
+    } catch (...) {
+      record(errors, "a0", std::current_exception());
+    }
+  });
+  threads.emplace_back([&] {
+    try {
+      runGrowthNode(context, "b1", two, addresses, init, false,
+                    [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport&) {
+                      stepsTo(sync, stage, 0, 2, 100);
+                      sync.leave();
+                    },
+                    {}, /*gate=*/false);
+      set(b1_left);
+      wait(c2_admitted);
+      // Back: node.json as before the growth, the coordinator's update held for the admission.
+      runGrowthNode(context, "b1", two, addresses, init, /*joining=*/true,
+                    [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport&) {
+                      record(welcomed, "b1", stateOf(stage));
+                      record(views, "b1", sync.view("ring_0"));
+                      perturbSeeded(stage, 901);
+                      record(before_last, "b1", stateOf(stage));
+                      sync.afterOptimizerStep(1, stage);  // its first sync: a0's and c2's next
+                      record(after_last, "b1", stateOf(stage));
+                    },
+                    [&](RingClusterSync& sync, ZmqTransport& transport) {
+                      transport.addPeer("c2", "tcp://" + addresses.at("c2"));
+                      sync.addMembers(ringUpdate("b1", grown, addresses, init), /*at_admission_step=*/true);
+                    },
+                    /*gate=*/false);
+    } catch (...) {
+      record(errors, "b1", std::current_exception());
+      set(b1_left);
+    }
+  });
+  threads.emplace_back([&] {
+    try {
+      State other;
+      for (const auto& [name, t] : init) other[name] = t + 1;
+      runGrowthNode(context, "c2", grown, addresses, other, /*joining=*/true,
+                    [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport&) {
+                      // Syncs with a0 until b1 is back and one more.
+                      int64_t step = 4;
+                      for (; sync.view("ring_0").size() < 3; step += kLocalSteps) {
+                        if (step > 400) throw std::runtime_error("b1 never came back (c2)");
+                        stepsTo(sync, stage, step, step + kLocalSteps, 300);
+                      }
+                      perturbSeeded(stage, 902);
+                      record(before_last, "c2", stateOf(stage));
+                      sync.afterOptimizerStep(step + 1, stage);
+                      record(after_last, "c2", stateOf(stage));
+                    },
+                    {}, /*gate=*/false);
+    } catch (...) {
+      record(errors, "c2", std::current_exception());
+    }
+  });
+  for (auto& t : threads) t.join();
+  for (const auto& [name, e] : errors)
+    if (e) std::rethrow_exception(e);
+  EXPECT_EQ(views.at("b1"), grown);
+  EXPECT_EQ(views.at("a0"), grown);
+  for (const auto& [name, t] : init) {
+    EXPECT_TRUE(torch::equal(welcomed.at("b1").at(name), welcomed.at("a0").at(name)))
+        << "b1 was not welcomed with a0's weights of the admitting sync: " << name;
+    const torch::Tensor mean =
+        (before_last.at("a0").at(name) + before_last.at("b1").at(name) + before_last.at("c2").at(name)) / 3;
+    for (const std::string& n : names)
+      EXPECT_TRUE(torch::allclose(after_last.at(n).at(name), mean, 1e-5, 1e-6)) << n << ": " << name;
   }
 }
 
