@@ -98,6 +98,19 @@ void RingClusterSync::applyAddedMembers(torch::jit::Module& stage) {
   }
 }
 
+void RingClusterSync::expectAddedMembers() {
+  std::lock_guard<std::mutex> lock(added_mutex_);
+  for (auto& ring : rings_) {
+    ring->expected_members.clear();
+    for (const auto* pending : {&held_, &added_}) {
+      auto it = pending->find(ring->spec.id);
+      if (it != pending->end() && it->second.size() > ring->spec.members.size() &&
+          it->second.size() > ring->expected_members.size())
+        ring->expected_members = it->second;
+    }
+  }
+}
+
 void RingClusterSync::admitJoinersAt(int64_t steps_done) {
   if (context_.gated) {
     admitClustersAt({steps_done, {}, /*growth=*/true});

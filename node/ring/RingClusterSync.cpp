@@ -136,18 +136,7 @@ void RingClusterSync::start(torch::jit::Module& stage) {
   if (!loaded_.empty())
     CAIRN_THROW(BadInput, "checkpoint tensor ", loaded_.begin()->first, " names no ring that node ",
                 context_.node.name, " shares with other clusters");
-  if (joining_) {
-    std::lock_guard<std::mutex> lock(added_mutex_);
-    for (auto& ring : rings_) {
-      ring->expected_members.clear();
-      for (const auto* pending : {&held_, &added_}) {
-        auto it = pending->find(ring->spec.id);
-        if (it != pending->end() && it->second.size() > ring->spec.members.size() &&
-            it->second.size() > ring->expected_members.size())
-          ring->expected_members = it->second;
-      }
-    }
-  }
+  if (joining_) expectAddedMembers();
   const bool joined_any = joining_ && joinRings(context_, sharedRings());
   if (!joined_any) {
     std::vector<Ring*> shared;

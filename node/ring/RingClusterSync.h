@@ -198,6 +198,9 @@ class RingClusterSync : public ClusterSync {
  private:
   // Moves the queued additions into the rings (trainer's thread, between calls).
   void applyAddedMembers(torch::jit::Module& stage);
+  // Before joining: each ring's members with the additions held or queued for it
+  // (Ring::expected_members), which a welcome's view may already name.
+  void expectAddedMembers();
   // The rings this node shares with other clusters (more than one member in node.json).
   std::vector<Ring*> sharedRings();
 
