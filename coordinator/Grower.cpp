@@ -277,10 +277,7 @@ std::vector<NodeSpec> Grower::assign() {
   store_.setMeta("placed", placed.dump());
   // Every Root took the deal: it is in force in the running nodes' node.json too, and each is
   // owed that update (a volunteer restarting after a pause plans with it).
-  editNodes(names(g["told"]), [&](NodeSpec& node) {
-    node.extra["deal"] = g["deal"];
-    node.extra.erase("offered_deal");
-  });
+  editNodes(names(g["told"]), [&](NodeSpec& node) { putDealInForce(node.extra, g["deal"]); });
   oweUpdates(g);
   const int cluster = g["cluster"].get<int>();
   addToPlan(assigned, cluster);

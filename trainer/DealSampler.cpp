@@ -49,6 +49,12 @@ nlohmann::json dealToJson(const std::vector<DealEntry>& deal) {
   return out;
 }
 
+void putDealInForce(nlohmann::json& extra, const nlohmann::json& deal) {
+  if (!extra.is_object()) extra = nlohmann::json::object();
+  extra["deal"] = deal;
+  extra.erase("offered_deal");
+}
+
 std::vector<DealEntry> dealUpTo(const std::vector<DealEntry>& deal, int64_t epoch) {
   std::vector<DealEntry> out;
   for (const DealEntry& e : deal)

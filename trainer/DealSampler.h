@@ -37,6 +37,9 @@ void validateDeal(const std::vector<DealEntry>& deal, const std::string& where);
 std::vector<DealEntry> dealFromJson(const nlohmann::json& json, const std::string& where);
 // The deal as that JSON (checkpoint meta, logs, metrics).
 nlohmann::json dealToJson(const std::vector<DealEntry>& deal);
+// node.json's `extra` with `deal` in force: extra.deal is it, and no extra.offered_deal is left
+// (the Root that takes an offer, the coordinator once every Root took it, a resume that adopts it).
+void putDealInForce(nlohmann::json& extra, const nlohmann::json& deal);
 // The deal entries in force at epochs 0..epoch (those with from_epoch <= epoch).
 std::vector<DealEntry> dealUpTo(const std::vector<DealEntry>& deal, int64_t epoch);
 // What a trainer can run (BadInput naming `where`): `cluster` is in the deal at some entry,

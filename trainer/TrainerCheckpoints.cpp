@@ -337,8 +337,7 @@ void adoptDealOfCheckpoint(StageTrainerConfig* cfg) {
              dealToJson(written).dump(), "; node.json's configuration ",
              extra.is_object() && extra.contains("offered_deal") ? "only offers it" : "predates it",
              ": planning with it");
-  extra["deal"] = dealToJson(written);
-  if (extra.contains("offered_deal")) extra.erase("offered_deal");
+  putDealInForce(extra, dealToJson(written));
 }
 
 }  // namespace cairn

@@ -19,6 +19,7 @@
 #include "node/transport/NodeSecurity.h"
 #include "node/ring/RingClusterSync.h"
 #include "node/transport/ZmqTransport.h"
+#include "trainer/DealSampler.h"
 #include "trainer/Device.h"
 #include "trainer/SharedParameters.h"
 #include "trainer/StageExecutor.h"
@@ -248,8 +249,7 @@ std::function<void(const nlohmann::json&, const std::string&)> recordTakingDeals
         record["deal"].value("accepted", false) && record["deal"].contains("deal")) {
       try {
         NodeSpec now = readNodeSpec(spec_path);
-        now.extra["deal"] = record["deal"]["deal"];
-        now.extra.erase("offered_deal");
+        putDealInForce(now.extra, record["deal"]["deal"]);
         writeJsonFile(spec_path, toJson(now));
         CAIRN_INFO("the deal taken is in force in ", spec_path);
       } catch (const std::exception& e) {

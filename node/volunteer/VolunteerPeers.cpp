@@ -5,6 +5,7 @@
 #include "core/Log.h"
 #include "core/NodeData.h"
 #include "node/volunteer/VolunteerAssignment.h"
+#include "trainer/DealSampler.h"
 
 namespace cairn {
 namespace {
@@ -42,8 +43,7 @@ void keepDealTaken(const NodeSpec& current, NodeSpec* next) {
   if (!now.is_object() || !now.contains("deal") || !updated.is_object() ||
       !updated.contains("offered_deal") || updated["offered_deal"] != now["deal"])
     return;
-  updated["deal"] = now["deal"];
-  updated.erase("offered_deal");
+  putDealInForce(updated, now["deal"]);
   CAIRN_INFO("the coordinator's update still offers the deal this node took; it stays in force");
 }
 

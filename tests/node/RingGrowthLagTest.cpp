@@ -42,6 +42,23 @@ struct Member {
   int64_t steps_at_agreement;  // own steps done at the sync that agrees on the deal
 };
 
+// NodeSpec `name` with ring_0 over `initial`'s tensors, listing `members` (cluster order) on
+// `addresses`: the start of a node's node.json, or a coordinator's update to it.
+NodeSpec ringUpdate(const std::string& name, const std::vector<std::string>& members,
+                    const std::map<std::string, std::string>& addresses, const State& initial) {
+  NodeSpec updated;
+  updated.name = name;
+  RingSpec ring;
+  ring.id = "ring_0";
+  for (const auto& [n, t] : initial) ring.parameters.push_back(n);
+  for (const auto& m : members) {
+    if (m == name) ring.rank = int(ring.members.size());
+    ring.members.push_back({m, addresses.at(m), ""});
+  }
+  updated.rings = {ring};
+  return updated;
+}
+
 using BeforeStart = std::function<void(RingClusterSync&, ZmqTransport&)>;
 
 // Node `name` of ring_0 (members `members`, cluster order) on `addresses`, gated as a Root unless
@@ -51,17 +68,8 @@ void runGrowthNode(zmq::context_t& context, const std::string& name, const std::
              const std::map<std::string, std::string>& addresses, const State& initial, bool joining,
              const std::function<void(RingClusterSync&, torch::jit::Module&, ZmqTransport&)>& body,
              const BeforeStart& before_start = {}, bool gate = true) {
-  NodeSpec spec;
-  spec.name = name;
+  NodeSpec spec = ringUpdate(name, members, addresses, initial);
   spec.cluster = name.back() - '0';
-  RingSpec ring;
-  ring.id = "ring_0";
-  for (const auto& [n, t] : initial) ring.parameters.push_back(n);
-  for (const auto& m : members) {
-    if (m == name) ring.rank = int(ring.members.size());
-    ring.members.push_back({m, addresses.at(m), ""});
-  }
-  spec.rings = {ring};
   spec.address = "tcp://" + addresses.at(name);
   ZmqTransport transport(context, name, spec.address);
   Mailbox mailbox(transport);
@@ -127,15 +135,7 @@ TEST(RingClusterSyncGrowth, ClustersAtDifferentStepsAdmitTheNewClusterAtTheSameS
                   sync.proposeDeal(0, true);
                   // The coordinator's update: the newcomer's address, and the ring grown.
                   transport.addPeer("c2", "tcp://" + addresses.at("c2"));
-                  NodeSpec updated;
-                  updated.name = m.name;
-                  RingSpec ring;
-                  ring.id = "ring_0";
-                  for (const auto& [n, t] : init) ring.parameters.push_back(n);
-                  for (const auto& g : grown) ring.members.push_back({g, addresses.at(g), ""});
-                  ring.rank = int(i);
-                  updated.rings = {ring};
-                  sync.addMembers(updated, /*at_admission_step=*/true);
+                  sync.addMembers(ringUpdate(m.name, grown, addresses, init), /*at_admission_step=*/true);
                   sync.admitJoinersAt(at);
                   const std::optional<ClusterAdmission> pending = sync.pendingAdmission();
                   record(pending_at, m.name, pending ? pending->steps_done : -1);
@@ -199,22 +199,6 @@ TEST(RingClusterSyncGrowth, ClustersAtDifferentStepsAdmitTheNewClusterAtTheSameS
   }
 }
 
-
-// NodeSpec `name`'s ring_0 listing `members` (cluster order) on `addresses`: a coordinator update.
-NodeSpec ringUpdate(const std::string& name, const std::vector<std::string>& members,
-                    const std::map<std::string, std::string>& addresses, const State& initial) {
-  NodeSpec updated;
-  updated.name = name;
-  RingSpec ring;
-  ring.id = "ring_0";
-  for (const auto& [n, t] : initial) ring.parameters.push_back(n);
-  for (const auto& m : members) {
-    if (m == name) ring.rank = int(ring.members.size());
-    ring.members.push_back({m, addresses.at(m), ""});
-  }
-  updated.rings = {ring};
-  return updated;
-}
 
 // A cluster that was away while a growth was admitted (the 24-volunteer soak, seed 2: its Root
 // paused, took the coordinator's growth update while paused — held for the admission step — and
