@@ -11,15 +11,19 @@ namespace cairn {
 
 namespace {
 
+constexpr const char* kCopy = "copy of the ring's parameters";
+constexpr const char* kGradientContribution = "gradient contribution (gradients and weights)";
+
 // Member `r` of `group` is corrupt (`why`): this node → BadInput; another → PeerLost naming it.
-[[noreturn]] void corrupt(const ProcessGroup& group, size_t r, const std::string& why) {
+// `subject`: what of the member's was checked (kCopy, kGradientContribution).
+[[noreturn]] void corrupt(const ProcessGroup& group, size_t r, const std::string& why,
+                          const char* subject = kCopy) {
   const auto& members = group.members();
   if (int(r) == group.rank())
-    CAIRN_THROW(BadInput, "this node's copy of the ring's parameters ", why,
+    CAIRN_THROW(BadInput, "this node's ", subject, " ", why,
                 ": corrupt (a flipped bit, bad memory?); it must not be averaged or trained on");
   CAIRN_THROW_LOST((PeerLoss{members[r], LossCause::kAborted, "corrupt weights", members[r]}),
-                   members[r], "'s copy of the ring's parameters ", why,
-                   ": dropped before the average");
+                   members[r], "'s ", subject, " ", why, ": dropped before the average");
 }
 
 // The last results' checksums (summary columns 2..4: has one, high and low 32 bits): a member
@@ -82,6 +86,49 @@ std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine) {
   return "";
 }
 
+namespace {
+
+// The magnitude rule over all-gathered summaries (one row per member, column 0 the non-finite
+// flag): member r is corrupt when its flag is set, or when its value in one of `columns` exceeds
+// kCorruptionFactor x max(1, every other member's value in that column). `what` names each column.
+void checkMagnitudes(const ProcessGroup& group, const std::vector<torch::Tensor>& all,
+                     const std::vector<std::pair<int64_t, std::string>>& columns,
+                     const std::string& nonfinite_what, const char* subject) {
+  // Every member non-finite at once is no corrupt copy but a diverged training: nobody can be
+  // dropped for it, and averaging on would spread NaN; every member stops, saying so.
+  size_t nonfinite = 0;
+  for (const auto& row : all) nonfinite += row[0].item<double>() != 0 ? 1 : 0;
+  if (all.size() > 1 && nonfinite == all.size())
+    CAIRN_THROW(BadInput, "every member of ring ", group.groupId(), " (", all.size(), ") ",
+                nonfinite_what, ": the training diverged (a learning rate too high?), not one "
+                "corrupt copy; stopping rather than averaging non-finite values");
+  for (size_t r = 0; r < all.size(); ++r) {
+    const auto s = all[r].accessor<double, 1>();
+    if (s[0] != 0) corrupt(group, r, nonfinite_what, subject);
+    for (const auto& [c, what] : columns) {
+      double others = 1;
+      for (size_t o = 0; o < all.size(); ++o)
+        if (o != r) others = std::max(others, all[o][c].item<double>());
+      if (s[c] > kCorruptionFactor * others)
+        corrupt(group, r,
+                detail::concat("holds a ", what, " of magnitude ", s[c], ", over ",
+                               kCorruptionFactor, "x every other member's largest (", others, ")"),
+                subject);
+    }
+  }
+}
+
+// Whether `t` holds a non-finite value, and its largest finite magnitude (float32 or wider: the
+// pass stays in the tensor's own dtype, no copy to double).
+std::pair<bool, double> finiteAndLargest(const torch::Tensor& t) {
+  if (t.numel() == 0) return {false, 0};
+  const bool nonfinite = !torch::isfinite(t).all().item<bool>();
+  const double largest = t.abs().nan_to_num(0, 0, 0).max().item().toDouble();
+  return {nonfinite, largest};
+}
+
+}  // namespace
+
 void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<uint64_t> last_result,
                         const std::string& result_what) {
   CopySummary mine =
@@ -96,18 +143,24 @@ void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<ui
       torch::tensor({nonfinite, largest, last_result ? 1.0 : 0.0, double(sum >> 32),
                      double(sum & 0xffffffffull)},
                     torch::kDouble));
-  for (size_t r = 0; r < all.size(); ++r) {
-    const auto s = all[r].accessor<double, 1>();
-    double others = 1;
-    for (size_t o = 0; o < all.size(); ++o)
-      if (o != r) others = std::max(others, all[o][1].item<double>());
-    if (s[0] != 0) corrupt(group, r, "holds a non-finite weight");
-    if (s[1] > kCorruptionFactor * others)
-      corrupt(group, r,
-              detail::concat("holds a weight of magnitude ", s[1], ", over ", kCorruptionFactor,
-                             "x every other member's largest (", others, ")"));
-  }
+  checkMagnitudes(group, all, {{1, "weight"}}, "holds a non-finite weight", kCopy);
   checkResults(group, all, result_what);
+}
+
+void checkGradientContribution(RingBuckets& ring, ProcessGroup& group, const RingBucket& b,
+                               const torch::Tensor& gradients) {
+  torch::NoGradGuard no_grad;
+  auto [nonfinite, largest_gradient] = finiteAndLargest(gradients);
+  double largest_weight = 0;
+  for (size_t i : b.members) {
+    const auto [bad, largest] = finiteAndLargest(ring.tensors[i]);
+    nonfinite = nonfinite || bad;
+    largest_weight = std::max(largest_weight, largest);
+  }
+  const std::vector<torch::Tensor> all = group.allGather(
+      torch::tensor({nonfinite ? 1.0 : 0.0, largest_gradient, largest_weight}, torch::kDouble));
+  checkMagnitudes(group, all, {{1, "gradient"}, {2, "weight"}},
+                  "holds a non-finite gradient or weight", kGradientContribution);
 }
 
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers) {
@@ -151,6 +204,7 @@ void averageGradientBucket(RingBuckets& ring, ProcessGroup& group, size_t i,
                            torch::Tensor* before) {
   const RingBucket& b = ring.gradient_buckets.at(i);
   torch::Tensor flat = ring.flatten(b, true);
+  checkGradientContribution(ring, group, b, flat);
   if (before) *before = flat.clone();
   group.allReduce(flat, ReduceOp::kAverage);
   ring.unflatten(b, flat, true);

@@ -11,6 +11,7 @@
 //   checkContributions  before an average or DiLoCo step: every member's floating parameters are
 //                     checked against the ring's (below), so a silently corrupted copy (a flipped
 //                     exponent bit) is dropped before it is averaged into everyone's weights
+//   checkGradientContribution  the same per gradient bucket, before its average ("gradients")
 // Ownership: none (operates on the caller's buckets and group). Thread-safety: the ring's thread.
 #pragma once
 
@@ -60,11 +61,22 @@ std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine);
 void checkContributions(RingBuckets& ring, ProcessGroup& group,
                         std::optional<uint64_t> last_result = std::nullopt,
                         const std::string& result_what = "result of the last average");
+// "gradients": gradient bucket `b`'s contribution, its flat `gradients` and the weights of its
+// parameters (the copies a flipped bit corrupts; they are equal on every member, being kept equal
+// by the averaged gradients), summarised (non-finite or not, the largest magnitude of each) and
+// all-gathered right before the bucket is averaged — by averageGradientBucket, so the ordinary and
+// the overlapped path send the same messages. The rule is checkContributions' (a gradient larger
+// than kCorruptionFactor x max(1, every other member's largest) is corrupt: members differ only by
+// their micro-batches), with the same consequences: this node corrupt → BadInput, another →
+// PeerLost naming it, and the gradient sync is redone among the others from their own gradients.
+void checkGradientContribution(RingBuckets& ring, ProcessGroup& group, const RingBucket& b,
+                               const torch::Tensor& gradients);
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers);
 void outerStep(RingBuckets& ring, ProcessGroup& group, const SyncOptions& sync);
 void averageGradients(RingBuckets& ring, ProcessGroup& group);
-// Gradient bucket `i`. `before`: if not null, receives the bucket's flat gradients before the
-// reduction (the overlapped path's restore point).
+// Gradient bucket `i`, its contribution checked first (checkGradientContribution). `before`: if
+// not null, receives the bucket's flat gradients before the reduction (the overlapped path's
+// restore point).
 void averageGradientBucket(RingBuckets& ring, ProcessGroup& group, size_t i,
                            torch::Tensor* before = nullptr);
 

@@ -858,7 +858,8 @@ TEST(RingClusterSyncFailures, MemberDyingMidGradientAverageIsDropped) {
       },
       setup,
       [](size_t i, FaultyTransport& faulty) {
-        if (i == 2) faulty.setDisconnectAfterSends(2);  // inside the gradient all-reduce
+        // 2 sends of the contribution check's all-gather, then 2 of the all-reduce's 4.
+        if (i == 2) faulty.setDisconnectAfterSends(4);  // inside the gradient all-reduce
       });
   for (const auto& [name, g0] : grads_before[0]) {
     const torch::Tensor expected = (g0.to(torch::kDouble) + grads_before[1].at(name).to(torch::kDouble)) / 2;
@@ -1782,7 +1783,8 @@ TEST(RingClusterSyncOverlap, MemberDyingMidOverlappedAllReduceIsDropped) {
       },
       setup,
       [](size_t i, FaultyTransport& faulty) {
-        if (i == 2) faulty.setDisconnectAfterSends(2);  // inside the first bucket's all-reduce
+        // 2 sends of the bucket's contribution check (an all-gather), then 2 of its all-reduce's 4.
+        if (i == 2) faulty.setDisconnectAfterSends(4);  // inside the first bucket's all-reduce
       });
   for (const auto& [name, g0] : own[0]) {
     const torch::Tensor expected = (g0.to(torch::kDouble) + own[1].at(name).to(torch::kDouble)) / 2;
@@ -1796,6 +1798,127 @@ TEST(RingClusterSyncOverlap, MemberDyingMidOverlappedAllReduceIsDropped) {
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(stats[i].members_lost, 1) << i;
     EXPECT_EQ(stats[i].overlapped_gradient_syncs, 1) << i;
+  }
+}
+
+
+// Silent corruption in "gradients" mode (issue [Q]): the copies are kept equal by averaged
+// gradients, so a flipped weight would spread through the gradients it yields at the very next
+// all-reduce. Each gradient bucket's contribution — its gradients and the weights they come from —
+// is checked right before its average (RingSyncMath.h checkGradientContribution). x2's "2.weight"
+// (the first bucket reduced) gets the top exponent bit of an element below 1 flipped (~1e38) before
+// the step: x2 refuses (BadInput naming the corruption), x0 and x1 drop it and average their own
+// gradients without it, exactly as if x2 had never been there. `overlap`: the check runs on the
+// communication thread during backward (the same messages). Without the check x0's and x1's
+// gradients would carry x2's huge or non-finite ones and nobody would refuse.
+void expectCorruptGradientContributionDropped(bool overlap) {
+  const State init = mlpState();
+  SyncOptions options;
+  options.mode = SyncMode::kGradients;
+  std::vector<torch::Tensor> xs, ys;
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(at::randn({8, 6}, gen));
+    ys.push_back(at::randn({8, 4}, gen));
+  }
+  std::vector<State> own(2), after(3);
+  for (size_t i = 0; i < 2; ++i) {
+    std::map<std::string, torch::Tensor> p;
+    for (const auto& [name, t] : init) p[name] = t.clone().requires_grad_(true);
+    torch::mse_loss(mlpForward(p, xs[i]), ys[i]).backward();
+    for (const auto& [name, t] : p)
+      own[i][name] = t.grad().defined() ? t.grad().clone() : torch::zeros_like(t);
+  }
+  std::vector<RingClusterSyncStats> stats(3);
+  std::vector<std::string> refused(3);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(5000);
+  setup.gradients.bucket_bytes = 64;
+  setup.gradients.overlap = overlap;
+  runNodes(threeNodes(init), {{"ring_0", namesOf(init), kThree}}, {init, init, init}, options,
+           [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+             if (i == 2) {
+               const torch::Tensor w = init.at("2.weight").flatten();
+               int64_t index = 0;
+               while (std::abs(w[index].item<float>()) >= 1) ++index;
+               flipBit30(stage, "2.weight", index);
+             }
+             torch::Tensor loss = torch::mse_loss(mlpForward(paramsOf(stage), xs[i]), ys[i]);
+             sync.beforeBackward(0, stage, true);
+             loss.backward();
+             try {
+               sync.beforeOptimizerStep(0, stage);
+             } catch (const BadInput& e) {
+               refused[i] = e.what();
+             }
+             for (const auto& p : stage.named_parameters(true))
+               after[i][p.name] = p.value.grad().defined() ? p.value.grad().clone()
+                                                           : torch::zeros_like(p.value);
+             stats[i] = sync.stats();
+           },
+           setup);
+  EXPECT_NE(refused[2].find("corrupt"), std::string::npos) << refused[2];
+  EXPECT_TRUE(refused[0].empty() && refused[1].empty()) << refused[0] << refused[1];
+  for (const auto& [name, g0] : own[0]) {
+    const torch::Tensor expected = (g0.to(torch::kDouble) + own[1].at(name).to(torch::kDouble)) / 2;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_LE((after[i].at(name).to(torch::kDouble) - expected).abs().max().item<double>(), 1e-6)
+          << name << " at x" << i;
+    EXPECT_TRUE(torch::equal(after[0].at(name), after[1].at(name))) << name;
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(stats[i].members_lost, 1) << i;
+    EXPECT_EQ(stats[i].overlapped_gradient_syncs, overlap ? 1 : 0) << i;
+  }
+}
+
+TEST(RingClusterSyncFailures, AGradientContributionFromAFlippedWeightIsDroppedBeforeTheAverage) {
+  expectCorruptGradientContributionDropped(/*overlap=*/false);
+}
+
+TEST(RingClusterSyncOverlap, AFlippedWeightIsCaughtBeforeItsFirstOverlappedBucketIsAveraged) {
+  expectCorruptGradientContributionDropped(/*overlap=*/true);
+}
+
+// Every member's gradients non-finite at once (a diverged training, not one corrupt copy): nobody
+// is dropped, every member refuses to average NaN, saying the training diverged, and the gradients
+// are left as they were.
+TEST(RingClusterSyncFailures, NonFiniteGradientsOnEveryMemberStopEveryMemberAsDiverged) {
+  torch::manual_seed(35);
+  const State init = {{"0.weight", torch::randn({4, 6})}, {"0.bias", torch::randn({4})}};
+  SyncOptions options;
+  options.mode = SyncMode::kGradients;
+  std::vector<std::string> refused(3);
+  std::vector<RingClusterSyncStats> stats(3);
+  std::vector<bool> untouched(3, false);
+  MemberSetup setup;
+  setup.timeout = std::chrono::milliseconds(5000);
+  runNodes(threeNodes(init), {{"ring_0", namesOf(init), kThree}}, {init, init, init}, options,
+           [&](size_t i, RingClusterSync& sync, torch::jit::Module& stage) {
+             at::Generator gen = at::detail::createCPUGenerator(60 + i);
+             std::vector<torch::Tensor> before;
+             for (const auto& p : stage.named_parameters(true)) {
+               p.value.mutable_grad() = at::randn(p.value.sizes(), gen, p.value.options());
+               p.value.mutable_grad().view({-1})[int64_t(i)] = NAN;
+               before.push_back(p.value.grad().clone());
+             }
+             try {
+               sync.beforeOptimizerStep(0, stage);
+             } catch (const BadInput& e) {
+               refused[i] = e.what();
+             }
+             size_t k = 0;
+             bool same = true;
+             for (const auto& p : stage.named_parameters(true))
+               same = same && torch::equal(p.value.grad().nan_to_num(7), before[k++].nan_to_num(7));
+             untouched[i] = same;
+             stats[i] = sync.stats();
+           },
+           setup);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NE(refused[i].find("the training diverged"), std::string::npos) << i << ": " << refused[i];
+    EXPECT_EQ(stats[i].members_lost, 0) << i;
+    EXPECT_TRUE(untouched[i]) << i;
   }
 }
 
