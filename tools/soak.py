@@ -4,6 +4,7 @@
     /usr/bin/python3 tools/soak.py --build build --work /tmp/soak              # 24 volunteers
     /usr/bin/python3 tools/soak.py --build build --work /tmp/soak --seed 7 --steps 300
     /usr/bin/python3 tools/soak.py --build build --work /tmp/soak --short      # the suite's case
+    /usr/bin/python3 tools/soak.py --build build --work /tmp/soak --faults kill --no-grow
 
 A real coordinator (`clusterize --serve --lost-after-s --grow`) and --volunteers real
 `provider --join` processes train the example Fashion-MNIST CNN (3 stages a cluster, "average"
@@ -21,6 +22,8 @@ same points on any machine:
   partition  cut one volunteer's link (its veth down) for 2 x --lost-after-s, then restore it
   restart    SIGKILL the coordinator, start it again with the same command 5 s later
   late       start --late more volunteers (spares; with --grow a new cluster once enough wait)
+--faults keeps only the kinds it lists (`none`: no faults), each where the full schedule of the
+same seed has it (tools/bench/churn_bench.py compares a run with kills to one without).
 With --overlap (the default but with --short) the first kill has a twin in another cluster at
 the same step (two replacements at once); every other fault but `late` waits until the run has settled from the one before (every node held by a
 live volunteer, nobody frozen or cut off; 90 s at most). With --flip, the last cluster's Root also
@@ -46,7 +49,9 @@ What the soak checks (exit 1 naming what failed; every check is on outcomes, non
 Writes WORK/report.json (the schedule, what fired when, the checks, accuracies, wall time; on a
 failure or a stall past --timeout-s what fired and the step each cluster reached) and
 WORK/timeline.png (who trained which node's steps when, from the metrics; faults marked; needs
-Debian's python3-matplotlib, else the PNG is skipped with the reason).
+Debian's python3-matplotlib, else the PNG is skipped with the reason). The report's "figures"
+(`figures` below: joins to plan, each kill to its spare's first step, throughput) are measured,
+never checked.
 """
 import argparse
 import json
@@ -178,6 +183,9 @@ def schedule(args, clusters):
         events.append({"kind": kind, "cluster": rng.randrange(clusters), "stage": rng.randrange(3),
                        "at_step": rng.randrange(args.kill_every // 2 + 5, last + 1), "overlap": kind == "late"})
     events.sort(key=lambda e: (e["at_step"], not e["overlap"], e["kind"]))
+    # --faults keeps some kinds: drawn as above, then filtered, so each kept fault is where the
+    # full schedule of the same seed has it.
+    events = [e for e in events if e["kind"] in args.faults]
     return early_enough_late(args, clusters, events)
 
 
@@ -198,10 +206,10 @@ def early_enough_late(args, clusters, events):
     while grow and spares - 3 >= args.keep_spares:
         spares -= 3  # a cluster grown from spares at the start (coordinator/Growth.h)
     flip = [{"kind": "flip", "at_step": int(args.steps * 0.45)}] if args.flip else []
-    late = next(e for e in events if e["kind"] == "late")
+    late = next((e for e in events if e["kind"] == "late"), None)
     order = lambda e: (e["at_step"], not e.get("overlap", False), e["kind"])  # noqa: E731
     used = 0
-    for e in sorted(events + flip, key=order):
+    for e in sorted(events + flip, key=order) if late else []:
         if e is late:
             break
         if e["kind"] in ("kill", "flip", "freeze", "partition"):
@@ -315,6 +323,7 @@ class Soak:
         v, node = self.target(event)
         if v is None:
             return None  # every holder of that cluster is down right now: try again later
+        event["node"] = node
         p = v["process"].proc
         if kind == "kill":
             p.kill()
@@ -396,9 +405,11 @@ class Soak:
             self.log(f"dropped from the schedule: {e['kind']}@c{e['cluster']}s{e['at_step']}: {e['why']}")
         start = time.monotonic()
         self.invite = self.start_coordinator()
+        joins = time.monotonic()
         for _ in range(3 * a.clusters):
             self.start_volunteer()
         self.coordinator.wait_for(lambda l: f"planned {a.clusters} cluster(s)" in l, 300, "the plan")
+        self.join_to_plan_s = time.monotonic() - joins
         for _ in range(a.volunteers - 3 * a.clusters):
             self.start_volunteer()
         self.drive(events)
@@ -544,6 +555,29 @@ def check_weights(soak, checks):
     return worst
 
 
+def figures(soak):
+    """What the run measured (tools/bench/churn_bench.py reads them; no check depends on them):
+    seconds from starting the planned volunteers (all at once) to the coordinator's plan; for each
+    kill, seconds from the SIGKILL to the first step record of the killed node from another
+    process (its spare's first step; null if none came); and the training throughput: distinct
+    (cluster, step) pairs x batch size over the seconds from the first step record to the last.
+    Times are when the soak read the records from metrics.jsonl (polled every 0.3 s; volunteers
+    send their records about once a second), so each is late by about a second."""
+    steps = [(t, r) for t, r in soak.metrics.records if "samples" in r]
+    done = {(r["cluster"], r["step"]): r["samples"] for _, r in steps}
+    stream_at_kill, to_first = {}, []
+    for f in (f for f in soak.fired if f["kind"] == "kill" and f.get("node")):
+        before = [r["stream"] for t, r in steps if r["node"] == f["node"] and t <= f["t"]]
+        after = [t for t, r in steps if r["node"] == f["node"] and t > f["t"]
+                 and (not before or r["stream"] != before[-1])]
+        to_first.append(round(after[0] - f["t"], 1) if after else None)
+    span = steps[-1][0] - steps[0][0] if len(steps) > 1 else 0
+    return {"join_to_plan_s": round(getattr(soak, "join_to_plan_s", 0), 1),
+            "kill_to_first_step_s": to_first,
+            "cluster_steps": len(done), "samples": sum(done.values()),
+            "training_s": round(span, 1), "samples_per_s": round(sum(done.values()) / span, 1) if span else 0}
+
+
 def timeline(soak, path):
     try:
         import matplotlib
@@ -592,6 +626,9 @@ def main():
                    help="each volunteer's --max-mbps (half of it for checkpoint uploads): a home link, "
                         "and steps slow enough that a replacement takes few of them")
     p.add_argument("--flip", action="store_true", help="add a flipped exponent bit")
+    p.add_argument("--faults", default="kill,freeze,partition,restart,late",
+                   help="the kinds of fault to schedule (comma list of kill, freeze, partition, restart, late; "
+                        "'none': no faults); each kept where the full schedule of the seed has it")
     p.add_argument("--no-netns", action="store_true", help="all on 127.0.0.1 (no partition faults)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="no twin kill: every fault but `late` waits for the run to settle")
@@ -602,6 +639,10 @@ def main():
                    help="the suite's case: 9 volunteers (2 clusters and 3 spares), 200 steps, kills "
                         "every 50, 3 late volunteers, a flip; no growth, no twin kill")
     args = p.parse_args()
+    kinds = {"kill", "freeze", "partition", "restart", "late"}
+    args.faults = set() if args.faults == "none" else set(args.faults.split(","))
+    if not args.faults <= kinds:
+        p.error(f"--faults: {', '.join(sorted(args.faults - kinds))} is not a fault kind ({', '.join(sorted(kinds))}, or none)")
     if args.short:
         args.volunteers, args.clusters, args.steps, args.kill_every, args.late = 9, 2, 200, 50, 3
         args.grow, args.overlap, args.train_samples, args.flip, args.timeout_s = False, True, 6000, True, 1500
@@ -630,7 +671,8 @@ def main():
                   "exits": {str(i): c for i, c in exits.items()}, "flipper": flipper,
                   "samples": samples, "replaced_and_back": refused, "largest_weight": worst,
                   "accuracy": {str(c["cluster"]): c["eval"]["accuracy"] for c in summary["clusters"]},
-                  "timeline": timeline(soak, os.path.join(args.work, "timeline.png")), "checks": checks}
+                  "timeline": timeline(soak, os.path.join(args.work, "timeline.png")),
+                  "figures": figures(soak), "checks": checks}
         json.dump(report, open(os.path.join(args.work, "report.json"), "w"), indent=1)
         print(f"samples: {samples}\nreplaced and back: {refused}\nlargest trained weight {worst:.4g}; "
               f"wall {wall:.0f} s; report {os.path.join(args.work, 'report.json')}")

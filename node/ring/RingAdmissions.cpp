@@ -168,7 +168,37 @@ void RingClusterSync::decideAdmission(int64_t steps_done) {
   admitClustersAt({(steps_done / local_steps_ + 1) * local_steps_, {asked.begin(), asked.end()}});
 }
 
+void RingClusterSync::shareHeldMembers() {
+  std::lock_guard<std::mutex> lock(added_mutex_);
+  for (auto& ring : rings_) {
+    auto it = held_.find(ring->spec.id);
+    ring->held_members = it != held_.end() ? it->second : std::vector<PeerRef>{};
+  }
+}
+
+void RingClusterSync::dropHeldTakenIn() {
+  std::lock_guard<std::mutex> lock(added_mutex_);
+  for (auto& ring : rings_) {
+    auto it = held_.find(ring->spec.id);
+    if (it != held_.end() && ring->spec.members.size() >= it->second.size()) {
+      held_.erase(it);
+      held_taken_in_ = true;  // admitHeld at this node's own admission step has nothing to wait for
+    }
+    ring->held_members.clear();
+  }
+}
+
 void RingClusterSync::admitHeld(torch::jit::Module& stage, int64_t steps_done) {
+  {
+    std::lock_guard<std::mutex> lock(added_mutex_);
+    if (held_.empty() && held_taken_in_) {
+      held_taken_in_ = false;
+      CAIRN_INFO("cross-cluster sync: the new cluster's members were taken into the rings at an "
+                 "earlier sync, when another member admitted them");
+      return;
+    }
+    held_taken_in_ = false;
+  }
   const auto deadline = std::chrono::steady_clock::now() + context_.timeout;
   auto take_held = [this] {
     std::lock_guard<std::mutex> lock(added_mutex_);

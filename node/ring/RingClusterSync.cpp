@@ -334,9 +334,11 @@ void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage
   admitted_clusters_.insert(clusters.begin(), clusters.end());
   context_.admit_all = admission;
   context_.admitting = admitted_clusters_;
+  shareHeldMembers();
   synchronize();
   context_.admit_all = false;
   context_.admitting.clear();
+  dropHeldTakenIn();
   for (auto it = admitted_clusters_.begin(); it != admitted_clusters_.end();) {
     bool everywhere = true;
     for (Ring* ring : sharedRings()) {

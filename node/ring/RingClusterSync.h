@@ -218,6 +218,14 @@ class RingClusterSync : public ClusterSync {
   std::map<std::string, std::vector<PeerRef>> added_;
   // Under added_mutex_: additions held for an admission step (addMembers at_admission_step).
   std::map<std::string, std::vector<PeerRef>> held_;
+  // Under added_mutex_: some ring took its held members in at a sync where another member
+  // admitted them (Ring::held_members), so this node's own admission step, if it comes, has none
+  // left to take.
+  bool held_taken_in_ = false;
+  // Around an admitting sync: each ring's held members copied into Ring::held_members, and after
+  // it, the holds a sync took in dropped (trainer's thread).
+  void shareHeldMembers();
+  void dropHeldTakenIn();
   std::set<int64_t> admit_at_;  // admission steps (steps done), trainer's thread
   // Gated admissions (gateAdmissions), trainer's thread: whether this node decides (the Root),
   // and what is admitted at each admission step (steps done) not reached yet: clusters, and

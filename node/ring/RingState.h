@@ -137,6 +137,13 @@ struct Ring : RingBuckets {
   // (a cluster that resumed after the growth's admission dropped every such welcome as naming a
   // non-member: the 24-volunteer soak, seed 2).
   std::vector<PeerRef> expected_members;
+  // The ring's members with those a growth added that this node holds for an admission step it
+  // has not reached or never armed (RingClusterSync::held_; empty when none), copied before each
+  // sync: when another member admits them at that sync, this node takes them in too
+  // (agreeOnJoiners), so the ring admits them at one sync even where this node lost track of the
+  // admission step (a Root that took the deal, then resumed from an older checkpoint within the
+  // same run: the 24-volunteer soak, seed 2).
+  std::vector<PeerRef> held_members;
   static constexpr size_t kMaxStrangers = 64;
   int64_t transactions = 0;             // syncs of this ring committed (or kept) by this node
   // "average" mode: resultChecksum of the ring's tensors as its last committed sync left them (or

@@ -112,36 +112,60 @@ JoinAgreement agreeOnJoiners(RingContext& context, Ring& ring) {
   // The members may list different numbers of ring members: a growth appends members, and a
   // member that restarted read them from its node.json while the live ones hold them until the
   // admission step. The flags are sized by the largest list (so every member reduces tensors of
-  // one size) and only the members every list holds can be admitted (the shortest).
-  torch::Tensor sizes = torch::tensor({int64_t(ring.spec.members.size()),
-                                       -int64_t(ring.spec.members.size())}, torch::kLong);
+  // one size) and only the members every list holds can be admitted (the shortest), or every list
+  // with the members its node holds for an admission (Ring::held_members: see below).
+  const std::vector<PeerRef>& held = ring.held_members.size() > ring.spec.members.size()
+                                         ? ring.held_members
+                                         : ring.spec.members;
+  const int64_t own_size = int64_t(ring.spec.members.size()), held_size = int64_t(held.size());
+  torch::Tensor sizes = torch::tensor({held_size, -own_size, -held_size}, torch::kLong);
   ring.group->allReduce(sizes, ReduceOp::kMax);
-  const int64_t n = sizes[0].item<int64_t>(), known = -sizes[1].item<int64_t>();
-  torch::Tensor asked = torch::zeros({2 * n + 5}, torch::kLong);
+  // width: the longest list or held list (every member's flags have this size); known: the
+  // shortest list; reach: the shortest list with its held members.
+  const int64_t width = sizes[0].item<int64_t>(), known = -sizes[1].item<int64_t>(),
+                reach = -sizes[2].item<int64_t>();
+  torch::Tensor asked = torch::zeros({2 * width + 5}, torch::kLong);
   const std::set<int64_t> own = ownAdmissions(context, ring);
-  for (size_t i = 0; i < ring.spec.members.size(); ++i) {
-    const std::string& name = ring.spec.members[i].name;
-    if (ring.join_requests.count(name) &&
+  for (size_t i = 0; i < held.size(); ++i) {
+    const std::string& name = held[i].name;
+    const bool member = i < ring.spec.members.size();
+    if ((ring.join_requests.count(name) || (!member && ring.strangers.count(name))) &&
         std::find(ring.view.begin(), ring.view.end(), name) == ring.view.end())
       asked[int64_t(i)] = 1;
-    if (own.count(int64_t(i))) asked[n + int64_t(i)] = 1;
+    if (own.count(int64_t(i)) || (!member && context.admit_all)) asked[width + int64_t(i)] = 1;
   }
   const int64_t offer = int64_t(context.deal_offer);  // below 2^62 (DealChange.h)
-  asked[2 * n] = offer;
-  asked[2 * n + 1] = offer != 0 ? -offer : kAbstain;
-  asked[2 * n + 2] = offer != 0 && !context.deal_can_take ? 1 : 0;
-  asked[2 * n + 3] = context.last_synced_step;
-  asked[2 * n + 4] = offer != 0 && context.deal_taken ? 1 : 0;
+  asked[2 * width] = offer;
+  asked[2 * width + 1] = offer != 0 ? -offer : kAbstain;
+  asked[2 * width + 2] = offer != 0 && !context.deal_can_take ? 1 : 0;
+  asked[2 * width + 3] = context.last_synced_step;
+  asked[2 * width + 4] = offer != 0 && context.deal_taken ? 1 : 0;
   ring.group->allReduce(asked, ReduceOp::kMax);
-  JoinAgreement agreed;
-  for (int64_t i = 0; i < known; ++i) {
-    if (asked[i].item<int64_t>() != 0) agreed.joiners.push_back(ring.spec.members[size_t(i)].name);
-    if (asked[n + i].item<int64_t>() != 0) agreed.admit.insert(i);
+  // Members that some member admits at this sync (its admission step: a growth's) and that every
+  // member lists or holds: a node that only holds them takes them in as members first, so the
+  // ring admits them at one sync whether or not this node armed the admission itself.
+  int64_t take_to = known;
+  for (int64_t i = known; i < reach; ++i)
+    if (asked[i].item<int64_t>() != 0 && asked[width + i].item<int64_t>() != 0) take_to = i + 1;
+  if (take_to > own_size) {
+    std::vector<std::string> names;
+    for (int64_t i = own_size; i < take_to; ++i) {
+      names.push_back(held[size_t(i)].name);
+      if (ring.strangers.erase(names.back())) ring.join_requests.insert(names.back());
+    }
+    ring.spec.members.assign(ring.held_members.begin(), ring.held_members.begin() + take_to);
+    CAIRN_INFO("ring ", ring.spec.id, ": members ", joinedNames(names), " held for a new "
+               "cluster's admission are taken in: another member admits them at this sync");
   }
-  const int64_t largest = asked[2 * n].item<int64_t>(), smallest = asked[2 * n + 1].item<int64_t>();
+  JoinAgreement agreed;
+  for (int64_t i = 0; i < std::max(known, take_to); ++i) {
+    if (asked[i].item<int64_t>() != 0) agreed.joiners.push_back(ring.spec.members[size_t(i)].name);
+    if (asked[width + i].item<int64_t>() != 0) agreed.admit.insert(i);
+  }
+  const int64_t largest = asked[2 * width].item<int64_t>(), smallest = asked[2 * width + 1].item<int64_t>();
   ring.deal_tally = {true, uint64_t(largest), smallest == kAbstain ? 0 : uint64_t(-smallest),
-                     asked[2 * n + 2].item<int64_t>() != 0, asked[2 * n + 3].item<int64_t>(),
-                     asked[2 * n + 4].item<int64_t>() != 0};
+                     asked[2 * width + 2].item<int64_t>() != 0, asked[2 * width + 3].item<int64_t>(),
+                     asked[2 * width + 4].item<int64_t>() != 0};
   return agreed;
 }
 

@@ -334,5 +334,88 @@ TEST(RingClusterSyncGrowth, AClusterBackAfterAGrowthWasAdmittedTakesAWelcomeNami
   }
 }
 
+// A member that holds the new cluster's members but never armed their admission (the 24-volunteer
+// soak, seed 2: a Root took the deal and armed the admission, then resumed from an older
+// checkpoint within the same run, which armed nothing; its rings held the newcomers from the
+// coordinator's update). a0 and b1 (gated, as Roots) both hold c2 from the update; only a0 arms
+// the admission, at step 4. At that sync b1 takes the held c2 in as a member because a0 admits it
+// (Ring::held_members), so the ring admits c2 at one sync: c2 is welcomed with exactly the weights
+// a0 and b1 hold after it, both views name c2, and the next sync averages all three. b1 arming the
+// admission later (step 6) finds nothing left to take. Before, the ring could admit only the
+// members every list held: c2 was never admitted and waited for a welcome that never came.
+TEST(RingClusterSyncGrowth, AMemberHoldingTheNewMembersWithoutTheirAdmissionStepFollowsTheRing) {
+  torch::manual_seed(49);
+  const State init = {{"0.weight", torch::randn({3, 4})}, {"0.bias", torch::randn({3})}};
+  const std::vector<std::string> names = {"a0", "b1", "c2"};
+  const std::vector<std::string> ports = testutil::freeLoopbackAddresses(3);
+  std::map<std::string, std::string> addresses;
+  for (size_t i = 0; i < names.size(); ++i) addresses[names[i]] = ports[i];
+  const std::vector<std::string> two = {"a0", "b1"}, grown = {"a0", "b1", "c2"};
+  zmq::context_t context;
+  std::mutex mutex;
+  std::map<std::string, State> admitted, before_last, after_last;
+  std::map<std::string, std::vector<std::string>> views;
+  std::map<std::string, std::exception_ptr> errors;
+  auto record = [&](auto& map, const std::string& name, auto value) {
+    std::lock_guard<std::mutex> lock(mutex);
+    map[name] = value;
+  };
+  auto running = [&](const std::string& name, bool arms) {
+    try {
+      runGrowthNode(context, name, two, addresses, init, false,
+                    [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport& transport) {
+                      stepsTo(sync, stage, 0, 2, 100);  // a sync of a0 and b1
+                      transport.addPeer("c2", "tcp://" + addresses.at("c2"));
+                      sync.addMembers(ringUpdate(name, grown, addresses, init), /*at_admission_step=*/true);
+                      if (arms) sync.admitJoinersAt(4);
+                      stepsTo(sync, stage, 2, 4, 100);  // 4 done: a0's admission sync
+                      record(admitted, name, stateOf(stage));
+                      record(views, name, sync.view("ring_0"));
+                      if (!arms) sync.admitJoinersAt(6);  // late: nothing left to take
+                      stepsTo(sync, stage, 4, 5, 300);
+                      perturbSeeded(stage, name == "a0" ? 900 : 901);
+                      record(before_last, name, stateOf(stage));
+                      sync.afterOptimizerStep(5, stage);  // 6 done: a sync of the three
+                      record(after_last, name, stateOf(stage));
+                    });
+    } catch (...) {
+      record(errors, name, std::current_exception());
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.emplace_back(running, "a0", true);
+  threads.emplace_back(running, "b1", false);
+  threads.emplace_back([&] {
+    try {
+      State other;
+      for (const auto& [name, t] : init) other[name] = t + 1;  // replaced by the welcome
+      runGrowthNode(context, "c2", grown, addresses, other, /*joining=*/true,
+                    [&](RingClusterSync& sync, torch::jit::Module& stage, ZmqTransport&) {
+                      record(admitted, "c2", stateOf(stage));
+                      perturbSeeded(stage, 902);
+                      record(before_last, "c2", stateOf(stage));
+                      sync.afterOptimizerStep(5, stage);
+                      record(after_last, "c2", stateOf(stage));
+                    });
+    } catch (...) {
+      record(errors, "c2", std::current_exception());
+    }
+  });
+  for (auto& t : threads) t.join();
+  for (const auto& [name, e] : errors)
+    if (e) std::rethrow_exception(e);
+  EXPECT_EQ(views.at("a0"), grown);
+  EXPECT_EQ(views.at("b1"), grown);
+  for (const auto& [name, t] : init) {
+    EXPECT_TRUE(torch::equal(admitted.at("c2").at(name), admitted.at("a0").at(name)))
+        << "c2 was not welcomed with a0's weights of the admission sync: " << name;
+    EXPECT_TRUE(torch::equal(admitted.at("a0").at(name), admitted.at("b1").at(name))) << name;
+    const torch::Tensor mean =
+        (before_last.at("a0").at(name) + before_last.at("b1").at(name) + before_last.at("c2").at(name)) / 3;
+    for (const std::string& n : names)
+      EXPECT_TRUE(torch::allclose(after_last.at(n).at(name), mean, 1e-5, 1e-6)) << n << ": " << name;
+  }
+}
+
 }  // namespace
 }  // namespace cairn
