@@ -560,7 +560,9 @@ def figures(soak):
     seconds from starting the planned volunteers (all at once) to the coordinator's plan; for each
     kill, seconds from the SIGKILL to the first step record of the killed node from another
     process (its spare's first step; null if none came); and the training throughput: distinct
-    (cluster, step) pairs x batch size over the seconds from the first step record to the last.
+    (cluster, step) pairs x batch size over the seconds from the first step record to the last
+    (the whole run: its end waits for the slowest cluster), and the same up to the moment the first
+    cluster finished (while every cluster trains).
     Times are when the soak read the records from metrics.jsonl (polled every 0.3 s; volunteers
     send their records about once a second), so each is late by about a second."""
     steps = [(t, r) for t, r in soak.metrics.records if "samples" in r]
@@ -572,10 +574,20 @@ def figures(soak):
                  and (not before or r["stream"] != before[-1])]
         to_first.append(round(after[0] - f["t"], 1) if after else None)
     span = steps[-1][0] - steps[0][0] if len(steps) > 1 else 0
+    # While every cluster trains: up to the first time a cluster's last step was read (after it,
+    # finished clusters idle while the slowest ones catch up, which the whole-run figure counts).
+    last = {}
+    for t, r in steps:
+        last[r["cluster"]] = max(last.get(r["cluster"], (0, 0)), (r["step"], -t))
+    first_done = min((-t for _, t in last.values()), default=0)
+    early = {(r["cluster"], r["step"]): r["samples"] for t, r in steps if t <= first_done}
+    all_span = first_done - steps[0][0] if steps else 0
     return {"join_to_plan_s": round(getattr(soak, "join_to_plan_s", 0), 1),
             "kill_to_first_step_s": to_first,
             "cluster_steps": len(done), "samples": sum(done.values()),
-            "training_s": round(span, 1), "samples_per_s": round(sum(done.values()) / span, 1) if span else 0}
+            "training_s": round(span, 1), "samples_per_s": round(sum(done.values()) / span, 1) if span else 0,
+            "all_training_s": round(all_span, 1),
+            "samples_per_s_all_training": round(sum(early.values()) / all_span, 1) if all_span > 0 else 0}
 
 
 def timeline(soak, path):

@@ -13,7 +13,8 @@ checkpoint). Both runs pass every check of the soak (samples trained once, accur
 PyTorch's evaluation of the weights, exits) or the benchmark stops. From each soak's report.json
 "figures" (tools/soak.py `figures`): the time from starting the 18 planned volunteers at once to
 the coordinator's plan; each kill's time to the spare's first step; the training throughput
-(distinct cluster steps x batch over the training span). Prints a table (medians over rounds, the
+(distinct cluster steps x batch over the training span, which ends with the slowest cluster; and
+the same while every cluster trains, up to the first cluster's last step). Prints a table (medians over rounds, the
 kills' p50 and p99 over every kill of every round) and writes WORK/churn.json.
 """
 import argparse
@@ -74,19 +75,27 @@ def main():
     per_minute = statistics.median(60 * run["kills"] / run["training_s"] for run in churn)
     result = {
         "rounds": args.rounds, "steps": args.steps, "kill_every": args.kill_every, "seed": args.seed,
-        "join_to_plan_s": med(calm + churn, "join_to_plan_s"),
+        "join_to_plan_s": round(med(calm + churn, "join_to_plan_s"), 1),
         "samples_per_s_without": med(calm, "samples_per_s"), "samples_per_s_with": med(churn, "samples_per_s"),
         "kills_per_minute": round(per_minute, 2), "kills": len(kills) + missed, "kills_without_a_first_step": missed,
         "kill_to_first_step_p50_s": percentile(kills, 50) if kills else None,
         "kill_to_first_step_p99_s": percentile(kills, 99) if kills else None,
         "runs": runs}
     result["ratio"] = round(result["samples_per_s_with"] / result["samples_per_s_without"], 3)
+    # While every cluster trains (tools/soak.py figures; absent from reports of older soaks).
+    if all("samples_per_s_all_training" in run for run in calm + churn):
+        result["all_training_without"] = med(calm, "samples_per_s_all_training")
+        result["all_training_with"] = med(churn, "samples_per_s_all_training")
+        result["all_training_ratio"] = round(result["all_training_with"] / result["all_training_without"], 3)
     json.dump(result, open(os.path.join(args.work, "churn.json"), "w"), indent=1)
     print("| figure | value |\n|---|---:|")
     print(f"| 18 volunteers' concurrent joins to the plan (median of {2 * args.rounds} runs) | {result['join_to_plan_s']} s |")
     print(f"| throughput without faults (samples/s, 6 clusters) | {result['samples_per_s_without']} |")
     print(f"| throughput with {result['kills_per_minute']} kills a minute | {result['samples_per_s_with']} |")
     print(f"| ratio (goal >= 0.8) | {result['ratio']} |")
+    if "all_training_ratio" in result:
+        print(f"| while every cluster trains: without / with / ratio | {result['all_training_without']} / "
+              f"{result['all_training_with']} / {result['all_training_ratio']} |")
     print(f"| kill to the spare's first step, p50 / p99 over {len(kills)} kills | "
           f"{result['kill_to_first_step_p50_s']} s / {result['kill_to_first_step_p99_s']} s |")
     if missed:
