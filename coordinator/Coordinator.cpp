@@ -484,7 +484,7 @@ int Coordinator::run() {
     // Who is lost is judged on an empty inbound queue: heartbeats queued behind a burst (every
     // node of a run uploading its final checkpoint and results at once, on a loaded machine) are
     // read first, so a volunteer is never declared lost for the coordinator's own backlog (the
-    // churn benchmark's run without faults lost 7 finishing nodes to spares that way, and the run
+    // churn benchmark's run without faults gave 5 finishing nodes to spares that way, and the run
     // hung). Overloaded for longer than half the loss timeout, it judges anyway.
     if (!routed || std::chrono::steady_clock::now() - last_drained > s.o.lost_after / 2)
       s.replacer->poll(unixNow());
