@@ -1,6 +1,7 @@
 #include "node/ring/RingSyncMath.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -118,13 +119,14 @@ void checkMagnitudes(const ProcessGroup& group, const std::vector<torch::Tensor>
   }
 }
 
-// Whether `t` holds a non-finite value, and its largest finite magnitude (float32 or wider: the
-// pass stays in the tensor's own dtype, no copy to double).
+// Whether `t` holds a non-finite value, and else its largest magnitude: one pass in the tensor's
+// own dtype (max propagates NaN, and an infinity is the largest), so it costs about one copy of
+// the bucket per step.
 std::pair<bool, double> finiteAndLargest(const torch::Tensor& t) {
   if (t.numel() == 0) return {false, 0};
-  const bool nonfinite = !torch::isfinite(t).all().item<bool>();
-  const double largest = t.abs().nan_to_num(0, 0, 0).max().item().toDouble();
-  return {nonfinite, largest};
+  const double largest = t.abs().max().item().toDouble();
+  if (!std::isfinite(largest)) return {true, 0};
+  return {false, largest};
 }
 
 }  // namespace
