@@ -87,7 +87,7 @@ struct Coordinator::Impl {
   std::unique_ptr<RunView> view;  // the run as seen from here (RunView.h)
   bool view_placed = false;       // the plan's nodes are placed in the view
   bool credit_changed = true;     // the view's credit table is to be recomputed (syncView)
-  Clock::time_point view_synced;
+  Clock::time_point view_synced, housekept;  // syncView's last turn; run()'s planning/replacing
 
   // The plan's nodes for the view (none while gathering).
   std::vector<Placement> placement() {
@@ -477,12 +477,16 @@ int Coordinator::run() {
       }
     }
     s.admissions->poll();
-    s.maybePlan();
     s.syncView();
-    s.replacer->poll(unixNow());
-    for (const NodeSpec& n : s.grower->poll(unixNow())) {
-      s.view->place({n.name, n.cluster, n.stage, n.num_stages});
-      s.view->setNumClusters(n.cluster + 1);
+    // Planning, lost members, growth: they read every member row, so every 200 ms, not per message.
+    if (Clock::now() - s.housekept >= std::chrono::milliseconds(200)) {
+      s.housekept = Clock::now();
+      s.maybePlan();
+      s.replacer->poll(unixNow());
+      for (const NodeSpec& n : s.grower->poll(unixNow())) {
+        s.view->place({n.name, n.cluster, n.stage, n.num_stages});
+        s.view->setNumClusters(n.cluster + 1);
+      }
     }
     if (s.phase() == "done") {
       s.syncView(/*now=*/true);
