@@ -8,14 +8,16 @@
 # Environment: OUT (default /tmp/coordinator_load) gets coordinator_load_<SIZE>.json and each run's
 # coordinator folder and log; PLACED (default 0: every volunteer) is how many the coordinator
 # places (--placed); MEASURE_S (default 60) the measured seconds; LOAD_ARGS more coordinator_load
-# flags (e.g. "--checkpoint-kib 4096"). Everything listens on 127.0.0.1 only.
+# flags (e.g. "--checkpoint-kib 4096"); CLUSTERIZE another clusterize binary to measure (default
+# CAIRN_BUILD_DIR's). Everything listens on 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${CAIRN_BUILD_DIR:-build}
 out=${OUT:-/tmp/coordinator_load}
 sizes=("$@")
 [[ ${#sizes[@]} -gt 0 ]] || sizes=(100 1000 5000)
-for b in "$build/clusterize/clusterize" "$build/tools/bench/coordinator_load"; do
+clusterize=${CLUSTERIZE:-$build/clusterize/clusterize}
+for b in "$clusterize" "$build/tools/bench/coordinator_load"; do
   [[ -x $b ]] || { echo "coordinator_load.sh: $b is not built" >&2; exit 2; }
 done
 mkdir -p "$out/data"
@@ -60,7 +62,7 @@ PY
 for n in "${sizes[@]}"; do
   echo "== $n simulated volunteers"
   # shellcheck disable=SC2086  # LOAD_ARGS is a list of flags
-  "$build/tools/bench/coordinator_load" --clusterize "$build/clusterize/clusterize" \
+  "$build/tools/bench/coordinator_load" --clusterize "$clusterize" \
     --model "$out/data/model.pt" --job "$out/data/job.json" --work "$out/run_$n" \
     --volunteers "$n" --placed "${PLACED:-0}" --measure-s "${MEASURE_S:-60}" \
     --json "$out/coordinator_load_$n.json" ${LOAD_ARGS:-} || echo "coordinator_load: size $n did not run to its end (see above)"

@@ -29,6 +29,11 @@ std::string randomStream() {
   return s;
 }
 
+double unitRandom() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+}
+
 // Drains one socket without blocking (a message of too many frames counts as dropped).
 std::optional<Frames> readOne(zmq::socket_t& s) { return recvFrames(s, std::chrono::milliseconds(0)); }
 
@@ -151,7 +156,8 @@ void LoadVolunteer::onAssignment(const Assignment& a, Clock::time_point now) {
   step_ = 0;
   next_step_ = now + o_.step;
   next_metrics_ = now + o_.metrics_interval;
-  next_checkpoint_ = now + o_.checkpoint_every;
+  // The first upload at a random point of the period: clusters do not checkpoint in lockstep.
+  next_checkpoint_ = now + std::chrono::duration_cast<Clock::duration>(o_.checkpoint_every * unitRandom());
   next_beat_ = now;
   if (a.node.value("stage", -1) != 0) return;  // only a Root reads data
   const nlohmann::json data = a.job.value("data", nlohmann::json::object());
