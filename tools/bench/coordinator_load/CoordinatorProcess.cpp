@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -46,6 +47,7 @@ CoordinatorProcess::CoordinatorProcess(const std::vector<std::string>& argv, con
   pid_ = fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // this process killed: the coordinator stops too
     dup2(fd, 1);
     dup2(fd, 2);
     execv(args[0], args.data());

@@ -2,7 +2,8 @@
 // measures, started as a child process on 127.0.0.1 with its output in <work>/coordinator.log, and
 // what /proc says about a process (CPU ticks: utime + stime of /proc/PID/stat; VmRSS and VmHWM of
 // /proc/PID/status).
-// Ownership: owns the child: stop() (or the destructor) sends it SIGTERM, then SIGKILL after 10 s,
+// Ownership: owns the child: stop() (or the destructor, or this process ending: PR_SET_PDEATHSIG)
+// sends it SIGTERM, then SIGKILL after 10 s,
 // and reaps it; it never signals any other process. Thread-safety: one thread; procSample() any.
 #pragma once
 

@@ -40,9 +40,9 @@ std::optional<Frames> readOne(zmq::socket_t& s) { return recvFrames(s, std::chro
 }  // namespace
 
 LoadVolunteer::LoadVolunteer(zmq::context_t& context, const VolunteerOptions& options,
-                             LoadRecorder& recorder, Clock::time_point start_at)
+                             LoadRecorder& recorder, Clock::time_point start_at, int listen_port)
     : context_(context), o_(options), recorder_(recorder), keys_(generateCurveKeyPair()),
-      start_at_(start_at), stream_(randomStream()) {}
+      listen_port_(listen_port), start_at_(start_at), stream_(randomStream()) {}
 
 LoadVolunteer::~LoadVolunteer() = default;
 
@@ -61,7 +61,11 @@ void LoadVolunteer::fail(const std::string& why) {
 
 void LoadVolunteer::start(Clock::time_point now) {
   std::string bound;
-  router_ = coordinationServer(context_, keys_, "127.0.0.1:0", kMaxReachBytes, &bound);
+  try {
+    router_ = coordinationServer(context_, keys_, "127.0.0.1:" + std::to_string(listen_port_), kMaxReachBytes, &bound);
+  } catch (const std::exception& e) {
+    return fail(e.what());  // the port is taken (another program): this volunteer does not join
+  }
   advertise_ = bound;
   dealer_ = volunteerSocket(context_, keys_, o_.invite, /*immediate=*/false, kMaxReplyBytes, 0);
   const Frames probe = encode(BandwidthProbeMsg{std::string(o_.probe_bytes, '\0')});
@@ -260,6 +264,7 @@ Clock::time_point LoadVolunteer::tick(Clock::time_point now) {
   if (phase_ == Phase::kIdle) {
     if (now < start_at_) return start_at_;
     start(now);
+    if (failed_) return now + std::chrono::hours(1);
   }
   if (phase_ != Phase::kMember) {
     if (now - start_at_ > o_.join_timeout) fail("no answer to the probe or join within the timeout");

@@ -6,7 +6,9 @@
 //             `reach`), a `bandwidth` probe timed to its ack, `join`, `accepted`. The ROUTER is
 //             closed once accepted (the real provider keeps it until its assignment, but the
 //             coordinator dials it only during the join; this halves the file descriptors a big
-//             run needs).
+//             run needs). Its port is given (one per volunteer, below the kernel's ephemeral
+//             range), never the kernel's: a port released would be handed to a later volunteer,
+//             whose join the coordinator refuses (the address is a member's).
 //   waiting   `heartbeat{waiting, -1}` every 2 s (VolunteerSession::waitForAssignment).
 //   assigned  `heartbeat{training, step}` every 2 s (VolunteerHeartbeats), a step every
 //             `step_s`, its step record queued and sent as `metrics` batches every 1 s, one batch in
@@ -58,7 +60,7 @@ struct VolunteerOptions {
 class LoadVolunteer {
  public:
   LoadVolunteer(zmq::context_t& context, const VolunteerOptions& options, LoadRecorder& recorder,
-                Clock::time_point start_at);
+                Clock::time_point start_at, int listen_port);
   ~LoadVolunteer();
   LoadVolunteer(const LoadVolunteer&) = delete;
   LoadVolunteer& operator=(const LoadVolunteer&) = delete;
@@ -100,6 +102,7 @@ class LoadVolunteer {
   LoadRecorder& recorder_;
   CurveKeyPair keys_;
   zmq::socket_t dealer_, router_;
+  int listen_port_ = 0;
   std::string advertise_;
   Phase phase_ = Phase::kIdle;
   bool assigned_ = false, failed_ = false;

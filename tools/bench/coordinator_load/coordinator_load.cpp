@@ -33,7 +33,7 @@ using Seconds = std::chrono::duration<double>;
 struct Flags {
   std::string clusterize, model, job, input_shape = "8,1,28,28", work, json;
   std::vector<std::string> coordinator_args;
-  int volunteers = 100, placed = 0, threads = 4;
+  int volunteers = 100, placed = 0, threads = 4, first_port = 20000;
   double join_rate = 200, measure_s = 60, settle_s = 10, setup_timeout_s = 900;
   double probe_kib = 1024, checkpoint_kib = 1024, checkpoint_every_s = 30, step_s = 0.5;
   double piece_kib = 4096, chunk_every_s = 30;
@@ -51,6 +51,8 @@ void addFlags(CLI::App& app, Flags& f) {
   app.add_option("--volunteers", f.volunteers, "simulated volunteers")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--placed", f.placed, "the coordinator plans once this many joined (--min/--max-volunteers); 0: all")
       ->check(CLI::Range(0, 100000))->capture_default_str();
+  app.add_option("--first-port", f.first_port, "volunteer i answers reach checks on 127.0.0.1:(this + i)")
+      ->check(CLI::Range(1024, 65535))->capture_default_str();
   app.add_option("--threads", f.threads, "poll-loop threads")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--join-rate", f.join_rate, "volunteers starting their join per second")
       ->check(CLI::Range(0.1, 100000.0))->capture_default_str();
@@ -168,7 +170,8 @@ struct Setup {
 
 // The joins, then the plan: when every volunteer was accepted (or failed), and when the assignments
 // stopped coming (none for 5 s after the first).
-Setup joinAndPlan(const Flags& f, Progress& progress, CoordinatorProcess& coordinator, Clock::time_point start) {
+Setup joinAndPlan(const Flags& f, int placed, Progress& progress, CoordinatorProcess& coordinator,
+                  Clock::time_point start) {
   Setup s;
   s.start = start;
   const int n = f.volunteers;
@@ -182,6 +185,11 @@ Setup joinAndPlan(const Flags& f, Progress& progress, CoordinatorProcess& coordi
   }
   s.accepted_s = Seconds(Clock::now() - start).count();
   std::cout << "all joined in " << s.accepted_s << " s (" << status() << ")" << std::endl;
+  if (progress.accepted < placed) {  // the coordinator would wait for the missing ones for ever
+    s.stopped_by = "only " + std::to_string(progress.accepted.load()) + " volunteers were accepted; the coordinator plans at " +
+                   std::to_string(placed);
+    return s;
+  }
   int last = -1;
   auto changed = Clock::now();
   const bool planned = waitFor(
@@ -232,6 +240,10 @@ int runLoad(const Flags& f) {
   const int n = f.volunteers;
   const int placed = f.placed > 0 ? std::min(f.placed, n) : n;
   std::string why;
+  if (f.first_port + n - 1 > 65535) {
+    std::cerr << "coordinator_load: --first-port " << f.first_port << " + --volunteers " << n << " passes port 65535\n";
+    return 2;
+  }
   if (!raiseFileLimit(uint64_t(2 * n) + 5 * uint64_t(std::max(10.0, f.join_rate)) + 256, &why)) {
     std::cerr << "coordinator_load: --volunteers " << n << ": " << why << "\n";
     return 2;
@@ -256,11 +268,11 @@ int runLoad(const Flags& f) {
   for (int i = 0; i < n; ++i) {
     LoadWorker& w = *workers[size_t(i % f.threads)];
     const auto at = start + std::chrono::duration_cast<Clock::duration>(Seconds(i / f.join_rate));
-    w.add(std::make_unique<LoadVolunteer>(context, options, w.recorder(), at));
+    w.add(std::make_unique<LoadVolunteer>(context, options, w.recorder(), at, f.first_port + i));
   }
   Sampler sampler(coordinator.pid(), origin);
   for (auto& w : workers) w->start();
-  Setup setup = joinAndPlan(f, progress, coordinator, start);
+  Setup setup = joinAndPlan(f, placed, progress, coordinator, start);
   RunFigures figures;
   if (setup.stopped_by.empty()) figures.windows = measure(f, progress, coordinator, sampler, &setup.stopped_by);
   progress.stop = true;
