@@ -20,6 +20,7 @@
 // Thread-safety: the coordinator's loop thread only.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <string>
@@ -44,6 +45,9 @@ class MemberReplacer {
   // Asked for every lost node before a spare is sought: true when it was done with instead (the
   // coordinator made its result from its final checkpoint, FinalResult.h).
   void onLostAfterFinishing(std::function<bool(const std::string& name)> finished) { finished_ = std::move(finished); }
+  // The coordinator heard nobody until `t` (its loop was planning): silence counts from then at the
+  // earliest, as from its start; else every placed volunteer would be lost after a long plan.
+  void deafUntil(double t) { started_at_ = std::max(started_at_, t); }
   // `member`: the row of the heartbeat's sender (the coordinator has it at hand: no lookup here).
   void onHeartbeat(const Member& member);
   // Replacement.h's spareNote for `spare` against the plan's nodes ("" before the plan).

@@ -436,6 +436,25 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   fs::remove_all(out);
 }
 
+// The coordinator plans on its loop thread (1,000 volunteers: about 20 s, tools/bench/coordinator_load):
+// no heartbeat is read meanwhile, so silence counts from the plan's end (deafUntil), not from the
+// volunteer's last heartbeat before it; a volunteer silent for --lost-after-s after that is lost.
+TEST(MemberReplacer, SilenceCountsFromTheEndOfALongPlan) {
+  const std::string out = replacementFreshDir("deaf");
+  CoordinatorStore store(out + "/coordinator.db");
+  placeOneNode(out, store, replacementMember("node_0", MemberState::kAssigned, /*last_seen=*/10));
+  MemberReplacer replacer(store, out, 15, /*started_at=*/0, [](const std::string&, const Frames&) {});
+  replacer.deafUntil(30);  // planned from 10 to 30: node_0's heartbeats were not read
+  replacer.poll(31);       // 21 s after its last heartbeat read, 1 s after the plan
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  replacer.deafUntil(20);  // never earlier than before
+  replacer.poll(45);
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  replacer.poll(46);  // 16 s after the plan, still unheard: lost
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kLost);
+  fs::remove_all(out);
+}
+
 // A frozen volunteer (SIGSTOP: the 24-volunteer soak's fault) wakes after it was marked lost but
 // before any spare came: it holds its node again, and the spare that joins later stays a spare
 // (taking the node over would leave two processes training it). Silent again, it is lost again.
