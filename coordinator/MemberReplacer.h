@@ -1,6 +1,6 @@
 // MemberReplacer: the coordinator carrying out Replacement.h's decisions (docs/OPERATIONS.md "A
 // lost volunteer is replaced by a spare"):
-//   poll()         every loop turn while the run is planned: a placed volunteer silent for longer
+//   poll()         every 200 ms while the run is planned: a placed volunteer silent for longer
 //                  than --lost-after-s (or that said `leaving`) is marked lost; when a spare is
 //                  waiting it takes the node over: the store renames the rows (CoordinatorStore::
 //                  takeOver), node.json of the node and of every node naming it are rewritten in

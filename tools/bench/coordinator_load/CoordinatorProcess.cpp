@@ -1,14 +1,15 @@
 #include "tools/bench/coordinator_load/CoordinatorProcess.h"
 
-#include <csignal>
 #include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <thread>
-#include <unistd.h>
 
 namespace cairn::bench::load {
 
@@ -69,7 +70,8 @@ bool CoordinatorProcess::running() {
   return true;
 }
 
-std::string CoordinatorProcess::waitForInvite(const std::string& invite_file, std::chrono::seconds timeout) {
+std::string CoordinatorProcess::waitForInvite(const std::string& invite_file,
+                                              std::chrono::seconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream in(invite_file);
@@ -80,14 +82,15 @@ std::string CoordinatorProcess::waitForInvite(const std::string& invite_file, st
                                ") before writing its invite; see " + log_);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  throw std::runtime_error("the coordinator wrote no invite within " + std::to_string(timeout.count()) +
-                           " s; see " + log_);
+  throw std::runtime_error("the coordinator wrote no invite within " +
+                           std::to_string(timeout.count()) + " s; see " + log_);
 }
 
 int CoordinatorProcess::stop() {
   if (!running()) return status_;
   kill(pid_, SIGTERM);
-  for (int i = 0; i < 100 && running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 100 && running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (running()) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);

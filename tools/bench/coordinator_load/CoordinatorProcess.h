@@ -7,9 +7,10 @@
 // and reaps it; it never signals any other process. Thread-safety: one thread; procSample() any.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <string>
-#include <sys/types.h>
 #include <vector>
 
 namespace cairn::bench::load {

@@ -6,12 +6,18 @@ namespace cairn::bench::load {
 
 const char* msgName(Msg m) {
   switch (m) {
-    case Msg::kProbe: return "bandwidth";
-    case Msg::kJoin: return "join";
-    case Msg::kHeartbeat: return "heartbeat";
-    case Msg::kMetrics: return "metrics";
-    case Msg::kCheckpoint: return "checkpoint";
-    case Msg::kChunk: return "chunk_request";
+    case Msg::kProbe:
+      return "bandwidth";
+    case Msg::kJoin:
+      return "join";
+    case Msg::kHeartbeat:
+      return "heartbeat";
+    case Msg::kMetrics:
+      return "metrics";
+    case Msg::kCheckpoint:
+      return "checkpoint";
+    case Msg::kChunk:
+      return "chunk_request";
   }
   return "?";
 }

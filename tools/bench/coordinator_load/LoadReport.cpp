@@ -29,7 +29,8 @@ nlohmann::json latencies(const std::vector<const LoadRecorder*>& recorders, int 
       all.insert(all.end(), v.begin(), v.end());
     }
     if (all.empty()) continue;
-    out[msgName(m)] = {{"n", all.size()}, {"p50_ms", percentile(all, 0.5)},
+    out[msgName(m)] = {{"n", all.size()},
+                       {"p50_ms", percentile(all, 0.5)},
                        {"p99_ms", percentile(all, 0.99)},
                        {"max_ms", *std::max_element(all.begin(), all.end())}};
   }
@@ -53,11 +54,16 @@ nlohmann::json windowJson(const RunFigures& f, const std::vector<const LoadRecor
     bytes += r->windows()[size_t(window)].sent_bytes;
     resends += r->windows()[size_t(window)].resends;
   }
-  return {{"from_s", w.begin.t}, {"to_s", w.end.t}, {"sent", sent},
-          {"messages_per_s", double(total) / seconds}, {"replies_per_s", double(replies) / seconds},
-          {"mbytes_per_s", double(bytes) / 1e6 / seconds}, {"resends", resends},
+  return {{"from_s", w.begin.t},
+          {"to_s", w.end.t},
+          {"sent", sent},
+          {"messages_per_s", double(total) / seconds},
+          {"replies_per_s", double(replies) / seconds},
+          {"mbytes_per_s", double(bytes) / 1e6 / seconds},
+          {"resends", resends},
           {"coordinator_cpu_pct", cpuPercent(w.begin, w.end)},
-          {"coordinator_rss_mb", double(w.end.rss_kb) / 1024}, {"coordinator_hwm_mb", double(w.end.hwm_kb) / 1024},
+          {"coordinator_rss_mb", double(w.end.rss_kb) / 1024},
+          {"coordinator_hwm_mb", double(w.end.hwm_kb) / 1024},
           {"load_generator_cpu_pct", cpuPercent(w.self_begin, w.self_end)},
           {"latency", latencies(recorders, window)}};
 }
@@ -65,17 +71,23 @@ nlohmann::json windowJson(const RunFigures& f, const std::vector<const LoadRecor
 }  // namespace
 
 nlohmann::json reportJson(const RunFigures& f, const std::vector<const LoadRecorder*>& recorders) {
-  nlohmann::json out = {{"volunteers", f.volunteers}, {"accepted", f.accepted}, {"assigned", f.assigned},
-                        {"failed", f.failed}, {"rejected", f.rejected}, {"problems", f.problems},
-                        {"all_accepted_s", f.all_accepted_s}, {"all_assigned_s", f.all_assigned_s},
+  nlohmann::json out = {{"volunteers", f.volunteers},
+                        {"accepted", f.accepted},
+                        {"assigned", f.assigned},
+                        {"failed", f.failed},
+                        {"rejected", f.rejected},
+                        {"problems", f.problems},
+                        {"all_accepted_s", f.all_accepted_s},
+                        {"all_assigned_s", f.all_assigned_s},
                         {"join_latency", latencies(recorders, 0)}};
   if (!f.stopped_by.empty()) out["stopped_by"] = f.stopped_by;
   out["windows"] = nlohmann::json::array();
-  for (int w = 1; w <= int(f.windows.size()); ++w) out["windows"].push_back(windowJson(f, recorders, w));
+  for (int w = 1; w <= int(f.windows.size()); ++w)
+    out["windows"].push_back(windowJson(f, recorders, w));
   nlohmann::json samples = nlohmann::json::array();
-  for (const ProcSample& s : f.samples)
-    samples.push_back({s.t, s.cpu_ticks, s.rss_kb, s.hwm_kb});
-  out["samples"] = {{"columns", {"t_s", "cpu_ticks", "rss_kb", "hwm_kb"}}, {"ticks_per_s", ticksPerSecond()},
+  for (const ProcSample& s : f.samples) samples.push_back({s.t, s.cpu_ticks, s.rss_kb, s.hwm_kb});
+  out["samples"] = {{"columns", {"t_s", "cpu_ticks", "rss_kb", "hwm_kb"}},
+                    {"ticks_per_s", ticksPerSecond()},
                     {"rows", samples}};
   return out;
 }
@@ -90,18 +102,23 @@ std::string reportTable(const nlohmann::json& r) {
     std::snprintf(b, sizeof b, "%.1f/%.1f", l["p50_ms"].get<double>(), l["p99_ms"].get<double>());
     return std::string(b);
   };
-  std::snprintf(line, sizeof line, "volunteers %d: accepted %d (all in %.1f s), assigned %d (all in %.1f s), failed %d\n",
-                r["volunteers"].get<int>(), r["accepted"].get<int>(), r["all_accepted_s"].get<double>(),
-                r["assigned"].get<int>(), r["all_assigned_s"].get<double>(), r["failed"].get<int>());
+  std::snprintf(
+      line, sizeof line,
+      "volunteers %d: accepted %d (all in %.1f s), assigned %d (all in %.1f s), failed %d\n",
+      r["volunteers"].get<int>(), r["accepted"].get<int>(), r["all_accepted_s"].get<double>(),
+      r["assigned"].get<int>(), r["all_assigned_s"].get<double>(), r["failed"].get<int>());
   out << line;
-  out << "window  | msgs/s | coord CPU % | RSS MB | HWM MB | metrics p50/p99 ms | checkpoint p50/p99 ms "
+  out << "window  | msgs/s | coord CPU % | RSS MB | HWM MB | metrics p50/p99 ms | checkpoint "
+         "p50/p99 ms "
          "| chunk p50/p99 ms | loadgen CPU %\n";
   int i = 0;
   for (const auto& w : r["windows"]) {
-    std::snprintf(line, sizeof line, "%3.0f-%3.0fs | %6.0f | %11.1f | %6.1f | %6.1f | %18s | %21s | %16s | %6.1f\n",
-                  w["from_s"].get<double>(), w["to_s"].get<double>(), w["messages_per_s"].get<double>(),
-                  w["coordinator_cpu_pct"].get<double>(), w["coordinator_rss_mb"].get<double>(),
-                  w["coordinator_hwm_mb"].get<double>(), lat(w, "metrics").c_str(), lat(w, "checkpoint").c_str(),
+    std::snprintf(line, sizeof line,
+                  "%3.0f-%3.0fs | %6.0f | %11.1f | %6.1f | %6.1f | %18s | %21s | %16s | %6.1f\n",
+                  w["from_s"].get<double>(), w["to_s"].get<double>(),
+                  w["messages_per_s"].get<double>(), w["coordinator_cpu_pct"].get<double>(),
+                  w["coordinator_rss_mb"].get<double>(), w["coordinator_hwm_mb"].get<double>(),
+                  lat(w, "metrics").c_str(), lat(w, "checkpoint").c_str(),
                   lat(w, "chunk_request").c_str(), w["load_generator_cpu_pct"].get<double>());
     out << line;
     ++i;

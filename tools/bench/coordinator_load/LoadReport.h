@@ -1,13 +1,12 @@
-// LoadReport: the figures of one tools/bench/coordinator_load run — the join and plan times, and per
-// measured window the messages per second the coordinator took, its CPU (% of one core) and RSS,
-// and the reply latencies (p50/p99) — as JSON (written to --json) and as the table printed.
+// LoadReport: the figures of one tools/bench/coordinator_load run — the join and plan times, and
+// per measured window the messages per second the coordinator took, its CPU (% of one core) and
+// RSS, and the reply latencies (p50/p99) — as JSON (written to --json) and as the table printed.
 // Ownership: plain values. Thread-safety: pure functions.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tools/bench/coordinator_load/CoordinatorProcess.h"
 #include "tools/bench/coordinator_load/LoadRecorder.h"
@@ -21,12 +20,12 @@ struct MeasuredWindow {
 
 struct RunFigures {
   int volunteers = 0, accepted = 0, assigned = 0, failed = 0, rejected = 0;
-  double all_accepted_s = -1;  // from the first probe sent to the last `accepted`
-  double all_assigned_s = -1;  // … to the last `assignment`
+  double all_accepted_s = -1;           // from the first probe sent to the last `accepted`
+  double all_assigned_s = -1;           // … to the last `assignment`
   std::vector<MeasuredWindow> windows;  // the two measured windows
   std::vector<ProcSample> samples;      // the coordinator, once a second over the whole run
   uint64_t problems = 0;
-  std::string stopped_by;               // why a size could not run to its end (empty: it did)
+  std::string stopped_by;  // why a size could not run to its end (empty: it did)
 };
 
 // The figures as JSON: recorders' counts merged over every worker.

@@ -35,14 +35,21 @@ double unitRandom() {
 }
 
 // Drains one socket without blocking (a message of too many frames counts as dropped).
-std::optional<Frames> readOne(zmq::socket_t& s) { return recvFrames(s, std::chrono::milliseconds(0)); }
+std::optional<Frames> readOne(zmq::socket_t& s) {
+  return recvFrames(s, std::chrono::milliseconds(0));
+}
 
 }  // namespace
 
 LoadVolunteer::LoadVolunteer(zmq::context_t& context, const VolunteerOptions& options,
                              LoadRecorder& recorder, Clock::time_point start_at, int listen_port)
-    : context_(context), o_(options), recorder_(recorder), keys_(generateCurveKeyPair()),
-      listen_port_(listen_port), start_at_(start_at), stream_(randomStream()) {}
+    : context_(context),
+      o_(options),
+      recorder_(recorder),
+      keys_(generateCurveKeyPair()),
+      listen_port_(listen_port),
+      start_at_(start_at),
+      stream_(randomStream()) {}
 
 LoadVolunteer::~LoadVolunteer() = default;
 
@@ -62,7 +69,8 @@ void LoadVolunteer::fail(const std::string& why) {
 void LoadVolunteer::start(Clock::time_point now) {
   std::string bound;
   try {
-    router_ = coordinationServer(context_, keys_, "127.0.0.1:" + std::to_string(listen_port_), kMaxReachBytes, &bound);
+    router_ = coordinationServer(context_, keys_, "127.0.0.1:" + std::to_string(listen_port_),
+                                 kMaxReachBytes, &bound);
   } catch (const std::exception& e) {
     return fail(e.what());  // the port is taken (another program): this volunteer does not join
   }
@@ -113,8 +121,8 @@ void LoadVolunteer::onMessage(const Frames& frames, Clock::time_point now) {
     probe.ram_gb = 16;
     probe.cores = 4;
     probe.compute_gflops = 50;
-    probe.bandwidth_mbps =
-        double(o_.probe_bytes) * 8 / 1e6 / std::max(1e-6, std::chrono::duration<double>(now - sent_probe_).count());
+    probe.bandwidth_mbps = double(o_.probe_bytes) * 8 / 1e6 /
+                           std::max(1e-6, std::chrono::duration<double>(now - sent_probe_).count());
     probe.libtorch = o_.libtorch;
     const Frames join = encode(JoinAsk{o_.invite.token, advertise_, probe, ""});
     send(join);
@@ -145,8 +153,10 @@ void LoadVolunteer::onMessage(const Frames& frames, Clock::time_point now) {
     checkpoint_sent_.reset();
   } else if (const auto* r = std::get_if<Rejected>(&*m)) {
     recorder_.progress().rejected.fetch_add(1);
-    if (phase_ != Phase::kMember) fail("rejected: " + r->reason);
-    else recorder_.problem("rejected: " + r->reason);
+    if (phase_ != Phase::kMember)
+      fail("rejected: " + r->reason);
+    else
+      recorder_.problem("rejected: " + r->reason);
   }
 }
 
@@ -161,7 +171,8 @@ void LoadVolunteer::onAssignment(const Assignment& a, Clock::time_point now) {
   next_step_ = now + o_.step;
   next_metrics_ = now + o_.metrics_interval;
   // The first upload at a random point of the period: clusters do not checkpoint in lockstep.
-  next_checkpoint_ = now + std::chrono::duration_cast<Clock::duration>(o_.checkpoint_every * unitRandom());
+  next_checkpoint_ =
+      now + std::chrono::duration_cast<Clock::duration>(o_.checkpoint_every * unitRandom());
   next_beat_ = now;
   if (a.node.value("stage", -1) != 0) return;  // only a Root reads data
   const nlohmann::json data = a.job.value("data", nlohmann::json::object());
@@ -170,7 +181,8 @@ void LoadVolunteer::onAssignment(const Assignment& a, Clock::time_point now) {
   const auto shards = data.value("shards", nlohmann::json::array());
   for (size_t p = 0; p < shards.size(); ++p)  // dealt round robin (DealSampler.h)
     if (int64_t(p) % std::max<int64_t>(1, a.num_clusters) == cluster)
-      chunks_.push_back({shards[p].value("chunk", int64_t(0)), shards[p].value("bytes", uint64_t(0))});
+      chunks_.push_back(
+          {shards[p].value("chunk", int64_t(0)), shards[p].value("bytes", uint64_t(0))});
   for (const auto& t : data.value("test_shards", nlohmann::json::array()))
     chunks_.push_back({t.value("chunk", int64_t(0)), t.value("bytes", uint64_t(0))});
   next_chunks_ = now;
@@ -184,8 +196,12 @@ void LoadVolunteer::step(Clock::time_point now) {
     records_.pop_front();
     ++acked_;
   }
-  records_.push_back({{"step", step_}, {"loss", 2.3 / double(1 + step_ % 100)}, {"samples", 32},
-                      {"compute_s", 0.05}, {"sent_bytes", 100000}, {"lr", 0.003}});
+  records_.push_back({{"step", step_},
+                      {"loss", 2.3 / double(1 + step_ % 100)},
+                      {"samples", 32},
+                      {"compute_s", 0.05},
+                      {"sent_bytes", 100000},
+                      {"lr", 0.003}});
 }
 
 void LoadVolunteer::sendMetrics(Clock::time_point now) {
@@ -226,7 +242,8 @@ void LoadVolunteer::requestPiece(Clock::time_point now) {
   if (chunk_at_ >= chunks_.size()) return;
   const PendingChunk& c = chunks_[chunk_at_];
   const uint64_t length = std::min<uint64_t>(o_.piece_bytes, c.bytes - offset_);
-  const Frames frames = encode(ChunkRequest{name_, c.chunk, offset_, std::max<uint64_t>(1, length)});
+  const Frames frames =
+      encode(ChunkRequest{name_, c.chunk, offset_, std::max<uint64_t>(1, length)});
   send(frames);
   recorder_.sent(Msg::kChunk, bytesOf(frames));
   piece_sent_ = now;
@@ -243,7 +260,8 @@ void LoadVolunteer::onPiece(const Frames& frames, Clock::time_point now) {
     return;
   }
   const auto& p = std::get<ChunkPiece>(*reply);
-  if (!piece_sent_ || chunk_at_ >= chunks_.size() || p.chunk != chunks_[chunk_at_].chunk || p.offset != offset_)
+  if (!piece_sent_ || chunk_at_ >= chunks_.size() || p.chunk != chunks_[chunk_at_].chunk ||
+      p.offset != offset_)
     return;  // a late answer to a piece asked again
   recorder_.latency(Msg::kChunk, now - *piece_sent_);
   piece_sent_.reset();
@@ -267,7 +285,8 @@ Clock::time_point LoadVolunteer::tick(Clock::time_point now) {
     if (failed_) return now + std::chrono::hours(1);
   }
   if (phase_ != Phase::kMember) {
-    if (now - start_at_ > o_.join_timeout) fail("no answer to the probe or join within the timeout");
+    if (now - start_at_ > o_.join_timeout)
+      fail("no answer to the probe or join within the timeout");
     return now + std::chrono::milliseconds(100);
   }
   if (now >= next_beat_) {
@@ -281,10 +300,13 @@ Clock::time_point LoadVolunteer::tick(Clock::time_point now) {
     while (now >= next_step_) step(now);
     if (now >= next_metrics_) sendMetrics(now);
     if (now >= next_checkpoint_ && o_.checkpoint_bytes > 0) sendCheckpoint(now);
-    if (!chunks_.empty() && now >= next_chunks_ && (!piece_sent_ || now - *piece_sent_ >= o_.chunk_resend))
+    if (!chunks_.empty() && now >= next_chunks_ &&
+        (!piece_sent_ || now - *piece_sent_ >= o_.chunk_resend))
       requestPiece(now);
-    next = std::min({next, next_step_, next_metrics_, o_.checkpoint_bytes > 0 ? next_checkpoint_ : next});
-    if (!chunks_.empty()) next = std::min(next, piece_sent_ ? *piece_sent_ + o_.chunk_resend : next_chunks_);
+    next = std::min(
+        {next, next_step_, next_metrics_, o_.checkpoint_bytes > 0 ? next_checkpoint_ : next});
+    if (!chunks_.empty())
+      next = std::min(next, piece_sent_ ? *piece_sent_ + o_.chunk_resend : next_chunks_);
   }
   return std::max(next, now + std::chrono::milliseconds(1));
 }

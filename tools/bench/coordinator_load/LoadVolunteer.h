@@ -11,25 +11,25 @@
 //             whose join the coordinator refuses (the address is a member's).
 //   waiting   `heartbeat{waiting, -1}` every 2 s (VolunteerSession::waitForAssignment).
 //   assigned  `heartbeat{training, step}` every 2 s (VolunteerHeartbeats), a step every
-//             `step_s`, its step record queued and sent as `metrics` batches every 1 s, one batch in
-//             flight, sent again after 5 s without `metrics_ack` (VolunteerMetrics); a `checkpoint`
-//             of `checkpoint_bytes` every `checkpoint_every`, one in flight until `checkpoint_ack`
-//             (VolunteerCheckpoints); a Root fetches its cluster's chunks and the test chunks piece
-//             by piece, one piece in flight (ChunkFetcher), again every `chunk_every`.
+//             `step_s`, its step record queued and sent as `metrics` batches every 1 s, one batch
+//             in flight, sent again after 5 s without `metrics_ack` (VolunteerMetrics); a
+//             `checkpoint` of `checkpoint_bytes` every `checkpoint_every`, one in flight until
+//             `checkpoint_ack` (VolunteerCheckpoints); a Root fetches its cluster's chunks and the
+//             test chunks piece by piece, one piece in flight (ChunkFetcher), again every
+//             `chunk_every`.
 // The real provider uses one DEALER per background thread; this one sends everything on its one
-// DEALER (the coordinator answers on the routing id the message came from, so replies are the same).
-// Ownership: owns its sockets; the context, options and recorder are borrowed. Thread-safety: one
-// thread (the LoadThreads worker that owns it).
+// DEALER (the coordinator answers on the routing id the message came from, so replies are the
+// same). Ownership: owns its sockets; the context, options and recorder are borrowed.
+// Thread-safety: one thread (the LoadThreads worker that owns it).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
 #include "core/CurveKeys.h"

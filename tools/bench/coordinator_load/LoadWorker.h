@@ -1,4 +1,4 @@
-// LoadWorker: one worker thread of tools/bench/coordinator_load — a zmq poll loop over the sockets
+// LoadWorker: one worker thread of tools/bench/coordinator_load: a zmq poll loop over the sockets
 // of the simulated volunteers it owns (a few threads serve thousands of volunteers; none has a
 // thread of its own). Each turn it ticks the volunteers whose next action is due, then polls their
 // DEALERs and reachability ROUTERs until the earliest next action (at most 50 ms) and reads what
@@ -21,7 +21,9 @@ class LoadWorker {
   ~LoadWorker() { join(); }
   LoadRecorder& recorder() { return recorder_; }
   void add(std::unique_ptr<LoadVolunteer> v) { volunteers_.push_back(std::move(v)); }
-  void start() { thread_ = std::thread([this] { run(); }); }
+  void start() {
+    thread_ = std::thread([this] { run(); });
+  }
   void join() {
     if (thread_.joinable()) thread_.join();
   }

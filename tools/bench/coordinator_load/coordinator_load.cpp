@@ -12,13 +12,12 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <mutex>
-
-#include <CLI/CLI.hpp>
 
 #include "node/transport/CurveSecurity.h"
 #include "tools/bench/coordinator_load/LoadReport.h"
@@ -41,33 +40,71 @@ struct Flags {
 };
 
 void addFlags(CLI::App& app, Flags& f) {
-  app.add_option("--clusterize", f.clusterize, "the clusterize binary")->required()->check(CLI::ExistingFile);
-  app.add_option("--model", f.model, "TorchScript model the coordinator plans")->required()->check(CLI::ExistingFile);
-  app.add_option("--job", f.job, "job.json the coordinator plans")->required()->check(CLI::ExistingFile);
+  app.add_option("--clusterize", f.clusterize, "the clusterize binary")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--model", f.model, "TorchScript model the coordinator plans")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--job", f.job, "job.json the coordinator plans")
+      ->required()
+      ->check(CLI::ExistingFile);
   app.add_option("--input-shape", f.input_shape, "clusterize --input-shape")->capture_default_str();
-  app.add_option("--work", f.work, "folder for the coordinator's --out, invite and log")->required();
+  app.add_option("--work", f.work, "folder for the coordinator's --out, invite and log")
+      ->required();
   app.add_option("--json", f.json, "write the figures here");
   app.add_option("--coordinator-arg", f.coordinator_args, "one more clusterize argument (repeat)");
-  app.add_option("--volunteers", f.volunteers, "simulated volunteers")->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--placed", f.placed, "the coordinator plans once this many joined (--min/--max-volunteers); 0: all")
-      ->check(CLI::Range(0, 100000))->capture_default_str();
-  app.add_option("--first-port", f.first_port, "volunteer i answers reach checks on 127.0.0.1:(this + i)")
-      ->check(CLI::Range(1024, 65535))->capture_default_str();
-  app.add_option("--threads", f.threads, "poll-loop threads")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--volunteers", f.volunteers, "simulated volunteers")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--placed", f.placed,
+                 "the coordinator plans once this many joined (--min/--max-volunteers); 0: all")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app.add_option("--first-port", f.first_port,
+                 "volunteer i answers reach checks on 127.0.0.1:(this + i)")
+      ->check(CLI::Range(1024, 65535))
+      ->capture_default_str();
+  app.add_option("--threads", f.threads, "poll-loop threads")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--join-rate", f.join_rate, "volunteers starting their join per second")
-      ->check(CLI::Range(0.1, 100000.0))->capture_default_str();
-  app.add_option("--measure-s", f.measure_s, "measured seconds (two windows)")->check(CLI::Range(2.0, 86400.0))->capture_default_str();
-  app.add_option("--settle-s", f.settle_s, "seconds between the last assignment and the measurement")
-      ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
-  app.add_option("--setup-timeout-s", f.setup_timeout_s, "longest wait for the coordinator, the joins and the plan")
-      ->check(CLI::Range(1.0, 86400.0))->capture_default_str();
-  app.add_option("--probe-kib", f.probe_kib, "bandwidth probe size (the real provider: 8192)")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
-  app.add_option("--checkpoint-kib", f.checkpoint_kib, "checkpoint upload size (0: none)")->check(CLI::Range(0.0, 1048576.0))->capture_default_str();
-  app.add_option("--checkpoint-every-s", f.checkpoint_every_s, "an assigned volunteer's upload period")->check(CLI::Range(0.1, 86400.0))->capture_default_str();
-  app.add_option("--step-s", f.step_s, "seconds per simulated step (one step record each)")->check(CLI::Range(0.001, 3600.0))->capture_default_str();
-  app.add_option("--piece-kib", f.piece_kib, "chunk piece size a Root asks for")->check(CLI::Range(1.0, 16384.0))->capture_default_str();
-  app.add_option("--chunk-every-s", f.chunk_every_s, "a Root fetches its chunks again this long after the last")->check(CLI::Range(0.1, 86400.0))->capture_default_str();
-  app.add_option("--libtorch", f.libtorch, "the libtorch version the joins claim (refused when older than the coordinator's)")->capture_default_str();
+      ->check(CLI::Range(0.1, 100000.0))
+      ->capture_default_str();
+  app.add_option("--measure-s", f.measure_s, "measured seconds (two windows)")
+      ->check(CLI::Range(2.0, 86400.0))
+      ->capture_default_str();
+  app.add_option("--settle-s", f.settle_s,
+                 "seconds between the last assignment and the measurement")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--setup-timeout-s", f.setup_timeout_s,
+                 "longest wait for the coordinator, the joins and the plan")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+  app.add_option("--probe-kib", f.probe_kib, "bandwidth probe size (the real provider: 8192)")
+      ->check(CLI::Range(1.0, 65536.0))
+      ->capture_default_str();
+  app.add_option("--checkpoint-kib", f.checkpoint_kib, "checkpoint upload size (0: none)")
+      ->check(CLI::Range(0.0, 1048576.0))
+      ->capture_default_str();
+  app.add_option("--checkpoint-every-s", f.checkpoint_every_s,
+                 "an assigned volunteer's upload period")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+  app.add_option("--step-s", f.step_s, "seconds per simulated step (one step record each)")
+      ->check(CLI::Range(0.001, 3600.0))
+      ->capture_default_str();
+  app.add_option("--piece-kib", f.piece_kib, "chunk piece size a Root asks for")
+      ->check(CLI::Range(1.0, 16384.0))
+      ->capture_default_str();
+  app.add_option("--chunk-every-s", f.chunk_every_s,
+                 "a Root fetches its chunks again this long after the last")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+  app.add_option("--libtorch", f.libtorch,
+                 "the libtorch version the joins claim (refused when older than the coordinator's)")
+      ->capture_default_str();
 }
 
 // Soft RLIMIT_NOFILE to its hard limit; false when even that cannot hold `need` descriptors.
@@ -77,18 +114,32 @@ bool raiseFileLimit(uint64_t need, std::string* why) {
   r.rlim_cur = r.rlim_max;
   setrlimit(RLIMIT_NOFILE, &r);
   if (r.rlim_max != RLIM_INFINITY && r.rlim_max < need) {
-    *why = "RLIMIT_NOFILE's hard limit is " + std::to_string(r.rlim_max) + " but this size needs about " +
-           std::to_string(need) + " descriptors in this process (2 per volunteer, 5 while joining)";
+    *why = "RLIMIT_NOFILE's hard limit is " + std::to_string(r.rlim_max) +
+           " but this size needs about " + std::to_string(need) +
+           " descriptors in this process (2 per volunteer, 5 while joining)";
     return false;
   }
   return true;
 }
 
 std::vector<std::string> coordinatorArgv(const Flags& f, int placed) {
-  std::vector<std::string> a = {f.clusterize, "--model", f.model, "--job", f.job, "--input-shape", f.input_shape,
-                                "--serve", "127.0.0.1:0", "--invite-file", f.work + "/invite.txt",
-                                "--out", f.work + "/coordinator", "--min-volunteers", std::to_string(placed),
-                                "--max-volunteers", std::to_string(placed)};
+  std::vector<std::string> a = {f.clusterize,
+                                "--model",
+                                f.model,
+                                "--job",
+                                f.job,
+                                "--input-shape",
+                                f.input_shape,
+                                "--serve",
+                                "127.0.0.1:0",
+                                "--invite-file",
+                                f.work + "/invite.txt",
+                                "--out",
+                                f.work + "/coordinator",
+                                "--min-volunteers",
+                                std::to_string(placed),
+                                "--max-volunteers",
+                                std::to_string(placed)};
   a.insert(a.end(), f.coordinator_args.begin(), f.coordinator_args.end());
   return a;
 }
@@ -111,7 +162,8 @@ VolunteerOptions volunteerOptions(const Flags& f, const std::string& invite) {
 // Samples the coordinator once a second (the whole run's RSS and CPU over time) on its own thread.
 class Sampler {
  public:
-  Sampler(pid_t pid, Clock::time_point origin) : pid_(pid), origin_(origin), thread_([this] { run(); }) {}
+  Sampler(pid_t pid, Clock::time_point origin)
+      : pid_(pid), origin_(origin), thread_([this] { run(); }) {}
   ~Sampler() {
     stop_ = true;
     thread_.join();
@@ -146,7 +198,8 @@ class Sampler {
   std::thread thread_;
 };
 
-// Waits until `done()` or `timeout`, printing `what` every 10 s; false on timeout or a dead coordinator.
+// Waits until `done()` or `timeout`, printing `what` every 10 s; false on timeout or a dead
+// coordinator.
 bool waitFor(const std::function<bool()>& done, double timeout_s, CoordinatorProcess& coordinator,
              const std::function<std::string()>& what) {
   const auto start = Clock::now();
@@ -176,18 +229,20 @@ Setup joinAndPlan(const Flags& f, int placed, Progress& progress, CoordinatorPro
   s.start = start;
   const int n = f.volunteers;
   auto status = [&] {
-    return "accepted " + std::to_string(progress.accepted.load()) + "/" + std::to_string(n) + ", assigned " +
-           std::to_string(progress.assigned.load()) + ", failed " + std::to_string(progress.failed.load());
+    return "accepted " + std::to_string(progress.accepted.load()) + "/" + std::to_string(n) +
+           ", assigned " + std::to_string(progress.assigned.load()) + ", failed " +
+           std::to_string(progress.failed.load());
   };
-  if (!waitFor([&] { return progress.accepted + progress.failed >= n; }, f.setup_timeout_s, coordinator, status)) {
+  if (!waitFor([&] { return progress.accepted + progress.failed >= n; }, f.setup_timeout_s,
+               coordinator, status)) {
     s.stopped_by = "the joins did not finish within --setup-timeout-s (" + status() + ")";
     return s;
   }
   s.accepted_s = Seconds(Clock::now() - start).count();
   std::cout << "all joined in " << s.accepted_s << " s (" << status() << ")" << std::endl;
   if (progress.accepted < placed) {  // the coordinator would wait for the missing ones for ever
-    s.stopped_by = "only " + std::to_string(progress.accepted.load()) + " volunteers were accepted; the coordinator plans at " +
-                   std::to_string(placed);
+    s.stopped_by = "only " + std::to_string(progress.accepted.load()) +
+                   " volunteers were accepted; the coordinator plans at " + std::to_string(placed);
     return s;
   }
   int last = -1;
@@ -207,13 +262,15 @@ Setup joinAndPlan(const Flags& f, int placed, Progress& progress, CoordinatorPro
     return s;
   }
   s.assigned_s = Seconds(changed - start).count();
-  std::cout << "assignments done " << s.assigned_s << " s after the first join (" << status() << ")" << std::endl;
+  std::cout << "assignments done " << s.assigned_s << " s after the first join (" << status() << ")"
+            << std::endl;
   return s;
 }
 
 // The two measured windows, after --settle-s.
-std::vector<MeasuredWindow> measure(const Flags& f, Progress& progress, CoordinatorProcess& coordinator,
-                                    Sampler& sampler, std::string* stopped_by) {
+std::vector<MeasuredWindow> measure(const Flags& f, Progress& progress,
+                                    CoordinatorProcess& coordinator, Sampler& sampler,
+                                    std::string* stopped_by) {
   std::this_thread::sleep_for(Seconds(f.settle_s));
   std::vector<MeasuredWindow> windows;
   for (int w = 1; w <= 2; ++w) {
@@ -224,7 +281,8 @@ std::vector<MeasuredWindow> measure(const Flags& f, Progress& progress, Coordina
     m.self_begin.t = m.begin.t;
     std::this_thread::sleep_for(Seconds(f.measure_s / 2));
     if (!coordinator.running()) {
-      *stopped_by = "the coordinator exited during window " + std::to_string(w) + "; see " + f.work + "/coordinator.log";
+      *stopped_by = "the coordinator exited during window " + std::to_string(w) + "; see " +
+                    f.work + "/coordinator.log";
       return windows;
     }
     m.end = sampler.now(coordinator.pid());
@@ -241,7 +299,8 @@ int runLoad(const Flags& f) {
   const int placed = f.placed > 0 ? std::min(f.placed, n) : n;
   std::string why;
   if (f.first_port + n - 1 > 65535) {
-    std::cerr << "coordinator_load: --first-port " << f.first_port << " + --volunteers " << n << " passes port 65535\n";
+    std::cerr << "coordinator_load: --first-port " << f.first_port << " + --volunteers " << n
+              << " passes port 65535\n";
     return 2;
   }
   if (!raiseFileLimit(uint64_t(2 * n) + 5 * uint64_t(std::max(10.0, f.join_rate)) + 256, &why)) {
@@ -254,9 +313,10 @@ int runLoad(const Flags& f) {
   const auto origin = Clock::now();
   CoordinatorProcess coordinator(coordinatorArgv(f, placed), f.work + "/coordinator.log");
   const VolunteerOptions options =
-      volunteerOptions(f, coordinator.waitForInvite(f.work + "/invite.txt", std::chrono::seconds(int(f.setup_timeout_s))));
-  std::cout << "coordinator " << coordinator.pid() << " is up; " << n << " volunteers join at " << f.join_rate
-            << "/s, " << placed << " to be placed" << std::endl;
+      volunteerOptions(f, coordinator.waitForInvite(f.work + "/invite.txt",
+                                                    std::chrono::seconds(int(f.setup_timeout_s))));
+  std::cout << "coordinator " << coordinator.pid() << " is up; " << n << " volunteers join at "
+            << f.join_rate << "/s, " << placed << " to be placed" << std::endl;
   zmq::context_t context;
   context.set(zmq::ctxopt::max_sockets, 2 * n + 64);
   context.set(zmq::ctxopt::io_threads, 2);
@@ -274,7 +334,8 @@ int runLoad(const Flags& f) {
   for (auto& w : workers) w->start();
   Setup setup = joinAndPlan(f, placed, progress, coordinator, start);
   RunFigures figures;
-  if (setup.stopped_by.empty()) figures.windows = measure(f, progress, coordinator, sampler, &setup.stopped_by);
+  if (setup.stopped_by.empty())
+    figures.windows = measure(f, progress, coordinator, sampler, &setup.stopped_by);
   progress.stop = true;
   for (auto& w : workers) w->join();
   figures.volunteers = n;
@@ -292,10 +353,18 @@ int runLoad(const Flags& f) {
     figures.problems += w->recorder().problems();
   }
   nlohmann::json report = reportJson(figures, recorders);
-  report["flags"] = {{"volunteers", n}, {"placed", placed}, {"threads", f.threads}, {"join_rate", f.join_rate},
-                     {"measure_s", f.measure_s}, {"probe_kib", f.probe_kib}, {"checkpoint_kib", f.checkpoint_kib},
-                     {"checkpoint_every_s", f.checkpoint_every_s}, {"step_s", f.step_s}, {"piece_kib", f.piece_kib},
-                     {"chunk_every_s", f.chunk_every_s}, {"coordinator_args", f.coordinator_args}};
+  report["flags"] = {{"volunteers", n},
+                     {"placed", placed},
+                     {"threads", f.threads},
+                     {"join_rate", f.join_rate},
+                     {"measure_s", f.measure_s},
+                     {"probe_kib", f.probe_kib},
+                     {"checkpoint_kib", f.checkpoint_kib},
+                     {"checkpoint_every_s", f.checkpoint_every_s},
+                     {"step_s", f.step_s},
+                     {"piece_kib", f.piece_kib},
+                     {"chunk_every_s", f.chunk_every_s},
+                     {"coordinator_args", f.coordinator_args}};
   for (auto& w : workers) w->close();  // the sockets, before the authenticator and context
   report["coordinator_exit"] = coordinator.stop();
   if (!f.json.empty()) std::ofstream(f.json) << report.dump(1) << "\n";
@@ -308,8 +377,9 @@ int runLoad(const Flags& f) {
 }  // namespace cairn::bench::load
 
 int main(int argc, char** argv) {
-  CLI::App app("coordinator_load: simulated volunteers (the real protocol, no training) against a real "
-               "coordinator; docs/BENCHMARKS.md \"Churn\"");
+  CLI::App app(
+      "coordinator_load: simulated volunteers (the real protocol, no training) against a real "
+      "coordinator; docs/BENCHMARKS.md \"Churn\"");
   cairn::bench::load::Flags flags;
   cairn::bench::load::addFlags(app, flags);
   try {
