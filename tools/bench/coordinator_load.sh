@@ -5,6 +5,8 @@
 # safetensors shards of Debian's Fashion-MNIST (served by the coordinator: data.source
 # "coordinator", so Roots send chunk requests) and a job, then runs coordinator_load once per size.
 #   tools/bench/coordinator_load.sh [SIZE...]        default sizes: 100 1000 5000
+# Exits 1 when a size did not run to its end (the others still run; ctest bench.coordinator_load_smoke
+# runs 20 volunteers for a few seconds).
 # Environment: OUT (default /tmp/coordinator_load) gets coordinator_load_<SIZE>.json and each run's
 # coordinator folder and log; PLACED (default 0: every volunteer) is how many the coordinator
 # places (--placed); MEASURE_S (default 60) the measured seconds; LOAD_ARGS more coordinator_load
@@ -59,11 +61,14 @@ job = {"format": 1, "job_id": "coordinator_load", "driver": "cairn", "model": os
                                "timeouts": {"startup_s": 60, "peer_s": 60}}}
 json.dump(job, open(os.path.join(folder, "job.json"), "w"))
 PY
+failed=0
 for n in "${sizes[@]}"; do
   echo "== $n simulated volunteers"
   # shellcheck disable=SC2086  # LOAD_ARGS is a list of flags
   "$build/tools/bench/coordinator_load" --clusterize "$clusterize" \
     --model "$out/data/model.pt" --job "$out/data/job.json" --work "$out/run_$n" \
     --volunteers "$n" --placed "${PLACED:-0}" --measure-s "${MEASURE_S:-60}" \
-    --json "$out/coordinator_load_$n.json" ${LOAD_ARGS:-} || echo "coordinator_load: size $n did not run to its end (see above)"
+    --json "$out/coordinator_load_$n.json" ${LOAD_ARGS:-} ||
+    { echo "coordinator_load: size $n did not run to its end (see above)"; failed=1; }
 done
+exit "$failed"
