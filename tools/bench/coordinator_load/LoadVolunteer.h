@@ -17,6 +17,8 @@
 //             `checkpoint_ack` (VolunteerCheckpoints); a Root fetches its cluster's chunks and the
 //             test chunks piece by piece, one piece in flight (ChunkFetcher), again every
 //             `chunk_every`.
+// A `rejected{node_taken}` (its node went to a spare while it was silent) is counted, not acted on:
+// the real provider gives the node up and joins again as a spare; this one keeps its name.
 // The real provider uses one DEALER per background thread; this one sends everything on its one
 // DEALER (the coordinator answers on the routing id the message came from, so replies are the
 // same). Ownership: owns its sockets; the context, options and recorder are borrowed.
