@@ -87,7 +87,7 @@ struct Coordinator::Impl {
   std::unique_ptr<RunView> view;  // the run as seen from here (RunView.h)
   bool view_placed = false;       // the plan's nodes are placed in the view
   bool credit_changed = true;     // the view's credit table is to be recomputed (syncView)
-  Clock::time_point view_synced;
+  Clock::time_point view_synced, housekept;  // syncView's last turn; run()'s planning/replacing
 
   // The plan's nodes for the view (none while gathering).
   std::vector<Placement> placement() {
@@ -293,6 +293,7 @@ struct Coordinator::Impl {
     store->setMeta("placed", placed.dump());
     store->setMeta("num_clusters", std::to_string(run.num_clusters));
     store->setMeta("phase", "planned");
+    replacer->deafUntil(unixNow());  // the plan held this loop (~14 s for 1,000): none heard
     CAIRN_INFO("coordinator: planned ", run.num_clusters, " cluster(s) on ", run.assignments.size(),
                " volunteers", run.unplaced.empty() ? "" : "; spares: " + std::to_string(run.unplaced.size()));
     for (const Member& m : store->members()) {  // the spares hear why they wait
@@ -304,10 +305,8 @@ struct Coordinator::Impl {
   }
 
   std::vector<std::string> placed() const {
-    std::vector<std::string> names;
-    const auto text = store->meta("placed");
-    if (text) names = nlohmann::json::parse(*text).get<std::vector<std::string>>();
-    return names;
+    const std::string text = store->meta("placed").value_or("[]");  // none before the plan
+    return nlohmann::json::parse(text).get<std::vector<std::string>>();
   }
 
   void onResult(const ResultUpload& r) {
@@ -459,7 +458,7 @@ int Coordinator::run() {
                " placed volunteers); waiting for their results");
   std::unique_ptr<TerminalView> terminal;  // the live view, on its own thread
   if (s.o.view_every.count() > 0) terminal = std::make_unique<TerminalView>(*s.view, s.o.view_every);
-  auto last_drained = std::chrono::steady_clock::now();  // the ROUTER was last found empty
+  auto last_drained = Clock::now();  // the ROUTER was last found empty
   while (true) {
     if (s.o.stop_requested && s.o.stop_requested()) {
       CAIRN_INFO("coordinator: stopping; its state is in ", s.o.out,
@@ -467,7 +466,7 @@ int Coordinator::run() {
       return 0;
     }
     const auto routed = s.nextMessage();
-    if (!routed) last_drained = std::chrono::steady_clock::now();
+    if (!routed) last_drained = Clock::now();
     if (routed && s.withinBudget(*routed)) {
       try {
         s.handle(*routed);
@@ -479,18 +478,22 @@ int Coordinator::run() {
       }
     }
     s.admissions->poll();
-    s.maybePlan();
     s.syncView();
-    // Who is lost is judged on an empty inbound queue: heartbeats queued behind a burst (every
-    // node of a run uploading its final checkpoint and results at once, on a loaded machine) are
-    // read first, so a volunteer is never declared lost for the coordinator's own backlog (the
-    // churn benchmark's run without faults gave 5 finishing nodes to spares that way, and the run
-    // hung). Overloaded for longer than half the loss timeout, it judges anyway.
-    if (!routed || std::chrono::steady_clock::now() - last_drained > s.o.lost_after / 2)
-      s.replacer->poll(unixNow());
-    for (const NodeSpec& n : s.grower->poll(unixNow())) {
-      s.view->place({n.name, n.cluster, n.stage, n.num_stages});
-      s.view->setNumClusters(n.cluster + 1);
+    // Planning, lost members, growth: they read every member row, so every 200 ms, not per
+    // message. Who is lost is judged only when the inbound queue was empty within that time:
+    // heartbeats queued behind a burst (every node uploading its final checkpoint and results at
+    // once: the churn benchmark's run without faults gave 5 finishing nodes to spares, and hung)
+    // are read first; behind for over half the loss timeout, it judges anyway.
+    if (Clock::now() - s.housekept >= std::chrono::milliseconds(200)) {
+      const auto backlog = Clock::now() - last_drained;
+      s.housekept = Clock::now();
+      s.maybePlan();
+      if (backlog <= std::chrono::milliseconds(200) || backlog > s.o.lost_after / 2)
+        s.replacer->poll(unixNow());
+      for (const NodeSpec& n : s.grower->poll(unixNow())) {
+        s.view->place({n.name, n.cluster, n.stage, n.num_stages});
+        s.view->setNumClusters(n.cluster + 1);
+      }
     }
     if (s.phase() == "done") {
       s.syncView(/*now=*/true);

@@ -9,10 +9,11 @@
 // coordinator has the same invite and picks the run up where it was.
 //
 // One thread: a loop over the ROUTER socket (volunteers' DEALERs) and the pending reachability
-// checks. Every message is decoded by node/protocol/Coordination and checked against the sender's
-// CURVE key (ZAP User-Id): a volunteer can only speak for itself. A malformed message is counted
-// and answered with `rejected` where a reply makes sense; nothing a volunteer sends can stop the
-// loop.
+// checks; planning, lost members and growth every 200 ms of it (they read every member row).
+// tools/bench/coordinator_load measures it under thousands of volunteers (BENCHMARKS.md "Churn").
+// Every message is decoded by node/protocol/Coordination and checked against the sender's CURVE
+// key (ZAP User-Id): a volunteer can only speak for itself. A malformed message is counted and
+// answered with `rejected` where a reply makes sense; nothing a volunteer sends can stop the loop.
 #pragma once
 
 #include <chrono>

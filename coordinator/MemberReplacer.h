@@ -1,6 +1,6 @@
 // MemberReplacer: the coordinator carrying out Replacement.h's decisions (docs/OPERATIONS.md "A
 // lost volunteer is replaced by a spare"):
-//   poll()         every loop turn while the run is planned: a placed volunteer silent for longer
+//   poll()         every 200 ms while the run is planned: a placed volunteer silent for longer
 //                  than --lost-after-s (or that said `leaving`) is marked lost; when a spare is
 //                  waiting it takes the node over: the store renames the rows (CoordinatorStore::
 //                  takeOver), node.json of the node and of every node naming it are rewritten in
@@ -20,6 +20,7 @@
 // Thread-safety: the coordinator's loop thread only.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <string>
@@ -44,6 +45,9 @@ class MemberReplacer {
   // Asked for every lost node before a spare is sought: true when it was done with instead (the
   // coordinator made its result from its final checkpoint, FinalResult.h).
   void onLostAfterFinishing(std::function<bool(const std::string& name)> finished) { finished_ = std::move(finished); }
+  // The coordinator heard nobody until `t` (its loop was planning): silence counts from then at the
+  // earliest, as from its start; else every placed volunteer would be lost after a long plan.
+  void deafUntil(double t) { started_at_ = std::max(started_at_, t); }
   // `member`: the row of the heartbeat's sender (the coordinator has it at hand: no lookup here).
   void onHeartbeat(const Member& member);
   // Replacement.h's spareNote for `spare` against the plan's nodes ("" before the plan).

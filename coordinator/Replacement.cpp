@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -29,14 +30,16 @@ std::vector<LostNode> findLost(const std::vector<Member>& members,
                                const std::vector<std::string>& placed, double now,
                                double heard_since, double lost_after_s) {
   std::vector<LostNode> out;
+  // By name, once: a search per placed node made each call placed x members long.
+  std::unordered_map<std::string, const Member*> by_name;
+  for (const Member& m : members) by_name.emplace(m.name, &m);  // the first of a name, as before
   for (const std::string& name : placed) {
-    const auto it = std::find_if(members.begin(), members.end(),
-                                 [&](const Member& m) { return m.name == name; });
-    if (it == members.end()) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) {
       out.push_back({name, "no member holds it", false});
       continue;
     }
-    const Member& m = *it;
+    const Member& m = *it->second;
     switch (m.state) {
       case MemberState::kAssigned: {
         const double silent = now - std::max(m.last_seen, heard_since);

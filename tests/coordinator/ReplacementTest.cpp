@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -106,6 +107,28 @@ TEST(Replacement, FindLostCountsSilenceFromTheCoordinatorsStartAndTakesLeftAndUn
   EXPECT_EQ(lost[0].name, "node_2");
   // Exactly at the threshold is not yet lost.
   EXPECT_TRUE(findLost({replacementMember("node_0", MemberState::kAssigned, 100)}, {"node_0"}, 115, 0, 15).empty());
+}
+
+// The coordinator calls findLost every 200 ms with every member (tools/bench/coordinator_load: 5,000
+// volunteers): it looks each placed node up once, so 20,000 placed among 20,000 members is
+// milliseconds, where a search per placed node was 2 x 10^8 name comparisons (0.7 s at -O2).
+TEST(Replacement, FindLostIsLinearInTheMembers) {
+  constexpr int kNodes = 20000;
+  std::vector<Member> members;
+  std::vector<std::string> placed;
+  for (int i = 0; i < kNodes; ++i) {
+    members.push_back(replacementMember("node_" + std::to_string(i), MemberState::kAssigned,
+                                        i == kNodes - 1 ? 0 : 125));
+    placed.push_back("node_" + std::to_string(kNodes - 1 - i));  // the other order: no early hits
+  }
+  placed.push_back("node_missing");
+  const auto start = std::chrono::steady_clock::now();
+  const auto lost = findLost(members, placed, 130, 0, 15);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(lost.size(), 2u);
+  EXPECT_EQ(lost[0].name, "node_" + std::to_string(kNodes - 1));  // silent for 130 s
+  EXPECT_EQ(lost[1].name, "node_missing");
+  EXPECT_LT(seconds, 0.2) << "findLost over " << kNodes << " members took " << seconds << " s";
 }
 
 TEST(Replacement, ChoosesTheEarliestSpareWhoseRamHoldsTheStagesEstimate) {
@@ -410,6 +433,25 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   ASSERT_TRUE(a) << why;
   EXPECT_FALSE(std::get<Assignment>(*a).checkpoint.has_value());
   EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  fs::remove_all(out);
+}
+
+// The coordinator plans on its loop thread (1,000 volunteers: about 20 s, tools/bench/coordinator_load):
+// no heartbeat is read meanwhile, so silence counts from the plan's end (deafUntil), not from the
+// volunteer's last heartbeat before it; a volunteer silent for --lost-after-s after that is lost.
+TEST(MemberReplacer, SilenceCountsFromTheEndOfALongPlan) {
+  const std::string out = replacementFreshDir("deaf");
+  CoordinatorStore store(out + "/coordinator.db");
+  placeOneNode(out, store, replacementMember("node_0", MemberState::kAssigned, /*last_seen=*/10));
+  MemberReplacer replacer(store, out, 15, /*started_at=*/0, [](const std::string&, const Frames&) {});
+  replacer.deafUntil(30);  // planned from 10 to 30: node_0's heartbeats were not read
+  replacer.poll(31);       // 21 s after its last heartbeat read, 1 s after the plan
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  replacer.deafUntil(20);  // never earlier than before
+  replacer.poll(45);
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  replacer.poll(46);  // 16 s after the plan, still unheard: lost
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kLost);
   fs::remove_all(out);
 }
 
