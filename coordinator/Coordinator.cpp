@@ -1,11 +1,7 @@
 #include "coordinator/Coordinator.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -43,24 +39,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxBandwidthProbeBytes = size_t(64) << 20;
-
-void writeFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), std::streamsize(bytes.size()));
-    f.close();
-    if (!f) CAIRN_THROW(InternalError, tmp, ": cannot write");
-  }
-  // On disk before the rename, so that a crash leaves the old file or the whole new one.
-  const int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    if (fd >= 0) ::close(fd);
-    CAIRN_THROW(InternalError, tmp, ": cannot fsync: ", std::strerror(errno));
-  }
-  ::close(fd);
-  std::filesystem::rename(tmp, path);
-}
 
 }  // namespace
 
@@ -317,7 +295,7 @@ struct Coordinator::Impl {
     }
     const std::string dir = nodeDirectory(o.out, r.name);
     const std::string weights = dir + "/" + clusterize::kTrainedStageFile;
-    writeFileAtomically(weights, r.trained_stage);
+    writeFileDurably(weights, r.trained_stage);
     writeJsonFile(dir + "/result.json", r.summary);
     store->putResult({r.name, weights, r.summary.dump()});
     store->setState(r.name, MemberState::kDone);
@@ -371,7 +349,7 @@ struct Coordinator::Impl {
     const std::string dir = o.out + "/checkpoints/" + c.name;
     std::filesystem::create_directories(dir);
     const std::string path = dir + "/step_" + std::to_string(c.step) + ".ckpt";
-    writeFileAtomically(path, c.file);
+    writeFileDurably(path, c.file);
     store->putCheckpoint({c.name, c.step, path, c.checksum});
     if (m) creditCheckpoint(*store, m->public_key, c.name, c.step, view->plannedSteps());
     credit_changed = true;

@@ -7,7 +7,11 @@
 #include <limits>
 #include <sstream>
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 namespace cairn {
 
@@ -52,6 +56,23 @@ void writeJsonFile(const std::string& path, const nlohmann::json& value) {
     std::remove(temporary.c_str());
     CAIRN_THROW(BadInput, path, ": cannot replace the file");
   }
+}
+
+void writeFileDurably(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), std::streamsize(bytes.size()));
+    f.close();
+    if (!f) CAIRN_THROW(InternalError, tmp, ": cannot write");
+  }
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0) ::close(fd);
+    CAIRN_THROW(InternalError, tmp, ": cannot fsync: ", std::strerror(errno));
+  }
+  ::close(fd);
+  std::filesystem::rename(tmp, path);
 }
 
 std::string jsonTypeName(const nlohmann::json& value) {

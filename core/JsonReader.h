@@ -20,6 +20,9 @@ namespace cairn {
 nlohmann::json readJsonFile(const std::string& path);
 // Writes JSON atomically (temporary file + rename), pretty-printed with 2 spaces.
 void writeJsonFile(const std::string& path, const nlohmann::json& value);
+// `bytes` into `path` so that a crash leaves the old file or the whole new one: written to a
+// temporary beside it, fsync'd, renamed over it (InternalError naming the file if it cannot be).
+void writeFileDurably(const std::string& path, const std::string& bytes);
 // "number", "string", "object", ... for messages.
 std::string jsonTypeName(const nlohmann::json& value);
 
