@@ -5,7 +5,6 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -110,9 +109,11 @@ TEST(Replacement, FindLostCountsSilenceFromTheCoordinatorsStartAndTakesLeftAndUn
 }
 
 // The coordinator calls findLost every 200 ms with every member (tools/bench/coordinator_load: 5,000
-// volunteers): it looks each placed node up once, so 20,000 placed among 20,000 members is
-// milliseconds, where a search per placed node was 2 x 10^8 name comparisons (0.7 s at -O2).
-TEST(Replacement, FindLostIsLinearInTheMembers) {
+// volunteers), so it looks each placed node up once (a search per placed node was 2 x 10^8 name
+// comparisons at 20,000: 0.7 s at -O2, measured by the benchmark, not here). Against the rule:
+// among 20,000 members placed in the other order, exactly the one silent past --lost-after-s and
+// the placed name no member holds are lost, in placed order.
+TEST(Replacement, FindLostAmongManyMembersNamesTheSilentAndTheMissing) {
   constexpr int kNodes = 20000;
   std::vector<Member> members;
   std::vector<std::string> placed;
@@ -122,13 +123,10 @@ TEST(Replacement, FindLostIsLinearInTheMembers) {
     placed.push_back("node_" + std::to_string(kNodes - 1 - i));  // the other order: no early hits
   }
   placed.push_back("node_missing");
-  const auto start = std::chrono::steady_clock::now();
   const auto lost = findLost(members, placed, 130, 0, 15);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(lost.size(), 2u);
   EXPECT_EQ(lost[0].name, "node_" + std::to_string(kNodes - 1));  // silent for 130 s
   EXPECT_EQ(lost[1].name, "node_missing");
-  EXPECT_LT(seconds, 0.2) << "findLost over " << kNodes << " members took " << seconds << " s";
 }
 
 TEST(Replacement, ChoosesTheEarliestSpareWhoseRamHoldsTheStagesEstimate) {
