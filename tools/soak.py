@@ -567,7 +567,7 @@ def figures(soak):
     send their records about once a second), so each is late by about a second."""
     steps = [(t, r) for t, r in soak.metrics.records if "samples" in r]
     done = {(r["cluster"], r["step"]): r["samples"] for _, r in steps}
-    stream_at_kill, to_first = {}, []
+    to_first = []
     for f in (f for f in soak.fired if f["kind"] == "kill" and f.get("node")):
         before = [r["stream"] for t, r in steps if r["node"] == f["node"] and t <= f["t"]]
         after = [t for t, r in steps if r["node"] == f["node"] and t > f["t"]
