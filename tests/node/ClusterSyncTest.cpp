@@ -1742,6 +1742,44 @@ TEST(RingClusterSyncOverlap, OverlappedEqualsNonOverlappedBitForBit) {
   }
 }
 
+// Three members' MLP batches (8 rows each) from `seed`.
+void mlpBatches(uint64_t seed, std::vector<torch::Tensor>* xs, std::vector<torch::Tensor>* ys) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (int i = 0; i < 3; ++i) {
+    xs->push_back(at::randn({8, 6}, gen));
+    ys->push_back(at::randn({8, 4}, gen));
+  }
+}
+
+// The gradients of `init`'s MLP on (x, y), computed here on copies (zeros where none).
+State ownMlpGradients(const State& init, const torch::Tensor& x, const torch::Tensor& y) {
+  std::map<std::string, torch::Tensor> p;
+  for (const auto& [name, t] : init) p[name] = t.clone().requires_grad_(true);
+  torch::mse_loss(mlpForward(p, x), y).backward();
+  State own;
+  for (const auto& [name, t] : p) own[name] = t.grad().defined() ? t.grad().clone() : torch::zeros_like(t);
+  return own;
+}
+
+// The stage's gradients as they stand (zeros where none).
+State gradientsOf(torch::jit::Module& stage) {
+  State g;
+  for (const auto& p : stage.named_parameters(true))
+    g[p.name] = p.value.grad().defined() ? p.value.grad().clone() : torch::zeros_like(p.value);
+  return g;
+}
+
+// x0 and x1 hold the average of their own gradients `own` (within 1e-6), bit-identical.
+void expectTwoMemberAverage(const std::vector<State>& own, const std::vector<State>& after) {
+  for (const auto& [name, g0] : own[0]) {
+    const torch::Tensor expected = (g0.to(torch::kDouble) + own[1].at(name).to(torch::kDouble)) / 2;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_LE((after[i].at(name).to(torch::kDouble) - expected).abs().max().item<double>(), 1e-6)
+          << name << " at x" << i;
+    EXPECT_TRUE(torch::equal(after[0].at(name), after[1].at(name))) << name;
+  }
+}
+
 // A member lost during the overlapped all-reduce: the other two drop it, restore their own
 // gradients and average them again without it (exactly the ordinary path's result); the lost one
 // is left with its own gradients.
@@ -1750,21 +1788,9 @@ TEST(RingClusterSyncOverlap, MemberDyingMidOverlappedAllReduceIsDropped) {
   SyncOptions options;
   options.mode = SyncMode::kGradients;
   std::vector<torch::Tensor> xs, ys;
-  at::Generator gen = at::detail::createCPUGenerator(9);
-  for (int i = 0; i < 3; ++i) {
-    xs.push_back(at::randn({8, 6}, gen));
-    ys.push_back(at::randn({8, 4}, gen));
-  }
-  // Each member's own gradients, computed here on copies.
-  std::vector<State> own(3);
-  for (size_t i = 0; i < 3; ++i) {
-    std::map<std::string, torch::Tensor> p;
-    for (const auto& [name, t] : init) p[name] = t.clone().requires_grad_(true);
-    torch::mse_loss(mlpForward(p, xs[i]), ys[i]).backward();
-    for (const auto& [name, t] : p)
-      own[i][name] = t.grad().defined() ? t.grad().clone() : torch::zeros_like(t);
-  }
-  std::vector<State> after(3);
+  mlpBatches(9, &xs, &ys);
+  std::vector<State> own, after(3);
+  for (size_t i = 0; i < 3; ++i) own.push_back(ownMlpGradients(init, xs[i], ys[i]));
   std::vector<RingClusterSyncStats> stats(3);
   MemberSetup setup;
   setup.timeout = std::chrono::milliseconds(1500);
@@ -1776,9 +1802,7 @@ TEST(RingClusterSyncOverlap, MemberDyingMidOverlappedAllReduceIsDropped) {
         sync.beforeBackward(0, stage, true);
         loss.backward();
         sync.beforeOptimizerStep(0, stage);
-        for (const auto& p : stage.named_parameters(true))
-          after[i][p.name] = p.value.grad().defined() ? p.value.grad().clone()
-                                                      : torch::zeros_like(p.value);
+        after[i] = gradientsOf(stage);
         stats[i] = sync.stats();
       },
       setup,
@@ -1786,15 +1810,10 @@ TEST(RingClusterSyncOverlap, MemberDyingMidOverlappedAllReduceIsDropped) {
         // 2 sends of the bucket's contribution check (an all-gather), then 2 of its all-reduce's 4.
         if (i == 2) faulty.setDisconnectAfterSends(4);  // inside the first bucket's all-reduce
       });
-  for (const auto& [name, g0] : own[0]) {
-    const torch::Tensor expected = (g0.to(torch::kDouble) + own[1].at(name).to(torch::kDouble)) / 2;
-    for (size_t i = 0; i < 2; ++i)
-      EXPECT_LE((after[i].at(name).to(torch::kDouble) - expected).abs().max().item<double>(), 1e-6)
-          << name << " at x" << i;
-    EXPECT_TRUE(torch::equal(after[0].at(name), after[1].at(name))) << name;
-    EXPECT_LE((after[2].at(name) - own[2].at(name)).abs().max().item<double>(), 1e-6)
+  expectTwoMemberAverage(own, after);
+  for (const auto& [name, g2] : own[2])
+    EXPECT_LE((after[2].at(name) - g2).abs().max().item<double>(), 1e-6)
         << name << " at x2 (its own gradients)";
-  }
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(stats[i].members_lost, 1) << i;
     EXPECT_EQ(stats[i].overlapped_gradient_syncs, 1) << i;
@@ -1816,19 +1835,9 @@ void expectCorruptGradientContributionDropped(bool overlap) {
   SyncOptions options;
   options.mode = SyncMode::kGradients;
   std::vector<torch::Tensor> xs, ys;
-  at::Generator gen = at::detail::createCPUGenerator(11);
-  for (int i = 0; i < 3; ++i) {
-    xs.push_back(at::randn({8, 6}, gen));
-    ys.push_back(at::randn({8, 4}, gen));
-  }
-  std::vector<State> own(2), after(3);
-  for (size_t i = 0; i < 2; ++i) {
-    std::map<std::string, torch::Tensor> p;
-    for (const auto& [name, t] : init) p[name] = t.clone().requires_grad_(true);
-    torch::mse_loss(mlpForward(p, xs[i]), ys[i]).backward();
-    for (const auto& [name, t] : p)
-      own[i][name] = t.grad().defined() ? t.grad().clone() : torch::zeros_like(t);
-  }
+  mlpBatches(11, &xs, &ys);
+  std::vector<State> own, after(3);
+  for (size_t i = 0; i < 2; ++i) own.push_back(ownMlpGradients(init, xs[i], ys[i]));
   std::vector<RingClusterSyncStats> stats(3);
   std::vector<std::string> refused(3);
   MemberSetup setup;
@@ -1851,21 +1860,13 @@ void expectCorruptGradientContributionDropped(bool overlap) {
              } catch (const BadInput& e) {
                refused[i] = e.what();
              }
-             for (const auto& p : stage.named_parameters(true))
-               after[i][p.name] = p.value.grad().defined() ? p.value.grad().clone()
-                                                           : torch::zeros_like(p.value);
+             after[i] = gradientsOf(stage);
              stats[i] = sync.stats();
            },
            setup);
   EXPECT_NE(refused[2].find("corrupt"), std::string::npos) << refused[2];
   EXPECT_TRUE(refused[0].empty() && refused[1].empty()) << refused[0] << refused[1];
-  for (const auto& [name, g0] : own[0]) {
-    const torch::Tensor expected = (g0.to(torch::kDouble) + own[1].at(name).to(torch::kDouble)) / 2;
-    for (size_t i = 0; i < 2; ++i)
-      EXPECT_LE((after[i].at(name).to(torch::kDouble) - expected).abs().max().item<double>(), 1e-6)
-          << name << " at x" << i;
-    EXPECT_TRUE(torch::equal(after[0].at(name), after[1].at(name))) << name;
-  }
+  expectTwoMemberAverage(own, after);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(stats[i].members_lost, 1) << i;
     EXPECT_EQ(stats[i].overlapped_gradient_syncs, overlap ? 1 : 0) << i;

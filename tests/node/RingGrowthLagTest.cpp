@@ -91,6 +91,28 @@ void stepsTo(RingClusterSync& sync, torch::jit::Module& stage, int64_t from, int
   }
 }
 
+// The nodes' threads joined; the first error any of them recorded is rethrown.
+void joinRethrowing(std::vector<std::thread>& threads,
+                    const std::map<std::string, std::exception_ptr>& errors) {
+  for (auto& t : threads) t.join();
+  for (const auto& [name, e] : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// Every one of `names` holds the mean of the three states before their sync (a0, b1, c2: summed
+// in rank order), for each tensor of `init`.
+void expectAveragedOverThree(const std::map<std::string, State>& before,
+                             const std::map<std::string, State>& after,
+                             const std::vector<std::string>& names, const State& init) {
+  for (const auto& [name, t] : init) {
+    const torch::Tensor mean =
+        (before.at("a0").at(name) + before.at("b1").at(name) + before.at("c2").at(name)) / 3;
+    for (const std::string& n : names)
+      EXPECT_TRUE(torch::allclose(after.at(n).at(name), mean, 1e-5, 1e-6))
+          << n << " after the first sync of three: " << name;
+  }
+}
+
 TEST(RingClusterSyncGrowth, ClustersAtDifferentStepsAdmitTheNewClusterAtTheSameSync) {
   torch::manual_seed(47);
   const State init = {{"0.weight", torch::randn({3, 4})}, {"0.bias", torch::randn({3})}};
@@ -175,9 +197,7 @@ TEST(RingClusterSyncGrowth, ClustersAtDifferentStepsAdmitTheNewClusterAtTheSameS
       record(errors, "c2", std::current_exception());
     }
   });
-  for (auto& t : threads) t.join();
-  for (const auto& [name, e] : errors)
-    if (e) std::rethrow_exception(e);
+  joinRethrowing(threads, errors);
 
   EXPECT_EQ(leading.at("a0"), 8);
   EXPECT_EQ(leading.at("b1"), 8);
@@ -190,13 +210,8 @@ TEST(RingClusterSyncGrowth, ClustersAtDifferentStepsAdmitTheNewClusterAtTheSameS
         << "c2 was not welcomed with a0's weights of the admission sync: " << name;
     EXPECT_TRUE(torch::equal(at_admission.at("a0").at(name), at_admission.at("b1").at(name)))
         << "a0 and b1 disagree after the admission sync: " << name;
-    // The next sync averages the three (summed in rank order: a0, b1, c2).
-    const torch::Tensor mean =
-        (before_last.at("a0").at(name) + before_last.at("b1").at(name) + before_last.at("c2").at(name)) / 3;
-    for (const std::string& n : names)
-      EXPECT_TRUE(torch::allclose(after_last.at(n).at(name), mean, 1e-5, 1e-6))
-          << n << " after the first sync of three: " << name;
   }
+  expectAveragedOverThree(before_last, after_last, names, init);  // the next sync: all three
 }
 
 
@@ -319,19 +334,14 @@ TEST(RingClusterSyncGrowth, AClusterBackAfterAGrowthWasAdmittedTakesAWelcomeNami
       record(errors, "c2", std::current_exception());
     }
   });
-  for (auto& t : threads) t.join();
-  for (const auto& [name, e] : errors)
-    if (e) std::rethrow_exception(e);
+  joinRethrowing(threads, errors);
   EXPECT_EQ(views.at("b1"), grown);
   EXPECT_EQ(views.at("a0"), grown);
   for (const auto& [name, t] : init) {
     EXPECT_TRUE(torch::equal(welcomed.at("b1").at(name), welcomed.at("a0").at(name)))
         << "b1 was not welcomed with a0's weights of the admitting sync: " << name;
-    const torch::Tensor mean =
-        (before_last.at("a0").at(name) + before_last.at("b1").at(name) + before_last.at("c2").at(name)) / 3;
-    for (const std::string& n : names)
-      EXPECT_TRUE(torch::allclose(after_last.at(n).at(name), mean, 1e-5, 1e-6)) << n << ": " << name;
   }
+  expectAveragedOverThree(before_last, after_last, names, init);  // the next sync: all three
 }
 
 // A member that holds the new cluster's members but never armed their admission (the 24-volunteer
@@ -401,20 +411,15 @@ TEST(RingClusterSyncGrowth, AMemberHoldingTheNewMembersWithoutTheirAdmissionStep
       record(errors, "c2", std::current_exception());
     }
   });
-  for (auto& t : threads) t.join();
-  for (const auto& [name, e] : errors)
-    if (e) std::rethrow_exception(e);
+  joinRethrowing(threads, errors);
   EXPECT_EQ(views.at("a0"), grown);
   EXPECT_EQ(views.at("b1"), grown);
   for (const auto& [name, t] : init) {
     EXPECT_TRUE(torch::equal(admitted.at("c2").at(name), admitted.at("a0").at(name)))
         << "c2 was not welcomed with a0's weights of the admission sync: " << name;
     EXPECT_TRUE(torch::equal(admitted.at("a0").at(name), admitted.at("b1").at(name))) << name;
-    const torch::Tensor mean =
-        (before_last.at("a0").at(name) + before_last.at("b1").at(name) + before_last.at("c2").at(name)) / 3;
-    for (const std::string& n : names)
-      EXPECT_TRUE(torch::allclose(after_last.at(n).at(name), mean, 1e-5, 1e-6)) << n << ": " << name;
   }
+  expectAveragedOverThree(before_last, after_last, names, init);  // the next sync: all three
 }
 
 }  // namespace
