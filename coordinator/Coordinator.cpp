@@ -107,15 +107,46 @@ struct Coordinator::Impl {
 
   std::string phase() const { return store->meta("phase").value_or("gathering"); }
 
+  // Group commit: each loop turn's store writes are one transaction (CoordinatorStore::beginBatch),
+  // committed when the ROUTER's queue is empty or 20 ms after the batch began, so that a stream of
+  // heartbeats and metrics costs one fsync per batch, not one per message. The replies of a batch
+  // are held until it is committed: no volunteer is told of a join, a checkpoint, a result or a
+  // credited step that a coordinator killed right then would forget.
+  std::vector<std::pair<std::string, Frames>> held;  // routing id, frames
+  std::vector<std::string> superseded;  // files the batch's rows stopped naming: removed after it
+  Clock::time_point batch_began;
+  void send(const std::string& routing_id, const Frames& frames) {
+    if (store->batchOpen())
+      held.emplace_back(routing_id, frames);
+    else
+      sendRouted(router, routing_id, frames);
+  }
+  void beginBatch() {
+    if (store->batchOpen()) return;
+    store->beginBatch();
+    batch_began = Clock::now();
+  }
+  void commit() {
+    store->commitBatch();
+    for (const std::string& path : superseded) {  // an old file left behind is only space
+      std::error_code ec;
+      if (!std::filesystem::remove(path, ec) && ec)
+        CAIRN_WARN("coordinator: cannot remove ", path, ": ", ec.message());
+    }
+    superseded.clear();
+    for (const auto& [routing_id, frames] : held) sendRouted(router, routing_id, frames);
+    held.clear();
+  }
+
   void reply(const std::string& key, const Frames& frames) {
     auto it = routes.find(key);
-    if (it != routes.end()) sendRouted(router, it->second, frames);
+    if (it != routes.end()) send(it->second, frames);
   }
 
   void refuse(const std::string& routing_id, const std::string& who, const std::string& reason) {
     ++stats.refused_joins;
     CAIRN_WARN("coordinator: refused ", who, ": ", reason);
-    sendRouted(router, routing_id, encode(Rejected{reason}));
+    send(routing_id, encode(Rejected{reason}));
   }
 
   // The message charged to its key (FloodGuard.h); false: dropped undecoded (answered at most once).
@@ -126,7 +157,7 @@ struct Coordinator::Impl {
     stats.flood_dropped = floods->dropped();
     stats.flood_blocked = floods->blockedKeys();
     if (const auto answer = floodAnswer(verdict, floods->limits(), r.user_id))
-      sendRouted(router, r.routing_id, encode(*answer));
+      send(r.routing_id, encode(*answer));
     return verdict == FloodGuard::Verdict::kTake;
   }
 
@@ -142,13 +173,13 @@ struct Coordinator::Impl {
     stats.routes = routes.size();
   }
 
-  // The next message on the ROUTER, waiting at most 100 ms; the chunk answers that became ready
+  // The next message on the ROUTER, waiting at most `wait`; the chunk answers that became ready
   // meanwhile are sent on first (ChunkService.h).
-  std::optional<Routed> nextMessage() {
+  std::optional<Routed> nextMessage(std::chrono::milliseconds wait) {
     zmq::pollitem_t items[] = {{static_cast<void*>(router), 0, ZMQ_POLLIN, 0},
                                {static_cast<void*>(chunk_service->ready()), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      zmq::poll(items, 2, wait);
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
       return std::nullopt;
@@ -181,7 +212,7 @@ struct Coordinator::Impl {
       ++stats.malformed;
       CAIRN_WARN("coordinator: dropped a message from ", member ? member->name : "key " + r.user_id,
                  ": ", why);
-      sendRouted(router, r.routing_id, encode(Rejected{"malformed message: " + why}));
+      send(r.routing_id, encode(Rejected{"malformed message: " + why}));
       return;
     }
     keepRoute(r, member.has_value());
@@ -191,6 +222,7 @@ struct Coordinator::Impl {
     if (const auto* probe = std::get_if<BandwidthProbeMsg>(&*message)) {
       if (probe->payload.size() > kMaxBandwidthProbeBytes)
         return refuse(r.routing_id, "a bandwidth probe", "probes are at most 64 MiB");
+      // Not held: the volunteer times this answer to measure its bandwidth, and it records nothing.
       sendRouted(router, r.routing_id, encode(BandwidthAck{int64_t(probe->payload.size())}));
       return;
     }
@@ -200,7 +232,7 @@ struct Coordinator::Impl {
       ++stats.malformed;
       CAIRN_WARN("coordinator: dropped a message claiming to be ", name, " from ",
                  member ? member->name : "key " + r.user_id, " (a volunteer speaks only for itself)");
-      sendRouted(router, r.routing_id, encode(notThisMember(member ? member->name : "", name)));
+      send(r.routing_id, encode(notThisMember(member ? member->name : "", name)));
       return false;
     };
     if (const auto* beat = std::get_if<Heartbeat>(&*message)) {
@@ -217,7 +249,7 @@ struct Coordinator::Impl {
       if (speaker(batch->name)) {
         grower->observe(batch->name, batch->records);
         std::vector<nlohmann::json> taken;
-        sendRouted(router, r.routing_id, encode(view->ingest(*batch, unixNow(), &taken)));
+        send(r.routing_id, encode(view->ingest(*batch, unixNow(), &taken)));
         if (const size_t skipped = creditRecords(*store, member->public_key, batch->name, taken))
           CAIRN_WARN("coordinator: ", skipped, " step record(s) of ", batch->name,
                      " were malformed or out of bounds: not credited");
@@ -322,15 +354,7 @@ struct Coordinator::Impl {
   // The oldest of the newest checkpoints held for the placed nodes (0 while one has none): every
   // volunteer keeps its checkpoints from this step on, so the one a spare is given (always one of
   // these) is also held by the lost node's neighbours and their cluster resumes at its step.
-  int64_t keepFrom() const {
-    int64_t oldest = -1;
-    for (const auto& n : placed()) {
-      const auto held = store->checkpoint(n);
-      if (!held) return 0;
-      oldest = oldest < 0 ? held->step : std::min(oldest, held->step);
-    }
-    return std::max<int64_t>(oldest, 0);
-  }
+  int64_t keepFrom() const { return std::max<int64_t>(store->oldestNewestCheckpointOfPlaced().value_or(0), 0); }
 
   void onCheckpoint(const CheckpointUpload& c) {
     const auto previous = store->checkpoint(c.name);
@@ -353,9 +377,8 @@ struct Coordinator::Impl {
     store->putCheckpoint({c.name, c.step, path, c.checksum});
     if (m) creditCheckpoint(*store, m->public_key, c.name, c.step, view->plannedSteps());
     credit_changed = true;
-    std::error_code ec;  // the row names the new file; an old file left behind is only space
-    if (previous && previous->path != path && !std::filesystem::remove(previous->path, ec) && ec)
-      CAIRN_WARN("coordinator: cannot remove ", previous->path, ": ", ec.message());
+    // The committed row may still name the old file until the batch is committed: removed then.
+    if (previous && previous->path != path) superseded.push_back(previous->path);
     if (m) reply(m->public_key, encode(CheckpointAck{c.name, c.step, keepFrom()}));
     CAIRN_INFO("coordinator: checkpoint of ", c.name, " at step ", c.step, " (", c.file.size(), " bytes)");
   }
@@ -364,7 +387,7 @@ struct Coordinator::Impl {
     const FinishedRun f = finishRun(o.out, results, creditJson(store->creditTotals(), store->members()));
     std::cout << f.lines << std::flush;
     store->setMeta("phase", "done");
-    for (const auto& [key, route] : routes) sendRouted(router, route, encode(Finished{"the run is over"}));
+    for (const auto& [key, route] : routes) send(route, encode(Finished{"the run is over"}));
   }
 
   // Binds the ROUTER (behind the ZAP authenticator); the invite names the address volunteers
@@ -405,7 +428,7 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
       AdmissionOptions{s.o.out, s.token, s.o.allowed_keys, s.o.reach_timeout,
                        [&s](const Member& m) { return s.replacer->spareNote(m); }},
       [&s](const std::string& routing_id, const Frames& frames) {
-        sendRouted(s.router, routing_id, frames);
+        s.send(routing_id, frames);
       },
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); },
       [&s](const std::string& routing_id, const std::string& who, const std::string& reason) {
@@ -439,12 +462,15 @@ int Coordinator::run() {
   auto last_drained = Clock::now();  // the ROUTER was last found empty
   while (true) {
     if (s.o.stop_requested && s.o.stop_requested()) {
+      s.commit();
       CAIRN_INFO("coordinator: stopping; its state is in ", s.o.out,
                  "/coordinator.db (run the same command to pick it up)");
       return 0;
     }
-    const auto routed = s.nextMessage();
+    // An open batch is not waited on: with nothing queued it is committed at once (below).
+    const auto routed = s.nextMessage(std::chrono::milliseconds(s.store->batchOpen() ? 0 : 100));
     if (!routed) last_drained = Clock::now();
+    s.beginBatch();
     if (routed && s.withinBudget(*routed)) {
       try {
         s.handle(*routed);
@@ -452,7 +478,7 @@ int Coordinator::run() {
         if (e.kind() == ErrorKind::kInternal) throw;
         ++s.stats.malformed;
         CAIRN_WARN("coordinator: a message from key ", routed->user_id, " was refused: ", e.what());
-        sendRouted(s.router, routed->routing_id, encode(Rejected{e.what()}));
+        s.send(routed->routing_id, encode(Rejected{e.what()}));
       }
     }
     s.admissions->poll();
@@ -472,7 +498,10 @@ int Coordinator::run() {
         s.view->place({n.name, n.cluster, n.stage, n.num_stages});
         s.view->setNumClusters(n.cluster + 1);
       }
+      s.commit();  // a plan, a replacement or a growth rewrote node.json files: their rows now
     }
+    if (!routed || s.phase() == "done" || Clock::now() - s.batch_began >= std::chrono::milliseconds(20))
+      s.commit();
     if (s.phase() == "done") {
       s.syncView(/*now=*/true);
       // Let the `finished` and `result_ack` messages leave before the socket closes.

@@ -8,18 +8,22 @@
 //   results      the trained stages received: node name → file, summary (result.json)
 //   checkpoints  the newest checkpoint held per node: node name → step, file, checksum
 //   credit       per node and step, the key that trained it and its figures (coordinator/Credit.h)
-// Every write is one transaction (SQLite's journal makes it atomic); files themselves are written
-// by the caller before their row (a row never names a file that is not complete).
+// Every write is atomic (SQLite's journal); outside a batch each is its own transaction. The
+// coordinator's loop batches (beginBatch … commitBatch: group commit, one fsync for the writes of
+// many messages; it holds the replies that depend on them until the commit). Files themselves are
+// written by the caller before their row (a row never names a file that is not complete).
 // Ownership: owns the connection. Thread-safety: one thread (the coordinator's loop).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 struct sqlite3;
+struct sqlite3_stmt;
 
 namespace cairn::coordinator {
 
@@ -76,6 +80,13 @@ class CoordinatorStore {
   CoordinatorStore(const CoordinatorStore&) = delete;
   CoordinatorStore& operator=(const CoordinatorStore&) = delete;
 
+  // Group commit: the writes from beginBatch() (no-op while one is open) to commitBatch() (no-op
+  // when none is) are one transaction; reads in between see them. The destructor commits an open
+  // batch.
+  void beginBatch();
+  void commitBatch();
+  bool batchOpen() const { return batch_open_; }
+
   std::optional<std::string> meta(const std::string& key) const;
   void setMeta(const std::string& key, const std::string& value);
 
@@ -117,11 +128,21 @@ class CoordinatorStore {
 
   void putCheckpoint(const StoredCheckpoint& checkpoint);
   std::optional<StoredCheckpoint> checkpoint(const std::string& name) const;
+  // Over the nodes in meta "placed" (a JSON list of names): the smallest of their newest held
+  // checkpoints' steps; nullopt when one of them has none (or none is placed).
+  std::optional<int64_t> oldestNewestCheckpointOfPlaced() const;
 
  private:
+  class Statement;
+  struct CachedStatement {
+    sqlite3_stmt* stmt = nullptr;
+    bool busy = false;
+  };
   void exec(const std::string& sql);
   std::string path_;
   sqlite3* db_ = nullptr;
+  bool batch_open_ = false;
+  mutable std::unordered_map<std::string, CachedStatement> statements_;  // by SQL text
 };
 
 }  // namespace cairn::coordinator

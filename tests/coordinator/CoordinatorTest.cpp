@@ -1,7 +1,6 @@
-// The coordinator's own parts: its SQLite store (and that a reopened store is the same run), the
-// join policy against each bad join (libtorch versions and GPU bounds included), plan.json's
-// libtorch record, and a live coordinator on loopback refusing each bad join
-// over real CurveZMQ sockets (the whole flow with real providers is
+// The coordinator's own parts (its SQLite store: CoordinatorStoreTest.cpp): the join policy
+// against each bad join (libtorch versions and GPU bounds included), plan.json's libtorch record,
+// and a live coordinator on loopback refusing each bad join over real CurveZMQ sockets (the whole flow with real providers is
 // tests/integration/volunteer_test.py).
 #include <gtest/gtest.h>
 
@@ -59,59 +58,6 @@ Member member(const std::string& name, const std::string& key, const std::string
   m.probe_json = R"({"ram_gb":8,"cores":4,"compute_gflops":50,"bandwidth_mbps":1000})";
   m.state = state;
   return m;
-}
-
-TEST(CoordinatorStore, KeepsTheRunAcrossReopening) {
-  const std::string dir = freshDir("store");
-  const std::string key0 = generateCurveKeyPair().public_key, key1 = generateCurveKeyPair().public_key;
-  {
-    CoordinatorStore store(dir + "/coordinator.db");
-    EXPECT_EQ(store.nextMemberName(), "node_0");
-    store.setMeta("token", kToken);
-    store.putMember(member("node_0", key0, "127.0.0.1:7001", MemberState::kSpare));
-    store.putMember(member("node_1", key1, "127.0.0.1:7002", MemberState::kSpare));
-    store.setState("node_1", MemberState::kAssigned);
-    store.touch("node_1", 1234.5);
-    store.putResult({"node_1", dir + "/w.pt", R"({"steps":3})"});
-    store.putCheckpoint({"node_1", 40, dir + "/c40", 99});
-    store.putCheckpoint({"node_1", 50, dir + "/c50", 100});
-  }
-  CoordinatorStore store(dir + "/coordinator.db");
-  EXPECT_EQ(store.meta("token").value_or(""), kToken);
-  EXPECT_FALSE(store.meta("phase").has_value());
-  EXPECT_EQ(store.nextMemberName(), "node_2");
-  // A name once given is never given again, even when no row holds it any more (node_2 above was
-  // given but never stored; a spare that took a lost node over leaves its name unused likewise).
-  EXPECT_EQ(store.nextMemberName(), "node_3");
-  const auto m1 = store.memberByKey(key1);
-  ASSERT_TRUE(m1.has_value());
-  EXPECT_EQ(m1->name, "node_1");
-  EXPECT_EQ(m1->state, MemberState::kAssigned);
-  EXPECT_EQ(m1->advertise, "127.0.0.1:7002");
-  EXPECT_DOUBLE_EQ(m1->last_seen, 1234.5);
-  ASSERT_EQ(store.members().size(), 2u);
-  ASSERT_EQ(store.results().size(), 1u);
-  EXPECT_EQ(store.results()[0].summary_json, R"({"steps":3})");
-  const auto c = store.checkpoint("node_1");
-  ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->step, 50);
-  EXPECT_EQ(c->checksum, 100u);
-  EXPECT_FALSE(store.checkpoint("node_0").has_value());
-}
-
-TEST(CoordinatorStore, RefusesAFileThatIsNotADatabase) {
-  const std::string dir = freshDir("notdb");
-  {
-    std::ofstream f(dir + "/coordinator.db");
-    f << "this is not an SQLite file, but long enough to look like a header to sqlite3 ......\n";
-  }
-  try {
-    CoordinatorStore store(dir + "/coordinator.db");
-    FAIL() << "opened a text file as the coordinator database";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
-    EXPECT_NE(std::string(e.what()).find("coordinator.db"), std::string::npos) << e.what();
-  }
 }
 
 TEST(JoinPolicy, EachBadJoinIsRefusedWithItsReason) {
