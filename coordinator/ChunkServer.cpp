@@ -164,7 +164,7 @@ std::vector<ServedChunk> servedChunks(const JobSpec& job) {
   return table;
 }
 
-Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string& out,
+Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, NodeHeaders& nodes, const std::string& out,
                          const Frames& frames, const std::optional<std::string>& member,
                          const std::vector<std::vector<DealEntry>>& deals) {
   std::string why;
@@ -177,7 +177,7 @@ Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string
   if (!std::filesystem::exists(node_path) || !std::filesystem::exists(jobSpecPath(out)))
     return encode(ChunkRefused{ask->chunk, "chunk " + std::to_string(ask->chunk) + ": " + ask->name +
                                                " has no place in a planned run"});
-  const NodeSpec node = readNodeSpec(node_path);
+  const int cluster = nodes.header(ask->name).cluster;
   if (!*server) {
     const JobSpec job = readJobSpec(jobSpecPath(out));
     if (job.data.options.value("source", "local") != "coordinator")
@@ -187,7 +187,7 @@ Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string
     *server = std::make_unique<ChunkServer>(servedChunks(job), deals.front());
   }
   for (const std::vector<DealEntry>& deal : deals) (*server)->follow(deal);
-  return (*server)->answer(*ask, node.cluster);
+  return (*server)->answer(*ask, cluster);
 }
 
 }  // namespace cairn::coordinator

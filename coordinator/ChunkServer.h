@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/NodeHeaders.h"
 #include "core/NodeData.h"
 #include "node/protocol/ChunkMessages.h"
 #include "trainer/DealSampler.h"
@@ -95,10 +96,10 @@ std::vector<ServedChunk> servedChunks(const JobSpec& job);
 
 // Answers one chunk_request (`frames`) from the member `member` (nullopt: a key that is not a
 // member), making `*server` from the planned run in `out` on first use and having it follow every
-// deal of `deals` (the run's deal first, then a growth proposal's: Growth.h servedDeals). Never
-// throws for what a volunteer sent: malformed, not a member, not planned yet, are
-// chunk_refused / rejected.
-Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, const std::string& out,
+// deal of `deals` (the run's deal first, then a growth proposal's: Growth.h servedDeals); the
+// asker's cluster comes from `nodes` (its node.json, parsed once per version). Never throws for
+// what a volunteer sent: malformed, not a member, not planned yet, are chunk_refused / rejected.
+Frames serveChunkRequest(std::unique_ptr<ChunkServer>* server, NodeHeaders& nodes, const std::string& out,
                          const Frames& frames, const std::optional<std::string>& member,
                          const std::vector<std::vector<DealEntry>>& deals);
 

@@ -18,6 +18,7 @@
 #include "coordinator/Growth.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
+#include "coordinator/NodeHeaders.h"
 #include "coordinator/Replacement.h"
 #include "clusterize/ModelMerge.h"
 #include "coordinator/Credit.h"
@@ -49,6 +50,7 @@ struct Coordinator::Impl {
   std::unique_ptr<MemberReplacer> replacer;  // lost volunteers → spares
   std::unique_ptr<Grower> grower;            // spares → a new cluster (--grow)
   std::unique_ptr<ChunkServer> chunks;       // data.source "coordinator": made on first request
+  std::unique_ptr<NodeHeaders> chunk_nodes;  // the askers' clusters (chunks' worker, like `chunks`)
   CurveKeyPair keys;
   std::string token;
   std::string invite;
@@ -71,8 +73,9 @@ struct Coordinator::Impl {
   std::vector<Placement> placement() {
     std::vector<Placement> out;
     if (phase() == "gathering") return out;
+    NodeHeaders headers(o.out);
     for (const std::string& name : placed()) {
-      const NodeSpec node = readNodeSpec(nodeSpecPath(o.out, name));
+      const NodeSpec& node = headers.header(name);
       out.push_back({name, node.cluster, node.stage, node.num_stages});
     }
     return out;
@@ -202,7 +205,7 @@ struct Coordinator::Impl {
       (void)chunk_service->submit(
           r.routing_id, [this, frames = r.frames, deals = servedDeals(*store),
                          who = member ? std::optional(member->name) : std::nullopt] {
-            return serveChunkRequest(&chunks, o.out, frames, who, deals);
+            return serveChunkRequest(&chunks, *chunk_nodes, o.out, frames, who, deals);
           });
       stats.chunk_requests_dropped = chunk_service->dropped();
       return;
@@ -409,6 +412,7 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.needed = std::max(1, s.o.min_volunteers);
   std::filesystem::create_directories(s.o.out);
   s.store = std::make_unique<CoordinatorStore>(s.o.out + "/coordinator.db");
+  s.chunk_nodes = std::make_unique<NodeHeaders>(s.o.out);
   if (!s.store->meta("started_at")) s.store->setMeta("started_at", std::to_string(unixNow()));
   s.floods = std::make_unique<FloodGuard>(s.o.flood, s.o.max_attachment_bytes);
   s.view = std::make_unique<RunView>(s.o.out, s.placement());

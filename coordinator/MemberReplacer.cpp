@@ -31,7 +31,8 @@ MemberReplacer::MemberReplacer(CoordinatorStore& store, std::string out, double 
       out_(std::move(out)),
       lost_after_s_(lost_after_s),
       started_at_(started_at),
-      send_(std::move(send)) {}
+      send_(std::move(send)),
+      headers_(out_) {}
 
 std::set<std::string> MemberReplacer::pending() const {
   const auto text = store_.meta("peers_pending");
@@ -61,7 +62,7 @@ void MemberReplacer::poll(double now) {
       members = store_.members();
       continue;
     }
-    const double needed = neededGb(readNodeSpec(nodeSpecPath(out_, lost.name)), *holder);
+    const double needed = neededGb(headers_.header(lost.name), *holder);
     const std::optional<Member> spare = chooseSpare(members, needed);
     if (!spare) {
       if (told_no_spare_.insert(lost.name).second)
@@ -82,21 +83,18 @@ void MemberReplacer::poll(double now) {
   }
 }
 
-std::vector<NodeSpec> MemberReplacer::placedNodes() const {
-  const auto placed = nlohmann::json::parse(store_.meta("placed").value_or("[]"))
-                          .get<std::vector<std::string>>();
-  std::vector<NodeSpec> nodes;
-  for (const std::string& name : placed) nodes.push_back(readNodeSpec(nodeSpecPath(out_, name)));
-  return nodes;
+std::vector<std::string> MemberReplacer::placedNames() const {
+  return nlohmann::json::parse(store_.meta("placed").value_or("[]")).get<std::vector<std::string>>();
 }
 
 std::string MemberReplacer::spareNote(const Member& spare) const {
   if (store_.meta("phase").value_or("gathering") != "planned") return "";
-  return coordinator::spareNote(spare, placedNodes());
+  return coordinator::spareNote(spare, headers_.headers(placedNames()));
 }
 
 void MemberReplacer::replace(const Member& lost, const Member& spare, double now) {
-  std::vector<NodeSpec> nodes = placedNodes();
+  std::vector<NodeSpec> nodes;  // whole files: every reference to the lost node is re-pointed
+  for (const std::string& name : placedNames()) nodes.push_back(readNodeSpec(nodeSpecPath(out_, name)));
   // A proposed growth's nodes are re-pointed too (their holders get the file when the cluster
   // forms, so nothing is owed to them now).
   const std::vector<std::string> growing = proposedGrowthNodes(store_);

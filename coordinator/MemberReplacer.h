@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "coordinator/CoordinatorStore.h"
+#include "coordinator/NodeHeaders.h"
 #include "core/NodeData.h"
 #include "node/protocol/Coordination.h"
 
@@ -67,8 +68,8 @@ class MemberReplacer {
   std::function<bool(const std::string&)> finished_;
   std::set<std::string> told_no_spare_;  // lost nodes already logged as waiting for a spare
   std::set<std::pair<std::string, std::string>> told_too_small_;  // (spare, node) told why not
-  // The placed nodes' node.json files.
-  std::vector<NodeSpec> placedNodes() const;
+  std::vector<std::string> placedNames() const;  // meta "placed"
+  mutable NodeHeaders headers_;  // the placed nodes' node.json headers, parsed once per version
   uint64_t replaced_ = 0;
 };
 

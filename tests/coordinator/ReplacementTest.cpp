@@ -13,6 +13,7 @@
 #include "coordinator/Growth.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
+#include "coordinator/NodeHeaders.h"
 #include "coordinator/Replacement.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
@@ -517,6 +518,59 @@ TEST(MemberReplacer, AReplacementDuringAProposedGrowthRepointsTheGrowthsNodesToo
   store.setMeta("growth", nlohmann::json({{"state", "done"}, {"cluster", 1}, {"spares", growing}}).dump());
   EXPECT_TRUE(proposedGrowthNodes(store).empty());
   fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+// NodeHeaders (what spareNote, the replacer's poll and the chunk worker read): a file is parsed
+// once per version (a rewrite by writeJsonFile is read again, with its new figures, the others are
+// not), its lists are left empty and everything else equals readNodeSpec's, and a missing file is
+// BadInput naming it.
+TEST(NodeHeaders, ParsesEachNodeJsonOncePerVersionAndKeepsItsHeader) {
+  const std::string out = replacementFreshDir("headers");
+  std::vector<NodeSpec> nodes = twoByThree();
+  for (NodeSpec& n : nodes) {
+    n.estimated_memory_bytes = 1e9 * (1 + n.stage);
+    fs::create_directories(nodeDirectory(out, n.name));
+    writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
+  }
+  NodeHeaders headers(out);
+  std::vector<std::string> names;
+  for (const NodeSpec& n : nodes) names.push_back(n.name);
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<NodeSpec> got = headers.headers(names);
+    ASSERT_EQ(got.size(), nodes.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      NodeSpec expected = readNodeSpec(nodeSpecPath(out, names[i]));
+      EXPECT_FALSE(expected.rings.empty());
+      EXPECT_TRUE(got[i].rings.empty() && got[i].inputs.empty() && got[i].outputs.empty());
+      expected.rings.clear();
+      expected.inputs.clear();
+      expected.outputs.clear();
+      EXPECT_EQ(toJson(got[i]), toJson(expected)) << names[i];
+    }
+  }
+  EXPECT_EQ(headers.parses(), nodes.size());
+  // node_4 moves to another cluster and needs more memory: only its file is read again.
+  nodes[4].cluster = 7;
+  nodes[4].estimated_memory_bytes = 5e9;
+  writeJsonFile(nodeSpecPath(out, "node_4"), toJson(nodes[4]));
+  EXPECT_EQ(headers.header("node_4").cluster, 7);
+  EXPECT_DOUBLE_EQ(headers.header("node_4").estimated_memory_bytes, 5e9);
+  EXPECT_EQ(headers.header("node_3").cluster, 1);
+  EXPECT_EQ(headers.parses(), nodes.size() + 1);
+  fs::remove(nodeSpecPath(out, "node_5"));
+  try {
+    headers.header("node_5");
+    FAIL() << "a missing node.json was served from the cache";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_NE(std::string(e.what()).find(nodeSpecPath(out, "node_5")), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
