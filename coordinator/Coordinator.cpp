@@ -19,6 +19,7 @@
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
 #include "coordinator/NodeHeaders.h"
+#include "coordinator/Outbox.h"
 #include "coordinator/Replacement.h"
 #include "clusterize/ModelMerge.h"
 #include "coordinator/Credit.h"
@@ -110,36 +111,9 @@ struct Coordinator::Impl {
 
   std::string phase() const { return store->meta("phase").value_or("gathering"); }
 
-  // Group commit: each loop turn's store writes are one transaction (CoordinatorStore::beginBatch),
-  // committed when the ROUTER's queue is empty or 20 ms after the batch began, so that a stream of
-  // heartbeats and metrics costs one fsync per batch, not one per message. The replies of a batch
-  // are held until it is committed: no volunteer is told of a join, a checkpoint, a result or a
-  // credited step that a coordinator killed right then would forget.
-  std::vector<std::pair<std::string, Frames>> held;  // routing id, frames
-  std::vector<std::string> superseded;  // files the batch's rows stopped naming: removed after it
-  Clock::time_point batch_began;
-  void send(const std::string& routing_id, const Frames& frames) {
-    if (store->batchOpen())
-      held.emplace_back(routing_id, frames);
-    else
-      sendRouted(router, routing_id, frames);
-  }
-  void beginBatch() {
-    if (store->batchOpen()) return;
-    store->beginBatch();
-    batch_began = Clock::now();
-  }
-  void commit() {
-    store->commitBatch();
-    for (const std::string& path : superseded) {  // an old file left behind is only space
-      std::error_code ec;
-      if (!std::filesystem::remove(path, ec) && ec)
-        CAIRN_WARN("coordinator: cannot remove ", path, ": ", ec.message());
-    }
-    superseded.clear();
-    for (const auto& [routing_id, frames] : held) sendRouted(router, routing_id, frames);
-    held.clear();
-  }
+  // Group commit (Outbox.h): replies wait for the batch of store writes they acknowledge.
+  std::unique_ptr<Outbox> outbox;
+  void send(const std::string& routing_id, const Frames& frames) { outbox->send(routing_id, frames); }
 
   void reply(const std::string& key, const Frames& frames) {
     auto it = routes.find(key);
@@ -381,7 +355,7 @@ struct Coordinator::Impl {
     if (m) creditCheckpoint(*store, m->public_key, c.name, c.step, view->plannedSteps());
     credit_changed = true;
     // The committed row may still name the old file until the batch is committed: removed then.
-    if (previous && previous->path != path) superseded.push_back(previous->path);
+    if (previous && previous->path != path) outbox->removeAfterCommit(previous->path);
     if (m) reply(m->public_key, encode(CheckpointAck{c.name, c.step, keepFrom()}));
     CAIRN_INFO("coordinator: checkpoint of ", c.name, " at step ", c.step, " (", c.file.size(), " bytes)");
   }
@@ -413,6 +387,9 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   std::filesystem::create_directories(s.o.out);
   s.store = std::make_unique<CoordinatorStore>(s.o.out + "/coordinator.db");
   s.chunk_nodes = std::make_unique<NodeHeaders>(s.o.out);
+  s.outbox = std::make_unique<Outbox>(*s.store, [&s](const std::string& routing_id, const Frames& frames) {
+    sendRouted(s.router, routing_id, frames);
+  });
   if (!s.store->meta("started_at")) s.store->setMeta("started_at", std::to_string(unixNow()));
   s.floods = std::make_unique<FloodGuard>(s.o.flood, s.o.max_attachment_bytes);
   s.view = std::make_unique<RunView>(s.o.out, s.placement());
@@ -466,15 +443,15 @@ int Coordinator::run() {
   auto last_drained = Clock::now();  // the ROUTER was last found empty
   while (true) {
     if (s.o.stop_requested && s.o.stop_requested()) {
-      s.commit();
+      s.outbox->commit();
       CAIRN_INFO("coordinator: stopping; its state is in ", s.o.out,
                  "/coordinator.db (run the same command to pick it up)");
       return 0;
     }
     // An open batch is not waited on: with nothing queued it is committed at once (below).
-    const auto routed = s.nextMessage(std::chrono::milliseconds(s.store->batchOpen() ? 0 : 100));
+    const auto routed = s.nextMessage(std::chrono::milliseconds(s.outbox->open() ? 0 : 100));
     if (!routed) last_drained = Clock::now();
-    s.beginBatch();
+    s.outbox->begin();
     if (routed && s.withinBudget(*routed)) {
       try {
         s.handle(*routed);
@@ -502,10 +479,10 @@ int Coordinator::run() {
         s.view->place({n.name, n.cluster, n.stage, n.num_stages});
         s.view->setNumClusters(n.cluster + 1);
       }
-      s.commit();  // a plan, a replacement or a growth rewrote node.json files: their rows now
+      s.outbox->commit();  // a plan, a replacement or a growth rewrote node.json: their rows now
     }
-    if (!routed || s.phase() == "done" || Clock::now() - s.batch_began >= std::chrono::milliseconds(20))
-      s.commit();
+    if (!routed || s.phase() == "done" || Clock::now() - s.outbox->began() >= std::chrono::milliseconds(20))
+      s.outbox->commit();
     if (s.phase() == "done") {
       s.syncView(/*now=*/true);
       // Let the `finished` and `result_ack` messages leave before the socket closes.

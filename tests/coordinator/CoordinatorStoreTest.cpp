@@ -1,7 +1,8 @@
 // The coordinator's SQLite store (coordinator/CoordinatorStore.h): a reopened store is the same
 // run; the loop's group commit (a batch is one transaction: its own reads see it, another
 // connection and a crash do not until it is committed, a failed write inside it undoes only
-// itself); the oldest of the placed nodes' newest checkpoints against a loop over every node.
+// itself; Outbox holds the replies until then); the oldest of the placed nodes' newest
+// checkpoints against a loop over every node.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/CoordinatorStore.h"
+#include "coordinator/Outbox.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 
@@ -195,6 +197,48 @@ TEST(CoordinatorStore, TheOldestNewestCheckpointOfThePlacedNodesIsTheMinimumOver
   }
   store.setMeta("placed", "[]");
   EXPECT_FALSE(store.oldestNewestCheckpointOfPlaced().has_value());
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+// The Outbox (group commit): while a batch is open a reply is held and the writes are invisible to
+// another connection (a restarted coordinator); at the commit the superseded file is removed, then
+// the replies go out in order — each delivered reply finds its writes committed and the old file
+// gone. With no batch open a reply goes at once.
+TEST(Outbox, RepliesWaitForTheCommitOfTheWritesTheyAcknowledge) {
+  const std::string dir = storeDir("outbox");
+  CoordinatorStore store(dir + "/coordinator.db");
+  CoordinatorStore other(dir + "/coordinator.db");
+  const std::string old_file = dir + "/step_10.ckpt";
+  std::ofstream(old_file) << "old";
+  store.putCheckpoint({"node_0", 10, old_file, 1});
+  std::vector<std::string> delivered;
+  Outbox outbox(store, [&](const std::string& routing_id, const Frames& frames) {
+    EXPECT_FALSE(fs::exists(old_file)) << "a reply went out before the old file was removed";
+    ASSERT_TRUE(other.checkpoint("node_0").has_value());
+    EXPECT_EQ(other.checkpoint("node_0")->step, 20) << "a reply went out before its write was committed";
+    delivered.push_back(routing_id + ":" + frames.at(0));
+  });
+  outbox.begin();
+  EXPECT_TRUE(outbox.open());
+  store.putCheckpoint({"node_0", 20, dir + "/step_20.ckpt", 2});
+  outbox.removeAfterCommit(old_file);
+  outbox.send("a", {"ack 20"});
+  outbox.send("b", {"metrics ack"});
+  EXPECT_TRUE(delivered.empty());
+  EXPECT_EQ(outbox.held(), 2u);
+  EXPECT_EQ(other.checkpoint("node_0")->step, 10);
+  EXPECT_TRUE(fs::exists(old_file));
+  outbox.commit();
+  EXPECT_FALSE(outbox.open());
+  EXPECT_EQ(delivered, (std::vector<std::string>{"a:ack 20", "b:metrics ack"}));
+  EXPECT_EQ(outbox.held(), 0u);
+  outbox.send("c", {"now"});  // no batch open: at once
+  EXPECT_EQ(delivered.back(), "c:now");
 }
 
 }  // namespace
