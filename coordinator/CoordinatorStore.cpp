@@ -130,6 +130,26 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
     exec("CREATE TABLE IF NOT EXISTS credit (node TEXT NOT NULL, step INTEGER NOT NULL, key TEXT "
          "NOT NULL, samples INTEGER NOT NULL, compute_s REAL NOT NULL, sent_bytes INTEGER NOT NULL, "
          "PRIMARY KEY (node, step))");
+    // Totals per (key, node), kept by triggers as credit rows come and go: the live view asks for
+    // them every second, and a GROUP BY over every credited step grew with the run's length
+    // (1,000 volunteers credit 2,000 steps a second). A database from before them is summed once.
+    const bool had_totals = tableExists("credit_totals");
+    exec("CREATE TABLE IF NOT EXISTS credit_totals (key TEXT NOT NULL, node TEXT NOT NULL, steps "
+         "INTEGER NOT NULL, samples INTEGER NOT NULL, compute_s REAL NOT NULL, sent_bytes INTEGER "
+         "NOT NULL, PRIMARY KEY (key, node))");
+    exec("CREATE TRIGGER IF NOT EXISTS credit_added AFTER INSERT ON credit BEGIN INSERT INTO "
+         "credit_totals (key, node, steps, samples, compute_s, sent_bytes) VALUES (NEW.key, "
+         "NEW.node, 1, NEW.samples, NEW.compute_s, NEW.sent_bytes) ON CONFLICT (key, node) DO "
+         "UPDATE SET steps = steps + 1, samples = samples + excluded.samples, compute_s = "
+         "compute_s + excluded.compute_s, sent_bytes = sent_bytes + excluded.sent_bytes; END");
+    exec("CREATE TRIGGER IF NOT EXISTS credit_removed AFTER DELETE ON credit BEGIN UPDATE "
+         "credit_totals SET steps = steps - 1, samples = samples - OLD.samples, compute_s = "
+         "compute_s - OLD.compute_s, sent_bytes = sent_bytes - OLD.sent_bytes WHERE key = OLD.key "
+         "AND node = OLD.node; DELETE FROM credit_totals WHERE key = OLD.key AND node = OLD.node "
+         "AND steps <= 0; END");
+    if (!had_totals)
+      exec("INSERT INTO credit_totals SELECT key, node, COUNT(*), SUM(samples), SUM(compute_s), "
+           "SUM(sent_bytes) FROM credit GROUP BY key, node");
   } catch (const Error& e) {
     sqlite3_close(db_);
     db_ = nullptr;
@@ -157,6 +177,12 @@ void CoordinatorStore::commitBatch() {
   if (!batch_open_) return;
   batch_open_ = false;  // a failed COMMIT leaves no transaction either (SQLite rolls it back)
   exec("COMMIT");
+}
+
+bool CoordinatorStore::tableExists(const std::string& table) const {
+  Statement s(*this, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
+  s.text(1, table);
+  return s.step();
 }
 
 void CoordinatorStore::exec(const std::string& sql) {
@@ -278,8 +304,13 @@ void CoordinatorStore::creditSteps(const std::string& node, const std::string& k
   exec("SAVEPOINT credit_steps");
   try {
     for (const CreditStep& c : steps) {
-      Statement s(*this, "INSERT OR REPLACE INTO credit (node, step, key, samples, compute_s, "
-                              "sent_bytes) VALUES (?, ?, ?, ?, ?, ?)");
+      {  // a step credited before goes to the newest: deleted first, so the totals' trigger sees it
+        Statement s(*this, "DELETE FROM credit WHERE node = ? AND step = ?");
+        s.text(1, node).integer(2, c.step);
+        s.step();
+      }
+      Statement s(*this, "INSERT INTO credit (node, step, key, samples, compute_s, sent_bytes) "
+                         "VALUES (?, ?, ?, ?, ?, ?)");
       s.text(1, node).integer(2, c.step).text(3, key).integer(4, c.samples).real(5, c.compute_s)
           .integer(6, c.sent_bytes);
       s.step();
@@ -295,15 +326,23 @@ void CoordinatorStore::dropCreditAfter(const std::string& node, int64_t step) {
   Statement s(*this, "DELETE FROM credit WHERE node = ? AND step > ?");
   s.text(1, node).integer(2, step);
   s.step();
+  if (auto it = credited_through_.find(node); it != credited_through_.end())
+    it->second = std::min(it->second, std::max<int64_t>(step, 0));
 }
 
 void CoordinatorStore::creditUpTo(const std::string& node, const std::string& key, int64_t step) {
-  if (step < 1) return;
-  Statement s(*this, "WITH RECURSIVE n(step) AS (SELECT 1 UNION ALL SELECT step + 1 FROM n "
-                          "WHERE step < ?) INSERT OR IGNORE INTO credit (node, step, key, samples, "
-                          "compute_s, sent_bytes) SELECT ?, step, ?, 0, 0, 0 FROM n");
-  s.integer(1, step).text(2, node).text(3, key);
+  // Steps 1..through are credited already (this store filled them, and no roll-back dropped
+  // them since): only the steps after that are looked at, so a checkpoint costs its own stretch
+  // of steps, not the whole run's. Unknown (a fresh store): from step 1, once.
+  auto it = credited_through_.find(node);
+  const int64_t through = it == credited_through_.end() ? 0 : it->second;
+  if (step <= through) return;
+  Statement s(*this, "WITH RECURSIVE n(step) AS (SELECT ? UNION ALL SELECT step + 1 FROM n "
+                     "WHERE step < ?) INSERT OR IGNORE INTO credit (node, step, key, samples, "
+                     "compute_s, sent_bytes) SELECT ?, step, ?, 0, 0, 0 FROM n");
+  s.integer(1, through + 1).integer(2, step).text(3, node).text(4, key);
   s.step();
+  credited_through_[node] = step;
 }
 
 int64_t CoordinatorStore::maxCreditedStep() const {
@@ -312,8 +351,8 @@ int64_t CoordinatorStore::maxCreditedStep() const {
 }
 
 std::vector<CreditTotal> CoordinatorStore::creditTotals() const {
-  Statement s(*this, "SELECT key, node, COUNT(*), SUM(samples), SUM(compute_s), "
-                          "SUM(sent_bytes) FROM credit GROUP BY key, node ORDER BY key, node");
+  Statement s(*this, "SELECT key, node, steps, samples, compute_s, sent_bytes FROM credit_totals "
+                     "ORDER BY key, node");
   std::vector<CreditTotal> out;
   while (s.step())
     out.push_back({s.column(0), s.column(1), s.columnInt(2), s.columnInt(3), s.columnReal(4),

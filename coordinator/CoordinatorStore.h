@@ -7,7 +7,8 @@
 //                volunteer's node over holds its name (the lost row is renamed <name>-lost-<n>)
 //   results      the trained stages received: node name → file, summary (result.json)
 //   checkpoints  the newest checkpoint held per node: node name → step, file, checksum
-//   credit       per node and step, the key that trained it and its figures (coordinator/Credit.h)
+//   credit       per node and step, the key that trained it and its figures (coordinator/Credit.h);
+//                credit_totals their sums per key and node, kept by triggers
 // Every write is atomic (SQLite's journal); outside a batch each is its own transaction. The
 // coordinator's loop batches (beginBatch … commitBatch: group commit, one fsync for the writes of
 // many messages; it holds the replies that depend on them until the commit). Files themselves are
@@ -113,7 +114,7 @@ class CoordinatorStore {
   void putResult(const StoredResult& result);
   std::vector<StoredResult> results() const;
 
-  // Credit (coordinator/Credit.h), each call one transaction. creditSteps: each of `steps` of
+  // Credit (coordinator/Credit.h), each call atomic. creditSteps: each of `steps` of
   // `node` credited to `key` (a step credited before goes to the newest). dropCreditAfter: every
   // step of `node` after `step` forgotten (a resume rolled them back). creditUpTo: the steps
   // 1..`step` of `node` that nobody holds credited to `key` with no figures (its checkpoint of
@@ -139,10 +140,12 @@ class CoordinatorStore {
     bool busy = false;
   };
   void exec(const std::string& sql);
+  bool tableExists(const std::string& table) const;
   std::string path_;
   sqlite3* db_ = nullptr;
   bool batch_open_ = false;
   mutable std::unordered_map<std::string, CachedStatement> statements_;  // by SQL text
+  std::unordered_map<std::string, int64_t> credited_through_;  // node → steps 1..n all credited
 };
 
 }  // namespace cairn::coordinator

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <optional>
+#include <unordered_map>
 
 namespace cairn::coordinator {
 namespace {
@@ -71,11 +72,12 @@ void creditCheckpoint(CoordinatorStore& store, const std::string& key, const std
 }
 
 nlohmann::json creditJson(const std::vector<CreditTotal>& totals, const std::vector<Member>& members) {
+  std::unordered_map<std::string, std::string> names;  // key → its (last) member's name
+  for (const Member& m : members) names[m.public_key] = m.name;
   nlohmann::json out = nlohmann::json::array();
   for (const CreditTotal& t : totals) {
-    std::string volunteer = t.key;
-    for (const Member& m : members)
-      if (m.public_key == t.key) volunteer = m.name;
+    const auto named = names.find(t.key);
+    const std::string volunteer = named == names.end() ? t.key : named->second;
     out.push_back({{"volunteer", volunteer},
                    {"key", t.key},
                    {"node", t.node},
