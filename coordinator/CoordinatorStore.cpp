@@ -130,6 +130,9 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
     exec("CREATE TABLE IF NOT EXISTS credit (node TEXT NOT NULL, step INTEGER NOT NULL, key TEXT "
          "NOT NULL, samples INTEGER NOT NULL, compute_s REAL NOT NULL, sent_bytes INTEGER NOT NULL, "
          "PRIMARY KEY (node, step))");
+    // MAX(step) over every node at each checkpoint of a run with no planned length (Credit.h):
+    // with this index one lookup, without it a scan of every credited step.
+    exec("CREATE INDEX IF NOT EXISTS credit_by_step ON credit (step)");
     // Totals per (key, node), kept by triggers as credit rows come and go: the live view asks for
     // them every second, and a GROUP BY over every credited step grew with the run's length
     // (1,000 volunteers credit 2,000 steps a second). A database from before them is summed once.
