@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "coordinator/Admissions.h"
+#include "coordinator/CheckpointUploads.h"
 #include "coordinator/ChunkServer.h"
 #include "coordinator/ChunkService.h"
 #include "coordinator/CoordinatorInvite.h"
@@ -113,6 +114,7 @@ struct Coordinator::Impl {
 
   // Group commit (Outbox.h): replies wait for the batch of store writes they acknowledge.
   std::unique_ptr<Outbox> outbox;
+  std::unique_ptr<CheckpointUploads> checkpoints;  // written off this loop (CheckpointWriter.h)
   void send(const std::string& routing_id, const Frames& frames) { outbox->send(routing_id, frames); }
 
   void reply(const std::string& key, const Frames& frames) {
@@ -154,9 +156,10 @@ struct Coordinator::Impl {
   // meanwhile are sent on first (ChunkService.h).
   std::optional<Routed> nextMessage(std::chrono::milliseconds wait) {
     zmq::pollitem_t items[] = {{static_cast<void*>(router), 0, ZMQ_POLLIN, 0},
-                               {static_cast<void*>(chunk_service->ready()), 0, ZMQ_POLLIN, 0}};
+                               {static_cast<void*>(chunk_service->ready()), 0, ZMQ_POLLIN, 0},
+                               {nullptr, checkpoints->readyFd(), ZMQ_POLLIN, 0}};  // a file written
     try {
-      zmq::poll(items, 2, wait);
+      zmq::poll(items, 3, wait);
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
       return std::nullopt;
@@ -184,7 +187,7 @@ struct Coordinator::Impl {
       stats.chunk_requests_dropped = chunk_service->dropped();
       return;
     }
-    const auto message = decodeToCoordinator(r.frames, o.max_attachment_bytes, &why);
+    auto message = decodeToCoordinator(r.frames, o.max_attachment_bytes, &why);
     if (!message) {
       ++stats.malformed;
       CAIRN_WARN("coordinator: dropped a message from ", member ? member->name : "key " + r.user_id,
@@ -220,8 +223,8 @@ struct Coordinator::Impl {
       }
     } else if (const auto* result = std::get_if<ResultUpload>(&*message)) {
       if (speaker(result->name)) onResult(*result);
-    } else if (const auto* ckpt = std::get_if<CheckpointUpload>(&*message)) {
-      if (speaker(ckpt->name)) onCheckpoint(*ckpt);
+    } else if (auto* ckpt = std::get_if<CheckpointUpload>(&*message)) {
+      if (speaker(ckpt->name)) checkpoints->onUpload(std::move(*ckpt));
     } else if (const auto* batch = std::get_if<MetricsBatch>(&*message)) {
       if (speaker(batch->name)) {
         grower->observe(batch->name, batch->records);
@@ -328,38 +331,6 @@ struct Coordinator::Impl {
     return result.has_value();
   }
 
-  // The oldest of the newest checkpoints held for the placed nodes (0 while one has none): every
-  // volunteer keeps its checkpoints from this step on, so the one a spare is given (always one of
-  // these) is also held by the lost node's neighbours and their cluster resumes at its step.
-  int64_t keepFrom() const { return std::max<int64_t>(store->oldestNewestCheckpointOfPlaced().value_or(0), 0); }
-
-  void onCheckpoint(const CheckpointUpload& c) {
-    const auto previous = store->checkpoint(c.name);
-    const auto m = store->memberByName(c.name);
-    // A repeat (same step, same bytes) changes nothing. Anything else replaces what is held: a
-    // node sends an older step, or the same step with other bytes, only once its cluster resumed
-    // from an earlier checkpoint (trainer/TrainerCheckpoints.cpp drops the newer ones), and a
-    // spare must be given the run its neighbours train now, not the abandoned one.
-    if (previous && previous->step == c.step && previous->checksum == c.checksum) {
-      if (m) reply(m->public_key, encode(CheckpointAck{c.name, previous->step, keepFrom()}));
-      return;
-    }
-    if (previous && previous->step >= c.step)
-      CAIRN_INFO("coordinator: ", c.name, "'s checkpoint of step ", previous->step,
-                 " is replaced by one of step ", c.step, " (its cluster resumed from an earlier step)");
-    const std::string dir = o.out + "/checkpoints/" + c.name;
-    std::filesystem::create_directories(dir);
-    const std::string path = dir + "/step_" + std::to_string(c.step) + ".ckpt";
-    writeFileDurably(path, c.file);
-    store->putCheckpoint({c.name, c.step, path, c.checksum});
-    if (m) creditCheckpoint(*store, m->public_key, c.name, c.step, view->plannedSteps());
-    credit_changed = true;
-    // The committed row may still name the old file until the batch is committed: removed then.
-    if (previous && previous->path != path) outbox->removeAfterCommit(previous->path);
-    if (m) reply(m->public_key, encode(CheckpointAck{c.name, c.step, keepFrom()}));
-    CAIRN_INFO("coordinator: checkpoint of ", c.name, " at step ", c.step, " (", c.file.size(), " bytes)");
-  }
-
   void finish(const std::vector<StoredResult>& results) {
     const FinishedRun f = finishRun(o.out, results, creditJson(store->creditTotals(), store->members()));
     std::cout << f.lines << std::flush;
@@ -390,6 +361,9 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.outbox = std::make_unique<Outbox>(*s.store, [&s](const std::string& routing_id, const Frames& frames) {
     sendRouted(s.router, routing_id, frames);
   });
+  s.checkpoints = std::make_unique<CheckpointUploads>(
+      *s.store, *s.outbox, s.o.out, [&s] { return s.view->plannedSteps(); },
+      [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   if (!s.store->meta("started_at")) s.store->setMeta("started_at", std::to_string(unixNow()));
   s.floods = std::make_unique<FloodGuard>(s.o.flood, s.o.max_attachment_bytes);
   s.view = std::make_unique<RunView>(s.o.out, s.placement());
@@ -452,6 +426,7 @@ int Coordinator::run() {
     const auto routed = s.nextMessage(std::chrono::milliseconds(s.outbox->open() ? 0 : 100));
     if (!routed) last_drained = Clock::now();
     s.outbox->begin();
+    if (s.checkpoints->takeWritten()) s.credit_changed = true;
     if (routed && s.withinBudget(*routed)) {
       try {
         s.handle(*routed);

@@ -21,7 +21,8 @@ void Outbox::send(const std::string& routing_id, const Frames& frames) {
 
 void Outbox::commit() {
   store_.commitBatch();
-  for (const std::string& path : superseded_) {  // an old file left behind is only space
+  for (const auto& [path, keep] : superseded_) {  // an old file left behind is only space
+    if (keep && keep()) continue;
     std::error_code ec;
     if (!std::filesystem::remove(path, ec) && ec)
       CAIRN_WARN("coordinator: cannot remove ", path, ": ", ec.message());

@@ -5,7 +5,8 @@
 // batch's writes acknowledge must not reach a volunteer before they are durable, so:
 //   send()              a reply, held while a batch is open (sent at once otherwise)
 //   removeAfterCommit() a file the batch's rows stop naming (a superseded checkpoint): removed
-//                       once the rows that name its successor are committed
+//                       once the rows that name its successor are committed, unless `keep` says
+//                       then that it is wanted again
 //   commit()            commits the batch, removes those files, then sends the held replies in
 //                       the order they were given
 // A coordinator killed before a commit has told nobody anything the restarted one does not know.
@@ -33,7 +34,9 @@ class Outbox {
   bool open() const { return store_.batchOpen(); }
   Clock::time_point began() const { return began_; }
   void send(const std::string& routing_id, const Frames& frames);
-  void removeAfterCommit(std::string path) { superseded_.push_back(std::move(path)); }
+  void removeAfterCommit(std::string path, std::function<bool()> keep = {}) {
+    superseded_.emplace_back(std::move(path), std::move(keep));
+  }
   void commit();
   size_t held() const { return held_.size(); }
 
@@ -42,7 +45,7 @@ class Outbox {
   Deliver deliver_;
   Clock::time_point began_;
   std::vector<std::pair<std::string, Frames>> held_;  // routing id, frames
-  std::vector<std::string> superseded_;
+  std::vector<std::pair<std::string, std::function<bool()>>> superseded_;
 };
 
 }  // namespace cairn::coordinator

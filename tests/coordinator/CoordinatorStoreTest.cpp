@@ -2,17 +2,24 @@
 // run; the loop's group commit (a batch is one transaction: its own reads see it, another
 // connection and a crash do not until it is committed, a failed write inside it undoes only
 // itself; Outbox holds the replies until then); the oldest of the placed nodes' newest
-// checkpoints against a loop over every node.
+// checkpoints against a loop over every node; the CheckpointWriter that writes uploads off the
+// loop (order, failures reported, bytes waiting bounded).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/Outbox.h"
+#include "coordinator/CheckpointWriter.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 
@@ -239,6 +246,77 @@ TEST(Outbox, RepliesWaitForTheCommitOfTheWritesTheyAcknowledge) {
   EXPECT_EQ(outbox.held(), 0u);
   outbox.send("c", {"now"});  // no batch open: at once
   EXPECT_EQ(delivered.back(), "c:now");
+}
+
+}  // namespace
+}  // namespace cairn::coordinator
+
+namespace cairn::coordinator {
+namespace {
+
+// Waits (at most 10 s) until the writer has `n` files done, taking them.
+std::vector<CheckpointFile> takeDone(CheckpointWriter& writer, size_t n) {
+  std::vector<CheckpointFile> out;
+  for (int i = 0; i < 1000 && out.size() < n; ++i) {
+    for (CheckpointFile& f : writer.done()) out.push_back(std::move(f));
+    if (out.size() < n) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return out;
+}
+
+// The CheckpointWriter writes each file whole, in the order submitted, reports one it cannot
+// write (a folder where the file should go) instead of throwing, and refuses a file past its
+// byte bound while others wait (one file always fits).
+TEST(CheckpointWriter, WritesInOrderReportsFailuresAndBoundsTheBytesWaiting) {
+  const std::string dir = storeDir("writer");
+  {
+    CheckpointWriter writer;
+    fs::create_directories(dir + "/n/step_2.ckpt");  // a folder: cannot be replaced by a file
+    for (int step = 1; step <= 3; ++step)
+      ASSERT_TRUE(writer.submit({"n", step, uint64_t(step), dir + "/n/step_" + std::to_string(step) + ".ckpt",
+                                 std::string(1000 * step, char('a' + step)), ""}));
+    const auto done = takeDone(writer, 3);
+    ASSERT_EQ(done.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(done[size_t(i)].step, i + 1);
+    EXPECT_TRUE(done[0].error.empty()) << done[0].error;
+    EXPECT_FALSE(done[1].error.empty());
+    EXPECT_TRUE(done[2].error.empty()) << done[2].error;
+    std::ifstream in(dir + "/n/step_3.ckpt", std::ios::binary);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), std::string(3000, 'd'));
+    EXPECT_EQ(writer.waiting(), 0u);
+  }
+  // A bound of 1,500 bytes. The first file's temporary path is a FIFO nobody reads, so the
+  // worker holds it (blocked opening it) while the second is submitted: refused, deterministically.
+  const std::string fifo = dir + "/m/step_1.ckpt.tmp";
+  fs::create_directories(dir + "/m");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  CheckpointWriter small(1500);
+  ASSERT_TRUE(small.submit({"m", 1, 1, dir + "/m/step_1.ckpt", std::string(1000, 'x'), ""}));
+  EXPECT_FALSE(small.submit({"m", 2, 2, dir + "/m/step_2.ckpt", std::string(1000, 'y'), ""}));
+  EXPECT_EQ(small.refused(), 1u);
+  {  // read the FIFO: the write goes through; the worker then opens it again to fsync it (it
+     // waits for a writer: given one), and the fsync fails on a pipe, which is reported
+    const int fd = ::open(fifo.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    char buffer[4096];
+    size_t got = 0;
+    for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) got += size_t(n);
+    ::close(fd);
+    EXPECT_EQ(got, 1000u);
+    int writer_end = -1;
+    for (int i = 0; i < 1000 && writer_end < 0; ++i) {
+      writer_end = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // ENXIO until the worker opens it
+      if (writer_end < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_GE(writer_end, 0);
+    ::close(writer_end);
+  }
+  const auto first = takeDone(small, 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_FALSE(first[0].error.empty());
+  ASSERT_TRUE(small.submit({"m", 3, 3, dir + "/m/step_3.ckpt", std::string(5000, 'z'), ""}));  // nothing waits
+  ASSERT_EQ(takeDone(small, 1).size(), 1u);
+  EXPECT_EQ(fs::file_size(dir + "/m/step_3.ckpt"), 5000u);
 }
 
 }  // namespace
