@@ -70,6 +70,7 @@ struct Coordinator::Impl {
   bool view_placed = false;       // the plan's nodes are placed in the view
   bool credit_changed = true;     // the view's credit table is to be recomputed (syncView)
   Clock::time_point view_synced, housekept;  // syncView's last turn; run()'s planning/replacing
+  Clock::time_point heard_flushed;            // heartbeats' times last written
 
   // The plan's nodes for the view (none while gathering).
   std::vector<Placement> placement() {
@@ -453,6 +454,10 @@ int Coordinator::run() {
       for (const NodeSpec& n : s.grower->poll(unixNow())) {
         s.view->place({n.name, n.cluster, n.stage, n.num_stages});
         s.view->setNumClusters(n.cluster + 1);
+      }
+      if (s.housekept - s.heard_flushed >= std::chrono::seconds(5)) {
+        s.store->flushHeard();  // heartbeats' times (CoordinatorStore::touch)
+        s.heard_flushed = s.housekept;
       }
       s.outbox->commit();  // a plan, a replacement or a growth rewrote node.json: their rows now
     }

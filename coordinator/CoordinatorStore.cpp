@@ -75,7 +75,7 @@ namespace {
 #define CAIRN_MEMBER_COLUMNS "name, public_key, advertise, probe, state, joined_at, last_seen"
 
 template <typename Row>
-Member readMember(const Row& s) {
+Member readRow(const Row& s) {
   Member m;
   m.name = s.column(0);
   m.public_key = s.column(1);
@@ -160,8 +160,25 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
   }
 }
 
+Member CoordinatorStore::readMember(const Statement& s) const {
+  Member m = readRow(s);
+  if (const auto heard = heard_.find(m.name); heard != heard_.end()) m.last_seen = heard->second;
+  return m;
+}
+
+void CoordinatorStore::flushHeard() {
+  if (heard_.empty()) return;
+  for (const auto& [name, when] : heard_) {
+    Statement s(*this, "UPDATE members SET last_seen = ? WHERE name = ?");
+    s.real(1, when).text(2, name);
+    s.step();
+  }
+  heard_.clear();
+}
+
 CoordinatorStore::~CoordinatorStore() {
   try {
+    flushHeard();
     commitBatch();  // what the loop wrote before it stopped (each write was kept before batching)
   } catch (const Error& e) {
     CAIRN_WARN(path_, ": the last writes could not be committed: ", e.what());
@@ -229,6 +246,7 @@ std::string CoordinatorStore::nextMemberName() {
 }
 
 void CoordinatorStore::putMember(const Member& m) {
+  flushHeard();
   Statement s(*this,
               "INSERT OR REPLACE INTO members (name, public_key, advertise, probe, state, "
               "joined_at, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?)");
@@ -265,13 +283,10 @@ void CoordinatorStore::setState(const std::string& name, MemberState state) {
   s.step();
 }
 
-void CoordinatorStore::touch(const std::string& name, double now) {
-  Statement s(*this, "UPDATE members SET last_seen = ? WHERE name = ?");
-  s.real(1, now).text(2, name);
-  s.step();
-}
+void CoordinatorStore::touch(const std::string& name, double now) { heard_[name] = now; }
 
 void CoordinatorStore::renameMember(const std::string& from, const std::string& to) {
+  flushHeard();  // the times heard belong to the rows' present names
   Statement s(*this, "UPDATE members SET name = ? WHERE name = ?");
   s.text(1, to).text(2, from);
   s.step();
@@ -280,6 +295,7 @@ void CoordinatorStore::renameMember(const std::string& from, const std::string& 
 
 void CoordinatorStore::takeOver(const std::string& lost_name, const std::string& lost_row_name,
                                 const std::string& spare_name, double now) {
+  flushHeard();
   exec("SAVEPOINT take_over");
   try {
     {

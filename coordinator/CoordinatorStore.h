@@ -103,7 +103,13 @@ class CoordinatorStore {
   void setState(const std::string& name, MemberState state);
   // The row `from` is called `to` from now on (a left volunteer back under a fresh name).
   void renameMember(const std::string& from, const std::string& to);
+  // A heartbeat's time (last_seen): held in memory, seen by every read at once, and written by
+  // flushHeard() (the coordinator's loop: every 5 s) or before a row is renamed or replaced. The
+  // most frequent message writes nothing: 500 heartbeats a second touched every page of the
+  // members table in every commit. Its time needs no durability: a restarted coordinator counts
+  // silence from its own start (MemberReplacer::deafUntil).
   void touch(const std::string& name, double now);
+  void flushHeard();
   // A spare takes a lost member's node over (MemberReplacer), in one transaction: the lost row is
   // renamed `lost_row_name` and marked lost (its key stays known, and refused if it comes back);
   // the spare's row takes the name `lost_name`, state assigned, last_seen `now`. A lost member
@@ -135,6 +141,7 @@ class CoordinatorStore {
 
  private:
   class Statement;
+  Member readMember(const Statement& s) const;  // the row, with a time heard since overlaid
   struct CachedStatement {
     sqlite3_stmt* stmt = nullptr;
     bool busy = false;
@@ -146,6 +153,7 @@ class CoordinatorStore {
   bool batch_open_ = false;
   mutable std::unordered_map<std::string, CachedStatement> statements_;  // by SQL text
   std::unordered_map<std::string, int64_t> credited_through_;  // node → steps 1..n all credited
+  std::unordered_map<std::string, double> heard_;  // name → last_seen not yet written (touch)
 };
 
 }  // namespace cairn::coordinator

@@ -119,6 +119,8 @@ TEST(CoordinatorStore, ABatchIsSeenByItsOwnReadsAndByAnotherConnectionOnlyOnceCo
   EXPECT_EQ(other.memberByName("node_0")->state, MemberState::kSpare);
   EXPECT_DOUBLE_EQ(other.memberByName("node_0")->last_seen, 0.0);
   EXPECT_FALSE(other.checkpoint("node_0").has_value());
+  store.flushHeard();  // the heartbeat's time, written (the loop does this every 5 s)
+  EXPECT_DOUBLE_EQ(other.memberByName("node_0")->last_seen, 0.0);
   store.commitBatch();
   EXPECT_FALSE(store.batchOpen());
   store.commitBatch();  // none open: nothing happens
@@ -126,6 +128,36 @@ TEST(CoordinatorStore, ABatchIsSeenByItsOwnReadsAndByAnotherConnectionOnlyOnceCo
   EXPECT_DOUBLE_EQ(other.memberByName("node_0")->last_seen, 77.0);
   ASSERT_TRUE(other.checkpoint("node_0").has_value());
   EXPECT_EQ(other.checkpoint("node_0")->step, 12);
+}
+
+// A heartbeat's time is seen by every read of this store at once and written only by flushHeard,
+// a rename or a take-over (so it stays with its row) or the store's closing.
+TEST(CoordinatorStore, AHeartbeatsTimeIsReadAtOnceAndWrittenWhenFlushedOrBeforeARename) {
+  const std::string db = storeDir("heard") + "/coordinator.db";
+  {
+    CoordinatorStore store(db);
+    store.putMember(row("node_0", generateCurveKeyPair().public_key, "127.0.0.1:7001", MemberState::kAssigned));
+    store.putMember(row("node_1", generateCurveKeyPair().public_key, "127.0.0.1:7002", MemberState::kSpare));
+    CoordinatorStore other(db);
+    store.touch("node_0", 50.0);
+    store.touch("node_1", 51.0);
+    EXPECT_DOUBLE_EQ(store.memberByName("node_0")->last_seen, 50.0);
+    EXPECT_DOUBLE_EQ(store.memberByKey(store.memberByName("node_1")->public_key)->last_seen, 51.0);
+    EXPECT_DOUBLE_EQ(store.members()[0].last_seen, 50.0);
+    EXPECT_DOUBLE_EQ(other.memberByName("node_0")->last_seen, 0.0);
+    store.flushHeard();
+    EXPECT_DOUBLE_EQ(other.memberByName("node_0")->last_seen, 50.0);
+    // Heard again, then taken over: the old holder's time goes with its renamed row, the spare's
+    // row (now called node_0) has the take-over's time, not the old holder's.
+    store.touch("node_0", 60.0);
+    store.takeOver("node_0", "node_0-lost-1", "node_1", 70.0);
+    EXPECT_DOUBLE_EQ(other.memberByName("node_0-lost-1")->last_seen, 60.0);
+    EXPECT_DOUBLE_EQ(store.memberByName("node_0")->last_seen, 70.0);
+    store.touch("node_0", 80.0);  // the new holder heard; written when the store closes
+  }
+  CoordinatorStore store(db);
+  EXPECT_DOUBLE_EQ(store.memberByName("node_0")->last_seen, 80.0);
+  EXPECT_DOUBLE_EQ(store.memberByName("node_0-lost-1")->last_seen, 60.0);
 }
 
 TEST(CoordinatorStore, AStoreClosedWithAnOpenBatchKeepsItsWrites) {
