@@ -11,7 +11,8 @@
 # coordinator folder and log; PLACED (default 0: every volunteer) is how many the coordinator
 # places (--placed); MEASURE_S (default 60) the measured seconds; LOAD_ARGS more coordinator_load
 # flags (e.g. "--checkpoint-kib 4096"); CLUSTERIZE another clusterize binary to measure (default
-# CAIRN_BUILD_DIR's). Everything listens on 127.0.0.1 only.
+# CAIRN_BUILD_DIR's); COORDINATOR_CPUS and LOAD_CPUS pin the two (below). Everything listens on
+# 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${CAIRN_BUILD_DIR:-build}
@@ -55,17 +56,28 @@ shards("train", "train", 16, 600)
 shards("test", "t10k", 2, 300)
 job = {"format": 1, "job_id": "coordinator_load", "driver": "cairn", "model": os.path.join(folder, "model.pt"),
        "data": {"location": os.path.join(folder, "train"), "test_location": os.path.join(folder, "test"),
-                "format": "safetensors", "source": "coordinator"},
+                "format": "safetensors", "source": os.environ.get("DATA_SOURCE", "coordinator")},
        "training_definition": {"batch_size": 32, "microbatches": 2, "epochs": 0, "max_steps": 1000000,
                                "seed": 1, "optimizer": {"name": "adamw", "lr": 0.003},
                                "timeouts": {"startup_s": 60, "peer_s": 60}}}
 json.dump(job, open(os.path.join(folder, "job.json"), "w"))
 PY
+# DATA_SOURCE=local: the job's data is not served (no chunk requests: heartbeats, metrics and
+# checkpoints only). COORDINATOR_CPUS / LOAD_CPUS (taskset lists, e.g. 0 and 1): the coordinator, every thread of it,
+# on those CPUs only, the load generator on the others, so "on one core" is measured as such and
+# neither steals the other's core.
+load=("$build/tools/bench/coordinator_load")
+if [[ -n ${COORDINATOR_CPUS:-} ]]; then
+  printf '#!/bin/sh\nexec taskset -c %s %q "$@"\n' "$COORDINATOR_CPUS" "$(realpath "$clusterize")" > "$out/clusterize_pinned"
+  chmod +x "$out/clusterize_pinned"
+  clusterize=$out/clusterize_pinned
+fi
+[[ -z ${LOAD_CPUS:-} ]] || load=(taskset -c "$LOAD_CPUS" "${load[@]}")
 failed=0
 for n in "${sizes[@]}"; do
   echo "== $n simulated volunteers"
   # shellcheck disable=SC2086  # LOAD_ARGS is a list of flags
-  "$build/tools/bench/coordinator_load" --clusterize "$clusterize" \
+  "${load[@]}" --clusterize "$clusterize" \
     --model "$out/data/model.pt" --job "$out/data/job.json" --work "$out/run_$n" \
     --volunteers "$n" --placed "${PLACED:-0}" --measure-s "${MEASURE_S:-60}" \
     --json "$out/coordinator_load_$n.json" ${LOAD_ARGS:-} ||

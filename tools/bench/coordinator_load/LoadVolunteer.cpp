@@ -168,8 +168,10 @@ void LoadVolunteer::onAssignment(const Assignment& a, Clock::time_point now) {
   name_ = a.name;
   state_ = "training";
   step_ = 0;
-  next_step_ = now + o_.step;
-  next_metrics_ = now + o_.metrics_interval;
+  // Steps and metrics batches at a random point of their periods unless in lockstep (options).
+  const double phase = o_.lockstep ? 1.0 : unitRandom();
+  next_step_ = now + std::chrono::duration_cast<Clock::duration>(o_.step * phase);
+  next_metrics_ = now + std::chrono::duration_cast<Clock::duration>(o_.metrics_interval * phase);
   // The first upload at a random point of the period: clusters do not checkpoint in lockstep.
   next_checkpoint_ =
       now + std::chrono::duration_cast<Clock::duration>(o_.checkpoint_every * unitRandom());

@@ -57,6 +57,10 @@ struct VolunteerOptions {
   std::chrono::milliseconds chunk_every{30000};
   std::chrono::milliseconds chunk_resend{10000};
   std::chrono::milliseconds join_timeout{120000};
+  // true: every volunteer's steps and metrics batches start at its assignment, so the whole
+  // plan's batches arrive together every second (the worst case); false: each at a random point
+  // of its period, as clusters that train at their own speeds do.
+  bool lockstep = false;
 };
 
 class LoadVolunteer {
