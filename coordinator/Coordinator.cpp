@@ -461,7 +461,7 @@ int Coordinator::run() {
       }
       s.outbox->commit();  // a plan, a replacement or a growth rewrote node.json: their rows now
     }
-    if (!routed || s.phase() == "done" || Clock::now() - s.outbox->began() >= std::chrono::milliseconds(20))
+    if (!routed || s.phase() == "done" || Clock::now() - s.outbox->began() >= std::chrono::milliseconds(10))
       s.outbox->commit();
     if (s.phase() == "done") {
       s.syncView(/*now=*/true);

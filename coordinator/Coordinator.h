@@ -11,7 +11,7 @@
 // One thread: a loop over the ROUTER socket (volunteers' DEALERs) and the pending reachability
 // checks; planning, lost members and growth every 200 ms of it (they read every member row).
 // Group commit (Outbox.h): the store writes of the messages handled in a row are one SQLite
-// transaction, committed when the queue is empty or after 20 ms; the replies wait for that commit.
+// transaction, committed when the queue is empty or after 10 ms; the replies wait for that commit.
 // Chunk pieces are read on ChunkService's worker.
 // tools/bench/coordinator_load measures it under thousands of volunteers (BENCHMARKS.md "Churn").
 // Every message is decoded by node/protocol/Coordination and checked against the sender's CURVE

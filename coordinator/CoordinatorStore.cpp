@@ -119,6 +119,9 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
   sqlite3_busy_timeout(db_, 5000);
   try {
     exec("PRAGMA journal_mode=WAL");
+    // The write-ahead log is copied into the database by a thread of its own (below), not by the
+    // commit that happens to fill it: that copy and its fsync held the coordinator's loop.
+    exec("PRAGMA wal_autocheckpoint=0");
     exec("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
     exec("CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY, public_key TEXT NOT NULL "
          "UNIQUE, advertise TEXT NOT NULL, probe TEXT NOT NULL, state TEXT NOT NULL, joined_at "
@@ -158,6 +161,30 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
     db_ = nullptr;
     CAIRN_THROW(BadInput, path, ": not a coordinator database (", e.what(), ")");
   }
+  checkpointer_ = std::thread([this] { checkpointWal(); });
+}
+
+void CoordinatorStore::checkpointWal() {
+  // Its own connection (SQLite connections are not shared across threads here). A passive
+  // checkpoint copies what no reader still needs and never blocks the loop's writes; once a
+  // second is plenty (the log then stays at about a second of writes).
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+    CAIRN_WARN(path_, ": cannot open a second connection for the log's checkpoints: ",
+               db ? sqlite3_errmsg(db) : "out of memory", "; the log grows until the store closes");
+    sqlite3_close(db);
+    return;
+  }
+  sqlite3_busy_timeout(db, 1000);
+  std::unique_lock<std::mutex> lock(checkpointer_mutex_);
+  while (!checkpointer_stop_) {
+    checkpointer_wake_.wait_for(lock, std::chrono::seconds(1));
+    if (checkpointer_stop_) break;
+    lock.unlock();
+    (void)sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+    lock.lock();
+  }
+  sqlite3_close(db);
 }
 
 Member CoordinatorStore::readMember(const Statement& s) const {
@@ -177,6 +204,12 @@ void CoordinatorStore::flushHeard() {
 }
 
 CoordinatorStore::~CoordinatorStore() {
+  {
+    std::lock_guard<std::mutex> lock(checkpointer_mutex_);
+    checkpointer_stop_ = true;
+  }
+  checkpointer_wake_.notify_all();
+  if (checkpointer_.joinable()) checkpointer_.join();
   try {
     flushHeard();
     commitBatch();  // what the loop wrote before it stopped (each write was kept before batching)

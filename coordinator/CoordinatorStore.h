@@ -13,10 +13,14 @@
 // coordinator's loop batches (beginBatch … commitBatch: group commit, one fsync for the writes of
 // many messages; it holds the replies that depend on them until the commit). Files themselves are
 // written by the caller before their row (a row never names a file that is not complete).
-// Ownership: owns the connection. Thread-safety: one thread (the coordinator's loop).
+// Ownership: owns the connection, and a thread with a second one that checkpoints the write-ahead
+// log once a second (off the loop). Thread-safety: one thread (the coordinator's loop).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -154,6 +158,11 @@ class CoordinatorStore {
   mutable std::unordered_map<std::string, CachedStatement> statements_;  // by SQL text
   std::unordered_map<std::string, int64_t> credited_through_;  // node → steps 1..n all credited
   std::unordered_map<std::string, double> heard_;  // name → last_seen not yet written (touch)
+  void checkpointWal();  // the checkpointer thread: the log into the database once a second
+  std::mutex checkpointer_mutex_;
+  std::condition_variable checkpointer_wake_;
+  bool checkpointer_stop_ = false;  // under checkpointer_mutex_
+  std::thread checkpointer_;
 };
 
 }  // namespace cairn::coordinator

@@ -1,6 +1,6 @@
 // Outbox: the coordinator's group commit. The loop opens a batch of store writes (one SQLite
 // transaction: CoordinatorStore::beginBatch) before it handles a message and commits it when the
-// ROUTER's queue is empty or 20 ms after it began, so a stream of heartbeats and metrics costs one
+// ROUTER's queue is empty or 10 ms after it began, so a stream of heartbeats and metrics costs one
 // fsync per batch instead of one per message (1,000 volunteers send ~1,500 a second). What the
 // batch's writes acknowledge must not reach a volunteer before they are durable, so:
 //   send()              a reply, held while a batch is open (sent at once otherwise)

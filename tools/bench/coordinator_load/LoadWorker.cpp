@@ -27,6 +27,12 @@ void LoadWorker::run() {
         owners.emplace_back(i, true);
       }
     }
+    // Timers wake the loop on a 10 ms grid: each wake-up polls every socket of the loop, and
+    // waking once per volunteer's timer (thousands a second, at random phases) made the generator
+    // the busiest process on the machine. Answers still wake it at once (latencies are measured
+    // from each message's own send time, so the grid does not enter them).
+    const auto grid = std::chrono::duration_cast<milliseconds>(next.time_since_epoch()).count();
+    next = Clock::time_point(milliseconds((grid / 10 + 1) * 10));
     const auto wait = std::clamp(std::chrono::duration_cast<milliseconds>(next - Clock::now()),
                                  milliseconds(0), milliseconds(50));
     try {

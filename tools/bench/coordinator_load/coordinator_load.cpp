@@ -32,7 +32,7 @@ using Seconds = std::chrono::duration<double>;
 struct Flags {
   std::string clusterize, model, job, input_shape = "8,1,28,28", work, json;
   std::vector<std::string> coordinator_args;
-  int volunteers = 100, placed = 0, threads = 16, first_port = 20000;
+  int volunteers = 100, placed = 0, threads = 8, first_port = 20000;
   double join_rate = 200, measure_s = 60, settle_s = 10, setup_timeout_s = 900;
   double probe_kib = 1024, checkpoint_kib = 1024, checkpoint_every_s = 30, step_s = 0.5;
   double piece_kib = 4096, chunk_every_s = 30;
