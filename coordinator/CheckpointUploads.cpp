@@ -62,7 +62,7 @@ bool CheckpointUploads::takeWritten() {
     if (previous && previous->path != f.path)
       outbox_.removeAfterCommit(previous->path, [this, name = f.name] { return writing_.count(name) > 0; });
     if (m) reply_(m->public_key, encode(CheckpointAck{f.name, f.step, keepFrom()}));
-    CAIRN_INFO("coordinator: checkpoint of ", f.name, " at step ", f.step);
+    CAIRN_INFO("coordinator: checkpoint of ", f.name, " at step ", f.step, " (", f.size, " bytes)");
   }
   return stored;
 }

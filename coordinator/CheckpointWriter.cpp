@@ -39,7 +39,8 @@ bool CheckpointWriter::submit(CheckpointFile file) {
                  " so far; its volunteer sends it again)");
     return false;
   }
-  pending_bytes_ += file.bytes.size();
+  file.size = file.bytes.size();
+  pending_bytes_ += file.size;
   queue_.push_back(std::move(file));
   changed_.notify_one();
   return true;

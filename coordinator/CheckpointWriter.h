@@ -29,6 +29,7 @@ struct CheckpointFile {
   std::string path;   // where it goes
   std::string bytes;  // the file (emptied once written)
   std::string error;  // set by the worker when it could not be written
+  size_t size = 0;    // its size (set when it is submitted)
 };
 
 class CheckpointWriter {

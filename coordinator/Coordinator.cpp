@@ -314,6 +314,7 @@ struct Coordinator::Impl {
     store->setState(r.name, MemberState::kDone);
     const auto m = store->memberByName(r.name);
     reply(m->public_key, encode(ResultAck{r.name}));
+    outbox->commit();  // the ack leaves now, not after the merge below (the process may end then)
     CAIRN_INFO("coordinator: result of ", r.name, " (", r.trained_stage.size(), " bytes)");
     const auto results = store->results();
     std::set<std::string> have;
