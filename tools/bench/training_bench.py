@@ -285,6 +285,8 @@ def cmd_demo(args):
     job["training_definition"].update({"epochs": 0, "max_steps": args.steps + args.warmup,
                                        "eval_every": 0})
     job["data"]["test_samples"] = 200
+    if args.train_samples:
+        job["data"]["train_samples"] = args.train_samples
     batch = job["training_definition"]["batch_size"]
     cases = {"demo_3_nodes": (plan(model, job, flags, 3, 1, os.path.join(work, "three"), None), 1),
              "alone_1_thread": (plan(model, job, flags, 1, 1, os.path.join(work, "one"), None), 1),
@@ -471,6 +473,8 @@ def cmd_clusters(args):
                                        "optimizer": {"name": "adamw", "lr": args.lr, "weight_decay": 0.01}})
     job["data"]["test_samples"] = args.test_samples
     job["data"].pop("train_samples", None)
+    if args.train_samples:
+        job["data"]["train_samples"] = args.train_samples
     one = plan(model, job, flags, 2, 1, os.path.join(work, "one_cluster"))
     two = plan(model, job, flags, 2, 2, os.path.join(work, "two_clusters"))
     g, mb = args.batch_size, args.microbatch_size
@@ -519,6 +523,8 @@ def cmd_memory(args):
     work = os.path.join(args.work, "memory")
     model, job, flags = make_model("cnn", os.path.join(args.work, "models"))
     job["training_definition"].update({"max_steps": args.steps, "microbatches": args.microbatches})
+    if args.train_samples:
+        job["data"]["train_samples"] = args.train_samples
     single_rss = []
     rows = []
     for p in args.stages:
@@ -561,6 +567,7 @@ def main():
     e.add_argument("--steps", type=int, default=40, help="timed steps per run")
     e.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     e.add_argument("--rounds", type=int, default=3)
+    e.add_argument("--train-samples", type=int, default=0, help="0: all 60,000 training images (a smaller slice loads faster: run_all --smoke)")
     d = sub.add_parser("ddp")
     d.add_argument("--steps", type=int, default=200)
     d.add_argument("--eval-every", type=int, default=25)
@@ -589,10 +596,12 @@ def main():
     c.add_argument("--warmup", type=int, default=5)
     c.add_argument("--async-steps", type=int, default=25)
     c.add_argument("--async-rounds", type=int, default=2)
+    c.add_argument("--train-samples", type=int, default=0, help="0: all 60,000 training images (a smaller slice loads faster: run_all --smoke)")
     m = sub.add_parser("memory")
     m.add_argument("--stages", type=ints, default=[1, 2, 3])
     m.add_argument("--steps", type=int, default=20)
     m.add_argument("--microbatches", type=int, default=4)
+    m.add_argument("--train-samples", type=int, default=0, help="0: all 60,000 training images (a smaller slice loads faster: run_all --smoke)")
     args = p.parse_args()
     {"pipeline": cmd_pipeline, "demo": cmd_demo, "ddp": cmd_ddp, "memory": cmd_memory, "clusters": cmd_clusters}[args.cmd](args)
 
