@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/CoordinatorStore.h"
+#include "tests/coordinator/MemberRows.h"
 #include "coordinator/Outbox.h"
 #include "coordinator/CheckpointWriter.h"
 #include "core/CurveKeys.h"
@@ -27,6 +28,7 @@ namespace cairn::coordinator {
 namespace {
 
 namespace fs = std::filesystem;
+using test_rows::memberRow;
 
 std::string storeDir(const std::string& name) {
   const std::string dir = (fs::temp_directory_path() / ("cairn_store_" + name + "_" +
@@ -38,16 +40,6 @@ std::string storeDir(const std::string& name) {
 
 const std::string kStoreToken = "0123456789abcdef0123456789abcdef";
 
-Member row(const std::string& name, const std::string& key, const std::string& advertise,
-              MemberState state) {
-  Member m;
-  m.name = name;
-  m.public_key = key;
-  m.advertise = advertise;
-  m.probe_json = R"({"ram_gb":8,"cores":4,"compute_gflops":50,"bandwidth_mbps":1000})";
-  m.state = state;
-  return m;
-}
 
 TEST(CoordinatorStore, KeepsTheRunAcrossReopening) {
   const std::string dir = storeDir("store");
@@ -56,8 +48,8 @@ TEST(CoordinatorStore, KeepsTheRunAcrossReopening) {
     CoordinatorStore store(dir + "/coordinator.db");
     EXPECT_EQ(store.nextMemberName(), "node_0");
     store.setMeta("token", kStoreToken);
-    store.putMember(row("node_0", key0, "127.0.0.1:7001", MemberState::kSpare));
-    store.putMember(row("node_1", key1, "127.0.0.1:7002", MemberState::kSpare));
+    store.putMember(memberRow("node_0", key0, "127.0.0.1:7001", MemberState::kSpare));
+    store.putMember(memberRow("node_1", key1, "127.0.0.1:7002", MemberState::kSpare));
     store.setState("node_1", MemberState::kAssigned);
     store.touch("node_1", 1234.5);
     store.putResult({"node_1", dir + "/w.pt", R"({"steps":3})"});
@@ -105,7 +97,7 @@ TEST(CoordinatorStore, RefusesAFileThatIsNotADatabase) {
 TEST(CoordinatorStore, ABatchIsSeenByItsOwnReadsAndByAnotherConnectionOnlyOnceCommitted) {
   const std::string db = storeDir("batch") + "/coordinator.db";
   CoordinatorStore store(db);
-  store.putMember(row("node_0", generateCurveKeyPair().public_key, "127.0.0.1:7001", MemberState::kSpare));
+  store.putMember(memberRow("node_0", generateCurveKeyPair().public_key, "127.0.0.1:7001", MemberState::kSpare));
   CoordinatorStore other(db);  // a second connection: what a restarted coordinator would read
   store.beginBatch();
   EXPECT_TRUE(store.batchOpen());
@@ -136,8 +128,8 @@ TEST(CoordinatorStore, AHeartbeatsTimeIsReadAtOnceAndWrittenWhenFlushedOrBeforeA
   const std::string db = storeDir("heard") + "/coordinator.db";
   {
     CoordinatorStore store(db);
-    store.putMember(row("node_0", generateCurveKeyPair().public_key, "127.0.0.1:7001", MemberState::kAssigned));
-    store.putMember(row("node_1", generateCurveKeyPair().public_key, "127.0.0.1:7002", MemberState::kSpare));
+    store.putMember(memberRow("node_0", generateCurveKeyPair().public_key, "127.0.0.1:7001", MemberState::kAssigned));
+    store.putMember(memberRow("node_1", generateCurveKeyPair().public_key, "127.0.0.1:7002", MemberState::kSpare));
     CoordinatorStore other(db);
     store.touch("node_0", 50.0);
     store.touch("node_1", 51.0);
@@ -166,7 +158,7 @@ TEST(CoordinatorStore, AStoreClosedWithAnOpenBatchKeepsItsWrites) {
     CoordinatorStore store(db);
     store.beginBatch();
     store.setMeta("phase", "planned");
-    store.putMember(row("node_3", generateCurveKeyPair().public_key, "127.0.0.1:7003", MemberState::kAssigned));
+    store.putMember(memberRow("node_3", generateCurveKeyPair().public_key, "127.0.0.1:7003", MemberState::kAssigned));
   }
   CoordinatorStore store(db);
   EXPECT_EQ(store.meta("phase").value_or(""), "planned");
@@ -180,9 +172,9 @@ TEST(CoordinatorStore, AFailedTakeOverInsideABatchUndoesOnlyItself) {
   const std::string db = storeDir("savepoint") + "/coordinator.db";
   {
     CoordinatorStore store(db);
-    store.putMember(row("node_0", generateCurveKeyPair().public_key, "127.0.0.1:7001", MemberState::kAssigned));
+    store.putMember(memberRow("node_0", generateCurveKeyPair().public_key, "127.0.0.1:7001", MemberState::kAssigned));
     store.beginBatch();
-    store.putMember(row("node_1", generateCurveKeyPair().public_key, "127.0.0.1:7002", MemberState::kSpare));
+    store.putMember(memberRow("node_1", generateCurveKeyPair().public_key, "127.0.0.1:7002", MemberState::kSpare));
     try {
       store.takeOver("node_0", "node_0-lost-1", "node_9", 10.0);
       FAIL() << "a take-over by a spare that does not exist went through";

@@ -13,6 +13,7 @@
 #include "clusterize/NodeDataWriter.h"
 #include "coordinator/Coordinator.h"
 #include "coordinator/CoordinatorStore.h"
+#include "tests/coordinator/MemberRows.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/RunAssembly.h"
 #include "core/CurveKeys.h"
@@ -29,6 +30,7 @@ namespace cairn::coordinator {
 namespace {
 
 namespace fs = std::filesystem;
+using test_rows::memberRow;
 using std::chrono::milliseconds;
 
 std::string freshDir(const std::string& name) {
@@ -49,22 +51,12 @@ JoinAsk goodAsk(const std::string& advertise) {
   return a;
 }
 
-Member member(const std::string& name, const std::string& key, const std::string& advertise,
-              MemberState state) {
-  Member m;
-  m.name = name;
-  m.public_key = key;
-  m.advertise = advertise;
-  m.probe_json = R"({"ram_gb":8,"cores":4,"compute_gflops":50,"bandwidth_mbps":1000})";
-  m.state = state;
-  return m;
-}
 
 TEST(JoinPolicy, EachBadJoinIsRefusedWithItsReason) {
   const std::string key = generateCurveKeyPair().public_key, other = generateCurveKeyPair().public_key;
   const std::vector<Member> members = {
-      member("node_0", other, "127.0.0.1:7001", MemberState::kAssigned),
-      member("node_1", generateCurveKeyPair().public_key, "127.0.0.1:7009", MemberState::kLost)};
+      memberRow("node_0", other, "127.0.0.1:7001", MemberState::kAssigned),
+      memberRow("node_1", generateCurveKeyPair().public_key, "127.0.0.1:7009", MemberState::kLost)};
   auto reason = [&](JoinAsk ask, const std::set<std::string>& allowed = {},
                     const std::string& k = "") {
     const JoinDecision d = decideJoin(ask, k.empty() ? key : k, kToken, allowed, members, "1.13.0");
