@@ -157,6 +157,8 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
       exec("INSERT INTO credit_totals SELECT key, node, COUNT(*), SUM(samples), SUM(compute_s), "
            "SUM(sent_bytes) FROM credit GROUP BY key, node");
   } catch (const Error& e) {
+    for (auto& [sql, cached] : statements_) sqlite3_finalize(cached.stmt);  // else close fails
+    statements_.clear();
     sqlite3_close(db_);
     db_ = nullptr;
     CAIRN_THROW(BadInput, path, ": not a coordinator database (", e.what(), ")");
@@ -195,10 +197,17 @@ Member CoordinatorStore::readMember(const Statement& s) const {
 
 void CoordinatorStore::flushHeard() {
   if (heard_.empty()) return;
-  for (const auto& [name, when] : heard_) {
-    Statement s(*this, "UPDATE members SET last_seen = ? WHERE name = ?");
-    s.real(1, when).text(2, name);
-    s.step();
+  exec("SAVEPOINT heard");  // one transaction (or part of the open batch), not one per member
+  try {
+    for (const auto& [name, when] : heard_) {
+      Statement s(*this, "UPDATE members SET last_seen = ? WHERE name = ?");
+      s.real(1, when).text(2, name);
+      s.step();
+    }
+    exec("RELEASE heard");
+  } catch (...) {
+    exec("ROLLBACK TO heard; RELEASE heard");
+    throw;
   }
   heard_.clear();
 }
