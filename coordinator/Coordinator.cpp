@@ -69,6 +69,7 @@ struct Coordinator::Impl {
   std::unique_ptr<RunView> view;  // the run as seen from here (RunView.h)
   bool view_placed = false;       // the plan's nodes are placed in the view
   bool credit_changed = true;     // the view's credit table is to be recomputed (syncView)
+  std::optional<uint64_t> view_members;  // the store's membersVersion() the view last synced
   Clock::time_point view_synced, housekept;  // syncView's last turn; run()'s planning/replacing
   Clock::time_point heard_flushed;            // heartbeats' times last written
 
@@ -92,7 +93,10 @@ struct Coordinator::Impl {
     credit_changed = false;
     const std::string p = phase();
     view->setPhase(p);
-    view->syncMembers(store->members(), unixNow());
+    if (view_members != store->membersVersion()) {  // the rows moved (not a heartbeat's time)
+      view_members = store->membersVersion();
+      view->syncMembers(store->members(), unixNow());
+    }
     if (view_placed || p == "gathering") return;
     view_placed = true;
     for (const Placement& node : placement()) view->place(node);

@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <cstring>
 #include <functional>
 
 #include "core/Log.h"
@@ -163,7 +164,20 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
     db_ = nullptr;
     CAIRN_THROW(BadInput, path, ": not a coordinator database (", e.what(), ")");
   }
+  hookMembers();
   checkpointer_ = std::thread([this] { checkpointWal(); });
+}
+
+void CoordinatorStore::hookMembers() {
+  sqlite3_update_hook(
+      db_,
+      [](void* self, int, const char*, const char* table, sqlite3_int64) {
+        auto* store = static_cast<CoordinatorStore*>(self);
+        if (std::strcmp(table, "members") == 0 && !store->flushing_heard_) store->membersChanged();
+      },
+      this);
+  // A failed COMMIT (SQLite rolls the batch back); "ROLLBACK TO" a savepoint is seen in exec().
+  sqlite3_rollback_hook(db_, [](void* self) { static_cast<CoordinatorStore*>(self)->membersChanged(); }, this);
 }
 
 void CoordinatorStore::checkpointWal() {
@@ -198,6 +212,7 @@ Member CoordinatorStore::readMember(const Statement& s) const {
 void CoordinatorStore::flushHeard() {
   if (heard_.empty()) return;
   exec("SAVEPOINT heard");  // one transaction (or part of the open batch), not one per member
+  flushing_heard_ = true;
   try {
     for (const auto& [name, when] : heard_) {
       Statement s(*this, "UPDATE members SET last_seen = ? WHERE name = ?");
@@ -206,9 +221,14 @@ void CoordinatorStore::flushHeard() {
     }
     exec("RELEASE heard");
   } catch (...) {
+    flushing_heard_ = false;
     exec("ROLLBACK TO heard; RELEASE heard");
     throw;
   }
+  flushing_heard_ = false;
+  if (members_cache_)  // the kept rows now hold what the table holds
+    for (Member& m : *members_cache_)
+      if (const auto heard = heard_.find(m.name); heard != heard_.end()) m.last_seen = heard->second;
   heard_.clear();
 }
 
@@ -248,6 +268,7 @@ bool CoordinatorStore::tableExists(const std::string& table) const {
 }
 
 void CoordinatorStore::exec(const std::string& sql) {
+  if (sql.rfind("ROLLBACK", 0) == 0) membersChanged();  // the rows may be back as they were
   char* error = nullptr;
   if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error) != SQLITE_OK) {
     const std::string why = error ? error : "unknown error";
@@ -312,10 +333,17 @@ std::optional<Member> CoordinatorStore::memberByKey(const std::string& key) cons
 }
 
 std::vector<Member> CoordinatorStore::members() const {
-  Statement s(*this, "SELECT " CAIRN_MEMBER_COLUMNS
-                     " FROM members ORDER BY joined_at, CAST(SUBSTR(name, 6) AS INTEGER), name");
-  std::vector<Member> out;
-  while (s.step()) out.push_back(readMember(s));
+  if (!members_cache_) {
+    Statement s(*this, "SELECT " CAIRN_MEMBER_COLUMNS
+                       " FROM members ORDER BY joined_at, CAST(SUBSTR(name, 6) AS INTEGER), name");
+    std::vector<Member> rows;
+    while (s.step()) rows.push_back(readRow(s));
+    members_cache_ = std::move(rows);
+  }
+  std::vector<Member> out = *members_cache_;
+  if (!heard_.empty())
+    for (Member& m : out)
+      if (const auto heard = heard_.find(m.name); heard != heard_.end()) m.last_seen = heard->second;
   return out;
 }
 

@@ -648,15 +648,15 @@ def main():
                    help="no --grow: late volunteers stay spares")
     p.add_argument("--timeout-s", type=float, default=3600)
     p.add_argument("--short", action="store_true",
-                   help="the suite's case: 9 volunteers (2 clusters and 3 spares), 200 steps, kills "
-                        "every 50, 3 late volunteers, a flip; no growth, no twin kill")
+                   help="the suite's case: 9 volunteers (2 clusters and 3 spares), 120 steps, kills "
+                        "every 30, 3 late volunteers, a flip, the twin kill; no growth")
     args = p.parse_args()
     kinds = {"kill", "freeze", "partition", "restart", "late"}
     args.faults = set() if args.faults == "none" else set(args.faults.split(","))
     if not args.faults <= kinds:
         p.error(f"--faults: {', '.join(sorted(args.faults - kinds))} is not a fault kind ({', '.join(sorted(kinds))}, or none)")
     if args.short:
-        args.volunteers, args.clusters, args.steps, args.kill_every, args.late = 9, 2, 200, 50, 3
+        args.volunteers, args.clusters, args.steps, args.kill_every, args.late = 9, 2, 120, 30, 3
         args.grow, args.overlap, args.train_samples, args.flip, args.timeout_s = False, True, 6000, True, 1500
     args.provider = args.provider or os.path.join(args.build, "node/provider")
     args.clusterize = args.clusterize or os.path.join(args.build, "clusterize/clusterize")

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -194,6 +195,91 @@ TEST(CoordinatorStore, AFailedTakeOverInsideABatchUndoesOnlyItself) {
   EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
   EXPECT_FALSE(store.memberByName("node_1").has_value());
   EXPECT_EQ(store.members().size(), 2u);
+}
+
+// members() keeps the rows it read until the table changes: after every kind of write, in and out
+// of a batch, a failed take-over's rollback included, it equals a fresh connection's read of the
+// committed table (the reference), heartbeats' times overlaid; membersVersion() moves with every
+// change of a row but not with a heartbeat's time or its flush.
+TEST(CoordinatorStore, KeptMembersEqualAFreshReadAfterEveryKindOfWrite) {
+  const std::string db = storeDir("members_kept") + "/coordinator.db";
+  CoordinatorStore store(db);
+  std::mt19937 rng(11);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 8; ++i) keys.push_back(generateCurveKeyPair().public_key);
+  std::map<std::string, double> heard;  // what touch() gave since the last flush
+  int lost = 0;
+  for (int round = 0; round < 300; ++round) {
+    const std::string name = "node_" + std::to_string(rng() % 6);
+    const std::string spare = "node_" + std::to_string(rng() % 6);
+    const auto row = store.memberByName(name);
+    const auto spare_row = store.memberByName(spare);
+    const int op = int(rng() % 6);
+    if ((op == 1 || op == 4 || op == 5) && !row) continue;
+    if (op == 5 && (spare == name || !spare_row || spare_row->state != MemberState::kSpare)) continue;
+    const bool batch = rng() % 3 == 0;
+    if (batch) store.beginBatch();
+    const std::vector<Member> before = store.members();
+    const uint64_t version = store.membersVersion();
+    bool rows_kept = false, version_kept = false;  // what this write must leave as it was
+    switch (op) {
+      case 0:  // insert or replace (a key another row holds replaces that row too)
+        store.putMember(memberRow(name, keys[rng() % keys.size()] + (row ? "" : std::to_string(round)),
+                                  "127.0.0.1:" + std::to_string(7000 + round), MemberState::kSpare));
+        heard.clear();  // flushed first
+        break;
+      case 1:
+        store.setState(name, rng() % 2 ? MemberState::kAssigned : MemberState::kLost);
+        break;
+      case 2:
+        store.touch(name, double(round));
+        heard[name] = double(round);
+        rows_kept = version_kept = true;
+        break;
+      case 3:
+        store.flushHeard();
+        heard.clear();
+        rows_kept = version_kept = true;
+        break;
+      case 4:  // a take-over by a spare that does not exist: throws, rolls its savepoint back
+        EXPECT_THROW(store.takeOver(name, name + "-lost-x", "node_none", double(round)), Error);
+        heard.clear();  // flushed first
+        rows_kept = true;
+        break;
+      default:
+        store.takeOver(name, name + "-lost-" + std::to_string(++lost), spare, double(round));
+        heard.clear();
+        break;
+    }
+    if (batch) store.commitBatch();
+    const std::vector<Member> kept = store.members();
+    CoordinatorStore fresh(db);
+    const std::vector<Member> reference = fresh.members();
+    ASSERT_EQ(kept.size(), reference.size()) << "round " << round;
+    for (size_t k = 0; k < kept.size(); ++k) {
+      const Member& a = kept[k];
+      const Member& b = reference[k];
+      EXPECT_EQ(a.name, b.name) << "round " << round;
+      EXPECT_EQ(a.public_key, b.public_key);
+      EXPECT_EQ(a.advertise, b.advertise);
+      EXPECT_EQ(a.state, b.state) << a.name << ", round " << round;
+      const auto h = heard.find(a.name);
+      EXPECT_DOUBLE_EQ(a.last_seen, h != heard.end() ? h->second : b.last_seen) << a.name << ", round " << round;
+    }
+    bool same_rows = before.size() == kept.size();
+    for (size_t k = 0; same_rows && k < kept.size(); ++k)
+      same_rows = before[k].name == kept[k].name && before[k].state == kept[k].state &&
+                  before[k].advertise == kept[k].advertise && before[k].public_key == kept[k].public_key;
+    if (rows_kept) {
+      EXPECT_TRUE(same_rows) << "round " << round;
+    }
+    if (!same_rows) {
+      EXPECT_NE(store.membersVersion(), version) << "round " << round;
+    }
+    if (version_kept) {
+      EXPECT_EQ(store.membersVersion(), version) << "round " << round;
+    }
+  }
 }
 
 // One query over meta "placed" against the loop it replaced (a lookup per placed node): seeded
