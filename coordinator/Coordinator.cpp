@@ -25,6 +25,7 @@
 #include "clusterize/ModelMerge.h"
 #include "coordinator/Credit.h"
 #include "coordinator/FinalResult.h"
+#include "coordinator/Gathering.h"
 #include "coordinator/RunAssembly.h"
 #include "coordinator/RunView.h"
 #include "coordinator/TerminalView.h"
@@ -50,6 +51,7 @@ struct Coordinator::Impl {
   clusterize::PreparedModel prepared;
   std::unique_ptr<CoordinatorStore> store;
   std::unique_ptr<MemberReplacer> replacer;  // lost volunteers → spares
+  std::unique_ptr<Gathering> gathering;      // the first plan, made off the loop (after replacer)
   std::unique_ptr<Grower> grower;            // spares → a new cluster (--grow)
   std::unique_ptr<ChunkServer> chunks;       // data.source "coordinator": made on first request
   std::unique_ptr<NodeHeaders> chunk_nodes;  // the askers' clusters (chunks' worker, like `chunks`)
@@ -62,8 +64,6 @@ struct Coordinator::Impl {
   std::unique_ptr<ChunkService> chunk_service;  // answers chunk requests off this loop (after router)
   std::map<std::string, std::string> routes;  // public key → routing id of its last message
   std::unique_ptr<Admissions> admissions;  // joins waiting for the dial-back; after the context
-  std::optional<Clock::time_point> enough_since;
-  int needed = 1;  // spares needed before planning (grows when a plan fails)
   CoordinatorStats stats;
   std::unique_ptr<FloodGuard> floods;  // every message is charged to its key first
   std::unique_ptr<RunView> view;  // the run as seen from here (RunView.h)
@@ -248,57 +248,6 @@ struct Coordinator::Impl {
     }
   }
 
-  void maybePlan() {
-    if (phase() != "gathering") return;
-    std::vector<Member> spares;
-    for (const Member& m : store->members())
-      if (m.state == MemberState::kSpare) spares.push_back(m);
-    const int want = std::max(needed, o.max_volunteers > 0 ? o.max_volunteers : needed);
-    if (int(spares.size()) < needed) {
-      enough_since.reset();
-      return;
-    }
-    if (!enough_since) {
-      enough_since = Clock::now();
-      CAIRN_INFO("coordinator: ", spares.size(), " volunteers joined; planning when ", want,
-                 " have joined or in ", o.gather.count() / 1000.0, " s");
-    }
-    if (int(spares.size()) < want && Clock::now() - *enough_since < o.gather) return;
-    // At most `want` (--max-volunteers, default --min-volunteers) take part, first come first
-    // placed; later ones stay spares.
-    if (int(spares.size()) > want) spares.resize(size_t(want));
-    PlannedRun run;
-    try {
-      run = planVolunteers(prepared, spares, o.out);
-    } catch (const Error& e) {
-      needed = int(spares.size()) + 1;
-      enough_since.reset();
-      CAIRN_WARN("coordinator: cannot plan with ", spares.size(), " volunteers (", e.what(),
-                 "); waiting for ", needed);
-      return;
-    }
-    std::cout << run.report << std::flush;
-    for (const Assignment& a : run.assignments) {
-      const auto m = store->memberByName(a.name);
-      store->setState(a.name, MemberState::kAssigned);
-      reply(m->public_key, encode(a));
-    }
-    nlohmann::json placed = nlohmann::json::array();
-    for (const Assignment& a : run.assignments) placed.push_back(a.name);
-    store->setMeta("placed", placed.dump());
-    store->setMeta("num_clusters", std::to_string(run.num_clusters));
-    store->setMeta("phase", "planned");
-    replacer->deafUntil(unixNow());  // the plan held this loop (~14 s for 1,000): none heard
-    CAIRN_INFO("coordinator: planned ", run.num_clusters, " cluster(s) on ", run.assignments.size(),
-               " volunteers", run.unplaced.empty() ? "" : "; spares: " + std::to_string(run.unplaced.size()));
-    for (const Member& m : store->members()) {  // the spares hear why they wait
-      if (m.state != MemberState::kSpare) continue;
-      const std::string note = replacer->spareNote(m);
-      CAIRN_INFO("coordinator: told ", m.name, ": ", note);
-      reply(m.public_key, encode(Accepted{m.name, toString(m.state), note}));
-    }
-  }
-
   std::vector<std::string> placed() const {
     const std::string text = store->meta("placed").value_or("[]");  // none before the plan
     return nlohmann::json::parse(text).get<std::vector<std::string>>();
@@ -360,7 +309,6 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   Impl& s = *impl_;
   s.o = std::move(options);
   s.prepared = std::move(prepared);
-  s.needed = std::max(1, s.o.min_volunteers);
   std::filesystem::create_directories(s.o.out);
   s.store = std::make_unique<CoordinatorStore>(s.o.out + "/coordinator.db");
   s.chunk_nodes = std::make_unique<NodeHeaders>(s.o.out);
@@ -379,6 +327,10 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
       *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.replacer->onLostAfterFinishing([&s](const std::string& name) { return s.resultFromCheckpoint(name); });
+  s.gathering = std::make_unique<Gathering>(
+      *s.store, s.prepared,
+      GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather, s.o.before_plan},
+      *s.replacer, [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.grower = std::make_unique<Grower>(
       *s.store, s.o.out, GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares},
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
@@ -453,7 +405,7 @@ int Coordinator::run() {
     if (Clock::now() - s.housekept >= std::chrono::milliseconds(200)) {
       const auto backlog = Clock::now() - last_drained;
       s.housekept = Clock::now();
-      s.maybePlan();
+      s.gathering->poll();
       if (backlog <= std::chrono::milliseconds(200) || backlog > s.o.lost_after / 2)
         s.replacer->poll(unixNow());
       for (const NodeSpec& n : s.grower->poll(unixNow())) {

@@ -40,6 +40,7 @@ std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers) 
 
 PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
                           const std::vector<Member>& volunteers, const std::string& out) {
+  if (!prepared.graph) CAIRN_THROW(BadInput, "no profiled model to plan (the coordinator was made without one)");
   const std::vector<NodeConfig> configs = volunteerConfigs(volunteers);
   clusterize::ClusterizeResult result =
       clusterize::planNodes(prepared, configs, "the volunteers that joined");
