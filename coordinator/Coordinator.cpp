@@ -177,7 +177,7 @@ struct Coordinator::Impl {
     return recvRouted(router, std::chrono::milliseconds(0), &stats.malformed);
   }
 
-  void handle(const Routed& r) {
+  void handle(Routed& r) {  // its frames' attachments are moved into the message
     ++stats.messages;
     std::string why;
     const std::optional<Member> member = store->memberByKey(r.user_id);
@@ -192,7 +192,8 @@ struct Coordinator::Impl {
       stats.chunk_requests_dropped = chunk_service->dropped();
       return;
     }
-    auto message = decodeToCoordinator(r.frames, o.max_attachment_bytes, &why);
+    auto message = decodeToCoordinator(std::move(r.frames), o.max_attachment_bytes, &why,
+                                       AttachmentChecksum::kLeaveToReceiver);  // CheckpointWriter's
     if (!message) {
       ++stats.malformed;
       CAIRN_WARN("coordinator: dropped a message from ", member ? member->name : "key " + r.user_id,
@@ -381,7 +382,7 @@ int Coordinator::run() {
       return 0;
     }
     // An open batch is not waited on: with nothing queued it is committed at once (below).
-    const auto routed = s.nextMessage(std::chrono::milliseconds(s.outbox->open() ? 0 : 100));
+    auto routed = s.nextMessage(std::chrono::milliseconds(s.outbox->open() ? 0 : 100));
     if (!routed) last_drained = Clock::now();
     s.outbox->begin();
     if (s.checkpoints->takeWritten()) s.credit_changed = true;

@@ -24,6 +24,7 @@
 #include "coordinator/CheckpointWriter.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
+#include "core/Fnv.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -374,23 +375,37 @@ std::vector<CheckpointFile> takeDone(CheckpointWriter& writer, size_t n) {
   return out;
 }
 
+// An upload as the loop hands it to the writer: its checksum the volunteer's (fnv1a64 of it).
+CheckpointFile upload(const std::string& node, int64_t step, const std::string& path, std::string bytes) {
+  const uint64_t checksum = fnv1a64(bytes);
+  return {node, step, checksum, path, std::move(bytes), ""};
+}
+
 // The CheckpointWriter writes each file whole, in the order submitted, reports one it cannot
-// write (a folder where the file should go) instead of throwing, and refuses a file past its
-// byte bound while others wait (one file always fits).
+// write (a folder where the file should go) instead of throwing, does not write one whose bytes
+// do not match its checksum (reported as corrupt), and refuses a file past its byte bound while
+// others wait (one file always fits).
 TEST(CheckpointWriter, WritesInOrderReportsFailuresAndBoundsTheBytesWaiting) {
   const std::string dir = storeDir("writer");
   {
     CheckpointWriter writer;
     fs::create_directories(dir + "/n/step_2.ckpt");  // a folder: cannot be replaced by a file
     for (int step = 1; step <= 3; ++step)
-      ASSERT_TRUE(writer.submit({"n", step, uint64_t(step), dir + "/n/step_" + std::to_string(step) + ".ckpt",
-                                 std::string(1000 * step, char('a' + step)), ""}));
-    const auto done = takeDone(writer, 3);
-    ASSERT_EQ(done.size(), 3u);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(done[size_t(i)].step, i + 1);
+      ASSERT_TRUE(writer.submit(upload("n", step, dir + "/n/step_" + std::to_string(step) + ".ckpt",
+                                       std::string(1000 * step, char('a' + step)))));
+    CheckpointFile corrupt = upload("n", 4, dir + "/n/step_4.ckpt", std::string(100, 'e'));
+    corrupt.bytes[7] = 'f';  // after the checksum was taken
+    ASSERT_TRUE(writer.submit(std::move(corrupt)));
+    const auto done = takeDone(writer, 4);
+    ASSERT_EQ(done.size(), 4u);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(done[size_t(i)].step, i + 1);
     EXPECT_TRUE(done[0].error.empty()) << done[0].error;
     EXPECT_FALSE(done[1].error.empty());
+    EXPECT_FALSE(done[1].corrupt);
     EXPECT_TRUE(done[2].error.empty()) << done[2].error;
+    EXPECT_TRUE(done[3].corrupt);
+    EXPECT_EQ(done[3].error, "the attachment does not match its checksum");
+    EXPECT_FALSE(fs::exists(dir + "/n/step_4.ckpt"));
     std::ifstream in(dir + "/n/step_3.ckpt", std::ios::binary);
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), std::string(3000, 'd'));
     EXPECT_EQ(writer.waiting(), 0u);
@@ -401,8 +416,8 @@ TEST(CheckpointWriter, WritesInOrderReportsFailuresAndBoundsTheBytesWaiting) {
   fs::create_directories(dir + "/m");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   CheckpointWriter small(1500);
-  ASSERT_TRUE(small.submit({"m", 1, 1, dir + "/m/step_1.ckpt", std::string(1000, 'x'), ""}));
-  EXPECT_FALSE(small.submit({"m", 2, 2, dir + "/m/step_2.ckpt", std::string(1000, 'y'), ""}));
+  ASSERT_TRUE(small.submit(upload("m", 1, dir + "/m/step_1.ckpt", std::string(1000, 'x'))));
+  EXPECT_FALSE(small.submit(upload("m", 2, dir + "/m/step_2.ckpt", std::string(1000, 'y'))));
   EXPECT_EQ(small.refused(), 1u);
   {  // read the FIFO: the write goes through; the worker then opens it again to fsync it (it
      // waits for a writer: given one), and the fsync fails on a pipe, which is reported
@@ -424,7 +439,7 @@ TEST(CheckpointWriter, WritesInOrderReportsFailuresAndBoundsTheBytesWaiting) {
   const auto first = takeDone(small, 1);
   ASSERT_EQ(first.size(), 1u);
   EXPECT_FALSE(first[0].error.empty());
-  ASSERT_TRUE(small.submit({"m", 3, 3, dir + "/m/step_3.ckpt", std::string(5000, 'z'), ""}));  // nothing waits
+  ASSERT_TRUE(small.submit(upload("m", 3, dir + "/m/step_3.ckpt", std::string(5000, 'z'))));  // nothing waits
   ASSERT_EQ(takeDone(small, 1).size(), 1u);
   EXPECT_EQ(fs::file_size(dir + "/m/step_3.ckpt"), 5000u);
 }

@@ -445,6 +445,14 @@ TEST(LiveCoordinator, KeepsTheLastCheckpointPerNodeAndAcknowledgesIt) {
   EXPECT_EQ(upload(20, "other"), 20);
   EXPECT_EQ(held(), std::vector<std::string>{"step_20.ckpt"});
   EXPECT_EQ(contents("step_20.ckpt"), "other");
+  // An upload whose bytes do not match its checksum (checked by the writer, off the loop): refused
+  // with the decoder's reason, nothing written, the step-20 file and row kept.
+  const auto corrupt = member.ask(encode(CheckpointUpload{name, 30, fnv1a64("thirty"), "thirtY"}));
+  ASSERT_TRUE(corrupt.has_value());
+  ASSERT_TRUE(std::holds_alternative<Rejected>(*corrupt));
+  EXPECT_EQ(std::get<Rejected>(*corrupt).reason,
+            "malformed message: checkpoint: the attachment does not match its checksum");
+  EXPECT_EQ(held(), std::vector<std::string>{"step_20.ckpt"});
   coordinator.stop();
   CoordinatorStore store(out + "/coordinator.db");
   const auto row = store.checkpoint(name);
