@@ -406,7 +406,14 @@ int Coordinator::run() {
     if (Clock::now() - s.housekept >= std::chrono::milliseconds(200)) {
       const auto backlog = Clock::now() - last_drained;
       s.housekept = Clock::now();
-      s.gathering->poll();
+      if (const auto placed = s.gathering->poll()) {  // the first plan applied on this turn
+        for (const Placement& node : *placed) s.view->place(node);
+        s.view->setNumClusters(std::stoi(s.store->meta("num_clusters").value_or("1")));
+        s.view_placed = true;
+        // Its assignments went out on this turn (and the I/O thread sends their bytes next): the
+        // silence it caused is not the volunteers'.
+        s.replacer->deafUntil(unixNow());
+      }
       if (backlog <= std::chrono::milliseconds(200) || backlog > s.o.lost_after / 2)
         s.replacer->poll(unixNow());
       for (const NodeSpec& n : s.grower->poll(unixNow())) {

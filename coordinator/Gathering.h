@@ -24,6 +24,7 @@
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/MemberReplacer.h"
 #include "coordinator/RunAssembly.h"
+#include "coordinator/RunView.h"
 #include "node/volunteer/CoordinationSocket.h"
 
 namespace cairn::coordinator {
@@ -46,15 +47,22 @@ class Gathering {
   Gathering(const Gathering&) = delete;
   Gathering& operator=(const Gathering&) = delete;
 
-  // In phase "gathering": starts a plan when enough spares wait, applies one that is made. True
-  // when a plan was applied by this call (the phase is "planned" now).
-  bool poll();
+  // In phase "gathering": starts a plan when enough spares wait, applies one that is made. When
+  // this call applied one (the phase is "planned" now): the placed nodes, for the live view (read
+  // from the plan, not from 1,000 node.json files that list 1,000 ring members each).
+  std::optional<std::vector<Placement>> poll();
   bool planning() const { return planning_.valid(); }
 
  private:
   using Clock = std::chrono::steady_clock;
+  // What the worker makes: the plan, and each assignment already encoded (1,000 assignments
+  // carrying node.json files of 1,000 ring members each took seconds to encode on the loop).
+  struct Made {
+    PlannedRun run;
+    std::vector<Frames> encoded;  // run.assignments', in order
+  };
   void start(std::vector<Member> spares);
-  bool apply();
+  std::optional<std::vector<Placement>> apply();
 
   CoordinatorStore& store_;
   const clusterize::PreparedModel& prepared_;
@@ -64,7 +72,7 @@ class Gathering {
   int needed_ = 1;  // spares needed before planning (grows when a plan fails)
   std::optional<Clock::time_point> enough_since_;
   std::vector<Member> planned_from_;  // the spares the plan being made places
-  std::future<PlannedRun> planning_;
+  std::future<Made> planning_;
 };
 
 }  // namespace cairn::coordinator
