@@ -178,9 +178,7 @@ double unixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-struct RunView::State {
-  std::string path;  // <out>/metrics.jsonl, empty: none
-  std::ofstream file;
+struct RunView::Figures {
   std::string phase = "gathering";  // the coordinator's: gathering, planned, done
   bool stepped = false;  // a placed node's step record was taken: its volunteers train
   double started_at = 0;
@@ -194,6 +192,11 @@ struct RunView::State {
   // The run's phase as a user reads it: the coordinator's, except that a planned run whose
   // placed volunteers have sent step records is training.
   std::string shownPhase() const { return phase == "planned" && stepped ? "training" : phase; }
+};
+
+struct RunView::State : RunView::Figures {
+  std::string path;  // <out>/metrics.jsonl, empty: none
+  std::ofstream file;
 
   NodeState& node(const std::string& name) {
     NodeState& n = nodes[name];
@@ -415,8 +418,11 @@ MetricsAck RunView::ingest(const MetricsBatch& batch, double now, std::vector<nl
 }
 
 nlohmann::json RunView::snapshot(double now) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const State& s = *s_;
+  Figures s;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s = *s_;  // the figures only (a few ms at 1,000 nodes); the JSON is built without the lock
+  }
   int64_t dropped = 0, members = 0;
   for (const auto& [name, n] : s.nodes) {
     for (const auto& [stream, d] : n.dropped) dropped += d;

@@ -90,13 +90,16 @@ class RunView {
   void setCredit(nlohmann::json credit);
 
   // --- any thread ---
+  // Copies the figures under the lock and builds the JSON outside it: built under it, 1,000
+  // nodes' JSON (~140 ms) held the coordinator's loop at its next heartbeat or metrics batch.
   nlohmann::json snapshot(double now) const;
   nlohmann::json snapshot() const { return snapshot(unixNow()); }
   std::string prometheus(double now) const;
   std::string prometheus() const { return prometheus(unixNow()); }
 
  private:
-  struct State;
+  struct Figures;  // what snapshot() shows (copyable)
+  struct State;    // the figures, and the metrics.jsonl file
   mutable std::mutex mutex_;
   std::unique_ptr<State> s_;
 };
