@@ -8,7 +8,10 @@
 //   poll()    every loop turn: a volunteer that answered `reach_ok` with the nonce is admitted —
 //             a new spare, or a returning member with its row kept — and answered `accepted`; a
 //             returning placed volunteer (its process restarted) gets its assignment again. One
-//             not heard back within the reach timeout is refused (`not reachable at …`).
+//             not heard back within the reach timeout, or that gave no address at all (provider
+//             --join without --listen: no dial-back), is admitted as dial-out only (Member::
+//             dial_out_only): its `accepted` carries the one line it prints — why, the address
+//             the coordinator saw it come from, the ports to forward to become reachable.
 // Ownership: borrows the store, the ZeroMQ context and the coordinator's keys; owns the pending
 // checks' sockets. Replies and refusals go through the coordinator's functions.
 // Thread-safety: the coordinator's loop thread only.
@@ -59,7 +62,8 @@ class Admissions {
 
  private:
   struct Pending;
-  void admit(const Pending& p);
+  void admit(const Pending& p, bool reachable);
+  std::string reachabilityLine(const Pending& p) const;
   // `m` (a kRejoining member) made assigned or spare; the reason to refuse it, if any.
   std::optional<std::string> rejoin(Member& m, const std::string& advertise);
   void resendAssignment(const Member& m);

@@ -291,7 +291,7 @@ struct Coordinator::Impl {
       if (m.state != MemberState::kSpare) continue;
       const std::string note = replacer->spareNote(m);
       CAIRN_INFO("coordinator: told ", m.name, ": ", note);
-      reply(m.public_key, encode(Accepted{m.name, toString(m.state), note}));
+      reply(m.public_key, encode(Accepted{m.name, toString(m.state), note, ""}));
     }
   }
 

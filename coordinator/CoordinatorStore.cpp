@@ -72,7 +72,8 @@ class CoordinatorStore::Statement {
 
 namespace {
 
-#define CAIRN_MEMBER_COLUMNS "name, public_key, advertise, probe, state, joined_at, last_seen"
+#define CAIRN_MEMBER_COLUMNS \
+  "name, public_key, advertise, probe, state, joined_at, last_seen, dial_out_only"
 
 template <typename Row>
 Member readRow(const Row& s) {
@@ -84,6 +85,7 @@ Member readRow(const Row& s) {
   m.state = parseMemberState(s.column(4));
   m.joined_at = s.columnReal(5);
   m.last_seen = s.columnReal(6);
+  m.dial_out_only = s.columnInt(7) != 0;
   return m;
 }
 
@@ -125,7 +127,10 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
     exec("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
     exec("CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY, public_key TEXT NOT NULL "
          "UNIQUE, advertise TEXT NOT NULL, probe TEXT NOT NULL, state TEXT NOT NULL, joined_at "
-         "REAL NOT NULL, last_seen REAL NOT NULL)");
+         "REAL NOT NULL, last_seen REAL NOT NULL, dial_out_only INTEGER NOT NULL DEFAULT 0)");
+    // A database from before dial-out-only volunteers: every member was reachable.
+    if (!columnExists("members", "dial_out_only"))
+      exec("ALTER TABLE members ADD COLUMN dial_out_only INTEGER NOT NULL DEFAULT 0");
     exec("CREATE TABLE IF NOT EXISTS results (name TEXT PRIMARY KEY, path TEXT NOT NULL, summary "
          "TEXT NOT NULL)");
     exec("CREATE TABLE IF NOT EXISTS checkpoints (name TEXT PRIMARY KEY, step INTEGER NOT NULL, "
@@ -241,6 +246,12 @@ void CoordinatorStore::commitBatch() {
   exec("COMMIT");
 }
 
+bool CoordinatorStore::columnExists(const std::string& table, const std::string& column) const {
+  Statement s(*this, "SELECT 1 FROM pragma_table_info(?) WHERE name = ?");
+  s.text(1, table).text(2, column);
+  return s.step();
+}
+
 bool CoordinatorStore::tableExists(const std::string& table) const {
   Statement s(*this, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
   s.text(1, table);
@@ -291,9 +302,10 @@ void CoordinatorStore::putMember(const Member& m) {
   flushHeard();
   Statement s(*this,
               "INSERT OR REPLACE INTO members (name, public_key, advertise, probe, state, "
-              "joined_at, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?)");
+              "joined_at, last_seen, dial_out_only) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
   s.text(1, m.name).text(2, m.public_key).text(3, m.advertise).text(4, m.probe_json);
   s.text(5, toString(m.state)).real(6, m.joined_at).real(7, m.last_seen);
+  s.integer(8, m.dial_out_only ? 1 : 0);
   s.step();
 }
 

@@ -45,7 +45,12 @@
 // own send lock (a send to one peer never waits behind a send to another). addPeer may run while
 // other threads send and receive (a ring member added mid-run, node/transport/LivePeers.h): the peer map is
 // under a reader/writer lock (peers_mutex_), a new peer's monitor is first polled by the next
-// receive. flushAndClose is tear-down: it must not run concurrently with any other call.
+// receive. Reversed links: the DEALERs of a dial-out-only node are the receiving thread's (under
+// the receive lock); a reachable node's accept ROUTER is shared by its senders and the receiving
+// thread under its own mutex, never blocking (a send to a dial-out-only peer whose queue is full
+// retries every millisecond), so the receiving thread wakes at least every 20 ms while reversed
+// links exist to read attaches (ReversedLinks.h). flushAndClose is tear-down: it must not run
+// concurrently with any other call.
 #pragma once
 
 #include <atomic>

@@ -117,6 +117,11 @@ std::optional<ToVolunteer> VolunteerSession::receive(Clock::time_point deadline)
 
 void VolunteerSession::startResponder() {
   if (responder_) return;
+  if (config_.listen.empty()) {  // dial-out only: nothing to answer the dial-back with
+    listen_bound_.clear();
+    advertised_.clear();
+    return;
+  }
   responder_ = std::make_unique<ReachabilityResponder>(context_, identity_,
                                                        config_.invite.coordinator_key, config_.listen);
   listen_bound_ = responder_->bound();
@@ -171,7 +176,8 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
     if (stopRequested()) return std::nullopt;
     noAnswer("(its connection took no join)");
   }
-  CAIRN_INFO("asked ", coordinator_, " to join, advertising ", advertised_,
+  CAIRN_INFO("asked ", coordinator_, " to join, ",
+             advertised_.empty() ? "with no address (dial-out only)" : "advertising " + advertised_,
              asked_name_.empty() ? std::string() : " as " + asked_name_);
   const auto join_deadline = Clock::now() + config_.coordinator_timeout;
   for (;;) {
@@ -189,6 +195,7 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
       workdir_.writeMembership({config_.invite.address(), config_.invite.coordinator_key, name_});
       CAIRN_INFO("joined as ", name_, " (", a->state, "); remembered in ", workdir_.membershipPath());
       if (!a->note.empty()) CAIRN_INFO("the coordinator says: ", a->note);
+      if (!a->reachability.empty()) CAIRN_INFO(a->reachability);
       return *a;
     }
     CAIRN_DEBUG("ignored a message from the coordinator while waiting for the join's answer");
@@ -268,7 +275,9 @@ AssignmentWait VolunteerSession::takeAssignment(const Assignment& a) {
   CAIRN_INFO("assigned: cluster ", checked.node.cluster, " of ", a.num_clusters, ", stage ",
              checked.node.stage + 1, "/", checked.node.num_stages, " of job ",
              checked.job.job_id, "; written to ", out.node_data);
-  if (checked.node.address != advertised_)
+  if (checked.node.dial_out_only)
+    CAIRN_INFO("dial-out only: this node dials each of its peers (all reachable); nothing dials it");
+  else if (checked.node.address != advertised_)
     CAIRN_WARN("the assignment's node.json address is ", checked.node.address,
                " but this volunteer advertised ", advertised_, " (peers will dial ",
                checked.node.address, ")");
