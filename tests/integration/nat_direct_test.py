@@ -9,12 +9,13 @@ Network namespaces, a closed world that never touches this machine's own interfa
 (10.77.0.2, 10.77.0.3); each of two "homes" is a namespace behind a router namespace whose only
 way out is `iptables -t nat ... MASQUERADE` on its WAN side (10.77.0.10+k): SNAT with connection
 tracking, the return traffic of its own connections forwarded, nothing else (no route reaches the
-home's 192.168.k.0/24 from outside). The home volunteers run `provider --join` with no --listen
-at all. The same 2 clusters x 2 stages job (the example Fashion-MNIST CNN, "average" syncs) runs
+home's 192.168.k.0/24 from outside). One home volunteer runs `provider --join` with no --listen at
+all, the other advertises its router's address, which nothing forwards (the dial-back fails). The same 2 clusters x 2 stages job (the example Fashion-MNIST CNN, "average" syncs) runs
 twice: on a flat network (4 reachable volunteers on loopback: the reference) and this way.
 
 Checked (outcomes only): each home volunteer is admitted as dial-out only and told so in one line
-naming the router's address the coordinator saw; the plan puts both dial-out-only volunteers in
+(no address given / the advertised address did not answer) naming the router's address the
+coordinator saw; the plan puts both dial-out-only volunteers in
 node.json with no address and every link (pipeline neighbours, ring members) has a reachable
 side; the run ends (every process exits 0) and every step's loss of every cluster's Leaf equals
 the reference's exactly. Exits 77 (ctest: skipped) with the reason when namespaces or iptables
@@ -39,6 +40,11 @@ FLAGS = ["--min-volunteers", "4", "--clusters", "2", "--cuts", "7"]
 COORDINATOR = "10.77.0.1"
 REACHABLE = ["10.77.0.2", "10.77.0.3"]
 HOMES = 2
+# Home 0 gives no address at all; home 1 advertises its router's address without forwarding it
+# (what a user who misread the docs does): the dial-back gets no answer, it is dial-out only too.
+HOME_FLAGS = [[], ["--listen", "0.0.0.0:7300", "--advertise", "10.77.0.11:7300"]]
+HOME_SAYS = ["dial-out only: no address given",
+             "dial-out only: the advertised address 10.77.0.11:7300 did not answer"]
 
 
 def sh(*cmd):
@@ -178,12 +184,13 @@ def nat_run(args, world, model, job):
             if i < len(REACHABLE):
                 cmd = world.run_in(world.inet) + base + ["--listen", f"{REACHABLE[i]}:7200"]
             else:
-                cmd = world.run_in(world.home_of(i - len(REACHABLE))) + base  # no address at all
+                k = i - len(REACHABLE)
+                cmd = world.run_in(world.home_of(k)) + base + HOME_FLAGS[k]
             processes.append(vt.Process(f"volunteer {i}", cmd))
             if i >= len(REACHABLE):
                 homes.append((processes[-1], i - len(REACHABLE)))
         for v, k in homes:
-            line = v.wait_for(lambda l: "dial-out only: no address given" in l, 120, "'dial-out only: …'")
+            line = v.wait_for(lambda l, k=k: HOME_SAYS[k] in l, 120, f"'{HOME_SAYS[k]}'")
             if f"come from 10.77.0.{10 + k}" not in line:
                 vt.fail(f"the home volunteer {k} was not told the router's address: {line.strip()}")
         coordinator.wait_for(lambda l: "planned 2 cluster(s) on 4 volunteers" in l, 120, "'planned'")
