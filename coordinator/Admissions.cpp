@@ -21,6 +21,10 @@ namespace cairn::coordinator {
 struct Admissions::Pending {
   std::string key, routing_id, nonce;
   std::string seen_from;  // the address its connection to the coordinator came from
+  // The dial-back to its port + 1 too, where dial-out-only peers will connect
+  // (docs/PROTOCOL.md "Reversed links"): reachable only when both answered.
+  zmq::socket_t accept_socket;
+  bool answered = false, accept_answered = false;
   JoinAsk ask;
   JoinDecision decision;
   zmq::socket_t socket;
@@ -63,22 +67,38 @@ void Admissions::onJoin(const Routed& r, const JoinAsk& ask, bool run_over) {
   p->socket = coordinationClient(context_, zmq::socket_type::dealer, keys_, r.user_id,
                                  ask.advertise, kMaxCoordinationHeaderBytes);
   sendFrames(p->socket, encode(ReachCheck{p->nonce}));
+  p->accept_socket = coordinationClient(context_, zmq::socket_type::dealer, keys_, r.user_id,
+                                        acceptAddressOf(ask.advertise), kMaxCoordinationHeaderBytes);
+  sendFrames(p->accept_socket, encode(ReachCheck{p->nonce}));
   pending_.push_back(std::move(p));
+}
+
+// host:PORT+1 of an advertised host:PORT (JoinPolicy checked its shape).
+std::string Admissions::acceptAddressOf(const std::string& advertise) {
+  const size_t colon = advertise.rfind(':');
+  return advertise.substr(0, colon + 1) + std::to_string(std::stoi(advertise.substr(colon + 1)) + 1);
+}
+
+// Whether `socket` got `reach_ok` with the pending join's nonce (reads what is queued).
+bool Admissions::answeredOn(zmq::socket_t& socket, const std::string& nonce) {
+  while (auto frames = recvFrames(socket, std::chrono::milliseconds(0))) {
+    std::string why;
+    const auto m = decodeReach(*frames, &why);
+    const auto* ok = m ? std::get_if<ReachOk>(&*m) : nullptr;
+    if (ok && ok->nonce == nonce) return true;
+  }
+  return false;
 }
 
 void Admissions::poll() {
   for (size_t i = 0; i < pending_.size();) {
     Pending& p = *pending_[i];
     bool done = false;
-    while (auto frames = recvFrames(p.socket, std::chrono::milliseconds(0))) {
-      std::string why;
-      const auto m = decodeReach(*frames, &why);
-      const auto* ok = m ? std::get_if<ReachOk>(&*m) : nullptr;
-      if (ok && ok->nonce == p.nonce) {
-        admit(p, /*reachable=*/true);
-        done = true;
-        break;
-      }
+    p.answered = p.answered || answeredOn(p.socket, p.nonce);
+    p.accept_answered = p.accept_answered || answeredOn(p.accept_socket, p.nonce);
+    if (p.answered && p.accept_answered) {
+      admit(p, /*reachable=*/true);
+      done = true;
     }
     if (!done && std::chrono::steady_clock::now() >= p.deadline) {
       // Not refused: it trains as a dial-out-only volunteer, dialling its (reachable) peers.
@@ -121,11 +141,15 @@ std::string Admissions::reachabilityLine(const Pending& p) const {
   const std::string host = p.seen_from.empty() ? "HOST" : p.seen_from;
   // The port it gave, else the one the docs use (any free port will do).
   const int port = p.ask.advertise.empty() ? 7100 : std::stoi(p.ask.advertise.substr(p.ask.advertise.rfind(':') + 1));
+  const std::string within =
+      " within " + std::to_string(o_.reach_timeout.count() / 1000.0).substr(0, 4) + " s";
   const std::string why =
-      p.ask.advertise.empty()
-          ? "no address given (no --listen)"
-          : "the advertised address " + p.ask.advertise + " did not answer the coordinator's "
-                "dial-back within " + std::to_string(o_.reach_timeout.count() / 1000.0).substr(0, 4) + " s";
+      p.ask.advertise.empty() ? "no address given (no --listen)"
+      : !p.answered ? "the advertised address " + p.ask.advertise +
+                          " did not answer the coordinator's dial-back" + within
+                    : "the advertised address " + p.ask.advertise + " answered but " +
+                          acceptAddressOf(p.ask.advertise) +
+                          " (where volunteers behind routers connect) did not" + within;
   return "dial-out only: " + why + "; this volunteer trains over connections it opens itself, "
          "next to reachable volunteers. The coordinator saw it come from " + seen +
          ". To be reachable: forward TCP ports " + std::to_string(port) + " and " +

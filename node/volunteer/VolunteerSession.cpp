@@ -7,6 +7,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "core/NodeConfigs.h"
 #include "node/volunteer/CoordinationSocket.h"
 #include "node/volunteer/VolunteerAssignment.h"
 #include "node/volunteer/VolunteerSockets.h"
@@ -54,6 +55,7 @@ VolunteerSession::VolunteerSession(VolunteerConfig config)
 }
 
 VolunteerSession::~VolunteerSession() {
+  accept_responder_.reset();
   responder_.reset();
   closeMainSocket();
 }
@@ -126,6 +128,23 @@ void VolunteerSession::startResponder() {
                                                        config_.invite.coordinator_key, config_.listen);
   listen_bound_ = responder_->bound();
   advertised_ = config_.advertise.empty() ? listen_bound_ : config_.advertise;
+  startAcceptResponder();
+}
+
+// --listen's port + 1 answers the dial-back too: peers behind routers will connect there.
+void VolunteerSession::startAcceptResponder() {
+  std::string host;
+  int port = 0;
+  parseHostPort(listen_bound_, "--listen", "--listen", &host, &port);
+  const std::string accept = listen_bound_.substr(0, listen_bound_.rfind(':') + 1) + std::to_string(port + 1);
+  try {
+    accept_responder_ = std::make_unique<ReachabilityResponder>(
+        accept_context_, identity_, config_.invite.coordinator_key, accept);
+  } catch (const Error& e) {
+    CAIRN_WARN("cannot answer the reachability check on ", accept, " (", e.what(),
+               "): volunteers behind routers could not connect here, so the coordinator will "
+               "take this volunteer as dial-out only");
+  }
 }
 
 // Bandwidth: one message of probe_bytes, timed until its acknowledgement.
@@ -271,7 +290,8 @@ AssignmentWait VolunteerSession::takeAssignment(const Assignment& a) {
   out.resume = written.resume;
   out.name = name_;
   out.end = AssignmentWait::End::kAssigned;
-  responder_.reset();  // releases --listen for the training transport
+  accept_responder_.reset();  // releases --listen's port + 1 for the training transport
+  responder_.reset();         // releases --listen for the training transport
   CAIRN_INFO("assigned: cluster ", checked.node.cluster, " of ", a.num_clusters, ", stage ",
              checked.node.stage + 1, "/", checked.node.num_stages, " of job ",
              checked.job.job_id, "; written to ", out.node_data);

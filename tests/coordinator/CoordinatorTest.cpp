@@ -232,21 +232,31 @@ struct Client {
   zmq::socket_t socket;
 };
 
-// What a volunteer's listen address does for the dial-back: answer `reach` to the coordinator's key.
+// What a volunteer's listen address does for the dial-back: answer `reach` to the coordinator's
+// key, on its port and (`accept_too`) on the port + 1 (where dial-out-only peers would connect).
 class FakeResponder {
  public:
-  FakeResponder(const CurveKeyPair& keys, const std::string& coordinator_key)
+  FakeResponder(const CurveKeyPair& keys, const std::string& coordinator_key, bool accept_too = true)
       : zap_(context_, {{coordinator_key, "coordinator"}}) {
-    socket_ = coordinationServer(context_, keys, "127.0.0.1:0", 1 << 16, &address_);
+    int port = 0;
+    do port = testutil::freeLoopbackPorts(1)[0];
+    while (!testutil::loopbackPortBinds(port + 1));
+    socket_ = coordinationServer(context_, keys, "127.0.0.1:" + std::to_string(port), 1 << 16, &address_);
+    std::string accept_address;
+    if (accept_too)
+      accept_ = coordinationServer(context_, keys, "127.0.0.1:" + std::to_string(port + 1), 1 << 16,
+                                   &accept_address);
     thread_ = std::thread([this] {
-      while (!stop_) {
-        const auto r = recvRouted(socket_, milliseconds(50));
-        if (!r) continue;
-        std::string why;
-        const auto m = decodeReach(r->frames, &why);
-        if (const auto* check = m ? std::get_if<ReachCheck>(&*m) : nullptr)
-          sendRouted(socket_, r->routing_id, encode(ReachOk{check->nonce}));
-      }
+      while (!stop_)
+        for (zmq::socket_t* s : {&socket_, &accept_}) {
+          if (!*s) continue;
+          const auto r = recvRouted(*s, milliseconds(25));
+          if (!r) continue;
+          std::string why;
+          const auto m = decodeReach(r->frames, &why);
+          if (const auto* check = m ? std::get_if<ReachCheck>(&*m) : nullptr)
+            sendRouted(*s, r->routing_id, encode(ReachOk{check->nonce}));
+        }
     });
   }
   ~FakeResponder() {
@@ -258,7 +268,7 @@ class FakeResponder {
  private:
   zmq::context_t context_;
   ZapAuthenticator zap_;
-  zmq::socket_t socket_;
+  zmq::socket_t socket_, accept_;
   std::string address_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -326,6 +336,18 @@ TEST(LiveCoordinator, AdmitsAReachableVolunteerAndRefusesEachBadJoin) {
                                      .address()))
                 .find("dial-out only"),
             std::string::npos);
+  // An address that answers on its port but not on the next one: dial-out only, told which.
+  {
+    Client half(ctx, coordinator.invite());
+    FakeResponder port_only(half.keys, coordinator.invite().coordinator_key, /*accept_too=*/false);
+    const auto answer = half.ask(encode(goodAsk(port_only.address())));
+    ASSERT_TRUE(answer && std::holds_alternative<Accepted>(*answer));
+    const std::string next = std::to_string(std::stoi(port_only.address().substr(10)) + 1);
+    EXPECT_NE(std::get<Accepted>(*answer).reachability.find(
+                  "answered but 127.0.0.1:" + next + " (where volunteers behind routers connect) did not"),
+              std::string::npos)
+        << std::get<Accepted>(*answer).reachability;
+  }
   // No address at all (provider --join without --listen): dial-out only at once.
   EXPECT_NE(reachability(goodAsk("")).find("dial-out only: no address given"), std::string::npos);
   // Malformed and oversized messages.
@@ -349,11 +371,11 @@ TEST(LiveCoordinator, AdmitsAReachableVolunteerAndRefusesEachBadJoin) {
   const CoordinatorStats& stats = coordinator.stop();
   EXPECT_EQ(stats.refused_joins, 2u);  // token, taken
   EXPECT_EQ(stats.malformed, 5u);      // not JSON, protocol, token type, big, not node_0
-  // 1 good join + 1 heartbeat + 2 refused joins + 3 dial-out-only joins + 5 malformed; the
+  // 1 good join + 1 heartbeat + 2 refused joins + 4 dial-out-only joins + 5 malformed; the
   // stranger's never arrived.
-  EXPECT_EQ(stats.messages, 12u);
+  EXPECT_EQ(stats.messages, 13u);
   CoordinatorStore store(out + "/coordinator.db");
-  ASSERT_EQ(store.members().size(), 4u);
+  ASSERT_EQ(store.members().size(), 5u);
   EXPECT_EQ(store.members()[0].public_key, good.keys.public_key);
   for (const Member& m : store.members()) {  // the dial-out-only ones have no address
     EXPECT_EQ(m.dial_out_only, m.name != "node_0") << m.name;
