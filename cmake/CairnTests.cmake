@@ -18,10 +18,11 @@
 # GoogleTest's own module has no per-suite mode, hence this small one (cmake/GTestSuitesAdd.cmake
 # turns the listing into add_test calls).
 set(CAIRN_TEST_TIMEOUT 300 CACHE STRING "ctest TIMEOUT of each test that names none (seconds)")
-# Every test takes PROCESSORS 2 of ctest's slots, and tools/test.sh runs ctest -j (2 x cores): as
-# many busy tests at once as there are cores, as -j (cores) with one slot each would. The suites
+# Every test takes PROCESSORS 2 of ctest's slots, and tools/test.sh runs ctest -j (2 x cores + 1):
+# as many busy tests at once as there are cores, as -j (cores) with one slot each would. The suites
 # that mostly wait (on timeouts, on sockets: node_tests' and coordinator_tests' use a tenth of a
-# core) take 1, so two of them run beside a busy test instead of holding a core each.
+# core; the short soak, tests/CMakeLists.txt) take 1, so they run beside the busy tests instead of
+# holding a core each (the + 1 is the soak's: with it running, two busy tests still fit).
 set(CAIRN_TEST_PROCESSORS 2)
 
 function(cairn_gtest_suites target)

@@ -43,6 +43,12 @@ bool CheckpointUploads::takeWritten() {
     auto& in_hand = writing_[f.name];
     if (!in_hand.empty()) in_hand.pop_front();
     if (in_hand.empty()) writing_.erase(f.name);
+    if (f.corrupt) {  // as the decoder would have said (AttachmentChecksum, CheckpointWriter.h)
+      CAIRN_WARN("coordinator: dropped the checkpoint of ", f.name, " at step ", f.step, ": ", f.error);
+      if (const auto m = store_.memberByName(f.name))
+        reply_(m->public_key, encode(Rejected{"malformed message: checkpoint: " + f.error}));
+      continue;
+    }
     if (!f.error.empty()) {
       CAIRN_WARN("coordinator: the checkpoint of ", f.name, " at step ", f.step, " could not be "
                  "written (", f.error, "); not acknowledged: its volunteer sends it again");

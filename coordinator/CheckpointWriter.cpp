@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/Error.h"
+#include "core/Fnv.h"
 #include "core/JsonReader.h"
 #include "core/Log.h"
 
@@ -74,8 +75,13 @@ void CheckpointWriter::run() {
     }
     const size_t size = file.bytes.size();
     try {
-      std::filesystem::create_directories(std::filesystem::path(file.path).parent_path());
-      writeFileDurably(file.path, file.bytes);
+      if (fnv1a64(file.bytes) != file.checksum) {
+        file.corrupt = true;
+        file.error = "the attachment does not match its checksum";
+      } else {
+        std::filesystem::create_directories(std::filesystem::path(file.path).parent_path());
+        writeFileDurably(file.path, file.bytes);
+      }
     } catch (const std::exception& e) {
       file.error = e.what();
     }

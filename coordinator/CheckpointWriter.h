@@ -6,6 +6,9 @@
 // done() when readyFd() is readable, then stores their rows and acknowledges them (Coordinator.cpp
 // onCheckpointWritten): a row never names a file that is not complete, and no volunteer hears of a
 // checkpoint before its file and row are durable.
+// The worker also checks each upload against its checksum (FNV-1a over the whole file, which held
+// the loop for as long as the decoder did it: ~1 ms a MiB, hundreds for a large model's stage), so
+// the loop decodes uploads with AttachmentChecksum::kLeaveToReceiver; a corrupt one is not written.
 // Bounded: at most `max_pending_bytes` of files wait (an upload past that is refused, counted and
 // unacknowledged: the volunteer sends its newest again after its ack timeout, VolunteerCheckpoints.h).
 // Ownership: owns the worker and its eventfd. Thread-safety: submit, readyFd, done and the counts
@@ -29,6 +32,7 @@ struct CheckpointFile {
   std::string path;   // where it goes
   std::string bytes;  // the file (emptied once written)
   std::string error;  // set by the worker when it could not be written
+  bool corrupt = false;  // its bytes do not match `checksum` (set by the worker: not written)
   size_t size = 0;    // its size (set when it is submitted)
 };
 

@@ -25,6 +25,7 @@
 #include "clusterize/ModelMerge.h"
 #include "coordinator/Credit.h"
 #include "coordinator/FinalResult.h"
+#include "coordinator/Gathering.h"
 #include "coordinator/RunAssembly.h"
 #include "coordinator/RunView.h"
 #include "coordinator/TerminalView.h"
@@ -50,6 +51,7 @@ struct Coordinator::Impl {
   clusterize::PreparedModel prepared;
   std::unique_ptr<CoordinatorStore> store;
   std::unique_ptr<MemberReplacer> replacer;  // lost volunteers → spares
+  std::unique_ptr<Gathering> gathering;      // the first plan, made off the loop (after replacer)
   std::unique_ptr<Grower> grower;            // spares → a new cluster (--grow)
   std::unique_ptr<ChunkServer> chunks;       // data.source "coordinator": made on first request
   std::unique_ptr<NodeHeaders> chunk_nodes;  // the askers' clusters (chunks' worker, like `chunks`)
@@ -62,13 +64,12 @@ struct Coordinator::Impl {
   std::unique_ptr<ChunkService> chunk_service;  // answers chunk requests off this loop (after router)
   std::map<std::string, std::string> routes;  // public key → routing id of its last message
   std::unique_ptr<Admissions> admissions;  // joins waiting for the dial-back; after the context
-  std::optional<Clock::time_point> enough_since;
-  int needed = 1;  // spares needed before planning (grows when a plan fails)
   CoordinatorStats stats;
   std::unique_ptr<FloodGuard> floods;  // every message is charged to its key first
   std::unique_ptr<RunView> view;  // the run as seen from here (RunView.h)
   bool view_placed = false;       // the plan's nodes are placed in the view
   bool credit_changed = true;     // the view's credit table is to be recomputed (syncView)
+  std::optional<uint64_t> view_members;  // the store's membersVersion() the view last synced
   Clock::time_point view_synced, housekept;  // syncView's last turn; run()'s planning/replacing
   Clock::time_point heard_flushed;            // heartbeats' times last written
 
@@ -92,7 +93,10 @@ struct Coordinator::Impl {
     credit_changed = false;
     const std::string p = phase();
     view->setPhase(p);
-    view->syncMembers(store->members(), unixNow());
+    if (view_members != store->membersVersion()) {  // the rows moved (not a heartbeat's time)
+      view_members = store->membersVersion();
+      view->syncMembers(store->members(), unixNow());
+    }
     if (view_placed || p == "gathering") return;
     view_placed = true;
     for (const Placement& node : placement()) view->place(node);
@@ -173,7 +177,7 @@ struct Coordinator::Impl {
     return recvRouted(router, std::chrono::milliseconds(0), &stats.malformed);
   }
 
-  void handle(const Routed& r) {
+  void handle(Routed& r) {  // its frames' attachments are moved into the message
     ++stats.messages;
     std::string why;
     const std::optional<Member> member = store->memberByKey(r.user_id);
@@ -188,7 +192,8 @@ struct Coordinator::Impl {
       stats.chunk_requests_dropped = chunk_service->dropped();
       return;
     }
-    auto message = decodeToCoordinator(r.frames, o.max_attachment_bytes, &why);
+    auto message = decodeToCoordinator(std::move(r.frames), o.max_attachment_bytes, &why,
+                                       AttachmentChecksum::kLeaveToReceiver);  // CheckpointWriter's
     if (!message) {
       ++stats.malformed;
       CAIRN_WARN("coordinator: dropped a message from ", member ? member->name : "key " + r.user_id,
@@ -241,57 +246,6 @@ struct Coordinator::Impl {
         CAIRN_WARN("coordinator: ", leaving->name, " is leaving (", leaving->reason, ")");
         store->setState(leaving->name, MemberState::kLeft);
       }
-    }
-  }
-
-  void maybePlan() {
-    if (phase() != "gathering") return;
-    std::vector<Member> spares;
-    for (const Member& m : store->members())
-      if (m.state == MemberState::kSpare) spares.push_back(m);
-    const int want = std::max(needed, o.max_volunteers > 0 ? o.max_volunteers : needed);
-    if (int(spares.size()) < needed) {
-      enough_since.reset();
-      return;
-    }
-    if (!enough_since) {
-      enough_since = Clock::now();
-      CAIRN_INFO("coordinator: ", spares.size(), " volunteers joined; planning when ", want,
-                 " have joined or in ", o.gather.count() / 1000.0, " s");
-    }
-    if (int(spares.size()) < want && Clock::now() - *enough_since < o.gather) return;
-    // At most `want` (--max-volunteers, default --min-volunteers) take part, first come first
-    // placed; later ones stay spares.
-    if (int(spares.size()) > want) spares.resize(size_t(want));
-    PlannedRun run;
-    try {
-      run = planVolunteers(prepared, spares, o.out);
-    } catch (const Error& e) {
-      needed = int(spares.size()) + 1;
-      enough_since.reset();
-      CAIRN_WARN("coordinator: cannot plan with ", spares.size(), " volunteers (", e.what(),
-                 "); waiting for ", needed);
-      return;
-    }
-    std::cout << run.report << std::flush;
-    for (const Assignment& a : run.assignments) {
-      const auto m = store->memberByName(a.name);
-      store->setState(a.name, MemberState::kAssigned);
-      reply(m->public_key, encode(a));
-    }
-    nlohmann::json placed = nlohmann::json::array();
-    for (const Assignment& a : run.assignments) placed.push_back(a.name);
-    store->setMeta("placed", placed.dump());
-    store->setMeta("num_clusters", std::to_string(run.num_clusters));
-    store->setMeta("phase", "planned");
-    replacer->deafUntil(unixNow());  // the plan held this loop (~14 s for 1,000): none heard
-    CAIRN_INFO("coordinator: planned ", run.num_clusters, " cluster(s) on ", run.assignments.size(),
-               " volunteers", run.unplaced.empty() ? "" : "; spares: " + std::to_string(run.unplaced.size()));
-    for (const Member& m : store->members()) {  // the spares hear why they wait
-      if (m.state != MemberState::kSpare) continue;
-      const std::string note = replacer->spareNote(m);
-      CAIRN_INFO("coordinator: told ", m.name, ": ", note);
-      reply(m.public_key, encode(Accepted{m.name, toString(m.state), note, ""}));
     }
   }
 
@@ -356,7 +310,6 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   Impl& s = *impl_;
   s.o = std::move(options);
   s.prepared = std::move(prepared);
-  s.needed = std::max(1, s.o.min_volunteers);
   std::filesystem::create_directories(s.o.out);
   s.store = std::make_unique<CoordinatorStore>(s.o.out + "/coordinator.db");
   s.chunk_nodes = std::make_unique<NodeHeaders>(s.o.out);
@@ -375,6 +328,10 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
       *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.replacer->onLostAfterFinishing([&s](const std::string& name) { return s.resultFromCheckpoint(name); });
+  s.gathering = std::make_unique<Gathering>(
+      *s.store, s.prepared,
+      GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather, s.o.before_plan},
+      *s.replacer, [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.grower = std::make_unique<Grower>(
       *s.store, s.o.out, GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares},
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
@@ -425,7 +382,7 @@ int Coordinator::run() {
       return 0;
     }
     // An open batch is not waited on: with nothing queued it is committed at once (below).
-    const auto routed = s.nextMessage(std::chrono::milliseconds(s.outbox->open() ? 0 : 100));
+    auto routed = s.nextMessage(std::chrono::milliseconds(s.outbox->open() ? 0 : 100));
     if (!routed) last_drained = Clock::now();
     s.outbox->begin();
     if (s.checkpoints->takeWritten()) s.credit_changed = true;
@@ -449,7 +406,14 @@ int Coordinator::run() {
     if (Clock::now() - s.housekept >= std::chrono::milliseconds(200)) {
       const auto backlog = Clock::now() - last_drained;
       s.housekept = Clock::now();
-      s.maybePlan();
+      if (const auto placed = s.gathering->poll()) {  // the first plan applied on this turn
+        for (const Placement& node : *placed) s.view->place(node);
+        s.view->setNumClusters(std::stoi(s.store->meta("num_clusters").value_or("1")));
+        s.view_placed = true;
+        // Its assignments went out on this turn (and the I/O thread sends their bytes next): the
+        // silence it caused is not the volunteers'.
+        s.replacer->deafUntil(unixNow());
+      }
       if (backlog <= std::chrono::milliseconds(200) || backlog > s.o.lost_after / 2)
         s.replacer->poll(unixNow());
       for (const NodeSpec& n : s.grower->poll(unixNow())) {

@@ -56,6 +56,8 @@ struct CoordinatorOptions {
   int max_clusters = 0;  // 0: no limit
   int keep_spares = 0;   // spares growth leaves waiting for replacements
   FloodLimits flood;     // what one key may send (FloodGuard.h)
+  // Tests: called on the planning thread before the first plan is made (Gathering.h).
+  std::function<void()> before_plan;
 };
 
 struct CoordinatorStats {

@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <cstring>
 #include <functional>
 
 #include "core/Log.h"
@@ -92,15 +93,9 @@ Member readRow(const Row& s) {
 }  // namespace
 
 std::string toString(MemberState state) {
-  switch (state) {
-    case MemberState::kJoining: return "joining";
-    case MemberState::kSpare: return "spare";
-    case MemberState::kAssigned: return "assigned";
-    case MemberState::kDone: return "done";
-    case MemberState::kLost: return "lost";
-    case MemberState::kLeft: return "left";
-  }
-  return "?";
+  static const char* const kNames[] = {"joining", "spare", "assigned", "done", "lost", "left"};
+  const auto i = static_cast<size_t>(state);  // MemberState's order
+  return i < sizeof kNames / sizeof kNames[0] ? kNames[i] : "?";
 }
 
 MemberState parseMemberState(const std::string& text) {
@@ -128,8 +123,7 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
     exec("CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY, public_key TEXT NOT NULL "
          "UNIQUE, advertise TEXT NOT NULL, probe TEXT NOT NULL, state TEXT NOT NULL, joined_at "
          "REAL NOT NULL, last_seen REAL NOT NULL, dial_out_only INTEGER NOT NULL DEFAULT 0)");
-    // A database from before dial-out-only volunteers: every member was reachable.
-    if (!columnExists("members", "dial_out_only"))
+    if (!columnExists("members", "dial_out_only"))  // older: every member was reachable
       exec("ALTER TABLE members ADD COLUMN dial_out_only INTEGER NOT NULL DEFAULT 0");
     exec("CREATE TABLE IF NOT EXISTS results (name TEXT PRIMARY KEY, path TEXT NOT NULL, summary "
          "TEXT NOT NULL)");
@@ -168,7 +162,20 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
     db_ = nullptr;
     CAIRN_THROW(BadInput, path, ": not a coordinator database (", e.what(), ")");
   }
+  hookMembers();
   checkpointer_ = std::thread([this] { checkpointWal(); });
+}
+
+void CoordinatorStore::hookMembers() {
+  sqlite3_update_hook(
+      db_,
+      [](void* self, int, const char*, const char* table, sqlite3_int64) {
+        auto* store = static_cast<CoordinatorStore*>(self);
+        if (std::strcmp(table, "members") == 0 && !store->flushing_heard_) store->membersChanged();
+      },
+      this);
+  // A failed COMMIT (SQLite rolls the batch back); "ROLLBACK TO" a savepoint is seen in exec().
+  sqlite3_rollback_hook(db_, [](void* self) { static_cast<CoordinatorStore*>(self)->membersChanged(); }, this);
 }
 
 void CoordinatorStore::checkpointWal() {
@@ -203,6 +210,7 @@ Member CoordinatorStore::readMember(const Statement& s) const {
 void CoordinatorStore::flushHeard() {
   if (heard_.empty()) return;
   exec("SAVEPOINT heard");  // one transaction (or part of the open batch), not one per member
+  flushing_heard_ = true;
   try {
     for (const auto& [name, when] : heard_) {
       Statement s(*this, "UPDATE members SET last_seen = ? WHERE name = ?");
@@ -211,9 +219,14 @@ void CoordinatorStore::flushHeard() {
     }
     exec("RELEASE heard");
   } catch (...) {
+    flushing_heard_ = false;
     exec("ROLLBACK TO heard; RELEASE heard");
     throw;
   }
+  flushing_heard_ = false;
+  if (members_cache_)  // the kept rows now hold what the table holds
+    for (Member& m : *members_cache_)
+      if (const auto heard = heard_.find(m.name); heard != heard_.end()) m.last_seen = heard->second;
   heard_.clear();
 }
 
@@ -248,8 +261,7 @@ void CoordinatorStore::commitBatch() {
 
 bool CoordinatorStore::columnExists(const std::string& table, const std::string& column) const {
   Statement s(*this, "SELECT 1 FROM pragma_table_info(?) WHERE name = ?");
-  s.text(1, table).text(2, column);
-  return s.step();
+  return s.text(1, table).text(2, column).step();
 }
 
 bool CoordinatorStore::tableExists(const std::string& table) const {
@@ -259,6 +271,7 @@ bool CoordinatorStore::tableExists(const std::string& table) const {
 }
 
 void CoordinatorStore::exec(const std::string& sql) {
+  if (sql.rfind("ROLLBACK", 0) == 0) membersChanged();  // the rows may be back as they were
   char* error = nullptr;
   if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error) != SQLITE_OK) {
     const std::string why = error ? error : "unknown error";
@@ -324,10 +337,17 @@ std::optional<Member> CoordinatorStore::memberByKey(const std::string& key) cons
 }
 
 std::vector<Member> CoordinatorStore::members() const {
-  Statement s(*this, "SELECT " CAIRN_MEMBER_COLUMNS
-                     " FROM members ORDER BY joined_at, CAST(SUBSTR(name, 6) AS INTEGER), name");
-  std::vector<Member> out;
-  while (s.step()) out.push_back(readMember(s));
+  if (!members_cache_) {
+    Statement s(*this, "SELECT " CAIRN_MEMBER_COLUMNS
+                       " FROM members ORDER BY joined_at, CAST(SUBSTR(name, 6) AS INTEGER), name");
+    std::vector<Member> rows;
+    while (s.step()) rows.push_back(readRow(s));
+    members_cache_ = std::move(rows);
+  }
+  std::vector<Member> out = *members_cache_;
+  if (!heard_.empty())
+    for (Member& m : out)
+      if (const auto heard = heard_.find(m.name); heard != heard_.end()) m.last_seen = heard->second;
   return out;
 }
 

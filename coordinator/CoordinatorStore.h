@@ -106,7 +106,15 @@ class CoordinatorStore {
   void putMember(const Member& member);  // insert or replace by name
   std::optional<Member> memberByName(const std::string& name) const;
   std::optional<Member> memberByKey(const std::string& public_key) const;
-  std::vector<Member> members() const;   // by join time, then name
+  // By join time, then name. Read from SQLite once per change of the table and kept: any write to
+  // it on this connection (SQLite's update hook; the coordinator's connection is the database's
+  // only writer) or a rollback drops the kept rows; flushHeard() patches their times instead.
+  // 1,000 rows took milliseconds to read and sort, asked for several times a second (the live
+  // view, the replacer's poll, the grower) on the loop.
+  std::vector<Member> members() const;
+  // Changes with every change to the members' rows but their heartbeats' times (the live view
+  // syncs its members only when it moved).
+  uint64_t membersVersion() const { return members_version_; }
   void setState(const std::string& name, MemberState state);
   // The row `from` is called `to` from now on (a left volunteer back under a fresh name).
   void renameMember(const std::string& from, const std::string& to);
@@ -162,6 +170,14 @@ class CoordinatorStore {
   mutable std::unordered_map<std::string, CachedStatement> statements_;  // by SQL text
   std::unordered_map<std::string, int64_t> credited_through_;  // node → steps 1..n all credited
   std::unordered_map<std::string, double> heard_;  // name → last_seen not yet written (touch)
+  mutable std::optional<std::vector<Member>> members_cache_;  // the rows as stored (members())
+  uint64_t members_version_ = 0;
+  bool flushing_heard_ = false;  // flushHeard's writes patch members_cache_ rather than drop it
+  void membersChanged() {
+    members_cache_.reset();
+    ++members_version_;
+  }
+  void hookMembers();  // the update and rollback hooks that call membersChanged()
   void checkpointWal();  // the checkpointer thread: the log into the database once a second
   std::mutex checkpointer_mutex_;
   std::condition_variable checkpointer_wake_;

@@ -78,6 +78,7 @@ clusterize::ClusterizeResult planReachable(const clusterize::PreparedModel& prep
 
 PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
                           const std::vector<Member>& volunteers, const std::string& out) {
+  if (!prepared.graph) CAIRN_THROW(BadInput, "no profiled model to plan (the coordinator was made without one)");
   clusterize::ClusterizeResult result = planReachable(prepared, volunteers);
   std::map<std::string, std::string> keys;
   for (const Member& m : volunteers) keys[m.name] = m.public_key;

@@ -5,7 +5,8 @@
 //   finishRun       every placed node's trained stage received → the existing merge
 //                   (ModelMerge) into <out>/trained.pt and trained.safetensors, the Leaves' final
 //                   evaluations, <out>/run_result.json
-// Thread-safety: plain functions of files; the coordinator's thread.
+// Thread-safety: plain functions of files; planVolunteers runs on Gathering's planning thread
+// (Gathering.h), finishRun on the coordinator's.
 #pragma once
 
 #include <string>

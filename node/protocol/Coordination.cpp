@@ -191,7 +191,7 @@ std::optional<ToCoordinator> decodeJoin(const Frames& f, Fields& in, const std::
   return ToCoordinator(std::move(m));
 }
 
-std::optional<ToCoordinator> decodeBandwidth(const Frames& f, size_t limit, Fields& in,
+std::optional<ToCoordinator> decodeBandwidth(Frames& f, size_t limit, Fields& in,
                                              const std::string& type, std::string* why) {
   if (!attachments(f, 1, 1, type, why)) return std::nullopt;
   const int64_t bytes = in.integer("bytes", 0, int64_t(limit));
@@ -201,18 +201,18 @@ std::optional<ToCoordinator> decodeBandwidth(const Frames& f, size_t limit, Fiel
              std::to_string(f[1].size());
     return std::nullopt;
   }
-  return done<ToCoordinator>(in, BandwidthProbeMsg{f[1]});
+  return done<ToCoordinator>(in, BandwidthProbeMsg{std::move(f[1])});
 }
 
-std::optional<ToCoordinator> decodeCheckpoint(const Frames& f, Fields& in,
-                                              const std::string& type, std::string* why) {
+std::optional<ToCoordinator> decodeCheckpoint(Frames& f, Fields& in, const std::string& type,
+                                              AttachmentChecksum checksum, std::string* why) {
   if (!attachments(f, 1, 1, type, why)) return std::nullopt;
   CheckpointUpload m;
   m.name = in.string("name", kMaxNodeNameBytes);
   m.step = in.integer("step", 0, INT64_MAX);
   m.checksum = in.unsignedInteger("checksum");
-  m.file = f[1];
-  if (in.ok() && fnv1a64(m.file) != m.checksum) {
+  m.file = std::move(f[1]);
+  if (in.ok() && checksum == AttachmentChecksum::kVerify && fnv1a64(m.file) != m.checksum) {
     if (why) *why = "checkpoint: the attachment does not match its checksum";
     return std::nullopt;
   }
@@ -251,7 +251,13 @@ std::optional<ToCoordinator> decodeMetrics(const Frames& f, const nlohmann::json
 
 }  // namespace
 
-std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, std::string* why) {
+std::optional<ToCoordinator> decodeToCoordinator(const Frames& frames, size_t limit, std::string* why) {
+  Frames copy(frames);
+  return decodeToCoordinator(std::move(copy), limit, why, AttachmentChecksum::kVerify);
+}
+
+std::optional<ToCoordinator> decodeToCoordinator(Frames&& f, size_t limit, std::string* why,
+                                                 AttachmentChecksum checksum) {
   std::string type;
   const auto h = header(f, limit, &type, why);
   if (!h) return std::nullopt;
@@ -272,10 +278,10 @@ std::optional<ToCoordinator> decodeToCoordinator(const Frames& f, size_t limit, 
     ResultUpload m;
     m.name = in.string("name", kMaxNodeNameBytes);
     m.summary = in.object("summary");
-    m.trained_stage = f[1];
+    m.trained_stage = std::move(f[1]);
     return done<V>(in, std::move(m));
   }
-  if (type == "checkpoint") return decodeCheckpoint(f, in, type, why);
+  if (type == "checkpoint") return decodeCheckpoint(f, in, type, checksum, why);
   if (type == "leaving") {
     if (!attachments(f, 0, 0, type, why)) return std::nullopt;
     LeavingNotice m;

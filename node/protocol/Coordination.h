@@ -202,6 +202,13 @@ Frames encode(const ReachOk& m);
 // `max_attachment_bytes` bounds each attachment. nullopt with `*why` set on anything malformed.
 std::optional<ToCoordinator> decodeToCoordinator(const Frames& frames, size_t max_attachment_bytes,
                                                  std::string* why);
+// A checkpoint's checksum checked by the decoder, or left to its receiver (the coordinator's
+// CheckpointWriter checks it on its own thread: FNV-1a over a large upload held the loop).
+enum class AttachmentChecksum { kVerify, kLeaveToReceiver };
+// The same, with the attachments moved out of `frames` into the message instead of copied (the
+// coordinator's loop: a checkpoint, a trained stage or a bandwidth probe can be hundreds of MB).
+std::optional<ToCoordinator> decodeToCoordinator(Frames&& frames, size_t max_attachment_bytes,
+                                                 std::string* why, AttachmentChecksum checksum);
 std::optional<ToVolunteer> decodeToVolunteer(const Frames& frames, size_t max_attachment_bytes,
                                              std::string* why);
 std::optional<ReachMessage> decodeReach(const Frames& frames, std::string* why);

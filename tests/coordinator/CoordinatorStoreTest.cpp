@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -24,6 +25,7 @@
 #include "coordinator/CheckpointWriter.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
+#include "core/Fnv.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -228,6 +230,91 @@ TEST(CoordinatorStore, AFailedTakeOverInsideABatchUndoesOnlyItself) {
   EXPECT_EQ(store.members().size(), 2u);
 }
 
+// members() keeps the rows it read until the table changes: after every kind of write, in and out
+// of a batch, a failed take-over's rollback included, it equals a fresh connection's read of the
+// committed table (the reference), heartbeats' times overlaid; membersVersion() moves with every
+// change of a row but not with a heartbeat's time or its flush.
+TEST(CoordinatorStore, KeptMembersEqualAFreshReadAfterEveryKindOfWrite) {
+  const std::string db = storeDir("members_kept") + "/coordinator.db";
+  CoordinatorStore store(db);
+  std::mt19937 rng(11);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 8; ++i) keys.push_back(generateCurveKeyPair().public_key);
+  std::map<std::string, double> heard;  // what touch() gave since the last flush
+  int lost = 0;
+  for (int round = 0; round < 300; ++round) {
+    const std::string name = "node_" + std::to_string(rng() % 6);
+    const std::string spare = "node_" + std::to_string(rng() % 6);
+    const auto row = store.memberByName(name);
+    const auto spare_row = store.memberByName(spare);
+    const int op = int(rng() % 6);
+    if ((op == 1 || op == 4 || op == 5) && !row) continue;
+    if (op == 5 && (spare == name || !spare_row || spare_row->state != MemberState::kSpare)) continue;
+    const bool batch = rng() % 3 == 0;
+    if (batch) store.beginBatch();
+    const std::vector<Member> before = store.members();
+    const uint64_t version = store.membersVersion();
+    bool rows_kept = false, version_kept = false;  // what this write must leave as it was
+    switch (op) {
+      case 0:  // insert or replace (a key another row holds replaces that row too)
+        store.putMember(memberRow(name, keys[rng() % keys.size()] + (row ? "" : std::to_string(round)),
+                                  "127.0.0.1:" + std::to_string(7000 + round), MemberState::kSpare));
+        heard.clear();  // flushed first
+        break;
+      case 1:
+        store.setState(name, rng() % 2 ? MemberState::kAssigned : MemberState::kLost);
+        break;
+      case 2:
+        store.touch(name, double(round));
+        heard[name] = double(round);
+        rows_kept = version_kept = true;
+        break;
+      case 3:
+        store.flushHeard();
+        heard.clear();
+        rows_kept = version_kept = true;
+        break;
+      case 4:  // a take-over by a spare that does not exist: throws, rolls its savepoint back
+        EXPECT_THROW(store.takeOver(name, name + "-lost-x", "node_none", double(round)), Error);
+        heard.clear();  // flushed first
+        rows_kept = true;
+        break;
+      default:
+        store.takeOver(name, name + "-lost-" + std::to_string(++lost), spare, double(round));
+        heard.clear();
+        break;
+    }
+    if (batch) store.commitBatch();
+    const std::vector<Member> kept = store.members();
+    CoordinatorStore fresh(db);
+    const std::vector<Member> reference = fresh.members();
+    ASSERT_EQ(kept.size(), reference.size()) << "round " << round;
+    for (size_t k = 0; k < kept.size(); ++k) {
+      const Member& a = kept[k];
+      const Member& b = reference[k];
+      EXPECT_EQ(a.name, b.name) << "round " << round;
+      EXPECT_EQ(a.public_key, b.public_key);
+      EXPECT_EQ(a.advertise, b.advertise);
+      EXPECT_EQ(a.state, b.state) << a.name << ", round " << round;
+      const auto h = heard.find(a.name);
+      EXPECT_DOUBLE_EQ(a.last_seen, h != heard.end() ? h->second : b.last_seen) << a.name << ", round " << round;
+    }
+    bool same_rows = before.size() == kept.size();
+    for (size_t k = 0; same_rows && k < kept.size(); ++k)
+      same_rows = before[k].name == kept[k].name && before[k].state == kept[k].state &&
+                  before[k].advertise == kept[k].advertise && before[k].public_key == kept[k].public_key;
+    if (rows_kept) {
+      EXPECT_TRUE(same_rows) << "round " << round;
+    }
+    if (!same_rows) {
+      EXPECT_NE(store.membersVersion(), version) << "round " << round;
+    }
+    if (version_kept) {
+      EXPECT_EQ(store.membersVersion(), version) << "round " << round;
+    }
+  }
+}
+
 // One query over meta "placed" against the loop it replaced (a lookup per placed node): seeded
 // random plans where some nodes hold no checkpoint, some hold several uploads, and checkpoints of
 // nodes that are not placed (a growth's proposed nodes) must not count.
@@ -320,23 +407,37 @@ std::vector<CheckpointFile> takeDone(CheckpointWriter& writer, size_t n) {
   return out;
 }
 
+// An upload as the loop hands it to the writer: its checksum the volunteer's (fnv1a64 of it).
+CheckpointFile upload(const std::string& node, int64_t step, const std::string& path, std::string bytes) {
+  const uint64_t checksum = fnv1a64(bytes);
+  return {node, step, checksum, path, std::move(bytes), ""};
+}
+
 // The CheckpointWriter writes each file whole, in the order submitted, reports one it cannot
-// write (a folder where the file should go) instead of throwing, and refuses a file past its
-// byte bound while others wait (one file always fits).
+// write (a folder where the file should go) instead of throwing, does not write one whose bytes
+// do not match its checksum (reported as corrupt), and refuses a file past its byte bound while
+// others wait (one file always fits).
 TEST(CheckpointWriter, WritesInOrderReportsFailuresAndBoundsTheBytesWaiting) {
   const std::string dir = storeDir("writer");
   {
     CheckpointWriter writer;
     fs::create_directories(dir + "/n/step_2.ckpt");  // a folder: cannot be replaced by a file
     for (int step = 1; step <= 3; ++step)
-      ASSERT_TRUE(writer.submit({"n", step, uint64_t(step), dir + "/n/step_" + std::to_string(step) + ".ckpt",
-                                 std::string(1000 * step, char('a' + step)), ""}));
-    const auto done = takeDone(writer, 3);
-    ASSERT_EQ(done.size(), 3u);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(done[size_t(i)].step, i + 1);
+      ASSERT_TRUE(writer.submit(upload("n", step, dir + "/n/step_" + std::to_string(step) + ".ckpt",
+                                       std::string(1000 * step, char('a' + step)))));
+    CheckpointFile corrupt = upload("n", 4, dir + "/n/step_4.ckpt", std::string(100, 'e'));
+    corrupt.bytes[7] = 'f';  // after the checksum was taken
+    ASSERT_TRUE(writer.submit(std::move(corrupt)));
+    const auto done = takeDone(writer, 4);
+    ASSERT_EQ(done.size(), 4u);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(done[size_t(i)].step, i + 1);
     EXPECT_TRUE(done[0].error.empty()) << done[0].error;
     EXPECT_FALSE(done[1].error.empty());
+    EXPECT_FALSE(done[1].corrupt);
     EXPECT_TRUE(done[2].error.empty()) << done[2].error;
+    EXPECT_TRUE(done[3].corrupt);
+    EXPECT_EQ(done[3].error, "the attachment does not match its checksum");
+    EXPECT_FALSE(fs::exists(dir + "/n/step_4.ckpt"));
     std::ifstream in(dir + "/n/step_3.ckpt", std::ios::binary);
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), std::string(3000, 'd'));
     EXPECT_EQ(writer.waiting(), 0u);
@@ -347,8 +448,8 @@ TEST(CheckpointWriter, WritesInOrderReportsFailuresAndBoundsTheBytesWaiting) {
   fs::create_directories(dir + "/m");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   CheckpointWriter small(1500);
-  ASSERT_TRUE(small.submit({"m", 1, 1, dir + "/m/step_1.ckpt", std::string(1000, 'x'), ""}));
-  EXPECT_FALSE(small.submit({"m", 2, 2, dir + "/m/step_2.ckpt", std::string(1000, 'y'), ""}));
+  ASSERT_TRUE(small.submit(upload("m", 1, dir + "/m/step_1.ckpt", std::string(1000, 'x'))));
+  EXPECT_FALSE(small.submit(upload("m", 2, dir + "/m/step_2.ckpt", std::string(1000, 'y'))));
   EXPECT_EQ(small.refused(), 1u);
   {  // read the FIFO: the write goes through; the worker then opens it again to fsync it (it
      // waits for a writer: given one), and the fsync fails on a pipe, which is reported
@@ -370,7 +471,7 @@ TEST(CheckpointWriter, WritesInOrderReportsFailuresAndBoundsTheBytesWaiting) {
   const auto first = takeDone(small, 1);
   ASSERT_EQ(first.size(), 1u);
   EXPECT_FALSE(first[0].error.empty());
-  ASSERT_TRUE(small.submit({"m", 3, 3, dir + "/m/step_3.ckpt", std::string(5000, 'z'), ""}));  // nothing waits
+  ASSERT_TRUE(small.submit(upload("m", 3, dir + "/m/step_3.ckpt", std::string(5000, 'z'))));  // nothing waits
   ASSERT_EQ(takeDone(small, 1).size(), 1u);
   EXPECT_EQ(fs::file_size(dir + "/m/step_3.ckpt"), 5000u);
 }

@@ -4,6 +4,8 @@
 // tests/integration/volunteer_test.py).
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -177,7 +179,8 @@ class LiveCoordinator {
   // The reach timeout is the production default: a good join's dial-back must never miss it on a
   // loaded machine (an unreachable address is admitted dial-out only after it, a few seconds each).
   explicit LiveCoordinator(const std::string& out, milliseconds reach_timeout = milliseconds(5000),
-                           const FloodLimits& flood = {}) {
+                           const FloodLimits& flood = {},
+                           const std::function<void(CoordinatorOptions&)>& configure = {}) {
     CoordinatorOptions o;
     o.flood = flood;
     o.listen = "127.0.0.1:0";
@@ -187,6 +190,7 @@ class LiveCoordinator {
     o.reach_timeout = reach_timeout;
     o.max_attachment_bytes = 1 << 20;
     o.stop_requested = [this] { return stop_.load(); };
+    if (configure) configure(o);
     coordinator_ = std::make_unique<Coordinator>(o, clusterize::PreparedModel{});
     invite_ = parseInvite(coordinator_->invite());
     thread_ = std::thread([this] { coordinator_->run(); });
@@ -383,6 +387,38 @@ TEST(LiveCoordinator, AdmitsAReachableVolunteerAndRefusesEachBadJoin) {
   }
 }
 
+// The first plan is made on a thread of its own: held there before it starts, the loop still
+// admits the next volunteer (made on the loop, as before, this join got no answer). The plan of
+// this test's empty model then fails and the coordinator waits for one volunteer more.
+TEST(LiveCoordinator, AdmitsVolunteersWhileThePlanIsBeingMade) {
+  const std::string out = freshDir("plan_off_loop");
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> plans{0};
+  LiveCoordinator coordinator(out, milliseconds(5000), {}, [&](CoordinatorOptions& o) {
+    o.min_volunteers = 1;
+    o.before_plan = [&plans, released] {
+      ++plans;
+      released.wait();
+    };
+  });
+  zmq::context_t ctx;
+  JoinedMember first(ctx, coordinator);
+  for (int i = 0; i < 500 && plans.load() == 0; ++i) std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_EQ(plans.load(), 1) << "no plan started with one spare waiting";
+  JoinedMember second(ctx, coordinator);  // throws when not accepted within the ask's 10 s
+  EXPECT_EQ(second.name, "node_1");
+  const auto ack = second.client.ask(encode(BandwidthProbeMsg{std::string(64, 'x')}));
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_TRUE(std::holds_alternative<BandwidthAck>(*ack));
+  EXPECT_EQ(plans.load(), 1);
+  release.set_value();
+  coordinator.stop();
+  CoordinatorStore store(out + "/coordinator.db");
+  EXPECT_EQ(store.meta("phase").value_or("gathering"), "gathering");
+  EXPECT_EQ(store.members().size(), 2u);
+}
+
 TEST(LiveCoordinator, KeepsItsInviteAcrossARestart) {
   const std::string out = freshDir("restart");
   std::string first;
@@ -457,6 +493,14 @@ TEST(LiveCoordinator, KeepsTheLastCheckpointPerNodeAndAcknowledgesIt) {
   EXPECT_EQ(upload(20, "other"), 20);
   EXPECT_EQ(held(), std::vector<std::string>{"step_20.ckpt"});
   EXPECT_EQ(contents("step_20.ckpt"), "other");
+  // An upload whose bytes do not match its checksum (checked by the writer, off the loop): refused
+  // with the decoder's reason, nothing written, the step-20 file and row kept.
+  const auto corrupt = member.ask(encode(CheckpointUpload{name, 30, fnv1a64("thirty"), "thirtY"}));
+  ASSERT_TRUE(corrupt.has_value());
+  ASSERT_TRUE(std::holds_alternative<Rejected>(*corrupt));
+  EXPECT_EQ(std::get<Rejected>(*corrupt).reason,
+            "malformed message: checkpoint: the attachment does not match its checksum");
+  EXPECT_EQ(held(), std::vector<std::string>{"step_20.ckpt"});
   coordinator.stop();
   CoordinatorStore store(out + "/coordinator.db");
   const auto row = store.checkpoint(name);

@@ -18,6 +18,8 @@ const char* msgName(Msg m) {
       return "checkpoint";
     case Msg::kChunk:
       return "chunk_request";
+    case Msg::kEcho:
+      return "echo";
   }
   return "?";
 }

@@ -16,8 +16,9 @@
 
 namespace cairn::bench::load {
 
-enum class Msg { kProbe, kJoin, kHeartbeat, kMetrics, kCheckpoint, kChunk };
-constexpr int kMsgTypes = 6;
+// kEcho: a member's small `bandwidth` probe (--echo-ms), answered at once, never held for a commit.
+enum class Msg { kProbe, kJoin, kHeartbeat, kMetrics, kCheckpoint, kChunk, kEcho };
+constexpr int kMsgTypes = 7;
 constexpr int kWindows = 3;
 const char* msgName(Msg m);
 

@@ -22,7 +22,7 @@ double cpuPercent(const ProcSample& a, const ProcSample& b) {
 
 nlohmann::json latencies(const std::vector<const LoadRecorder*>& recorders, int window) {
   nlohmann::json out = nlohmann::json::object();
-  for (Msg m : {Msg::kProbe, Msg::kJoin, Msg::kMetrics, Msg::kCheckpoint, Msg::kChunk}) {
+  for (Msg m : {Msg::kProbe, Msg::kJoin, Msg::kMetrics, Msg::kCheckpoint, Msg::kChunk, Msg::kEcho}) {
     std::vector<float> all;
     for (const LoadRecorder* r : recorders) {
       const auto& v = r->windows()[size_t(window)].latency_ms[size_t(m)];
@@ -110,16 +110,17 @@ std::string reportTable(const nlohmann::json& r) {
   out << line;
   out << "window  | msgs/s | coord CPU % | RSS MB | HWM MB | metrics p50/p99 ms | checkpoint "
          "p50/p99 ms "
-         "| chunk p50/p99 ms | loadgen CPU %\n";
+         "| chunk p50/p99 ms | echo p50/p99 ms | loadgen CPU %\n";
   int i = 0;
   for (const auto& w : r["windows"]) {
     std::snprintf(line, sizeof line,
-                  "%3.0f-%3.0fs | %6.0f | %11.1f | %6.1f | %6.1f | %18s | %21s | %16s | %6.1f\n",
+                  "%3.0f-%3.0fs | %6.0f | %11.1f | %6.1f | %6.1f | %18s | %21s | %16s | %15s | %6.1f\n",
                   w["from_s"].get<double>(), w["to_s"].get<double>(),
                   w["messages_per_s"].get<double>(), w["coordinator_cpu_pct"].get<double>(),
                   w["coordinator_rss_mb"].get<double>(), w["coordinator_hwm_mb"].get<double>(),
                   lat(w, "metrics").c_str(), lat(w, "checkpoint").c_str(),
-                  lat(w, "chunk_request").c_str(), w["load_generator_cpu_pct"].get<double>());
+                  lat(w, "chunk_request").c_str(), lat(w, "echo").c_str(),
+                  w["load_generator_cpu_pct"].get<double>());
     out << line;
     ++i;
   }

@@ -129,6 +129,9 @@ void LoadVolunteer::onMessage(const Frames& frames, Clock::time_point now) {
     recorder_.sent(Msg::kJoin, bytesOf(join));
     sent_join_ = now;
     phase_ = Phase::kJoining;
+  } else if (std::get_if<BandwidthAck>(&*m) && echo_sent_) {
+    recorder_.latency(Msg::kEcho, now - *echo_sent_);
+    echo_sent_.reset();
   } else if (const auto* a = std::get_if<Accepted>(&*m)) {
     if (phase_ == Phase::kJoining) {
       recorder_.latency(Msg::kJoin, now - sent_join_);
@@ -137,6 +140,7 @@ void LoadVolunteer::onMessage(const Frames& frames, Clock::time_point now) {
       phase_ = Phase::kMember;
       router_.close();  // the coordinator dials it only while admitting (header comment)
       next_beat_ = now;
+      next_echo_ = now + std::chrono::duration_cast<Clock::duration>(o_.echo_every * unitRandom());
     }
     name_ = a->name;  // a spare may be given a lost node's name
   } else if (const auto* as = std::get_if<Assignment>(&*m)) {
@@ -220,6 +224,15 @@ void LoadVolunteer::sendMetrics(Clock::time_point now) {
   metrics_sent_ = now;
 }
 
+void LoadVolunteer::sendEcho(Clock::time_point now) {
+  next_echo_ = now + o_.echo_every;
+  if (echo_sent_) return;  // one in flight (an unanswered one is not sent again)
+  const Frames frames = encode(BandwidthProbeMsg{std::string(64, '\0')});
+  send(frames);
+  recorder_.sent(Msg::kEcho, bytesOf(frames));
+  echo_sent_ = now;
+}
+
 void LoadVolunteer::sendCheckpoint(Clock::time_point now) {
   next_checkpoint_ = now + o_.checkpoint_every;
   if (checkpoint_sent_) {
@@ -298,6 +311,10 @@ Clock::time_point LoadVolunteer::tick(Clock::time_point now) {
     next_beat_ = now + o_.heartbeat;
   }
   Clock::time_point next = next_beat_;
+  if (o_.echo_every.count() > 0) {
+    if (now >= next_echo_) sendEcho(now);
+    next = std::min(next, next_echo_);
+  }
   if (assigned_) {
     while (now >= next_step_) step(now);
     if (now >= next_metrics_) sendMetrics(now);

@@ -61,6 +61,10 @@ struct VolunteerOptions {
   // plan's batches arrive together every second (the worst case); false: each at a random point
   // of its period, as clusters that train at their own speeds do.
   bool lockstep = false;
+  // A member's 64-byte `bandwidth` probe every this long (0: none), one in flight. The coordinator
+  // answers it at once, never held for a commit, so its latency is the path's alone (both sides'
+  // turns, CURVE, the coordinator's queue): the metrics' latency less it is the commit's share.
+  std::chrono::milliseconds echo_every{0};
 };
 
 class LoadVolunteer {
@@ -123,6 +127,9 @@ class LoadVolunteer {
   int64_t acked_ = 0;
   std::optional<Clock::time_point> metrics_sent_;
   std::optional<Clock::time_point> checkpoint_sent_;
+  Clock::time_point next_echo_;
+  std::optional<Clock::time_point> echo_sent_;
+  void sendEcho(Clock::time_point now);
   // Chunks: a Root's list, the one being fetched and the piece in flight.
   std::vector<PendingChunk> chunks_;
   size_t chunk_at_ = 0;

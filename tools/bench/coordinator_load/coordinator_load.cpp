@@ -37,6 +37,7 @@ struct Flags {
   double probe_kib = 1024, checkpoint_kib = 1024, checkpoint_every_s = 30, step_s = 0.5;
   double piece_kib = 4096, chunk_every_s = 30;
   bool lockstep = false;
+  int echo_ms = 0;
   std::string libtorch = "99.0.0";
 };
 
@@ -101,6 +102,11 @@ void addFlags(CLI::App& app, Flags& f) {
   app.add_flag("--lockstep", f.lockstep,
                "every volunteer's steps and metrics batches start at its assignment (all the "
                "batches arrive together each second); default: each at a random point of its period");
+  app.add_option("--echo-ms", f.echo_ms,
+                 "every member sends a 64-byte bandwidth probe this often, answered at once (the "
+                 "path's latency without the commit: `echo` in the windows); 0: none")
+      ->check(CLI::Range(0, 3600000))
+      ->capture_default_str();
   app.add_option("--piece-kib", f.piece_kib, "chunk piece size a Root asks for")
       ->check(CLI::Range(1.0, 16384.0))
       ->capture_default_str();
@@ -163,6 +169,7 @@ VolunteerOptions volunteerOptions(const Flags& f, const std::string& invite) {
   o.chunk_every = ms(f.chunk_every_s);
   o.join_timeout = ms(f.setup_timeout_s);
   o.lockstep = f.lockstep;
+  o.echo_every = std::chrono::milliseconds(f.echo_ms);
   return o;
 }
 
@@ -372,6 +379,7 @@ int runLoad(const Flags& f) {
                      {"piece_kib", f.piece_kib},
                      {"chunk_every_s", f.chunk_every_s},
                      {"lockstep", f.lockstep},
+                     {"echo_ms", f.echo_ms},
                      {"coordinator_args", f.coordinator_args}};
   for (auto& w : workers) w->close();  // the sockets, before the authenticator and context
   report["coordinator_exit"] = coordinator.stop();
