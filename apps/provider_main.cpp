@@ -84,9 +84,11 @@ const char* const kDescription =
     "connect to the pipeline neighbours, train, evaluate, and write "
     "nodes/<name>/trained_stage.pt\n"
     "and nodes/<name>/metrics.jsonl.\n"
-    "Or join a coordinator as a volunteer: `provider --join <invite> --listen HOST:PORT` (no\n"
+    "Or join a coordinator as a volunteer: `provider --join <invite> [--listen HOST:PORT]` (no\n"
     "files to copy: the coordinator, `clusterize --serve`, sends the stage, node.json and\n"
-    "job.json; see --join and docs/OPERATIONS.md \"Volunteers join\").\n\n"
+    "job.json; see --join and docs/OPERATIONS.md \"Volunteers join\"). Behind a home router,\n"
+    "leave --listen out: the volunteer joins dial-out only and opens every connection itself\n"
+    "(docs/OPERATIONS.md \"Behind a home router\").\n\n"
     "Failures (docs/OPERATIONS.md): with training_definition.checkpoint_every > 0 each node\n"
     "checkpoints into nodes/<name>/checkpoints/. A pipeline neighbour lost mid-run (connection\n"
     "down for timeouts.peer_timeout_s) pauses the cluster; it continues when the node is\n"
@@ -158,8 +160,12 @@ void addJoinOptions(CLI::App& app, Cli& cli) {
                  "@FILE reads the invite from FILE's first line (kept out of `ps`; the service "
                  "does this)");
   app.add_option("--listen", cli.listen,
-                 "with --join (required): host:port this volunteer binds: the coordinator's "
-                 "reachability\ncheck while joining, then its pipeline neighbours and ring peers");
+                 "with --join: host:port this volunteer binds: the coordinator's reachability\n"
+                 "check while joining, then its pipeline neighbours and ring peers (and PORT+1 for "
+                 "those\nbehind routers). Without it the volunteer is dial-out only: nobody dials "
+                 "it, it dials its\npeers, and it is placed next to reachable ones (one line at "
+                 "join says what would make\nit reachable). Given but not answering the "
+                 "coordinator's dial-back: dial-out only too");
   app.add_option("--advertise", cli.advertise,
                  "with --join: host:port peers and the coordinator dial to reach --listen (behind "
                  "a router:\nthe public address and forwarded port; default: --listen, which "
@@ -234,12 +240,15 @@ bool wildcardHost(const std::string& host) {
 }
 
 // --listen checked, and the address peers and the coordinator dial: --advertise, by default
-// --listen (then not a wildcard).
+// --listen (then not a wildcard); empty without either (a dial-out-only volunteer).
 std::string advertisedAddress(const std::string& listen, std::string advertise) {
-  if (listen.empty())
-    CAIRN_THROW(BadInput, "--join needs --listen HOST:PORT: the address this volunteer binds for "
-                          "its pipeline neighbours, ring peers and the coordinator's "
-                          "reachability check");
+  if (listen.empty()) {  // dial-out only (docs/OPERATIONS.md "Behind a home router")
+    if (!advertise.empty())
+      CAIRN_THROW(BadInput, "--advertise ", advertise, " needs --listen HOST:PORT: the address "
+                  "this volunteer binds, which --advertise names from outside; without both it "
+                  "joins dial-out only");
+    return "";
+  }
   std::string host;
   int port = 0;
   cairn::parseHostPort(listen, "command line", "--listen", &host, &port);

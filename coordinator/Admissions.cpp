@@ -20,6 +20,11 @@ namespace cairn::coordinator {
 // A join waiting for the coordinator's dial-back to the volunteer's advertised address.
 struct Admissions::Pending {
   std::string key, routing_id, nonce;
+  std::string seen_from;  // the address its connection to the coordinator came from
+  // The dial-back to its port + 1 too, where dial-out-only peers will connect
+  // (docs/PROTOCOL.md "Reversed links"): reachable only when both answered.
+  zmq::socket_t accept_socket;
+  bool answered = false, accept_answered = false;
   JoinAsk ask;
   JoinDecision decision;
   zmq::socket_t socket;
@@ -48,40 +53,56 @@ void Admissions::onJoin(const Routed& r, const JoinAsk& ask, bool run_over) {
                                      stageFilesLibtorch());
   if (decision.kind == JoinDecision::Kind::kRefused)
     return refuse_(r.routing_id, who, decision.reason);
-  // Dial the advertised address back before accepting: peers will have to reach it.
   auto p = std::make_unique<Pending>();
   p->key = r.user_id;
   p->routing_id = r.routing_id;
+  p->seen_from = r.peer_address;
   p->nonce = randomHex(16);
   p->ask = ask;
   p->decision = std::move(decision);
+  // No address: dial-out only at once (docs/OPERATIONS.md "Behind a home router").
+  if (ask.advertise.empty()) return admit(*p, /*reachable=*/false);
+  // Dial the advertised address back before accepting it as reachable: peers will dial it.
   p->deadline = std::chrono::steady_clock::now() + o_.reach_timeout;
   p->socket = coordinationClient(context_, zmq::socket_type::dealer, keys_, r.user_id,
                                  ask.advertise, kMaxCoordinationHeaderBytes);
   sendFrames(p->socket, encode(ReachCheck{p->nonce}));
+  p->accept_socket = coordinationClient(context_, zmq::socket_type::dealer, keys_, r.user_id,
+                                        acceptAddressOf(ask.advertise), kMaxCoordinationHeaderBytes);
+  sendFrames(p->accept_socket, encode(ReachCheck{p->nonce}));
   pending_.push_back(std::move(p));
+}
+
+// host:PORT+1 of an advertised host:PORT (JoinPolicy checked its shape).
+std::string Admissions::acceptAddressOf(const std::string& advertise) {
+  const size_t colon = advertise.rfind(':');
+  return advertise.substr(0, colon + 1) + std::to_string(std::stoi(advertise.substr(colon + 1)) + 1);
+}
+
+// Whether `socket` got `reach_ok` with the pending join's nonce (reads what is queued).
+bool Admissions::answeredOn(zmq::socket_t& socket, const std::string& nonce) {
+  while (auto frames = recvFrames(socket, std::chrono::milliseconds(0))) {
+    std::string why;
+    const auto m = decodeReach(*frames, &why);
+    const auto* ok = m ? std::get_if<ReachOk>(&*m) : nullptr;
+    if (ok && ok->nonce == nonce) return true;
+  }
+  return false;
 }
 
 void Admissions::poll() {
   for (size_t i = 0; i < pending_.size();) {
     Pending& p = *pending_[i];
     bool done = false;
-    while (auto frames = recvFrames(p.socket, std::chrono::milliseconds(0))) {
-      std::string why;
-      const auto m = decodeReach(*frames, &why);
-      const auto* ok = m ? std::get_if<ReachOk>(&*m) : nullptr;
-      if (ok && ok->nonce == p.nonce) {
-        admit(p);
-        done = true;
-        break;
-      }
+    p.answered = p.answered || answeredOn(p.socket, p.nonce);
+    p.accept_answered = p.accept_answered || answeredOn(p.accept_socket, p.nonce);
+    if (p.answered && p.accept_answered) {
+      admit(p, /*reachable=*/true);
+      done = true;
     }
     if (!done && std::chrono::steady_clock::now() >= p.deadline) {
-      refuse_(p.routing_id, p.ask.advertise,
-              "not reachable at " + p.ask.advertise + " within " +
-                  std::to_string(o_.reach_timeout.count() / 1000.0).substr(0, 4) +
-                  " s: other volunteers must be able to dial this address (check provider "
-                  "--listen/--advertise, firewalls and port forwarding)");
+      // Not refused: it trains as a dial-out-only volunteer, dialling its (reachable) peers.
+      admit(p, /*reachable=*/false);
       done = true;
     }
     if (done) {
@@ -114,7 +135,29 @@ std::optional<std::string> Admissions::rejoin(Member& m, const std::string& adve
   return std::nullopt;
 }
 
-void Admissions::admit(const Pending& p) {
+// The line a dial-out-only volunteer prints: why, and what would make it reachable.
+std::string Admissions::reachabilityLine(const Pending& p) const {
+  const std::string seen = p.seen_from.empty() ? "an address it could not tell" : p.seen_from;
+  const std::string host = p.seen_from.empty() ? "HOST" : p.seen_from;
+  // The port it gave, else the one the docs use (any free port will do).
+  const int port = p.ask.advertise.empty() ? 7100 : std::stoi(p.ask.advertise.substr(p.ask.advertise.rfind(':') + 1));
+  const std::string within =
+      " within " + std::to_string(o_.reach_timeout.count() / 1000.0).substr(0, 4) + " s";
+  const std::string why =
+      p.ask.advertise.empty() ? "no address given (no --listen)"
+      : !p.answered ? "the advertised address " + p.ask.advertise +
+                          " did not answer the coordinator's dial-back" + within
+                    : "the advertised address " + p.ask.advertise + " answered but " +
+                          acceptAddressOf(p.ask.advertise) +
+                          " (where volunteers behind routers connect) did not" + within;
+  return "dial-out only: " + why + "; this volunteer trains over connections it opens itself, "
+         "next to reachable volunteers. The coordinator saw it come from " + seen +
+         ". To be reachable: forward TCP ports " + std::to_string(port) + " and " +
+         std::to_string(port + 1) + " of " + host + " to this machine and join with --listen 0.0.0.0:" +
+         std::to_string(port) + " --advertise " + host + ":" + std::to_string(port);
+}
+
+void Admissions::admit(const Pending& p, bool reachable) {
   Member m;
   const bool returning = p.decision.kind != JoinDecision::Kind::kNew;
   if (returning) {
@@ -122,24 +165,35 @@ void Admissions::admit(const Pending& p) {
     if (p.decision.kind == JoinDecision::Kind::kRejoining) {
       if (const auto why = rejoin(m, p.ask.advertise)) return refuse_(p.routing_id, p.ask.advertise, *why);
     }
+    // Its placed node's peers dial it, or wait for it to dial them: that cannot change under them.
+    if (m.state == MemberState::kAssigned && m.dial_out_only == reachable)
+      return refuse_(p.routing_id, p.ask.advertise,
+                     m.name + " holds a node placed as " +
+                         (m.dial_out_only ? "dial-out only" : "reachable at " + m.advertise) +
+                         " and is now " + (reachable ? "reachable" : "dial-out only") +
+                         "; join as it was placed, or wait until a spare has taken the node over");
   } else {
     m.name = store_.nextMemberName();
     m.public_key = p.key;
     m.state = MemberState::kSpare;
     m.joined_at = unixNow();
   }
-  m.advertise = p.ask.advertise;
+  m.advertise = reachable ? p.ask.advertise : "";
+  m.dial_out_only = !reachable;
   m.probe_json = encodeVolunteerProbe(p.ask.probe).dump();
   m.last_seen = unixNow();
   store_.putMember(m);
-  CAIRN_INFO("coordinator: ", returning ? "back: " : "joined: ", m.name, " at ", m.advertise, " (",
+  CAIRN_INFO("coordinator: ", returning ? "back: " : "joined: ", m.name, " at ",
+             reachable ? m.advertise : "(dial-out only, from " + p.seen_from + ")", " (",
              p.ask.probe.ram_gb, " GB, ", p.ask.probe.cores, " cores, ", p.ask.probe.compute_gflops,
              " GFLOPS, ", p.ask.probe.bandwidth_mbps, " Mbps, GPUs: ", describeGpus(p.ask.probe.gpus),
              ", libtorch ", p.ask.probe.libtorch, "), ", toString(m.state));
   const std::string note =
       m.state == MemberState::kSpare && o_.spare_note ? o_.spare_note(m) : std::string();
   if (!note.empty()) CAIRN_INFO("coordinator: told ", m.name, ": ", note);
-  send_routed_(p.routing_id, encode(Accepted{m.name, toString(m.state), note}));
+  const std::string reach = reachable ? std::string() : reachabilityLine(p);
+  if (!reach.empty()) CAIRN_INFO("coordinator: told ", m.name, ": ", reach);
+  send_routed_(p.routing_id, encode(Accepted{m.name, toString(m.state), note, reach}));
   if (m.state == MemberState::kAssigned) resendAssignment(m);
 }
 

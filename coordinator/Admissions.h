@@ -3,12 +3,16 @@
 // reach the volunteer:
 //   onJoin()  JoinPolicy's checks (the volunteer's libtorch against the plan's, once there is a
 //             plan, else against this coordinator's, which will write it), then the coordinator
-//             dials the address the volunteer advertises (its own DEALER, CURVE with the
+//             dials the address the volunteer advertises, and its port + 1 (its own DEALERs, CURVE with the
 //             volunteer's key) and sends `reach{nonce}`
 //   poll()    every loop turn: a volunteer that answered `reach_ok` with the nonce is admitted —
 //             a new spare, or a returning member with its row kept — and answered `accepted`; a
 //             returning placed volunteer (its process restarted) gets its assignment again. One
-//             not heard back within the reach timeout is refused (`not reachable at …`).
+//             not heard back within the reach timeout on its port and its port + 1 (where
+//             dial-out-only peers connect), or that gave no address at all (provider
+//             --join without --listen: no dial-back), is admitted as dial-out only (Member::
+//             dial_out_only): its `accepted` carries the one line it prints — why, the address
+//             the coordinator saw it come from, the ports to forward to become reachable.
 // Ownership: borrows the store, the ZeroMQ context and the coordinator's keys; owns the pending
 // checks' sockets. Replies and refusals go through the coordinator's functions.
 // Thread-safety: the coordinator's loop thread only.
@@ -59,7 +63,10 @@ class Admissions {
 
  private:
   struct Pending;
-  void admit(const Pending& p);
+  void admit(const Pending& p, bool reachable);
+  std::string reachabilityLine(const Pending& p) const;
+  static std::string acceptAddressOf(const std::string& advertise);
+  static bool answeredOn(zmq::socket_t& socket, const std::string& nonce);
   // `m` (a kRejoining member) made assigned or spare; the reason to refuse it, if any.
   std::optional<std::string> rejoin(Member& m, const std::string& advertise);
   void resendAssignment(const Member& m);

@@ -73,7 +73,8 @@ class CoordinatorStore::Statement {
 
 namespace {
 
-#define CAIRN_MEMBER_COLUMNS "name, public_key, advertise, probe, state, joined_at, last_seen"
+#define CAIRN_MEMBER_COLUMNS \
+  "name, public_key, advertise, probe, state, joined_at, last_seen, dial_out_only"
 
 template <typename Row>
 Member readRow(const Row& s) {
@@ -85,21 +86,16 @@ Member readRow(const Row& s) {
   m.state = parseMemberState(s.column(4));
   m.joined_at = s.columnReal(5);
   m.last_seen = s.columnReal(6);
+  m.dial_out_only = s.columnInt(7) != 0;
   return m;
 }
 
 }  // namespace
 
 std::string toString(MemberState state) {
-  switch (state) {
-    case MemberState::kJoining: return "joining";
-    case MemberState::kSpare: return "spare";
-    case MemberState::kAssigned: return "assigned";
-    case MemberState::kDone: return "done";
-    case MemberState::kLost: return "lost";
-    case MemberState::kLeft: return "left";
-  }
-  return "?";
+  static const char* const kNames[] = {"joining", "spare", "assigned", "done", "lost", "left"};
+  const auto i = static_cast<size_t>(state);  // MemberState's order
+  return i < sizeof kNames / sizeof kNames[0] ? kNames[i] : "?";
 }
 
 MemberState parseMemberState(const std::string& text) {
@@ -126,7 +122,9 @@ CoordinatorStore::CoordinatorStore(const std::string& path) : path_(path) {
     exec("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
     exec("CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY, public_key TEXT NOT NULL "
          "UNIQUE, advertise TEXT NOT NULL, probe TEXT NOT NULL, state TEXT NOT NULL, joined_at "
-         "REAL NOT NULL, last_seen REAL NOT NULL)");
+         "REAL NOT NULL, last_seen REAL NOT NULL, dial_out_only INTEGER NOT NULL DEFAULT 0)");
+    if (!columnExists("members", "dial_out_only"))  // older: every member was reachable
+      exec("ALTER TABLE members ADD COLUMN dial_out_only INTEGER NOT NULL DEFAULT 0");
     exec("CREATE TABLE IF NOT EXISTS results (name TEXT PRIMARY KEY, path TEXT NOT NULL, summary "
          "TEXT NOT NULL)");
     exec("CREATE TABLE IF NOT EXISTS checkpoints (name TEXT PRIMARY KEY, step INTEGER NOT NULL, "
@@ -261,6 +259,11 @@ void CoordinatorStore::commitBatch() {
   exec("COMMIT");
 }
 
+bool CoordinatorStore::columnExists(const std::string& table, const std::string& column) const {
+  Statement s(*this, "SELECT 1 FROM pragma_table_info(?) WHERE name = ?");
+  return s.text(1, table).text(2, column).step();
+}
+
 bool CoordinatorStore::tableExists(const std::string& table) const {
   Statement s(*this, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
   s.text(1, table);
@@ -312,9 +315,10 @@ void CoordinatorStore::putMember(const Member& m) {
   flushHeard();
   Statement s(*this,
               "INSERT OR REPLACE INTO members (name, public_key, advertise, probe, state, "
-              "joined_at, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?)");
+              "joined_at, last_seen, dial_out_only) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
   s.text(1, m.name).text(2, m.public_key).text(3, m.advertise).text(4, m.probe_json);
   s.text(5, toString(m.state)).real(6, m.joined_at).real(7, m.last_seen);
+  s.integer(8, m.dial_out_only ? 1 : 0);
   s.step();
 }
 

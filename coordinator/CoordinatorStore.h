@@ -39,7 +39,10 @@ MemberState parseMemberState(const std::string& text);  // Internal error on any
 struct Member {
   std::string name;        // "node_4"
   std::string public_key;  // Z85
-  std::string advertise;   // host:port peers dial
+  std::string advertise;   // host:port peers dial; empty for a volunteer that gave none
+  // Nobody can dial it (no address, or the coordinator's dial-back got no answer): it dials its
+  // peers (node/transport/ReversedLinks.h), which must all be reachable. Column dial_out_only.
+  bool dial_out_only = false;
   std::string probe_json;  // the join's probe (node/protocol/VolunteerProbeCodec.h): {"ram_gb":…,
                            // "cores":…,"compute_gflops":…,"bandwidth_mbps":…,"gpus":[…],"libtorch":…}
   MemberState state = MemberState::kJoining;
@@ -160,6 +163,7 @@ class CoordinatorStore {
   };
   void exec(const std::string& sql);
   bool tableExists(const std::string& table) const;
+  bool columnExists(const std::string& table, const std::string& column) const;
   std::string path_;
   sqlite3* db_ = nullptr;
   bool batch_open_ = false;

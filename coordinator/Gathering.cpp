@@ -102,7 +102,7 @@ std::optional<std::vector<Placement>> Gathering::apply() {
     if (m.state != MemberState::kSpare) continue;
     const std::string note = replacer_.spareNote(m);
     CAIRN_INFO("coordinator: told ", m.name, ": ", note);
-    reply_(m.public_key, encode(Accepted{m.name, toString(m.state), note}));
+    reply_(m.public_key, encode(Accepted{m.name, toString(m.state), note, ""}));
   }
   return placed_nodes;
 }

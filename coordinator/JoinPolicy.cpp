@@ -65,11 +65,12 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
   std::string host;
   int port = 0;
   try {
-    parseHostPort(ask.advertise, "join", "advertise", &host, &port);
+    // No address at all: a dial-out-only volunteer (provider --join without --listen).
+    if (!ask.advertise.empty()) parseHostPort(ask.advertise, "join", "advertise", &host, &port);
   } catch (const Error& e) {
     return refuse(e.what());
   }
-  if (host == "0.0.0.0" || host == "*" || host == "::" || host.empty())
+  if (!ask.advertise.empty() && (host == "0.0.0.0" || host == "*" || host == "::" || host.empty()))
     return refuse("advertise " + ask.advertise +
                   " is not an address peers can dial (give provider --advertise HOST:PORT)");
 
@@ -96,7 +97,8 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
     return refuse(known->name + " is " + toString(known->state) +
                   " in this run and cannot come back (it was replaced or left)");
   for (const Member& m : members)
-    if (m.public_key != key && active(m.state) && m.advertise == ask.advertise)
+    if (m.public_key != key && active(m.state) && !ask.advertise.empty() &&
+        m.advertise == ask.advertise)
       return refuse("advertise " + ask.advertise + " is already taken by " + m.name +
                     " (two volunteers cannot share one address)");
   if (known) {

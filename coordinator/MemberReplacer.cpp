@@ -63,7 +63,12 @@ void MemberReplacer::poll(double now) {
       continue;
     }
     const double needed = neededGb(headers_.header(lost.name), *holder);
-    const std::optional<Member> spare = chooseSpare(members, needed);
+    // A node's peers dial it or wait for it to dial them (node/transport/ReversedLinks.h): its
+    // spare must be reachable, or dial-out only, as its holder was.
+    std::vector<Member> alike;
+    for (const Member& m : members)
+      if (m.dial_out_only == holder->dial_out_only) alike.push_back(m);
+    const std::optional<Member> spare = chooseSpare(alike, needed);
     if (!spare) {
       if (told_no_spare_.insert(lost.name).second)
         CAIRN_WARN("coordinator: no spare can take ", lost.name, " over (", lost.why,
@@ -73,7 +78,7 @@ void MemberReplacer::poll(double now) {
           continue;
         const std::string note = tooSmallNote(m, lost.name, needed);
         CAIRN_INFO("coordinator: told ", m.name, ": ", note);
-        send_(m.public_key, encode(Accepted{m.name, toString(MemberState::kSpare), note}));
+        send_(m.public_key, encode(Accepted{m.name, toString(MemberState::kSpare), note, ""}));
       }
       continue;
     }
@@ -122,7 +127,7 @@ void MemberReplacer::replace(const Member& lost, const Member& spare, double now
   for (const NodeSpec& n : plan.told)
     if (std::find(growing.begin(), growing.end(), n.name) == growing.end()) owed.insert(n.name);
   setPending(owed);
-  send_(spare.public_key, encode(Accepted{lost.name, toString(MemberState::kAssigned), ""}));
+  send_(spare.public_key, encode(Accepted{lost.name, toString(MemberState::kAssigned), "", ""}));
   send_(spare.public_key, encode(a));
   ++replaced_;
   CAIRN_INFO("coordinator: ", lost.name, " is taken over by spare ", spare.name, " at ",

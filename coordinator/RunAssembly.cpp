@@ -1,10 +1,12 @@
 #include "coordinator/RunAssembly.h"
 
 #include "coordinator/ChunkServer.h"
+#include "coordinator/DialOutPlacement.h"
 
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "clusterize/ModelMerge.h"
@@ -24,7 +26,12 @@ std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers) 
     NodeConfig c;
     c.name = m.name;
     c.id = m.name.rfind("node_", 0) == 0 ? m.name.substr(5) : m.name;
-    parseHostPort(m.advertise, "coordinator.db: member " + m.name, "advertise", &c.host, &c.port);
+    if (m.dial_out_only) {  // no address: a placeholder the plan's node.json loses again
+      c.host = "dial-out-only-" + c.id + ".invalid";
+      c.port = 1;
+    } else {
+      parseHostPort(m.advertise, "coordinator.db: member " + m.name, "advertise", &c.host, &c.port);
+    }
     const nlohmann::json probe = nlohmann::json::parse(m.probe_json);
     JsonReader p(probe, "coordinator.db: member " + m.name, "probe");
     c.ram_gb = p.positiveNumber("ram_gb");
@@ -38,17 +45,50 @@ std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers) 
   return configs;
 }
 
+// The planner's placement with every link having a reachable side (DialOutPlacement.h): as
+// planned, or planned again with volunteers of equal figures swapped. BadInput when it cannot be.
+clusterize::ClusterizeResult planReachable(const clusterize::PreparedModel& prepared,
+                                           const std::vector<Member>& volunteers) {
+  std::vector<NodeConfig> configs = volunteerConfigs(volunteers);
+  clusterize::ClusterizeResult result =
+      clusterize::planNodes(prepared, configs, "the volunteers that joined");
+  std::set<std::string> dial_out_only;
+  for (const Member& m : volunteers)
+    if (m.dial_out_only) dial_out_only.insert(m.name);
+  if (!dialOutOnlyLink(result.nodes, dial_out_only)) return result;
+  const auto slots = reachableNeighbourSlots(result.nodes, volunteers);
+  if (slots) {
+    const std::vector<NodeConfig> named = configs;
+    for (size_t i = 0; i < configs.size(); ++i) {  // slot i's figures, its new holder's name
+      const NodeConfig& holder = named[(*slots)[i]];
+      configs[i].name = holder.name;
+      configs[i].id = holder.id;
+      configs[i].host = holder.host;
+      configs[i].port = holder.port;
+    }
+    result = clusterize::planNodes(prepared, configs, "the volunteers that joined");
+  }
+  if (const auto both = dialOutOnlyLink(result.nodes, dial_out_only))
+    CAIRN_THROW(BadInput, "the plan links ", both->first, " and ", both->second,
+                ", both dial-out only (behind a router: nobody can dial either), and no swap with "
+                "a reachable volunteer of the same memory avoids it; such a link needs a relay, "
+                "which this coordinator does not offer yet: more reachable volunteers are needed");
+  return result;
+}
+
 PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
                           const std::vector<Member>& volunteers, const std::string& out) {
   if (!prepared.graph) CAIRN_THROW(BadInput, "no profiled model to plan (the coordinator was made without one)");
-  const std::vector<NodeConfig> configs = volunteerConfigs(volunteers);
-  clusterize::ClusterizeResult result =
-      clusterize::planNodes(prepared, configs, "the volunteers that joined");
+  clusterize::ClusterizeResult result = planReachable(prepared, volunteers);
   std::map<std::string, std::string> keys;
   for (const Member& m : volunteers) keys[m.name] = m.public_key;
   std::vector<NodeSpec> placed = result.nodes;
   // Only the placed nodes need keys; applyPublicKeys checks each has one.
   applyPublicKeys(placed, keys);
+  std::set<std::string> dial_out_only;
+  for (const Member& m : volunteers)
+    if (m.dial_out_only) dial_out_only.insert(m.name);
+  markDialOutOnly(placed, dial_out_only);
   PlannedRun run;
   run.num_clusters = static_cast<int>(result.plan.clusters.size());
   for (NodeSpec& node : placed) node.extra["num_clusters"] = run.num_clusters;

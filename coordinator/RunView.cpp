@@ -345,7 +345,7 @@ void RunView::syncMembers(const std::vector<Member>& members, double now) {
     if (!known || n.member_state.empty()) {
       // A lost volunteer's row renamed <name>-lost-<n> appears as a member already lost.
       const bool gone = m.state == MemberState::kLost || m.state == MemberState::kLeft;
-      s_->addEvent(now, m.name, gone ? state : "joined", "at " + m.advertise + " (" + state + ")");
+      s_->addEvent(now, m.name, gone ? state : "joined", "at " + (m.dial_out_only ? "(dial-out only)" : m.advertise) + " (" + state + ")");
     } else if (n.member_state != state) {
       s_->addEvent(now, m.name, state, "was " + n.member_state);
     }

@@ -12,17 +12,19 @@ namespace {
 nlohmann::json peerToJson(const PeerRef& p) {
   nlohmann::json j = {{"name", p.name}, {"address", p.address}};
   if (!p.public_key.empty()) j["public_key"] = p.public_key;
+  if (p.dial_out_only) j["dial_out_only"] = true;
   return j;
 }
 
 PeerRef parsePeer(const JsonReader& r) {
-  r.rejectUnknownKeys({"name", "address", "public_key"});
+  r.rejectUnknownKeys({"name", "address", "public_key", "dial_out_only"});
   PeerRef p;
   p.name = r.string("name");
-  p.address = r.string("address");
+  p.dial_out_only = r.has("dial_out_only") && r.boolean("dial_out_only");
+  p.address = p.dial_out_only ? r.stringOr("address", "") : r.string("address");
   std::string host;
   int port = 0;
-  parseHostPort(p.address, r.context(), r.path("address"), &host, &port);
+  if (!p.dial_out_only) parseHostPort(p.address, r.context(), r.path("address"), &host, &port);
   p.public_key = r.stringOr("public_key", "");
   if (!p.public_key.empty() && p.public_key.size() != 40)
     r.fail("public_key", "must be a 40-character Z85 CURVE key");
@@ -96,6 +98,7 @@ nlohmann::json toJson(const NodeSpec& n) {
   j["name"] = n.name;
   j["job_id"] = n.job_id;
   j["address"] = n.address;
+  if (n.dial_out_only) j["dial_out_only"] = true;
   j["cluster"] = n.cluster;
   j["stage"] = n.stage;
   j["num_stages"] = n.num_stages;
@@ -167,15 +170,16 @@ NodeSpec parseNodeSpec(const nlohmann::json& document, const std::string& source
   r.rejectUnknownKeys({"format", "name", "job_id", "address", "cluster", "stage", "num_stages",
                        "role", "upstream", "downstream", "inputs", "outputs", "parameters",
                        "buffers", "rings", "shared_parameters", "stage_file", "estimates",
-                       "extra"});
+                       "extra", "dial_out_only"});
   checkFormat(r);
   NodeSpec n;
   n.name = r.string("name");
   n.job_id = r.string("job_id");
-  n.address = r.string("address");
+  n.dial_out_only = r.has("dial_out_only") && r.boolean("dial_out_only");
+  n.address = n.dial_out_only ? r.stringOr("address", "") : r.string("address");
   std::string host;
   int port = 0;
-  parseHostPort(n.address, source, "address", &host, &port);
+  if (!n.dial_out_only) parseHostPort(n.address, source, "address", &host, &port);
   n.cluster = static_cast<int>(r.integer("cluster", 0, 1 << 20));
   n.num_stages = static_cast<int>(r.integer("num_stages", 1, 1 << 16));
   n.stage = static_cast<int>(r.integer("stage", 0, n.num_stages - 1));

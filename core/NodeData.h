@@ -34,6 +34,9 @@ struct PeerRef {
   std::string address;  // "127.0.0.1:5005"; the peer binds tcp://<address>
   // Z85 CURVE public key (40 chars) when the plan is secured; empty otherwise.
   std::string public_key;
+  // node.json "dial_out_only": the peer cannot be dialled (a volunteer behind a home router):
+  // it dials us (node/transport/ReversedLinks.h); `address` is empty then.
+  bool dial_out_only = false;
 };
 
 // One value crossing a stage boundary. Tensors are described by dtype, an example shape and the
@@ -73,7 +76,10 @@ struct NodeSpec {
   int format = kNodeDataFormat;
   std::string name;     // "node_3"
   std::string job_id;
-  std::string address;  // where this node binds: "127.0.0.1:5003"
+  std::string address;  // where this node binds: "127.0.0.1:5003"; empty when dial_out_only
+  // node.json "dial_out_only": nobody can dial this node; it binds nothing and dials every peer
+  // (each of which is reachable: a link between two dial-out-only nodes needs a relay).
+  bool dial_out_only = false;
   int cluster = 0;
   int stage = 0;
   int num_stages = 1;

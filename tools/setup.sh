@@ -32,6 +32,9 @@ PACKAGES=(
   # The Debian packages (cmake/Packaging.cmake; ctest package.debs): man pages from --help,
   # dpkg-shlibdeps, lintian, systemd-analyze verify for the service unit.
   help2man dpkg-dev lintian systemd
+  # Volunteers behind home routers, emulated: network namespaces behind MASQUERADE
+  # (tests/integration/nat_direct_test.py; docs/OPERATIONS.md "Behind a home router").
+  iptables
 )
 
 missing=()

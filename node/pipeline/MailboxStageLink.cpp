@@ -6,6 +6,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "node/transport/LivePeers.h"
 #include "node/pipeline/Int8Boundary.h"
 #include "node/protocol/PipelineControl.h"
 #include "trainer/ReservedTensors.h"
@@ -145,7 +146,7 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
   if (node_.upstream) neighbours.emplace_back(Neighbour::kUpstream, *node_.upstream);
   if (node_.downstream) neighbours.emplace_back(Neighbour::kDownstream, *node_.downstream);
   for (const auto& [dir, p] : neighbours)
-    mailbox_.transport().addPeer(p.name, "tcp://" + p.address);
+    mailbox_.transport().addPeer(p.name, transportEndpointOf(p));
   const auto wait = timeout.value_or(timeouts_.startup);
   const auto deadline = std::chrono::steady_clock::now() + wait;
   auto left = [&] {

@@ -136,7 +136,14 @@ TransportOptions transportOptions(const ProviderRunOptions& options, const NodeS
   // Neighbours and ring peers on this host (loopback addresses) over a Unix-domain socket in this
   // user's 0700 directory instead of CURVE over TCP (docs/PROTOCOL.md "Same-host links").
   if (options.same_host_links) transport_options.same_host_dir = sameHostDir();
-  transport_options.advertised_endpoint = "tcp://" + node.address;
+  // Behind a home router (node.json "dial_out_only"): this node listens on nothing and dials every
+  // peer; a reachable node accepts dial-out-only peers at its port + 1 (ReversedLinks.h).
+  transport_options.dial_out_only = node.dial_out_only;
+  if (!node.dial_out_only) {
+    transport_options.advertised_endpoint = "tcp://" + node.address;
+    transport_options.accept_endpoint = acceptEndpointOf(
+        "tcp://" + (options.bind_address.empty() ? node.address : options.bind_address));
+  }
   transport_options.pacer = options.send_pacer;
   if (options.send_pacer)
     CAIRN_INFO("what this node sends is capped at ", options.send_pacer->mbps(), " Mbit/s (--max-mbps)");
@@ -167,9 +174,11 @@ std::unique_ptr<ZapAuthenticator> secureTransport(const ProviderRunOptions& opti
 void logListening(const JobSpec& job, const NodeSpec& node, int num_clusters,
                   const std::string& bind) {
   CAIRN_INFO("job ", job.job_id, ": cluster ", node.cluster, " of ", num_clusters,
-             ", stage ", node.stage + 1, "/", node.num_stages, " (", toString(node.role),
-             "), listening on ", bind,
-             bind == node.address ? std::string() : " (peers dial " + node.address + ")");
+             ", stage ", node.stage + 1, "/", node.num_stages, " (", toString(node.role), "), ",
+             node.dial_out_only ? "dial-out only: listening on nothing, dialling every peer"
+                                : "listening on " + bind,
+             bind == node.address || node.dial_out_only ? std::string()
+                                                        : " (peers dial " + node.address + ")");
 }
 
 LinkTimeouts linkTimeouts(const TimeoutOptions& t) {
@@ -407,7 +416,7 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   const std::unique_ptr<ZapAuthenticator> authenticator =
       secureTransport(options, node, dir, context, &transport_options);
   const std::string bind = options.bind_address.empty() ? node.address : options.bind_address;
-  ZmqTransport transport(context, name, "tcp://" + bind, transport_options);
+  ZmqTransport transport(context, name, node.dial_out_only ? "" : "tcp://" + bind, transport_options);
   Mailbox mailbox(transport);
   // A ring peer replaced mid-run is re-pointed live (provider --join); the hook is withdrawn
   // before the transport closes (explicitly below, or by `withdraw` on an exception).

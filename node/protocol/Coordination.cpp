@@ -141,6 +141,7 @@ Frames encode(const MetricsAck& m) {
 Frames encode(const Accepted& m) {
   nlohmann::json header = {{"type", "accepted"}, {"name", m.name}, {"state", m.state}};
   if (!m.note.empty()) header["note"] = m.note;
+  if (!m.reachability.empty()) header["reachability"] = m.reachability;
   return frames(header);
 }
 Frames encode(const Rejected& m) {
@@ -182,7 +183,7 @@ std::optional<ToCoordinator> decodeJoin(const Frames& f, Fields& in, const std::
   if (!attachments(f, 0, 0, type, why)) return std::nullopt;
   JoinAsk m;
   m.token = in.string("token", kMaxTokenBytes);
-  m.advertise = in.string("advertise", kMaxAddressBytes);
+  m.advertise = in.string("advertise", kMaxAddressBytes, /*allow_empty=*/true);  // "": dial-out only
   m.name = in.optionalString("name", kMaxNodeNameBytes);
   const nlohmann::json probe = in.object("probe");
   if (!in.ok()) return std::nullopt;
@@ -318,6 +319,7 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
     m.name = in.string("name", kMaxNodeNameBytes);
     m.state = in.string("state", kMaxStateBytes);
     m.note = in.optionalString("note", kMaxNoteBytes);
+    m.reachability = in.optionalString("reachability", kMaxNoteBytes);
     return done<V>(in, std::move(m));
   }
   if (type == "rejected") {

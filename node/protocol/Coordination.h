@@ -10,7 +10,7 @@
 // "protocol": kCoordinationProtocol.
 //
 //   volunteer → coordinator
-//     join       {token, advertise, probe{ram_gb, cores, compute_gflops, bandwidth_mbps, gpus[…],
+//     join       {token, advertise ("" when none), probe{ram_gb, cores, compute_gflops, bandwidth_mbps, gpus[…],
 //                 libtorch}, name?}           ask to take part; `name`: the name a restarted
 //                                             volunteer held before (it keeps its key); `probe`:
 //                                             VolunteerProbeCodec.h (GPUs, libtorch version)
@@ -24,7 +24,9 @@
 //                                             `stream` (one per volunteer process); answered by
 //                                             metrics_ack
 //   coordinator → volunteer
-//     accepted   {name, state}                joined; `state` is "spare" until it is assigned
+//     accepted   {name, state, note?, reachability?}  joined; `state` is "spare" until it is
+//                                             assigned; reachability: present when the dial-back
+//                                             failed or there was no address (dial-out only)
 //     rejected   {reason, node_taken?}        not joined (the volunteer prints the reason, exits 2);
 //                                             to a member's heartbeat or upload: not taken, and
 //                                             node_taken: true when its node was given to a spare
@@ -78,7 +80,7 @@ using Frames = std::vector<std::string>;
 
 struct JoinAsk {
   std::string token;
-  std::string advertise;  // host:port peers dial
+  std::string advertise;  // host:port peers dial; empty: none (dial-out only, no --listen)
   VolunteerProbe probe;
   std::string name;       // empty: a new volunteer
 };
@@ -121,6 +123,9 @@ struct Accepted {
   std::string name;
   std::string state;  // "spare" | "assigned"
   std::string note;   // optional (may be empty): for a spare, why it waits (no stage fits it, …)
+  // optional: set when the coordinator could not dial the volunteer back (it is dial-out only):
+  // one line saying so, with what it would take to become reachable (the volunteer prints it).
+  std::string reachability;
 };
 struct Rejected {
   std::string reason;

@@ -8,6 +8,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "node/transport/LivePeers.h"
 #include "node/ring/RingCheckpoint.h"
 #include "node/ring/RingMembership.h"
 #include "node/ring/RingRestart.h"
@@ -36,10 +37,6 @@ struct RingsBusy {
   std::atomic<int>& busy;
   std::unique_lock<std::recursive_mutex> lock;
 };
-
-std::string endpointOf(const PeerRef& peer) {
-  return peer.address.find("://") == std::string::npos ? "tcp://" + peer.address : peer.address;
-}
 
 }  // namespace
 
@@ -71,7 +68,7 @@ RingClusterSync::RingClusterSync(Mailbox& mailbox, const NodeSpec& node, SyncOpt
     for (const auto& m : spec.members) {
       names.push_back(m.name);
       if (m.name != node.name && added.insert(m.name).second)
-        mailbox.transport().addPeer(m.name, endpointOf(m));
+        mailbox.transport().addPeer(m.name, transportEndpointOf(m));
     }
     if (spec.members.size() > 1 && (spec.rank < 0 || size_t(spec.rank) >= names.size() ||
                                     names[size_t(spec.rank)] != node.name))

@@ -39,6 +39,9 @@ class LivePeers {
   std::map<std::string, PeerRef> peers_;  // under mutex_: name → what the transport dials now
 };
 
+// The endpoint the transport is given for a peer: tcp://ADDRESS, or kDialsUsEndpoint for a
+// dial-out-only peer (node/transport/ReversedLinks.h).
+std::string transportEndpointOf(const PeerRef& peer);
 // Every peer a node.json names (upstream, downstream, ring members; not the node itself).
 std::map<std::string, PeerRef> peersOf(const NodeSpec& node);
 

@@ -1,9 +1,5 @@
 #include "node/transport/ZmqTransport.h"
 
-#if defined(__SANITIZE_THREAD__)
-#include <sanitizer/tsan_interface.h>
-#endif
-
 #include <malloc.h>
 #include <unistd.h>
 
@@ -18,42 +14,10 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "node/transport/ZmqSockets.h"
 
 namespace cairn {
 namespace {
-
-// Binds `socket`; on EADDRINUSE tries again for up to 2 s. ZeroMQ closes a socket in its I/O
-// thread after zmq_close returns, so a transport of this process closed a moment ago (a stage
-// restarted in-process on the same address) can hold its port a little longer, the longer on a
-// loaded machine. A port another process holds still fails, 2 s later, with the same error.
-void bindRetryingWhileInUse(zmq::socket_t& socket, const std::string& endpoint) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  for (;;) {
-    try {
-      socket.bind(endpoint);
-      return;
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EADDRINUSE || std::chrono::steady_clock::now() >= deadline) throw;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
-// ZeroMQ hands a message from the sending thread to the receiving one inside libzmq (over inproc
-// the very buffer, through a lock-free pipe), and libzmq is not built with ThreadSanitizer: in a
-// TSan build (tools/tsan.sh) the sender releases and the receiver acquires each frame's bytes, so
-// TSan sees the happens-before that libzmq's pipe provides. Nothing in other builds.
-#if defined(__SANITIZE_THREAD__)
-void handOver(std::vector<zmq::message_t>& frames) {
-  for (auto& frame : frames) __tsan_release(frame.data());
-}
-void takeOver(std::vector<zmq::message_t>& frames) {
-  for (auto& frame : frames) __tsan_acquire(frame.data());
-}
-#else
-void handOver(std::vector<zmq::message_t>&) {}
-void takeOver(std::vector<zmq::message_t>&) {}
-#endif
 
 void keepMessageMemory() {
   static std::once_flag once;
@@ -63,51 +27,23 @@ void keepMessageMemory() {
   });
 }
 
-// zmq::poll that returns false instead of throwing when a signal interrupted it (EINTR): the
-// callers' loops recompute their deadlines, and receiveOrLivenessChange returns so that a caller
-// can look at a flag its signal handler set.
-template <typename Items>
-bool pollOrInterrupted(Items&& items, std::chrono::milliseconds timeout) {
-  try {
-    zmq::poll(items, timeout);
-    return true;
-  } catch (const zmq::error_t& e) {
-    if (e.num() != EINTR) throw;
-    return false;
-  }
+// While reversed links are open, the receiving thread wakes at least this often: a new attach
+// arrives on a ROUTER the senders share, so it is read between polls, not polled; a DEALER whose
+// key was refused is dialled again from there (ReversedLinks.h).
+constexpr std::chrono::milliseconds kReversedLinkPoll{20};
+
+ReversedLinkOptions reversedLinkOptions(const TransportOptions& o, bool split_io_threads) {
+  ReversedLinkOptions r;
+  r.send_high_water_mark = o.send_high_water_mark;
+  r.receive_high_water_mark = o.receive_high_water_mark;
+  r.heartbeat_interval = o.heartbeat_interval;
+  r.heartbeat_timeout = o.heartbeat_timeout;
+  r.max_inbound_bytes = static_cast<int64_t>(o.codec.max_message_bytes + o.codec.max_header_bytes);
+  r.own = o.curve ? &o.curve->own : nullptr;
+  r.split_io_threads = split_io_threads;
+  return r;
 }
 
-// Queues the first frame of a message on `socket`: at once, or, only when the peer's queue is full
-// (or it is not connected yet), once there is room, waiting at most `timeout` (false: it timed
-// out). Once the first frame is queued, ZeroMQ queues the rest atomically.
-bool queueFirstFrame(zmq::socket_t& socket, std::vector<zmq::message_t>& frames,
-                     std::chrono::milliseconds timeout) {
-  auto sendNow = [&] {
-    return socket
-        .send(frames[0],
-              (frames.size() > 1 ? zmq::send_flags::sndmore : zmq::send_flags::none) |
-                  zmq::send_flags::dontwait)
-        .has_value();
-  };
-  if (sendNow()) return true;
-  zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLOUT, 0};
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    std::vector<zmq::pollitem_t> items{item};
-    pollOrInterrupted(items, std::max(left, std::chrono::milliseconds(0)));
-    item.revents = items[0].revents;
-    if ((item.revents & ZMQ_POLLOUT) && sendNow()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-  }
-}
-
-// Each monitor needs its own inproc endpoint, unique within the context (the process).
-std::string nextMonitorEndpoint(const std::string& name, const std::string& peer) {
-  static std::atomic<uint64_t> counter{0};
-  return "inproc://cairn-monitor-" + name + "-" + peer + "-" + std::to_string(counter++);
-}
 }  // namespace
 
 ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
@@ -130,6 +66,13 @@ ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
     inbound_.set(zmq::sockopt::curve_secretkey, options_.curve->own.secret_key);
     inbound_.set(zmq::sockopt::zap_domain, "cairn");
   }
+  const bool split = context_.get(zmq::ctxopt::io_threads) >= 2;
+  if (options_.dial_out_only)
+    dialed_ = std::make_unique<DialedLinks>(context_, name_, reversedLinkOptions(options_, split));
+  if (bind_endpoint.empty()) {  // dial-out only: nothing to listen on
+    CAIRN_ENFORCE(options_.dial_out_only, name_, ": no endpoint to listen on");
+    return;
+  }
   try {
     bindRetryingWhileInUse(inbound_, bind_endpoint);
     bound_endpoint_ = inbound_.get(zmq::sockopt::last_endpoint);
@@ -137,6 +80,14 @@ ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
     CAIRN_THROW(BadInput, name_, ": cannot listen on ", bind_endpoint, ": ", e.what(),
                 e.num() == EADDRINUSE ? " (another process uses this port)" : "");
   }
+  // Reversed links (ReversedLinks.h): a dial-out-only peer connects to PORT+1 of the endpoint
+  // peers dial, unless the options name another.
+  const std::string& dialled =
+      options_.advertised_endpoint.empty() ? bound_endpoint_ : options_.advertised_endpoint;
+  std::string accept = options_.accept_endpoint;
+  if (accept.empty() && dialled == bound_endpoint_) accept = acceptEndpointOf(bound_endpoint_);
+  accepted_ = std::make_unique<AcceptedLinks>(context_, name_, accept,
+                                              reversedLinkOptions(options_, split));
   // Same-host links (header): the Unix-domain socket named after the port peers dial (normally
   // the TCP port this transport holds, so no two live transports of this user share it). ZeroMQ's
   // bind replaces a socket file left behind by a process that died; flushAndClose removes ours.
@@ -201,6 +152,7 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
 
 // Caller holds add_mutex_ (so the key map changes under nobody else) and found no such peer.
 void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& endpoint) {
+  if (isDialsUsEndpoint(endpoint)) return addDialingPeerLocked(peer);
   zmq::socket_t socket(context_, zmq::socket_type::push);
   socket.set(zmq::sockopt::sndhwm, options_.send_high_water_mark);
   // Queue only on completed connections: a send to a peer that is not there yet waits (and times
@@ -227,15 +179,10 @@ void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& end
   }
   if (context_.get(zmq::ctxopt::io_threads) >= 2) socket.set(zmq::sockopt::affinity, uint64_t{2});
   // The monitor is attached before connect() so no event is missed.
-  const std::string monitor_endpoint = nextMonitorEndpoint(name_, peer);
-  if (zmq_socket_monitor(socket.handle(), monitor_endpoint.c_str(),
-                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
-    CAIRN_THROW(InternalError, name_, ": zmq_socket_monitor for peer ", peer, ": ",
-                zmq_strerror(zmq_errno()));
-  zmq::socket_t monitor(context_, zmq::socket_type::pair);
-  monitor.set(zmq::sockopt::linger, 0);
-  monitor.connect(monitor_endpoint);
+  zmq::socket_t monitor = monitorSocket(
+      context_, socket,
+      ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH,
+      name_, peer);
   const std::string& dial = same_host.empty() ? endpoint : same_host;
   try {
     socket.connect(dial);
@@ -249,9 +196,12 @@ void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& end
   entry.monitor = std::move(monitor);
   entry.endpoint = dial;
   entry.same_host = !same_host.empty();
+  // Dial-out only: the peer answers over a connection we open to its accept endpoint too.
+  if (dialed_) dialed_->add(peer, acceptEndpointOf(endpoint), curveKeyOf(peer));
   std::unique_lock<std::shared_mutex> lock(peers_mutex_);
   outbound_.emplace(peer, std::move(entry));
 }
+
 
 bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpoint,
                                const std::string& public_key) {
@@ -263,6 +213,14 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   p.repointing->fetch_add(1);
   std::unique_lock<std::mutex> sending(*p.send_mutex);
   p.repointing->fetch_sub(1);
+  if (p.accepted || isDialsUsEndpoint(endpoint)) {
+    if (p.accepted != isDialsUsEndpoint(endpoint))
+      CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from ",
+                  p.accepted ? "dial-out only to reachable" : "reachable to dial-out only",
+                  "; a replacement keeps its peers' reachability");
+    accepted_->reset(peer);  // the new holder dials us and attaches; its key is ZAP's business
+    return true;
+  }
   // A loopback address is reachable from this host only: a peer on this host stays on it (its
   // socket has no CURVE), one elsewhere stays elsewhere.
   const std::string same_host = sameHostEndpointFor(endpoint);
@@ -282,12 +240,14 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   }
   p.endpoint = dial;
   p.refused->store(false);
+  if (dialed_) dialed_->repoint(peer, acceptEndpointOf(endpoint), public_key);
   return true;
 }
 
 PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
   const Peer* p = findPeer(peer);
   if (!p) return PeerLiveness{};
+  if (p->accepted) return accepted_->liveness(peer);
   std::lock_guard<std::mutex> lock(liveness_mutex_);
   return p->liveness;
 }
@@ -295,7 +255,17 @@ PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
 bool ZmqTransport::drainMonitors() {
   bool changed = false;
   std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+  if (dialed_) dialed_->drain();
+  if (accepted_) {
+    uint64_t forged = 0;
+    changed = accepted_->drain(&forged);
+    if (forged > 0) {
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      stats_.messages_forged += forged;
+    }
+  }
   for (auto& [peer, p] : outbound_) {
+    if (p.accepted) continue;
     for (;;) {
       // A monitor event is two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
       std::vector<zmq::message_t> frames;
@@ -332,12 +302,13 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
   Peer* found = findPeer(peer);
   if (!found) return SendStatus::kUnknownPeer;
   std::vector<zmq::message_t> frames = encodeMessage(message, options_.codec);
-  handOver(frames);
+  handOverFrames(frames);
   if (options_.pacer) {  // the volunteer's cap on what it sends: wait our turn
     uint64_t all = 0;
     for (const auto& f : frames) all += f.size();
     options_.pacer->take(all);
   }
+  if (found->accepted) return sendAccepted(peer, *found, frames, timeout);
   {
     // The monitors belong to whoever receives; a send only reads them when nobody does (the
     // receiver drains them while it waits anyway).
@@ -404,7 +375,13 @@ std::optional<Message> ZmqTransport::receiveOrLivenessChange(std::chrono::millis
 
 // A multipart message arrives whole, so once its first frame is readable all of it is. With a
 // same-host socket too, the two are read first in turn, so neither starves the other.
-bool ZmqTransport::readInbound(std::vector<zmq::message_t>& frames, bool* same_host) {
+bool ZmqTransport::readInbound(std::vector<zmq::message_t>& frames, bool* same_host,
+                               std::string* dialed_peer) {
+  dialed_peer->clear();
+  if (dialed_ && dialed_->read(frames, dialed_peer)) {
+    *same_host = false;
+    return true;
+  }
   std::optional<size_t> got;
   for (int i = 0; i < (same_host_inbound_ ? 2 : 1) && !got; ++i) {
     *same_host = same_host_inbound_ && (i == 0) == prefer_same_host_;
@@ -422,34 +399,33 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   // The PULL socket and every peer's monitor, polled together: a connection going down is seen
   // while waiting, not only at the next call.
-  std::vector<zmq::pollitem_t> items{{static_cast<void*>(inbound_), 0, ZMQ_POLLIN, 0}};
-  if (same_host_inbound_) items.push_back({static_cast<void*>(same_host_inbound_), 0, ZMQ_POLLIN, 0});
-  {
-    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
-    for (auto& [peer, p] : outbound_)
-      items.push_back({static_cast<void*>(p.monitor), 0, ZMQ_POLLIN, 0});
-  }
   for (;;) {
     if (drainMonitors() && wake_on_liveness) return std::nullopt;
     std::vector<zmq::message_t> frames;
     // Take what is queued without a poll first; poll (bounded by the deadline) only when empty.
     bool same_host = false;
-    if (!readInbound(frames, &same_host)) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+    std::string dialed_peer;
+    if (!readInbound(frames, &same_host, &dialed_peer)) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left <= std::chrono::milliseconds(0)) return std::nullopt;
+      std::vector<zmq::pollitem_t> items = pollItems();
+      if ((accepted_ && accepted_->bound()) || dialed_) left = std::min(left, kReversedLinkPoll);
       if (!pollOrInterrupted(items, left) && wake_on_liveness) return std::nullopt;
       continue;
     }
-    takeOver(frames);
+    takeOverFrames(frames);
     std::string authenticated;
-    if (options_.curve && !same_host) {
+    if (!dialed_peer.empty()) {
+      authenticated = dialed_peer;  // it came over our DEALER to that peer's server key
+    } else if (options_.curve && !same_host) {
       // The ZAP handler set the connection's User-Id to the peer's name.
       const char* user = zmq_msg_gets(frames[0].handle(), "User-Id");
       authenticated = user ? user : "";
     }
     DecodeResult decoded = decodeMessage(std::move(frames), options_.codec);
-    if (decoded.ok() && options_.curve && !same_host && decoded.message->sender != authenticated) {
+    if (decoded.ok() && (options_.curve || !dialed_peer.empty()) && !same_host &&
+        decoded.message->sender != authenticated) {
       {
         std::lock_guard<std::mutex> lock(stats_mutex_);
         ++stats_.messages_dropped;
@@ -477,7 +453,10 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
 void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
   if (closed_) return;
   closed_ = true;
+  if (accepted_) accepted_->close();
+  if (dialed_) dialed_->close();
   for (auto& [peer, p] : outbound_) {
+    if (p.accepted) continue;
     zmq_socket_monitor(p.socket.handle(), nullptr, 0);
     p.socket.set(zmq::sockopt::linger, static_cast<int>(timeout.count()));
     p.socket.close();

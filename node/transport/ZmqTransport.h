@@ -24,6 +24,17 @@
 // the user's own directory (mode 0700, checked), so only processes of this user can connect —
 // the same processes that can read the node's secret key file anyway.
 //
+// Reversed links (node/transport/ReversedLinks.h; docs/PROTOCOL.md "Reversed links"): a peer added
+// with the endpoint kDialsUsEndpoint is dial-out only (behind a home router): no PUSH dials it;
+// it dials us — its PUSH to our PULL as above, and a DEALER to our accept endpoint (PORT+1, a
+// ROUTER bound when the first such peer is added) — and we send to it through that ROUTER once its
+// DEALER attached. A transport made with TransportOptions::dial_out_only listens on nothing
+// (bind endpoint empty) and, for every peer, opens that DEALER beside its PUSH. The same CURVE
+// keys and ZAP handler serve every socket; liveness of a dial-out-only peer follows its attached
+// connection; high-water marks, heartbeats, max_message_bytes and repointPeer hold for these
+// links too. Reversed links are always TCP (no same-host socket), and a link between two
+// dial-out-only nodes is refused (it needs a relay).
+//
 // Ownership: the transport owns its sockets; the zmq::context_t is borrowed (inproc:// endpoints
 // need one context shared by both ends) and must outlive it.
 // Thread-safety (docs/THREADS.md): send, receive, receiveOrLivenessChange, liveness and stats may
@@ -34,7 +45,12 @@
 // own send lock (a send to one peer never waits behind a send to another). addPeer may run while
 // other threads send and receive (a ring member added mid-run, node/transport/LivePeers.h): the peer map is
 // under a reader/writer lock (peers_mutex_), a new peer's monitor is first polled by the next
-// receive. flushAndClose is tear-down: it must not run concurrently with any other call.
+// receive. Reversed links: the DEALERs of a dial-out-only node are the receiving thread's (under
+// the receive lock); a reachable node's accept ROUTER is shared by its senders and the receiving
+// thread under its own mutex, never blocking (a send to a dial-out-only peer whose queue is full
+// retries every millisecond), so the receiving thread wakes at least every 20 ms while reversed
+// links exist to read attaches (ReversedLinks.h). flushAndClose is tear-down: it must not run
+// concurrently with any other call.
 #pragma once
 
 #include <atomic>
@@ -45,6 +61,7 @@
 
 #include "core/SendPacer.h"
 #include "node/transport/CurveSecurity.h"
+#include "node/transport/ReversedLinks.h"
 #include "node/transport/SameHostLinks.h"
 #include "node/transport/Transport.h"
 
@@ -78,6 +95,13 @@ struct TransportOptions {
   // The endpoint peers dial to reach this transport ("tcp://" + node.json address), when it is not
   // the bound one (provider --bind): its port names the same-host socket. Empty: the bound one.
   std::string advertised_endpoint;
+  // Dial-out only (a volunteer nobody can dial): the bind endpoint may be empty; every peer is
+  // dialled with a PUSH and a receive-only DEALER to its accept endpoint (ReversedLinks.h).
+  bool dial_out_only = false;
+  // Where dial-out-only peers connect (bound when the first one is added). Empty: PORT+1 of the
+  // bound endpoint (of advertised_endpoint's host when that is set, the bound host:PORT+1 being
+  // only right without --bind: give it explicitly then).
+  std::string accept_endpoint;
   // Every send reserves its bytes here first and waits its turn (provider --join --max-mbps: the
   // volunteer's cap on what it sends; core/SendPacer.h); null: no cap.
   std::shared_ptr<SendPacer> pacer;
@@ -85,7 +109,8 @@ struct TransportOptions {
 
 class ZmqTransport : public Transport {
  public:
-  // Binds `bind_endpoint` (e.g. "tcp://127.0.0.1:5003", "inproc://node_3"). Throws BadInput when
+  // Binds `bind_endpoint` (e.g. "tcp://127.0.0.1:5003", "inproc://node_3"; empty only with
+  // options.dial_out_only). Throws BadInput when
   // the endpoint cannot be bound (port in use, bad address), naming it. With options.curve set,
   // inbound connections must authenticate (ZAP) and each message's header sender must equal the
   // authenticated peer name; others are dropped and counted (TransportStats::messages_forged).
@@ -130,6 +155,8 @@ class ZmqTransport : public Transport {
   const std::string& sameHostEndpoint() const { return same_host_endpoint_; }
   // True when messages to `peer` go over a same-host link. False for an unknown peer.
   bool isSameHostPeer(const std::string& peer) const;
+  // The endpoint dial-out-only peers connect to, once one was added (else empty).
+  std::string acceptEndpoint() const { return accepted_ ? accepted_->boundEndpoint() : ""; }
 
   // The last decode error seen (for tests and metrics; read it while no other thread receives).
   const std::optional<DecodeError>& lastDecodeError() const { return last_error_; }
@@ -140,12 +167,13 @@ class ZmqTransport : public Transport {
   std::string bound_endpoint_;
   TransportOptions options_;
   struct Peer {
-    zmq::socket_t socket;   // PUSH, connected to the peer's PULL; used under *send_mutex
+    zmq::socket_t socket;   // PUSH, connected to the peer's PULL (none: `accepted`); under *send_mutex
     zmq::socket_t monitor;  // PAIR receiving `socket`'s monitor events; under receive_mutex_
     PeerLiveness liveness;  // under liveness_mutex_
     std::unique_ptr<std::mutex> send_mutex = std::make_unique<std::mutex>();
     std::string endpoint;  // what `socket` connects to
     bool same_host = false;  // `endpoint` is the peer's same-host socket (no CURVE)
+    bool accepted = false;   // a dial-out-only peer: sent to through accepted_ (no socket, monitor)
     // Set when the peer's ZAP refused our key (a peer that does not admit us yet: a replaced
     // volunteer's neighbour before it applied the new peers); the next send dials again.
     std::unique_ptr<std::atomic<bool>> refused = std::make_unique<std::atomic<bool>>(false);
@@ -162,7 +190,13 @@ class ZmqTransport : public Transport {
   std::optional<Message> receiveImpl(std::chrono::milliseconds timeout, bool wake_on_liveness);
   // One message already queued on an inbound socket into `frames`, without waiting (`*same_host`:
   // it came over the same-host one); false when none is. Caller holds receive_mutex_.
-  bool readInbound(std::vector<zmq::message_t>& frames, bool* same_host);
+  // `*dialed_peer`: the peer whose DEALER it came on (dial-out only), else empty.
+  bool readInbound(std::vector<zmq::message_t>& frames, bool* same_host, std::string* dialed_peer);
+  std::vector<zmq::pollitem_t> pollItems();  // caller holds receive_mutex_
+  SendStatus sendAccepted(const std::string& peer, Peer& p, std::vector<zmq::message_t>& frames,
+                          std::chrono::milliseconds timeout);
+  std::string curveKeyOf(const std::string& peer) const;  // "" without CURVE; BadInput if unknown
+  void addDialingPeerLocked(const std::string& peer);
 
   // The same-host endpoint for a peer's tcp endpoint, or empty when it is not on this host.
   std::string sameHostEndpointFor(const std::string& tcp_endpoint) const;
@@ -185,6 +219,8 @@ class ZmqTransport : public Transport {
   TransportStats stats_;                   // under stats_mutex_
   std::optional<DecodeError> last_error_;  // written under receive_mutex_
   bool closed_ = false;
+  std::unique_ptr<AcceptedLinks> accepted_;  // null: nothing bound (dial-out only)
+  std::unique_ptr<DialedLinks> dialed_;      // set: dial-out only
 };
 
 }  // namespace cairn

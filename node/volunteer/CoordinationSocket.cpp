@@ -119,6 +119,8 @@ std::optional<Routed> recvRouted(zmq::socket_t& socket, std::chrono::millisecond
   r.routing_id = parts[0].to_string();
   const char* user = parts[1].gets("User-Id");
   r.user_id = user ? user : "";
+  const char* from = zmq_msg_gets(parts[1].handle(), "Peer-Address");
+  r.peer_address = from ? from : "";
   for (size_t i = 1; i < parts.size(); ++i) r.frames.push_back(parts[i].to_string());
   return r;
 }

@@ -44,6 +44,7 @@ std::optional<Frames> recvFrames(zmq::socket_t& socket, std::chrono::millisecond
 struct Routed {
   std::string routing_id;
   std::string user_id;
+  std::string peer_address;  // the IP address the connection came from (empty when unknown)
   Frames frames;
 };
 void sendRouted(zmq::socket_t& socket, const std::string& routing_id, const Frames& frames);

@@ -7,6 +7,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "core/NodeConfigs.h"
 #include "node/volunteer/CoordinationSocket.h"
 #include "node/volunteer/VolunteerAssignment.h"
 #include "node/volunteer/VolunteerSockets.h"
@@ -54,6 +55,7 @@ VolunteerSession::VolunteerSession(VolunteerConfig config)
 }
 
 VolunteerSession::~VolunteerSession() {
+  accept_responder_.reset();
   responder_.reset();
   closeMainSocket();
 }
@@ -117,10 +119,32 @@ std::optional<ToVolunteer> VolunteerSession::receive(Clock::time_point deadline)
 
 void VolunteerSession::startResponder() {
   if (responder_) return;
+  if (config_.listen.empty()) {  // dial-out only: nothing to answer the dial-back with
+    listen_bound_.clear();
+    advertised_.clear();
+    return;
+  }
   responder_ = std::make_unique<ReachabilityResponder>(context_, identity_,
                                                        config_.invite.coordinator_key, config_.listen);
   listen_bound_ = responder_->bound();
   advertised_ = config_.advertise.empty() ? listen_bound_ : config_.advertise;
+  startAcceptResponder();
+}
+
+// --listen's port + 1 answers the dial-back too: peers behind routers will connect there.
+void VolunteerSession::startAcceptResponder() {
+  std::string host;
+  int port = 0;
+  parseHostPort(listen_bound_, "--listen", "--listen", &host, &port);
+  const std::string accept = listen_bound_.substr(0, listen_bound_.rfind(':') + 1) + std::to_string(port + 1);
+  try {
+    accept_responder_ = std::make_unique<ReachabilityResponder>(
+        accept_context_, identity_, config_.invite.coordinator_key, accept);
+  } catch (const Error& e) {
+    CAIRN_WARN("cannot answer the reachability check on ", accept, " (", e.what(),
+               "): volunteers behind routers could not connect here, so the coordinator will "
+               "take this volunteer as dial-out only");
+  }
 }
 
 // Bandwidth: one message of probe_bytes, timed until its acknowledgement.
@@ -171,7 +195,8 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
     if (stopRequested()) return std::nullopt;
     noAnswer("(its connection took no join)");
   }
-  CAIRN_INFO("asked ", coordinator_, " to join, advertising ", advertised_,
+  CAIRN_INFO("asked ", coordinator_, " to join, ",
+             advertised_.empty() ? "with no address (dial-out only)" : "advertising " + advertised_,
              asked_name_.empty() ? std::string() : " as " + asked_name_);
   const auto join_deadline = Clock::now() + config_.coordinator_timeout;
   for (;;) {
@@ -189,6 +214,7 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
       workdir_.writeMembership({config_.invite.address(), config_.invite.coordinator_key, name_});
       CAIRN_INFO("joined as ", name_, " (", a->state, "); remembered in ", workdir_.membershipPath());
       if (!a->note.empty()) CAIRN_INFO("the coordinator says: ", a->note);
+      if (!a->reachability.empty()) CAIRN_INFO(a->reachability);
       return *a;
     }
     CAIRN_DEBUG("ignored a message from the coordinator while waiting for the join's answer");
@@ -264,11 +290,14 @@ AssignmentWait VolunteerSession::takeAssignment(const Assignment& a) {
   out.resume = written.resume;
   out.name = name_;
   out.end = AssignmentWait::End::kAssigned;
-  responder_.reset();  // releases --listen for the training transport
+  accept_responder_.reset();  // releases --listen's port + 1 for the training transport
+  responder_.reset();         // releases --listen for the training transport
   CAIRN_INFO("assigned: cluster ", checked.node.cluster, " of ", a.num_clusters, ", stage ",
              checked.node.stage + 1, "/", checked.node.num_stages, " of job ",
              checked.job.job_id, "; written to ", out.node_data);
-  if (checked.node.address != advertised_)
+  if (checked.node.dial_out_only)
+    CAIRN_INFO("dial-out only: this node dials each of its peers (all reachable); nothing dials it");
+  else if (checked.node.address != advertised_)
     CAIRN_WARN("the assignment's node.json address is ", checked.node.address,
                " but this volunteer advertised ", advertised_, " (peers will dial ",
                checked.node.address, ")");

@@ -181,6 +181,12 @@ class VolunteerSession {
   uint64_t malformed_ = 0;
   zmq::context_t context_;  // declared before the sockets: destroyed after them
   std::unique_ptr<ReachabilityResponder> responder_;
+  // The same check on --listen's port + 1, where dial-out-only peers will connect (docs/PROTOCOL.md
+  // "Reversed links"): its own context (one ZAP handler per context); none when that port could
+  // not be bound (then the coordinator takes this volunteer as dial-out only).
+  zmq::context_t accept_context_;
+  std::unique_ptr<ReachabilityResponder> accept_responder_;
+  void startAcceptResponder();
   zmq::socket_t socket_;  // the main DEALER (null while training)
   bool socket_immediate_ = false;
 };

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <sqlite3.h>
 
 #include "coordinator/CoordinatorStore.h"
 #include "tests/coordinator/MemberRows.h"
@@ -94,6 +95,37 @@ TEST(CoordinatorStore, RefusesAFileThatIsNotADatabase) {
     EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
     EXPECT_NE(std::string(e.what()).find("coordinator.db"), std::string::npos) << e.what();
   }
+}
+
+// A database from before dial-out-only volunteers (members without the dial_out_only column):
+// the column is added, every old row reachable; a dial-out-only member keeps its mark.
+TEST(CoordinatorStore, AnOlderMembersTableGainsDialOutOnlyAndKeepsItsRows) {
+  const std::string dir = storeDir("dialout");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE TABLE members (name TEXT PRIMARY KEY, public_key TEXT NOT NULL "
+                         "UNIQUE, advertise TEXT NOT NULL, probe TEXT NOT NULL, state TEXT NOT "
+                         "NULL, joined_at REAL NOT NULL, last_seen REAL NOT NULL);"
+                         "INSERT INTO members VALUES ('node_0', 'k0', '10.0.0.1:7100', '{}', "
+                         "'spare', 1, 1);",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  {
+    CoordinatorStore store(dir + "/coordinator.db");
+    ASSERT_EQ(store.members().size(), 1u);
+    EXPECT_FALSE(store.members()[0].dial_out_only);
+    Member behind = memberRow("node_1", "k1", "", MemberState::kSpare);
+    behind.dial_out_only = true;
+    store.putMember(behind);
+  }
+  CoordinatorStore reopened(dir + "/coordinator.db");
+  const auto back = reopened.memberByName("node_1");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_TRUE(back->dial_out_only);
+  EXPECT_EQ(back->advertise, "");
+  EXPECT_FALSE(reopened.memberByName("node_0")->dial_out_only);
 }
 
 TEST(CoordinatorStore, ABatchIsSeenByItsOwnReadsAndByAnotherConnectionOnlyOnceCommitted) {

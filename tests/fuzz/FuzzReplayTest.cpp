@@ -149,7 +149,7 @@ TEST(FuzzReplay, CoordinationCorpusAndRegressions) {
       encode(CheckpointUpload{"node_3", 40, fnv1a64(std::string("ckpt")), "ckpt"}),
       encode(LeavingNotice{"node_3", "its active hours 22:00-07:00 are over"}),
       encode(metrics),
-      encode(Accepted{"node_4", "spare", "no stage fits the 0.10 GB it gives"}),
+      encode(Accepted{"node_4", "spare", "no stage fits the 0.10 GB it gives", ""}),
       encode(Rejected{"the invite's token is not this run's"}),
       encode(BandwidthAck{1024}),
       encode(assignment),

@@ -28,7 +28,8 @@ CASE:
                     seconds of each upload from the volunteers' logs.
   bad_invites       what a volunteer sees when its invite is wrong: a wrong token is refused with
                     the coordinator's reason (exit 2), a wrong coordinator key gets no answer and a
-                    clear timeout (exit 3), a malformed invite exits 2 before any network traffic;
+                    clear timeout (exit 3), a malformed invite and --advertise without --listen
+                    exit 2 before any network traffic;
                     and on the researcher's side, `--serve --grow` with an async job exits 2
                     naming training_definition.schedule before it listens
 """
@@ -543,6 +544,14 @@ def case_bad_invites(args):
         code = v.finish(60)
         if code != 2 or not v.count(lambda l: "invite" in l):
             fail(f"a malformed invite: expected exit 2 naming the invite, got exit {code}")
+        # --advertise names --listen from outside: alone it is refused before any network traffic
+        # (no address at all is fine: a dial-out-only volunteer, integration.volunteers.nat_direct).
+        alone = subprocess.run([args.provider, "--join", invite, "--advertise", "203.0.113.7:7100",
+                                "--workdir", os.path.join(args.work, "advertise_alone")],
+                               capture_output=True, text=True, timeout=60)
+        if alone.returncode != 2 or "--advertise 203.0.113.7:7100 needs --listen" not in alone.stderr:
+            fail(f"--advertise without --listen: expected exit 2 naming both, got exit "
+                 f"{alone.returncode}: {alone.stderr[-300:]}")
     finally:
         coordinator.proc.terminate()
         code = coordinator.finish(60)

@@ -101,12 +101,16 @@ TEST(Coordination, MessagesToTheCoordinatorRoundTripFieldForField) {
 }
 
 TEST(Coordination, MessagesToTheVolunteerRoundTripFieldForField) {
-  const Accepted a = roundTripToVolunteer<Accepted>(encode(Accepted{"node_9", "spare", ""}));
+  const Accepted a = roundTripToVolunteer<Accepted>(encode(Accepted{"node_9", "spare", "", ""}));
   EXPECT_EQ(a.name, "node_9");
   EXPECT_EQ(a.state, "spare");
   EXPECT_EQ(a.note, "");
-  EXPECT_EQ(roundTripToVolunteer<Accepted>(encode(Accepted{"node_9", "spare", "no stage fits"})).note,
+  EXPECT_EQ(roundTripToVolunteer<Accepted>(encode(Accepted{"node_9", "spare", "no stage fits", ""})).note,
             "no stage fits");
+  EXPECT_EQ(a.reachability, "");  // reachable: no line
+  EXPECT_EQ(roundTripToVolunteer<Accepted>(encode(Accepted{"node_9", "spare", "", "dial-out only: …"}))
+                .reachability,
+            "dial-out only: …");
   EXPECT_EQ(roundTripToVolunteer<Rejected>(encode(Rejected{"wrong token"})).reason, "wrong token");
   EXPECT_FALSE(roundTripToVolunteer<Rejected>(encode(Rejected{"wrong token"})).node_taken);
   EXPECT_TRUE(roundTripToVolunteer<Rejected>(encode(Rejected{"node_1 was given to another", true})).node_taken);
@@ -233,9 +237,9 @@ TEST(Coordination, MalformedMessagesAreRefusedWithTheirReason) {
             "bandwidth: \"bytes\" says 5 but the attachment has 4");
 
   // The other direction, and reachability messages.
-  EXPECT_EQ(whyToVolunteer(edited(encode(Accepted{"n", "spare", ""}), [](auto& h) { h["name"] = 7; })),
+  EXPECT_EQ(whyToVolunteer(edited(encode(Accepted{"n", "spare", "", ""}), [](auto& h) { h["name"] = 7; })),
             "accepted: \"name\" must be a string");
-  EXPECT_EQ(whyToVolunteer(edited(encode(Accepted{"n", "spare", ""}), [](auto& h) { h["note"] = 7; })),
+  EXPECT_EQ(whyToVolunteer(edited(encode(Accepted{"n", "spare", "", ""}), [](auto& h) { h["note"] = 7; })),
             "accepted: \"note\" must be a string");
   EXPECT_EQ(whyToVolunteer(encode(Heartbeat{"n", "waiting", 1})),
             "unknown message type \"heartbeat\" for a volunteer");
@@ -246,7 +250,7 @@ TEST(Coordination, MalformedMessagesAreRefusedWithTheirReason) {
   EXPECT_EQ(whyToVolunteer(edited(encode(CheckpointAck{"n", 10}), [](auto& h) { h.erase("name"); })),
             "checkpoint_ack: \"name\" must be a string");
   std::string why;
-  EXPECT_FALSE(decodeReach(encode(Accepted{"n", "spare", ""}), &why).has_value());
+  EXPECT_FALSE(decodeReach(encode(Accepted{"n", "spare", "", ""}), &why).has_value());
   EXPECT_EQ(why, "unknown message type \"accepted\" for a reachability check");
   EXPECT_FALSE(decodeReach(edited(encode(ReachCheck{"n"}), [](auto& h) { h.erase("nonce"); }), &why));
   EXPECT_EQ(why, "reach: \"nonce\" must be a string");
@@ -656,7 +660,7 @@ TEST(VolunteerSession, AMalformedAssignmentIsBadInputNamingTheCoordinator) {
     session.waitForAssignment();
   });
   auto [from, join] = coordinator.acceptProbeAndJoin();
-  coordinator.reply(from, encode(Accepted{"node_4", "spare", ""}));
+  coordinator.reply(from, encode(Accepted{"node_4", "spare", "", ""}));
   auto [beat_from, beat] = coordinator.expect<Heartbeat>();
   EXPECT_EQ(beat.name, "node_4");
   EXPECT_EQ(beat.state, "waiting");
@@ -755,7 +759,7 @@ TEST(VolunteerSession, AnAssignmentIsWrittenThenHeartbeatsAndResultsGoToTheCoord
     uploaded = session.uploadResult(summary, weights);
   });
   auto [from, join] = coordinator.acceptProbeAndJoin();
-  coordinator.reply(from, encode(Accepted{"node_4", "spare", ""}));
+  coordinator.reply(from, encode(Accepted{"node_4", "spare", "", ""}));
   auto [beat_from, beat] = coordinator.expect<Heartbeat>();
   coordinator.reply(beat_from, encode(goodAssignment("node_4", join.advertise)));
   // Training heartbeats come from another connection (the heartbeat thread's own socket).
@@ -818,7 +822,7 @@ TEST(VolunteerSession, ARestartedVolunteerAsksForItsNameWithTheSameKey) {
     });
     auto [from, join] = coordinator.acceptProbeAndJoin();
     EXPECT_EQ(join.name, "");
-    coordinator.reply(from, encode(Accepted{"node_8", "spare", ""}));
+    coordinator.reply(from, encode(Accepted{"node_8", "spare", "", ""}));
     volunteer.join();
   }
   VolunteerThread again(abandon, [&] {
@@ -854,7 +858,7 @@ TEST(VolunteerSession, StoppingWhileWaitingSaysLeavingAndFinishedEndsTheWait) {
     second = session.waitForAssignment();  // ends with the stop
   });
   auto [from, join] = coordinator.acceptProbeAndJoin();
-  coordinator.reply(from, encode(Accepted{"node_2", "spare", ""}));
+  coordinator.reply(from, encode(Accepted{"node_2", "spare", "", ""}));
   auto [beat_from, beat] = coordinator.expect<Heartbeat>();
   coordinator.reply(beat_from, encode(Finished{"the run is complete"}));
   ASSERT_TRUE(eventually([&] { return first_done.load(); }));
@@ -886,7 +890,7 @@ TEST(VolunteerSession, ResultsNotAcknowledgedAreResentThenReportedAsNotDelivered
     uploaded = session.uploadResult({{"steps", 1}}, weights);
   });
   auto [from, join] = coordinator.acceptProbeAndJoin();
-  coordinator.reply(from, encode(Accepted{"node_1", "spare", ""}));
+  coordinator.reply(from, encode(Accepted{"node_1", "spare", "", ""}));
   coordinator.expect<ResultUpload>();
   coordinator.expect<ResultUpload>();  // resent: no ack came
   volunteer.join();

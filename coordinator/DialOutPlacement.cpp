@@ -1,0 +1,129 @@
+#include "coordinator/DialOutPlacement.h"
+
+#include <deque>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+namespace cairn::coordinator {
+namespace {
+
+// What a swap must keep equal: memory and GPU count (a slot was planned for its figures).
+std::string swapClassOf(const Member& m) {
+  const nlohmann::json probe = nlohmann::json::parse(m.probe_json, nullptr, false);
+  if (!probe.is_object()) return m.name;  // never swapped
+  const size_t gpus = probe.contains("gpus") && probe["gpus"].is_array() ? probe["gpus"].size() : 0;
+  return std::to_string(probe.value("ram_gb", 0.0)) + "/" + std::to_string(gpus);
+}
+
+// Slots in the order they take dial-out-only volunteers: unplaced (no links) first, then the
+// placed ones by a breadth-first two-colouring of the links (colour 0, then colour 1).
+std::vector<size_t> dialOutSlotOrder(const std::vector<std::vector<size_t>>& adjacent,
+                                     const std::vector<bool>& placed) {
+  std::vector<int> colour(adjacent.size(), -1);
+  for (size_t start = 0; start < adjacent.size(); ++start) {
+    if (!placed[start] || colour[start] >= 0) continue;
+    colour[start] = 0;
+    std::deque<size_t> queue{start};
+    while (!queue.empty()) {
+      const size_t at = queue.front();
+      queue.pop_front();
+      for (size_t next : adjacent[at])
+        if (colour[next] < 0) {
+          colour[next] = 1 - colour[at];
+          queue.push_back(next);
+        }
+    }
+  }
+  std::vector<size_t> order;
+  for (int want : {-1, 0, 1})
+    for (size_t i = 0; i < adjacent.size(); ++i)
+      if (colour[i] == want) order.push_back(i);
+  return order;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> planLinks(const std::vector<NodeSpec>& nodes) {
+  std::set<std::pair<std::string, std::string>> links;
+  auto link = [&](const std::string& a, const std::string& b) {
+    if (a != b) links.insert(a < b ? std::make_pair(a, b) : std::make_pair(b, a));
+  };
+  for (const NodeSpec& n : nodes) {
+    if (n.upstream) link(n.name, n.upstream->name);
+    if (n.downstream) link(n.name, n.downstream->name);
+    for (const RingSpec& ring : n.rings)
+      for (const PeerRef& m : ring.members) link(n.name, m.name);
+  }
+  return {links.begin(), links.end()};
+}
+
+std::optional<std::pair<std::string, std::string>> dialOutOnlyLink(
+    const std::vector<NodeSpec>& nodes, const std::set<std::string>& dial_out_only) {
+  for (const auto& [a, b] : planLinks(nodes))
+    if (dial_out_only.count(a) && dial_out_only.count(b)) return std::make_pair(a, b);
+  return std::nullopt;
+}
+
+std::optional<std::vector<size_t>> reachableNeighbourSlots(const std::vector<NodeSpec>& nodes,
+                                                           const std::vector<Member>& volunteers) {
+  std::map<std::string, size_t> slot_of;
+  for (size_t i = 0; i < volunteers.size(); ++i) slot_of[volunteers[i].name] = i;
+  std::vector<std::vector<size_t>> adjacent(volunteers.size());
+  std::vector<bool> placed(volunteers.size(), false);
+  for (const NodeSpec& n : nodes)
+    if (slot_of.count(n.name)) placed[slot_of[n.name]] = true;
+  for (const auto& [a, b] : planLinks(nodes)) {
+    if (!slot_of.count(a) || !slot_of.count(b)) continue;
+    adjacent[slot_of[a]].push_back(slot_of[b]);
+    adjacent[slot_of[b]].push_back(slot_of[a]);
+  }
+  const std::vector<size_t> order = dialOutSlotOrder(adjacent, placed);
+  std::vector<size_t> taken_by(volunteers.size(), volunteers.size());
+  std::vector<bool> dial_out_slot(volunteers.size(), false);
+  // Per swap class: its dial-out-only volunteers into the first slots of that class that have no
+  // dial-out-only neighbour yet; its reachable ones into the rest, in their order.
+  std::map<std::string, std::vector<size_t>> members_of;
+  for (size_t i = 0; i < volunteers.size(); ++i) members_of[swapClassOf(volunteers[i])].push_back(i);
+  for (const auto& [cls, members] : members_of) {
+    std::deque<size_t> dial_out, reachable;
+    for (size_t m : members) (volunteers[m].dial_out_only ? dial_out : reachable).push_back(m);
+    for (size_t slot : order) {
+      if (dial_out.empty()) break;
+      if (swapClassOf(volunteers[slot]) != cls) continue;
+      bool clear = true;
+      for (size_t next : adjacent[slot]) clear = clear && !dial_out_slot[next];
+      if (!clear) continue;
+      dial_out_slot[slot] = true;
+      taken_by[slot] = dial_out.front();
+      dial_out.pop_front();
+    }
+    if (!dial_out.empty()) return std::nullopt;
+    for (size_t slot : members)
+      if (!dial_out_slot[slot]) {
+        taken_by[slot] = reachable.front();
+        reachable.pop_front();
+      }
+  }
+  return taken_by;
+}
+
+void markDialOutOnly(std::vector<NodeSpec>& nodes, const std::set<std::string>& dial_out_only) {
+  auto mark = [&](PeerRef& p) {
+    if (!dial_out_only.count(p.name)) return;
+    p.dial_out_only = true;
+    p.address.clear();
+  };
+  for (NodeSpec& n : nodes) {
+    if (dial_out_only.count(n.name)) {
+      n.dial_out_only = true;
+      n.address.clear();
+    }
+    if (n.upstream) mark(*n.upstream);
+    if (n.downstream) mark(*n.downstream);
+    for (RingSpec& ring : n.rings)
+      for (PeerRef& m : ring.members) mark(m);
+  }
+}
+
+}  // namespace cairn::coordinator

@@ -1,0 +1,39 @@
+// DialOutPlacement: where dial-out-only volunteers (behind a home router: nobody can dial them;
+// docs/OPERATIONS.md "Behind a home router") may sit in a plan. Every link — pipeline neighbours,
+// any two members of a ring — needs one side that can be dialled (node/transport/ReversedLinks.h):
+// a link between two dial-out-only volunteers needs a relay, which does not exist yet. So the
+// coordinator places dial-out-only volunteers next to reachable ones: after the planner placed the
+// volunteers it checks the links, and when two dial-out-only volunteers would be linked it swaps
+// volunteers of the same memory and GPUs (the plan itself is unchanged: the planner sees the same
+// figures in the same order) — spare slots first, then one colour of the links' two-colouring —
+// and plans again with the swapped names. When no swap helps, planning fails with the sentence
+// the coordinator logs while it waits for more (reachable) volunteers.
+// Pure functions. Thread-safety: none needed.
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "coordinator/CoordinatorStore.h"
+#include "core/NodeData.h"
+
+namespace cairn::coordinator {
+
+// Every pair of node names that a plan links (pipeline neighbours; any two members of a ring).
+std::vector<std::pair<std::string, std::string>> planLinks(const std::vector<NodeSpec>& nodes);
+// The first link with both ends in `dial_out_only`, or nullopt.
+std::optional<std::pair<std::string, std::string>> dialOutOnlyLink(
+    const std::vector<NodeSpec>& nodes, const std::set<std::string>& dial_out_only);
+// For the volunteers as the planner saw them (slot i: volunteers[i]'s figures), which volunteer
+// takes each slot so that no link of `nodes` joins two dial-out-only ones, swapping only
+// volunteers of equal memory and GPU count; nullopt when none is found.
+std::optional<std::vector<size_t>> reachableNeighbourSlots(const std::vector<NodeSpec>& nodes,
+                                                           const std::vector<Member>& volunteers);
+// node.json of the dial-out-only volunteers: no address, "dial_out_only", in the nodes themselves
+// and wherever another node names them.
+void markDialOutOnly(std::vector<NodeSpec>& nodes, const std::set<std::string>& dial_out_only);
+
+}  // namespace cairn::coordinator

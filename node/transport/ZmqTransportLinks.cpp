@@ -1,0 +1,91 @@
+// ZmqTransport's reversed links (node/transport/ReversedLinks.h): peers that dial us because they
+// are dial-out only, the sends to them, and what the receiving thread polls. The rest of the
+// class is in ZmqTransport.cpp.
+#include <thread>
+
+#include "core/Error.h"
+#include "node/transport/ZmqTransport.h"
+
+namespace cairn {
+
+std::string ZmqTransport::curveKeyOf(const std::string& peer) const {
+  if (!options_.curve) return "";
+  auto key = options_.curve->peer_public_keys.find(peer);
+  if (key == options_.curve->peer_public_keys.end())
+    CAIRN_THROW(BadInput, name_, ": no CURVE public key for peer ", peer,
+                " (node.json must list it, or run with --insecure)");
+  return key->second;
+}
+
+// A dial-out-only peer (endpoint kDialsUsEndpoint): no socket of ours dials it; it connects to
+// our accept endpoint and we send through that (ReversedLinks.h).
+void ZmqTransport::addDialingPeerLocked(const std::string& peer) {
+  if (options_.dial_out_only || !accepted_)
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, " is dial-out only and so is this node",
+                " (", bound_endpoint_.empty() ? "no address" : bound_endpoint_,
+                "): neither can dial the other; such a link needs a relay");
+  curveKeyOf(peer);  // checked: the peer's key must be known (ZAP admits it by it)
+  accepted_->add(peer);
+  Peer entry;
+  entry.accepted = true;
+  entry.endpoint = kDialsUsEndpoint;
+  std::unique_lock<std::shared_mutex> lock(peers_mutex_);
+  outbound_.emplace(peer, std::move(entry));
+}
+
+// To a dial-out-only peer: through our accept ROUTER, over the connection it opened and attached.
+// The ROUTER cannot wait for one peer's room, so the wait is short sleeps between tries.
+SendStatus ZmqTransport::sendAccepted(const std::string& peer, Peer& p,
+                                      std::vector<zmq::message_t>& frames,
+                                      std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto next_hook = std::chrono::steady_clock::now() + kSendSlice;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> receiving(receive_mutex_, std::try_to_lock);
+      if (receiving.owns_lock()) drainMonitors();
+    }
+    std::unique_lock<std::mutex> sending(*p.send_mutex);
+    if (accepted_->tryQueue(peer, frames) == AcceptedLinks::Queued::kSent) break;
+    sending.unlock();
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      ++stats_.send_timeouts;
+      return SendStatus::kTimedOut;
+    }
+    if (now >= next_hook) {
+      next_hook = now + kSendSlice;
+      std::function<void()> hook;
+      {
+        std::lock_guard<std::mutex> lock(hook_mutex_);
+        hook = send_wait_hook_;
+      }
+      if (hook) hook();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  uint64_t bytes = 0;
+  for (size_t i = 1; i < frames.size(); ++i) bytes += frames[i].size();
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  ++stats_.messages_sent;
+  stats_.bytes_sent += bytes;
+  return SendStatus::kSent;
+}
+
+// The inbound sockets and every monitor, polled together: a connection going down is seen while
+// waiting, not only at the next call. Caller holds receive_mutex_.
+std::vector<zmq::pollitem_t> ZmqTransport::pollItems() {
+  std::vector<zmq::pollitem_t> items{{static_cast<void*>(inbound_), 0, ZMQ_POLLIN, 0}};
+  if (same_host_inbound_) items.push_back({static_cast<void*>(same_host_inbound_), 0, ZMQ_POLLIN, 0});
+  {
+    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+    for (auto& [peer, p] : outbound_)
+      if (!p.accepted) items.push_back({static_cast<void*>(p.monitor), 0, ZMQ_POLLIN, 0});
+  }
+  if (accepted_) accepted_->addPollItems(items);
+  if (dialed_) dialed_->addPollItems(items);
+  return items;
+}
+
+}  // namespace cairn

@@ -1,0 +1,239 @@
+#!/usr/bin/python3
+"""Volunteers behind home routers, over direct links (issue 29, docs/OPERATIONS.md "Behind a home
+router"), against real NAT:
+
+    nat_direct_test.py --provider P --clusterize C --work DIR
+
+Network namespaces, a closed world that never touches this machine's own interfaces: an
+"internet" namespace holds a bridge with the coordinator (10.77.0.1) and two reachable volunteers
+(10.77.0.2, 10.77.0.3); each of two "homes" is a namespace behind a router namespace whose only
+way out is `iptables -t nat ... MASQUERADE` on its WAN side (10.77.0.10+k): SNAT with connection
+tracking, the return traffic of its own connections forwarded, nothing else (no route reaches the
+home's 192.168.k.0/24 from outside). One home volunteer runs `provider --join` with no --listen at
+all, the other advertises its router's address, which nothing forwards (the dial-back fails). The same 2 clusters x 2 stages job (the example Fashion-MNIST CNN, "average" syncs) runs
+twice: on a flat network (4 reachable volunteers on loopback: the reference) and this way.
+
+Checked (outcomes only): each home volunteer is admitted as dial-out only and told so in one line
+(no address given / the advertised address did not answer) naming the router's address the
+coordinator saw; the plan puts both dial-out-only volunteers in
+node.json with no address and every link (pipeline neighbours, ring members) has a reachable
+side; the run ends (every process exits 0) and every step's loss of every cluster's Leaf equals
+the reference's exactly. Exits 77 (ctest: skipped) with the reason when namespaces or iptables
+are missing (not root, no `ip`/`iptables`, `ip netns add` refused). Every namespace is removed on
+exit, whatever happens.
+"""
+import argparse
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import volunteer_test as vt  # noqa: E402
+
+STEPS = 20
+TEST_SAMPLES = 200
+FLAGS = ["--min-volunteers", "4", "--clusters", "2", "--cuts", "7"]
+COORDINATOR = "10.77.0.1"
+REACHABLE = ["10.77.0.2", "10.77.0.3"]
+HOMES = 2
+# Home 0 gives no address at all; home 1 advertises its router's address without forwarding it
+# (what a user who misread the docs does): the dial-back gets no answer, it is dial-out only too.
+HOME_FLAGS = [[], ["--listen", "0.0.0.0:7300", "--advertise", "10.77.0.11:7300"]]
+HOME_SAYS = ["dial-out only: no address given",
+             "dial-out only: the advertised address 10.77.0.11:7300 did not answer"]
+
+
+def sh(*cmd):
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip()}")
+
+
+class NatWorld:
+    """The namespaces above; close() (also at exit and on SIGTERM) removes them all."""
+
+    def __init__(self):
+        self.tag = f"cnat{os.getpid() % 1000000}"
+        self.inet = self.tag + "i"
+        self.made = []
+
+    def skip_reason(self):
+        if os.geteuid() != 0:
+            return "not root: network namespaces need it"
+        for tool in ("ip", "iptables"):
+            if shutil.which(tool) is None:
+                return f"no `{tool}` (Debian package {'iproute2' if tool == 'ip' else 'iptables'})"
+        probe = self.tag + "p"
+        made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+        if made.returncode != 0:
+            return f"`ip netns add` failed: {made.stderr.strip()}"
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+        return None
+
+    def namespace(self, name):
+        sh("ip", "netns", "add", name)
+        self.made.append(name)
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+
+    def build(self):
+        self.namespace(self.inet)
+        sh("ip", "-n", self.inet, "link", "add", "bridge0", "type", "bridge")
+        for host in [COORDINATOR] + REACHABLE:
+            sh("ip", "-n", self.inet, "addr", "add", host + "/24", "dev", "bridge0")
+        sh("ip", "-n", self.inet, "link", "set", "bridge0", "up")
+        for k in range(HOMES):
+            self.home(k)
+
+    def home(self, k):
+        router, home = f"{self.tag}r{k}", f"{self.tag}h{k}"
+        self.namespace(router)
+        self.namespace(home)
+        sh("ip", "-n", self.inet, "link", "add", f"w{k}", "type", "veth", "peer", "name", "wan", "netns", router)
+        sh("ip", "-n", self.inet, "link", "set", f"w{k}", "master", "bridge0", "up")
+        sh("ip", "-n", router, "addr", "add", f"10.77.0.{10 + k}/24", "dev", "wan")
+        sh("ip", "-n", router, "link", "set", "wan", "up")
+        sh("ip", "-n", router, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", home)
+        sh("ip", "-n", router, "addr", "add", f"192.168.{k}.1/24", "dev", "lan")
+        sh("ip", "-n", router, "link", "set", "lan", "up")
+        sh("ip", "-n", home, "addr", "add", f"192.168.{k}.2/24", "dev", "eth0")
+        sh("ip", "-n", home, "link", "set", "eth0", "up")
+        sh("ip", "-n", home, "route", "add", "default", "via", f"192.168.{k}.1")
+        # The home router: out through SNAT; in only what answers a connection from inside.
+        inside = ["ip", "netns", "exec", router]
+        sh(*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        sh(*inside, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE")
+        sh(*inside, "iptables", "-A", "FORWARD", "-i", "wan", "-o", "lan", "-m", "conntrack",
+           "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+        sh(*inside, "iptables", "-A", "FORWARD", "-i", "wan", "-o", "lan", "-j", "DROP")
+
+    def run_in(self, name):
+        return ["ip", "netns", "exec", name]
+
+    def home_of(self, k):
+        return f"{self.tag}h{k}"
+
+    def close(self):
+        for name in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        self.made = []
+
+
+def leaf_losses(out, workdirs):
+    """{cluster: [(step, loss), ...]} from each cluster's Leaf's own metrics.jsonl."""
+    plan = json.load(open(os.path.join(out, "plan.json")))
+    losses = {}
+    for c, cluster in enumerate(plan["clusters"]):
+        leaf = cluster["chain"][-1]
+        holders = [w for w in workdirs if vt.name_of(w) == leaf]
+        if len(holders) != 1:
+            vt.fail(f"cluster {c}: {len(holders)} volunteers hold its Leaf {leaf}")
+        losses[c] = [(r["step"], r["loss"]) for r in vt.node_records(holders[0], leaf) if "step" in r]
+    return losses
+
+
+def reference_run(args, model, job):
+    sub = vt.in_folder(args, "flat")
+    run = vt.Run(sub, model, job, FLAGS, 4)
+    with run:
+        run.join(4)
+        run.wait_planned(2)
+        run.all_finish()
+    return leaf_losses(run.out, [w for _, w in run.volunteers])
+
+
+def check_links(out):
+    """Both dial-out-only volunteers are placed with no address; every link has a reachable side."""
+    nodes = {}
+    for name in os.listdir(os.path.join(out, "nodes")):
+        nodes[name] = json.load(open(os.path.join(out, "nodes", name, "node.json")))
+    behind = sorted(n for n, spec in nodes.items() if spec.get("dial_out_only"))
+    if len(behind) != HOMES or any(nodes[n]["address"] for n in behind):
+        vt.fail(f"expected {HOMES} dial-out-only nodes without an address, got {behind}")
+    links = 0
+    for name, spec in nodes.items():
+        peers = [spec[k] for k in ("upstream", "downstream") if spec.get(k)]
+        peers += [m for ring in spec.get("rings", []) for m in ring["members"] if m["name"] != name]
+        for p in peers:
+            links += 1
+            if spec.get("dial_out_only") and p.get("dial_out_only"):
+                vt.fail(f"{name} and {p['name']} are linked and both dial-out only")
+            if bool(p.get("dial_out_only")) != (p["name"] in behind):
+                vt.fail(f"{name}'s node.json marks {p['name']} wrongly")
+    print(f"plan: {behind} dial-out only; {links // 2} links, each with a reachable side")
+
+
+def nat_run(args, world, model, job):
+    sub = vt.in_folder(args, "nat")
+    out = os.path.join(sub.work, "coordinator")
+    invite_file = os.path.join(sub.work, "invite.txt")
+    coordinator = vt.Process("coordinator", world.run_in(world.inet) + [
+        args.clusterize, "--model", model, "--job", job, *vt.INPUT_SHAPE, "--serve", f"{COORDINATOR}:7100",
+        "--invite-file", invite_file, "--out", out] + FLAGS)
+    processes = [coordinator]
+    try:
+        invite = coordinator.wait_for(lambda l: l.startswith("invite: "), 120, "'invite: …'").split()[1]
+        workdirs, homes = [], []
+        for i in range(len(REACHABLE) + HOMES):
+            workdir = os.path.join(sub.work, f"volunteer_{i}")
+            workdirs.append(workdir)
+            base = [args.provider, "--join", invite, "--workdir", workdir, "--probe-megabytes", "1"]
+            if i < len(REACHABLE):
+                cmd = world.run_in(world.inet) + base + ["--listen", f"{REACHABLE[i]}:7200"]
+            else:
+                k = i - len(REACHABLE)
+                cmd = world.run_in(world.home_of(k)) + base + HOME_FLAGS[k]
+            processes.append(vt.Process(f"volunteer {i}", cmd))
+            if i >= len(REACHABLE):
+                homes.append((processes[-1], i - len(REACHABLE)))
+        for v, k in homes:
+            line = v.wait_for(lambda l, k=k: HOME_SAYS[k] in l, 120, f"'{HOME_SAYS[k]}'")
+            if f"come from 10.77.0.{10 + k}" not in line:
+                vt.fail(f"the home volunteer {k} was not told the router's address: {line.strip()}")
+        coordinator.wait_for(lambda l: "planned 2 cluster(s) on 4 volunteers" in l, 120, "'planned'")
+        vt.all_finish(coordinator, [(p, None) for p in processes[1:]])
+        check_links(out)
+        return leaf_losses(out, workdirs)
+    finally:
+        for p in processes:
+            p.kill()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--clusterize", required=True)
+    parser.add_argument("--work", required=True)
+    args = parser.parse_args()
+    world = NatWorld()
+    reason = world.skip_reason()
+    if reason:
+        print(f"SKIP: {reason}")
+        sys.exit(77)
+    atexit.register(world.close)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # ctest's timeout: still clean up
+    vt.torch.set_num_threads(1)
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    model, job = vt.prepare(args, STEPS, TEST_SAMPLES)
+    try:
+        world.build()
+        behind_nat = nat_run(args, world, model, job)
+    finally:
+        world.close()
+    reference = reference_run(args, model, job)
+    for c in sorted(reference):
+        if [s for s, _ in reference[c]] != list(range(1, STEPS + 1)):
+            vt.fail(f"reference cluster {c}: steps {[s for s, _ in reference[c]]}")
+        if behind_nat.get(c) != reference[c]:
+            diff = [(a, b) for a, b in zip(reference[c], behind_nat.get(c, [])) if a != b]
+            vt.fail(f"cluster {c}: the Leaf losses behind NAT differ from the flat run's: {diff[:5]}")
+    print(f"every Leaf loss of {len(reference)} clusters x {STEPS} steps behind NAT equals the flat run's")
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

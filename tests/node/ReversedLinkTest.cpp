@@ -1,0 +1,190 @@
+// Reversed links (node/transport/ReversedLinks.h): a dial-out-only node opens every connection of
+// a link to a reachable one — its PUSH to the peer's PULL, its DEALER to the peer's accept
+// endpoint (PORT+1) — and messages flow both ways over them. Real CurveZMQ on loopback, each
+// side in its own context as in separate processes: both directions carry messages, an unknown
+// key never gets a message and an admitted key cannot take another's name, liveness follows the
+// connection the dial-out-only side opened, and repointPeer moves such a link.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+
+#include "core/Error.h"
+#include "node/transport/CurveSecurity.h"
+#include "node/transport/ZmqTransport.h"
+#include "tests/common/LoopbackPorts.h"
+
+namespace cairn {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A loopback port whose successor is free too (the accept endpoint is PORT+1).
+std::string reversedLinkEndpoint() {
+  for (;;) {
+    const int port = testutil::freeLoopbackPorts(1).at(0);
+    if (testutil::loopbackPortBinds(port + 1)) return "tcp://127.0.0.1:" + std::to_string(port);
+  }
+}
+
+Message reversedLinkMessage(const std::string& sender, const std::string& tag) {
+  Message m;
+  m.kind = MessageKind::kControl;
+  m.sender = sender;
+  m.tag = tag;
+  return m;
+}
+
+// A reachable node "r": its own context, a ZAP handler admitting `admitted` (key → name).
+struct Reachable {
+  CurveKeyPair keys = generateCurveKeyPair();
+  zmq::context_t context;
+  ZapAuthenticator zap;
+  std::string endpoint = reversedLinkEndpoint();
+  std::unique_ptr<ZmqTransport> t;
+  Reachable(std::map<std::string, std::string> admitted, const std::string& peer,
+            const std::string& peer_key)
+      : zap(context, std::move(admitted)) {
+    TransportOptions o;
+    o.curve = CurveOptions{keys, {{peer, peer_key}}};
+    t = std::make_unique<ZmqTransport>(context, "r", endpoint, o);
+    t->addPeer(peer, kDialsUsEndpoint);
+  }
+};
+
+// A dial-out-only node named `name` with `keys`, listening on nothing, its one peer `r`.
+struct DialOutOnly {
+  zmq::context_t context;
+  std::unique_ptr<ZmqTransport> t;
+  DialOutOnly(const std::string& name, const CurveKeyPair& keys, const Reachable& r) {
+    TransportOptions o;
+    o.curve = CurveOptions{keys, {{"r", r.keys.public_key}}};
+    o.dial_out_only = true;
+    t = std::make_unique<ZmqTransport>(context, name, "", o);
+    t->addPeer("r", r.endpoint);
+  }
+};
+
+// Receives (waking on liveness changes) until `peer` is in `want` or `limit` passed.
+PeerState reversedWaitFor(ZmqTransport& t, const std::string& peer, PeerState want,
+                          std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (t.liveness(peer).state != want && std::chrono::steady_clock::now() < deadline)
+    (void)t.receiveOrLivenessChange(100ms);
+  return t.liveness(peer).state;
+}
+
+// r sends to d (waiting for d's attach, up to 10 s) and d receives it: the reversed direction.
+void expectReachableToDialOut(ZmqTransport& r, ZmqTransport& d, const std::string& tag) {
+  SendStatus sent = SendStatus::kTimedOut;
+  for (int i = 0; i < 100 && sent != SendStatus::kSent; ++i) {
+    EXPECT_FALSE(d.receive(10ms).has_value());  // d's receiving thread says attach after its handshake
+    (void)r.receiveOrLivenessChange(50ms);      // reads d's attach
+    sent = r.send("d", reversedLinkMessage("r", tag), 50ms);
+  }
+  ASSERT_EQ(sent, SendStatus::kSent);
+  auto got = d.receive(10s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->sender, "r");
+  EXPECT_EQ(got->tag, tag);
+}
+
+TEST(ReversedLink, BothDirectionsFlowOverTheConnectionsTheDialOutOnlySideOpened) {
+  const CurveKeyPair d_keys = generateCurveKeyPair();
+  Reachable r({{d_keys.public_key, "d"}}, "d", d_keys.public_key);
+  DialOutOnly d("d", d_keys, r);
+  EXPECT_TRUE(d.t->boundEndpoint().empty());  // it listens on nothing
+  ASSERT_EQ(d.t->send("r", reversedLinkMessage("d", "up"), 10s), SendStatus::kSent);
+  auto got = r.t->receive(10s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->tag, "up");
+  expectReachableToDialOut(*r.t, *d.t, "down");
+  EXPECT_EQ(r.t->acceptEndpoint(), acceptEndpointOf(r.endpoint));
+  EXPECT_EQ(r.t->liveness("d").state, PeerState::kConnected);
+  // Several in a row keep their order both ways.
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(r.t->send("d", reversedLinkMessage("r", "m" + std::to_string(i)), 10s), SendStatus::kSent);
+    ASSERT_EQ(d.t->send("r", reversedLinkMessage("d", "n" + std::to_string(i)), 10s), SendStatus::kSent);
+  }
+  for (int i = 0; i < 5; ++i) {
+    auto down = d.t->receive(10s);
+    ASSERT_TRUE(down.has_value());
+    EXPECT_EQ(down->tag, "m" + std::to_string(i));
+    auto up = r.t->receive(10s);
+    ASSERT_TRUE(up.has_value());
+    EXPECT_EQ(up->tag, "n" + std::to_string(i));
+  }
+  EXPECT_EQ(r.t->stats().messages_forged, 0u);
+}
+
+TEST(ReversedLink, AnUnknownKeyGetsNothingAndAnAdmittedKeyCannotTakeAnotherName) {
+  const CurveKeyPair d_keys = generateCurveKeyPair(), e_keys = generateCurveKeyPair();
+  // r admits e's key as "e" only; d's key is unknown to it.
+  Reachable r({{e_keys.public_key, "e"}}, "d", d_keys.public_key);
+  DialOutOnly stranger("d", d_keys, r);
+  DialOutOnly impostor("d", e_keys, r);  // admitted as "e", says it is "d"
+  for (int i = 0; i < 20; ++i) {
+    (void)r.t->receiveOrLivenessChange(50ms);
+    (void)stranger.t->receive(10ms);
+    (void)impostor.t->receive(10ms);
+  }
+  EXPECT_EQ(r.t->send("d", reversedLinkMessage("r", "secret"), 500ms), SendStatus::kTimedOut);
+  EXPECT_NE(r.t->liveness("d").state, PeerState::kConnected);
+  EXPECT_FALSE(stranger.t->receive(200ms).has_value());
+  EXPECT_FALSE(impostor.t->receive(200ms).has_value());
+  EXPECT_GE(r.zap.rejected(), 1u);                  // the unknown key's handshakes
+  EXPECT_GE(r.t->stats().messages_forged, 1u);      // the attach naming another
+}
+
+TEST(ReversedLink, LivenessFollowsTheConnectionTheDialOutOnlySideOpened) {
+  const CurveKeyPair d_keys = generateCurveKeyPair();
+  Reachable r({{d_keys.public_key, "d"}}, "d", d_keys.public_key);
+  EXPECT_EQ(r.t->liveness("d").state, PeerState::kUnknown);
+  auto d = std::make_unique<DialOutOnly>("d", d_keys, r);
+  expectReachableToDialOut(*r.t, *d->t, "first");
+  ASSERT_EQ(r.t->liveness("d").state, PeerState::kConnected);
+  d.reset();  // the volunteer goes away: its connections close
+  ASSERT_EQ(reversedWaitFor(*r.t, "d", PeerState::kDisconnected, 10s), PeerState::kDisconnected);
+  EXPECT_EQ(r.t->send("d", reversedLinkMessage("r", "lost"), 200ms), SendStatus::kTimedOut);
+  d = std::make_unique<DialOutOnly>("d", d_keys, r);  // back, from wherever it is now
+  expectReachableToDialOut(*r.t, *d->t, "again");
+  EXPECT_EQ(r.t->liveness("d").state, PeerState::kConnected);
+}
+
+TEST(ReversedLink, RepointMovesBothEndsOfAReversedLink) {
+  const CurveKeyPair d_keys = generateCurveKeyPair(), d2_keys = generateCurveKeyPair();
+  auto r1 = std::make_unique<Reachable>(std::map<std::string, std::string>{{d_keys.public_key, "d"}},
+                                        "d", d_keys.public_key);
+  Reachable r2({{d_keys.public_key, "d"}}, "d", d_keys.public_key);
+  auto d = std::make_unique<DialOutOnly>("d", d_keys, *r1);
+  expectReachableToDialOut(*r1->t, *d->t, "to-r1");
+  // The reachable peer was lost and replaced: d dials the new one, with its key.
+  r1.reset();
+  ASSERT_TRUE(d->t->repointPeer("r", r2.endpoint, r2.keys.public_key));
+  ASSERT_EQ(d->t->send("r", reversedLinkMessage("d", "up-r2"), 10s), SendStatus::kSent);
+  auto got = r2.t->receive(10s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->tag, "up-r2");
+  expectReachableToDialOut(*r2.t, *d->t, "to-r2");
+  // The dial-out-only peer was lost and replaced by another (new key): r2 admits it, forgets
+  // the old one's connection, and sends to the new holder once it attached.
+  d.reset();
+  r2.zap.setAllowed({{d2_keys.public_key, "d"}});
+  ASSERT_TRUE(r2.t->repointPeer("d", kDialsUsEndpoint, d2_keys.public_key));
+  DialOutOnly d2("d", d2_keys, r2);
+  expectReachableToDialOut(*r2.t, *d2.t, "to-d2");
+  EXPECT_THROW(r2.t->repointPeer("d", "tcp://127.0.0.1:1", d2_keys.public_key), Error);
+}
+
+TEST(ReversedLink, TwoDialOutOnlyNodesCannotBeLinkedDirectly) {
+  const CurveKeyPair d_keys = generateCurveKeyPair(), e_keys = generateCurveKeyPair();
+  Reachable r({{d_keys.public_key, "d"}}, "d", d_keys.public_key);
+  DialOutOnly d("d", d_keys, r);
+  EXPECT_THROW(d.t->addPeer("e", kDialsUsEndpoint, e_keys.public_key), Error);
+  EXPECT_EQ(acceptEndpointOf("tcp://10.1.0.2:5003"), "tcp://10.1.0.2:5004");
+  EXPECT_EQ(acceptEndpointOf("inproc://x"), "");
+  EXPECT_EQ(acceptEndpointOf("tcp://h:65535"), "");
+}
+
+}  // namespace
+}  // namespace cairn
