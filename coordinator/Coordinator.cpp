@@ -362,7 +362,7 @@ int Coordinator::run() {
   Impl& s = *impl_;
   std::cout << "invite: " << s.invite << "\n"
             << "volunteers join with: provider --join " << s.invite
-            << " --listen HOST:PORT [--advertise HOST:PORT]\n"
+            << " [--listen HOST:PORT [--advertise HOST:PORT]]  (without --listen: dial-out only)\n"
             << std::flush;
   if (s.phase() == "done") {
     std::cout << "this run is finished; its results are in " << s.o.out << "/run_result.json\n";
