@@ -71,6 +71,9 @@ void LoadVolunteer::start(Clock::time_point now) {
   try {
     router_ = coordinationServer(context_, keys_, "127.0.0.1:" + std::to_string(listen_port_),
                                  kMaxReachBytes, &bound);
+    std::string accept_bound;
+    accept_router_ = coordinationServer(context_, keys_, "127.0.0.1:" + std::to_string(listen_port_ + 1),
+                                        kMaxReachBytes, &accept_bound);
   } catch (const std::exception& e) {
     return fail(e.what());  // the port is taken (another program): this volunteer does not join
   }
@@ -84,8 +87,12 @@ void LoadVolunteer::start(Clock::time_point now) {
 }
 
 void LoadVolunteer::readRouter() {
-  while (router_) {
-    auto in = recvRouted(router_, std::chrono::milliseconds(0));
+  for (zmq::socket_t* socket : {&router_, &accept_router_}) readReach(*socket);
+}
+
+void LoadVolunteer::readReach(zmq::socket_t& router) {
+  while (router) {
+    auto in = recvRouted(router, std::chrono::milliseconds(0));
     if (!in) return;
     std::string why;
     const auto m = decodeReach(in->frames, &why);
@@ -94,7 +101,7 @@ void LoadVolunteer::readRouter() {
       recorder_.problem("reach responder: dropped " + (why.empty() ? "a message" : why));
       continue;
     }
-    sendRouted(router_, in->routing_id, encode(ReachOk{check->nonce}));
+    sendRouted(router, in->routing_id, encode(ReachOk{check->nonce}));
   }
 }
 
@@ -138,7 +145,8 @@ void LoadVolunteer::onMessage(const Frames& frames, Clock::time_point now) {
       accepted_at_ = now;
       recorder_.progress().accepted.fetch_add(1);
       phase_ = Phase::kMember;
-      router_.close();  // the coordinator dials it only while admitting (header comment)
+      router_.close();  // the coordinator dials them only while admitting (header comment)
+      accept_router_.close();
       next_beat_ = now;
       next_echo_ = now + std::chrono::duration_cast<Clock::duration>(o_.echo_every * unitRandom());
     }

@@ -2,12 +2,13 @@
 // "Churn"). No training and no tensors: it speaks the real coordination protocol
 // (node/protocol/Coordination.h, ChunkMessages.h) over real CurveZMQ sockets with its own key pair,
 // on the cadence of the real provider's background threads (node/volunteer/*.cpp):
-//   join      its reachability ROUTER on a loopback port of its own (answers the coordinator's
-//             `reach`), a `bandwidth` probe timed to its ack, `join`, `accepted`. The ROUTER is
-//             closed once accepted (the real provider keeps it until its assignment, but the
-//             coordinator dials it only during the join; this halves the file descriptors a big
-//             run needs). Its port is given (one per volunteer, below the kernel's ephemeral
-//             range), never the kernel's: a port released would be handed to a later volunteer,
+//   join      its reachability ROUTERs on a loopback port of its own and the next (answer the
+//             coordinator's `reach`: a reachable provider answers on both, the second being
+//             where dial-out-only peers connect), a `bandwidth` probe timed to its ack, `join`,
+//             `accepted`. The ROUTERs are closed once accepted (the real provider keeps them
+//             until its assignment, but the coordinator dials them only during the join; this
+//             thirds the file descriptors a big run needs). Its ports are given (two per
+//             volunteer, below the kernel's ephemeral range), never the kernel's: a port released would be handed to a later volunteer,
 //             whose join the coordinator refuses (the address is a member's).
 //   waiting   `heartbeat{waiting, -1}` every 2 s (VolunteerSession::waitForAssignment).
 //   assigned  `heartbeat{training, step}` every 2 s (VolunteerHeartbeats), a step every
@@ -75,12 +76,15 @@ class LoadVolunteer {
   LoadVolunteer(const LoadVolunteer&) = delete;
   LoadVolunteer& operator=(const LoadVolunteer&) = delete;
 
-  // Its sockets to poll (null once closed): [0] the DEALER, [1] the reachability ROUTER.
+  // Its sockets to poll (null once closed): the DEALER, the reachability ROUTERs on its port and
+  // the next (a reachable provider answers on both: the second is where dial-out-only peers
+  // connect, coordinator/Admissions.cpp).
   void* dealer() { return dealer_ ? static_cast<void*>(dealer_) : nullptr; }
   void* router() { return router_ ? static_cast<void*>(router_) : nullptr; }
+  void* acceptRouter() { return accept_router_ ? static_cast<void*>(accept_router_) : nullptr; }
   // Reads what arrived on either socket (non-blocking).
   void readDealer(Clock::time_point now);
-  void readRouter();
+  void readRouter();  // both reachability ROUTERs
   // Sends what is due at `now`; returns when it next has something to do.
   Clock::time_point tick(Clock::time_point now);
 
@@ -111,7 +115,7 @@ class LoadVolunteer {
   const VolunteerOptions& o_;
   LoadRecorder& recorder_;
   CurveKeyPair keys_;
-  zmq::socket_t dealer_, router_;
+  zmq::socket_t dealer_, router_, accept_router_;
   int listen_port_ = 0;
   std::string advertise_;
   Phase phase_ = Phase::kIdle;
@@ -130,6 +134,7 @@ class LoadVolunteer {
   Clock::time_point next_echo_;
   std::optional<Clock::time_point> echo_sent_;
   void sendEcho(Clock::time_point now);
+  void readReach(zmq::socket_t& router);
   // Chunks: a Root's list, the one being fetched and the piece in flight.
   std::vector<PendingChunk> chunks_;
   size_t chunk_at_ = 0;

@@ -22,7 +22,8 @@ void LoadWorker::run() {
         items.push_back({d, 0, ZMQ_POLLIN, 0});
         owners.emplace_back(i, false);
       }
-      if (void* r = v.router()) {
+      for (void* r : {v.router(), v.acceptRouter()}) {
+        if (!r) continue;
         items.push_back({r, 0, ZMQ_POLLIN, 0});
         owners.emplace_back(i, true);
       }

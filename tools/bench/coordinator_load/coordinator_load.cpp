@@ -64,7 +64,7 @@ void addFlags(CLI::App& app, Flags& f) {
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   app.add_option("--first-port", f.first_port,
-                 "volunteer i answers reach checks on 127.0.0.1:(this + i)")
+                 "volunteer i answers reach checks on 127.0.0.1:(this + 2i) and the next port")
       ->check(CLI::Range(1024, 65535))
       ->capture_default_str();
   app.add_option("--threads", f.threads,
@@ -128,7 +128,7 @@ bool raiseFileLimit(uint64_t need, std::string* why) {
   if (r.rlim_max != RLIM_INFINITY && r.rlim_max < need) {
     *why = "RLIMIT_NOFILE's hard limit is " + std::to_string(r.rlim_max) +
            " but this size needs about " + std::to_string(need) +
-           " descriptors in this process (2 per volunteer, 5 while joining)";
+           " descriptors in this process (2 per volunteer, 7 while joining)";
     return false;
   }
   return true;
@@ -312,12 +312,12 @@ int runLoad(const Flags& f) {
   const int n = f.volunteers;
   const int placed = f.placed > 0 ? std::min(f.placed, n) : n;
   std::string why;
-  if (f.first_port + n - 1 > 65535) {
-    std::cerr << "coordinator_load: --first-port " << f.first_port << " + --volunteers " << n
-              << " passes port 65535\n";
+  if (f.first_port + 2 * n - 1 > 65535) {
+    std::cerr << "coordinator_load: --first-port " << f.first_port << " + 2 x --volunteers " << n
+              << " passes port 65535 (each volunteer answers on two ports)\n";
     return 2;
   }
-  if (!raiseFileLimit(uint64_t(2 * n) + 5 * uint64_t(std::max(10.0, f.join_rate)) + 256, &why)) {
+  if (!raiseFileLimit(uint64_t(2 * n) + 7 * uint64_t(std::max(10.0, f.join_rate)) + 256, &why)) {
     std::cerr << "coordinator_load: --volunteers " << n << ": " << why << "\n";
     return 2;
   }
@@ -342,7 +342,8 @@ int runLoad(const Flags& f) {
   for (int i = 0; i < n; ++i) {
     LoadWorker& w = *workers[size_t(i % f.threads)];
     const auto at = start + std::chrono::duration_cast<Clock::duration>(Seconds(i / f.join_rate));
-    w.add(std::make_unique<LoadVolunteer>(context, options, w.recorder(), at, f.first_port + i));
+    // Two ports each: its own and the next (the reachability of a provider's accept port).
+    w.add(std::make_unique<LoadVolunteer>(context, options, w.recorder(), at, f.first_port + 2 * i));
   }
   Sampler sampler(coordinator.pid(), origin);
   for (auto& w : workers) w->start();
