@@ -122,19 +122,6 @@ class NatWorld:
         self.made = []
 
 
-def leaf_losses(out, workdirs):
-    """{cluster: [(step, loss), ...]} from each cluster's Leaf's own metrics.jsonl."""
-    plan = json.load(open(os.path.join(out, "plan.json")))
-    losses = {}
-    for c, cluster in enumerate(plan["clusters"]):
-        leaf = cluster["chain"][-1]
-        holders = [w for w in workdirs if vt.name_of(w) == leaf]
-        if len(holders) != 1:
-            vt.fail(f"cluster {c}: {len(holders)} volunteers hold its Leaf {leaf}")
-        losses[c] = [(r["step"], r["loss"]) for r in vt.node_records(holders[0], leaf) if "step" in r]
-    return losses
-
-
 def reference_run(args, model, job):
     sub = vt.in_folder(args, "flat")
     run = vt.Run(sub, model, job, FLAGS, 4)
@@ -142,7 +129,7 @@ def reference_run(args, model, job):
         run.join(4)
         run.wait_planned(2)
         run.all_finish()
-    return leaf_losses(run.out, [w for _, w in run.volunteers])
+    return vt.leaf_losses(run.out, [w for _, w in run.volunteers])
 
 
 def check_links(out):
@@ -196,7 +183,7 @@ def nat_run(args, world, model, job):
         coordinator.wait_for(lambda l: "planned 2 cluster(s) on 4 volunteers" in l, 120, "'planned'")
         vt.all_finish(coordinator, [(p, None) for p in processes[1:]])
         check_links(out)
-        return leaf_losses(out, workdirs)
+        return vt.leaf_losses(out, workdirs)
     finally:
         for p in processes:
             p.kill()
@@ -225,12 +212,7 @@ def main():
     finally:
         world.close()
     reference = reference_run(args, model, job)
-    for c in sorted(reference):
-        if [s for s, _ in reference[c]] != list(range(1, STEPS + 1)):
-            vt.fail(f"reference cluster {c}: steps {[s for s, _ in reference[c]]}")
-        if behind_nat.get(c) != reference[c]:
-            diff = [(a, b) for a, b in zip(reference[c], behind_nat.get(c, [])) if a != b]
-            vt.fail(f"cluster {c}: the Leaf losses behind NAT differ from the flat run's: {diff[:5]}")
+    vt.check_same_losses(reference, behind_nat, STEPS, "the run behind NAT's")
     print(f"every Leaf loss of {len(reference)} clusters x {STEPS} steps behind NAT equals the flat run's")
     print("PASS")
 

@@ -17,7 +17,6 @@ flooder's replies); every volunteer and the coordinator exit 0, the flooder on S
 not checked (figures): the flooder's tally and the coordinator's peak RSS in both runs.
 """
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -41,19 +40,6 @@ def peak_rss_mb(pid):
     except OSError:
         return None
     return None
-
-
-def leaf_losses(run):
-    """{cluster: [(step, loss), ...]} from each cluster's Leaf's own metrics.jsonl."""
-    plan = json.load(open(os.path.join(run.out, "plan.json")))
-    losses = {}
-    for c, cluster in enumerate(plan["clusters"]):
-        leaf = cluster["chain"][-1]
-        holders = [w for _, w in run.volunteers if vt.name_of(w) == leaf]
-        if len(holders) != 1:
-            vt.fail(f"cluster {c}: {len(holders)} volunteers hold its Leaf {leaf}")
-        losses[c] = [(r["step"], r["loss"]) for r in vt.node_records(holders[0], leaf) if "step" in r]
-    return losses
 
 
 class PeakRss:
@@ -103,14 +89,14 @@ def one_run(args, name, flood):
         run.all_finish()
         peak = rss.done()
         if not flooder:
-            return leaf_losses(run), peak, None
+            return vt.leaf_losses(run.out, [w for _, w in run.volunteers]), peak, None
         flooder.proc.send_signal(signal.SIGTERM)
         if flooder.finish(60) != 0:
             vt.fail("the flooder did not exit 0 on SIGTERM")
         tally = [l for l in flooder.lines if l.startswith("flood: sent")]
         if not tally:
             vt.fail("the flooder printed no tally")
-        return leaf_losses(run), peak, tally[-1].strip()
+        return vt.leaf_losses(run.out, [w for _, w in run.volunteers]), peak, tally[-1].strip()
 
 
 def main():
@@ -129,12 +115,7 @@ def main():
     fields = dict(part.strip().rsplit(" ", 1) for part in tally.split(";")[1:4])
     if int(fields.get("too-many", 0)) < 1 or int(fields.get("blocked", 0)) != 1:
         vt.fail(f"the flooder should be told once that it sends too much, then blocked once: {tally}")
-    for c in sorted(reference):
-        if [s for s, _ in reference[c]] != list(range(1, STEPS + 1)):
-            vt.fail(f"reference cluster {c}: steps {[s for s, _ in reference[c]]}")
-        if flooded.get(c) != reference[c]:
-            diff = [(a, b) for a, b in zip(reference[c], flooded.get(c, [])) if a != b]
-            vt.fail(f"cluster {c}: the flooded run's Leaf losses differ from the reference's: {diff[:5]}")
+    vt.check_same_losses(reference, flooded, STEPS, "the flooded run's")
     print(f"every Leaf loss of {len(reference)} clusters x {STEPS} steps equals the run without the "
           f"flooder; coordinator peak RSS {reference_rss:.0f} MB alone, {flooded_rss:.0f} MB flooded")
     print("PASS")

@@ -314,6 +314,31 @@ def node_records(workdir, name):
     return [json.loads(line) for line in open(path) if line.endswith("\n")]
 
 
+def leaf_losses(out, workdirs):
+    """{cluster: [(step, loss), ...]} from each cluster's Leaf's own metrics.jsonl, read in the work
+    folder of the one volunteer (of `workdirs`) that holds it."""
+    plan = json.load(open(os.path.join(out, "plan.json")))
+    losses = {}
+    for c, cluster in enumerate(plan["clusters"]):
+        leaf = cluster["chain"][-1]
+        holders = [w for w in workdirs if name_of(w) == leaf]
+        if len(holders) != 1:
+            fail(f"cluster {c}: {len(holders)} volunteers hold its Leaf {leaf}")
+        losses[c] = [(r["step"], r["loss"]) for r in node_records(holders[0], leaf) if "step" in r]
+    return losses
+
+
+def check_same_losses(reference, other, steps, which):
+    """Every cluster's reference run trained steps 1..`steps`, and the `which` run's Leaf losses
+    equal them exactly, step for step."""
+    for c in sorted(reference):
+        if [s for s, _ in reference[c]] != list(range(1, steps + 1)):
+            fail(f"reference cluster {c}: steps {[s for s, _ in reference[c]]}")
+        if other.get(c) != reference[c]:
+            diff = [(a, b) for a, b in zip(reference[c], other.get(c, [])) if a != b]
+            fail(f"cluster {c}: {which} Leaf losses differ from the reference's: {diff[:5]}")
+
+
 def check_trained(out, test_samples, said):
     """The coordinator's merged model (run_result.json's trained_torchscript) evaluated by PyTorch
     has exactly the accuracy cluster 0's Leaf reported; prints `said` formatted with reported and
