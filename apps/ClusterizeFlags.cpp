@@ -135,6 +135,18 @@ void declareServe(CLI::App& app, ClusterizeFlags& f) {
                  "waiting spare takes its node over from the newest checkpoint the coordinator "
                  "holds, and its neighbours and ring peers are sent its new address and key")
       ->check(CLI::Range(1.0, 86400.0))->capture_default_str()->needs(f.serve_option);
+  auto* relay = app.add_option(
+      "--relay", f.serve.relay_listen,
+      "with --serve: relay on HOST:PORT the links between two dial-out-only volunteers (each "
+      "behind its own home router) that no placement next to a reachable one avoids: both dial "
+      "it and every message is sealed end to end between them. Such links then pass through "
+      "the coordinator (on their hot path; they pause while it restarts). Off by default: "
+      "without it such a plan waits for more reachable volunteers")
+      ->needs(f.serve_option);
+  app.add_option("--relay-advertise", f.serve.relay_advertise,
+                 "with --relay: the HOST:PORT volunteers dial to reach it (default: --relay; "
+                 "required when that is 0.0.0.0)")
+      ->needs(relay);
 }
 
 // Serve mode, continued: growth, who may join, and the live views.

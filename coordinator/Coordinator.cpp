@@ -25,6 +25,7 @@
 #include "clusterize/ModelMerge.h"
 #include "coordinator/Credit.h"
 #include "coordinator/FinalResult.h"
+#include "coordinator/CoordinatorRelay.h"
 #include "coordinator/Gathering.h"
 #include "coordinator/RunAssembly.h"
 #include "coordinator/RunView.h"
@@ -53,6 +54,8 @@ struct Coordinator::Impl {
   std::unique_ptr<MemberReplacer> replacer;  // lost volunteers → spares
   std::unique_ptr<Gathering> gathering;      // the first plan, made off the loop (after replacer)
   std::unique_ptr<Grower> grower;            // spares → a new cluster (--grow)
+  std::unique_ptr<CoordinatorRelay> relay;   // --relay: links between dial-out-only volunteers
+  uint64_t relay_synced = ~uint64_t{0};      // the members' version the relay's links are from
   std::unique_ptr<ChunkServer> chunks;       // data.source "coordinator": made on first request
   std::unique_ptr<NodeHeaders> chunk_nodes;  // the askers' clusters (chunks' worker, like `chunks`)
   CurveKeyPair keys;
@@ -328,14 +331,21 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
       *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.replacer->onLostAfterFinishing([&s](const std::string& name) { return s.resultFromCheckpoint(name); });
+  s.keys = loadOrMakeCoordinatorKeys(s.o.out);
+  std::vector<PeerRef::Relay> relays;
+  if (!s.o.relay_listen.empty()) {
+    s.relay = std::make_unique<CoordinatorRelay>(s.o.relay_listen, s.o.relay_advertise, s.keys,
+                                                 static_cast<int64_t>(s.o.max_attachment_bytes));
+    relays.push_back(s.relay->ref());
+  }
   s.gathering = std::make_unique<Gathering>(
       *s.store, s.prepared,
-      GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather, s.o.before_plan},
+      GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather, relays,
+                       s.o.before_plan},
       *s.replacer, [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.grower = std::make_unique<Grower>(
       *s.store, s.o.out, GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares},
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
-  s.keys = loadOrMakeCoordinatorKeys(s.o.out);
   s.token = chooseToken(*s.store, s.o.token);
   s.admissions = std::make_unique<Admissions>(
       *s.store, s.context, s.keys,
@@ -425,6 +435,10 @@ int Coordinator::run() {
         s.heard_flushed = s.housekept;
       }
       s.outbox->commit();  // a plan, a replacement or a growth rewrote node.json: their rows now
+      if (s.relay && s.store->membersVersion() != s.relay_synced) {  // the relay follows the plan
+        s.relay->sync(s.o.out, s.store->placedNames());
+        s.relay_synced = s.store->membersVersion();
+      }
     }
     if (!routed || s.phase() == "done" || Clock::now() - s.outbox->began() >= std::chrono::milliseconds(10))
       s.outbox->commit();

@@ -56,6 +56,9 @@ struct CoordinatorOptions {
   int max_clusters = 0;  // 0: no limit
   int keep_spares = 0;   // spares growth leaves waiting for replacements
   FloodLimits flood;     // what one key may send (FloodGuard.h)
+  // --relay HOST:PORT [--relay-advertise HOST:PORT]: the coordinator relays links between two
+  // dial-out-only volunteers that no placement avoids (CoordinatorRelay.h). Empty: it does not.
+  std::string relay_listen, relay_advertise;
   // Tests: called on the planning thread before the first plan is made (Gathering.h).
   std::function<void()> before_plan;
 };

@@ -97,6 +97,8 @@ class CoordinatorStore {
 
   std::optional<std::string> meta(const std::string& key) const;
   void setMeta(const std::string& key, const std::string& value);
+  // The plan's node names (meta "placed"; none before the plan).
+  std::vector<std::string> placedNames() const;
 
   // Gives out the next name: node_<n> with n one more than the largest any row holds or any
   // earlier call gave (kept in meta "names_given": a spare that took a lost node over leaves its

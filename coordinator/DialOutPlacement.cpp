@@ -1,7 +1,10 @@
 #include "coordinator/DialOutPlacement.h"
 
+#include <algorithm>
 #include <deque>
 #include <map>
+
+#include "core/Error.h"
 
 #include <nlohmann/json.hpp>
 
@@ -124,6 +127,67 @@ void markDialOutOnly(std::vector<NodeSpec>& nodes, const std::set<std::string>& 
     for (RingSpec& ring : n.rings)
       for (PeerRef& m : ring.members) mark(m);
   }
+}
+
+namespace {
+
+// The PeerRefs naming `peer` in `node` (upstream, downstream, ring members).
+std::vector<PeerRef*> refsTo(NodeSpec& node, const std::string& peer) {
+  std::vector<PeerRef*> refs;
+  if (node.upstream && node.upstream->name == peer) refs.push_back(&*node.upstream);
+  if (node.downstream && node.downstream->name == peer) refs.push_back(&*node.downstream);
+  for (RingSpec& ring : node.rings)
+    for (PeerRef& m : ring.members)
+      if (m.name == peer) refs.push_back(&m);
+  return refs;
+}
+
+}  // namespace
+
+size_t assignRelays(std::vector<NodeSpec>& nodes, const std::vector<PeerRef::Relay>& relays) {
+  std::map<std::string, NodeSpec*> by_name;
+  for (NodeSpec& n : nodes) by_name[n.name] = &n;
+  std::vector<size_t> load(relays.size(), 0);
+  size_t relayed = 0;
+  for (const auto& [a, b] : planLinks(nodes)) {
+    NodeSpec* na = by_name.count(a) ? by_name[a] : nullptr;
+    NodeSpec* nb = by_name.count(b) ? by_name[b] : nullptr;
+    if (!na || !nb || !na->dial_out_only || !nb->dial_out_only) continue;
+    if (relays.empty())
+      CAIRN_THROW(BadInput, "the plan links ", a, " and ", b, ", both dial-out only (behind a router: "
+                  "nobody can dial either), and no swap with a reachable volunteer of the same memory "
+                  "avoids it; such a link needs a relay, and none is offered (a volunteer's "
+                  "`provider --join … --relay`, or the coordinator's --relay): more reachable "
+                  "volunteers are needed");
+    const size_t pick = static_cast<size_t>(
+        std::min_element(load.begin(), load.end()) - load.begin());
+    ++load[pick];
+    ++relayed;
+    for (PeerRef* ref : refsTo(*na, b)) ref->relay = relays[pick];
+    for (PeerRef* ref : refsTo(*nb, a)) ref->relay = relays[pick];
+  }
+  return relayed;
+}
+
+RelayLinks relayLinksOf(const std::vector<NodeSpec>& nodes, const std::string& relay) {
+  RelayLinks links;
+  std::map<std::string, std::string> keys;
+  for (const NodeSpec& n : nodes)
+    if (n.extra.contains("public_key") && n.extra["public_key"].is_string())
+      keys[n.name] = n.extra["public_key"].get<std::string>();
+  auto take = [&](const NodeSpec& n, const PeerRef& ref) {
+    if (!ref.relay || ref.relay->name != relay) return;
+    links.members[n.name] = keys.count(n.name) ? keys[n.name] : "";
+    links.members[ref.name] = ref.public_key;
+    links.pairs.insert(std::minmax(n.name, ref.name));
+  };
+  for (const NodeSpec& n : nodes) {
+    if (n.upstream) take(n, *n.upstream);
+    if (n.downstream) take(n, *n.downstream);
+    for (const RingSpec& ring : n.rings)
+      for (const PeerRef& m : ring.members) take(n, m);
+  }
+  return links;
 }
 
 }  // namespace cairn::coordinator

@@ -1,16 +1,19 @@
 // DialOutPlacement: where dial-out-only volunteers (behind a home router: nobody can dial them;
 // docs/OPERATIONS.md "Behind a home router") may sit in a plan. Every link — pipeline neighbours,
 // any two members of a ring — needs one side that can be dialled (node/transport/ReversedLinks.h):
-// a link between two dial-out-only volunteers needs a relay, which does not exist yet. So the
-// coordinator places dial-out-only volunteers next to reachable ones: after the planner placed the
+// a link between two dial-out-only volunteers needs a relay (node/transport/RelayedLinks.h). So the
+// coordinator places dial-out-only volunteers next to reachable ones first: after the planner placed the
 // volunteers it checks the links, and when two dial-out-only volunteers would be linked it swaps
 // volunteers of the same memory and GPUs (the plan itself is unchanged: the planner sees the same
 // figures in the same order) — spare slots first, then one colour of the links' two-colouring —
-// and plans again with the swapped names. When no swap helps, planning fails with the sentence
-// the coordinator logs while it waits for more (reachable) volunteers.
+// and plans again with the swapped names. The links between two dial-out-only volunteers that
+// remain go through a relay (assignRelays: the relay carrying the fewest links so far); without a
+// relay, planning fails with the sentence the coordinator logs while it waits for more (reachable)
+// volunteers.
 // Pure functions. Thread-safety: none needed.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -35,5 +38,18 @@ std::optional<std::vector<size_t>> reachableNeighbourSlots(const std::vector<Nod
 // node.json of the dial-out-only volunteers: no address, "dial_out_only", in the nodes themselves
 // and wherever another node names them.
 void markDialOutOnly(std::vector<NodeSpec>& nodes, const std::set<std::string>& dial_out_only);
+// Every link of `nodes` between two dial-out-only volunteers (marked already) gets a relay of
+// `relays` (node.json "relay" in both ends' entries for each other): the one carrying the fewest
+// links so far, the first on a tie; links in planLinks order. Returns how many links it relayed.
+// BadInput naming the first such link when `relays` is empty.
+size_t assignRelays(std::vector<NodeSpec>& nodes, const std::vector<PeerRef::Relay>& relays);
+// What the relay named `relay` must admit and forward for `nodes` (node.json as planned or as a
+// replacement rewrote it): every member on either end of a link through it, with its key, and the
+// links, each pair once (lesser name first).
+struct RelayLinks {
+  std::map<std::string, std::string> members;  // node name → Z85 public key
+  std::set<std::pair<std::string, std::string>> pairs;
+};
+RelayLinks relayLinksOf(const std::vector<NodeSpec>& nodes, const std::string& relay);
 
 }  // namespace cairn::coordinator

@@ -55,7 +55,7 @@ void Gathering::start(std::vector<Member> spares) {
   planned_from_ = spares;
   planning_ = std::async(std::launch::async, [this, spares = std::move(spares)] {
     if (o_.before_plan) o_.before_plan();
-    Made made{planVolunteers(prepared_, spares, o_.out), {}};
+    Made made{planVolunteers(prepared_, spares, o_.out, o_.relays), {}};
     for (const Assignment& a : made.run.assignments) made.encoded.push_back(encode(a));
     return made;
   });

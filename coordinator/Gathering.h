@@ -34,6 +34,8 @@ struct GatheringOptions {
   int min_volunteers = 1;           // plan once this many spares have joined …
   int max_volunteers = 0;           // … and this many (0: = min) or `gather` has passed
   std::chrono::milliseconds gather{30000};
+  // The relays offered (the coordinator's own, --relay): links no swap makes reachable use them.
+  std::vector<PeerRef::Relay> relays;
   // Tests: called on the worker before it plans (to hold a plan while the loop is checked).
   std::function<void()> before_plan;
 };

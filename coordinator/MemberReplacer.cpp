@@ -89,7 +89,7 @@ void MemberReplacer::poll(double now) {
 }
 
 std::vector<std::string> MemberReplacer::placedNames() const {
-  return nlohmann::json::parse(store_.meta("placed").value_or("[]")).get<std::vector<std::string>>();
+  return store_.placedNames();
 }
 
 std::string MemberReplacer::spareNote(const Member& spare) const {

@@ -48,7 +48,8 @@ std::vector<NodeConfig> volunteerConfigs(const std::vector<Member>& volunteers) 
 // The planner's placement with every link having a reachable side (DialOutPlacement.h): as
 // planned, or planned again with volunteers of equal figures swapped. BadInput when it cannot be.
 clusterize::ClusterizeResult planReachable(const clusterize::PreparedModel& prepared,
-                                           const std::vector<Member>& volunteers) {
+                                           const std::vector<Member>& volunteers,
+                                           bool relays_offered) {
   std::vector<NodeConfig> configs = volunteerConfigs(volunteers);
   clusterize::ClusterizeResult result =
       clusterize::planNodes(prepared, configs, "the volunteers that joined");
@@ -68,18 +69,20 @@ clusterize::ClusterizeResult planReachable(const clusterize::PreparedModel& prep
     }
     result = clusterize::planNodes(prepared, configs, "the volunteers that joined");
   }
-  if (const auto both = dialOutOnlyLink(result.nodes, dial_out_only))
+  if (const auto both = dialOutOnlyLink(result.nodes, dial_out_only); both && !relays_offered)
     CAIRN_THROW(BadInput, "the plan links ", both->first, " and ", both->second,
                 ", both dial-out only (behind a router: nobody can dial either), and no swap with "
                 "a reachable volunteer of the same memory avoids it; such a link needs a relay, "
-                "which this coordinator does not offer yet: more reachable volunteers are needed");
-  return result;
+                "and none is offered (the coordinator's --relay): more reachable volunteers are "
+                "needed");
+  return result;  // what still links two dial-out-only volunteers goes through a relay
 }
 
 PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
-                          const std::vector<Member>& volunteers, const std::string& out) {
+                          const std::vector<Member>& volunteers, const std::string& out,
+                          const std::vector<PeerRef::Relay>& relays) {
   if (!prepared.graph) CAIRN_THROW(BadInput, "no profiled model to plan (the coordinator was made without one)");
-  clusterize::ClusterizeResult result = planReachable(prepared, volunteers);
+  clusterize::ClusterizeResult result = planReachable(prepared, volunteers, !relays.empty());
   std::map<std::string, std::string> keys;
   for (const Member& m : volunteers) keys[m.name] = m.public_key;
   std::vector<NodeSpec> placed = result.nodes;
@@ -90,6 +93,7 @@ PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
     if (m.dial_out_only) dial_out_only.insert(m.name);
   markDialOutOnly(placed, dial_out_only);
   PlannedRun run;
+  run.relayed_links = assignRelays(placed, relays);
   run.num_clusters = static_cast<int>(result.plan.clusters.size());
   for (NodeSpec& node : placed) node.extra["num_clusters"] = run.num_clusters;
   addServedChunkTable(result.job);  // data.source "coordinator": data.shards into job.json

@@ -25,11 +25,15 @@ struct PlannedRun {
   std::vector<std::string> unplaced;    // volunteers left as spares
   int num_clusters = 0;
   std::string report;                   // clusterize's human-readable plan
+  size_t relayed_links = 0;             // links between two dial-out-only volunteers, relayed
 };
 
-// Throws BadInput with the planner's reason when these volunteers cannot hold the model.
+// Throws BadInput with the planner's reason when these volunteers cannot hold the model. `relays`:
+// the relays offered (the coordinator's own with --relay): a link between two dial-out-only
+// volunteers that no swap avoids goes through one (DialOutPlacement.h); none: such a plan fails.
 PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
-                          const std::vector<Member>& volunteers, const std::string& out);
+                          const std::vector<Member>& volunteers, const std::string& out,
+                          const std::vector<PeerRef::Relay>& relays = {});
 
 // The node configs the planner sees for `volunteers` (id = the number in node_<n>): RAM, bandwidth,
 // GFLOPS and GPUs from each one's join probe.

@@ -13,11 +13,28 @@ nlohmann::json peerToJson(const PeerRef& p) {
   nlohmann::json j = {{"name", p.name}, {"address", p.address}};
   if (!p.public_key.empty()) j["public_key"] = p.public_key;
   if (p.dial_out_only) j["dial_out_only"] = true;
+  if (p.relay)
+    j["relay"] = {{"name", p.relay->name}, {"address", p.relay->address},
+                  {"public_key", p.relay->public_key}};
   return j;
 }
 
+PeerRef::Relay parseRelay(const JsonReader& r) {
+  r.rejectUnknownKeys({"name", "address", "public_key"});
+  PeerRef::Relay relay;
+  relay.name = r.string("name");
+  relay.address = r.string("address");
+  std::string host;
+  int port = 0;
+  parseHostPort(relay.address, r.context(), r.path("address"), &host, &port);
+  relay.public_key = r.string("public_key");
+  if (relay.public_key.size() != 40)
+    r.fail("public_key", "must be the relay's 40-character Z85 CURVE key");
+  return relay;
+}
+
 PeerRef parsePeer(const JsonReader& r) {
-  r.rejectUnknownKeys({"name", "address", "public_key", "dial_out_only"});
+  r.rejectUnknownKeys({"name", "address", "public_key", "dial_out_only", "relay"});
   PeerRef p;
   p.name = r.string("name");
   p.dial_out_only = r.has("dial_out_only") && r.boolean("dial_out_only");
@@ -28,6 +45,11 @@ PeerRef parsePeer(const JsonReader& r) {
   p.public_key = r.stringOr("public_key", "");
   if (!p.public_key.empty() && p.public_key.size() != 40)
     r.fail("public_key", "must be a 40-character Z85 CURVE key");
+  if (r.has("relay")) {
+    p.relay = parseRelay(r.object("relay"));
+    if (!p.dial_out_only)
+      r.fail("relay", "is only for a dial-out-only peer (a link between two dial-out-only nodes)");
+  }
   return p;
 }
 

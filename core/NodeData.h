@@ -37,6 +37,17 @@ struct PeerRef {
   // node.json "dial_out_only": the peer cannot be dialled (a volunteer behind a home router):
   // it dials us (node/transport/ReversedLinks.h); `address` is empty then.
   bool dial_out_only = false;
+  // node.json "relay": the link to this peer goes through a relay (both ends dial-out only:
+  // node/transport/RelayedLinks.h): the relay's name, its relay address (host:port) and key.
+  struct Relay {
+    std::string name;
+    std::string address;
+    std::string public_key;
+    bool operator==(const Relay& o) const {
+      return name == o.name && address == o.address && public_key == o.public_key;
+    }
+  };
+  std::optional<Relay> relay;
 };
 
 // One value crossing a stage boundary. Tensors are described by dtype, an example shape and the

@@ -33,7 +33,7 @@ PACKAGES=(
   # dpkg-shlibdeps, lintian, systemd-analyze verify for the service unit.
   help2man dpkg-dev lintian systemd
   # Volunteers behind home routers, emulated: network namespaces behind MASQUERADE
-  # (tests/integration/nat_direct_test.py; docs/OPERATIONS.md "Behind a home router").
+  # (tests/integration/nat_test.py; docs/OPERATIONS.md "Behind a home router").
   iptables
 )
 

@@ -7,8 +7,14 @@
 namespace cairn {
 
 std::string transportEndpointOf(const PeerRef& peer) {
+  if (peer.relay) return relayedEndpoint(peer.relay->public_key, peer.relay->address);
   if (peer.dial_out_only) return kDialsUsEndpoint;
   return peer.address.find("://") == std::string::npos ? "tcp://" + peer.address : peer.address;
+}
+
+std::string whereIs(const PeerRef& peer) {
+  if (peer.relay) return "(through the relay " + peer.relay->name + " at " + peer.relay->address + ")";
+  return peer.dial_out_only ? "(dial-out only)" : peer.address;
 }
 
 std::map<std::string, PeerRef> peersOf(const NodeSpec& node) {
@@ -39,19 +45,20 @@ std::vector<std::string> LivePeers::apply(const NodeSpec& updated, std::vector<s
   for (const auto& [name, p] : next) {
     auto it = peers_.find(name);
     if (it != peers_.end() && it->second.address == p.address &&
-        it->second.dial_out_only == p.dial_out_only && it->second.public_key == p.public_key)
+        it->second.dial_out_only == p.dial_out_only && it->second.public_key == p.public_key &&
+        it->second.relay == p.relay)
       continue;
     const std::string endpoint = transportEndpointOf(p);
     if (it == peers_.end()) {
       // A name node.json did not have: a ring member of a new cluster (docs/OPERATIONS.md
       // "Growing"). Added to the transport now, so the rings can welcome it.
       transport_.addPeer(name, endpoint, p.public_key);
-      moved.push_back(name + " at " + (p.dial_out_only ? "(dial-out only)" : p.address) + " (new)");
+      moved.push_back(name + " at " + whereIs(p) + " (new)");
       continue;
     }
     // A peer the transport has not added (yet) is left alone: repointPeer says false.
     if (transport_.repointPeer(name, endpoint, p.public_key)) {
-      moved.push_back(name + " at " + (p.dial_out_only ? "(dial-out only)" : p.address));
+      moved.push_back(name + " at " + whereIs(p));
       if (repointed) repointed->push_back(name);
     }
   }

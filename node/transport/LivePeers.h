@@ -39,9 +39,12 @@ class LivePeers {
   std::map<std::string, PeerRef> peers_;  // under mutex_: name → what the transport dials now
 };
 
-// The endpoint the transport is given for a peer: tcp://ADDRESS, or kDialsUsEndpoint for a
-// dial-out-only peer (node/transport/ReversedLinks.h).
+// The endpoint the transport is given for a peer: tcp://ADDRESS, kDialsUsEndpoint for a
+// dial-out-only peer (node/transport/ReversedLinks.h), a relayed endpoint for one reached through
+// a relay (node/transport/RelayedLinks.h).
 std::string transportEndpointOf(const PeerRef& peer);
+// Where a peer is, for log lines: its address, "(dial-out only)", or its relay.
+std::string whereIs(const PeerRef& peer);
 // Every peer a node.json names (upstream, downstream, ring members; not the node itself).
 std::map<std::string, PeerRef> peersOf(const NodeSpec& node);
 

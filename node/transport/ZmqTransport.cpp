@@ -44,6 +44,19 @@ ReversedLinkOptions reversedLinkOptions(const TransportOptions& o, bool split_io
   return r;
 }
 
+RelayedLinkOptions relayedLinkOptions(const TransportOptions& o, bool split_io_threads) {
+  RelayedLinkOptions r;
+  r.window = static_cast<size_t>(std::max(1, o.send_high_water_mark));
+  r.receive_high_water_mark = o.receive_high_water_mark;
+  r.heartbeat_interval = o.heartbeat_interval;
+  r.heartbeat_timeout = o.heartbeat_timeout;
+  // A relayed message: two small frames, then the header and tensors, each sealed (24 + 16 bytes).
+  r.max_inbound_bytes = static_cast<int64_t>(o.codec.max_message_bytes + o.codec.max_header_bytes) +
+                        (int64_t{1} << 20);
+  r.split_io_threads = split_io_threads;
+  return r;
+}
+
 }  // namespace
 
 ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
@@ -69,6 +82,9 @@ ZmqTransport::ZmqTransport(zmq::context_t& context, std::string name,
   const bool split = context_.get(zmq::ctxopt::io_threads) >= 2;
   if (options_.dial_out_only)
     dialed_ = std::make_unique<DialedLinks>(context_, name_, reversedLinkOptions(options_, split));
+  if (options_.curve)
+    relayed_ = std::make_unique<RelayedLinks>(context_, name_, options_.curve->own,
+                                              relayedLinkOptions(options_, split));
   if (bind_endpoint.empty()) {  // dial-out only: nothing to listen on
     CAIRN_ENFORCE(options_.dial_out_only, name_, ": no endpoint to listen on");
     return;
@@ -153,6 +169,7 @@ void ZmqTransport::addPeer(const std::string& peer, const std::string& endpoint)
 // Caller holds add_mutex_ (so the key map changes under nobody else) and found no such peer.
 void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& endpoint) {
   if (isDialsUsEndpoint(endpoint)) return addDialingPeerLocked(peer);
+  if (isRelayedEndpoint(endpoint)) return addRelayedPeerLocked(peer, endpoint);
   zmq::socket_t socket(context_, zmq::socket_type::push);
   socket.set(zmq::sockopt::sndhwm, options_.send_high_water_mark);
   // Queue only on completed connections: a send to a peer that is not there yet waits (and times
@@ -213,6 +230,15 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   p.repointing->fetch_add(1);
   std::unique_lock<std::mutex> sending(*p.send_mutex);
   p.repointing->fetch_sub(1);
+  if (p.relayed || isRelayedEndpoint(endpoint)) {
+    std::string relay_key, relay_endpoint;
+    if (!p.relayed || !parseRelayedEndpoint(endpoint, &relay_key, &relay_endpoint))
+      CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from ",
+                  p.relayed ? "relayed to direct" : "direct to relayed",
+                  "; a replacement keeps its peers' reachability");
+    relayed_->repoint(peer, relay_endpoint, relay_key, public_key);
+    return true;
+  }
   if (p.accepted || isDialsUsEndpoint(endpoint)) {
     if (p.accepted != isDialsUsEndpoint(endpoint))
       CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from ",
@@ -248,6 +274,7 @@ PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
   const Peer* p = findPeer(peer);
   if (!p) return PeerLiveness{};
   if (p->accepted) return accepted_->liveness(peer);
+  if (p->relayed) return relayed_->liveness(peer);
   std::lock_guard<std::mutex> lock(liveness_mutex_);
   return p->liveness;
 }
@@ -256,6 +283,7 @@ bool ZmqTransport::drainMonitors() {
   bool changed = false;
   std::shared_lock<std::shared_mutex> peers(peers_mutex_);
   if (dialed_) dialed_->drain();
+  if (relayed_) changed |= relayed_->drain();
   if (accepted_) {
     uint64_t forged = 0;
     changed = accepted_->drain(&forged);
@@ -265,7 +293,7 @@ bool ZmqTransport::drainMonitors() {
     }
   }
   for (auto& [peer, p] : outbound_) {
-    if (p.accepted) continue;
+    if (p.accepted || p.relayed) continue;
     for (;;) {
       // A monitor event is two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
       std::vector<zmq::message_t> frames;
@@ -309,6 +337,7 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
     options_.pacer->take(all);
   }
   if (found->accepted) return sendAccepted(peer, *found, frames, timeout);
+  if (found->relayed) return sendRelayed(peer, frames, timeout);
   {
     // The monitors belong to whoever receives; a send only reads them when nobody does (the
     // receiver drains them while it waits anyway).
@@ -378,6 +407,10 @@ std::optional<Message> ZmqTransport::receiveOrLivenessChange(std::chrono::millis
 bool ZmqTransport::readInbound(std::vector<zmq::message_t>& frames, bool* same_host,
                                std::string* dialed_peer) {
   dialed_peer->clear();
+  if (relayed_ && relayed_->read(frames, dialed_peer)) {
+    *same_host = false;
+    return true;
+  }
   if (dialed_ && dialed_->read(frames, dialed_peer)) {
     *same_host = false;
     return true;
@@ -410,14 +443,15 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
           deadline - std::chrono::steady_clock::now());
       if (left <= std::chrono::milliseconds(0)) return std::nullopt;
       std::vector<zmq::pollitem_t> items = pollItems();
-      if ((accepted_ && accepted_->bound()) || dialed_) left = std::min(left, kReversedLinkPoll);
+      if ((accepted_ && accepted_->bound()) || dialed_ || (relayed_ && relayed_->active()))
+        left = std::min(left, kReversedLinkPoll);
       if (!pollOrInterrupted(items, left) && wake_on_liveness) return std::nullopt;
       continue;
     }
     takeOverFrames(frames);
     std::string authenticated;
     if (!dialed_peer.empty()) {
-      authenticated = dialed_peer;  // it came over our DEALER to that peer's server key
+      authenticated = dialed_peer;  // our DEALER to that peer's key, or opened with its key (relayed)
     } else if (options_.curve && !same_host) {
       // The ZAP handler set the connection's User-Id to the peer's name.
       const char* user = zmq_msg_gets(frames[0].handle(), "User-Id");
@@ -455,8 +489,9 @@ void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
   closed_ = true;
   if (accepted_) accepted_->close();
   if (dialed_) dialed_->close();
+  if (relayed_) relayed_->close();
   for (auto& [peer, p] : outbound_) {
-    if (p.accepted) continue;
+    if (p.accepted || p.relayed) continue;
     zmq_socket_monitor(p.socket.handle(), nullptr, 0);
     p.socket.set(zmq::sockopt::linger, static_cast<int>(timeout.count()));
     p.socket.close();

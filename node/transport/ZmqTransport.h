@@ -32,8 +32,12 @@
 // (bind endpoint empty) and, for every peer, opens that DEALER beside its PUSH. The same CURVE
 // keys and ZAP handler serve every socket; liveness of a dial-out-only peer follows its attached
 // connection; high-water marks, heartbeats, max_message_bytes and repointPeer hold for these
-// links too. Reversed links are always TCP (no same-host socket), and a link between two
-// dial-out-only nodes is refused (it needs a relay).
+// links too. Reversed links are always TCP (no same-host socket).
+//
+// Relayed links (node/transport/RelayedLinks.h; docs/PROTOCOL.md "Relayed links"): a peer added
+// with a relayed endpoint ("relay:KEY@tcp://HOST:PORT", for a link between two dial-out-only
+// nodes) is reached through that relay, every message sealed end to end with the two nodes' keys
+// and acknowledged; it needs CURVE. Its liveness is the relay's presence of it.
 //
 // Ownership: the transport owns its sockets; the zmq::context_t is borrowed (inproc:// endpoints
 // need one context shared by both ends) and must outlive it.
@@ -61,6 +65,7 @@
 
 #include "core/SendPacer.h"
 #include "node/transport/CurveSecurity.h"
+#include "node/transport/RelayedLinks.h"
 #include "node/transport/ReversedLinks.h"
 #include "node/transport/SameHostLinks.h"
 #include "node/transport/Transport.h"
@@ -174,6 +179,7 @@ class ZmqTransport : public Transport {
     std::string endpoint;  // what `socket` connects to
     bool same_host = false;  // `endpoint` is the peer's same-host socket (no CURVE)
     bool accepted = false;   // a dial-out-only peer: sent to through accepted_ (no socket, monitor)
+    bool relayed = false;    // reached through a relay: relayed_ (no socket, monitor)
     // Set when the peer's ZAP refused our key (a peer that does not admit us yet: a replaced
     // volunteer's neighbour before it applied the new peers); the next send dials again.
     std::unique_ptr<std::atomic<bool>> refused = std::make_unique<std::atomic<bool>>(false);
@@ -195,8 +201,14 @@ class ZmqTransport : public Transport {
   std::vector<zmq::pollitem_t> pollItems();  // caller holds receive_mutex_
   SendStatus sendAccepted(const std::string& peer, Peer& p, std::vector<zmq::message_t>& frames,
                           std::chrono::milliseconds timeout);
+  SendStatus sendRelayed(const std::string& peer, std::vector<zmq::message_t>& frames,
+                         std::chrono::milliseconds timeout);
   std::string curveKeyOf(const std::string& peer) const;  // "" without CURVE; BadInput if unknown
   void addDialingPeerLocked(const std::string& peer);
+  void addRelayedPeerLocked(const std::string& peer, const std::string& endpoint);
+  // Sends that wait (for room, for a peer's acknowledgements) drain the receiving side meanwhile
+  // when nobody else receives, then run the send wait hook.
+  void whileSendWaits();
 
   // The same-host endpoint for a peer's tcp endpoint, or empty when it is not on this host.
   std::string sameHostEndpointFor(const std::string& tcp_endpoint) const;
@@ -221,6 +233,7 @@ class ZmqTransport : public Transport {
   bool closed_ = false;
   std::unique_ptr<AcceptedLinks> accepted_;  // null: nothing bound (dial-out only)
   std::unique_ptr<DialedLinks> dialed_;      // set: dial-out only
+  std::unique_ptr<RelayedLinks> relayed_;    // set with CURVE: peers reached through a relay
 };
 
 }  // namespace cairn

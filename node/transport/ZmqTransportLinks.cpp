@@ -33,6 +33,51 @@ void ZmqTransport::addDialingPeerLocked(const std::string& peer) {
   outbound_.emplace(peer, std::move(entry));
 }
 
+// A peer reached through a relay (RelayedLinks.h): sealed end to end with its key.
+void ZmqTransport::addRelayedPeerLocked(const std::string& peer, const std::string& endpoint) {
+  std::string relay_key, relay_endpoint;
+  if (!parseRelayedEndpoint(endpoint, &relay_key, &relay_endpoint))
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, ": \"", endpoint, "\" is not a relayed endpoint (",
+                kRelayedEndpointPrefix, "<the relay's 40-character key>@tcp://HOST:PORT)");
+  if (!relayed_)
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, " is reached through a relay, which needs CURVE keys",
+                " (a relayed link is sealed end to end with them): not with --insecure");
+  relayed_->add(peer, relay_endpoint, relay_key, curveKeyOf(peer));
+  Peer entry;
+  entry.relayed = true;
+  entry.endpoint = endpoint;
+  std::unique_lock<std::shared_mutex> lock(peers_mutex_);
+  outbound_.emplace(peer, std::move(entry));
+}
+
+void ZmqTransport::whileSendWaits() {
+  {
+    std::unique_lock<std::mutex> receiving(receive_mutex_, std::try_to_lock);
+    if (receiving.owns_lock()) drainMonitors();
+  }
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(hook_mutex_);
+    hook = send_wait_hook_;
+  }
+  if (hook) hook();
+}
+
+SendStatus ZmqTransport::sendRelayed(const std::string& peer, std::vector<zmq::message_t>& frames,
+                                     std::chrono::milliseconds timeout) {
+  const SendStatus status = relayed_->send(peer, frames, timeout, [this] { whileSendWaits(); });
+  uint64_t bytes = 0;
+  for (size_t i = 1; i < frames.size(); ++i) bytes += frames[i].size();
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  if (status == SendStatus::kSent) {
+    ++stats_.messages_sent;
+    stats_.bytes_sent += bytes;
+  } else if (status == SendStatus::kTimedOut) {
+    ++stats_.send_timeouts;
+  }
+  return status;
+}
+
 // To a dial-out-only peer: through our accept ROUTER, over the connection it opened and attached.
 // The ROUTER cannot wait for one peer's room, so the wait is short sleeps between tries.
 SendStatus ZmqTransport::sendAccepted(const std::string& peer, Peer& p,
@@ -81,10 +126,11 @@ std::vector<zmq::pollitem_t> ZmqTransport::pollItems() {
   {
     std::shared_lock<std::shared_mutex> peers(peers_mutex_);
     for (auto& [peer, p] : outbound_)
-      if (!p.accepted) items.push_back({static_cast<void*>(p.monitor), 0, ZMQ_POLLIN, 0});
+      if (!p.accepted && !p.relayed) items.push_back({static_cast<void*>(p.monitor), 0, ZMQ_POLLIN, 0});
   }
   if (accepted_) accepted_->addPollItems(items);
   if (dialed_) dialed_->addPollItems(items);
+  if (relayed_) relayed_->addPollItems(items);
   return items;
 }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Volunteers behind home routers, over direct links (issue 29, docs/OPERATIONS.md "Behind a home
-router"), against real NAT:
+"""Volunteers behind home routers (issue 29, docs/OPERATIONS.md "Behind a home router"), against
+real NAT, over direct links or (--relayed) through the coordinator's relay:
 
-    nat_direct_test.py --provider P --clusterize C --work DIR
+    nat_test.py --provider P --clusterize C --work DIR [--relayed]
 
 Network namespaces, a closed world that never touches this machine's own interfaces: an
 "internet" namespace holds a bridge with the coordinator (10.77.0.1) and two reachable volunteers
@@ -13,11 +13,15 @@ home's 192.168.k.0/24 from outside). One home volunteer runs `provider --join` w
 all, the other advertises its router's address, which nothing forwards (the dial-back fails). The same 2 clusters x 2 stages job (the example Fashion-MNIST CNN, "average" syncs) runs
 twice: on a flat network (4 reachable volunteers on loopback: the reference) and this way.
 
+With --relayed there is no reachable volunteer: four homes, each volunteer behind its own router
+with no address, so every link joins two dial-out-only volunteers and goes through the relay the
+coordinator offers (`--relay 10.77.0.1:7101`), sealed end to end (node/transport/RelayedLinks.h).
+
 Checked (outcomes only): each home volunteer is admitted as dial-out only and told so in one line
 (no address given / the advertised address did not answer) naming the router's address the
 coordinator saw; the plan puts both dial-out-only volunteers in
 node.json with no address and every link (pipeline neighbours, ring members) has a reachable
-side; the run ends (every process exits 0) and every step's loss of every cluster's Leaf equals
+side (--relayed: every link names the coordinator's relay in both ends' node.json); the run ends (every process exits 0) and every step's loss of every cluster's Leaf equals
 the reference's exactly. Exits 77 (ctest: skipped) with the reason when namespaces or iptables
 are missing (not root, no `ip`/`iptables`, `ip netns add` refused). Every namespace is removed on
 exit, whatever happens.
@@ -132,8 +136,22 @@ def reference_run(args, model, job):
     return vt.leaf_losses(run.out, [w for _, w in run.volunteers])
 
 
+def use_relay():
+    """Four homes, nobody reachable: every link through the coordinator's relay."""
+    global REACHABLE, HOMES, HOME_FLAGS, HOME_SAYS, COORDINATOR_FLAGS
+    REACHABLE = []
+    HOMES = 4
+    HOME_FLAGS = [[]] * HOMES
+    HOME_SAYS = ["dial-out only: no address given"] * HOMES
+    COORDINATOR_FLAGS = ["--relay", f"{COORDINATOR}:7101"]
+
+
+COORDINATOR_FLAGS = []
+
+
 def check_links(out):
-    """Both dial-out-only volunteers are placed with no address; every link has a reachable side."""
+    """The dial-out-only volunteers are placed with no address; every link has a reachable side,
+    or (nobody reachable) goes through the coordinator's relay."""
     nodes = {}
     for name in os.listdir(os.path.join(out, "nodes")):
         nodes[name] = json.load(open(os.path.join(out, "nodes", name, "node.json")))
@@ -146,11 +164,15 @@ def check_links(out):
         peers += [m for ring in spec.get("rings", []) for m in ring["members"] if m["name"] != name]
         for p in peers:
             links += 1
-            if spec.get("dial_out_only") and p.get("dial_out_only"):
+            relay = p.get("relay", {})
+            if not REACHABLE and (relay.get("name") != "coordinator" or relay.get("address") != f"{COORDINATOR}:7101"):
+                vt.fail(f"{name}'s link to {p['name']} is not through the coordinator's relay: {p}")
+            if REACHABLE and spec.get("dial_out_only") and p.get("dial_out_only"):
                 vt.fail(f"{name} and {p['name']} are linked and both dial-out only")
             if bool(p.get("dial_out_only")) != (p["name"] in behind):
                 vt.fail(f"{name}'s node.json marks {p['name']} wrongly")
-    print(f"plan: {behind} dial-out only; {links // 2} links, each with a reachable side")
+    print(f"plan: {behind} dial-out only; {links // 2} links, each "
+          f"{'with a reachable side' if REACHABLE else 'through the relay'}")
 
 
 def nat_run(args, world, model, job):
@@ -159,7 +181,7 @@ def nat_run(args, world, model, job):
     invite_file = os.path.join(sub.work, "invite.txt")
     coordinator = vt.Process("coordinator", world.run_in(world.inet) + [
         args.clusterize, "--model", model, "--job", job, *vt.INPUT_SHAPE, "--serve", f"{COORDINATOR}:7100",
-        "--invite-file", invite_file, "--out", out] + FLAGS)
+        "--invite-file", invite_file, "--out", out] + FLAGS + COORDINATOR_FLAGS)
     processes = [coordinator]
     try:
         invite = coordinator.wait_for(lambda l: l.startswith("invite: "), 120, "'invite: …'").split()[1]
@@ -194,7 +216,10 @@ def main():
     parser.add_argument("--provider", required=True)
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
+    parser.add_argument("--relayed", action="store_true", help="nobody reachable: the coordinator relays")
     args = parser.parse_args()
+    if args.relayed:
+        use_relay()
     world = NatWorld()
     reason = world.skip_reason()
     if reason:
@@ -213,7 +238,8 @@ def main():
         world.close()
     reference = reference_run(args, model, job)
     vt.check_same_losses(reference, behind_nat, STEPS, "the run behind NAT's")
-    print(f"every Leaf loss of {len(reference)} clusters x {STEPS} steps behind NAT equals the flat run's")
+    print(f"every Leaf loss of {len(reference)} clusters x {STEPS} steps behind NAT"
+          f"{' (relayed)' if args.relayed else ''} equals the flat run's")
     print("PASS")
 
 

@@ -1,0 +1,236 @@
+#include "node/transport/RelayedLinks.h"
+
+#include <cstring>
+#include <thread>
+
+#include <zmq_addon.hpp>
+
+#include "core/Error.h"
+#include "core/Log.h"
+#include "node/transport/ZmqSockets.h"
+
+namespace cairn {
+namespace {
+
+constexpr std::chrono::milliseconds kSendSlice{50};
+constexpr size_t kKeyChars = 40;
+
+void setHeartbeats(zmq::socket_t& s, const RelayedLinkOptions& o) {
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::reconnect_ivl, 100);
+  s.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  if (o.heartbeat_interval.count() <= 0) return;
+  s.set(zmq::sockopt::heartbeat_ivl, int(o.heartbeat_interval.count()));
+  s.set(zmq::sockopt::heartbeat_timeout, int(o.heartbeat_timeout.count()));
+  s.set(zmq::sockopt::heartbeat_ttl, int(o.heartbeat_timeout.count()));
+}
+
+std::vector<zmq::message_t> shareFrames(std::vector<zmq::message_t>& frames) {
+  std::vector<zmq::message_t> copies(frames.size());
+  for (size_t i = 0; i < frames.size(); ++i) copies[i].copy(frames[i]);  // shares the bytes
+  return copies;
+}
+
+}  // namespace
+
+bool isRelayedEndpoint(const std::string& endpoint) {
+  return endpoint.rfind(kRelayedEndpointPrefix, 0) == 0;
+}
+
+std::string relayedEndpoint(const std::string& relay_key, const std::string& relay_address) {
+  const std::string tcp = relay_address.find("://") == std::string::npos ? "tcp://" + relay_address
+                                                                         : relay_address;
+  return kRelayedEndpointPrefix + relay_key + "@" + tcp;
+}
+
+bool parseRelayedEndpoint(const std::string& endpoint, std::string* relay_key,
+                          std::string* relay_endpoint) {
+  const size_t prefix = std::strlen(kRelayedEndpointPrefix);
+  if (!isRelayedEndpoint(endpoint) || endpoint.size() <= prefix + kKeyChars + 1 ||
+      endpoint[prefix + kKeyChars] != '@')
+    return false;
+  *relay_key = endpoint.substr(prefix, kKeyChars);
+  *relay_endpoint = endpoint.substr(prefix + kKeyChars + 1);
+  return isZ85Key(*relay_key) && relay_endpoint->rfind("tcp://", 0) == 0;
+}
+
+struct RelayedLinks::Connection {
+  std::string endpoint, key;
+  std::mutex send_mutex;  // send_socket
+  zmq::socket_t send_socket, send_monitor;        // the senders'; its monitor: receiving thread
+  zmq::socket_t receive_socket, receive_monitor;  // the receiving thread's
+  bool connected = false;  // receive_socket's handshake completed (receiving thread)
+  bool refused = false, send_refused = false;
+  std::chrono::steady_clock::time_point refused_at, send_refused_at, attached_at;
+  std::set<std::string> present;  // the relay's last presence (receiving thread)
+};
+
+struct RelayedLinks::Link {
+  Link(const CurveKeyPair& own, const std::string& key)
+      : peer_key(key), sealer(own, key), opener(own, key), control_out(own, key), control_in(own, key) {}
+  Connection* connection = nullptr;  // under RelayedLinks::mutex_
+  PeerLiveness liveness;             // under RelayedLinks::mutex_
+  std::string receiver_key;  // under RelayedLinks::mutex_: a new peer key for the receiving side
+  // Sender side, under `state`: sealing and sending one message is one step under it.
+  std::mutex state;
+  std::string peer_key;
+  LinkSealer sealer;
+  // Sent and not acknowledged: sequence → the message's frames as encoded (shared with what was
+  // sent, not copied), sealed again for each resend (the same nonce and bytes: the same box).
+  std::deque<std::pair<uint64_t, std::vector<zmq::message_t>>> unacked;
+  uint64_t next_sequence = 0;  // of the sealer's session
+  std::optional<uint64_t> resend_from;  // a resend not carried out yet
+  std::chrono::steady_clock::time_point progress_at = std::chrono::steady_clock::now();
+  // Receiver side: the receiving thread's.
+  LinkOpener opener;
+  ControlSealer control_out;  // acknowledgements and requests to resend
+  ControlOpener control_in;   // the peer's
+  bool ack_due = false;
+  uint64_t asked_session = 0, asked_next = 0;
+  std::chrono::steady_clock::time_point asked_at;
+};
+
+RelayedLinks::RelayedLinks(zmq::context_t& context, std::string name, CurveKeyPair own,
+                           RelayedLinkOptions options)
+    : context_(context), name_(std::move(name)), own_(std::move(own)), options_(options) {}
+
+RelayedLinks::~RelayedLinks() { close(); }
+
+RelayedLinks::Connection& RelayedLinks::connectionLocked(const std::string& endpoint,
+                                                         const std::string& key) {
+  auto& slot = connections_[endpoint + "|" + key];
+  if (slot) return *slot;
+  auto c = std::make_unique<Connection>();
+  c->endpoint = endpoint;
+  c->key = key;
+  auto dealer = [&](int hwm, uint64_t affinity, const std::string& what, zmq::socket_t* monitor) {
+    zmq::socket_t s(context_, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::sndhwm, hwm);
+    s.set(zmq::sockopt::rcvhwm, options_.receive_high_water_mark);
+    if (options_.max_inbound_bytes > 0) s.set(zmq::sockopt::maxmsgsize, options_.max_inbound_bytes);
+    setHeartbeats(s, options_);
+    s.set(zmq::sockopt::curve_serverkey, key);
+    s.set(zmq::sockopt::curve_publickey, own_.public_key);
+    s.set(zmq::sockopt::curve_secretkey, own_.secret_key);
+    if (options_.split_io_threads) s.set(zmq::sockopt::affinity, affinity);
+    *monitor = monitorSocket(context_, s,
+                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                 ZMQ_EVENT_DISCONNECTED,
+                             name_, what);
+    try {
+      s.connect(endpoint);
+    } catch (const zmq::error_t& e) {
+      zmq_socket_monitor(s.handle(), nullptr, 0);
+      CAIRN_THROW(BadInput, name_, ": cannot dial the relay at ", endpoint, ": ", e.what());
+    }
+    return s;
+  };
+  c->send_socket = dealer(static_cast<int>(options_.window), 2, "relay-out", &c->send_monitor);
+  c->receive_socket = dealer(4, 1, "relay-in", &c->receive_monitor);
+  slot = std::move(c);
+  CAIRN_DEBUG(name_, ": dialling the relay at ", endpoint);
+  return *slot;
+}
+
+void RelayedLinks::add(const std::string& peer, const std::string& relay_endpoint,
+                       const std::string& relay_key, const std::string& peer_key) {
+  if (!isZ85Key(relay_key) || !isZ85Key(peer_key))
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, " is relayed, which needs CURVE keys for it and its",
+                " relay (a relayed link is sealed end to end with them; not with --insecure)");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (links_.count(peer)) return;
+  Connection& c = connectionLocked(relay_endpoint, relay_key);
+  auto link = std::make_unique<Link>(own_, peer_key);
+  link->connection = &c;
+  links_.emplace(peer, std::move(link));
+}
+
+void RelayedLinks::repoint(const std::string& peer, const std::string& relay_endpoint,
+                           const std::string& relay_key, const std::string& peer_key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = links_.find(peer);
+  if (it == links_.end()) return;
+  Link& link = *it->second;
+  Connection& c = connectionLocked(relay_endpoint, relay_key);
+  std::lock_guard<std::mutex> state(link.state);
+  if (peer_key != link.peer_key) {  // another volunteer: nothing of the old one's link carries over
+    link.peer_key = peer_key;
+    link.sealer = LinkSealer(own_, peer_key);
+    link.next_sequence = 0;
+    link.unacked.clear();
+    link.resend_from.reset();
+    link.receiver_key = peer_key;  // the receiving side's, replaced by its own thread (drain)
+  } else if (!link.unacked.empty()) {
+    link.resend_from = link.unacked.front().first;  // what the old relay may have lost
+  }
+  if (link.connection != &c) {
+    link.connection = &c;
+    const bool present = c.connected && c.present.count(peer);
+    if (link.liveness.state == PeerState::kConnected && !present)
+      link.liveness = {PeerState::kDisconnected, std::chrono::steady_clock::now()};
+  }
+}
+
+bool RelayedLinks::has(const std::string& peer) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return links_.count(peer) > 0;
+}
+
+bool RelayedLinks::active() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !links_.empty();
+}
+
+// Caller holds the link's state lock. Queues ["D", peer, sealed…] without waiting.
+bool RelayedLinks::queueSealed(Connection& c, const std::string& peer,
+                               std::vector<zmq::message_t>& sealed) {
+  std::lock_guard<std::mutex> sending(c.send_mutex);
+  zmq::message_t kind("D", 1);
+  if (!c.send_socket.send(kind, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+  zmq::message_t to(peer.data(), peer.size());
+  (void)c.send_socket.send(to, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  for (size_t i = 0; i < sealed.size(); ++i) {
+    const auto more = i + 1 < sealed.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    auto sent = c.send_socket.send(sealed[i], more | zmq::send_flags::dontwait);
+    CAIRN_ENFORCE(sent.has_value(), "ZeroMQ refused frame ", i, " of a relayed message");
+  }
+  return true;
+}
+
+SendStatus RelayedLinks::send(const std::string& peer, std::vector<zmq::message_t>& frames,
+                              std::chrono::milliseconds timeout,
+                              const std::function<void()>& wait_hook) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto next_hook = std::chrono::steady_clock::now() + kSendSlice;
+  for (;;) {
+    Link* link = nullptr;
+    Connection* c = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = links_.find(peer);
+      if (it == links_.end()) return SendStatus::kUnknownPeer;
+      link = it->second.get();
+      c = link->connection;
+    }
+    {
+      std::lock_guard<std::mutex> state(link->state);
+      if (!link->resend_from && link->unacked.size() < options_.window) {
+        std::vector<zmq::message_t> sealed = link->sealer.sealAt(frames, link->next_sequence);
+        if (queueSealed(*c, peer, sealed)) {
+          if (link->unacked.empty()) link->progress_at = std::chrono::steady_clock::now();
+          link->unacked.emplace_back(link->next_sequence++, shareFrames(frames));
+          return SendStatus::kSent;
+        }
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return SendStatus::kTimedOut;
+    if (now >= next_hook) {
+      next_hook = now + kSendSlice;
+      if (wait_hook) wait_hook();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace cairn
