@@ -22,6 +22,7 @@ PACKAGES=(
   # last bits, so cairn runs it on one thread (core/BlasThreads.h; OPENBLAS_NUM_THREADS=1 in tests).
   libopenblas0-pthread
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev nlohmann-json3-dev libhwloc-dev libcli11-dev
+  libsodium-dev  # relayed links sealed end to end (node/transport/RelaySeal.h)
   libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
   libpng-dev libjpeg62-turbo-dev python3-pil
   dataset-fashion-mnist time
