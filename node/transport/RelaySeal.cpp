@@ -58,6 +58,22 @@ std::string relaySessionHex(uint64_t session) {
   return text;
 }
 
+// One sealed frame: the nonce (session, sequence, index, count field), then the box, sealed
+// straight into the frame (the nonce, bytes 0-23, and the box, from 24 on, do not overlap).
+zmq::message_t sealRelayFrame(const RelayPairKey& pair, uint64_t session, uint64_t sequence,
+                              uint32_t index, uint32_t count_field, const unsigned char* plain,
+                              size_t size) {
+  zmq::message_t out(kSealOverheadBytes + size);
+  auto* bytes = static_cast<unsigned char*>(out.data());
+  relayPutLe64(bytes, session);
+  relayPutLe64(bytes + 8, sequence);
+  relayPutLe32(bytes + 16, index);
+  relayPutLe32(bytes + 20, count_field);
+  const int boxed = crypto_box_easy_afternm(bytes + kSealNonceBytes, plain, size, bytes, pair.key.data());
+  CAIRN_ENFORCE(boxed == 0, "crypto_box_easy_afternm refused a frame of ", size, " bytes");
+  return out;
+}
+
 }  // namespace
 
 RelayPairKey::RelayPairKey(const CurveKeyPair& own, const std::string& peer_public_key_z85) {
@@ -94,28 +110,21 @@ LinkSealer::LinkSealer(const CurveKeyPair& own, const std::string& peer_public_k
   restart();
 }
 
-std::vector<zmq::message_t> LinkSealer::seal(const std::vector<zmq::message_t>& frames) {
-  CAIRN_ENFORCE(!frames.empty() && frames.size() < kSealDirectionBit,
-                "a sealed message has 1 to 2^31-1 frames, not ", frames.size());
+std::vector<zmq::message_t> LinkSealer::sealAt(const std::vector<zmq::message_t>& frames,
+                                               uint64_t sequence) const {
+  CAIRN_ENFORCE(!frames.empty() && frames.size() < kSealControlBit,
+                "a sealed message has 1 to 2^30-1 frames, not ", frames.size());
   const uint32_t count_field = static_cast<uint32_t>(frames.size()) | pair_.own_direction;
   std::vector<zmq::message_t> sealed;
   sealed.reserve(frames.size());
-  for (size_t i = 0; i < frames.size(); ++i) {
-    const zmq::message_t& plain = frames[i];
-    zmq::message_t out(kSealOverheadBytes + plain.size());
-    auto* bytes = static_cast<unsigned char*>(out.data());
-    relayPutLe64(bytes, session_);
-    relayPutLe64(bytes + 8, next_);
-    relayPutLe32(bytes + 16, static_cast<uint32_t>(i));
-    relayPutLe32(bytes + 20, count_field);
-    // The nonce (bytes 0-23) and the box (from 24 on) do not overlap: sealed straight into the
-    // frame.
-    const int boxed = crypto_box_easy_afternm(bytes + kSealNonceBytes, relayFrameBytes(plain),
-                                              plain.size(), bytes, pair_.key.data());
-    CAIRN_ENFORCE(boxed == 0, "crypto_box_easy_afternm refused a frame of ", plain.size(),
-                  " bytes");
-    sealed.push_back(std::move(out));
-  }
+  for (size_t i = 0; i < frames.size(); ++i)
+    sealed.push_back(sealRelayFrame(pair_, session_, sequence, static_cast<uint32_t>(i), count_field,
+                                    relayFrameBytes(frames[i]), frames[i].size()));
+  return sealed;
+}
+
+std::vector<zmq::message_t> LinkSealer::seal(const std::vector<zmq::message_t>& frames) {
+  std::vector<zmq::message_t> sealed = sealAt(frames, next_);
   ++next_;
   can_cancel_ = true;
   return sealed;
@@ -170,6 +179,10 @@ LinkOpener::Opened LinkOpener::checkFrames(const std::vector<zmq::message_t>& fr
                std::to_string(relayGetLe32(bytes + 16)) + " (frames dropped or reordered).";
       return Opened::kMalformed;
     }
+  }
+  if (header->count_field & kSealControlBit) {
+    if (why) *why = "a control frame among a message's frames.";
+    return Opened::kMalformed;
   }
   const uint32_t count = header->count_field & ~kSealDirectionBit;
   if (count != frames.size()) {
@@ -248,6 +261,68 @@ LinkOpener::Opened LinkOpener::open(std::vector<zmq::message_t>& frames, std::st
 }
 
 uint64_t LinkOpener::opened() const { return opened_; }
+uint64_t LinkOpener::expectedSession() const { return has_session_ ? session_ : 0; }
+uint64_t LinkOpener::expectedSequence() const { return has_session_ ? expected_ : 0; }
+bool LinkOpener::knowsSession(uint64_t session) const { return seen_sessions_.count(session) > 0; }
+
+bool peekSealed(const zmq::message_t& frame, uint64_t* session, uint64_t* sequence) {
+  if (frame.size() < kSealOverheadBytes) return false;
+  *session = relayGetLe64(relayFrameBytes(frame));
+  *sequence = relayGetLe64(relayFrameBytes(frame) + 8);
+  return true;
+}
+
+bool isSealedControl(const zmq::message_t& frame) {
+  return frame.size() >= kSealOverheadBytes &&
+         (relayGetLe32(relayFrameBytes(frame) + 20) & kSealControlBit) != 0;
+}
+
+ControlSealer::ControlSealer(const CurveKeyPair& own, const std::string& peer_public_key_z85)
+    : pair_(own, peer_public_key_z85) {
+  randombytes_buf(&session_, sizeof session_);
+}
+
+zmq::message_t ControlSealer::seal(const std::string& payload) {
+  const uint32_t count_field = 1u | kSealControlBit | pair_.own_direction;
+  return sealRelayFrame(pair_, session_, next_++, 0, count_field,
+                        reinterpret_cast<const unsigned char*>(payload.data()), payload.size());
+}
+
+ControlOpener::ControlOpener(const CurveKeyPair& own, const std::string& peer_public_key_z85)
+    : pair_(own, peer_public_key_z85) {}
+
+bool ControlOpener::open(const zmq::message_t& frame, std::string* payload, std::string* why) {
+  const auto no = [&](const char* what) {
+    if (why) *why = what;
+    return false;
+  };
+  if (frame.size() < kSealOverheadBytes) return no("a control frame shorter than 40 bytes.");
+  const unsigned char* bytes = relayFrameBytes(frame);
+  const uint64_t session = relayGetLe64(bytes), sequence = relayGetLe64(bytes + 8);
+  const uint32_t count_field = relayGetLe32(bytes + 20);
+  if (relayGetLe32(bytes + 16) != 0 || (count_field & ~(kSealDirectionBit | kSealControlBit)) != 1 ||
+      !(count_field & kSealControlBit))
+    return no("not a control frame (index 0 of 1, the control bit).");
+  if ((count_field & kSealDirectionBit) != pair_.peer_direction)
+    return no("a control frame carrying this node's own direction bit (sent back to it).");
+  std::string plain(frame.size() - kSealOverheadBytes, '\0');
+  if (crypto_box_open_easy_afternm(reinterpret_cast<unsigned char*>(plain.data()),
+                                   bytes + kSealNonceBytes, frame.size() - kSealNonceBytes, bytes,
+                                   pair_.key.data()) != 0)
+    return no("a control frame whose MAC does not verify.");
+  if (has_session_ && session == session_) {
+    if (sequence <= last_) return no("a control frame replayed (its sequence was taken).");
+  } else if (seen_sessions_.count(session)) {
+    return no("a control frame of an earlier session, replayed.");
+  } else {
+    has_session_ = true;
+    session_ = session;
+    seen_sessions_.insert(session);
+  }
+  last_ = sequence;
+  *payload = std::move(plain);
+  return true;
+}
 uint64_t LinkOpener::refused() const { return refused_; }
 
 const char* openedName(LinkOpener::Opened opened) {

@@ -10,7 +10,8 @@
 //    0       8    session      random per (re)start of the sending side (LinkSealer::restart)
 //    8       8    sequence     0, 1, 2, ... per message within the session
 //   16       4    frame index  0 .. count-1
-//   20       4    frame count  bits 0-30: the message's number of frames; bit 31: the direction
+//   20       4    frame count  bits 0-29: the message's number of frames; bit 30: a control
+//                                frame (below); bit 31: the direction
 //   24      16    MAC          crypto_box_easy_afternm's output: Poly1305 tag ...
 //   40       n    ciphertext   ... then the frame's n bytes, XSalsa20-encrypted
 //
@@ -41,6 +42,14 @@
 // a stranger's traffic, to count and drop). A receiver starts with no session: it takes a sender's
 // session only from its sequence 0, so a receiver that started afresh needs the sender to restart.
 //
+// Control frames (ControlSealer / ControlOpener): the relayed link's acknowledgements and requests
+// to resend (node/transport/RelayedLinks.h), one frame each, sealed the same way with bit 30 of the
+// count field set (a count of 1), in their own session and sequence, so a relay can turn neither a
+// data frame into a control frame nor one into the other. Their order is loose — a control frame
+// may be lost, so an opener takes any sequence above the last it took in the current session, and
+// any sequence of a session never seen (the peer restarted) — but none is taken twice and no
+// earlier session's is taken at all.
+//
 // Hand-written because libsodium gives the box, not a sequenced channel. crypto_secretstream
 // is not strictly better here: its state advances on every push (no cancelLast without copying
 // it), a dropped or reordered message shows only as a failed MAC (no kOutOfOrder apart from
@@ -68,6 +77,8 @@ inline constexpr size_t kSealNonceBytes = 24;
 inline constexpr size_t kSealOverheadBytes = 40;
 // Bit 31 of the frame-count field: the direction (above).
 inline constexpr uint32_t kSealDirectionBit = 0x80000000u;
+// Bit 30 of the frame-count field: a control frame (ControlSealer below), never part of a message.
+inline constexpr uint32_t kSealControlBit = 0x40000000u;
 
 // The precomputed key of one pair of nodes, and the direction bits of their two sides.
 // BadInput naming what is wrong: a key that is not 40 Z85 characters, a secret key that does not
@@ -89,8 +100,13 @@ class LinkSealer {
   // BadInput naming what is wrong for a malformed key (RelayPairKey).
   LinkSealer(const CurveKeyPair& own, const std::string& peer_public_key_z85);
   // Seals every frame of one message: returns one sealed frame per input frame. Advances the
-  // sequence number by one (one message = one sequence number). A message has 1 to 2^31-1 frames.
+  // sequence number by one (one message = one sequence number). A message has 1 to 2^30-1 frames.
   std::vector<zmq::message_t> seal(const std::vector<zmq::message_t>& frames);
+  // The same at a sequence number the caller keeps (state unchanged): a message sealed again at
+  // its own sequence in the same session gives the same bytes (a resend reuses its nonce for the
+  // same plaintext only). The caller must never seal two different messages at one sequence.
+  std::vector<zmq::message_t> sealAt(const std::vector<zmq::message_t>& frames,
+                                     uint64_t sequence) const;
   // The last seal() was never sent (the send timed out): its sequence number is used again.
   // Only when no frame of it can have left this node (ZeroMQ refused its first frame): the next
   // seal() uses the same nonces for other bytes, which must never both be seen. When in doubt,
@@ -121,6 +137,11 @@ class LinkOpener {
   // Counters for metrics: messages opened, messages refused.
   uint64_t opened() const;
   uint64_t refused() const;
+  // What it expects next: the current session (0 before any) and its next sequence.
+  uint64_t expectedSession() const;
+  uint64_t expectedSequence() const;
+  // Whether a message of `session` was ever taken.
+  bool knowsSession(uint64_t session) const;
 
  private:
   struct Header {
@@ -144,5 +165,38 @@ class LinkOpener {
 
 // "opened", "forged", "replayed", "out_of_order", "malformed" (metric labels).
 const char* openedName(LinkOpener::Opened);
+
+// A sealed frame's session and sequence as it says (not authenticated: to ask for a resend only);
+// false when it is too short to be one.
+bool peekSealed(const zmq::message_t& frame, uint64_t* session, uint64_t* sequence);
+// Whether a frame says it is a control frame (bit 30; authenticated only by ControlOpener::open).
+bool isSealedControl(const zmq::message_t& frame);
+
+// One node's control frames to a peer: a random session per object, sequence 0, 1, 2, ...
+class ControlSealer {
+ public:
+  ControlSealer(const CurveKeyPair& own, const std::string& peer_public_key_z85);
+  zmq::message_t seal(const std::string& payload);
+
+ private:
+  RelayPairKey pair_;
+  uint64_t session_ = 0;
+  uint64_t next_ = 0;
+};
+
+// A peer's control frames: false (and *why) for one that is not sealed by the peer for this node,
+// carries this node's direction, was taken before or belongs to an earlier session.
+class ControlOpener {
+ public:
+  ControlOpener(const CurveKeyPair& own, const std::string& peer_public_key_z85);
+  bool open(const zmq::message_t& frame, std::string* payload, std::string* why);
+
+ private:
+  RelayPairKey pair_;
+  bool has_session_ = false;
+  uint64_t session_ = 0;
+  uint64_t last_ = 0;
+  std::unordered_set<uint64_t> seen_sessions_;
+};
 
 }  // namespace cairn
