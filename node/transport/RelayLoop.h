@@ -1,0 +1,119 @@
+// The relay's loop (node/transport/Relay.h): the thread that reads the ROUTER and its monitor,
+// takes attaches, answers presence, forwards data and keeps the per-link queues. Internal to the
+// relay: Relay.cpp (reading, attaches, presence, links) and RelayQueues.cpp (forwarding, queues,
+// pacing). Thread-safety: run() and everything it calls belong to the loop thread; setLinks() and
+// stats() from any thread (their own mutexes).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+#include <zmq.hpp>
+
+#include "node/transport/Relay.h"
+
+namespace cairn {
+
+// A byte-rate cap applied without waiting: core/SendPacer.h's rule (GCRA: a theoretical send time
+// advancing by bytes / rate with each message; a message may go once that time, less the burst,
+// has come), but the caller asks first and keeps the message when the answer is no.
+class RelayPacer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit RelayPacer(double mbps);  // 0: no cap
+  bool mayGo(Clock::time_point now) const;
+  void took(uint64_t bytes, Clock::time_point now);
+
+ private:
+  double mbps_;
+  Clock::duration burst_{};
+  Clock::time_point theoretical_{};
+};
+
+// Sends [routing id][head…][tail…] to one client of `router` without waiting: false (nothing
+// sent) when its pipe is full or it has no connection now. `tail`'s frames are consumed when sent.
+bool relaySend(zmq::socket_t& router, const std::string& routing_id,
+               const std::vector<std::string>& head, std::vector<zmq::message_t>& tail);
+
+class RelayLoop {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Link = std::pair<std::string, std::string>;  // (from, to)
+  RelayLoop(const RelayOptions& options, zmq::socket_t router, zmq::socket_t monitor);
+  ~RelayLoop();
+  RelayLoop(const RelayLoop&) = delete;
+  RelayLoop& operator=(const RelayLoop&) = delete;
+
+  void run(const std::atomic<bool>& stop);  // the loop thread, until `stop`
+  void setLinks(std::map<std::string, std::string> members, std::set<Link> pairs);  // any thread
+  RelayStats stats() const;                                                         // any thread
+
+ private:
+  struct Member {
+    std::string key;                     // Z85
+    std::string routing_id;              // of the attached connection; empty when none
+    int fd = -1;                         // that connection's socket (ZMQ_SRCFD)
+    Clock::time_point unattached_since;  // when it stopped being attached (or was listed)
+    bool attached() const { return !routing_id.empty(); }
+  };
+  struct Waiting {
+    std::vector<zmq::message_t> payload;
+    uint64_t bytes = 0;  // the payload frames' sizes
+    uint64_t cost = 0;   // what it counts against the budget
+  };
+  struct LinkQueue {
+    std::deque<Waiting> messages;
+    uint64_t cost = 0;
+  };
+  enum class Sent { kSent, kNoRoom, kPaced };
+
+  // Relay.cpp
+  void applyPendingLinks();
+  bool readOne();
+  void takeMessage(std::vector<zmq::message_t>& frames);
+  void takeAttach(std::vector<zmq::message_t>& frames, const std::string& user);
+  void drainMonitor();
+  void forget(const std::string& name);
+  std::vector<std::string> partnersOf(const std::string& name) const;
+  void sendPresence(const std::string& name);
+  void presenceToPartners(const std::string& name);
+  const Member* memberOfUser(const std::string& user, std::string* name) const;
+  bool planned(const std::string& a, const std::string& b) const;
+  void count(uint64_t RelayStats::*counter, uint64_t n = 1);
+  // RelayQueues.cpp
+  void takeData(const std::string& from, std::vector<zmq::message_t>& frames);
+  Sent trySend(const Link& link, Waiting& message, Clock::time_point now);
+  void enqueue(const Link& link, Waiting message);
+  void leftQueue(const Waiting& message);  // stats: one message less waiting
+  bool serviceQueues(Clock::time_point now);
+  void dropQueues(bool (*drop)(const RelayLoop&, const Link&, Clock::time_point),
+                  Clock::time_point now);
+  static bool unattachedTooLong(const RelayLoop& loop, const Link& link, Clock::time_point now);
+  static bool noLongerPlanned(const RelayLoop& loop, const Link& link, Clock::time_point now);
+
+  const RelayOptions options_;
+  zmq::socket_t router_;
+  zmq::socket_t monitor_;
+  std::map<std::string, Member> members_;  // loop thread
+  std::set<Link> pairs_;                   // loop thread; each pair with first < second
+  std::map<Link, LinkQueue> queues_;       // loop thread; only non-empty ones
+  RelayPacer pacer_;
+  size_t next_queue_ = 0;  // fair turns between the queues when the pacer or pipes hold some back
+
+  std::mutex pending_mutex_;  // the next setLinks, carried out by the loop
+  std::atomic<bool> links_pending_{false};
+  std::map<std::string, std::string> pending_members_;
+  std::set<Link> pending_pairs_;
+
+  mutable std::mutex stats_mutex_;
+  RelayStats stats_;
+};
+
+}  // namespace cairn

@@ -1,0 +1,196 @@
+// The relay's forwarding side (Relay.h, RelayLoop.h): a data message goes to its destination at
+// once or waits in its link's queue (from → to) within the link's budget; the loop retries the
+// queues, paced (RelayPacer), and drops those nobody will take.
+#include <algorithm>
+#include <cerrno>
+
+#include "core/Log.h"
+#include "node/transport/RelayLoop.h"
+
+namespace cairn {
+namespace {
+
+// Rounded up, as SendPacer's: the schedule never runs ahead of the rate by the clock's rounding.
+RelayPacer::Clock::duration relayAtRate(uint64_t bytes, double mbps) {
+  return std::chrono::ceil<RelayPacer::Clock::duration>(
+      std::chrono::duration<double>(double(bytes) * 8 / (mbps * 1e6)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- RelayPacer
+
+// The burst of `provider --max-mbps` (VolunteerRun.cpp): 256 KiB, or 0.1 s at the rate if more.
+RelayPacer::RelayPacer(double mbps) : mbps_(mbps) {
+  if (mbps_ > 0)
+    burst_ = relayAtRate(std::max<uint64_t>(256 << 10, uint64_t(mbps_ * 1e6 / 8 * 0.1)), mbps_);
+}
+
+bool RelayPacer::mayGo(Clock::time_point now) const {
+  return mbps_ <= 0 || theoretical_ - burst_ <= now;
+}
+
+void RelayPacer::took(uint64_t bytes, Clock::time_point now) {
+  if (mbps_ <= 0) return;
+  theoretical_ = std::max(theoretical_, now) + relayAtRate(bytes, mbps_);
+}
+
+// ---------------------------------------------------------------- sending
+
+bool relaySend(zmq::socket_t& router, const std::string& routing_id,
+               const std::vector<std::string>& head, std::vector<zmq::message_t>& tail) {
+  zmq::message_t id(routing_id.data(), routing_id.size());
+  try {
+    // ROUTER_MANDATORY: the routing-id frame fails with EAGAIN while the client's pipe is full
+    // (cppzmq: no value) and with EHOSTUNREACH when it has no connection (throws).
+    if (!router.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EHOSTUNREACH) return false;
+    throw;
+  }
+  // Once the routing id is queued, the rest of the message goes into the same pipe (libzmq checks
+  // the high-water mark per message); should that pipe close meanwhile, libzmq drops the message.
+  const size_t n = head.size() + tail.size();
+  for (size_t i = 0; i < n; ++i) {
+    const auto flags =
+        (i + 1 < n ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait;
+    if (i < head.size()) {
+      zmq::message_t frame(head[i].data(), head[i].size());
+      (void)router.send(frame, flags);
+    } else {
+      (void)router.send(tail[i - head.size()], flags);
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- RelayLoop: forwarding
+
+void RelayLoop::takeData(const std::string& from, std::vector<zmq::message_t>& frames) {
+  // [routing id]["D"][TO][payload…]
+  const std::string to = frames[2].to_string();
+  if (!members_.count(to) || !planned(from, to)) {
+    count(&RelayStats::refused_unplanned);
+    return;
+  }
+  Waiting message;
+  message.payload.reserve(frames.size() - 3);
+  for (size_t i = 3; i < frames.size(); ++i) {
+    message.bytes += frames[i].size();
+    message.cost += frames[i].size() + kRelayFrameOverhead;
+    message.payload.push_back(std::move(frames[i]));
+  }
+  const Link link{from, to};
+  // Behind whatever of this link already waits: a link's messages keep their order.
+  if (!queues_.count(link) && trySend(link, message, Clock::now()) == Sent::kSent) return;
+  enqueue(link, std::move(message));
+}
+
+RelayLoop::Sent RelayLoop::trySend(const Link& link, Waiting& message, Clock::time_point now) {
+  auto to = members_.find(link.second);
+  if (to == members_.end() || !to->second.attached()) return Sent::kNoRoom;
+  if (!pacer_.mayGo(now)) return Sent::kPaced;
+  if (!relaySend(router_, to->second.routing_id, {kRelayData, link.first}, message.payload))
+    return Sent::kNoRoom;
+  pacer_.took(message.bytes, now);
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  ++stats_.messages_forwarded;
+  stats_.bytes_forwarded += message.bytes;
+  stats_.bytes_per_link[link] += message.bytes;
+  return Sent::kSent;
+}
+
+void RelayLoop::enqueue(const Link& link, Waiting message) {
+  auto it = queues_.find(link);
+  const uint64_t waiting = it == queues_.end() ? 0 : it->second.cost;
+  if (waiting + message.cost > static_cast<uint64_t>(options_.link_budget_bytes)) {
+    uint64_t refused = 0;
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      refused = ++stats_.refused_over_budget;
+    }
+    if (refused == 1 || refused % 1000 == 0)
+      CAIRN_WARN("relay: the link ", link.first, " → ", link.second, " has ", waiting,
+                 " bytes waiting: dropped a message of ", message.bytes, " (", refused,
+                 " dropped over budget so far)");
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.messages_waiting;
+    stats_.bytes_waiting += message.bytes;
+  }
+  LinkQueue& queue = queues_[link];
+  queue.cost += message.cost;
+  queue.messages.push_back(std::move(message));
+}
+
+// Sends what waits, link by link (starting one further each turn, so that a pacer or a full pipe
+// holding some back favours no link), each link's in order. True when something still waits for
+// an attached destination: the loop comes back within a millisecond.
+bool RelayLoop::serviceQueues(Clock::time_point now) {
+  if (queues_.empty()) return false;
+  std::vector<Link> order;
+  order.reserve(queues_.size());
+  for (const auto& entry : queues_) order.push_back(entry.first);
+  std::rotate(order.begin(), order.begin() + static_cast<long>(next_queue_++ % order.size()),
+              order.end());
+  std::set<std::string> full;  // destinations whose pipe had no room this turn
+  bool paced = false, waiting = false;
+  for (const Link& link : order) {
+    LinkQueue& queue = queues_.at(link);
+    auto to = members_.find(link.second);
+    if (to == members_.end() || !to->second.attached()) continue;
+    while (!queue.messages.empty() && !paced && !full.count(link.second)) {
+      const Sent sent = trySend(link, queue.messages.front(), now);
+      if (sent == Sent::kPaced) {
+        paced = true;
+      } else if (sent == Sent::kNoRoom) {
+        full.insert(link.second);
+      } else {
+        leftQueue(queue.messages.front());
+        queue.cost -= queue.messages.front().cost;
+        queue.messages.pop_front();
+      }
+    }
+    if (queue.messages.empty())
+      queues_.erase(link);
+    else
+      waiting = true;
+  }
+  return waiting;
+}
+
+void RelayLoop::dropQueues(bool (*drop)(const RelayLoop&, const Link&, Clock::time_point),
+                           Clock::time_point now) {
+  for (auto it = queues_.begin(); it != queues_.end();) {
+    if (!drop(*this, it->first, now)) {
+      ++it;
+      continue;
+    }
+    CAIRN_INFO("relay: dropped ", it->second.messages.size(), " messages waiting for ",
+               it->first.second, " from ", it->first.first);
+    count(&RelayStats::dropped_waiting, it->second.messages.size());
+    for (const Waiting& message : it->second.messages) leftQueue(message);
+    it = queues_.erase(it);
+  }
+}
+
+void RelayLoop::leftQueue(const Waiting& message) {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  --stats_.messages_waiting;
+  stats_.bytes_waiting -= message.bytes;
+}
+
+bool RelayLoop::unattachedTooLong(const RelayLoop& loop, const Link& link, Clock::time_point now) {
+  auto to = loop.members_.find(link.second);
+  if (to == loop.members_.end()) return true;
+  return !to->second.attached() &&
+         now - to->second.unattached_since >= loop.options_.unattached_drop_after;
+}
+
+bool RelayLoop::noLongerPlanned(const RelayLoop& loop, const Link& link, Clock::time_point) {
+  return !loop.planned(link.first, link.second);
+}
+
+}  // namespace cairn
