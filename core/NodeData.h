@@ -47,7 +47,7 @@ struct PeerRef {
       return name == o.name && address == o.address && public_key == o.public_key;
     }
   };
-  std::optional<Relay> relay;
+  std::optional<Relay> relay = std::nullopt;
 };
 
 // One value crossing a stage boundary. Tensors are described by dtype, an example shape and the

@@ -20,6 +20,17 @@ using namespace std::chrono_literals;
 // Messages read per turn of the loop before it looks at its queues, links and stop flag again.
 constexpr int kRelayReadsPerTurn = 256;
 
+}  // namespace
+
+void setRelayKeepalive(zmq::socket_t& socket) {
+  socket.set(zmq::sockopt::tcp_keepalive, 1);
+  socket.set(zmq::sockopt::tcp_keepalive_idle, 5);   // seconds of silence before the first probe
+  socket.set(zmq::sockopt::tcp_keepalive_intvl, 1);  // then one a second
+  socket.set(zmq::sockopt::tcp_keepalive_cnt, 5);    // five unanswered: the connection is gone
+}
+
+namespace {
+
 zmq::socket_t relayRouter(zmq::context_t& context, const RelayOptions& o) {
   zmq::socket_t router(context, zmq::socket_type::router);
   router.set(zmq::sockopt::router_mandatory, 1);  // a full or missing client: EAGAIN/EHOSTUNREACH
@@ -30,6 +41,12 @@ zmq::socket_t relayRouter(zmq::context_t& context, const RelayOptions& o) {
   // hundred bytes), hence the floor.
   router.set(zmq::sockopt::maxmsgsize,
              o.max_message_bytes > 0 ? std::max<int64_t>(o.max_message_bytes, 4096) : int64_t{-1});
+  // A client that vanished is noticed by TCP keepalives (answered by its kernel whatever its
+  // process reads), not by ZMTP heartbeats: a client whose inbound pipe is full (a slow reader)
+  // stops reading its TCP stream and so never sees a PING behind the data, and libzmq then closes a
+  // healthy connection — and may abort at the client's reconnect (libzmq issue 3937, seen here:
+  // `Assertion failed: _input_stopped`). Heartbeats only when asked (heartbeat_interval > 0).
+  setRelayKeepalive(router);
   if (o.heartbeat_interval.count() > 0) {
     router.set(zmq::sockopt::heartbeat_ivl, int(o.heartbeat_interval.count()));
     router.set(zmq::sockopt::heartbeat_timeout, int(o.heartbeat_timeout.count()));

@@ -102,7 +102,11 @@ struct RelayOptions {
                                          // raised to 4096 at least: the handshake must fit)
   int64_t link_budget_bytes = 256 << 20; // bytes one link (from→to) may have waiting at the relay
   double max_mbps = 0;                   // cap on payload bytes forwarded per second (0: none)
-  std::chrono::milliseconds heartbeat_interval{1000}, heartbeat_timeout{5000};
+  // ZMTP heartbeats on the clients' connections: off (0) by default, TCP keepalives instead
+  // (setRelayKeepalive: a vanished client is gone within ~10 s). libzmq's heartbeats close a
+  // healthy connection whose reader is slow (it cannot see a PING behind data it does not read)
+  // and may then abort (libzmq issue 3937); a relay's clients are readers of bulk data.
+  std::chrono::milliseconds heartbeat_interval{0}, heartbeat_timeout{5000};
   size_t max_payload_frames = 1025;      // frames of one data message (a wire message: header +
                                          // CodecLimits::max_tensors)
   int send_high_water_mark = 64;         // messages libzmq queues per client (ZMQ_SNDHWM)
@@ -124,6 +128,10 @@ struct RelayStats {  // all counters since start
   uint64_t messages_waiting = 0, bytes_waiting = 0;  // now, in all the links' queues (payload)
   std::map<std::pair<std::string, std::string>, uint64_t> bytes_per_link;  // (from,to) → bytes
 };
+
+// TCP keepalives on a relay connection (the relay's ROUTER, a relayed link's receiving DEALER):
+// probes after 5 s of silence, one a second, the connection closed after 5 unanswered.
+void setRelayKeepalive(zmq::socket_t& socket);
 
 class Relay {
  public:

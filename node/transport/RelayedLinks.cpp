@@ -7,6 +7,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "node/transport/Relay.h"
 #include "node/transport/ZmqSockets.h"
 
 namespace cairn {
@@ -60,6 +61,7 @@ struct RelayedLinks::Connection {
   zmq::socket_t send_socket, send_monitor;        // the senders'; its monitor: receiving thread
   zmq::socket_t receive_socket, receive_monitor;  // the receiving thread's
   bool connected = false;  // receive_socket's handshake completed (receiving thread)
+  bool send_up = false;    // send_socket's handshake completed (receiving thread)
   bool refused = false, send_refused = false;
   std::chrono::steady_clock::time_point refused_at, send_refused_at, attached_at;
   std::set<std::string> present;  // the relay's last presence (receiving thread)
@@ -80,7 +82,9 @@ struct RelayedLinks::Link {
   std::deque<std::pair<uint64_t, std::vector<zmq::message_t>>> unacked;
   uint64_t next_sequence = 0;  // of the sealer's session
   std::optional<uint64_t> resend_from;  // a resend not carried out yet
+  uint64_t unacked_bytes = 0;
   std::chrono::steady_clock::time_point progress_at = std::chrono::steady_clock::now();
+  int silent_resends = 0;  // resends after silence since the last acknowledgement
   // Receiver side: the receiving thread's.
   LinkOpener opener;
   ControlSealer control_out;  // acknowledgements and requests to resend
@@ -103,12 +107,23 @@ RelayedLinks::Connection& RelayedLinks::connectionLocked(const std::string& endp
   auto c = std::make_unique<Connection>();
   c->endpoint = endpoint;
   c->key = key;
-  auto dealer = [&](int hwm, uint64_t affinity, const std::string& what, zmq::socket_t* monitor) {
+  auto dealer = [&](int hwm, uint64_t affinity, const std::string& what, zmq::socket_t* monitor,
+                    bool heartbeats) {
     zmq::socket_t s(context_, zmq::socket_type::dealer);
     s.set(zmq::sockopt::sndhwm, hwm);
     s.set(zmq::sockopt::rcvhwm, options_.receive_high_water_mark);
     if (options_.max_inbound_bytes > 0) s.set(zmq::sockopt::maxmsgsize, options_.max_inbound_bytes);
-    setHeartbeats(s, options_);
+    // ZMTP heartbeats only on the sending DEALER, whose inbound carries nothing (the relay never
+    // sends on it): on the receiving one a PING waits behind data a slow reader has not read and
+    // libzmq closes the healthy connection, then may abort (libzmq issue 3937; Relay.h). The
+    // receiving DEALER has TCP keepalives; the sending one's heartbeats tell a relay that died.
+    if (heartbeats) setHeartbeats(s, options_);
+    else {
+      s.set(zmq::sockopt::linger, 0);
+      s.set(zmq::sockopt::reconnect_ivl, 100);
+      s.set(zmq::sockopt::reconnect_ivl_max, 1000);
+      setRelayKeepalive(s);
+    }
     s.set(zmq::sockopt::curve_serverkey, key);
     s.set(zmq::sockopt::curve_publickey, own_.public_key);
     s.set(zmq::sockopt::curve_secretkey, own_.secret_key);
@@ -125,8 +140,8 @@ RelayedLinks::Connection& RelayedLinks::connectionLocked(const std::string& endp
     }
     return s;
   };
-  c->send_socket = dealer(static_cast<int>(options_.window), 2, "relay-out", &c->send_monitor);
-  c->receive_socket = dealer(4, 1, "relay-in", &c->receive_monitor);
+  c->send_socket = dealer(static_cast<int>(options_.window), 2, "relay-out", &c->send_monitor, true);
+  c->receive_socket = dealer(4, 1, "relay-in", &c->receive_monitor, false);
   slot = std::move(c);
   CAIRN_DEBUG(name_, ": dialling the relay at ", endpoint);
   return *slot;
@@ -158,6 +173,7 @@ void RelayedLinks::repoint(const std::string& peer, const std::string& relay_end
     link.sealer = LinkSealer(own_, peer_key);
     link.next_sequence = 0;
     link.unacked.clear();
+    link.unacked_bytes = 0;
     link.resend_from.reset();
     link.receiver_key = peer_key;  // the receiving side's, replaced by its own thread (drain)
   } else if (!link.unacked.empty()) {
@@ -179,6 +195,15 @@ bool RelayedLinks::has(const std::string& peer) const {
 bool RelayedLinks::active() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return !links_.empty();
+}
+
+bool RelayedLinks::allAcknowledged() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [peer, link] : links_) {
+    std::lock_guard<std::mutex> state(link->state);
+    if (!link->unacked.empty()) return false;
+  }
+  return true;
 }
 
 // Caller holds the link's state lock. Queues ["D", peer, sealed…] without waiting.
@@ -218,6 +243,7 @@ SendStatus RelayedLinks::send(const std::string& peer, std::vector<zmq::message_
         std::vector<zmq::message_t> sealed = link->sealer.sealAt(frames, link->next_sequence);
         if (queueSealed(*c, peer, sealed)) {
           if (link->unacked.empty()) link->progress_at = std::chrono::steady_clock::now();
+          for (const auto& f : frames) link->unacked_bytes += f.size();
           link->unacked.emplace_back(link->next_sequence++, shareFrames(frames));
           return SendStatus::kSent;
         }

@@ -29,7 +29,8 @@
 //     duplicate is dropped and acknowledged again;
 //   - the sender resends what is unacknowledged when asked, when its connection to the relay was
 //     made again, when the link moved to another relay (repoint: a relay that died loses nothing),
-//     and when nothing was acknowledged for a second while something waits;
+//     and when nothing was acknowledged for a while (RelayedLinkOptions::resend_after, longer for
+//     more bytes, doubling each time) while something waits;
 //   - a peer that asks from a point the sender no longer holds has lost its state (it restarted):
 //     the sender starts a new session from sequence 0 and forgets what waited, as a restarted
 //     process's connection would.
@@ -73,6 +74,10 @@ bool parseRelayedEndpoint(const std::string& endpoint, std::string* relay_key,
 
 struct RelayedLinkOptions {
   size_t window = 16;  // messages sent and not yet acknowledged, per peer
+  // What waits unacknowledged this long (plus a second per MB of it: a big message on a slow link
+  // takes that long to cross) is sent again; doubled after each such resend until an
+  // acknowledgement comes (the fast path is the receiver asking for what it lacks).
+  std::chrono::milliseconds resend_after{1000};
   int receive_high_water_mark = 16;
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds heartbeat_timeout{5000};
@@ -103,7 +108,8 @@ class RelayedLinks {
   void repoint(const std::string& peer, const std::string& relay_endpoint,
                const std::string& relay_key, const std::string& peer_key);
   bool has(const std::string& peer) const;
-  bool active() const;  // some peer is relayed (the receiving thread then wakes every 20 ms)
+  bool active() const;
+  bool allAcknowledged() const;  // nothing sent waits for its acknowledgement  // some peer is relayed (the receiving thread then wakes every 20 ms)
 
   // Seals and sends one encoded message (frames as encodeMessage makes them), waiting up to
   // `timeout` for room in the peer's window and in the relay's queue. `wait_hook` runs between
@@ -133,6 +139,7 @@ class RelayedLinks {
   bool setPresence(Connection& c, const std::vector<std::string>& present,
                    std::chrono::steady_clock::time_point now);
   void resendDue(std::chrono::steady_clock::time_point now);
+  std::chrono::milliseconds silence(uint64_t unacked_bytes, int resends) const;
   bool queueSealed(Connection& c, const std::string& peer, std::vector<zmq::message_t>& sealed);
 
   zmq::context_t& context_;

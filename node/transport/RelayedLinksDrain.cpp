@@ -1,6 +1,7 @@
 // RelayedLinks' receiving side (node/transport/RelayedLinks.h): connections to the relays,
 // attaches, presence, opening what arrives, acknowledgements and resends. The senders' side is in
 // RelayedLinks.cpp.
+#include <algorithm>
 #include <cstring>
 
 #include <zmq_addon.hpp>
@@ -15,7 +16,6 @@ namespace {
 
 constexpr std::chrono::milliseconds kReattach{1000};
 constexpr std::chrono::milliseconds kRedialAfterRefusal{200};
-constexpr std::chrono::milliseconds kResendAfterSilence{1000};
 constexpr std::chrono::milliseconds kAskAgainAfter{200};
 constexpr size_t kMaxReadsPerDrain = 256;
 
@@ -108,6 +108,17 @@ bool RelayedLinks::drainConnection(Connection& c, std::chrono::steady_clock::tim
       c.send_refused_at = now;
     } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       send_reconnected = true;  // what the last connection held may be lost: send it again
+      c.send_up = true;
+    } else if (event == ZMQ_EVENT_DISCONNECTED && c.send_up) {
+      // The sending DEALER's heartbeats went unanswered or the relay closed it: the relay is gone
+      // (the receiving DEALER, without heartbeats, may not know yet). Its peers are down, and the
+      // receiving DEALER dials again now, to attach as soon as the relay is back.
+      c.send_up = false;
+      if (c.connected) {
+        c.connected = false;
+        redial(c.receive_socket, c.endpoint);
+      }
+      changed |= setPresence(c, {}, now);
     }
   }
   if (c.refused && now - c.refused_at >= kRedialAfterRefusal) {
@@ -210,8 +221,6 @@ void RelayedLinks::takeData(Connection& c, std::vector<zmq::message_t>& frames) 
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.refused;
   }
-  CAIRN_WARN(name_, ": refused a message relayed from ", peer, " (", openedName(opened), "): ", why,
-             "; asking for it again");
   // From a session we never saw (the peer restarted): from its start; else from what we lack.
   uint64_t ask_session = link->opener.expectedSession(), ask_next = link->opener.expectedSequence();
   if (peeked && session != ask_session && !link->opener.knowsSession(session)) {
@@ -225,6 +234,8 @@ void RelayedLinks::takeData(Connection& c, std::vector<zmq::message_t>& frames) 
   link->asked_session = ask_session;
   link->asked_next = ask_next;
   link->asked_at = now;
+  CAIRN_WARN(name_, ": refused a message relayed from ", peer, " (", openedName(opened), "): ", why,
+             " Asking for it again.");
   acknowledge(c, peer, *link, 'r', ask_session, ask_next);
 }
 
@@ -238,8 +249,14 @@ void RelayedLinks::takeControl(Link& link, const std::string& peer, const std::s
   const uint64_t sent = link.next_sequence;
   if (next > sent) return;  // it cannot hold what we never sent: ignored
   const size_t before = link.unacked.size();
-  while (!link.unacked.empty() && link.unacked.front().first < next) link.unacked.pop_front();
-  if (link.unacked.size() != before) link.progress_at = std::chrono::steady_clock::now();
+  while (!link.unacked.empty() && link.unacked.front().first < next) {
+    for (const auto& f : link.unacked.front().second) link.unacked_bytes -= f.size();
+    link.unacked.pop_front();
+  }
+  if (link.unacked.size() != before) {
+    link.progress_at = std::chrono::steady_clock::now();
+    link.silent_resends = 0;
+  }
   if (kind == 'a' || next == sent) return;
   if (link.unacked.empty() || link.unacked.front().first > next) {
     // It asks from a point we no longer hold: it lost what it had acknowledged (it restarted).
@@ -247,6 +264,7 @@ void RelayedLinks::takeControl(Link& link, const std::string& peer, const std::s
     link.sealer.restart();
     link.next_sequence = 0;
     for (auto& [sequence, frames] : link.unacked) sequence = link.next_sequence++;
+    link.silent_resends = 0;
     if (!link.unacked.empty()) link.resend_from = 0;
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.sessions_restarted;
@@ -267,8 +285,15 @@ void RelayedLinks::acknowledge(Connection& c, const std::string& peer, Link& lin
   (void)c.receive_socket.send(sealed, zmq::send_flags::dontwait);
 }
 
-// Sends again what a peer asked for, what a new connection may have lost, and what waited a
-// second without an acknowledgement; as much as the relay's queue takes now.
+// How long what waits unacknowledged is left before it is sent again (RelayedLinkOptions::
+// resend_after).
+std::chrono::milliseconds RelayedLinks::silence(uint64_t bytes, int resends) const {
+  const auto base = options_.resend_after + std::chrono::milliseconds(bytes / 1000);
+  return base * (int64_t{1} << std::min(resends, 6));
+}
+
+// Sends again what a peer asked for, what a new connection may have lost, and what waited too
+// long without an acknowledgement; as much as the relay's queue takes now.
 void RelayedLinks::resendDue(std::chrono::steady_clock::time_point now) {
   std::vector<std::pair<std::string, Link*>> links;
   {
@@ -282,9 +307,11 @@ void RelayedLinks::resendDue(std::chrono::steady_clock::time_point now) {
       c = link->connection;
     }
     std::lock_guard<std::mutex> state(link->state);
-    if (!link->resend_from && !link->unacked.empty() && now - link->progress_at >= kResendAfterSilence) {
+    if (!link->resend_from && !link->unacked.empty() &&
+        now - link->progress_at >= silence(link->unacked_bytes, link->silent_resends)) {
       link->resend_from = link->unacked.front().first;
       link->progress_at = now;
+      ++link->silent_resends;
     }
     if (!link->resend_from) continue;
     uint64_t resent = 0;

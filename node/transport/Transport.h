@@ -33,6 +33,10 @@ struct TransportStats {
   uint64_t send_timeouts = 0;
   uint64_t messages_sent_same_host = 0;      // of messages_sent: over a same-host link (ZmqTransport)
   uint64_t messages_received_same_host = 0;  // of messages_received: over a same-host link
+  // Relayed links (ZmqTransport, node/transport/RelayedLinks.h): messages the end-to-end layer
+  // refused (tampered, out of order, replayed: asked for again), and messages sent again.
+  uint64_t relayed_refused = 0;
+  uint64_t relayed_resent = 0;
 };
 
 // What the transport knows of a peer's connection (docs/OPERATIONS.md "Failures while training").

@@ -54,6 +54,7 @@ RelayedLinkOptions relayedLinkOptions(const TransportOptions& o, bool split_io_t
   r.max_inbound_bytes = static_cast<int64_t>(o.codec.max_message_bytes + o.codec.max_header_bytes) +
                         (int64_t{1} << 20);
   r.split_io_threads = split_io_threads;
+  r.resend_after = o.relay_resend_after;
   return r;
 }
 
@@ -486,6 +487,7 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
 
 void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
   if (closed_) return;
+  flushRelayed(timeout);
   closed_ = true;
   if (accepted_) accepted_->close();
   if (dialed_) dialed_->close();

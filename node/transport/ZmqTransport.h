@@ -107,6 +107,8 @@ struct TransportOptions {
   // bound endpoint (of advertised_endpoint's host when that is set, the bound host:PORT+1 being
   // only right without --bind: give it explicitly then).
   std::string accept_endpoint;
+  // Relayed links: what waits unacknowledged this long is sent again (RelayedLinks.h).
+  std::chrono::milliseconds relay_resend_after{1000};
   // Every send reserves its bytes here first and waits its turn (provider --join --max-mbps: the
   // volunteer's cap on what it sends; core/SendPacer.h); null: no cap.
   std::shared_ptr<SendPacer> pacer;
@@ -139,10 +141,7 @@ class ZmqTransport : public Transport {
     std::lock_guard<std::mutex> lock(hook_mutex_);
     send_wait_hook_ = std::move(hook);
   }
-  TransportStats stats() const override {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    return stats_;
-  }
+  TransportStats stats() const override;
   void flushAndClose(std::chrono::milliseconds timeout) override;
 
   // Points the named peer at a new endpoint and CURVE server key (a ring peer whose volunteer
@@ -209,6 +208,7 @@ class ZmqTransport : public Transport {
   // Sends that wait (for room, for a peer's acknowledgements) drain the receiving side meanwhile
   // when nobody else receives, then run the send wait hook.
   void whileSendWaits();
+  void flushRelayed(std::chrono::milliseconds timeout);
 
   // The same-host endpoint for a peer's tcp endpoint, or empty when it is not on this host.
   std::string sameHostEndpointFor(const std::string& tcp_endpoint) const;

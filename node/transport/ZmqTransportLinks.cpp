@@ -50,6 +50,35 @@ void ZmqTransport::addRelayedPeerLocked(const std::string& peer, const std::stri
   outbound_.emplace(peer, std::move(entry));
 }
 
+TransportStats ZmqTransport::stats() const {
+  TransportStats all;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    all = stats_;
+  }
+  if (relayed_) {
+    const RelayedLinkStats relayed = relayed_->stats();
+    all.relayed_refused = relayed.refused;
+    all.relayed_resent = relayed.resent;
+    all.messages_dropped += relayed.refused;
+  }
+  return all;
+}
+
+// Relayed links: what waits unacknowledged is sent again until it is acknowledged, so a transport
+// closing waits (up to the flush timeout) for that, reading the acknowledgements meanwhile.
+void ZmqTransport::flushRelayed(std::chrono::milliseconds timeout) {
+  if (!relayed_) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!relayed_->allAcknowledged() && std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> receiving(receive_mutex_);
+      drainMonitors();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 void ZmqTransport::whileSendWaits() {
   {
     std::unique_lock<std::mutex> receiving(receive_mutex_, std::try_to_lock);

@@ -27,9 +27,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Message i of a stream: its tag names it, its text is bytes drawn from (stream, i).
-Message relayedMessage(const std::string& sender, const std::string& stream, int i) {
+// Message i of a stream: its tag names it, its text is bytes drawn from (stream, i); with
+// `tensor_bytes`, a float tensor of about that size holding i in every element too.
+Message relayedMessage(const std::string& sender, const std::string& stream, int i,
+                       int64_t tensor_bytes = 0) {
   Message m;
+  if (tensor_bytes > 0)
+    m.tensors.push_back({"x", torch::full({tensor_bytes / 4}, static_cast<float>(i))});
   m.kind = MessageKind::kControl;
   m.sender = sender;
   m.tag = stream + std::to_string(i);
@@ -51,37 +55,50 @@ struct RelayedNode {
     o.curve = CurveOptions{keys, {{peer, peer_key}}};
     o.dial_out_only = true;
     o.send_high_water_mark = 8;
+    o.relay_resend_after = 100ms;  // a lost tail is sent again soon (1 s in a run)
     t = std::make_unique<ZmqTransport>(context, name, "", o);
     t->addPeer(peer, relayedEndpoint(relay_key, relay));
   }
 };
 
 // Sends `count` messages of `stream` to `peer`, then receives `count` from it and checks each
-// against the reference (what the other side sent), in order.
+// against the reference (what the other side sent), in order; then keeps receiving (its
+// acknowledgements and resends need a receiving thread) until both sides are done, checking that
+// nothing more arrives.
 void exchange(ZmqTransport& t, const std::string& peer, const std::string& out_stream,
-              const std::string& in_stream, int count, std::atomic<int>* failures) {
-  for (int i = 0; i < count; ++i)
-    if (t.send(peer, relayedMessage(t.name(), out_stream, i), 30s) != SendStatus::kSent) {
+              const std::string& in_stream, int count, std::atomic<int>* failures,
+              std::atomic<int>* done, int64_t tensor_bytes) {
+  for (int i = 0; i < count && failures->load() == 0; ++i)
+    if (t.send(peer, relayedMessage(t.name(), out_stream, i, tensor_bytes), 30s) != SendStatus::kSent) {
+      ADD_FAILURE() << t.name() << ": message " << i << " of " << out_stream << " was not sent";
       ++*failures;
-      return;
     }
-  for (int i = 0; i < count; ++i) {
+  for (int i = 0; i < count && failures->load() == 0; ++i) {
     auto got = t.receive(30s);
-    const Message want = relayedMessage(peer, in_stream, i);
-    if (!got || got->sender != peer || got->tag != want.tag || got->text != want.text) {
+    const Message want = relayedMessage(peer, in_stream, i, tensor_bytes);
+    const bool same_tensors =
+        got && got->tensors.size() == want.tensors.size() &&
+        (want.tensors.empty() || torch::equal(got->tensors[0].tensor, want.tensors[0].tensor));
+    if (!got || got->sender != peer || got->tag != want.tag || got->text != want.text || !same_tensors) {
       ADD_FAILURE() << t.name() << ": message " << i << " of " << in_stream << " is "
                     << (got ? got->tag : std::string("missing"));
       ++*failures;
-      return;
     }
   }
-  EXPECT_FALSE(t.receive(300ms).has_value()) << t.name() << ": a message arrived twice";
+  ++*done;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (done->load() < 2 && failures->load() == 0 && std::chrono::steady_clock::now() < deadline)
+    if (auto extra = t.receive(50ms)) {
+      ADD_FAILURE() << t.name() << ": " << extra->tag << " arrived twice";
+      ++*failures;
+    }
 }
 
-void exchangeBothWays(RelayedNode& a, RelayedNode& b, int count, const std::string& round) {
-  std::atomic<int> failures{0};
-  std::thread ta([&] { exchange(*a.t, "b", round + "ab", round + "ba", count, &failures); });
-  std::thread tb([&] { exchange(*b.t, "a", round + "ba", round + "ab", count, &failures); });
+void exchangeBothWays(RelayedNode& a, RelayedNode& b, int count, const std::string& round,
+                      int64_t tensor_bytes = 0) {
+  std::atomic<int> failures{0}, done{0};
+  std::thread ta([&] { exchange(*a.t, "b", round + "ab", round + "ba", count, &failures, &done, tensor_bytes); });
+  std::thread tb([&] { exchange(*b.t, "a", round + "ba", round + "ab", count, &failures, &done, tensor_bytes); });
   ta.join();
   tb.join();
   EXPECT_EQ(failures.load(), 0);
@@ -105,11 +122,14 @@ TEST(RelayedLink, MessagesCrossTheRealRelayBothWaysExactlyOnceInOrder) {
   RelayedNode a("a", a_keys, "b", b_keys.public_key, relay_keys.public_key, at);
   RelayedNode b("b", b_keys, "a", a_keys.public_key, relay_keys.public_key, at);
   exchangeBothWays(a, b, 60, "r");
+  exchangeBothWays(a, b, 40, "big", 256 << 10);  // 256 KiB tensors, far past the window in bytes
+  exchangeBothWays(a, b, 3, "huge", 8 << 20);
   EXPECT_EQ(a.t->liveness("b").state, PeerState::kConnected);
   EXPECT_EQ(b.t->liveness("a").state, PeerState::kConnected);
-  EXPECT_EQ(a.t->stats().messages_sent, 60u);
-  EXPECT_EQ(b.t->stats().messages_received, 60u);
-  EXPECT_GE(relay.stats().messages_forwarded, 120u);  // and the acknowledgements
+  EXPECT_EQ(a.t->stats().messages_sent, 103u);
+  EXPECT_EQ(b.t->stats().messages_received, 103u);
+  EXPECT_GE(relay.stats().messages_forwarded, 206u);  // and the acknowledgements
+  EXPECT_EQ(a.t->stats().relayed_refused + b.t->stats().relayed_refused, 0u);
 }
 
 TEST(RelayedLink, ARelayedPeerNeedsCurveKeys) {
@@ -240,10 +260,11 @@ TEST(RelayedLink, AHostileRelayThatFlipsDropsDuplicatesAndReordersChangesNoMessa
       });
   RelayedNode a("a", a_keys, "b", b_keys.public_key, relay_keys.public_key, relay.address());
   RelayedNode b("b", b_keys, "a", a_keys.public_key, relay_keys.public_key, relay.address());
-  exchangeBothWays(a, b, 150, "h");
+  exchangeBothWays(a, b, 60, "h");
   EXPECT_GT(relay.tampered(), 20u);
-  EXPECT_GT(a.t->stats().messages_dropped + b.t->stats().messages_dropped, 0u)
-      << "the flipped messages are refused";
+  EXPECT_GT(a.t->stats().relayed_refused + b.t->stats().relayed_refused, 0u)
+      << "the flipped and reordered messages are refused";
+  EXPECT_GT(a.t->stats().relayed_resent + b.t->stats().relayed_resent, 0u);
 }
 
 TEST(RelayedLink, ALinkMovedToAnotherRelayWhenItsRelayDiesLosesNothing) {
