@@ -123,6 +123,25 @@ std::vector<zmq::message_t> LinkSealer::sealAt(const std::vector<zmq::message_t>
   return sealed;
 }
 
+std::vector<zmq::message_t> LinkSealer::resealAt(const std::vector<zmq::message_t>& sealed,
+                                                 uint64_t sequence) const {
+  std::vector<zmq::message_t> plain;
+  plain.reserve(sealed.size());
+  for (const zmq::message_t& frame : sealed) {
+    CAIRN_ENFORCE(frame.size() >= kSealOverheadBytes, "resealAt: not a sealed frame");
+    const unsigned char* bytes = relayFrameBytes(frame);
+    zmq::message_t out(frame.size() - kSealOverheadBytes);
+    // The shared key opens this side's own boxes as well as the peer's.
+    const int opened = crypto_box_open_easy_afternm(static_cast<unsigned char*>(out.data()),
+                                                    bytes + kSealNonceBytes,
+                                                    frame.size() - kSealNonceBytes, bytes,
+                                                    pair_.key.data());
+    CAIRN_ENFORCE(opened == 0, "resealAt: a frame this node sealed does not open");
+    plain.push_back(std::move(out));
+  }
+  return sealAt(plain, sequence);
+}
+
 std::vector<zmq::message_t> LinkSealer::seal(const std::vector<zmq::message_t>& frames) {
   std::vector<zmq::message_t> sealed = sealAt(frames, next_);
   ++next_;

@@ -107,6 +107,10 @@ class LinkSealer {
   // same plaintext only). The caller must never seal two different messages at one sequence.
   std::vector<zmq::message_t> sealAt(const std::vector<zmq::message_t>& frames,
                                      uint64_t sequence) const;
+  // Frames this side sealed (any session) sealed again in the current session at `sequence`:
+  // what waited unacknowledged when the peer restarted, sent to its successor.
+  std::vector<zmq::message_t> resealAt(const std::vector<zmq::message_t>& sealed,
+                                       uint64_t sequence) const;
   // The last seal() was never sent (the send timed out): its sequence number is used again.
   // Only when no frame of it can have left this node (ZeroMQ refused its first frame): the next
   // seal() uses the same nonces for other bytes, which must never both be seen. When in doubt,

@@ -77,8 +77,8 @@ struct RelayedLinks::Link {
   std::mutex state;
   std::string peer_key;
   LinkSealer sealer;
-  // Sent and not acknowledged: sequence → the message's frames as encoded (shared with what was
-  // sent, not copied), sealed again for each resend (the same nonce and bytes: the same box).
+  // Sent and not acknowledged: sequence → the message's sealed frames (shared with what was sent,
+  // not copied), sent again as they are; resealed in a new session when the peer restarted.
   std::deque<std::pair<uint64_t, std::vector<zmq::message_t>>> unacked;
   uint64_t next_sequence = 0;  // of the sealer's session
   std::optional<uint64_t> resend_from;  // a resend not carried out yet
@@ -241,10 +241,13 @@ SendStatus RelayedLinks::send(const std::string& peer, std::vector<zmq::message_
       std::lock_guard<std::mutex> state(link->state);
       if (!link->resend_from && link->unacked.size() < options_.window) {
         std::vector<zmq::message_t> sealed = link->sealer.sealAt(frames, link->next_sequence);
+        // Kept sealed (new buffers): the caller's frames — a collective's tensors, sent zero-copy
+        // — are released when this returns, as after any send (CollectiveChannel waits for it).
+        std::vector<zmq::message_t> kept = shareFrames(sealed);
         if (queueSealed(*c, peer, sealed)) {
           if (link->unacked.empty()) link->progress_at = std::chrono::steady_clock::now();
-          for (const auto& f : frames) link->unacked_bytes += f.size();
-          link->unacked.emplace_back(link->next_sequence++, shareFrames(frames));
+          for (const auto& f : kept) link->unacked_bytes += f.size();
+          link->unacked.emplace_back(link->next_sequence++, std::move(kept));
           return SendStatus::kSent;
         }
       }

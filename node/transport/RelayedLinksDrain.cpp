@@ -263,7 +263,12 @@ void RelayedLinks::takeControl(Link& link, const std::string& peer, const std::s
     // A new session, and what it has not acknowledged goes to it again from sequence 0.
     link.sealer.restart();
     link.next_sequence = 0;
-    for (auto& [sequence, frames] : link.unacked) sequence = link.next_sequence++;
+    link.unacked_bytes = 0;
+    for (auto& [sequence, frames] : link.unacked) {
+      sequence = link.next_sequence++;
+      frames = link.sealer.resealAt(frames, sequence);
+      for (const auto& f : frames) link.unacked_bytes += f.size();
+    }
     link.silent_resends = 0;
     if (!link.unacked.empty()) link.resend_from = 0;
     std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -317,8 +322,9 @@ void RelayedLinks::resendDue(std::chrono::steady_clock::time_point now) {
     uint64_t resent = 0;
     for (auto& [sequence, kept] : link->unacked) {
       if (sequence < *link->resend_from) continue;
-      std::vector<zmq::message_t> sealed = link->sealer.sealAt(kept, sequence);
-      if (!queueSealed(*c, peer, sealed)) break;
+      std::vector<zmq::message_t> copy(kept.size());
+      for (size_t i = 0; i < kept.size(); ++i) copy[i].copy(kept[i]);  // shares the bytes
+      if (!queueSealed(*c, peer, copy)) break;
       link->resend_from = sequence + 1;
       ++resent;
     }

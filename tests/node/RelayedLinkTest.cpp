@@ -132,6 +132,30 @@ TEST(RelayedLink, MessagesCrossTheRealRelayBothWaysExactlyOnceInOrder) {
   EXPECT_EQ(a.t->stats().relayed_refused + b.t->stats().relayed_refused, 0u);
 }
 
+// A collective sends its tensors zero-copy and waits until the transport lets them go
+// (CollectiveChannel::waitForSendsToComplete): a relayed send keeps only its sealed copy for a
+// resend, never the caller's bytes — checked while nothing is acknowledged (b reads nothing).
+TEST(RelayedLink, ASentTensorIsLetGoBeforeItIsAcknowledged) {
+  const CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
+                     b_keys = generateCurveKeyPair();
+  Relay relay(relayOptions(relay_keys));
+  relay.setLinks({{"a", a_keys.public_key}, {"b", b_keys.public_key}}, {{"a", "b"}});
+  const std::string at = hostPort(relay.boundEndpoint());
+  RelayedNode a("a", a_keys, "b", b_keys.public_key, relay_keys.public_key, at);
+  RelayedNode b("b", b_keys, "a", a_keys.public_key, relay_keys.public_key, at);
+  torch::Tensor big = torch::arange(1 << 18, torch::kFloat32);  // 1 MiB: sent zero-copy
+  {
+    Message m = relayedMessage("a", "z", 0);
+    m.tensors.push_back({"x", big});
+    ASSERT_EQ(a.t->send("b", m, 10s), SendStatus::kSent);
+  }
+  EXPECT_EQ(big.use_count(), 1) << "the transport still holds the tensor it sent";
+  auto got = b.t->receive(10s);
+  ASSERT_TRUE(got.has_value());
+  ASSERT_EQ(got->tensors.size(), 1u);
+  EXPECT_TRUE(torch::equal(got->tensors[0].tensor, big));
+}
+
 TEST(RelayedLink, ARelayedPeerNeedsCurveKeys) {
   zmq::context_t context;
   TransportOptions o;
