@@ -290,6 +290,13 @@ struct Coordinator::Impl {
     return result.has_value();
   }
 
+  // --relay: the relay admits and forwards what the plan's node.json say (after a plan, a
+  // replacement, a growth: whenever a member's row changed).
+  void syncRelay() {
+    if (!relay || store->membersVersion() == relay_synced) return;
+    relay->sync(o.out, store->placedNames());
+    relay_synced = store->membersVersion();
+  }
   void finish(const std::vector<StoredResult>& results) {
     const FinishedRun f = finishRun(o.out, results, creditJson(store->creditTotals(), store->members()));
     std::cout << f.lines << std::flush;
@@ -435,10 +442,7 @@ int Coordinator::run() {
         s.heard_flushed = s.housekept;
       }
       s.outbox->commit();  // a plan, a replacement or a growth rewrote node.json: their rows now
-      if (s.relay && s.store->membersVersion() != s.relay_synced) {  // the relay follows the plan
-        s.relay->sync(s.o.out, s.store->placedNames());
-        s.relay_synced = s.store->membersVersion();
-      }
+      s.syncRelay();
     }
     if (!routed || s.phase() == "done" || Clock::now() - s.outbox->began() >= std::chrono::milliseconds(10))
       s.outbox->commit();

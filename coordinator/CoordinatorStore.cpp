@@ -1,7 +1,5 @@
 #include "coordinator/CoordinatorStore.h"
 
-#include <nlohmann/json.hpp>
-
 #include <sqlite3.h>
 
 #include <cstring>
@@ -287,15 +285,6 @@ std::optional<std::string> CoordinatorStore::meta(const std::string& key) const 
   s.text(1, key);
   if (!s.step()) return std::nullopt;
   return s.column(0);
-}
-
-std::vector<std::string> CoordinatorStore::placedNames() const {
-  const auto placed = nlohmann::json::parse(meta("placed").value_or("[]"), nullptr, false);
-  if (!placed.is_array()) return {};
-  std::vector<std::string> names;
-  for (const auto& n : placed)
-    if (n.is_string()) names.push_back(n.get<std::string>());
-  return names;
 }
 
 void CoordinatorStore::setMeta(const std::string& key, const std::string& value) {

@@ -133,11 +133,6 @@ std::string ZmqTransport::sameHostEndpointFor(const std::string& tcp_endpoint) c
   return sameHostSocket(options_.same_host_dir, tcp_endpoint);
 }
 
-bool ZmqTransport::isSameHostPeer(const std::string& peer) const {
-  const Peer* p = findPeer(peer);
-  return p && p->same_host;
-}
-
 ZmqTransport::~ZmqTransport() {
   if (!closed_) flushAndClose(std::chrono::milliseconds(0));
 }
@@ -269,15 +264,6 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   p.refused->store(false);
   if (dialed_) dialed_->repoint(peer, acceptEndpointOf(endpoint), public_key);
   return true;
-}
-
-PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
-  const Peer* p = findPeer(peer);
-  if (!p) return PeerLiveness{};
-  if (p->accepted) return accepted_->liveness(peer);
-  if (p->relayed) return relayed_->liveness(peer);
-  std::lock_guard<std::mutex> lock(liveness_mutex_);
-  return p->liveness;
 }
 
 bool ZmqTransport::drainMonitors() {

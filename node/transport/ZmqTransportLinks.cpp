@@ -1,6 +1,7 @@
-// ZmqTransport's reversed links (node/transport/ReversedLinks.h): peers that dial us because they
-// are dial-out only, the sends to them, and what the receiving thread polls. The rest of the
-// class is in ZmqTransport.cpp.
+// ZmqTransport's reversed links (node/transport/ReversedLinks.h: peers that dial us because they
+// are dial-out only, the sends to them) and relayed links (node/transport/RelayedLinks.h), each
+// peer's liveness, and what the receiving thread polls. The rest of the class is in
+// ZmqTransport.cpp.
 #include <thread>
 
 #include "core/Error.h"
@@ -145,6 +146,20 @@ SendStatus ZmqTransport::sendAccepted(const std::string& peer, Peer& p,
   ++stats_.messages_sent;
   stats_.bytes_sent += bytes;
   return SendStatus::kSent;
+}
+
+bool ZmqTransport::isSameHostPeer(const std::string& peer) const {
+  const Peer* p = findPeer(peer);
+  return p && p->same_host;
+}
+
+PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
+  const Peer* p = findPeer(peer);
+  if (!p) return PeerLiveness{};
+  if (p->accepted) return accepted_->liveness(peer);
+  if (p->relayed) return relayed_->liveness(peer);
+  std::lock_guard<std::mutex> lock(liveness_mutex_);
+  return p->liveness;
 }
 
 // The inbound sockets and every monitor, polled together: a connection going down is seen while

@@ -65,7 +65,7 @@ struct RelayedNode {
 // against the reference (what the other side sent), in order; then keeps receiving (its
 // acknowledgements and resends need a receiving thread) until both sides are done, checking that
 // nothing more arrives.
-void exchange(ZmqTransport& t, const std::string& peer, const std::string& out_stream,
+void relayedExchange(ZmqTransport& t, const std::string& peer, const std::string& out_stream,
               const std::string& in_stream, int count, std::atomic<int>* failures,
               std::atomic<int>* done, int64_t tensor_bytes) {
   for (int i = 0; i < count && failures->load() == 0; ++i)
@@ -97,8 +97,12 @@ void exchange(ZmqTransport& t, const std::string& peer, const std::string& out_s
 void exchangeBothWays(RelayedNode& a, RelayedNode& b, int count, const std::string& round,
                       int64_t tensor_bytes = 0) {
   std::atomic<int> failures{0}, done{0};
-  std::thread ta([&] { exchange(*a.t, "b", round + "ab", round + "ba", count, &failures, &done, tensor_bytes); });
-  std::thread tb([&] { exchange(*b.t, "a", round + "ba", round + "ab", count, &failures, &done, tensor_bytes); });
+  std::thread ta([&] {
+    relayedExchange(*a.t, "b", round + "ab", round + "ba", count, &failures, &done, tensor_bytes);
+  });
+  std::thread tb([&] {
+    relayedExchange(*b.t, "a", round + "ba", round + "ab", count, &failures, &done, tensor_bytes);
+  });
   ta.join();
   tb.join();
   EXPECT_EQ(failures.load(), 0);
