@@ -293,7 +293,9 @@ struct Coordinator::Impl {
   // --relay: the relay admits and forwards what the plan's node.json say (after a plan, a
   // replacement, a growth: whenever a member's row changed).
   void syncRelay() {
-    if (!relay || store->membersVersion() == relay_synced) return;
+    if (!relay) return;
+    view->setRelay(relay->figures());
+    if (store->membersVersion() == relay_synced) return;
     relay->sync(o.out, store->placedNames());
     relay_synced = store->membersVersion();
   }

@@ -39,4 +39,23 @@ void CoordinatorRelay::sync(const std::string& out, const std::vector<std::strin
   current_ = std::move(links);
 }
 
+nlohmann::json CoordinatorRelay::figures() const {
+  const RelayStats s = relay_->stats();
+  nlohmann::json links = nlohmann::json::array();
+  for (const auto& [link, bytes] : s.bytes_per_link)
+    links.push_back({{"from", link.first}, {"to", link.second}, {"bytes", bytes}});
+  return {{"messages_forwarded", s.messages_forwarded},
+          {"bytes_forwarded", s.bytes_forwarded},
+          {"bytes_waiting", s.bytes_waiting},
+          {"links", links},
+          {"refused",
+           {{"unplanned", s.refused_unplanned},
+            {"over_budget", s.refused_over_budget},
+            {"dropped_waiting", s.dropped_waiting},
+            {"forged_attach", s.forged_attaches},
+            {"malformed", s.malformed},
+            {"revoked", s.revoked},
+            {"refused_key", s.refused_keys}}}};
+}
+
 }  // namespace cairn::coordinator

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <memory>
+
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,8 @@ class CoordinatorRelay {
   // did not change. Cheap to call when nothing is relayed.
   void sync(const std::string& out, const std::vector<std::string>& placed);
   RelayStats stats() const { return relay_->stats(); }
+  // The live view's "relay" (RunView.h): forwarded in all and per link, refused by reason.
+  nlohmann::json figures() const;
 
  private:
   std::unique_ptr<Relay> relay_;

@@ -121,6 +121,31 @@ void creditFamilies(const nlohmann::json& credit, Exposition* out) {
       out);
 }
 
+// The coordinator's relay (--relay; CoordinatorRelay.h): what it forwarded, per link and in all,
+// what it refused by reason, what waits.
+void relayFamilies(const nlohmann::json& relay, Exposition* out) {
+  out->family("cairn_relay_messages_forwarded_total", "counter",
+              "Messages the coordinator's relay forwarded between dial-out-only volunteers.");
+  out->sample("cairn_relay_messages_forwarded_total", "", relay["messages_forwarded"]);
+  out->family("cairn_relay_bytes_forwarded_total", "counter",
+              "Payload bytes (sealed end to end) the coordinator's relay forwarded.");
+  out->sample("cairn_relay_bytes_forwarded_total", "", relay["bytes_forwarded"]);
+  out->family("cairn_relay_link_bytes_forwarded_total", "counter",
+              "Payload bytes the coordinator's relay forwarded, per link (from, to).");
+  for (const auto& link : relay["links"])
+    out->sample("cairn_relay_link_bytes_forwarded_total",
+                label("from", link["from"].get<std::string>()) + "," +
+                    label("to", link["to"].get<std::string>()),
+                link["bytes"]);
+  out->family("cairn_relay_refused_total", "counter",
+              "Messages the coordinator's relay did not forward, by reason.");
+  for (const auto& [reason, count] : relay["refused"].items())
+    out->sample("cairn_relay_refused_total", label("reason", reason), count);
+  out->family("cairn_relay_bytes_waiting", "gauge",
+              "Payload bytes waiting at the coordinator's relay for their destination.");
+  out->sample("cairn_relay_bytes_waiting", "", relay["bytes_waiting"]);
+}
+
 }  // namespace
 
 std::string prometheusText(const nlohmann::json& snapshot) {
@@ -129,6 +154,7 @@ std::string prometheusText(const nlohmann::json& snapshot) {
   clusterFamilies(snapshot["clusters"], &out);
   nodeFamilies(snapshot["nodes"], &out);
   if (snapshot.contains("credit")) creditFamilies(snapshot["credit"], &out);
+  if (snapshot.contains("relay") && snapshot["relay"].is_object()) relayFamilies(snapshot["relay"], &out);
   return out.text;
 }
 

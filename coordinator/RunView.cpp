@@ -188,6 +188,7 @@ struct RunView::Figures {
   std::map<int, ClusterState> clusters;
   std::deque<nlohmann::json> events;
   nlohmann::json credit = nlohmann::json::array();  // setCredit's
+  nlohmann::json relay;                              // setRelay's (null: no relay)
 
   // The run's phase as a user reads it: the coordinator's, except that a planned run whose
   // placed volunteers have sent step records is training.
@@ -390,6 +391,11 @@ int64_t RunView::plannedSteps() const {
   return most;
 }
 
+void RunView::setRelay(nlohmann::json relay) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  s_->relay = std::move(relay);
+}
+
 void RunView::setCredit(nlohmann::json credit) {
   std::lock_guard<std::mutex> lock(mutex_);
   s_->credit = std::move(credit);
@@ -443,6 +449,7 @@ nlohmann::json RunView::snapshot(double now) const {
   for (const auto& e : s.events) events.push_back(e);
   out["events"] = std::move(events);
   out["credit"] = s.credit;
+  out["relay"] = s.relay;
   return out;
 }
 

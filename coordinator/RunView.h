@@ -25,6 +25,8 @@
 //               "wait_s"|null}],
 //    "events": [{"t", "node", "kind", "message"}] (newest last, ≤ 200),
 //    "credit": [{"volunteer", "key", "node", "steps", "samples", "compute_s", "sent_bytes"}]
+//    "relay": null, or (--relay) {"messages_forwarded", "bytes_forwarded", "bytes_waiting",
+//             "links": [{"from", "to", "bytes"}], "refused": {reason: count}}
 //               (coordinator/Credit.h; what setCredit was given last)}
 // "phase" is the run's as a user reads it: the coordinator's (setPhase: "gathering" while
 // volunteers join, "planned" once the assignments are sent, "done" once the results are merged),
@@ -88,6 +90,8 @@ class RunView {
   int64_t plannedSteps() const;
   // The credit table (coordinator/Credit.h creditJson) the snapshot shows from now on.
   void setCredit(nlohmann::json credit);
+  // The coordinator's relay's figures (CoordinatorRelay::figures), shown as "relay" from now on.
+  void setRelay(nlohmann::json relay);
 
   // --- any thread ---
   // Copies the figures under the lock and builds the JSON outside it: built under it, 1,000

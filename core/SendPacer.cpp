@@ -37,6 +37,11 @@ void SendPacer::take(uint64_t bytes) {
   if (wait > Clock::duration::zero()) std::this_thread::sleep_for(wait);
 }
 
+bool SendPacer::mayGoNow() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return theoretical_ - burst_ <= now_();
+}
+
 uint64_t SendPacer::reservedBytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return reserved_;

@@ -26,6 +26,9 @@ class SendPacer {
   Clock::duration reserve(uint64_t bytes);
   // reserve(), then sleeps that long.
   void take(uint64_t bytes);
+  // Whether a reserve() now would not wait (the caller that cannot wait — the relay's loop — asks
+  // first and keeps its message when the answer is no).
+  bool mayGoNow() const;
 
   double mbps() const { return mbps_; }
   uint64_t reservedBytes() const;  // in all, since construction

@@ -123,7 +123,12 @@ RelayLoop::RelayLoop(const RelayOptions& options, zmq::socket_t router, zmq::soc
     : options_(options),
       router_(std::move(router)),
       monitor_(std::move(monitor)),
-      pacer_(options.max_mbps) {}
+      // The burst of `provider --max-mbps` (VolunteerRun.cpp): 256 KiB, or 0.1 s at the rate.
+      pacer_(options.max_mbps > 0
+                 ? std::make_unique<SendPacer>(
+                       options.max_mbps,
+                       std::max<uint64_t>(256 << 10, uint64_t(options.max_mbps * 1e6 / 8 * 0.1)))
+                 : nullptr) {}
 
 RelayLoop::~RelayLoop() {
   zmq_socket_monitor(router_.handle(), nullptr, 0);

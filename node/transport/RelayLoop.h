@@ -11,31 +11,17 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 #include <zmq.hpp>
 
+#include "core/SendPacer.h"
 #include "node/transport/Relay.h"
 
 namespace cairn {
-
-// A byte-rate cap applied without waiting: core/SendPacer.h's rule (GCRA: a theoretical send time
-// advancing by bytes / rate with each message; a message may go once that time, less the burst,
-// has come), but the caller asks first and keeps the message when the answer is no.
-class RelayPacer {
- public:
-  using Clock = std::chrono::steady_clock;
-  explicit RelayPacer(double mbps);  // 0: no cap
-  bool mayGo(Clock::time_point now) const;
-  void took(uint64_t bytes, Clock::time_point now);
-
- private:
-  double mbps_;
-  Clock::duration burst_{};
-  Clock::time_point theoretical_{};
-};
 
 // Sends [routing id][head…][tail…] to one client of `router` without waiting: false (nothing
 // sent) when its pipe is full or it has no connection now. `tail`'s frames are consumed when sent.
@@ -104,7 +90,7 @@ class RelayLoop {
   std::map<std::string, Member> members_;  // loop thread
   std::set<Link> pairs_;                   // loop thread; each pair with first < second
   std::map<Link, LinkQueue> queues_;       // loop thread; only non-empty ones
-  RelayPacer pacer_;
+  std::unique_ptr<SendPacer> pacer_;  // --relay-mbps (null: no cap), asked before each send
   size_t next_queue_ = 0;  // fair turns between the queues when the pacer or pipes hold some back
 
   std::mutex pending_mutex_;  // the next setLinks, carried out by the loop

@@ -1,6 +1,6 @@
 // The relay's forwarding side (Relay.h, RelayLoop.h): a data message goes to its destination at
 // once or waits in its link's queue (from → to) within the link's budget; the loop retries the
-// queues, paced (RelayPacer), and drops those nobody will take.
+// queues, paced (core/SendPacer.h, asked without waiting), and drops those nobody will take.
 #include <algorithm>
 #include <cerrno>
 
@@ -8,33 +8,6 @@
 #include "node/transport/RelayLoop.h"
 
 namespace cairn {
-namespace {
-
-// Rounded up, as SendPacer's: the schedule never runs ahead of the rate by the clock's rounding.
-RelayPacer::Clock::duration relayAtRate(uint64_t bytes, double mbps) {
-  return std::chrono::ceil<RelayPacer::Clock::duration>(
-      std::chrono::duration<double>(double(bytes) * 8 / (mbps * 1e6)));
-}
-
-}  // namespace
-
-// ---------------------------------------------------------------- RelayPacer
-
-// The burst of `provider --max-mbps` (VolunteerRun.cpp): 256 KiB, or 0.1 s at the rate if more.
-RelayPacer::RelayPacer(double mbps) : mbps_(mbps) {
-  if (mbps_ > 0)
-    burst_ = relayAtRate(std::max<uint64_t>(256 << 10, uint64_t(mbps_ * 1e6 / 8 * 0.1)), mbps_);
-}
-
-bool RelayPacer::mayGo(Clock::time_point now) const {
-  return mbps_ <= 0 || theoretical_ - burst_ <= now;
-}
-
-void RelayPacer::took(uint64_t bytes, Clock::time_point now) {
-  if (mbps_ <= 0) return;
-  theoretical_ = std::max(theoretical_, now) + relayAtRate(bytes, mbps_);
-}
-
 // ---------------------------------------------------------------- sending
 
 bool relaySend(zmq::socket_t& router, const std::string& routing_id,
@@ -89,10 +62,10 @@ void RelayLoop::takeData(const std::string& from, std::vector<zmq::message_t>& f
 RelayLoop::Sent RelayLoop::trySend(const Link& link, Waiting& message, Clock::time_point now) {
   auto to = members_.find(link.second);
   if (to == members_.end() || !to->second.attached()) return Sent::kNoRoom;
-  if (!pacer_.mayGo(now)) return Sent::kPaced;
+  if (pacer_ && !pacer_->mayGoNow()) return Sent::kPaced;
   if (!relaySend(router_, to->second.routing_id, {kRelayData, link.first}, message.payload))
     return Sent::kNoRoom;
-  pacer_.took(message.bytes, now);
+  if (pacer_) (void)pacer_->reserve(message.bytes);  // zero: mayGoNow said so
   std::lock_guard<std::mutex> lock(stats_mutex_);
   ++stats_.messages_forwarded;
   stats_.bytes_forwarded += message.bytes;

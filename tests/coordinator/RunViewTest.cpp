@@ -441,6 +441,39 @@ TEST(RunView, PrometheusTextParsesToTheSnapshotFiguresWithHostileLabelsEscaped) 
   EXPECT_EQ(find("cairn_node_heartbeat_age_seconds", {{"node", "node_2"}, {"cluster", "0"}})->value, 2.5);
 }
 
+// The coordinator's relay (--relay) in /metrics: nothing without one; its figures, per link and by
+// reason, as set, with the volunteers' names escaped like every label.
+TEST(RunView, TheRelaysFiguresAppearInPrometheusTextOnlyWithARelay) {
+  RunView view("");
+  setUp(view);
+  std::map<std::string, std::string> types;
+  for (const auto& s : parsePrometheus(view.prometheus(1000), &types))
+    EXPECT_EQ(s.name.rfind("cairn_relay_", 0), std::string::npos) << s.name << " without a relay";
+  view.setRelay({{"messages_forwarded", 12},
+                 {"bytes_forwarded", 4096},
+                 {"bytes_waiting", 100},
+                 {"links", json::array({{{"from", "node_1"}, {"to", "node\"3"}, {"bytes", 4000}},
+                                        {{"from", "node_3"}, {"to", "node_1"}, {"bytes", 96}}})},
+                 {"refused", {{"unplanned", 2}, {"over_budget", 0}}}});
+  EXPECT_EQ(view.snapshot(1000)["relay"]["messages_forwarded"], 12);
+  const auto samples = parsePrometheus(view.prometheus(1000), &types);
+  std::map<std::string, double> got;
+  for (const auto& s : samples) {
+    std::string key = s.name;
+    for (const auto& [k, v] : s.labels) key += " " + k + "=" + v;
+    got[key] = s.value;
+  }
+  EXPECT_EQ(got["cairn_relay_messages_forwarded_total"], 12);
+  EXPECT_EQ(got["cairn_relay_bytes_forwarded_total"], 4096);
+  EXPECT_EQ(got["cairn_relay_bytes_waiting"], 100);
+  EXPECT_EQ(got["cairn_relay_link_bytes_forwarded_total from=node_1 to=node\"3"], 4000);
+  EXPECT_EQ(got["cairn_relay_link_bytes_forwarded_total from=node_3 to=node_1"], 96);
+  EXPECT_EQ(got["cairn_relay_refused_total reason=unplanned"], 2);
+  EXPECT_EQ(got.count("cairn_relay_refused_total reason=over_budget"), 1u);
+  EXPECT_EQ(types["cairn_relay_bytes_forwarded_total"], "counter");
+  EXPECT_EQ(types["cairn_relay_bytes_waiting"], "gauge");
+}
+
 TEST(TerminalView, RendersClustersNodesAndEventsWithoutControlCharactersFromVolunteers) {
   RunView view("");
   setUp(view);

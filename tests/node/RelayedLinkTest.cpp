@@ -117,44 +117,50 @@ RelayOptions relayOptions(const CurveKeyPair& keys) {
 
 std::string hostPort(const std::string& endpoint) { return endpoint.substr(std::strlen("tcp://")); }
 
+// A real relay linking a and b (keys of their own), and the two nodes through it.
+struct RelayedPair {
+  CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
+               b_keys = generateCurveKeyPair();
+  Relay relay{relayOptions(relay_keys)};
+  std::unique_ptr<RelayedNode> a, b;
+  RelayedPair() {
+    relay.setLinks({{"a", a_keys.public_key}, {"b", b_keys.public_key}}, {{"a", "b"}});
+    a = std::make_unique<RelayedNode>("a", a_keys, "b", b_keys.public_key, relay_keys.public_key, at());
+    restartB();
+  }
+  std::string at() const { return hostPort(relay.boundEndpoint()); }
+  void restartB() {  // b's process ends; a new one (new sessions both ways) takes its place
+    b.reset();
+    b = std::make_unique<RelayedNode>("b", b_keys, "a", a_keys.public_key, relay_keys.public_key, at());
+  }
+};
+
 TEST(RelayedLink, MessagesCrossTheRealRelayBothWaysExactlyOnceInOrder) {
-  const CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
-                     b_keys = generateCurveKeyPair();
-  Relay relay(relayOptions(relay_keys));
-  relay.setLinks({{"a", a_keys.public_key}, {"b", b_keys.public_key}}, {{"a", "b"}});
-  const std::string at = hostPort(relay.boundEndpoint());
-  RelayedNode a("a", a_keys, "b", b_keys.public_key, relay_keys.public_key, at);
-  RelayedNode b("b", b_keys, "a", a_keys.public_key, relay_keys.public_key, at);
-  exchangeBothWays(a, b, 60, "r");
-  exchangeBothWays(a, b, 40, "big", 256 << 10);  // 256 KiB tensors, far past the window in bytes
-  exchangeBothWays(a, b, 3, "huge", 8 << 20);
-  EXPECT_EQ(a.t->liveness("b").state, PeerState::kConnected);
-  EXPECT_EQ(b.t->liveness("a").state, PeerState::kConnected);
-  EXPECT_EQ(a.t->stats().messages_sent, 103u);
-  EXPECT_EQ(b.t->stats().messages_received, 103u);
-  EXPECT_GE(relay.stats().messages_forwarded, 206u);  // and the acknowledgements
-  EXPECT_EQ(a.t->stats().relayed_refused + b.t->stats().relayed_refused, 0u);
+  RelayedPair p;
+  exchangeBothWays(*p.a, *p.b, 60, "r");
+  exchangeBothWays(*p.a, *p.b, 40, "big", 256 << 10);  // 256 KiB tensors: far past the window in bytes
+  exchangeBothWays(*p.a, *p.b, 3, "huge", 8 << 20);
+  EXPECT_EQ(p.a->t->liveness("b").state, PeerState::kConnected);
+  EXPECT_EQ(p.b->t->liveness("a").state, PeerState::kConnected);
+  EXPECT_EQ(p.a->t->stats().messages_sent, 103u);
+  EXPECT_EQ(p.b->t->stats().messages_received, 103u);
+  EXPECT_GE(p.relay.stats().messages_forwarded, 206u);  // and the acknowledgements
+  EXPECT_EQ(p.a->t->stats().relayed_refused + p.b->t->stats().relayed_refused, 0u);
 }
 
 // A collective sends its tensors zero-copy and waits until the transport lets them go
 // (CollectiveChannel::waitForSendsToComplete): a relayed send keeps only its sealed copy for a
 // resend, never the caller's bytes — checked while nothing is acknowledged (b reads nothing).
 TEST(RelayedLink, ASentTensorIsLetGoBeforeItIsAcknowledged) {
-  const CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
-                     b_keys = generateCurveKeyPair();
-  Relay relay(relayOptions(relay_keys));
-  relay.setLinks({{"a", a_keys.public_key}, {"b", b_keys.public_key}}, {{"a", "b"}});
-  const std::string at = hostPort(relay.boundEndpoint());
-  RelayedNode a("a", a_keys, "b", b_keys.public_key, relay_keys.public_key, at);
-  RelayedNode b("b", b_keys, "a", a_keys.public_key, relay_keys.public_key, at);
+  RelayedPair p;
   torch::Tensor big = torch::arange(1 << 18, torch::kFloat32);  // 1 MiB: sent zero-copy
   {
     Message m = relayedMessage("a", "z", 0);
     m.tensors.push_back({"x", big});
-    ASSERT_EQ(a.t->send("b", m, 10s), SendStatus::kSent);
+    ASSERT_EQ(p.a->t->send("b", m, 10s), SendStatus::kSent);
   }
   EXPECT_EQ(big.use_count(), 1) << "the transport still holds the tensor it sent";
-  auto got = b.t->receive(10s);
+  auto got = p.b->t->receive(10s);
   ASSERT_TRUE(got.has_value());
   ASSERT_EQ(got->tensors.size(), 1u);
   EXPECT_TRUE(torch::equal(got->tensors[0].tensor, big));
@@ -329,17 +335,10 @@ TEST(RelayedLink, ALinkMovedToAnotherRelayWhenItsRelayDiesLosesNothing) {
 }
 
 TEST(RelayedLink, APeerThatRestartedGetsWhatIsSentAfterItCameBack) {
-  const CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
-                     b_keys = generateCurveKeyPair();
-  Relay relay(relayOptions(relay_keys));
-  relay.setLinks({{"a", a_keys.public_key}, {"b", b_keys.public_key}}, {{"a", "b"}});
-  const std::string at = hostPort(relay.boundEndpoint());
-  RelayedNode a("a", a_keys, "b", b_keys.public_key, relay_keys.public_key, at);
-  auto b = std::make_unique<RelayedNode>("b", b_keys, "a", a_keys.public_key, relay_keys.public_key, at);
-  exchangeBothWays(a, *b, 10, "p");
-  b.reset();  // b's process ends; a new one (a new session both ways) takes its place
-  b = std::make_unique<RelayedNode>("b", b_keys, "a", a_keys.public_key, relay_keys.public_key, at);
-  exchangeBothWays(a, *b, 10, "q");
+  RelayedPair p;
+  exchangeBothWays(*p.a, *p.b, 10, "p");
+  p.restartB();
+  exchangeBothWays(*p.a, *p.b, 10, "q");
 }
 
 }  // namespace
