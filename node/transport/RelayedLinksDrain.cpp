@@ -235,6 +235,10 @@ void RelayedLinks::takeData(Connection& c, std::vector<zmq::message_t>& frames) 
   link->asked_next = ask_next;
   link->asked_at = now;
   CAIRN_WARN(name_, ": refused a message relayed from ", peer, " (", openedName(opened), "): ", why,
+             opened == LinkOpener::Opened::kForged
+                 ? " (Also seen for a moment when the peer's volunteer was replaced and this node "
+                   "does not have its new key yet.)"
+                 : "",
              " Asking for it again.");
   acknowledge(c, peer, *link, 'r', ask_session, ask_next);
 }
