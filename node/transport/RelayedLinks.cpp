@@ -227,6 +227,9 @@ SendStatus RelayedLinks::send(const std::string& peer, std::vector<zmq::message_
                               const std::function<void()>& wait_hook) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto next_hook = std::chrono::steady_clock::now() + kSendSlice;
+  // Sealed once per (session, sequence): a wait for room does not encrypt the message again.
+  std::vector<zmq::message_t> sealed;
+  uint64_t sealed_session = 0, sealed_sequence = 0;
   for (;;) {
     Link* link = nullptr;
     Connection* c = nullptr;
@@ -240,7 +243,12 @@ SendStatus RelayedLinks::send(const std::string& peer, std::vector<zmq::message_
     {
       std::lock_guard<std::mutex> state(link->state);
       if (!link->resend_from && link->unacked.size() < options_.window) {
-        std::vector<zmq::message_t> sealed = link->sealer.sealAt(frames, link->next_sequence);
+        if (sealed.empty() || sealed_session != link->sealer.session() ||
+            sealed_sequence != link->next_sequence) {
+          sealed = link->sealer.sealAt(frames, link->next_sequence);
+          sealed_session = link->sealer.session();
+          sealed_sequence = link->next_sequence;
+        }
         // Kept sealed (new buffers): the caller's frames — a collective's tensors, sent zero-copy
         // — are released when this returns, as after any send (CollectiveChannel waits for it).
         std::vector<zmq::message_t> kept = shareFrames(sealed);
