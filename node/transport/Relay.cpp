@@ -47,11 +47,7 @@ zmq::socket_t relayRouter(zmq::context_t& context, const RelayOptions& o) {
   // healthy connection — and may abort at the client's reconnect (libzmq issue 3937, seen here:
   // `Assertion failed: _input_stopped`). Heartbeats only when asked (heartbeat_interval > 0).
   setRelayKeepalive(router);
-  if (o.heartbeat_interval.count() > 0) {
-    router.set(zmq::sockopt::heartbeat_ivl, int(o.heartbeat_interval.count()));
-    router.set(zmq::sockopt::heartbeat_timeout, int(o.heartbeat_timeout.count()));
-    router.set(zmq::sockopt::heartbeat_ttl, int(o.heartbeat_timeout.count()));
-  }
+  setZmtpHeartbeats(router, o.heartbeat_interval, o.heartbeat_timeout);
   router.set(zmq::sockopt::curve_server, true);
   router.set(zmq::sockopt::curve_secretkey, o.own.secret_key);
   router.set(zmq::sockopt::zap_domain, kRelayZapDomain);

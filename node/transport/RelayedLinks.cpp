@@ -16,22 +16,6 @@ namespace {
 constexpr std::chrono::milliseconds kSendSlice{50};
 constexpr size_t kKeyChars = 40;
 
-void setHeartbeats(zmq::socket_t& s, const RelayedLinkOptions& o) {
-  s.set(zmq::sockopt::linger, 0);
-  s.set(zmq::sockopt::reconnect_ivl, 100);
-  s.set(zmq::sockopt::reconnect_ivl_max, 1000);
-  if (o.heartbeat_interval.count() <= 0) return;
-  s.set(zmq::sockopt::heartbeat_ivl, int(o.heartbeat_interval.count()));
-  s.set(zmq::sockopt::heartbeat_timeout, int(o.heartbeat_timeout.count()));
-  s.set(zmq::sockopt::heartbeat_ttl, int(o.heartbeat_timeout.count()));
-}
-
-std::vector<zmq::message_t> shareFrames(std::vector<zmq::message_t>& frames) {
-  std::vector<zmq::message_t> copies(frames.size());
-  for (size_t i = 0; i < frames.size(); ++i) copies[i].copy(frames[i]);  // shares the bytes
-  return copies;
-}
-
 }  // namespace
 
 bool isRelayedEndpoint(const std::string& endpoint) {
@@ -117,13 +101,11 @@ RelayedLinks::Connection& RelayedLinks::connectionLocked(const std::string& endp
     // sends on it): on the receiving one a PING waits behind data a slow reader has not read and
     // libzmq closes the healthy connection, then may abort (libzmq issue 3937; Relay.h). The
     // receiving DEALER has TCP keepalives; the sending one's heartbeats tell a relay that died.
-    if (heartbeats) setHeartbeats(s, options_);
-    else {
-      s.set(zmq::sockopt::linger, 0);
-      s.set(zmq::sockopt::reconnect_ivl, 100);
-      s.set(zmq::sockopt::reconnect_ivl_max, 1000);
-      setRelayKeepalive(s);
-    }
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::reconnect_ivl, 100);
+    s.set(zmq::sockopt::reconnect_ivl_max, 1000);
+    if (heartbeats) setZmtpHeartbeats(s, options_.heartbeat_interval, options_.heartbeat_timeout);
+    else setRelayKeepalive(s);
     s.set(zmq::sockopt::curve_serverkey, key);
     s.set(zmq::sockopt::curve_publickey, own_.public_key);
     s.set(zmq::sockopt::curve_secretkey, own_.secret_key);

@@ -326,8 +326,7 @@ void RelayedLinks::resendDue(std::chrono::steady_clock::time_point now) {
     uint64_t resent = 0;
     for (auto& [sequence, kept] : link->unacked) {
       if (sequence < *link->resend_from) continue;
-      std::vector<zmq::message_t> copy(kept.size());
-      for (size_t i = 0; i < kept.size(); ++i) copy[i].copy(kept[i]);  // shares the bytes
+      std::vector<zmq::message_t> copy = shareFrames(kept);
       if (!queueSealed(*c, peer, copy)) break;
       link->resend_from = sequence + 1;
       ++resent;

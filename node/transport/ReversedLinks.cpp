@@ -16,10 +16,7 @@ namespace {
 
 void setReversedHeartbeats(zmq::socket_t& socket, const ReversedLinkOptions& o) {
   socket.set(zmq::sockopt::linger, 0);
-  if (o.heartbeat_interval.count() <= 0) return;
-  socket.set(zmq::sockopt::heartbeat_ivl, int(o.heartbeat_interval.count()));
-  socket.set(zmq::sockopt::heartbeat_timeout, int(o.heartbeat_timeout.count()));
-  socket.set(zmq::sockopt::heartbeat_ttl, int(o.heartbeat_timeout.count()));
+  setZmtpHeartbeats(socket, o.heartbeat_interval, o.heartbeat_timeout);
 }
 
 std::string frameText(const zmq::message_t& frame) {

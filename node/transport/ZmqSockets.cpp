@@ -62,6 +62,20 @@ bool queueFirstFrame(zmq::socket_t& socket, std::vector<zmq::message_t>& frames,
   }
 }
 
+void setZmtpHeartbeats(zmq::socket_t& socket, std::chrono::milliseconds interval,
+                       std::chrono::milliseconds timeout) {
+  if (interval.count() <= 0) return;
+  socket.set(zmq::sockopt::heartbeat_ivl, int(interval.count()));
+  socket.set(zmq::sockopt::heartbeat_timeout, int(timeout.count()));
+  socket.set(zmq::sockopt::heartbeat_ttl, int(timeout.count()));
+}
+
+std::vector<zmq::message_t> shareFrames(std::vector<zmq::message_t>& frames) {
+  std::vector<zmq::message_t> copies(frames.size());
+  for (size_t i = 0; i < frames.size(); ++i) copies[i].copy(frames[i]);
+  return copies;
+}
+
 std::string nextMonitorEndpoint(const std::string& name, const std::string& peer) {
   static std::atomic<uint64_t> counter{0};
   return "inproc://cairn-monitor-" + name + "-" + peer + "-" + std::to_string(counter++);

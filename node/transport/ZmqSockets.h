@@ -24,6 +24,17 @@ bool pollOrInterrupted(std::vector<zmq::pollitem_t>& items, std::chrono::millise
 bool queueFirstFrame(zmq::socket_t& socket, std::vector<zmq::message_t>& frames,
                      std::chrono::milliseconds timeout);
 
+// ZMTP heartbeats: a PING every `interval`; no traffic for `timeout` closes the connection, and the
+// peer is told (TTL) to drop its side too when our pings stop for as long. Nothing when `interval`
+// is 0. (Not on a socket whose inbound carries bulk data to a slow reader: libzmq issue 3937,
+// node/transport/Relay.h.)
+void setZmtpHeartbeats(zmq::socket_t& socket, std::chrono::milliseconds interval,
+                       std::chrono::milliseconds timeout);
+
+// Copies of `frames` that share their bytes (zmq_msg_copy: reference-counted, nothing copied
+// but frames small enough to live inside the message).
+std::vector<zmq::message_t> shareFrames(std::vector<zmq::message_t>& frames);
+
 // An inproc endpoint for a socket monitor, unique within the process.
 std::string nextMonitorEndpoint(const std::string& name, const std::string& peer);
 

@@ -174,12 +174,7 @@ void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& end
   socket.set(zmq::sockopt::linger, 0);
   socket.set(zmq::sockopt::reconnect_ivl, 100);
   socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
-  if (options_.heartbeat_interval.count() > 0) {
-    socket.set(zmq::sockopt::heartbeat_ivl, int(options_.heartbeat_interval.count()));
-    socket.set(zmq::sockopt::heartbeat_timeout, int(options_.heartbeat_timeout.count()));
-    // Tells the peer to drop its side too when our pings stop for as long.
-    socket.set(zmq::sockopt::heartbeat_ttl, int(options_.heartbeat_timeout.count()));
-  }
+  setZmtpHeartbeats(socket, options_.heartbeat_interval, options_.heartbeat_timeout);
   const std::string same_host = sameHostEndpointFor(endpoint);
   if (options_.curve && same_host.empty()) {
     auto key = options_.curve->peer_public_keys.find(peer);
