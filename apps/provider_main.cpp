@@ -14,6 +14,7 @@
 #include "core/NodeConfigs.h"
 #include "node/volunteer/Probe.h"
 #include "node/pipeline/ProviderRun.h"
+#include "node/volunteer/VolunteerRelay.h"
 #include "node/volunteer/VolunteerRun.h"
 #include "node/protocol/Coordination.h"
 #include "trainer/Device.h"
@@ -76,6 +77,8 @@ struct Cli {
   int cores = 0;          // --cores: 0, all of them
   double memory_gb = 0;   // --memory-gb: 0, all of it
   std::string active_hours;  // --active-hours: empty, at all hours
+  bool relay = false;        // --relay: only relay (node/volunteer/VolunteerRelay.h)
+  double relay_mbps = 0;     // --relay-mbps: 0, no cap
 };
 
 const char* const kDescription =
@@ -142,6 +145,24 @@ void addTrainingFlags(CLI::App& app, Cli& cli) {
                "send tensors.\nFor local debugging and plans without keys only; by default the "
                "node reads nodes/<name>/secret.key\nand admits only the public keys of its "
                "neighbours and ring peers listed in its node.json");
+}
+
+// provider --join … --relay: a volunteer that only relays (node/volunteer/VolunteerRelay.h).
+void addRelayOptions(CLI::App& app, Cli& cli) {
+  app.add_flag("--relay", cli.relay,
+               "with --join and --listen: only relay, train nothing. Links between two volunteers "
+               "who are both\nbehind home routers (dial-out only) go through a relay both dial; "
+               "the coordinator routes\nsuch links through the relays volunteers offer (its own "
+               "--relay only when none is there).\nA relay forwards messages sealed end to end "
+               "between the two volunteers: it can neither\nread nor forge them. It must be "
+               "reachable at --advertise (the coordinator checks at join)\nand costs its owner the "
+               "bandwidth of the links it carries, twice (in and out). To train\nas well, run a "
+               "second provider --join with its own --workdir (docs/OPERATIONS.md\n\"Behind a home "
+               "router\")");
+  app.add_option("--relay-mbps", cli.relay_mbps,
+                 "with --relay: the most it forwards, in Mbit/s, all links together (messages wait "
+                 "their turn\nin their link's queue). Default: no cap")
+      ->check(CLI::Range(0.01, 1e6));
 }
 
 void addJoinOptions(CLI::App& app, Cli& cli) {
@@ -311,6 +332,18 @@ int runJoin(const Cli& cli) {
   config.memory_gb = cli.memory_gb;
   config.clock = cairn::volunteerClock();
   if (std::getenv("CAIRN_TEST_CLOCK")) config.hours_poll = std::chrono::milliseconds(200);
+  if (cli.relay_mbps > 0 && !cli.relay)
+    CAIRN_THROW(BadInput, "--relay-mbps is for --relay (the cap on what this volunteer relays)");
+  if (cli.relay) {
+    if (cli.listen.empty())
+      CAIRN_THROW(BadInput, "--relay needs --listen HOST:PORT (and --advertise HOST:PORT when "
+                  "volunteers dial another address): both ends of a relayed link dial the relay");
+    if (!cli.active_hours.empty())
+      CAIRN_THROW(BadInput, "--relay cannot be combined with --active-hours: a relay that goes away "
+                  "moves its links to another relay, which the training waits for");
+    config.relay_mbps = cli.relay_mbps;
+    return cairn::runRelayVolunteer(config);
+  }
   cairn::resolveDevice(cli.device, "--device");  // a device this machine lacks: exit 2 before joining
   return cairn::runVolunteer(config);
 }
@@ -331,7 +364,7 @@ int joinMode(const Cli& cli) {
 const char* joinOptionGiven(const CLI::App& app) {
   for (const char* flag : {"--listen", "--advertise", "--workdir", "--coordinator-timeout-s",
                            "--result-wait-s", "--upload-mbps", "--metrics-queue", "--cores",
-                           "--memory-gb", "--active-hours", "--max-mbps"})
+                           "--memory-gb", "--active-hours", "--max-mbps", "--relay", "--relay-mbps"})
     if (app.count(flag) > 0) return flag;
   return nullptr;
 }
@@ -402,6 +435,7 @@ int main(int argc, char** argv) {
   addProbeOptions(app, cli);
   addTrainingFlags(app, cli);
   addJoinOptions(app, cli);
+  addRelayOptions(app, cli);
   addConfigOption(app);
   try {
     app.parse(argc, argv);

@@ -14,6 +14,7 @@
 #include "core/Log.h"
 #include "core/NodeData.h"
 #include "core/TorchCompat.h"
+#include "node/transport/Relay.h"
 
 namespace cairn::coordinator {
 
@@ -62,6 +63,14 @@ void Admissions::onJoin(const Routed& r, const JoinAsk& ask, bool run_over) {
   p->decision = std::move(decision);
   // No address: dial-out only at once (docs/OPERATIONS.md "Behind a home router").
   if (ask.advertise.empty()) return admit(*p, /*reachable=*/false);
+  if (ask.relay_mbps) {  // a relay: its relay must answer an attach at the advertised address
+    p->deadline = std::chrono::steady_clock::now() + o_.reach_timeout;
+    p->socket = coordinationClient(context_, zmq::socket_type::dealer, keys_, r.user_id,
+                                   ask.advertise, 1 << 16);
+    sendFrames(p->socket, {kRelayAttach, kRelayCoordinatorMember});
+    pending_.push_back(std::move(p));
+    return;
+  }
   // Dial the advertised address back before accepting it as reachable: peers will dial it.
   p->deadline = std::chrono::steady_clock::now() + o_.reach_timeout;
   p->socket = coordinationClient(context_, zmq::socket_type::dealer, keys_, r.user_id,
@@ -90,9 +99,27 @@ bool Admissions::answeredOn(zmq::socket_t& socket, const std::string& nonce) {
   return false;
 }
 
+// Whether a relay's ROUTER answered the coordinator's attach with a presence (node/transport/Relay.h).
+bool Admissions::relayAnswered(zmq::socket_t& socket) {
+  while (auto frames = recvFrames(socket, std::chrono::milliseconds(0)))
+    if (!frames->empty() && (*frames)[0] == kRelayPresence) return true;
+  return false;
+}
+
 void Admissions::poll() {
   for (size_t i = 0; i < pending_.size();) {
     Pending& p = *pending_[i];
+    if (p.ask.relay_mbps) {
+      const bool answered = relayAnswered(p.socket);
+      if (answered) admit(p, /*reachable=*/true);
+      if (!answered && std::chrono::steady_clock::now() >= p.deadline) refuseRelay(p);
+      if (answered || std::chrono::steady_clock::now() >= p.deadline) {
+        pending_.erase(pending_.begin() + long(i));
+      } else {
+        ++i;
+      }
+      continue;
+    }
     bool done = false;
     p.answered = p.answered || answeredOn(p.socket, p.nonce);
     p.accept_answered = p.accept_answered || answeredOn(p.accept_socket, p.nonce);
@@ -135,6 +162,17 @@ std::optional<std::string> Admissions::rejoin(Member& m, const std::string& adve
   return std::nullopt;
 }
 
+// A relay that did not answer at its advertised address: nobody could use it.
+void Admissions::refuseRelay(const Pending& p) {
+  const std::string port = p.ask.advertise.substr(p.ask.advertise.rfind(':') + 1);
+  refuse_(p.routing_id, p.ask.advertise,
+          "the relay at " + p.ask.advertise + " did not answer the coordinator within " +
+              std::to_string(o_.reach_timeout.count() / 1000.0).substr(0, 4) +
+              " s, and a relay must be reachable (both ends of its links dial it): forward TCP port " +
+              port + " of " + (p.seen_from.empty() ? "its public address" : p.seen_from) +
+              " to this machine, or advertise an address that reaches it");
+}
+
 // The line a dial-out-only volunteer prints: why, and what would make it reachable.
 std::string Admissions::reachabilityLine(const Pending& p) const {
   const std::string seen = p.seen_from.empty() ? "an address it could not tell" : p.seen_from;
@@ -160,9 +198,12 @@ std::string Admissions::reachabilityLine(const Pending& p) const {
 void Admissions::admit(const Pending& p, bool reachable) {
   Member m;
   const bool returning = p.decision.kind != JoinDecision::Kind::kNew;
+  const bool relay = p.ask.relay_mbps.has_value();
   if (returning) {
     m = *p.decision.member;
-    if (p.decision.kind == JoinDecision::Kind::kRejoining) {
+    if (relay) {
+      m.state = MemberState::kRelaying;  // a relay back (restarted, or lost and back)
+    } else if (p.decision.kind == JoinDecision::Kind::kRejoining) {
       if (const auto why = rejoin(m, p.ask.advertise)) return refuse_(p.routing_id, p.ask.advertise, *why);
     }
     // Its placed node's peers dial it, or wait for it to dial them: that cannot change under them.
@@ -175,7 +216,7 @@ void Admissions::admit(const Pending& p, bool reachable) {
   } else {
     m.name = store_.nextMemberName();
     m.public_key = p.key;
-    m.state = MemberState::kSpare;
+    m.state = relay ? MemberState::kRelaying : MemberState::kSpare;
     m.joined_at = unixNow();
   }
   m.advertise = reachable ? p.ask.advertise : "";
@@ -187,7 +228,11 @@ void Admissions::admit(const Pending& p, bool reachable) {
              reachable ? m.advertise : "(dial-out only, from " + p.seen_from + ")", " (",
              p.ask.probe.ram_gb, " GB, ", p.ask.probe.cores, " cores, ", p.ask.probe.compute_gflops,
              " GFLOPS, ", p.ask.probe.bandwidth_mbps, " Mbps, GPUs: ", describeGpus(p.ask.probe.gpus),
-             ", libtorch ", p.ask.probe.libtorch, "), ", toString(m.state));
+             ", libtorch ", p.ask.probe.libtorch, "), ", toString(m.state),
+             relay ? (*p.ask.relay_mbps > 0 ? " (at most " + std::to_string(int64_t(*p.ask.relay_mbps)) +
+                                                   " Mbit/s)"
+                                             : std::string(" (no cap)"))
+                   : std::string());
   const std::string note =
       m.state == MemberState::kSpare && o_.spare_note ? o_.spare_note(m) : std::string();
   if (!note.empty()) CAIRN_INFO("coordinator: told ", m.name, ": ", note);

@@ -13,6 +13,10 @@
 //             --join without --listen: no dial-back), is admitted as dial-out only (Member::
 //             dial_out_only): its `accepted` carries the one line it prints — why, the address
 //             the coordinator saw it come from, the ports to forward to become reachable.
+//             A relay's join (`provider --join … --relay`) is checked by attaching to its relay
+//             at the advertised address (node/transport/Relay.h: the coordinator's key as the
+//             member "coordinator", answered with a presence); admitted as `relaying`, or refused
+//             with what to forward when it does not answer: a relay must be reachable.
 // Ownership: borrows the store, the ZeroMQ context and the coordinator's keys; owns the pending
 // checks' sockets. Replies and refusals go through the coordinator's functions.
 // Thread-safety: the coordinator's loop thread only.
@@ -67,6 +71,8 @@ class Admissions {
   std::string reachabilityLine(const Pending& p) const;
   static std::string acceptAddressOf(const std::string& advertise);
   static bool answeredOn(zmq::socket_t& socket, const std::string& nonce);
+  static bool relayAnswered(zmq::socket_t& socket);
+  void refuseRelay(const Pending& p);
   // `m` (a kRejoining member) made assigned or spare; the reason to refuse it, if any.
   std::optional<std::string> rejoin(Member& m, const std::string& advertise);
   void resendAssignment(const Member& m);

@@ -30,6 +30,7 @@
 #include "coordinator/RunAssembly.h"
 #include "coordinator/RunView.h"
 #include "coordinator/TerminalView.h"
+#include "coordinator/VolunteerRelays.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
@@ -55,6 +56,7 @@ struct Coordinator::Impl {
   std::unique_ptr<Gathering> gathering;      // the first plan, made off the loop (after replacer)
   std::unique_ptr<Grower> grower;            // spares → a new cluster (--grow)
   std::unique_ptr<CoordinatorRelay> relay;   // --relay: links between dial-out-only volunteers
+  std::unique_ptr<VolunteerRelays> relays;   // the volunteers' relays (provider --relay), and --relay's
   uint64_t relay_synced = ~uint64_t{0};      // the members' version the relay's links are from
   std::unique_ptr<ChunkServer> chunks;       // data.source "coordinator": made on first request
   std::unique_ptr<NodeHeaders> chunk_nodes;  // the askers' clusters (chunks' worker, like `chunks`)
@@ -228,6 +230,7 @@ struct Coordinator::Impl {
       if (speaker(beat->name)) {
         store->touch(beat->name, unixNow());
         replacer->onHeartbeat(*member);  // the speaker: its row, read before the touch
+        relays->onHeartbeat(*member, *beat, unixNow());
         grower->onHeartbeat(beat->name);
       }
     } else if (const auto* result = std::get_if<ResultUpload>(&*message)) {
@@ -293,6 +296,11 @@ struct Coordinator::Impl {
   // --relay: the relay admits and forwards what the plan's node.json say (after a plan, a
   // replacement, a growth: whenever a member's row changed).
   void syncRelay() {
+    view->setRelays(relays->figures(unixNow()));
+    if (const std::set<std::string> changed = relays->poll(unixNow()); !changed.empty()) {
+      replacer->owePeers(changed);
+      relay_synced = ~uint64_t{0};  // node.json changed without a member's row
+    }
     if (!relay) return;
     view->setRelay(relay->figures());
     if (store->membersVersion() == relay_synced) return;
@@ -341,16 +349,17 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.replacer->onLostAfterFinishing([&s](const std::string& name) { return s.resultFromCheckpoint(name); });
   s.keys = loadOrMakeCoordinatorKeys(s.o.out);
-  std::vector<PeerRef::Relay> relays;
-  if (!s.o.relay_listen.empty()) {
+  if (!s.o.relay_listen.empty())
     s.relay = std::make_unique<CoordinatorRelay>(s.o.relay_listen, s.o.relay_advertise, s.keys,
                                                  static_cast<int64_t>(s.o.max_attachment_bytes));
-    relays.push_back(s.relay->ref());
-  }
+  s.relays = std::make_unique<VolunteerRelays>(
+      *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
+      s.relay ? std::optional(s.relay->ref()) : std::nullopt,
+      [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.gathering = std::make_unique<Gathering>(
       *s.store, s.prepared,
-      GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather, relays,
-                       s.o.before_plan},
+      GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather,
+                       [&s] { return s.relays->forPlanning(unixNow()); }, s.o.before_plan},
       *s.replacer, [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.grower = std::make_unique<Grower>(
       *s.store, s.o.out, GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares},
@@ -432,6 +441,7 @@ int Coordinator::run() {
         // Its assignments went out on this turn (and the I/O thread sends their bytes next): the
         // silence it caused is not the volunteers'.
         s.replacer->deafUntil(unixNow());
+        s.relays->deafUntil(unixNow());
       }
       if (backlog <= std::chrono::milliseconds(200) || backlog > s.o.lost_after / 2)
         s.replacer->poll(unixNow());

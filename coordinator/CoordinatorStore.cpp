@@ -93,15 +93,14 @@ Member readRow(const Row& s) {
 }  // namespace
 
 std::string toString(MemberState state) {
-  static const char* const kNames[] = {"joining", "spare", "assigned", "done", "lost", "left"};
+  static const char* const kNames[] = {"joining", "spare", "assigned", "done", "lost", "left", "relaying"};
   const auto i = static_cast<size_t>(state);  // MemberState's order
   return i < sizeof kNames / sizeof kNames[0] ? kNames[i] : "?";
 }
 
 MemberState parseMemberState(const std::string& text) {
-  for (MemberState s : {MemberState::kJoining, MemberState::kSpare, MemberState::kAssigned,
-                        MemberState::kDone, MemberState::kLost, MemberState::kLeft})
-    if (toString(s) == text) return s;
+  for (int i = 0; i <= static_cast<int>(MemberState::kRelaying); ++i)  // the last state
+    if (toString(static_cast<MemberState>(i)) == text) return static_cast<MemberState>(i);
   CAIRN_THROW(InternalError, "coordinator.db: unknown member state \"", text, "\"");
 }
 

@@ -32,7 +32,8 @@ struct sqlite3_stmt;
 
 namespace cairn::coordinator {
 
-enum class MemberState { kJoining, kSpare, kAssigned, kDone, kLost, kLeft };
+// kRelaying: a volunteer that only relays (provider --relay): never placed, never a spare.
+enum class MemberState { kJoining, kSpare, kAssigned, kDone, kLost, kLeft, kRelaying };
 std::string toString(MemberState state);
 MemberState parseMemberState(const std::string& text);  // Internal error on anything else
 

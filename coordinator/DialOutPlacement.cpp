@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <tuple>
 
 #include "core/Error.h"
 
@@ -167,6 +168,34 @@ size_t assignRelays(std::vector<NodeSpec>& nodes, const std::vector<PeerRef::Rel
     for (PeerRef* ref : refsTo(*nb, a)) ref->relay = relays[pick];
   }
   return relayed;
+}
+
+std::set<std::string> reassignRelays(std::vector<NodeSpec>& nodes, const std::set<std::string>& alive,
+                                     const std::vector<PeerRef::Relay>& targets) {
+  std::map<std::string, NodeSpec*> by_name;
+  for (NodeSpec& n : nodes) by_name[n.name] = &n;
+  // The relayed links, each with the relay its first end names for it.
+  std::vector<std::tuple<NodeSpec*, NodeSpec*, std::string>> relayed;
+  for (const auto& [a, b] : planLinks(nodes)) {
+    if (!by_name.count(a) || !by_name.count(b)) continue;
+    const std::vector<PeerRef*> refs = refsTo(*by_name[a], b);
+    if (!refs.empty() && refs[0]->relay) relayed.emplace_back(by_name[a], by_name[b], refs[0]->relay->name);
+  }
+  std::vector<size_t> load(targets.size(), 0);
+  for (const auto& [na, nb, relay] : relayed)
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (alive.count(relay) && targets[i].name == relay) ++load[i];
+  std::set<std::string> changed;
+  for (const auto& [na, nb, relay] : relayed) {
+    if (alive.count(relay) || targets.empty()) continue;
+    const size_t pick = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    ++load[pick];
+    for (PeerRef* ref : refsTo(*na, nb->name)) ref->relay = targets[pick];
+    for (PeerRef* ref : refsTo(*nb, na->name)) ref->relay = targets[pick];
+    changed.insert(na->name);
+    changed.insert(nb->name);
+  }
+  return changed;
 }
 
 RelayLinks relayLinksOf(const std::vector<NodeSpec>& nodes, const std::string& relay) {

@@ -43,6 +43,12 @@ void markDialOutOnly(std::vector<NodeSpec>& nodes, const std::set<std::string>& 
 // links so far, the first on a tie; links in planLinks order. Returns how many links it relayed.
 // BadInput naming the first such link when `relays` is empty.
 size_t assignRelays(std::vector<NodeSpec>& nodes, const std::vector<PeerRef::Relay>& relays);
+// Every relayed link of `nodes` whose relay is not in `alive` (names) moves to the relay of
+// `targets` carrying the fewest links (those that stay counted), the first on a tie, in planLinks
+// order; both ends' node.json entries change. Nothing moves when `targets` is empty. Returns the
+// names of the nodes whose node.json changed.
+std::set<std::string> reassignRelays(std::vector<NodeSpec>& nodes, const std::set<std::string>& alive,
+                                     const std::vector<PeerRef::Relay>& targets);
 // What the relay named `relay` must admit and forward for `nodes` (node.json as planned or as a
 // replacement rewrote it): every member on either end of a link through it, with its key, and the
 // links, each pair once (lesser name first).

@@ -28,6 +28,8 @@ std::optional<std::vector<Placement>> Gathering::poll() {
     if (planning_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return std::nullopt;
     return apply();
   }
+  // A plan refused for want of a relay is tried again with as many volunteers once one is offered.
+  if (o_.relays && o_.relays().size() != relays_tried_) needed_ = std::min(needed_, std::max(1, o_.min_volunteers));
   std::vector<Member> spares;
   for (const Member& m : store_.members())
     if (m.state == MemberState::kSpare) spares.push_back(m);
@@ -53,9 +55,11 @@ void Gathering::start(std::vector<Member> spares) {
   CAIRN_INFO("coordinator: planning ", spares.size(), " volunteers (joins and heartbeats are "
              "answered meanwhile)");
   planned_from_ = spares;
-  planning_ = std::async(std::launch::async, [this, spares = std::move(spares)] {
+  std::vector<PeerRef::Relay> relays = o_.relays ? o_.relays() : std::vector<PeerRef::Relay>{};
+  relays_tried_ = relays.size();
+  planning_ = std::async(std::launch::async, [this, spares = std::move(spares), relays = std::move(relays)] {
     if (o_.before_plan) o_.before_plan();
-    Made made{planVolunteers(prepared_, spares, o_.out, o_.relays), {}};
+    Made made{planVolunteers(prepared_, spares, o_.out, relays), {}};
     for (const Assignment& a : made.run.assignments) made.encoded.push_back(encode(a));
     return made;
   });

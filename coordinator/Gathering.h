@@ -34,8 +34,10 @@ struct GatheringOptions {
   int min_volunteers = 1;           // plan once this many spares have joined …
   int max_volunteers = 0;           // … and this many (0: = min) or `gather` has passed
   std::chrono::milliseconds gather{30000};
-  // The relays offered (the coordinator's own, --relay): links no swap makes reachable use them.
-  std::vector<PeerRef::Relay> relays;
+  // The relays offered now (VolunteerRelays::forPlanning: the volunteers' relays, else the
+  // coordinator's own, --relay), asked on the loop when a plan starts: links no swap makes
+  // reachable use them. Empty function: none.
+  std::function<std::vector<PeerRef::Relay>()> relays;
   // Tests: called on the worker before it plans (to hold a plan while the loop is checked).
   std::function<void()> before_plan;
 };
@@ -72,6 +74,7 @@ class Gathering {
   MemberReplacer& replacer_;
   Reply reply_;
   int needed_ = 1;  // spares needed before planning (grows when a plan fails)
+  size_t relays_tried_ = 0;  // relays offered to the last plan started
   std::optional<Clock::time_point> enough_since_;
   std::vector<Member> planned_from_;  // the spares the plan being made places
   std::future<Made> planning_;

@@ -30,7 +30,8 @@ std::string probeProblem(const VolunteerProbe& p) {
 }
 
 bool active(MemberState s) {
-  return s == MemberState::kJoining || s == MemberState::kSpare || s == MemberState::kAssigned;
+  return s == MemberState::kJoining || s == MemberState::kSpare || s == MemberState::kAssigned ||
+         s == MemberState::kRelaying;
 }
 
 }  // namespace
@@ -58,10 +59,15 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
   if (!parseLibtorchVersion(ask.probe.libtorch))
     return refuse("probe.libtorch \"" + ask.probe.libtorch.substr(0, kMaxLibtorchVersionBytes) +
                   "\" is not a libtorch version (major.minor.patch)");
+  // A relay loads no stage file: its libtorch does not matter.
   if (const std::string problem = stageFilesProblem(ask.name.empty() ? "this volunteer" : ask.name,
                                                     ask.probe.libtorch, stage_libtorch);
-      !problem.empty())
+      !problem.empty() && !ask.relay_mbps)
     return refuse(problem);
+  if (ask.relay_mbps && ask.advertise.empty())
+    return refuse("a relay must be reachable: both ends of its links dial it; provider --relay needs "
+                  "--listen HOST:PORT (and --advertise HOST:PORT when that is not the address "
+                  "volunteers dial)");
   std::string host;
   int port = 0;
   try {
@@ -93,6 +99,11 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
   // spare (Admissions::rejoin).
   const bool rejoining = known && (known->state == MemberState::kLeft || known->state == MemberState::kLost) &&
                          ask.name.empty();
+  if (known && active(known->state) && (known->state == MemberState::kRelaying) != ask.relay_mbps.has_value())
+    return refuse(known->name + (known->state == MemberState::kRelaying
+                                     ? " relays in this run: join again with --relay"
+                                     : " is a training volunteer in this run (" + toString(known->state) +
+                                           "): join again without --relay"));
   if (known && !active(known->state) && !rejoining)
     return refuse(known->name + " is " + toString(known->state) +
                   " in this run and cannot come back (it was replaced or left)");

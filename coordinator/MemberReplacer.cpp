@@ -34,6 +34,12 @@ MemberReplacer::MemberReplacer(CoordinatorStore& store, std::string out, double 
       send_(std::move(send)),
       headers_(out_) {}
 
+void MemberReplacer::owePeers(const std::set<std::string>& names) {
+  std::set<std::string> owed = pending();
+  owed.insert(names.begin(), names.end());
+  setPending(owed);
+}
+
 std::set<std::string> MemberReplacer::pending() const {
   const auto text = store_.meta("peers_pending");
   if (!text) return {};

@@ -51,6 +51,9 @@ class MemberReplacer {
   void deafUntil(double t) { started_at_ = std::max(started_at_, t); }
   // `member`: the row of the heartbeat's sender (the coordinator has it at hand: no lookup here).
   void onHeartbeat(const Member& member);
+  // `names` are owed their node.json as a `peers` update (their node.json changed: a relay was
+  // replaced, VolunteerRelays.h), sent like a replacement's on their next heartbeat.
+  void owePeers(const std::set<std::string>& names);
   // Replacement.h's spareNote for `spare` against the plan's nodes ("" before the plan).
   std::string spareNote(const Member& spare) const;
 

@@ -105,6 +105,7 @@ struct ClusterState {
 };
 
 std::string role(const NodeState& n) {
+  if (n.member_state == "relaying") return "relay";
   if (!n.cluster || !n.stage) return "spare";
   if (n.num_stages <= 1) return "whole";
   if (*n.stage == 0) return "root";
@@ -189,6 +190,7 @@ struct RunView::Figures {
   std::deque<nlohmann::json> events;
   nlohmann::json credit = nlohmann::json::array();  // setCredit's
   nlohmann::json relay;                              // setRelay's (null: no relay)
+  nlohmann::json relays = nlohmann::json::array();   // setRelays'
 
   // The run's phase as a user reads it: the coordinator's, except that a planned run whose
   // placed volunteers have sent step records is training.
@@ -391,6 +393,11 @@ int64_t RunView::plannedSteps() const {
   return most;
 }
 
+void RunView::setRelays(nlohmann::json relays) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  s_->relays = std::move(relays);
+}
+
 void RunView::setRelay(nlohmann::json relay) {
   std::lock_guard<std::mutex> lock(mutex_);
   s_->relay = std::move(relay);
@@ -450,6 +457,7 @@ nlohmann::json RunView::snapshot(double now) const {
   out["events"] = std::move(events);
   out["credit"] = s.credit;
   out["relay"] = s.relay;
+  out["relays"] = s.relays;
   return out;
 }
 

@@ -92,6 +92,8 @@ class RunView {
   void setCredit(nlohmann::json credit);
   // The coordinator's relay's figures (CoordinatorRelay::figures), shown as "relay" from now on.
   void setRelay(nlohmann::json relay);
+  // The volunteers' relays (VolunteerRelays::figures), shown as "relays".
+  void setRelays(nlohmann::json relays);
 
   // --- any thread ---
   // Copies the figures under the lock and builds the JSON outside it: built under it, 1,000

@@ -7,6 +7,7 @@
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "node/protocol/CoordinationFields.h"
+#include "node/protocol/CoordinationRelay.h"
 #include "node/protocol/VolunteerProbeCodec.h"
 
 namespace cairn {
@@ -109,13 +110,16 @@ Frames encode(const JoinAsk& m) {
                       {"advertise", m.advertise},
                       {"probe", encodeVolunteerProbe(m.probe)}};
   if (!m.name.empty()) h["name"] = m.name;
+  if (m.relay_mbps) h["relay"] = {{"mbps", *m.relay_mbps}};
   return frames(std::move(h));
 }
 Frames encode(const BandwidthProbeMsg& m) {
   return frames({{"type", "bandwidth"}, {"bytes", m.payload.size()}}, {m.payload});
 }
 Frames encode(const Heartbeat& m) {
-  return frames({{"type", "heartbeat"}, {"name", m.name}, {"state", m.state}, {"step", m.step}});
+  nlohmann::json h = {{"type", "heartbeat"}, {"name", m.name}, {"state", m.state}, {"step", m.step}};
+  if (m.relay) h["relay"] = coordination_detail::encodeRelayFigures(*m.relay);
+  return frames(std::move(h));
 }
 Frames encode(const ResultUpload& m) {
   return frames({{"type", "result"}, {"name", m.name}, {"summary", m.summary}}, {m.trained_stage});
@@ -162,6 +166,7 @@ Frames encode(const Assignment& m) {
                  {"checkpoint_step", m.checkpoint_step}},
                 std::move(att));
 }
+Frames encode(const RelayLinksUpdate& m) { return frames(coordination_detail::encodeRelayLinks(m)); }
 Frames encode(const PeersUpdate& m) {
   return frames({{"type", "peers"}, {"name", m.name}, {"node", m.node}});
 }
@@ -178,14 +183,15 @@ Frames encode(const ReachOk& m) { return frames({{"type", "reach_ok"}, {"nonce",
 namespace {
 
 // The decoders of decodeToCoordinator's longer messages; `in` reads the header `h`.
-std::optional<ToCoordinator> decodeJoin(const Frames& f, Fields& in, const std::string& type,
-                                        std::string* why) {
+std::optional<ToCoordinator> decodeJoin(const Frames& f, const nlohmann::json& h, Fields& in,
+                                        const std::string& type, std::string* why) {
   if (!attachments(f, 0, 0, type, why)) return std::nullopt;
   JoinAsk m;
   m.token = in.string("token", kMaxTokenBytes);
   m.advertise = in.string("advertise", kMaxAddressBytes, /*allow_empty=*/true);  // "": dial-out only
   m.name = in.optionalString("name", kMaxNodeNameBytes);
   const nlohmann::json probe = in.object("probe");
+  m.relay_mbps = coordination_detail::decodeRelayOffer(h, in);
   if (!in.ok()) return std::nullopt;
   if (!decodeVolunteerProbe(probe, &m.probe, why)) return std::nullopt;
   return ToCoordinator(std::move(m));
@@ -263,7 +269,7 @@ std::optional<ToCoordinator> decodeToCoordinator(Frames&& f, size_t limit, std::
   if (!h) return std::nullopt;
   Fields in(*h, type, why);
   using V = ToCoordinator;
-  if (type == "join") return decodeJoin(f, in, type, why);
+  if (type == "join") return decodeJoin(f, *h, in, type, why);
   if (type == "bandwidth") return decodeBandwidth(f, limit, in, type, why);
   if (type == "heartbeat") {
     if (!attachments(f, 0, 0, type, why)) return std::nullopt;
@@ -271,6 +277,7 @@ std::optional<ToCoordinator> decodeToCoordinator(Frames&& f, size_t limit, std::
     m.name = in.string("name", kMaxNodeNameBytes);
     m.state = in.string("state", kMaxStateBytes);
     m.step = in.integer("step", -1, INT64_MAX);
+    m.relay = coordination_detail::decodeRelayFigures(*h, in);
     return done<V>(in, std::move(m));
   }
   if (type == "result") {
@@ -334,6 +341,11 @@ std::optional<ToVolunteer> decodeToVolunteer(const Frames& f, size_t limit, std:
     m.name = in.string("name", kMaxNodeNameBytes);
     m.node = in.object("node");
     return done<V>(in, std::move(m));
+  }
+  if (type == "relay_links") {
+    auto m = coordination_detail::decodeRelayLinks(*h, in);
+    if (!m) return std::nullopt;
+    return done<V>(in, std::move(*m));
   }
   if (type == "result_ack") return done<V>(in, ResultAck{in.string("name", kMaxNodeNameBytes)});
   if (type == "checkpoint_ack") {

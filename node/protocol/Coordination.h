@@ -14,8 +14,13 @@
 //                 libtorch}, name?}           ask to take part; `name`: the name a restarted
 //                                             volunteer held before (it keeps its key); `probe`:
 //                                             VolunteerProbeCodec.h (GPUs, libtorch version)
+//                 relay?{mbps}                a volunteer that only relays (provider --relay):
+//                                             its relay answers at `advertise`; mbps its cap
+//                                             (0: none)
 //     bandwidth  {bytes} + 1 attachment       bandwidth probe: `bytes` must equal its size
-//     heartbeat  {name, state, step}          every few seconds; state: waiting|training|done|…
+//     heartbeat  {name, state, step, relay?{messages, bytes, waiting, refused}}
+//                                             every few seconds; state: waiting|training|done|
+//                                             relaying|…; relay: a relay's figures so far
 //     result     {name, summary{…}} + 1 attachment (trained_stage.pt)
 //     checkpoint {name, step, checksum} + 1 attachment (the stage's checkpoint file)
 //     leaving    {name, reason}               a clean stop (signal): replace me
@@ -35,6 +40,9 @@
 //     assignment {name, node{node.json}, job{job.json}, num_clusters, resume} + 1 or 2
 //                 attachments: stage.pt, and the newest checkpoint when `resume` is true
 //     peers      {name, node{node.json}}      the node's updated neighbours / ring peers
+//     relay_links {name, members{name: key}, links[[a, b]…]}  what a relay (state "relaying")
+//                                             admits and forwards now: the members' keys and the
+//                                             planned pairs through it (each name a member)
 //     result_ack {name}
 //     checkpoint_ack {name, step, keep_from?} the checkpoint of `name` it holds is `step` (the
 //                                             last one sent: an older one after a resume too);
@@ -55,8 +63,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -83,14 +94,25 @@ struct JoinAsk {
   std::string advertise;  // host:port peers dial; empty: none (dial-out only, no --listen)
   VolunteerProbe probe;
   std::string name;       // empty: a new volunteer
+  // provider --relay [--relay-mbps N]: this volunteer only relays (node/transport/Relay.h at
+  // `advertise`); the value is its cap in Mbit/s, 0: none. nullopt: it trains.
+  std::optional<double> relay_mbps = std::nullopt;
 };
+constexpr double kMaxRelayMbps = 1e6;
 struct BandwidthProbeMsg {
   std::string payload;
+};
+// A relay's figures since it started (node/transport/Relay.h RelayStats), in its heartbeats.
+struct RelayFigures {
+  int64_t messages = 0, bytes = 0;  // forwarded
+  int64_t waiting = 0;              // bytes waiting in its queues now
+  int64_t refused = 0;              // messages refused or dropped, every reason
 };
 struct Heartbeat {
   std::string name;
   std::string state;
   int64_t step = 0;
+  std::optional<RelayFigures> relay = std::nullopt;  // a relay's (state "relaying")
 };
 struct ResultUpload {
   std::string name;
@@ -149,6 +171,13 @@ struct PeersUpdate {
   std::string name;
   nlohmann::json node;
 };
+// What a relay volunteer admits and forwards (node/transport/Relay.h setLinks).
+struct RelayLinksUpdate {
+  std::string name;                           // the relay member's
+  std::map<std::string, std::string> members;  // node name → Z85 public key
+  std::set<std::pair<std::string, std::string>> links;  // planned pairs, lesser name first
+};
+constexpr size_t kMaxRelayMembers = 4096;
 struct ResultAck {
   std::string name;
 };
@@ -177,7 +206,7 @@ using ToCoordinator =
                  MetricsBatch>;
 using ToVolunteer =
     std::variant<Accepted, Rejected, BandwidthAck, Assignment, PeersUpdate, ResultAck, Finished,
-                 CheckpointAck, MetricsAck>;
+                 CheckpointAck, MetricsAck, RelayLinksUpdate>;
 using ReachMessage = std::variant<ReachCheck, ReachOk>;
 
 Frames encode(const JoinAsk& m);
@@ -193,6 +222,7 @@ Frames encode(const Rejected& m);
 Frames encode(const BandwidthAck& m);
 Frames encode(const Assignment& m);
 Frames encode(const PeersUpdate& m);
+Frames encode(const RelayLinksUpdate& m);
 Frames encode(const ResultAck& m);
 Frames encode(const CheckpointAck& m);
 Frames encode(const Finished& m);

@@ -56,10 +56,14 @@ std::vector<std::string> LivePeers::apply(const NodeSpec& updated, std::vector<s
       moved.push_back(name + " at " + whereIs(p) + " (new)");
       continue;
     }
+    // Only the relay changed (its relay was lost, coordinator/VolunteerRelays.h): the same
+    // process at the other end, reached another way; the link loses nothing (RelayedLinks.h).
+    const bool same_holder = it->second.address == p.address && it->second.public_key == p.public_key &&
+                             it->second.dial_out_only == p.dial_out_only;
     // A peer the transport has not added (yet) is left alone: repointPeer says false.
     if (transport_.repointPeer(name, endpoint, p.public_key)) {
-      moved.push_back(name + " at " + whereIs(p));
-      if (repointed) repointed->push_back(name);
+      moved.push_back(name + " at " + whereIs(p) + (same_holder ? " (another relay)" : ""));
+      if (repointed && !same_holder) repointed->push_back(name);
     }
   }
   if (zap_) {

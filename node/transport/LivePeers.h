@@ -27,7 +27,9 @@ class LivePeers {
  public:
   LivePeers(ZmqTransport& transport, ZapAuthenticator* zap, const NodeSpec& node);
   // Returns "name at host:port" for each peer re-pointed ("… (new)" for each peer added), and the
-  // names of those re-pointed in `*repointed` when given. BadInput when `updated` is another node
+  // names of those re-pointed to another process (another address or key: a replacement) in
+  // `*repointed` when given; a peer only reached through another relay is re-pointed and not
+  // named there (the same process: its rings need not wait for it to rejoin). BadInput when `updated` is another node
   // or names a peer without a key while CURVE is on.
   std::vector<std::string> apply(const NodeSpec& updated, std::vector<std::string>* repointed = nullptr);
 

@@ -90,6 +90,9 @@ class ZapAuthenticator;  // node/transport/CurveSecurity.h
 inline constexpr char kRelayAttach[] = "A";
 inline constexpr char kRelayData[] = "D";
 inline constexpr char kRelayPresence[] = "P";
+// The member name the coordinator attaches with to check that a volunteer's relay answers at its
+// advertised address (coordinator/Admissions.h); a volunteer's relay always admits it, with no link.
+inline constexpr char kRelayCoordinatorMember[] = "coordinator";
 // The ZAP domain of the relay's ROUTER.
 inline constexpr char kRelayZapDomain[] = "cairn-relay";
 // What a waiting frame counts against its link's budget besides its bytes (its bookkeeping).
@@ -112,6 +115,11 @@ struct RelayOptions {
   int send_high_water_mark = 64;         // messages libzmq queues per client (ZMQ_SNDHWM)
   int receive_high_water_mark = 64;      // and per connection inbound (ZMQ_RCVHWM)
   std::chrono::milliseconds unattached_drop_after{30000};  // drop queues for one not attached
+  // Tests only (provider --relay under CAIRN_TEST_RELAY_TAMPER=SEED): a hostile relay. Non-zero: of
+  // the data messages it takes, drawn from this seed, one in 32 is dropped, one in 32 has a bit of
+  // a payload frame flipped, one in 32 goes twice, one in 32 is held back and goes after the next
+  // (reordered). Counted in RelayStats::tampered.
+  uint64_t test_tamper_seed = 0;
 };
 
 struct RelayStats {  // all counters since start
@@ -124,6 +132,7 @@ struct RelayStats {  // all counters since start
   uint64_t dropped_waiting = 0;      // waited, then dropped: destination gone too long, or the
                                      // pair no longer planned
   uint64_t attaches = 0;             // attaches taken
+  uint64_t tampered = 0;             // test_tamper_seed: messages dropped, flipped, doubled, held
   uint64_t refused_keys = 0;         // connections whose key ZAP refused (not a member's)
   uint64_t messages_waiting = 0, bytes_waiting = 0;  // now, in all the links' queues (payload)
   std::map<std::pair<std::string, std::string>, uint64_t> bytes_per_link;  // (from,to) → bytes

@@ -83,6 +83,9 @@ class RelayLoop {
                   Clock::time_point now);
   static bool unattachedTooLong(const RelayLoop& loop, const Link& link, Clock::time_point now);
   static bool noLongerPlanned(const RelayLoop& loop, const Link& link, Clock::time_point now);
+  // RelayTamper.cpp (RelayOptions::test_tamper_seed): false when the message is not forwarded now.
+  bool tamper(const Link& link, Waiting& message);
+  void forward(const Link& link, Waiting message);
 
   const RelayOptions options_;
   zmq::socket_t router_;
@@ -92,6 +95,9 @@ class RelayLoop {
   std::map<Link, LinkQueue> queues_;       // loop thread; only non-empty ones
   std::unique_ptr<SendPacer> pacer_;  // --relay-mbps (null: no cap), asked before each send
   size_t next_queue_ = 0;  // fair turns between the queues when the pacer or pipes hold some back
+  uint64_t tamper_state_ = 0;  // test_tamper_seed's generator (splitmix64)
+  uint64_t tampered_logged_ = 0;
+  std::vector<std::pair<Link, Waiting>> held_;  // tampering: messages going after the next one
 
   std::mutex pending_mutex_;  // the next setLinks, carried out by the loop
   std::atomic<bool> links_pending_{false};

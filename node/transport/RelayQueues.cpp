@@ -54,6 +54,14 @@ void RelayLoop::takeData(const std::string& from, std::vector<zmq::message_t>& f
     message.payload.push_back(std::move(frames[i]));
   }
   const Link link{from, to};
+  if (options_.test_tamper_seed != 0 && !tamper(link, message)) return;
+  forward(link, std::move(message));
+  std::vector<std::pair<Link, Waiting>> held;
+  held.swap(held_);
+  for (auto& [held_link, held_message] : held) forward(held_link, std::move(held_message));
+}
+
+void RelayLoop::forward(const Link& link, Waiting message) {
   // Behind whatever of this link already waits: a link's messages keep their order.
   if (!queues_.count(link) && trySend(link, message, Clock::now()) == Sent::kSent) return;
   enqueue(link, std::move(message));

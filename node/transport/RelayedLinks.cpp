@@ -56,6 +56,10 @@ struct RelayedLinks::Link {
       : peer_key(key), sealer(own, key), opener(own, key), control_out(own, key), control_in(own, key) {}
   Connection* connection = nullptr;  // under RelayedLinks::mutex_
   PeerLiveness liveness;             // under RelayedLinks::mutex_
+  // Under RelayedLinks::mutex_: the peer was named by a presence of `connection`'s relay since the
+  // link moved there or our connection to it was made again, and since when that is being waited for.
+  bool seen_here = false;
+  std::chrono::steady_clock::time_point here_since = std::chrono::steady_clock::now();
   std::string receiver_key;  // under RelayedLinks::mutex_: a new peer key for the receiving side
   // Sender side, under `state`: sealing and sending one message is one step under it.
   std::mutex state;
@@ -161,11 +165,10 @@ void RelayedLinks::repoint(const std::string& peer, const std::string& relay_end
   } else if (!link.unacked.empty()) {
     link.resend_from = link.unacked.front().first;  // what the old relay may have lost
   }
-  if (link.connection != &c) {
+  if (link.connection != &c) {  // its liveness stays until the new relay says (setPresence)
     link.connection = &c;
-    const bool present = c.connected && c.present.count(peer);
-    if (link.liveness.state == PeerState::kConnected && !present)
-      link.liveness = {PeerState::kDisconnected, std::chrono::steady_clock::now()};
+    link.seen_here = c.connected && c.present.count(peer) > 0;
+    link.here_since = std::chrono::steady_clock::now();
   }
 }
 

@@ -35,8 +35,12 @@
 //     the sender starts a new session from sequence 0 and forgets what waited, as a restarted
 //     process's connection would.
 // Control messages are sealed too (their own nonce space: a relay cannot turn one into data).
-// Liveness of a relayed peer: connected while the relay's last presence named it and our
-// receiving DEALER is connected; otherwise disconnected (kUnknown before it was ever present).
+// Liveness of a relayed peer comes from its relay's presence: connected once a presence names it;
+// disconnected once one no longer does after it did (the peer left the relay), or has not for
+// 10 s since the link moved to that relay or our connection to it was made again (the peer never
+// came); kUnknown before it was ever present. Losing our own connection to the relay changes no
+// peer's liveness: the relay is gone, not the peer, and the link waits for the relay or for
+// another (the coordinator moves it: coordinator/VolunteerRelays.h), like a slow link.
 //
 // Ownership: owns its sockets; the context is borrowed and must outlive it.
 // Thread-safety: send() from any thread (a peer's send lock orders its sealing and sending; the
@@ -136,6 +140,7 @@ class RelayedLinks {
   void takeControl(Link& link, const std::string& peer, const std::string& payload);
   void acknowledge(Connection& c, const std::string& peer, Link& link, char kind, uint64_t session,
                    uint64_t next);
+  void relayLost(Connection& c, std::chrono::steady_clock::time_point now);
   bool setPresence(Connection& c, const std::vector<std::string>& present,
                    std::chrono::steady_clock::time_point now);
   void resendDue(std::chrono::steady_clock::time_point now);

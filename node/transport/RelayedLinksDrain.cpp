@@ -16,6 +16,9 @@ namespace {
 
 constexpr std::chrono::milliseconds kReattach{1000};
 constexpr std::chrono::milliseconds kRedialAfterRefusal{200};
+// How long a relay may not name a peer after the link moved to it, or after our connection to it
+// was made again, before the peer counts as disconnected (setPresence).
+constexpr std::chrono::milliseconds kRelayPeerGrace{10000};
 constexpr std::chrono::milliseconds kAskAgainAfter{200};
 constexpr size_t kMaxReadsPerDrain = 256;
 
@@ -98,7 +101,7 @@ bool RelayedLinks::drainConnection(Connection& c, std::chrono::steady_clock::tim
       c.attached_at = {};  // attach at once
     } else if (event == ZMQ_EVENT_DISCONNECTED && c.connected) {
       c.connected = false;
-      changed |= setPresence(c, {}, now);
+      relayLost(c, now);
     }
   }
   bool send_reconnected = false;
@@ -118,7 +121,7 @@ bool RelayedLinks::drainConnection(Connection& c, std::chrono::steady_clock::tim
         c.connected = false;
         redial(c.receive_socket, c.endpoint);
       }
-      changed |= setPresence(c, {}, now);
+      relayLost(c, now);
     }
   }
   if (c.refused && now - c.refused_at >= kRedialAfterRefusal) {
@@ -163,6 +166,24 @@ bool RelayedLinks::drainConnection(Connection& c, std::chrono::steady_clock::tim
   return changed;
 }
 
+// Our connection to relay `c` is gone (the relay died, or the path to it): that says nothing of
+// the peers behind it, which keep their liveness — the link waits, as on a slow link, until the
+// relay is back or the coordinator moves the link to another relay (repoint) — and each peer is
+// waited for anew at the relay's next presence (kRelayPeerGrace).
+void RelayedLinks::relayLost(Connection& c, std::chrono::steady_clock::time_point now) {
+  c.present.clear();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [peer, link] : links_) {
+    if (link->connection != &c) continue;
+    link->seen_here = false;
+    link->here_since = now;
+  }
+}
+
+// A presence of relay `c`: a peer it names is connected; one it no longer names after it did has
+// left the relay (its process or its connection is gone): disconnected; one it has not named since
+// the link moved there (or since our connection to it was made again) is given kRelayPeerGrace to
+// come (it hears of the new relay at its own next heartbeat) before it counts as disconnected.
 bool RelayedLinks::setPresence(Connection& c, const std::vector<std::string>& present,
                                std::chrono::steady_clock::time_point now) {
   c.present = std::set<std::string>(present.begin(), present.end());
@@ -171,6 +192,9 @@ bool RelayedLinks::setPresence(Connection& c, const std::vector<std::string>& pr
   for (auto& [peer, link] : links_) {
     if (link->connection != &c) continue;
     const bool up = c.connected && c.present.count(peer) > 0;
+    const bool gone = link->seen_here || now - link->here_since >= kRelayPeerGrace;
+    link->seen_here = up;
+    if (!up && !gone) continue;  // not come yet: within its grace
     PeerState next = link->liveness.state;
     if (up) next = PeerState::kConnected;
     else if (link->liveness.state == PeerState::kConnected) next = PeerState::kDisconnected;

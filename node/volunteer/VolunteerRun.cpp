@@ -20,11 +20,8 @@
 #include "node/volunteer/VolunteerPeers.h"
 
 namespace cairn {
-namespace {
 
-// This machine's RAM, cores, GFLOPS, GPUs and libtorch version for the join (the bandwidth is
-// measured by the session), within the volunteer's limits (--cores, --memory-gb): what it gives,
-// not what it has.
+// What it gives, not what it has.
 VolunteerProbe probeThisMachine(const VolunteerConfig& config) {
   MachineProbe measured;
   probeMemoryAndCores(&measured);
@@ -43,6 +40,8 @@ VolunteerProbe probeThisMachine(const VolunteerConfig& config) {
   probe.libtorch = libtorchVersion();
   return probe;
 }
+
+namespace {
 
 // The assigned node's run: binding --listen, peers dialling the advertised address.
 ProviderRunOptions assignedRun(const VolunteerConfig& config, const VolunteerSession& session,

@@ -14,5 +14,8 @@
 namespace cairn {
 
 int runVolunteer(const VolunteerConfig& config);
+// This machine's RAM, cores, GFLOPS, GPUs and libtorch version for the join (the bandwidth is
+// measured by the session), within the volunteer's limits (--cores, --memory-gb).
+VolunteerProbe probeThisMachine(const VolunteerConfig& config);
 
 }  // namespace cairn

@@ -175,8 +175,13 @@ std::optional<double> VolunteerSession::timeBandwidthProbe(zmq::socket_t& socket
   return std::max(secondsOf(Clock::now() - start), 1e-6);
 }
 
+void VolunteerSession::relayBound(const std::string& bound) {
+  listen_bound_ = bound;
+  advertised_ = config_.advertise.empty() ? bound : config_.advertise;
+}
+
 std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
-  startResponder();
+  if (!config_.relay_mbps) startResponder();
   zmq::socket_t& socket = mainSocket();
 
   const size_t probe_bytes = size_t(config_.probe_megabytes) << 20;
@@ -190,12 +195,12 @@ std::optional<Accepted> VolunteerSession::join(VolunteerProbe machine) {
              config_.probe_megabytes, " MiB in ", elapsed, " s), GPUs: ", describeGpus(machine.gpus),
              ", libtorch ", machine.libtorch);
 
-  JoinAsk ask{config_.invite.token, advertised_, machine, asked_name_};
+  JoinAsk ask{config_.invite.token, advertised_, machine, asked_name_, config_.relay_mbps};
   if (!sendWhenConnected(socket, encode(ask), config_.coordinator_timeout, config_.stop_requested)) {
     if (stopRequested()) return std::nullopt;
     noAnswer("(its connection took no join)");
   }
-  CAIRN_INFO("asked ", coordinator_, " to join, ",
+  CAIRN_INFO("asked ", coordinator_, " to join", config_.relay_mbps ? " as a relay, " : ", ",
              advertised_.empty() ? "with no address (dial-out only)" : "advertising " + advertised_,
              asked_name_.empty() ? std::string() : " as " + asked_name_);
   const auto join_deadline = Clock::now() + config_.coordinator_timeout;

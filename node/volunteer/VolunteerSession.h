@@ -76,6 +76,9 @@ struct VolunteerConfig {
   std::optional<ActiveHours> active_hours;
   std::function<int()> clock = localMinuteOfDay;
   std::chrono::milliseconds hours_poll{20000};  // how often an idle volunteer looks at the clock
+  // provider --relay [--relay-mbps N] (VolunteerRelay.h): this volunteer only relays, at --listen;
+  // the value is its cap in Mbit/s (0: none). nullopt: it trains.
+  std::optional<double> relay_mbps = std::nullopt;
 };
 
 // How waitForAssignment() ended.
@@ -110,8 +113,16 @@ class VolunteerSession {
   const ReachabilityResponder* responder() const { return responder_.get(); }
 
   // Binds --listen and starts answering reachability checks (BadInput when it cannot be bound);
-  // join() does it when it has not been done.
+  // join() does it when it has not been done (not for a relay: its relay answers there).
   void startResponder();
+  // A relay (config().relay_mbps): its relay bound `bound` (host:port), which the join advertises
+  // unless --advertise says otherwise; call before join().
+  void relayBound(const std::string& bound);
+  // A relay's life once joined (VolunteerRelay.cpp): heartbeats "relaying" with `figures()` every
+  // heartbeat_interval; each `relay_links` for it goes to `on_links`. Returns true at `finished`,
+  // false at a stop (after `leaving`). A `rejected` throws BadInput with its reason.
+  bool serveAsRelay(const std::function<void(const RelayLinksUpdate&)>& on_links,
+                    const std::function<RelayFigures()>& figures);
   // Starts the responder on --listen (if not yet), measures bandwidth, sends join with `machine` (its
   // bandwidth_mbps is filled in), waits for the answer. A restarted volunteer asks for the name
   // in membership.json (same coordinator key); an accepted one is remembered there.

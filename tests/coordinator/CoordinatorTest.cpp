@@ -26,6 +26,7 @@
 #include "core/TorchCompat.h"
 #include "node/volunteer/CoordinationSocket.h"
 #include "node/transport/CurveSecurity.h"
+#include "node/transport/Relay.h"
 #include "tests/common/LoopbackPorts.h"
 
 namespace cairn::coordinator {
@@ -112,6 +113,36 @@ TEST(JoinPolicy, EachBadJoinIsRefusedWithItsReason) {
   EXPECT_EQ(back.kind, JoinDecision::Kind::kReturning);
   ASSERT_TRUE(back.member.has_value());
   EXPECT_EQ(back.member->name, "node_0");
+}
+
+// A relay (provider --relay): must give an address; loads no stage file, so its libtorch is not
+// compared; a member that relays cannot come back training, nor a training one as a relay.
+TEST(JoinPolicy, ARelayNeedsAnAddressAndStaysARelay) {
+  const std::string key = generateCurveKeyPair().public_key, relay_key = generateCurveKeyPair().public_key;
+  const std::vector<Member> members = {
+      memberRow("node_0", key, "127.0.0.1:7001", MemberState::kSpare),
+      memberRow("node_1", relay_key, "127.0.0.1:7301", MemberState::kRelaying)};
+  JoinAsk relay = goodAsk("");
+  relay.relay_mbps = 100;
+  JoinDecision d = decideJoin(relay, generateCurveKeyPair().public_key, kToken, {}, {}, "1.13.0");
+  EXPECT_EQ(d.kind, JoinDecision::Kind::kRefused);
+  EXPECT_NE(d.reason.find("a relay must be reachable"), std::string::npos) << d.reason;
+  relay.advertise = "127.0.0.1:7300";
+  relay.probe.libtorch = "1.12.0";  // older than the stage files: no matter for a relay
+  EXPECT_EQ(decideJoin(relay, generateCurveKeyPair().public_key, kToken, {}, {}, "2.11.0").kind,
+            JoinDecision::Kind::kNew);
+  relay.probe.libtorch = "1.13.0";
+  d = decideJoin(relay, key, kToken, {}, members, "1.13.0");  // node_0 trains
+  EXPECT_EQ(d.kind, JoinDecision::Kind::kRefused);
+  EXPECT_NE(d.reason.find("node_0 is a training volunteer in this run (spare): join again without --relay"),
+            std::string::npos) << d.reason;
+  d = decideJoin(goodAsk("127.0.0.1:7301"), relay_key, kToken, {}, members, "1.13.0");
+  EXPECT_EQ(d.kind, JoinDecision::Kind::kRefused);
+  EXPECT_NE(d.reason.find("node_1 relays in this run: join again with --relay"), std::string::npos) << d.reason;
+  relay.advertise = "127.0.0.1:7301";  // node_1 restarted: back as the relay it was
+  d = decideJoin(relay, relay_key, kToken, {}, members, "1.13.0");
+  EXPECT_EQ(d.kind, JoinDecision::Kind::kReturning);
+  EXPECT_EQ(d.member->name, "node_1");
 }
 
 // Stage files written by libtorch 1.13 load under 2.11; the other direction is not checked, so a
@@ -390,6 +421,47 @@ TEST(LiveCoordinator, AdmitsAReachableVolunteerAndRefusesEachBadJoin) {
 // The first plan is made on a thread of its own: held there before it starts, the loop still
 // admits the next volunteer (made on the loop, as before, this join got no answer). The plan of
 // this test's empty model then fails and the coordinator waits for one volunteer more.
+// A relay's join: the coordinator attaches to a real relay (node/transport/Relay.h) at the
+// advertised address with its own key; answered, the relay is admitted as `relaying` and hears
+// its links (none yet) at its first heartbeat; an address where no relay answers is refused, and
+// the refusal says what to forward.
+TEST(LiveCoordinator, AdmitsARelayThatAnswersAndRefusesOneThatDoesNot) {
+  const std::string out = freshDir("relay");
+  LiveCoordinator coordinator(out, milliseconds(3000));
+  zmq::context_t ctx;
+  Client volunteer(ctx, coordinator.invite());
+  RelayOptions o;
+  o.bind_endpoint = "tcp://127.0.0.1:*";
+  o.own = volunteer.keys;
+  Relay relay(o);
+  relay.setLinks({{kRelayCoordinatorMember, coordinator.invite().coordinator_key}}, {});
+  const std::string bound = relay.boundEndpoint();
+  JoinAsk ask = goodAsk(bound.substr(bound.find("://") + 3));
+  ask.relay_mbps = 80;
+  const auto accepted = volunteer.ask(encode(ask));
+  ASSERT_TRUE(accepted && std::holds_alternative<Accepted>(*accepted));
+  EXPECT_EQ(std::get<Accepted>(*accepted).state, "relaying");
+  EXPECT_EQ(relay.stats().attaches, 1u);  // the coordinator's check, under its own key
+  const std::string name = std::get<Accepted>(*accepted).name;
+  const auto links = volunteer.ask(encode(Heartbeat{name, "relaying", -1, RelayFigures{}}));
+  ASSERT_TRUE(links && std::holds_alternative<RelayLinksUpdate>(*links));
+  EXPECT_EQ(std::get<RelayLinksUpdate>(*links).name, name);
+  EXPECT_TRUE(std::get<RelayLinksUpdate>(*links).links.empty());
+
+  Client silent(ctx, coordinator.invite());
+  const std::string dead = "127.0.0.1:" + std::to_string(testutil::freeLoopbackPorts(1)[0]);
+  JoinAsk nobody = goodAsk(dead);
+  nobody.relay_mbps = 0;
+  const std::string why = silent.refusal(encode(nobody));
+  EXPECT_NE(why.find("the relay at " + dead + " did not answer the coordinator"), std::string::npos) << why;
+  EXPECT_NE(why.find("forward TCP port"), std::string::npos) << why;
+  coordinator.stop();
+  CoordinatorStore store(out + "/coordinator.db");
+  ASSERT_TRUE(store.memberByName(name).has_value());
+  EXPECT_EQ(store.memberByName(name)->state, MemberState::kRelaying);
+  EXPECT_EQ(store.members().size(), 1u);  // the silent one is not a member
+}
+
 TEST(LiveCoordinator, AdmitsVolunteersWhileThePlanIsBeingMade) {
   const std::string out = freshDir("plan_off_loop");
   std::promise<void> release;

@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
+#include <unistd.h>
 
 #include "coordinator/DialOutPlacement.h"
+#include "coordinator/VolunteerRelays.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
+#include "core/JsonReader.h"
 #include "tests/coordinator/MemberRows.h"
 
 namespace cairn::coordinator {
@@ -198,6 +202,139 @@ TEST(DialOutPlacement, WithoutARelayALinkBetweenTwoDialOutOnlyNodesIsRefusedNami
   auto fine = keyedGrid(2, 2);
   markDialOutOnly(fine, {"n0", "n3"});  // the diagonal: every link has a reachable side
   EXPECT_EQ(assignRelays(fine, {}), 0u);
+}
+
+// The relay each link of `nodes` goes through, read from both ends (they must agree).
+std::map<std::pair<std::string, std::string>, std::string> relayOfEachLink(const std::vector<NodeSpec>& nodes) {
+  std::map<std::pair<std::string, std::string>, std::string> out;
+  for (const NodeSpec& n : nodes) {
+    std::vector<PeerRef> refs;
+    if (n.upstream) refs.push_back(*n.upstream);
+    if (n.downstream) refs.push_back(*n.downstream);
+    for (const RingSpec& ring : n.rings) refs.insert(refs.end(), ring.members.begin(), ring.members.end());
+    for (const PeerRef& ref : refs) {
+      if (ref.name == n.name || !ref.relay) continue;
+      const auto link = std::minmax(n.name, ref.name);
+      const auto [it, fresh] = out.emplace(link, ref.relay->name);
+      EXPECT_TRUE(fresh || it->second == ref.relay->name) << link.first << "-" << link.second;
+    }
+  }
+  return out;
+}
+
+TEST(DialOutPlacement, ALostRelaysLinksMoveToTheLeastLoadedLiveRelayAndNoOtherLinkMoves) {
+  auto nodes = keyedGrid(3, 2);
+  std::set<std::string> behind;
+  for (const NodeSpec& n : nodes) behind.insert(n.name);
+  markDialOutOnly(nodes, behind);  // every link relayed: 3 pipeline links, 6 ring links
+  const PeerRef::Relay r1{"r1", "10.9.0.1:7102", std::string(40, '1')};
+  const PeerRef::Relay r2{"r2", "10.9.0.2:7102", std::string(40, '2')};
+  const PeerRef::Relay r3{"r3", "10.9.0.3:7102", std::string(40, '3')};
+  ASSERT_EQ(assignRelays(nodes, {r1, r2, r3}), 9u);
+  const auto before = relayOfEachLink(nodes);
+  ASSERT_EQ(before.size(), 9u);
+  // r2 is lost: its links (and only they) go to r1 and r3, whichever carries fewer, the first on a tie.
+  const std::set<std::string> changed = reassignRelays(nodes, {"r1", "r3"}, {r1, r3});
+  const auto after = relayOfEachLink(nodes);
+  std::map<std::string, size_t> load;
+  std::set<std::string> want_changed;
+  for (const auto& [link, relay] : before) {
+    if (relay == "r2") {
+      want_changed.insert(link.first);
+      want_changed.insert(link.second);
+      EXPECT_NE(after.at(link), "r2");
+    } else {
+      EXPECT_EQ(after.at(link), relay) << link.first << "-" << link.second << " moved";
+    }
+    ++load[after.at(link)];
+  }
+  EXPECT_EQ(changed, want_changed);
+  EXPECT_EQ(load["r1"] + load["r3"], 9u);
+  EXPECT_LE(std::max(load["r1"], load["r3"]) - std::min(load["r1"], load["r3"]), 1u);
+  // The relay's key travels with it: each end reaches the new relay by its address and key.
+  for (const NodeSpec& n : nodes)
+    for (const RingSpec& ring : n.rings)
+      for (const PeerRef& m : ring.members)
+        if (m.relay && m.relay->name == "r3") {
+          EXPECT_EQ(m.relay->public_key, r3.public_key);
+        }
+  // With every relay alive nothing moves; with nowhere to go nothing moves either.
+  EXPECT_TRUE(reassignRelays(nodes, {"r1", "r3"}, {r1, r3}).empty());
+  EXPECT_TRUE(reassignRelays(nodes, {}, {}).empty());
+  EXPECT_EQ(relayOfEachLink(nodes), after);
+}
+
+// The coordinator's side of volunteer relays (VolunteerRelays.h) over a real store and node.json
+// files: the links of a relay silent past the loss timeout move to the coordinator's relay (only
+// when no volunteer relay is alive), both ends' files say so and are owed an update, and a live
+// relay is told exactly the links relayLinksOf reads from the files, again when they change.
+TEST(VolunteerRelays, ASilentRelaysLinksMoveAndEachLiveRelayIsToldItsLinks) {
+  namespace fs = std::filesystem;
+  const std::string out = (fs::temp_directory_path() / ("cairn_vrelays_" + std::to_string(::getpid()))).string();
+  fs::remove_all(out);
+  fs::create_directories(out);
+  auto nodes = keyedGrid(2, 2);
+  markDialOutOnly(nodes, {"n0", "n1", "n2", "n3"});
+  const PeerRef::Relay r4{"node_4", "10.9.0.4:7102", std::string(39, 'r') + "4"};
+  const PeerRef::Relay r5{"node_5", "10.9.0.5:7102", std::string(39, 'r') + "5"};
+  const PeerRef::Relay coordinator{"coordinator", "10.9.0.1:7101", std::string(40, 'c')};
+  ASSERT_EQ(assignRelays(nodes, {r4, r5}), 4u);  // 2 pipeline links, 2 ring links
+  nlohmann::json placed = nlohmann::json::array();
+  for (const NodeSpec& n : nodes) {
+    fs::create_directories(fs::path(nodeSpecPath(out, n.name)).parent_path());
+    writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
+    placed.push_back(n.name);
+  }
+  CoordinatorStore store(out + "/coordinator.db");
+  store.setMeta("placed", placed.dump());
+  store.setMeta("phase", "planned");
+  for (const PeerRef::Relay& r : {r4, r5}) {
+    Member m = test_rows::memberRow(r.name, r.public_key, r.address, MemberState::kRelaying);
+    m.last_seen = 1000;
+    store.putMember(m);
+  }
+  std::map<std::string, std::vector<RelayLinksUpdate>> told;  // by key
+  VolunteerRelays relays(store, out, /*lost_after_s=*/15, /*started_at=*/1000, coordinator,
+                         [&](const std::string& key, const Frames& frames) {
+                           std::string why;
+                           const auto m = decodeToVolunteer(frames, 1 << 20, &why);
+                           ASSERT_TRUE(m && std::holds_alternative<RelayLinksUpdate>(*m)) << why;
+                           told[key].push_back(std::get<RelayLinksUpdate>(*m));
+                         });
+  EXPECT_EQ(relays.forPlanning(1010).size(), 2u);  // volunteer relays first: not the coordinator's
+  EXPECT_TRUE(relays.poll(1010).empty());
+  for (const PeerRef::Relay& r : {r4, r5}) {  // each told its links at once, as the files say
+    ASSERT_EQ(told[r.public_key].size(), 1u) << r.name;
+    const RelayLinks want = relayLinksOf(nodes, r.name);
+    EXPECT_EQ(told[r.public_key][0].name, r.name);
+    EXPECT_EQ(told[r.public_key][0].members, want.members);
+    EXPECT_EQ(told[r.public_key][0].links, want.pairs);
+    EXPECT_EQ(want.pairs.size(), 2u);
+  }
+  // node_5 keeps its heartbeats; node_4 falls silent past 15 s: only its links move.
+  Member r5_row = *store.memberByName("node_5");
+  r5_row.last_seen = 1020;
+  store.putMember(r5_row);
+  const std::set<std::string> changed = relays.poll(1020);
+  std::vector<NodeSpec> now;
+  for (const NodeSpec& n : nodes) now.push_back(readNodeSpec(nodeSpecPath(out, n.name)));
+  std::set<std::string> want_changed;
+  for (const auto& [a, b] : relayLinksOf(nodes, "node_4").pairs) want_changed.insert({a, b});
+  EXPECT_EQ(changed, want_changed);
+  EXPECT_TRUE(relayLinksOf(now, "node_4").pairs.empty());
+  EXPECT_EQ(relayLinksOf(now, "node_5").pairs.size(), 4u);  // the one live volunteer relay, not the coordinator
+  EXPECT_TRUE(relayLinksOf(now, "coordinator").pairs.empty());
+  ASSERT_EQ(told[r5.public_key].size(), 2u);  // told its new links at once
+  EXPECT_EQ(told[r5.public_key][1].links, relayLinksOf(now, "node_5").pairs);
+  EXPECT_EQ(told[r4.public_key].size(), 1u);  // a silent relay is not told
+  // node_5 falls silent too: everything goes to the coordinator's relay.
+  EXPECT_EQ(relays.forPlanning(1040).size(), 1u);
+  EXPECT_EQ(relays.poll(1040).size(), 4u);
+  now.clear();
+  for (const NodeSpec& n : nodes) now.push_back(readNodeSpec(nodeSpecPath(out, n.name)));
+  EXPECT_EQ(relayLinksOf(now, "coordinator").pairs.size(), 4u);
+  EXPECT_TRUE(relays.poll(1041).empty());  // nothing left to move
+  fs::remove_all(out);
 }
 
 }  // namespace

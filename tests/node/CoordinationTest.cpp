@@ -986,5 +986,74 @@ TEST(VolunteerHeartbeats, NeverWaitForACoordinatorThatIsDownAndReachOneThatComes
   EXPECT_LT(std::chrono::steady_clock::now() - before, 5s);
 }
 
+// The relay volunteers' parts (Coordination.h: join's relay, heartbeat's relay, relay_links):
+// round trips field for field, and each malformed form refused naming its key.
+TEST(Coordination, RelayOffersFiguresAndLinksRoundTripAndBadOnesAreRefused) {
+  JoinAsk join{"a1b2c3d4a1b2c3d4a1b2c3d4a1b2c3d4", "10.0.0.7:7300",
+               {15.5, 8, 123.25, 940.5, {}, "1.13.0"}, "", 200.5};
+  EXPECT_EQ(roundTripToCoordinator<JoinAsk>(encode(join)).relay_mbps, std::optional<double>(200.5));
+  join.relay_mbps = 0;  // no cap
+  EXPECT_EQ(roundTripToCoordinator<JoinAsk>(encode(join)).relay_mbps, std::optional<double>(0));
+  join.relay_mbps.reset();  // a training volunteer: no key at all
+  EXPECT_EQ(nlohmann::json::parse(encode(join)[0]).count("relay"), 0u);
+  EXPECT_FALSE(roundTripToCoordinator<JoinAsk>(encode(join)).relay_mbps.has_value());
+
+  const Heartbeat beat = roundTripToCoordinator<Heartbeat>(
+      encode(Heartbeat{"node_5", "relaying", -1, RelayFigures{12, 3456789, 1024, 7}}));
+  ASSERT_TRUE(beat.relay.has_value());
+  EXPECT_EQ(beat.relay->messages, 12);
+  EXPECT_EQ(beat.relay->bytes, 3456789);
+  EXPECT_EQ(beat.relay->waiting, 1024);
+  EXPECT_EQ(beat.relay->refused, 7);
+  EXPECT_FALSE(roundTripToCoordinator<Heartbeat>(encode(Heartbeat{"n", "training", 3})).relay.has_value());
+
+  const std::string ka(40, 'a'), kb(40, 'b'), kc(40, 'c');
+  const RelayLinksUpdate links{"node_5", {{"node_1", ka}, {"node_2", kb}, {"node_3", kc}},
+                               {{"node_1", "node_2"}, {"node_2", "node_3"}}};
+  const RelayLinksUpdate l = roundTripToVolunteer<RelayLinksUpdate>(encode(links));
+  EXPECT_EQ(l.name, "node_5");
+  EXPECT_EQ(l.members, links.members);
+  EXPECT_EQ(l.links, links.links);
+  EXPECT_TRUE(roundTripToVolunteer<RelayLinksUpdate>(encode(RelayLinksUpdate{"node_5", {}, {}})).links.empty());
+
+  auto refusedToCoordinator = [](nlohmann::json h) {
+    h["protocol"] = kCoordinationProtocol;
+    std::string why;
+    EXPECT_FALSE(decodeToCoordinator(Frames{h.dump()}, 1024, &why).has_value()) << h.dump();
+    return why;
+  };
+  nlohmann::json bad_join = nlohmann::json::parse(encode(join)[0]);
+  for (const nlohmann::json& offer : {nlohmann::json{{"mbps", -1}}, nlohmann::json{{"mbps", 2e6}},
+                                      nlohmann::json{{"mbps", "fast"}}, nlohmann::json(7)}) {
+    bad_join["relay"] = offer;
+    EXPECT_NE(refusedToCoordinator(bad_join).find("\"relay\""), std::string::npos) << offer.dump();
+  }
+  nlohmann::json bad_beat = nlohmann::json::parse(encode(beat)[0]);
+  bad_beat["relay"]["bytes"] = -5;
+  EXPECT_NE(refusedToCoordinator(bad_beat).find("\"relay\""), std::string::npos);
+
+  auto refusedToVolunteer = [](const nlohmann::json& h) {
+    std::string why;
+    EXPECT_FALSE(decodeToVolunteer(Frames{h.dump()}, 1024, &why).has_value()) << h.dump();
+    return why;
+  };
+  const nlohmann::json good = nlohmann::json::parse(encode(links)[0]);
+  nlohmann::json bad = good;
+  bad["members"]["node_1"] = "not a key";
+  EXPECT_NE(refusedToVolunteer(bad).find("\"members\""), std::string::npos);
+  bad = good;
+  bad["links"].push_back({"node_1", "node_9"});  // not a member
+  EXPECT_NE(refusedToVolunteer(bad).find("\"links\""), std::string::npos);
+  bad = good;
+  bad["links"].push_back({"node_1", "node_1"});  // a link to itself
+  EXPECT_NE(refusedToVolunteer(bad).find("\"links\""), std::string::npos);
+  bad = good;
+  bad["links"] = {{"node_1"}};
+  EXPECT_NE(refusedToVolunteer(bad).find("\"links\""), std::string::npos);
+  bad = good;
+  bad.erase("members");
+  EXPECT_NE(refusedToVolunteer(bad).find("\"members\""), std::string::npos);
+}
+
 }  // namespace
 }  // namespace cairn
