@@ -32,11 +32,11 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402
+import nat_world  # noqa: E402  (the namespaces, shared with examples/fashion_mnist/run_nat.py)
 
 STEPS = 20
 TEST_SAMPLES = 200
@@ -51,79 +51,14 @@ HOME_SAYS = ["dial-out only: no address given",
              "dial-out only: the advertised address 10.77.0.11:7300 did not answer"]
 
 
-def sh(*cmd):
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip()}")
+class NatWorld(nat_world.NatWorld):
+    """The namespaces above (tests/integration/nat_world.py), built from this module's
+    COORDINATOR, REACHABLE and HOMES as they are at build() (use_relay(), or a test importing this
+    one, may change them)."""
 
-
-class NatWorld:
-    """The namespaces above; close() (also at exit and on SIGTERM) removes them all."""
-
-    def __init__(self):
-        self.tag = f"cnat{os.getpid() % 1000000}"
-        self.inet = self.tag + "i"
-        self.made = []
-
-    def skip_reason(self):
-        if os.geteuid() != 0:
-            return "not root: network namespaces need it"
-        for tool in ("ip", "iptables"):
-            if shutil.which(tool) is None:
-                return f"no `{tool}` (Debian package {'iproute2' if tool == 'ip' else 'iptables'})"
-        probe = self.tag + "p"
-        made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-        if made.returncode != 0:
-            return f"`ip netns add` failed: {made.stderr.strip()}"
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-        return None
-
-    def namespace(self, name):
-        sh("ip", "netns", "add", name)
-        self.made.append(name)
-        sh("ip", "-n", name, "link", "set", "lo", "up")
-
-    def build(self):
-        self.namespace(self.inet)
-        sh("ip", "-n", self.inet, "link", "add", "bridge0", "type", "bridge")
-        for host in [COORDINATOR] + REACHABLE:
-            sh("ip", "-n", self.inet, "addr", "add", host + "/24", "dev", "bridge0")
-        sh("ip", "-n", self.inet, "link", "set", "bridge0", "up")
-        for k in range(HOMES):
-            self.home(k)
-
-    def home(self, k):
-        router, home = f"{self.tag}r{k}", f"{self.tag}h{k}"
-        self.namespace(router)
-        self.namespace(home)
-        sh("ip", "-n", self.inet, "link", "add", f"w{k}", "type", "veth", "peer", "name", "wan", "netns", router)
-        sh("ip", "-n", self.inet, "link", "set", f"w{k}", "master", "bridge0", "up")
-        sh("ip", "-n", router, "addr", "add", f"10.77.0.{10 + k}/24", "dev", "wan")
-        sh("ip", "-n", router, "link", "set", "wan", "up")
-        sh("ip", "-n", router, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", home)
-        sh("ip", "-n", router, "addr", "add", f"192.168.{k}.1/24", "dev", "lan")
-        sh("ip", "-n", router, "link", "set", "lan", "up")
-        sh("ip", "-n", home, "addr", "add", f"192.168.{k}.2/24", "dev", "eth0")
-        sh("ip", "-n", home, "link", "set", "eth0", "up")
-        sh("ip", "-n", home, "route", "add", "default", "via", f"192.168.{k}.1")
-        # The home router: out through SNAT; in only what answers a connection from inside.
-        inside = ["ip", "netns", "exec", router]
-        sh(*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        sh(*inside, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE")
-        sh(*inside, "iptables", "-A", "FORWARD", "-i", "wan", "-o", "lan", "-m", "conntrack",
-           "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
-        sh(*inside, "iptables", "-A", "FORWARD", "-i", "wan", "-o", "lan", "-j", "DROP")
-
-    def run_in(self, name):
-        return ["ip", "netns", "exec", name]
-
-    def home_of(self, k):
-        return f"{self.tag}h{k}"
-
-    def close(self):
-        for name in reversed(self.made):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        self.made = []
+    def build(self, public=None, homes=None):
+        super().build([COORDINATOR] + REACHABLE if public is None else public,
+                      HOMES if homes is None else homes)
 
 
 def reference_run(args, model, job):
