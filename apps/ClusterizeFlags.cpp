@@ -140,8 +140,10 @@ void declareServe(CLI::App& app, ClusterizeFlags& f) {
       "with --serve: relay on HOST:PORT the links between two dial-out-only volunteers (each "
       "behind its own home router) that no placement next to a reachable one avoids: both dial "
       "it and every message is sealed end to end between them. Such links then pass through "
-      "the coordinator (on their hot path; they pause while it restarts). Off by default: "
-      "without it such a plan waits for more reachable volunteers")
+      "the coordinator (on their hot path; they pause while it restarts), but only while no "
+      "volunteer relay (provider --join ... --relay) is alive: it is the fallback, and takes the "
+      "links of a volunteer relay that is lost. Off by default: without it and without a "
+      "volunteer relay such a plan waits for more reachable volunteers or a relay")
       ->needs(f.serve_option);
   app.add_option("--relay-advertise", f.serve.relay_advertise,
                  "with --relay: the HOST:PORT volunteers dial to reach it (default: --relay; "

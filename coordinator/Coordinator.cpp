@@ -301,6 +301,7 @@ struct Coordinator::Impl {
       replacer->owePeers(changed);
       relay_synced = ~uint64_t{0};  // node.json changed without a member's row
     }
+    view->setLinks(relays->linksView());
     if (!relay) return;
     view->setRelay(relay->figures());
     if (store->membersVersion() == relay_synced) return;

@@ -146,6 +146,35 @@ void relayFamilies(const nlohmann::json& relay, Exposition* out) {
   out->sample("cairn_relay_bytes_waiting", "", relay["bytes_waiting"]);
 }
 
+// The plan's links by how they are made, and the volunteers' relays (VolunteerRelays.h).
+void linkFamilies(const nlohmann::json& links, const nlohmann::json& relays, Exposition* out) {
+  if (links.is_object() && links.contains("direct")) {
+    out->family("cairn_links", "gauge", "Links of the plan (pipeline neighbours, ring members) by "
+                "how they are made: direct, opened by a dial-out-only end, or through a relay.");
+    out->sample("cairn_links", label("via", "direct"), links["direct"]);
+    out->sample("cairn_links", label("via", "dial_out"), links["dial_out"]);
+    out->sample("cairn_links", label("via", "relayed"), links["relayed"]);
+  }
+  if (!relays.is_array() || relays.empty()) return;
+  const std::pair<const char*, const char*> families[] = {
+      {"bytes_forwarded", "Payload bytes a volunteer's relay forwarded (its heartbeats)."},
+      {"messages_forwarded", "Messages a volunteer's relay forwarded (its heartbeats)."},
+      {"refused", "Messages a volunteer's relay refused or dropped, every reason."}};
+  for (const auto& [key, help] : families) {
+    const std::string name = std::string("cairn_volunteer_relay_") + key + "_total";
+    out->family(name.c_str(), "counter", help);
+    for (const auto& r : relays)
+      out->sample(name.c_str(), label("relay", r["name"].get<std::string>()), r[key]);
+  }
+  out->family("cairn_volunteer_relay_links", "gauge", "Links a volunteer's relay carries in the plan.");
+  for (const auto& r : relays)
+    out->sample("cairn_volunteer_relay_links", label("relay", r["name"].get<std::string>()), r["links"]);
+  out->family("cairn_volunteer_relay_alive", "gauge", "1 while a volunteer's relay is heard, 0 once it is lost.");
+  for (const auto& r : relays)
+    out->sample("cairn_volunteer_relay_alive", label("relay", r["name"].get<std::string>()),
+                r["alive"].get<bool>() ? 1 : 0);
+}
+
 }  // namespace
 
 std::string prometheusText(const nlohmann::json& snapshot) {
@@ -155,6 +184,8 @@ std::string prometheusText(const nlohmann::json& snapshot) {
   nodeFamilies(snapshot["nodes"], &out);
   if (snapshot.contains("credit")) creditFamilies(snapshot["credit"], &out);
   if (snapshot.contains("relay") && snapshot["relay"].is_object()) relayFamilies(snapshot["relay"], &out);
+  linkFamilies(snapshot.value("links", nlohmann::json::object()),
+               snapshot.value("relays", nlohmann::json::array()), &out);
   return out.text;
 }
 

@@ -191,6 +191,7 @@ struct RunView::Figures {
   nlohmann::json credit = nlohmann::json::array();  // setCredit's
   nlohmann::json relay;                              // setRelay's (null: no relay)
   nlohmann::json relays = nlohmann::json::array();   // setRelays'
+  nlohmann::json links = nlohmann::json::object();    // setLinks'
 
   // The run's phase as a user reads it: the coordinator's, except that a planned run whose
   // placed volunteers have sent step records is training.
@@ -393,6 +394,11 @@ int64_t RunView::plannedSteps() const {
   return most;
 }
 
+void RunView::setLinks(nlohmann::json links) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  s_->links = std::move(links);
+}
+
 void RunView::setRelays(nlohmann::json relays) {
   std::lock_guard<std::mutex> lock(mutex_);
   s_->relays = std::move(relays);
@@ -458,6 +464,7 @@ nlohmann::json RunView::snapshot(double now) const {
   out["credit"] = s.credit;
   out["relay"] = s.relay;
   out["relays"] = s.relays;
+  out["links"] = s.links;
   return out;
 }
 

@@ -92,8 +92,10 @@ class RunView {
   void setCredit(nlohmann::json credit);
   // The coordinator's relay's figures (CoordinatorRelay::figures), shown as "relay" from now on.
   void setRelay(nlohmann::json relay);
-  // The volunteers' relays (VolunteerRelays::figures), shown as "relays".
+  // The volunteers' relays (VolunteerRelays::figures), shown as "relays"; the plan's links by
+  // how they are made (VolunteerRelays::linksView), shown as "links".
   void setRelays(nlohmann::json relays);
+  void setLinks(nlohmann::json links);
 
   // --- any thread ---
   // Copies the figures under the lock and builds the JSON outside it: built under it, 1,000

@@ -17,6 +17,36 @@ std::string joinedNames(const std::set<std::string>& names) {
   return out;
 }
 
+// linksView(): every link of `nodes` by how it is made.
+nlohmann::json describeLinks(const std::vector<NodeSpec>& nodes) {
+  std::map<std::pair<std::string, std::string>, std::string> via;
+  std::map<std::string, bool> dial_out_only;
+  for (const NodeSpec& n : nodes) dial_out_only[n.name] = n.dial_out_only;
+  auto note = [&](const NodeSpec& n, const PeerRef& ref) {
+    if (ref.name == n.name) return;
+    const auto link = std::minmax(n.name, ref.name);
+    if (ref.relay) via[link] = ref.relay->name;
+    else if (!via.count(link)) via[link] = n.dial_out_only || ref.dial_out_only ? "dial-out" : "direct";
+  };
+  for (const NodeSpec& n : nodes) {
+    if (n.upstream) note(n, *n.upstream);
+    if (n.downstream) note(n, *n.downstream);
+    for (const RingSpec& ring : n.rings)
+      for (const PeerRef& m : ring.members) note(n, m);
+  }
+  int64_t direct = 0, dial_out = 0, relayed = 0;
+  nlohmann::json listed = nlohmann::json::array();
+  for (const auto& [link, how] : via) {
+    if (how == "direct") {
+      ++direct;
+      continue;
+    }
+    ++(how == "dial-out" ? dial_out : relayed);
+    listed.push_back({{"a", link.first}, {"b", link.second}, {"via", how}});
+  }
+  return {{"direct", direct}, {"dial_out", dial_out}, {"relayed", relayed}, {"not_direct", listed}};
+}
+
 }  // namespace
 
 VolunteerRelays::VolunteerRelays(CoordinatorStore& store, std::string out, double lost_after_s,
@@ -91,6 +121,16 @@ std::set<std::string> VolunteerRelays::poll(double now) {
   alive_ = alive_now;
   if (store_.meta("phase").value_or("gathering") != "planned") return {};
   if (!moved && store_.membersVersion() == links_version_) return {};
+  links_version_ = store_.membersVersion();
+  // The placed nodes' files are read only when who holds them changed (a plan, a replacement, a
+  // growth) or a relay was lost or came: a spare joining a run of 1,000 changes neither.
+  std::string holders = store_.meta("placed").value_or("[]");
+  const std::vector<std::string> placed = store_.placedNames();
+  const std::set<std::string> placed_set(placed.begin(), placed.end());
+  for (const Member& m : store_.members())
+    if (placed_set.count(m.name)) holders += m.name + ":" + m.public_key + ";";
+  if (!moved && holders == holders_) return {};
+  holders_ = std::move(holders);
   std::vector<NodeSpec> nodes = placedNodes();
   const std::vector<PeerRef::Relay> targets = forPlanning(now);
   const std::set<std::string> changed = reassignRelays(nodes, alive_, targets);
@@ -102,7 +142,7 @@ std::set<std::string> VolunteerRelays::poll(double now) {
                " (their relay was lost); they are told");
   links_.clear();
   for (const Member& m : relays) links_[m.name] = relayLinksOf(nodes, m.name);
-  links_version_ = store_.membersVersion();
+  links_view_ = describeLinks(nodes);
   // Each relay hears its links now, not at its next heartbeat (its links changed, or it is new).
   for (const Member& m : relays)
     if (alive_.count(m.name)) onHeartbeat(m, Heartbeat{m.name, "relaying", -1}, now);

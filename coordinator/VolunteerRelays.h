@@ -50,6 +50,10 @@ class VolunteerRelays {
   void deafUntil(double t) { started_at_ = std::max(started_at_, t); }
   // The live view's "relays": per volunteer relay its name, address, whether alive, its figures.
   nlohmann::json figures(double now) const;
+  // The live view's "links" (as of the last poll that read the placed nodes): how many links of
+  // the plan are direct, opened by a dial-out-only end ("dial_out") and relayed, and every link
+  // that is not direct: {"a", "b", "via": "dial-out" or the relay's name}.
+  const nlohmann::json& linksView() const { return links_view_; }
 
  private:
   bool alive(const Member& m, double now) const;
@@ -62,7 +66,8 @@ class VolunteerRelays {
   double lost_after_s_, started_at_;
   std::optional<PeerRef::Relay> coordinator_relay_;
   Send send_;
-  uint64_t links_version_ = ~uint64_t{0};     // the members' version links_ are from
+  uint64_t links_version_ = ~uint64_t{0};     // the members' version last looked at
+  std::string holders_;                       // the placed nodes and their keys links_ are from
   std::set<std::string> alive_;               // relay names alive at the last poll
   std::map<std::string, RelayLinks> links_;   // relay name → what it must admit, as placed
   struct Told {
@@ -71,6 +76,7 @@ class VolunteerRelays {
   };
   std::map<std::string, Told> told_;                 // relay name → what it was last sent
   std::map<std::string, RelayFigures> figures_;      // relay name → its last heartbeat's
+  nlohmann::json links_view_ = nlohmann::json::object();
 };
 
 }  // namespace cairn::coordinator

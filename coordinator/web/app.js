@@ -237,6 +237,42 @@ function drawNodes(state) {
   body.replaceChildren(rows);
 }
 
+// Links (VolunteerRelays.h linksView): how many are direct, dial-out or relayed, every link that
+// is not direct; the relays, the volunteers' (their heartbeats) and the coordinator's (--relay).
+function drawLinks(state) {
+  const links = state.links || {};
+  const summary = document.getElementById("links-summary");
+  summary.textContent = typeof links.direct === "number"
+    ? `${links.direct} direct, ${links.dial_out} opened by a dial-out-only volunteer, ${links.relayed} relayed`
+    : "no plan yet";
+  const body = document.querySelector("#links tbody");
+  const rows = document.createDocumentFragment();
+  for (const l of array(links.not_direct)) {
+    const row = el("tr");
+    for (const value of [l.a, l.b, l.via]) row.appendChild(el("td", "", value === undefined ? "–" : value));
+    rows.appendChild(row);
+  }
+  body.replaceChildren(rows);
+  const relays = array(state.relays).slice();
+  if (state.relay && typeof state.relay === "object")
+    relays.push(Object.assign({}, state.relay, {
+      name: "coordinator", address: "(--relay)", alive: true,
+      refused: Object.values(state.relay.refused || {}).reduce((a, b) => a + Number(b), 0),
+      links: array(links.not_direct).filter((l) => l.via === "coordinator").length}));
+  const relayBody = document.querySelector("#relays tbody");
+  const relayRows = document.createDocumentFragment();
+  for (const r of relays) {
+    const row = el("tr");
+    row.setAttribute("data-relay", String(r.name));
+    const mb = (v) => (typeof v === "number" ? num(v / 1e6, 1) : "–");
+    for (const value of [r.name, r.address, r.alive ? "yes" : "lost", r.links, mb(r.bytes_forwarded),
+                         r.messages_forwarded, mb(r.bytes_waiting), r.refused])
+      row.appendChild(el("td", "", value === undefined ? "–" : value));
+    relayRows.appendChild(row);
+  }
+  relayBody.replaceChildren(relayRows);
+}
+
 // Credit (coordinator/Credit.h): per volunteer and node, what the run kept of what it gave.
 function drawCredit(state) {
   const body = document.querySelector("#credit tbody");
@@ -288,6 +324,7 @@ async function poll() {
     drawSummary(state);
     drawClusters(state);
     drawNodes(state);
+    drawLinks(state);
     drawCredit(state);
     drawEvents(state);
     drawCharts(state);

@@ -334,6 +334,13 @@ TEST(VolunteerRelays, ASilentRelaysLinksMoveAndEachLiveRelayIsToldItsLinks) {
   for (const NodeSpec& n : nodes) now.push_back(readNodeSpec(nodeSpecPath(out, n.name)));
   EXPECT_EQ(relayLinksOf(now, "coordinator").pairs.size(), 4u);
   EXPECT_TRUE(relays.poll(1041).empty());  // nothing left to move
+  // The live view's links: 2 pipeline and 2 ring links, every one relayed, each named with its relay.
+  const nlohmann::json& view = relays.linksView();
+  EXPECT_EQ(view["direct"], 0);
+  EXPECT_EQ(view["dial_out"], 0);
+  EXPECT_EQ(view["relayed"], 4);
+  ASSERT_EQ(view["not_direct"].size(), 4u);
+  for (const auto& link : view["not_direct"]) EXPECT_EQ(link["via"], "coordinator");
   fs::remove_all(out);
 }
 

@@ -474,6 +474,43 @@ TEST(RunView, TheRelaysFiguresAppearInPrometheusTextOnlyWithARelay) {
   EXPECT_EQ(types["cairn_relay_bytes_waiting"], "gauge");
 }
 
+// The plan's links by how they are made and the volunteers' relays (VolunteerRelays.h) in the
+// snapshot and /metrics, as set: counts per kind, each relay's figures labelled by its name.
+TEST(RunView, LinksByKindAndTheVolunteersRelaysAppearInSnapshotAndPrometheusText) {
+  RunView view("");
+  setUp(view);
+  std::map<std::string, std::string> types;
+  for (const auto& s : parsePrometheus(view.prometheus(1000), &types)) {
+    EXPECT_EQ(s.name.rfind("cairn_volunteer_relay_", 0), std::string::npos) << s.name << " without relays";
+    EXPECT_NE(s.name, "cairn_links") << "links before a plan";
+  }
+  const json links = {{"direct", 3}, {"dial_out", 2}, {"relayed", 1},
+                      {"not_direct", json::array({{{"a", "node_1"}, {"b", "node_2"}, {"via", "node_5"}}})}};
+  view.setLinks(links);
+  view.setRelays(json::array({{{"name", "node_5"}, {"address", "10.0.0.5:7300"}, {"alive", false},
+                               {"links", 1}, {"messages_forwarded", 7}, {"bytes_forwarded", 9000},
+                               {"bytes_waiting", 0}, {"refused", 2}}}));
+  EXPECT_EQ(view.snapshot(1000)["links"], links);
+  EXPECT_EQ(view.snapshot(1000)["relays"][0]["name"], "node_5");
+  std::map<std::string, double> got;
+  for (const auto& s : parsePrometheus(view.prometheus(1000), &types)) {
+    std::string key = s.name;
+    for (const auto& [k, v] : s.labels) key += " " + k + "=" + v;
+    got[key] = s.value;
+  }
+  EXPECT_EQ(got["cairn_links via=direct"], 3);
+  EXPECT_EQ(got["cairn_links via=dial_out"], 2);
+  EXPECT_EQ(got["cairn_links via=relayed"], 1);
+  EXPECT_EQ(got["cairn_volunteer_relay_bytes_forwarded_total relay=node_5"], 9000);
+  EXPECT_EQ(got["cairn_volunteer_relay_messages_forwarded_total relay=node_5"], 7);
+  EXPECT_EQ(got["cairn_volunteer_relay_refused_total relay=node_5"], 2);
+  EXPECT_EQ(got["cairn_volunteer_relay_links relay=node_5"], 1);
+  EXPECT_EQ(got.count("cairn_volunteer_relay_alive relay=node_5"), 1u);
+  EXPECT_EQ(got["cairn_volunteer_relay_alive relay=node_5"], 0);
+  EXPECT_EQ(types["cairn_links"], "gauge");
+  EXPECT_EQ(types["cairn_volunteer_relay_bytes_forwarded_total"], "counter");
+}
+
 TEST(TerminalView, RendersClustersNodesAndEventsWithoutControlCharactersFromVolunteers) {
   RunView view("");
   setUp(view);

@@ -47,6 +47,7 @@ HOSTILE_NAME = "<img src=x onerror=\"document.title='PWNED'\">"
 HOSTILE_STATE = "<b>bold</b>"
 HOSTILE_MESSAGE = "</li><script>document.title='PWNED'</script>"
 HOSTILE_EVAL = "<svg onload=\"document.title='PWNED'\">"
+HOSTILE_RELAY = "<iframe src=\"javascript:document.title='PWNED'\">"
 
 
 def fail(message):
@@ -169,8 +170,44 @@ def fixture_state():
     ]
     state = {"run": {"phase": "training", "now": 1700000100, "started_at": 1700000000,
                      "num_clusters": 2, "members": 5, "records": 155, "dropped": 0},
-             "clusters": clusters, "nodes": nodes, "events": events}
+             "clusters": clusters, "nodes": nodes, "events": events,
+             # The links by how they are made, a volunteer's relay (a hostile name) and the
+             # coordinator's (VolunteerRelays.h linksView and figures, CoordinatorRelay figures).
+             "links": {"direct": 2, "dial_out": 1, "relayed": 2, "not_direct": [
+                 {"a": "node_0", "b": HOSTILE_NAME, "via": "dial-out"},
+                 {"a": "node_2", "b": "node_3", "via": HOSTILE_RELAY},
+                 {"a": "node_0", "b": "node_3", "via": "coordinator"}]},
+             "relays": [{"name": HOSTILE_RELAY, "address": "10.0.0.5:7300", "alive": False, "links": 1,
+                         "messages_forwarded": 10, "bytes_forwarded": 5000000, "bytes_waiting": 250000,
+                         "refused": 1}],
+             "relay": {"messages_forwarded": 3, "bytes_forwarded": 2000000, "bytes_waiting": 0,
+                       "links": [{"from": "node_0", "to": "node_3", "bytes": 2000000}],
+                       "refused": {"unplanned": 2, "over_budget": 1}}}
     return state
+
+
+# What the page's Links section must show for fixture_state(): the summary line, the links that
+# are not direct (between, and, via) and each relay's row.
+FIXTURE_LINKS_SUMMARY = "2 direct, 1 opened by a dial-out-only volunteer, 2 relayed"
+FIXTURE_RELAY_ROWS = {HOSTILE_RELAY: [HOSTILE_RELAY, "10.0.0.5:7300", "lost", "1", "5.0", "10", "0.3", "1"],
+                      "coordinator": ["coordinator", "(--relay)", "yes", "1", "2.0", "3", "0.0", "3"]}
+
+
+def check_links_section(by_id, root, state):
+    summary = by_id.get("links-summary")
+    if summary is None or summary.text() != FIXTURE_LINKS_SUMMARY:
+        fail(f"links summary {summary.text() if summary else None!r}, expected {FIXTURE_LINKS_SUMMARY!r}")
+    rows = by_id["links"].find_all(lambda e: e.tag == "tr")[1:]  # after the header
+    shown = [[c.text() for c in r.children if isinstance(c, Element)] for r in rows]
+    want = [[l["a"], l["b"], l["via"]] for l in state["links"]["not_direct"]]
+    if shown != want:
+        fail(f"links table {shown}, expected {want}")
+    for name, cells in FIXTURE_RELAY_ROWS.items():
+        found = root.find_all(lambda e, name=name: e.tag == "tr" and e.attrs.get("data-relay") == name)
+        got = [c.text() for c in found[0].children if isinstance(c, Element)] if len(found) == 1 else found
+        if got != cells:
+            fail(f"relay {name!r}: row {got}, expected {cells}")
+    print(f"links: {summary.text()}; {len(rows)} not direct listed; relays {list(FIXTURE_RELAY_ROWS)}")
 
 
 def check_page(root, raw, state, expect_polls=1):
@@ -228,6 +265,8 @@ def check_page(root, raw, state, expect_polls=1):
         if got != expected:
             fail(f"{chart}: {got} points drawn, expected {expected}")
         print(f"{chart}: {got} points drawn")
+    if "links" in state:
+        check_links_section(by_id, root, state)
     # Events: newest first, texts verbatim.
     items = by_id["events"].find_all(lambda e: e.tag == "li")
     messages = [i.find_all(lambda e: "message" in e.classes())[0].text() for i in items]
@@ -240,7 +279,7 @@ def check_page(root, raw, state, expect_polls=1):
     scripts = [e.attrs.get("src") for e in root.find_all(lambda e: e.tag == "script")]
     if scripts != ["/chart.js", "/app.js"]:
         fail(f"scripts on the page: {scripts}")
-    for text in (HOSTILE_NAME, HOSTILE_STATE, HOSTILE_MESSAGE):
+    for text in (HOSTILE_NAME, HOSTILE_STATE, HOSTILE_MESSAGE) + ((HOSTILE_RELAY,) if "links" in state else ()):
         if text not in root.text():
             fail(f"{text!r} is not shown as text")
     if "PWNED" in raw.split("<title>")[1].split("</title>")[0]:
