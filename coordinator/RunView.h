@@ -20,13 +20,17 @@
 //    "clusters": [{"id", "nodes": [names, Root→Leaf], "step", "max_steps"|null, "loss"|null,
 //                  "samples_per_s"|null, "eta_s"|null, "loss_history": [[step, loss]] (≤ 500),
 //                  "eval_history": [[step, name, value]], "throughput_history": [[step, sps]]}],
-//    "nodes": [{"name", "cluster"|null, "stage"|null, "role": root|stem|leaf|whole|spare, "state",
+//    "nodes": [{"name", "cluster"|null, "stage"|null, "role": root|stem|leaf|whole|spare|relay, "state",
 //               "address", "heartbeat_age_s"|null, "step", "compute_s"|null, "send_s"|null,
 //               "wait_s"|null}],
 //    "events": [{"t", "node", "kind", "message"}] (newest last, ≤ 200),
 //    "credit": [{"volunteer", "key", "node", "steps", "samples", "compute_s", "sent_bytes"}]
 //    "relay": null, or (--relay) {"messages_forwarded", "bytes_forwarded", "bytes_waiting",
 //             "links": [{"from", "to", "bytes"}], "refused": {reason: count}}
+//    "relays": [{"name", "address", "alive", "links", "messages_forwarded", "bytes_forwarded",
+//                "bytes_waiting", "refused"}] (the volunteers' relays, VolunteerRelays::figures)
+//    "links": {} before a plan, else {"direct", "dial_out", "relayed", "not_direct": [{"a", "b",
+//              "via": "dial-out" | a relay's name}]} (VolunteerRelays::linksView)
 //               (coordinator/Credit.h; what setCredit was given last)}
 // "phase" is the run's as a user reads it: the coordinator's (setPhase: "gathering" while
 // volunteers join, "planned" once the assignments are sent, "done" once the results are merged),
