@@ -257,7 +257,7 @@ void addConfigOption(CLI::App& app) {
 // What --listen may be: host:port with a real port (the training transport binds the same one
 // later). A wildcard host needs --advertise: peers cannot dial "0.0.0.0".
 bool wildcardHost(const std::string& host) {
-  return host == "*" || host == "0.0.0.0" || host == "::" || host == "[::]" || host.empty();
+  return cairn::isWildcardHost(host);
 }
 
 // --listen checked, and the address peers and the coordinator dial: --advertise, by default

@@ -12,6 +12,7 @@
 #include "coordinator/RunView.h"
 #include "core/Error.h"
 #include "core/Log.h"
+#include "core/NodeConfigs.h"
 #include "core/NodeData.h"
 #include "core/TorchCompat.h"
 #include "node/transport/Relay.h"
@@ -169,14 +170,14 @@ void Admissions::refuseRelay(const Pending& p) {
           "the relay at " + p.ask.advertise + " did not answer the coordinator within " +
               std::to_string(o_.reach_timeout.count() / 1000.0).substr(0, 4) +
               " s, and a relay must be reachable (both ends of its links dial it): forward TCP port " +
-              port + " of " + (p.seen_from.empty() ? "its public address" : p.seen_from) +
+              port + " of " + (p.seen_from.empty() ? "its public address" : hostForPort(p.seen_from)) +
               " to this machine, or advertise an address that reaches it");
 }
 
 // The line a dial-out-only volunteer prints: why, and what would make it reachable.
 std::string Admissions::reachabilityLine(const Pending& p) const {
   const std::string seen = p.seen_from.empty() ? "an address it could not tell" : p.seen_from;
-  const std::string host = p.seen_from.empty() ? "HOST" : p.seen_from;
+  const std::string host = p.seen_from.empty() ? "HOST" : hostForPort(p.seen_from);
   // The port it gave, else the one the docs use (any free port will do).
   const int port = p.ask.advertise.empty() ? 7100 : std::stoi(p.ask.advertise.substr(p.ask.advertise.rfind(':') + 1));
   const std::string within =

@@ -12,7 +12,7 @@ CoordinatorRelay::CoordinatorRelay(const std::string& listen, const std::string&
   int port = 0;
   parseHostPort(listen, "command line", "--relay", &host, &port);
   std::string dialled = advertise.empty() ? listen : advertise;
-  if (advertise.empty() && (host == "0.0.0.0" || host == "*" || host == "::"))
+  if (advertise.empty() && isWildcardHost(host))
     CAIRN_THROW(BadInput, "--relay ", listen, " binds every interface, which volunteers cannot dial: "
                 "give --relay-advertise HOST:PORT, the address they dial");
   parseHostPort(dialled, "command line", advertise.empty() ? "--relay" : "--relay-advertise", &host,

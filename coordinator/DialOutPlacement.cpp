@@ -10,15 +10,15 @@
 #include <nlohmann/json.hpp>
 
 namespace cairn::coordinator {
-namespace {
 
-// What a swap must keep equal: memory and GPU count (a slot was planned for its figures).
 std::string swapClassOf(const Member& m) {
   const nlohmann::json probe = nlohmann::json::parse(m.probe_json, nullptr, false);
   if (!probe.is_object()) return m.name;  // never swapped
   const size_t gpus = probe.contains("gpus") && probe["gpus"].is_array() ? probe["gpus"].size() : 0;
   return std::to_string(probe.value("ram_gb", 0.0)) + "/" + std::to_string(gpus);
 }
+
+namespace {
 
 // Slots in the order they take dial-out-only volunteers: unplaced (no links) first, then the
 // placed ones by a breadth-first two-colouring of the links (colour 0, then colour 1).

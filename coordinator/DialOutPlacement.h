@@ -25,6 +25,9 @@
 
 namespace cairn::coordinator {
 
+// What a swap of two volunteers must keep equal: their memory and GPU count (a slot was planned
+// for its figures); a volunteer without a readable probe is in a class of its own.
+std::string swapClassOf(const Member& m);
 // Every pair of node names that a plan links (pipeline neighbours; any two members of a ring).
 std::vector<std::pair<std::string, std::string>> planLinks(const std::vector<NodeSpec>& nodes);
 // The first link with both ends in `dial_out_only`, or nullopt.

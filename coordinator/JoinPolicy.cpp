@@ -76,7 +76,7 @@ JoinDecision decideJoin(const JoinAsk& ask, const std::string& key, const std::s
   } catch (const Error& e) {
     return refuse(e.what());
   }
-  if (!ask.advertise.empty() && (host == "0.0.0.0" || host == "*" || host == "::" || host.empty()))
+  if (!ask.advertise.empty() && isWildcardHost(host))
     return refuse("advertise " + ask.advertise +
                   " is not an address peers can dial (give provider --advertise HOST:PORT)");
 

@@ -2,6 +2,7 @@
 
 #include "coordinator/ChunkServer.h"
 #include "coordinator/DialOutPlacement.h"
+#include "coordinator/RelayedPlacement.h"
 
 #include <fstream>
 #include <iomanip>
@@ -57,17 +58,27 @@ clusterize::ClusterizeResult planReachable(const clusterize::PreparedModel& prep
   for (const Member& m : volunteers)
     if (m.dial_out_only) dial_out_only.insert(m.name);
   if (!dialOutOnlyLink(result.nodes, dial_out_only)) return result;
-  const auto slots = reachableNeighbourSlots(result.nodes, volunteers);
-  if (slots) {
+  auto planWith = [&](const std::vector<size_t>& slots) {
     const std::vector<NodeConfig> named = configs;
     for (size_t i = 0; i < configs.size(); ++i) {  // slot i's figures, its new holder's name
-      const NodeConfig& holder = named[(*slots)[i]];
+      const NodeConfig& holder = named[slots[i]];
       configs[i].name = holder.name;
       configs[i].id = holder.id;
       configs[i].host = holder.host;
       configs[i].port = holder.port;
     }
     result = clusterize::planNodes(prepared, configs, "the volunteers that joined");
+  };
+  if (const auto slots = reachableNeighbourSlots(result.nodes, volunteers)) {
+    planWith(*slots);
+  } else if (relays_offered) {  // relayed links unavoidable: where they carry the fewest bytes
+    const std::vector<size_t> cheapest =
+        cheapestRelayedSlots(linkBytesPerStep(result.plan, result.job), volunteers);
+    for (size_t i = 0; i < cheapest.size(); ++i)
+      if (cheapest[i] != i) {
+        planWith(cheapest);
+        break;
+      }
   }
   if (const auto both = dialOutOnlyLink(result.nodes, dial_out_only); both && !relays_offered)
     CAIRN_THROW(BadInput, "the plan links ", both->first, " and ", both->second,
@@ -94,14 +105,21 @@ PlannedRun planVolunteers(const clusterize::PreparedModel& prepared,
   markDialOutOnly(placed, dial_out_only);
   PlannedRun run;
   run.relayed_links = assignRelays(placed, relays);
+  std::ostringstream report;
+  clusterize::printReport(result.plan, report);
+  if (run.relayed_links > 0) {
+    const double mb = relayedBytesPerStep(linkBytesPerStep(result.plan, result.job),
+                                          {dial_out_only.begin(), dial_out_only.end()}) / 1e6;
+    report << "relayed: " << run.relayed_links << " link(s) between dial-out-only volunteers, about "
+           << std::fixed << std::setprecision(mb < 10 ? 2 : 0) << mb
+           << " MB per step through the relays (each byte crosses a relay's link twice: in and out)\n";
+  }
+  run.report = report.str();
   run.num_clusters = static_cast<int>(result.plan.clusters.size());
   for (NodeSpec& node : placed) node.extra["num_clusters"] = run.num_clusters;
   addServedChunkTable(result.job);  // data.source "coordinator": data.shards into job.json
   clusterize::NodeDataWriter(out, clusterize::NodeDataWriter::KeysGiven{})
       .write(result.plan, result.job, placed, result.stages);
-  std::ostringstream report;
-  clusterize::printReport(result.plan, report);
-  run.report = report.str();
   const nlohmann::json job = toJson(result.job);
   std::set<std::string> placed_names;
   for (const NodeSpec& node : placed) {

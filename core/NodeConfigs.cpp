@@ -45,6 +45,18 @@ void parseHostPort(const std::string& text, const std::string& context, const st
     CAIRN_THROW(BadInput, context, ": ", key, " port must be between 1 and 65535 (got ", value, ")");
   *host = text.substr(0, colon);
   *port = static_cast<int>(value);
+  const bool bracketed = host->size() >= 2 && host->front() == '[' && host->back() == ']';
+  if (!bracketed && host->find_first_of("[]:") != std::string::npos)
+    CAIRN_THROW(BadInput, context, ": ", key, " must be host:port with an IPv6 address in brackets, e.g. "
+                "\"[2001:db8::1]:5000\" (got \"", text, "\")");
+}
+
+bool isWildcardHost(const std::string& host) {
+  return host.empty() || host == "*" || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+std::string hostForPort(const std::string& host) {
+  return host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host;
 }
 
 std::vector<NodeConfig> parseNodeConfigs(const nlohmann::json& document, const std::string& source) {

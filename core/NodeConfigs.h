@@ -43,8 +43,14 @@ std::vector<NodeConfig> readNodeConfigs(const std::string& path);
 // ask) and the transport (which peers are on this host).
 bool isLoopbackName(const std::string& host);
 
-// Splits "host:port"; throws BadInput "<context>: <key> must be host:port ..." when malformed.
+// Splits "host:port" ("[2001:db8::1]:7100" for an IPv6 address: `host` keeps the brackets, as
+// ZeroMQ endpoints want them); throws BadInput "<context>: <key> must be host:port ..." when
+// malformed, and names the brackets an IPv6 address needs.
 void parseHostPort(const std::string& text, const std::string& context, const std::string& key,
                    std::string* host, int* port);
+// A host that binds every interface and that nobody can dial: "", "*", "0.0.0.0", "::", "[::]".
+bool isWildcardHost(const std::string& host);
+// `host` as it goes before ":PORT": an IPv6 address in brackets ("::1" → "[::1]"), others as given.
+std::string hostForPort(const std::string& host);
 
 }  // namespace cairn

@@ -119,6 +119,7 @@ RelayedLinks::Connection& RelayedLinks::connectionLocked(const std::string& endp
                                  ZMQ_EVENT_DISCONNECTED,
                              name_, what);
     try {
+      allowIpv6For(s, endpoint);
       s.connect(endpoint);
     } catch (const zmq::error_t& e) {
       zmq_socket_monitor(s.handle(), nullptr, 0);

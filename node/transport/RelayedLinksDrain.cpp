@@ -50,6 +50,7 @@ void redial(zmq::socket_t& socket, const std::string& endpoint) {
     socket.disconnect(endpoint);
   } catch (const zmq::error_t&) {
   }
+  allowIpv6For(socket, endpoint);
   socket.connect(endpoint);
 }
 

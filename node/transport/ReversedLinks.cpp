@@ -248,6 +248,7 @@ void DialedLinks::add(const std::string& peer, const std::string& accept_endpoin
       ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_DISCONNECTED,
       name_, peer);
   try {
+    allowIpv6For(d->socket, accept_endpoint);
     d->socket.connect(accept_endpoint);
   } catch (const zmq::error_t& e) {
     zmq_socket_monitor(d->socket.handle(), nullptr, 0);
@@ -288,6 +289,7 @@ void DialedLinks::drain() {
         d->pending = false;
       }
       d->socket.set(zmq::sockopt::routing_id, freshRoutingId(name_));
+      allowIpv6For(d->socket, d->endpoint);
       d->socket.connect(d->endpoint);
     }
     uint16_t event = 0;

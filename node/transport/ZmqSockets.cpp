@@ -16,7 +16,12 @@
 
 namespace cairn {
 
+void allowIpv6For(zmq::socket_t& socket, const std::string& endpoint) {
+  if (endpoint.find('[') != std::string::npos) socket.set(zmq::sockopt::ipv6, true);
+}
+
 void bindRetryingWhileInUse(zmq::socket_t& socket, const std::string& endpoint) {
+  allowIpv6For(socket, endpoint);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (;;) {
     try {

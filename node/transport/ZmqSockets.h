@@ -15,6 +15,11 @@ namespace cairn {
 // Binds `socket`; on EADDRINUSE tries again for up to 2 s (a transport of this process closed a
 // moment ago may still hold the port: ZeroMQ closes sockets in its I/O thread). Throws zmq::error_t.
 void bindRetryingWhileInUse(zmq::socket_t& socket, const std::string& endpoint);
+// Sets ZMQ_IPV6 on `socket` when `endpoint` names an IPv6 address in brackets
+// ("tcp://[2001:db8::1]:7100", "[::]:7100"): libzmq reaches and binds IPv6 addresses only with it.
+// IPv4 endpoints leave it off: with it on, a host name may resolve to an IPv6 address that a
+// server bound on IPv4 does not take. Called before every connect and bind to a peer's address.
+void allowIpv6For(zmq::socket_t& socket, const std::string& endpoint);
 
 // zmq::poll that returns false instead of throwing when a signal interrupted it (EINTR).
 bool pollOrInterrupted(std::vector<zmq::pollitem_t>& items, std::chrono::milliseconds timeout);

@@ -193,6 +193,7 @@ void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& end
       name_, peer);
   const std::string& dial = same_host.empty() ? endpoint : same_host;
   try {
+    allowIpv6For(socket, dial);
     socket.connect(dial);
   } catch (const zmq::error_t& e) {
     zmq_socket_monitor(socket.handle(), nullptr, 0);
@@ -251,6 +252,7 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   } catch (const zmq::error_t&) {
   }
   try {
+    allowIpv6For(p.socket, dial);
     p.socket.connect(dial);
   } catch (const zmq::error_t& e) {
     CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", dial, ": ", e.what());
@@ -340,6 +342,7 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
         found->socket.disconnect(found->endpoint);  // may be gone already (ENOENT)
       } catch (const zmq::error_t&) {
       }
+      allowIpv6For(found->socket, found->endpoint);
       found->socket.connect(found->endpoint);
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(

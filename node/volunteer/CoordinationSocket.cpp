@@ -3,6 +3,7 @@
 #include <cerrno>
 
 #include "core/Error.h"
+#include "node/transport/ZmqSockets.h"
 
 namespace cairn {
 namespace {
@@ -52,6 +53,7 @@ zmq::socket_t coordinationClient(zmq::context_t& context, zmq::socket_type type,
   s.set(zmq::sockopt::maxmsgsize, int64_t(max_message_bytes));
   curveKeys(s, own);
   s.set(zmq::sockopt::curve_serverkey, server_key);
+  allowIpv6For(s, address);
   s.connect("tcp://" + address);
   return s;
 }
@@ -68,6 +70,7 @@ zmq::socket_t coordinationServer(zmq::context_t& context, const CurveKeyPair& ow
   if (endpoint.size() > 2 && endpoint.compare(endpoint.size() - 2, 2, ":0") == 0)
     endpoint = endpoint.substr(0, endpoint.size() - 1) + "*";
   try {
+    allowIpv6For(s, endpoint);
     s.bind(endpoint);
   } catch (const zmq::error_t& e) {
     CAIRN_THROW(BadInput, "cannot listen on ", address, ": ", e.what());

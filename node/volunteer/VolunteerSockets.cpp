@@ -4,6 +4,7 @@
 
 #include "core/Log.h"
 #include "node/volunteer/CoordinationSocket.h"
+#include "node/transport/ZmqSockets.h"
 
 namespace cairn {
 
@@ -21,6 +22,7 @@ zmq::socket_t volunteerSocket(zmq::context_t& context, const CurveKeyPair& own, 
   s.set(zmq::sockopt::heartbeat_ivl, 2000);
   s.set(zmq::sockopt::heartbeat_timeout, 6000);
   if (send_high_water_mark > 0) s.set(zmq::sockopt::sndhwm, send_high_water_mark);
+  allowIpv6For(s, invite.address());
   s.connect("tcp://" + invite.address());
   return s;
 }

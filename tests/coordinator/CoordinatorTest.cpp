@@ -271,15 +271,17 @@ struct Client {
 // key, on its port and (`accept_too`) on the port + 1 (where dial-out-only peers would connect).
 class FakeResponder {
  public:
-  FakeResponder(const CurveKeyPair& keys, const std::string& coordinator_key, bool accept_too = true)
+  // `host`: "127.0.0.1", or "[::1]" (IPv6).
+  FakeResponder(const CurveKeyPair& keys, const std::string& coordinator_key, bool accept_too = true,
+                const std::string& host = "127.0.0.1")
       : zap_(context_, {{coordinator_key, "coordinator"}}) {
     int port = 0;
     do port = testutil::freeLoopbackPorts(1)[0];
     while (!testutil::loopbackPortBinds(port + 1));
-    socket_ = coordinationServer(context_, keys, "127.0.0.1:" + std::to_string(port), 1 << 16, &address_);
+    socket_ = coordinationServer(context_, keys, host + ":" + std::to_string(port), 1 << 16, &address_);
     std::string accept_address;
     if (accept_too)
-      accept_ = coordinationServer(context_, keys, "127.0.0.1:" + std::to_string(port + 1), 1 << 16,
+      accept_ = coordinationServer(context_, keys, host + ":" + std::to_string(port + 1), 1 << 16,
                                    &accept_address);
     thread_ = std::thread([this] {
       while (!stop_)
@@ -460,6 +462,36 @@ TEST(LiveCoordinator, AdmitsARelayThatAnswersAndRefusesOneThatDoesNot) {
   ASSERT_TRUE(store.memberByName(name).has_value());
   EXPECT_EQ(store.memberByName(name)->state, MemberState::kRelaying);
   EXPECT_EQ(store.members().size(), 1u);  // the silent one is not a member
+}
+
+// Reachability is checked for IPv6 as for IPv4: a volunteer advertising [::1]:PORT whose address
+// answers there (on its port and the next) is admitted reachable at that address; one advertising
+// an unbracketed IPv6 address is refused naming the brackets.
+TEST(LiveCoordinator, ChecksAnIpv6AddressAsAnIpv4One) {
+  const std::string out = freshDir("ipv6");
+  LiveCoordinator coordinator(out);
+  zmq::context_t ctx;
+  Client volunteer(ctx, coordinator.invite());
+  std::unique_ptr<FakeResponder> responder;
+  try {
+    responder = std::make_unique<FakeResponder>(volunteer.keys, coordinator.invite().coordinator_key,
+                                                true, "[::1]");
+  } catch (const BadInput& e) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
+  }
+  ASSERT_EQ(responder->address().rfind("[::1]:", 0), 0u) << responder->address();
+  const auto accepted = volunteer.ask(encode(goodAsk(responder->address())));
+  ASSERT_TRUE(accepted && std::holds_alternative<Accepted>(*accepted));
+  EXPECT_EQ(std::get<Accepted>(*accepted).reachability, "");  // reachable: no dial-out-only line
+  Client unbracketed(ctx, coordinator.invite());
+  EXPECT_NE(unbracketed.refusal(encode(goodAsk("::1:7100"))).find("IPv6 address in brackets"),
+            std::string::npos);
+  coordinator.stop();
+  CoordinatorStore store(out + "/coordinator.db");
+  const auto m = store.memberByKey(volunteer.keys.public_key);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->dial_out_only);
+  EXPECT_EQ(m->advertise, responder->address());
 }
 
 TEST(LiveCoordinator, AdmitsVolunteersWhileThePlanIsBeingMade) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "coordinator/DialOutPlacement.h"
+#include "coordinator/RelayedPlacement.h"
 #include "coordinator/VolunteerRelays.h"
 #include "core/CurveKeys.h"
 #include "core/Error.h"
@@ -262,6 +263,81 @@ TEST(DialOutPlacement, ALostRelaysLinksMoveToTheLeastLoadedLiveRelayAndNoOtherLi
   EXPECT_TRUE(reassignRelays(nodes, {"r1", "r3"}, {r1, r3}).empty());
   EXPECT_TRUE(reassignRelays(nodes, {}, {}).empty());
   EXPECT_EQ(relayOfEachLink(nodes), after);
+}
+
+// Where relayed links cost least (RelayedPlacement.h) against a brute-force reference: every way to
+// put the reachable volunteers among equal slots, the fewest bytes per step on links joining two
+// dial-out-only ones; pipeline links (activations every micro-batch) carry far more than ring links.
+double relayedCost(const LinkBytes& bytes, const std::vector<Member>& volunteers, const std::vector<size_t>& taken_by) {
+  std::vector<std::string> behind;
+  for (size_t slot = 0; slot < taken_by.size(); ++slot)
+    if (volunteers[taken_by[slot]].dial_out_only) behind.push_back(volunteers[slot].name);
+  return relayedBytesPerStep(bytes, behind);
+}
+
+TEST(RelayedPlacement, RelayedLinksGoWhereTheyCarryTheFewestBytesAsABruteForceFinds) {
+  // 3 clusters x 2 stages (n0 n1 | n2 n3 | n4 n5), 4 of 6 volunteers dial-out only: some links
+  // must be relayed. The planner put the reachable ones at n0 and n2 (both Roots).
+  std::vector<Member> volunteers = volunteersOf({false, true, false, true, true, true});
+  LinkBytes bytes;
+  for (int c = 0; c < 3; ++c) bytes[{"n" + std::to_string(2 * c), "n" + std::to_string(2 * c + 1)}] = 1000;
+  for (int s = 0; s < 2; ++s)
+    for (int a = 0; a < 3; ++a)
+      for (int b = a + 1; b < 3; ++b) bytes[{"n" + std::to_string(2 * a + s), "n" + std::to_string(2 * b + s)}] = 1;
+  std::vector<size_t> identity(6);
+  for (size_t i = 0; i < 6; ++i) identity[i] = i;
+  double best = relayedCost(bytes, volunteers, identity);
+  EXPECT_EQ(best, 1000 + 3);  // pipeline 2 and the stage-1 ring (3 pairs) relayed
+  for (size_t r1 = 0; r1 < 6; ++r1)  // brute force: every pair of slots for the reachable two
+    for (size_t r2 = r1 + 1; r2 < 6; ++r2) {
+      std::vector<size_t> taken_by;
+      size_t next_behind = 0, next_reachable = 0;
+      const size_t behind[] = {1, 3, 4, 5}, reachable[] = {0, 2};
+      for (size_t slot = 0; slot < 6; ++slot)
+        taken_by.push_back(slot == r1 || slot == r2 ? reachable[next_reachable++] : behind[next_behind++]);
+      best = std::min(best, relayedCost(bytes, volunteers, taken_by));
+    }
+  EXPECT_EQ(best, 1000 + 1 + 1);  // one pipeline must stay relayed; the reachable ones on two stages
+  const std::vector<size_t> chosen = cheapestRelayedSlots(bytes, volunteers);
+  std::vector<size_t> sorted = chosen;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, identity);  // a permutation of the volunteers
+  EXPECT_EQ(relayedCost(bytes, volunteers, chosen), best);
+  // A volunteer of other figures is never swapped: n0 with 16 GB keeps its slot.
+  volunteers[0].probe_json = R"({"ram_gb":16,"cores":4,"compute_gflops":50,"bandwidth_mbps":1000})";
+  EXPECT_EQ(cheapestRelayedSlots(bytes, volunteers)[0], 0u);
+  // When the planner's placement is already among the cheapest (reachable at n1 and n4: 1002),
+  // it is kept as it is.
+  const std::vector<Member> cheap = volunteersOf({true, false, true, true, false, true});
+  EXPECT_EQ(relayedCost(bytes, cheap, identity), best);
+  EXPECT_EQ(cheapestRelayedSlots(bytes, cheap), identity);
+}
+
+TEST(RelayedPlacement, BytesPerStepArePipelineCutsEveryMicrobatchAndRingSharesPerSync) {
+  clusterize::PartitionPlan plan;
+  plan.microbatches = 4;
+  for (int c = 0; c < 2; ++c) {
+    clusterize::PlannedCluster cluster;
+    for (int s = 0; s < 2; ++s) {
+      clusterize::PlannedStage stage;
+      stage.node = "n" + std::to_string(2 * c + s);
+      stage.sent_bytes = 1000;  // per micro-batch: the Root's activations, the Leaf's gradients
+      stage.parameter_count = s == 0 ? 500 : 2000;
+      stage.parameters = {"w" + std::to_string(s)};
+      cluster.stages.push_back(stage);
+    }
+    plan.clusters.push_back(cluster);
+  }
+  plan.rings = {{"ring_0", {"w0"}, {"n0", "n2"}}, {"ring_1", {"w1"}, {"n1", "n3"}}};
+  JobSpec job;
+  job.training = {{"sync", "average"}, {"local_steps", 5}};
+  LinkBytes bytes = linkBytesPerStep(plan, job);
+  EXPECT_EQ(bytes.size(), 4u);
+  EXPECT_DOUBLE_EQ((bytes[{"n0", "n1"}]), 2 * 1000 * 4);    // activations down, gradients up
+  EXPECT_DOUBLE_EQ((bytes[{"n0", "n2"}]), 2 * 500 * 4 / 2.0 / 5);  // fp32, half each, every 5 steps
+  EXPECT_DOUBLE_EQ((bytes[{"n1", "n3"}]), 2 * 2000 * 4 / 2.0 / 5);
+  job.training = {{"sync", "gradients"}, {"local_steps", 5}};
+  EXPECT_DOUBLE_EQ((linkBytesPerStep(plan, job)[{"n1", "n3"}]), 2 * 2000 * 4 / 2.0);  // every step
 }
 
 // The coordinator's side of volunteer relays (VolunteerRelays.h) over a real store and node.json

@@ -26,11 +26,32 @@ struct Endpoints {
 
 Endpoints endpointsFor(const std::string& kind, int offset) {
   if (kind == "inproc") return {"inproc://a" + std::to_string(offset), "inproc://b" + std::to_string(offset)};
+  if (kind == "tcp6")  // IPv6 addresses in brackets, as node.json and the join carry them
+    return {"tcp://[::1]:" + std::to_string(zmqTransportPort(2 * offset + 4)),
+            "tcp://[::1]:" + std::to_string(zmqTransportPort(2 * offset + 5))};
   return {"tcp://127.0.0.1:" + std::to_string(zmqTransportPort(2 * offset)),
           "tcp://127.0.0.1:" + std::to_string(zmqTransportPort(2 * offset + 1))};
 }
 
-class TransportKinds : public ::testing::TestWithParam<std::string> {};
+// Whether this machine has an IPv6 loopback (a container may not): tcp6 is skipped, saying so, if not.
+bool haveIpv6Loopback() {
+  zmq::context_t context;
+  zmq::socket_t probe(context, zmq::socket_type::pull);
+  probe.set(zmq::sockopt::ipv6, true);
+  try {
+    probe.bind("tcp://[::1]:*");
+    return true;
+  } catch (const zmq::error_t&) {
+    return false;
+  }
+}
+
+class TransportKinds : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "tcp6" && !haveIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback (::1) here";
+  }
+};
 
 TEST_P(TransportKinds, RoundTripOfEveryDtypeAndShapeIsByteExact) {
   zmq::context_t context;
@@ -87,7 +108,7 @@ TEST_P(TransportKinds, Sends256MiBTensorIntact) {
   EXPECT_EQ(std::memcmp(t.data_ptr(), m.tensors[0].tensor.data_ptr(), t.nbytes()), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Loopback, TransportKinds, ::testing::Values("inproc", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Loopback, TransportKinds, ::testing::Values("inproc", "tcp", "tcp6"));
 
 TEST(ZmqTransport, ReceiveTimesOutWhenNothingArrives) {
   zmq::context_t context;
