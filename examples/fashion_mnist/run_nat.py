@@ -5,26 +5,26 @@
     sudo examples/fashion_mnist/run_nat.py [--short]
 
 A closed world of network namespaces (tests/integration/nat_world.py, as the suite's
-integration.volunteers.nat_relayed builds it; this machine's own interfaces are not touched): an
-"internet" namespace with the coordinator (10.77.0.1), and 4 homes, each volunteer in its own
-namespace behind its own router (iptables MASQUERADE: out only, nothing comes in that the home did
-not ask for). Each volunteer joins with the invite and no address (`provider --join INVITE`, no
---listen): all four are dial-out only, every link joins two of them, so the coordinator plans
-every link through its own relay (`clusterize --serve ... --relay 10.77.0.1:7101`), every message
-sealed end to end between the two volunteers.
+integration.volunteers.nat_relay_volunteer builds it; this machine's own interfaces are not
+touched): an "internet" namespace with the coordinator (10.77.0.1) and a reachable volunteer that
+only relays (10.77.0.2: `provider --join INVITE --relay --listen 10.77.0.2:7300`), and 4 homes,
+each volunteer in its own namespace behind its own router (iptables MASQUERADE: out only, nothing
+comes in that the home did not ask for). The relay joins first; then each home volunteer joins
+with the invite and no address (`provider --join INVITE`, no --listen): all four are dial-out only,
+every link joins two of them, so the coordinator plans every link through the volunteer's relay
+(its own, `clusterize --serve ... --relay 10.77.0.1:7101`, is the fallback were that relay lost),
+every message sealed end to end between the two volunteers.
 
 The demo's job (examples/fashion_mnist/job.json, its model made by make_model.py) in 2 clusters x
 2 stages (cut after the first conv block), shortened to 800 steps (STEPS: about 5 minutes on 2
-cores; --short: short_job.py, 60 steps on a slice). It prints, as the run goes: each volunteer's
-one line from the coordinator ("dial-out only: ..."), the plan and that every link is relayed
-(every peer entry of every placed node.json names a relay), each cluster's step and loss and what
-the relay has forwarded (the coordinator's live view: `--web` inside the internet namespace, not
-reachable from this machine's own, read 4 times a second), the relay's forwarded bytes at the end,
-and the merged model's test accuracy evaluated by PyTorch, which must equal the Leaves' reported
-accuracy. The relay's figures at the end are the live view's last look before the coordinator
-exited (it refreshes them every 200 ms and writes no final figure anywhere): a lower bound, which
-may miss the last messages of the final evaluation (60 steps on a slice: 846,212,768 bytes in one
-run, 821,116,053 in another, one of the Leaf's two 12.5 MB evaluation batches short).
+cores; --short: short_job.py, 60 steps on a slice). It prints, as the run goes: the relay's
+admission, each volunteer's one line from the coordinator ("dial-out only: ..."), the plan and
+that every link is relayed (every peer entry of every placed node.json names a relay), each
+cluster's step and loss and what the relay has forwarded (the coordinator's live view, from the
+relay's heartbeats: `--web` inside the internet namespace, not reachable from this machine's own,
+read 4 times a second), the relay's own count of what it forwarded when the run ended (exact), and
+the merged model's test accuracy evaluated by PyTorch, which must equal the Leaves' reported
+accuracy.
 
 Needs root, `ip` and `iptables`; without them it says why in one line and exits 2. Every
 namespace is removed and every process it started is killed on exit: at the end, on a failure, on
@@ -147,13 +147,19 @@ def home_volunteers(world):
                       router=router_address(k)) for k in range(HOMES)]
 
 
-# A reachable volunteer that only relays (`provider --join … --relay --listen HOST:PORT --advertise
-# HOST:PORT`, docs/OPERATIONS.md: not built yet) would be one more Volunteer returned here:
-# Volunteer("relay", world.inet, those flags, public="10.77.0.2"). run() puts its public address on
-# the internet's bridge and starts it with the others; check_relayed() names whichever relays the
-# placed node.json files give.
+RELAY_VOLUNTEER = "10.77.0.2:7300"
+
+
+def relay_volunteer(world):
+    """A reachable volunteer on the internet's bridge that only relays (`provider --join …
+    --relay --listen HOST:PORT`): it joins first, so the plan routes every link through it; the
+    coordinator's own relay stays the fallback."""
+    return Volunteer("relay", world.inet, ["--relay", "--listen", RELAY_VOLUNTEER],
+                     public=RELAY_VOLUNTEER.split(":")[0])
+
+
 def volunteers(world):
-    return home_volunteers(world)
+    return [relay_volunteer(world)] + home_volunteers(world)
 
 
 def write_job(out, short):
@@ -183,14 +189,14 @@ class LiveView:
             state = json.loads(line)
             self.latest = state
             training = any(c.get("step") for c in state["clusters"])
-            if training and state["relay"] and time.monotonic() - self.printed >= self.every:
+            if training and state["relays"] and time.monotonic() - self.printed >= self.every:
                 self.printed = time.monotonic()
                 clusters = "; ".join(f"cluster {c['id']} step {c['step']}/{c['max_steps'] or '?'}"
                                      + (f" loss {c['loss']:.3f}" if c["loss"] is not None else "")
                                      for c in state["clusters"])
-                relay = state["relay"]
-                say(f"{clusters}; the relay has forwarded {relay['bytes_forwarded'] / 1e6:,.0f} MB in "
-                    f"{relay['messages_forwarded']:,} messages")
+                relay = state["relays"][0]
+                say(f"{clusters}; the relay {relay['name']} has forwarded "
+                    f"{relay['bytes_forwarded'] / 1e6:,.0f} MB in {relay['messages_forwarded']:,} messages")
         except (ValueError, KeyError, TypeError):
             pass  # not a snapshot line (the log keeps it)
 
@@ -213,7 +219,7 @@ def poll(url):
             with urllib.request.urlopen(url, timeout=5) as r:
                 state = json.load(r)
             seen = True
-            slim = {"t": time.time(), "phase": state["run"]["phase"], "relay": state.get("relay"),
+            slim = {"t": time.time(), "phase": state["run"]["phase"], "relays": state.get("relays"),
                     "clusters": [{k: c.get(k) for k in ("id", "step", "max_steps", "loss")}
                                  for c in state.get("clusters", [])]}
             print(json.dumps(slim), flush=True)
@@ -239,17 +245,6 @@ def check_relayed(out):
                 fail(f"{name}'s node.json names {p['name']} without a relay: {json.dumps(p)}")
             relays[relay["name"]] = relay["address"]
     return relays, entries // 2
-
-
-def what_link(plan, link):
-    """What a relayed link carries, from plan.json's chains: a pipeline's activations or
-    gradients, or a ring's averages across clusters."""
-    where = {name: (c, stage) for c, cluster in enumerate(plan["clusters"])
-             for stage, name in enumerate(cluster["chain"])}
-    (c_from, s_from), (c_to, s_to) = where[link["from"]], where[link["to"]]
-    if c_from == c_to:
-        return f"cluster {c_from}'s {'activations' if s_to > s_from else 'gradients'}"
-    return f"stage {s_from}'s ring: averages across the clusters"
 
 
 def check_accuracy(out, job_path):
@@ -316,6 +311,9 @@ def join(world, build, out, invite, team):
         joined.append((v, workdir, Proc(world.run_in(v.namespace) + [
             os.path.join(build, "node/provider"), "--join", invite, "--workdir", workdir,
             "--probe-megabytes", "1"] + v.flags, os.path.join(out, f"volunteer_{i}.log"))))
+        if "--relay" in v.flags:  # admitted before the others join: the plan relays through it
+            line = joined[-1][2].wait_for("relaying for the run at", 180, f"{v.label} admitted as a relay")
+            say(f"{v.label}: {line[line.index('relaying for'):].strip()}")
     for v, _, p in joined:
         if v.told:
             line = p.wait_for(v.told, 180, f"'{v.told}' at {v.label}'s join")
@@ -338,11 +336,13 @@ def run(world, args, build, out):
     say(f"1/4 the world: the coordinator at {COORDINATOR} (internet namespace {world.inet}); "
         f"{HOMES} homes, each volunteer behind its own MASQUERADE router "
         f"({', '.join(v.router for v in team if v.router)})")
-    coordinator, invite = start_coordinator(world, build, out, job, model, len(team))
-    say(f"2/4 the coordinator serves {SERVE}, relays on {RELAY}; {len(team)} volunteers join with "
-        f"`provider --join INVITE` and no address")
+    homes = sum(1 for v in team if v.router)
+    coordinator, invite = start_coordinator(world, build, out, job, model, homes)
+    say(f"2/4 the coordinator serves {SERVE} (its own relay on {RELAY}, the fallback); a volunteer "
+        f"at {RELAY_VOLUNTEER} joins to relay only (`provider --join INVITE --relay --listen "
+        f"{RELAY_VOLUNTEER}`), then {homes} volunteers join with `provider --join INVITE` and no address")
     joined = join(world, build, out, invite, team)
-    planned = coordinator.wait_for(f"planned 2 cluster(s) on {len(team)} volunteers", 300, "plan")
+    planned = coordinator.wait_for(f"planned 2 cluster(s) on {homes} volunteers", 300, "plan")
     say(planned[planned.index("coordinator: "):])
     plan = json.load(open(os.path.join(out, "coordinator", "plan.json")))
     for c, cluster in enumerate(plan["clusters"]):
@@ -353,23 +353,18 @@ def run(world, args, build, out):
     say("3/4 training (the coordinator's live view, every 15 s):")
     view = LiveView(world, f"http://{WEB}/api/state", os.path.join(out, "live_view.log"))
     coordinator.finish(3600, "the coordinator")
-    ended = time.time()
     for v, _, p in joined:
         p.finish(120, f"{v.label}'s volunteer")
     say("4/4 the run is over; the coordinator merged the stages")
     for line in open(coordinator.log):
         if "eval accuracy" in line and not line.startswith("20"):
             print("   " + line.rstrip())
-    last = view.last()
-    relay = last.get("relay")
-    if not relay:
-        fail("the live view never showed the relay's figures", view.proc.log)
-    say(f"the relay forwarded at least {relay['bytes_forwarded']:,} bytes in "
-        f"{relay['messages_forwarded']:,} messages, sealed end to end, and refused "
-        f"{sum(relay['refused'].values())} (the coordinator's live view, last read "
-        f"{ended - last['t']:.1f} s before it exited: what passed after is not counted); per link:")
-    for link in relay["links"]:
-        say(f"   {link['from']} → {link['to']}: {link['bytes']:,} bytes ({what_link(plan, link)})")
+    view.last()
+    for v, _, p in joined:  # the relay's own count, exact: its last line as the run ended
+        if "--relay" in v.flags:
+            done = p.wait_for(": forwarded ", 30, f"{v.label}'s final figures")
+            say(f"the relay forwarded{done.split(': forwarded')[1].rstrip()} between the homes, sealed "
+                f"end to end: each byte crossed its link twice (in and out)")
     check_accuracy(os.path.join(out, "coordinator"), job)
     say(f"done in {time.monotonic() - t0:.0f} s; trained model {out}/coordinator/trained.pt")
 
