@@ -10,8 +10,9 @@
 #                               the spare takes its node over (examples/fashion_mnist/run_volunteers.sh)
 #   sudo tools/demo.sh --volunteers --nat   (or just --nat) volunteers behind home routers: 4, each
 #                               in its own network namespace behind its own NAT (iptables
-#                               MASQUERADE), joining with no address; the coordinator relays every
-#                               link, 2 clusters x 2 stages (examples/fashion_mnist/run_nat.py;
+#                               MASQUERADE), joining with no address; a fifth, reachable volunteer
+#                               relays every link (provider --relay), 2 clusters x 2 stages
+#                               (examples/fashion_mnist/run_nat.py;
 #                               needs root, ip and iptables)
 set -euo pipefail
 cd "$(dirname "$0")/.."
