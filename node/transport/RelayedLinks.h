@@ -113,7 +113,7 @@ class RelayedLinks {
                const std::string& relay_key, const std::string& peer_key);
   bool has(const std::string& peer) const;
   bool active() const;
-  bool allAcknowledged() const;  // nothing sent waits for its acknowledgement  // some peer is relayed (the receiving thread then wakes every 20 ms)
+  bool allAcknowledged() const;  // nothing sent to a peer still there waits for its acknowledgement  // some peer is relayed (the receiving thread then wakes every 20 ms)
 
   // Seals and sends one encoded message (frames as encodeMessage makes them), waiting up to
   // `timeout` for room in the peer's window and in the relay's queue. `wait_hook` runs between
