@@ -138,6 +138,15 @@ std::set<std::pair<std::string, std::string>> dialOutOnlyPairs(const std::vector
   return pairs;
 }
 
+// Every entry of `n`'s node.json naming a peer: upstream, downstream, ring members (itself too).
+std::vector<PeerRef> peerEntriesOf(const NodeSpec& n) {
+  std::vector<PeerRef> refs;
+  if (n.upstream) refs.push_back(*n.upstream);
+  if (n.downstream) refs.push_back(*n.downstream);
+  for (const RingSpec& ring : n.rings) refs.insert(refs.end(), ring.members.begin(), ring.members.end());
+  return refs;
+}
+
 std::vector<NodeSpec> keyedGrid(int clusters, int stages) {
   std::vector<NodeSpec> nodes = gridPlan(clusters, stages);
   std::map<std::string, std::string> keys;
@@ -170,11 +179,7 @@ TEST(DialOutPlacement, EveryLinkBetweenTwoDialOutOnlyNodesGetsTheLeastLoadedRela
   EXPECT_LE(std::max(load["r1"], load["coordinator"]) - std::min(load["r1"], load["coordinator"]), 1u);
   // Both ends name the same relay for each other; a link to the reachable node has none.
   for (const NodeSpec& n : nodes) {
-    std::vector<PeerRef> refs;
-    if (n.upstream) refs.push_back(*n.upstream);
-    if (n.downstream) refs.push_back(*n.downstream);
-    for (const RingSpec& ring : n.rings) refs.insert(refs.end(), ring.members.begin(), ring.members.end());
-    for (const PeerRef& ref : refs) {
+    for (const PeerRef& ref : peerEntriesOf(n)) {
       if (ref.name == n.name) continue;
       EXPECT_EQ(ref.relay.has_value(), want.count(std::minmax(n.name, ref.name)) > 0) << n.name << "→" << ref.name;
     }
@@ -209,11 +214,7 @@ TEST(DialOutPlacement, WithoutARelayALinkBetweenTwoDialOutOnlyNodesIsRefusedNami
 std::map<std::pair<std::string, std::string>, std::string> relayOfEachLink(const std::vector<NodeSpec>& nodes) {
   std::map<std::pair<std::string, std::string>, std::string> out;
   for (const NodeSpec& n : nodes) {
-    std::vector<PeerRef> refs;
-    if (n.upstream) refs.push_back(*n.upstream);
-    if (n.downstream) refs.push_back(*n.downstream);
-    for (const RingSpec& ring : n.rings) refs.insert(refs.end(), ring.members.begin(), ring.members.end());
-    for (const PeerRef& ref : refs) {
+    for (const PeerRef& ref : peerEntriesOf(n)) {
       if (ref.name == n.name || !ref.relay) continue;
       const auto link = std::minmax(n.name, ref.name);
       const auto [it, fresh] = out.emplace(link, ref.relay->name);

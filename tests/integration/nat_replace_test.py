@@ -43,12 +43,8 @@ Checked (outcomes only):
 Exits 77 (ctest: skipped) with the reason where namespaces or iptables are missing. Every namespace
 is removed on exit, whatever happens.
 """
-import argparse
-import atexit
 import json
 import os
-import shutil
-import signal
 import sqlite3
 import sys
 import threading
@@ -276,24 +272,11 @@ def own_specs(holder, spare_dir, victim_node):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--provider", required=True)
-    parser.add_argument("--clusterize", required=True)
-    parser.add_argument("--work", required=True)
-    args = parser.parse_args()
+    args = nat_test.arguments()
     begun = time.monotonic()
     nat_test.REACHABLE = []
     nat_test.HOMES = HOMES
-    world = nat_test.NatWorld()
-    reason = world.skip_reason()
-    if reason:
-        print(f"SKIP: {reason}")
-        sys.exit(77)
-    atexit.register(world.close)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # ctest's timeout: still clean up
-    vt.torch.set_num_threads(1)
-    shutil.rmtree(args.work, ignore_errors=True)
-    os.makedirs(args.work)
+    world = nat_test.open_world(args)
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
     reference = Reference(args, model, job)
     try:

@@ -146,15 +146,20 @@ def nat_run(args, world, model, job):
             p.kill()
 
 
-def main():
+def arguments(relayed_flag=False):
+    """The NAT tests' flags: --provider, --clusterize, --work (and this script's --relayed)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--provider", required=True)
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
-    parser.add_argument("--relayed", action="store_true", help="nobody reachable: the coordinator relays")
-    args = parser.parse_args()
-    if args.relayed:
-        use_relay()
+    if relayed_flag:
+        parser.add_argument("--relayed", action="store_true", help="nobody reachable: the coordinator relays")
+    return parser.parse_args()
+
+
+def open_world(args):
+    """The namespaces of this module's settings (REACHABLE, HOMES), not built yet: exit 77 with the
+    reason where they cannot be made; removed at exit and on ctest's SIGTERM. args.work made empty."""
     world = NatWorld()
     reason = world.skip_reason()
     if reason:
@@ -165,6 +170,14 @@ def main():
     vt.torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
+    return world
+
+
+def main():
+    args = arguments(relayed_flag=True)
+    if args.relayed:
+        use_relay()
+    world = open_world(args)
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES)
     try:
         world.build()

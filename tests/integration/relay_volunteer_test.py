@@ -25,12 +25,8 @@ relay). Checked (outcomes only):
 Exits 77 (ctest: skipped) with the reason where namespaces or iptables are missing. Every namespace
 is removed on exit, whatever happens.
 """
-import argparse
-import atexit
 import json
 import os
-import shutil
-import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -115,23 +111,10 @@ def relayed_run(args, world, model, job):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--provider", required=True)
-    parser.add_argument("--clusterize", required=True)
-    parser.add_argument("--work", required=True)
-    args = parser.parse_args()
+    args = nat_test.arguments()
     nat_test.REACHABLE = [RELAY_AT]  # the relay's address on the "internet" bridge
     nat_test.HOMES = 4
-    world = nat_test.NatWorld()
-    reason = world.skip_reason()
-    if reason:
-        print(f"SKIP: {reason}")
-        sys.exit(77)
-    atexit.register(world.close)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # ctest's timeout: still clean up
-    vt.torch.set_num_threads(1)
-    shutil.rmtree(args.work, ignore_errors=True)
-    os.makedirs(args.work)
+    world = nat_test.open_world(args)
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES)
     try:
         world.build()
