@@ -100,7 +100,7 @@ void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost,
   else
     how = "it restarted (said hello again)";
   lost_ = lost;
-  CAIRN_THROW_LOST(std::move(lost), toString(dir), " neighbour ", p.name, " at ", p.address,
+  CAIRN_THROW_LOST(std::move(lost), toString(dir), " neighbour ", p.name, " at ", whereIs(p),
                    " is lost: ", how, "; was waiting for ", what);
 }
 
@@ -156,13 +156,13 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
   };
   auto unreachable = [&](Neighbour dir, const PeerRef& p, const char* what) {
     CAIRN_THROW(PeerLost, timeout ? "" : "startup timeout: ", what, " ", toString(dir),
-                " neighbour ", p.name, " at ", p.address, " within ", secondsOf(wait), " s (",
+                " neighbour ", p.name, " at ", whereIs(p), " within ", secondsOf(wait), " s (",
                 timeout_key, "); is its provider running?");
   };
   for (const auto& [dir, p] : neighbours) {
     const Message hello =
         encode(ControlOrigin{node_.job_id, node_.name}, Hello{node_.stage, node_.cluster});
-    CAIRN_INFO("waiting for ", toString(dir), " neighbour ", p.name, " at ", p.address);
+    CAIRN_INFO("waiting for ", toString(dir), " neighbour ", p.name, " at ", whereIs(p));
     SendStatus status = SendStatus::kTimedOut;
     // In slices so a stop request (signal) is seen while a neighbour is still away.
     while ((status = mailbox_.send(p.name, hello, std::min(left(), std::chrono::milliseconds(500)))) ==
@@ -247,7 +247,7 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   }
   if (status != SendStatus::kSent) lost_ = PeerLoss{p.name, LossCause::kSilent, "", p.name};
   if (status != SendStatus::kSent)
-    CAIRN_THROW_LOST(*lost_, toString(to), " neighbour ", p.name, " at ", p.address,
+    CAIRN_THROW_LOST(*lost_, toString(to), " neighbour ", p.name, " at ", whereIs(p),
                 " did not take a ", toString(packet.kind), " message (step ", packet.step,
                 ", micro-batch ", packet.microbatch, ") within ", secondsOf(timeouts_.peer),
                 " s (training_definition.timeouts.peer_s): ", toString(status));
@@ -317,7 +317,7 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
   if (got) ++stats_.accepted;
   if (!got) lost_ = PeerLoss{p.name, LossCause::kSilent, "", p.name};
   if (!got)
-    CAIRN_THROW_LOST(*lost_, toString(from), " neighbour ", p.name, " at ", p.address, " sent no ",
+    CAIRN_THROW_LOST(*lost_, toString(from), " neighbour ", p.name, " at ", whereIs(p), " sent no ",
                 toString(kind), tag.empty() ? "" : " \"" + tag + "\"", " message for step ", step,
                 ", micro-batch ", microbatch, " within ", secondsOf(extended ? timeouts_.connected : timeouts_.peer),
                 extended ? " s, connected all along (training_definition.timeouts.max_wait_s)"
@@ -334,7 +334,7 @@ void MailboxStageLink::checkStopWhileWaiting(
   if (now - **stop_seen < timeouts_.lost) return;
   CAIRN_THROW(Interrupted, "a stop was asked and, ", secondsOf(timeouts_.lost),
               " s later (training_definition.timeouts.peer_timeout_s), this node still waits for ", what,
-              " (neighbour ", p.name, " at ", p.address, "): it leaves without ending the step; its "
+              " (neighbour ", p.name, " at ", whereIs(p), "): it leaves without ending the step; its "
               "newest checkpoint keeps its work");
 }
 

@@ -7,6 +7,7 @@
 #include "core/Log.h"
 #include "node/ring/RingClusterSync.h"
 #include "node/protocol/PipelineControl.h"
+#include "node/transport/LivePeers.h"
 #include "trainer/Checkpoint.h"
 #include "trainer/TrainerCheckpoints.h"
 
@@ -48,7 +49,7 @@ auto awaitControl(Mailbox& mailbox, const MailboxStageLink& link, const PeerRef&
     CAIRN_THROW(NeighbourRestarted, "neighbour ", from.name, " restarted during the resume agreement");
   }
   if (!got)
-    CAIRN_THROW(PeerLost, "neighbour ", from.name, " at ", from.address, " sent no \"", tag,
+    CAIRN_THROW(PeerLost, "neighbour ", from.name, " at ", whereIs(from), " sent no \"", tag,
                 "\" (resume agreement) within ", secondsOf(timeout),
                 " s (training_definition.timeouts.max_wait_s); restart it with `provider --name ",
                 from.name, " --resume`");

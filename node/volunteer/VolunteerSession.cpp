@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/Error.h"
@@ -281,6 +282,33 @@ AssignmentWait VolunteerSession::waitForAssignment(const std::function<bool()>& 
   }
 }
 
+// What a dial-out-only node's log says of its links at its assignment: how many peers it dials,
+// how many it reaches through which relay.
+static std::string dialOutOnlyLine(const NodeSpec& node) {
+  std::set<std::string> relays;
+  size_t relayed = 0, direct = 0;
+  auto count = [&](const PeerRef& p) {
+    if (p.name == node.name) return;
+    if (p.relay) {
+      ++relayed;
+      relays.insert(p.relay->name + " at " + p.relay->address);
+    } else {
+      ++direct;
+    }
+  };
+  if (node.upstream) count(*node.upstream);
+  if (node.downstream) count(*node.downstream);
+  for (const RingSpec& ring : node.rings)
+    for (const PeerRef& m : ring.members) count(m);
+  std::string through;
+  for (const std::string& r : relays) through += (through.empty() ? "" : ", ") + r;
+  return "dial-out only: this node dials its " + std::to_string(direct) + " reachable peer entr" +
+         (direct == 1 ? "y" : "ies") +
+         (relayed ? " and reaches " + std::to_string(relayed) + " through the relay " + through
+                  : std::string()) +
+         "; nothing dials it";
+}
+
 AssignmentWait VolunteerSession::takeAssignment(const Assignment& a) {
   CheckedAssignment checked;
   try {
@@ -300,8 +328,7 @@ AssignmentWait VolunteerSession::takeAssignment(const Assignment& a) {
   CAIRN_INFO("assigned: cluster ", checked.node.cluster, " of ", a.num_clusters, ", stage ",
              checked.node.stage + 1, "/", checked.node.num_stages, " of job ",
              checked.job.job_id, "; written to ", out.node_data);
-  if (checked.node.dial_out_only)
-    CAIRN_INFO("dial-out only: this node dials each of its peers (all reachable); nothing dials it");
+  if (checked.node.dial_out_only) CAIRN_INFO(dialOutOnlyLine(checked.node));
   else if (checked.node.address != advertised_)
     CAIRN_WARN("the assignment's node.json address is ", checked.node.address,
                " but this volunteer advertised ", advertised_, " (peers will dial ",
