@@ -47,6 +47,8 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 sys.path.insert(0, os.path.join(REPO, "tests/integration"))
 from nat_world import NatWorld, router_address  # noqa: E402  (the suite's namespaces, nat_test.py's)
 EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
+sys.path.insert(0, EXAMPLE)
+from merged_accuracy import merged_accuracies  # noqa: E402  (run_volunteers.sh's check too)
 PY = "/usr/bin/python3"
 COORDINATOR = "10.77.0.1"
 SERVE, RELAY = f"{COORDINATOR}:7100", f"{COORDINATOR}:7101"
@@ -249,35 +251,16 @@ def check_relayed(out):
 
 def check_accuracy(out, job_path):
     """The merged trained.pt evaluated by PyTorch on each Leaf's test images: exactly the Leaf's
-    reported accuracy."""
-    import gzip
-    import numpy as np
-    import torch
-    torch.set_num_threads(1)
-    result = json.load(open(os.path.join(out, "run_result.json")))
-    job = json.load(open(job_path))
-    norm, folder = job["data"]["normalize"], job["data"]["location"]
-
-    def idx(name, offset):
-        return np.frombuffer(gzip.open(os.path.join(folder, name)).read(), np.uint8, offset=offset)
-
-    net = torch.jit.load(result["trained_torchscript"])
-    net.eval()
-    for c in result["clusters"]:
+    reported accuracy (merged_accuracy.py)."""
+    result, accuracies = merged_accuracies(os.path.join(out, "run_result.json"), job_path)
+    for c, accuracy in accuracies:
         e = c["eval"]
-        n = e["samples"]
-        images = idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)[:n]
-        labels = torch.from_numpy(idx("t10k-labels-idx1-ubyte.gz", 8)[:n].astype(np.int64))
-        x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - norm["mean"][0]) / norm["std"][0]
-        with torch.no_grad():
-            logits = torch.cat([net(x[i:i + 500]) for i in range(0, n, 500)])
-        accuracy = (logits.argmax(1) == labels).double().mean().item()
         if abs(accuracy - e["accuracy"]) > 1e-9:
             fail(f"the merged {result['trained_torchscript']} evaluates to {accuracy} in PyTorch, "
                  f"cluster {c['cluster']}'s Leaf reported {e['accuracy']}")
-        say(f"cluster {c['cluster']}: the Leaf reported {100 * e['accuracy']:.2f}% on {n} test images "
-            f"after {c['steps']} steps; the merged model evaluated by PyTorch: {100 * accuracy:.2f}%, "
-            f"exactly the Leaf's figure")
+        say(f"cluster {c['cluster']}: the Leaf reported {100 * e['accuracy']:.2f}% on {e['samples']} "
+            f"test images after {c['steps']} steps; the merged model evaluated by PyTorch: "
+            f"{100 * accuracy:.2f}%, exactly the Leaf's figure")
     return result
 
 

@@ -163,9 +163,7 @@ done
 # the lost key as <name>-lost-1; the Leaf resumed from a checkpoint; the merged trained.pt
 # evaluated by PyTorch has exactly the accuracy the Leaf reported.
 $PY - "$OUT" "$JOB" "$STEM" "$LEAF" "$leaf_dir" "$OUT/volunteer_$spare" "$start" <<'PYEOF'
-import gzip, json, os, sqlite3, sys
-import numpy as np
-import torch
+import json, os, sqlite3, sys
 import time
 out, job_path, stem, leaf, leaf_dir, spare_dir, start = sys.argv[1:]
 def fail(message):
@@ -185,24 +183,12 @@ if not resumed or resumed[-1] <= 0:
 print(f"volunteers: coordinator.db: {stem} belongs to the spare's key (done), the killed volunteer's "
       f"row is {lost[0][0]} ({lost[0][1]}); the pipeline resumed from step {resumed[-1]}")
 
-r = json.load(open(os.path.join(out, "coordinator", "run_result.json")))
-job = json.load(open(job_path))
-norm = job["data"]["normalize"]
-folder = job["data"]["location"]
-def idx(name, offset):
-    return np.frombuffer(gzip.open(os.path.join(folder, name)).read(), np.uint8, offset=offset)
-torch.set_num_threads(1)
-net = torch.jit.load(r["trained_torchscript"])
-net.eval()
-for c in r["clusters"]:
+sys.path.insert(0, "examples/fashion_mnist")
+from merged_accuracy import merged_accuracies  # run_nat.py's check too
+r, accuracies = merged_accuracies(os.path.join(out, "coordinator", "run_result.json"), job_path)
+for c, accuracy in accuracies:
     e = c["eval"]
     n = e["samples"]
-    images = idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)[:n]
-    labels = torch.from_numpy(idx("t10k-labels-idx1-ubyte.gz", 8)[:n].astype(np.int64))
-    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - norm["mean"][0]) / norm["std"][0]
-    with torch.no_grad():
-        logits = torch.cat([net(x[i:i + 500]) for i in range(0, n, 500)])
-    accuracy = (logits.argmax(1) == labels).double().mean().item()
     if abs(accuracy - e["accuracy"]) > 1e-9:
         fail(f"the merged {r['trained_torchscript']} evaluates to {accuracy} in PyTorch, the Leaf "
              f"reported {e['accuracy']}")

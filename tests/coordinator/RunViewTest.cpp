@@ -441,6 +441,17 @@ TEST(RunView, PrometheusTextParsesToTheSnapshotFiguresWithHostileLabelsEscaped) 
   EXPECT_EQ(find("cairn_node_heartbeat_age_seconds", {{"node", "node_2"}, {"cluster", "0"}})->value, 2.5);
 }
 
+// Prometheus text's samples by "name label=value …" (labels in order), for lookups by key.
+std::map<std::string, double> samplesByKey(const std::string& text, std::map<std::string, std::string>* types) {
+  std::map<std::string, double> got;
+  for (const auto& s : parsePrometheus(text, types)) {
+    std::string key = s.name;
+    for (const auto& [k, v] : s.labels) key += " " + k + "=" + v;
+    got[key] = s.value;
+  }
+  return got;
+}
+
 // The coordinator's relay (--relay) in /metrics: nothing without one; its figures, per link and by
 // reason, as set, with the volunteers' names escaped like every label.
 TEST(RunView, TheRelaysFiguresAppearInPrometheusTextOnlyWithARelay) {
@@ -456,13 +467,7 @@ TEST(RunView, TheRelaysFiguresAppearInPrometheusTextOnlyWithARelay) {
                                         {{"from", "node_3"}, {"to", "node_1"}, {"bytes", 96}}})},
                  {"refused", {{"unplanned", 2}, {"over_budget", 0}}}});
   EXPECT_EQ(view.snapshot(1000)["relay"]["messages_forwarded"], 12);
-  const auto samples = parsePrometheus(view.prometheus(1000), &types);
-  std::map<std::string, double> got;
-  for (const auto& s : samples) {
-    std::string key = s.name;
-    for (const auto& [k, v] : s.labels) key += " " + k + "=" + v;
-    got[key] = s.value;
-  }
+  std::map<std::string, double> got = samplesByKey(view.prometheus(1000), &types);
   EXPECT_EQ(got["cairn_relay_messages_forwarded_total"], 12);
   EXPECT_EQ(got["cairn_relay_bytes_forwarded_total"], 4096);
   EXPECT_EQ(got["cairn_relay_bytes_waiting"], 100);
@@ -492,12 +497,7 @@ TEST(RunView, LinksByKindAndTheVolunteersRelaysAppearInSnapshotAndPrometheusText
                                {"bytes_waiting", 0}, {"refused", 2}}}));
   EXPECT_EQ(view.snapshot(1000)["links"], links);
   EXPECT_EQ(view.snapshot(1000)["relays"][0]["name"], "node_5");
-  std::map<std::string, double> got;
-  for (const auto& s : parsePrometheus(view.prometheus(1000), &types)) {
-    std::string key = s.name;
-    for (const auto& [k, v] : s.labels) key += " " + k + "=" + v;
-    got[key] = s.value;
-  }
+  std::map<std::string, double> got = samplesByKey(view.prometheus(1000), &types);
   EXPECT_EQ(got["cairn_links via=direct"], 3);
   EXPECT_EQ(got["cairn_links via=dial_out"], 2);
   EXPECT_EQ(got["cairn_links via=relayed"], 1);
