@@ -58,6 +58,7 @@ struct Coordinator::Impl {
   std::unique_ptr<CoordinatorRelay> relay;   // --relay: links between dial-out-only volunteers
   std::unique_ptr<VolunteerRelays> relays;   // the volunteers' relays (provider --relay), and --relay's
   uint64_t relay_synced = ~uint64_t{0};      // the members' version the relay's links are from
+  uint64_t view_links = 0;                    // the relays' linksViewVersion() the view shows
   std::unique_ptr<ChunkServer> chunks;       // data.source "coordinator": made on first request
   std::unique_ptr<NodeHeaders> chunk_nodes;  // the askers' clusters (chunks' worker, like `chunks`)
   CurveKeyPair keys;
@@ -301,7 +302,10 @@ struct Coordinator::Impl {
       replacer->owePeers(changed);
       relay_synced = ~uint64_t{0};  // node.json changed without a member's row
     }
-    view->setLinks(relays->linksView());
+    if (relays->linksViewVersion() != view_links) {  // a copy only when it changed (every link listed)
+      view_links = relays->linksViewVersion();
+      view->setLinks(relays->linksView());
+    }
     if (!relay) return;
     view->setRelay(relay->figures());
     if (store->membersVersion() == relay_synced) return;

@@ -143,6 +143,7 @@ std::set<std::string> VolunteerRelays::poll(double now) {
   links_.clear();
   for (const Member& m : relays) links_[m.name] = relayLinksOf(nodes, m.name);
   links_view_ = describeLinks(nodes);
+  ++links_view_version_;
   // Each relay hears its links now, not at its next heartbeat (its links changed, or it is new).
   for (const Member& m : relays)
     if (alive_.count(m.name)) onHeartbeat(m, Heartbeat{m.name, "relaying", -1}, now);

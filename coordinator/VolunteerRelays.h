@@ -54,6 +54,7 @@ class VolunteerRelays {
   // the plan are direct, opened by a dial-out-only end ("dial_out") and relayed, and every link
   // that is not direct: {"a", "b", "via": "dial-out" or the relay's name}.
   const nlohmann::json& linksView() const { return links_view_; }
+  uint64_t linksViewVersion() const { return links_view_version_; }  // changes with linksView()
 
  private:
   bool alive(const Member& m, double now) const;
@@ -77,6 +78,7 @@ class VolunteerRelays {
   std::map<std::string, Told> told_;                 // relay name → what it was last sent
   std::map<std::string, RelayFigures> figures_;      // relay name → its last heartbeat's
   nlohmann::json links_view_ = nlohmann::json::object();
+  uint64_t links_view_version_ = 0;
 };
 
 }  // namespace cairn::coordinator
