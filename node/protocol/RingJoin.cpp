@@ -47,7 +47,14 @@ std::optional<T> reject(std::string* why, const std::string& what, const std::st
 std::string ringControlTag(const std::string& ring_id) { return kRingControlTagPrefix + ring_id; }
 
 Message encode(const JoinRequest& request) {
-  return ringMessage(request.sender, request.ring_id, nlohmann::json{{"type", "join"}}.dump());
+  nlohmann::json j{{"type", "join"}};
+  if (request.life != 0) j["life"] = request.life;
+  return ringMessage(request.sender, request.ring_id, j.dump());
+}
+
+Message encode(const Closed& closed) {
+  return ringMessage(closed.sender, closed.ring_id,
+                     nlohmann::json{{"type", "closed"}, {"life", closed.life}}.dump());
 }
 
 Message encode(const Welcome& w) {
@@ -63,10 +70,28 @@ Message encode(const Welcome& w) {
   return m;
 }
 
-bool isWelcome(const Message& m) {
+namespace {
+
+bool hasType(const Message& m, const char* type) {
   const nlohmann::json j = nlohmann::json::parse(m.text, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.contains("type") && j["type"] == "welcome";
+  return j.is_object() && j.contains("type") && j["type"] == type;
 }
+
+// "life": absent (0) when `optional`, else an unsigned integer other than 0.
+bool lifeOf(const nlohmann::json& j, bool optional, uint64_t* life, std::string* problem) {
+  if (!j.contains("life") && optional) return true;
+  if (!j.contains("life") || !j["life"].is_number_unsigned() || j["life"].get<uint64_t>() == 0) {
+    *problem = "\"life\" must be an unsigned integer other than 0";
+    return false;
+  }
+  *life = j["life"].get<uint64_t>();
+  return true;
+}
+
+}  // namespace
+
+bool isWelcome(const Message& m) { return hasType(m, "welcome"); }
+bool isClosed(const Message& m) { return hasType(m, "closed"); }
 
 std::optional<JoinRequest> decodeJoinRequest(const Message& m, std::string* why) {
   JoinRequest request{m.sender, ""};
@@ -76,7 +101,20 @@ std::optional<JoinRequest> decodeJoinRequest(const Message& m, std::string* why)
     return reject<JoinRequest>(why, "join request", problem);
   if (j["type"] != "join") return reject<JoinRequest>(why, "join request", "\"type\" is not join");
   if (!m.tensors.empty()) return reject<JoinRequest>(why, "join request", "carries tensors");
+  if (!lifeOf(j, true, &request.life, &problem)) return reject<JoinRequest>(why, "join request", problem);
   return request;
+}
+
+std::optional<Closed> decodeClosed(const Message& m, std::string* why) {
+  Closed closed{m.sender, "", 0};
+  nlohmann::json j;
+  std::string problem;
+  if (!validRingMessage(m, &closed.ring_id, &j, &problem))
+    return reject<Closed>(why, "closed", problem);
+  if (j["type"] != "closed") return reject<Closed>(why, "closed", "\"type\" is not closed");
+  if (!m.tensors.empty()) return reject<Closed>(why, "closed", "carries tensors");
+  if (!lifeOf(j, false, &closed.life, &problem)) return reject<Closed>(why, "closed", problem);
+  return closed;
 }
 
 std::optional<Welcome> decodeWelcome(const Message& m, std::string* why) {

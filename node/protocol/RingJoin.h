@@ -1,7 +1,11 @@
 // RingJoin: the one place that defines the control messages of the ring membership protocol
 // (docs/PROTOCOL.md "Ring membership"), with one encode and one validating decode per message.
 // Both are kind kCollective, tag "ring:<ring id>", step 0, microbatch 0, JSON in `text`:
-//   join request  {"type":"join"}, no tensors: a joining node asks a ring member to admit it
+//   join request  {"type":"join","life":L}, no tensors: a joining node asks a ring member to admit
+//                 it; L, a random number of the joiner's process (RingContext::life), is what a
+//                 closed answer names (older senders omit it: 0)
+//   closed        {"type":"closed","life":L}, no tensors: the sender left the ring (its run ended,
+//                 or its cluster paused) and will not admit the request of life L
 //   welcome       {"type":"welcome","generation":g,"view":[names],"step":s,"transactions":S,
 //                 "checksum":h} and the ring's tensors (value.<i>, previous.<i>, momentum.<i>):
 //                 the lowest-ranked member of the view admits a joiner
@@ -30,6 +34,14 @@ std::string ringControlTag(const std::string& ring_id);
 struct JoinRequest {
   std::string sender;
   std::string ring_id;
+  uint64_t life = 0;  // the joiner's RingContext::life (0: not given)
+};
+
+// The answer of a member that leaves the ring to a joiner it did not admit.
+struct Closed {
+  std::string sender;
+  std::string ring_id;
+  uint64_t life = 0;  // the life of the join request it answers (never 0)
 };
 
 struct Welcome {
@@ -45,12 +57,16 @@ struct Welcome {
 
 Message encode(const JoinRequest& request);
 Message encode(const Welcome& welcome);
+Message encode(const Closed& closed);
 
 // Whether `m` claims to be a welcome (its JSON's "type" is "welcome"); anything else on a ring's
 // tag goes to decodeJoinRequest, which rejects what is not a valid join request.
 bool isWelcome(const Message& m);
+// Whether `m` claims to be a closed answer (its JSON's "type" is "closed"; decodeClosed checks it).
+bool isClosed(const Message& m);
 // The message `m` holds, or nullopt with the reason in `*why` (when not null).
 std::optional<JoinRequest> decodeJoinRequest(const Message& m, std::string* why);
 std::optional<Welcome> decodeWelcome(const Message& m, std::string* why);
+std::optional<Closed> decodeClosed(const Message& m, std::string* why);
 
 }  // namespace cairn

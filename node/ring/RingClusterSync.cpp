@@ -22,6 +22,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kLeaveSendTimeout{100};
+// A joiner's connection may be new (a restarted process at the old address): the transport
+// redials at least once a second (ZmqTransport), so an answer gets through within this.
+constexpr std::chrono::milliseconds kClosedSendTimeout{1500};
 
 // A public call's hold on the rings (RingClusterSync.h rings_mutex_, busy_): counted busy before
 // the lock is taken, until after it is released.
@@ -357,6 +360,7 @@ void RingClusterSync::leave() {
   if (overlap_) overlap_->cancel();
   std::vector<std::string> told;
   for (auto& ring : rings_) {
+    if (ring->spec.members.size() > 1) answerAskersOnLeave(context_, *ring, kClosedSendTimeout);
     if (!ring->group) continue;
     ring->group->sendLeave(kLeaveSendTimeout);
     for (const auto& m : ring->view)

@@ -157,6 +157,8 @@ bool acceptWelcome(RingContext& context, Ring& ring, const Message& m,
 // A join request from a ring member other than this node is noted; anything else is dropped with
 // a warning.
 void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
+  // A closed answer to a join request this node no longer makes (it was admitted, or gave up).
+  if (isClosed(m)) return;
   std::string why;
   const auto request = decodeJoinRequest(m, &why);
   if (!request) {
@@ -171,6 +173,27 @@ void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
     return;
   }
   ring.join_requests.insert(request->sender);
+  ring.asker_lives[request->sender] = request->life;
+}
+
+void answerAskersOnLeave(RingContext& context, Ring& ring, std::chrono::milliseconds timeout) {
+  collectJoinRequests(context, ring);
+  std::vector<std::string> told;
+  for (const auto& [name, life] : ring.asker_lives) {
+    if (life == 0 || name == context.node.name ||
+        std::find(ring.view.begin(), ring.view.end(), name) != ring.view.end())
+      continue;
+    const SendStatus status =
+        context.mailbox.send(name, encode(Closed{context.node.name, ring.spec.id, life}), timeout);
+    if (status == SendStatus::kSent)
+      told.push_back(name);
+    else
+      CAIRN_INFO("ring ", ring.spec.id, ": could not tell ", name, " (it asked to join) that this "
+                 "node left the ring (", toString(status), "); it waits for a welcome until its timeout");
+  }
+  if (!told.empty())
+    CAIRN_INFO("ring ", ring.spec.id, ": told ", joinedNames(told),
+               " (asking to join, not admitted) that this node left the ring");
 }
 
 // The ring's tensors as a welcome carries them (value.<i>, previous.<i>, momentum.<i>); `copy`:
@@ -204,7 +227,7 @@ namespace {
 
 // Asks every other member of `ring` to admit this node (best effort).
 void askToJoin(RingContext& context, const Ring& ring) {
-  const Message request = encode(JoinRequest{context.node.name, ring.spec.id});
+  const Message request = encode(JoinRequest{context.node.name, ring.spec.id, context.life});
   for (const auto& m : ring.spec.members)
     if (m.name != context.node.name)
       (void)context.mailbox.send(m.name, request, kJoinRequestSendTimeout);
@@ -230,34 +253,68 @@ Ring* ringOfTag(const std::vector<Ring*>& shared, const std::string& tag) {
   return ring;
 }
 
-// One message on a shared ring's control tag while joining: a join request is noted; a welcome
-// into a ring not joined yet (`done`) is applied when it fits. True when it was applied.
-bool takeWelcome(RingContext& context, Ring& ring, const std::set<Ring*>& done,
-                 const Message& m) {
-  if (!isWelcome(m)) {
-    noteJoinRequest(context, ring, m);
-    return false;
+// Where each shared ring stands while this node joins: welcomed (`done`), or every other member
+// answered closed (`closed`, with who did so far in `closed_by`).
+struct JoinProgress {
+  std::set<Ring*> done, closed;
+  std::map<Ring*, std::set<std::string>> closed_by;
+  size_t settled() const { return done.size() + closed.size(); }
+  bool open(Ring* ring) const { return !done.count(ring) && !closed.count(ring); }
+};
+
+// A closed answer `m` on `ring`'s tag: counted when it answers this life's request and comes from
+// a ring member; the ring is closed once every other member answered so.
+void takeClosed(const RingContext& context, Ring& ring, JoinProgress& progress, const Message& m) {
+  std::string why;
+  const auto closed = decodeClosed(m, &why);
+  if (!closed) {
+    CAIRN_WARN("ring ", ring.spec.id, ": dropped a message from \"", m.sender, "\": ", why);
+    return;
   }
-  if (done.count(&ring)) return false;
-  return acceptWelcome(context, ring, m);
+  if (closed->life != context.life || !membersOf(ring).count(closed->sender)) return;  // not ours
+  auto& by = progress.closed_by[&ring];
+  by.insert(closed->sender);
+  for (const auto& member : ring.spec.members)
+    if (member.name != context.node.name && !by.count(member.name)) return;
+  progress.closed.insert(&ring);
 }
 
-// The end of joinRings: false when no ring welcomed this node; otherwise the rings without a
-// welcome (within `wait`) go on with this node alone.
+// One message on a shared ring's control tag while joining: a join request is noted; a closed
+// answer is counted; a welcome into a ring still open is applied when it fits.
+void takeJoinAnswer(RingContext& context, Ring& ring, JoinProgress& progress, const Message& m) {
+  if (isClosed(m)) {
+    if (progress.open(&ring)) takeClosed(context, ring, progress, m);
+  } else if (!isWelcome(m)) {
+    noteJoinRequest(context, ring, m);
+  } else if (progress.open(&ring) && acceptWelcome(context, ring, m)) {
+    progress.done.insert(&ring);
+  }
+}
+
+// The end of joinRings: false when no ring welcomed this node and none was closed; otherwise the
+// rings without a welcome go on with this node alone: those closed (every other member left)
+// and those that sent nothing within `wait`.
 bool finishJoining(RingContext& context, const std::vector<Ring*>& shared,
-                   const std::set<Ring*>& done, std::chrono::milliseconds wait) {
-  if (done.empty()) {
+                   const JoinProgress& progress, std::chrono::milliseconds wait) {
+  if (progress.settled() == 0) {
     CAIRN_WARN("cross-cluster sync: no ring peer admitted ", context.node.name,
                " (every cluster starting or resuming together?): starting together with the "
                "others (RingRestart.h)");
     return false;
   }
-  for (Ring* ring : shared)
-    if (!done.count(ring)) {
+  for (Ring* ring : shared) {
+    if (progress.done.count(ring)) continue;
+    if (progress.closed.count(ring)) {
+      CAIRN_WARN("ring ", ring->spec.id, ": every other member left the ring (their run ended or "
+                 "their clusters paused); this node trains without it (its syncs are no-ops) "
+                 "and admits them when they ask");
+      context.countStats([](RingClusterSyncStats& s) { ++s.closed_rings; });
+    } else {
       CAIRN_WARN("ring ", ring->spec.id, ": no welcome within ", wait.count(),
                  " ms; this node trains without the ring (its syncs are no-ops)");
-      regroup(context, *ring, {context.node.name}, 0);
     }
+    regroup(context, *ring, {context.node.name}, 0);
+  }
   return true;
 }
 
@@ -276,23 +333,23 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
   CAIRN_INFO("cross-cluster sync: asked the ring peers to admit ", context.node.name, " (",
              shared.size(), " ring(s)); waiting up to ", wait.count(), " ms for a welcome");
   const auto deadline = Clock::now() + wait;
-  std::set<Ring*> done;  // the rings joined through a welcome
+  JoinProgress progress;
   std::set<std::string> heard;  // members whose join request came during this call
   // Requests are sent again every second to the rings not joined yet: a member that is told about
   // this node only now (a new cluster, RingClusterSync::addMembers) may have refused the first
   // connection, or dropped the request before it knew the name.
   auto next_ask = Clock::now() + kJoinRequestRepeat;
   std::optional<Clock::time_point> stop_seen;
-  while (done.size() < shared.size()) {
+  while (progress.settled() < shared.size()) {
     checkStop(context, &stop_seen, "for a welcome into its rings");
     const auto now = Clock::now();
     if (now >= deadline) break;
     if (now >= next_ask) {
       for (Ring* ring : shared)
-        if (!done.count(ring)) askToJoin(context, *ring);
+        if (progress.open(ring)) askToJoin(context, *ring);
       next_ask = Clock::now() + kJoinRequestRepeat;
     }
-    if (done.empty() && everyoneJoining(context, shared, heard)) {
+    if (progress.settled() == 0 && everyoneJoining(context, shared, heard)) {
       CAIRN_INFO("cross-cluster sync: every other ring member is joining too (all restarting)");
       // Once more, so that a member whose wait began after this node's last request hears one
       // during its wait and starts together too, instead of waiting for a welcome until this
@@ -309,9 +366,9 @@ bool joinRings(RingContext& context, const std::vector<Ring*>& shared) {
     Ring* ring = ringOfTag(shared, m->tag);
     std::string why;
     if (!isWelcome(*m) && decodeJoinRequest(*m, &why)) heard.insert(m->sender);
-    if (takeWelcome(context, *ring, done, *m)) done.insert(ring);
+    takeJoinAnswer(context, *ring, progress, *m);
   }
-  return finishJoining(context, shared, done, wait);
+  return finishJoining(context, shared, progress, wait);
 }
 
 // Drains this ring's join requests from the mailbox. Requests from members of the view are kept

@@ -1,5 +1,6 @@
 #include "node/ring/RingState.h"
 
+#include <random>
 #include <sstream>
 #include <utility>
 
@@ -96,6 +97,14 @@ void regroup(RingContext& context, Ring& ring, std::vector<std::string> view, in
     return g >= 0 && g < generation;
   };
   for (int i = 0; i < 4096 && context.mailbox.receive(stale, std::chrono::milliseconds(0)); ++i) {
+  }
+}
+
+uint64_t RingContext::newLife() {
+  std::random_device device;
+  for (;;) {
+    const uint64_t life = (uint64_t(device()) << 32) ^ uint64_t(device());
+    if (life != 0) return life;
   }
 }
 

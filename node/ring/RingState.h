@@ -45,6 +45,9 @@ struct RingClusterSyncStats {
   int64_t overlapped_gradient_syncs = 0;
   int64_t buckets_reduced_in_backward = 0;
   int64_t joined_rings = 0;    // rings this node joined through a welcome (setJoining)
+  // Rings in which every other member answered this node's join request with closed (they left:
+  // their run ended, or their clusters paused): this node trains without them (setJoining).
+  int64_t closed_rings = 0;
   uint64_t last_welcome_checksum =
       0;  // FNV-1a of the ring tensors sent/received in the last welcome
 };
@@ -88,6 +91,10 @@ struct RingContext {
 
   Mailbox& mailbox;
   const NodeSpec node;
+  // A random number of this process's rings, never 0: its join requests carry it, and a member
+  // that leaves answers a joiner it did not admit with it (RingJoin.h closed), so an answer meant
+  // for an earlier life of this node is not taken.
+  const uint64_t life = newLife();
   const SyncOptions sync;
   const std::chrono::milliseconds timeout;
   ProcessGroupOptions group_options;  // set by the constructor of RingClusterSync, then read-only
@@ -112,6 +119,8 @@ struct RingContext {
   mutable std::mutex stats_mutex;
   RingClusterSyncStats stats;
   uint64_t bytes_retired = 0;  // sent by the groups of earlier generations
+
+  static uint64_t newLife();
 
   template <typename F>
   void countStats(F&& update) {
@@ -145,6 +154,11 @@ struct Ring : RingBuckets {
   // same run: the 24-volunteer soak, seed 2).
   std::vector<PeerRef> held_members;
   static constexpr size_t kMaxStrangers = 64;
+  // Each member that asked to join: the life its latest request carried (0: none given). Kept
+  // after its request is dropped (a dropped member's old request is forgotten, but the joiner
+  // may still be waiting): a member that leaves answers each asker outside its view with a closed
+  // message naming that life (RingMembership.h answerAskersOnLeave).
+  std::map<std::string, uint64_t> asker_lives;
   int64_t transactions = 0;             // syncs of this ring committed (or kept) by this node
   // "average" mode: resultChecksum of the ring's tensors as its last committed sync left them (or
   // start(), or a welcome): bit-identical on every member, compared at the next sync

@@ -198,9 +198,11 @@ TEST(FuzzReplay, RingJoinCorpusAndRegressions) {
   Welcome welcome{"node_1", "ring_0", 3, {"node_1", "node_4"}, 40, 2, 0, {}};
   welcome.tensors = {{"fc.weight", torch::arange(6, torch::kFloat32).reshape({2, 3})}, {"fc.bias", torch::ones({2})}};
   welcome.checksum = 0x1234abcd;
-  const std::vector<std::vector<std::string>> messages = {wireParts(encode(JoinRequest{"node_4", "ring_0"})),
-                                                          wireParts(encode(welcome))};
-  checkProtocolCorpus("ring_join", messages, acceptedByOneOf(decodeJoinRequest, decodeWelcome), &fuzz::ringJoin);
+  const std::vector<std::vector<std::string>> messages = {
+      wireParts(encode(JoinRequest{"node_4", "ring_0"})), wireParts(encode(JoinRequest{"node_4", "ring_0", 77})),
+      wireParts(encode(welcome)), wireParts(encode(Closed{"node_1", "ring_0", 77}))};
+  checkProtocolCorpus("ring_join", messages, acceptedByOneOf(decodeJoinRequest, decodeWelcome, decodeClosed),
+                      &fuzz::ringJoin);
 }
 
 TEST(FuzzReplay, CollectiveNoticesCorpusAndRegressions) {

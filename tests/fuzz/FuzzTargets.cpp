@@ -144,9 +144,11 @@ void ringJoin(const uint8_t* data, size_t size) {
   const auto m = wireMessage(data, size);
   if (!m) return;
   (void)isWelcome(*m);
+  (void)isClosed(*m);
   auto encoder = [](const auto& value) { return encode(value); };
   fixedPoint(*m, decodeJoinRequest, encoder);
   fixedPoint(*m, decodeWelcome, encoder);
+  fixedPoint(*m, decodeClosed, encoder);
 }
 
 void collectiveNotices(const uint8_t* data, size_t size) {

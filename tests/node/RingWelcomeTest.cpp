@@ -572,5 +572,84 @@ TEST(RingGatedAdmission, AMemberListingMoreRingMembersStillAgreesOnJoiners) {
   EXPECT_EQ(r1_generation, 2);
 }
 
+// A joiner whose every ring peer leaves before admitting it — a cluster replaced near the end of
+// a short run resumes from its checkpoint while the live cluster finishes (integration
+// nat_replace) — is told so (RingJoin.h closed) and trains without the ring at once. Before, it
+// waited 3 × the ring timeout (60 s here) for a welcome nobody would send, then tried to start
+// together with a member that had gone. Gated (the sync schedule): r0, alone, only notes r1's
+// request at its syncs, decides to admit cluster 1 at a later boundary, and finishes first.
+// Checked: r0's decision names cluster 1 (its request arrived), r1's start() ends with the ring
+// closed and not joined, r1 alone in its view with its own (checkpoint's) weights, and its syncs
+// go on alone.
+TEST(RingGatedAdmission, AJoinerIsToldWhenEveryOtherMemberLeavesBeforeAdmittingIt) {
+  torch::manual_seed(48);
+  const State init = {{"0.weight", torch::randn({4, 3})}};
+  const std::vector<std::string> ports = testutil::freeLoopbackAddresses(2);
+  const std::map<std::string, std::string> addresses = {{"r0", ports[0]}, {"r1", ports[1]}};
+  zmq::context_t context;
+  Event r1_left, r0_alone;
+  std::vector<int64_t> decided_clusters;
+  RingClusterSyncStats r1_stats;
+  std::vector<std::string> r1_view, r1_view_after;
+  State r1_started;
+  std::exception_ptr r0_error, r1_error;
+  std::thread r0([&] {
+    try {
+      SetOnExit release{r0_alone};
+      runGatedNode(context, "r0", "ring_r", {"r0", "r1"}, addresses, init, false, true,
+                   [&](RingClusterSync& sync, torch::jit::Module& stage) {
+                     toBoundary(sync, stage, 2, 500);  // with r1
+                     r1_left.wait();
+                     toBoundary(sync, stage, 4, 500);  // drops r1 (it left)
+                     r0_alone.set();
+                     int64_t b = 4;
+                     for (int round = 0; !sync.pendingAdmission(); ++round) {
+                       if (round >= 4000) throw std::runtime_error("r1's join request never reached a sync");
+                       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                       b += 2;
+                       toBoundary(sync, stage, b, 500);
+                     }
+                     decided_clusters = sync.pendingAdmission()->clusters;
+                     sync.finish(b, stage);  // the run ends before the admission boundary
+                   });
+    } catch (...) {
+      r0_error = std::current_exception();
+    }
+  });
+  std::thread r1([&] {
+    try {
+      {
+        SetOnExit release{r1_left};
+        runGatedNode(context, "r1", "ring_r", {"r0", "r1"}, addresses, init, false, false,
+                     [&](RingClusterSync& sync, torch::jit::Module& stage) {
+                       toBoundary(sync, stage, 2, 600);
+                       sync.leave();
+                     });
+      }
+      r0_alone.wait();
+      runGatedNode(context, "r1", "ring_r", {"r0", "r1"}, addresses, init, true, false,
+                   [&](RingClusterSync& sync, torch::jit::Module& stage) {
+                     r1_stats = sync.stats();
+                     r1_view = sync.view("ring_r");
+                     r1_started = stateOf(stage);
+                     toBoundary(sync, stage, 2, 700);  // alone: a no-op sync
+                     r1_view_after = sync.view("ring_r");
+                   });
+    } catch (...) {
+      r1_error = std::current_exception();
+    }
+  });
+  r0.join();
+  r1.join();
+  if (r0_error) std::rethrow_exception(r0_error);
+  if (r1_error) std::rethrow_exception(r1_error);
+  EXPECT_EQ(decided_clusters, std::vector<int64_t>{1});
+  EXPECT_EQ(r1_stats.closed_rings, 1);
+  EXPECT_EQ(r1_stats.joined_rings, 0);
+  EXPECT_EQ(r1_view, std::vector<std::string>{"r1"});
+  EXPECT_EQ(r1_view_after, std::vector<std::string>{"r1"});
+  EXPECT_TRUE(torch::equal(r1_started.at("0.weight"), init.at("0.weight")));
+}
+
 }  // namespace
 }  // namespace cairn
