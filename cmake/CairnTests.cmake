@@ -41,16 +41,16 @@ function(cairn_gtest_suites target)
   if(NOT "PROCESSORS" IN_LIST props)
     list(APPEND props PROCESSORS ${CAIRN_TEST_PROCESSORS})
   endif()
-  # One BLAS thread in every test process (core/BlasThreads.h; tests/CMakeLists.txt gives the
-  # tests it registers itself the same).
+  # One BLAS thread and sleeping OpenMP waits in every test process (core/BlasThreads.h;
+  # tests/CMakeLists.txt gives the tests it registers itself the same, and says why).
   list(FIND props ENVIRONMENT env_at)
   if(env_at EQUAL -1)
-    list(APPEND props ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+    list(APPEND props ENVIRONMENT "OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE")
   else()
     math(EXPR env_at "${env_at} + 1")
     list(GET props ${env_at} env)
     list(REMOVE_AT props ${env_at})
-    list(INSERT props ${env_at} "${env}\\;OPENBLAS_NUM_THREADS=1")
+    list(INSERT props ${env_at} "${env}\\;OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE")
   endif()
   # Each property value as a bracket argument, so values with ; or spaces pass through unchanged.
   set(props_text "")

@@ -9,9 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-FUZZ_SECONDS=${CAIRN_FUZZ_SECONDS:-300}  # a cap only: 200,000 inputs take ~5-15 s per target here
+FUZZ_SECONDS=${CAIRN_FUZZ_SECONDS:-300}  # a cap only: 50,000 inputs take ~2-8 s per target here
 if [[ "$FUZZ_SECONDS" != "0" ]]; then
-  CAIRN_FUZZ_SEED=${CAIRN_FUZZ_SEED:-1} CAIRN_FUZZ_RUNS=${CAIRN_FUZZ_RUNS:-200000} \
+  CAIRN_FUZZ_SEED=${CAIRN_FUZZ_SEED:-1} CAIRN_FUZZ_RUNS=${CAIRN_FUZZ_RUNS:-50000} \
     tools/fuzz.sh "$FUZZ_SECONDS"
 fi
 BUILD_DIR=${CAIRN_BUILD_DIR:-build}

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/Error.h"
 #include "core/Log.h"
 #include "core/SendPacer.h"
 #include "core/NodeData.h"
@@ -20,6 +21,25 @@
 #include "node/volunteer/VolunteerPeers.h"
 
 namespace cairn {
+
+namespace {
+
+// How long the compute probe measures: 1.5 s, or CAIRN_TEST_PROBE_MS (tests only, 500 to 1500:
+// the suite starts some two hundred volunteers on 2 cores, each probing with every core; the
+// measurement takes at least 5 rounds of 100 ms whatever it is given, core/MatmulSpeed.h).
+std::chrono::milliseconds computeProbeDuration() {
+  constexpr std::chrono::milliseconds kDefault{1500};
+  const char* value = std::getenv("CAIRN_TEST_PROBE_MS");
+  if (!value || !*value) return kDefault;
+  char* end = nullptr;
+  const long ms = std::strtol(value, &end, 10);
+  if (*end != '\0' || ms < 500 || ms > kDefault.count())
+    CAIRN_THROW(BadInput, "CAIRN_TEST_PROBE_MS=", value, ": expected milliseconds from 500 to ",
+                kDefault.count());
+  return std::chrono::milliseconds(ms);
+}
+
+}  // namespace
 
 // What it gives, not what it has.
 VolunteerProbe probeThisMachine(const VolunteerConfig& config) {
@@ -33,7 +53,7 @@ VolunteerProbe probeThisMachine(const VolunteerConfig& config) {
   if (probe.cores != measured.cores || probe.ram_gb != measured.ram_gb)
     CAIRN_INFO("probe: giving ", probe.cores, " of ", measured.cores, " cores and ",
                probe.ram_gb, " of ", measured.ram_gb, " GB (--cores, --memory-gb)");
-  probe.compute_gflops = probeComputeGflops(1024, std::chrono::milliseconds(1500), probe.cores);
+  probe.compute_gflops = probeComputeGflops(1024, computeProbeDuration(), probe.cores);
   std::string no_gpus;
   probe.gpus = probeGpus(&no_gpus);
   if (probe.gpus.empty()) CAIRN_INFO("probe: GPUs: none (", no_gpus, ")");
