@@ -4,8 +4,8 @@
 //   join request  {"type":"join","life":L}, no tensors: a joining node asks a ring member to admit
 //                 it; L, a random number of the joiner's process (RingContext::life), is what a
 //                 closed answer names (older senders omit it: 0)
-//   closed        {"type":"closed","life":L}, no tensors: the sender left the ring (its run ended,
-//                 or its cluster paused) and will not admit the request of life L
+//   closed        {"type":"closed","life":L}, no tensors: the sender finished its run and will not
+//                 admit the request of life L
 //   welcome       {"type":"welcome","generation":g,"view":[names],"step":s,"transactions":S,
 //                 "checksum":h} and the ring's tensors (value.<i>, previous.<i>, momentum.<i>):
 //                 the lowest-ranked member of the view admits a joiner
@@ -37,7 +37,7 @@ struct JoinRequest {
   uint64_t life = 0;  // the joiner's RingContext::life (0: not given)
 };
 
-// The answer of a member that leaves the ring to a joiner it did not admit.
+// The answer of a member that finished its run to a joiner it did not admit.
 struct Closed {
   std::string sender;
   std::string ring_id;

@@ -23,7 +23,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kLeaveSendTimeout{100};
 // A joiner's connection may be new (a restarted process at the old address): the transport
-// redials at least once a second (ZmqTransport), so an answer gets through within this.
+// redials at least once a second (ZmqTransport), so a closed answer gets through within this.
 constexpr std::chrono::milliseconds kClosedSendTimeout{1500};
 
 // A public call's hold on the rings (RingClusterSync.h rings_mutex_, busy_): counted busy before
@@ -360,7 +360,6 @@ void RingClusterSync::leave() {
   if (overlap_) overlap_->cancel();
   std::vector<std::string> told;
   for (auto& ring : rings_) {
-    if (ring->spec.members.size() > 1) answerAskersOnLeave(context_, *ring, kClosedSendTimeout);
     if (!ring->group) continue;
     ring->group->sendLeave(kLeaveSendTimeout);
     for (const auto& m : ring->view)
@@ -391,8 +390,10 @@ void RingClusterSync::finish(int64_t steps, torch::jit::Module& stage) {
              context_.stats.members_joined, ", syncs redone ", context_.stats.redone_syncs,
              "; gradient syncs overlapped with backward ", context_.stats.overlapped_gradient_syncs,
              " (buckets started during backward ", context_.stats.buckets_reduced_in_backward, ")");
-  // The run ended: members still training (a joiner that resumed from an older step) drop this
-  // node at once instead of timing out on it.
+  // The run ended: joiners it did not admit stop waiting for it (a cluster that replaced a
+  // volunteer near the end and resumed from an older step: RingMembership.h answerFinished), and
+  // members still training drop this node at once instead of timing out on it.
+  for (Ring* ring : sharedRings()) answerFinished(context_, *ring, kClosedSendTimeout);
   leave();
 }
 

@@ -176,7 +176,7 @@ void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
   ring.asker_lives[request->sender] = request->life;
 }
 
-void answerAskersOnLeave(RingContext& context, Ring& ring, std::chrono::milliseconds timeout) {
+void answerFinished(RingContext& context, Ring& ring, std::chrono::milliseconds timeout) {
   collectJoinRequests(context, ring);
   std::vector<std::string> told;
   for (const auto& [name, life] : ring.asker_lives) {
@@ -189,11 +189,11 @@ void answerAskersOnLeave(RingContext& context, Ring& ring, std::chrono::millisec
       told.push_back(name);
     else
       CAIRN_INFO("ring ", ring.spec.id, ": could not tell ", name, " (it asked to join) that this "
-                 "node left the ring (", toString(status), "); it waits for a welcome until its timeout");
+                 "node finished its run (", toString(status), "); it waits for a welcome until its timeout");
   }
   if (!told.empty())
     CAIRN_INFO("ring ", ring.spec.id, ": told ", joinedNames(told),
-               " (asking to join, not admitted) that this node left the ring");
+               " (asking to join, not admitted) that this node finished its run");
 }
 
 // The ring's tensors as a welcome carries them (value.<i>, previous.<i>, momentum.<i>); `copy`:
@@ -292,8 +292,8 @@ void takeJoinAnswer(RingContext& context, Ring& ring, JoinProgress& progress, co
 }
 
 // The end of joinRings: false when no ring welcomed this node and none was closed; otherwise the
-// rings without a welcome go on with this node alone: those closed (every other member left)
-// and those that sent nothing within `wait`.
+// rings without a welcome go on with this node alone: those closed (every other member finished
+// its run) and those that sent nothing within `wait`.
 bool finishJoining(RingContext& context, const std::vector<Ring*>& shared,
                    const JoinProgress& progress, std::chrono::milliseconds wait) {
   if (progress.settled() == 0) {
@@ -305,9 +305,8 @@ bool finishJoining(RingContext& context, const std::vector<Ring*>& shared,
   for (Ring* ring : shared) {
     if (progress.done.count(ring)) continue;
     if (progress.closed.count(ring)) {
-      CAIRN_WARN("ring ", ring->spec.id, ": every other member left the ring (their run ended or "
-                 "their clusters paused); this node trains without it (its syncs are no-ops) "
-                 "and admits them when they ask");
+      CAIRN_WARN("ring ", ring->spec.id, ": every other member finished its run; this node trains "
+                 "without the ring (its syncs are no-ops)");
       context.countStats([](RingClusterSyncStats& s) { ++s.closed_rings; });
     } else {
       CAIRN_WARN("ring ", ring->spec.id, ": no welcome within ", wait.count(),

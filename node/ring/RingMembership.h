@@ -4,7 +4,7 @@
 //                 (up to 3 × timeout) for one welcome per ring, validate it against this stage's
 //                 buckets and copy what it carries (parameters, buffers, DiLoCo θ_prev/momentum)
 //                 into the stage; a welcome that does not fit is dropped with a warning. A ring
-//                 whose every other member answered closed (they left) is not waited for.
+//                 whose every other member answered closed (they finished) is not waited for.
 //   member side   collectJoinRequests: drain this ring's join requests from the mailbox (from
 //                 ring members only); admit: after the commit of the sync that agreed on them,
 //                 the lowest-ranked member of the view sends each joiner a welcome, and every
@@ -48,12 +48,13 @@ bool acceptWelcome(RingContext& context, Ring& ring, const Message& m,
 // request from a ring member other than this node (a non-member's is kept aside in
 // Ring::strangers); anything else is dropped with a warning.
 void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m);
-// Leaving the ring (its run ended, or its cluster pauses): each member outside the view that asked
-// to join (Ring::asker_lives, after draining the requests queued) is told, within `timeout` each,
-// that this node left and will not admit it (RingJoin.h closed, naming the request's life). A
+// The run ended here (RingClusterSync::finish): each member outside the view that asked to join
+// (Ring::asker_lives, after draining the requests queued) is told, within `timeout` each, that
+// this node finished and will not admit it (RingJoin.h closed, naming the request's life). A
 // joiner every other member of a ring told so stops waiting for that ring and trains without it,
-// instead of waiting out 3 × the ring timeout for a welcome nobody will send.
-void answerAskersOnLeave(RingContext& context, Ring& ring, std::chrono::milliseconds timeout);
+// instead of waiting out 3 × the ring timeout for a welcome nobody will send. Not on a pause
+// (leave): a paused member comes back asking to join, and its joiners start together with it.
+void answerFinished(RingContext& context, Ring& ring, std::chrono::milliseconds timeout);
 // The ring's tensors as a welcome carries them; `copy`: each its own copy (for a snapshot).
 std::vector<NamedTensor> welcomeTensors(const Ring& ring, bool copy);
 // Sends `message` (a welcome) to each joiner within the ring timeout; a failed send is logged

@@ -45,8 +45,8 @@ struct RingClusterSyncStats {
   int64_t overlapped_gradient_syncs = 0;
   int64_t buckets_reduced_in_backward = 0;
   int64_t joined_rings = 0;    // rings this node joined through a welcome (setJoining)
-  // Rings in which every other member answered this node's join request with closed (they left:
-  // their run ended, or their clusters paused): this node trains without them (setJoining).
+  // Rings in which every other member answered this node's join request with closed (they finished
+  // their run): this node trains without them (setJoining).
   int64_t closed_rings = 0;
   uint64_t last_welcome_checksum =
       0;  // FNV-1a of the ring tensors sent/received in the last welcome
@@ -92,8 +92,8 @@ struct RingContext {
   Mailbox& mailbox;
   const NodeSpec node;
   // A random number of this process's rings, never 0: its join requests carry it, and a member
-  // that leaves answers a joiner it did not admit with it (RingJoin.h closed), so an answer meant
-  // for an earlier life of this node is not taken.
+  // that finishes its run answers a joiner it did not admit with it (RingJoin.h closed), so an
+  // answer meant for an earlier life of this node is not taken.
   const uint64_t life = newLife();
   const SyncOptions sync;
   const std::chrono::milliseconds timeout;
@@ -156,8 +156,8 @@ struct Ring : RingBuckets {
   static constexpr size_t kMaxStrangers = 64;
   // Each member that asked to join: the life its latest request carried (0: none given). Kept
   // after its request is dropped (a dropped member's old request is forgotten, but the joiner
-  // may still be waiting): a member that leaves answers each asker outside its view with a closed
-  // message naming that life (RingMembership.h answerAskersOnLeave).
+  // may still be waiting): a member that finishes its run answers each asker outside its view with
+  // a closed message naming that life (RingMembership.h answerFinished).
   std::map<std::string, uint64_t> asker_lives;
   int64_t transactions = 0;             // syncs of this ring committed (or kept) by this node
   // "average" mode: resultChecksum of the ring's tensors as its last committed sync left them (or

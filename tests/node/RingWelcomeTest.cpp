@@ -572,7 +572,7 @@ TEST(RingGatedAdmission, AMemberListingMoreRingMembersStillAgreesOnJoiners) {
   EXPECT_EQ(r1_generation, 2);
 }
 
-// A joiner whose every ring peer leaves before admitting it — a cluster replaced near the end of
+// A joiner whose every ring peer finishes its run before admitting it — a cluster replaced near the end of
 // a short run resumes from its checkpoint while the live cluster finishes (integration
 // nat_replace) — is told so (RingJoin.h closed) and trains without the ring at once. Before, it
 // waited 3 × the ring timeout (60 s here) for a welcome nobody would send, then tried to start
@@ -581,7 +581,7 @@ TEST(RingGatedAdmission, AMemberListingMoreRingMembersStillAgreesOnJoiners) {
 // Checked: r0's decision names cluster 1 (its request arrived), r1's start() ends with the ring
 // closed and not joined, r1 alone in its view with its own (checkpoint's) weights, and its syncs
 // go on alone.
-TEST(RingGatedAdmission, AJoinerIsToldWhenEveryOtherMemberLeavesBeforeAdmittingIt) {
+TEST(RingGatedAdmission, AJoinerIsToldWhenEveryOtherMemberFinishesBeforeAdmittingIt) {
   torch::manual_seed(48);
   const State init = {{"0.weight", torch::randn({4, 3})}};
   const std::vector<std::string> ports = testutil::freeLoopbackAddresses(2);
