@@ -572,8 +572,8 @@ TEST(RingGatedAdmission, AMemberListingMoreRingMembersStillAgreesOnJoiners) {
   EXPECT_EQ(r1_generation, 2);
 }
 
-// A joiner whose every ring peer finishes its run before admitting it — a cluster replaced near the end of
-// a short run resumes from its checkpoint while the live cluster finishes (integration
+// A joiner whose every ring peer finishes its run before admitting it — a cluster replaced near
+// the end of a short run resumes from its checkpoint while the live cluster finishes (integration
 // nat_replace) — is told so (RingJoin.h closed) and trains without the ring at once. Before, it
 // waited 3 × the ring timeout (60 s here) for a welcome nobody would send, then tried to start
 // together with a member that had gone. Gated (the sync schedule): r0, alone, only notes r1's
