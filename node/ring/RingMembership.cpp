@@ -189,7 +189,8 @@ void answerFinished(RingContext& context, Ring& ring, std::chrono::milliseconds 
       told.push_back(name);
     else
       CAIRN_INFO("ring ", ring.spec.id, ": could not tell ", name, " (it asked to join) that this "
-                 "node finished its run (", toString(status), "); it waits for a welcome until its timeout");
+                 "node finished its run (", toString(status),
+                 "); it waits for a welcome until its timeout");
   }
   if (!told.empty())
     CAIRN_INFO("ring ", ring.spec.id, ": told ", joinedNames(told),
