@@ -25,7 +25,9 @@ uninterrupted run does (the losses of those steps are computed before the last s
 steps the resumed cluster would be welcomed with the live cluster's weights of a later sync, which
 one depending on when its join request reaches the live Root relative to that Root's syncs:
 losses that are neither the uninterrupted run's nor the same from run to run. The resumed
-cluster's members wait 3 x max(startup_s, peer_s) for a welcome that cannot come; the flat
+cluster's members ask to join; the live cluster's members, finishing, answer that they finished
+(docs/PROTOCOL.md "ring closed"), and the resumed ones train their last steps without the rings at
+once (before, they waited 3 x max(startup_s, peer_s) for a welcome that could not come); the flat
 reference runs meanwhile.
 
 Checked (outcomes only):
