@@ -374,6 +374,30 @@ void toBoundary(RingClusterSync& sync, torch::jit::Module& stage, int64_t b, uin
   sync.afterOptimizerStep(b - 1, stage);
 }
 
+// A Root alone in its ring, from boundary `b` on: syncs boundary after boundary (each noted by
+// `at_boundary`) until a sync saw a join request and it decided an admission; the last boundary.
+int64_t syncUntilAdmissionDecided(RingClusterSync& sync, torch::jit::Module& stage, int64_t b,
+                                  uint64_t salt, const std::function<void(int64_t)>& at_boundary) {
+  for (int round = 0; !sync.pendingAdmission(); ++round) {
+    if (round >= 4000) throw std::runtime_error("r1's join request never reached a sync");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    b += 2;
+    toBoundary(sync, stage, b, salt);
+    at_boundary(b);
+  }
+  return b;
+}
+
+// r1's first life in the ring {r0, r1} (gated): one sync with r0, then it leaves.
+void firstLifeLeaves(zmq::context_t& context, const std::map<std::string, std::string>& addresses,
+                     const State& init, uint64_t salt) {
+  runGatedNode(context, "r1", "ring_r", {"r0", "r1"}, addresses, init, false, false,
+               [salt](RingClusterSync& sync, torch::jit::Module& stage) {
+                 toBoundary(sync, stage, 2, salt);
+                 sync.leave();
+               });
+}
+
 // Gated admissions (ClusterSync::gateAdmissions): two clusters of two stages, a Root ring
 // {r0, r1} and a Leaf ring {l0, l1}. Cluster 1 pauses (both its stages leave) and resumes. Its
 // Root asks first; cluster 0's Root, alone in its ring, sees the request at a sync (boundary d)
@@ -419,14 +443,8 @@ TEST(RingGatedAdmission, AClusterIsAdmittedAtTheSameBoundaryInEveryRing) {
                      r1_left.wait();
                      toBoundary(sync, stage, 4, 100);  // drops r1 (it left)
                      r0_alone.set();
-                     int64_t b = 4;
-                     for (int round = 0; !sync.pendingAdmission(); ++round) {
-                       if (round >= 4000) throw std::runtime_error("r1's join request never reached a sync");
-                       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-                       b += 2;
-                       toBoundary(sync, stage, b, 100);
-                       r0_at[b] = stateOf(stage);
-                     }
+                     int64_t b = syncUntilAdmissionDecided(
+                         sync, stage, 4, 100, [&](int64_t at_b) { r0_at[at_b] = stateOf(stage); });
                      decided_at = b;
                      at = sync.pendingAdmission()->steps_done;
                      decided_clusters = sync.pendingAdmission()->clusters;
@@ -544,11 +562,7 @@ TEST(RingGatedAdmission, AMemberListingMoreRingMembersStillAgreesOnJoiners) {
   std::thread r1([&] {
     try {
       SetOnExit release{r1_left};
-      runGatedNode(context, "r1", "ring_r", {"r0", "r1"}, addresses, init, false, false,
-                   [&](RingClusterSync& sync, torch::jit::Module& stage) {
-                     toBoundary(sync, stage, 2, 300);
-                     sync.leave();
-                   });
+      firstLifeLeaves(context, addresses, init, 300);
       r1_left.set();
       r0_alone.wait();
       runGatedNode(context, "r1", "ring_r", {"r0", "r1", "r2"}, addresses, init, true, false,
@@ -602,13 +616,8 @@ TEST(RingGatedAdmission, AJoinerIsToldWhenEveryOtherMemberFinishesBeforeAdmittin
                      r1_left.wait();
                      toBoundary(sync, stage, 4, 500);  // drops r1 (it left)
                      r0_alone.set();
-                     int64_t b = 4;
-                     for (int round = 0; !sync.pendingAdmission(); ++round) {
-                       if (round >= 4000) throw std::runtime_error("r1's join request never reached a sync");
-                       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-                       b += 2;
-                       toBoundary(sync, stage, b, 500);
-                     }
+                     const int64_t b =
+                         syncUntilAdmissionDecided(sync, stage, 4, 500, [](int64_t) {});
                      decided_clusters = sync.pendingAdmission()->clusters;
                      sync.finish(b, stage);  // the run ends before the admission boundary
                    });
@@ -620,11 +629,7 @@ TEST(RingGatedAdmission, AJoinerIsToldWhenEveryOtherMemberFinishesBeforeAdmittin
     try {
       {
         SetOnExit release{r1_left};
-        runGatedNode(context, "r1", "ring_r", {"r0", "r1"}, addresses, init, false, false,
-                     [&](RingClusterSync& sync, torch::jit::Module& stage) {
-                       toBoundary(sync, stage, 2, 600);
-                       sync.leave();
-                     });
+        firstLifeLeaves(context, addresses, init, 600);
       }
       r0_alone.wait();
       runGatedNode(context, "r1", "ring_r", {"r0", "r1"}, addresses, init, true, false,
