@@ -23,8 +23,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kLeaveSendTimeout{100};
 // A joiner's connection may be new (a restarted process at the old address): the transport
-// redials at least once a second (ZmqTransport), so a closed answer gets through within this.
-constexpr std::chrono::milliseconds kClosedSendTimeout{1500};
+// redials at least once a second (ZmqTransport), so a closed answer gets through within this,
+// three redials even on a loaded machine. It is waited out only for an asker that is gone.
+constexpr std::chrono::milliseconds kClosedSendTimeout{3000};
 
 // A public call's hold on the rings (RingClusterSync.h rings_mutex_, busy_): counted busy before
 // the lock is taken, until after it is released.
