@@ -93,27 +93,40 @@ bool lifeOf(const nlohmann::json& j, bool optional, uint64_t* life, std::string*
 bool isWelcome(const Message& m) { return hasType(m, "welcome"); }
 bool isClosed(const Message& m) { return hasType(m, "closed"); }
 
-std::optional<JoinRequest> decodeJoinRequest(const Message& m, std::string* why) {
-  JoinRequest request{m.sender, ""};
+namespace {
+
+// A tensor-free ring message of `type` carrying a "life" (join request, closed): its ring id and
+// life, or false with the problem.
+bool lifeMessage(const Message& m, const std::string& type, bool life_optional, std::string* ring_id,
+                 uint64_t* life, std::string* problem) {
   nlohmann::json j;
+  if (!validRingMessage(m, ring_id, &j, problem)) return false;
+  if (j["type"] != type) {
+    *problem = "\"type\" is not " + type;
+    return false;
+  }
+  if (!m.tensors.empty()) {
+    *problem = "carries tensors";
+    return false;
+  }
+  return lifeOf(j, life_optional, life, problem);
+}
+
+}  // namespace
+
+std::optional<JoinRequest> decodeJoinRequest(const Message& m, std::string* why) {
+  JoinRequest request{m.sender, "", 0};
   std::string problem;
-  if (!validRingMessage(m, &request.ring_id, &j, &problem))
+  if (!lifeMessage(m, "join", /*life_optional=*/true, &request.ring_id, &request.life, &problem))
     return reject<JoinRequest>(why, "join request", problem);
-  if (j["type"] != "join") return reject<JoinRequest>(why, "join request", "\"type\" is not join");
-  if (!m.tensors.empty()) return reject<JoinRequest>(why, "join request", "carries tensors");
-  if (!lifeOf(j, true, &request.life, &problem)) return reject<JoinRequest>(why, "join request", problem);
   return request;
 }
 
 std::optional<Closed> decodeClosed(const Message& m, std::string* why) {
   Closed closed{m.sender, "", 0};
-  nlohmann::json j;
   std::string problem;
-  if (!validRingMessage(m, &closed.ring_id, &j, &problem))
+  if (!lifeMessage(m, "closed", /*life_optional=*/false, &closed.ring_id, &closed.life, &problem))
     return reject<Closed>(why, "closed", problem);
-  if (j["type"] != "closed") return reject<Closed>(why, "closed", "\"type\" is not closed");
-  if (!m.tensors.empty()) return reject<Closed>(why, "closed", "carries tensors");
-  if (!lifeOf(j, false, &closed.life, &problem)) return reject<Closed>(why, "closed", problem);
   return closed;
 }
 
