@@ -29,13 +29,14 @@ failures=0
 files=()
 while IFS= read -r -d '' file; do files+=("$file"); done < <(
   find "${ROOMS[@]}" -type f \( -name '*.h' -o -name '*.cpp' \) -print0 | sort -z)
-for file in "${files[@]}"; do
-  lines=$(wc -l < "$file")
+# One wc for every file (a wc per file was most of the check's time); its "total" line is skipped.
+while read -r lines file; do
+  [[ -n "$file" && -f "$file" ]] || continue
   if ((lines > MAX_FILE_LINES)) && ! excepted "$file"; then
     echo "$file: $lines lines (at most $MAX_FILE_LINES: split it along a seam)"
     failures=$((failures + 1))
   fi
-done
+done < <(wc -l "${files[@]}")
 while IFS=$'\t' read -r length file name line; do
   if ! excepted "$file:$name"; then
     echo "$file:$line: function $name is $length lines (at most $MAX_FUNCTION_LINES)"
