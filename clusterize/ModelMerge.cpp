@@ -8,18 +8,13 @@
 #include "core/Error.h"
 #include "core/JsonReader.h"
 #include "core/NodeData.h"
+#include "core/TensorText.h"
 
 namespace cairn::clusterize {
 namespace {
 
 namespace fs = std::filesystem;
 
-
-std::string describe(const torch::Tensor& t) {
-  std::string shape = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) shape += (d ? ", " : "") + std::to_string(t.size(d));
-  return std::string(c10::toString(t.scalar_type())) + " " + shape + "]";
-}
 
 struct PlanStage {
   std::string node;
@@ -137,7 +132,7 @@ std::map<std::string, torch::Tensor> readCluster(const std::string& node_data,
         if (t.sizes() != in_model->second.sizes() ||
             t.scalar_type() != in_model->second.scalar_type())
           CAIRN_THROW(BadInput, file, ": ", where, ": ", kind, " ", inQuotes(name), " is ",
-                      describe(t), " but the model's is ", describe(in_model->second));
+                      describeTensor(t), " but the model's is ", describeTensor(in_model->second));
         // A shared parameter's copies: every holder has one (equal by training), the ring
         // holder's is taken; its other names are the same tensor in the model.
         if (plan.alias_of.count(name)) continue;

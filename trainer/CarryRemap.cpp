@@ -5,19 +5,13 @@
 #include <algorithm>
 #include <functional>
 #include <set>
-#include <sstream>
 
 #include "core/Error.h"
+#include "core/TensorText.h"
 #include "trainer/CheckpointCarry.h"
 
 namespace cairn {
 namespace {
-
-std::string describe(const torch::Tensor& t) {
-  std::ostringstream s;
-  s << c10::toString(t.scalar_type()) << " " << t.sizes();
-  return s.str();
-}
 
 // "optim.<i>.<field>" / "grad.<i>": the index and the field ("" for grad); false if malformed.
 bool splitIndexed(const std::string& name, const std::string& prefix, size_t* index,
@@ -183,7 +177,7 @@ size_t carryWeights(const CarryStage& stage, const std::string& who,
     if (it->second.value.sizes() != target.sizes() ||
         it->second.value.scalar_type() != target.scalar_type())
       CAIRN_THROW(BadInput, sources[it->second.stage], ": \"", name, "\" is ",
-                  describe(it->second.value), " but ", who, " has ", describe(target));
+                  describeTensor(it->second.value), " but ", who, " has ", describeTensor(target));
     it->second.used = true;
     if (j == 0) rng_from = it->second.stage;
     d->tensors.emplace_back("stage." + name, it->second.value);

@@ -5,18 +5,13 @@
 #include <sstream>
 
 #include "core/Error.h"
+#include "core/TensorText.h"
 
 namespace cairn {
 namespace {
 
-std::string describe(const torch::Tensor& t) {
-  std::ostringstream out;
-  out << c10::toString(t.scalar_type()) << " " << t.sizes();
-  return out.str();
-}
-
-std::string describe(const c10::IValue& v) {
-  if (v.isTensor()) return "a tensor " + describe(v.toTensor());
+std::string describeValue(const c10::IValue& v) {
+  if (v.isTensor()) return "a tensor " + describeTensor(v.toTensor());
   return "a value of type " + v.type()->annotation_str();
 }
 
@@ -125,7 +120,7 @@ int64_t ScriptedLoss::toCount(const c10::IValue& value, const char* what) const 
     number = value.toTensor().detach().item<double>();
   } else {
     fail(std::string(what) + " must return the number of loss terms as an int or a one-element " +
-         "tensor, got " + describe(value));
+         "tensor, got " + describeValue(value));
   }
   if (!(number >= 0) || number != std::floor(number) || number > 9e15)
     fail(std::string(what) + " returned " + std::to_string(number) +
@@ -139,16 +134,16 @@ std::pair<torch::Tensor, int64_t> ScriptedLoss::sumAndCount(const torch::Tensor&
   try {
     result = module_.forward({output, target});
   } catch (const std::exception& e) {
-    fail("forward(output " + describe(output) + ", target " + describe(target) +
+    fail("forward(output " + describeTensor(output) + ", target " + describeTensor(target) +
          ") failed: " + messageOf(e));
   }
   if (!result.isTuple() || result.toTupleRef().elements().size() != 2)
-    fail("forward must return (sum, count), got " + describe(result));
+    fail("forward must return (sum, count), got " + describeValue(result));
   const auto& elements = result.toTupleRef().elements();
   if (!elements[0].isTensor() || elements[0].toTensor().numel() != 1 ||
       !elements[0].toTensor().is_floating_point())
     fail("forward's first result must be the sum of the loss terms, one floating-point element; "
-         "got " + describe(elements[0]));
+         "got " + describeValue(elements[0]));
   torch::Tensor sum = elements[0].toTensor().reshape({});
   if (sum.scalar_type() == torch::kBFloat16 || sum.scalar_type() == torch::kHalf)
     sum = sum.to(torch::kFloat);
@@ -163,7 +158,7 @@ int64_t ScriptedLoss::count(const torch::Tensor& target) {
   try {
     result = module_.run_method("count", target);
   } catch (const std::exception& e) {
-    fail("count(target " + describe(target) + ") failed: " + messageOf(e));
+    fail("count(target " + describeTensor(target) + ") failed: " + messageOf(e));
   }
   return toCount(result, "count");
 }
@@ -175,7 +170,7 @@ torch::Tensor ScriptedLoss::microbatchLoss(const torch::Tensor& output, const to
   if (terms != expected)
     fail("forward counted " + std::to_string(terms) + " loss terms, but " +
          (has_count_ ? "count(target)" : std::string("target.numel() (the module has no count)")) +
-         " gives " + std::to_string(expected) + " for the same target " + describe(target) +
+         " gives " + std::to_string(expected) + " for the same target " + describeTensor(target) +
          ": the Root divides by the batch's count before any output exists, so the count must "
          "follow from the target alone (export a count(target) method that returns it)");
   return sum / denominator;

@@ -111,7 +111,7 @@ class ImageFolderDataset : public Dataset {
   mutable uint64_t draws_ = 0;
 };
 
-ImageList limited(ImageList list, int64_t limit) {
+ImageList limitedImages(ImageList list, int64_t limit) {
   if (limit > 0 && limit < int64_t(list.samples.size())) list.samples.resize(size_t(limit));
   return list;
 }
@@ -129,10 +129,10 @@ DatasetPair loadImageFolderDatasets(const DataOptions& o, uint64_t seed) {
                   o.location, " (", train.classes.size(),
                   "); the class index is the position of the folder name");
     pair.test =
-        std::make_unique<ImageFolderDataset>(limited(std::move(test), o.test_samples), o, seed);
+        std::make_unique<ImageFolderDataset>(limitedImages(std::move(test), o.test_samples), o, seed);
   }
   pair.train =
-      std::make_unique<ImageFolderDataset>(limited(std::move(train), o.train_samples), o, seed);
+      std::make_unique<ImageFolderDataset>(limitedImages(std::move(train), o.train_samples), o, seed);
   return pair;
 }
 

@@ -192,7 +192,7 @@ int64_t countOf(const std::vector<Segment>& segments) {
   return n;
 }
 
-int64_t limited(int64_t n, int64_t limit) { return limit > 0 ? std::min(n, limit) : n; }
+int64_t limitedCount(int64_t n, int64_t limit) { return limit > 0 ? std::min(n, limit) : n; }
 
 }  // namespace
 
@@ -211,10 +211,10 @@ DatasetPair loadTokenDatasets(const DataOptions& o) {
   }
   DatasetPair pair;
   pair.train = std::make_unique<TokenDataset>(
-      slice(train, 0, limited(countOf(train), o.train_samples)), o.block_length);
+      slice(train, 0, limitedCount(countOf(train), o.train_samples)), o.block_length);
   if (countOf(test) > 0)
     pair.test = std::make_unique<TokenDataset>(
-        slice(test, 0, limited(countOf(test), o.test_samples)), o.block_length);
+        slice(test, 0, limitedCount(countOf(test), o.test_samples)), o.block_length);
   return pair;
 }
 
