@@ -20,6 +20,7 @@ double measureMatmulGflops(int threads, int size, std::chrono::milliseconds dura
   const double flops_per_matmul = 2.0 * size * size * size;
   std::vector<double> rates;
   using Clock = std::chrono::steady_clock;
+  const auto round = std::min<Clock::duration>(std::chrono::milliseconds(100), duration / 5);
   const auto end = Clock::now() + duration;
   while (Clock::now() < end || rates.size() < 5) {
     const auto start = Clock::now();
@@ -27,7 +28,7 @@ double measureMatmulGflops(int threads, int size, std::chrono::milliseconds dura
     do {
       torch::mm_out(c, a, b);
       ++n;
-    } while (Clock::now() - start < std::chrono::milliseconds(100));
+    } while (Clock::now() - start < round);
     const double s = std::chrono::duration<double>(Clock::now() - start).count();
     rates.push_back(flops_per_matmul * n / s / 1e9);
   }

@@ -24,19 +24,28 @@ namespace cairn {
 
 namespace {
 
-// How long the compute probe measures: 1.5 s, or CAIRN_TEST_PROBE_MS (tests only, 500 to 1500:
-// the suite starts some two hundred volunteers on 2 cores, each probing with every core; the
-// measurement takes at least 5 rounds of 100 ms whatever it is given, core/MatmulSpeed.h).
-std::chrono::milliseconds computeProbeDuration() {
-  constexpr std::chrono::milliseconds kDefault{1500};
+// The compute probe: 1024² sgemms for 1.5 s, or CAIRN_TEST_PROBE_MS (tests only, 100 to 1500):
+// the suite starts some two hundred volunteers on 2 cores, each probing with every core, and no
+// test depends on the figure. Below 500 ms the sgemms are 512² (8 times fewer flops each: a
+// 1024² one takes ~45 ms on 2 cores here, and the measurement takes at least 5 rounds of at least
+// one, core/MatmulSpeed.h).
+struct ComputeProbeSettings {
+  int size = 1024;
+  std::chrono::milliseconds duration{1500};
+};
+
+ComputeProbeSettings computeProbeSettings() {
+  ComputeProbeSettings settings;
   const char* value = std::getenv("CAIRN_TEST_PROBE_MS");
-  if (!value || !*value) return kDefault;
+  if (!value || !*value) return settings;
   char* end = nullptr;
   const long ms = std::strtol(value, &end, 10);
-  if (*end != '\0' || ms < 500 || ms > kDefault.count())
-    CAIRN_THROW(BadInput, "CAIRN_TEST_PROBE_MS=", value, ": expected milliseconds from 500 to ",
-                kDefault.count());
-  return std::chrono::milliseconds(ms);
+  if (*end != '\0' || ms < 100 || ms > settings.duration.count())
+    CAIRN_THROW(BadInput, "CAIRN_TEST_PROBE_MS=", value, ": expected milliseconds from 100 to ",
+                settings.duration.count());
+  settings.duration = std::chrono::milliseconds(ms);
+  if (ms < 500) settings.size = 512;
+  return settings;
 }
 
 }  // namespace
@@ -53,7 +62,8 @@ VolunteerProbe probeThisMachine(const VolunteerConfig& config) {
   if (probe.cores != measured.cores || probe.ram_gb != measured.ram_gb)
     CAIRN_INFO("probe: giving ", probe.cores, " of ", measured.cores, " cores and ",
                probe.ram_gb, " of ", measured.ram_gb, " GB (--cores, --memory-gb)");
-  probe.compute_gflops = probeComputeGflops(1024, computeProbeDuration(), probe.cores);
+  const ComputeProbeSettings compute = computeProbeSettings();
+  probe.compute_gflops = probeComputeGflops(compute.size, compute.duration, probe.cores);
   std::string no_gpus;
   probe.gpus = probeGpus(&no_gpus);
   if (probe.gpus.empty()) CAIRN_INFO("probe: GPUs: none (", no_gpus, ")");
