@@ -30,11 +30,15 @@ struct MachineProbe {
 
 // hwloc's memory and core count, with the cgroup (v2 or v1) memory limit applied.
 void probeMemoryAndCores(MachineProbe* probe);
-// Runs float32 sgemms of `size`×`size` for about `duration` (at least 5 rounds of 100 ms) on
-// `threads` intra-op threads (0: the machine's physical cores, hwloc); returns GFLOPS, the median
-// round (core/MatmulSpeed.h: the benchmark clusterize measures its host with).
-double probeComputeGflops(int size = 1024,
-                          std::chrono::milliseconds duration = std::chrono::milliseconds(1500),
+// The compute probe of `provider --probe` and of a joining volunteer: 1024² sgemms for 1.5 s.
+constexpr int kComputeProbeSize = 1024;
+constexpr std::chrono::milliseconds kComputeProbeDuration{1500};
+// Runs float32 sgemms of `size`×`size` for about `duration` (at least 5 rounds of 100 ms, shorter
+// rounds for a duration under 0.5 s) on `threads` intra-op threads (0: the machine's physical
+// cores, hwloc); returns GFLOPS, the median round (core/MatmulSpeed.h: the benchmark clusterize
+// measures its host with).
+double probeComputeGflops(int size = kComputeProbeSize,
+                          std::chrono::milliseconds duration = kComputeProbeDuration,
                           int threads = 0);
 // Sends `megabytes` in 1 MiB messages to a probe server at `peer` ("host:port") and waits for its
 // acknowledgement; returns payload megabits per second. Without a peer, starts a server thread on

@@ -24,14 +24,14 @@ namespace cairn {
 
 namespace {
 
-// The compute probe: 1024² sgemms for 1.5 s, or CAIRN_TEST_PROBE_MS (tests only, 100 to 1500):
+// The compute probe (node/volunteer/Probe.h), or CAIRN_TEST_PROBE_MS (tests only, 100 to 1500):
 // the suite starts some two hundred volunteers on 2 cores, each probing with every core, and no
 // test depends on the figure. Below 500 ms the sgemms are 512² (8 times fewer flops each: a
 // 1024² one takes ~45 ms on 2 cores here, and the measurement takes at least 5 rounds of at least
 // one, core/MatmulSpeed.h).
 struct ComputeProbeSettings {
-  int size = 1024;
-  std::chrono::milliseconds duration{1500};
+  int size = kComputeProbeSize;
+  std::chrono::milliseconds duration = kComputeProbeDuration;
 };
 
 ComputeProbeSettings computeProbeSettings() {
