@@ -44,6 +44,7 @@ RING_STEPS = 150
 HOLD_AT = 100  # the latest step the held cluster reaches before the awaited event (ring_peer_replaced:
 #                cluster 0 resumes; active_hours: the leaver is back)
 KILL_AFTER = 20
+SECOND_KILL_AFTER = 50  # two_replacements: the second kill's step (the first is KILL_AFTER)
 HOURS_END_AT = 30  # active_hours: the Root holds before this step until the leaver's clock says 07:30
 TEST_SAMPLES = 1000
 TRAINING = {"checkpoint_every": 10,
@@ -75,17 +76,17 @@ def three_and_a_spare(run):
     return json.load(open(os.path.join(run.out, "plan.json")))["clusters"][0]["chain"]
 
 
-def kill_after_checkpoint(coordinator, victim, stem, records_in=None):
+def kill_after_checkpoint(coordinator, victim, stem, records_in=None, at=KILL_AFTER):
     """SIGKILLs the victim (a volunteer's (Process, workdir)) once the coordinator has acknowledged
-    a checkpoint of its node STEM at step >= KILL_AFTER; returns that acknowledgement's line.
+    a checkpoint of its node STEM at step >= AT; returns that acknowledgement's line.
     records_in (the coordinator's out folder): also wait until its metrics.jsonl holds STEM's step
     record of that step (the volunteer sends its records about once a second, apart from its
     checkpoint uploads)."""
     marker = f"coordinator: checkpoint of {stem} at step "
 
     def acknowledged(line):
-        return marker in line and int(line.split(marker)[1].split()[0]) >= KILL_AFTER
-    ack = coordinator.wait_for(acknowledged, 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
+        return marker in line and int(line.split(marker)[1].split()[0]) >= at
+    ack = coordinator.wait_for(acknowledged, 300, f"a checkpoint of {stem} at step >= {at}")
     if records_in:
         step = int(ack.split(marker)[1].split()[0])
         metrics = os.path.join(records_in, "metrics.jsonl")
@@ -526,7 +527,16 @@ def case_two_replacements(args):
     their kill and the spares' after it."""
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
     reference, reference_accuracy = run_reference(args, model, job)
-    release = hold_root(args, HOLD_AT)  # both kills come before the run can end
+    release = hold_root(args, HOLD_AT)
+    # Each kill comes while the Root holds, after KILL_AFTER steps (the first Root, until the first
+    # kill) and after SECOND_KILL_AFTER steps (its spare, until the second): each resume step is
+    # that hold's checkpoint, and the victim's step records up to it reached the coordinator (its
+    # credit), however the machine's load spaces records and uploads. Without the first hold, a
+    # CI run's Root reached HOLD_AT before its kill; its spare resumed there and held before its
+    # first step, waiting for a release that comes only after the second kill.
+    killed = [os.path.join(args.work, f"killed_{i}") for i in (1, 2)]
+    os.environ["CAIRN_TEST_HOLD"] = (f"0:{KILL_AFTER}:{killed[0]},0:{SECOND_KILL_AFTER}:{killed[1]},"
+                                     + os.environ["CAIRN_TEST_HOLD"])
     run = vt.Run(args, model, job, FLAGS, 5)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
@@ -537,7 +547,8 @@ def case_two_replacements(args):
         chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
         root, leaf = chain[0], chain[-1]
         first = next(v for v in volunteers[:3] if name_of(v[1]) == root)
-        kill_after_checkpoint(coordinator, first, root)
+        kill_after_checkpoint(coordinator, first, root, records_in=out)
+        open(killed[0], "w").close()
         coordinator.wait_for(lambda l: f"coordinator: {root} is taken over by spare" in l, 120,
                              "the Root's takeover")
         # Which spare took it (the two joined at once: their names need not follow their order).
@@ -547,19 +558,8 @@ def case_two_replacements(args):
         spare_of_root[0].wait_for(lambda l: "resume: first step after resuming done" in l, 120,
                                   "the cluster training again")
         second = next(v for v in volunteers[:3] if name_of(v[1]) == leaf)
-        resumed_first = step_of(spare_of_root[0], "resume: the cluster agreed on step ")
-        marker = f"coordinator: checkpoint of {leaf} at step "
-        # Only lines logged from now on: the Leaf uploaded checkpoints past the resume step before
-        # the Root was killed (a late kill resumes from an older step), and killing it on one of
-        # those would come before the cluster trained again (a CI-like run once did: its spare got
-        # a checkpoint its neighbours had dropped, and steps went missing).
-        with coordinator.cond:
-            before = set(coordinator.lines)
-        coordinator.wait_for(lambda l: l not in before and marker in l and
-                             int(l.split(marker)[1].split()[0]) > resumed_first,
-                             300, f"a checkpoint of {leaf} after the first resume")
-        second[0].proc.kill()
-        second[0].finish(30)
+        kill_after_checkpoint(coordinator, second, leaf, records_in=out, at=SECOND_KILL_AFTER)
+        open(killed[1], "w").close()
         coordinator.wait_for(lambda l: f"coordinator: {leaf} is taken over by spare" in l, 120,
                              "the Leaf's takeover")
         open(release, "w").close()
