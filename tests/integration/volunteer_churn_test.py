@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, RING_FLAGS, RING_STEPS, STEPS,  # noqa: E402
                                     TEST_SAMPLES, TRAINING, check_each_cluster, six_and_a_spare,
-                                    hold_root, key_of, leaf_records, name_of, run_reference,
+                                    hold_root, hold_until, key_of, leaf_records, name_of, run_reference,
                                     three_and_a_spare)
 
 
@@ -43,6 +43,10 @@ def case_frozen_replaced(args):
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
     reference, reference_accuracy = run_reference(args, model, job)
     release = hold_root(args, HOLD_AT)
+    # Held also after KILL_AFTER steps until the stop: the spare resumes from that step's
+    # checkpoint and has steps to go before HOLD_AT (a late stop once could resume at HOLD_AT,
+    # where no checkpoint after the resume comes before the release).
+    stopped = hold_until(args, KILL_AFTER, "stopped")
     run = vt.Run(args, model, job, FLAGS, 4)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
@@ -55,6 +59,7 @@ def case_frozen_replaced(args):
 
         coordinator.wait_for(checkpoint_after(KILL_AFTER - 1), 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
         victim[0].proc.send_signal(signal.SIGSTOP)
+        open(stopped, "w").close()
         taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_3" in l, 120,
                                      "the takeover")
         resumed_from = int(taken.split("from its checkpoint of step ")[1].split(";")[0])

@@ -66,6 +66,16 @@ def hold_root(args, step):
     return release
 
 
+def hold_until(args, step, name):
+    """Also holds cluster 0's Root before `step` (after that many steps) until the returned file
+    (NAME in the work folder) exists; the holds set before stay. A test that kills or stops a
+    volunteer while the Root holds there knows the resume step (that step's checkpoint), however
+    the machine's load spaces the steps, the uploads and the test's own waits."""
+    release = os.path.join(args.work, name)
+    os.environ["CAIRN_TEST_HOLD"] = f"0:{step}:{release}," + os.environ["CAIRN_TEST_HOLD"]
+    return release
+
+
 def three_and_a_spare(run):
     """Three volunteers that the plan places (uploading checkpoints), then a 4th that waits as a
     spare (node_3); returns the plan's cluster 0 chain."""
@@ -221,8 +231,7 @@ def case_spare_replaces_lost(args):
     # Held also after KILL_AFTER steps until the kill: the checkpoint the spare resumes from is
     # that step's, and the victim's step records up to it have reached the coordinator (its
     # credit), however the machine's load spaces the records and the uploads.
-    killed = os.path.join(args.work, "killed")
-    os.environ["CAIRN_TEST_HOLD"] = f"0:{KILL_AFTER}:{killed}," + os.environ["CAIRN_TEST_HOLD"]
+    killed = hold_until(args, KILL_AFTER, "killed")
     run = vt.Run(args, model, job, FLAGS, 4)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
@@ -534,9 +543,7 @@ def case_two_replacements(args):
     # credit), however the machine's load spaces records and uploads. Without the first hold, a
     # CI run's Root reached HOLD_AT before its kill; its spare resumed there and held before its
     # first step, waiting for a release that comes only after the second kill.
-    killed = [os.path.join(args.work, f"killed_{i}") for i in (1, 2)]
-    os.environ["CAIRN_TEST_HOLD"] = (f"0:{KILL_AFTER}:{killed[0]},0:{SECOND_KILL_AFTER}:{killed[1]},"
-                                     + os.environ["CAIRN_TEST_HOLD"])
+    killed = [hold_until(args, KILL_AFTER, "killed_1"), hold_until(args, SECOND_KILL_AFTER, "killed_2")]
     run = vt.Run(args, model, job, FLAGS, 5)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
