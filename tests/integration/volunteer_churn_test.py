@@ -36,7 +36,8 @@ def case_frozen_replaced(args):
     key's row is `<node>-lost-1`; rejected{node_taken}), no current member accepts its packets
     (they admit the spare's key now: its connections are refused), and the run goes on exactly.
     Told so, it stops its run, gives the node up and joins again, as a spare under a fresh name.
-    Cluster 0's Root holds before step HOLD_AT until it is back, so the run cannot end first.
+    Cluster 0's Root holds after KILL_AFTER steps until the stop (the spare resumes from that
+    checkpoint) and before step HOLD_AT until the woken one is back, so the run cannot end first.
     Checks: every step loss the Leaf logged equals the uninterrupted run's; the merged model's
     accuracy equals the reference's; coordinator.db gives the node to the spare's key and the
     woken key one row, its fresh name; every volunteer exits 0, the woken one too."""

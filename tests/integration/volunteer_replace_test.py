@@ -525,15 +525,16 @@ def case_spare_too_small(args):
 
 def case_two_replacements(args):
     """Two replacements in a row in one 3-stage pipeline (issue [Q]: overlapping faults), with 2
-    spares. First the Root is SIGKILLed: its spare takes it over, the Stem (told: new peers)
-    restarts while the Leaf (not told) is already agreeing on the resume step, so the Leaf's hello
-    went to the Stem's previous transport and the Stem must take the Leaf's "ckpt_steps" as its
-    handshake. Once the cluster trains again, the Leaf is SIGKILLed: the Stem restarts while the
-    Root (not told) is already agreeing, and the Root must answer the Stem's new hello (a fresh
-    handshake, then the agreement again). Checks: every step loss the Leaf logged (over its two
-    holders) equals an uninterrupted run's; the merged model's accuracy equals the reference's;
-    each node's steps are credited once each, the killed volunteers' up to the resume step of
-    their kill and the spares' after it."""
+    spares. First the Root is SIGKILLed, holding after KILL_AFTER steps: its spare takes it over,
+    the Stem (told: new peers) restarts while the Leaf (not told) is already agreeing on the resume
+    step, so the Leaf's hello went to the Stem's previous transport and the Stem must take the
+    Leaf's "ckpt_steps" as its handshake. Once the cluster trains again and the Leaf's checkpoint
+    of step SECOND_KILL_AFTER is acknowledged (the Root holds there until the kill), the Leaf is
+    SIGKILLed: the Stem restarts while the Root (not told) is already agreeing, and the Root must
+    answer the Stem's new hello (a fresh handshake, then the agreement again). Checks: every step
+    loss the Leaf logged (over its two holders) equals an uninterrupted run's; the merged model's
+    accuracy equals the reference's; each node's steps are credited once each, the killed
+    volunteers' up to the resume step of their kill and the spares' after it."""
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
     reference, reference_accuracy = run_reference(args, model, job)
     release = hold_root(args, HOLD_AT)
