@@ -81,6 +81,9 @@ def relayed_run(args, world, model, job):
             env=dict(os.environ, CAIRN_TEST_RELAY_TAMPER=TAMPER_SEED))
         processes.append(relay)
         relay.wait_for(lambda l: "relaying for the run at " + RELAY_AT in l, 120, "'relaying for the run'")
+        # It trains nothing: its join measured its compute briefly, not for the volunteers' 1.5 s.
+        if not relay.count(lambda l: "only relays: its compute figure from 100 ms of 512 x 512 sgemms" in l):
+            vt.fail("the relay did not take the short compute probe")
         relay_name = vt.name_of(os.path.join(sub.work, "relay"))
         hold = dict(os.environ, CAIRN_TEST_HOLD=f"0:{HOLD_AT}:{release},1:{HOLD_AT}:{release}")
         workdirs = []
