@@ -11,6 +11,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "node/transport/ZmqSockets.h"
 #include "node/volunteer/CoordinationSocket.h"
 #include "node/volunteer/VolunteerSockets.h"
 #include "trainer/Checkpoint.h"
@@ -59,6 +60,7 @@ VolunteerCheckpoints::VolunteerCheckpoints(zmq::context_t& context, const CurveK
                                            const Invite& invite, std::string name,
                                            std::string checkpoint_dir, CheckpointUploadOptions options)
     : socket_(volunteerSocket(context, own, invite, /*immediate=*/true, options.max_message_bytes, 1)),
+      monitor_(monitorSocket(context, socket_, ZMQ_EVENT_DISCONNECTED, "checkpoint_uploads", name)),
       coordinator_(invite.address()),
       name_(std::move(name)),
       dir_(std::move(checkpoint_dir)),
@@ -137,6 +139,14 @@ void VolunteerCheckpoints::readReplies(milliseconds wait) {
                in_flight_.step);
 }
 
+bool VolunteerCheckpoints::connectionClosed() {
+  uint16_t event = 0;
+  uint32_t value = 0;
+  bool closed = false;
+  while (readMonitorEvent(monitor_, &event, &value)) closed = closed || event == ZMQ_EVENT_DISCONNECTED;
+  return closed;
+}
+
 void VolunteerCheckpoints::run() {
   auto next_look = Clock::now();
   auto next_send = Clock::now();  // the rate limit
@@ -153,6 +163,13 @@ void VolunteerCheckpoints::run() {
                      " before this volunteer stopped");
         break;
       }
+    }
+    // A closed connection loses what the coordinator had not acknowledged: offered again at once.
+    if (connectionClosed() && has_in_flight_) {
+      CAIRN_INFO("the connection to the coordinator at ", coordinator_, " closed before it acknowledged "
+                 "checkpoint step ", in_flight_.step, "; the newest is offered again");
+      has_in_flight_ = false;
+      next_look = now;
     }
     // The acknowledgement is awaited for ack_timeout after the transfer time at upload_mbps (a
     // large checkpoint at a low rate takes longer than any fixed timeout).
@@ -193,6 +210,8 @@ void VolunteerCheckpoints::run() {
     readReplies(milliseconds(100));
     if (finishing && was_in_flight && !has_in_flight_) next_look = Clock::now();
   }
+  zmq_socket_monitor(socket_.handle(), nullptr, 0);
+  monitor_.close();
   socket_.close();
 }
 

@@ -9,7 +9,9 @@
 //   At most one checkpoint in flight: the next is sent after the `checkpoint_ack` (or after
 //   `ack_timeout` without one); checkpoints that appeared meanwhile are skipped but the newest.
 //   Coordinator down: the send is refused at once (nothing queued); the newest is tried again at
-//   the next poll.
+//   the next poll. Connection closed with a checkpoint unacknowledged (a coordinator killed or
+//   restarted mid-upload: what it got dies with it): the newest is offered again at the next poll,
+//   without waiting out `ack_timeout` (a socket monitor on the upload socket says so).
 // One log line per acknowledged upload: step, bytes, seconds from send to acknowledgement.
 // keepFrom(): the acknowledgement's keep_from (-1 until one says it): the trainer keeps every
 // local checkpoint from that step on, so whichever node is lost, the checkpoint the coordinator
@@ -71,8 +73,11 @@ class VolunteerCheckpoints {
   // The newest verified checkpoint not yet acknowledged, read whole; false when there is none.
   bool newest(FileId* id, std::string* bytes);
   void readReplies(std::chrono::milliseconds wait);
+  // The monitor's DISCONNECTED events: true when the connection closed since the last call.
+  bool connectionClosed();
 
   zmq::socket_t socket_;
+  zmq::socket_t monitor_;  // ZMQ_EVENT_DISCONNECTED of socket_
   std::string coordinator_;  // for log lines
   std::string name_, dir_;
   CheckpointUploadOptions options_;

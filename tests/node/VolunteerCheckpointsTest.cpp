@@ -4,13 +4,15 @@
 // one is in flight (nothing more before the `checkpoint_ack`); the rate limit holds (with a rate
 // so low that the next send is due in an hour, a new checkpoint is not sent; with a high rate it
 // is); a corrupt newest file is skipped for the newest valid one; a coordinator that is down gets
-// nothing queued and, once up, exactly the newest.
+// nothing queued and, once up, exactly the newest; one killed before its acknowledgement gets the
+// newest again once it is back.
 #include <gtest/gtest.h>
 #include <torch/script.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 
@@ -200,6 +202,36 @@ TEST(VolunteerCheckpoints, ACoordinatorThatIsDownIsSkippedAndGetsTheNewestWhenIt
   ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 30; }));
   EXPECT_FALSE(coordinator.upload(300ms).has_value()) << "an older checkpoint was sent too";
   EXPECT_EQ(uploads.sent(), 1u);
+}
+
+TEST(VolunteerCheckpoints, ACoordinatorKilledBeforeItsAckGetsTheNewestAgainOnceItIsBack) {
+  // A coordinator killed mid-upload (then restarted on its port) never acknowledges what it got:
+  // the closed connection says so, and the newest is offered again at once, not after an
+  // ack_timeout of ten minutes (the relay_restart integration test's volunteers once waited
+  // out their finish() for such an acknowledgement).
+  VolunteerCheckpointsTempDir dir;
+  writeStep(dir.path, 10);
+  const int port = testutil::freeLoopbackPorts(1)[0];
+  const CurveKeyPair coordinator_keys = generateCurveKeyPair();
+  auto coordinator = std::make_unique<Coordinator>(port, coordinator_keys);
+  zmq::context_t context;
+  CheckpointUploadOptions options = fast(1e6);
+  options.ack_timeout = std::chrono::minutes(10);
+  VolunteerCheckpoints uploads(context, generateCurveKeyPair(), coordinator->invite(), "node_4",
+                               dir.path, options);
+  auto first = coordinator->upload(10s);
+  ASSERT_TRUE(first.has_value()) << "no checkpoint within 10 s";
+  EXPECT_EQ(first->second.step, 10);
+  writeStep(dir.path, 20);
+  coordinator.reset();  // killed before its ack
+  Coordinator again(port, coordinator_keys);
+  auto second = again.upload(20s);
+  ASSERT_TRUE(second.has_value()) << "the unacknowledged upload was not offered again";
+  EXPECT_EQ(second->second.step, 20);
+  EXPECT_EQ(second->second.file, fileBytes(checkpointPath(dir.path, 20)));
+  again.ack(second->first, "node_4", 20);
+  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 20; }));
+  EXPECT_EQ(uploads.sent(), 2u);
 }
 
 }  // namespace
