@@ -45,7 +45,7 @@ def case_frozen_replaced(args):
     reference, reference_accuracy = run_reference(args, model, job)
     release = hold_root(args, HOLD_AT)
     # Held also after KILL_AFTER steps until the stop: the spare resumes from that step's
-    # checkpoint and has steps to go before HOLD_AT (a late stop once could resume at HOLD_AT,
+    # checkpoint and has steps to go before HOLD_AT (a late stop could resume at HOLD_AT,
     # where no checkpoint after the resume comes before the release).
     stopped = hold_until(args, KILL_AFTER, "stopped")
     run = vt.Run(args, model, job, FLAGS, 4)
