@@ -200,9 +200,7 @@ def replaced_run(args, world, model, job, reference):
 
         vt.wait_until(lambda: all(holder[r][0].count(lambda l: f"test hold: before step {HOLD_AT} " in l)
                                   for r in (root0, victim_node)), 300, f"both Roots held before step {HOLD_AT}")
-        marker = f"coordinator: checkpoint of {victim_node} at step "
-        ack = coordinator.wait_for(lambda l: marker in l and step_of(l, marker) >= HOLD_AT, 120,
-                                   f"the checkpoint of {victim_node} at step {HOLD_AT}")
+        ack = vt.wait_for_checkpoint(coordinator, HOLD_AT, 120, victim_node)
         victim.proc.kill()
         victim.finish(30)
         print(f"SIGKILLed {victim.tag} ({victim_node}) with both Roots held, after: {ack.strip()}")

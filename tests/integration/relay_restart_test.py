@@ -42,11 +42,7 @@ def relayed_run(args, model, job, name, kill):
         if kill:
             # A checkpoint of step KILL_AT acknowledged (every 10 steps; the Leaves' own progress
             # lines come every 10 s, which a fast machine covers in more than the whole run).
-            marker = "coordinator: checkpoint of "
-
-            def past_kill_at(line):
-                return marker in line and int(line.split(" at step ")[1].split()[0]) >= KILL_AT
-            coordinator.wait_for(past_kill_at, 120, f"a checkpoint of step {KILL_AT}")
+            vt.wait_for_checkpoint(coordinator, KILL_AT, 120)
             coordinator.proc.kill()
             coordinator.finish(30)
             print("killed the coordinator (and its relay); starting it again in 3 s")

@@ -53,18 +53,13 @@ def case_frozen_replaced(args):
     with run:
         stem, leaf = three_and_a_spare(run)[1:3]
         victim = next(v for v in volunteers[:3] if name_of(v[1]) == stem)
-        marker = f"coordinator: checkpoint of {stem} at step "
-
-        def checkpoint_after(step):
-            return lambda l: marker in l and int(l.split(marker)[1].split()[0]) > step
-
-        coordinator.wait_for(checkpoint_after(KILL_AFTER - 1), 300, f"a checkpoint of {stem} at step >= {KILL_AFTER}")
+        vt.wait_for_checkpoint(coordinator, KILL_AFTER, 300, stem)
         victim[0].proc.send_signal(signal.SIGSTOP)
         open(stopped, "w").close()
         taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_3" in l, 120,
                                      "the takeover")
         resumed_from = int(taken.split("from its checkpoint of step ")[1].split(";")[0])
-        coordinator.wait_for(checkpoint_after(resumed_from), 120, "the spare's first checkpoint")
+        vt.wait_for_checkpoint(coordinator, resumed_from + 1, 120, stem)  # the spare's first
         victim[0].proc.send_signal(signal.SIGCONT)
         refused = coordinator.wait_for(lambda l: f"claiming to be {stem} from {stem}-lost-1" in l, 120,
                                        "the woken volunteer refused as its old node")

@@ -92,13 +92,9 @@ def kill_after_checkpoint(coordinator, victim, stem, records_in=None, at=KILL_AF
     records_in (the coordinator's out folder): also wait until its metrics.jsonl holds STEM's step
     record of that step (the volunteer sends its records about once a second, apart from its
     checkpoint uploads)."""
-    marker = f"coordinator: checkpoint of {stem} at step "
-
-    def acknowledged(line):
-        return marker in line and int(line.split(marker)[1].split()[0]) >= at
-    ack = coordinator.wait_for(acknowledged, 300, f"a checkpoint of {stem} at step >= {at}")
+    ack = vt.wait_for_checkpoint(coordinator, at, 300, stem)
     if records_in:
-        step = int(ack.split(marker)[1].split()[0])
+        step = vt.checkpoint_step(ack)
         metrics = os.path.join(records_in, "metrics.jsonl")
 
         def recorded():
@@ -418,9 +414,7 @@ def case_active_hours(args):
         coordinator.wait_for(lambda l: "joined: node_3 " in l and ", spare" in l, 120, "the spare")
         leaver, leaver_dir = volunteers[0]
         node = name_of(leaver_dir)
-        marker = f"coordinator: checkpoint of {node} at step "
-        coordinator.wait_for(lambda l: marker in l and int(l.split(marker)[1].split()[0]) >= KILL_AFTER,
-                             300, f"a checkpoint of {node} at step >= {KILL_AFTER}")
+        vt.wait_for_checkpoint(coordinator, KILL_AFTER, 300, node)
         with open(clock, "w") as f:
             f.write("07:30\n")
         open(hours_end, "w").close()

@@ -38,6 +38,7 @@ import gzip
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -521,6 +522,24 @@ def step_records(path):
         if line.endswith("\n") and "step" in json.loads(line):
             count += 1
     return count
+
+
+# The coordinator's acknowledgement of a checkpoint upload (coordinator/CheckpointUploads.cpp).
+CHECKPOINT_ACK = re.compile(r"coordinator: checkpoint of (\S+) at step (\d+) ")
+
+
+def wait_for_checkpoint(coordinator, at_least, timeout, node=None):
+    """The coordinator's line acknowledging a checkpoint of NODE (None: of any node) at step
+    >= AT_LEAST, waited for up to TIMEOUT s (lines it logged before count too)."""
+    def acknowledged(line):
+        m = CHECKPOINT_ACK.search(line)
+        return bool(m) and (node is None or m.group(1) == node) and int(m.group(2)) >= at_least
+    return coordinator.wait_for(acknowledged, timeout, f"a checkpoint of {node or 'any node'} at step >= {at_least}")
+
+
+def checkpoint_step(line):
+    """The step of a checkpoint acknowledgement line (see CHECKPOINT_ACK)."""
+    return int(CHECKPOINT_ACK.search(line).group(2))
 
 
 def wait_until(condition, timeout, what):
