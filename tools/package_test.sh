@@ -68,7 +68,7 @@ OPENBLAS_NUM_THREADS=1 /usr/bin/python3 - "$BUILD" "$root" "$work" <<'PY'
 import json, os, sys, time
 build, root, work = sys.argv[1:4]
 sys.path.insert(0, os.path.join(os.getcwd(), "tests", "integration"))
-import volunteer_test as vt  # Process, ports, the coordinator, evaluation
+import volunteer_harness as vt  # Process, ports, the coordinator, evaluation
 import served_chunks_test as sc  # safetensors shards of Fashion-MNIST
 
 model = vt.make_model(work)

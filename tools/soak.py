@@ -70,7 +70,7 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "tests/integration"))
-import volunteer_test as vt  # noqa: E402  (processes, the example model and job, evaluation)
+import volunteer_harness as vt  # noqa: E402  (processes, the example model and job, evaluation)
 
 TEST_SAMPLES = 1000
 COORDINATOR_PORT = 7100

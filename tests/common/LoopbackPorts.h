@@ -6,7 +6,7 @@
 // process is down between a kill and a restart (a port from the kernel's range did not: another
 // test running beside it could be handed it in between). Two test processes drawing the same
 // port at the same moment is the one collision left: 1 in ~12,000 per port. Same policy as
-// tests/integration/volunteer_test.py's free_ports and tools/bench/loopback_ports.py.
+// tests/integration/volunteer_harness.py's free_ports and tools/bench/loopback_ports.py.
 #pragma once
 
 #include <arpa/inet.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The coordinator sees the whole run (issue L, data half): real `clusterize --serve` and
-`provider --join` processes on tcp loopback (helpers from volunteer_test.py). No sleeps stand in
+`provider --join` processes on tcp loopback (helpers from volunteer_harness.py). No sleeps stand in
 for synchronisation: each step waits for the line or file that says the previous one happened.
 
     coordinator_view_test.py CASE --provider BUILD/node/provider --clusterize BUILD/clusterize/clusterize --work DIR
@@ -34,7 +34,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import volunteer_test as vt  # noqa: E402
+import volunteer_harness as vt  # noqa: E402
 
 REPO = vt.REPO
 fail = vt.fail

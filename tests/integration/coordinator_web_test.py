@@ -334,7 +334,7 @@ def fetch(url):
 
 def case_live(args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import volunteer_test as vt  # its coordinator/volunteer helpers (and its Fashion-MNIST job)
+    import volunteer_harness as vt  # its coordinator/volunteer helpers (and its Fashion-MNIST job)
     shutil.rmtree(args.work, ignore_errors=True)
     # Long enough that training is still going when the page is checked; stopped after that.
     run = vt.start_run(args, 5000, 200, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14",

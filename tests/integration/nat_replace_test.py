@@ -55,7 +55,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nat_test  # noqa: E402
 import nat_world  # noqa: E402
-import volunteer_test as vt  # noqa: E402
+import volunteer_harness as vt  # noqa: E402
 
 HOLD_AT = 10  # the Roots hold before step HOLD_AT + 1 (CAIRN_TEST_HOLD counts from 0)
 LOCAL_STEPS = 5  # vt.write_job's: syncs after steps 5, 10, 15

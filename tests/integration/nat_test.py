@@ -35,7 +35,7 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import volunteer_test as vt  # noqa: E402
+import volunteer_harness as vt  # noqa: E402
 import nat_world  # noqa: E402  (the namespaces, shared with examples/fashion_mnist/run_nat.py)
 
 STEPS = 20

@@ -11,7 +11,7 @@
 Checks: B's step losses equal A's steps 21..40 (max abs diff <= 1e-6; bit-identical is expected, a cut
 does not change the arithmetic), the merged trained models of A and B are equal (<= 1e-6), and the
 refusals exit 2 naming the problem (no checkpoints, --out equal to --resume-from, another optimizer).
-Ports come from volunteer_test.free_ports (below the kernel's ephemeral range).
+Ports come from volunteer_harness.free_ports (below the kernel's ephemeral range).
 """
 import argparse
 import json
@@ -23,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import volunteer_test as vt  # noqa: E402  (free_ports)
+import volunteer_harness as vt  # noqa: E402  (free_ports)
 from in_process import run_script  # noqa: E402  (make_model.py in this interpreter)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))

@@ -18,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import volunteer_test as vt  # noqa: E402
+import volunteer_harness as vt  # noqa: E402
 
 STEPS = 80
 KILL_AT = 30  # the coordinator is killed once it acknowledged a checkpoint of this step

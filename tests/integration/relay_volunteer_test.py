@@ -31,7 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nat_test  # noqa: E402
-import volunteer_test as vt  # noqa: E402
+import volunteer_harness as vt  # noqa: E402
 
 STEPS = 20
 HOLD_AT = 10

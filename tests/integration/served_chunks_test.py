@@ -29,7 +29,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import volunteer_test as vt  # noqa: E402  (its Process, ports, coordinator helpers)
+import volunteer_harness as vt  # noqa: E402  (its Process, ports, coordinator helpers)
 from in_process import run_script  # noqa: E402  (make_model.py in this interpreter)
 
 SHARDS, PER_SHARD = 4, 600

@@ -14,6 +14,11 @@ lost_after_finishing
 bit_flip
     See its function: a flipped exponent bit in one volunteer's weights is caught before the
     average spreads it, and that volunteer's node goes to a spare.
+active_hours
+    See its function: a volunteer whose --active-hours end hands its node over to a spare at a
+    step boundary and comes back as a spare.
+two_replacements
+    See its function: two replacements in a row in one pipeline (overlapping faults).
 """
 import json
 import os
@@ -22,11 +27,15 @@ import sqlite3
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
+import volunteer_harness as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, RING_FLAGS, RING_STEPS, STEPS,  # noqa: E402
-                                    TEST_SAMPLES, TRAINING, check_each_cluster, six_and_a_spare,
-                                    hold_root, hold_until, key_of, leaf_records, name_of, run_reference,
-                                    three_and_a_spare)
+                                    TEST_SAMPLES, TRAINING, check_credit, check_each_cluster,
+                                    hold_root, hold_until, key_of, kill_after_checkpoint, leaf_records,
+                                    name_of, run_reference, six_and_a_spare, three_and_a_spare)
+
+
+SECOND_KILL_AFTER = 50  # two_replacements: the second kill's step (the first is KILL_AFTER)
+HOURS_END_AT = 30  # active_hours: the Root holds before this step until the leaver's clock says 07:30
 
 
 def case_frozen_replaced(args):
@@ -194,8 +203,192 @@ def case_bit_flip(args):
     check_each_cluster(args, out)
 
 
+def case_active_hours(args):
+    """Volunteer 0 computes only 22:00-07:00 (--active-hours), read from a test clock
+    (CAIRN_TEST_CLOCK, a file holding HH:MM); volunteers 1 and 2 at all hours; a 4th joins as a
+    spare. The Root holds before step HOURS_END_AT (CAIRN_TEST_HOLD) until the coordinator holds a
+    checkpoint of step >= KILL_AFTER from volunteer 0 and its clock says 07:30; so the stop comes
+    after KILL_AFTER and at most a few steps after HOURS_END_AT, never as late as the second hold
+    at HOLD_AT (a stop needs the cluster to step: a fast machine reaches HOLD_AT from step 30 in
+    half a second, a CI run once did before the stop was asked, and waited there). Volunteer 0
+    stops the cluster at a step boundary (every node checkpoints that step),
+    says `leaving` with the reason, and waits, still running; the spare takes its node over from
+    that very checkpoint, the rest of the cluster (paused, not stopped) resumes with the spare from
+    that step. Then its clock says 22:30: it joins again and, its node taken, becomes a spare under
+    a fresh name (the store keeps its key), and exits 0 when the run is over. Cluster 0's Root holds
+    before step HOLD_AT until the rejoin is seen (CAIRN_TEST_HOLD), so the run cannot end first.
+    Whatever stage volunteer 0 held (Root, Stem or Leaf: the plan decides), the checks are: the
+    cluster resumed from exactly the step volunteer 0 stopped at; every step loss the Leaf logged
+    (over every holder) equals the uninterrupted run's; the merged model's accuracy equals the
+    reference's."""
+    model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
+    reference, reference_accuracy = run_reference(args, model, job)
+    clock, release = os.path.join(args.work, "clock"), os.path.join(args.work, "release")
+    hours_end = os.path.join(args.work, "hours_end")
+    with open(clock, "w") as f:
+        f.write("23:00\n")
+    os.environ["CAIRN_TEST_CLOCK"] = clock
+    os.environ["CAIRN_TEST_HOLD"] = f"0:{HOURS_END_AT}:{hours_end},0:{HOLD_AT}:{release}"
+    run = vt.Run(args, model, job, FLAGS, 4)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(1, ["--upload-mbps", "200", "--active-hours", "22:00-07:00"])
+        run.join(2, ["--upload-mbps", "200"])
+        run.wait_planned(1)
+        run.join(1)
+        coordinator.wait_for(lambda l: "joined: node_3 " in l and ", spare" in l, 120, "the spare")
+        leaver, leaver_dir = volunteers[0]
+        node = name_of(leaver_dir)
+        vt.wait_for_checkpoint(coordinator, KILL_AFTER, 300, node)
+        with open(clock, "w") as f:
+            f.write("07:30\n")
+        open(hours_end, "w").close()
+        stopped = leaver.wait_for(lambda l: "stopped cleanly after step " in l, 120, "the leaver's stop")
+        stop_step = int(stopped.split("stopped cleanly after step ")[1].split()[0])
+        if not KILL_AFTER < stop_step < HOLD_AT:
+            vt.fail(f"the leaver stopped after step {stop_step}, outside ({KILL_AFTER}, {HOLD_AT})")
+        coordinator.wait_for(lambda l: f"coordinator: {node} is leaving (its active hours 22:00-07:00 are "
+                             "over (local time 07:30))" in l, 60, "the leaving with its reason")
+        taken = coordinator.wait_for(lambda l: f"coordinator: {node} is taken over by spare node_3" in l, 60,
+                                     "the takeover")
+        print(taken.strip())
+        if f"from its checkpoint of step {stop_step};" not in taken:
+            vt.fail(f"the spare was not given the checkpoint of step {stop_step}, where {node} stopped")
+        leaver.wait_for(lambda l: "outside the active hours 22:00-07:00 (local time 07:30)" in l, 60,
+                        "the leaver waiting for its hours")
+        with open(clock, "w") as f:
+            f.write("22:30\n")
+        back = coordinator.wait_for(lambda l: "coordinator: back: " in l, 120, "the leaver back")
+        if not back.strip().endswith("spare"):
+            vt.fail(f"the leaver did not come back as a spare: {back.strip()}")
+        back_as = back.split("coordinator: back: ")[1].split()[0]
+        open(release, "w").close()
+        run.all_finish()
+
+    if leaver.count(lambda l: "the coordinator says the run is over" in l) != 1:
+        vt.fail("the leaver, a spare again, did not end with the run")
+    if name_of(volunteers[3][1]) != node:
+        vt.fail(f"the spare's membership.json names {name_of(volunteers[3][1])}, not {node}")
+    db = sqlite3.connect(os.path.join(out, "coordinator.db"))
+    leaver_key = key_of(leaver_dir)
+    rows = [r for r in db.execute("SELECT name, state, public_key FROM members") if r[2] == leaver_key]
+    if [r[0] for r in rows] != [back_as] or back_as == node:
+        vt.fail(f"coordinator.db: the leaver's key is in rows {rows}, expected one, {back_as} (not {node})")
+
+    leaf = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][-1]
+    records = leaf_records([w for _, w in volunteers], leaf)
+    resumed = [r["resumed_from"] for r in records if "resumed_from" in r]
+    if resumed != [stop_step]:
+        vt.fail(f"the Leaf resumed from {resumed}, expected once from step {stop_step}")
+    every = [r for r in records if "step" in r]
+    same = sum(1 for r in every if reference.get(r["step"]) == r["loss"])
+    steps = sorted({r["step"] for r in every})
+    print(f"{node} handed over after step {stop_step}; the cluster resumed from it; {same} of {len(every)} "
+          f"logged Leaf step losses equal the uninterrupted run's")
+    if same != len(every) or len(steps) != STEPS:
+        vt.fail(f"hand-over is not exact or steps are missing: {same} of {len(every)} equal, {len(steps)} steps")
+    # Credit: the leaver keeps its node's steps up to its stop, the spare the rest; each with the
+    # samples of every step (the leaver's records all arrived before it left).
+    expected = {name_of(w): {key_of(w): STEPS} for _, w in volunteers[1:3]}
+    expected[node] = {leaver_key: stop_step, key_of(volunteers[3][1]): STEPS - stop_step}
+    check_credit(out, expected, json.load(open(job))["training_definition"]["batch_size"])
+    gave = leaver.wait_for(lambda l: f"this volunteer gave {node}: {stop_step} steps" in l, 1,
+                           f"the leaver's own total of {stop_step} steps")
+    print(gave.strip())
+    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
+                                f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
+    if reported != reference_accuracy:
+        vt.fail("the handed-over run's accuracy differs from the uninterrupted run's")
+
+
+def case_two_replacements(args):
+    """Two replacements in a row in one 3-stage pipeline (issue [Q]: overlapping faults), with 2
+    spares. First the Root is SIGKILLed, holding after KILL_AFTER steps: its spare takes it over,
+    the Stem (told: new peers) restarts while the Leaf (not told) is already agreeing on the resume
+    step, so the Leaf's hello went to the Stem's previous transport and the Stem must take the
+    Leaf's "ckpt_steps" as its handshake. Once the cluster trains again and the Leaf's checkpoint
+    of step SECOND_KILL_AFTER is acknowledged (the Root holds there until the kill), the Leaf is
+    SIGKILLed: the Stem restarts while the Root (not told) is already agreeing, and the Root must
+    answer the Stem's new hello (a fresh handshake, then the agreement again). Checks: every step
+    loss the Leaf logged (over its two holders) equals an uninterrupted run's; the merged model's
+    accuracy equals the reference's; each node's steps are credited once each, the killed
+    volunteers' up to the resume step of their kill and the spares' after it."""
+    model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
+    reference, reference_accuracy = run_reference(args, model, job)
+    release = hold_root(args, HOLD_AT)
+    # Each kill comes while the Root holds, after KILL_AFTER steps (the first Root, until the first
+    # kill) and after SECOND_KILL_AFTER steps (its spare, until the second): each resume step is
+    # that hold's checkpoint, and the victim's step records up to it reached the coordinator (its
+    # credit), however the machine's load spaces records and uploads. Without the first hold, a
+    # CI run's Root reached HOLD_AT before its kill; its spare resumed there and held before its
+    # first step, waiting for a release that comes only after the second kill.
+    killed = [hold_until(args, KILL_AFTER, "killed_1"), hold_until(args, SECOND_KILL_AFTER, "killed_2")]
+    run = vt.Run(args, model, job, FLAGS, 5)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(3, ["--upload-mbps", "200"])
+        run.wait_planned(1)
+        run.join(2, ["--upload-mbps", "200"])
+        coordinator.wait_for(lambda l: "joined: node_4 " in l and ", spare" in l, 120, "the spares")
+        chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
+        root, leaf = chain[0], chain[-1]
+        first = next(v for v in volunteers[:3] if name_of(v[1]) == root)
+        kill_after_checkpoint(coordinator, first, root, records_in=out)
+        open(killed[0], "w").close()
+        coordinator.wait_for(lambda l: f"coordinator: {root} is taken over by spare" in l, 120,
+                             "the Root's takeover")
+        # Which spare took it (the two joined at once: their names need not follow their order).
+        took = lambda v: v[0].count(lambda l: f"taking over the node {root} " in l) > 0  # noqa: E731
+        vt.wait_until(lambda: any(took(v) for v in volunteers[3:]), 120, f"a spare taking {root} over")
+        spare_of_root = next(v for v in volunteers[3:] if took(v))
+        spare_of_root[0].wait_for(lambda l: "resume: first step after resuming done" in l, 120,
+                                  "the cluster training again")
+        second = next(v for v in volunteers[:3] if name_of(v[1]) == leaf)
+        kill_after_checkpoint(coordinator, second, leaf, records_in=out, at=SECOND_KILL_AFTER)
+        open(killed[1], "w").close()
+        coordinator.wait_for(lambda l: f"coordinator: {leaf} is taken over by spare" in l, 120,
+                             "the Leaf's takeover")
+        open(release, "w").close()
+        code = coordinator.finish(600)
+        if code != 0:
+            vt.fail(f"the coordinator exited {code}")
+        for v, _ in volunteers:
+            if v is not first[0] and v is not second[0] and v.finish(120) != 0:
+                vt.fail(f"{v.tag} exited {v.proc.poll()}")
+    records = leaf_records([w for _, w in volunteers], leaf)
+    resumed = [r["resumed_from"] for r in records if "resumed_from" in r]
+    every = [r for r in records if "step" in r]
+    same = sum(1 for r in every if reference.get(r["step"]) == r["loss"])
+    print(f"resumed from steps {resumed}; {same} of {len(every)} logged Leaf step losses equal the "
+          f"uninterrupted run's")
+    if len(resumed) < 2 or same != len(every) or sorted({r["step"] for r in every}) != list(range(1, STEPS + 1)):
+        vt.fail(f"two replacements: resumed {resumed}, {same} of {len(every)} losses equal, steps missing?")
+    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
+                                f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
+    if reported != reference_accuracy:
+        vt.fail("the twice-replaced run's accuracy differs from the uninterrupted run's")
+    stem = chain[1]
+    spare_of_leaf = next(w for _, w in volunteers[3:] if name_of_or_none(w) == leaf)
+    # The Leaf's second holder resumed once more than the first: its first resume record is the
+    # second kill's resume step (the first holder's last is the first kill's).
+    second_resume = [r["resumed_from"] for r in leaf_records([spare_of_leaf], leaf) if "resumed_from" in r][0]
+    expected = {stem: {key_of(w): STEPS for _, w in volunteers[:3] if name_of_or_none(w) == stem},
+                root: {key_of(first[1]): resumed[0], key_of(spare_of_root[1]): STEPS - resumed[0]},
+                leaf: {key_of(second[1]): second_resume, key_of(spare_of_leaf): STEPS - second_resume}}
+    check_credit(out, expected)
+
+
+def name_of_or_none(workdir):
+    """The node a volunteer holds, or None when it holds none (killed before it wrote one, or left)."""
+    try:
+        return name_of(workdir)
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+
+
 def main():
-    vt.main_of(["frozen_replaced", "lost_after_finishing", "bit_flip"], globals())
+    vt.main_of(["frozen_replaced", "lost_after_finishing", "bit_flip", "active_hours", "two_replacements"],
+               globals())
 
 
 if __name__ == "__main__":

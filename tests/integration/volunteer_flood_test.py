@@ -24,7 +24,7 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import volunteer_test as vt  # noqa: E402
+import volunteer_harness as vt  # noqa: E402
 
 STEPS = 60
 HOLD_AT = 20

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import volunteer_test as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
+import volunteer_harness as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 import served_chunks_test as sc  # noqa: E402  (safetensors shards of Fashion-MNIST)
 
 EPOCHS = 10

@@ -450,7 +450,7 @@ def main():
         rows_spec.append((kind, wire, float(mult)))
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
-    import volunteer_test as vt  # noqa: E402  (Process, name_of, node_records; imports torch)
+    import volunteer_harness as vt  # noqa: E402  (Process, name_of, node_records; imports torch)
     import relay_volunteer_test as rvt  # noqa: E402  (links_of: each link's relay, both ends agreeing)
     models, corpus = {}, None
     for kind in {k for k, _, _ in rows_spec}:
