@@ -4,8 +4,8 @@
 // (or DiLoCo outer step, where θ_prev's element is flipped too) in this process (once), before the
 // commit: its result then differs from every other member's, which only the result checksums can
 // see (RingSyncMath.h checkContributions). Fires once per process for each value of the variable.
-// tests/node/ClusterSyncTest.cpp uses it. A malformed value, or an element TENSOR does not have,
-// is a BadInput naming the variable; a ring without TENSOR is left alone.
+// tests/node/ClusterSyncFailuresTest.cpp uses it. A malformed value, or an element TENSOR does not
+// have, is a BadInput naming the variable; a ring without TENSOR is left alone.
 // Thread-safety: any ring thread.
 #pragma once
 

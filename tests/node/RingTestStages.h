@@ -1,4 +1,4 @@
-// Stage modules for the ring tests (ClusterSyncTest, RingWelcomeTest): a stage built from a named
+// Stage modules for the ring tests (ClusterSync*Test, RingWelcomeTest): a stage built from a named
 // state, its state read back, and a seeded stand-in for local training.
 #pragma once
 
