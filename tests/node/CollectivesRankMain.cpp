@@ -1,5 +1,5 @@
 // collectives_rank: one rank of a collectives test run as its own process over tcp://127.0.0.1
-// (tests/node/CollectivesTest.cpp starts several). Ranks are named rank0, rank1, …
+// (tests/node/CollectivesOverProcessesTest.cpp starts several). Ranks are named rank0, rank1, …
 //   --mode check: run checkAllCollectives, print failures, exit 0 when there are none (1 else).
 //   --mode loop:  all-reduce a tensor over and over until a peer is lost (exit 3, the PeerLost
 //                 line on stderr) — the kill-a-rank test SIGKILLs one rank meanwhile.
