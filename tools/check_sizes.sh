@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The house's sizes, checked on the project's own code (core/, trainer/, node/, clusterize/,
-# coordinator/, apps/): no file over 500 lines, no function over 80. Functions' first and last lines
-# come from Universal Ctags (`--fields=+ne`: line and end), which sees lambdas' enclosing function
-# as one. A file or function that must stay larger is named in EXCEPTIONS below with its reason;
-# the list starts empty. Run by ctest (lint.sizes) and so by tools/test.sh.
+# coordinator/, apps/): no file over 500 lines, no function over 80; and on the tests' C++
+# (tests/): no file over 500 lines (a test body reads top to bottom: its length is not limited).
+# Functions' first and last lines come from Universal Ctags (`--fields=+ne`: line and end), which
+# sees lambdas' enclosing function as one. A file or function that must stay larger is named in
+# EXCEPTIONS below with its reason; the list starts empty. Run by ctest (lint.sizes) and so by
+# tools/test.sh.
 #   tools/check_sizes.sh [SOURCE_DIR]
 set -euo pipefail
 ROOT=${1:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -11,6 +13,7 @@ cd "$ROOT"
 MAX_FILE_LINES=500
 MAX_FUNCTION_LINES=80
 ROOMS=(core trainer node clusterize coordinator apps)
+TESTS=(tests)  # file sizes only
 # "path" or "path:function", one per line, each with its reason in a comment above it.
 EXCEPTIONS=(
 )
@@ -29,6 +32,9 @@ failures=0
 files=()
 while IFS= read -r -d '' file; do files+=("$file"); done < <(
   find "${ROOMS[@]}" -type f \( -name '*.h' -o -name '*.cpp' \) -print0 | sort -z)
+test_files=()
+while IFS= read -r -d '' file; do test_files+=("$file"); done < <(
+  find "${TESTS[@]}" -type f \( -name '*.h' -o -name '*.cpp' \) -print0 | sort -z)
 # One wc for every file (a wc per file was most of the check's time); its "total" line is skipped.
 while read -r lines file; do
   [[ -n "$file" && -f "$file" ]] || continue
@@ -36,7 +42,7 @@ while read -r lines file; do
     echo "$file: $lines lines (at most $MAX_FILE_LINES: split it along a seam)"
     failures=$((failures + 1))
   fi
-done < <(wc -l "${files[@]}")
+done < <(wc -l "${files[@]}" "${test_files[@]}")
 while IFS=$'\t' read -r length file name line; do
   if ! excepted "$file:$name"; then
     echo "$file:$line: function $name is $length lines (at most $MAX_FUNCTION_LINES)"
@@ -56,4 +62,5 @@ if ((failures > 0)); then
   echo "check_sizes: $failures file(s) or function(s) over the limits"
   exit 1
 fi
-echo "check_sizes: ${#files[@]} files of ${ROOMS[*]}: none over $MAX_FILE_LINES lines, no function over $MAX_FUNCTION_LINES"
+echo "check_sizes: ${#files[@]} files of ${ROOMS[*]}: none over $MAX_FILE_LINES lines, no function over" \
+  "$MAX_FUNCTION_LINES; ${#test_files[@]} C++ files of ${TESTS[*]}: none over $MAX_FILE_LINES lines"
