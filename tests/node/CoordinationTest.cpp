@@ -7,6 +7,7 @@
 
 #include <sstream>
 
+#include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/GpuFigures.h"
 #include "core/JsonReader.h"

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <torch/script.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,10 +14,12 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <sstream>
 #include <random>
 #include <string>
 #include <thread>
 
+#include "core/NodeData.h"
 #include "node/protocol/Coordination.h"
 #include "node/transport/CurveSecurity.h"
 #include "node/volunteer/CoordinationSocket.h"
@@ -158,5 +161,34 @@ class VolunteerThread {
   std::exception_ptr error_;
   std::thread thread_;
 };
+
+// A one-stage plan for node `name` at `address`, and a real TorchScript stage (forward: 2x).
+inline std::string doublingStage() {
+  torch::jit::Module m("Doubling");
+  m.define("def forward(self, x):\n  return x * 2.0\n");
+  std::ostringstream bytes;
+  m.save(bytes);
+  return bytes.str();
+}
+
+inline Assignment goodAssignment(const std::string& name, const std::string& address) {
+  NodeSpec node;
+  node.name = name;
+  node.job_id = "job-7";
+  node.address = address;
+  node.inputs = {{"x", "tensor", "float32", {1, 4}}};
+  node.outputs = {{"y", "tensor", "float32", {1, 4}}};
+  JobSpec job;
+  job.job_id = "job-7";
+  job.data.location = "/nonexistent/data";
+  job.data.format = "idx";
+  Assignment a;
+  a.name = name;
+  a.node = toJson(node);
+  a.job = toJson(job);
+  a.num_clusters = 2;
+  a.stage = doublingStage();
+  return a;
+}
 
 }  // namespace cairn::testing

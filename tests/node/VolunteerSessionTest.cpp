@@ -125,34 +125,6 @@ TEST(VolunteerSession, AWrongCoordinatorKeyIsPeerLostSayingSo) {
   EXPECT_FALSE(recvRouted(coordinator.router, 0ms).has_value());
 }
 
-// A one-stage plan for node `name` at `address`, and a real TorchScript stage (forward: 2x).
-std::string doublingStage() {
-  torch::jit::Module m("Doubling");
-  m.define("def forward(self, x):\n  return x * 2.0\n");
-  std::ostringstream bytes;
-  m.save(bytes);
-  return bytes.str();
-}
-Assignment goodAssignment(const std::string& name, const std::string& address) {
-  NodeSpec node;
-  node.name = name;
-  node.job_id = "job-7";
-  node.address = address;
-  node.inputs = {{"x", "tensor", "float32", {1, 4}}};
-  node.outputs = {{"y", "tensor", "float32", {1, 4}}};
-  JobSpec job;
-  job.job_id = "job-7";
-  job.data.location = "/nonexistent/data";
-  job.data.format = "idx";
-  Assignment a;
-  a.name = name;
-  a.node = toJson(node);
-  a.job = toJson(job);
-  a.num_clusters = 2;
-  a.stage = doublingStage();
-  return a;
-}
-
 TEST(VolunteerSession, AMalformedAssignmentIsBadInputNamingTheCoordinator) {
   PlayedCoordinator coordinator;
   TempDir dir;

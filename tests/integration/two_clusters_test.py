@@ -1,0 +1,180 @@
+#!/usr/bin/python3
+"""Integration tests: 2 clusters of real `provider` processes on tcp loopback, started by
+tools/launch_local, with their rings written as clusterize forms them (provider_cluster_test.py
+holds the single-cluster cases and the shared helpers).
+
+    two_clusters_test.py CASE --provider BUILD/node/provider --work DIR --port BASE
+
+CASE:
+  two_clusters_average  2 clusters x 3 providers (the by-hand cut twice, ring per stage), "average"
+                  every 5 steps with BatchNorm: after the run (the last step is a reduce) every
+                  parameter and buffer of stage s is bit-identical in both clusters, and differs
+                  from the initial weights
+  two_clusters_gradients, two_clusters_diloco  the same with "gradients" (every step) and
+                  "diloco" (outer step every 5 steps)
+  two_clusters_sync_bf16  two_clusters_average with wire.sync "bf16": the copies are bit-identical
+                  after the reduce and every synced float is a bfloat16 value
+  two_clusters_async  "diloco" every 5 optimizer steps under the async schedule (weight stashing,
+                  several micro-batches in flight): the same bit-identity after the final reduce
+  two_clusters_cut_differently  cluster 0 is one provider holding the whole model, cluster 1 cuts it
+                  into 3 stages: the one node is in 3 rings (run concurrently), "average" every 5
+                  steps; after the run every tensor is bit-identical in both of its copies
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+
+import torch
+
+import provider_cluster_test as pct  # launch, metrics, check_accuracy, the settings, the keys
+from in_process import run_script  # examples/ scripts in this interpreter
+
+CASES = ["two_clusters_average", "two_clusters_gradients", "two_clusters_diloco", "two_clusters_async",
+         "two_clusters_cut_differently", "two_clusters_sync_bf16"]
+
+
+def case_two_clusters_gradients(args):
+    case_two_clusters_average(args, "gradients")
+
+
+def case_two_clusters_diloco(args):
+    case_two_clusters_average(args, "diloco")
+
+
+def case_two_clusters_async(args):
+    case_two_clusters_average(args, "diloco", schedule="async")
+
+
+def case_two_clusters_sync_bf16(args):
+    case_two_clusters_average(args, wire_sync="bf16")
+
+
+def case_two_clusters_cut_differently(args):
+    case_two_clusters_average(args, stages=(1, 3))
+
+
+def make_clusters_node_data(work, port, stages, settings, data, keys):
+    """One node_data folder for len(stages) clusters, cluster c cut by hand into stages[c] stages
+    (nodes numbered on, ports port + number). Rings as clusterize forms them: tensors grouped by the
+    node holding them in each cluster, one ring per group, members in cluster order. Returns
+    (node_data, node names per cluster, rings)."""
+    os.makedirs(work, exist_ok=True)
+    model = os.path.join(work, "model.pt")
+    run_script(os.path.join(pct.EXAMPLE, "make_model.py"), ["--out", model])
+    first = [sum(stages[:c]) for c in range(len(stages))]  # node number of each cluster's Root
+    nodes = [[f"node_{first[c] + i}" for i in range(stages[c])] for c in range(len(stages))]
+    parts = []
+    for c in range(len(stages)):
+        cluster = os.path.join(work, f"cluster{c}")
+        os.makedirs(cluster, exist_ok=True)
+        configs = {str(first[c] + i): {"IP": f"127.0.0.1:{port + first[c] + i}",
+                                       "benchmarks": {"ram": 1, "bandwidth": 1000}} for i in range(stages[c])}
+        with open(os.path.join(cluster, "node_configs.json"), "w") as f:
+            json.dump(configs, f)
+        out = os.path.join(cluster, "node_data")
+        cmd = ["--model", model, "--nodes", os.path.join(cluster, "node_configs.json"), "--out", out,
+               "--stages", str(stages[c])]
+        for k, v in settings.items():
+            cmd += ["--set", f"{k}={json.dumps(v)}"]
+        for k, v in data.items():
+            cmd += ["--data-set", f"{k}={json.dumps(v)}"]
+        run_script(os.path.join(pct.EXAMPLE, "make_node_data_by_hand.py"), cmd)
+        parts.append(out)
+    # Merge every cluster into cluster 0's folder.
+    node_data = parts[0]
+    for c in range(1, len(stages)):
+        for name in nodes[c]:
+            shutil.copytree(os.path.join(parts[c], "nodes", name), os.path.join(node_data, "nodes", name))
+    specs = {}
+    for name in sum(nodes, []):
+        path = os.path.join(node_data, "nodes", name, "node.json")
+        specs[name] = (path, json.load(open(path)))
+    holder = [{t: name for name in nodes[c] for t in specs[name][1]["parameters"] + specs[name][1]["buffers"]}
+              for c in range(len(stages))]
+    groups = {}  # (holder in each cluster) -> tensor names, in order of first appearance
+    for name in nodes[0]:
+        for t in specs[name][1]["parameters"] + specs[name][1]["buffers"]:
+            groups.setdefault(tuple(h[t] for h in holder), []).append(t)
+    rings = [{"id": f"ring_{i}", "parameters": tensors,
+              "members": [{"name": n, "address": specs[n][1]["address"]} for n in members]}
+             for i, (members, tensors) in enumerate(groups.items())]
+    for c in range(len(stages)):
+        for name in nodes[c]:
+            path, spec = specs[name]
+            spec["cluster"] = c
+            spec["extra"]["num_clusters"] = len(stages)
+            spec["rings"] = [dict(r, rank=c) for r in rings if r["members"][c]["name"] == name]
+            json.dump(spec, open(path, "w"), indent=1)
+    plan_path = os.path.join(node_data, "plan.json")
+    plan = json.load(open(plan_path))
+    plan["num_clusters"] = len(stages)
+    json.dump(plan, open(plan_path, "w"))
+    # Keys last: they cover the neighbours and the ring peers written above.
+    subprocess.run([keys, node_data], check=True, stdout=subprocess.DEVNULL)
+    return node_data, nodes, rings
+
+
+def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 3), wire_sync="fp32"):
+    settings = pct.training_settings(20)
+    settings.update({"local_steps": 1 if mode == "gradients" else 5, "sync": mode,
+                     "record_sample_ids": False, "schedule": schedule})
+    if wire_sync != "fp32":
+        settings["wire"] = {"sync": wire_sync}
+    data = {"train_samples": 4000, "test_samples": 500}
+    # Clusters cut the same way: one ring per stage; cut differently: the 1-node cluster's node is
+    # in one ring per stage of the other cluster.
+    node_data, nodes, rings = make_clusters_node_data(args.work, args.port, stages, settings, data, pct.KEYS)
+    stage_of = lambda name: os.path.join(node_data, "nodes", name, "stage.pt")
+    initial = {name: dict(torch.jit.load(stage_of(name)).state_dict()) for name in nodes[0]}
+    seconds = pct.launch(node_data, args.provider, 240)
+    print(f"{stages[0]} + {stages[1]} providers in 2 clusters, {len(rings)} ring(s): {seconds:.1f} s")
+    trained = lambda name: torch.jit.load(
+        os.path.join(node_data, "nodes", name, "trained_stage.pt")).state_dict()
+    compared = 0
+    for r in rings:
+        a_name, b_name = (m["name"] for m in r["members"])
+        a, b = trained(a_name), trained(b_name)
+        for name in r["parameters"]:
+            if not torch.equal(a[name], b[name]):
+                diff = (a[name].double() - b[name].double()).abs().max().item()
+                pct.fail(f"{r['id']} {name}: {a_name} and {b_name} differ after the final reduce (max abs diff {diff:g})")
+            compared += 1
+        if all(torch.equal(a[name], initial[a_name][name]) for name in r["parameters"]):
+            pct.fail(f"{r['id']}: weights did not change")
+        if wire_sync == "bf16":
+            # The final average travelled as bf16 and every copy adopted the decoded values: each
+            # float32 value is a bfloat16 (low 16 bits zero) — with fp32 syncs almost none are.
+            for name in r["parameters"]:
+                t = a[name]
+                if t.is_floating_point() and (t.view(torch.int32) & 0xFFFF).any():
+                    pct.fail(f"{r['id']} {name}: not bf16 values after a bf16 sync")
+    for name in nodes[0] + nodes[1]:
+        steps = [m for m in pct.metrics(node_data, name) if "step" in m]
+        if len(steps) != 20 or "sync_s" not in steps[-1]:
+            pct.fail(f"{name}: expected 20 step records with sync_s")
+    print(f"sync {mode}, schedule {schedule}, wire.sync {wire_sync}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
+    pct.check_accuracy(node_data, nodes[0][-1], 0.3)
+    pct.check_accuracy(node_data, nodes[1][-1], 0.3)
+
+
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=CASES)
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
+    args = parser.parse_args()
+    pct.KEYS = pct.keys_binary(args)
+    torch.set_num_threads(1)
+    shutil.rmtree(args.work, ignore_errors=True)
+    globals()["case_" + args.case](args)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
