@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Integration tests: real `provider` processes on tcp loopback, started by tools/launch_local
-(2 clusters: two_clusters_test.py, which shares this file's helpers).
+(2 clusters: two_clusters_test.py, which shares this file's helpers, make_clusters_node_data
+among them).
 
     provider_cluster_test.py CASE --provider BUILD/node/provider --work DIR --port BASE
 
@@ -240,6 +241,67 @@ def case_match_pytorch(args):
     print(f"max abs difference to PyTorch after 20 steps: {worst:.3g}")
     if not worst <= 1e-5:
         fail(f"trained weights differ from PyTorch by {worst}")
+
+
+def make_clusters_node_data(work, port, stages, settings, data, keys):
+    """One node_data folder for len(stages) clusters, cluster c cut by hand into stages[c] stages
+    (nodes numbered on, ports port + number). Rings as clusterize forms them: tensors grouped by the
+    node holding them in each cluster, one ring per group, members in cluster order. Returns
+    (node_data, node names per cluster, rings)."""
+    os.makedirs(work, exist_ok=True)
+    model = os.path.join(work, "model.pt")
+    run_script(os.path.join(EXAMPLE, "make_model.py"), ["--out", model])
+    first = [sum(stages[:c]) for c in range(len(stages))]  # node number of each cluster's Root
+    nodes = [[f"node_{first[c] + i}" for i in range(stages[c])] for c in range(len(stages))]
+    parts = []
+    for c in range(len(stages)):
+        cluster = os.path.join(work, f"cluster{c}")
+        os.makedirs(cluster, exist_ok=True)
+        configs = {str(first[c] + i): {"IP": f"127.0.0.1:{port + first[c] + i}",
+                                       "benchmarks": {"ram": 1, "bandwidth": 1000}} for i in range(stages[c])}
+        with open(os.path.join(cluster, "node_configs.json"), "w") as f:
+            json.dump(configs, f)
+        out = os.path.join(cluster, "node_data")
+        cmd = ["--model", model, "--nodes", os.path.join(cluster, "node_configs.json"), "--out", out,
+               "--stages", str(stages[c])]
+        for k, v in settings.items():
+            cmd += ["--set", f"{k}={json.dumps(v)}"]
+        for k, v in data.items():
+            cmd += ["--data-set", f"{k}={json.dumps(v)}"]
+        run_script(os.path.join(EXAMPLE, "make_node_data_by_hand.py"), cmd)
+        parts.append(out)
+    # Merge every cluster into cluster 0's folder.
+    node_data = parts[0]
+    for c in range(1, len(stages)):
+        for name in nodes[c]:
+            shutil.copytree(os.path.join(parts[c], "nodes", name), os.path.join(node_data, "nodes", name))
+    specs = {}
+    for name in sum(nodes, []):
+        path = os.path.join(node_data, "nodes", name, "node.json")
+        specs[name] = (path, json.load(open(path)))
+    holder = [{t: name for name in nodes[c] for t in specs[name][1]["parameters"] + specs[name][1]["buffers"]}
+              for c in range(len(stages))]
+    groups = {}  # (holder in each cluster) -> tensor names, in order of first appearance
+    for name in nodes[0]:
+        for t in specs[name][1]["parameters"] + specs[name][1]["buffers"]:
+            groups.setdefault(tuple(h[t] for h in holder), []).append(t)
+    rings = [{"id": f"ring_{i}", "parameters": tensors,
+              "members": [{"name": n, "address": specs[n][1]["address"]} for n in members]}
+             for i, (members, tensors) in enumerate(groups.items())]
+    for c in range(len(stages)):
+        for name in nodes[c]:
+            path, spec = specs[name]
+            spec["cluster"] = c
+            spec["extra"]["num_clusters"] = len(stages)
+            spec["rings"] = [dict(r, rank=c) for r in rings if r["members"][c]["name"] == name]
+            json.dump(spec, open(path, "w"), indent=1)
+    plan_path = os.path.join(node_data, "plan.json")
+    plan = json.load(open(plan_path))
+    plan["num_clusters"] = len(stages)
+    json.dump(plan, open(plan_path, "w"))
+    # Keys last: they cover the neighbours and the ring peers written above.
+    subprocess.run([keys, node_data], check=True, stdout=subprocess.DEVNULL)
+    return node_data, nodes, rings
 
 
 def losses_of(node_data, node):

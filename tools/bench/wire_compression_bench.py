@@ -31,7 +31,6 @@ import time
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 sys.path.insert(0, os.path.join(REPO, "tests/integration"))
 import provider_cluster_test as pct  # noqa: E402
-import two_clusters_test  # noqa: E402  (make_clusters_node_data)
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 
@@ -121,7 +120,7 @@ def run_sync(args):
         settings = pct.training_settings(args.steps)
         settings.update({"local_steps": 5, "sync": args.sync_mode, "record_sample_ids": False,
                          "wire": {"sync": codec}})
-        node_data, nodes, rings = two_clusters_test.make_clusters_node_data(
+        node_data, nodes, rings = pct.make_clusters_node_data(
             work, args.port, (1, 1), settings, {"train_samples": 12000, "test_samples": 2000}, pct.KEYS)
         start = time.time()
         env = dict(os.environ, PROVIDER=args.provider)
