@@ -30,10 +30,8 @@ a Fashion-MNIST slice, one cluster of 3 nodes Root–Stem–Leaf (node_0–node_
                     released; restarted with --resume they finish with the uninterrupted run's
                     weights (only the unfinished step was given up: they resume from step 20).
 """
-import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -346,21 +344,10 @@ def case_sigterm_while_waiting(args):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["reference", "kill_stem_resume", "stem_restarts_quickly", "frozen_stem", "lost_for_good", "lost_without_checkpoints",
-                                         "sigterm_resume", "sigterm_while_waiting"])
-    parser.add_argument("--provider", required=True)
-    parser.add_argument("--work", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
-    parser.add_argument("--reference", help="the `reference` case's --work folder (its finished run)")
-    args = parser.parse_args()
-    pct.KEYS = pct.keys_binary(args)
-    import torch
-    torch.set_num_threads(1)
-    shutil.rmtree(args.work, ignore_errors=True)
-    globals()["case_" + args.case](args)
-    print("PASS")
+    pct.main_of(["reference", "kill_stem_resume", "stem_restarts_quickly", "frozen_stem", "lost_for_good",
+                 "lost_without_checkpoints", "sigterm_resume", "sigterm_while_waiting"], globals(),
+                lambda parser: parser.add_argument(
+                    "--reference", help="the `reference` case's --work folder (its finished run)"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 #!/usr/bin/python3
 """Integration tests: real `provider` processes on tcp loopback, started by tools/launch_local
-(2 clusters: two_clusters_test.py, which shares this file's helpers, make_clusters_node_data
-among them).
+(2 clusters: two_clusters_test.py, which shares this file's helpers and main_of).
 
     provider_cluster_test.py CASE --provider BUILD/node/provider --work DIR --port BASE
 
@@ -469,25 +468,32 @@ def case_clusterize_merge(args):
         fail(f"accuracy {accuracy:.4f} after 150 steps is not above 0.70")
 
 
-def main():
+def main_of(cases, namespace, add_args=lambda parser: None):
+    """A case file's main (here, two_clusters_test.py, failure_test.py): case_CASE(args), PASS."""
+    global KEYS
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["three_nodes", "one_node", "match_pytorch", "never_starts",
-                                         "launcher_stops_all", "clusterize_merge", "stranger"])
+    parser.add_argument("case", choices=cases)
     parser.add_argument("--provider", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--clusterize", help="clusterize binary (clusterize_merge)")
-    parser.add_argument("--forger", help="forge_peer binary (stranger)")
     parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
-    parser.add_argument("--device", default="cpu",
-                        help="match_pytorch: where the providers and the reference train (cpu, cuda)")
+    add_args(parser)  # the file's own flags
     args = parser.parse_args()
-    global KEYS
     KEYS = keys_binary(args)
     torch.set_num_threads(1)
     shutil.rmtree(args.work, ignore_errors=True)
-    globals()["case_" + args.case](args)
+    namespace["case_" + args.case](args)
     print("PASS")
+
+
+def main():
+    def add_args(parser):
+        parser.add_argument("--clusterize", help="clusterize binary (clusterize_merge)")
+        parser.add_argument("--forger", help="forge_peer binary (stranger)")
+        parser.add_argument("--device", default="cpu",
+                            help="match_pytorch: where the providers and the reference train (cpu, cuda)")
+    main_of(["three_nodes", "one_node", "match_pytorch", "never_starts", "launcher_stops_all",
+             "clusterize_merge", "stranger"], globals(), add_args)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,7 @@ CASE:
                   into 3 stages: the one node is in 3 rings (run concurrently), "average" every 5
                   steps; after the run every tensor is bit-identical in both of its copies
 """
-import argparse
 import os
-import shutil
 
 import torch
 
@@ -95,21 +93,8 @@ def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 
     pct.check_accuracy(node_data, nodes[1][-1], 0.3)
 
 
-
-
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=CASES)
-    parser.add_argument("--provider", required=True)
-    parser.add_argument("--work", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
-    args = parser.parse_args()
-    pct.KEYS = pct.keys_binary(args)
-    torch.set_num_threads(1)
-    shutil.rmtree(args.work, ignore_errors=True)
-    globals()["case_" + args.case](args)
-    print("PASS")
+    pct.main_of(CASES, globals())
 
 
 if __name__ == "__main__":
