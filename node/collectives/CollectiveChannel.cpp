@@ -171,8 +171,11 @@ std::string CollectiveChannel::goneReason(int rank) const {
     return "was replaced (its node runs in another process now; that one rejoins through the "
            "ring's join protocol)";
   const PeerLiveness live = mailbox_.transport().liveness(members_[rank]);
+  // From the group's creation at the earliest: a disconnection on record from before (a member's
+  // previous life, before it was admitted again) must not drop it before it could connect.
   if (live.state == PeerState::kDisconnected &&
-      Clock::now() - live.since >= std::min(options_.disconnected_grace, options_.timeout))
+      Clock::now() - std::max(live.since, created_) >=
+          std::min(options_.disconnected_grace, options_.timeout))
     return "is disconnected (transport) for over " + millis(options_.disconnected_grace);
   return "";
 }

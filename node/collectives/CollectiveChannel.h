@@ -67,7 +67,9 @@ struct ProcessGroupOptions {
   // default) so that a full ring can never block with every node waiting to send.
   int max_in_flight = 8;
   // A member the transport has reported kDisconnected for this long is treated as lost at once
-  // (capped at `timeout`). Transports that cannot tell (kUnknown) leave only the timeout.
+  // (capped at `timeout`), counted from the group's creation at the earliest: a member admitted
+  // back into a ring (a new group) whose previous life's disconnection is still on record gets
+  // the whole grace to connect. Transports that cannot tell (kUnknown) leave only the timeout.
   std::chrono::milliseconds disconnected_grace{1000};
   // How the chunks of a float32 sum/average allReduce travel (ReduceMath.h ChunkCodec;
   // training_definition.wire.sync): every member of a group must use the same value.
@@ -215,6 +217,8 @@ class CollectiveChannel {
   std::string broken_;        // non-empty after a failure: the PeerLost message every call repeats
   // When ProcessGroupOptions::interrupted first said yes during a wait (checkInterrupted).
   std::optional<std::chrono::steady_clock::time_point> stop_seen_;
+  // When this group was made: a disconnection counts from here at the earliest (goneReason).
+  std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   PeerLoss loss_;             // after a failure: the member blamed and why
   std::set<int> left_ranks_;  // members whose leave message arrived
   ProcessGroupStats stats_;

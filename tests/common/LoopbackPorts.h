@@ -1,34 +1,50 @@
 // Loopback ports for tests that need real tcp endpoints: every test file takes them from here, so
-// that test processes running at once (ctest -j) never pick the same port. The ports are drawn at
-// random from below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range) and
-// each is checked by binding it: the kernel never hands such a port out for another process's
-// bind to port 0 or outgoing connection, so a port returned here stays free while the test's own
-// process is down between a kill and a restart (a port from the kernel's range did not: another
-// test running beside it could be handed it in between). Two test processes drawing the same
-// port at the same moment is the one collision left: 1 in ~12,000 per port. Same policy as
-// tests/integration/volunteer_harness.py's free_ports and tools/bench/loopback_ports.py.
+// that test processes running at once (ctest -j) never pick the same port.
+//
+// The ports lie below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range): the
+// kernel never hands such a port out for another process's bind to port 0 or outgoing connection,
+// so a port returned here stays free while the test's own process is down between a kill and a
+// restart. Test processes share them out in blocks of kPortBlock ports: a process claims a block
+// by writing its pid (and the pid's start time) into /tmp/cairn-loopback-ports/block-K under an
+// flock, and the block is its own until that process is gone. A process hands out every other port
+// of its blocks, once, and keeps the one above each free (a volunteer on --listen's port P takes
+// P + 1), each checked by binding it. Drawing single ports at random instead (as before)
+// let two tests collide: CI once saw a coordinator's restart fail with "Address already in use"
+// because a test beside it had drawn the port while that coordinator was down.
+// The same claims are made by tools/bench/loopback_ports.py (the python tests and benchmarks), so
+// the C++ and python tests share one scheme. No library here does this; it is written by hand.
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace cairn::testutil {
 
+inline constexpr int kPortBlock = 64;
+inline constexpr int kLowestPort = 20000;
+inline constexpr const char* kPortClaims = "/tmp/cairn-loopback-ports";
+
 // The lowest port the kernel hands out on its own (32768 if the file cannot be read).
 inline int ephemeralPortLow() {
   std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
   int low = 32768;
-  if (!(range >> low) || low <= 20001) low = 32768;
+  if (!(range >> low) || low <= kLowestPort + kPortBlock) low = 32768;
   return low;
 }
 
@@ -44,14 +60,71 @@ inline bool loopbackPortBinds(int port) {
   return ok;
 }
 
+// "<pid> <start time>" of a live process, "" when it is gone (the start time, field 22 of
+// /proc/<pid>/stat, tells a reused pid from the claimant).
+inline std::string processIdentity(long pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return "";
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return "";
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && (fields >> field); ++i) {
+    if (i == 22) return std::to_string(pid) + " " + field;
+  }
+  return "";
+}
+
+// Claims block `k` for this process if no live process holds it.
+inline bool claimPortBlock(int k) {
+  if (::mkdir(kPortClaims, 01777) == 0) ::chmod(kPortClaims, 01777);  // the umask aside: every user's tests
+  const std::string path = std::string(kPortClaims) + "/block-" + std::to_string(k);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) return false;  // another user's file: not ours to take
+  ::fchmod(fd, 0666);
+  bool claimed = false;
+  if (::flock(fd, LOCK_EX) == 0) {  // held only for this read and write
+    char text[64] = {};
+    const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+    std::istringstream owner(std::string(text, n > 0 ? size_t(n) : 0));
+    long pid = 0;
+    std::string start;
+    const bool held = (owner >> pid >> start) && processIdentity(pid) == std::to_string(pid) + " " + start;
+    if (!held) {
+      const std::string me = processIdentity(::getpid()) + "\n";
+      claimed = ::ftruncate(fd, 0) == 0 && ::pwrite(fd, me.data(), me.size(), 0) == ssize_t(me.size());
+    }
+    ::flock(fd, LOCK_UN);
+  }
+  ::close(fd);
+  return claimed;
+}
+
+// `count` distinct ports on 127.0.0.1, free now, that no other process gets from here while this
+// one lives; the port above each is free and kept so too.
 inline std::vector<int> freeLoopbackPorts(int count) {
-  std::mt19937 draw(std::random_device{}());
-  std::uniform_int_distribution<int> pick(20000, ephemeralPortLow() - 1);
+  static std::mutex guard;
+  static long owner = 0;  // a forked child starts its own blocks
+  static int next = 0, end = 0;
+  std::lock_guard<std::mutex> lock(guard);
+  if (owner != ::getpid()) owner = ::getpid(), next = end = 0;
+  const int blocks = (ephemeralPortLow() - kLowestPort) / kPortBlock;
   std::vector<int> ports;
-  for (int tries = 0; static_cast<int>(ports.size()) < count; ++tries) {
-    if (tries > 10000) throw std::runtime_error("freeLoopbackPorts: no free loopback port below the ephemeral range");
-    const int port = pick(draw);
-    if (std::find(ports.begin(), ports.end(), port) == ports.end() && loopbackPortBinds(port)) ports.push_back(port);
+  std::mt19937 draw(std::random_device{}());
+  while (static_cast<int>(ports.size()) < count) {
+    if (next == end) {
+      const int first = std::uniform_int_distribution<int>(0, blocks - 1)(draw);
+      int k = 0;
+      while (k < blocks && !claimPortBlock((first + k) % blocks)) ++k;
+      if (k == blocks) throw std::runtime_error(std::string("freeLoopbackPorts: every block of loopback ports below the ephemeral range is held (") + kPortClaims + ")");
+      next = kLowestPort + ((first + k) % blocks) * kPortBlock, end = next + kPortBlock;
+    }
+    // Every other port: the one above stays free as well, since a volunteer takes --listen's port
+    // + 1 for the peers behind routers (node/transport/ReversedLinks.h).
+    const int port = next;
+    next += 2;
+    if (loopbackPortBinds(port) && loopbackPortBinds(port + 1)) ports.push_back(port);
   }
   return ports;
 }

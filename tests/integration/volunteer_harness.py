@@ -10,10 +10,8 @@ import argparse
 import gzip
 import json
 import os
-import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +22,7 @@ import torch
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 sys.path.insert(0, os.path.join(REPO, "tools/bench"))
-from loopback_ports import ephemeral_low  # noqa: E402  (the port policy the benchmarks share)
+import loopback_ports  # noqa: E402  (the port scheme the benchmarks and C++ tests share)
 from in_process import run_script  # noqa: E402  (make_model.py in this interpreter)
 EXAMPLE = os.path.join(REPO, "examples/fashion_mnist")
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -38,26 +36,12 @@ def fail(message):
 
 
 def free_ports(count):
-    """COUNT distinct ports on 127.0.0.1 that bind now, drawn at random from below the kernel's
-    ephemeral range (/proc/sys/net/ipv4/ip_local_port_range): a port the kernel hands out for a
-    bind to port 0 or an outgoing connection -- another test's, running beside this one -- can
-    never be one of these, so a port picked here stays free while its process is down (a restarted
+    """COUNT distinct loopback ports below the kernel's ephemeral range, held for this test's life
+    (tools/bench/loopback_ports.py, the scheme tests/common/LoopbackPorts.h shares): no other test
+    or benchmark gets them, so a port stays free while its process is down (a restarted
     coordinator, a volunteer between runs). The static tests' fixed ports (tests/CMakeLists.txt,
-    5700-7000) lie below the range drawn from."""
-    low = ephemeral_low()
-    draw = random.Random(os.getpid() ^ time.monotonic_ns())
-    ports = []
-    while len(ports) < count:
-        port = draw.randrange(20000, max(low, 20001))
-        if port in ports:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-    return ports
+    5700-7000) lie below them."""
+    return loopback_ports.free_ports(count)
 
 
 class Process:

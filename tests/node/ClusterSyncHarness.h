@@ -110,12 +110,18 @@ inline void runMember(zmq::context_t& context, const std::string& prefix, const 
   ZmqTransport& transport = *owned;
   FaultyTransport faulty(transport);
   Mailbox mailbox(faulty);
-  RingClusterSync sync(mailbox, spec, options, setup.local_steps, setup.timeout, setup.gradients);
-  sync.setJoining(setup.joining);
-  torch::jit::Module stage = makeStage(initial);
-  if (setup.before_start) setup.before_start(sync, faulty);
-  sync.start(stage);
-  body(sync, stage, faulty);
+  // The ring sync is destroyed before the transport closes: its welcome desk's thread
+  // (node/ring/RingWelcomeDesk.h) polls the transport until then, and flushAndClose must not run
+  // beside any other call. Closed with the desk still polling (a cut-off member alone in its
+  // ring), libzmq aborted the test process (signaler.cpp:265). ProviderRun leaves the rings first.
+  {
+    RingClusterSync sync(mailbox, spec, options, setup.local_steps, setup.timeout, setup.gradients);
+    sync.setJoining(setup.joining);
+    torch::jit::Module stage = makeStage(initial);
+    if (setup.before_start) setup.before_start(sync, faulty);
+    sync.start(stage);
+    body(sync, stage, faulty);
+  }
   transport.flushAndClose(std::chrono::milliseconds(2000));
 }
 

@@ -50,13 +50,15 @@ void runGatedNode(zmq::context_t& context, const std::string& name, const std::s
   spec.address = "tcp://" + addresses.at(name);
   ZmqTransport transport(context, name, spec.address);
   Mailbox mailbox(transport);
-  RingClusterSync sync(mailbox, spec, SyncOptions{}, /*local_steps=*/2,
-                       std::chrono::milliseconds(20000));
-  sync.setJoining(joining);
-  sync.gateAdmissions(decides);
-  torch::jit::Module stage = makeStage(initial);
-  sync.start(stage);
-  body(sync, stage);
+  {
+    RingClusterSync sync(mailbox, spec, SyncOptions{}, /*local_steps=*/2,
+                         std::chrono::milliseconds(20000));
+    sync.setJoining(joining);
+    sync.gateAdmissions(decides);
+    torch::jit::Module stage = makeStage(initial);
+    sync.start(stage);
+    body(sync, stage);
+  }  // the sync (and its welcome desk's thread) before the transport closes: ClusterSyncHarness.h
   transport.flushAndClose(std::chrono::milliseconds(2000));
 }
 

@@ -73,13 +73,15 @@ void runGrowthNode(zmq::context_t& context, const std::string& name, const std::
   spec.address = "tcp://" + addresses.at(name);
   ZmqTransport transport(context, name, spec.address);
   Mailbox mailbox(transport);
-  RingClusterSync sync(mailbox, spec, SyncOptions{}, kLocalSteps, std::chrono::milliseconds(20000));
-  sync.setJoining(joining);
-  if (gate) sync.gateAdmissions(/*decides=*/true);
-  if (before_start) before_start(sync, transport);
-  torch::jit::Module stage = makeStage(initial);
-  sync.start(stage);
-  body(sync, stage, transport);
+  {
+    RingClusterSync sync(mailbox, spec, SyncOptions{}, kLocalSteps, std::chrono::milliseconds(20000));
+    sync.setJoining(joining);
+    if (gate) sync.gateAdmissions(/*decides=*/true);
+    if (before_start) before_start(sync, transport);
+    torch::jit::Module stage = makeStage(initial);
+    sync.start(stage);
+    body(sync, stage, transport);
+  }  // the sync (and its welcome desk's thread) before the transport closes: ClusterSyncHarness.h
   transport.flushAndClose(std::chrono::milliseconds(2000));
 }
 

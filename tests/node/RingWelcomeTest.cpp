@@ -66,13 +66,15 @@ void runNode(zmq::context_t& context, const std::string& name, const std::vector
   Mailbox mailbox(transport);
   SyncOptions options;
   options.mode = SyncMode::kDiLoCo;
-  // Short: before the welcome desk, the joiner's wait (3 × this) ran out and start() failed.
-  RingClusterSync sync(mailbox, spec, options, 1, std::chrono::milliseconds(2000));
-  sync.setJoining(joining);
-  if (last_synced_step >= 0) sync.loadState({}, {{"last_synced_step", last_synced_step}});
-  torch::jit::Module stage = makeStage(initial);
-  sync.start(stage);
-  body(sync, stage);
+  {
+    // Short: before the welcome desk, the joiner's wait (3 × this) ran out and start() failed.
+    RingClusterSync sync(mailbox, spec, options, 1, std::chrono::milliseconds(2000));
+    sync.setJoining(joining);
+    if (last_synced_step >= 0) sync.loadState({}, {{"last_synced_step", last_synced_step}});
+    torch::jit::Module stage = makeStage(initial);
+    sync.start(stage);
+    body(sync, stage);
+  }  // the sync (and its welcome desk's thread) before the transport closes: ClusterSyncHarness.h
   transport.flushAndClose(std::chrono::milliseconds(2000));
 }
 

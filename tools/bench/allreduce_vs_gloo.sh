@@ -40,7 +40,8 @@ python=/usr/bin/python3
 [[ -n "$out" ]] || out=$(mktemp /tmp/allreduce_vs_gloo.XXXXXX.jsonl)
 : > "$out"
 
-# each run's ports: free ones the kernel hands out (tools/bench/loopback_ports.py), not guessed
+# each run's ports: free ones below the kernel's ephemeral range, held for this script's life
+# (tools/bench/loopback_ports.py), not guessed
 IFS=, read -ra ranks_array <<< "$ranks_list"
 for n in "${ranks_array[@]}"; do
   for ((i = 0; i < repeats; i++)); do
