@@ -20,6 +20,7 @@
 #include "node/ring/RingClusterSync.h"
 #include "node/testing/FaultyTransport.h"
 #include "node/transport/ZmqTransport.h"
+#include "tests/common/LoopbackPorts.h"
 #include "tests/node/RingTestStages.h"
 
 namespace cairn::testing {
@@ -44,15 +45,24 @@ struct TestRing {
 
 inline std::atomic<int> run_counter{0};
 
-// Endpoints: `prefix` + name (inproc), or, for a prefix "tcp:<port>", tcp on loopback with one port
-// per member in cluster order from <port> on (a node that restarts must be reachable again, which
-// ZeroMQ's inproc transport does not do for a peer that rebinds).
+// Endpoints: `prefix` + name (inproc), or, for a prefix "tcp:<port>,<port>,...", tcp on loopback
+// with those ports for the members in cluster order (a node that restarts must be reachable
+// again, which ZeroMQ's inproc transport does not do for a peer that rebinds).
 inline std::string endpointFor(const std::string& prefix, const std::string& name,
                                const std::vector<std::string>& members) {
   if (prefix.rfind("tcp:", 0) != 0) return prefix + name;
-  const int base = std::stoi(prefix.substr(4));
   const auto at = std::find(members.begin(), members.end(), name) - members.begin();
-  return "tcp://127.0.0.1:" + std::to_string(base + int(at));
+  size_t start = 4;
+  for (auto i = 0; i < at; ++i) start = prefix.find(',', start) + 1;
+  return "tcp://127.0.0.1:" + prefix.substr(start, prefix.find(',', start) - start);
+}
+
+// The "tcp:<port>,..." prefix of `count` members on free loopback ports (tests/common/LoopbackPorts.h).
+inline std::string tcpPrefix(int count) {
+  std::string prefix = "tcp:";
+  for (int port : testutil::freeLoopbackPorts(count)) prefix += std::to_string(port) + ",";
+  prefix.pop_back();
+  return prefix;
 }
 
 inline NodeSpec specOf(const TestNode& node, const std::vector<TestRing>& rings,

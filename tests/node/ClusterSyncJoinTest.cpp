@@ -44,7 +44,7 @@ TEST(RingClusterSyncFailures, JoinerGetsTheLiveWeightsAndOuterStateAndTheNextSyn
   std::vector<RingClusterSyncStats> stats(3);
   std::vector<int64_t> generations(3);
   zmq::context_t context;
-  const std::string prefix = "tcp:6380";  // ports 6380-6382 (this test only)
+  const std::string prefix = tcpPrefix(3);
   MemberSetup setup;
   setup.timeout = std::chrono::milliseconds(20000);
   std::vector<std::exception_ptr> errors(3);
