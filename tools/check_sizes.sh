@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The house's sizes, checked on the project's own code (core/, trainer/, node/, clusterize/,
 # coordinator/, apps/): no file over 500 lines, no function over 80; and on the tests' C++
-# (tests/): no file over 500 lines (a test body reads top to bottom: its length is not limited).
+# (tests/): no file over 500 lines (a test body reads top to bottom: its length is not limited);
+# and on the scripts (python, shell, CMake) of tools/, tests/, examples/, cmake/ and the top level:
+# no file over 500 lines.
 # Functions' first and last lines come from Universal Ctags (`--fields=+ne`: line and end), which
 # sees lambdas' enclosing function as one. A file or function that must stay larger is named in
 # EXCEPTIONS below with its reason; the list starts empty. Run by ctest (lint.sizes) and so by
@@ -14,6 +16,8 @@ MAX_FILE_LINES=500
 MAX_FUNCTION_LINES=80
 ROOMS=(core trainer node clusterize coordinator apps)
 TESTS=(tests)  # file sizes only
+SCRIPT_DIRS=(tools tests examples cmake)  # file sizes only: *.py, *.sh, *.cmake, CMakeLists.txt and
+                                          # scripts without a suffix whose first line names python
 # "path" or "path:function", one per line, each with its reason in a comment above it.
 EXCEPTIONS=(
 )
@@ -35,6 +39,14 @@ while IFS= read -r -d '' file; do files+=("$file"); done < <(
 test_files=()
 while IFS= read -r -d '' file; do test_files+=("$file"); done < <(
   find "${TESTS[@]}" -type f \( -name '*.h' -o -name '*.cpp' \) -print0 | sort -z)
+scripts=(CMakeLists.txt)
+while IFS= read -r -d '' file; do
+  case "$file" in
+    *.py | *.sh | *.cmake | */CMakeLists.txt) scripts+=("$file") ;;
+    */*.*) ;;
+    *) head -c 64 "$file" | head -n 1 | grep -q python && scripts+=("$file") ;;
+  esac
+done < <(find "${SCRIPT_DIRS[@]}" -type f -not -path '*/data/*' -not -path '*/corpus/*' -print0 | sort -z)
 # One wc for every file (a wc per file was most of the check's time); its "total" line is skipped.
 while read -r lines file; do
   [[ -n "$file" && -f "$file" ]] || continue
@@ -42,7 +54,7 @@ while read -r lines file; do
     echo "$file: $lines lines (at most $MAX_FILE_LINES: split it along a seam)"
     failures=$((failures + 1))
   fi
-done < <(wc -l "${files[@]}" "${test_files[@]}")
+done < <(wc -l "${files[@]}" "${test_files[@]}" "${scripts[@]}")
 while IFS=$'\t' read -r length file name line; do
   if ! excepted "$file:$name"; then
     echo "$file:$line: function $name is $length lines (at most $MAX_FUNCTION_LINES)"
@@ -63,4 +75,5 @@ if ((failures > 0)); then
   exit 1
 fi
 echo "check_sizes: ${#files[@]} files of ${ROOMS[*]}: none over $MAX_FILE_LINES lines, no function over" \
-  "$MAX_FUNCTION_LINES; ${#test_files[@]} C++ files of ${TESTS[*]}: none over $MAX_FILE_LINES lines"
+  "$MAX_FUNCTION_LINES; ${#test_files[@]} C++ files of ${TESTS[*]} and ${#scripts[@]} scripts: none over" \
+  "$MAX_FILE_LINES lines"

@@ -39,8 +39,8 @@ def free_ports(count):
     """COUNT distinct loopback ports below the kernel's ephemeral range, held for this test's life
     (tools/bench/loopback_ports.py, the scheme tests/common/LoopbackPorts.h shares): no other test
     or benchmark gets them, so a port stays free while its process is down (a restarted
-    coordinator, a volunteer between runs). The static tests' fixed ports (tests/CMakeLists.txt,
-    5700-7000) lie below them."""
+    coordinator, a volunteer between runs). The static tests' fixed ports
+    (tests/integration/Tests.cmake, 5700-7000) lie below them."""
     return loopback_ports.free_ports(count)
 
 

@@ -115,10 +115,10 @@ def run_reference(args, model, job):
     """The uninterrupted run: 3 volunteers, the job as given, FLAGS: (the Leaf's step losses by
     step, the run's accuracy); args.reference_out is its coordinator's out folder. Five cases run
     the very same one (the same model, job and FLAGS): with CAIRN_REFERENCE_CACHE set (the suite
-    sets it: tests/CMakeLists.txt, whose fixture case `reference` makes it first) the first case to
-    ask runs it in a folder of that cache named by what determines it (the bytes of the model, the
-    job but its model path, FLAGS, the provider and clusterize binaries), under a lock, and the
-    others read what it left."""
+    sets it: tests/integration/Tests.cmake, whose fixture case `reference` makes it first) the
+    first case to ask runs it in a folder of that cache named by what determines it (the bytes of
+    the model, the job but its model path, FLAGS, the provider and clusterize binaries), under a
+    lock, and the others read what it left."""
     cache = os.environ.get("CAIRN_REFERENCE_CACHE")
     if not cache:
         sub = vt.in_folder(args, "reference")
@@ -206,9 +206,9 @@ def check_credit(out, expected, batch_size=None, steps=STEPS):
 
 
 def case_reference(args):
-    """The suite's fixture (tests/CMakeLists.txt volunteer_reference): the uninterrupted run that
-    five cases compare against, made into CAIRN_REFERENCE_CACHE before they start, so none of them
-    holds a ctest slot while waiting for another to make it. It checks that the run finished."""
+    """The suite's fixture (tests/integration/Tests.cmake volunteer_reference): the uninterrupted
+    run that five cases compare against, made into CAIRN_REFERENCE_CACHE before they start, so none
+    of them holds a ctest slot while waiting for another to make it. It checks that the run finished."""
     if not os.environ.get("CAIRN_REFERENCE_CACHE"):
         vt.fail("the reference case fills CAIRN_REFERENCE_CACHE: set it")
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)

@@ -83,101 +83,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-import netem_bench as nb  # noqa: E402  (the shaped links: tbf + the TUN delay loop)
+import netem_bench as nb  # noqa: E402  (its models)
+import netns_links as nl  # noqa: E402  (the namespaces and shaped links: tbf + the TUN delay loop)
+from nat_world import (  # noqa: E402  (the home routers, the relay's and the coordinator's sites)
+    COORDINATOR_SITE, HOMES, RELAY_SITE, VOLUNTEER_PORT, HomeWorld, home_address, home_ns, public)
 
 PY = "/usr/bin/python3"
-HOMES = 4
-RELAY_SITE, COORDINATOR_SITE = 4, 5
-VOLUNTEER_PORT, RELAY_PORT, COORDINATOR_PORT = 7200, 7300, 7100
+RELAY_PORT, COORDINATOR_PORT = 7300, 7100
 CUTS = {"cnn": "7", "gpt": "9"}  # 2 stages: after the first pooling / between blocks 1 and 2
 
 
 def log(msg):
     print("nat_bench: " + msg, file=sys.stderr, flush=True)
-
-
-def home_ns(k):
-    # named as netem_bench's sites (cnb<PID>n<i>) so that its remove_stale() also removes them
-    return nb.ns_name(10 + k)
-
-
-def home_address(k):
-    return f"192.168.{k}.2"
-
-
-def public(i):
-    return nb.address(i)
-
-
-class HomeWorld(nb.Topology):
-    """netem_bench's Topology with 6 sites; sites 0..3 are home routers with a home behind each."""
-
-    def __init__(self):
-        super().__init__(COORDINATOR_SITE + 1)
-        self.forwarding = False
-
-    def up(self):
-        super().up()
-        for k in range(HOMES):
-            router, home = nb.ns_name(k), home_ns(k)
-            nb.run(["ip", "netns", "add", home])
-            self.created.append(home)
-            nb.run(["ip", "link", "add", "lan", "netns", router, "type", "veth", "peer", "name", "eth0",
-                    "netns", home])
-            self.nsx(home, "ip", "link", "set", "lo", "up")
-            self.nsx(home, "ip", "addr", "add", home_address(k) + "/24", "dev", "eth0")
-            self.nsx(home, "ip", "link", "set", "eth0", "up")
-            self.nsx(home, "ip", "route", "add", "default", "via", f"192.168.{k}.1")
-            self.nsx(router, "ip", "addr", "add", f"192.168.{k}.1/24", "dev", "lan")
-            self.nsx(router, "ip", "link", "set", "lan", "up")
-            self.nsx(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-            # the home router: out through SNAT; in only the answers to connections from inside
-            # and, while forwarded (run (a)), what its port forward sends on
-            self.nsx(router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "e0", "-j", "MASQUERADE")
-            self.nsx(router, "iptables", "-A", "FORWARD", "-i", "e0", "-o", "lan", "-m", "conntrack",
-                     "--ctstate", "ESTABLISHED,RELATED,DNAT", "-j", "ACCEPT")
-            self.nsx(router, "iptables", "-A", "FORWARD", "-i", "e0", "-o", "lan", "-j", "DROP")
-
-    def port_forward(self, on):
-        """DNAT of TCP VOLUNTEER_PORT and +1 on each home router's public address to its volunteer."""
-        if on == self.forwarding:
-            return
-        for k in range(HOMES):
-            self.nsx(nb.ns_name(k), "iptables", "-t", "nat", "-A" if on else "-D", "PREROUTING", "-i", "e0",
-                     "-p", "tcp", "--dport", f"{VOLUNTEER_PORT}:{VOLUNTEER_PORT + 1}", "-j", "DNAT",
-                     "--to-destination", home_address(k))
-        self.forwarding = on
-
-    def tbf(self, site, rate_mbit):
-        """The site's access link at rate_mbit both ways (0: unshaped)."""
-        for ns, dev in ((nb.ns_name(site), "e0"), (nb.ROUTER, f"r{site}")):
-            if rate_mbit:
-                self.nsx(ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
-                         "burst", "128kb", "limit", "8mb")
-            else:
-                self.nsx(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
-
-    def shape_homes(self, rate, rtt, netem, relay_near):
-        shaping = self.shape(rate, rtt, netem)
-        self.tbf(COORDINATOR_SITE, 0)
-        if netem:
-            self.nsx(nb.ns_name(COORDINATOR_SITE), "tc", "qdisc", "replace", "dev", "e0", "root", "netem",
-                     "delay", f"{rtt / 4}ms")
-            self.nsx(nb.ROUTER, "tc", "qdisc", "replace", "dev", f"r{COORDINATOR_SITE}", "root", "netem",
-                     "delay", f"{rtt / 4}ms")
-        if relay_near:
-            if netem:
-                raise SystemExit("nat_bench: --relay-near is only built for the TUN delay loop")
-            self.nsx(nb.ROUTER, "ip", "rule", "del", "iif", f"r{RELAY_SITE}", "lookup", "100", "pref", "100")
-        return shaping
-
-    def relay_link(self, rate_mbit, netem, rtt):
-        if netem and rate_mbit:
-            for ns, dev in ((nb.ns_name(RELAY_SITE), "e0"), (nb.ROUTER, f"r{RELAY_SITE}")):
-                self.nsx(ns, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "delay", f"{rtt / 4}ms",
-                         "rate", f"{rate_mbit}mbit", "limit", "100000")
-        else:
-            self.tbf(RELAY_SITE, rate_mbit)
 
 
 # ---- processes -----------------------------------------------------------------------------------
@@ -267,7 +184,7 @@ def run_once(world, args, vt, rvt, kind, model, job, batch, relayed, relay_cap, 
     load_before = os.getloadavg()
     t0 = time.monotonic()
     try:
-        coordinator = start("coordinator", nb.ns_name(COORDINATOR_SITE), [
+        coordinator = start("coordinator", nl.ns_name(COORDINATOR_SITE), [
             args.clusterize, "--model", model, "--job", job, "--serve", coord_addr,
             "--invite-file", os.path.join(work, "invite.txt"), "--out", out,
             "--min-volunteers", str(HOMES), "--gather-s", "0", "--clusters", "2", "--cuts", CUTS[kind]]
@@ -275,7 +192,7 @@ def run_once(world, args, vt, rvt, kind, model, job, batch, relayed, relay_cap, 
         invite = wait_line(coordinator, lambda l: l.startswith("invite: "), 180, "'invite: …'").split()[1]
         relay = relay_name = None
         if relayed:
-            relay = start("relay", nb.ns_name(RELAY_SITE), [
+            relay = start("relay", nl.ns_name(RELAY_SITE), [
                 args.provider, "--join", invite, "--relay", "--listen", f"{public(RELAY_SITE)}:{RELAY_PORT}",
                 "--workdir", os.path.join(work, "relay"), "--probe-megabytes", "1"]
                 + (["--relay-mbps", f"{relay_cap:g}"] if relay_cap else []))
@@ -435,7 +352,7 @@ def main():
     if args.smoke:
         args.rows, args.rate, args.rtt, args.steps, args.gpt_steps, args.warmup = "cnn:int8:2", 0, 0, 8, 4, 1
         args.test_samples = 200
-    why = nb.preflight() or (None if shutil.which("iptables") else "`iptables` not found")
+    why = nl.preflight() or (None if shutil.which("iptables") else "`iptables` not found")
     if why:
         print(f"nat_bench: skipped: {why}", flush=True)
         return
@@ -455,12 +372,12 @@ def main():
     models, corpus = {}, None
     for kind in {k for k, _, _ in rows_spec}:
         models[kind] = os.path.join(args.work, f"{kind}.pt")
-        nb.run([PY, f"examples/{'tiny_gpt' if kind == 'gpt' else 'fashion_mnist'}/make_model.py", "--out",
+        nl.run([PY, f"examples/{'tiny_gpt' if kind == 'gpt' else 'fashion_mnist'}/make_model.py", "--out",
                 models[kind]], cwd=ROOT)
         if kind == "gpt":
             corpus = os.path.join(args.work, "corpus.txt")
-            nb.run(["examples/tiny_gpt/make_corpus.sh", corpus], cwd=ROOT)
-    nb.remove_stale()
+            nl.run(["examples/tiny_gpt/make_corpus.sh", corpus], cwd=ROOT)
+    nl.remove_stale()
 
     def on_signal(signum, _frame):
         raise SystemExit(f"nat_bench: signal {signum}, cleaning up")
