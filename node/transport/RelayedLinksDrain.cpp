@@ -21,6 +21,10 @@ constexpr std::chrono::milliseconds kRedialAfterRefusal{200};
 constexpr std::chrono::milliseconds kRelayPeerGrace{10000};
 constexpr std::chrono::milliseconds kAskAgainAfter{200};
 constexpr size_t kMaxReadsPerDrain = 256;
+// Opened messages waiting for read(): past this many a drain leaves the rest in the receiving
+// DEALER (unopened, unacknowledged), so a node whose transport is kept drained while it reads
+// nothing (ZmqTransport's relay keeper) still holds its peers back through their windows.
+constexpr size_t kMaxOpenedWaiting = 64;
 
 std::string text(const zmq::message_t& frame) {
   return std::string(static_cast<const char*>(frame.data()), frame.size());
@@ -141,7 +145,7 @@ bool RelayedLinks::drainConnection(Connection& c, std::chrono::steady_clock::tim
       (void)c.receive_socket.send(name, zmq::send_flags::dontwait);
     c.attached_at = now;
   }
-  for (size_t n = 0; n < kMaxReadsPerDrain; ++n) {
+  for (size_t n = 0; n < kMaxReadsPerDrain && opened_.size() < kMaxOpenedWaiting; ++n) {
     std::vector<zmq::message_t> frames;
     if (!zmq::recv_multipart(c.receive_socket, std::back_inserter(frames), zmq::recv_flags::dontwait))
       break;

@@ -135,6 +135,7 @@ std::string ZmqTransport::sameHostEndpointFor(const std::string& tcp_endpoint) c
 
 ZmqTransport::~ZmqTransport() {
   if (!closed_) flushAndClose(std::chrono::milliseconds(0));
+  stopRelayKeeper();  // stopped already unless a peer was added after the close
 }
 
 ZmqTransport::Peer* ZmqTransport::findPeer(const std::string& peer) const {
@@ -418,7 +419,8 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
   // The PULL socket and every peer's monitor, polled together: a connection going down is seen
   // while waiting, not only at the next call.
   for (;;) {
-    if (drainMonitors() && wake_on_liveness) return std::nullopt;
+    const bool changed = drainMonitors() | liveness_changed_.exchange(false);
+    if (changed && wake_on_liveness) return std::nullopt;
     std::vector<zmq::message_t> frames;
     // Take what is queued without a poll first; poll (bounded by the deadline) only when empty.
     bool same_host = false;
@@ -471,6 +473,7 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
 
 void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
   if (closed_) return;
+  stopRelayKeeper();
   flushRelayed(timeout);
   closed_ = true;
   if (accepted_) accepted_->close();

@@ -53,15 +53,20 @@
 // the receive lock); a reachable node's accept ROUTER is shared by its senders and the receiving
 // thread under its own mutex, never blocking (a send to a dial-out-only peer whose queue is full
 // retries every millisecond), so the receiving thread wakes at least every 20 ms while reversed
-// links exist to read attaches (ReversedLinks.h). flushAndClose is tear-down: it must not run
-// concurrently with any other call.
+// links exist to read attaches (ReversedLinks.h). Relayed links: from the first relayed peer on,
+// the transport runs one thread of its own, the relay keeper, which drains the receiving side
+// (under the receive lock, taken only when free) every 50 ms, so a relayed link's resends and
+// acknowledgements go on while no caller receives (keepRelayedLinks). flushAndClose is tear-down:
+// it must not run concurrently with any other call; it stops the relay keeper first.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <thread>
 
 #include "core/SendPacer.h"
 #include "node/transport/CurveSecurity.h"
@@ -187,6 +192,8 @@ class ZmqTransport : public Transport {
   };
   // The longest a send holds a peer's send lock while it waits for room (send() above).
   static constexpr std::chrono::milliseconds kSendSlice{50};
+  // How often the relay keeper drains the receiving side while nobody receives.
+  static constexpr std::chrono::milliseconds kRelayKeeperInterval{50};
   mutable std::mutex hook_mutex_;
   std::function<void()> send_wait_hook_;  // under hook_mutex_ (setSendWaitHook)
   // Reads every pending monitor event; true when some peer's state changed. Caller holds
@@ -209,6 +216,12 @@ class ZmqTransport : public Transport {
   // when nobody else receives, then run the send wait hook.
   void whileSendWaits();
   void flushRelayed(std::chrono::milliseconds timeout);
+  // The relay keeper (ZmqTransportLinks.cpp): from the first relayed peer on, a thread that drains
+  // the receiving side every kRelayKeeperInterval while no other thread receives, so a relayed
+  // link's acknowledgements, resends and attaches go on while the node computes or waits
+  // elsewhere. Stopped first by flushAndClose.
+  void keepRelayedLinks();
+  void stopRelayKeeper();
 
   // The same-host endpoint for a peer's tcp endpoint, or empty when it is not on this host.
   std::string sameHostEndpointFor(const std::string& tcp_endpoint) const;
@@ -234,6 +247,12 @@ class ZmqTransport : public Transport {
   std::unique_ptr<AcceptedLinks> accepted_;  // null: nothing bound (dial-out only)
   std::unique_ptr<DialedLinks> dialed_;      // set: dial-out only
   std::unique_ptr<RelayedLinks> relayed_;    // set with CURVE: peers reached through a relay
+  std::thread relay_keeper_;                 // started under add_mutex_; joined by stopRelayKeeper
+  std::mutex keeper_mutex_;
+  std::condition_variable keeper_wake_;
+  bool keeper_stop_ = false;                 // under keeper_mutex_
+  // A liveness change the keeper drained: the next receiveOrLivenessChange returns at once.
+  std::atomic<bool> liveness_changed_{false};
 };
 
 }  // namespace cairn

@@ -44,6 +44,7 @@ void ZmqTransport::addRelayedPeerLocked(const std::string& peer, const std::stri
     CAIRN_THROW(BadInput, name_, ": peer ", peer, " is reached through a relay, which needs CURVE keys",
                 " (a relayed link is sealed end to end with them): not with --insecure");
   relayed_->add(peer, relay_endpoint, relay_key, curveKeyOf(peer));
+  if (!relay_keeper_.joinable()) relay_keeper_ = std::thread([this] { keepRelayedLinks(); });
   Peer entry;
   entry.relayed = true;
   entry.endpoint = endpoint;
@@ -78,6 +79,36 @@ void ZmqTransport::flushRelayed(std::chrono::milliseconds timeout) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+// A relayed link is reliable only while its receiving side is drained: the acknowledgements the
+// peer sends, its requests for what it lacks, what is due to be sent again (RelayedLinks.h) and
+// the attaches to the relay are all handled there. A node's own thread drains it only while it
+// receives or sends; one that computes, or waits on something else, would leave a message the
+// relay dropped unsent again until then, and its peer waiting for it (CI saw a relayed ring peer
+// dropped after 60 s: the last message a Root sent before a long wait was lost on the way). So
+// this thread drains it whenever nobody else receives. What it opens waits for the next receive
+// (bounded: RelayedLinksDrain.cpp kMaxOpenedWaiting); a liveness change it sees ends the next
+// receiveOrLivenessChange at once.
+void ZmqTransport::keepRelayedLinks() {
+  std::unique_lock<std::mutex> wait(keeper_mutex_);
+  while (!keeper_wake_.wait_for(wait, kRelayKeeperInterval, [this] { return keeper_stop_; })) {
+    wait.unlock();
+    {
+      std::unique_lock<std::mutex> receiving(receive_mutex_, std::try_to_lock);
+      if (receiving.owns_lock() && drainMonitors()) liveness_changed_ = true;
+    }
+    wait.lock();
+  }
+}
+
+void ZmqTransport::stopRelayKeeper() {
+  {
+    std::lock_guard<std::mutex> lock(keeper_mutex_);
+    keeper_stop_ = true;
+  }
+  keeper_wake_.notify_all();
+  if (relay_keeper_.joinable()) relay_keeper_.join();
 }
 
 void ZmqTransport::whileSendWaits() {

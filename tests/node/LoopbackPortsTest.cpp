@@ -59,6 +59,16 @@ std::vector<int> drawnByAChild(int count, std::vector<int>* mine = nullptr) {
   return theirs;
 }
 
+// Whether a forked child's claimPortBlock(block) takes the block.
+bool anotherProcessClaims(int block) {
+  const pid_t other = ::fork();
+  if (other < 0) throw std::runtime_error("fork failed");
+  if (other == 0) ::_exit(claimPortBlock(block) ? 1 : 0);
+  int status = 0;
+  if (::waitpid(other, &status, 0) != other || !WIFEXITED(status)) throw std::runtime_error("the child did not exit");
+  return WEXITSTATUS(status) == 1;
+}
+
 TEST(LoopbackPorts, ProcessesDrawingAtOnceNeverShareAPort) {
   std::vector<int> mine;
   const auto theirs = drawnByAChild(150, &mine);  // more than two blocks each
@@ -89,13 +99,7 @@ TEST(LoopbackPorts, APythonProcessClaimsThroughTheSameFiles) {
   ASSERT_TRUE(read) << command << " printed no port";
   EXPECT_EQ(ownerOf(base), processIdentity(::getpid())) << claimFile(base);
   // Another process cannot take it while this one lives ...
-  const int block = (base - kLowestPort) / kPortBlock;
-  const pid_t other = ::fork();
-  ASSERT_GE(other, 0);
-  if (other == 0) ::_exit(claimPortBlock(block) ? 1 : 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(other, &status, 0), other);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a block python claimed was taken";
+  EXPECT_FALSE(anotherProcessClaims((base - kLowestPort) / kPortBlock)) << "a block python claimed was taken";
   // ... and python cannot take a block this process claimed here.
   const int mine = (freeLoopbackPorts(1)[0] - kLowestPort) / kPortBlock;
   const std::string claim = "exec /usr/bin/python3 -c 'import os, sys; sys.path.insert(0, \"" CAIRN_SOURCE_DIR
@@ -122,12 +126,7 @@ TEST(LoopbackPorts, ABlockOfAProcessThatIsGoneIsTakenAgain) {
   }
   EXPECT_EQ(ownerOf(port), processIdentity(::getpid())) << claimFile(port);
   // ... and once this process holds it, another one does not take it.
-  const pid_t other = ::fork();
-  ASSERT_GE(other, 0);
-  if (other == 0) ::_exit(claimPortBlock(block) ? 1 : 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(other, &status, 0), other);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a live process's block was taken";
+  EXPECT_FALSE(anotherProcessClaims(block)) << "a live process's block was taken";
 }
 
 }  // namespace

@@ -301,6 +301,36 @@ TEST(RelayedLink, AHostileRelayThatFlipsDropsDuplicatesAndReordersChangesNoMessa
   EXPECT_GT(a.t->stats().relayed_resent + b.t->stats().relayed_resent, 0u);
 }
 
+// The relay drops the one message a sends, and a then receives nothing (a node computing, or
+// waiting on something else): its transport's relay keeper still sends the message again, so b
+// gets it. Before the keeper only a receive or a send at a drained the link, and b waited for the
+// message until its peer timeout (a relayed ring peer dropped after 60 s in CI).
+TEST(RelayedLink, AMessageTheRelayDroppedIsSentAgainWhileItsSenderReceivesNothing) {
+  const CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
+                     b_keys = generateCurveKeyPair();
+  TamperingRelay relay(relay_keys, {{a_keys.public_key, "a"}, {b_keys.public_key, "b"}},
+                       [](size_t i, std::vector<zmq::message_t>& payload) {
+                         std::vector<std::vector<zmq::message_t>> out;
+                         if (i != 0) out.push_back(std::move(payload));  // the first one: dropped
+                         return out;
+                       });
+  RelayedNode a("a", a_keys, "b", b_keys.public_key, relay_keys.public_key, relay.address());
+  RelayedNode b("b", b_keys, "a", a_keys.public_key, relay_keys.public_key, relay.address());
+  const Message sent = relayedMessage("a", "lone", 0, 4096);
+  ASSERT_EQ(a.t->send("b", sent, 10s), SendStatus::kSent);
+  // From here on nothing calls a's transport until b has the message.
+  auto got = b.t->receive(20s);
+  ASSERT_TRUE(got.has_value()) << "the message the relay dropped never came again";
+  EXPECT_EQ(got->sender, "a");
+  EXPECT_EQ(got->tag, sent.tag);
+  EXPECT_EQ(got->text, sent.text);
+  ASSERT_EQ(got->tensors.size(), sent.tensors.size());
+  EXPECT_TRUE(torch::equal(got->tensors[0].tensor, sent.tensors[0].tensor));
+  EXPECT_EQ(relay.tampered(), 1u);
+  EXPECT_GE(a.t->stats().relayed_resent, 1u);
+  EXPECT_FALSE(b.t->receive(300ms).has_value()) << "the message arrived twice";
+}
+
 TEST(RelayedLink, ALinkMovedToAnotherRelayWhenItsRelayDiesLosesNothing) {
   const CurveKeyPair keys1 = generateCurveKeyPair(), keys2 = generateCurveKeyPair(),
                      a_keys = generateCurveKeyPair(), b_keys = generateCurveKeyPair();

@@ -85,7 +85,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 import netem_bench as nb  # noqa: E402  (its models)
 import netns_links as nl  # noqa: E402  (the namespaces and shaped links: tbf + the TUN delay loop)
-from nat_world import (  # noqa: E402  (the home routers, the relay's and the coordinator's sites)
+from nat_homes import (  # noqa: E402  (the home routers, the relay's and the coordinator's sites)
     COORDINATOR_SITE, HOMES, RELAY_SITE, VOLUNTEER_PORT, HomeWorld, home_address, home_ns, public)
 
 PY = "/usr/bin/python3"

@@ -70,7 +70,11 @@ PROVIDER_PORT = 5500
 
 
 from netns_links import (  # noqa: E402  (the namespaces, the shaped links, the delay relay)
-    address, kill_group, log, ns_name, preflight, remove_stale, run, Topology)
+    address, kill_group, ns_name, preflight, remove_stale, run, Topology)
+
+
+def log(msg):
+    print("netem_bench: " + msg, file=sys.stderr, flush=True)
 
 
 # ---- runs ----------------------------------------------------------------------------------------
