@@ -116,9 +116,7 @@ class FakeResponder {
   FakeResponder(const CurveKeyPair& keys, const std::string& coordinator_key, bool accept_too = true,
                 const std::string& host = "127.0.0.1")
       : zap_(context_, {{coordinator_key, "coordinator"}}) {
-    int port = 0;
-    do port = testutil::freeLoopbackPorts(1)[0];
-    while (!testutil::loopbackPortBinds(port + 1));
+    const int port = testutil::freeLoopbackPorts(1)[0];  // the port above it is kept free too
     socket_ = coordinationServer(context_, keys, host + ":" + std::to_string(port), 1 << 16, &address_);
     std::string accept_address;
     if (accept_too)

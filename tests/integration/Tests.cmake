@@ -46,7 +46,7 @@ cairn_script_tests(PREFIX integration.tied_gpt SCRIPT ${INTEGRATION}/tied_gpt_te
   CASES gradients average diloco relay async carry PORTS 6280 6290 6250 6220 6230 6240
   ARGS ${BINARIES})
 # Volunteers join by invite (docs/OPERATIONS.md "Volunteers join"): a real coordinator
-# (clusterize --serve) and real provider --join processes; every port comes from the kernel.
+# (clusterize --serve) and real provider --join processes; every port from free_ports (above).
 cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/volunteer_test.py TIMEOUT 600
   CASES join_train_merge coordinator_restarts bad_invites checkpoint_upload ARGS ${BINARIES})
 # Chunks served by the coordinator (issue K part 2): volunteers with no copy of the data train on

@@ -10,9 +10,10 @@ kernel never hands those out on its own, so a port stays free while the process 
 process claims a block by writing its pid and the pid's start time into
 /tmp/cairn-loopback-ports/block-K under an flock, and the block is its own until that process is
 gone. Each port of a block is handed out once, checked by binding it; free_ports hands out every
-other one and keeps the one above it free too (a volunteer on --listen's port P takes P + 1). Ports drawn at random one by
-one (as before) let two tests collide: CI once saw a restarted coordinator fail with "Address
-already in use", a test beside it having drawn its port while it was down.
+other one and keeps the one above it free too (a volunteer on --listen's port P takes P + 1).
+Ports drawn at random one by one (as before) let two tests collide: CI once saw a restarted
+coordinator fail with "Address already in use", a test beside it having drawn its port while it
+was down.
 
     from loopback_ports import free_ports, free_port_base
     free_ports(3)            # three ports, held for this process's life
@@ -67,8 +68,8 @@ def _claim(k, pid):
     try:
         os.mkdir(CLAIMS, 0o1777)
         os.chmod(CLAIMS, 0o1777)  # the umask aside: every user's tests share it
-    except FileExistsError:
-        pass
+    except OSError:
+        pass  # there already (or not to be made: the open below then fails, as in LoopbackPorts.h)
     try:
         fd = os.open(f"{CLAIMS}/block-{k}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError:
@@ -109,15 +110,14 @@ class _Blocks:
                 port = self.next
                 if consecutive:
                     self.next += 1
-                    if _binds(port):
-                        ports.append(port)
-                    else:
-                        ports = []
+                    ports = ports + [port] if _binds(port) else []
+                elif (port - LOWEST) % 2:
+                    self.next += 1  # after a consecutive run: back on an even port
                 else:
                     # Every other port: the one above stays free as well, since a volunteer takes
                     # --listen's port + 1 for the peers behind routers (ReversedLinks.h).
-                    self.next += 2 - (port - LOWEST) % 2
-                    if (port - LOWEST) % 2 == 0 and _binds(port) and _binds(port + 1):
+                    self.next += 2
+                    if _binds(port) and _binds(port + 1):
                         ports.append(port)
             return ports
 

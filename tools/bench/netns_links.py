@@ -154,40 +154,39 @@ class Topology:
         kill_group(self.relay)
         self.relay = None
 
-    def rtt_ms(self):
-        """Round trip measured as the time of a TCP connect from namespace 0 to namespace 1."""
-        server = subprocess.Popen(["ip", "netns", "exec", ns_name(1), PY, "-c",
-                                   "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-                                   f"s.bind(('{address(1)}',7999));s.listen(8);print('up',flush=True)\n"
-                                   "while True: s.accept()[0].close()"],
+    def measure(self, server_code, client_code):
+        """Runs python `server_code` in namespace 1 (it prints a line once it listens), then
+        `client_code` in namespace 0, and returns the number the client prints."""
+        server = subprocess.Popen(["ip", "netns", "exec", ns_name(1), PY, "-c", server_code],
                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
             server.stdout.readline()
-            code = ("import socket,time,statistics\nr=[]\nfor _ in range(5):\n t=time.perf_counter();"
-                    f"c=socket.create_connection(('{address(1)}',7999),timeout=5);r.append(time.perf_counter()-t);c.close()\n"
-                    "print(statistics.median(r)*1000)")
-            return float(self.nsx(ns_name(0), PY, "-c", code).stdout.strip())
+            return float(self.nsx(ns_name(0), PY, "-c", client_code).stdout.strip())
         finally:
             kill_group(server)
+
+    def rtt_ms(self):
+        """Round trip measured as the time of a TCP connect from namespace 0 to namespace 1."""
+        return self.measure(
+            "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            f"s.bind(('{address(1)}',7999));s.listen(8);print('up',flush=True)\n"
+            "while True: s.accept()[0].close()",
+            "import socket,time,statistics\nr=[]\nfor _ in range(5):\n t=time.perf_counter();"
+            f"c=socket.create_connection(('{address(1)}',7999),timeout=5);r.append(time.perf_counter()-t);c.close()\n"
+            "print(statistics.median(r)*1000)")
 
     def throughput_mbit(self, megabytes=4):
         """Bulk TCP rate from namespace 0 to namespace 1 (one connection, `megabytes` MB, timed from
         connect to the receiver's acknowledgement of the last byte)."""
-        server = subprocess.Popen(["ip", "netns", "exec", ns_name(1), PY, "-c",
-                                   "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-                                   f"s.bind(('{address(1)}',7998));s.listen(1);print('up',flush=True);c=s.accept()[0];n=0\n"
-                                   f"while n<{megabytes << 20}:\n b=c.recv(1<<20)\n if not b: break\n n+=len(b)\n"
-                                   "c.sendall(b'k');c.close()"],
-                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            server.stdout.readline()
-            code = ("import socket,time\nt=time.perf_counter()\n"
-                    f"c=socket.create_connection(('{address(1)}',7998),timeout=60)\n"
-                    f"c.sendall(bytes({megabytes << 20}));c.recv(1)\n"
-                    f"print({megabytes * 8 * 1.048576}/(time.perf_counter()-t))")
-            return float(self.nsx(ns_name(0), PY, "-c", code).stdout.strip())
-        finally:
-            kill_group(server)
+        return self.measure(
+            "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            f"s.bind(('{address(1)}',7998));s.listen(1);print('up',flush=True);c=s.accept()[0];n=0\n"
+            f"while n<{megabytes << 20}:\n b=c.recv(1<<20)\n if not b: break\n n+=len(b)\n"
+            "c.sendall(b'k');c.close()",
+            "import socket,time\nt=time.perf_counter()\n"
+            f"c=socket.create_connection(('{address(1)}',7998),timeout=60)\n"
+            f"c.sendall(bytes({megabytes << 20}));c.recv(1)\n"
+            f"print({megabytes * 8 * 1.048576}/(time.perf_counter()-t))")
 
     def down(self):
         for p in self.children:
