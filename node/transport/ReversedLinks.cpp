@@ -209,10 +209,11 @@ PeerLiveness AcceptedLinks::liveness(const std::string& peer) const {
   return it == links_.end() ? PeerLiveness{} : it->second.liveness;
 }
 
-void AcceptedLinks::close() {
+void AcceptedLinks::close(std::chrono::milliseconds linger) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!router_) return;
   zmq_socket_monitor(router_.handle(), nullptr, 0);
+  router_.set(zmq::sockopt::linger, static_cast<int>(linger.count()));
   router_.close();
   monitor_.close();
 }

@@ -90,7 +90,9 @@ class AcceptedLinks {
   void addPollItems(std::vector<zmq::pollitem_t>& items);
   bool bound() const;
   PeerLiveness liveness(const std::string& peer) const;
-  void close();
+  // `linger`: how long what is still queued for the dial-out-only peers may take to leave once
+  // closed (ZMQ_LINGER; the context holds it meanwhile). 0 drops it.
+  void close(std::chrono::milliseconds linger = std::chrono::milliseconds(0));
 
  private:
   struct Link {

@@ -476,7 +476,7 @@ void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
   stopRelayKeeper();
   flushRelayed(timeout);
   closed_ = true;
-  if (accepted_) accepted_->close();
+  if (accepted_) accepted_->close(timeout);  // like each PUSH socket below: what is queued leaves
   if (dialed_) dialed_->close();
   if (relayed_) relayed_->close();
   for (auto& [peer, p] : outbound_) {

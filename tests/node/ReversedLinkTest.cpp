@@ -115,6 +115,31 @@ TEST(ReversedLink, BothDirectionsFlowOverTheConnectionsTheDialOutOnlySideOpened)
   EXPECT_EQ(r.t->stats().messages_forged, 0u);
 }
 
+// What r queued for d right before it closed still reaches d (flushAndClose gives the accept
+// ROUTER the flush timeout as its linger, as it gives every PUSH socket): a Leaf's last
+// eval_result to a dial-out-only Root was dropped at its close (integration.volunteers.nat_direct:
+// the Root then failed on the lost connection). Large messages, so some are still queued.
+TEST(ReversedLink, WhatIsQueuedForADialOutOnlyPeerWhenTheTransportClosesIsDelivered) {
+  const CurveKeyPair d_keys = generateCurveKeyPair();
+  Reachable r({{d_keys.public_key, "d"}}, "d", d_keys.public_key);
+  DialOutOnly d("d", d_keys, r);
+  expectReachableToDialOut(*r.t, *d.t, "first");
+  const int count = 4;
+  for (int i = 0; i < count; ++i) {
+    Message m = reversedLinkMessage("r", "big" + std::to_string(i));
+    m.tensors.push_back({"x", torch::full({1 << 20}, static_cast<float>(i))});  // 4 MiB
+    ASSERT_EQ(r.t->send("d", m, 10s), SendStatus::kSent);
+  }
+  r.t->flushAndClose(10s);
+  for (int i = 0; i < count; ++i) {
+    auto got = d.t->receive(20s);
+    ASSERT_TRUE(got.has_value()) << "message " << i << " was dropped at r's close";
+    EXPECT_EQ(got->tag, "big" + std::to_string(i));
+    ASSERT_EQ(got->tensors.size(), 1u);
+    EXPECT_TRUE(torch::equal(got->tensors[0].tensor, torch::full({1 << 20}, static_cast<float>(i))));
+  }
+}
+
 TEST(ReversedLink, AnUnknownKeyGetsNothingAndAnAdmittedKeyCannotTakeAnotherName) {
   const CurveKeyPair d_keys = generateCurveKeyPair(), e_keys = generateCurveKeyPair();
   // r admits e's key as "e" only; d's key is unknown to it.
