@@ -23,7 +23,7 @@ constexpr std::chrono::milliseconds kAskAgainAfter{200};
 constexpr size_t kMaxReadsPerDrain = 256;
 // Opened messages waiting for read(): past this many a drain leaves the rest in the receiving
 // DEALER (unopened, unacknowledged), so a node whose transport is kept drained while it reads
-// nothing (ZmqTransport's relay keeper) still holds its peers back through their windows.
+// nothing (ZmqTransport's link keeper) still holds its peers back through their windows.
 constexpr size_t kMaxOpenedWaiting = 64;
 
 std::string text(const zmq::message_t& frame) {

@@ -135,7 +135,7 @@ std::string ZmqTransport::sameHostEndpointFor(const std::string& tcp_endpoint) c
 
 ZmqTransport::~ZmqTransport() {
   if (!closed_) flushAndClose(std::chrono::milliseconds(0));
-  stopRelayKeeper();  // stopped already unless a peer was added after the close
+  stopLinkKeeper();  // stopped already unless a peer was added after the close
 }
 
 ZmqTransport::Peer* ZmqTransport::findPeer(const std::string& peer) const {
@@ -206,12 +206,13 @@ void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& end
   entry.monitor = std::move(monitor);
   entry.endpoint = dial;
   entry.same_host = !same_host.empty();
-  // Dial-out only: the peer answers over a connection we open to its accept endpoint too.
+  // Dial-out only: the peer answers over a connection we open to its accept endpoint too, and the
+  // link keeper says attach on it while the node receives nothing.
   if (dialed_) dialed_->add(peer, acceptEndpointOf(endpoint), curveKeyOf(peer));
+  if (dialed_) startLinkKeeperLocked();
   std::unique_lock<std::shared_mutex> lock(peers_mutex_);
   outbound_.emplace(peer, std::move(entry));
 }
-
 
 bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpoint,
                                const std::string& public_key) {
@@ -473,7 +474,7 @@ std::optional<Message> ZmqTransport::receiveImpl(std::chrono::milliseconds timeo
 
 void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
   if (closed_) return;
-  stopRelayKeeper();
+  stopLinkKeeper();
   flushRelayed(timeout);
   closed_ = true;
   if (accepted_) accepted_->close(timeout);  // like each PUSH socket below: what is queued leaves

@@ -53,11 +53,12 @@
 // the receive lock); a reachable node's accept ROUTER is shared by its senders and the receiving
 // thread under its own mutex, never blocking (a send to a dial-out-only peer whose queue is full
 // retries every millisecond), so the receiving thread wakes at least every 20 ms while reversed
-// links exist to read attaches (ReversedLinks.h). Relayed links: from the first relayed peer on,
-// the transport runs one thread of its own, the relay keeper, which drains the receiving side
-// (under the receive lock, taken only when free) every 50 ms, so a relayed link's resends and
-// acknowledgements go on while no caller receives (keepRelayedLinks). flushAndClose is tear-down:
-// it must not run concurrently with any other call; it stops the relay keeper first.
+// links exist to read attaches (ReversedLinks.h). From the first relayed peer on, and on a
+// dial-out-only node from its first peer on, the transport runs one thread of its own, the link
+// keeper, which drains the receiving side (under the receive lock, taken only when free) every
+// 50 ms, so a relayed link's resends and acknowledgements, and a dial-out-only node's attaches
+// after its DEALER connected again, go on while no caller receives (keepLinks). flushAndClose is
+// tear-down: it must not run concurrently with any other call; it stops the link keeper first.
 #pragma once
 
 #include <atomic>
@@ -192,8 +193,8 @@ class ZmqTransport : public Transport {
   };
   // The longest a send holds a peer's send lock while it waits for room (send() above).
   static constexpr std::chrono::milliseconds kSendSlice{50};
-  // How often the relay keeper drains the receiving side while nobody receives.
-  static constexpr std::chrono::milliseconds kRelayKeeperInterval{50};
+  // How often the link keeper drains the receiving side while nobody receives.
+  static constexpr std::chrono::milliseconds kLinkKeeperInterval{50};
   mutable std::mutex hook_mutex_;
   std::function<void()> send_wait_hook_;  // under hook_mutex_ (setSendWaitHook)
   // Reads every pending monitor event; true when some peer's state changed. Caller holds
@@ -216,12 +217,14 @@ class ZmqTransport : public Transport {
   // when nobody else receives, then run the send wait hook.
   void whileSendWaits();
   void flushRelayed(std::chrono::milliseconds timeout);
-  // The relay keeper (ZmqTransportLinks.cpp): from the first relayed peer on, a thread that drains
-  // the receiving side every kRelayKeeperInterval while no other thread receives, so a relayed
-  // link's acknowledgements, resends and attaches go on while the node computes or waits
-  // elsewhere. Stopped first by flushAndClose.
-  void keepRelayedLinks();
-  void stopRelayKeeper();
+  // The link keeper (ZmqTransportLinks.cpp): from the first relayed peer on (and a dial-out-only
+  // node's first peer on), a thread that drains the receiving side every kLinkKeeperInterval
+  // while no other thread receives, so a relayed link's acknowledgements, resends and attaches,
+  // and a dial-out-only node's attaches, go on while the node computes or waits elsewhere.
+  // Stopped first by flushAndClose.
+  void keepLinks();
+  void startLinkKeeperLocked();  // caller holds add_mutex_
+  void stopLinkKeeper();
 
   // The same-host endpoint for a peer's tcp endpoint, or empty when it is not on this host.
   std::string sameHostEndpointFor(const std::string& tcp_endpoint) const;
@@ -247,7 +250,7 @@ class ZmqTransport : public Transport {
   std::unique_ptr<AcceptedLinks> accepted_;  // null: nothing bound (dial-out only)
   std::unique_ptr<DialedLinks> dialed_;      // set: dial-out only
   std::unique_ptr<RelayedLinks> relayed_;    // set with CURVE: peers reached through a relay
-  std::thread relay_keeper_;                 // started under add_mutex_; joined by stopRelayKeeper
+  std::thread link_keeper_;                 // started under add_mutex_; joined by stopLinkKeeper
   std::mutex keeper_mutex_;
   std::condition_variable keeper_wake_;
   bool keeper_stop_ = false;                 // under keeper_mutex_

@@ -44,7 +44,7 @@ void ZmqTransport::addRelayedPeerLocked(const std::string& peer, const std::stri
     CAIRN_THROW(BadInput, name_, ": peer ", peer, " is reached through a relay, which needs CURVE keys",
                 " (a relayed link is sealed end to end with them): not with --insecure");
   relayed_->add(peer, relay_endpoint, relay_key, curveKeyOf(peer));
-  if (!relay_keeper_.joinable()) relay_keeper_ = std::thread([this] { keepRelayedLinks(); });
+  startLinkKeeperLocked();
   Peer entry;
   entry.relayed = true;
   entry.endpoint = endpoint;
@@ -89,10 +89,17 @@ void ZmqTransport::flushRelayed(std::chrono::milliseconds timeout) {
 // dropped after 60 s: the last message a Root sent before a long wait was lost on the way). So
 // this thread drains it whenever nobody else receives. What it opens waits for the next receive
 // (bounded: RelayedLinksDrain.cpp kMaxOpenedWaiting); a liveness change it sees ends the next
-// receiveOrLivenessChange at once.
-void ZmqTransport::keepRelayedLinks() {
+// receiveOrLivenessChange at once. A dial-out-only node needs it as much: its DEALERs say
+// `attach` after each handshake from this side (ReversedLinks.h), and a peer that restarted, or a
+// connection that dropped, can send to it only once it has; without the keeper a node computing
+// left its peer's sends waiting until it received again.
+void ZmqTransport::startLinkKeeperLocked() {
+  if (!link_keeper_.joinable()) link_keeper_ = std::thread([this] { keepLinks(); });
+}
+
+void ZmqTransport::keepLinks() {
   std::unique_lock<std::mutex> wait(keeper_mutex_);
-  while (!keeper_wake_.wait_for(wait, kRelayKeeperInterval, [this] { return keeper_stop_; })) {
+  while (!keeper_wake_.wait_for(wait, kLinkKeeperInterval, [this] { return keeper_stop_; })) {
     wait.unlock();
     {
       std::unique_lock<std::mutex> receiving(receive_mutex_, std::try_to_lock);
@@ -102,13 +109,13 @@ void ZmqTransport::keepRelayedLinks() {
   }
 }
 
-void ZmqTransport::stopRelayKeeper() {
+void ZmqTransport::stopLinkKeeper() {
   {
     std::lock_guard<std::mutex> lock(keeper_mutex_);
     keeper_stop_ = true;
   }
   keeper_wake_.notify_all();
-  if (relay_keeper_.joinable()) relay_keeper_.join();
+  if (link_keeper_.joinable()) link_keeper_.join();
 }
 
 void ZmqTransport::whileSendWaits() {

@@ -302,7 +302,7 @@ TEST(RelayedLink, AHostileRelayThatFlipsDropsDuplicatesAndReordersChangesNoMessa
 }
 
 // The relay drops the one message a sends, and a then receives nothing (a node computing, or
-// waiting on something else): its transport's relay keeper still sends the message again, so b
+// waiting on something else): its transport's link keeper still sends the message again, so b
 // gets it. Before the keeper only a receive or a send at a drained the link, and b waited for the
 // message until its peer timeout (a relayed ring peer dropped after 60 s in CI).
 TEST(RelayedLink, AMessageTheRelayDroppedIsSentAgainWhileItsSenderReceivesNothing) {

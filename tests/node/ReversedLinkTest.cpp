@@ -34,15 +34,17 @@ Message reversedLinkMessage(const std::string& sender, const std::string& tag) {
 }
 
 // A reachable node "r": its own context, a ZAP handler admitting `admitted` (key → name).
+// Given `keys` and `endpoint`, it is that node started again.
 struct Reachable {
-  CurveKeyPair keys = generateCurveKeyPair();
+  CurveKeyPair keys;
   zmq::context_t context;
   ZapAuthenticator zap;
-  std::string endpoint = reversedLinkEndpoint();
+  std::string endpoint;
   std::unique_ptr<ZmqTransport> t;
   Reachable(std::map<std::string, std::string> admitted, const std::string& peer,
-            const std::string& peer_key)
-      : zap(context, std::move(admitted)) {
+            const std::string& peer_key, CurveKeyPair own = generateCurveKeyPair(),
+            std::string at = reversedLinkEndpoint())
+      : keys(std::move(own)), zap(context, std::move(admitted)), endpoint(std::move(at)) {
     TransportOptions o;
     o.curve = CurveOptions{keys, {{peer, peer_key}}};
     t = std::make_unique<ZmqTransport>(context, "r", endpoint, o);
@@ -138,6 +140,29 @@ TEST(ReversedLink, WhatIsQueuedForADialOutOnlyPeerWhenTheTransportClosesIsDelive
     ASSERT_EQ(got->tensors.size(), 1u);
     EXPECT_TRUE(torch::equal(got->tensors[0].tensor, torch::full({1 << 20}, static_cast<float>(i))));
   }
+}
+
+// The reachable peer restarts at the same address while the dial-out-only node receives nothing
+// (it computes, or waits on something else): its DEALER connects again by itself, and its link
+// keeper says attach on the new connection, so the restarted peer can send to it at once. Without
+// the keeper the attach waited for the node's next receive and this send timed out.
+TEST(ReversedLink, ADialOutOnlyNodeThatReceivesNothingAttachesToItsRestartedPeer) {
+  const CurveKeyPair d_keys = generateCurveKeyPair();
+  auto r = std::make_unique<Reachable>(std::map<std::string, std::string>{{d_keys.public_key, "d"}},
+                                       "d", d_keys.public_key);
+  const CurveKeyPair r_keys = r->keys;
+  const std::string r_endpoint = r->endpoint;
+  DialOutOnly d("d", d_keys, *r);
+  expectReachableToDialOut(*r->t, *d.t, "before");
+  r.reset();  // the peer's process ends and starts again: same keys, same address
+  r = std::make_unique<Reachable>(std::map<std::string, std::string>{{d_keys.public_key, "d"}},
+                                  "d", d_keys.public_key, r_keys, r_endpoint);
+  // From here on d's transport is not called until the message has been sent.
+  ASSERT_EQ(r->t->send("d", reversedLinkMessage("r", "after"), 10s), SendStatus::kSent);
+  auto got = d.t->receive(10s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->sender, "r");
+  EXPECT_EQ(got->tag, "after");
 }
 
 TEST(ReversedLink, AnUnknownKeyGetsNothingAndAnAdmittedKeyCannotTakeAnotherName) {
