@@ -17,15 +17,18 @@ int64_t CheckpointUploads::keepFrom() const {
   return std::max<int64_t>(store_.oldestNewestCheckpointOfPlaced().value_or(0), 0);
 }
 
-void CheckpointUploads::onUpload(CheckpointUpload c) {
-  const std::pair<int64_t, uint64_t> id{c.step, c.checksum};
+void CheckpointUploads::onUpload(CheckpointUpload c, const std::string& routing_id) {
   auto in_hand = writing_.find(c.name);
   if (in_hand != writing_.end() && !in_hand->second.empty()) {
-    if (in_hand->second.back() == id) return;  // a resend of the newest being written: acked after it
+    InHand& newest = in_hand->second.back();
+    if (newest.step == c.step && newest.checksum == c.checksum) {
+      newest.routing_id = routing_id;  // a resend of the newest being written: acked after it, here
+      return;
+    }
   } else if (const auto held = store_.checkpoint(c.name); held && held->step == c.step &&
                                                          held->checksum == c.checksum) {
-    if (const auto m = store_.memberByName(c.name))  // a repeat: nothing changes
-      reply_(m->public_key, encode(CheckpointAck{c.name, held->step, keepFrom()}));
+    if (store_.memberByName(c.name))  // a repeat: nothing changes
+      reply_(routing_id, encode(CheckpointAck{c.name, held->step, keepFrom()}));
     return;
   }
   CheckpointFile file;
@@ -34,19 +37,23 @@ void CheckpointUploads::onUpload(CheckpointUpload c) {
   file.checksum = c.checksum;
   file.path = out_ + "/checkpoints/" + c.name + "/step_" + std::to_string(c.step) + ".ckpt";
   file.bytes = std::move(c.file);
-  if (writer_.submit(std::move(file))) writing_[c.name].push_back(id);
+  if (writer_.submit(std::move(file))) writing_[c.name].push_back({c.step, c.checksum, routing_id});
 }
 
 bool CheckpointUploads::takeWritten() {
   bool stored = false;
   for (CheckpointFile& f : writer_.done()) {
     auto& in_hand = writing_[f.name];
-    if (!in_hand.empty()) in_hand.pop_front();
+    std::string route;
+    if (!in_hand.empty()) {
+      route = std::move(in_hand.front().routing_id);
+      in_hand.pop_front();
+    }
     if (in_hand.empty()) writing_.erase(f.name);
     if (f.corrupt) {  // as the decoder would have said (AttachmentChecksum, CheckpointWriter.h)
       CAIRN_WARN("coordinator: dropped the checkpoint of ", f.name, " at step ", f.step, ": ", f.error);
-      if (const auto m = store_.memberByName(f.name))
-        reply_(m->public_key, encode(Rejected{"malformed message: checkpoint: " + f.error}));
+      if (store_.memberByName(f.name))
+        if (!route.empty()) reply_(route, encode(Rejected{"malformed message: checkpoint: " + f.error}));
       continue;
     }
     if (!f.error.empty()) {
@@ -67,7 +74,7 @@ bool CheckpointUploads::takeWritten() {
     // an old file left behind is only space, and the next write supersedes it).
     if (previous && previous->path != f.path)
       outbox_.removeAfterCommit(previous->path, [this, name = f.name] { return writing_.count(name) > 0; });
-    if (m) reply_(m->public_key, encode(CheckpointAck{f.name, f.step, keepFrom()}));
+    if (m && !route.empty()) reply_(route, encode(CheckpointAck{f.name, f.step, keepFrom()}));
     CAIRN_INFO("coordinator: checkpoint of ", f.name, " at step ", f.step, " (", f.size, " bytes)");
   }
   return stored;

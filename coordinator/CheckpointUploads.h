@@ -5,6 +5,12 @@
 //   onUpload()      from the loop, for an upload its speaker sent: a repeat of the held one (same
 //                   step, same bytes) is acknowledged again; a resend of one being written waits
 //                   for that write; anything else goes to the CheckpointWriter (off the loop)
+//                   Every answer goes back on the connection the upload came on (its routing id;
+//                   for a resend of one being written, the resend's). Not by the member's key: a
+//                   volunteer's sockets share its key (heartbeats, metrics, uploads), and the
+//                   coordinator's route for a key is that of its last message, so an ack sent after
+//                   the write went to whichever socket had spoken meanwhile (a heartbeat's, which
+//                   drops it), and the volunteer waited out its ack timeout, uploading nothing.
 //   takeWritten()   from the loop, once the writer's readyFd() is readable: each written file's
 //                   row (it replaces the held one: a node sends an older step, or the same step
 //                   with other bytes, only once its cluster resumed from an earlier checkpoint, and
@@ -22,7 +28,6 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <utility>
 
 #include "coordinator/CheckpointWriter.h"
 #include "coordinator/CoordinatorStore.h"
@@ -33,13 +38,14 @@ namespace cairn::coordinator {
 
 class CheckpointUploads {
  public:
-  // Sends `frames` to the member holding `public_key`.
-  using Reply = std::function<void(const std::string& public_key, const Frames& frames)>;
+  // Sends `frames` on the connection of `routing_id` (through the Outbox: held until the commit).
+  using Reply = std::function<void(const std::string& routing_id, const Frames& frames)>;
   // `planned_steps`: the run's planned length (0: unknown), for the credit a checkpoint gives.
   CheckpointUploads(CoordinatorStore& store, Outbox& outbox, std::string out,
                     std::function<int64_t()> planned_steps, Reply reply);
 
-  void onUpload(CheckpointUpload upload);
+  // `routing_id`: the connection the upload came on, where its answer goes.
+  void onUpload(CheckpointUpload upload, const std::string& routing_id);
   int readyFd() const { return writer_.readyFd(); }
   // True when a row was stored (the credit changed).
   bool takeWritten();
@@ -53,8 +59,13 @@ class CheckpointUploads {
   std::string out_;
   std::function<int64_t()> planned_steps_;
   Reply reply_;
-  // Per node, the uploads being written (step, checksum), oldest first (the writer keeps order).
-  std::map<std::string, std::deque<std::pair<int64_t, uint64_t>>> writing_;
+  struct InHand {
+    int64_t step;
+    uint64_t checksum;
+    std::string routing_id;  // where its answer goes
+  };
+  // Per node, the uploads being written, oldest first (the writer keeps order).
+  std::map<std::string, std::deque<InHand>> writing_;
   CheckpointWriter writer_;  // last: its worker ends before the rest goes
 };
 

@@ -237,7 +237,7 @@ struct Coordinator::Impl {
     } else if (const auto* result = std::get_if<ResultUpload>(&*message)) {
       if (speaker(result->name)) onResult(*result);
     } else if (auto* ckpt = std::get_if<CheckpointUpload>(&*message)) {
-      if (speaker(ckpt->name)) checkpoints->onUpload(std::move(*ckpt));
+      if (speaker(ckpt->name)) checkpoints->onUpload(std::move(*ckpt), r.routing_id);
     } else if (const auto* batch = std::get_if<MetricsBatch>(&*message)) {
       if (speaker(batch->name)) {
         grower->observe(batch->name, batch->records);
@@ -343,7 +343,7 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   });
   s.checkpoints = std::make_unique<CheckpointUploads>(
       *s.store, *s.outbox, s.o.out, [&s] { return s.view->plannedSteps(); },
-      [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
+      [&s](const std::string& routing_id, const Frames& frames) { s.send(routing_id, frames); });
   if (!s.store->meta("started_at")) s.store->setMeta("started_at", std::to_string(unixNow()));
   s.floods = std::make_unique<FloodGuard>(s.o.flood, s.o.max_attachment_bytes);
   s.view = std::make_unique<RunView>(s.o.out, s.placement());

@@ -366,7 +366,7 @@ TEST(LiveCoordinator, AFloodingKeyIsToldThenBlockedWhileAMemberIsStillAnswered) 
 // The coordinator keeps a route back to every key that wrote it (for replies sent later). Keys
 // are free to make, so past FloodLimits::max_keys routes those of non-members are forgotten: 12
 // fresh keys writing once each leave at most max_keys (3) routes beside the member's, and the
-// member's survives (its checkpoint is acknowledged through it: CheckpointAck goes by key).
+// member is still answered.
 TEST(LiveCoordinator, RoutesOfKeysThatAreNotMembersAreBounded) {
   const std::string out = freshDir("routes");
   FloodLimits flood;
