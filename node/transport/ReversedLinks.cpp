@@ -277,14 +277,28 @@ void DialedLinks::drain() {
     // The peer's ZAP refused our key (it does not admit us yet: a spare before its neighbours
     // took the new peers). ZeroMQ never dials again after that; we do, a little later.
     // A closed connection is dialled again by us, not by ZeroMQ, so that it has a new routing id.
-    const bool redial = (d->refused && now - d->refused_at >= kRedialAfterRefusal) || d->closed;
+    // What came over it and was not read yet (the peer's last messages before it closed: a Leaf's
+    // eval_result to a dial-out-only Root) is kept first, since disconnect() drops what its pipe
+    // holds; read() hands it out before anything newer. Kept once: while some of it is unread the
+    // connection is not dialled again (no attach goes out on ZeroMQ's own reconnection, so the
+    // peer sends nothing there), which bounds what is kept by the receive high-water mark.
+    const bool closed = d->closed && d->kept.empty() && !d->pending;
+    if (closed)
+      for (;;) {
+        std::vector<zmq::message_t> frames;
+        if (!zmq::recv_multipart(d->socket, std::back_inserter(frames), zmq::recv_flags::dontwait))
+          break;
+        d->kept.push_back(std::move(frames));
+      }
+    const bool redial = (d->refused && now - d->refused_at >= kRedialAfterRefusal) || closed;
     if (d->pending || redial) {
       d->refused = d->closed = d->connected = false;
       try {
         d->socket.disconnect(d->endpoint);  // may be gone already (ENOENT)
       } catch (const zmq::error_t&) {
       }
-      if (d->pending) {
+      if (d->pending) {  // another holder: what the replaced one sent is not handed out
+        d->kept.clear();
         if (options_.own) d->socket.set(zmq::sockopt::curve_serverkey, d->pending_key);
         d->endpoint = d->pending_endpoint;
         d->pending = false;
@@ -337,8 +351,13 @@ bool DialedLinks::read(std::vector<zmq::message_t>& frames, std::string* peer) {
   const size_t n = links_.size();
   for (size_t i = 0; i < n; ++i) {
     auto it = std::next(links_.begin(), static_cast<long>((next_read_ + i) % n));
-    if (zmq::recv_multipart(it->second->socket, std::back_inserter(frames),
-                            zmq::recv_flags::dontwait)) {
+    std::deque<std::vector<zmq::message_t>>& kept = it->second->kept;
+    if (!kept.empty()) {
+      frames = std::move(kept.front());
+      kept.pop_front();
+    }
+    if (!frames.empty() || zmq::recv_multipart(it->second->socket, std::back_inserter(frames),
+                                               zmq::recv_flags::dontwait)) {
       next_read_ = (next_read_ + i + 1) % n;
       *peer = it->first;
       return true;

@@ -7,7 +7,7 @@
 //     DEALER (routing id D) ◀──── R → D ───────── ROUTER at HOST:PORT+1 (the accept endpoint)
 //
 // D's DEALER connects to R's accept endpoint with a routing id drawn afresh for each connection
-// (D dials again itself when one closes) and, after each completed handshake and then once a
+// (D dials again itself when one closes, keeping what came over it unread) and, after each completed handshake and then once a
 // second, says `attach NAME` (one frame, kAttachFrame + " " + its name); R sends to D through its
 // ROUTER, addressed by the routing id of the connection that attached last, only while that
 // connection is up. Both sockets are CURVE with the same keys as every link (R's ROUTER is a
@@ -29,6 +29,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -145,6 +146,8 @@ class DialedLinks {
     std::chrono::steady_clock::time_point refused_at;
     bool connected = false;  // a handshake completed
     bool closed = false;     // that connection closed: dialled again with a fresh routing id
+    // Read from a closed connection before it was dialled again, not yet handed out by read().
+    std::deque<std::vector<zmq::message_t>> kept;
     std::chrono::steady_clock::time_point attached_at;  // the last attach sent
   };
   static constexpr std::chrono::milliseconds kRedialAfterRefusal{200};
