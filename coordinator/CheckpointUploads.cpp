@@ -52,8 +52,8 @@ bool CheckpointUploads::takeWritten() {
     if (in_hand.empty()) writing_.erase(f.name);
     if (f.corrupt) {  // as the decoder would have said (AttachmentChecksum, CheckpointWriter.h)
       CAIRN_WARN("coordinator: dropped the checkpoint of ", f.name, " at step ", f.step, ": ", f.error);
-      if (store_.memberByName(f.name))
-        if (!route.empty()) reply_(route, encode(Rejected{"malformed message: checkpoint: " + f.error}));
+      if (store_.memberByName(f.name) && !route.empty())
+        reply_(route, encode(Rejected{"malformed message: checkpoint: " + f.error}));
       continue;
     }
     if (!f.error.empty()) {

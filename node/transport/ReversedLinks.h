@@ -6,19 +6,18 @@
 //     PUSH ──────────────── D → R ──────────────▶ PULL  at HOST:PORT    (as on every link)
 //     DEALER (routing id D) ◀──── R → D ───────── ROUTER at HOST:PORT+1 (the accept endpoint)
 //
-// D's DEALER connects to R's accept endpoint with a routing id drawn afresh for each connection
-// (D dials again itself when one closes, keeping what came over it unread) and, after each completed handshake and then once a
-// second, says `attach NAME` (one frame, kAttachFrame + " " + its name); R sends to D through its
-// ROUTER, addressed by the routing id of the connection that attached last, only while that
-// connection is up. Both sockets are CURVE with the same keys as every link (R's ROUTER is a
-// CURVE server behind the node's ZAP handler, D's DEALER a client that only talks to R's server
-// key): R takes an attach only when NAME is the name ZAP gave the connecting key (else it is
-// counted as forged), and D takes a message from its DEALER only when the header's sender is the
-// peer that DEALER dials. Liveness of D at R follows the
-// attached connection (the ROUTER's monitor reports it closed: kDisconnected); ZMTP heartbeats on
-// both sockets close a connection whose other end went silent. Links between two dial-out-only
-// nodes cannot be made here (a relay is needed): the transport refuses them, the planner never
-// makes them.
+// D's DEALER connects to R's accept endpoint with a routing id drawn afresh for each connection (D
+// dials again itself when one closes, keeping what came over it unread) and, after each completed
+// handshake and then once a second, says `attach NAME` (one frame, kAttachFrame + " " + its name);
+// R sends to D through its ROUTER, addressed by the routing id of the connection that attached
+// last, only while that connection is up. Both sockets are CURVE with the same keys as every link
+// (R's ROUTER is a CURVE server behind the node's ZAP handler, D's DEALER a client that only talks
+// to R's server key): R takes an attach only when NAME is the name ZAP gave the connecting key
+// (else it is counted as forged), and D takes a message from its DEALER only when the header's
+// sender is the peer that DEALER dials. Liveness of D at R follows the attached connection (the
+// ROUTER's monitor reports it closed: kDisconnected); ZMTP heartbeats on both sockets close a
+// connection whose other end went silent. Links between two dial-out-only nodes cannot be made here
+// (a relay is needed): the transport refuses them, the planner never makes them.
 //
 // Ownership: each class owns its sockets; the context is borrowed and must outlive them.
 // Thread-safety: AcceptedLinks' ROUTER is shared by the senders (tryQueue) and the receiving

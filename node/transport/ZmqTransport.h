@@ -250,7 +250,7 @@ class ZmqTransport : public Transport {
   std::unique_ptr<AcceptedLinks> accepted_;  // null: nothing bound (dial-out only)
   std::unique_ptr<DialedLinks> dialed_;      // set: dial-out only
   std::unique_ptr<RelayedLinks> relayed_;    // set with CURVE: peers reached through a relay
-  std::thread link_keeper_;                 // started under add_mutex_; joined by stopLinkKeeper
+  std::thread link_keeper_;                  // started under add_mutex_; joined by stopLinkKeeper
   std::mutex keeper_mutex_;
   std::condition_variable keeper_wake_;
   bool keeper_stop_ = false;                 // under keeper_mutex_
