@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include <zmq_addon.hpp>
 
@@ -283,13 +284,11 @@ void DialedLinks::drain() {
     // connection is not dialled again (no attach goes out on ZeroMQ's own reconnection, so the
     // peer sends nothing there), which bounds what is kept by the receive high-water mark.
     const bool closed = d->closed && d->kept.empty() && !d->pending;
-    if (closed)
-      for (;;) {
-        std::vector<zmq::message_t> frames;
-        if (!zmq::recv_multipart(d->socket, std::back_inserter(frames), zmq::recv_flags::dontwait))
-          break;
-        d->kept.push_back(std::move(frames));
-      }
+    if (closed) {
+      std::vector<zmq::message_t> frames;
+      while (zmq::recv_multipart(d->socket, std::back_inserter(frames), zmq::recv_flags::dontwait))
+        d->kept.push_back(std::exchange(frames, {}));
+    }
     const bool redial = (d->refused && now - d->refused_at >= kRedialAfterRefusal) || closed;
     if (d->pending || redial) {
       d->refused = d->closed = d->connected = false;
@@ -352,16 +351,16 @@ bool DialedLinks::read(std::vector<zmq::message_t>& frames, std::string* peer) {
   for (size_t i = 0; i < n; ++i) {
     auto it = std::next(links_.begin(), static_cast<long>((next_read_ + i) % n));
     std::deque<std::vector<zmq::message_t>>& kept = it->second->kept;
-    if (!kept.empty()) {
+    if (!kept.empty()) {  // what came over a closed connection goes first
       frames = std::move(kept.front());
       kept.pop_front();
+    } else if (!zmq::recv_multipart(it->second->socket, std::back_inserter(frames),
+                                    zmq::recv_flags::dontwait)) {
+      continue;
     }
-    if (!frames.empty() || zmq::recv_multipart(it->second->socket, std::back_inserter(frames),
-                                               zmq::recv_flags::dontwait)) {
-      next_read_ = (next_read_ + i + 1) % n;
-      *peer = it->first;
-      return true;
-    }
+    next_read_ = (next_read_ + i + 1) % n;
+    *peer = it->first;
+    return true;
   }
   return false;
 }

@@ -61,9 +61,10 @@ struct UploadsFixture {
     fs::create_directories(d);
     return d;
   }
-  // As the loop does once the writer's fd is readable (waiting for it at most 10 s).
-  void takeWritten(size_t files) {
-    for (size_t taken = 0; taken < files;) {
+  // As the loop does once the writer's fd is readable (waiting for it at most 10 s), until the
+  // written files have been given `answers` answers in all.
+  void takeWritten(size_t answers) {
+    for (size_t taken = 0; taken < answers;) {
       pollfd p{uploads.readyFd(), POLLIN, 0};
       ASSERT_EQ(::poll(&p, 1, 10000), 1) << "the writer wrote nothing within 10 s";
       const size_t before = sent.size();

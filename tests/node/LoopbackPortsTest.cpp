@@ -123,7 +123,8 @@ TEST(LoopbackPorts, ABlockOfAProcessThatIsGoneIsTakenAgain) {
   // (drawing from a random block, and perhaps gone again); then the claim names that process,
   // never the child: the child's claim did not hold it back either.
   if (!claimPortBlock(block)) {
-    EXPECT_NE(ownerOf(port).substr(0, ownerOf(port).find(' ')), std::to_string(child)) << claimFile(port);
+    const std::string owner = ownerOf(port);
+    EXPECT_NE(owner.substr(0, owner.find(' ')), std::to_string(child)) << claimFile(port);
     GTEST_SKIP() << claimFile(port) << " was claimed by another live process first";
   }
   EXPECT_EQ(ownerOf(port), processIdentity(::getpid())) << claimFile(port);
