@@ -42,6 +42,13 @@ bool SendPacer::mayGoNow() const {
   return theoretical_ - burst_ <= now_();
 }
 
+SendPacer::Clock::duration SendPacer::untilMayGo() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Clock::time_point may_send = theoretical_ - burst_;
+  const Clock::time_point now = now_();
+  return may_send > now ? may_send - now : Clock::duration::zero();
+}
+
 uint64_t SendPacer::reservedBytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return reserved_;

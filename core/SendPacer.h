@@ -29,6 +29,9 @@ class SendPacer {
   // Whether a reserve() now would not wait (the caller that cannot wait — the relay's loop — asks
   // first and keeps its message when the answer is no).
   bool mayGoNow() const;
+  // How long until mayGoNow() says yes (zero: it does now), without reserving anything: how long
+  // the relay's loop may sleep before it tries again.
+  Clock::duration untilMayGo() const;
 
   double mbps() const { return mbps_; }
   uint64_t reservedBytes() const;  // in all, since construction

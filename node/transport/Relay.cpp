@@ -136,10 +136,12 @@ void RelayLoop::run(const std::atomic<bool>& stop) {
   while (!stop) {
     try {
       applyPendingLinks();
-      const bool retry_soon = serviceQueues(Clock::now());
+      const auto retry = serviceQueues(Clock::now());  // when something waits: how soon
       std::vector<zmq::pollitem_t> items{{static_cast<void*>(router_), 0, ZMQ_POLLIN, 0},
                                          {static_cast<void*>(monitor_), 0, ZMQ_POLLIN, 0}};
-      if (!pollOrInterrupted(items, retry_soon ? 1ms : 20ms)) continue;
+      const auto wait = retry ? std::chrono::ceil<std::chrono::milliseconds>(*retry) : kRelayIdlePoll;
+      count(&RelayStats::loop_turns);
+      if (!pollOrInterrupted(items, wait)) continue;
       drainMonitor();
       for (int i = 0; i < kRelayReadsPerTurn && readOne(); ++i) {
       }

@@ -135,6 +135,7 @@ struct RelayStats {  // all counters since start
   uint64_t tampered = 0;             // test_tamper_seed: messages dropped, flipped, doubled, held
   uint64_t refused_keys = 0;         // connections whose key ZAP refused (not a member's)
   uint64_t messages_waiting = 0, bytes_waiting = 0;  // now, in all the links' queues (payload)
+  uint64_t loop_turns = 0;           // the loop's waits (each poll of its sockets): its wakeups
   std::map<std::pair<std::string, std::string>, uint64_t> bytes_per_link;  // (from,to) → bytes
 };
 

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -27,6 +28,12 @@ namespace cairn {
 // sent) when its pipe is full or it has no connection now. `tail`'s frames are consumed when sent.
 bool relaySend(zmq::socket_t& router, const std::string& routing_id,
                const std::vector<std::string>& head, std::vector<zmq::message_t>& tail);
+
+// The relay loop's waits: with nothing queued for an attached destination, it polls its sockets
+// this long at most (its housekeeping: links set, queues of absent destinations dropped)...
+inline constexpr std::chrono::milliseconds kRelayIdlePoll{20};
+// ...and waits at most this long before trying a full pipe again (RelayQueues.cpp serviceQueues).
+inline constexpr std::chrono::milliseconds kRelayFullRetryMax{16};
 
 class RelayLoop {
  public:
@@ -78,7 +85,9 @@ class RelayLoop {
   Sent trySend(const Link& link, Waiting& message, Clock::time_point now);
   void enqueue(const Link& link, Waiting message);
   void leftQueue(const Waiting& message);  // stats: one message less waiting
-  bool serviceQueues(Clock::time_point now);
+  // How long until the loop should try the queues again; nothing when none waits for an attached
+  // destination.
+  std::optional<Clock::duration> serviceQueues(Clock::time_point now);
   void dropQueues(bool (*drop)(const RelayLoop&, const Link&, Clock::time_point),
                   Clock::time_point now);
   static bool unattachedTooLong(const RelayLoop& loop, const Link& link, Clock::time_point now);
@@ -95,6 +104,7 @@ class RelayLoop {
   std::map<Link, LinkQueue> queues_;       // loop thread; only non-empty ones
   std::unique_ptr<SendPacer> pacer_;  // --relay-mbps (null: no cap), asked before each send
   size_t next_queue_ = 0;  // fair turns between the queues when the pacer or pipes hold some back
+  Clock::duration full_retry_{};  // the wait before trying a full pipe again (serviceQueues)
   uint64_t tamper_state_ = 0;  // test_tamper_seed's generator (splitmix64)
   uint64_t tampered_logged_ = 0;
   std::vector<std::pair<Link, Waiting>> held_;  // tampering: messages going after the next one

@@ -107,17 +107,25 @@ void RelayLoop::enqueue(const Link& link, Waiting message) {
 }
 
 // Sends what waits, link by link (starting one further each turn, so that a pacer or a full pipe
-// holding some back favours no link), each link's in order. True when something still waits for
-// an attached destination: the loop comes back within a millisecond.
-bool RelayLoop::serviceQueues(Clock::time_point now) {
-  if (queues_.empty()) return false;
+// holding some back favours no link), each link's in order. Returns when to try again, if anything
+// still waits for an attached destination. Held back by the pacer: when it lets the next message
+// go (SendPacer::untilMayGo), within 1 ms and kRelayIdlePoll. Held back by a full pipe: libzmq
+// tells no one when one client's pipe of a ROUTER has room again, so the loop tries again after
+// 1 ms, then 2, 4, up to kRelayFullRetryMax while nothing goes out, and after 1 ms again once
+// something does. (Before, it came back every millisecond: a thousand turns a second for as long
+// as a slow destination or the cap held messages back; RelayStats::loop_turns counts them.)
+std::optional<RelayLoop::Clock::duration> RelayLoop::serviceQueues(Clock::time_point now) {
+  if (queues_.empty()) {
+    full_retry_ = Clock::duration::zero();
+    return std::nullopt;
+  }
   std::vector<Link> order;
   order.reserve(queues_.size());
   for (const auto& entry : queues_) order.push_back(entry.first);
   std::rotate(order.begin(), order.begin() + static_cast<long>(next_queue_++ % order.size()),
               order.end());
   std::set<std::string> full;  // destinations whose pipe had no room this turn
-  bool paced = false, waiting = false;
+  bool paced = false, waiting = false, sent_any = false;
   for (const Link& link : order) {
     LinkQueue& queue = queues_.at(link);
     auto to = members_.find(link.second);
@@ -129,6 +137,7 @@ bool RelayLoop::serviceQueues(Clock::time_point now) {
       } else if (sent == Sent::kNoRoom) {
         full.insert(link.second);
       } else {
+        sent_any = true;
         leftQueue(queue.messages.front());
         queue.cost -= queue.messages.front().cost;
         queue.messages.pop_front();
@@ -139,7 +148,21 @@ bool RelayLoop::serviceQueues(Clock::time_point now) {
     else
       waiting = true;
   }
-  return waiting;
+  if (!waiting) {
+    full_retry_ = Clock::duration::zero();
+    return std::nullopt;
+  }
+  constexpr Clock::duration kFirst = std::chrono::milliseconds(1);
+  Clock::duration retry = kRelayIdlePoll;
+  if (paced) retry = std::clamp<Clock::duration>(pacer_->untilMayGo(), kFirst, kRelayIdlePoll);
+  if (full.empty()) {
+    full_retry_ = Clock::duration::zero();  // the next full pipe starts from 1 ms again
+  } else {
+    const bool first = sent_any || full_retry_ < kFirst;
+    full_retry_ = first ? kFirst : std::min<Clock::duration>(2 * full_retry_, kRelayFullRetryMax);
+    retry = std::min(retry, full_retry_);
+  }
+  return retry;
 }
 
 void RelayLoop::dropQueues(bool (*drop)(const RelayLoop&, const Link&, Clock::time_point),

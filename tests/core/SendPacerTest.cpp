@@ -66,5 +66,27 @@ TEST(SendPacer, ThreadsShareOneSchedule) {
   EXPECT_EQ(pacer.reservedBytes(), 100000u);
 }
 
+// untilMayGo() is how long a caller that cannot wait (the relay's loop) may sleep: the first moment
+// mayGoNow() says yes, and exactly the wait reserve() would have told a sender, on the test's clock.
+TEST(SendPacer, UntilMayGoIsTheFirstMomentMayGoNowSaysYes) {
+  Clock::time_point now{};
+  SendPacer pacer(8.0, 1000, [&] { return now; });  // 1 byte per microsecond, a burst of 1000
+  EXPECT_EQ(pacer.untilMayGo(), Clock::duration::zero());
+  EXPECT_EQ(pacer.reserve(1000), Clock::duration::zero());  // the burst
+  EXPECT_EQ(pacer.reserve(3000), Clock::duration::zero());  // starts within the burst: due later
+  const Clock::duration wait = pacer.untilMayGo();
+  EXPECT_EQ(std::chrono::duration_cast<std::chrono::microseconds>(wait).count(), 3000);
+  EXPECT_FALSE(pacer.mayGoNow());
+  EXPECT_EQ(pacer.untilMayGo(), wait);  // asking reserves nothing
+  now += wait - std::chrono::microseconds(1);
+  EXPECT_FALSE(pacer.mayGoNow());
+  EXPECT_EQ(pacer.untilMayGo(), std::chrono::microseconds(1));
+  now += std::chrono::microseconds(1);
+  EXPECT_TRUE(pacer.mayGoNow());
+  EXPECT_EQ(pacer.untilMayGo(), Clock::duration::zero());
+  EXPECT_EQ(pacer.reserve(10), Clock::duration::zero());  // what reserve() says agrees
+  EXPECT_EQ(pacer.reservedBytes(), 4010u);
+}
+
 }  // namespace
 }  // namespace cairn

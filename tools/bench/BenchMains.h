@@ -10,4 +10,5 @@ namespace allreduce { int run(int argc, char** argv); }
 namespace rings { int run(int argc, char** argv); }
 namespace precision { int run(int argc, char** argv); }
 namespace metrics_stream { int run(int argc, char** argv); }
+namespace relay { int run(int argc, char** argv); }
 }  // namespace cairn::bench

@@ -25,6 +25,7 @@ constexpr Bench kBenches[] = {
     {"bench_rings", cairn::bench::rings::run},
     {"bench_precision", cairn::bench::precision::run},
     {"bench_metrics_stream", cairn::bench::metrics_stream::run},
+    {"bench_relay", cairn::bench::relay::run},
 };
 
 }  // namespace
