@@ -103,7 +103,7 @@ class RelayLoop {
   std::set<Link> pairs_;                   // loop thread; each pair with first < second
   std::map<Link, LinkQueue> queues_;       // loop thread; only non-empty ones
   std::unique_ptr<SendPacer> pacer_;  // --relay-mbps (null: no cap), asked before each send
-  size_t next_queue_ = 0;  // fair turns between the queues when the pacer or pipes hold some back
+  Link last_sent_;  // the link that sent last: the next turn starts after it (serviceQueues)
   Clock::duration full_retry_{};  // the wait before trying a full pipe again (serviceQueues)
   uint64_t tamper_state_ = 0;  // test_tamper_seed's generator (splitmix64)
   uint64_t tampered_logged_ = 0;

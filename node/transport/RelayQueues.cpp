@@ -106,8 +106,8 @@ void RelayLoop::enqueue(const Link& link, Waiting message) {
   queue.messages.push_back(std::move(message));
 }
 
-// Sends what waits, link by link (starting one further each turn, so that a pacer or a full pipe
-// holding some back favours no link), each link's in order. Returns when to try again, if anything
+// Sends what waits, link by link (starting after the link that sent last, so that a pacer or a
+// full pipe holding some back favours no link), each link's in order. Returns when to try again, if anything
 // still waits for an attached destination. Held back by the pacer: when it lets the next message
 // go (SendPacer::untilMayGo), within 1 ms and kRelayIdlePoll. Held back by a full pipe: libzmq
 // tells no one when one client's pipe of a ROUTER has room again, so the loop tries again after
@@ -119,11 +119,15 @@ std::optional<RelayLoop::Clock::duration> RelayLoop::serviceQueues(Clock::time_p
     full_retry_ = Clock::duration::zero();
     return std::nullopt;
   }
+  // Round robin by message: the links after the one that sent last come first. (A turn counter
+  // was fair only while the loop turned a thousand times a second; with turns at the pacer's
+  // times and on input, an even count between them kept one link first, and the acknowledgements
+  // of relayed links starved behind a stream of data until their senders resent.)
   std::vector<Link> order;
   order.reserve(queues_.size());
-  for (const auto& entry : queues_) order.push_back(entry.first);
-  std::rotate(order.begin(), order.begin() + static_cast<long>(next_queue_++ % order.size()),
-              order.end());
+  const auto after = queues_.upper_bound(last_sent_);
+  for (auto it = after; it != queues_.end(); ++it) order.push_back(it->first);
+  for (auto it = queues_.begin(); it != after; ++it) order.push_back(it->first);
   std::set<std::string> full;  // destinations whose pipe had no room this turn
   bool paced = false, waiting = false, sent_any = false;
   for (const Link& link : order) {
@@ -138,6 +142,7 @@ std::optional<RelayLoop::Clock::duration> RelayLoop::serviceQueues(Clock::time_p
         full.insert(link.second);
       } else {
         sent_any = true;
+        last_sent_ = link;
         leftQueue(queue.messages.front());
         queue.cost -= queue.messages.front().cost;
         queue.messages.pop_front();

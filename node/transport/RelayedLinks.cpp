@@ -1,5 +1,7 @@
 #include "node/transport/RelayedLinks.h"
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <thread>
 
@@ -14,6 +16,7 @@ namespace cairn {
 namespace {
 
 constexpr std::chrono::milliseconds kSendSlice{50};
+constexpr std::chrono::milliseconds kSendRetryMax{16};  // send(): the longest wait for room
 constexpr size_t kKeyChars = 40;
 
 }  // namespace
@@ -63,6 +66,9 @@ struct RelayedLinks::Link {
   std::string receiver_key;  // under RelayedLinks::mutex_: a new peer key for the receiving side
   // Sender side, under `state`: sealing and sending one message is one step under it.
   std::mutex state;
+  // Notified under `state` when the window may have opened (acknowledgements taken, a resend
+  // carried out, the unacknowledged dropped): a sender waiting for room wakes then, not later.
+  std::condition_variable room;
   std::string peer_key;
   LinkSealer sealer;
   // Sent and not acknowledged: sequence → the message's sealed frames (shared with what was sent,
@@ -162,6 +168,7 @@ void RelayedLinks::repoint(const std::string& peer, const std::string& relay_end
     link.unacked.clear();
     link.unacked_bytes = 0;
     link.resend_from.reset();
+    link.room.notify_all();
     link.receiver_key = peer_key;  // the receiving side's, replaced by its own thread (drain)
   } else if (!link.unacked.empty()) {
     link.resend_from = link.unacked.front().first;  // what the old relay may have lost
@@ -219,6 +226,10 @@ SendStatus RelayedLinks::send(const std::string& peer, std::vector<zmq::message_
   // Sealed once per (session, sequence): a wait for room does not encrypt the message again.
   std::vector<zmq::message_t> sealed;
   uint64_t sealed_session = 0, sealed_sequence = 0;
+  // How long to wait for room before trying again: 1 ms, doubling up to kSendRetryMax. A window
+  // that opens wakes the wait at once (Link::room); a full pipe tells no one (libzmq), hence the
+  // retries. (Before, a sender tried every millisecond for as long as its window stayed full.)
+  std::chrono::steady_clock::duration retry = std::chrono::milliseconds(1);
   for (;;) {
     Link* link = nullptr;
     Connection* c = nullptr;
@@ -230,7 +241,7 @@ SendStatus RelayedLinks::send(const std::string& peer, std::vector<zmq::message_
       c = link->connection;
     }
     {
-      std::lock_guard<std::mutex> state(link->state);
+      std::unique_lock<std::mutex> state(link->state);
       if (!link->resend_from && link->unacked.size() < options_.window) {
         if (sealed.empty() || sealed_session != link->sealer.session() ||
             sealed_sequence != link->next_sequence) {
@@ -248,14 +259,17 @@ SendStatus RelayedLinks::send(const std::string& peer, std::vector<zmq::message_
           return SendStatus::kSent;
         }
       }
+      const auto now = std::chrono::steady_clock::now();
+      if (now < deadline && now < next_hook)
+        link->room.wait_for(state, std::min({retry, deadline - now, next_hook - now}));
     }
+    retry = std::min<std::chrono::steady_clock::duration>(2 * retry, kSendRetryMax);
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return SendStatus::kTimedOut;
     if (now >= next_hook) {
       next_hook = now + kSendSlice;
       if (wait_hook) wait_hook();
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 

@@ -289,6 +289,7 @@ void RelayedLinks::takeControl(Link& link, const std::string& peer, const std::s
   if (link.unacked.size() != before) {
     link.progress_at = std::chrono::steady_clock::now();
     link.silent_resends = 0;
+    link.room.notify_all();  // a sender waiting for the window
   }
   if (kind == 'a' || next == sent) return;
   if (link.unacked.empty() || link.unacked.front().first > next) {
@@ -360,8 +361,10 @@ void RelayedLinks::resendDue(std::chrono::steady_clock::time_point now) {
       link->resend_from = sequence + 1;
       ++resent;
     }
-    if (link->unacked.empty() || *link->resend_from > link->unacked.back().first)
+    if (link->unacked.empty() || *link->resend_from > link->unacked.back().first) {
       link->resend_from.reset();
+      link->room.notify_all();  // senders wait while a resend is pending
+    }
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_.resent += resent;
   }

@@ -7,10 +7,14 @@
 //   slow  — no cap; b reads one of `--slow-messages` of `--slow-bytes` every `--read-every-ms` (a
 //           slow home link: the relay's pipe to b, 4 messages, the sockets' buffers and b's own
 //           queue, 1, stay full; the rest waits at the relay).
+//   window — `--messages` of `--bytes` between two real dial-out-only ZmqTransports over relayed
+//           links (sealed end to end, acknowledged), through the relay capped at `--mbps`: the
+//           sender's window of 16 unacknowledged messages fills and its send() waits for room.
 // Per case: the wall time, the relay process's CPU (user + system) over that time, its loop's
-// turns (RelayStats::loop_turns: its wakeups) and the messages it forwarded. The CPU includes
-// CURVE's encryption of the forwarded bytes, the same in every build; the turns are what the
-// loop's waiting costs.
+// turns (RelayStats::loop_turns: its wakeups) and the messages it forwarded; for window, this
+// process's CPU and its voluntary context switches (each wait that sleeps is one, in any thread).
+// The CPU includes CURVE's encryption of the forwarded bytes, the same in every build; the turns
+// and switches are what the waiting costs.
 //   build/tools/bench/bench_relay   (the defaults: 40 × 100 kB at 8 Mbit/s; 200 × 256 KiB, a read each 10 ms)
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -29,6 +33,8 @@
 #include "core/Error.h"
 #include "core/MainGuard.h"
 #include "node/transport/Relay.h"
+#include "node/transport/RelayedLinks.h"
+#include "node/transport/ZmqTransport.h"
 
 #include "tools/bench/BenchMains.h"
 
@@ -129,7 +135,13 @@ void runCase(const char* name, const RelayOptions& options, int messages, size_t
   relay_options.own = relay_keys;
   std::fflush(stdout);  // nothing buffered is written twice
   const pid_t child = fork();
-  if (child == 0) relayProcess(relay_options, a_keys, b_keys, commands[0], answers[1]);
+  if (child == 0) {
+    close(commands[1]);  // the parent's end: its exit ends the child's read
+    close(answers[0]);
+    relayProcess(relay_options, a_keys, b_keys, commands[0], answers[1]);
+  }
+  close(commands[0]);
+  close(answers[1]);
   uint32_t length = 0;
   readAll(answers[0], &length, sizeof length);
   std::string endpoint(length, '\0');
@@ -152,12 +164,94 @@ void runCase(const char* name, const RelayOptions& options, int messages, size_t
   readAll(answers[0], &figures, sizeof figures);
   writeAll(commands[1], "q", 1);
   waitpid(child, nullptr, 0);
-  for (int fd : {commands[0], commands[1], answers[0], answers[1]}) close(fd);
+  for (int fd : {commands[1], answers[0]}) close(fd);
   std::printf("%-6s %8.2f s wall  relay CPU %6.3f s (%5.1f %% of a core)  loop turns %7llu (%6.0f /s)  "
               "forwarded %llu\n",
               name, wall, figures.cpu_s, 100 * figures.cpu_s / wall,
               static_cast<unsigned long long>(figures.turns), double(figures.turns) / wall,
               static_cast<unsigned long long>(figures.forwarded));
+}
+
+struct Usage {  // this process's, all its threads
+  double cpu_s = 0;
+  long switches = 0;  // voluntary context switches
+};
+Usage usageNow() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return {cpuSeconds(), usage.ru_nvcsw};
+}
+
+// The window case: a and b are ZmqTransports whose links go through the relay (forked, capped).
+void runWindowCase(double mbps, int messages, size_t bytes) {
+  const CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
+                     b_keys = generateCurveKeyPair();
+  int commands[2], answers[2];
+  if (pipe(commands) != 0 || pipe(answers) != 0) CAIRN_THROW(InternalError, "bench_relay: pipe");
+  RelayOptions relay_options;
+  relay_options.max_mbps = mbps;
+  relay_options.own = relay_keys;
+  std::fflush(stdout);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(commands[1]);  // the parent's end: its exit ends the child's read
+    close(answers[0]);
+    relayProcess(relay_options, a_keys, b_keys, commands[0], answers[1]);
+  }
+  close(commands[0]);
+  close(answers[1]);
+  uint32_t length = 0;
+  readAll(answers[0], &length, sizeof length);
+  std::string endpoint(length, '\0');
+  readAll(answers[0], endpoint.data(), length);
+  auto node = [&](const std::string& name, const CurveKeyPair& own, const std::string& peer,
+                  const CurveKeyPair& peer_keys, zmq::context_t& context) {
+    TransportOptions o;
+    o.curve = CurveOptions{own, {{peer, peer_keys.public_key}}};
+    o.dial_out_only = true;
+    auto t = std::make_unique<ZmqTransport>(context, name, "", o);
+    t->addPeer(peer, relayedEndpoint(relay_keys.public_key, endpoint));
+    return t;
+  };
+  zmq::context_t a_context, b_context;
+  auto a = node("a", a_keys, "b", b_keys, a_context);
+  auto b = node("b", b_keys, "a", a_keys, b_context);
+  Message message;
+  message.kind = MessageKind::kControl;
+  message.sender = "a";
+  message.tensors.push_back({"x", torch::ones({static_cast<int64_t>(bytes / 4)})});  // --bytes
+  writeAll(commands[1], "s", 1);
+  const Usage before = usageNow();
+  const auto start = steady_clock::now();
+  int received = 0;
+  std::thread receiver([&] {  // gives up after a minute without a message (joined below)
+    while (received < messages && b->receive(60s)) ++received;
+  });
+  int sent = 0;
+  while (sent < messages) {
+    message.tag = std::to_string(sent);
+    if (a->send("b", message, 60s) != SendStatus::kSent) break;
+    ++sent;
+  }
+  receiver.join();
+  if (sent < messages || received < messages)
+    CAIRN_THROW(InternalError, "bench_relay: window: ", sent, " of ", messages, " sent, ", received,
+                " received");
+  const double wall = duration<double>(steady_clock::now() - start).count();
+  const Usage after = usageNow();
+  writeAll(commands[1], "e", 1);
+  Figures figures;
+  readAll(answers[0], &figures, sizeof figures);
+  writeAll(commands[1], "q", 1);
+  waitpid(child, nullptr, 0);
+  for (int fd : {commands[1], answers[0]}) close(fd);
+  const long switches = after.switches - before.switches;
+  std::printf("%-6s %8.2f s wall  relay CPU %6.3f s (%5.1f %% of a core)  loop turns %7llu (%6.0f /s)  "
+              "forwarded %llu;  members' CPU %6.3f s, voluntary switches %ld (%.0f /s)\n",
+              "window", wall, figures.cpu_s, 100 * figures.cpu_s / wall,
+              static_cast<unsigned long long>(figures.turns), double(figures.turns) / wall,
+              static_cast<unsigned long long>(figures.forwarded), after.cpu_s - before.cpu_s, switches,
+              double(switches) / wall);
 }
 
 }  // namespace
@@ -191,6 +285,7 @@ int run(int argc, char** argv) {
     RelayOptions slow;
     slow.send_high_water_mark = 4;
     runCase("slow", slow, slow_messages, slow_bytes, milliseconds(read_every_ms));
+    runWindowCase(mbps, messages, bytes);
     return 0;
   });
 }
