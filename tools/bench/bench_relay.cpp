@@ -124,32 +124,66 @@ class Member {  // a dial-out volunteer's DEALER to the relay (the wire of Relay
   zmq::socket_t dealer_;
 };
 
+// The relay in a forked process of its own, for members a and b (keys drawn here), and the pipes
+// to it: start() and finish() bracket what is measured.
+class RelayChild {
+ public:
+  explicit RelayChild(RelayOptions options) {
+    if (pipe(commands_) != 0 || pipe(answers_) != 0) CAIRN_THROW(InternalError, "bench_relay: pipe");
+    options.own = relay_keys;
+    std::fflush(stdout);  // nothing buffered is written twice
+    child_ = fork();
+    if (child_ == 0) {
+      close(commands_[1]);  // the parent's end: its exit ends the child's read
+      close(answers_[0]);
+      relayProcess(options, a_keys, b_keys, commands_[0], answers_[1]);
+    }
+    close(commands_[0]);
+    close(answers_[1]);
+    uint32_t length = 0;
+    readAll(answers_[0], &length, sizeof length);
+    endpoint.assign(length, '\0');
+    readAll(answers_[0], endpoint.data(), length);
+  }
+  ~RelayChild() {
+    writeAll(commands_[1], "q", 1);
+    waitpid(child_, nullptr, 0);
+    close(commands_[1]);
+    close(answers_[0]);
+  }
+  void start() { writeAll(commands_[1], "s", 1); }
+  Figures finish() {
+    writeAll(commands_[1], "e", 1);
+    Figures figures;
+    readAll(answers_[0], &figures, sizeof figures);
+    return figures;
+  }
+
+  const CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
+                     b_keys = generateCurveKeyPair();
+  std::string endpoint;
+
+ private:
+  int commands_[2] = {-1, -1}, answers_[2] = {-1, -1};
+  pid_t child_ = -1;
+};
+
+void printFigures(const char* name, double wall, const Figures& figures) {
+  std::printf("%-6s %8.2f s wall  relay CPU %6.3f s (%5.1f %% of a core)  loop turns %7llu (%6.0f /s)  "
+              "forwarded %llu",
+              name, wall, figures.cpu_s, 100 * figures.cpu_s / wall,
+              static_cast<unsigned long long>(figures.turns), double(figures.turns) / wall,
+              static_cast<unsigned long long>(figures.forwarded));
+}
+
 // One case: the relay forked with `options`, a sends, b reads (pausing `read_every` before each).
 void runCase(const char* name, const RelayOptions& options, int messages, size_t bytes,
              milliseconds read_every) {
-  const CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
-                     b_keys = generateCurveKeyPair();
-  int commands[2], answers[2];
-  if (pipe(commands) != 0 || pipe(answers) != 0) CAIRN_THROW(InternalError, "bench_relay: pipe");
-  RelayOptions relay_options = options;
-  relay_options.own = relay_keys;
-  std::fflush(stdout);  // nothing buffered is written twice
-  const pid_t child = fork();
-  if (child == 0) {
-    close(commands[1]);  // the parent's end: its exit ends the child's read
-    close(answers[0]);
-    relayProcess(relay_options, a_keys, b_keys, commands[0], answers[1]);
-  }
-  close(commands[0]);
-  close(answers[1]);
-  uint32_t length = 0;
-  readAll(answers[0], &length, sizeof length);
-  std::string endpoint(length, '\0');
-  readAll(answers[0], endpoint.data(), length);
-  Member a("a", a_keys, relay_keys.public_key, endpoint, 1000);
-  Member b("b", b_keys, relay_keys.public_key, endpoint, 1);
+  RelayChild relay(options);
+  Member a("a", relay.a_keys, relay.relay_keys.public_key, relay.endpoint, 1000);
+  Member b("b", relay.b_keys, relay.relay_keys.public_key, relay.endpoint, 1);
   const std::string payload(bytes, 'x');
-  writeAll(commands[1], "s", 1);
+  relay.start();
   const auto start = steady_clock::now();
   for (int i = 0; i < messages; ++i) a.send({"D", "b", payload});
   for (int got = 0; got < messages;) {
@@ -159,17 +193,8 @@ void runCase(const char* name, const RelayOptions& options, int messages, size_t
     if (in[0].to_string() == "D") ++got;
   }
   const double wall = duration<double>(steady_clock::now() - start).count();
-  writeAll(commands[1], "e", 1);
-  Figures figures;
-  readAll(answers[0], &figures, sizeof figures);
-  writeAll(commands[1], "q", 1);
-  waitpid(child, nullptr, 0);
-  for (int fd : {commands[1], answers[0]}) close(fd);
-  std::printf("%-6s %8.2f s wall  relay CPU %6.3f s (%5.1f %% of a core)  loop turns %7llu (%6.0f /s)  "
-              "forwarded %llu\n",
-              name, wall, figures.cpu_s, 100 * figures.cpu_s / wall,
-              static_cast<unsigned long long>(figures.turns), double(figures.turns) / wall,
-              static_cast<unsigned long long>(figures.forwarded));
+  printFigures(name, wall, relay.finish());
+  std::printf("\n");
 }
 
 struct Usage {  // this process's, all its threads
@@ -184,43 +209,26 @@ Usage usageNow() {
 
 // The window case: a and b are ZmqTransports whose links go through the relay (forked, capped).
 void runWindowCase(double mbps, int messages, size_t bytes) {
-  const CurveKeyPair relay_keys = generateCurveKeyPair(), a_keys = generateCurveKeyPair(),
-                     b_keys = generateCurveKeyPair();
-  int commands[2], answers[2];
-  if (pipe(commands) != 0 || pipe(answers) != 0) CAIRN_THROW(InternalError, "bench_relay: pipe");
-  RelayOptions relay_options;
-  relay_options.max_mbps = mbps;
-  relay_options.own = relay_keys;
-  std::fflush(stdout);
-  const pid_t child = fork();
-  if (child == 0) {
-    close(commands[1]);  // the parent's end: its exit ends the child's read
-    close(answers[0]);
-    relayProcess(relay_options, a_keys, b_keys, commands[0], answers[1]);
-  }
-  close(commands[0]);
-  close(answers[1]);
-  uint32_t length = 0;
-  readAll(answers[0], &length, sizeof length);
-  std::string endpoint(length, '\0');
-  readAll(answers[0], endpoint.data(), length);
+  RelayOptions options;
+  options.max_mbps = mbps;
+  RelayChild relay(options);
   auto node = [&](const std::string& name, const CurveKeyPair& own, const std::string& peer,
                   const CurveKeyPair& peer_keys, zmq::context_t& context) {
     TransportOptions o;
     o.curve = CurveOptions{own, {{peer, peer_keys.public_key}}};
     o.dial_out_only = true;
     auto t = std::make_unique<ZmqTransport>(context, name, "", o);
-    t->addPeer(peer, relayedEndpoint(relay_keys.public_key, endpoint));
+    t->addPeer(peer, relayedEndpoint(relay.relay_keys.public_key, relay.endpoint));
     return t;
   };
   zmq::context_t a_context, b_context;
-  auto a = node("a", a_keys, "b", b_keys, a_context);
-  auto b = node("b", b_keys, "a", a_keys, b_context);
+  auto a = node("a", relay.a_keys, "b", relay.b_keys, a_context);
+  auto b = node("b", relay.b_keys, "a", relay.a_keys, b_context);
   Message message;
   message.kind = MessageKind::kControl;
   message.sender = "a";
   message.tensors.push_back({"x", torch::ones({static_cast<int64_t>(bytes / 4)})});  // --bytes
-  writeAll(commands[1], "s", 1);
+  relay.start();
   const Usage before = usageNow();
   const auto start = steady_clock::now();
   int received = 0;
@@ -239,19 +247,10 @@ void runWindowCase(double mbps, int messages, size_t bytes) {
                 " received");
   const double wall = duration<double>(steady_clock::now() - start).count();
   const Usage after = usageNow();
-  writeAll(commands[1], "e", 1);
-  Figures figures;
-  readAll(answers[0], &figures, sizeof figures);
-  writeAll(commands[1], "q", 1);
-  waitpid(child, nullptr, 0);
-  for (int fd : {commands[1], answers[0]}) close(fd);
+  printFigures("window", wall, relay.finish());
   const long switches = after.switches - before.switches;
-  std::printf("%-6s %8.2f s wall  relay CPU %6.3f s (%5.1f %% of a core)  loop turns %7llu (%6.0f /s)  "
-              "forwarded %llu;  members' CPU %6.3f s, voluntary switches %ld (%.0f /s)\n",
-              "window", wall, figures.cpu_s, 100 * figures.cpu_s / wall,
-              static_cast<unsigned long long>(figures.turns), double(figures.turns) / wall,
-              static_cast<unsigned long long>(figures.forwarded), after.cpu_s - before.cpu_s, switches,
-              double(switches) / wall);
+  std::printf(";  members' CPU %6.3f s, voluntary switches %ld (%.0f /s)\n", after.cpu_s - before.cpu_s,
+              switches, double(switches) / wall);
 }
 
 }  // namespace
