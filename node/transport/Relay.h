@@ -40,8 +40,9 @@
 //
 // Forwarding: a data message goes at once to TO's attached connection when TO's link from the
 // sender has nothing waiting and TO's pipe has room; otherwise it waits in that link's queue
-// (from → to), in order, behind what already waits, and the loop retries every millisecond while
-// the destination is attached (and at once when it attaches). Each link may hold
+// (from → to), in order, behind what already waits, and the loop retries while the destination is
+// attached (and at once when it attaches): when the cap lets the next message go, or after 1, 2,
+// 4 … 16 ms while the pipe stays full; links take turns by message. Each link may hold
 // link_budget_bytes waiting (each frame counts its size plus kRelayFrameOverhead); a message that
 // would exceed it is dropped (refused_over_budget). The queues of a destination that has not been
 // attached for unattached_drop_after are dropped (dropped_waiting), and so are those of a pair no

@@ -8,8 +8,9 @@
 //     receive DEALER ◀── ["P", names…] presence, ["D", B, sealed…] ◀────────── send DEALER
 //
 // Per relay, a node opens two DEALERs (CURVE clients to the relay's key with the node's own keys):
-// one the senders share (under a mutex, never blocking: a full queue is retried every millisecond,
-// like a send to a dial-out-only peer), one owned by the receiving thread, which says `["A", NAME]`
+// one the senders share (under a mutex, never blocking: a sender waits for a full window on the
+// link's condition variable, which acknowledgements wake, and retries a full queue after 1, 2, 4 …
+// 16 ms), one owned by the receiving thread, which says `["A", NAME]`
 // after each completed handshake and then once a second and gets the relay's presence answers
 // (which of its partners are attached) and the messages of its peers. The relay reads nothing of
 // a message but the destination; the sender is what its ZAP handler says.
