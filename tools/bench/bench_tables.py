@@ -175,7 +175,8 @@ def table_demo(smoke):
     cmd, rows = training_rows(args)
     DATA["demo"] = rows
     runs = {r["case"]: r for r in rows if "case" in r}
-    names = {"demo_3_nodes": "the demo: 3 providers, clusterize's cut (1 thread each)",
+    stages = next((r.get("stages", 3) for r in rows if r.get("case") == "demo_3_nodes"), 3)
+    names = {"demo_3_nodes": f"the demo: clusterize's cut for its 3 nodes, {stages} stages (1 thread each)",
              "alone_1_thread": "one provider holding the whole model, 1 thread",
              "alone_2_threads": "one provider holding the whole model, 2 threads (context)"}
     out = ["## 3b. The demo against one provider alone", "", f"`{shown(cmd)}`", "",
@@ -193,7 +194,7 @@ def table_demo(smoke):
                 "micro-batch), against the same job on a 1-node plan. "
                 f"{demo['steps']} timed steps after {demo['warmup']} untimed per run (the Leaf's step records, the "
                 f"rule of table 3), {demo['rounds']} rounds, the order of the runs rotating each round; medians. "
-                "The 3 providers share this machine's 2 cores; they reach each other over same-host links "
+                f"The {stages} providers share this machine's 2 cores; they reach each other over same-host links "
                 "(docs/PROTOCOL.md \"Same-host links\")."]
     out.append("")
     return out

@@ -128,7 +128,9 @@ def cmd_demo(args):
     if args.train_samples:
         job["data"]["train_samples"] = args.train_samples
     batch = job["training_definition"]["batch_size"]
-    cases = {"demo_3_nodes": (plan(model, job, flags, 3, 1, os.path.join(work, "three"), None), 1),
+    # The demo's cut is clusterize's own choice from a timing profile: with its 3 nodes it may use
+    # 2 of them (as tools/demo.sh would then); the row says how many stages it made.
+    cases = {"demo_3_nodes": (plan(model, job, flags, 3, 1, os.path.join(work, "three"), None, exact=False), 1),
              "alone_1_thread": (plan(model, job, flags, 1, 1, os.path.join(work, "one"), None), 1),
              "alone_2_threads": (os.path.join(work, "one"), 2)}
     runs = {c: [] for c in cases}
@@ -146,6 +148,7 @@ def cmd_demo(args):
                "warmup": args.warmup, "rounds": args.rounds, "samples_per_s_runs": sps,
                "samples_per_s": statistics.median(sps)}
         if case == "demo_3_nodes":
+            row["stages"] = len(three)
             row["estimated_ms_per_microbatch"] = {n: 1000 * s["estimates"]["seconds_per_microbatch"] for n, s in sorted(three.items())}
         print(json.dumps(row), flush=True)
     pipe = statistics.median(runs["demo_3_nodes"])

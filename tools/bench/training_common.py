@@ -69,9 +69,10 @@ def make_model(kind, work):
                         "expand-containers"]
 
 
-def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1):
-    """clusterize with exactly stages*clusters equal nodes; checks every cluster got `stages` stages.
-    profile_runs None: clusterize's default profiling (as tools/demo.sh runs it)."""
+def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1, exact=True):
+    """clusterize with exactly stages*clusters equal nodes; checks every cluster got `stages` stages
+    (exact=False: takes what clusterize chose, which its timing profile decides). profile_runs None:
+    clusterize's default profiling (as tools/demo.sh runs it)."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     n = stages * clusters
@@ -87,7 +88,7 @@ def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1):
     per_cluster = {}
     for s in specs.values():
         per_cluster[s["cluster"]] = per_cluster.get(s["cluster"], 0) + 1
-    if sorted(per_cluster.values()) != [stages] * clusters:
+    if exact and sorted(per_cluster.values()) != [stages] * clusters:
         raise SystemExit(f"training_bench: clusterize made {per_cluster} stages per cluster, wanted {stages}")
     return out
 
