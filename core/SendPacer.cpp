@@ -37,10 +37,7 @@ void SendPacer::take(uint64_t bytes) {
   if (wait > Clock::duration::zero()) std::this_thread::sleep_for(wait);
 }
 
-bool SendPacer::mayGoNow() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return theoretical_ - burst_ <= now_();
-}
+bool SendPacer::mayGoNow() const { return untilMayGo() == Clock::duration::zero(); }
 
 SendPacer::Clock::duration SendPacer::untilMayGo() const {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -107,18 +107,14 @@ void RelayLoop::enqueue(const Link& link, Waiting message) {
 }
 
 // Sends what waits, link by link (starting after the link that sent last, so that a pacer or a
-// full pipe holding some back favours no link), each link's in order. Returns when to try again, if anything
-// still waits for an attached destination. Held back by the pacer: when it lets the next message
+// full pipe holding some back favours no link), each link's in order. Returns when to try again,
+// if anything still waits for an attached destination. Held back by the pacer: when it lets the next message
 // go (SendPacer::untilMayGo), within 1 ms and kRelayIdlePoll. Held back by a full pipe: libzmq
 // tells no one when one client's pipe of a ROUTER has room again, so the loop tries again after
 // 1 ms, then 2, 4, up to kRelayFullRetryMax while nothing goes out, and after 1 ms again once
 // something does. (Before, it came back every millisecond: a thousand turns a second for as long
 // as a slow destination or the cap held messages back; RelayStats::loop_turns counts them.)
 std::optional<RelayLoop::Clock::duration> RelayLoop::serviceQueues(Clock::time_point now) {
-  if (queues_.empty()) {
-    full_retry_ = Clock::duration::zero();
-    return std::nullopt;
-  }
   // Round robin by message: the links after the one that sent last come first. (A turn counter
   // was fair only while the loop turned a thousand times a second; with turns at the pacer's
   // times and on input, an even count between them kept one link first, and the acknowledgements

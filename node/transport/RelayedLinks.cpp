@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
-#include <thread>
 
 #include <zmq_addon.hpp>
 
