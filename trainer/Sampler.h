@@ -8,6 +8,7 @@
 // Thread-safety: immutable after construction.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

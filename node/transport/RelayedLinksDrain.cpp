@@ -9,6 +9,7 @@
 #include "core/Error.h"
 #include "core/Log.h"
 #include "node/transport/RelayedLinks.h"
+#include "node/transport/RelayedLinksState.h"
 #include "node/transport/ZmqSockets.h"
 
 namespace cairn {

@@ -6,6 +6,7 @@
 #include "core/Log.h"
 #include "node/transport/Relay.h"
 #include "node/volunteer/VolunteerRun.h"
+#include "node/volunteer/VolunteerSockets.h"
 
 namespace cairn {
 namespace {
