@@ -21,6 +21,7 @@
 #include "core/CurveKeys.h"
 #include "core/Fnv.h"
 #include "tests/coordinator/MemberRows.h"
+#include "tests/common/ScratchDir.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -55,11 +56,7 @@ struct UploadsFixture {
                                          "127.0.0.1:7000", MemberState::kAssigned));
   }
   static std::string fresh(const std::string& name) {
-    const std::string d = (fs::temp_directory_path() /
-                           ("cairn_uploads_" + name + "_" + std::to_string(::getpid()))).string();
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
+    return ::cairn::testing::scratchDir("uploads_" + name);
   }
   // As the loop does once the writer's fd is readable (waiting for it at most 10 s), until the
   // written files have been given `answers` answers in all.

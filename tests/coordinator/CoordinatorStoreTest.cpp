@@ -26,6 +26,7 @@
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/Fnv.h"
+#include "tests/common/ScratchDir.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -34,11 +35,7 @@ namespace fs = std::filesystem;
 using test_rows::memberRow;
 
 std::string storeDir(const std::string& name) {
-  const std::string dir = (fs::temp_directory_path() / ("cairn_store_" + name + "_" +
-                                                        std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return ::cairn::testing::scratchDir("store_" + name);
 }
 
 const std::string kStoreToken = "0123456789abcdef0123456789abcdef";

@@ -16,6 +16,7 @@
 
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/Credit.h"
+#include "tests/common/ScratchDir.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -23,11 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string creditDir(const std::string& name) {
-  const std::string dir = (fs::temp_directory_path() / ("cairn_credit_" + name + "_" +
-                                                        std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return ::cairn::testing::scratchDir("credit_" + name);
 }
 
 nlohmann::json creditStepRecord(int64_t step) {

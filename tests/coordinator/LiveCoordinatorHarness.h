@@ -21,18 +21,15 @@
 #include "node/transport/CurveSecurity.h"
 #include "node/volunteer/CoordinationSocket.h"
 #include "tests/common/LoopbackPorts.h"
+#include "tests/common/ScratchDir.h"
 
 namespace cairn::coordinator::testing {
 
 using std::chrono::milliseconds;
 
+// A fresh folder for one test, removed when it passes (tests/common/ScratchDir.h).
 inline std::string freshDir(const std::string& name) {
-  namespace fs = std::filesystem;
-  const std::string dir = (fs::temp_directory_path() / ("cairn_coord_" + name + "_" +
-                                                        std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return ::cairn::testing::scratchDir("coord_" + name);
 }
 
 inline const std::string kToken = "0123456789abcdef0123456789abcdef";

@@ -20,6 +20,7 @@
 #include "core/JsonReader.h"
 #include "core/NodeData.h"
 #include "tests/coordinator/ReplacementNodes.h"
+#include "tests/common/ScratchDir.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -30,11 +31,7 @@ using testing::replacementMember;
 using testing::twoByThree;
 
 std::string replacementFreshDir(const std::string& name) {
-  const std::string dir = (fs::temp_directory_path() / ("cairn_replace_" + name + "_" +
-                                                        std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return ::cairn::testing::scratchDir("replace_" + name);
 }
 
 // twoByThree written into `out` (node.json and a stage file per node, job.json) with a row per

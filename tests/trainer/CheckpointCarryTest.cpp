@@ -16,6 +16,7 @@
 #include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Checkpoint.h"
 #include "trainer/CheckpointCarry.h"
+#include "tests/common/ScratchDir.h"
 
 namespace cairn {
 namespace {
@@ -28,10 +29,7 @@ std::string fixture(const std::string& cut) {
 
 // A private copy of a fixture plan (checkpoints are written into it).
 std::string copyPlan(const std::string& cut, const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("cairn_carry_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = ::cairn::testing::scratchDir("carry_" + name);
   fs::copy(fixture(cut), dir / "node_data", fs::copy_options::recursive);
   return (dir / "node_data").string();
 }
