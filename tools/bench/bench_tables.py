@@ -155,7 +155,8 @@ def table_pipeline(smoke):
     sizes = "; ".join(f"{m.upper() if m == 'cnn' else 'tiny GPT'}: batch {r['batch_size']}"
                       f"{' (Fashion-MNIST)' if m == 'cnn' else ' sequences × 64 bytes'}, {r['steps']} timed steps "
                       f"after {r.get('warmup', '?')} untimed" for m, r in per_model.items())
-    out += ["", "Each (P, M): one P-node pipeline run per schedule (clusterize plan of P equal nodes, 1 intra-op "
+    out += ["", "Each (P, M): one P-node pipeline run per schedule (clusterize plan of P equal nodes at a fixed "
+            "cut, its own choice on an idle machine: tools/bench/training_common.py CUTS; 1 intra-op "
             "thread per provider, loopback), then one `bench_single_process` run (the unsplit model, one "
             "process, P threads, same job.json); the single-process figure is the median of those runs for "
             f"that model and P. {sizes}. async rows: `update_frequency` = M (one optimizer step per batch, as sync), "
@@ -318,7 +319,7 @@ def table_clusters(smoke, steps=None):
                        f"{fmt(r['best_accuracy'] and 100 * r['best_accuracy'], '.1f')}% | {r['steps']} | "
                        f"{r['sync_s']:.1f} |")
         out += ["", f"Fashion-MNIST CNN (examples/fashion_mnist), 2 pipeline stages per cluster (clusterize plans "
-                f"of equal nodes), global batch {r0['global_batch']} (the same samples per step in every row: "
+                f"of equal nodes, cut after the first pooling: `--cuts 7`), global batch {r0['global_batch']} (the same samples per step in every row: "
                 f"2 clusters × {r0['global_batch'] // 2} or 1 × {r0['global_batch']}), micro-batches of "
                 f"{r0['global_batch'] // r0['microbatches'] if r0['clusters'] == 1 else r0['batch_per_cluster'] // r0['microbatches']} "
                 f"samples, AdamW lr {r0['lr']} constant, 1 intra-op thread per provider, at most "
@@ -403,8 +404,8 @@ def table_memory(smoke):
     if rows:
         r = rows[0]
         out += ["", f"Fashion-MNIST CNN, batch {r['batch_size']} in {r['microbatches']} micro-batches, AdamW, "
-                f"{r['steps']} steps. Plans made by clusterize with exactly P equal nodes (its DP puts one stage on "
-                f"each); peak RSS of each provider process by `/usr/bin/time %M`; single-process peak: "
+                f"{r['steps']} steps. Plans made by clusterize for P equal nodes at fixed cuts "
+                f"(tools/bench/training_common.py CUTS: its own choice on an idle machine); peak RSS of each provider process by `/usr/bin/time %M`; single-process peak: "
                 f"`bench_single_process` on the same job.json, 1 thread (median of {r['single_runs']} runs: "
                 f"{r['single_peak_rss_bytes'] / 2**20:.0f} MiB). Error = (estimate − measured) / measured. "
                 "clusterize's estimate counts parameters, gradients, optimizer state and activations only; the "

@@ -6,8 +6,9 @@
     /usr/bin/python3 tools/bench/training_bench.py ddp --steps 200 --eval-every 25 --target 0.85
     /usr/bin/python3 tools/bench/training_bench.py memory --stages 1,2,3
 
-pipeline  cairn's pipeline (clusterize plan with exactly P stages: P equal nodes of 2 GB, 10 Gbps;
-          the planner's DP puts one stage on each) for each micro-batch count M and schedule, next to
+pipeline  cairn's pipeline (clusterize plan with exactly P stages: P equal nodes of 2 GB, 10 Gbps,
+          cut at training_common.CUTS, the planner's own choice on an idle machine, fixed so that the
+          setup does not follow the timing profile) for each micro-batch count M and schedule, next to
           bench_single_process (the unsplit model, one process, P intra-op threads = the pipeline's
           total) on the same job.json (batch, optimizer, data); pipeline and single process alternate
           row by row, the single-process figure is the median of all its runs for that model and P.
@@ -77,7 +78,7 @@ def cmd_pipeline(args):
             job["data"].update({"train_samples": 4096, "test_samples": 200})
         batch = job["training_definition"]["batch_size"]
         for p in args.stages:
-            nd = plan(model, job, flags, p, 1, os.path.join(work, f"{kind}_{p}"))
+            nd = plan(model, job, flags, p, 1, os.path.join(work, f"{kind}_{p}"), kind=kind)
             singles = []
             for m in grid:
                 for schedule in args.schedules:

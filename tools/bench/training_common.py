@@ -69,10 +69,22 @@ def make_model(kind, work):
                         "expand-containers"]
 
 
-def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1, exact=True):
-    """clusterize with exactly stages*clusters equal nodes; checks every cluster got `stages` stages
-    (exact=False: takes what clusterize chose, which its timing profile decides). profile_runs None:
-    clusterize's default profiling (as tools/demo.sh runs it)."""
+# The cuts of the exact plans (unit indices where stages 1, 2, ... begin; plan.json "units"):
+# clusterize's own choice for P equal nodes of 10 Gbit/s with its default profiling on an idle
+# 2-core machine (3 runs of 3 each, 2026-11-30; one CNN run of 3 stages chose 5,7). CNN: 2 stages cut
+# after the first pooling; 3 stages put that pooling alone in the middle. Tiny GPT (units 7-10 are
+# blocks.0-3): 2 blocks each; 3 stages: embeddings and blocks.0 | blocks.1-2 | blocks.3, ln_f, head.
+# Fixed so a table's setup does not depend on the timing profile of the moment: on a loaded machine
+# one profiling run cut the CNN for 3 nodes into 2 stages (units 0-2 | 2-16), which stopped the
+# benchmark ("clusterize made {0: 2} stages per cluster, wanted 3").
+CUTS = {"cnn": {2: "7", 3: "6,7"}, "gpt": {2: "9", 3: "8,10"}}
+
+
+def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1, exact=True, kind="cnn"):
+    """clusterize with exactly stages*clusters equal nodes. exact: every cluster gets `stages`
+    stages at the cut CUTS[kind][stages]; exact=False: takes the cut clusterize chooses, which its
+    timing profile decides (as tools/demo.sh does). profile_runs None: clusterize's default
+    profiling."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     n = stages * clusters
@@ -81,9 +93,16 @@ def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1, exact=T
              for i in range(n)}
     json.dump(nodes, open(os.path.join(out, "node_configs.json"), "w"))
     json.dump(job, open(os.path.join(out, "job.in.json"), "w"))
+    cuts = []
+    if exact and stages > 1:
+        if stages not in CUTS[kind]:
+            raise SystemExit(f"training_bench: no fixed cut of the {kind} for {stages} stages (CUTS in "
+                             f"tools/bench/training_common.py has {sorted(CUTS[kind])})")
+        cuts = ["--cuts", CUTS[kind][stages]]
     sh([CLUSTERIZE, "--model", model, "--nodes", os.path.join(out, "node_configs.json"), "--job",
         os.path.join(out, "job.in.json"), "--clusters", str(clusters)] +
-       (["--profile-runs", str(profile_runs)] if profile_runs else []) + ["--out", out] + shape_flags)
+       (["--profile-runs", str(profile_runs)] if profile_runs else []) + ["--out", out] + shape_flags +
+       cuts)
     specs = node_specs(out)
     per_cluster = {}
     for s in specs.values():
