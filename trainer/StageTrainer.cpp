@@ -93,7 +93,7 @@ struct StageTrainer::Impl {
         metrics(openMetrics(cfg)),
         ctx{cfg,  cfg.options, is_root, is_leaf,  *executor, *optimizer,
             metrics, plan,      times,   observer, *placement},
-        link(l, times, *placement),
+        link(l, times, *placement, cfg.options.wire.activations),
         shared(ctx, link),
         stop(cfg, is_root),
         checkpoints(ctx, data),

@@ -1,6 +1,7 @@
 #include "trainer/TrainerContext.h"
 
 #include "trainer/Device.h"
+#include "trainer/ReservedTensors.h"
 
 #include "trainer/ClusterSync.h"
 #include "trainer/Optimizer.h"
@@ -10,13 +11,26 @@
 
 namespace cairn {
 
+std::optional<torch::ScalarType> wireCastBeforeCrossing(WireCodec wire, PacketKind kind,
+                                                        const std::string& name,
+                                                        const torch::Tensor& t) {
+  if (wire != WireCodec::kBf16 && wire != WireCodec::kFp16) return std::nullopt;
+  if (kind == PacketKind::kControl || isReservedTensorName(name)) return std::nullopt;
+  if (!t.defined() || t.scalar_type() != torch::kFloat) return std::nullopt;
+  return wire == WireCodec::kBf16 ? torch::kBFloat16 : torch::kHalf;
+}
+
 void TimedLink::send(Neighbour to, const StagePacket& packet) {
   const auto t = TrainerClock::now();
   if (placement_.device().is_cpu()) {
-    link_.send(to, packet);
+    link_.send(to, packet);  // the link compresses on the host, where the tensors are
   } else {
     StagePacket host = packet;
-    for (auto& named : host.tensors) named.second = placement_.toHost(named.second);
+    for (auto& [name, tensor] : host.tensors) {
+      const auto cast = wireCastBeforeCrossing(wire_, host.kind, name, tensor);
+      // The cast leaves autograd's graph alone: the link sends a detached copy either way.
+      tensor = placement_.toHost(cast ? tensor.detach().to(*cast) : tensor);
+    }
     link_.send(to, host);
   }
   times_.send_s += secondsSince(t);

@@ -11,11 +11,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "trainer/StageLink.h"
 #include "trainer/StageTrainer.h"
+#include "trainer/TrainOptions.h"
 
 namespace cairn {
 
@@ -51,10 +53,15 @@ struct Microbatch {
 // The StageLink with the time spent sending (send_s) and waiting (wait_s) counted. What it sends
 // crosses to the host first (`placement`: packets leave from the host, whatever device the stage
 // trains on); what it receives stays on the host until the executor or the loss takes it.
+// With wire.activations bf16 or fp16 (`wire`), a float32 activation, gradient or evaluation output
+// off the host is cast on its device before the crossing (wireCastBeforeCrossing), so half the bytes
+// cross PCIe; the link sends a tensor already in the wire's dtype as it is. int8 is encoded on the
+// host by the link (node/pipeline/Int8Boundary.h).
 class TimedLink {
  public:
-  TimedLink(StageLink& link, StepTimes& times, const TensorPlacement& placement)
-      : link_(link), times_(times), placement_(placement) {}
+  TimedLink(StageLink& link, StepTimes& times, const TensorPlacement& placement,
+            WireCodec wire = WireCodec::kFp32)
+      : link_(link), times_(times), placement_(placement), wire_(wire) {}
   void send(Neighbour to, const StagePacket& packet);
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                       const std::string& tag);
@@ -63,7 +70,16 @@ class TimedLink {
   StageLink& link_;
   StepTimes& times_;
   const TensorPlacement& placement_;
+  WireCodec wire_;
 };
+
+// The dtype `wire` makes a tensor named `name` of a `kind` packet travel in, when the cast can
+// happen where the tensor is (bf16, fp16: a plain cast; the link's on the host is the same op):
+// float32 tensors of activations, gradients and evaluation outputs, never the reserved ones
+// (targets, ids, the loss share, ...). std::nullopt: the tensor crosses as it is.
+std::optional<torch::ScalarType> wireCastBeforeCrossing(WireCodec wire, PacketKind kind,
+                                                        const std::string& name,
+                                                        const torch::Tensor& t);
 
 struct TrainerContext {
   const StageTrainerConfig& cfg;

@@ -193,19 +193,26 @@ def microbatched_step(forward, x, y, microbatches):
     return total
 
 
-def case_match_pytorch(args):
-    settings = {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": 20, "seed": 5,
-                "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.001},
-                "lr_scheduler": "constant",
-                "record_sample_ids": True, "timeouts": {"startup_s": 30, "peer_s": 60}}
-    device = torch.device(args.device)
-    if device.type == "cuda":  # both sides: no TF32, deterministic algorithms
+def strict_device(name, settings):
+    """torch.device(name); on CUDA both sides compute alike: the job's precision "fp32-strict" for
+    the providers, and no TF32 and deterministic algorithms for this process's reference."""
+    device = torch.device(name)
+    if device.type == "cuda":
         settings["precision"] = "fp32-strict"
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True)
+    return device
+
+
+def case_match_pytorch(args):
+    settings = {"batch_size": 32, "microbatches": 4, "epochs": 0, "max_steps": 20, "seed": 5,
+                "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.001},
+                "lr_scheduler": "constant",
+                "record_sample_ids": True, "timeouts": {"startup_s": 30, "peer_s": 60}}
+    device = strict_device(args.device, settings)
     model_path, node_data = make_node_data(args.work, args.port, 3, False, settings,
                                            {"train_samples": 2000, "test_samples": 100})
     seconds = launch(node_data, args.provider, 120, ["--device", args.device])

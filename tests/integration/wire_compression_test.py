@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Integration test: training_definition.wire.activations over real providers.
 
-    wire_compression_test.py CODEC --provider BUILD/node/provider --work DIR --port BASE
+    wire_compression_test.py CODEC --provider BUILD/node/provider --work DIR --port BASE [--device cuda]
 
 CODEC bf16 | fp16 | int8: 3 providers (the BatchNorm-free CNN cut by hand, as provider_cluster_test.py
 match_pytorch) train 20 SGD+momentum steps with wire.activations CODEC. The reference is PyTorch
@@ -14,6 +14,9 @@ compression). The reference runs each step micro-batch by micro-batch as the pro
 (provider_cluster_test.microbatched_step). Later steps are printed, not asserted: on another CPU's
 kernels a last-bit float difference can flip one bf16/fp16/int8 rounding, and SGD with momentum
 amplifies it step by step (with a one-batch reference: about 1e-5 by step 5, 3e-3 by step 20).
+--device cuda (the GPU script, issue [M]): the providers and the reference train on the GPU,
+"fp32-strict" and deterministic algorithms on both sides; bf16 and fp16 are then cast on the GPU
+before the copy to the host (docs/TRAINING.md "Devices").
 """
 import argparse
 import json
@@ -60,14 +63,15 @@ class RoundTrip(torch.autograd.Function):
 
 
 def reference_losses(node_data, recorded, images, labels, rounding, microbatches):
-    stages = [torch.jit.load(os.path.join(node_data, "nodes", f"node_{i}", "stage.pt")) for i in range(3)]
+    stages = [torch.jit.load(os.path.join(node_data, "nodes", f"node_{i}", "stage.pt"),
+                             map_location=images.device) for i in range(3)]
     params = [p for s in stages for p in s.parameters()]
     for s in stages:
         s.train()
     optimizer = torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=0.001)
     out = []
     for entry in recorded:
-        ids = torch.tensor(entry["ids"])
+        ids = torch.tensor(entry["ids"], device=images.device)
         x = (images[ids].float() / 255 - pct.MEAN) / pct.STD
 
         def forward(x):
@@ -89,6 +93,7 @@ def main():
     parser.add_argument("--work", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--keys", help="cairn_keys binary; default: next to the provider's build")
+    parser.add_argument("--device", default="cpu", help="where providers and reference train (cpu, cuda)")
     args = parser.parse_args()
     pct.KEYS = pct.keys_binary(args)
     torch.set_num_threads(1)
@@ -98,11 +103,13 @@ def main():
                 "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.001},
                 "lr_scheduler": "constant", "wire": {"activations": args.codec},
                 "record_sample_ids": True, "timeouts": {"startup_s": 30, "peer_s": 60}}
+    device = pct.strict_device(args.device, settings)
     _, node_data = pct.make_node_data(args.work, args.port, 3, False, settings,
                                       {"train_samples": 2000, "test_samples": 100})
-    pct.launch(node_data, args.provider, 120)
+    pct.launch(node_data, args.provider, 120, ["--device", args.device])
     images = torch.tensor(pct.load_idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28).copy())
     labels = torch.tensor(pct.load_idx("train-labels-idx1-ubyte.gz", 8).astype("int64"))
+    images, labels = images.to(device), labels.to(device)
     recorded = [json.loads(line) for line in open(os.path.join(node_data, "nodes/node_0/sample_ids.jsonl"))]
     losses = [m["loss"] for m in pct.metrics(node_data, "node_0") if "step" in m]
     if len(recorded) != 20 or len(losses) != 20:

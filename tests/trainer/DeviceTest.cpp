@@ -19,6 +19,8 @@
 #include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Checkpoint.h"
 #include "trainer/Device.h"
+#include "trainer/ReservedTensors.h"
+#include "trainer/TrainerContext.h"
 
 namespace cairn {
 namespace {
@@ -204,6 +206,83 @@ TEST(Device, CudaCheckpointResumesOnTheCpuBitForBit) {
     EXPECT_TRUE(found) << name;
   }
   fs::remove_all(dir);
+}
+
+// Wire compression before the crossing (TimedLink, wire.activations bf16/fp16): off the host, a
+// float32 activation, gradient or evaluation output is cast on its device and crosses already in
+// the wire's dtype, bit for bit what the link's cast on the host would give; reserved tensors,
+// other dtypes, control packets, fp32 and int8 (encoded by the link on the host) cross as they
+// are. On the CPU the link gets the packet untouched. The "GPU" here is a test double: its
+// tensors are the host's, it only says it is not the CPU and records the dtype of each crossing.
+class KeepingLink final : public StageLink {
+ public:
+  void send(Neighbour, const StagePacket& packet) override { sent.push_back(packet); }
+  StagePacket receive(Neighbour, PacketKind, uint64_t, uint64_t, const std::string&) override {
+    ADD_FAILURE() << "nothing is received here";
+    return {};
+  }
+  std::vector<StagePacket> sent;
+};
+
+class RecordingGpuPlacement final : public TensorPlacement {
+ public:
+  torch::Device device() const override { return torch::Device(torch::kCUDA, 0); }
+  torch::Tensor toDevice(const torch::Tensor& t) const override { return t; }
+  torch::Tensor toHost(const torch::Tensor& t) const override {
+    crossed.push_back(t.scalar_type());
+    return t;
+  }
+  mutable std::vector<torch::ScalarType> crossed;
+};
+
+StagePacket mixedPacket(PacketKind kind) {
+  torch::manual_seed(7);
+  StagePacket p;
+  p.kind = kind;
+  p.tensors = {{"hidden", torch::randn({4, 3}, torch::requires_grad())},
+               {"positions", torch::arange(4)},
+               {"scale", torch::randn({2}, torch::kDouble)},
+               {kTargetsTensor, torch::randn({4})},
+               {kLossTensor, torch::randn({})}};
+  return p;
+}
+
+TEST(Device, WireCastsHappenOnTheDeviceBeforeTheCrossing) {
+  const StagePacket packet = mixedPacket(PacketKind::kActivation);
+  const torch::Tensor hidden = packet.tensors[0].second.detach();
+  const std::vector<std::pair<WireCodec, torch::ScalarType>> cases = {
+      {WireCodec::kBf16, torch::kBFloat16}, {WireCodec::kFp16, torch::kHalf},
+      {WireCodec::kFp32, torch::kFloat}, {WireCodec::kInt8, torch::kFloat}};
+  for (const auto& [wire, hidden_dtype] : cases) {
+    for (PacketKind kind : {PacketKind::kActivation, PacketKind::kGradient, PacketKind::kEvaluation}) {
+      KeepingLink link;
+      StepTimes times;
+      RecordingGpuPlacement gpu;
+      TimedLink timed(link, times, gpu, wire);
+      StagePacket p = mixedPacket(kind);
+      timed.send(Neighbour::kDownstream, p);
+      ASSERT_EQ(link.sent.size(), 1u);
+      const StagePacket& sent = link.sent[0];
+      const std::vector<torch::ScalarType> expected = {hidden_dtype, torch::kLong, torch::kDouble,
+                                                       torch::kFloat, torch::kFloat};
+      EXPECT_EQ(gpu.crossed, expected) << toString(kind);
+      ASSERT_EQ(sent.tensors.size(), 5u);
+      EXPECT_TRUE(torch::equal(sent.tensors[0].second, hidden.to(hidden_dtype))) << toString(kind);
+      for (size_t i = 1; i < 5; ++i)
+        EXPECT_TRUE(sent.tensors[i].second.is_same(p.tensors[i].second)) << sent.tensors[i].first;
+    }
+  }
+  // A control packet crosses as it is; so does everything on the CPU (the link compresses there).
+  KeepingLink link;
+  StepTimes times;
+  RecordingGpuPlacement gpu;
+  TimedLink(link, times, gpu, WireCodec::kBf16).send(Neighbour::kUpstream,
+                                                      mixedPacket(PacketKind::kControl));
+  EXPECT_EQ(gpu.crossed.front(), torch::kFloat);
+  const auto cpu = makePlacement(torch::kCPU);
+  TimedLink(link, times, *cpu, WireCodec::kBf16).send(Neighbour::kDownstream, packet);
+  ASSERT_EQ(link.sent.size(), 2u);
+  EXPECT_TRUE(link.sent[1].tensors[0].second.is_same(packet.tensors[0].second));
 }
 
 }  // namespace

@@ -17,7 +17,8 @@
 #   1. Device.* of trainer_tests (the CUDA checkpoint round trip: save on CUDA, resume on the CPU)
 #   2. figure 1, equivalence: 3 providers sharing the GPU vs one PyTorch process on it, 20 SGD
 #      steps, fp32-strict, deterministic algorithms (tests/integration/provider_cluster_test.py
-#      match_pytorch --device cuda): max abs difference <= 1e-5
+#      match_pytorch --device cuda): max abs difference <= 1e-5; then the same with wire bf16, cast
+#      on the GPU before the copy (tests/integration/wire_compression_test.py bf16 --device cuda)
 #   3. figures 2 and 3: overhead (one provider, whole model, vs PyTorch's loop in Python) and the tiny
 #      GPT in 2 stages on one device vs 1 provider (tools/gpu/overhead.py)
 #   4. figure 5: the demo (6 epochs) on $DEVICE
@@ -92,6 +93,12 @@ log "2/6 figure 1, equivalence: 3 providers on $DEVICE vs one PyTorch process on
 timeout "$(budget 180 240)" $PY tests/integration/provider_cluster_test.py match_pytorch --device "$DEVICE" \
   --provider "$BUILD/node/provider" --work "$WORK/match" --port 27100 > "$LOGS/match.log" 2>&1
 rc=$?; log "match_pytorch exit $rc: $(grep -E 'max abs difference|providers on|FAIL' "$LOGS/match.log" | tr '\n' ' ')"
+[[ $rc -eq 0 ]] || status=1
+# The same 3 providers with wire.activations bf16: cast on the device before the copy to the host
+# (TimedLink), against the PyTorch reference that rounds each cut through bf16 on the same device.
+timeout "$(budget 90 200)" $PY tests/integration/wire_compression_test.py bf16 --device "$DEVICE" \
+  --provider "$BUILD/node/provider" --work "$WORK/wire" --port 27150 > "$LOGS/wire.log" 2>&1
+rc=$?; log "wire bf16 on $DEVICE exit $rc: $(grep -E 'max \||FAIL' "$LOGS/wire.log" | tr '\n' ' ')"
 [[ $rc -eq 0 ]] || status=1
 
 log "3/6 figures 2, 3: overhead and the pipeline on one $DEVICE (tools/gpu/overhead.py, ${STEPS:-1000} steps)"
