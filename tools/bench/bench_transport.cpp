@@ -185,6 +185,9 @@ int run(int argc, char** argv) {
   });
   int status = 0;
   ::waitpid(child, &status, 0);
+  // ipc endpoints are files that outlive their sockets: remove this run's three.
+  if (kind == "ipc")
+    for (int which = 0; which < 3; ++which) ::unlink(endpoint(which).substr(6).c_str());
   return rc != 0 ? rc : (WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
