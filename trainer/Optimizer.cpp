@@ -26,13 +26,13 @@ Optimizer::Optimizer(std::vector<torch::Tensor> parameters, const OptimizerOptio
   }
 }
 
+// Drops the gradients (torch's zero_grad(set_to_none=True), PyTorch 2's default) instead of
+// filling them with zeros: the next backward then hands each parameter its gradient as computed
+// instead of adding it to zeros, which saves two passes over every gradient per step (on a GPU two
+// kernel launches per parameter tensor). The values are the same: 0 + g is g.
 void Optimizer::zeroGrad() {
-  for (auto& p : parameters_) {
-    if (p.grad().defined()) {
-      p.mutable_grad().detach_();
-      p.mutable_grad().zero_();
-    }
-  }
+  for (auto& p : parameters_)
+    if (p.grad().defined()) p.mutable_grad().reset();
 }
 
 void Optimizer::step(double base_lr) {

@@ -26,6 +26,8 @@ class Optimizer {
             std::vector<int> groups = {});
   // One update with learning rate `lr`; parameters without a gradient are skipped (as in PyTorch).
   void step(double lr);
+  // Drops every parameter's gradient (torch's zero_grad(set_to_none=True)): the next backward
+  // sets it afresh.
   void zeroGrad();
   const std::vector<torch::Tensor>& parameters() const { return parameters_; }
 

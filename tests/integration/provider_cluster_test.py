@@ -12,8 +12,7 @@ CASE:
   match_pytorch   3 providers, 20 SGD+momentum steps of a BatchNorm-free CNN: the trained stage
                   weights equal PyTorch (python) training the unsplit model on the Root's recorded
                   batches, max abs diff <= 1e-5. With --device cuda (the GPU script, issue [M])
-                  the providers share the GPU (provider --device cuda, precision "fp32-strict")
-                  and the reference trains there too, without TF32, deterministic algorithms
+                  providers and reference train on the GPU, fp32-strict (strict_device)
   launcher_stops_all  one node cannot load its stage: tools/launch_local returns that node's exit
                   code (2) and stops the others long before their startup timeout
   clusterize_merge  the real chain: clusterize cuts the BatchNorm CNN for 3 nodes, providers train
@@ -72,10 +71,8 @@ def make_node_data(work, port, stages, batchnorm, settings, data_settings):
     shutil.rmtree(node_data, ignore_errors=True)
     cmd = ["--model", model, "--nodes", os.path.join(work, "node_configs.json"), "--out", node_data,
            "--stages", str(stages)]
-    for k, v in settings.items():
-        cmd += ["--set", f"{k}={json.dumps(v)}"]
-    for k, v in data_settings.items():
-        cmd += ["--data-set", f"{k}={json.dumps(v)}"]
+    cmd += [a for k, v in settings.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    cmd += [a for k, v in data_settings.items() for a in ("--data-set", f"{k}={json.dumps(v)}")]
     run_script(os.path.join(EXAMPLE, "make_node_data_by_hand.py"), cmd)
     # Providers run secured by default: give the hand-made plan keys as clusterize would.
     subprocess.run([KEYS, node_data], check=True, stdout=subprocess.DEVNULL)
@@ -84,12 +81,9 @@ def make_node_data(work, port, stages, batchnorm, settings, data_settings):
 
 def launch(node_data, provider, limit, provider_args=()):
     start = time.time()
-    env = dict(os.environ, PROVIDER=provider)
-    command = [os.path.join(REPO, "tools/launch_local"), node_data]
-    if provider_args:
-        command += ["--", *provider_args]
-    proc = subprocess.run(command, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=limit)
+    command = [os.path.join(REPO, "tools/launch_local"), node_data] + (["--", *provider_args] if provider_args else [])
+    proc = subprocess.run(command, env=dict(os.environ, PROVIDER=provider), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=limit)
     sys.stdout.write(proc.stdout[-4000:])
     if proc.returncode != 0:
         fail(f"launch_local exited {proc.returncode}")
@@ -194,17 +188,15 @@ def microbatched_step(forward, x, y, microbatches):
 
 
 def strict_device(name, settings):
-    """torch.device(name); on CUDA both sides compute alike: the job's precision "fp32-strict" for
-    the providers, and no TF32 and deterministic algorithms for this process's reference."""
-    device = torch.device(name)
-    if device.type == "cuda":
+    """torch.device(name); on CUDA both sides compute alike: "fp32-strict" for the providers (the
+    job's precision), no TF32 and deterministic algorithms for this process's reference."""
+    if torch.device(name).type == "cuda":
         settings["precision"] = "fp32-strict"
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True)
-    return device
+    return torch.device(name)
 
 
 def case_match_pytorch(args):
