@@ -1,6 +1,7 @@
 #include "trainer/StageLink.h"
 
 #include "core/Error.h"
+#include "trainer/ReservedTensors.h"
 
 namespace cairn {
 
@@ -18,6 +19,11 @@ const char* toString(PacketKind k) {
       return "control";
   }
   return "?";
+}
+
+bool wireCompresses(PacketKind kind, const std::string& name, const torch::Tensor& t) {
+  return kind != PacketKind::kControl && !isReservedTensorName(name) && t.defined() &&
+         t.scalar_type() == torch::kFloat;
 }
 
 bool StagePacket::has(const std::string& name) const {

@@ -33,6 +33,12 @@ struct StagePacket {
   bool has(const std::string& name) const;
 };
 
+// Whether tensor `t` named `name` of a `kind` packet is what training_definition.wire.activations
+// compresses: a float32 tensor of an activation, gradient or evaluation packet, never a reserved
+// one (targets, ids, the loss share, ...). The one rule for the link's codec on the host
+// (node/pipeline/MailboxStageLink) and the cast on the device before the crossing (TimedLink).
+bool wireCompresses(PacketKind kind, const std::string& name, const torch::Tensor& t);
+
 class StageLink {
  public:
   virtual ~StageLink() = default;

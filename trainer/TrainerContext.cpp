@@ -1,7 +1,6 @@
 #include "trainer/TrainerContext.h"
 
 #include "trainer/Device.h"
-#include "trainer/ReservedTensors.h"
 
 #include "trainer/ClusterSync.h"
 #include "trainer/Optimizer.h"
@@ -14,9 +13,8 @@ namespace cairn {
 std::optional<torch::ScalarType> wireCastBeforeCrossing(WireCodec wire, PacketKind kind,
                                                         const std::string& name,
                                                         const torch::Tensor& t) {
-  if (wire != WireCodec::kBf16 && wire != WireCodec::kFp16) return std::nullopt;
-  if (kind == PacketKind::kControl || isReservedTensorName(name)) return std::nullopt;
-  if (!t.defined() || t.scalar_type() != torch::kFloat) return std::nullopt;
+  if ((wire != WireCodec::kBf16 && wire != WireCodec::kFp16) || !wireCompresses(kind, name, t))
+    return std::nullopt;
   return wire == WireCodec::kBf16 ? torch::kBFloat16 : torch::kHalf;
 }
 

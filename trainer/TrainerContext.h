@@ -74,9 +74,8 @@ class TimedLink {
 };
 
 // The dtype `wire` makes a tensor named `name` of a `kind` packet travel in, when the cast can
-// happen where the tensor is (bf16, fp16: a plain cast; the link's on the host is the same op):
-// float32 tensors of activations, gradients and evaluation outputs, never the reserved ones
-// (targets, ids, the loss share, ...). std::nullopt: the tensor crosses as it is.
+// happen where the tensor is (bf16, fp16: a plain cast; the link's on the host is the same op) and
+// the tensor is one the wire compresses (wireCompresses). std::nullopt: it crosses as it is.
 std::optional<torch::ScalarType> wireCastBeforeCrossing(WireCodec wire, PacketKind kind,
                                                         const std::string& name,
                                                         const torch::Tensor& t);

@@ -217,8 +217,8 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   m.text = packet.text;
   for (const auto& [name, t] : packet.tensors) {
     // training_definition.wire.activations: boundary float32 tensors travel compressed.
-    const bool compress = checks_.wire_float != torch::kFloat && carriesTensors(m.kind) &&
-                          !isReservedTensorName(name) && t.scalar_type() == torch::kFloat;
+    const bool compress =
+        checks_.wire_float != torch::kFloat && wireCompresses(packet.kind, name, t);
     if (!compress)
       m.tensors.push_back({name, t.detach().contiguous()});
     else if (checks_.wire_float != torch::kChar)
