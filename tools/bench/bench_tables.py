@@ -156,7 +156,7 @@ def table_pipeline(smoke):
                       f"{' (Fashion-MNIST)' if m == 'cnn' else ' sequences × 64 bytes'}, {r['steps']} timed steps "
                       f"after {r.get('warmup', '?')} untimed" for m, r in per_model.items())
     out += ["", "Each (P, M): one P-node pipeline run per schedule (clusterize plan of P equal nodes at a fixed "
-            "cut, its own choice on an idle machine: tools/bench/training_common.py CUTS; 1 intra-op "
+            "cut, its own choice on an idle machine: tools/bench/fixed_cuts.py; 1 intra-op "
             "thread per provider, loopback), then one `bench_single_process` run (the unsplit model, one "
             "process, P threads, same job.json); the single-process figure is the median of those runs for "
             f"that model and P. {sizes}. async rows: `update_frequency` = M (one optimizer step per batch, as sync), "
@@ -405,7 +405,7 @@ def table_memory(smoke):
         r = rows[0]
         out += ["", f"Fashion-MNIST CNN, batch {r['batch_size']} in {r['microbatches']} micro-batches, AdamW, "
                 f"{r['steps']} steps. Plans made by clusterize for P equal nodes at fixed cuts "
-                f"(tools/bench/training_common.py CUTS: its own choice on an idle machine); peak RSS of each provider process by `/usr/bin/time %M`; single-process peak: "
+                f"(tools/bench/fixed_cuts.py: its own choice on an idle machine); peak RSS of each provider process by `/usr/bin/time %M`; single-process peak: "
                 f"`bench_single_process` on the same job.json, 1 thread (median of {r['single_runs']} runs: "
                 f"{r['single_peak_rss_bytes'] / 2**20:.0f} MiB). Error = (estimate − measured) / measured. "
                 "clusterize's estimate counts parameters, gradients, optimizer state and activations only; the "

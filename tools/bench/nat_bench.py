@@ -84,13 +84,13 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 import netem_bench as nb  # noqa: E402  (its models)
+from fixed_cuts import CUTS  # noqa: E402  (2 stages: after the first pooling / between blocks 1 and 2)
 import netns_links as nl  # noqa: E402  (the namespaces and shaped links: tbf + the TUN delay loop)
 from nat_homes import (  # noqa: E402  (the home routers, the relay's and the coordinator's sites)
     COORDINATOR_SITE, HOMES, RELAY_SITE, VOLUNTEER_PORT, HomeWorld, home_address, home_ns, public)
 
 PY = "/usr/bin/python3"
 RELAY_PORT, COORDINATOR_PORT = 7300, 7100
-CUTS = {"cnn": "7", "gpt": "9"}  # 2 stages: after the first pooling / between blocks 1 and 2
 
 
 def log(msg):
@@ -187,7 +187,7 @@ def run_once(world, args, vt, rvt, kind, model, job, batch, relayed, relay_cap, 
         coordinator = start("coordinator", nl.ns_name(COORDINATOR_SITE), [
             args.clusterize, "--model", model, "--job", job, "--serve", coord_addr,
             "--invite-file", os.path.join(work, "invite.txt"), "--out", out,
-            "--min-volunteers", str(HOMES), "--gather-s", "0", "--clusters", "2", "--cuts", CUTS[kind]]
+            "--min-volunteers", str(HOMES), "--gather-s", "0", "--clusters", "2", "--cuts", CUTS[kind][2]]
             + nb.MODELS[kind]["flags"])
         invite = wait_line(coordinator, lambda l: l.startswith("invite: "), 180, "'invite: …'").split()[1]
         relay = relay_name = None

@@ -61,6 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import step_timing  # noqa: E402
+from fixed_cuts import CUTS  # noqa: E402  (the cuts of the 2- and 4-stage setups)
 
 BUILD = os.path.join(ROOT, os.environ.get("CAIRN_BUILD_DIR", "build"))
 PY = "/usr/bin/python3"
@@ -117,14 +118,10 @@ def run_ddp(topo, args, model, work):
                                     "steps", "last_accuracy", "last_loss", "evals")} | {"process_wall_s": wall}
 
 
-# The fixed cuts (unit indices where stages 1, 2, ... begin; plan.json "units") and clusterize's
-# example-input flags per model. CNN: 2 stages cut after the first pooling, 4 stages after conv1,
-# the first pooling and the second pooling. Tiny GPT (--granularity expand-containers: 7 units of
-# embeddings, blocks.0-3 at 7-10, ln_f, head): 2 stages of 2 blocks each, 4 stages of one block.
+# clusterize's example-input flags per model; the cuts are fixed_cuts.CUTS.
 MODELS = {
-    "cnn": {"cuts": {2: "7", 4: "1,7,15"}, "flags": ["--input-shape", "32,1,28,28"]},
-    "gpt": {"cuts": {2: "9", 4: "8,9,10"},
-            "flags": ["--input-shape", "16,64", "--input-dtype", "int64", "--granularity", "expand-containers"]},
+    "cnn": {"flags": ["--input-shape", "32,1,28,28"]},
+    "gpt": {"flags": ["--input-shape", "16,64", "--input-dtype", "int64", "--granularity", "expand-containers"]},
 }
 
 
@@ -143,9 +140,9 @@ def plan(model, job, nodes_per_cluster, clusters, out, kind="cnn"):
                       "benchmarks": {"ram": 2, "bandwidth": bandwidth}} for i in range(n)}
     json.dump(nodes, open(os.path.join(out, "node_configs.json"), "w"))
     json.dump(job, open(os.path.join(out, "job.in.json"), "w"))
-    # The cut is fixed (MODELS), so a setup is the same on every run and machine whatever the
+    # The cut is fixed (fixed_cuts.CUTS), so a setup is the same on every run and machine whatever the
     # profile says (the planner may leave a node out when a stage costs less than its transfer).
-    cut = MODELS[kind]["cuts"].get(nodes_per_cluster)
+    cut = CUTS[kind].get(nodes_per_cluster)
     run([CLUSTERIZE, "--model", model, "--nodes", os.path.join(out, "node_configs.json"), "--job",
          os.path.join(out, "job.in.json"), "--clusters", str(clusters), "--profile-runs", "1",
          "--out", out] + MODELS[kind]["flags"] + (["--cuts", cut] if cut else []), cwd=ROOT)

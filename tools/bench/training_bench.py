@@ -7,7 +7,7 @@
     /usr/bin/python3 tools/bench/training_bench.py memory --stages 1,2,3
 
 pipeline  cairn's pipeline (clusterize plan with exactly P stages: P equal nodes of 2 GB, 10 Gbps,
-          cut at training_common.CUTS, the planner's own choice on an idle machine, fixed so that the
+          cut at fixed_cuts.CUTS, the planner's own choice on an idle machine, fixed so that the
           setup does not follow the timing profile) for each micro-batch count M and schedule, next to
           bench_single_process (the unsplit model, one process, P intra-op threads = the pipeline's
           total) on the same job.json (batch, optimizer, data); pipeline and single process alternate

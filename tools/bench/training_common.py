@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixed_cuts import CUTS  # noqa: E402  (the exact plans' cuts)
 from loopback_ports import free_port_base  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,22 +70,13 @@ def make_model(kind, work):
                         "expand-containers"]
 
 
-# The cuts of the exact plans (unit indices where stages 1, 2, ... begin; plan.json "units"):
-# clusterize's own choice for P equal nodes of 10 Gbit/s with its default profiling on an idle
-# 2-core machine (3 runs of 3 each, 2026-11-30; one CNN run of 3 stages chose 5,7). CNN: 2 stages cut
-# after the first pooling; 3 stages put that pooling alone in the middle. Tiny GPT (units 7-10 are
-# blocks.0-3): 2 blocks each; 3 stages: embeddings and blocks.0 | blocks.1-2 | blocks.3, ln_f, head.
-# Fixed so a table's setup does not depend on the timing profile of the moment: on a loaded machine
-# one profiling run cut the CNN for 3 nodes into 2 stages (units 0-2 | 2-16), which stopped the
-# benchmark ("clusterize made {0: 2} stages per cluster, wanted 3").
-CUTS = {"cnn": {2: "7", 3: "6,7"}, "gpt": {2: "9", 3: "8,10"}}
 
 
 def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1, exact=True, kind="cnn"):
     """clusterize with exactly stages*clusters equal nodes. exact: every cluster gets `stages`
-    stages at the cut CUTS[kind][stages]; exact=False: takes the cut clusterize chooses, which its
-    timing profile decides (as tools/demo.sh does). profile_runs None: clusterize's default
-    profiling."""
+    stages at the cut CUTS[kind][stages] (fixed_cuts.py); exact=False: takes the cut clusterize
+    chooses, which its timing profile decides (as tools/demo.sh does). profile_runs None:
+    clusterize's default profiling."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     n = stages * clusters
@@ -97,7 +89,7 @@ def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1, exact=T
     if exact and stages > 1:
         if stages not in CUTS[kind]:
             raise SystemExit(f"training_bench: no fixed cut of the {kind} for {stages} stages (CUTS in "
-                             f"tools/bench/training_common.py has {sorted(CUTS[kind])})")
+                             f"tools/bench/fixed_cuts.py has {sorted(CUTS[kind])})")
         cuts = ["--cuts", CUTS[kind][stages]]
     sh([CLUSTERIZE, "--model", model, "--nodes", os.path.join(out, "node_configs.json"), "--job",
         os.path.join(out, "job.in.json"), "--clusters", str(clusters)] +
