@@ -10,11 +10,11 @@
 #include <torch/cuda.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <string>
 
 #include "core/Error.h"
+#include "tests/common/ScratchDir.h"
 #include "tests/trainer/InMemoryPipeline.h"
 #include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Checkpoint.h"
@@ -25,20 +25,12 @@
 namespace cairn {
 namespace {
 
-namespace fs = std::filesystem;
-
 std::string cnnNodeData() {
   return testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
 }
 
-std::string deviceScratch(const std::string& name) {
-  const std::string dir =
-      (fs::temp_directory_path() / ("cairn_device_" + std::to_string(::getpid()) + "_" + name))
-          .string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+// A fresh folder, removed when the test passes (tests/common/ScratchDir.h).
+std::string deviceScratch(const std::string& name) { return testing::scratchDir("device_" + name); }
 
 // Expects BadInput whose message holds every one of `parts`.
 void expectRefusal(const std::string& device, const std::vector<std::string>& parts) {
@@ -172,7 +164,6 @@ TEST(Device, CheckpointsCrossToTheHostAndBackForEveryTensor) {
     }
   }
   EXPECT_GT(loaded, 0u);
-  fs::remove_all(dir);
 }
 
 // The real thing where a GPU is: save on CUDA, resume on the CPU, bit for bit.
@@ -205,7 +196,6 @@ TEST(Device, CudaCheckpointResumesOnTheCpuBitForBit) {
       }
     EXPECT_TRUE(found) << name;
   }
-  fs::remove_all(dir);
 }
 
 // Wire compression before the crossing (TimedLink, wire.activations bf16/fp16): off the host, a
