@@ -45,12 +45,14 @@ json.dump(job, open(sys.argv[2], "w"), indent=2)
 PYEOF
 JOB=$OUT/job.json
 LOG=$OUT/coordinator.log
-# Free loopback ports from the kernel: one for the coordinator, one per volunteer.
-read -r -a PORTS <<<"$($PY -c "
-import socket
-s = [socket.socket() for _ in range(5)]
-for x in s: x.bind(('127.0.0.1', 0))
-print(' '.join(str(x.getsockname()[1]) for x in s))")"
+# Loopback ports: one for the coordinator, one per volunteer, each with the port above it free
+# too (a volunteer on --listen's port P also answers on P + 1, where volunteers behind routers
+# connect). They come from below the kernel's ephemeral range, held for this script's life
+# (tools/bench/loopback_ports.py): ports the kernel handed out (bind to port 0) left P + 1 to
+# chance, and a suite run once found it taken by another test's connection, so that volunteer
+# joined as dial-out only and could not take over the reachable Stem.
+BASE=$($PY tools/bench/loopback_ports.py 10)
+PORTS=("$BASE" $((BASE + 2)) $((BASE + 4)) $((BASE + 6)) $((BASE + 8)))
 pids=()
 vpid=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
