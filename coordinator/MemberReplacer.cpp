@@ -79,10 +79,12 @@ void MemberReplacer::poll(double now) {
       if (told_no_spare_.insert(lost.name).second)
         CAIRN_WARN("coordinator: no spare can take ", lost.name, " over (", lost.why,
                    "); its cluster waits (timeouts.max_wait_s) until a volunteer joins");
-      for (const Member& m : members) {  // the spares too small for it hear why, once
+      for (const Member& m : members) {  // the spares that cannot take it hear why, once
         if (m.state != MemberState::kSpare || !told_too_small_.insert({m.name, lost.name}).second)
           continue;
-        const std::string note = tooSmallNote(m, lost.name, needed);
+        const std::string note = m.dial_out_only != holder->dial_out_only
+                                     ? unlikeReachNote(m, lost.name)
+                                     : tooSmallNote(m, lost.name, needed);
         CAIRN_INFO("coordinator: told ", m.name, ": ", note);
         send_(m.public_key, encode(Accepted{m.name, toString(MemberState::kSpare), note, ""}));
       }

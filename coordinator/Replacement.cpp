@@ -105,6 +105,14 @@ std::string tooSmallNote(const Member& spare, const std::string& node, double ne
          " and this volunteer gives " + gbText(probeRamGb(spare)) + "; it stays a spare";
 }
 
+std::string unlikeReachNote(const Member& spare, const std::string& node) {
+  return spare.dial_out_only
+             ? node + " needs a new holder its peers can dial, as they dialled its lost holder, and "
+                      "this volunteer joined as dial-out only; it stays a spare"
+             : node + " needs a new holder that dials its peers, as its lost dial-out-only holder "
+                      "did, and this volunteer joined as reachable; it stays a spare";
+}
+
 bool repointPeer(NodeSpec& node, const std::string& peer, const std::string& address,
                  const std::string& public_key) {
   bool changed = false;

@@ -53,6 +53,9 @@ std::optional<Member> chooseSpare(const std::vector<Member>& members, double nee
 std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed);
 // What a spare too small for `node` hears when that node needs a new holder.
 std::string tooSmallNote(const Member& spare, const std::string& node, double needed_gb);
+// What a spare hears when `node` needs a new holder that is reachable (its peers dial it) or dial-out
+// only (it dials its peers) as its lost holder was, and the spare is the other kind.
+std::string unlikeReachNote(const Member& spare, const std::string& node);
 
 struct ReplacementPlan {
   NodeSpec taken_over;           // the lost node's node.json: the spare's address and public key

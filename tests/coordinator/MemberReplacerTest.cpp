@@ -193,6 +193,42 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   fs::remove_all(out);
 }
 
+// A spare of the other kind (dial-out only for a node its peers dialled) cannot take the node over,
+// whatever its RAM: it hears that reason, not that it is too small (example.volunteers_short once
+// told a 9.76 GB spare that a 0.03 GB stage did not fit). A reachable spare that joins then takes it.
+TEST(MemberReplacer, ADialOutOnlySpareHearsWhyItCannotTakeAReachableNodeOver) {
+  const std::string out = replacementFreshDir("unlike");
+  CoordinatorStore store(out + "/coordinator.db");
+  placeOneNode(out, store, replacementMember("node_0", MemberState::kAssigned, 0));
+  Member behind = replacementMember("node_1", MemberState::kSpare, 10, 64, 5);
+  behind.dial_out_only = true;
+  behind.advertise = "";
+  store.putMember(behind);
+  std::vector<std::pair<std::string, Frames>> sent;
+  MemberReplacer replacer(store, out, 5, 0,
+                          [&](const std::string& key, const Frames& f) { sent.emplace_back(key, f); });
+  replacer.poll(10);
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kLost);
+  EXPECT_EQ(store.memberByName("node_1")->state, MemberState::kSpare);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].first, behind.public_key);
+  std::string why;
+  auto told = decodeToVolunteer(sent[0].second, 1 << 20, &why);
+  ASSERT_TRUE(told) << why;
+  EXPECT_EQ(std::get<Accepted>(*told).note,
+            "node_0 needs a new holder its peers can dial, as they dialled its lost holder, and this "
+            "volunteer joined as dial-out only; it stays a spare");
+  replacer.poll(11);  // told once
+  EXPECT_EQ(sent.size(), 1u);
+  const Member reachable = replacementMember("node_2", MemberState::kSpare, 11, 8, 6);
+  store.putMember(reachable);
+  replacer.poll(12);
+  ASSERT_EQ(sent.size(), 3u);  // accepted + assignment, to the reachable spare
+  EXPECT_EQ(sent[1].first, reachable.public_key);
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  EXPECT_EQ(store.memberByName("node_1")->state, MemberState::kSpare);
+}
+
 // The coordinator plans on its loop thread (1,000 volunteers: about 20 s, tools/bench/coordinator_load):
 // no heartbeat is read meanwhile, so silence counts from the plan's end (deafUntil), not from the
 // volunteer's last heartbeat before it; a volunteer silent for --lost-after-s after that is lost.

@@ -101,6 +101,14 @@ TEST(Replacement, ChoosesTheEarliestSpareWhoseRamHoldsTheStagesEstimate) {
   EXPECT_EQ(tooSmallNote(members[2], "node_1", 5.0),
             "node_1 needs a new holder, but its stage needs an estimated 5.00 GB and this volunteer "
             "gives 4.00 GB; it stays a spare");
+  Member behind = members[4];
+  behind.dial_out_only = true;
+  EXPECT_EQ(unlikeReachNote(behind, "node_1"),
+            "node_1 needs a new holder its peers can dial, as they dialled its lost holder, and this "
+            "volunteer joined as dial-out only; it stays a spare");
+  EXPECT_EQ(unlikeReachNote(members[4], "node_1"),
+            "node_1 needs a new holder that dials its peers, as its lost dial-out-only holder did, "
+            "and this volunteer joined as reachable; it stays a spare");
 }
 
 TEST(Replacement, ASpareIsToldWhichStagesFitItsRam) {
