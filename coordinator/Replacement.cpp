@@ -81,23 +81,46 @@ std::optional<Member> chooseSpare(const std::vector<Member>& members, double nee
 std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed) {
   if (placed.empty()) return "";
   const double gives = probeRamGb(spare);
-  std::string fit, too_big;
-  int fits = 0, too_big_count = 0;
-  for (const NodeSpec& n : placed) {  // at most 8 named per list: the note stays short
-    const bool fitting = n.estimated_memory_bytes / 1e9 <= gives;
-    std::string& list = fitting ? fit : too_big;
-    if (++(fitting ? fits : too_big_count) <= 8)
-      list += (list.empty() ? "" : ", ") + n.name + " " + gbText(n.estimated_memory_bytes / 1e9);
+  // Three lists, at most 8 named each so the note stays short: the nodes it could take over, those
+  // whose stage needs more RAM, and those that fit but are held by the other kind of volunteer
+  // (a spare takes over only a node of its own kind: MemberReplacer).
+  struct Named {
+    std::string text;
+    int count = 0;
+    void add(const std::string& item) {
+      if (++count <= 8) text += (text.empty() ? "" : ", ") + item;
+    }
+    std::string str() const { return count > 8 ? text + " and " + std::to_string(count - 8) + " more" : text; }
+  } fit, too_big, unlike;
+  for (const NodeSpec& n : placed) {
+    const std::string item = n.name + " " + gbText(n.estimated_memory_bytes / 1e9);
+    if (n.estimated_memory_bytes / 1e9 > gives)
+      too_big.add(item);
+    else if (n.dial_out_only != spare.dial_out_only)
+      unlike.add(n.name);
+    else
+      fit.add(item);
   }
-  if (fits > 8) fit += " and " + std::to_string(fits - 8) + " more";
-  if (too_big_count > 8) too_big += " and " + std::to_string(too_big_count - 8) + " more";
-  if (fit.empty())
+  const std::string why_unlike =
+      spare.dial_out_only ? "this volunteer joined as dial-out only, and their peers dial their volunteers"
+                          : "their volunteers are dial-out only and dial their peers, and this volunteer "
+                            "joined as reachable";
+  if (fit.count == 0 && unlike.count == 0)
     return "no stage of the plan fits in the " + gbText(gives) + " this volunteer gives (each needs "
-           "more, estimated: " + too_big + "); it waits as a spare that cannot take a node over "
+           "more, estimated: " + too_big.str() + "); it waits as a spare that cannot take a node over "
            "(give more with --memory-gb, or join a run of a smaller model)";
+  if (fit.count == 0)
+    return "no node of the plan can be taken over by this volunteer: " + unlike.str() + " fit in the " +
+           gbText(gives) + " it gives, but " + why_unlike +
+           (too_big.count ? "; the others need more (" + too_big.str() + ")" : std::string()) +
+           "; it waits as a spare, and with the coordinator's --grow joins a new cluster";
   return "the run is planned; this volunteer waits as a spare: it takes over a node whose "
-         "volunteer is lost or leaves if its stage fits in the " + gbText(gives) + " it gives (" + fit +
-         (too_big.empty() ? "" : "; not " + too_big) + "), or, with the coordinator's --grow, joins a new cluster";
+         "volunteer is lost or leaves if its stage fits in the " + gbText(gives) + " it gives (" +
+         fit.str() + (too_big.count ? "; not " + too_big.str() : std::string()) + ")" +
+         (unlike.count ? " and its peers reach it as they reached that node (not " + unlike.str() +
+                             ": " + why_unlike + ")"
+                       : std::string()) +
+         ", or, with the coordinator's --grow, joins a new cluster";
 }
 
 std::string tooSmallNote(const Member& spare, const std::string& node, double needed_gb) {

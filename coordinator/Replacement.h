@@ -49,7 +49,9 @@ double neededGb(const NodeSpec& node, const Member& lost);
 // when none.
 std::optional<Member> chooseSpare(const std::vector<Member>& members, double needed_gb);
 // What a spare hears about its wait (Accepted::note), from the plan's nodes (empty: no plan yet):
-// which stages fit in the RAM it gives, or that none does.
+// which nodes it could take over (the stage fits in the RAM it gives, and the node's holder is of its
+// kind: reachable, or dial-out only), which need more RAM, which are of the other kind; or that none
+// fits.
 std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed);
 // What a spare too small for `node` hears when that node needs a new holder.
 std::string tooSmallNote(const Member& spare, const std::string& node, double needed_gb);

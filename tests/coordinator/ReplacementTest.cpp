@@ -129,6 +129,39 @@ TEST(Replacement, ASpareIsToldWhichStagesFitItsRam) {
   EXPECT_EQ(spareNote(small, {}), "");
 }
 
+// A spare takes over only a node of its own kind (MemberReplacer), so its note says which nodes it
+// never could: example.volunteers_short's dial-out-only spare was told the reachable Stem fitted.
+TEST(Replacement, ASpareIsToldWhichNodesItsKindCannotTakeOver) {
+  std::vector<NodeSpec> placed(3);
+  const double gb[] = {0.03, 0.24, 0.37};
+  for (int i = 0; i < 3; ++i) {
+    placed[size_t(i)].name = "node_" + std::to_string(i);
+    placed[size_t(i)].estimated_memory_bytes = gb[i] * 1e9;
+  }
+  placed[1].dial_out_only = true;
+  Member reachable = replacementMember("node_5", MemberState::kSpare, 0, 0.3);
+  EXPECT_EQ(spareNote(reachable, placed),
+            "the run is planned; this volunteer waits as a spare: it takes over a node whose "
+            "volunteer is lost or leaves if its stage fits in the 0.30 GB it gives (node_0 0.03 GB; "
+            "not node_2 0.37 GB) and its peers reach it as they reached that node (not node_1: their "
+            "volunteers are dial-out only and dial their peers, and this volunteer joined as "
+            "reachable), or, with the coordinator's --grow, joins a new cluster");
+  Member behind = reachable;
+  behind.dial_out_only = true;
+  EXPECT_EQ(spareNote(behind, placed),
+            "the run is planned; this volunteer waits as a spare: it takes over a node whose "
+            "volunteer is lost or leaves if its stage fits in the 0.30 GB it gives (node_1 0.24 GB; "
+            "not node_2 0.37 GB) and its peers reach it as they reached that node (not node_0: this "
+            "volunteer joined as dial-out only, and their peers dial their volunteers), or, with the "
+            "coordinator's --grow, joins a new cluster");
+  placed[1].dial_out_only = false;  // every node reachable: nothing this spare can take over
+  EXPECT_EQ(spareNote(behind, placed),
+            "no node of the plan can be taken over by this volunteer: node_0, node_1 fit in the "
+            "0.30 GB it gives, but this volunteer joined as dial-out only, and their peers dial their "
+            "volunteers; the others need more (node_2 0.37 GB); it waits as a spare, and with the "
+            "coordinator's --grow joins a new cluster");
+}
+
 TEST(Replacement, PlanRepointsTheNodeItsNeighboursAndItsRingPeersOnly) {
   const std::vector<NodeSpec> nodes = twoByThree();
   const std::string fresh = generateCurveKeyPair().public_key;
