@@ -80,7 +80,7 @@ void MemberReplacer::poll(double now) {
         CAIRN_WARN("coordinator: no spare can take ", lost.name, " over (", lost.why,
                    "); its cluster waits (timeouts.max_wait_s) until a volunteer joins");
       for (const Member& m : members) {  // the spares that cannot take it hear why, once
-        if (m.state != MemberState::kSpare || !told_too_small_.insert({m.name, lost.name}).second)
+        if (m.state != MemberState::kSpare || !told_why_not_.insert({m.name, lost.name}).second)
           continue;
         const std::string note = m.dial_out_only != holder->dial_out_only
                                      ? unlikeReachNote(m, lost.name)

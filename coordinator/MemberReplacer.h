@@ -70,7 +70,7 @@ class MemberReplacer {
   Send send_;
   std::function<bool(const std::string&)> finished_;
   std::set<std::string> told_no_spare_;  // lost nodes already logged as waiting for a spare
-  std::set<std::pair<std::string, std::string>> told_too_small_;  // (spare, node) told why not
+  std::set<std::pair<std::string, std::string>> told_why_not_;  // (spare, node) told why not
   std::vector<std::string> placedNames() const;  // meta "placed"
   mutable NodeHeaders headers_;  // the placed nodes' node.json headers, parsed once per version
   uint64_t replaced_ = 0;

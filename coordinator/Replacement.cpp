@@ -90,7 +90,9 @@ std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed) 
     void add(const std::string& item) {
       if (++count <= 8) text += (text.empty() ? "" : ", ") + item;
     }
-    std::string str() const { return count > 8 ? text + " and " + std::to_string(count - 8) + " more" : text; }
+    std::string str() const {
+      return count > 8 ? text + " and " + std::to_string(count - 8) + " more" : text;
+    }
   } fit, too_big, unlike;
   for (const NodeSpec& n : placed) {
     const std::string item = n.name + " " + gbText(n.estimated_memory_bytes / 1e9);
@@ -102,16 +104,17 @@ std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed) 
       fit.add(item);
   }
   const std::string why_unlike =
-      spare.dial_out_only ? "this volunteer joined as dial-out only, and their peers dial their volunteers"
-                          : "their volunteers are dial-out only and dial their peers, and this volunteer "
-                            "joined as reachable";
+      spare.dial_out_only
+          ? "this volunteer joined as dial-out only, and their peers dial their volunteers"
+          : "their volunteers are dial-out only and dial their peers, and this volunteer joined as "
+            "reachable";
   if (fit.count == 0 && unlike.count == 0)
     return "no stage of the plan fits in the " + gbText(gives) + " this volunteer gives (each needs "
            "more, estimated: " + too_big.str() + "); it waits as a spare that cannot take a node over "
            "(give more with --memory-gb, or join a run of a smaller model)";
   if (fit.count == 0)
-    return "no node of the plan can be taken over by this volunteer: " + unlike.str() + " fit in the " +
-           gbText(gives) + " it gives, but " + why_unlike +
+    return "no node of the plan can be taken over by this volunteer: " + unlike.str() +
+           " fit in the " + gbText(gives) + " it gives, but " + why_unlike +
            (too_big.count ? "; the others need more (" + too_big.str() + ")" : std::string()) +
            "; it waits as a spare, and with the coordinator's --grow joins a new cluster";
   return "the run is planned; this volunteer waits as a spare: it takes over a node whose "

@@ -111,13 +111,19 @@ TEST(Replacement, ChoosesTheEarliestSpareWhoseRamHoldsTheStagesEstimate) {
             "and this volunteer joined as reachable; it stays a spare");
 }
 
-TEST(Replacement, ASpareIsToldWhichStagesFitItsRam) {
+// node_0..2 with stages estimated at 0.03, 0.24 and 0.37 GB, all reachable.
+std::vector<NodeSpec> threePlacedNodes() {
   std::vector<NodeSpec> placed(3);
   const double gb[] = {0.03, 0.24, 0.37};
   for (int i = 0; i < 3; ++i) {
     placed[size_t(i)].name = "node_" + std::to_string(i);
     placed[size_t(i)].estimated_memory_bytes = gb[i] * 1e9;
   }
+  return placed;
+}
+
+TEST(Replacement, ASpareIsToldWhichStagesFitItsRam) {
+  const std::vector<NodeSpec> placed = threePlacedNodes();
   const Member small = replacementMember("node_5", MemberState::kSpare, 0, 0.1);
   EXPECT_EQ(spareNote(small, placed),
             "the run is planned; this volunteer waits as a spare: it takes over a node whose "
@@ -132,12 +138,7 @@ TEST(Replacement, ASpareIsToldWhichStagesFitItsRam) {
 // A spare takes over only a node of its own kind (MemberReplacer), so its note says which nodes it
 // never could: example.volunteers_short's dial-out-only spare was told the reachable Stem fitted.
 TEST(Replacement, ASpareIsToldWhichNodesItsKindCannotTakeOver) {
-  std::vector<NodeSpec> placed(3);
-  const double gb[] = {0.03, 0.24, 0.37};
-  for (int i = 0; i < 3; ++i) {
-    placed[size_t(i)].name = "node_" + std::to_string(i);
-    placed[size_t(i)].estimated_memory_bytes = gb[i] * 1e9;
-  }
+  std::vector<NodeSpec> placed = threePlacedNodes();
   placed[1].dial_out_only = true;
   Member reachable = replacementMember("node_5", MemberState::kSpare, 0, 0.3);
   EXPECT_EQ(spareNote(reachable, placed),
