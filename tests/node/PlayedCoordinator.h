@@ -24,6 +24,7 @@
 #include "node/transport/CurveSecurity.h"
 #include "node/volunteer/CoordinationSocket.h"
 #include "node/volunteer/VolunteerSession.h"
+#include "tests/common/Eventually.h"
 
 namespace cairn::testing {
 
@@ -32,17 +33,6 @@ namespace fs = std::filesystem;
 
 
 inline constexpr size_t kLimit = 64 << 20;
-
-// Polls `condition` until it holds or 10 s pass (what the test waits for is an event another
-// thread causes; the deadline only keeps a broken build from hanging).
-inline bool eventually(const std::function<bool()>& condition) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 inline std::optional<ReachOk> reachOnce(zmq::socket_t& dealer, const std::string& nonce,
                                         std::chrono::milliseconds wait) {
