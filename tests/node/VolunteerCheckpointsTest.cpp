@@ -21,6 +21,7 @@
 #include "node/transport/CurveSecurity.h"
 #include "node/volunteer/VolunteerCheckpoints.h"
 #include "node/protocol/Coordination.h"
+#include "tests/common/Eventually.h"
 #include "tests/common/FakeCoordinator.h"
 #include "tests/common/LoopbackPorts.h"
 #include "trainer/Checkpoint.h"
@@ -74,16 +75,6 @@ std::string fileBytes(const std::string& path) {
   return s.str();
 }
 
-// Polls `done` every 10 ms up to 10 s.
-template <typename F>
-bool volunteerCheckpointsEventually(F done) {
-  for (int i = 0; i < 1000; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return done();
-}
-
 CheckpointUploadOptions fast(double mbps) {
   CheckpointUploadOptions o;
   o.upload_mbps = mbps;
@@ -117,7 +108,7 @@ TEST(VolunteerCheckpoints, SendsOnlyTheNewestByteForByteAndOneAtATime) {
   EXPECT_EQ(second->second.step, 30);
   EXPECT_EQ(second->second.file, fileBytes(checkpointPath(dir.path, 30)));
   coordinator.ack(second->first, "node_2", 30);
-  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 30; }));
+  ASSERT_TRUE(::cairn::testing::eventually([&] { return uploads.acknowledgedStep() == 30; }));
   // Acknowledged and nothing newer: nothing more (step 10 is never sent).
   EXPECT_FALSE(coordinator.upload(300ms).has_value());
   EXPECT_EQ(uploads.sent(), 2u);
@@ -137,7 +128,7 @@ TEST(VolunteerCheckpoints, TheRateLimitHoldsTheNextUploadBack) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->second.step, 10);
   coordinator.ack(first->first, "node_1", 10);
-  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 10; }));
+  ASSERT_TRUE(::cairn::testing::eventually([&] { return uploads.acknowledgedStep() == 10; }));
   writeStep(dir.path, 20);
   EXPECT_FALSE(coordinator.upload(1s).has_value()) << "sent before B*8/rate seconds";
   EXPECT_EQ(uploads.sent(), 1u);
@@ -162,7 +153,7 @@ TEST(VolunteerCheckpoints, ACorruptNewestIsSkippedAndFinishSendsTheLast) {
   EXPECT_EQ(first->second.step, 10);
   EXPECT_EQ(first->second.file, fileBytes(checkpointPath(dir.path, 10)));
   coordinator.ack(first->first, "node_3", 10);
-  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 10; }));
+  ASSERT_TRUE(::cairn::testing::eventually([&] { return uploads.acknowledgedStep() == 10; }));
 
   // finish(): the checkpoint written last goes up and is acknowledged before it returns.
   writeStep(dir.path, 40);
@@ -199,7 +190,7 @@ TEST(VolunteerCheckpoints, ACoordinatorThatIsDownIsSkippedAndGetsTheNewestWhenIt
   EXPECT_EQ(first->second.step, 30);
   EXPECT_EQ(first->second.file, fileBytes(checkpointPath(dir.path, 30)));
   coordinator.ack(first->first, "node_5", 30);
-  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 30; }));
+  ASSERT_TRUE(::cairn::testing::eventually([&] { return uploads.acknowledgedStep() == 30; }));
   EXPECT_FALSE(coordinator.upload(300ms).has_value()) << "an older checkpoint was sent too";
   EXPECT_EQ(uploads.sent(), 1u);
 }
@@ -230,7 +221,7 @@ TEST(VolunteerCheckpoints, ACoordinatorKilledBeforeItsAckGetsTheNewestAgainOnceI
   EXPECT_EQ(second->second.step, 20);
   EXPECT_EQ(second->second.file, fileBytes(checkpointPath(dir.path, 20)));
   again.ack(second->first, "node_4", 20);
-  ASSERT_TRUE(volunteerCheckpointsEventually([&] { return uploads.acknowledgedStep() == 20; }));
+  ASSERT_TRUE(::cairn::testing::eventually([&] { return uploads.acknowledgedStep() == 20; }));
   EXPECT_EQ(uploads.sent(), 2u);
 }
 

@@ -70,8 +70,6 @@ def make_model(kind, work):
                         "expand-containers"]
 
 
-
-
 def plan(model, job, shape_flags, stages, clusters, out, profile_runs=1, exact=True, kind="cnn"):
     """clusterize with exactly stages*clusters equal nodes. exact: every cluster gets `stages`
     stages at the cut CUTS[kind][stages] (fixed_cuts.py); exact=False: takes the cut clusterize
