@@ -1,6 +1,7 @@
 #include "trainer/MicrobatchPasses.h"
 
 #include "core/Error.h"
+#include "trainer/Device.h"
 #include "trainer/Loss.h"
 #include "trainer/ReservedTensors.h"
 #include "trainer/RunPlan.h"
@@ -71,6 +72,10 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
     stop_.readStopAt(in, ctx_.plan.total_steps);
   }
   const auto t = TrainerClock::now();
+  // The Leaf's targets cross to its device with the inputs, before the forward: on a GPU the
+  // placement's copy is queued without waiting, where the loss's own copy from the host, after
+  // the forward, would wait for the whole forward to finish (trainer/Device.h).
+  if (ctx_.is_leaf) mb.targets = ctx_.placement.toDevice(mb.targets);
   std::vector<torch::Tensor> outputs = ctx_.executor.forward(id, inputs);
   if (ctx_.is_leaf) {
     if (mb.targets.size(0) != mb.ids.size(0))

@@ -182,12 +182,16 @@ void Optimizer::importState(const std::vector<std::pair<std::string, torch::Tens
 }
 
 double squaredGradientNorm(const std::vector<torch::Tensor>& parameters) {
+  // Each tensor's norm is computed where it lives; they cross to the host together, in one read:
+  // on a GPU a read per tensor would wait for the device once per parameter tensor.
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : parameters)
+    if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2).reshape({1}));
+  if (norms.empty()) return 0;
+  const torch::Tensor host = torch::cat(norms).to(torch::kCPU, torch::kDouble).contiguous();
+  const double* n = host.data_ptr<double>();
   double sum = 0;
-  for (const auto& p : parameters) {
-    if (!p.grad().defined()) continue;
-    const double n = p.grad().detach().norm(2).item<double>();
-    sum += n * n;
-  }
+  for (int64_t i = 0; i < host.numel(); ++i) sum += n[i] * n[i];
   return sum;
 }
 

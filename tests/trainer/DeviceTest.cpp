@@ -1,8 +1,9 @@
 // Devices (trainer/Device.h, issue [M]): --device parsing and its refusals, and the checkpoint
 // code's device mapping. The mapping is tested on the CPU with a test double for the target
-// device whose tensors hold the *negated* values of the host's: a checkpoint file written through
-// it must hold the negation of every stage and optimizer tensor in memory (each crossed toHost),
-// and a trainer resumed through it must hold the negation of the file's (each crossed toDevice),
+// device whose tensors hold the *negated* values of the host's (integers: mirrored): a checkpoint
+// file written through it must hold the negation of every stage and optimizer tensor in memory
+// (each crossed toHost), and a trainer resumed through it must hold the negation of the file's
+// (each crossed toDevice),
 // so a tensor that skips either crossing makes the test fail. The real GPU round trip (save on
 // CUDA, resume on the CPU, equal bit for bit) runs only where CUDA is, and is skipped with its
 // reason elsewhere.
@@ -11,9 +12,11 @@
 
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "core/Error.h"
+#include "core/Safetensors.h"
 #include "tests/common/ScratchDir.h"
 #include "tests/trainer/InMemoryPipeline.h"
 #include "tests/trainer/TrainerTestPaths.h"
@@ -76,19 +79,26 @@ TEST(Device, CpuPlacementMovesNothing) {
   EXPECT_FALSE(placement->toHost(torch::Tensor()).defined());
 }
 
-// The test double: a "device" whose tensors hold the negated values of the host's.
-class NegatingPlacement final : public TensorPlacement {
+// The test double's map between host and "device" values, its own inverse: a floating-point
+// tensor is negated, an integer one mirrored (x -> 4 - x), which keeps the Leaf's targets, the
+// fixture CNN's class ids 0-4 that cross to the device before its loss, class ids.
+torch::Tensor mirrored(const torch::Tensor& t) {
+  return t.is_floating_point() ? t.neg() : torch::full_like(t, 4) - t;
+}
+
+// The test double: a "device" whose tensors hold the mirrored values of the host's.
+class MirroringPlacement final : public TensorPlacement {
  public:
   torch::Device device() const override { return torch::kCPU; }
-  torch::Tensor toDevice(const torch::Tensor& t) const override { return negated(t); }
-  torch::Tensor toHost(const torch::Tensor& t) const override { return negated(t); }
+  torch::Tensor toDevice(const torch::Tensor& t) const override { return crossed(t); }
+  torch::Tensor toHost(const torch::Tensor& t) const override { return crossed(t); }
 
  private:
-  static torch::Tensor negated(const torch::Tensor& t) {
+  static torch::Tensor crossed(const torch::Tensor& t) {
     if (!t.defined()) return t;
-    // Generator states are bytes: no negation keeps them meaningful, and none is asked for.
+    // Generator states are bytes: no map keeps them meaningful, and none is asked for.
     EXPECT_NE(t.scalar_type(), torch::kByte) << "a generator state crossed to the device";
-    return t.neg();
+    return mirrored(t);
   }
 };
 
@@ -110,7 +120,7 @@ std::map<std::string, torch::Tensor> checkpointState(const std::string& dir) {
 
 TEST(Device, CheckpointsCrossToTheHostAndBackForEveryTensor) {
   const std::string dir = deviceScratch("mapping");
-  const auto placement = std::make_shared<NegatingPlacement>();
+  const auto placement = std::make_shared<MirroringPlacement>();
   auto at = [&](int i) { return dir + "/node_" + std::to_string(i); };
   auto throughDouble = [&](int i, StageTrainerConfig& c) {
     c.checkpoint_dir = at(i);
@@ -133,7 +143,7 @@ TEST(Device, CheckpointsCrossToTheHostAndBackForEveryTensor) {
       const bool optim = name.rfind("optim.", 0) == 0;
       const auto& memory = optim ? optimizer : stage_values;
       ASSERT_TRUE(memory.count(name)) << "node_" << i << " " << name;
-      EXPECT_TRUE(torch::equal(t, memory.at(name).neg()))
+      EXPECT_TRUE(torch::equal(t, mirrored(memory.at(name))))
           << "node_" << i << " " << name << " was written without crossing to the host";
       ++(optim ? optimizer_tensors : stage_tensors);
     }
@@ -158,12 +168,67 @@ TEST(Device, CheckpointsCrossToTheHostAndBackForEveryTensor) {
                                    : resumed.parameters.count(name.substr(6))
                                        ? resumed.parameters.at(name.substr(6))
                                        : resumed.buffers.at(name.substr(6));
-      EXPECT_TRUE(torch::equal(memory, t.neg()))
+      EXPECT_TRUE(torch::equal(memory, mirrored(t)))
           << "node_" << i << " " << name << " was loaded without crossing to the device";
       ++loaded;
     }
   }
   EXPECT_GT(loaded, 0u);
+}
+
+// What crosses to the device in training: a double that keeps each tensor it is asked to move.
+class KeepingPlacement final : public TensorPlacement {
+ public:
+  torch::Device device() const override { return torch::kCPU; }
+  torch::Tensor toDevice(const torch::Tensor& t) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    moved_.push_back(t.clone());
+    return t;
+  }
+  torch::Tensor toHost(const torch::Tensor& t) const override { return t; }
+  std::vector<torch::Tensor> moved() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return moved_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::vector<torch::Tensor> moved_;
+};
+
+// The Leaf's targets cross to its device through the placement, one micro-batch at a time, the
+// same values its loss reads (on a GPU: queued before the forward, not copied after it, which
+// would wait for the forward); the Root and the Stem move no integer tensor.
+TEST(Device, TheLeafsTargetsCrossThroughThePlacement) {
+  std::vector<std::shared_ptr<KeepingPlacement>> placements;
+  for (int i = 0; i < 3; ++i) placements.push_back(std::make_shared<KeepingPlacement>());
+  std::vector<std::vector<torch::Tensor>> targets(3);  // per node, each micro-batch's in order
+  const testing::PipelineRun run =
+      testing::runInMemoryPipeline(cnnNodeData(), twoSteps, [&](int i, StageTrainerConfig& c) {
+        c.placement = placements[size_t(i)];
+      });
+  ASSERT_EQ(run.results[2].steps, 2);
+  for (int i = 0; i < 3; ++i)
+    for (const torch::Tensor& t : placements[size_t(i)]->moved())
+      if (!t.is_floating_point()) targets[size_t(i)].push_back(t);
+  EXPECT_TRUE(targets[0].empty());
+  EXPECT_TRUE(targets[1].empty());
+  // 2 steps of 2 micro-batches of 16 (twoSteps; the fixture's batch is 32)
+  ASSERT_EQ(targets[2].size(), 4u);
+  // The reference: the data file's labels of the samples the Root fed, step by step.
+  torch::Tensor labels;
+  for (auto& [name, t] : readSafetensors(testing::trainerModelsDir() + "/cnn/data.safetensors"))
+    if (name == "targets") labels = t;
+  ASSERT_TRUE(labels.defined());
+  ASSERT_EQ(run.batches.size(), 2u);
+  for (size_t k = 0; k < 4; ++k) {
+    const std::vector<int64_t>& ids = run.batches[k / 2];
+    ASSERT_EQ(ids.size(), 32u);
+    const std::vector<int64_t> half(ids.begin() + long(16 * (k % 2)),
+                                    ids.begin() + long(16 * (k % 2 + 1)));
+    const torch::Tensor expected = labels.index_select(0, torch::tensor(half, torch::kLong));
+    EXPECT_TRUE(torch::equal(targets[2][k], expected)) << "micro-batch " << k;
+  }
 }
 
 // The real thing where a GPU is: save on CUDA, resume on the CPU, bit for bit.

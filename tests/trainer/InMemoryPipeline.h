@@ -154,6 +154,14 @@ inline PipelineRun runInMemoryPipeline(
       }
     });
   for (auto& t : threads) t.join();
+  // The cause first: a node that failed makes its neighbours wait in vain (PeerLost).
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const PeerLost&) {
+    }
+  }
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   run.undelivered = hub.undelivered();
