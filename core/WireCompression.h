@@ -168,7 +168,7 @@ inline void decodeInt8Blocks(const uint8_t* bytes, int64_t n, int64_t block, flo
   }
 }
 
-// training_definition.wire.activations on the stage link (node/pipeline/Int8Boundary.h; docs/PROTOCOL.md
+// training_definition.wire.activations on the stage link (trainer/Int8Boundary.h; docs/PROTOCOL.md
 // "Compressed tensors"). A float32 boundary value of `shape` travels as: fp32 4 bytes a value,
 // bf16/fp16 2; int8 (dim >= 2 only: fewer dimensions stay fp32) 1 byte a value plus a 4-byte
 // scale per row, a row being the values of index 1 on for [B, F] and of index 2 on for

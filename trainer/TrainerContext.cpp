@@ -1,6 +1,7 @@
 #include "trainer/TrainerContext.h"
 
 #include "trainer/Device.h"
+#include "trainer/Int8Boundary.h"
 
 #include "trainer/ClusterSync.h"
 #include "trainer/Optimizer.h"
@@ -10,12 +11,14 @@
 
 namespace cairn {
 
-std::optional<torch::ScalarType> wireCastBeforeCrossing(WireCodec wire, PacketKind kind,
-                                                        const std::string& name,
-                                                        const torch::Tensor& t) {
-  if ((wire != WireCodec::kBf16 && wire != WireCodec::kFp16) || !wireCompresses(kind, name, t))
-    return std::nullopt;
-  return wire == WireCodec::kBf16 ? torch::kBFloat16 : torch::kHalf;
+std::optional<torch::Tensor> wireFormBeforeCrossing(WireCodec wire, PacketKind kind,
+                                                    const std::string& name, const torch::Tensor& t) {
+  if (wire == WireCodec::kFp32 || !wireCompresses(kind, name, t)) return std::nullopt;
+  // The wire form leaves autograd's graph alone: the link sends a detached copy either way.
+  if (wire == WireCodec::kBf16) return t.detach().to(torch::kBFloat16);
+  if (wire == WireCodec::kFp16) return t.detach().to(torch::kHalf);
+  if (!int8Carries(t.dim())) return std::nullopt;
+  return encodeInt8Boundary(t.detach());
 }
 
 void TimedLink::send(Neighbour to, const StagePacket& packet) {
@@ -25,9 +28,8 @@ void TimedLink::send(Neighbour to, const StagePacket& packet) {
   } else {
     StagePacket host = packet;
     for (auto& [name, tensor] : host.tensors) {
-      const auto cast = wireCastBeforeCrossing(wire_, host.kind, name, tensor);
-      // The cast leaves autograd's graph alone: the link sends a detached copy either way.
-      tensor = placement_.toHost(cast ? tensor.detach().to(*cast) : tensor);
+      const std::optional<torch::Tensor> wire = wireFormBeforeCrossing(wire_, host.kind, name, tensor);
+      tensor = placement_.toHost(wire ? *wire : tensor);
     }
     link_.send(to, host);
   }

@@ -53,10 +53,10 @@ struct Microbatch {
 // The StageLink with the time spent sending (send_s) and waiting (wait_s) counted. What it sends
 // crosses to the host first (`placement`: packets leave from the host, whatever device the stage
 // trains on); what it receives stays on the host until the executor or the loss takes it.
-// With wire.activations bf16 or fp16 (`wire`), a float32 activation, gradient or evaluation output
-// off the host is cast on its device before the crossing (wireCastBeforeCrossing), so half the bytes
-// cross PCIe; the link sends a tensor already in the wire's dtype as it is. int8 is encoded on the
-// host by the link (node/pipeline/Int8Boundary.h).
+// With wire.activations bf16, fp16 or int8 (`wire`), a float32 activation, gradient or evaluation
+// output off the host takes its wire form on its device before the crossing (wireFormBeforeCrossing),
+// so a half or a quarter of the bytes cross PCIe; the link sends a tensor already in its wire form
+// as it is. On the CPU the link compresses.
 class TimedLink {
  public:
   TimedLink(StageLink& link, StepTimes& times, const TensorPlacement& placement,
@@ -73,12 +73,12 @@ class TimedLink {
   WireCodec wire_;
 };
 
-// The dtype `wire` makes a tensor named `name` of a `kind` packet travel in, when the cast can
-// happen where the tensor is (bf16, fp16: a plain cast; the link's on the host is the same op) and
-// the tensor is one the wire compresses (wireCompresses). std::nullopt: it crosses as it is.
-std::optional<torch::ScalarType> wireCastBeforeCrossing(WireCodec wire, PacketKind kind,
-                                                        const std::string& name,
-                                                        const torch::Tensor& t);
+// The wire form `wire` gives a tensor named `name` of a `kind` packet, computed where the tensor is,
+// when the tensor is one the wire compresses (wireCompresses): bf16 or fp16, the plain cast the
+// link would make on the host; int8, trainer/Int8Boundary.h's rows with scales for 2 or more
+// dimensions (fewer stay float32, as on the link). std::nullopt: it crosses as it is.
+std::optional<torch::Tensor> wireFormBeforeCrossing(WireCodec wire, PacketKind kind,
+                                                    const std::string& name, const torch::Tensor& t);
 
 struct TrainerContext {
   const StageTrainerConfig& cfg;

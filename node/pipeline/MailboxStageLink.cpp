@@ -7,7 +7,7 @@
 #include "core/Error.h"
 #include "core/Log.h"
 #include "node/transport/LivePeers.h"
-#include "node/pipeline/Int8Boundary.h"
+#include "trainer/Int8Boundary.h"
 #include "node/protocol/PipelineControl.h"
 #include "trainer/ReservedTensors.h"
 

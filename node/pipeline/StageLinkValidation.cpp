@@ -5,7 +5,7 @@
 
 #include "core/Error.h"
 #include "core/WireCompression.h"
-#include "node/pipeline/Int8Boundary.h"
+#include "trainer/Int8Boundary.h"
 #include "trainer/ReservedTensors.h"
 
 namespace cairn {
@@ -140,7 +140,7 @@ Verdict checkShape(const NamedTensor& t, const BoundaryValue& v, bool int8_form,
   return std::nullopt;
 }
 
-// An int8 wire form's scales and values (node/pipeline/Int8Boundary.h).
+// An int8 wire form's scales and values (trainer/Int8Boundary.h).
 Verdict checkInt8Encoding(const NamedTensor& t) {
   bool nonfinite = false;
   const std::string bad = checkInt8Boundary(t.tensor, &nonfinite);
@@ -164,7 +164,7 @@ Verdict checkPlannedTensor(const NamedTensor& t, size_t i, const BoundaryValue& 
   }
   const std::optional<torch::ScalarType> type = scalarTypeForName(v.dtype);
   // Compressed on the wire (training_definition.wire.activations): planned float32 arrives in
-  // the wire dtype (int8: as uint8 rows with scales, node/pipeline/Int8Boundary.h).
+  // the wire dtype (int8: as uint8 rows with scales, trainer/Int8Boundary.h).
   const bool int8_form = type == torch::kFloat && checks.wire_float == torch::kChar &&
                          int8Carries(int64_t(v.shape.size()));
   if (Verdict bad = checkDtype(t, v, type, int8_form, checks.wire_float)) return bad;
@@ -236,7 +236,7 @@ torch::ScalarType stageWireDtype(const std::string& codec, const std::string& so
   if (codec == "fp32") return torch::kFloat;
   if (codec == "bf16") return torch::kBFloat16;
   if (codec == "fp16") return torch::kHalf;
-  if (codec == "int8") return torch::kChar;  // int8 rows with scales (node/pipeline/Int8Boundary.h)
+  if (codec == "int8") return torch::kChar;  // int8 rows with scales (trainer/Int8Boundary.h)
   CAIRN_THROW(BadInput, source, ": training_definition.wire.activations \"", codec,
               "\" (expected \"fp32\", \"bf16\", \"fp16\" or \"int8\")");
 }

@@ -30,7 +30,7 @@ struct LinkChecks {
   // training_definition.wire.activations: planned float32 boundary tensors of activation, gradient
   // and evaluation messages travel in this dtype (kFloat: as they are; kBFloat16 / kHalf: rounded
   // to nearest even by torch's cast, and cast back to float32 on receipt; kChar: int8 rows with
-  // one fp32 scale each, sent as uint8 in node/pipeline/Int8Boundary.h's wire form — tensors of fewer than
+  // one fp32 scale each, sent as uint8 in trainer/Int8Boundary.h's wire form — tensors of fewer than
   // 2 dimensions stay float32 — and decoded on receipt). A received planned float32 tensor in any
   // other dtype is dropped as "dtype", an int8 one with a bad scale or value as "encoding".
   // Bookkeeping ("__") tensors, integer and bool tensors are never compressed.
@@ -45,7 +45,7 @@ torch::ScalarType stageWireDtype(const std::string& codec, const std::string& so
 // larger of the two row limits, plus 1 MiB for bookkeeping tensors; 0 when no row limit is set.
 uint64_t plannedMessageBytes(const NodeSpec& node, const LinkChecks& checks);
 
-// The shape a received int8 wire form (node/pipeline/Int8Boundary.h) of planned float32 boundary
+// The shape a received int8 wire form (trainer/Int8Boundary.h) of planned float32 boundary
 // value `v` stands for: the plan's shape with the batch dimension's size read off the wire (a
 // tensor without one: the plan's shape); nullopt when `wire` is no such form.
 std::optional<std::vector<int64_t>> int8PlannedShape(const BoundaryValue& v, at::IntArrayRef wire);

@@ -4,7 +4,7 @@
 // dimension was taken for the micro-batch: the Leaf dropped the arange positions ("shape").
 #include <gtest/gtest.h>
 
-#include "node/pipeline/Int8Boundary.h"
+#include "trainer/Int8Boundary.h"
 #include "node/pipeline/StageLinkValidation.h"
 
 namespace cairn {

@@ -9,7 +9,7 @@
 
 #include "core/Error.h"
 #include "core/WireCompression.h"
-#include "node/pipeline/Int8Boundary.h"
+#include "trainer/Int8Boundary.h"
 #include "node/pipeline/MailboxStageLink.h"
 #include "node/transport/ZmqTransport.h"
 

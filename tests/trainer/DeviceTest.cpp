@@ -22,6 +22,7 @@
 #include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Checkpoint.h"
 #include "trainer/Device.h"
+#include "trainer/Int8Boundary.h"
 #include "trainer/ReservedTensors.h"
 #include "trainer/TrainerContext.h"
 
@@ -263,12 +264,13 @@ TEST(Device, CudaCheckpointResumesOnTheCpuBitForBit) {
   }
 }
 
-// Wire compression before the crossing (TimedLink, wire.activations bf16/fp16): off the host, a
-// float32 activation, gradient or evaluation output is cast on its device and crosses already in
-// the wire's dtype, bit for bit what the link's cast on the host would give; reserved tensors,
-// other dtypes, control packets, fp32 and int8 (encoded by the link on the host) cross as they
-// are. On the CPU the link gets the packet untouched. The "GPU" here is a test double: its
-// tensors are the host's, it only says it is not the CPU and records the dtype of each crossing.
+// Wire compression before the crossing (TimedLink, wire.activations bf16/fp16/int8): off the host,
+// a float32 activation, gradient or evaluation output takes its wire form on its device (bf16 and
+// fp16 a cast, int8 the rows with scales of trainer/Int8Boundary.h) and crosses already in it,
+// bit for bit what the link's encoding on the host would give; reserved tensors, other dtypes,
+// control packets and fp32 cross as they are. On the CPU the link gets the packet untouched. The
+// "GPU" here is a test double: its tensors are the host's, it only says it is not the CPU and
+// records the dtype of each crossing.
 class KeepingLink final : public StageLink {
  public:
   void send(Neighbour, const StagePacket& packet) override { sent.push_back(packet); }
@@ -305,10 +307,12 @@ StagePacket mixedPacket(PacketKind kind) {
 TEST(Device, WireCastsHappenOnTheDeviceBeforeTheCrossing) {
   const StagePacket packet = mixedPacket(PacketKind::kActivation);
   const torch::Tensor hidden = packet.tensors[0].second.detach();
-  const std::vector<std::pair<WireCodec, torch::ScalarType>> cases = {
-      {WireCodec::kBf16, torch::kBFloat16}, {WireCodec::kFp16, torch::kHalf},
-      {WireCodec::kFp32, torch::kFloat}, {WireCodec::kInt8, torch::kFloat}};
-  for (const auto& [wire, hidden_dtype] : cases) {
+  // What the link on the host would send for "hidden" (MailboxStageLink::send).
+  const std::vector<std::pair<WireCodec, torch::Tensor>> cases = {
+      {WireCodec::kBf16, hidden.to(torch::kBFloat16)}, {WireCodec::kFp16, hidden.to(torch::kHalf)},
+      {WireCodec::kFp32, hidden}, {WireCodec::kInt8, encodeInt8Boundary(hidden)}};
+  for (const auto& [wire, on_the_wire] : cases) {
+    const torch::ScalarType hidden_dtype = on_the_wire.scalar_type();
     for (PacketKind kind : {PacketKind::kActivation, PacketKind::kGradient, PacketKind::kEvaluation}) {
       KeepingLink link;
       StepTimes times;
@@ -322,7 +326,7 @@ TEST(Device, WireCastsHappenOnTheDeviceBeforeTheCrossing) {
                                                        torch::kFloat, torch::kFloat};
       EXPECT_EQ(gpu.crossed, expected) << toString(kind);
       ASSERT_EQ(sent.tensors.size(), 5u);
-      EXPECT_TRUE(torch::equal(sent.tensors[0].second, hidden.to(hidden_dtype))) << toString(kind);
+      EXPECT_TRUE(torch::equal(sent.tensors[0].second, on_the_wire)) << toString(kind);
       for (size_t i = 1; i < 5; ++i)
         EXPECT_TRUE(sent.tensors[i].second.is_same(p.tensors[i].second)) << sent.tensors[i].first;
     }

@@ -1,4 +1,4 @@
-#include "node/pipeline/Int8Boundary.h"
+#include "trainer/Int8Boundary.h"
 
 #include <cmath>
 #include <cstring>
@@ -30,15 +30,18 @@ torch::Tensor encodeInt8Boundary(const torch::Tensor& x) {
   const std::vector<int64_t> wire_shape = int8WireShape(x.sizes());
   const int64_t cols = wire_shape.back() - 4;
   const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
-  torch::Tensor out = torch::empty({rows, cols + 4}, torch::kByte);
+  torch::Tensor out = torch::empty({rows, cols + 4}, x.options().dtype(torch::kByte));
   if (rows == 0 || cols == 0) return out.reshape(wire_shape);
   const torch::Tensor x2 = x.detach().contiguous().reshape({rows, cols});
   // Scales by the scalar formula of encodeInt8Rows (max|x| / 127.0f in float), so both round
-  // alike; amax propagates NaN, and a row with NaN or Inf gets a NaN scale.
-  torch::Tensor scale = x2.abs().amax(1, /*keepdim=*/true).contiguous();
-  float* s = scale.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    s[r] = std::isfinite(s[r]) ? s[r] / 127.0f : std::numeric_limits<float>::quiet_NaN();
+  // alike; amax propagates NaN, and a row with NaN or Inf gets a NaN scale. Divided by a tensor,
+  // not a scalar: CUDA divides by a host scalar as a product with its reciprocal, which can miss
+  // the quotient by one bit, and a GPU stage encodes where its tensors are (trainer/TrainerContext.h).
+  const torch::Tensor amax = x2.abs().amax(1, /*keepdim=*/true);
+  const torch::Tensor scale =
+      torch::where(torch::isfinite(amax), amax / torch::full_like(amax, 127.0f),
+                   torch::full_like(amax, std::numeric_limits<float>::quiet_NaN()))
+          .contiguous();
   const torch::Tensor usable = scale > 0;  // false for 0 and NaN
   const torch::Tensor q =
       torch::where(usable, torch::round(x2 / torch::where(usable, scale, torch::ones_like(scale))),

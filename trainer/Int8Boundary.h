@@ -25,7 +25,8 @@ namespace cairn {
 bool int8Carries(int64_t dim);
 // The wire shape of a float32 tensor of `shape` (int8Carries(shape.size())).
 std::vector<int64_t> int8WireShape(at::IntArrayRef shape);
-// float32 → wire form (uint8, int8WireShape(x.sizes())).
+// float32 → wire form (uint8, int8WireShape(x.sizes())), computed on x's device (a GPU stage
+// encodes before its tensors cross to the host: trainer/TrainerContext.h TimedLink).
 torch::Tensor encodeInt8Boundary(const torch::Tensor& x);
 // "" when `wire` (uint8, int8WireShape(shape)) is a valid encoding, else what is wrong (a negative
 // or infinite scale, an int8 value −128). *nonfinite: some row's scale is NaN (the sender's row
