@@ -141,6 +141,14 @@ void Admissions::poll() {
   }
 }
 
+// Whether the plan placed node `name` dial-out only (its node.json in the coordinator's folder);
+// false when there is no such node.json (no node, or not planned yet).
+bool Admissions::placedDialOutOnly(const std::string& name) const {
+  const std::string path = nodeSpecPath(o_.out, name);
+  if (!std::ifstream(path).good()) return false;
+  return readNodeSpec(path).dial_out_only;
+}
+
 // A volunteer back after it said it leaves or was lost (JoinDecision::kRejoining): its node again when nobody
 // took it over (then it must be where its neighbours will dial it), else a spare; a row that kept
 // its old node's name for the record (<node>-lost-<n>) gets a fresh name.
@@ -148,7 +156,7 @@ std::optional<std::string> Admissions::rejoin(Member& m, const std::string& adve
   const auto placed = nlohmann::json::parse(store_.meta("placed").value_or("[]"), nullptr, false);
   const bool holds_node = placed.is_array() && std::find(placed.begin(), placed.end(), m.name) != placed.end();
   if (holds_node && store_.meta("phase").value_or("gathering") == "planned") {
-    if (advertise != m.advertise)
+    if (!placedDialOutOnly(m.name) && advertise != m.advertise)
       return m.name + " left and waits for a holder at " + m.advertise + "; join with --advertise " +
              m.advertise + " to take it again, or once a spare has taken it over";
     m.state = MemberState::kAssigned;
@@ -208,12 +216,10 @@ void Admissions::admit(const Pending& p, bool reachable) {
       if (const auto why = rejoin(m, p.ask.advertise)) return refuse_(p.routing_id, p.ask.advertise, *why);
     }
     // Its placed node's peers dial it, or wait for it to dial them: that cannot change under them.
-    if (m.state == MemberState::kAssigned && m.dial_out_only == reachable)
-      return refuse_(p.routing_id, p.ask.advertise,
-                     m.name + " holds a node placed as " +
-                         (m.dial_out_only ? "dial-out only" : "reachable at " + m.advertise) +
-                         " and is now " + (reachable ? "reachable" : "dial-out only") +
-                         "; join as it was placed, or wait until a spare has taken the node over");
+    if (m.state == MemberState::kAssigned) {
+      if (const auto why = holderCannotComeBack(m, reachable, placedDialOutOnly(m.name)))
+        return refuse_(p.routing_id, p.ask.advertise, *why);
+    }
   } else {
     m.name = store_.nextMemberName();
     m.public_key = p.key;

@@ -70,6 +70,7 @@ class Admissions {
   void admit(const Pending& p, bool reachable);
   std::string reachabilityLine(const Pending& p) const;
   static std::string acceptAddressOf(const std::string& advertise);
+  bool placedDialOutOnly(const std::string& name) const;
   static bool answeredOn(zmq::socket_t& socket, const std::string& nonce);
   static bool relayAnswered(zmq::socket_t& socket);
   void refuseRelay(const Pending& p);

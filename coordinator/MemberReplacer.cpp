@@ -68,13 +68,13 @@ void MemberReplacer::poll(double now) {
       members = store_.members();
       continue;
     }
-    const double needed = neededGb(headers_.header(lost.name), *holder);
-    // A node's peers dial it or wait for it to dial them (node/transport/ReversedLinks.h): its
-    // spare must be reachable, or dial-out only, as its holder was.
-    std::vector<Member> alike;
-    for (const Member& m : members)
-      if (m.dial_out_only == holder->dial_out_only) alike.push_back(m);
-    const std::optional<Member> spare = chooseSpare(alike, needed);
+    const NodeSpec& header = headers_.header(lost.name);
+    const double needed = neededGb(header, *holder);
+    // A node's peers dial it or wait for it to dial them (node/transport/ReversedLinks.h), as the
+    // plan placed it: a node placed reachable needs a reachable spare; one placed dial-out only
+    // takes either kind (a reachable volunteer dials out as well), its own kind first.
+    const bool placed_dial_out_only = header.dial_out_only;
+    const std::optional<Member> spare = chooseSpare(sparesFor(members, placed_dial_out_only), needed);
     if (!spare) {
       if (told_no_spare_.insert(lost.name).second)
         CAIRN_WARN("coordinator: no spare can take ", lost.name, " over (", lost.why,
@@ -82,8 +82,8 @@ void MemberReplacer::poll(double now) {
       for (const Member& m : members) {  // the spares that cannot take it hear why, once
         if (m.state != MemberState::kSpare || !told_why_not_.insert({m.name, lost.name}).second)
           continue;
-        const std::string note = m.dial_out_only != holder->dial_out_only
-                                     ? unlikeReachNote(m, lost.name)
+        const std::string note = !canHold(m, placed_dial_out_only)
+                                     ? unlikeReachNote(lost.name)
                                      : tooSmallNote(m, lost.name, needed);
         CAIRN_INFO("coordinator: told ", m.name, ": ", note);
         send_(m.public_key, encode(Accepted{m.name, toString(MemberState::kSpare), note, ""}));
@@ -139,7 +139,11 @@ void MemberReplacer::replace(const Member& lost, const Member& spare, double now
   send_(spare.public_key, encode(a));
   ++replaced_;
   CAIRN_INFO("coordinator: ", lost.name, " is taken over by spare ", spare.name, " at ",
-             spare.advertise, checkpoint ? " from its checkpoint of step " + std::to_string(checkpoint->step)
+             spare.dial_out_only ? std::string("(dial-out only)") : spare.advertise,
+             plan.taken_over.dial_out_only && !spare.dial_out_only
+                 ? std::string(" (dialling out: the node is placed dial-out only)")
+                 : std::string(),
+             checkpoint ? " from its checkpoint of step " + std::to_string(checkpoint->step)
                                          : std::string(" without a checkpoint (none was uploaded)"),
              "; peers to tell: ", joined(plan.told));
 }

@@ -78,12 +78,25 @@ std::optional<Member> chooseSpare(const std::vector<Member>& members, double nee
   return std::nullopt;
 }
 
+bool canHold(const Member& spare, bool node_dial_out_only) {
+  return node_dial_out_only || !spare.dial_out_only;
+}
+
+std::vector<Member> sparesFor(const std::vector<Member>& members, bool node_dial_out_only) {
+  std::vector<Member> out;
+  for (const Member& m : members)
+    if (m.dial_out_only == node_dial_out_only) out.push_back(m);
+  for (const Member& m : members)
+    if (m.dial_out_only != node_dial_out_only && canHold(m, node_dial_out_only)) out.push_back(m);
+  return out;
+}
+
 std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed) {
   if (placed.empty()) return "";
   const double gives = probeRamGb(spare);
   // Three lists, at most 8 named each so the note stays short: the nodes it could take over, those
-  // whose stage needs more RAM, and those that fit but are held by the other kind of volunteer
-  // (a spare takes over only a node of its own kind: MemberReplacer).
+  // whose stage needs more RAM, and those that fit but are placed reachable while this volunteer
+  // is dial-out only (canHold).
   struct Named {
     std::string text;
     int count = 0;
@@ -98,16 +111,13 @@ std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed) 
     const std::string item = n.name + " " + gbText(n.estimated_memory_bytes / 1e9);
     if (n.estimated_memory_bytes / 1e9 > gives)
       too_big.add(item);
-    else if (n.dial_out_only != spare.dial_out_only)
+    else if (!canHold(spare, n.dial_out_only))
       unlike.add(n.name);
     else
       fit.add(item);
   }
   const std::string why_unlike =
-      spare.dial_out_only
-          ? "this volunteer joined as dial-out only, and their peers dial their volunteers"
-          : "their volunteers are dial-out only and dial their peers, and this volunteer joined as "
-            "reachable";
+      "this volunteer joined as dial-out only, and their peers dial their volunteers";
   if (fit.count == 0 && unlike.count == 0)
     return "no stage of the plan fits in the " + gbText(gives) + " this volunteer gives (each needs "
            "more, estimated: " + too_big.str() + "); it waits as a spare that cannot take a node over "
@@ -131,12 +141,16 @@ std::string tooSmallNote(const Member& spare, const std::string& node, double ne
          " and this volunteer gives " + gbText(probeRamGb(spare)) + "; it stays a spare";
 }
 
-std::string unlikeReachNote(const Member& spare, const std::string& node) {
-  return spare.dial_out_only
-             ? node + " needs a new holder its peers can dial, as they dialled its lost holder, and "
-                      "this volunteer joined as dial-out only; it stays a spare"
-             : node + " needs a new holder that dials its peers, as its lost dial-out-only holder "
-                      "did, and this volunteer joined as reachable; it stays a spare";
+std::string unlikeReachNote(const std::string& node) {
+  return node + " needs a new holder its peers can dial, as they dialled its lost holder, and this "
+                "volunteer joined as dial-out only; it stays a spare";
+}
+
+std::optional<std::string> holderCannotComeBack(const Member& m, bool reachable, bool node_dial_out_only) {
+  if (reachable || node_dial_out_only) return std::nullopt;
+  return m.name + " holds a node placed as reachable at " + m.advertise +
+         " and is now dial-out only; join as it was placed, or wait until a spare has taken the "
+         "node over";
 }
 
 bool repointPeer(NodeSpec& node, const std::string& peer, const std::string& address,
@@ -158,21 +172,24 @@ bool repointPeer(NodeSpec& node, const std::string& peer, const std::string& add
 ReplacementPlan planReplacement(const std::vector<NodeSpec>& nodes, const std::string& lost_name,
                                 const std::string& new_address, const std::string& new_public_key) {
   ReplacementPlan plan;
-  bool found = false;
+  const auto lost = std::find_if(nodes.begin(), nodes.end(),
+                                 [&](const NodeSpec& n) { return n.name == lost_name; });
+  if (lost == nodes.end()) CAIRN_THROW(BadInput, "the plan has no node ", lost_name, " to replace");
+  // A node placed dial-out only keeps no address, whoever holds it: it listens on nothing and its
+  // peers wait for it to dial them (or meet it at its relay), a reachable new holder too.
+  const std::string address = lost->dial_out_only ? std::string() : new_address;
   for (const NodeSpec& node : nodes) {
     NodeSpec copy = node;
     if (node.name == lost_name) {
-      copy.address = new_address;
+      copy.address = address;
       copy.extra["public_key"] = new_public_key;
       // Its own entry in its rings names it too.
-      repointPeer(copy, lost_name, new_address, new_public_key);
+      repointPeer(copy, lost_name, address, new_public_key);
       plan.taken_over = std::move(copy);
-      found = true;
-    } else if (repointPeer(copy, lost_name, new_address, new_public_key)) {
+    } else if (repointPeer(copy, lost_name, address, new_public_key)) {
       plan.told.push_back(std::move(copy));
     }
   }
-  if (!found) CAIRN_THROW(BadInput, "the plan has no node ", lost_name, " to replace");
   std::sort(plan.told.begin(), plan.told.end(),
             [](const NodeSpec& a, const NodeSpec& b) { return a.name < b.name; });
   return plan;

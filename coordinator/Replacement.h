@@ -5,10 +5,12 @@
 //                     longer than --lost-after-s (counted from the coordinator's own start too, so
 //                     a restarted coordinator does not call everyone lost), said `leaving`, or was
 //                     lost earlier and is still unreplaced
-//   chooseSpare       which waiting spare takes a lost node over: the first whose RAM holds the
-//                     stage's estimate; spareNote / tooSmallNote: what a spare is told about why
-//                     it waits
-//   planReplacement   the lost node's node.json with the spare's address and public key, and every
+//   chooseSpare       which waiting spare takes a lost node over: the first of those that can hold
+//                     it (sparesFor: a node placed dial-out only can go to a reachable spare too)
+//                     whose RAM holds the stage's estimate; spareNote / tooSmallNote: what a spare
+//                     is told about why it waits
+//   planReplacement   the lost node's node.json with the spare's address (none for a node placed
+//                     dial-out only, whoever holds it) and public key, and every
 //                     other node.json that names the lost node (pipeline neighbours, ring peers in
 //                     other clusters) re-pointed to them: those members are sent `peers`
 //   lostRowName       the name the lost volunteer's store row is kept under, so that the node name
@@ -48,16 +50,30 @@ double neededGb(const NodeSpec& node, const Member& lost);
 // The earliest-joined spare (members() order) whose probe reports at least `needed_gb`; nullopt
 // when none.
 std::optional<Member> chooseSpare(const std::vector<Member>& members, double needed_gb);
+// Whether `spare` can hold a node placed as `node_dial_out_only`. A node placed reachable is dialled
+// by its peers (node/transport/ReversedLinks.h), so only a reachable volunteer can hold it; a node
+// placed dial-out only listens on nothing and dials its peers (or meets them at a relay), which any
+// volunteer can do, a reachable one included.
+bool canHold(const Member& spare, bool node_dial_out_only);
+// The spares that may take over a node placed as `node_dial_out_only`, in the order chooseSpare
+// should try them: those of the node's own kind first (members() order), then, for a node placed
+// dial-out only, the reachable ones, which only a node placed reachable cannot do without.
+std::vector<Member> sparesFor(const std::vector<Member>& members, bool node_dial_out_only);
 // What a spare hears about its wait (Accepted::note), from the plan's nodes (empty: no plan yet):
-// which nodes it could take over (the stage fits in the RAM it gives, and the node's holder is of its
-// kind: reachable, or dial-out only), which need more RAM, which are of the other kind; or that none
-// fits.
+// which nodes it could take over (the stage fits in the RAM it gives, and canHold), which need more
+// RAM, which are placed reachable while it joined dial-out only; or that none fits.
 std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed);
 // What a spare too small for `node` hears when that node needs a new holder.
 std::string tooSmallNote(const Member& spare, const std::string& node, double needed_gb);
-// What a spare hears when `node` needs a new holder that is reachable (its peers dial it) or dial-out
-// only (it dials its peers) as its lost holder was, and the spare is the other kind.
-std::string unlikeReachNote(const Member& spare, const std::string& node);
+// What a dial-out-only spare hears when `node`, placed reachable (its peers dial it), needs a new
+// holder.
+std::string unlikeReachNote(const std::string& node);
+
+// Why the holder `m` of a node placed as `node_dial_out_only` cannot take it back when it comes back
+// `reachable` or not (a restarted volunteer, joining again): a node placed reachable is dialled by
+// its peers, so its holder must be reachable again; one placed dial-out only dials its peers, which
+// its holder does either way. nullopt: it may.
+std::optional<std::string> holderCannotComeBack(const Member& m, bool reachable, bool node_dial_out_only);
 
 struct ReplacementPlan {
   NodeSpec taken_over;           // the lost node's node.json: the spare's address and public key
@@ -65,6 +81,8 @@ struct ReplacementPlan {
 };
 
 // `nodes`: every placed node's node.json. BadInput when `lost_name` is not among them.
+// `new_address` is not written for a node placed dial-out only (its node.json and its peers'
+// references keep no address).
 ReplacementPlan planReplacement(const std::vector<NodeSpec>& nodes, const std::string& lost_name,
                                 const std::string& new_address, const std::string& new_public_key);
 

@@ -153,11 +153,14 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
 
 // A planned run of one node, node_0, held by `holder`: its node.json, a stage file and job.json
 // in `out`, the holder's row and the plan's meta in `store`.
-void placeOneNode(const std::string& out, CoordinatorStore& store, const Member& holder) {
+// node_0 placed alone (reachable at 127.0.0.1:7000, or dial-out only: no address), held by `holder`.
+void placeOneNode(const std::string& out, CoordinatorStore& store, const Member& holder,
+                  bool dial_out_only = false) {
   NodeSpec n;
   n.name = "node_0";
   n.job_id = "job";
-  n.address = "127.0.0.1:7000";
+  n.address = dial_out_only ? "" : "127.0.0.1:7000";
+  n.dial_out_only = dial_out_only;
   n.inputs = {{"x", "tensor", "float32", {1, 4}}};
   n.outputs = {{"y", "tensor", "float32", {1, 4}}};
   fs::create_directories(nodeDirectory(out, n.name));
@@ -227,6 +230,63 @@ TEST(MemberReplacer, ADialOutOnlySpareHearsWhyItCannotTakeAReachableNodeOver) {
   EXPECT_EQ(sent[1].first, reachable.public_key);
   EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
   EXPECT_EQ(store.memberByName("node_1")->state, MemberState::kSpare);
+}
+
+// A volunteer that joined dial-out only.
+Member behindRouter(const std::string& name, MemberState state, double last_seen, double ram_gb,
+                    double joined_at) {
+  Member m = replacementMember(name, state, last_seen, ram_gb, joined_at);
+  m.dial_out_only = true;
+  m.advertise = "";
+  return m;
+}
+
+// The spare that receives node_0's assignment (accepted + assignment, in that order).
+Assignment assignmentSentTo(const std::vector<std::pair<std::string, Frames>>& sent,
+                            const Member& spare) {
+  EXPECT_EQ(sent.size(), 2u);
+  if (sent.size() != 2u) return {};
+  EXPECT_EQ(sent[1].first, spare.public_key);
+  std::string why;
+  auto a = decodeToVolunteer(sent[1].second, 1 << 20, &why);
+  EXPECT_TRUE(a) << why;
+  return a ? std::get<Assignment>(*a) : Assignment{};
+}
+
+// A node placed dial-out only dials its peers, which any volunteer can do: when no dial-out-only
+// spare fits, a reachable one takes it over, and its node.json keeps no address (the reachable
+// holder dials out too). When both kinds fit, the dial-out-only spare gets it, even if it joined
+// later: reachable spares are kept for the nodes only they can hold.
+TEST(MemberReplacer, AReachableSpareTakesOverANodePlacedDialOutOnly) {
+  for (const bool behind_fits : {false, true}) {
+    SCOPED_TRACE(behind_fits ? "both fit" : "only the reachable spare fits");
+    const std::string out = replacementFreshDir(behind_fits ? "alike_first" : "reachable_holds");
+    CoordinatorStore store(out + "/coordinator.db");
+    placeOneNode(out, store, behindRouter("node_0", MemberState::kAssigned, 0, 8, 0), true);
+    const Member reachable = replacementMember("node_1", MemberState::kSpare, 10, 16, 5);
+    const Member behind = behindRouter("node_2", MemberState::kSpare, 10, behind_fits ? 16 : 4, 6);
+    store.putMember(reachable);
+    store.putMember(behind);
+    std::vector<std::pair<std::string, Frames>> sent;
+    MemberReplacer replacer(store, out, 5, 0,
+                            [&](const std::string& key, const Frames& f) { sent.emplace_back(key, f); });
+    replacer.poll(10);
+    const Member& taker = behind_fits ? behind : reachable;
+    const Assignment a = assignmentSentTo(sent, taker);
+    EXPECT_EQ(a.name, "node_0");
+    const NodeSpec written = readNodeSpec(nodeSpecPath(out, "node_0"));
+    EXPECT_TRUE(written.dial_out_only);
+    EXPECT_EQ(written.address, "");
+    EXPECT_EQ(written.extra.value("public_key", ""), taker.public_key);
+    EXPECT_EQ(a.node, toJson(written));
+    const auto holder = store.memberByName("node_0");
+    ASSERT_TRUE(holder.has_value());
+    EXPECT_EQ(holder->public_key, taker.public_key);
+    EXPECT_EQ(holder->state, MemberState::kAssigned);
+    EXPECT_EQ(holder->dial_out_only, taker.dial_out_only);  // the volunteer's own kind, kept
+    const Member& other = behind_fits ? reachable : behind;
+    EXPECT_EQ(store.memberByName(other.name)->state, MemberState::kSpare);
+  }
 }
 
 // The coordinator plans on its loop thread (1,000 volunteers: about 20 s, tools/bench/coordinator_load):

@@ -101,14 +101,35 @@ TEST(Replacement, ChoosesTheEarliestSpareWhoseRamHoldsTheStagesEstimate) {
   EXPECT_EQ(tooSmallNote(members[2], "node_1", 5.0),
             "node_1 needs a new holder, but its stage needs an estimated 5.00 GB and this volunteer "
             "gives 4.00 GB; it stays a spare");
-  Member behind = members[4];
-  behind.dial_out_only = true;
-  EXPECT_EQ(unlikeReachNote(behind, "node_1"),
+  EXPECT_EQ(unlikeReachNote("node_1"),
             "node_1 needs a new holder its peers can dial, as they dialled its lost holder, and this "
             "volunteer joined as dial-out only; it stays a spare");
-  EXPECT_EQ(unlikeReachNote(members[4], "node_1"),
-            "node_1 needs a new holder that dials its peers, as its lost dial-out-only holder did, "
-            "and this volunteer joined as reachable; it stays a spare");
+}
+
+// Who may hold a node: one placed reachable only a reachable volunteer (its peers dial it); one
+// placed dial-out only anyone (it dials its peers), the spares of its own kind tried first.
+TEST(Replacement, ANodePlacedDialOutOnlyTakesAReachableSpareAfterTheDialOutOnlyOnes) {
+  Member reachable = replacementMember("node_3", MemberState::kSpare, 0, 8, 1);
+  Member behind = replacementMember("node_4", MemberState::kSpare, 0, 8, 2);
+  behind.dial_out_only = true;
+  EXPECT_TRUE(canHold(reachable, false));
+  EXPECT_TRUE(canHold(reachable, true));
+  EXPECT_FALSE(canHold(behind, false));
+  EXPECT_TRUE(canHold(behind, true));
+  auto names = [](const std::vector<Member>& members) {
+    std::vector<std::string> out;
+    for (const Member& m : members) out.push_back(m.name);
+    return out;
+  };
+  const std::vector<Member> members = {reachable, behind};
+  EXPECT_EQ(names(sparesFor(members, false)), std::vector<std::string>({"node_3"}));
+  EXPECT_EQ(names(sparesFor(members, true)), std::vector<std::string>({"node_4", "node_3"}));
+  // chooseSpare then takes the first that fits: the reachable one when the other is too small.
+  std::vector<Member> small_behind = members;
+  small_behind[1] = replacementMember("node_4", MemberState::kSpare, 0, 1, 2);
+  small_behind[1].dial_out_only = true;
+  EXPECT_EQ(chooseSpare(sparesFor(small_behind, true), 4.0)->name, "node_3");
+  EXPECT_EQ(chooseSpare(sparesFor(members, true), 4.0)->name, "node_4");
 }
 
 // node_0..2 with stages estimated at 0.03, 0.24 and 0.37 GB, all reachable.
@@ -135,18 +156,18 @@ TEST(Replacement, ASpareIsToldWhichStagesFitItsRam) {
   EXPECT_EQ(spareNote(small, {}), "");
 }
 
-// A spare takes over only a node of its own kind (MemberReplacer), so its note says which nodes it
-// never could: example.volunteers_short's dial-out-only spare was told the reachable Stem fitted.
+// A dial-out-only spare cannot take over a node placed reachable (canHold), so its note says which
+// nodes it never could: example.volunteers_short's dial-out-only spare was told the reachable Stem
+// fitted. A reachable spare can take over any node that fits, one placed dial-out only included.
 TEST(Replacement, ASpareIsToldWhichNodesItsKindCannotTakeOver) {
   std::vector<NodeSpec> placed = threePlacedNodes();
   placed[1].dial_out_only = true;
   Member reachable = replacementMember("node_5", MemberState::kSpare, 0, 0.3);
   EXPECT_EQ(spareNote(reachable, placed),
             "the run is planned; this volunteer waits as a spare: it takes over a node whose "
-            "volunteer is lost or leaves if its stage fits in the 0.30 GB it gives (node_0 0.03 GB; "
-            "not node_2 0.37 GB) and its peers reach it as they reached that node (not node_1: their "
-            "volunteers are dial-out only and dial their peers, and this volunteer joined as "
-            "reachable), or, with the coordinator's --grow, joins a new cluster");
+            "volunteer is lost or leaves if its stage fits in the 0.30 GB it gives (node_0 0.03 GB, "
+            "node_1 0.24 GB; not node_2 0.37 GB), or, with the coordinator's --grow, joins a new "
+            "cluster");
   Member behind = reachable;
   behind.dial_out_only = true;
   EXPECT_EQ(spareNote(behind, placed),
@@ -186,6 +207,53 @@ TEST(Replacement, PlanRepointsTheNodeItsNeighboursAndItsRingPeersOnly) {
   EXPECT_EQ(plan.told[2].rings[0].members[0].public_key, fresh);
   EXPECT_EQ(plan.told[2].upstream->address, peerRef("node_3").address);
   EXPECT_THROW(planReplacement(nodes, "node_9", "a:1", "k"), BadInput);
+}
+
+// A node placed dial-out only keeps no address when a reachable spare takes it over: the new holder
+// dials its peers as the lost one did, and their references to it still say it dials them.
+TEST(Replacement, ANodePlacedDialOutOnlyKeepsNoAddressWhoeverHoldsIt) {
+  std::vector<NodeSpec> nodes = twoByThree();
+  auto behind = [](PeerRef& ref) {
+    if (ref.name != "node_1") return;
+    ref.dial_out_only = true;
+    ref.address.clear();
+  };
+  for (NodeSpec& n : nodes) {
+    if (n.name == "node_1") {
+      n.dial_out_only = true;
+      n.address.clear();
+    }
+    if (n.upstream) behind(*n.upstream);
+    if (n.downstream) behind(*n.downstream);
+    for (RingSpec& ring : n.rings)
+      for (PeerRef& member : ring.members) behind(member);
+  }
+  const std::string fresh = generateCurveKeyPair().public_key;
+  const ReplacementPlan plan = planReplacement(nodes, "node_1", "127.0.0.9:6001", fresh);
+  EXPECT_TRUE(plan.taken_over.dial_out_only);
+  EXPECT_EQ(plan.taken_over.address, "");
+  EXPECT_EQ(plan.taken_over.extra["public_key"], fresh);
+  ASSERT_EQ(plan.told.size(), 3u);
+  const PeerRef* refs[] = {&*plan.told[0].downstream, &*plan.told[1].upstream,
+                           &plan.told[2].rings[0].members[0]};
+  for (const PeerRef* ref : refs) {
+    EXPECT_EQ(ref->name, "node_1");
+    EXPECT_TRUE(ref->dial_out_only);
+    EXPECT_EQ(ref->address, "");
+    EXPECT_EQ(ref->public_key, fresh);
+  }
+}
+
+// A holder that comes back (restarted) takes its node again if it can still hold it: one placed
+// reachable needs it reachable again, one placed dial-out only takes it either way.
+TEST(Replacement, AHolderComesBackToItsNodeIfItCanStillHoldIt) {
+  const Member holder = replacementMember("node_1", MemberState::kAssigned, 0);
+  EXPECT_FALSE(holderCannotComeBack(holder, /*reachable=*/true, /*node_dial_out_only=*/false));
+  EXPECT_FALSE(holderCannotComeBack(holder, true, true));
+  EXPECT_FALSE(holderCannotComeBack(holder, false, true));
+  EXPECT_EQ(holderCannotComeBack(holder, false, false),
+            "node_1 holds a node placed as reachable at 127.0.0.1:7001 and is now dial-out only; "
+            "join as it was placed, or wait until a spare has taken the node over");
 }
 
 TEST(Replacement, TheLostRowGetsTheFirstFreeLostName) {

@@ -84,14 +84,19 @@ cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/volunteer
 cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/volunteer_churn_test.py
   TIMEOUT 900 CASES frozen_replaced lost_after_finishing bit_flip active_hours two_replacements
   ARGS ${BINARIES})
-# Five of these compare against the same uninterrupted run (volunteer_replace_test.py
+# A node placed dial-out only, its volunteer SIGKILLed, taken over by a reachable spare that dials out
+# (tests/integration/dial_out_spare_test.py): the same losses as the uninterrupted run below.
+cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/dial_out_spare_test.py
+  TIMEOUT 900 CASES reachable_spare_dials_out ARGS ${BINARIES})
+# Six of these compare against the same uninterrupted run (volunteer_replace_test.py
 # run_reference): the fixture case `reference` makes it in this cache (keyed by the model, job,
-# flags and binaries) before they start, and they read it (saves four runs of 3 volunteers; as a
+# flags and binaries) before they start, and they read it (saves five runs of 3 volunteers; as a
 # fixture, no case holds ctest slots while waiting for another to make it).
 cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/volunteer_replace_test.py
   TIMEOUT 300 CASES reference ARGS ${BINARIES})
 set_tests_properties(integration.volunteers.reference PROPERTIES FIXTURES_SETUP volunteer_reference)
-foreach(case reference spare_replaces_lost active_hours two_replacements frozen_replaced lost_after_finishing)
+foreach(case reference spare_replaces_lost active_hours two_replacements frozen_replaced lost_after_finishing
+        reachable_spare_dials_out)
   set_property(TEST integration.volunteers.${case} APPEND PROPERTY ENVIRONMENT
     "CAIRN_REFERENCE_CACHE=${CMAKE_CURRENT_BINARY_DIR}/integration/volunteer_reference")
   if(NOT case STREQUAL "reference")

@@ -139,11 +139,13 @@ def start_coordinator(args, job, model, out, extra, port=0, tag="coordinator", s
 
 
 def volunteer(args, invite, i, port, extra=(), tag=None, own_folder=False):
-    """own_folder: its work folder is made here (empty) and is its cwd too."""
+    """own_folder: its work folder is made here (empty) and is its cwd too. port None: no --listen
+    (the volunteer joins dial-out only)."""
     workdir = os.path.join(args.work, f"volunteer_{i}")
     if own_folder:
         os.makedirs(workdir)  # its cwd and work folder: empty, no copy of the data
-    cmd = [args.provider, "--join", invite, "--listen", f"127.0.0.1:{port}", "--workdir", workdir,
+    listen = [] if port is None else ["--listen", f"127.0.0.1:{port}"]
+    cmd = [args.provider, "--join", invite, *listen, "--workdir", workdir,
            "--probe-megabytes", "1"] + list(extra)
     return Process(tag or f"volunteer {i}", cmd, cwd=workdir if own_folder else None), workdir
 
@@ -216,12 +218,14 @@ class Run:
     def __exit__(self, *exc):
         kill_all(self.coordinator, self.volunteers)
 
-    def join(self, count, extra=()):
-        """Starts `count` more volunteers, numbered on from those started before."""
+    def join(self, count, extra=(), dial_out_only=False):
+        """Starts `count` more volunteers, numbered on from those started before; dial_out_only:
+        without --listen."""
         if self.ports is None:
             self.ports = free_ports(self.port_count)
         for i in range(len(self.volunteers), len(self.volunteers) + count):
-            self.volunteers.append(volunteer(self.args, self.invite, i, self.ports[i], extra,
+            port = None if dial_out_only else self.ports[i]
+            self.volunteers.append(volunteer(self.args, self.invite, i, port, extra,
                                              f"{self.prefix}volunteer {i}", self.own_folders))
 
     def wait_planned(self, clusters, timeout=120, what="'planned'"):
