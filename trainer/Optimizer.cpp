@@ -44,26 +44,53 @@ void Optimizer::step(double base_lr) {
   }
 }
 
+// SGD as torch/optim/sgd.py's _single_tensor_sgd computes it, op for op, but each op over all
+// parameters that share a learning rate and weight decay at once (ATen's _foreach_* ops, as
+// adamStep below): on a GPU one launch per op instead of one per op and parameter tensor; on the
+// CPU _foreach_* runs the per-tensor op on each, so the results are the loop's bit for bit.
 void Optimizer::sgdStep(double base_lr) {
   const auto& o = options_;
+  struct Group {
+    double lr, weight_decay;
+    std::vector<size_t> index;
+    std::vector<torch::Tensor> params, grads;
+  };
+  std::vector<Group> groups;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     torch::Tensor& p = parameters_[i];
     if (!p.grad().defined()) continue;
-    State& s = states_[i];
-    torch::Tensor grad = p.grad();
     const double lr = base_lr * lr_scale_[i];
-    const double weight_decay = weight_decay_[i];
-    // torch/optim/sgd.py _single_tensor_sgd
-    if (weight_decay != 0) grad = grad.add(p, weight_decay);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
+      return x.lr == lr && x.weight_decay == weight_decay_[i];
+    });
+    if (g == groups.end()) g = groups.insert(groups.end(), Group{lr, weight_decay_[i], {}, {}, {}});
+    g->index.push_back(i);
+    g->params.push_back(p);
+    g->grads.push_back(p.grad());
+  }
+  for (Group& g : groups) {
+    if (g.weight_decay != 0) g.grads = at::_foreach_add(g.grads, g.params, g.weight_decay);
     if (o.momentum != 0) {
-      if (!s.momentum_buffer.defined()) {
-        s.momentum_buffer = grad.clone().detach();
-      } else {
-        s.momentum_buffer.mul_(o.momentum).add_(grad, 1 - o.dampening);
+      // A parameter's first step starts its buffer from the gradient; the others update theirs.
+      std::vector<torch::Tensor> buffers, grads;
+      for (size_t k = 0; k < g.index.size(); ++k) {
+        State& s = states_[g.index[k]];
+        if (!s.momentum_buffer.defined()) {
+          s.momentum_buffer = g.grads[k].clone().detach();
+        } else {
+          buffers.push_back(s.momentum_buffer);
+          grads.push_back(g.grads[k]);
+        }
       }
-      grad = o.nesterov ? grad.add(s.momentum_buffer, o.momentum) : s.momentum_buffer;
+      if (!buffers.empty()) {
+        at::_foreach_mul_(buffers, o.momentum);
+        at::_foreach_add_(buffers, grads, 1 - o.dampening);
+      }
+      std::vector<torch::Tensor> all;
+      for (size_t i : g.index) all.push_back(states_[i].momentum_buffer);
+      g.grads = o.nesterov ? at::_foreach_add(g.grads, all, o.momentum) : all;
     }
-    p.add_(grad, -lr);
+    at::_foreach_add_(g.params, g.grads, -g.lr);
   }
 }
 
