@@ -11,6 +11,7 @@
 #include <torch/cuda.h>
 
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -261,6 +262,28 @@ TEST(Device, CudaCheckpointResumesOnTheCpuBitForBit) {
         EXPECT_TRUE(torch::equal(t, file.at("stage." + name))) << name;
       }
     EXPECT_TRUE(found) << name;
+  }
+}
+
+// Where a GPU is: the int8 wire form computed on it (TimedLink encodes there) equals the host's bit
+// for bit, so a receiver cannot tell which side encoded. The encoder divides by a tensor, not by a
+// host scalar, which CUDA turns into a product with its reciprocal (one bit off at times).
+TEST(Device, Int8EncodingOnCudaEqualsTheHostsBitForBit) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device here (this libtorch "
+                 << (cudaBuild() ? "has CUDA but sees no GPU" : "is CPU-only")
+                 << "): the GPU script (../shared/device) runs this case";
+  torch::manual_seed(11);
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{64, 100}, {8, 16, 7, 7}, {4, 32, 256}}) {
+    torch::Tensor x = torch::randn(shape) * 3.7;
+    torch::Tensor rows = x.view({-1, x.size(-1)});
+    rows[0].zero_();                                                      // scale 0
+    rows[1][0] = std::numeric_limits<float>::quiet_NaN();                 // scale NaN
+    rows[2].fill_(0.0f), rows[2][0] = 127.0f, rows[2][1] = 2.5f;          // a tie: 2.5 -> 2
+    const torch::Tensor host = encodeInt8Boundary(x);
+    const torch::Tensor device = encodeInt8Boundary(x.to(torch::kCUDA)).to(torch::kCPU);
+    EXPECT_TRUE(torch::equal(host, device)) << x.sizes();
   }
 }
 
