@@ -1,7 +1,5 @@
 #include "trainer/Int8Boundary.h"
 
-#include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "core/Error.h"
