@@ -7,6 +7,11 @@
      vs 1 provider (goal >= 0.9x), with the providers' own split of a step (compute/send/wait).
 
     overhead.py --build BUILD --work DIR [--device cuda] [--steps 300] [--port 27300]
+                [--models cnn,gpt] [--gpt-dim 128 --gpt-heads 4] [--batch N]
+
+A launch-bound variant (--models gpt --gpt-dim 8 --gpt-heads 2 --batch 2: almost no arithmetic
+per op) compares what each side spends per op on the host: the dispatcher, TorchScript's
+interpreter, autograd and the trainer's own work, without the device's compute.
 
 Both sides train the same TorchScript model (the examples' make_model.py), batch size, optimizer
 (AdamW) and data; the provider's figure is result.json's train_samples_per_s (its whole run), the
@@ -46,7 +51,8 @@ class Model:
         os.makedirs(self.dir, exist_ok=True)
         self.model = os.path.join(self.dir, "model.pt")
         example = os.path.join(REPO, "examples", "fashion_mnist" if name == "cnn" else "tiny_gpt")
-        run([sys.executable, os.path.join(example, "make_model.py"), "--out", self.model])
+        size = ["--dim", str(ARGS.gpt_dim), "--heads", str(ARGS.gpt_heads)] if name == "gpt" else []
+        run([sys.executable, os.path.join(example, "make_model.py"), "--out", self.model, *size])
         job = json.load(open(os.path.join(example, "job.json")))
         if name == "gpt":
             corpus = os.path.join(self.dir, "corpus.txt")
@@ -56,6 +62,9 @@ class Model:
         else:
             self.shape, self.dtype = "32,1,28,28", "float32"
         t = job["training_definition"]
+        if ARGS.batch:
+            t["batch_size"] = ARGS.batch
+            self.shape = f"{ARGS.batch}," + self.shape.split(",", 1)[1]
         t.update({"epochs": 0, "max_steps": steps, "eval_every": 0, "lr_scheduler": "constant",
                   "timeouts": {"startup_s": 120, "peer_s": 120}})
         for key in ("sync", "local_steps"):
@@ -176,7 +185,7 @@ def balanced_cut(plan):
 def main():
     figures = {"device": ARGS.device, "steps": ARGS.steps, "torch": torch.__version__}
     port = ARGS.port
-    for name in ("cnn", "gpt"):
+    for name in ARGS.models.split(","):
         model = Model(name, ARGS.work, ARGS.steps)
         node_data, one_stage = model.plan(1, port, 1)
         provider, split = model.train(node_data)
@@ -191,7 +200,9 @@ def main():
               f"samples/s on {ARGS.device}: {provider / reference:.2f}x; median step after the first "
               f"10: {provider_ms:.2f} ms vs {reference_ms:.2f} ms, {reference_ms / provider_ms:.2f}x "
               f"(split {split})")
-        if name == "gpt":
+        if name == "gpt" and model.job["training_definition"]["batch_size"] < 4:
+            print("figure 3 skipped: a batch smaller than its 4 micro-batches")
+        elif name == "gpt":
             node_data, _ = model.plan(1, port, 4)
             single, _ = model.train(node_data)
             port += 10
@@ -212,5 +223,11 @@ if __name__ == "__main__":
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--port", type=int, default=27300)
+    parser.add_argument("--models", default="cnn,gpt", help="which of cnn,gpt to run")
+    parser.add_argument("--gpt-dim", type=int, default=128)
+    parser.add_argument("--gpt-heads", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=0, help="batch size (0: the example's job.json)")
     ARGS = parser.parse_args()
+    if set(ARGS.models.split(",")) - {"cnn", "gpt"}:
+        parser.error("--models takes cnn, gpt or both")
     main()
