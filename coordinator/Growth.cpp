@@ -65,10 +65,15 @@ GrowthPlan planGrowth(const std::vector<NodeSpec>& nodes, const std::vector<Memb
     NodeSpec n = *templates[size_t(s)];
     n.name = spares[size_t(s)].name;
     n.address = spares[size_t(s)].advertise;
+    // The spares are reachable (Grower): the new node listens, whatever its template's holder was.
+    n.dial_out_only = false;
     n.cluster = new_cluster;
     if (n.upstream) n.upstream = ref(spares[size_t(s - 1)]);
     if (n.downstream) n.downstream = ref(spares[size_t(s + 1)]);
     for (RingSpec& ring : n.rings) {
+      // A ring member the template reached through a relay (both dial-out only) dials the new,
+      // reachable node directly (node/transport/ReversedLinks.h): the relay was the template's.
+      for (PeerRef& member : ring.members) member.relay.reset();
       ring.members.push_back(ref(spares[size_t(s)]));
       ring.rank = int(ring.members.size()) - 1;
     }

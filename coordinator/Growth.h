@@ -45,7 +45,9 @@ struct GrowthPlan {
 // (chooseGrowth's answer). Each new node copies the stage's node.json of the lowest cluster
 // (stage file, parameters, boundaries, ring ids and parameters: a ring needs the same
 // parameters), takes the spare's name, advertised address and key, the new cluster's pipeline
-// neighbours, and ring members = that ring's members followed by itself (rank last). Every
+// neighbours, and ring members = that ring's members followed by itself (rank last). The spares
+// are reachable: a new node is never dial-out only, and a member its template reached through a
+// relay (both dial-out only) dials it directly. Every
 // existing node in a ring of that stage gets the new member appended (its rank unchanged).
 // BadInput when some stage has no node in `nodes` or new_cluster is already taken.
 GrowthPlan planGrowth(const std::vector<NodeSpec>& nodes, const std::vector<Member>& spares,

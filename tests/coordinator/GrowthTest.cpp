@@ -222,6 +222,48 @@ TEST(GrowthPlan, TheNewClusterCopiesTheStagesAndJoinsEveryRingLast) {
   EXPECT_THROW(planGrowth(twoByTwo(), {a}, 2), BadInput);     // not a whole pipeline
 }
 
+// A plan whose lowest cluster holds dial-out-only volunteers: node_1 (cluster 0's Leaf) and node_3
+// (cluster 1's) are dial-out only, their ring link through a relay. The new cluster's Leaf, held
+// by a reachable spare, listens (it is not dial-out only like its template) and reaches node_1
+// and node_3 without the template's relay: they dial it.
+TEST(GrowthPlan, ANewNodeIsReachableWhateverItsTemplatesHolderWas) {
+  std::vector<NodeSpec> nodes = twoByTwo();
+  const PeerRef::Relay relay{"relay_0", "127.0.0.1:7100", "R"};
+  auto behind = [](const std::string& name) { return name == "node_1" || name == "node_3"; };
+  for (NodeSpec& n : nodes) {
+    n.dial_out_only = behind(n.name);
+    if (n.dial_out_only) n.address.clear();
+    for (RingSpec& ring : n.rings)
+      for (PeerRef& m : ring.members) {
+        if (!behind(m.name)) continue;
+        m.dial_out_only = true;
+        m.address.clear();
+        if (n.dial_out_only && m.name != n.name) m.relay = relay;  // two dial-out-only ends
+      }
+  }
+  Member a = growthMember("node_7", MemberState::kSpare, 8), b = growthMember("node_9", MemberState::kSpare, 8);
+  a.advertise = "127.0.0.1:6007";
+  b.advertise = "127.0.0.1:6009";
+  const GrowthPlan plan = planGrowth(nodes, {a, b}, 2);
+  const NodeSpec& leaf = plan.added[1];
+  EXPECT_FALSE(leaf.dial_out_only);
+  EXPECT_EQ(leaf.address, "127.0.0.1:6009");
+  ASSERT_EQ(leaf.rings[0].members.size(), 3u);
+  for (const PeerRef& m : leaf.rings[0].members) {
+    EXPECT_FALSE(m.relay.has_value()) << m.name;
+    EXPECT_EQ(m.dial_out_only, m.name != "node_9") << m.name;  // node_1, node_3 dial it
+  }
+  // The existing holders keep their own view: node_3 still reaches node_1 through the relay, and
+  // the new member is reachable at its address.
+  const auto told3 = std::find_if(plan.told.begin(), plan.told.end(),
+                                  [](const NodeSpec& n) { return n.name == "node_3"; });
+  ASSERT_NE(told3, plan.told.end());
+  EXPECT_TRUE(told3->dial_out_only);
+  EXPECT_EQ(told3->rings[0].members[0].relay, relay);
+  EXPECT_EQ(told3->rings[0].members[2].address, "127.0.0.1:6009");
+  EXPECT_FALSE(told3->rings[0].members[2].dial_out_only);
+}
+
 }  // namespace
 }  // namespace cairn::coordinator
 

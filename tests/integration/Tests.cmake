@@ -165,10 +165,11 @@ set_tests_properties(integration.volunteers.relay_restart PROPERTIES TIMEOUT 300
 # data served by the coordinator (the volunteers' setting; --data files runs it on local files,
 # whose deal DealRun.*/DealChange.* run in-process), so one ~60 s run covers both. Growing from two
 # running clusters (2 stages each): their Roots must take the deal together, at the same step,
-# through the agreement at their ring syncs (trainer/DealChange.h).
+# through the agreement at their ring syncs (trainer/DealChange.h). In `grows` one volunteer of the
+# first wave is dial-out only: the new cluster's node copying its node.json must listen.
 add_test(NAME integration.volunteers.grows
   COMMAND ${CAIRN_PYTHON} ${INTEGRATION}/volunteer_grow_test.py ${BINARIES}
-          --work ${CMAKE_CURRENT_BINARY_DIR}/integration/volunteers_grows --data served)
+          --work ${CMAKE_CURRENT_BINARY_DIR}/integration/volunteers_grows --data served --dial-out 1)
 add_test(NAME integration.volunteers.grows_from_two
   COMMAND ${CAIRN_PYTHON} ${INTEGRATION}/volunteer_grow_test.py ${BINARIES}
           --work ${CMAKE_CURRENT_BINARY_DIR}/integration/volunteers_grows_from_two --data served

@@ -18,6 +18,12 @@ chunks, and the coordinator refused no chunk request. --data files: every volunt
 idx files itself (data.chunks 4); the same checks but those of the chunk caches. (The file-data
 deal is also run in-process by DealRun.* and DealChange.*, tests/trainer/DealRunTest.cpp.)
 
+--dial-out 1 (integration.volunteers.grows runs with it): one volunteer of the first wave joins
+without an address, so its node is placed dial-out only (its neighbours and ring peers dial
+nothing of it: it dials them); the new cluster's node of that stage copies that node.json and must
+still listen (its spare is reachable), and that dial-out-only node takes its new ring member live.
+Then also: the first wave's plan has a node placed dial-out only, the new cluster none.
+
 --running 2 (integration.volunteers.grows_from_two): growth from two running clusters, which
 must take the deal together. Four volunteers form two clusters of 2 stages; two more join and
 form cluster 2. Then also: both running Roots took the same deal at the same step (their rings
@@ -134,6 +140,8 @@ def main():
     parser.add_argument("--clusterize", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--data", choices=["served", "files"], default="served")
+    parser.add_argument("--dial-out", type=int, choices=[0, 1], default=0,
+                        help="how many of the first wave join dial-out only (no --listen)")
     parser.add_argument("--running", type=int, choices=[1, 2], default=1,
                         help="clusters training before the growth (2: 2 stages each, else 3)")
     args = parser.parse_args()
@@ -158,7 +166,8 @@ def main():
     run = vt.Run(args, model, job_path, flags(running, stages), first_wave + stages)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
-        run.join(first_wave, ["--upload-mbps", "0"])
+        run.join(first_wave - args.dial_out, ["--upload-mbps", "0"])
+        run.join(args.dial_out, ["--upload-mbps", "0"], dial_out_only=True)
         run.wait_planned(running)
         run.join(stages, ["--upload-mbps", "0"])
         proposed = coordinator.wait_for(lambda l: f"coordinator: growing: cluster {running} from spares" in l,
@@ -182,6 +191,13 @@ def main():
             vt.fail(f"cluster {c} has nodes {chain}, expected {stages} stages")
         chains.append(chain)
     new_chain = chains[running]
+    behind = sorted(n for n, d in nodes.items() if d.get("dial_out_only"))
+    behind_new = [n for n in behind if n in new_chain]
+    if len(behind) != args.dial_out or behind_new:
+        vt.fail(f"nodes placed dial-out only: {behind} (new cluster: {behind_new}); expected "
+                f"{args.dial_out} in the first wave and none in the new cluster")
+    if behind:
+        print(f"placed dial-out only: {behind}; the new cluster listens: {new_chain}")
 
     # Every running Root took the deal, the same one at the same step.
     taken = []
