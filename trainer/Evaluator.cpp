@@ -9,6 +9,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "trainer/Device.h"
 #include "trainer/Loss.h"
 #include "trainer/Metrics.h"
 #include "trainer/ReservedTensors.h"
@@ -78,7 +79,9 @@ void Evaluator::passBatch(int64_t step, int64_t b, EvalTally* tally, int64_t* sa
   torch::Tensor targets;
   const std::vector<torch::Tensor> outputs = forwardBatch(step, b, &targets);
   if (ctx_.is_leaf) {
-    EvalTally t = evaluationTally(ctx_.opt.loss, outputs.at(0), targets);
+    // The targets cross like the training ones (MicrobatchPasses): pinned and queued, not copied
+    // from pageable memory inside the tally, which would wait for the forward on a GPU.
+    EvalTally t = evaluationTally(ctx_.opt.loss, outputs.at(0), ctx_.placement.toDevice(targets));
     tally->loss_sum += t.loss_sum;
     tally->terms += t.terms;
     tally->correct += t.correct;
