@@ -9,9 +9,12 @@
 #include <torch/script.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "trainer/TrainOptions.h"
 
 namespace cairn {
 
@@ -38,6 +41,15 @@ struct StagePacket {
 // one (targets, ids, the loss share, ...). The one rule for the link's codec on the host
 // (node/pipeline/MailboxStageLink) and the cast on the device before the crossing (TimedLink).
 bool wireCompresses(PacketKind kind, const std::string& name, const torch::Tensor& t);
+// The dtype a compressed tensor travels in under `wire` (kChar for int8: the rows with scales of
+// trainer/Int8Boundary.h; kFloat for fp32: not compressed).
+torch::ScalarType wireFloat(WireCodec wire);
+// The wire form of `t` under `wire_float` (wireFloat) when the wire compresses it (wireCompresses),
+// computed where `t` is: kBFloat16 or kHalf a cast, kChar the int8 rows with scales for 2 or more
+// dimensions (fewer stay float32). std::nullopt: it travels as it is. The one encoder of the
+// link on the host (MailboxStageLink) and of a GPU stage before the crossing (TimedLink).
+std::optional<torch::Tensor> wireForm(torch::ScalarType wire_float, PacketKind kind,
+                                      const std::string& name, const torch::Tensor& t);
 
 class StageLink {
  public:

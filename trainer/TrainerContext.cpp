@@ -1,7 +1,6 @@
 #include "trainer/TrainerContext.h"
 
 #include "trainer/Device.h"
-#include "trainer/Int8Boundary.h"
 
 #include "trainer/ClusterSync.h"
 #include "trainer/Optimizer.h"
@@ -11,16 +10,6 @@
 
 namespace cairn {
 
-std::optional<torch::Tensor> wireFormBeforeCrossing(WireCodec wire, PacketKind kind,
-                                                    const std::string& name, const torch::Tensor& t) {
-  if (wire == WireCodec::kFp32 || !wireCompresses(kind, name, t)) return std::nullopt;
-  // The wire form leaves autograd's graph alone: the link sends a detached copy either way.
-  if (wire == WireCodec::kBf16) return t.detach().to(torch::kBFloat16);
-  if (wire == WireCodec::kFp16) return t.detach().to(torch::kHalf);
-  if (!int8Carries(t.dim())) return std::nullopt;
-  return encodeInt8Boundary(t.detach());
-}
-
 void TimedLink::send(Neighbour to, const StagePacket& packet) {
   const auto t = TrainerClock::now();
   if (placement_.device().is_cpu()) {
@@ -28,7 +17,7 @@ void TimedLink::send(Neighbour to, const StagePacket& packet) {
   } else {
     StagePacket host = packet;
     for (auto& [name, tensor] : host.tensors) {
-      const std::optional<torch::Tensor> wire = wireFormBeforeCrossing(wire_, host.kind, name, tensor);
+      const std::optional<torch::Tensor> wire = wireForm(wireFloat(wire_), host.kind, name, tensor);
       tensor = placement_.toHost(wire ? *wire : tensor);
     }
     link_.send(to, host);

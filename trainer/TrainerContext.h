@@ -54,7 +54,7 @@ struct Microbatch {
 // crosses to the host first (`placement`: packets leave from the host, whatever device the stage
 // trains on); what it receives stays on the host until the executor or the loss takes it.
 // With wire.activations bf16, fp16 or int8 (`wire`), a float32 activation, gradient or evaluation
-// output off the host takes its wire form on its device before the crossing (wireFormBeforeCrossing),
+// output off the host takes its wire form on its device before the crossing (wireForm, StageLink.h),
 // so a half or a quarter of the bytes cross PCIe; the link sends a tensor already in its wire form
 // as it is. On the CPU the link compresses.
 class TimedLink {
@@ -72,13 +72,6 @@ class TimedLink {
   const TensorPlacement& placement_;
   WireCodec wire_;
 };
-
-// The wire form `wire` gives a tensor named `name` of a `kind` packet, computed where the tensor is,
-// when the tensor is one the wire compresses (wireCompresses): bf16 or fp16, the plain cast the
-// link would make on the host; int8, trainer/Int8Boundary.h's rows with scales for 2 or more
-// dimensions (fewer stay float32, as on the link). std::nullopt: it crosses as it is.
-std::optional<torch::Tensor> wireFormBeforeCrossing(WireCodec wire, PacketKind kind,
-                                                    const std::string& name, const torch::Tensor& t);
 
 struct TrainerContext {
   const StageTrainerConfig& cfg;

@@ -217,16 +217,8 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
   m.text = packet.text;
   for (const auto& [name, t] : packet.tensors) {
     // training_definition.wire.activations: boundary float32 tensors travel compressed.
-    const bool compress =
-        checks_.wire_float != torch::kFloat && wireCompresses(packet.kind, name, t);
-    if (!compress)
-      m.tensors.push_back({name, t.detach().contiguous()});
-    else if (checks_.wire_float != torch::kChar)
-      m.tensors.push_back({name, t.detach().to(checks_.wire_float).contiguous()});
-    else if (int8Carries(t.dim()))
-      m.tensors.push_back({name, encodeInt8Boundary(t)});
-    else
-      m.tensors.push_back({name, t.detach().contiguous()});  // int8: fewer than 2 dims stay float32
+    const std::optional<torch::Tensor> wire = wireForm(checks_.wire_float, packet.kind, name, t);
+    m.tensors.push_back({name, wire ? wire->contiguous() : t.detach().contiguous()});
   }
   // In slices, so a neighbour whose connection went down is declared lost after timeouts.lost
   // instead of blocking the whole peer timeout (a send waits only while the peer's queue is full

@@ -7,6 +7,7 @@
 #include "core/WireCompression.h"
 #include "trainer/Int8Boundary.h"
 #include "trainer/ReservedTensors.h"
+#include "trainer/StageLink.h"
 
 namespace cairn {
 namespace {
@@ -233,10 +234,7 @@ std::optional<std::vector<int64_t>> int8PlannedShape(const BoundaryValue& v, at:
 }
 
 torch::ScalarType stageWireDtype(const std::string& codec, const std::string& source) {
-  if (codec == "fp32") return torch::kFloat;
-  if (codec == "bf16") return torch::kBFloat16;
-  if (codec == "fp16") return torch::kHalf;
-  if (codec == "int8") return torch::kChar;  // int8 rows with scales (trainer/Int8Boundary.h)
+  if (const std::optional<WireCodec> wire = parseWireCodec(codec)) return wireFloat(*wire);
   CAIRN_THROW(BadInput, source, ": training_definition.wire.activations \"", codec,
               "\" (expected \"fp32\", \"bf16\", \"fp16\" or \"int8\")");
 }
