@@ -29,8 +29,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_harness as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, STEPS, TEST_SAMPLES, TRAINING,  # noqa: E402
-                                    hold_root, hold_until, key_of, kill_after_checkpoint,
-                                    leaf_records, run_reference)
+                                    check_exact_resume, hold_root, hold_until, key_of,
+                                    kill_after_checkpoint, run_reference)
 
 name_of = vt.name_of
 
@@ -99,19 +99,8 @@ def case_reachable_spare_dials_out(args):
     print(f"{node}: placed dial-out only before and after; {len(refs)} neighbour(s) name the spare's key")
 
     leaf = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"][-1]
-    records = leaf_records([w for _, w in volunteers], leaf)
-    resumed = [r["resumed_from"] for r in records if "resumed_from" in r]
-    every = [r for r in records if "step" in r]
-    same = sum(1 for r in every if reference.get(r["step"]) == r["loss"])
-    print(f"resumed from {resumed}; {same} of {len(every)} logged Leaf step losses equal the "
-          f"uninterrupted run's")
-    if not resumed or same != len(every) or sorted({r["step"] for r in every}) != list(range(1, STEPS + 1)):
-        vt.fail(f"resume is not exact or steps are missing: resumed {resumed}, {same} of {len(every)} "
-                "equal")
-    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in "
-                                f"PyTorch {{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
-    if reported != reference_accuracy:
-        vt.fail("the replaced run's accuracy differs from the uninterrupted run's")
+    check_exact_resume([w for _, w in volunteers], out, leaf, reference, reference_accuracy, 1,
+                       "the reachable spare's run")
 
 
 def main():

@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_harness as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, RING_FLAGS, RING_STEPS, STEPS,  # noqa: E402
                                     TEST_SAMPLES, TRAINING, check_credit, check_each_cluster,
-                                    hold_root, hold_until, key_of, kill_after_checkpoint, leaf_records,
+                                    check_exact_resume, hold_root, hold_until, key_of,
+                                    kill_after_checkpoint, leaf_records,
                                     name_of, run_reference, six_and_a_spare, three_and_a_spare)
 
 
@@ -355,18 +356,8 @@ def case_two_replacements(args):
         for v, _ in volunteers:
             if v is not first[0] and v is not second[0] and v.finish(120) != 0:
                 vt.fail(f"{v.tag} exited {v.proc.poll()}")
-    records = leaf_records([w for _, w in volunteers], leaf)
-    resumed = [r["resumed_from"] for r in records if "resumed_from" in r]
-    every = [r for r in records if "step" in r]
-    same = sum(1 for r in every if reference.get(r["step"]) == r["loss"])
-    print(f"resumed from steps {resumed}; {same} of {len(every)} logged Leaf step losses equal the "
-          f"uninterrupted run's")
-    if len(resumed) < 2 or same != len(every) or sorted({r["step"] for r in every}) != list(range(1, STEPS + 1)):
-        vt.fail(f"two replacements: resumed {resumed}, {same} of {len(every)} losses equal, steps missing?")
-    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
-                                f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
-    if reported != reference_accuracy:
-        vt.fail("the twice-replaced run's accuracy differs from the uninterrupted run's")
+    resumed = check_exact_resume([w for _, w in volunteers], out, leaf, reference, reference_accuracy, 2,
+                                 "two replacements")
     stem = chain[1]
     spare_of_leaf = next(w for _, w in volunteers[3:] if name_of_or_none(w) == leaf)
     # The Leaf's second holder resumed once more than the first: its first resume record is the

@@ -377,6 +377,26 @@ def leaf_records(workdirs, leaf):
     return records
 
 
+def check_exact_resume(workdirs, out, leaf, reference, reference_accuracy, resumes, what):
+    """After a run with replacements: node LEAF's step records over every holder's folder
+    (WORKDIRS) name at least RESUMES resumes, every step 1..STEPS, and each logged loss equals the
+    uninterrupted run's (REFERENCE); the merged model's accuracy, evaluated by PyTorch, equals the
+    Leaf's report and REFERENCE_ACCURACY. WHAT names the run in failures. Returns the resume steps."""
+    records = leaf_records(workdirs, leaf)
+    resumed = [r["resumed_from"] for r in records if "resumed_from" in r]
+    every = [r for r in records if "step" in r]
+    same = sum(1 for r in every if reference.get(r["step"]) == r["loss"])
+    print(f"resumed from steps {resumed}; {same} of {len(every)} logged Leaf step losses equal the "
+          f"uninterrupted run's")
+    if len(resumed) < resumes or same != len(every) or sorted({r["step"] for r in every}) != list(range(1, STEPS + 1)):
+        vt.fail(f"{what}: resumed {resumed}, {same} of {len(every)} losses equal, steps missing?")
+    reported = vt.check_trained(out, TEST_SAMPLES, f"Leaf accuracy {{reported:.4f}}; merged model in PyTorch "
+                                f"{{accuracy:.4f}}; uninterrupted run {reference_accuracy:.4f}")
+    if reported != reference_accuracy:
+        vt.fail(f"{what}: the accuracy differs from the uninterrupted run's")
+    return resumed
+
+
 def case_spare_too_small(args):
     """The plan is profiled at a batch of 256 (--input-shape), so its stages need an estimated
     0.03 (Leaf), 0.24 (Stem) and 0.37 GB (Root). After planning a 4th volunteer joins giving

@@ -3,8 +3,7 @@
 // device whose tensors hold the *negated* values of the host's (integers: mirrored): a checkpoint
 // file written through it must hold the negation of every stage and optimizer tensor in memory
 // (each crossed toHost), and a trainer resumed through it must hold the negation of the file's
-// (each crossed toDevice),
-// so a tensor that skips either crossing makes the test fail. The real GPU round trip (save on
+// (each crossed toDevice), so a tensor that skips either crossing makes the test fail. The real GPU round trip (save on
 // CUDA, resume on the CPU, equal bit for bit) runs only where CUDA is, and is skipped with its
 // reason elsewhere.
 #include <gtest/gtest.h>
