@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "coordinator/DialOutPlacement.h"
 #include "coordinator/Growth.h"
 #include "core/Error.h"
 
@@ -229,18 +230,9 @@ TEST(GrowthPlan, TheNewClusterCopiesTheStagesAndJoinsEveryRingLast) {
 TEST(GrowthPlan, ANewNodeIsReachableWhateverItsTemplatesHolderWas) {
   std::vector<NodeSpec> nodes = twoByTwo();
   const PeerRef::Relay relay{"relay_0", "127.0.0.1:7100", "R"};
-  auto behind = [](const std::string& name) { return name == "node_1" || name == "node_3"; };
-  for (NodeSpec& n : nodes) {
-    n.dial_out_only = behind(n.name);
-    if (n.dial_out_only) n.address.clear();
-    for (RingSpec& ring : n.rings)
-      for (PeerRef& m : ring.members) {
-        if (!behind(m.name)) continue;
-        m.dial_out_only = true;
-        m.address.clear();
-        if (n.dial_out_only && m.name != n.name) m.relay = relay;  // two dial-out-only ends
-      }
-  }
+  // As the coordinator places them (DialOutPlacement.h): the link of the two through the relay.
+  markDialOutOnly(nodes, {"node_1", "node_3"});
+  ASSERT_EQ(assignRelays(nodes, {relay}), 1u);
   Member a = growthMember("node_7", MemberState::kSpare, 8), b = growthMember("node_9", MemberState::kSpare, 8);
   a.advertise = "127.0.0.1:6007";
   b.advertise = "127.0.0.1:6009";

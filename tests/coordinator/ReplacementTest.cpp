@@ -10,6 +10,7 @@
 #include <map>
 
 #include "coordinator/CoordinatorStore.h"
+#include "coordinator/DialOutPlacement.h"
 #include "coordinator/Growth.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
@@ -213,21 +214,7 @@ TEST(Replacement, PlanRepointsTheNodeItsNeighboursAndItsRingPeersOnly) {
 // dials its peers as the lost one did, and their references to it still say it dials them.
 TEST(Replacement, ANodePlacedDialOutOnlyKeepsNoAddressWhoeverHoldsIt) {
   std::vector<NodeSpec> nodes = twoByThree();
-  auto behind = [](PeerRef& ref) {
-    if (ref.name != "node_1") return;
-    ref.dial_out_only = true;
-    ref.address.clear();
-  };
-  for (NodeSpec& n : nodes) {
-    if (n.name == "node_1") {
-      n.dial_out_only = true;
-      n.address.clear();
-    }
-    if (n.upstream) behind(*n.upstream);
-    if (n.downstream) behind(*n.downstream);
-    for (RingSpec& ring : n.rings)
-      for (PeerRef& member : ring.members) behind(member);
-  }
+  markDialOutOnly(nodes, {"node_1"});  // as the coordinator places it (DialOutPlacement.h)
   const std::string fresh = generateCurveKeyPair().public_key;
   const ReplacementPlan plan = planReplacement(nodes, "node_1", "127.0.0.9:6001", fresh);
   EXPECT_TRUE(plan.taken_over.dial_out_only);
