@@ -37,7 +37,7 @@ void AsyncLoop::recordStep(int64_t s, double lr, int64_t updates, int64_t in_fli
   const auto& stash = ctx_.executor.stashStats();
   StepRecord record;
   record.step = s;
-  record.loss = done.loss;
+  record.loss = done.loss + passes_.takeLosses(s);  // a whole-model stage's (MicrobatchPasses.h)
   record.lr = lr;
   record.sample_checksum = done.checksum;
   record.extra = {{"updates", updates},

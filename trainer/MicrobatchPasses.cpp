@@ -119,9 +119,14 @@ std::vector<torch::Tensor> MicrobatchPasses::backwardOf(Microbatch& mb, uint64_t
   if (ctx_.is_leaf) {
     const auto t = TrainerClock::now();
     auto input_grads = ctx_.executor.backwardFromLoss(id, mb.loss);
-    // Read after the backward is under way: on a GPU the read waits for the device, and read
-    // before, it would hold back the launch of every backward kernel until the forward is done.
-    *loss_share = mb.loss.item<double>();
+    if (ctx_.is_root) {  // nobody upstream to tell: read with the step's others (takeLosses)
+      unread_losses_[int64_t(step)].push_back(mb.loss.detach().reshape({}));
+      *loss_share = 0;
+    } else {
+      // Read after the backward is under way: on a GPU the read waits for the device, and read
+      // before, it would hold back the launch of every backward kernel until the forward is done.
+      *loss_share = mb.loss.item<double>();
+    }
     ctx_.times.compute_s += secondsSince(t);
     return input_grads;
   }
@@ -140,6 +145,20 @@ std::vector<torch::Tensor> MicrobatchPasses::backwardOf(Microbatch& mb, uint64_t
   auto input_grads = ctx_.executor.backward(id, grads);
   ctx_.times.compute_s += secondsSince(t);
   return input_grads;
+}
+
+double MicrobatchPasses::takeLosses(int64_t step) {
+  const auto it = unread_losses_.find(step);
+  if (it == unread_losses_.end()) return 0;
+  const auto t = TrainerClock::now();
+  const torch::Tensor host =
+      ctx_.placement.toHost(torch::stack(it->second).to(torch::kDouble)).contiguous();
+  unread_losses_.erase(it);
+  const double* share = host.data_ptr<double>();
+  double sum = 0;  // float -> double is exact: the sum of what item<double>() read, in order
+  for (int64_t i = 0; i < host.numel(); ++i) sum += share[i];
+  ctx_.times.compute_s += secondsSince(t);  // the wait is for the step's compute
+  return sum;
 }
 
 void MicrobatchPasses::sendInputGradients(uint64_t step, uint64_t microbatch,

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "trainer/DealChange.h"
@@ -34,8 +35,17 @@ class MicrobatchPasses {
   // The Leaf starts from its loss; other stages receive the gradient of their outputs for
   // (step, microbatch) from downstream (an empty tensor means "no gradient"). Then, on every stage
   // but the Root, the input gradients go upstream (an empty tensor for "no gradient") with the
-  // micro-batch's share of the step loss, which is returned.
+  // micro-batch's share of the step loss, which is returned — except on a stage that is both
+  // Root and Leaf (one stage holds the whole model), which sends its loss nowhere: there the
+  // share stays on the device, 0 is returned, and takeLosses(step) reads the step's shares.
   double backward(Microbatch& mb, uint64_t id, uint64_t step, uint64_t microbatch);
+  // The sum, in micro-batch order, of the loss shares of `step` that backward kept on the device
+  // (0 when it kept none), read to the host in one copy through the placement; forgets them.
+  // Called once the step's optimizer step is launched: on a GPU the read waits for the device, so
+  // a whole-model stage waits once per step, after queueing all of the step's work, instead of
+  // once per micro-batch before queueing the next one. The sum is the one backward's returned
+  // shares would have made (the same additions in the same order).
+  double takeLosses(int64_t step);
 
  private:
   std::vector<torch::Tensor> backwardOf(Microbatch& mb, uint64_t id, uint64_t step,
@@ -47,6 +57,7 @@ class MicrobatchPasses {
   TimedLink& link_;
   StopCoordinator& stop_;
   DealChange* deal_ = nullptr;
+  std::map<int64_t, std::vector<torch::Tensor>> unread_losses_;  // by step (backward's order)
 };
 
 }  // namespace cairn

@@ -92,6 +92,7 @@ TrainerResult SyncLoop::run(int64_t start_step, TrainerClock::time_point run_sta
       ctx_.times.compute_s += secondsSince(t);
     }
     const double grad_norm = walkSchedule(lr);
+    step_loss_ += passes_.takeLosses(step_);  // a whole-model stage's, after its optimizer step
     stop_.decide(step_ + 2);
     StepRecord record;
     record.step = step_;

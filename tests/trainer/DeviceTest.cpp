@@ -177,7 +177,7 @@ TEST(Device, CheckpointsCrossToTheHostAndBackForEveryTensor) {
   EXPECT_GT(loaded, 0u);
 }
 
-// What crosses to the device in training: a double that keeps each tensor it is asked to move.
+// What crosses in training: a double that keeps each tensor it is asked to move, each way.
 class KeepingPlacement final : public TensorPlacement {
  public:
   torch::Device device() const override { return torch::kCPU; }
@@ -186,15 +186,23 @@ class KeepingPlacement final : public TensorPlacement {
     moved_.push_back(t.clone());
     return t;
   }
-  torch::Tensor toHost(const torch::Tensor& t) const override { return t; }
+  torch::Tensor toHost(const torch::Tensor& t) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    read_.push_back(t.clone());
+    return t;
+  }
   std::vector<torch::Tensor> moved() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return moved_;
   }
+  std::vector<torch::Tensor> read() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return read_;
+  }
 
  private:
   mutable std::mutex mutex_;
-  mutable std::vector<torch::Tensor> moved_;
+  mutable std::vector<torch::Tensor> moved_, read_;
 };
 
 // The Leaf's targets cross to its device through the placement, one micro-batch at a time, the
@@ -229,6 +237,36 @@ TEST(Device, TheLeafsTargetsCrossThroughThePlacement) {
                                     ids.begin() + long(16 * (k % 2 + 1)));
     const torch::Tensor expected = labels.index_select(0, torch::tensor(half, torch::kLong));
     EXPECT_TRUE(torch::equal(targets[2][k], expected)) << "micro-batch " << k;
+  }
+}
+
+// A stage holding the whole model (Root and Leaf at once) tells no node its loss, so it reads the
+// device once per step, after the step's optimizer step is queued: one crossing of its micro-
+// batches' loss shares together (on a GPU a read per micro-batch would wait for the device before
+// the next micro-batch's work could be queued). The step loss it records is their sum.
+// (Its training equals the unsplit model's: WholeModelEquivalence.OneStageMatchesUnsplitModel.)
+TEST(Device, AWholeModelStageReadsItsLossesOncePerStep) {
+  for (const ScheduleKind schedule : {ScheduleKind::kSync, ScheduleKind::kAsync}) {
+    const auto placement = std::make_shared<KeepingPlacement>();
+    const testing::PipelineRun run = testing::runInMemoryPipeline(
+        testing::trainerModelsDir() + "/cnn/whole/node_data",
+        [&](TrainOptions& t) {
+          t.microbatches = 4;
+          t.max_steps = 3;
+          t.schedule = schedule;
+        },
+        [&](int, StageTrainerConfig& c) { c.placement = placement; });
+    ASSERT_EQ(run.losses.size(), 3u);
+    const std::vector<torch::Tensor> read = placement->read();
+    ASSERT_EQ(read.size(), 3u) << "one read per step, schedule " << toString(schedule);
+    for (size_t step = 0; step < 3; ++step) {
+      ASSERT_EQ(read[step].scalar_type(), torch::kDouble);
+      ASSERT_EQ(read[step].numel(), 4) << "the step's 4 micro-batches' shares";
+      double sum = 0;
+      for (int64_t k = 0; k < 4; ++k) sum += read[step][k].item<double>();
+      EXPECT_GT(read[step].min().item<double>(), 0) << "a cross-entropy share is positive";
+      EXPECT_EQ(run.losses[step], sum) << "step " << step;
+    }
   }
 }
 

@@ -234,6 +234,35 @@ void expectRunMatches(const testing::PipelineRun& run, const Reference& ref,
   EXPECT_GT(max_change, 1e-3) << "training did not move the parameters";
 }
 
+// One stage holding the whole model (Root and Leaf at once, a GPU volunteer's usual plan) trains
+// as the unsplit model does, under both schedules (async with one micro-batch in flight and one
+// update per batch is the sync schedule): it keeps its loss shares on the device and reads them
+// once per step (MicrobatchPasses::takeLosses), and their sums are the reference's step losses.
+TEST(WholeModelEquivalence, OneStageMatchesUnsplitModel) {
+  const std::string dir = testing::trainerModelsDir() + "/cnn";
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdamW;
+  o.lr = 1e-2;
+  o.weight_decay = 0.01;
+  for (const bool async : {false, true}) {
+    const testing::PipelineRun run =
+        testing::runInMemoryPipeline(dir + "/whole/node_data", [&](TrainOptions& t) {
+          t.optimizer = o;
+          t.microbatches = 4;
+          t.max_steps = 10;
+          if (async) {
+            t.schedule = ScheduleKind::kAsync;
+            t.max_in_flight = 1;
+            t.update_frequency = 4;
+          }
+        });
+    ASSERT_EQ(run.batches.size(), 10u);
+    SCOPED_TRACE(async ? "async" : "sync");
+    expectRunMatches(run, trainReference(dir + "/full.pt", cnnBatches(), run.batches, o, 0),
+                     dir + "/full.pt", 1e-5);
+  }
+}
+
 // A TorchScript loss (make_loss_references.py's hand-written cross-entropy: (sum, count) and
 // count(target)) over 3 stages, micro-batches of 8, 8, 7 and 7 samples: the unsplit model with
 // libtorch's cross_entropy on the whole batch.

@@ -6,6 +6,7 @@ of clusterize, so the trainer is tested against a reference that does not depend
     /usr/bin/python3 tests/trainer/make_test_models.py OUTDIR
 
 OUTDIR/cnn/{full.pt,data.safetensors,node_data/...}  OUTDIR/gpt/{full.pt,text.txt,node_data/...}
+OUTDIR/cnn/whole/node_data/...: the same CNN as one stage, Root and Leaf at once.
 OUTDIR/cnn_bn_dropout/node_data/...: the CNN with BatchNorm in stages 0 and 1 and dropout in the
 Leaf (state beyond parameters for the checkpoint tests: running statistics, the dropout RNG).
 The GPT's stages pass the sequence length as an `int` boundary value next to the hidden states, so
@@ -212,6 +213,12 @@ def main():
     write_node_data(f"{out}/cnn/node_data", "cnn_test", stages,
                     [[boundary("x", [1, 1, 8, 8])], [boundary("a", [1, 4, 4, 4])],
                      [boundary("b", [1, 8, 2, 2])], [boundary("logits", [1, 5])]], addresses(5800), job)
+
+    # The whole CNN as one stage (Root and Leaf at once), same job: what a GPU volunteer runs
+    # when the plan gives it a whole model.
+    write_node_data(f"{out}/cnn/whole/node_data", "cnn_whole_test", [torch.jit.script(cnn)],
+                    [[boundary("x", [1, 1, 8, 8])], [boundary("logits", [1, 5])]], addresses(5830)[:1],
+                    job)
 
     # The same data through a CNN with BatchNorm and dropout (checkpoint tests).
     job = {"data": {"location": f"{out}/cnn/data.safetensors", "format": "safetensors"},
