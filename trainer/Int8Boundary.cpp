@@ -73,7 +73,7 @@ std::string checkInt8Boundary(const torch::Tensor& wire, bool* nonfinite) {
 torch::Tensor decodeInt8Boundary(const torch::Tensor& wire, at::IntArrayRef shape) {
   const int64_t width = wire.size(-1);
   const torch::Tensor w = wire.reshape({-1, width});
-  if (w.numel() == 0) return torch::zeros(shape, torch::kFloat);
+  if (w.numel() == 0) return torch::zeros(shape, wire.options().dtype(torch::kFloat));
   const torch::Tensor scale = w.narrow(1, 0, 4).contiguous().view(torch::kFloat);
   const torch::Tensor q = w.narrow(1, 4, width - 4).contiguous().view(torch::kChar);
   return (q.to(torch::kFloat) * scale).reshape(shape);

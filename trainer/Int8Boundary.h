@@ -32,7 +32,9 @@ torch::Tensor encodeInt8Boundary(const torch::Tensor& x);
 // or infinite scale, an int8 value −128). *nonfinite: some row's scale is NaN (the sender's row
 // held NaN or Inf).
 std::string checkInt8Boundary(const torch::Tensor& wire, bool* nonfinite);
-// Wire form → float32 of `shape` (q · scale per row); `wire` has passed checkInt8Boundary.
+// Wire form → float32 of `shape` (q · scale per row), computed on wire's device (a GPU stage
+// decodes after the wire form crossed: node/pipeline/MailboxStageLink.h decodeOn); `wire` has
+// passed checkInt8Boundary.
 torch::Tensor decodeInt8Boundary(const torch::Tensor& wire, at::IntArrayRef shape);
 
 }  // namespace cairn

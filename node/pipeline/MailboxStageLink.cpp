@@ -354,6 +354,10 @@ StagePacket MailboxStageLink::unpack(Message m) const {
   packet.text = std::move(m.text);
   const std::vector<BoundaryValue>& planned =
       m.kind == MessageKind::kGradient ? node_.outputs : node_.inputs;
+  // The wire form where it is decoded: the training device (decodeOn), else the host.
+  auto placed = [this](const torch::Tensor& wire) {
+    return decode_on_ ? decode_on_->toDevice(wire) : wire;
+  };
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     NamedTensor& t = m.tensors[i];
     // Validated by receive() (rejectReason): a tensor in the wire dtype is a planned float32
@@ -362,10 +366,10 @@ StagePacket MailboxStageLink::unpack(Message m) const {
         t.tensor.scalar_type() == torch::kByte && planned[i].dtype == "float32") {
       const std::optional<std::vector<int64_t>> shape = int8PlannedShape(planned[i], t.tensor.sizes());
       CAIRN_ENFORCE(shape.has_value(), "a validated int8 wire form of \"", t.name, "\" fits no shape");
-      t.tensor = decodeInt8Boundary(t.tensor, *shape);
+      t.tensor = decodeInt8Boundary(placed(t.tensor), *shape);
     } else if (checks_.wire_float != torch::kFloat && checks_.wire_float != torch::kChar &&
                !isReservedTensorName(t.name) && t.tensor.scalar_type() == checks_.wire_float) {
-      t.tensor = t.tensor.to(torch::kFloat);
+      t.tensor = placed(t.tensor).to(torch::kFloat);
     }
     packet.tensors.emplace_back(std::move(t.name), std::move(t.tensor));
   }

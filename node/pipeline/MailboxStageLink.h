@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -35,6 +36,7 @@
 #include "core/NodeData.h"
 #include "node/pipeline/StageLinkValidation.h"
 #include "node/transport/Mailbox.h"
+#include "trainer/Device.h"
 #include "trainer/StageLink.h"
 
 #include <nlohmann/json.hpp>
@@ -104,6 +106,13 @@ class MailboxStageLink : public StageLink {
   // neighbour_replaced): the wait ends at once with PeerLost (cause disconnected), as if its
   // connection had been down for timeouts.lost (a frozen or cut-off holder keeps it open).
   void setReplaced(std::function<bool(const std::string&)> replaced) { replaced_ = std::move(replaced); }
+  // Where the stage trains (trainer/Device.h; null or the CPU: the host). A received compressed
+  // boundary tensor (wire.activations bf16, fp16, int8) crosses there in its wire form and is
+  // decoded there, so on a GPU a half or a quarter of the bytes cross PCIe and the host does not
+  // widen it; the trainer gets it on the device. The same float32 values either way.
+  void decodeOn(std::shared_ptr<const TensorPlacement> placement) {
+    decode_on_ = std::move(placement);
+  }
   void send(Neighbour to, const StagePacket& packet) override;
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                       const std::string& tag) override;
@@ -132,7 +141,8 @@ class MailboxStageLink : public StageLink {
   // A neighbour's "leaving" or mid-run "hello" (`m`) while waiting for `what`: PeerLost naming it
   // (a hello goes back into the mailbox for the next connect()).
   [[noreturn]] void throwRecovery(Message m, const std::string& what);
-  // An accepted message as the trainer's packet, compressed boundary tensors decoded to float32.
+  // An accepted message as the trainer's packet, compressed boundary tensors decoded to float32
+  // (on decode_on_'s device).
   StagePacket unpack(Message m) const;
 
   Mailbox& mailbox_;
@@ -144,6 +154,7 @@ class MailboxStageLink : public StageLink {
   std::optional<PeerLoss> lost_;
   std::function<bool()> interrupted_;
   std::function<bool(const std::string&)> replaced_;
+  std::shared_ptr<const TensorPlacement> decode_on_;
 };
 
 }  // namespace cairn

@@ -442,6 +442,7 @@ ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
     options.on_live_peers(livePeersHook(live_peers, cluster_sync, offered, node));
   MailboxStageLink link(mailbox, node, timeouts, checks);
   link.setReplaced(options.neighbour_replaced);
+  link.decodeOn(config.placement);
   const NodeRunnerConfig run_config = nodeRunnerConfig(options, config, node, dir);
   stage = torch::jit::Module();
   NodeRunner runner(run_config, mailbox, link, &cluster_sync);

@@ -12,79 +12,18 @@
 #include "trainer/Int8Boundary.h"
 #include "node/pipeline/MailboxStageLink.h"
 #include "node/transport/ZmqTransport.h"
+#include "tests/node/StageLinkFixture.h"
 
 namespace cairn {
 namespace {
 
 using namespace std::chrono_literals;
-
-NodeSpec stemSpec() {
-  NodeSpec n;
-  n.name = "stem";
-  n.job_id = "job";
-  n.address = "127.0.0.1:1";
-  n.stage = 1;
-  n.num_stages = 3;
-  n.role = StageRole::kStem;
-  n.upstream = PeerRef{"up", "127.0.0.1:2", ""};
-  n.downstream = PeerRef{"down", "127.0.0.1:3", ""};
-  n.inputs = {BoundaryValue{"x", "tensor", "float32", {8, 4}}};
-  n.outputs = {BoundaryValue{"y", "tensor", "float32", {8, 2}}};
-  return n;
-}
-
-Message genuineActivation(uint64_t step = 0, uint64_t microbatch = 0) {
-  Message m;
-  m.kind = MessageKind::kActivation;
-  m.job_id = "job";
-  m.sender = "up";
-  m.step = step;
-  m.microbatch = microbatch;
-  m.tensors.push_back({"x", torch::full({8, 4}, 0.5)});
-  m.tensors.push_back({"__targets", torch::zeros({8}, torch::kLong)});
-  return m;
-}
-
-Message genuineGradient() {
-  Message m;
-  m.kind = MessageKind::kGradient;
-  m.job_id = "job";
-  m.sender = "down";
-  m.tensors.push_back({"y", torch::full({8, 2}, 0.25)});
-  m.tensors.push_back({"__loss", torch::tensor(1.0, torch::kDouble)});
-  return m;
-}
-
-// Three neighbours of "stem" (and a stranger) as real transports on inproc.
-struct Fixture {
-  zmq::context_t context;
-  std::string prefix;
-  ZmqTransport stem, up, down, stranger;
-  Mailbox mailbox;
-  MailboxStageLink link;
-
-  explicit Fixture(const std::string& p, LinkChecks checks)
-      : prefix(p),
-        stem(context, "stem", "inproc://" + p + "stem"),
-        up(context, "up", "inproc://" + p + "up"),
-        down(context, "down", "inproc://" + p + "down"),
-        stranger(context, "stranger", "inproc://" + p + "stranger"),
-        mailbox(stem),
-        link(mailbox, stemSpec(), LinkTimeouts{10s, 500ms}, checks) {
-    for (ZmqTransport* t : {&up, &down, &stranger}) t->addPeer("stem", "inproc://" + p + "stem");
-  }
-  void send(ZmqTransport& from, const Message& m) {
-    ASSERT_EQ(from.send("stem", m, 5s), SendStatus::kSent);
-  }
-};
-
-LinkChecks defaultChecks() {
-  LinkChecks c;
-  c.max_microbatch_rows = 8;
-  c.max_eval_rows = 16;
-  c.step_window = 4;
-  return c;
-}
+using testing::defaultChecks;
+using testing::Fixture;
+using testing::genuineActivation;
+using testing::genuineGradient;
+using testing::sentDownstream;
+using testing::stemSpec;
 
 struct Rule {
   std::string name;
@@ -242,19 +181,6 @@ TEST(StageLinkValidationPolicy, PlannedMessageBytesCoversTheLargerBoundary) {
 // wire dtype (exactly torch's cast) and come back as float32 of the rounded values; bookkeeping
 // and integer tensors are left alone; a planned float32 tensor in another dtype is dropped.
 class StageLinkWireDtype : public ::testing::TestWithParam<torch::ScalarType> {};
-
-// Sends an activation packet (the planned output "y" and two bookkeeping tensors) through the
-// stem's link to "down" and returns the message as it travelled (no tensors if none arrived).
-Message sentDownstream(Fixture& f, const torch::Tensor& y) {
-  f.stem.addPeer("down", "inproc://" + f.prefix + "down");
-  StagePacket out;
-  out.kind = PacketKind::kActivation;
-  out.tensors = {{"y", y}, {"__loss", torch::tensor(1.25f)}, {"__targets", torch::arange(8)}};
-  f.link.send(Neighbour::kDownstream, out);
-  std::optional<Message> sent = f.down.receive(5s);
-  if (!sent) ADD_FAILURE() << "nothing arrived downstream";
-  return sent ? std::move(*sent) : Message{};
-}
 
 TEST_P(StageLinkWireDtype, CompressedBoundaryRoundTripsThroughTheWireDtype) {
   const torch::ScalarType wire = GetParam();
