@@ -304,8 +304,9 @@ TEST(Device, CudaCheckpointResumesOnTheCpuBitForBit) {
 
 // Where a GPU is: the int8 wire form computed on it (TimedLink encodes there) equals the host's bit
 // for bit, so a receiver cannot tell which side encoded. The encoder divides by a tensor, not by a
-// host scalar, which CUDA turns into a product with its reciprocal (one bit off at times).
-TEST(Device, Int8EncodingOnCudaEqualsTheHostsBitForBit) {
+// host scalar, which CUDA turns into a product with its reciprocal (one bit off at times). And a
+// wire form decoded there (MailboxStageLink::decodeOn) gives the host's float32 values.
+TEST(Device, Int8WireFormOnCudaEqualsTheHostsBitForBit) {
   if (!torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device here (this libtorch "
                  << (cudaBuild() ? "has CUDA but sees no GPU" : "is CPU-only")
@@ -321,6 +322,12 @@ TEST(Device, Int8EncodingOnCudaEqualsTheHostsBitForBit) {
     const torch::Tensor host = encodeInt8Boundary(x);
     const torch::Tensor device = encodeInt8Boundary(x.to(torch::kCUDA)).to(torch::kCPU);
     EXPECT_TRUE(torch::equal(host, device)) << x.sizes();
+    const torch::Tensor decoded = decodeInt8Boundary(host, x.sizes());
+    const torch::Tensor decoded_there = decodeInt8Boundary(host.to(torch::kCUDA), x.sizes());
+    EXPECT_TRUE(decoded_there.is_cuda());
+    // equal_nan: row 1 decodes to NaN on both sides
+    EXPECT_TRUE(torch::allclose(decoded, decoded_there.to(torch::kCPU), 0, 0, /*equal_nan=*/true))
+        << x.sizes();
   }
 }
 
