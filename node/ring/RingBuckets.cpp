@@ -30,8 +30,7 @@ void RingBuckets::build(const std::vector<std::string>& names, torch::jit::Modul
       CAIRN_THROW(BadInput, "node.json of ", node, ": ring ", ring_id, " lists ", name,
                   ", which the stage module (", stage_file,
                   ") has neither as a parameter nor as a buffer");
-    const torch::Tensor& t = it->second.first;
-    CAIRN_ENFORCE(t.device().is_cpu(), "ring tensors must be on the CPU: ", name);
+    const torch::Tensor& t = it->second.first;  // on the training device (see the header)
     const size_t index = tensors.size();
     tensors.push_back(t);
     is_parameter.push_back(it->second.second);
@@ -100,8 +99,8 @@ void RingBuckets::unflatten(const RingBucket& b, const torch::Tensor& flat, bool
     if (gradients) {
       if (t.grad().defined())
         t.mutable_grad().copy_(part);
-      else
-        t.mutable_grad() = part.clone();
+      else  // a gradient of its own, where the parameter is
+        t.mutable_grad() = part.to(t.device(), t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
     } else if (is_parameter[i]) {
       t.copy_(part);
     } else {

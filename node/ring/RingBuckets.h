@@ -11,6 +11,9 @@
 // exactly as when every parameter of a dtype was one bucket. Every member of a ring cuts the same
 // buckets (same names, shapes and cap), which is what keeps their collectives in step.
 //
+// Where they live: `tensors` on the stage's training device (trainer/Device.h), flattened buckets
+// and the outer state on the host, where the collectives reduce them: flatten copies a bucket
+// out (one copy per bucket), unflatten copies it back onto each tensor's device.
 // Ownership: `tensors` alias the stage module's parameters and buffers (writing a bucket back
 // writes the module); the DiLoCo outer state (θ_prev, momentum) is owned per bucket.
 // Thread-safety: one thread at a time (the ring's thread during a sync).

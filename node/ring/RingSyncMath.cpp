@@ -119,14 +119,31 @@ void checkMagnitudes(const ProcessGroup& group, const std::vector<torch::Tensor>
   }
 }
 
-// Whether `t` holds a non-finite value, and else its largest magnitude: one pass in the tensor's
-// own dtype (max propagates NaN, and an infinity is the largest), so it costs about one copy of
-// the bucket per step.
+// Whether any of `tensors` holds a non-finite value, and the largest magnitude of the others: one
+// pass over each in its own dtype (max propagates NaN, and an infinity is the largest), so it
+// costs about one copy of the bucket per step. Each tensor's largest is computed where it lives
+// and they cross to the host in one copy (on a GPU one wait for the device, not one per tensor;
+// a largest is one of the tensor's values, which widening to double keeps exactly).
+std::pair<bool, double> finiteAndLargest(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> largest;
+  for (const torch::Tensor& t : tensors)
+    if (t.numel() > 0) largest.push_back(t.detach().abs().max().to(torch::kDouble).reshape({1}));
+  if (largest.empty()) return {false, 0};
+  const torch::Tensor host = torch::cat(largest).to(torch::kCPU).contiguous();
+  bool nonfinite = false;
+  double out = 0;
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    const double v = host.data_ptr<double>()[i];
+    if (!std::isfinite(v))
+      nonfinite = true;
+    else
+      out = std::max(out, v);
+  }
+  return {nonfinite, out};
+}
+
 std::pair<bool, double> finiteAndLargest(const torch::Tensor& t) {
-  if (t.numel() == 0) return {false, 0};
-  const double largest = t.abs().max().item().toDouble();
-  if (!std::isfinite(largest)) return {true, 0};
-  return {false, largest};
+  return finiteAndLargest(std::vector<torch::Tensor>{t});
 }
 
 }  // namespace
@@ -153,12 +170,10 @@ void checkGradientContribution(RingBuckets& ring, ProcessGroup& group, const Rin
                                const torch::Tensor& gradients) {
   torch::NoGradGuard no_grad;
   auto [nonfinite, largest_gradient] = finiteAndLargest(gradients);
-  double largest_weight = 0;
-  for (size_t i : b.members) {
-    const auto [bad, largest] = finiteAndLargest(ring.tensors[i]);
-    nonfinite = nonfinite || bad;
-    largest_weight = std::max(largest_weight, largest);
-  }
+  std::vector<torch::Tensor> weights;
+  for (size_t i : b.members) weights.push_back(ring.tensors[i]);
+  const auto [bad_weight, largest_weight] = finiteAndLargest(weights);
+  nonfinite = nonfinite || bad_weight;
   const std::vector<torch::Tensor> all = group.allGather(
       torch::tensor({nonfinite ? 1.0 : 0.0, largest_gradient, largest_weight}, torch::kDouble));
   checkMagnitudes(group, all, {{1, "gradient"}, {2, "weight"}},

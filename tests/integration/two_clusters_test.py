@@ -3,7 +3,10 @@
 tools/launch_local, with their rings written as clusterize forms them (provider_cluster_test.py
 holds the single-cluster cases and the shared helpers).
 
-    two_clusters_test.py CASE --provider BUILD/node/provider --work DIR --port BASE
+    two_clusters_test.py CASE --provider BUILD/node/provider --work DIR --port BASE [--device D]
+
+--device: where every provider trains (default cpu; tools/gpu/gpu_figures.sh runs cases on cuda:
+the rings reduce host copies of the buckets of stages that live on the GPU).
 
 CASE:
   two_clusters_average  2 clusters x 3 providers (the by-hand cut twice, ring per stage), "average"
@@ -62,7 +65,7 @@ def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 
     node_data, nodes, rings = pct.make_clusters_node_data(args.work, args.port, stages, settings, data, pct.KEYS)
     stage_of = lambda name: os.path.join(node_data, "nodes", name, "stage.pt")
     initial = {name: dict(torch.jit.load(stage_of(name)).state_dict()) for name in nodes[0]}
-    seconds = pct.launch(node_data, args.provider, 240)
+    seconds = pct.launch(node_data, args.provider, 240, ["--device", args.device])
     print(f"{stages[0]} + {stages[1]} providers in 2 clusters, {len(rings)} ring(s): {seconds:.1f} s")
     trained = lambda name: torch.jit.load(
         os.path.join(node_data, "nodes", name, "trained_stage.pt")).state_dict()
@@ -94,7 +97,9 @@ def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 
 
 
 def main():
-    pct.main_of(CASES, globals())
+    def add_args(parser):
+        parser.add_argument("--device", default="cpu", help="where the providers train (cpu, cuda)")
+    pct.main_of(CASES, globals(), add_args)
 
 
 if __name__ == "__main__":

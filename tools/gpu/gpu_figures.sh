@@ -19,7 +19,9 @@
 #   2. figure 1, equivalence: 3 providers sharing the GPU vs one PyTorch process on it, 20 SGD
 #      steps, fp32-strict, deterministic algorithms (tests/integration/provider_cluster_test.py
 #      match_pytorch --device cuda): max abs difference <= 1e-5; then the same with wire bf16, cast
-#      on the GPU before the copy (tests/integration/wire_compression_test.py bf16 --device cuda)
+#      on the GPU before the copy (tests/integration/wire_compression_test.py bf16 --device cuda);
+#      and rings on the GPU: 2 clusters on cuda, "gradients" and a whole-model cluster in 3 rings
+#      (tests/integration/two_clusters_test.py --device cuda): copies bit-identical after the reduce
 #   3. figures 2 and 3: overhead (one provider, whole model, vs PyTorch's loop in Python) and the tiny
 #      GPT in 2 stages on one device vs 1 provider (tools/gpu/overhead.py)
 #   4. figure 5: the demo (6 epochs) on $DEVICE
@@ -102,6 +104,15 @@ timeout "$(budget 90 200)" $PY tests/integration/wire_compression_test.py bf16 -
   --provider "$BUILD/node/provider" --work "$WORK/wire" --port 27150 > "$LOGS/wire.log" 2>&1
 rc=$?; log "wire bf16 on $DEVICE exit $rc: $(grep -E 'max \||FAIL' "$LOGS/wire.log" | tr '\n' ' ')"
 [[ $rc -eq 0 ]] || status=1
+# Rings on the device: 2 clusters, every stage on the GPU, the rings reducing host copies of the
+# buckets ("gradients" every step; then one cluster holding the whole model in 3 rings, "average"):
+# every copy bit-identical after the final reduce, and both Leaves past 30 % accuracy.
+for case in two_clusters_gradients two_clusters_cut_differently; do
+  timeout "$(budget 90 180)" $PY tests/integration/two_clusters_test.py $case --device "$DEVICE" \
+    --provider "$BUILD/node/provider" --work "$WORK/$case" --port 27200 > "$LOGS/$case.log" 2>&1
+  rc=$?; log "$case on $DEVICE exit $rc: $(grep -E 'bit-identical|FAIL' "$LOGS/$case.log" | tr '\n' ' ')"
+  [[ $rc -eq 0 ]] || status=1
+done
 
 log "3/6 figures 2, 3: overhead and the pipeline on one $DEVICE (tools/gpu/overhead.py, ${STEPS:-1000} steps)"
 timeout "$(budget 300 130)" $PY tools/gpu/overhead.py --build "$BUILD" --work "$WORK/overhead" \
