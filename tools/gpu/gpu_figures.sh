@@ -10,10 +10,9 @@
 # 2026-11-27 on an H200: the build of every target under 3 minutes, this script about 5 minutes.
 # START/LIMIT: every step's timeout is cut so that the script ends LIMIT seconds after START (the
 # device command's own limit); a step cut short says so in figures.txt.
-# Here (no GPU) `OPENBLAS_NUM_THREADS=1 PY=/usr/bin/python3 DEVICE=cpu BUILD=build OUT=/tmp/gpu_dry
-# STEPS=20 SKIP_DEMO=1 bash tools/gpu/gpu_figures.sh` runs the same steps on the CPU, which checks
-# the script, not the GPU (about 4 minutes on 2 cores, 2026-12-01; without OPENBLAS_NUM_THREADS=1
-# the PyTorch loop of figure 2 multiplies on every core while a provider uses one).
+# Here (no GPU) `PY=/usr/bin/python3 DEVICE=cpu BUILD=build OUT=/tmp/gpu_dry STEPS=20 SKIP_DEMO=1
+# bash tools/gpu/gpu_figures.sh` runs the same steps on the CPU, which checks the script, not the
+# GPU (about 4 minutes on 2 cores, 2026-12-01).
 #   0. (background, from the start) figure 5's reference: the demo, 6 epochs, on this machine's CPU
 #      (3 single-threaded providers; the GPU steps below use other cores)
 #   1. Device.* of trainer_tests (the CUDA checkpoint round trip: save on CUDA, resume on the CPU;

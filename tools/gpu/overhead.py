@@ -29,8 +29,13 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-import torch
+# One BLAS thread, as a provider multiplies (core/BlasThreads.h), read when torch loads the BLAS:
+# on the CPU a reference multiplying on every core measured threads, not overhead (0.80x against
+# 1.02-1.04x with one thread each for the GPT on 2 cores, 2026-12-01).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 FASHION = "/usr/share/datasets/fashion-mnist"
