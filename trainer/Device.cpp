@@ -1,5 +1,6 @@
 #include "trainer/Device.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 
 #include <cstdlib>
@@ -84,6 +85,13 @@ std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device) {
   if (device.is_cpu()) return std::make_shared<CpuPlacement>();
   CAIRN_ENFORCE(device.is_cuda(), "no placement for device ", device.str());
   return std::make_shared<CudaPlacement>(device);
+}
+
+void makeCurrentDevice(torch::Device device) {
+  if (!device.is_cuda() || !device.has_index()) return;  // resolveDevice always gives one
+  // The device-generic guard interface (c10/core/impl): the same call against Debian's CPU-only
+  // libtorch, which never gets here (resolveDevice refuses cuda there).
+  c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
 }
 
 void configureDeviceMath(torch::Device device, Precision precision) {

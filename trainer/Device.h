@@ -43,6 +43,12 @@ class TensorPlacement {
 // The placement for `device` (CPU: the identity).
 std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device);
 
+// Makes `device` the calling thread's current CUDA device, as torch.cuda.set_device does: what
+// uses "the current device" (new streams and handles, allocations without an index) goes to it,
+// not to GPU 0, so one provider per GPU on a machine with several does not also load GPU 0.
+// Nothing for the CPU. StageTrainer::run calls it on the thread that trains.
+void makeCurrentDevice(torch::Device device);
+
 // Per-process math settings for training on `device` in `precision`: on CUDA, TF32 matmuls and
 // convolutions on for fp32 and bf16; fp32-strict turns them off and asks for deterministic
 // algorithms (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set). Nothing on the CPU. Logs the device.

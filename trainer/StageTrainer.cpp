@@ -124,6 +124,7 @@ struct StageTrainer::Impl {
   }
 
   TrainerResult run() {
+    makeCurrentDevice(placement->device());  // the thread that trains: its current device
     const auto start = TrainerClock::now();
     negotiatePlan();
     if (observer.on_plan) observer.on_plan(plan.total_steps, plan.steps_per_epoch);

@@ -6,6 +6,7 @@
 // (each crossed toDevice), so a tensor that skips either crossing makes the test fail. The real GPU round trip (save on
 // CUDA, resume on the CPU, equal bit for bit) runs only where CUDA is, and is skipped with its
 // reason elsewhere.
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
@@ -329,6 +330,41 @@ TEST(Device, Int8WireFormOnCudaEqualsTheHostsBitForBit) {
     EXPECT_TRUE(torch::allclose(decoded, decoded_there.to(torch::kCPU), 0, 0, /*equal_nan=*/true))
         << x.sizes();
   }
+}
+
+// Where a GPU is: a whole-model stage trains on the last CUDA device of the machine (on one with
+// several, not GPU 0), that device is current on the thread that trains (makeCurrentDevice, read
+// there at every step through the stop poll), and its step losses (read once per step) are the
+// CPU run's within float rounding (fp32-strict: no TF32).
+TEST(Device, AWholeModelStageTrainsOnItsCudaDeviceMadeCurrent) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device here (this libtorch "
+                 << (cudaBuild() ? "has CUDA but sees no GPU" : "is CPU-only")
+                 << "): the GPU script (../shared/device) runs this case";
+  const auto gpu = torch::Device(torch::kCUDA, c10::DeviceIndex(torch::cuda::device_count() - 1));
+  auto options = [](TrainOptions& t) {
+    t.microbatches = 4;
+    t.max_steps = 3;
+    t.precision = Precision::kFp32Strict;
+  };
+  const std::string node_data = testing::trainerModelsDir() + "/cnn/whole/node_data";
+  const testing::PipelineRun cpu = testing::runInMemoryPipeline(node_data, options);
+  std::mutex mutex;
+  std::vector<c10::DeviceIndex> current;
+  const testing::PipelineRun cuda =
+      testing::runInMemoryPipeline(node_data, options, [&](int, StageTrainerConfig& c) {
+        c.placement = makePlacement(gpu);
+        c.stop_requested = [&] {
+          std::lock_guard<std::mutex> lock(mutex);
+          current.push_back(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice().index());
+          return false;
+        };
+      });
+  ASSERT_EQ(cuda.losses.size(), 3u);
+  ASSERT_FALSE(current.empty());
+  for (c10::DeviceIndex index : current) EXPECT_EQ(index, gpu.index());
+  for (size_t step = 0; step < 3; ++step)
+    EXPECT_NEAR(cuda.losses[step], cpu.losses[step], 1e-4) << "step " << step;
 }
 
 // Wire compression before the crossing (TimedLink, wire.activations bf16/fp16/int8): off the host,
