@@ -12,6 +12,7 @@ namespace cairn {
 void AsyncLoop::forward(int64_t g) {
   const int64_t M = ctx_.opt.microbatches, s = g / M, k = g % M;
   if (ctx_.is_root && k == 0) {
+    passes_.flush();  // the last activations leave before the data is loaded, not after
     const auto t = TrainerClock::now();
     std::map<int, Microbatch> batch;
     steps_[s].checksum = feeder_.load(s, &batch);
@@ -77,6 +78,7 @@ TrainerResult AsyncLoop::run(const ResumePoint& resume, TrainerClock::time_point
       forward(forwards++);
       continue;
     }
+    passes_.flush();  // before a backward, a checkpoint or the end: nothing waits to leave
     const int64_t g = backwards++;
     backward(g);
     decideStop();

@@ -1,10 +1,12 @@
 #include "trainer/Device.h"
 
+#include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 
 #include <cstdlib>
 #include <regex>
+#include <thread>
 
 #include "core/Error.h"
 #include "core/Log.h"
@@ -49,6 +51,21 @@ class CudaPlacement final : public TensorPlacement {
     if (!t.defined() || t.device().is_cpu()) return t;
     return t.to(torch::kCPU);  // synchronous: the wire reads the bytes right after
   }
+  HostCopy toHostLater(const torch::Tensor& t) const override {
+    if (!t.defined() || t.device().is_cpu()) return {t, {}};
+    torch::Tensor host =
+        torch::empty(t.sizes(), torch::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+    host.copy_(t, /*non_blocking=*/true);  // from the device to pinned memory: asynchronous
+    // The device-generic stream and event of c10 (the same calls build against a CPU libtorch).
+    const c10::Stream stream = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+    auto copied = std::make_shared<c10::Event>(t.device().type());
+    copied->record(stream);
+    // Waited for by polling the event: c10::Event has no blocking wait before PyTorch 2.
+    return {host, [copied] {
+              while (!copied->query()) std::this_thread::yield();
+            }};
+  }
+  bool copiesLater() const override { return true; }
 
  private:
   torch::Device device_;

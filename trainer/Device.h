@@ -12,6 +12,7 @@
 
 #include <torch/script.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,15 @@ bool cudaBuild();
 // for a machine without a usable CUDA device, and for cuda:N past the device count.
 torch::Device resolveDevice(const std::string& text, const std::string& context);
 
+// A copy to the host that may still be under way (TensorPlacement::toHostLater).
+struct HostCopy {
+  torch::Tensor host;           // the values, once wait() has returned
+  std::function<void()> until;  // waits for the copy to complete (empty: it is complete)
+  void wait() const {
+    if (until) until();
+  }
+};
+
 class TensorPlacement {
  public:
   virtual ~TensorPlacement() = default;
@@ -38,6 +48,14 @@ class TensorPlacement {
   virtual torch::Tensor toDevice(const torch::Tensor& t) const = 0;
   // The tensor on the host with the same values (a host tensor as it is); waits for the copy.
   virtual torch::Tensor toHost(const torch::Tensor& t) const = 0;
+  // toHost's copy, started and not waited for: on a GPU a non-blocking copy into pinned host
+  // memory, queued on the device's stream behind the work that computes `t`, and an event after
+  // it, so the host thread can queue more work (the next micro-batch's forward) while the device
+  // finishes `t` and copies it (TimedLink::sendLater). By default: toHost, complete at once.
+  virtual HostCopy toHostLater(const torch::Tensor& t) const { return {toHost(t), {}}; }
+  // Whether toHostLater's copies run behind the host thread (a GPU's do): only then does
+  // TimedLink::sendLater hold a packet back for them.
+  virtual bool copiesLater() const { return false; }
 };
 
 // The placement for `device` (CPU: the identity).

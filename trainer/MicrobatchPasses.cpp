@@ -104,7 +104,11 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
   if (deal_) deal_->attach(out);
   if (ctx_.cfg.cluster_sync) attachAdmission(*ctx_.cfg.cluster_sync, step, out);
   mb.inputs.clear();  // not needed after the forward (the executor keeps what backward needs)
-  link_.send(Neighbour::kDownstream, out);
+  if (!ctx_.is_root) return link_.send(Neighbour::kDownstream, out);
+  // The Root queued this forward behind the previous micro-batch's copy to the host: that one
+  // leaves now (on a GPU while this forward runs), this one at the next forward or link call.
+  link_.flush();
+  link_.sendLater(Neighbour::kDownstream, out);
 }
 
 double MicrobatchPasses::backward(Microbatch& mb, uint64_t id, uint64_t step, uint64_t microbatch) {

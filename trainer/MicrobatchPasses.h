@@ -29,7 +29,9 @@ class MicrobatchPasses {
   // The Root runs mb.inputs; other stages receive the activation for (step, microbatch) from
   // upstream with its targets, ids and denominator. The Leaf computes the micro-batch's loss share
   // (and, when it is not also the Root, adds its sample ids to *id_checksum); other stages send
-  // their outputs on. `id` is the executor's micro-batch key.
+  // their outputs on — the Root with TimedLink::sendLater: its activations leave at its next
+  // forward, after that forward is queued, or at its next link call, whichever comes first.
+  // `id` is the executor's micro-batch key.
   void forward(Microbatch& mb, uint64_t id, int64_t step, int64_t microbatch,
                uint64_t* id_checksum);
   // The Leaf starts from its loss; other stages receive the gradient of their outputs for
@@ -46,6 +48,8 @@ class MicrobatchPasses {
   // once per micro-batch before queueing the next one. The sum is the one backward's returned
   // shares would have made (the same additions in the same order).
   double takeLosses(int64_t step);
+  // Sends what the Root's last forward left to send (TimedLink::flush).
+  void flush() { link_.flush(); }
 
  private:
   std::vector<torch::Tensor> backwardOf(Microbatch& mb, uint64_t id, uint64_t step,

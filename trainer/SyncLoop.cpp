@@ -57,6 +57,7 @@ double SyncLoop::walkSchedule(double lr) {
   }
   CAIRN_ENFORCE(ctx_.executor.pendingMicrobatches() == 0,
                 "micro-batches left in flight after a step");
+  passes_.flush();  // nothing is left to send between steps (a backward's receive flushed it)
   return grad_norm;
 }
 

@@ -10,23 +10,56 @@
 
 namespace cairn {
 
+StagePacket TimedLink::crossingForm(const StagePacket& packet) const {
+  StagePacket out = packet;
+  for (auto& [name, tensor] : out.tensors) {
+    const std::optional<torch::Tensor> wire = wireForm(wireFloat(wire_), out.kind, name, tensor);
+    if (wire) tensor = *wire;
+  }
+  return out;
+}
+
 void TimedLink::send(Neighbour to, const StagePacket& packet) {
+  flush();
   const auto t = TrainerClock::now();
   if (placement_.device().is_cpu()) {
     link_.send(to, packet);  // the link compresses on the host, where the tensors are
   } else {
-    StagePacket host = packet;
-    for (auto& [name, tensor] : host.tensors) {
-      const std::optional<torch::Tensor> wire = wireForm(wireFloat(wire_), host.kind, name, tensor);
-      tensor = placement_.toHost(wire ? *wire : tensor);
-    }
+    StagePacket host = crossingForm(packet);
+    for (auto& named : host.tensors) named.second = placement_.toHost(named.second);
     link_.send(to, host);
   }
   times_.send_s += secondsSince(t);
 }
 
+void TimedLink::sendLater(Neighbour to, const StagePacket& packet) {
+  if (!placement_.copiesLater()) return send(to, packet);
+  flush();
+  const auto t = TrainerClock::now();
+  // On the host (a test double) the link compresses, as in send.
+  Later later{to, placement_.device().is_cpu() ? packet : crossingForm(packet), {}, {}};
+  for (auto& named : later.host.tensors) {
+    later.sources.push_back(named.second);
+    later.copies.push_back(placement_.toHostLater(named.second));
+    named.second = later.copies.back().host;
+  }
+  later_ = std::move(later);
+  times_.send_s += secondsSince(t);
+}
+
+void TimedLink::flush() {
+  if (!later_) return;
+  const auto t = TrainerClock::now();
+  Later later = std::move(*later_);
+  later_.reset();
+  for (const HostCopy& copy : later.copies) copy.wait();
+  link_.send(later.to, later.host);
+  times_.send_s += secondsSince(t);
+}
+
 StagePacket TimedLink::receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                                const std::string& tag) {
+  flush();
   const auto t = TrainerClock::now();
   StagePacket p = link_.receive(from, kind, step, microbatch, tag);
   times_.wait_s += secondsSince(t);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/Device.h"
 #include "trainer/StageLink.h"
 #include "trainer/StageTrainer.h"
 #include "trainer/TrainOptions.h"
@@ -57,20 +58,41 @@ struct Microbatch {
 // output off the host takes its wire form on its device before the crossing (wireForm, StageLink.h),
 // so a half or a quarter of the bytes cross PCIe; the link sends a tensor already in its wire form
 // as it is. On the CPU the link compresses.
+// sendLater: a packet off the host leaves at the next flush, send or receive, whichever comes
+// first; its copies to the host are started at once (TensorPlacement::toHostLater) and waited for
+// then, so the caller can queue the device's next work before the wait (the Root: the next
+// micro-batch's forward runs on the GPU while this one's activations are copied and sent). Every
+// send and receive flushes first: a packet never waits behind a wait for a peer, and packets
+// leave in the order they were given.
 class TimedLink {
  public:
   TimedLink(StageLink& link, StepTimes& times, const TensorPlacement& placement,
             WireCodec wire = WireCodec::kFp32)
       : link_(link), times_(times), placement_(placement), wire_(wire) {}
   void send(Neighbour to, const StagePacket& packet);
+  // send, leaving at the next flush when the placement's copies run behind the host thread
+  // (TensorPlacement::copiesLater: a GPU); otherwise send.
+  void sendLater(Neighbour to, const StagePacket& packet);
+  // Sends what sendLater left, once its copies are complete; nothing when nothing is left.
+  void flush();
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                       const std::string& tag);
 
  private:
+  struct Later {
+    Neighbour to;
+    StagePacket host;                    // its tensors filled in by the copies
+    std::vector<HostCopy> copies;        // waited for before it leaves
+    std::vector<torch::Tensor> sources;  // what the copies read, kept until they are done
+  };
+  // The packet's tensors in the form they cross to the host (wireForm on the device).
+  StagePacket crossingForm(const StagePacket& packet) const;
+
   StageLink& link_;
   StepTimes& times_;
   const TensorPlacement& placement_;
   WireCodec wire_;
+  std::optional<Later> later_;
 };
 
 struct TrainerContext {

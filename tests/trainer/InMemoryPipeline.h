@@ -29,7 +29,10 @@ namespace cairn::testing {
 class InMemoryHub {
  public:
   explicit InMemoryHub(int nodes) : inboxes_(size_t(nodes)) {}
+  // Called with every packet as it is sent (from the sender's thread); set before the run.
+  std::function<void(int from, const StagePacket&)> on_push;
   void push(int to, int from, StagePacket packet) {
+    if (on_push) on_push(from, packet);
     Inbox& box = inboxes_[size_t(to)];
     std::lock_guard<std::mutex> lock(box.mutex);
     box.packets.push_back({from, std::move(packet)});
@@ -106,10 +109,12 @@ struct PipelineRun {
 };
 
 // Runs every node of `node_data` (one cluster) in threads. `adjust` may change the options,
-// `configure` (optional) the whole config of node i (checkpoints, resume, stop).
+// `configure` (optional) the whole config of node i (checkpoints, resume, stop); `on_send`
+// (optional) sees every packet node `from` sends, as it leaves.
 inline PipelineRun runInMemoryPipeline(
     const std::string& node_data, const std::function<void(TrainOptions&)>& adjust,
-    const std::function<void(int, StageTrainerConfig&)>& configure = {}) {
+    const std::function<void(int, StageTrainerConfig&)>& configure = {},
+    const std::function<void(int from, const StagePacket&)>& on_send = {}) {
   const JobSpec job = readJobSpec(jobSpecPath(node_data));
   std::vector<NodeSpec> nodes;
   for (int i = 0;; ++i) {
@@ -119,6 +124,7 @@ inline PipelineRun runInMemoryPipeline(
   }
   const int n = int(nodes.size());
   InMemoryHub hub(n);
+  hub.on_push = on_send;
   PipelineRun run;
   run.results.resize(size_t(n));
   std::vector<std::unique_ptr<InMemoryLink>> links;
