@@ -25,10 +25,11 @@ add_test(NAME integration.recut_carry
           --work ${CMAKE_CURRENT_BINARY_DIR}/integration/recut_carry)
 set_tests_properties(integration.recut_carry PROPERTIES TIMEOUT 600 LABELS integration)
 # training_definition.wire.activations bf16/fp16/int8 over 3 real providers against a PyTorch
-# reference that rounds each cut's activation and gradient through the codec (tests/integration/
-# wire_compression_test.py).
+# reference that rounds each cut's activation and gradient through the codec, and precision bf16
+# against the same stages run under torch.autocast (tests/integration/wire_compression_test.py).
 cairn_script_tests(PREFIX integration.wire SCRIPT ${INTEGRATION}/wire_compression_test.py
-  CASES bf16 fp16 int8 PORTS 6930 6940 6950 ARGS --provider $<TARGET_FILE:provider>)
+  CASES bf16 fp16 int8 precision_bf16 PORTS 6930 6940 6950 6960
+  ARGS --provider $<TARGET_FILE:provider>)
 # Issue [R]: a tiny GPT cut so that the arange positions, a position embedding and the mask (no
 # batch dimension) and a transposed tensor (batch dimension 1) cross; 3 real providers train it for
 # 3 steps, losses and weights equal PyTorch training the unsplit model; with int8 on the wire,
@@ -198,5 +199,5 @@ cairn_script_tests(PREFIX integration.ring_failure SCRIPT ${INTEGRATION}/ring_fa
 # Integration tests that compare floating-point results with a reference (tools/numeric_tests.sh).
 set_property(TEST integration.two_clusters_average integration.two_clusters_gradients
   integration.two_clusters_diloco integration.match_pytorch integration.recut_carry
-  integration.wire.bf16 integration.wire.fp16 integration.wire.int8
+  integration.wire.bf16 integration.wire.fp16 integration.wire.int8 integration.wire.precision_bf16
   integration.failure.kill_stem_resume APPEND PROPERTY LABELS numeric)

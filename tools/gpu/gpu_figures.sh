@@ -22,6 +22,7 @@
 #      steps, fp32-strict, deterministic algorithms (tests/integration/provider_cluster_test.py
 #      match_pytorch --device cuda): max abs difference <= 1e-5; then the same with wire bf16, cast
 #      on the GPU before the copy (tests/integration/wire_compression_test.py bf16 --device cuda);
+#      precision bf16 (CUDA autocast) against the same stages under torch.autocast;
 #      and rings on the GPU: 2 clusters on cuda, "gradients" and a whole-model cluster in 3 rings
 #      (tests/integration/two_clusters_test.py --device cuda): copies bit-identical after the reduce
 #   3. figures 2 and 3: overhead (one provider, whole model, vs PyTorch's loop in Python) and the tiny
@@ -105,6 +106,11 @@ rc=$?; log "match_pytorch exit $rc: $(grep -E 'max abs difference|providers on|F
 timeout "$(budget 90 200)" $PY tests/integration/wire_compression_test.py bf16 --device "$DEVICE" \
   --provider "$BUILD/node/provider" --work "$WORK/wire" --port 27150 > "$LOGS/wire.log" 2>&1
 rc=$?; log "wire bf16 on $DEVICE exit $rc: $(grep -E 'max \||FAIL' "$LOGS/wire.log" | tr '\n' ' ')"
+[[ $rc -eq 0 ]] || status=1
+# precision bf16: CUDA autocast in the providers against the same stages under torch.autocast.
+timeout "$(budget 60 190)" $PY tests/integration/wire_compression_test.py precision_bf16 --device "$DEVICE" \
+  --provider "$BUILD/node/provider" --work "$WORK/autocast" --port 27170 > "$LOGS/autocast.log" 2>&1
+rc=$?; log "precision bf16 on $DEVICE exit $rc: $(grep -E 'max \||FAIL' "$LOGS/autocast.log" | tr '\n' ' ')"
 [[ $rc -eq 0 ]] || status=1
 # Rings on the device: 2 clusters, every stage on the GPU, the rings reducing host copies of the
 # buckets ("gradients" every step; then one cluster holding the whole model in 3 rings, "average"):
