@@ -104,6 +104,17 @@ std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device) {
   return std::make_shared<CudaPlacement>(device);
 }
 
+std::vector<double> readScalars(const std::vector<torch::Tensor>& values,
+                                const TensorPlacement* placement) {
+  if (values.empty()) return {};
+  std::vector<torch::Tensor> flat;
+  for (const torch::Tensor& v : values) flat.push_back(v.detach().reshape({1}).to(torch::kDouble));
+  const torch::Tensor joined = torch::cat(flat);
+  const torch::Tensor host =
+      (placement ? placement->toHost(joined) : joined.to(torch::kCPU)).contiguous();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
 void makeCurrentDevice(torch::Device device) {
   if (!device.is_cuda() || !device.has_index()) return;  // resolveDevice always gives one
   // The device-generic guard interface (c10/core/impl): the same call against Debian's CPU-only

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "trainer/TrainOptions.h"
 
@@ -60,6 +61,13 @@ class TensorPlacement {
 
 // The placement for `device` (CPU: the identity).
 std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device);
+
+// The values of one-element tensors, wherever each lives (all on one device), read to the host
+// together as float64 — exact for float32 values and for integers below 2^53 — so that on a GPU
+// the read waits for the device once, not once per value. Through `placement`'s toHost when given
+// (a crossing the placement sees), else a plain copy to the host.
+std::vector<double> readScalars(const std::vector<torch::Tensor>& values,
+                                const TensorPlacement* placement = nullptr);
 
 // Makes `device` the calling thread's current CUDA device, as torch.cuda.set_device does: what
 // uses "the current device" (new streams and handles, allocations without an index) goes to it,

@@ -2,10 +2,8 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
-#include <array>
-
 #include "core/Error.h"
+#include "trainer/Device.h"
 #include "trainer/ScriptedLoss.h"
 
 namespace cairn {
@@ -71,18 +69,6 @@ torch::Tensor bceSum(const LossOptions& o, const torch::Tensor& output,
                                               pos_weight, at::Reduction::Sum);
 }
 
-// The values of 0-d tensors (a float sum, integer counts below 2^53) read to the host in one copy:
-// on a GPU each read waits for the device, so an evaluation batch waits once instead of once per
-// figure. float64 holds each exactly, so the figures are those of one read each.
-template <typename... T>
-std::array<double, sizeof...(T)> readTogether(const T&... values) {
-  const torch::Tensor host =
-      torch::stack({values.reshape({}).to(torch::kDouble)...}).to(torch::kCPU).contiguous();
-  std::array<double, sizeof...(T)> out{};
-  std::copy_n(host.data_ptr<double>(), out.size(), out.begin());
-  return out;
-}
-
 }  // namespace
 
 int64_t lossTermCount(const LossOptions& options, const torch::Tensor& targets) {
@@ -133,12 +119,13 @@ EvalTally evaluationTally(const LossOptions& options, const torch::Tensor& outpu
       tally.terms = targets.numel();
       return tally;
     case LossKind::kBceWithLogits: {
-      const auto [sum, correct] = readTogether(
-          bceSum(options, output, targets),
-          output.gt(0).eq(targets.to(output.scalar_type()).ge(0.5)).sum());
-      tally.loss_sum = sum;
+      // The sum and the count in one read (readScalars: on a GPU one wait, not two).
+      const std::vector<double> read =
+          readScalars({bceSum(options, output, targets),
+                       output.gt(0).eq(targets.to(output.scalar_type()).ge(0.5)).sum()});
+      tally.loss_sum = read[0];
       tally.terms = targets.numel();
-      tally.correct = int64_t(correct);
+      tally.correct = int64_t(read[1]);
       return tally;
     }
     case LossKind::kCrossEntropy:
@@ -148,12 +135,12 @@ EvalTally evaluationTally(const LossOptions& options, const torch::Tensor& outpu
   torch::Tensor flat_output, flat_targets;
   flattenClassification(output, targets, &flat_output, &flat_targets);
   const torch::Tensor valid = flat_targets.ne(options.ignore_index);
-  const auto [sum, terms, correct] =
-      readTogether(classificationSum(options, flat_output, flat_targets), valid.sum(),
-                   (flat_output.argmax(1).eq(flat_targets) & valid).sum());
-  tally.loss_sum = sum;
-  tally.terms = int64_t(terms);
-  tally.correct = int64_t(correct);
+  const std::vector<double> read =
+      readScalars({classificationSum(options, flat_output, flat_targets), valid.sum(),
+                   (flat_output.argmax(1).eq(flat_targets) & valid).sum()});
+  tally.loss_sum = read[0];
+  tally.terms = int64_t(read[1]);
+  tally.correct = int64_t(read[2]);
   return tally;
 }
 

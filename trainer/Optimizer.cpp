@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/Error.h"
+#include "trainer/Device.h"
 
 namespace cairn {
 
@@ -213,12 +214,9 @@ double squaredGradientNorm(const std::vector<torch::Tensor>& parameters) {
   // on a GPU a read per tensor would wait for the device once per parameter tensor.
   std::vector<torch::Tensor> norms;
   for (const auto& p : parameters)
-    if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2).reshape({1}));
-  if (norms.empty()) return 0;
-  const torch::Tensor host = torch::cat(norms).to(torch::kCPU, torch::kDouble).contiguous();
-  const double* n = host.data_ptr<double>();
+    if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2));
   double sum = 0;
-  for (int64_t i = 0; i < host.numel(); ++i) sum += n[i] * n[i];
+  for (const double n : readScalars(norms)) sum += n * n;
   return sum;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
+#include "trainer/Device.h"
 
 namespace cairn {
 
@@ -127,13 +128,10 @@ void checkMagnitudes(const ProcessGroup& group, const std::vector<torch::Tensor>
 std::pair<bool, double> finiteAndLargest(const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> largest;
   for (const torch::Tensor& t : tensors)
-    if (t.numel() > 0) largest.push_back(t.detach().abs().max().to(torch::kDouble).reshape({1}));
-  if (largest.empty()) return {false, 0};
-  const torch::Tensor host = torch::cat(largest).to(torch::kCPU).contiguous();
+    if (t.numel() > 0) largest.push_back(t.detach().abs().max());
   bool nonfinite = false;
   double out = 0;
-  for (int64_t i = 0; i < host.numel(); ++i) {
-    const double v = host.data_ptr<double>()[i];
+  for (const double v : readScalars(largest)) {
     if (!std::isfinite(v))
       nonfinite = true;
     else
