@@ -78,7 +78,6 @@ TrainerResult AsyncLoop::run(const ResumePoint& resume, TrainerClock::time_point
       forward(forwards++);
       continue;
     }
-    passes_.flush();  // before a backward, a checkpoint or the end: nothing waits to leave
     const int64_t g = backwards++;
     backward(g);
     decideStop();

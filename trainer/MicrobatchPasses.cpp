@@ -105,9 +105,9 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
   if (ctx_.cfg.cluster_sync) attachAdmission(*ctx_.cfg.cluster_sync, step, out);
   mb.inputs.clear();  // not needed after the forward (the executor keeps what backward needs)
   if (!ctx_.is_root) return link_.send(Neighbour::kDownstream, out);
-  // The Root queued this forward behind the previous micro-batch's copy to the host: that one
-  // leaves now (on a GPU while this forward runs), this one at the next forward or link call.
-  link_.flush();
+  // The Root queued this forward behind the previous micro-batch's copy to the host: sendLater
+  // sends that one first (on a GPU while this forward runs), this one at the next forward or link
+  // call.
   link_.sendLater(Neighbour::kDownstream, out);
 }
 
@@ -155,12 +155,10 @@ double MicrobatchPasses::takeLosses(int64_t step) {
   const auto it = unread_losses_.find(step);
   if (it == unread_losses_.end()) return 0;
   const auto t = TrainerClock::now();
-  const torch::Tensor host =
-      ctx_.placement.toHost(torch::stack(it->second).to(torch::kDouble)).contiguous();
+  const std::vector<double> shares = readScalars(it->second, &ctx_.placement);
   unread_losses_.erase(it);
-  const double* share = host.data_ptr<double>();
   double sum = 0;  // float -> double is exact: the sum of what item<double>() read, in order
-  for (int64_t i = 0; i < host.numel(); ++i) sum += share[i];
+  for (const double share : shares) sum += share;
   ctx_.times.compute_s += secondsSince(t);  // the wait is for the step's compute
   return sum;
 }

@@ -8,6 +8,7 @@
 // trains bit for bit as the same run through the CPU placement, under 1F1B too.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -40,17 +41,24 @@ class LoggingDevice final : public TensorPlacement {
   std::vector<std::string>& log_;
 };
 
+// The test CNN cut in 3 stages (make_test_models.py).
+std::string threeStageCnn() { return testing::trainerModelsDir() + "/cnn/node_data"; }
+
+// The runs compared here: 2 steps of 4 micro-batches in `order`.
+std::function<void(TrainOptions&)> twoStepsOf4(PipelineOrder order) {
+  return [order](TrainOptions& t) {
+    t.microbatches = 4;
+    t.max_steps = 2;
+    t.pipeline = order;
+  };
+}
+
 std::vector<std::string> rootLog(PipelineOrder order, testing::PipelineRun* run) {
   std::mutex mutex;
   std::vector<std::string> log;
   const auto device = std::make_shared<LoggingDevice>(mutex, log);
   *run = testing::runInMemoryPipeline(
-      testing::trainerModelsDir() + "/cnn/node_data",
-      [&](TrainOptions& t) {
-        t.microbatches = 4;
-        t.max_steps = 2;
-        t.pipeline = order;
-      },
+      threeStageCnn(), twoStepsOf4(order),
       [&](int i, StageTrainerConfig& c) {
         if (i == 0) c.placement = device;
       },
@@ -62,7 +70,9 @@ std::vector<std::string> rootLog(PipelineOrder order, testing::PipelineRun* run)
   return log;
 }
 
-void expectSameTraining(const testing::PipelineRun& a, const testing::PipelineRun& b) {
+// `a` trained bit for bit as the same run through the CPU placement, in `order`.
+void expectSameTrainingAsTheCpuPlacement(const testing::PipelineRun& a, PipelineOrder order) {
+  const testing::PipelineRun b = testing::runInMemoryPipeline(threeStageCnn(), twoStepsOf4(order));
   ASSERT_EQ(a.losses.size(), 2u);
   EXPECT_EQ(a.losses, b.losses);
   ASSERT_EQ(a.parameters.size(), b.parameters.size());
@@ -77,31 +87,19 @@ TEST(Device, TheRootsActivationsLeaveAfterItsNextForwardIsQueued) {
                                          "gradient", "gradient"};
   ASSERT_EQ(log.size(), 2 * step.size());
   for (size_t i = 0; i < log.size(); ++i) EXPECT_EQ(log[i], step[i % step.size()]) << "entry " << i;
-  const testing::PipelineRun direct =
-      testing::runInMemoryPipeline(testing::trainerModelsDir() + "/cnn/node_data", [](TrainOptions& t) {
-        t.microbatches = 4;
-        t.max_steps = 2;
-        t.pipeline = PipelineOrder::kGPipe;
-      });
-  expectSameTraining(later, direct);
+  expectSameTrainingAsTheCpuPlacement(later, PipelineOrder::kGPipe);
 }
 
 TEST(Device, TheRootSendingLaterTrainsAsItDidUnder1F1B) {
   testing::PipelineRun later;
   const std::vector<std::string> log = rootLog(PipelineOrder::k1F1B, &later);
-  // Every activation leaves once, in order, and before the Root takes its gradient.
+  // Every activation leaves once, in order.
   std::vector<std::string> sent;
   for (const std::string& e : log)
     if (e.rfind("sent", 0) == 0) sent.push_back(e);
   EXPECT_EQ(sent, (std::vector<std::string>{"sent 0", "sent 1", "sent 2", "sent 3", "sent 0",
                                             "sent 1", "sent 2", "sent 3"}));
-  const testing::PipelineRun direct =
-      testing::runInMemoryPipeline(testing::trainerModelsDir() + "/cnn/node_data", [](TrainOptions& t) {
-        t.microbatches = 4;
-        t.max_steps = 2;
-        t.pipeline = PipelineOrder::k1F1B;
-      });
-  expectSameTraining(later, direct);
+  expectSameTrainingAsTheCpuPlacement(later, PipelineOrder::k1F1B);
 }
 
 }  // namespace
