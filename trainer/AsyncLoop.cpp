@@ -82,7 +82,10 @@ TrainerResult AsyncLoop::run(const ResumePoint& resume, TrainerClock::time_point
     backward(g);
     decideStop();
     const int64_t s = g / M;
-    if (++since_update == opt.update_frequency || backwards == total) {
+    const bool update = ++since_update == opt.update_frequency || backwards == total;
+    // The last backward's gradients leave before a wait outside the link (a ring, a checkpoint).
+    if (update || g % M == M - 1) passes_.flush();
+    if (update) {
       since_update = 0;
       syncBeforeOptimizerStep(ctx_, updates);
       optimizerStep(ctx_, lr_schedule.at(s), updates, /*new_version=*/true);

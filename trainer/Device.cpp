@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <regex>
 #include <thread>
 
@@ -26,11 +27,29 @@ std::string noCudaReason() {
          "CUDA_VISIBLE_DEVICES?)";
 }
 
+// CAIRN_TEST_SEND_LATER=1, a test hook (off unless the environment asks for it): the CPU
+// placement says its copies to the host run behind the host thread (they are complete at once),
+// so a CPU provider holds back what it sends as a GPU provider does (TimedLink::sendLater) — how
+// tests/integration/two_clusters_test.py runs that path through real processes and rings without
+// a GPU. Any other value than 1 or 0 is a BadInput naming the variable.
+bool sendLaterForTests() {
+  const char* value = std::getenv("CAIRN_TEST_SEND_LATER");
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "0") return false;
+  if (v != "1") CAIRN_THROW(BadInput, "CAIRN_TEST_SEND_LATER=", inQuotes(v), ": expected 1 or 0");
+  return true;
+}
+
 class CpuPlacement final : public TensorPlacement {
  public:
+  explicit CpuPlacement(bool copies_later) : copies_later_(copies_later) {}
   torch::Device device() const override { return torch::kCPU; }
   torch::Tensor toDevice(const torch::Tensor& t) const override { return t; }
   torch::Tensor toHost(const torch::Tensor& t) const override { return t; }
+  bool copiesLater() const override { return copies_later_; }
+
+ private:
+  bool copies_later_;
 };
 
 class CudaPlacement final : public TensorPlacement {
@@ -99,7 +118,16 @@ torch::Device resolveDevice(const std::string& text, const std::string& context)
 }
 
 std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device) {
-  if (device.is_cpu()) return std::make_shared<CpuPlacement>();
+  if (device.is_cpu()) {
+    const bool later = sendLaterForTests();
+    static std::once_flag said;
+    if (later)
+      std::call_once(said, [] {
+        CAIRN_WARN("CAIRN_TEST_SEND_LATER=1 (a test hook): what this node sends is held back "
+                   "until its next pass is queued, as on a GPU");
+      });
+    return std::make_shared<CpuPlacement>(later);
+  }
   CAIRN_ENFORCE(device.is_cuda(), "no placement for device ", device.str());
   return std::make_shared<CudaPlacement>(device);
 }

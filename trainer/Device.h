@@ -59,7 +59,8 @@ class TensorPlacement {
   virtual bool copiesLater() const { return false; }
 };
 
-// The placement for `device` (CPU: the identity).
+// The placement for `device` (CPU: the identity; CAIRN_TEST_SEND_LATER=1, a test hook, makes it
+// say its copies run later, trainer/Device.cpp).
 std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device);
 
 // The values of one-element tensors, wherever each lives (all on one device), read to the host

@@ -84,6 +84,7 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
     mb.loss =
         microbatchLoss(ctx_.opt.loss, outputs.at(0), mb.targets, mb.denominator.item<double>());
     ctx_.times.compute_s += secondsSince(t);
+    link_.flush();  // the last backward's gradients leave once this forward is queued
     if (!ctx_.is_root) {
       torch::Tensor ids = mb.ids.to(torch::kLong).contiguous();
       *id_checksum += sampleIdChecksum(ids.data_ptr<int64_t>(), size_t(ids.numel()));
@@ -104,10 +105,8 @@ void MicrobatchPasses::forward(Microbatch& mb, uint64_t id, int64_t step, int64_
   if (deal_) deal_->attach(out);
   if (ctx_.cfg.cluster_sync) attachAdmission(*ctx_.cfg.cluster_sync, step, out);
   mb.inputs.clear();  // not needed after the forward (the executor keeps what backward needs)
-  if (!ctx_.is_root) return link_.send(Neighbour::kDownstream, out);
-  // The Root queued this forward behind the previous micro-batch's copy to the host: sendLater
-  // sends that one first (on a GPU while this forward runs), this one at the next forward or link
-  // call.
+  // This forward is queued: sendLater sends what the last pass left first (on a GPU while this
+  // forward runs), and these activations once the next pass is queued or at a wait for a peer.
   link_.sendLater(Neighbour::kDownstream, out);
 }
 
@@ -121,8 +120,11 @@ double MicrobatchPasses::backward(Microbatch& mb, uint64_t id, uint64_t step, ui
 std::vector<torch::Tensor> MicrobatchPasses::backwardOf(Microbatch& mb, uint64_t id, uint64_t step,
                                                         uint64_t microbatch, double* loss_share) {
   if (ctx_.is_leaf) {
-    const auto t = TrainerClock::now();
+    auto t = TrainerClock::now();
     auto input_grads = ctx_.executor.backwardFromLoss(id, mb.loss);
+    ctx_.times.compute_s += secondsSince(t);
+    link_.flush();  // what the last pass left leaves once this backward is queued
+    t = TrainerClock::now();
     if (ctx_.is_root) {  // nobody upstream to tell: read with the step's others (takeLosses)
       unread_losses_[int64_t(step)].push_back(mb.loss.detach().reshape({}));
       *loss_share = 0;
@@ -148,6 +150,7 @@ std::vector<torch::Tensor> MicrobatchPasses::backwardOf(Microbatch& mb, uint64_t
   const auto t = TrainerClock::now();
   auto input_grads = ctx_.executor.backward(id, grads);
   ctx_.times.compute_s += secondsSince(t);
+  link_.flush();  // what the last pass left leaves once this backward is queued
   return input_grads;
 }
 
@@ -175,7 +178,7 @@ void MicrobatchPasses::sendInputGradients(uint64_t step, uint64_t microbatch,
                              input_grads[i].defined() ? input_grads[i] : torch::empty({0}));
   out.tensors.emplace_back(kLossTensor, scalar64(loss_share));
   stop_.attachStop(out);
-  link_.send(Neighbour::kUpstream, out);
+  link_.sendLater(Neighbour::kUpstream, out);  // leaves once the next pass is queued
 }
 
 }  // namespace cairn

@@ -26,12 +26,16 @@ class MicrobatchPasses {
   // to activations. Optional (null: none).
   void setDealChange(DealChange* deal) { deal_ = deal; }
 
+  // What a pass sends leaves with TimedLink::sendLater: once the next pass's forward or backward
+  // is queued (each pass sends what the last one left right after queueing its own work), or
+  // at a wait for a peer, whichever comes first; on a GPU the copy of micro-batch k to the host
+  // then runs behind the work of the next one instead of holding back its launch. On the CPU
+  // everything leaves at once.
+  //
   // The Root runs mb.inputs; other stages receive the activation for (step, microbatch) from
   // upstream with its targets, ids and denominator. The Leaf computes the micro-batch's loss share
   // (and, when it is not also the Root, adds its sample ids to *id_checksum); other stages send
-  // their outputs on — the Root with TimedLink::sendLater: its activations leave at its next
-  // forward, after that forward is queued, or at its next link call, whichever comes first.
-  // `id` is the executor's micro-batch key.
+  // their outputs on. `id` is the executor's micro-batch key.
   void forward(Microbatch& mb, uint64_t id, int64_t step, int64_t microbatch,
                uint64_t* id_checksum);
   // The Leaf starts from its loss; other stages receive the gradient of their outputs for
@@ -48,7 +52,8 @@ class MicrobatchPasses {
   // once per micro-batch before queueing the next one. The sum is the one backward's returned
   // shares would have made (the same additions in the same order).
   double takeLosses(int64_t step);
-  // Sends what the Root's last forward left to send (TimedLink::flush).
+  // Sends what the last pass left to send (TimedLink::flush): the loops call it before anything
+  // that may wait outside the link (a cross-cluster sync, the step's end).
   void flush() { link_.flush(); }
 
  private:

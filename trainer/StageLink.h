@@ -58,6 +58,15 @@ class StageLink {
   // The packet of `kind` for (step, microbatch, tag) from that neighbour; others wait their turn.
   virtual StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                               const std::string& tag) = 0;
+  // The packet receive() would return now, if it has arrived already: taken without waiting.
+  // nullopt when it has not, or when something must be handled first (a message to drop, a
+  // neighbour's recovery): receive() then does, as always. TimedLink asks this before it sends
+  // what it holds back (trainer/TrainerContext.h). By default: never known to be here.
+  virtual std::optional<StagePacket> tryReceive(Neighbour /*from*/, PacketKind /*kind*/,
+                                                uint64_t /*step*/, uint64_t /*microbatch*/,
+                                                const std::string& /*tag*/) {
+    return std::nullopt;
+  }
   // Bytes this node has sent so far over whatever carries the link (its neighbours and, on the
   // same transport, its rings); the step records' "sent_bytes" are its differences. 0: not known.
   virtual uint64_t bytesSent() const { return 0; }

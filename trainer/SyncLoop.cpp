@@ -25,6 +25,7 @@ double SyncLoop::walkSchedule(double lr) {
   auto syncGradients = [&] {
     if (gradients_synced) return;
     gradients_synced = true;
+    passes_.flush();  // the last backward's gradients leave before any wait for a ring
     ctx_.shared->sendPartials(step_);
     syncBeforeOptimizerStep(ctx_, step_);
     ctx_.shared->shareTotals(step_);
@@ -57,7 +58,7 @@ double SyncLoop::walkSchedule(double lr) {
   }
   CAIRN_ENFORCE(ctx_.executor.pendingMicrobatches() == 0,
                 "micro-batches left in flight after a step");
-  passes_.flush();  // nothing is left to send between steps (a backward's receive flushed it)
+  passes_.flush();  // nothing is left to send between steps
   return grad_norm;
 }
 

@@ -58,12 +58,13 @@ struct Microbatch {
 // output off the host takes its wire form on its device before the crossing (wireForm, StageLink.h),
 // so a half or a quarter of the bytes cross PCIe; the link sends a tensor already in its wire form
 // as it is. On the CPU the link compresses.
-// sendLater: a packet off the host leaves at the next flush, send or receive, whichever comes
-// first; its copies to the host are started at once (TensorPlacement::toHostLater) and waited for
-// then, so the caller can queue the device's next work before the wait (the Root: the next
-// micro-batch's forward runs on the GPU while this one's activations are copied and sent). Every
-// send and receive flushes first: a packet never waits behind a wait for a peer, and packets
-// leave in the order they were given.
+// sendLater: a packet off the host leaves at the next flush, send or wait for a peer, whichever
+// comes first; its copies to the host are started at once (TensorPlacement::toHostLater) and
+// waited for then, so the caller can queue the device's next work before the wait (the next
+// micro-batch's forward or backward runs on the GPU while this one's outputs are copied and
+// sent). A receive whose packet has arrived already takes it without sending (StageLink::
+// tryReceive); every other receive, and every send, flushes first: a packet never waits behind a
+// wait for a peer, and packets leave in the order they were given.
 class TimedLink {
  public:
   TimedLink(StageLink& link, StepTimes& times, const TensorPlacement& placement,

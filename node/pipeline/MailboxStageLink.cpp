@@ -245,6 +245,59 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
                 " s (training_definition.timeouts.peer_s): ", toString(status));
 }
 
+MailboxStageLink::Screened MailboxStageLink::screen(const Message& m, const PeerRef& p,
+                                                   MessageKind wire, uint64_t step,
+                                                   uint64_t microbatch,
+                                                   const std::string& tag) const {
+  Screened s;
+  // Pipeline traffic is ours to screen: tensor kinds from anyone, control from neighbours.
+  if (!carriesTensors(m.kind) && !(isNeighbour(m.sender) && m.kind == MessageKind::kControl))
+    return s;
+  s.rejected = rejectReason(m, step, /*deep=*/false, &s.detail);
+  if (s.rejected) {
+    s.take = true;  // taken out of the mailbox to be dropped
+  } else if (isControl(m, kLeavingTag) || isControl(m, kHelloTag)) {
+    s.take = s.recovery = true;
+  } else {
+    s.take = m.kind == wire && m.sender == p.name && m.step == step &&
+             m.microbatch == microbatch && m.tag == tag;
+  }
+  return s;
+}
+
+std::optional<StagePacket> MailboxStageLink::tryReceive(Neighbour from, PacketKind kind,
+                                                        uint64_t step, uint64_t microbatch,
+                                                        const std::string& tag) {
+  const PeerRef& p = peer(from);
+  const MessageKind wire = wireKind(kind);
+  // A read without waiting takes at most one message off the transport: read on while messages
+  // that are not this one arrive (a ring's, a heartbeat's), up to kMostReads of them.
+  constexpr int kMostReads = 64;
+  for (int read = 0; read < kMostReads; ++read) {
+    const size_t kept = mailbox_.buffered();
+    Screened screened;
+    std::optional<Message> got = mailbox_.receive(
+        [&](const Message& m) {
+          screened = screen(m, p, wire, step, microbatch, tag);
+          return screened.take;
+        },
+        std::chrono::milliseconds(0));
+    if (!got) {
+      if (mailbox_.buffered() > kept) continue;  // one that was not ours came in: read on
+      return std::nullopt;
+    }
+    if (!screened.recovery && !screened.rejected &&
+        !rejectReason(*got, step, /*deep=*/true, &screened.detail)) {
+      ++stats_.accepted;
+      return unpack(std::move(*got));
+    }
+    // A message to drop or a neighbour's recovery: receive() handles it, as when it waits.
+    mailbox_.putBack(std::move(*got));
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t step,
                                       uint64_t microbatch, const std::string& tag) {
   const PeerRef& p = peer(from);
@@ -268,27 +321,18 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
     checkStopWhileWaiting(p, what, &stop_seen);
     const PeerLiveness live = mailbox_.transport().liveness(p.name);
     if (live.state == PeerState::kDisconnected) wake = std::min(wake, live.since + timeouts_.lost);
-    std::optional<std::string> rejected;
-    std::string detail;
-    bool recovery = false;  // "leaving" or "hello" from a neighbour
+    Screened screened;
     const auto left = std::max(std::chrono::milliseconds(0),
                                std::chrono::duration_cast<std::chrono::milliseconds>(
                                    wake - std::chrono::steady_clock::now()) +
                                    std::chrono::milliseconds(1));
     got = mailbox_.receive(
         [&](const Message& m) {
-          // Pipeline traffic is ours to screen: tensor kinds from anyone, control from neighbours.
-          const bool neighbour = isNeighbour(m.sender);
-          if (!carriesTensors(m.kind) && !(neighbour && m.kind == MessageKind::kControl))
-            return false;
-          rejected = rejectReason(m, step, /*deep=*/false, &detail);
-          if (rejected) return true;  // taken out of the mailbox to be dropped
-          if (isControl(m, kLeavingTag) || isControl(m, kHelloTag)) return recovery = true;
-          return m.kind == wire && m.sender == p.name && m.step == step &&
-                 m.microbatch == microbatch && m.tag == tag;
+          screened = screen(m, p, wire, step, microbatch, tag);
+          return screened.take;
         },
         left, [] { return true; });  // back to the checks above on every liveness change
-    if (got && recovery) throwRecovery(std::move(*got), what);
+    if (got && screened.recovery) throwRecovery(std::move(*got), what);
     if (!got && std::chrono::steady_clock::now() < deadline) continue;
     if (!got && !extended && timeouts_.connected > timeouts_.peer &&
         mailbox_.transport().liveness(p.name).state == PeerState::kConnected) {
@@ -301,9 +345,10 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
       continue;
     }
     if (!got) break;
-    if (!rejected) rejected = rejectReason(*got, step, /*deep=*/true, &detail);
+    std::optional<std::string>& rejected = screened.rejected;
+    if (!rejected) rejected = rejectReason(*got, step, /*deep=*/true, &screened.detail);
     if (!rejected) break;
-    drop(*got, *rejected, detail);
+    drop(*got, *rejected, screened.detail);
     got.reset();
   }
   if (got) ++stats_.accepted;

@@ -116,6 +116,10 @@ class MailboxStageLink : public StageLink {
   void send(Neighbour to, const StagePacket& packet) override;
   StagePacket receive(Neighbour from, PacketKind kind, uint64_t step, uint64_t microbatch,
                       const std::string& tag) override;
+  // Screens what has arrived as receive() does (bad messages and recoveries stay for it) and
+  // takes the awaited packet if it is here, without waiting.
+  std::optional<StagePacket> tryReceive(Neighbour from, PacketKind kind, uint64_t step,
+                                        uint64_t microbatch, const std::string& tag) override;
   const LinkStats& stats() const { return stats_; }
   uint64_t bytesSent() const override { return mailbox_.transport().stats().bytes_sent; }
   // The byte limit in force: checks.max_message_bytes, or the planned boundary at the largest
@@ -129,6 +133,15 @@ class MailboxStageLink : public StageLink {
 
  private:
   const PeerRef& peer(Neighbour n) const;
+  // What receive() does with `m` while it waits for (wire, step, microbatch, tag) from `p`.
+  struct Screened {
+    bool take = false;      // out of the mailbox: the awaited packet, or one of the two below
+    bool recovery = false;  // a neighbour's "leaving" or "hello"
+    std::optional<std::string> rejected;  // why it is dropped (the quick checks)
+    std::string detail;
+  };
+  Screened screen(const Message& m, const PeerRef& p, MessageKind wire, uint64_t step,
+                  uint64_t microbatch, const std::string& tag) const;
   [[noreturn]] void throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost, const std::string& what);
   // Throws PeerLost when `p` has been disconnected for timeouts.lost (naming why when its "leaving"
   // is in the mailbox).

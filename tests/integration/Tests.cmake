@@ -14,8 +14,8 @@ cairn_script_tests(PREFIX integration SCRIPT ${INTEGRATION}/provider_cluster_tes
 # (tests/integration/two_clusters_test.py).
 cairn_script_tests(PREFIX integration SCRIPT ${INTEGRATION}/two_clusters_test.py
   CASES two_clusters_average two_clusters_gradients two_clusters_diloco two_clusters_async
-        two_clusters_cut_differently two_clusters_sync_bf16
-  PORTS 5770 5780 5790 5820 5830 5860
+        two_clusters_cut_differently two_clusters_sync_bf16 two_clusters_sending_later
+  PORTS 5770 5780 5790 5820 5830 5860 5870
   ARGS --provider $<TARGET_FILE:provider>)
 # A run carried into a re-cut plan (clusterize --resume-from, trainer/CheckpointCarry.h): 3 real
 # providers at cuts 7,14 for 40 steps; re-planned at 4,14 from step 20 and resumed, the losses of

@@ -23,8 +23,8 @@ CASE:
                   Stem with well-formed activations before the real Root starts: with keys
                   (no key / a wrong key) the per-step losses equal an undisturbed run exactly;
                   with --insecure (the control) the same forgery changes them
-  never_starts    only the Root starts; it must fail with the startup-timeout error naming its
-                  missing neighbour, non-zero, within the configured time (+ slack)
+  never_starts    only the Root starts: it fails (non-zero, within the configured time + slack)
+                  naming its missing neighbour in the startup-timeout error
 """
 import argparse
 import gzip
@@ -79,12 +79,13 @@ def make_node_data(work, port, stages, batchnorm, settings, data_settings):
     return model, node_data
 
 
-def launch(node_data, provider, limit, provider_args=()):
-    start = time.time()
-    command = [os.path.join(REPO, "tools/launch_local"), node_data] + (["--", *provider_args] if provider_args else [])
-    proc = subprocess.run(command, env=dict(os.environ, PROVIDER=provider), stdout=subprocess.PIPE,
+def launch(node_data, provider, limit, provider_args=(), env=None, output=None):
+    """tools/launch_local over node_data, `env` added; their whole log appended to `output` if given."""
+    start, command = time.time(), [os.path.join(REPO, "tools/launch_local"), node_data] + (["--", *provider_args] if provider_args else [])
+    proc = subprocess.run(command, env=dict(os.environ, PROVIDER=provider, **(env or {})), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=limit)
     sys.stdout.write(proc.stdout[-4000:])
+    (output if output is not None else []).append(proc.stdout)
     if proc.returncode != 0:
         fail(f"launch_local exited {proc.returncode}")
     return time.time() - start

@@ -22,15 +22,21 @@ CASE:
   two_clusters_cut_differently  cluster 0 is one provider holding the whole model, cluster 1 cuts it
                   into 3 stages: the one node is in 3 rings (run concurrently), "average" every 5
                   steps; after the run every tensor is bit-identical in both of its copies
+  two_clusters_sending_later  "gradients" over 2 clusters x 3 providers, run twice on copies of one
+                  plan: every provider holding back what it sends until its next pass is queued, as
+                  on a GPU (CAIRN_TEST_SEND_LATER=1, trainer/Device.cpp; each provider's log must say
+                  so), and sending at once; every trained tensor of every node equal in both runs
 """
 import os
+import re
+import shutil
 
 import torch
 
 import provider_cluster_test as pct  # make_clusters_node_data, launch, metrics, the settings, the keys
 
 CASES = ["two_clusters_average", "two_clusters_gradients", "two_clusters_diloco", "two_clusters_async",
-         "two_clusters_cut_differently", "two_clusters_sync_bf16"]
+         "two_clusters_cut_differently", "two_clusters_sync_bf16", "two_clusters_sending_later"]
 
 
 def case_two_clusters_gradients(args):
@@ -94,6 +100,36 @@ def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 
     print(f"sync {mode}, schedule {schedule}, wire.sync {wire_sync}: {compared} parameters and buffers bit-identical across the 2 clusters after the reduce")
     pct.check_accuracy(node_data, nodes[0][-1], 0.3)
     pct.check_accuracy(node_data, nodes[1][-1], 0.3)
+
+
+def case_two_clusters_sending_later(args):
+    settings = pct.training_settings(20)
+    settings.update({"local_steps": 1, "sync": "gradients", "record_sample_ids": False})
+    data = {"train_samples": 4000, "test_samples": 500}
+    node_data, nodes, _ = pct.make_clusters_node_data(args.work, args.port, (3, 3), settings, data, pct.KEYS)
+    at_once = node_data + "_at_once"
+    shutil.rmtree(at_once, ignore_errors=True)
+    shutil.copytree(node_data, at_once)
+    names = nodes[0] + nodes[1]
+    output = []
+    later_s = pct.launch(node_data, args.provider, 240, ["--device", args.device],
+                         env={"CAIRN_TEST_SEND_LATER": "1"}, output=output)
+    holding = set(re.findall(r"^\[(node_\d+)\].*CAIRN_TEST_SEND_LATER=1 \(a test hook\)", output[0], re.M))
+    if holding != set(names):
+        pct.fail(f"providers that said they hold back what they send: {sorted(holding)}, expected {names}")
+    at_once_s = pct.launch(at_once, args.provider, 240, ["--device", args.device])
+    trained = lambda folder, name: torch.jit.load(
+        os.path.join(folder, "nodes", name, "trained_stage.pt")).state_dict()
+    compared = 0
+    for name in names:
+        a, b = trained(node_data, name), trained(at_once, name)
+        for t in a:
+            if not torch.equal(a[t], b[t]):
+                pct.fail(f"{name} {t}: trained differently when it held back what it sent")
+            compared += 1
+    print(f"held back: {later_s:.1f} s, at once: {at_once_s:.1f} s; {compared} trained tensors of "
+          f"{len(names)} nodes equal in both runs")
+    pct.check_accuracy(node_data, nodes[0][-1], 0.3)
 
 
 def main():

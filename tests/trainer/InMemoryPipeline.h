@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,14 +30,18 @@ namespace cairn::testing {
 class InMemoryHub {
  public:
   explicit InMemoryHub(int nodes) : inboxes_(size_t(nodes)) {}
-  // Called with every packet as it is sent (from the sender's thread); set before the run.
+  // Called with every packet sent, once it is in the receiver's inbox (from the sender's thread,
+  // before its send returns); set before the run.
   std::function<void(int from, const StagePacket&)> on_push;
   void push(int to, int from, StagePacket packet) {
-    if (on_push) on_push(from, packet);
+    const StagePacket seen = on_push ? packet : StagePacket();  // its tensors are shared
     Inbox& box = inboxes_[size_t(to)];
-    std::lock_guard<std::mutex> lock(box.mutex);
-    box.packets.push_back({from, std::move(packet)});
-    box.ready.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(box.mutex);
+      box.packets.push_back({from, std::move(packet)});
+      box.ready.notify_all();
+    }
+    if (on_push) on_push(from, seen);
   }
   // Packets sent but never received, over all nodes (0 after a run that ended cleanly).
   size_t undelivered() {
@@ -53,20 +58,19 @@ class InMemoryHub {
     std::unique_lock<std::mutex> lock(box.mutex);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (;;) {
-      for (auto it = box.packets.begin(); it != box.packets.end(); ++it) {
-        const StagePacket& p = it->second;
-        if (it->first == from && p.kind == kind && p.step == step && p.microbatch == mb &&
-            p.tag == tag) {
-          StagePacket found = std::move(it->second);
-          box.packets.erase(it);
-          return found;
-        }
-      }
+      if (std::optional<StagePacket> found = take(box, from, kind, step, mb, tag)) return *found;
       if (box.ready.wait_until(lock, deadline) == std::cv_status::timeout)
         CAIRN_THROW(PeerLost, "in-memory pipeline: node ", at, " waited 60 s for a ",
                     toString(kind), " from node ", from, " (step ", step, ", micro-batch ", mb,
                     ", tag ", tag, ")");
     }
+  }
+  // pop without waiting: nullopt when the packet has not arrived.
+  std::optional<StagePacket> tryPop(int at, int from, PacketKind kind, uint64_t step, uint64_t mb,
+                                    const std::string& tag) {
+    Inbox& box = inboxes_[size_t(at)];
+    std::lock_guard<std::mutex> lock(box.mutex);
+    return take(box, from, kind, step, mb, tag);
   }
 
  private:
@@ -75,6 +79,20 @@ class InMemoryHub {
     std::condition_variable ready;
     std::deque<std::pair<int, StagePacket>> packets;
   };
+  // The packet asked for, out of `box` (its mutex held); nullopt when it is not there.
+  static std::optional<StagePacket> take(Inbox& box, int from, PacketKind kind, uint64_t step,
+                                         uint64_t mb, const std::string& tag) {
+    for (auto it = box.packets.begin(); it != box.packets.end(); ++it) {
+      const StagePacket& p = it->second;
+      if (it->first == from && p.kind == kind && p.step == step && p.microbatch == mb &&
+          p.tag == tag) {
+        StagePacket found = std::move(it->second);
+        box.packets.erase(it);
+        return found;
+      }
+    }
+    return std::nullopt;
+  }
   std::vector<Inbox> inboxes_;
 };
 
@@ -90,6 +108,11 @@ class InMemoryLink : public StageLink {
                       const std::string& tag) override {
     return hub_.pop(stage_, from == Neighbour::kUpstream ? stage_ - 1 : stage_ + 1, kind, step, mb,
                     tag);
+  }
+  std::optional<StagePacket> tryReceive(Neighbour from, PacketKind kind, uint64_t step, uint64_t mb,
+                                        const std::string& tag) override {
+    return hub_.tryPop(stage_, from == Neighbour::kUpstream ? stage_ - 1 : stage_ + 1, kind, step,
+                       mb, tag);
   }
 
  private:
@@ -110,7 +133,7 @@ struct PipelineRun {
 
 // Runs every node of `node_data` (one cluster) in threads. `adjust` may change the options,
 // `configure` (optional) the whole config of node i (checkpoints, resume, stop); `on_send`
-// (optional) sees every packet node `from` sends, as it leaves.
+// (optional) sees every packet node `from` sends, once it is in the receiver's inbox.
 inline PipelineRun runInMemoryPipeline(
     const std::string& node_data, const std::function<void(TrainOptions&)>& adjust,
     const std::function<void(int, StageTrainerConfig&)>& configure = {},
