@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <thread>
 
@@ -27,17 +28,26 @@ std::string noCudaReason() {
          "CUDA_VISIBLE_DEVICES?)";
 }
 
-// CAIRN_TEST_SEND_LATER=1, a test hook (off unless the environment asks for it): the CPU
-// placement says its copies to the host run behind the host thread (they are complete at once),
-// so a CPU provider holds back what it sends as a GPU provider does (TimedLink::sendLater) — how
-// tests/integration/two_clusters_test.py runs that path through real processes and rings without
-// a GPU. Any other value than 1 or 0 is a BadInput naming the variable.
-bool sendLaterForTests() {
+// CAIRN_TEST_SEND_LATER, a test and benchmark hook (unset: each device's own way, a GPU's copies
+// run behind the host thread and the CPU's do not). 1: every placement says its copies run later
+// (the CPU's are complete at once), so a CPU provider holds back what it sends as a GPU provider
+// does (TimedLink::sendLater) — how tests/integration/two_clusters_test.py runs that path through
+// real processes and rings without a GPU. 0: none does, so a GPU provider sends at once, as
+// before sending later existed — what tools/gpu/overhead.py --at-once compares against. Any other
+// value is a BadInput naming the variable.
+std::optional<bool> sendLaterOverride() {
   const char* value = std::getenv("CAIRN_TEST_SEND_LATER");
   const std::string v = value ? value : "";
-  if (v.empty() || v == "0") return false;
-  if (v != "1") CAIRN_THROW(BadInput, "CAIRN_TEST_SEND_LATER=", inQuotes(v), ": expected 1 or 0");
-  return true;
+  if (v.empty()) return std::nullopt;
+  if (v != "1" && v != "0")
+    CAIRN_THROW(BadInput, "CAIRN_TEST_SEND_LATER=", inQuotes(v), ": expected 1 or 0 (or unset)");
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    CAIRN_WARN("CAIRN_TEST_SEND_LATER=", v, " (a test hook): what this node sends ",
+               v == "1" ? "is held back until its next pass is queued, as on a GPU"
+                        : "leaves at once, on a GPU too");
+  });
+  return v == "1";
 }
 
 class CpuPlacement final : public TensorPlacement {
@@ -54,7 +64,8 @@ class CpuPlacement final : public TensorPlacement {
 
 class CudaPlacement final : public TensorPlacement {
  public:
-  explicit CudaPlacement(torch::Device device) : device_(device) {}
+  CudaPlacement(torch::Device device, bool copies_later)
+      : device_(device), copies_later_(copies_later) {}
   torch::Device device() const override { return device_; }
   torch::Tensor toDevice(const torch::Tensor& t) const override {
     if (!t.defined() || t.device() == device_) return t;
@@ -84,10 +95,11 @@ class CudaPlacement final : public TensorPlacement {
               while (!copied->query()) std::this_thread::yield();
             }};
   }
-  bool copiesLater() const override { return true; }
+  bool copiesLater() const override { return copies_later_; }
 
  private:
   torch::Device device_;
+  bool copies_later_;
 };
 
 }  // namespace
@@ -118,18 +130,10 @@ torch::Device resolveDevice(const std::string& text, const std::string& context)
 }
 
 std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device) {
-  if (device.is_cpu()) {
-    const bool later = sendLaterForTests();
-    static std::once_flag said;
-    if (later)
-      std::call_once(said, [] {
-        CAIRN_WARN("CAIRN_TEST_SEND_LATER=1 (a test hook): what this node sends is held back "
-                   "until its next pass is queued, as on a GPU");
-      });
-    return std::make_shared<CpuPlacement>(later);
-  }
+  const std::optional<bool> later = sendLaterOverride();
+  if (device.is_cpu()) return std::make_shared<CpuPlacement>(later.value_or(false));
   CAIRN_ENFORCE(device.is_cuda(), "no placement for device ", device.str());
-  return std::make_shared<CudaPlacement>(device);
+  return std::make_shared<CudaPlacement>(device, later.value_or(true));
 }
 
 std::vector<double> readScalars(const std::vector<torch::Tensor>& values,

@@ -59,8 +59,9 @@ class TensorPlacement {
   virtual bool copiesLater() const { return false; }
 };
 
-// The placement for `device` (CPU: the identity; CAIRN_TEST_SEND_LATER=1, a test hook, makes it
-// say its copies run later, trainer/Device.cpp).
+// The placement for `device` (CPU: the identity). CAIRN_TEST_SEND_LATER (a test and benchmark
+// hook, trainer/Device.cpp): 1 makes every placement say its copies run later, 0 none; unset,
+// a GPU's do and the CPU's do not.
 std::shared_ptr<const TensorPlacement> makePlacement(torch::Device device);
 
 // The values of one-element tensors, wherever each lives (all on one device), read to the host

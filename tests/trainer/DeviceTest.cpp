@@ -79,6 +79,30 @@ TEST(Device, CpuPlacementMovesNothing) {
   EXPECT_TRUE(placement->toDevice(t).is_same(t));
   EXPECT_TRUE(placement->toHost(t).is_same(t));
   EXPECT_FALSE(placement->toHost(torch::Tensor()).defined());
+  EXPECT_FALSE(placement->copiesLater()) << "the CPU sends at once";
+}
+
+// CAIRN_TEST_SEND_LATER (trainer/Device.cpp), the hook integration.two_clusters_sending_later and
+// tools/gpu/overhead.py --at-once use: 1 holds sends back everywhere, 0 nowhere, unset each
+// device's way; anything else names the variable. (The CUDA side runs in the GPU script.)
+TEST(Device, TheSendLaterHookIsReadAndChecked) {
+  const char* before = std::getenv("CAIRN_TEST_SEND_LATER");
+  const std::string kept = before ? before : "";
+  ::setenv("CAIRN_TEST_SEND_LATER", "1", 1);
+  EXPECT_TRUE(makePlacement(torch::kCPU)->copiesLater());
+  ::setenv("CAIRN_TEST_SEND_LATER", "0", 1);
+  EXPECT_FALSE(makePlacement(torch::kCPU)->copiesLater());
+  ::setenv("CAIRN_TEST_SEND_LATER", "yes", 1);
+  try {
+    (void)makePlacement(torch::kCPU);
+    ADD_FAILURE() << "CAIRN_TEST_SEND_LATER=yes was taken";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("CAIRN_TEST_SEND_LATER=\"yes\""), std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("CAIRN_TEST_SEND_LATER");
+  EXPECT_FALSE(makePlacement(torch::kCPU)->copiesLater());
+  if (before) ::setenv("CAIRN_TEST_SEND_LATER", kept.c_str(), 1);
 }
 
 // The test double's map between host and "device" values, its own inverse: a floating-point

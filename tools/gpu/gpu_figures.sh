@@ -26,7 +26,8 @@
 #      and rings on the GPU: 2 clusters on cuda, "gradients" and a whole-model cluster in 3 rings
 #      (tests/integration/two_clusters_test.py --device cuda): copies bit-identical after the reduce
 #   3. figures 2 and 3: overhead (one provider, whole model, vs PyTorch's loop in Python) and the tiny
-#      GPT in 2 stages on one device vs 1 provider (tools/gpu/overhead.py)
+#      GPT in 2 stages on one device vs 1 provider, and those 2 stages again sending at once
+#      (tools/gpu/overhead.py --at-once: what holding packets back until the next pass gains)
 #   4. figure 5: the demo (6 epochs) on $DEVICE
 #   5. figure 4, mixed: the demo (--short) with its middle stage on $DEVICE, the others on the CPU
 #   6. wait for step 0; then, in the time left, figure 2's GPT launch-bound (dim 8, batch 2: the
@@ -124,7 +125,7 @@ done
 
 log "3/6 figures 2, 3: overhead and the pipeline on one $DEVICE (tools/gpu/overhead.py, ${STEPS:-1000} steps)"
 timeout "$(budget 300 130)" $PY tools/gpu/overhead.py --build "$BUILD" --work "$WORK/overhead" \
-  --device "$DEVICE" --steps "${STEPS:-1000}" > "$LOGS/overhead.log" 2>&1
+  --device "$DEVICE" --steps "${STEPS:-1000}" --at-once > "$LOGS/overhead.log" 2>&1
 rc=$?; log "overhead exit $rc:"; grep -E '^figure' "$LOGS/overhead.log" | tee -a "$OUT/figures.txt"
 cp "$WORK/overhead/figures.json" "$LOGS/overhead_figures.json" 2>/dev/null
 [[ $rc -eq 0 ]] || { tail -5 "$LOGS/overhead.log"; status=1; }

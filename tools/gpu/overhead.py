@@ -5,9 +5,12 @@
      loop in Python on DEVICE, samples/s, for the demo CNN and the tiny GPT (goal >= 1.0x);
   3. pipeline on one device: the tiny GPT in 2 stages, 2 providers sharing DEVICE, 4 micro-batches,
      vs 1 provider (goal >= 0.9x), with the providers' own split of a step (compute/send/wait).
+     --at-once: the same 2 stages again with every packet sent at once (CAIRN_TEST_SEND_LATER=0,
+     trainer/Device.cpp), as before a GPU stage held its packets back until its next pass was
+     queued (docs/TRAINING.md "Sending later"): what sending later gains, side by side.
 
     overhead.py --build BUILD --work DIR [--device cuda] [--steps 300] [--port 27300]
-                [--models cnn,gpt] [--gpt-dim 128 --gpt-heads 4] [--batch N]
+                [--models cnn,gpt] [--gpt-dim 128 --gpt-heads 4] [--batch N] [--at-once]
 
 A launch-bound variant (--models gpt --gpt-dim 8 --gpt-heads 2 --batch 2: almost no arithmetic
 per op) compares what each side spends per op on the host: the dispatcher, TorchScript's
@@ -97,9 +100,10 @@ class Model:
         run(command)
         return out, json.load(open(os.path.join(out, "plan.json")))
 
-    def train(self, node_data):
-        """Trains through providers; returns (samples/s of the run, the Root's mean step split)."""
-        env = dict(os.environ, PROVIDER=os.path.join(ARGS.build, "node/provider"))
+    def train(self, node_data, env_extra=None):
+        """Trains through providers (`env_extra` added to their environment); returns (samples/s of
+        the run, each node's mean step split)."""
+        env = dict(os.environ, PROVIDER=os.path.join(ARGS.build, "node/provider"), **(env_extra or {}))
         run([os.path.join(REPO, "tools/launch_local"), node_data, "--", "--device", ARGS.device,
             ], env=env, timeout=1800)
         plan = json.load(open(os.path.join(node_data, "plan.json")))
@@ -218,6 +222,14 @@ def main():
                             "gpt_2_stages_m4_samples_per_s": piped, "gpt_2_stages_split": split})
             print(f"figure 3, gpt: 2 stages on one {ARGS.device} (M=4) {piped:.0f} samples/s vs 1 "
                   f"provider {single:.0f}: {piped / single:.2f}x; per-step split {split}")
+            if ARGS.at_once:
+                node_data, _ = model.plan(2, port, 4, balanced_cut(one_stage))
+                at_once, at_once_split = model.train(node_data, {"CAIRN_TEST_SEND_LATER": "0"})
+                port += 10
+                figures.update({"gpt_2_stages_m4_at_once_samples_per_s": at_once,
+                                "gpt_2_stages_at_once_split": at_once_split})
+                print(f"figure 3, gpt: 2 stages sending later {piped:.0f} samples/s vs at once "
+                      f"{at_once:.0f}: {piped / at_once:.2f}x; at once, per-step split {at_once_split}")
     json.dump(figures, open(os.path.join(ARGS.work, "figures.json"), "w"), indent=2)
 
 
@@ -232,6 +244,8 @@ if __name__ == "__main__":
     parser.add_argument("--gpt-dim", type=int, default=128)
     parser.add_argument("--gpt-heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=0, help="batch size (0: the example's job.json)")
+    parser.add_argument("--at-once", action="store_true",
+                        help="figure 3 again with every packet sent at once (CAIRN_TEST_SEND_LATER=0)")
     ARGS = parser.parse_args()
     if set(ARGS.models.split(",")) - {"cnn", "gpt"}:
         parser.error("--models takes cnn, gpt or both")
