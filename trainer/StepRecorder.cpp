@@ -51,6 +51,10 @@ void StepRecorder::record(const StepRecord& s, TrainerResult* result) {
   if (ctx_.is_root || ctx_.is_leaf) line["sample_checksum"] = s.sample_checksum;
   if (s.grad_norm >= 0) line["grad_norm"] = s.grad_norm;
   if (ctx_.cfg.cluster_sync) line["sync_s"] = ctx_.times.sync_s;
+  if (ctx_.placement.copiesLater()) {  // a GPU's (docs/TRAINING.md "Sending later")
+    line["later_sends"] = ctx_.times.later_sends;
+    line["held_through_receives"] = ctx_.times.held_through_receives;
+  }
   ctx_.metrics.write(line);
   result->last_loss = s.loss;
   const double elapsed = secondsSince(start_);

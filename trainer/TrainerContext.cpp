@@ -44,6 +44,7 @@ void TimedLink::sendLater(Neighbour to, const StagePacket& packet) {
     named.second = later.copies.back().host;
   }
   later_ = std::move(later);
+  ++times_.later_sends;
   times_.send_s += secondsSince(t);
 }
 
@@ -63,7 +64,10 @@ StagePacket TimedLink::receive(Neighbour from, PacketKind kind, uint64_t step, u
     const auto t = TrainerClock::now();
     std::optional<StagePacket> here = link_.tryReceive(from, kind, step, microbatch, tag);
     times_.wait_s += secondsSince(t);
-    if (here) return std::move(*here);
+    if (here) {
+      ++times_.held_through_receives;
+      return std::move(*here);
+    }
   }
   flush();
   const auto t = TrainerClock::now();

@@ -37,11 +37,14 @@ inline double secondsSince(TrainerClock::time_point t) {
 // A float64 scalar tensor (losses, norms, denominators travel as these).
 inline torch::Tensor scalar64(double v) { return torch::tensor(v, torch::kDouble); }
 
-// Where the current step's time went (metrics.jsonl: compute_s, send_s, wait_s, sync_s).
+// Where the current step's time went (metrics.jsonl: compute_s, send_s, wait_s, sync_s), and, on a
+// device whose copies run later, how its packets left (later_sends, held_through_receives).
 struct StepTimes {
   double compute_s = 0, send_s = 0, wait_s = 0;
   double sync_s = 0;  // cross-cluster sync (ClusterSync) within the step
-  void reset() { compute_s = send_s = wait_s = sync_s = 0; }
+  int64_t later_sends = 0;            // packets TimedLink::sendLater held back
+  int64_t held_through_receives = 0;  // receives that found their packet while one was held
+  void reset() { *this = StepTimes(); }
 };
 
 // One micro-batch between its forward and its backward.

@@ -25,7 +25,10 @@ CASE:
   two_clusters_sending_later  "gradients" over 2 clusters x 3 providers, run twice on copies of one
                   plan: every provider holding back what it sends until its next pass is queued, as
                   on a GPU (CAIRN_TEST_SEND_LATER=1, trainer/Device.cpp; each provider's log must say
-                  so), and sending at once; every trained tensor of every node equal in both runs
+                  so), and sending at once; every trained tensor of every node equal in both runs;
+                  every step record of the first run counts the packets held back (later_sends:
+                  the Root's 4 activations, a Stem's 4 and 4 gradients, the Leaf's 4 gradients),
+                  the second's has no such key
 """
 import os
 import re
@@ -118,6 +121,17 @@ def case_two_clusters_sending_later(args):
     if holding != set(names):
         pct.fail(f"providers that said they hold back what they send: {sorted(holding)}, expected {names}")
     at_once_s = pct.launch(at_once, args.provider, 240, ["--device", args.device])
+    microbatches = settings["microbatches"]
+    for chain in nodes:
+        for i, name in enumerate(chain):
+            held = [m for m in pct.metrics(node_data, name) if "step" in m]
+            expected = microbatches * (2 if 0 < i < len(chain) - 1 else 1)
+            if len(held) != 20 or any(m.get("later_sends") != expected or
+                                      not 0 <= m.get("held_through_receives", -1) <= expected for m in held):
+                pct.fail(f"{name}: expected 20 step records with later_sends {expected} and "
+                         f"held_through_receives in [0, {expected}], got {[(m.get('later_sends'), m.get('held_through_receives')) for m in held]}")
+            if any("later_sends" in m for m in pct.metrics(at_once, name)):
+                pct.fail(f"{name}: later_sends in a run that sends at once")
     trained = lambda folder, name: torch.jit.load(
         os.path.join(folder, "nodes", name, "trained_stage.pt")).state_dict()
     compared = 0

@@ -109,15 +109,20 @@ TEST(Device, AHeldPacketStaysHeldThroughAReceiveOnlyWhenTheAwaitedPacketIsThere)
   timed.send(Neighbour::kDownstream, packetOf(2));
   receive(7);        // nothing held: nothing to look for
   EXPECT_EQ(link.log, (Log{"look 5", "send 0", "look 6", "send 1", "wait 6", "send 2", "wait 7"}));
+  // metrics.jsonl's later_sends and held_through_receives (StepRecorder)
+  EXPECT_EQ(times.later_sends, 2);
+  EXPECT_EQ(times.held_through_receives, 1);
 
   // Through the CPU placement everything leaves at once, and a receive only waits.
   ScriptedLink cpu_link;
   cpu_link.arrived = {5};
   const auto cpu = makePlacement(torch::kCPU);
-  TimedLink on_cpu(cpu_link, times, *cpu);
+  StepTimes cpu_times;
+  TimedLink on_cpu(cpu_link, cpu_times, *cpu);
   on_cpu.sendLater(Neighbour::kDownstream, packetOf(0));
   on_cpu.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 5, "");
   EXPECT_EQ(cpu_link.log, (Log{"send 0", "wait 5"}));
+  EXPECT_EQ(cpu_times.later_sends + cpu_times.held_through_receives, 0);
 }
 
 // ---- In a pipeline ---------------------------------------------------------------------------

@@ -113,7 +113,9 @@ class Model:
         for node in chain:
             records = [json.loads(line) for line in open(os.path.join(node_data, "nodes", node, "metrics.jsonl"))]
             steps = [r for r in records if "step" in r and "compute_s" in r]
-            split[node] = {k: float(np.mean([r[k] for r in steps])) for k in ("compute_s", "send_s", "wait_s")}
+            split[node] = {k: float(np.mean([r[k] for r in steps])) for k in
+                           ("compute_s", "send_s", "wait_s", "later_sends", "held_through_receives")
+                           if all(k in r for r in steps)}  # the last two where sends are held back
             # the steady step: the median after the first 10 (start-up, kernel selection)
             split[node]["median_step_ms"] = float(np.median(
                 [1e3 * self.job["training_definition"]["batch_size"] / r["samples_per_s"] for r in steps[10:]]))
