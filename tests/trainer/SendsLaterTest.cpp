@@ -175,30 +175,43 @@ void expectSameTrainingAsTheCpuPlacement(const testing::PipelineRun& a, const Se
   EXPECT_EQ(a.undelivered, 0u);
 }
 
-TEST(Device, TheRootsActivationsLeaveAfterItsNextForwardIsQueued) {
-  std::mutex mutex;
-  Log log;
+// Trains 2 steps of 4 under GPipe with `device` (logging into `log` under `mutex`) as stage
+// `stage`'s placement, that stage's sends but control packets logged too; `on_send` (optional)
+// sees every packet after. The log must be `step` for each step, and the training the CPU
+// placement's.
+void expectStageLog(int stage, std::mutex& mutex, Log& log,
+                    const std::shared_ptr<const TensorPlacement>& device, const Log& step,
+                    const std::function<void(int, const StagePacket&)>& on_send = {}) {
   SentByStage sent;
-  const auto root = std::make_shared<LoggingDevice>(mutex, log, [](const torch::Tensor& t) {
-    return t.size(1) == 1 ? "input" : "gradient";
-  });
   const auto options = twoStepsOf4(PipelineOrder::kGPipe);
   const testing::PipelineRun later = testing::runInMemoryPipeline(
       threeStageCnn(), options,
       [&](int i, StageTrainerConfig& c) {
-        if (i == 0) c.placement = root;
+        if (i == stage) c.placement = device;
       },
       [&](int from, const StagePacket& p) {
-        std::lock_guard<std::mutex> lock(mutex);
-        sent[from].push_back(sentEntry(p));
-        if (from == 0 && p.kind == PacketKind::kActivation) log.push_back(stepless(sentEntry(p)));
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          sent[from].push_back(sentEntry(p));
+          if (from == stage && p.kind != PacketKind::kControl) log.push_back(stepless(sentEntry(p)));
+        }
+        if (on_send) on_send(from, p);
       });
-  const Log step = {"input",    "input",    "sent activation 0", "input",
-                    "sent activation 1", "input", "sent activation 2", "sent activation 3",
-                    "gradient", "gradient", "gradient", "gradient"};
   ASSERT_EQ(log.size(), 2 * step.size());
   for (size_t i = 0; i < log.size(); ++i) EXPECT_EQ(log[i], step[i % step.size()]) << "entry " << i;
   expectSameTrainingAsTheCpuPlacement(later, sent, options);
+}
+
+TEST(Device, TheRootsActivationsLeaveAfterItsNextForwardIsQueued) {
+  std::mutex mutex;
+  Log log;
+  const auto root = std::make_shared<LoggingDevice>(mutex, log, [](const torch::Tensor& t) {
+    return t.size(1) == 1 ? "input" : "gradient";
+  });
+  expectStageLog(0, mutex, log, root,
+                 {"input", "input", "sent activation 0", "input", "sent activation 1", "input",
+                  "sent activation 2", "sent activation 3", "gradient", "gradient", "gradient",
+                  "gradient"});
 }
 
 // Counts the packets each node sent, by kind; a thread may wait for a count.
@@ -225,7 +238,6 @@ class SentCounter {
 TEST(Device, AStemsActivationsAndGradientsLeaveAfterItsNextPassIsQueued) {
   std::mutex mutex;
   Log log;
-  SentByStage sent;
   SentCounter counter;
   // The Stem's k-th activation (gradient) crossing waits, when it is a step's first, until the
   // Root (the Leaf) has sent the step's every activation (gradient): under GPipe they need
@@ -241,27 +253,12 @@ TEST(Device, AStemsActivationsAndGradientsLeaveAfterItsNextPassIsQueued) {
       return "timed out waiting for the " + name + "s of step " + std::to_string(k / kMicrobatches);
     return name;
   });
-  const auto options = twoStepsOf4(PipelineOrder::kGPipe);
-  const testing::PipelineRun later = testing::runInMemoryPipeline(
-      threeStageCnn(), options,
-      [&](int i, StageTrainerConfig& c) {
-        if (i == 1) c.placement = stem;
-      },
-      [&](int from, const StagePacket& p) {
-        {
-          std::lock_guard<std::mutex> lock(mutex);
-          sent[from].push_back(sentEntry(p));
-          if (from == 1 && p.kind != PacketKind::kControl) log.push_back(stepless(sentEntry(p)));
-        }
-        counter.add(from, p.kind);
-      });
-  const Log step = {"input",           "input",           "sent activation 0", "input",
-                    "sent activation 1", "input",         "sent activation 2", "sent activation 3",
-                    "gradient",        "gradient",        "sent gradient 0",   "gradient",
-                    "sent gradient 1", "gradient",        "sent gradient 2",   "sent gradient 3"};
-  ASSERT_EQ(log.size(), 2 * step.size());
-  for (size_t i = 0; i < log.size(); ++i) EXPECT_EQ(log[i], step[i % step.size()]) << "entry " << i;
-  expectSameTrainingAsTheCpuPlacement(later, sent, options);
+  expectStageLog(1, mutex, log, stem,
+                 {"input", "input", "sent activation 0", "input", "sent activation 1", "input",
+                  "sent activation 2", "sent activation 3", "gradient", "gradient",
+                  "sent gradient 0", "gradient", "sent gradient 1", "gradient",
+                  "sent gradient 2", "sent gradient 3"},
+                 [&](int from, const StagePacket& p) { counter.add(from, p.kind); });
 }
 
 // Every stage sends later; the packets, their order and the training are the CPU placement's.
