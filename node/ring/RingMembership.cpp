@@ -172,6 +172,12 @@ void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
                  "\" kept aside; it counts only if the coordinator adds it to the ring");
     return;
   }
+  // A new life of the sender: it (re)started, perhaps a moment ago at the same address, and this
+  // node's connection to it may still end at its old process; dialled again before any answer.
+  if (context.peer_lives->firstSight(request->sender, request->life, [&context](const std::string& p) {
+        context.mailbox.transport().redial(p);
+      }))
+    CAIRN_DEBUG("ring ", ring.spec.id, ": ", request->sender, " asks with a new life; dialled again");
   ring.join_requests.insert(request->sender);
   ring.asker_lives[request->sender] = request->life;
 }

@@ -84,6 +84,32 @@ class ReplacedMembers {
   std::map<std::string, uint64_t> marked_;
 };
 
+// The life (RingContext::life) each ring peer's join requests carried last, for all the rings of
+// a node together: the first request of a life the node has not seen from that peer means its
+// process (re)started, possibly at the same address a moment ago, while this node's connection to
+// it may still end at the old process: `firstSight` then runs `redial` (Transport::redial) before
+// it returns, and before any other thread's firstSight for that peer returns, so no answer to the
+// new life (a welcome) leaves over the old connection. Thread-safety: own mutex (ring threads,
+// the welcome desk and the trainer's thread note requests).
+class PeerLives {
+ public:
+  // True when `life` (non-zero) is not the life last seen from `peer`; `redial(peer)` was then run.
+  template <typename Redial>
+  bool firstSight(const std::string& peer, uint64_t life, Redial&& redial) {
+    if (life == 0) return false;  // a request without a life: nothing to tell lives apart by
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto [it, added] = last_.emplace(peer, life);
+    if (!added && it->second == life) return false;
+    it->second = life;
+    redial(peer);
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, uint64_t> last_;
+};
+
 // What the rings of one node share.
 struct RingContext {
   RingContext(Mailbox& mailbox, NodeSpec node, SyncOptions sync, std::chrono::milliseconds timeout)
@@ -100,6 +126,8 @@ struct RingContext {
   ProcessGroupOptions group_options;  // set by the constructor of RingClusterSync, then read-only
   // Shared with every group's ProcessGroupOptions::replaced (regroup).
   const std::shared_ptr<ReplacedMembers> replaced = std::make_shared<ReplacedMembers>();
+  // The lives of the ring peers' join requests (noteJoinRequest redials a peer at a new one).
+  const std::shared_ptr<PeerLives> peer_lives = std::make_shared<PeerLives>();
   int64_t last_synced_step = 0;       // optimizer steps done at the last sync (trainer's thread)
   // The deal offer this node proposes at its syncs (ClusterSync::proposeDeal; 0: none, it
   // abstains) and whether its own checks allow it. Set on the trainer's thread between syncs.

@@ -61,6 +61,7 @@ class FaultyTransport : public Transport {
   TransportStats stats() const override { return inner_.stats(); }
   PeerLiveness liveness(const std::string& peer) const override;
   void flushAndClose(std::chrono::milliseconds timeout) override { inner_.flushAndClose(timeout); }
+  void redial(const std::string& peer) override { inner_.redial(peer); }
 
  private:
   bool isCut(const std::string& peer) const;

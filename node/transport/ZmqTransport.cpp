@@ -214,57 +214,6 @@ void ZmqTransport::addPeerLocked(const std::string& peer, const std::string& end
   outbound_.emplace(peer, std::move(entry));
 }
 
-bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpoint,
-                               const std::string& public_key) {
-  CAIRN_ENFORCE(!closed_, "transport is closed");
-  Peer* found = findPeer(peer);
-  if (!found) return false;
-  Peer& p = *found;
-  // Announced first: a send waiting for room leaves the lock to us at its next slice.
-  p.repointing->fetch_add(1);
-  std::unique_lock<std::mutex> sending(*p.send_mutex);
-  p.repointing->fetch_sub(1);
-  if (p.relayed || isRelayedEndpoint(endpoint)) {
-    std::string relay_key, relay_endpoint;
-    if (!p.relayed || !parseRelayedEndpoint(endpoint, &relay_key, &relay_endpoint))
-      CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from ",
-                  p.relayed ? "relayed to direct" : "direct to relayed",
-                  "; a replacement keeps its peers' reachability");
-    relayed_->repoint(peer, relay_endpoint, relay_key, public_key);
-    return true;
-  }
-  if (p.accepted || isDialsUsEndpoint(endpoint)) {
-    if (p.accepted != isDialsUsEndpoint(endpoint))
-      CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from ",
-                  p.accepted ? "dial-out only to reachable" : "reachable to dial-out only",
-                  "; a replacement keeps its peers' reachability");
-    accepted_->reset(peer);  // the new holder dials us and attaches; its key is ZAP's business
-    return true;
-  }
-  // A loopback address is reachable from this host only: a peer on this host stays on it (its
-  // socket has no CURVE), one elsewhere stays elsewhere.
-  const std::string same_host = sameHostEndpointFor(endpoint);
-  if (same_host.empty() == p.same_host)
-    CAIRN_THROW(BadInput, name_, ": peer ", peer, " moved ", p.same_host ? "off" : "onto",
-                " this host (", endpoint, "); a peer on a loopback address stays on it");
-  const std::string& dial = same_host.empty() ? endpoint : same_host;
-  if (options_.curve && !p.same_host) p.socket.set(zmq::sockopt::curve_serverkey, public_key);
-  try {
-    p.socket.disconnect(p.endpoint);  // may be gone already (ENOENT)
-  } catch (const zmq::error_t&) {
-  }
-  try {
-    allowIpv6For(p.socket, dial);
-    p.socket.connect(dial);
-  } catch (const zmq::error_t& e) {
-    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", dial, ": ", e.what());
-  }
-  p.endpoint = dial;
-  p.refused->store(false);
-  if (dialed_) dialed_->repoint(peer, acceptEndpointOf(endpoint), public_key);
-  return true;
-}
-
 bool ZmqTransport::drainMonitors() {
   bool changed = false;
   std::shared_lock<std::shared_mutex> peers(peers_mutex_);

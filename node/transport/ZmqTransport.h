@@ -156,6 +156,10 @@ class ZmqTransport : public Transport {
   // send and receive; a send waiting for room at the old endpoint leaves the lock to it within
   // kSendSlice and goes on to the new one. `public_key` is ignored without CURVE. False for an unknown peer.
   bool repointPeer(const std::string& peer, const std::string& endpoint, const std::string& public_key);
+  // Transport::redial: the peer's PUSH socket leaves its connection and dials the same endpoint
+  // again, under the peer's send lock as repointPeer. Nothing for an unknown, dial-out-only or
+  // relayed peer, or after flushAndClose.
+  void redial(const std::string& peer) override;
 
   // The endpoint actually bound: with "tcp://127.0.0.1:*" (a port the kernel picks), the port it
   // picked, e.g. "tcp://127.0.0.1:41873". Safe from any thread (set in the constructor).
@@ -213,6 +217,12 @@ class ZmqTransport : public Transport {
   std::string curveKeyOf(const std::string& peer) const;  // "" without CURVE; BadInput if unknown
   void addDialingPeerLocked(const std::string& peer);
   void addRelayedPeerLocked(const std::string& peer, const std::string& endpoint);
+  // Takes a peer's send lock the way repointPeer and redial do: announced first, so a send
+  // waiting for room leaves the lock to the caller at its next slice.
+  std::unique_lock<std::mutex> lockForRepoint(Peer& p);
+  // A directly dialled peer's socket leaves its endpoint and connects to `dial`. Caller holds the
+  // peer's send lock.
+  void reconnectLocked(const std::string& peer, Peer& p, const std::string& dial);
   // Sends that wait (for room, for a peer's acknowledgements) drain the receiving side meanwhile
   // when nobody else receives, then run the send wait hook.
   void whileSendWaits();

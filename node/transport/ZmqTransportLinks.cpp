@@ -1,10 +1,12 @@
 // ZmqTransport's reversed links (node/transport/ReversedLinks.h: peers that dial us because they
 // are dial-out only, the sends to them) and relayed links (node/transport/RelayedLinks.h), each
-// peer's liveness, and what the receiving thread polls. The rest of the class is in
-// ZmqTransport.cpp.
+// peer's liveness, what the receiving thread polls, and a peer's link moved or dialled again
+// (repointPeer, redial). The rest of the class is in ZmqTransport.cpp.
 #include <thread>
 
 #include "core/Error.h"
+#include "core/Log.h"
+#include "node/transport/ZmqSockets.h"
 #include "node/transport/ZmqTransport.h"
 
 namespace cairn {
@@ -214,6 +216,89 @@ std::vector<zmq::pollitem_t> ZmqTransport::pollItems() {
   if (dialed_) dialed_->addPollItems(items);
   if (relayed_) relayed_->addPollItems(items);
   return items;
+}
+
+bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpoint,
+                               const std::string& public_key) {
+  CAIRN_ENFORCE(!closed_, "transport is closed");
+  Peer* found = findPeer(peer);
+  if (!found) return false;
+  Peer& p = *found;
+  std::unique_lock<std::mutex> sending = lockForRepoint(p);
+  if (p.relayed || isRelayedEndpoint(endpoint)) {
+    std::string relay_key, relay_endpoint;
+    if (!p.relayed || !parseRelayedEndpoint(endpoint, &relay_key, &relay_endpoint))
+      CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from ",
+                  p.relayed ? "relayed to direct" : "direct to relayed",
+                  "; a replacement keeps its peers' reachability");
+    relayed_->repoint(peer, relay_endpoint, relay_key, public_key);
+    return true;
+  }
+  if (p.accepted || isDialsUsEndpoint(endpoint)) {
+    if (p.accepted != isDialsUsEndpoint(endpoint))
+      CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from ",
+                  p.accepted ? "dial-out only to reachable" : "reachable to dial-out only",
+                  "; a replacement keeps its peers' reachability");
+    accepted_->reset(peer);  // the new holder dials us and attaches; its key is ZAP's business
+    return true;
+  }
+  // A loopback address is reachable from this host only: a peer on this host stays on it (its
+  // socket has no CURVE), one elsewhere stays elsewhere.
+  const std::string same_host = sameHostEndpointFor(endpoint);
+  if (same_host.empty() == p.same_host)
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, " moved ", p.same_host ? "off" : "onto",
+                " this host (", endpoint, "); a peer on a loopback address stays on it");
+  const std::string& dial = same_host.empty() ? endpoint : same_host;
+  if (options_.curve && !p.same_host) p.socket.set(zmq::sockopt::curve_serverkey, public_key);
+  reconnectLocked(peer, p, dial);
+  if (dialed_) dialed_->repoint(peer, acceptEndpointOf(endpoint), public_key);
+  return true;
+}
+
+void ZmqTransport::redial(const std::string& peer) {
+  if (closed_) return;
+  Peer* found = findPeer(peer);
+  if (!found || found->accepted || found->relayed) return;
+  std::unique_lock<std::mutex> sending = lockForRepoint(*found);
+  reconnectLocked(peer, *found, found->endpoint);
+  CAIRN_DEBUG("peer ", peer, ": dialled ", found->endpoint, " again (its process may have restarted)");
+}
+
+std::unique_lock<std::mutex> ZmqTransport::lockForRepoint(Peer& p) {
+  p.repointing->fetch_add(1);
+  std::unique_lock<std::mutex> sending(*p.send_mutex);
+  p.repointing->fetch_sub(1);
+  return sending;
+}
+
+void ZmqTransport::reconnectLocked(const std::string& peer, Peer& p, const std::string& dial) {
+  try {
+    p.socket.disconnect(p.endpoint);  // may be gone already (ENOENT)
+  } catch (const zmq::error_t&) {
+  }
+  // disconnect() only asks the I/O thread to end the old session; its pipe stays attached (and a
+  // send right away is written into it and dropped with it: seen in
+  // PeerRepoint.ARedialledPeerGetsTheNextMessageOverANewConnection) until the socket has taken the
+  // pipe's termination. ZMQ_EVENTS processes the socket's commands: once no pipe takes a message,
+  // the old one is gone, and the next message can only go over the connection dialled below. (A
+  // pipe full at its high-water mark reads as gone early; at a redial it could only hold what was
+  // meant for the peer's old process, which nothing answers any more.)
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while ((p.socket.get(zmq::sockopt::events) & ZMQ_POLLOUT) != 0) {
+    if (std::chrono::steady_clock::now() >= until) {
+      CAIRN_WARN(name_, ": the old connection to ", peer, " did not end within 2 s; dialling anyway");
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  try {
+    allowIpv6For(p.socket, dial);
+    p.socket.connect(dial);
+  } catch (const zmq::error_t& e) {
+    CAIRN_THROW(BadInput, name_, ": cannot connect to peer ", peer, " at ", dial, ": ", e.what());
+  }
+  p.endpoint = dial;
+  p.refused->store(false);
 }
 
 }  // namespace cairn

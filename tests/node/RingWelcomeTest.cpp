@@ -21,7 +21,10 @@
 #include <mutex>
 #include <thread>
 
+#include "node/protocol/RingJoin.h"
 #include "node/ring/RingClusterSync.h"
+#include "node/ring/RingMembership.h"
+#include "node/testing/FaultyTransport.h"
 #include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
 #include "tests/node/RingTestEvents.h"
@@ -315,6 +318,58 @@ TEST(RingRestart, ANewestMemberWithACorruptCopyIsCaughtNotCopied) {
   EXPECT_EQ(a_generation_after, 2);  // b dropped at the sync
   EXPECT_TRUE(torch::isfinite(a_after.at("0.weight")).all().item<bool>());
   EXPECT_LT(a_after.at("0.weight").abs().max().item<double>(), 1e3);
+}
+
+// A transport that records which peers it was asked to dial again.
+class RedialLog : public FaultyTransport {
+ public:
+  using FaultyTransport::FaultyTransport;
+  void redial(const std::string& peer) override {
+    redialled.push_back(peer);
+    FaultyTransport::redial(peer);
+  }
+  std::vector<std::string> redialled;
+};
+
+// A join request with a life this node has not seen from its sender means the sender's process
+// (re)started, perhaps a moment ago at the same address, and this node's connection to it may
+// still end at the old process (PeerRepoint.ARedialledPeerGetsTheNextMessageOverANewConnection):
+// noting it dials the sender again, once per life, before anything answers it; requests of a
+// life already seen, without a life, or from a non-member do not. The lives are the node's, not a
+// ring's: the same life asking in a second ring is no new process.
+TEST(RingJoinRequests, ASenderIsDialledAgainAtEachNewLifeOnly) {
+  zmq::context_t context;
+  ZmqTransport zmq_transport(context, "a", "inproc://ring_join_requests_a");
+  RedialLog transport(zmq_transport);
+  Mailbox mailbox(transport);
+  NodeSpec spec;
+  spec.name = "a";
+  for (const char* id : {"ring_0", "ring_1"}) {
+    RingSpec r;
+    r.id = id;
+    r.members = {{"a", "", ""}, {"b", "", ""}};
+    spec.rings.push_back(r);
+  }
+  RingContext ctx(mailbox, spec, SyncOptions{}, std::chrono::milliseconds(1000));
+  Ring ring0, ring1;
+  ring0.spec = spec.rings[0];
+  ring1.spec = spec.rings[1];
+  auto ask = [&ctx](Ring& ring, const std::string& sender, uint64_t life) {
+    noteJoinRequest(ctx, ring, encode(JoinRequest{sender, ring.spec.id, life}));
+  };
+  ask(ring0, "b", 7);  // b's first request seen: a process this node has not heard from
+  ask(ring0, "b", 7);  // its repeat (a joiner asks every second)
+  ask(ring1, "b", 7);  // the same life in the other ring
+  EXPECT_EQ(transport.redialled, std::vector<std::string>{"b"});
+  ask(ring0, "b", 9);  // b restarted
+  ask(ring1, "b", 9);
+  ask(ring0, "b", 0);  // no life given: nothing to tell lives apart by
+  ask(ring0, "z", 5);  // not a member: kept aside, never dialled
+  EXPECT_EQ(transport.redialled, (std::vector<std::string>{"b", "b"}));
+  EXPECT_EQ(ring0.join_requests, std::set<std::string>{"b"});
+  EXPECT_EQ(ring1.asker_lives.at("b"), 9u);
+  EXPECT_EQ(ring0.strangers, std::set<std::string>{"z"});
+  zmq_transport.flushAndClose(std::chrono::milliseconds(0));
 }
 
 }  // namespace
