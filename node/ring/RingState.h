@@ -11,6 +11,7 @@
 // everything else in it is read-only while ring threads run.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -84,30 +85,35 @@ class ReplacedMembers {
   std::map<std::string, uint64_t> marked_;
 };
 
-// The life (RingContext::life) each ring peer's join requests carried last, for all the rings of
-// a node together: the first request of a life the node has not seen from that peer means its
+// The lives (RingContext::life) each ring peer's join requests carried, for all the rings of a
+// node together: the first request of a life the node has not seen from that peer means its
 // process (re)started, possibly at the same address a moment ago, while this node's connection to
 // it may still end at the old process: `firstSight` then runs `redial` (Transport::redial) before
-// it returns, and before any other thread's firstSight for that peer returns, so no answer to the
-// new life (a welcome) leaves over the old connection. Thread-safety: own mutex (ring threads,
-// the welcome desk and the trainer's thread note requests).
+// it returns, and before any other thread's firstSight returns, so no answer to the new life (a
+// welcome) leaves over the old connection. A late request of a life seen before (one queued
+// before its sender restarted) dials nothing: dialling again would drop what is queued for the
+// new life. Thread-safety: own mutex (ring threads, the welcome desk and the trainer's thread
+// note requests).
 class PeerLives {
  public:
-  // True when `life` (non-zero) is not the life last seen from `peer`; `redial(peer)` was then run.
+  static constexpr size_t kLivesKept = 16;  // per peer, the latest (a peer restarting more often
+                                            // than that between two of its requests is not met)
+  // True when `life` (non-zero) was not seen from `peer` before; `redial(peer)` was then run.
   template <typename Redial>
   bool firstSight(const std::string& peer, uint64_t life, Redial&& redial) {
     if (life == 0) return false;  // a request without a life: nothing to tell lives apart by
     std::lock_guard<std::mutex> lock(mutex_);
-    auto [it, added] = last_.emplace(peer, life);
-    if (!added && it->second == life) return false;
-    it->second = life;
+    std::vector<uint64_t>& seen = seen_[peer];
+    if (std::find(seen.begin(), seen.end(), life) != seen.end()) return false;
+    if (seen.size() == kLivesKept) seen.erase(seen.begin());
+    seen.push_back(life);
     redial(peer);
     return true;
   }
 
  private:
   std::mutex mutex_;
-  std::map<std::string, uint64_t> last_;
+  std::map<std::string, std::vector<uint64_t>> seen_;  // oldest first
 };
 
 // What the rings of one node share.

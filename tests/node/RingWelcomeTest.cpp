@@ -335,8 +335,9 @@ class RedialLog : public FaultyTransport {
 // (re)started, perhaps a moment ago at the same address, and this node's connection to it may
 // still end at the old process (PeerRepoint.ARedialledPeerGetsTheNextMessageOverANewConnection):
 // noting it dials the sender again, once per life, before anything answers it; requests of a
-// life already seen, without a life, or from a non-member do not. The lives are the node's, not a
-// ring's: the same life asking in a second ring is no new process.
+// life already seen (a repeat, or a late one of an earlier life), without a life, or from a
+// non-member do not. The lives are the node's, not a ring's: the same life asking in a second
+// ring is no new process.
 TEST(RingJoinRequests, ASenderIsDialledAgainAtEachNewLifeOnly) {
   zmq::context_t context;
   ZmqTransport zmq_transport(context, "a", "inproc://ring_join_requests_a");
@@ -363,11 +364,13 @@ TEST(RingJoinRequests, ASenderIsDialledAgainAtEachNewLifeOnly) {
   EXPECT_EQ(transport.redialled, std::vector<std::string>{"b"});
   ask(ring0, "b", 9);  // b restarted
   ask(ring1, "b", 9);
+  ask(ring0, "b", 7);  // a request of b's old life, queued before it restarted
   ask(ring0, "b", 0);  // no life given: nothing to tell lives apart by
   ask(ring0, "z", 5);  // not a member: kept aside, never dialled
   EXPECT_EQ(transport.redialled, (std::vector<std::string>{"b", "b"}));
   EXPECT_EQ(ring0.join_requests, std::set<std::string>{"b"});
   EXPECT_EQ(ring1.asker_lives.at("b"), 9u);
+  EXPECT_EQ(ring0.asker_lives.at("b"), 0u);  // the latest request's, as before
   EXPECT_EQ(ring0.strangers, std::set<std::string>{"z"});
   zmq_transport.flushAndClose(std::chrono::milliseconds(0));
 }
