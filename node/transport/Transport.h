@@ -83,7 +83,7 @@ class Transport {
   // a new life): what is queued for it is dropped and the next send goes over a connection made
   // after this call. A connection made before may still end at the old process, its close not yet
   // seen, and swallow a message (the lost welcome of RingGatedAdmission, 4 runs in 40). Default
-  // (and for peers the transport does not dial itself: dial-out-only, relayed): nothing.
+  // (and for links that send again what was lost: relayed): nothing.
   virtual void redial(const std::string& /*peer*/) {}
   // Waits up to `timeout` for queued outgoing messages to leave, then closes every socket.
   // Without a call, destruction abandons queued messages (linger 0).

@@ -157,8 +157,9 @@ class ZmqTransport : public Transport {
   // kSendSlice and goes on to the new one. `public_key` is ignored without CURVE. False for an unknown peer.
   bool repointPeer(const std::string& peer, const std::string& endpoint, const std::string& public_key);
   // Transport::redial: the peer's PUSH socket leaves its connection and dials the same endpoint
-  // again, under the peer's send lock as repointPeer. Nothing for an unknown, dial-out-only or
-  // relayed peer, or after flushAndClose.
+  // again (a dial-out-only peer: its attached connection is forgotten until it attaches again),
+  // under the peer's send lock as repointPeer. Nothing for an unknown or relayed peer (a relayed
+  // link acknowledges and sends again), or after flushAndClose.
   void redial(const std::string& peer) override;
 
   // The endpoint actually bound: with "tcp://127.0.0.1:*" (a port the kernel picks), the port it

@@ -258,8 +258,15 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
 void ZmqTransport::redial(const std::string& peer) {
   if (closed_) return;
   Peer* found = findPeer(peer);
-  if (!found || found->accepted || found->relayed) return;
+  if (!found || found->relayed) return;  // relayed: acknowledged and sent again (RelayedLinks.h)
   std::unique_lock<std::mutex> sending = lockForRepoint(*found);
+  if (found->accepted) {
+    // A dial-out-only peer: its attached connection may be its old process's; the next send
+    // waits for an attach, which its DEALER says once a second (ReversedLinks.h).
+    accepted_->reset(peer);
+    CAIRN_DEBUG("peer ", peer, ": waiting for its next attach (its process may have restarted)");
+    return;
+  }
   reconnectLocked(peer, *found, found->endpoint);
   CAIRN_DEBUG("peer ", peer, ": dialled ", found->endpoint, " again (its process may have restarted)");
 }

@@ -4,12 +4,7 @@
 // another address and CURVE key while the transport is in use. Real CurveZMQ on loopback. And
 // redial: a peer restarted at the same address gets the next message over a new connection.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <map>
 #include <memory>
 #include <thread>
@@ -19,6 +14,7 @@
 #include "node/transport/LivePeers.h"
 #include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
+#include "tests/common/TcpForwarder.h"
 
 namespace cairn {
 namespace {
@@ -179,112 +175,6 @@ TEST(PeerRepoint, ANewRingMemberIsAddedWhileAnotherThreadReceives) {
   EXPECT_TRUE(torch::equal(got->tensors[0].tensor, torch::full({4}, 6.0f)));
 }
 
-// A TCP forwarder on loopback: the first connection it accepts is carried to port `first`, every
-// later one to `later`. freezeFirst() stops the first from carrying anything more while its
-// sockets stay open: to the dialling side, a connection whose far end went away without a word
-// (a peer's process that closed a moment ago, its close not seen yet). Written by hand: no library
-// here forwards TCP; poll() and blocking writes are enough for a few small messages on loopback.
-class SwitchingForwarder {
- public:
-  SwitchingForwarder(int listen_port, int first, int later) : first_(first), later_(later) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    const int one = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    const sockaddr_in addr = loopback(listen_port);
-    if (::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(listen_fd_, 8) != 0)
-      throw std::runtime_error("forwarder: cannot listen on port " + std::to_string(listen_port));
-    thread_ = std::thread([this] { run(); });
-  }
-  ~SwitchingForwarder() {
-    stop_ = true;
-    thread_.join();
-    for (const Pair& p : pairs_) {
-      ::close(p.client);
-      ::close(p.server);
-    }
-    ::close(listen_fd_);
-  }
-  // Returns once the forwarder carries nothing more on the first connection (its loop has seen it).
-  void freezeFirst() {
-    const int turn = turns_;
-    frozen_ = true;
-    while (turns_ < turn + 2) std::this_thread::sleep_for(1ms);
-  }
-  int accepted() const { return accepted_; }
-
- private:
-  struct Pair {
-    int client, server;
-    bool first;
-  };
-  static sockaddr_in loopback(int port) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    return addr;
-  }
-  // Reads what `from` has and writes it all to `to`; false when `from` closed.
-  static bool carry(int from, int to) {
-    char buffer[65536];
-    const ssize_t n = ::read(from, buffer, sizeof buffer);
-    if (n <= 0) return false;
-    for (ssize_t done = 0; done < n;) {
-      const ssize_t w = ::write(to, buffer + done, size_t(n - done));
-      if (w <= 0) return false;
-      done += w;
-    }
-    return true;
-  }
-  void run() {  // pairs_ is this thread's until the destructor joins it
-    for (; !stop_; ++turns_) {
-      std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
-      std::vector<std::pair<size_t, bool>> owner;  // pair index, client side
-      for (size_t i = 0; i < pairs_.size(); ++i) {
-        if (pairs_[i].first && frozen_) continue;
-        fds.push_back({pairs_[i].client, POLLIN, 0});
-        owner.push_back({i, true});
-        fds.push_back({pairs_[i].server, POLLIN, 0});
-        owner.push_back({i, false});
-      }
-      if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
-      if (fds[0].revents & POLLIN) accept();
-      for (size_t k = 1; k < fds.size(); ++k) {
-        if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        Pair& p = pairs_[owner[k - 1].first];
-        const bool client = owner[k - 1].second;
-        if (!carry(client ? p.client : p.server, client ? p.server : p.client)) {
-          ::shutdown(p.client, SHUT_RDWR);  // both ends see the close; the fds go at destruction
-          ::shutdown(p.server, SHUT_RDWR);
-        }
-      }
-    }
-  }
-  void accept() {
-    const int client = ::accept(listen_fd_, nullptr, nullptr);
-    if (client < 0) return;
-    const bool first = accepted_ == 0;
-    const int server = ::socket(AF_INET, SOCK_STREAM, 0);
-    const sockaddr_in addr = loopback(first ? first_ : later_);
-    if (::connect(server, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-      ::close(client);
-      ::close(server);
-      return;
-    }
-    ++accepted_;
-    pairs_.push_back({client, server, first});
-  }
-
-  int first_, later_;
-  int listen_fd_ = -1;
-  std::vector<Pair> pairs_;
-  std::atomic<bool> stop_{false}, frozen_{false};
-  std::atomic<int> accepted_{0};
-  std::atomic<int> turns_{0};  // loop turns begun: each builds its poll list anew
-  std::thread thread_;
-};
-
 // Transport::redial (what a ring member does when a peer asks to join with a new life,
 // RingState.h PeerLives): the peer's process restarted at the same address, but this node's
 // connection still ends at the old process, its close not seen yet — here the forwarder holds it
@@ -295,7 +185,7 @@ TEST(PeerRepoint, ARedialledPeerGetsTheNextMessageOverANewConnection) {
   zmq::context_t ctx;
   ZmqTransport old_b(ctx, "b", peerRepointTcp(10));
   ZmqTransport new_b(ctx, "b", peerRepointTcp(11));
-  SwitchingForwarder forwarder(peerRepointPort(12), peerRepointPort(10), peerRepointPort(11));
+  testing::TcpForwarder forwarder(peerRepointPort(12), peerRepointPort(10), peerRepointPort(11));
   TransportOptions o;
   o.heartbeat_interval = 0ms;  // the old connection is never found dead by itself
   ZmqTransport a(ctx, "a", peerRepointTcp(13), o);

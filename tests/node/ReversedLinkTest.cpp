@@ -3,7 +3,8 @@
 // endpoint (PORT+1) — and messages flow both ways over them. Real CurveZMQ on loopback, each
 // side in its own context as in separate processes: both directions carry messages, an unknown
 // key never gets a message and an admitted key cannot take another's name, liveness follows the
-// connection the dial-out-only side opened, and repointPeer moves such a link.
+// connection the dial-out-only side opened, repointPeer moves such a link, and redial waits for
+// the attach of a dial-out-only peer's new process.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -14,6 +15,7 @@
 #include "node/transport/CurveSecurity.h"
 #include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
+#include "tests/common/TcpForwarder.h"
 
 namespace cairn {
 namespace {
@@ -57,12 +59,16 @@ struct Reachable {
 struct DialOutOnly {
   zmq::context_t context;
   std::unique_ptr<ZmqTransport> t;
-  DialOutOnly(const std::string& name, const CurveKeyPair& keys, const Reachable& r) {
+  DialOutOnly(const std::string& name, const CurveKeyPair& keys, const Reachable& r)
+      : DialOutOnly(name, keys, r, r.endpoint) {}
+  // Dialling r at `r_endpoint` (and its accept endpoint, the port above).
+  DialOutOnly(const std::string& name, const CurveKeyPair& keys, const Reachable& r,
+              const std::string& r_endpoint) {
     TransportOptions o;
     o.curve = CurveOptions{keys, {{"r", r.keys.public_key}}};
     o.dial_out_only = true;
     t = std::make_unique<ZmqTransport>(context, name, "", o);
-    t->addPeer("r", r.endpoint);
+    t->addPeer("r", r_endpoint);
   }
 };
 
@@ -240,6 +246,39 @@ TEST(ReversedLink, TwoDialOutOnlyNodesCannotBeLinkedDirectly) {
   EXPECT_EQ(acceptEndpointOf("tcp://10.1.0.2:5003"), "tcp://10.1.0.2:5004");
   EXPECT_EQ(acceptEndpointOf("inproc://x"), "");
   EXPECT_EQ(acceptEndpointOf("tcp://h:65535"), "");
+}
+
+// Transport::redial of a dial-out-only peer (a ring member asking to join with a new life,
+// RingState.h PeerLives): its process restarted, and r still holds the connection its old
+// process attached — here a forwarder keeps that connection open and carries nothing more, so r
+// never sees it close — while the new process's connection is held back before its handshake.
+// After redial r sends nothing over the old connection: a send times out until the new process
+// attaches, then goes to it. Without redial the first send "succeeds" into the old connection and
+// is lost (this test then fails at once).
+TEST(ReversedLink, ARedialledDialOutOnlyPeerIsSentToOnlyOnceItsNewProcessAttached) {
+  const CurveKeyPair d_keys = generateCurveKeyPair();
+  Reachable r({{d_keys.public_key, "d"}}, "d", d_keys.public_key);
+  const int r_port = std::stoi(r.endpoint.substr(r.endpoint.rfind(':') + 1));
+  const int via = testutil::freeLoopbackPorts(1).at(0);  // and via + 1, kept free above it
+  testing::TcpForwarder to_pull(via, r_port, r_port);
+  testing::TcpForwarder to_accept(via + 1, r_port + 1, r_port + 1);
+  const std::string r_via = "tcp://127.0.0.1:" + std::to_string(via);
+  auto d = std::make_unique<DialOutOnly>("d", d_keys, r, r_via);
+  expectReachableToDialOut(*r.t, *d->t, "first life");
+  to_accept.freezeFirst();
+  to_accept.holdLater();
+  d.reset();  // its process ends; r does not see its attached connection close
+  DialOutOnly d2("d", d_keys, r, r_via);
+  ASSERT_EQ(d2.t->send("r", reversedLinkMessage("d", "join"), 10s), SendStatus::kSent);
+  auto asked = r.t->receive(10s);
+  ASSERT_TRUE(asked.has_value());
+  EXPECT_EQ(asked->tag, "join");
+  r.t->redial("d");
+  EXPECT_EQ(r.t->send("d", reversedLinkMessage("r", "lost"), 300ms), SendStatus::kTimedOut)
+      << "sent over the old process's connection";
+  to_accept.releaseLater();
+  expectReachableToDialOut(*r.t, *d2.t, "welcome");  // the next message d2 gets is this one
+  EXPECT_EQ(to_accept.accepted(), 2);
 }
 
 }  // namespace
