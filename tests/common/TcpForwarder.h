@@ -54,6 +54,7 @@ class TcpForwarder {
   struct Pair {
     int client, server;
     bool first;
+    bool closed = false;  // one side closed: both shut down, never polled again
   };
   // Returns once the loop has begun a turn with `flag` at `value` (each turn polls anew).
   void setAndWait(std::atomic<bool>& flag, bool value) {
@@ -85,7 +86,7 @@ class TcpForwarder {
       std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
       std::vector<std::pair<size_t, bool>> owner;  // pair index, client side
       for (size_t i = 0; i < pairs_.size(); ++i) {
-        if (pairs_[i].first ? frozen_.load() : held_.load()) continue;
+        if (pairs_[i].closed || (pairs_[i].first ? frozen_.load() : held_.load())) continue;
         fds.push_back({pairs_[i].client, POLLIN, 0});
         owner.push_back({i, true});
         fds.push_back({pairs_[i].server, POLLIN, 0});
@@ -96,10 +97,12 @@ class TcpForwarder {
       for (size_t k = 1; k < fds.size(); ++k) {
         if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         Pair& p = pairs_[owner[k - 1].first];
+        if (p.closed) continue;  // its other side closed it this turn
         const bool client = owner[k - 1].second;
         if (!carry(client ? p.client : p.server, client ? p.server : p.client)) {
           ::shutdown(p.client, SHUT_RDWR);  // both ends see the close; the fds go at destruction
           ::shutdown(p.server, SHUT_RDWR);
+          p.closed = true;  // else its hang-up would wake every poll from now on
         }
       }
     }
@@ -116,7 +119,7 @@ class TcpForwarder {
       return;
     }
     ++accepted_;
-    pairs_.push_back({client, server, first});
+    pairs_.push_back({client, server, first, false});
   }
 
   int first_, later_;

@@ -270,6 +270,8 @@ TEST(ReversedLink, ARedialledDialOutOnlyPeerIsSentToOnlyOnceItsNewProcessAttache
   d.reset();  // its process ends; r does not see its attached connection close
   DialOutOnly d2("d", d_keys, r, r_via);
   ASSERT_EQ(d2.t->send("r", reversedLinkMessage("d", "join"), 10s), SendStatus::kSent);
+  // This receive also reads every attach that came before (each call reads them first): one the
+  // old process said just before the freeze cannot be read after the redial and re-attach it.
   auto asked = r.t->receive(10s);
   ASSERT_TRUE(asked.has_value());
   EXPECT_EQ(asked->tag, "join");
