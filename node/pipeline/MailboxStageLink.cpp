@@ -159,6 +159,7 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
                 " neighbour ", p.name, " at ", whereIs(p), " within ", secondsOf(wait), " s (",
                 timeout_key, "); is its provider running?");
   };
+  if (handshakes_ > 0) redialRestarted(neighbours);
   for (const auto& [dir, p] : neighbours) {
     const Message hello =
         encode(ControlOrigin{node_.job_id, node_.name}, Hello{node_.stage, node_.cluster});
@@ -202,6 +203,22 @@ void MailboxStageLink::connect(std::optional<std::chrono::milliseconds> timeout,
       CAIRN_THROW(BadInput, toString(dir), " neighbour ", p.name, " runs job \"", got->job_id,
                   "\" but this node runs \"", node_.job_id, "\" (mixed node_data folders?)");
     CAIRN_INFO(toString(dir), " neighbour ", p.name, " is up");
+  }
+  ++handshakes_;
+}
+
+void MailboxStageLink::redialRestarted(const std::vector<std::pair<Neighbour, PeerRef>>& neighbours) {
+  for (const auto& [dir, p] : neighbours) {
+    const std::string name = p.name;
+    std::optional<Message> hello = mailbox_.receive(
+        [&](const Message& m) { return m.sender == name && isControl(m, kHelloTag); },
+        std::chrono::milliseconds(0));
+    if (!hello) continue;
+    mailbox_.putBack(std::move(*hello));  // for the wait below
+    CAIRN_INFO(toString(dir), " neighbour ", name,
+               " restarted (its hello is here): dialling it again, so this node's hello reaches "
+               "its new process");
+    mailbox_.transport().redial(name);
   }
 }
 

@@ -31,6 +31,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/Error.h"
 #include "core/NodeData.h"
@@ -151,6 +153,12 @@ class MailboxStageLink : public StageLink {
   void checkStopWhileWaiting(const PeerRef& p, const std::string& what,
                              std::optional<std::chrono::steady_clock::time_point>* stop_seen) const;
   void drop(const Message& m, const std::string& reason, const std::string& detail);
+  // Before a later handshake: a neighbour whose hello is in the mailbox already restarted; this
+  // node's connection to it may still end at its old process (its close not seen yet), where the
+  // hello would be lost and the new process wait for it until its startup timeout. Such a
+  // neighbour is dialled again first (Transport::redial). The first handshake has no connection
+  // of before to fear: its transport's connections to the neighbours are new.
+  void redialRestarted(const std::vector<std::pair<Neighbour, PeerRef>>& neighbours);
   // A neighbour's "leaving" or mid-run "hello" (`m`) while waiting for `what`: PeerLost naming it
   // (a hello goes back into the mailbox for the next connect()).
   [[noreturn]] void throwRecovery(Message m, const std::string& what);
@@ -165,6 +173,7 @@ class MailboxStageLink : public StageLink {
   uint64_t max_message_bytes_ = 0;
   LinkStats stats_;
   std::optional<PeerLoss> lost_;
+  int64_t handshakes_ = 0;  // connect() calls that completed
   std::function<bool()> interrupted_;
   std::function<bool(const std::string&)> replaced_;
   std::shared_ptr<const TensorPlacement> decode_on_;

@@ -15,6 +15,7 @@
 #include "node/pipeline/NodeRunner.h"
 #include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
+#include "tests/common/TcpForwarder.h"
 
 namespace cairn {
 namespace {
@@ -48,8 +49,8 @@ struct Node {
   ZmqTransport transport;
   Mailbox mailbox;
   MailboxStageLink link;
-  Node(const NodeSpec& n, LinkTimeouts timeouts)
-      : transport(context, n.name, "tcp://" + n.address), mailbox(transport),
+  Node(const NodeSpec& n, LinkTimeouts timeouts, TransportOptions options = {})
+      : transport(context, n.name, "tcp://" + n.address, options), mailbox(transport),
         link(mailbox, n, timeouts) {}
 };
 
@@ -146,6 +147,51 @@ TEST(Recovery, LeavingAndHelloMidRunEndTheWaitAndTheHelloIsKeptForTheNextHandsha
   b.link.connect();  // completes with the hello the receive put back (and answers a's wait)
   EXPECT_FALSE(b.link.lost().has_value());
   a_thread.join();
+}
+
+// A neighbour restarted in its process at the same address (VolunteerRun runs the stage again
+// with a new transport within milliseconds) says hello mid-run; this node's connection to it may
+// still end at the old process, its close not seen yet. Here a forwarder holds that connection
+// open and carries nothing more (heartbeats off, so it is never found dead). The next handshake
+// must dial the restarted neighbour again before saying hello (Transport::redial): without that
+// the hello goes into the old connection and is lost, and the new process waits for it until its
+// startup timeout (this test then fails with "no hello from upstream neighbour a").
+TEST(Recovery, AHandshakeWithARestartedNeighbourDialsItAgain) {
+  const std::vector<std::string> names{"a", "b"};
+  NodeSpec a_spec = spec(names, 0, 12), old_b_spec = spec(names, 1, 12), new_b_spec = spec(names, 1, 13);
+  a_spec.downstream->address = recoveryAddress(15);  // through the forwarder
+  new_b_spec.upstream->address = recoveryAddress(12);  // old b listens on 13, new b on 14
+  LinkTimeouts timeouts = quick();
+  timeouts.startup = 8s;
+  auto old_b = std::make_unique<Node>(old_b_spec, timeouts);  // listening before the forwarder dials it
+  testing::TcpForwarder forwarder(recoveryPort(15), recoveryPort(13), recoveryPort(14));
+  TransportOptions no_heartbeats;
+  no_heartbeats.heartbeat_interval = 0ms;
+  Node a(a_spec, timeouts, no_heartbeats);
+  std::thread old_b_thread([&] { old_b->link.connect(); });
+  a.link.connect();
+  old_b_thread.join();
+  forwarder.freezeFirst();  // old_b's process "closed", a has not seen it
+  std::string new_b_error;
+  std::thread new_b_thread([&] {
+    Node new_b(new_b_spec, timeouts);
+    try {
+      new_b.link.connect();
+    } catch (const std::exception& e) {
+      new_b_error = e.what();
+    }
+  });
+  try {
+    (void)a.link.receive(Neighbour::kDownstream, PacketKind::kGradient, 0, 0, "");
+    ADD_FAILURE() << "no PeerLost";
+  } catch (const PeerLost&) {
+    ASSERT_TRUE(a.link.lost().has_value());
+    EXPECT_EQ(a.link.lost()->cause, LossCause::kRestarted);
+  }
+  a.link.connect();  // with the hello the receive put back
+  new_b_thread.join();
+  EXPECT_EQ(new_b_error, "") << "the restarted neighbour never got this node's hello";
+  EXPECT_EQ(forwarder.accepted(), 2);
 }
 
 // Runs the agreement on a 3-node pipeline with these checkpoint steps; the Root first sends the
