@@ -4,6 +4,7 @@
 // over one ProcessGroup per ring group of node.json.
 //
 // StageTrainer calls, on its own thread, in this order:
+//   setPlacement(placement)              once, before start: the device the stage trains on
 //   start(stage)                         once, after the run plan is known and before step 0
 //   beforeBackward(step, stage, last)    (schedule "sync") before each backward of a step, `last`
 //                                        for the step's last one, after which every gradient of
@@ -22,6 +23,7 @@
 #include <torch/script.h>
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -29,6 +31,8 @@
 #include <vector>
 
 namespace cairn {
+
+class TensorPlacement;  // trainer/Device.h
 
 // What the proposing members of a sync agreed on (ClusterSync::takeDealAgreement).
 struct DealAgreement {
@@ -72,6 +76,10 @@ class ClusterSync {
   // cluster starts from the same ones (a cluster that resumes or is added mid-run). Default: no
   // peers, nothing to do.
   virtual void setJoining(bool /*joining*/) {}
+  // Before start(): where the stage trains (trainer/Device.h). RingClusterSync copies its
+  // overlapped gradient buckets out to the host during backward when the placement's copies run
+  // behind the host (a GPU's). Default: nothing.
+  virtual void setPlacement(std::shared_ptr<const TensorPlacement> /*placement*/) {}
   // Changes whenever a call may have written the stage's weights (start taking its peers' weights,
   // a sync): trainer/SharedParameters.h passes a shared parameter's new value to its other copies
   // then. Default: the weights are never written here.

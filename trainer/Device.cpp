@@ -33,8 +33,10 @@ std::string noCudaReason() {
 // (the CPU's are complete at once), so a CPU provider holds back what it sends as a GPU provider
 // does (TimedLink::sendLater) — how tests/integration/two_clusters_test.py runs that path through
 // real processes and rings without a GPU. 0: none does, so a GPU provider sends at once, as
-// before sending later existed — what tools/gpu/overhead.py --at-once compares against. Any other
-// value is a BadInput naming the variable.
+// before sending later existed — what tools/gpu/overhead.py --at-once compares against. The
+// rings follow the same answer: with 1 the overlapped gradient all-reduce copies each bucket out
+// in the backward that finishes it (node/ring/GradientOverlap.h), as on a GPU. Any other value is
+// a BadInput naming the variable.
 std::optional<bool> sendLaterOverride() {
   const char* value = std::getenv("CAIRN_TEST_SEND_LATER");
   const std::string v = value ? value : "";

@@ -137,6 +137,7 @@ struct StageTrainer::Impl {
     const bool joins = cfg.resume_step < 0 && plan.first_step > 0;
     if (joins) from = ResumePoint{plan.first_step, 0, 0};
     if (cfg.cluster_sync) {
+      cfg.cluster_sync->setPlacement(placement);
       if (joins) cfg.cluster_sync->setJoining(true);
       // Joiners admitted at the same sync in every ring: the Root decides, the activations carry
       // it down (ClusterSync::gateAdmissions; the sync schedule, where every stage syncs after

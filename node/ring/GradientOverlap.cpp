@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,12 +19,21 @@
 #include "core/Log.h"
 #include "node/ring/RingSyncMath.h"
 #include "node/ring/RingTransaction.h"
+#include "trainer/Device.h"
 
 namespace cairn {
 
 // What the hooks (autograd thread) and the communication thread share for one ring. The hooks
 // hold it by shared_ptr, so a hook that outlived its GradientOverlap would find it disarmed.
 struct GradientOverlap::Readiness {
+  // A gradient bucket a hook copied out: its flat gradients and its weights' largest magnitudes
+  // (checkGradientContribution), each a copy to the host that may still be under way.
+  struct Staged {
+    HostCopy gradients;
+    HostCopy weight_largest;
+    std::exception_ptr error;  // what flattening or starting the copies threw
+  };
+
   std::mutex mutex;
   std::condition_variable changed;
   bool armed = false;          // this backward is the step's last: AccumulateGrad means final
@@ -33,6 +43,33 @@ struct GradientOverlap::Readiness {
   std::vector<char> ready;      // per ring tensor: AccumulateGrad ran in this backward
   std::vector<int> missing;     // per gradient bucket: hooked members not ready yet
   std::vector<int> hooked;      // per gradient bucket: members with a hook
+  // Copying out in backward (a placement whose copies run behind the host; set by arm): the hook
+  // that finishes a bucket flattens it on the device and starts its copy to the host there, on
+  // the stream backward runs on, right behind the kernels that computed it.
+  const RingBuckets* buckets = nullptr;            // set by hook()
+  std::shared_ptr<const TensorPlacement> stager;   // null: the communication thread flattens
+  std::vector<char> copying;                       // per gradient bucket: a hook started its copy
+  std::vector<char> copied;                        // ... and `staged` holds it (or its error)
+  std::vector<Staged> staged;
+
+  // On the autograd thread, outside the mutex: bucket `b`'s copy out, then the thread told.
+  void copyOut(size_t b, const std::shared_ptr<const TensorPlacement>& placement) {
+    Staged out;
+    try {
+      torch::NoGradGuard no_grad;
+      const RingBucket& bucket = buckets->gradient_buckets[b];
+      out.gradients = placement->toHostLater(buckets->flattenInPlace(bucket, true));
+      std::vector<torch::Tensor> weights;
+      for (size_t i : bucket.members) weights.push_back(buckets->tensors[i]);
+      out.weight_largest = placement->toHostLater(largestMagnitudes(weights));
+    } catch (...) {  // never into backward: the communication thread rethrows it
+      out.error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    staged[b] = std::move(out);
+    copied[b] = 1;
+    changed.notify_all();
+  }
 };
 
 struct GradientOverlap::PerRing {
@@ -43,6 +80,10 @@ struct GradientOverlap::PerRing {
   // One armed step (written by the communication thread, read after join):
   std::thread worker;
   std::vector<torch::Tensor> before;  // per bucket: flat gradients before its all-reduce
+  // Per bucket copied out in backward: its averaged flat gradients, written back by complete()
+  // (after backward: on a GPU a copy back now would wait for the rest of backward).
+  std::vector<torch::Tensor> averaged;
+  size_t copied_in_backward = 0;
   size_t in_backward = 0;             // buckets started while backward still ran (statistics)
   std::exception_ptr error;
 };
@@ -59,6 +100,7 @@ void GradientOverlap::hook(PerRing& r) {
   Readiness& s = *r.readiness;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
+    s.buckets = &ring;
     s.bucket_of.assign(ring.tensors.size(), -1);
     s.ready.assign(ring.tensors.size(), 0);
     s.hooked.assign(ring.gradient_buckets.size(), 0);
@@ -78,13 +120,22 @@ void GradientOverlap::hook(PerRing& r) {
           accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
               [shared, i](const torch::autograd::variable_list& outputs,
                           const torch::autograd::variable_list&) {
-                std::lock_guard<std::mutex> lock(shared->mutex);
-                if (shared->armed && !shared->ready[i]) {
-                  shared->ready[i] = 1;
-                  const int bucket = shared->bucket_of[i];
-                  if (bucket >= 0 && --shared->missing[size_t(bucket)] == 0)
-                    shared->changed.notify_all();
+                int finished = -1;
+                std::shared_ptr<const TensorPlacement> stager;
+                {
+                  std::lock_guard<std::mutex> lock(shared->mutex);
+                  if (shared->armed && !shared->ready[i]) {
+                    shared->ready[i] = 1;
+                    const int bucket = shared->bucket_of[i];
+                    if (bucket >= 0 && --shared->missing[size_t(bucket)] == 0) {
+                      finished = bucket;
+                      stager = shared->stager;
+                      if (stager) shared->copying[size_t(bucket)] = 1;
+                      shared->changed.notify_all();
+                    }
+                  }
                 }
+                if (finished >= 0 && stager) shared->copyOut(size_t(finished), stager);
                 return outputs;
               }));
       r.hooks.emplace_back(key, std::move(accumulator));
@@ -120,10 +171,17 @@ void GradientOverlap::arm(const std::vector<Ring*>& rings) {
       s.missing = s.hooked;
       s.backward_done = false;
       s.cancelled = false;
+      s.stager = context_.placement && context_.placement->copiesLater() ? context_.placement
+                                                                         : nullptr;
+      s.copying.assign(ring->gradient_buckets.size(), 0);
+      s.copied.assign(ring->gradient_buckets.size(), 0);
+      s.staged.assign(ring->gradient_buckets.size(), Readiness::Staged());
       s.armed = true;
     }
     r.before.assign(ring->gradient_buckets.size(), torch::Tensor());
+    r.averaged.assign(ring->gradient_buckets.size(), torch::Tensor());
     r.in_backward = 0;
+    r.copied_in_backward = 0;
     r.error = nullptr;
     // The communication thread: buckets in order, each once all of it is final.
     r.worker = std::thread([&r, torch_state, threads] {
@@ -133,14 +191,30 @@ void GradientOverlap::arm(const std::vector<Ring*>& rings) {
       try {
         for (size_t b = 0; b < r.before.size(); ++b) {
           bool during_backward = false;
+          std::optional<Readiness::Staged> staged;
           {
             std::unique_lock<std::mutex> lock(st.mutex);
-            st.changed.wait(lock,
-                            [&] { return st.cancelled || st.backward_done || st.missing[b] == 0; });
+            // A bucket a hook is copying out waits for that copy, even after backward ended.
+            st.changed.wait(lock, [&] {
+              return st.cancelled || (st.copying[b] ? st.copied[b] != 0
+                                                    : st.backward_done || st.missing[b] == 0);
+            });
             if (st.cancelled) return;
             during_backward = !st.backward_done;
+            if (st.copying[b]) staged = std::move(st.staged[b]);
           }
-          averageGradientBucket(*r.ring, *r.ring->group, b, &r.before[b]);
+          if (!staged) {
+            averageGradientBucket(*r.ring, *r.ring->group, b, &r.before[b]);
+          } else {
+            if (staged->error) std::rethrow_exception(staged->error);
+            staged->gradients.wait();
+            staged->weight_largest.wait();
+            averageFlatGradients(*r.ring, *r.ring->group, r.ring->gradient_buckets[b],
+                                 staged->gradients.host, &r.before[b],
+                                 &staged->weight_largest.host);
+            r.averaged[b] = staged->gradients.host;
+            ++r.copied_in_backward;
+          }
           if (during_backward) ++r.in_backward;
         }
       } catch (...) {
@@ -200,10 +274,13 @@ void GradientOverlap::complete(Ring& ring) {
   context_.countStats([&](RingClusterSyncStats& st) {
     ++st.overlapped_gradient_syncs;
     st.buckets_reduced_in_backward += int64_t(r.in_backward);
+    st.buckets_copied_in_backward += int64_t(r.copied_in_backward);
   });
   bool work_done = false;
   try {
     if (r.error) std::rethrow_exception(r.error);
+    for (size_t b = 0; b < r.averaged.size(); ++b)
+      if (r.averaged[b].defined()) ring.unflatten(ring.gradient_buckets[b], r.averaged[b], true);
     work_done = true;
     ring.group->barrier();  // the commit
   } catch (const PeerLost& e) {
@@ -214,6 +291,7 @@ void GradientOverlap::complete(Ring& ring) {
         if (r.before[b].defined()) ring.unflatten(ring.gradient_buckets[b], r.before[b], true);
       r.before.clear();
     });
+    r.averaged.clear();
     if (!stands) {
       transact(context_, ring, /*gradients=*/true, /*admit=*/false,
                [&ring] { averageGradients(ring, *ring.group); });
@@ -221,6 +299,7 @@ void GradientOverlap::complete(Ring& ring) {
     }
   }
   r.before.clear();
+  r.averaged.clear();
   commitTransaction(ring);
 }
 

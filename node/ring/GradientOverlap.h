@@ -12,6 +12,16 @@
 // there is no gradient, like DDP's find_unused_parameters), waits for the thread and commits the
 // ring's transaction (the barrier, RingTransaction.h).
 //
+// On a device whose copies run behind the host (a GPU: RingContext::placement, copiesLater), the
+// hook that finishes a bucket also copies it out: it flattens the bucket where it lives and starts
+// its copy to pinned host memory (and that of its weights' largest magnitudes, which the bucket's
+// contribution check reads) without waiting — on the stream backward runs on, right behind the
+// kernels that computed those gradients. The thread waits for that copy, not for the device: a
+// copy the thread made itself would be queued behind everything backward had queued by then, so
+// the all-reduce would start only when backward ends. The averaged buckets go back onto the
+// device in complete(), after backward (a copy back during it would wait the same way). Same
+// numbers, same messages (`RingClusterSyncOverlap.ABucketIsCopiedOutByTheBackwardThatFinishesIt`).
+//
 // Why a post hook on AccumulateGrad and not Tensor::register_hook: a tensor hook runs when the
 // parameter's gradient has been computed but BEFORE it is accumulated into .grad (and may change
 // it); the AccumulateGrad node's post hooks run after .grad has been written, and that node runs
@@ -31,7 +41,8 @@
 // this first); holds the AccumulateGrad nodes it hooked (keeping them alive, as c10d does) and
 // removes its hooks when destroyed. Thread-safety: arm(), cancel(), forget() and the destructor on
 // the trainer thread; complete() for different rings may run at once (RingThreads.h). The hooks
-// run on the autograd thread and only mark readiness under a mutex.
+// run on the autograd thread and mark readiness under a mutex; a hook that copies a bucket out
+// does so outside it, then hands the copy over under it.
 #pragma once
 
 #include <torch/script.h>
@@ -62,7 +73,8 @@ class GradientOverlap {
   // than a PeerLost naming the lost member.
   void complete(Ring& ring);
   // Stops every armed ring's thread (after its collective in progress, bounded by the ring's
-  // timeout) and disarms; gradients stay as far as they were reduced. For leave() and errors.
+  // timeout) and disarms; gradients stay as far as they were reduced (buckets copied out in
+  // backward: as they were). For leave() and errors.
   void cancel();
   // `ring` was rebuilt (its tensors gathered anew): its hooks are dropped, set again at next arm.
   void forget(const Ring* ring);

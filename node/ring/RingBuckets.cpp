@@ -76,6 +76,12 @@ void RingBuckets::build(const std::vector<std::string>& names, torch::jit::Modul
 }
 
 torch::Tensor RingBuckets::flatten(const RingBucket& b, bool gradients) const {
+  // Rings reduce host buffers: a stage training on a GPU copies its bucket out here (one copy
+  // per bucket) and unflatten's copy_ takes the result back onto the device.
+  return flattenInPlace(b, gradients).to(torch::kCPU);
+}
+
+torch::Tensor RingBuckets::flattenInPlace(const RingBucket& b, bool gradients) const {
   std::vector<torch::Tensor> parts;
   for (size_t i : b.members) {
     const torch::Tensor& t = tensors[i];
@@ -83,9 +89,7 @@ torch::Tensor RingBuckets::flatten(const RingBucket& b, bool gradients) const {
     parts.push_back(v.detach().reshape({-1}));
   }
   if (parts.empty()) return torch::empty({0}, torch::TensorOptions().dtype(b.dtype));
-  // Rings reduce host buffers: a stage training on a GPU copies its bucket out here (one copy
-  // per bucket) and unflatten's copy_ takes the result back onto the device.
-  return torch::cat(parts).to(torch::kCPU);
+  return torch::cat(parts);
 }
 
 void RingBuckets::unflatten(const RingBucket& b, const torch::Tensor& flat, bool gradients) {

@@ -52,8 +52,12 @@ struct RingBuckets {
   void build(const std::vector<std::string>& names, torch::jit::Module& stage,
              const std::string& node, const std::string& ring_id, const std::string& stage_file,
              bool diloco);
-  // The bucket's tensors (or their gradients, zeros for a tensor without one), flat, in order.
+  // The bucket's tensors (or their gradients, zeros for a tensor without one), flat, in order, on
+  // the host.
   torch::Tensor flatten(const RingBucket& b, bool gradients) const;
+  // The same, flat where the tensors live (the training device): what GradientOverlap copies out
+  // to the host itself, without waiting, while backward still runs.
+  torch::Tensor flattenInPlace(const RingBucket& b, bool gradients) const;
   // Writes `flat` back into the bucket's tensors (or their gradients).
   void unflatten(const RingBucket& b, const torch::Tensor& flat, bool gradients);
   // FNV-1a of names (`names[i]` for tensors[i]), dtypes, shapes and bytes.

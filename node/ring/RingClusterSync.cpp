@@ -110,6 +110,11 @@ int64_t RingClusterSync::generation(const std::string& id) const {
   CAIRN_THROW(BadInput, "no ring ", id, " at node ", context_.node.name);
 }
 
+void RingClusterSync::setPlacement(std::shared_ptr<const TensorPlacement> placement) {
+  RingsBusy busy(rings_mutex_, busy_);
+  context_.placement = std::move(placement);
+}
+
 void RingClusterSync::start(torch::jit::Module& stage) {
   RingsBusy busy(rings_mutex_, busy_);
   // A run that ended inside an armed step (a lost pipeline neighbour during the last backward)
@@ -390,7 +395,8 @@ void RingClusterSync::finish(int64_t steps, torch::jit::Module& stage) {
              context_.stats.members_lost, ", left ", context_.stats.members_left, ", joined ",
              context_.stats.members_joined, ", syncs redone ", context_.stats.redone_syncs,
              "; gradient syncs overlapped with backward ", context_.stats.overlapped_gradient_syncs,
-             " (buckets started during backward ", context_.stats.buckets_reduced_in_backward, ")");
+             " (buckets started during backward ", context_.stats.buckets_reduced_in_backward,
+             ", copied out by backward ", context_.stats.buckets_copied_in_backward, ")");
   // The run ended: joiners it did not admit stop waiting for it (a cluster that replaced a
   // volunteer near the end and resumed from an older step: RingMembership.h answerFinished), and
   // members still training drop this node at once instead of timing out on it.

@@ -31,6 +31,8 @@
 
 namespace cairn {
 
+class TensorPlacement;  // trainer/Device.h
+
 struct RingClusterSyncStats {
   int64_t syncs = 0;           // averages / outer steps done
   int64_t gradient_syncs = 0;  // gradient all-reduces done
@@ -45,6 +47,10 @@ struct RingClusterSyncStats {
   // still running (depends on timing: for reports, not for tests).
   int64_t overlapped_gradient_syncs = 0;
   int64_t buckets_reduced_in_backward = 0;
+  // Of those syncs' buckets, how many the backward that finished them copied out to the host
+  // itself (on a device whose copies run behind the host; GradientOverlap.h). Deterministic: every
+  // bucket whose parameters all get a gradient in the last backward.
+  int64_t buckets_copied_in_backward = 0;
   int64_t joined_rings = 0;    // rings this node joined through a welcome (setJoining)
   // Rings in which every other member answered this node's join request with closed (they finished
   // their run): this node trains without them (setJoining).
@@ -130,6 +136,10 @@ struct RingContext {
   const SyncOptions sync;
   const std::chrono::milliseconds timeout;
   ProcessGroupOptions group_options;  // set by the constructor of RingClusterSync, then read-only
+  // Where the stage trains (ClusterSync::setPlacement, before start; null: the CPU). On a device
+  // whose copies run behind the host (a GPU's), the overlapped gradient all-reduce copies each
+  // bucket out as backward finishes it (GradientOverlap.h).
+  std::shared_ptr<const TensorPlacement> placement;
   // Shared with every group's ProcessGroupOptions::replaced (regroup).
   const std::shared_ptr<ReplacedMembers> replaced = std::make_shared<ReplacedMembers>();
   // The lives of the ring peers' join requests (noteJoinRequest redials a peer at a new one).

@@ -7,7 +7,6 @@
 
 #include "core/Error.h"
 #include "core/Log.h"
-#include "trainer/Device.h"
 
 namespace cairn {
 
@@ -120,18 +119,14 @@ void checkMagnitudes(const ProcessGroup& group, const std::vector<torch::Tensor>
   }
 }
 
-// Whether any of `tensors` holds a non-finite value, and the largest magnitude of the others: one
-// pass over each in its own dtype (max propagates NaN, and an infinity is the largest), so it
-// costs about one copy of the bucket per step. Each tensor's largest is computed where it lives
-// and they cross to the host in one copy (on a GPU one wait for the device, not one per tensor;
-// a largest is one of the tensor's values, which widening to double keeps exactly).
-std::pair<bool, double> finiteAndLargest(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> largest;
-  for (const torch::Tensor& t : tensors)
-    if (t.numel() > 0) largest.push_back(t.detach().abs().max());
+// Whether any of `values` (largestMagnitudes read to the host) is not finite, and the largest
+// of the others.
+std::pair<bool, double> summarizeLargest(const torch::Tensor& values) {
+  const torch::Tensor host = values.to(torch::kCPU).contiguous();
   bool nonfinite = false;
   double out = 0;
-  for (const double v : readScalars(largest)) {
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    const double v = host.data_ptr<double>()[i];
     if (!std::isfinite(v))
       nonfinite = true;
     else
@@ -140,8 +135,13 @@ std::pair<bool, double> finiteAndLargest(const std::vector<torch::Tensor>& tenso
   return {nonfinite, out};
 }
 
-std::pair<bool, double> finiteAndLargest(const torch::Tensor& t) {
-  return finiteAndLargest(std::vector<torch::Tensor>{t});
+// Whether any of `tensors` holds a non-finite value, and the largest magnitude of the others: one
+// pass over each in its own dtype, so it costs about one copy of the bucket per step. Each
+// tensor's largest is computed where it lives and they cross to the host in one copy (on a GPU one
+// wait for the device, not one per tensor; a largest is one of the tensor's values, which widening
+// to double keeps exactly).
+std::pair<bool, double> finiteAndLargest(const std::vector<torch::Tensor>& tensors) {
+  return summarizeLargest(largestMagnitudes(tensors));
 }
 
 }  // namespace
@@ -164,13 +164,23 @@ void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<ui
   checkResults(group, all, result_what);
 }
 
-void checkGradientContribution(RingBuckets& ring, ProcessGroup& group, const RingBucket& b,
-                               const torch::Tensor& gradients) {
+torch::Tensor largestMagnitudes(const std::vector<torch::Tensor>& tensors) {
   torch::NoGradGuard no_grad;
-  auto [nonfinite, largest_gradient] = finiteAndLargest(gradients);
+  std::vector<torch::Tensor> largest;
+  for (const torch::Tensor& t : tensors)
+    if (t.numel() > 0) largest.push_back(t.detach().abs().max().reshape({1}).to(torch::kDouble));
+  if (largest.empty()) return torch::empty({0}, torch::kDouble);
+  return torch::cat(largest);
+}
+
+void checkGradientContribution(RingBuckets& ring, ProcessGroup& group, const RingBucket& b,
+                               const torch::Tensor& gradients, const torch::Tensor* weight_largest) {
+  torch::NoGradGuard no_grad;
+  auto [nonfinite, largest_gradient] = finiteAndLargest({gradients});
   std::vector<torch::Tensor> weights;
   for (size_t i : b.members) weights.push_back(ring.tensors[i]);
-  const auto [bad_weight, largest_weight] = finiteAndLargest(weights);
+  const auto [bad_weight, largest_weight] =
+      weight_largest ? summarizeLargest(*weight_largest) : finiteAndLargest(weights);
   nonfinite = nonfinite || bad_weight;
   const std::vector<torch::Tensor> all = group.allGather(
       torch::tensor({nonfinite ? 1.0 : 0.0, largest_gradient, largest_weight}, torch::kDouble));
@@ -219,10 +229,16 @@ void averageGradientBucket(RingBuckets& ring, ProcessGroup& group, size_t i,
                            torch::Tensor* before) {
   const RingBucket& b = ring.gradient_buckets.at(i);
   torch::Tensor flat = ring.flatten(b, true);
-  checkGradientContribution(ring, group, b, flat);
+  averageFlatGradients(ring, group, b, flat, before);
+  ring.unflatten(b, flat, true);
+}
+
+void averageFlatGradients(RingBuckets& ring, ProcessGroup& group, const RingBucket& b,
+                          torch::Tensor& flat, torch::Tensor* before,
+                          const torch::Tensor* weight_largest) {
+  checkGradientContribution(ring, group, b, flat, weight_largest);
   if (before) *before = flat.clone();
   group.allReduce(flat, ReduceOp::kAverage);
-  ring.unflatten(b, flat, true);
 }
 
 void averageGradients(RingBuckets& ring, ProcessGroup& group) {

@@ -18,6 +18,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "node/collectives/ProcessGroup.h"
 #include "node/ring/RingBuckets.h"
@@ -69,8 +70,15 @@ void checkContributions(RingBuckets& ring, ProcessGroup& group,
 // than kCorruptionFactor x max(1, every other member's largest) is corrupt: members differ only by
 // their micro-batches), with the same consequences: this node corrupt → BadInput, another →
 // PeerLost naming it, and the gradient sync is redone among the others from their own gradients.
+// `weight_largest`: the weights' largestMagnitudes already on the host (the overlapped path
+// copies them out with the bucket, while backward runs); null: read here.
 void checkGradientContribution(RingBuckets& ring, ProcessGroup& group, const RingBucket& b,
-                               const torch::Tensor& gradients);
+                               const torch::Tensor& gradients,
+                               const torch::Tensor* weight_largest = nullptr);
+// The largest magnitude of each of `tensors` that has elements, computed where they live, as one
+// float64 tensor there (max propagates NaN, and an infinity is the largest): what the checks above
+// summarise, after one copy to the host.
+torch::Tensor largestMagnitudes(const std::vector<torch::Tensor>& tensors);
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers);
 void outerStep(RingBuckets& ring, ProcessGroup& group, const SyncOptions& sync);
 void averageGradients(RingBuckets& ring, ProcessGroup& group);
@@ -79,5 +87,12 @@ void averageGradients(RingBuckets& ring, ProcessGroup& group);
 // restore point).
 void averageGradientBucket(RingBuckets& ring, ProcessGroup& group, size_t i,
                            torch::Tensor* before = nullptr);
+// What averageGradientBucket does between its flatten and its unflatten: gradient bucket `b`'s
+// flat host gradients `flat` checked, kept in `before` (if not null) and averaged in place, not
+// written back. The overlapped path on a GPU, which copied `flat` (and `weight_largest`, as
+// checkGradientContribution takes it) out during backward, writes the results back after it.
+void averageFlatGradients(RingBuckets& ring, ProcessGroup& group, const RingBucket& b,
+                          torch::Tensor& flat, torch::Tensor* before = nullptr,
+                          const torch::Tensor* weight_largest = nullptr);
 
 }  // namespace cairn

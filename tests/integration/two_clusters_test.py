@@ -25,10 +25,12 @@ CASE:
   two_clusters_sending_later  "gradients" over 2 clusters x 3 providers, run twice on copies of one
                   plan: every provider holding back what it sends until its next pass is queued, as
                   on a GPU (CAIRN_TEST_SEND_LATER=1, trainer/Device.cpp; each provider's log must say
-                  so), and sending at once; every trained tensor of every node equal in both runs;
+                  so), and sending at once (CAIRN_TEST_SEND_LATER=0); fp32-strict; every trained tensor of every node equal in both runs;
                   every step record of the first run counts the packets held back (later_sends:
                   the Root's 4 activations, a Stem's 4 and 4 gradients, the Leaf's 4 gradients),
-                  the second's has no such key
+                  the second's has no such key; gradient buckets of at most 256 bytes, so every
+                  sync overlaps backward, and in the first run each provider's log counts buckets
+                  copied out by the backward that finished them (none in the second)
 """
 import os
 import re
@@ -107,7 +109,13 @@ def case_two_clusters_average(args, mode="average", schedule="sync", stages=(3, 
 
 def case_two_clusters_sending_later(args):
     settings = pct.training_settings(20)
-    settings.update({"local_steps": 1, "sync": "gradients", "record_sample_ids": False})
+    # Gradient buckets of at most 256 bytes: each stage's gradients are several buckets, so the
+    # all-reduce overlaps backward, and a provider that holds back what it sends also copies each
+    # bucket out in the backward that finishes it (GradientOverlap.h).
+    # fp32-strict: on a GPU (--device cuda) two runs are equal bit for bit only with deterministic
+    # kernels and no TF32; on the CPU it is fp32.
+    settings.update({"local_steps": 1, "sync": {"name": "gradients", "bucket_bytes": 256},
+                     "record_sample_ids": False, "precision": "fp32-strict"})
     data = {"train_samples": 4000, "test_samples": 500}
     node_data, nodes, _ = pct.make_clusters_node_data(args.work, args.port, (3, 3), settings, data, pct.KEYS)
     at_once = node_data + "_at_once"
@@ -120,7 +128,10 @@ def case_two_clusters_sending_later(args):
     holding = set(re.findall(r"^\[(node_\d+)\].*CAIRN_TEST_SEND_LATER=1 \(a test hook\)", output[0], re.M))
     if holding != set(names):
         pct.fail(f"providers that said they hold back what they send: {sorted(holding)}, expected {names}")
-    at_once_s = pct.launch(at_once, args.provider, 240, ["--device", args.device])
+    # Sending at once said outright (CAIRN_TEST_SEND_LATER=0): a GPU's placement sends later by
+    # default.
+    at_once_s = pct.launch(at_once, args.provider, 240, ["--device", args.device],
+                           env={"CAIRN_TEST_SEND_LATER": "0"}, output=output)
     microbatches = settings["microbatches"]
     for chain in nodes:
         for i, name in enumerate(chain):
@@ -132,6 +143,20 @@ def case_two_clusters_sending_later(args):
                          f"held_through_receives in [0, {expected}], got {[(m.get('later_sends'), m.get('held_through_receives')) for m in held]}")
             if any("later_sends" in m for m in pct.metrics(at_once, name)):
                 pct.fail(f"{name}: later_sends in a run that sends at once")
+    # Each provider's closing sync line: the gradient syncs overlapped with backward, and the
+    # buckets copied out by backward (every step the same buckets: those whose parameters all get
+    # a gradient), none when sending at once.
+    summary = re.compile(r"^\[(node_\d+)\].*gradient syncs overlapped with backward (\d+) "
+                         r"\(buckets started during backward \d+, copied out by backward (\d+)\)", re.M)
+    for run, log in (("held back", output[0]), ("at once", output[1])):
+        counts = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in summary.finditer(log)}
+        for name in names:
+            overlapped, copied = counts.get(name, (-1, -1))
+            copies_out = run == "held back"
+            if overlapped != 20 or (copied <= 0 or copied % 20 != 0 if copies_out else copied != 0):
+                pct.fail(f"{name} ({run}): expected 20 gradient syncs overlapped with backward and "
+                         f"{'a positive multiple of 20' if copies_out else 'no'} buckets copied out by "
+                         f"backward, got {overlapped} and {copied}")
     trained = lambda folder, name: torch.jit.load(
         os.path.join(folder, "nodes", name, "trained_stage.pt")).state_dict()
     compared = 0

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,6 +23,7 @@
 #include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
 #include "tests/node/RingTestStages.h"
+#include "trainer/Device.h"
 
 namespace cairn::testing {
 
@@ -96,6 +98,8 @@ struct MemberSetup {
   GradientSyncOptions gradients;  // "gradients": bucket cap, overlap
   // Called before start() (e.g. loadState, fault settings).
   std::function<void(RingClusterSync&, FaultyTransport&)> before_start;
+  // By node name: the placement given to setPlacement before start() (none: not called).
+  std::map<std::string, std::shared_ptr<const TensorPlacement>> placements;
 };
 
 using MemberBody = std::function<void(RingClusterSync&, torch::jit::Module&, FaultyTransport&)>;
@@ -129,6 +133,8 @@ inline void runMember(zmq::context_t& context, const std::string& prefix, const 
     sync.setJoining(setup.joining);
     torch::jit::Module stage = makeStage(initial);
     if (setup.before_start) setup.before_start(sync, faulty);
+    const auto placement = setup.placements.find(spec.name);
+    if (placement != setup.placements.end()) sync.setPlacement(placement->second);
     sync.start(stage);
     body(sync, stage, faulty);
   }

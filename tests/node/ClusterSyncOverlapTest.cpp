@@ -50,6 +50,32 @@ std::map<std::string, torch::Tensor> paramsOf(torch::jit::Module& stage) {
   return p;
 }
 
+// A device whose copies to the host run behind the host, as a GPU's do (trainer/Device.h), made
+// on the CPU: toHostLater hands out a host tensor of NaNs that takes the values (as they were when
+// the copy was asked for) only when its wait runs, so a reduction that read a copy without waiting
+// would average NaN and every member would refuse. Counts the copies asked for, those asked for
+// while the test's last backward of a step ran, and the waits.
+class LateCopies final : public TensorPlacement {
+ public:
+  torch::Device device() const override { return torch::kCPU; }
+  torch::Tensor toDevice(const torch::Tensor& t) const override { return t; }
+  torch::Tensor toHost(const torch::Tensor& t) const override { return t; }
+  HostCopy toHostLater(const torch::Tensor& t) const override {
+    ++copies;
+    if (in_last_backward) ++copies_in_last_backward;
+    const torch::Tensor host = torch::full_like(t, NAN);
+    const torch::Tensor values = t.clone();
+    return {host, [this, host, values] {
+              ++waits;
+              host.copy_(values);
+            }};
+  }
+  bool copiesLater() const override { return true; }
+
+  mutable std::atomic<int> copies{0}, copies_in_last_backward{0}, waits{0};
+  std::atomic<bool> in_last_backward{false};
+};
+
 struct OverlapRun {
   std::vector<State> trained = std::vector<State>(3);
   std::vector<RingClusterSyncStats> stats = std::vector<RingClusterSyncStats>(3);
@@ -57,8 +83,10 @@ struct OverlapRun {
 
 // 3 clusters × 1 node (a 3-member ring: the reduction order per element matters), 2 micro-batches
 // of 4 rows per cluster and step, SGD; the gradient buckets 64 bytes (one tensor or two each).
+// `late`: one per cluster, its placement (LateCopies), set before start.
 OverlapRun trainMlp(bool overlap, const std::vector<torch::Tensor>& xs,
-                    const std::vector<torch::Tensor>& ys, double lr, int64_t bucket_bytes = 64) {
+                    const std::vector<torch::Tensor>& ys, double lr, int64_t bucket_bytes = 64,
+                    const std::vector<std::shared_ptr<LateCopies>>& late = {}) {
   const State init = mlpState();
   OptimizerOptions sgd;
   sgd.kind = OptimizerKind::kSgd;
@@ -69,6 +97,7 @@ OverlapRun trainMlp(bool overlap, const std::vector<torch::Tensor>& xs,
   MemberSetup setup;
   setup.gradients.bucket_bytes = bucket_bytes;
   setup.gradients.overlap = overlap;
+  for (size_t c = 0; c < late.size(); ++c) setup.placements["x" + std::to_string(c)] = late[c];
   OverlapRun run;
   runNodes(threeNodes(init), {{"ring_0", namesOf(init), kThree}}, {init, init, init}, options,
            [&](size_t c, RingClusterSync& sync, torch::jit::Module& stage) {
@@ -83,7 +112,9 @@ OverlapRun trainMlp(bool overlap, const std::vector<torch::Tensor>& xs,
                      torch::mse_loss(mlpForward(p, xs[s].narrow(0, row, 4)), ys[s].narrow(0, row, 4)) /
                      2;
                  sync.beforeBackward(int64_t(s), stage, mb == 1);
+                 if (!late.empty()) late[c]->in_last_backward = mb == 1;
                  loss.backward();
+                 if (!late.empty()) late[c]->in_last_backward = false;
                }
                sync.beforeOptimizerStep(int64_t(s), stage);
                optimizer.step(lr);
@@ -190,6 +221,40 @@ TEST(RingClusterSyncOverlap, OverlappedEqualsNonOverlappedBitForBit) {
   for (const auto& [name, t] : ref) {
     const double diff = (on.trained[0].at(name) - t.detach()).abs().max().item<double>();
     EXPECT_LE(diff, 1e-5) << name;
+  }
+}
+
+// On a device whose copies run behind the host (a GPU's), each gradient bucket is copied out by
+// the backward that finishes it — flattened where it lives and its copy to the host started in the
+// AccumulateGrad hook of its last parameter, so on a GPU the copy is queued right behind the
+// kernels that computed it, not behind the rest of backward — and the communication thread waits
+// for that copy before it reduces the bucket; the averaged buckets are written back after
+// backward. The parameters equal the non-overlapped path's bit for bit. Of the 7 buckets, the 6
+// whose parameters all get a gradient are copied out in backward, each as its gradients and its
+// weights' largest magnitudes (2 copies); "0.unused" never gets one, so the thread flattens its
+// bucket itself once backward is over.
+TEST(RingClusterSyncOverlap, ABucketIsCopiedOutByTheBackwardThatFinishesIt) {
+  const int steps = 3;
+  const double lr = 0.1;
+  at::Generator gen = at::detail::createCPUGenerator(6);
+  std::vector<torch::Tensor> xs, ys;
+  for (int s = 0; s < steps; ++s) {
+    xs.push_back(at::randn({24, 6}, gen));
+    ys.push_back(at::randn({24, 4}, gen));
+  }
+  std::vector<std::shared_ptr<LateCopies>> late;
+  for (int c = 0; c < 3; ++c) late.push_back(std::make_shared<LateCopies>());
+  const OverlapRun copied = trainMlp(true, xs, ys, lr, 64, late);
+  const OverlapRun off = trainMlp(false, xs, ys, lr);
+  for (size_t c = 0; c < 3; ++c) {
+    const std::string cluster = "cluster " + std::to_string(c);
+    expectSameState(copied.trained[c], off.trained[c], cluster + " copied out vs not overlapped");
+    EXPECT_EQ(copied.stats[c].overlapped_gradient_syncs, steps) << cluster;
+    EXPECT_EQ(copied.stats[c].buckets_copied_in_backward, steps * 6) << cluster;
+    EXPECT_EQ(late[c]->copies.load(), steps * 6 * 2) << cluster;
+    EXPECT_EQ(late[c]->copies_in_last_backward.load(), steps * 6 * 2) << cluster;
+    EXPECT_EQ(late[c]->waits.load(), steps * 6 * 2) << cluster;
+    EXPECT_EQ(off.stats[c].buckets_copied_in_backward, 0) << cluster;
   }
 }
 

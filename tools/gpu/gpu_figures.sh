@@ -24,7 +24,8 @@
 #      on the GPU before the copy (tests/integration/wire_compression_test.py bf16 --device cuda);
 #      precision bf16 (CUDA autocast) against the same stages under torch.autocast;
 #      and rings on the GPU: 2 clusters on cuda, "gradients" and a whole-model cluster in 3 rings
-#      (tests/integration/two_clusters_test.py --device cuda): copies bit-identical after the reduce
+#      (tests/integration/two_clusters_test.py --device cuda): copies bit-identical after the reduce;
+#      and "gradients" overlapped with backward, buckets copied out in backward or not: equal
 #   3. figures 2 and 3: overhead (one provider, whole model, vs PyTorch's loop in Python) and the tiny
 #      GPT in 2 stages on one device vs 1 provider, and those 2 stages again sending at once
 #      (tools/gpu/overhead.py --at-once: what holding packets back until the next pass gains)
@@ -115,11 +116,14 @@ rc=$?; log "precision bf16 on $DEVICE exit $rc: $(grep -E 'max \||FAIL' "$LOGS/a
 [[ $rc -eq 0 ]] || status=1
 # Rings on the device: 2 clusters, every stage on the GPU, the rings reducing host copies of the
 # buckets ("gradients" every step; then one cluster holding the whole model in 3 rings, "average"):
-# every copy bit-identical after the final reduce, and both Leaves past 30 % accuracy.
-for case in two_clusters_gradients two_clusters_cut_differently; do
+# every copy bit-identical after the final reduce, and both Leaves past 30 % accuracy. Then
+# "gradients" in buckets of 256 bytes, overlapped with backward, run twice: sending later with each
+# bucket copied out by the backward that finishes it (events on the GPU), and sending at once with
+# the communication thread copying; every trained tensor equal in both (fp32-strict).
+for case in two_clusters_gradients two_clusters_cut_differently two_clusters_sending_later; do
   timeout "$(budget 90 180)" $PY tests/integration/two_clusters_test.py $case --device "$DEVICE" \
     --provider "$BUILD/node/provider" --work "$WORK/$case" --port 27200 > "$LOGS/$case.log" 2>&1
-  rc=$?; log "$case on $DEVICE exit $rc: $(grep -E 'bit-identical|FAIL' "$LOGS/$case.log" | tr '\n' ' ')"
+  rc=$?; log "$case on $DEVICE exit $rc: $(grep -E 'bit-identical|equal in both|FAIL' "$LOGS/$case.log" | tr '\n' ' ')"
   [[ $rc -eq 0 ]] || status=1
 done
 
