@@ -4,7 +4,7 @@
 // over one ProcessGroup per ring group of node.json.
 //
 // StageTrainer calls, on its own thread, in this order:
-//   setPlacement(placement)              once, before start: the device the stage trains on
+//   setPlacement(placement)              before each start: the device the stage trains on
 //   start(stage)                         once, after the run plan is known and before step 0
 //   beforeBackward(step, stage, last)    (schedule "sync") before each backward of a step, `last`
 //                                        for the step's last one, after which every gradient of
