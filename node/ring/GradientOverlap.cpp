@@ -59,9 +59,7 @@ struct GradientOverlap::Readiness {
       torch::NoGradGuard no_grad;
       const RingBucket& bucket = buckets->gradient_buckets[b];
       out.gradients = placement->toHostLater(buckets->flattenInPlace(bucket, true));
-      std::vector<torch::Tensor> weights;
-      for (size_t i : bucket.members) weights.push_back(buckets->tensors[i]);
-      out.weight_largest = placement->toHostLater(largestMagnitudes(weights));
+      out.weight_largest = placement->toHostLater(bucketWeightMagnitudes(*buckets, bucket));
     } catch (...) {  // never into backward: the communication thread rethrows it
       out.error = std::current_exception();
     }
@@ -83,7 +81,6 @@ struct GradientOverlap::PerRing {
   // Per bucket copied out in backward: its averaged flat gradients, written back by complete()
   // (after backward: on a GPU a copy back now would wait for the rest of backward).
   std::vector<torch::Tensor> averaged;
-  size_t copied_in_backward = 0;
   size_t in_backward = 0;             // buckets started while backward still ran (statistics)
   std::exception_ptr error;
 };
@@ -181,7 +178,6 @@ void GradientOverlap::arm(const std::vector<Ring*>& rings) {
     r.before.assign(ring->gradient_buckets.size(), torch::Tensor());
     r.averaged.assign(ring->gradient_buckets.size(), torch::Tensor());
     r.in_backward = 0;
-    r.copied_in_backward = 0;
     r.error = nullptr;
     // The communication thread: buckets in order, each once all of it is final.
     r.worker = std::thread([&r, torch_state, threads] {
@@ -213,7 +209,6 @@ void GradientOverlap::arm(const std::vector<Ring*>& rings) {
                                  staged->gradients.host, &r.before[b],
                                  &staged->weight_largest.host);
             r.averaged[b] = staged->gradients.host;
-            ++r.copied_in_backward;
           }
           if (during_backward) ++r.in_backward;
         }
@@ -274,7 +269,9 @@ void GradientOverlap::complete(Ring& ring) {
   context_.countStats([&](RingClusterSyncStats& st) {
     ++st.overlapped_gradient_syncs;
     st.buckets_reduced_in_backward += int64_t(r.in_backward);
-    st.buckets_copied_in_backward += int64_t(r.copied_in_backward);
+    st.buckets_copied_in_backward +=
+        std::count_if(r.averaged.begin(), r.averaged.end(),
+                      [](const torch::Tensor& t) { return t.defined(); });
   });
   bool work_done = false;
   try {

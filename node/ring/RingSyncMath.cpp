@@ -119,8 +119,21 @@ void checkMagnitudes(const ProcessGroup& group, const std::vector<torch::Tensor>
   }
 }
 
-// Whether any of `values` (largestMagnitudes read to the host) is not finite, and the largest
-// of the others.
+// The largest magnitude of each of `tensors` that has elements, computed where they live, as one
+// float64 tensor there: one pass over each in its own dtype (max propagates NaN, and an infinity
+// is the largest), so it costs about one copy of the bucket per step; a largest is one of the
+// tensor's values, which widening to double keeps exactly.
+torch::Tensor largestMagnitudes(const std::vector<torch::Tensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> largest;
+  for (const torch::Tensor& t : tensors)
+    if (t.numel() > 0) largest.push_back(t.detach().abs().max().reshape({1}).to(torch::kDouble));
+  if (largest.empty()) return torch::empty({0}, torch::kDouble);
+  return torch::cat(largest);
+}
+
+// Whether any of `values` (largestMagnitudes) is not finite, and the largest of the others; the
+// values cross to the host in one copy (on a GPU one wait for the device, not one per tensor).
 std::pair<bool, double> summarizeLargest(const torch::Tensor& values) {
   const torch::Tensor host = values.to(torch::kCPU).contiguous();
   bool nonfinite = false;
@@ -133,15 +146,6 @@ std::pair<bool, double> summarizeLargest(const torch::Tensor& values) {
       out = std::max(out, v);
   }
   return {nonfinite, out};
-}
-
-// Whether any of `tensors` holds a non-finite value, and the largest magnitude of the others: one
-// pass over each in its own dtype, so it costs about one copy of the bucket per step. Each
-// tensor's largest is computed where it lives and they cross to the host in one copy (on a GPU one
-// wait for the device, not one per tensor; a largest is one of the tensor's values, which widening
-// to double keeps exactly).
-std::pair<bool, double> finiteAndLargest(const std::vector<torch::Tensor>& tensors) {
-  return summarizeLargest(largestMagnitudes(tensors));
 }
 
 }  // namespace
@@ -164,23 +168,18 @@ void checkContributions(RingBuckets& ring, ProcessGroup& group, std::optional<ui
   checkResults(group, all, result_what);
 }
 
-torch::Tensor largestMagnitudes(const std::vector<torch::Tensor>& tensors) {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> largest;
-  for (const torch::Tensor& t : tensors)
-    if (t.numel() > 0) largest.push_back(t.detach().abs().max().reshape({1}).to(torch::kDouble));
-  if (largest.empty()) return torch::empty({0}, torch::kDouble);
-  return torch::cat(largest);
+torch::Tensor bucketWeightMagnitudes(const RingBuckets& ring, const RingBucket& b) {
+  std::vector<torch::Tensor> weights;
+  for (size_t i : b.members) weights.push_back(ring.tensors[i]);
+  return largestMagnitudes(weights);
 }
 
 void checkGradientContribution(RingBuckets& ring, ProcessGroup& group, const RingBucket& b,
                                const torch::Tensor& gradients, const torch::Tensor* weight_largest) {
   torch::NoGradGuard no_grad;
-  auto [nonfinite, largest_gradient] = finiteAndLargest({gradients});
-  std::vector<torch::Tensor> weights;
-  for (size_t i : b.members) weights.push_back(ring.tensors[i]);
+  auto [nonfinite, largest_gradient] = summarizeLargest(largestMagnitudes({gradients}));
   const auto [bad_weight, largest_weight] =
-      weight_largest ? summarizeLargest(*weight_largest) : finiteAndLargest(weights);
+      summarizeLargest(weight_largest ? *weight_largest : bucketWeightMagnitudes(ring, b));
   nonfinite = nonfinite || bad_weight;
   const std::vector<torch::Tensor> all = group.allGather(
       torch::tensor({nonfinite ? 1.0 : 0.0, largest_gradient, largest_weight}, torch::kDouble));

@@ -18,7 +18,6 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "node/collectives/ProcessGroup.h"
 #include "node/ring/RingBuckets.h"
@@ -70,15 +69,15 @@ void checkContributions(RingBuckets& ring, ProcessGroup& group,
 // than kCorruptionFactor x max(1, every other member's largest) is corrupt: members differ only by
 // their micro-batches), with the same consequences: this node corrupt → BadInput, another →
 // PeerLost naming it, and the gradient sync is redone among the others from their own gradients.
-// `weight_largest`: the weights' largestMagnitudes already on the host (the overlapped path
-// copies them out with the bucket, while backward runs); null: read here.
+// `weight_largest`: bucketWeightMagnitudes(ring, b) already on the host (the overlapped path
+// copies them out with the bucket, while backward runs); null: computed and read here.
 void checkGradientContribution(RingBuckets& ring, ProcessGroup& group, const RingBucket& b,
                                const torch::Tensor& gradients,
                                const torch::Tensor* weight_largest = nullptr);
-// The largest magnitude of each of `tensors` that has elements, computed where they live, as one
-// float64 tensor there (max propagates NaN, and an infinity is the largest): what the checks above
-// summarise, after one copy to the host.
-torch::Tensor largestMagnitudes(const std::vector<torch::Tensor>& tensors);
+// The largest magnitude of each weight of gradient bucket `b` that has elements, computed where
+// the weights live, as one float64 tensor there (max propagates NaN, and an infinity is the
+// largest): what checkGradientContribution summarises, after one copy to the host.
+torch::Tensor bucketWeightMagnitudes(const RingBuckets& ring, const RingBucket& b);
 void reduceBuckets(RingBuckets& ring, ProcessGroup& group, bool parameters, bool buffers);
 void outerStep(RingBuckets& ring, ProcessGroup& group, const SyncOptions& sync);
 void averageGradients(RingBuckets& ring, ProcessGroup& group);

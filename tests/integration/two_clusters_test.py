@@ -25,7 +25,8 @@ CASE:
   two_clusters_sending_later  "gradients" over 2 clusters x 3 providers, run twice on copies of one
                   plan: every provider holding back what it sends until its next pass is queued, as
                   on a GPU (CAIRN_TEST_SEND_LATER=1, trainer/Device.cpp; each provider's log must say
-                  so), and sending at once (CAIRN_TEST_SEND_LATER=0); fp32-strict; every trained tensor of every node equal in both runs;
+                  so), and sending at once (CAIRN_TEST_SEND_LATER=0); fp32-strict; every trained
+                  tensor of every node equal in both runs;
                   every step record of the first run counts the packets held back (later_sends:
                   the Root's 4 activations, a Stem's 4 and 4 gradients, the Leaf's 4 gradients),
                   the second's has no such key; gradient buckets of at most 256 bytes, so every
