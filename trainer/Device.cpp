@@ -1,6 +1,5 @@
 #include "trainer/Device.h"
 
-#include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 
@@ -8,11 +7,11 @@
 #include <mutex>
 #include <optional>
 #include <regex>
-#include <thread>
 
 #include "core/Error.h"
 #include "core/Log.h"
 #include "core/TorchCompat.h"
+#include "trainer/CopyStream.h"
 
 namespace cairn {
 
@@ -32,8 +31,9 @@ std::string noCudaReason() {
 // run behind the host thread and the CPU's do not). 1: every placement says its copies run later
 // (the CPU's are complete at once), so a CPU provider holds back what it sends as a GPU provider
 // does (TimedLink::sendLater) — how tests/integration/two_clusters_test.py runs that path through
-// real processes and rings without a GPU. 0: none does, so a GPU provider sends at once, as
-// before sending later existed — what tools/gpu/overhead.py --at-once compares against. The
+// real processes and rings without a GPU. 0: none does, so a GPU provider sends at once and
+// copies on its compute stream, as before sending later and the copy stream existed — what
+// tools/gpu/overhead.py --at-once compares against. The
 // rings follow the same answer: with 1 the overlapped gradient all-reduce copies each bucket out
 // in the backward that finishes it (node/ring/GradientOverlap.h), as on a GPU. Any other value is
 // a BadInput naming the variable.
@@ -66,42 +66,44 @@ class CpuPlacement final : public TensorPlacement {
 
 class CudaPlacement final : public TensorPlacement {
  public:
-  CudaPlacement(torch::Device device, bool copies_later)
-      : device_(device), copies_later_(copies_later) {}
+  // With copies that run later (the default on a GPU), the copies between the device and the
+  // host run on a side stream of their own (trainer/CopyStream.h), so micro-batch k's copy runs
+  // on the device while the compute stream runs k + 1. Without (CAIRN_TEST_SEND_LATER=0), every
+  // copy is queued on the compute stream, as before the side stream existed: what
+  // tools/gpu/overhead.py --at-once compares against.
+  CudaPlacement(torch::Device device, bool copies_later) : device_(device) {
+    if (copies_later) side_.emplace(c10::impl::getDeviceGuardImpl(device.type()), device);
+  }
   torch::Device device() const override { return device_; }
   torch::Tensor toDevice(const torch::Tensor& t) const override {
     if (!t.defined() || t.device() == device_) return t;
-    if (t.device().is_cpu()) {
-      // Pinned host memory lets the copy run asynchronously to the host thread; the stream
-      // orders it before any kernel that reads the result.
-      const torch::Tensor pinned = t.is_pinned() ? t : t.contiguous().pin_memory();
-      return pinned.to(device_, /*non_blocking=*/true);
-    }
-    return t.to(device_);
+    if (!t.device().is_cpu()) return t.to(device_);
+    // Pinned host memory lets the copy run asynchronously to the host thread; the compute stream
+    // waits for it (on the side stream) or queues it (without one) before any kernel that reads
+    // the result.
+    const torch::Tensor pinned = t.is_pinned() ? t : t.contiguous().pin_memory();
+    if (!side_) return pinned.to(device_, /*non_blocking=*/true);
+    return side_->write([&] { return pinned.to(device_, /*non_blocking=*/true); });
   }
   torch::Tensor toHost(const torch::Tensor& t) const override {
     if (!t.defined() || t.device().is_cpu()) return t;
     return t.to(torch::kCPU);  // synchronous: the wire reads the bytes right after
   }
   HostCopy toHostLater(const torch::Tensor& t) const override {
-    if (!t.defined() || t.device().is_cpu()) return {t, {}};
+    if (!side_ || !t.defined() || t.device().is_cpu()) return {toHost(t), {}};
     torch::Tensor host =
         torch::empty(t.sizes(), torch::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
-    host.copy_(t, /*non_blocking=*/true);  // from the device to pinned memory: asynchronous
-    // The device-generic stream and event of c10 (the same calls build against a CPU libtorch).
-    const c10::Stream stream = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
-    auto copied = std::make_shared<c10::Event>(t.device().type());
-    copied->record(stream);
-    // Waited for by polling the event: c10::Event has no blocking wait before PyTorch 2.
-    return {host, [copied] {
-              while (!copied->query()) std::this_thread::yield();
-            }};
+    // From the device to pinned memory: asynchronous to the host, on the side stream behind the
+    // kernels that compute `t`.
+    std::function<void()> until =
+        side_->readLater(t.storage().data_ptr(), [&] { host.copy_(t, /*non_blocking=*/true); });
+    return {host, std::move(until)};
   }
-  bool copiesLater() const override { return copies_later_; }
+  bool copiesLater() const override { return side_.has_value(); }
 
  private:
   torch::Device device_;
-  bool copies_later_;
+  std::optional<CopyStream> side_;  // set when copies run later
 };
 
 }  // namespace

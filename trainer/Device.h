@@ -50,12 +50,13 @@ class TensorPlacement {
   // The tensor on the host with the same values (a host tensor as it is); waits for the copy.
   virtual torch::Tensor toHost(const torch::Tensor& t) const = 0;
   // toHost's copy, started and not waited for: on a GPU a non-blocking copy into pinned host
-  // memory, queued on the device's stream behind the work that computes `t`, and an event after
-  // it, so the host thread can queue more work (the next micro-batch's forward) while the device
-  // finishes `t` and copies it (TimedLink::sendLater). By default: toHost, complete at once.
+  // memory on the device's copy stream (trainer/CopyStream.h), behind the work that computes
+  // `t`, and an event after it, so the host thread can queue more work (the next micro-batch's
+  // forward) and the device run it while it finishes `t` and copies it (TimedLink::sendLater).
+  // By default: toHost, complete at once.
   virtual HostCopy toHostLater(const torch::Tensor& t) const { return {toHost(t), {}}; }
-  // Whether toHostLater's copies run behind the host thread (a GPU's do): only then does
-  // TimedLink::sendLater hold a packet back for them.
+  // Whether toHostLater's copies run behind the host thread (a GPU's do, on its copy stream,
+  // which toDevice's copies take too): only then does TimedLink::sendLater hold a packet back.
   virtual bool copiesLater() const { return false; }
 };
 

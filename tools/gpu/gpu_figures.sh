@@ -28,7 +28,8 @@
 #      and "gradients" overlapped with backward, buckets copied out in backward or not: equal
 #   3. figures 2 and 3: overhead (one provider, whole model, vs PyTorch's loop in Python) and the tiny
 #      GPT in 2 stages on one device vs 1 provider, and those 2 stages again sending at once
-#      (tools/gpu/overhead.py --at-once: what holding packets back until the next pass gains)
+#      (tools/gpu/overhead.py --at-once: what holding packets back until the next pass, and
+#      copying on a stream of its own, gain)
 #   4. figure 5: the demo (6 epochs) on $DEVICE
 #   5. figure 4, mixed: the demo (--short) with its middle stage on $DEVICE, the others on the CPU
 #   6. wait for step 0; then, in the time left, figure 2's GPT launch-bound (dim 8, batch 2: the

@@ -5,9 +5,10 @@
      loop in Python on DEVICE, samples/s, for the demo CNN and the tiny GPT (goal >= 1.0x);
   3. pipeline on one device: the tiny GPT in 2 stages, 2 providers sharing DEVICE, 4 micro-batches,
      vs 1 provider (goal >= 0.9x), with the providers' own split of a step (compute/send/wait).
-     --at-once: the same 2 stages again with every packet sent at once (CAIRN_TEST_SEND_LATER=0,
-     trainer/Device.cpp), as before a GPU stage held its packets back until its next pass was
-     queued (docs/TRAINING.md "Sending later"): what sending later gains, side by side.
+     --at-once: the same 2 stages again with every packet sent at once and every copy on the
+     compute stream (CAIRN_TEST_SEND_LATER=0, trainer/Device.cpp), as before a GPU stage held its
+     packets back until its next pass was queued and copied on a stream of its own
+     (docs/TRAINING.md "Sending later", "The copy stream"): what both gain, side by side.
 
     overhead.py --build BUILD --work DIR [--device cuda] [--steps 300] [--port 27300]
                 [--models cnn,gpt] [--gpt-dim 128 --gpt-heads 4] [--batch N] [--at-once]
@@ -247,7 +248,8 @@ if __name__ == "__main__":
     parser.add_argument("--gpt-heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=0, help="batch size (0: the example's job.json)")
     parser.add_argument("--at-once", action="store_true",
-                        help="figure 3 again with every packet sent at once (CAIRN_TEST_SEND_LATER=0)")
+                        help="figure 3 again with every packet sent at once and every copy on the "
+                             "compute stream (CAIRN_TEST_SEND_LATER=0)")
     ARGS = parser.parse_args()
     if set(ARGS.models.split(",")) - {"cnn", "gpt"}:
         parser.error("--models takes cnn, gpt or both")
