@@ -24,6 +24,13 @@ set(CAIRN_TEST_TIMEOUT 300 CACHE STRING "ctest TIMEOUT of each test that names n
 # core; the short soak, tests/CMakeLists.txt) take 1, so they run beside the busy tests instead of
 # holding a core each (the + 1 is the soak's: with it running, two busy tests still fit).
 set(CAIRN_TEST_PROCESSORS 2)
+# Every test process's malloc asks for transparent huge pages (glibc >= 2.35's tunable; it only
+# madvises, so it does nothing where THP is off, and changes no result). A process of the suite
+# faults its memory in by the 4 KiB page otherwise, and on the virtual machines the suite runs on a
+# page fault is dear: `provider --help` took 17,300 faults and 1.13 CPU-s, 6,700 and 0.92 with it
+# (libtorch's start alone allocates some 40 MB); integration.volunteers.join_train_merge 660,000
+# faults and 29.7 CPU-s, 136,000 and 21.5 (two runs each, 2026-12-02). README "Tests".
+set(CAIRN_TEST_MALLOC "GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
 
 function(cairn_gtest_suites target)
   cmake_parse_arguments(ARG "PER_CASE" "FILTER;LABEL;NUMERIC" "PROPERTIES" ${ARGN})
@@ -41,16 +48,18 @@ function(cairn_gtest_suites target)
   if(NOT "PROCESSORS" IN_LIST props)
     list(APPEND props PROCESSORS ${CAIRN_TEST_PROCESSORS})
   endif()
-  # One BLAS thread and sleeping OpenMP waits in every test process (core/BlasThreads.h;
-  # tests/CMakeLists.txt gives the tests it registers itself the same, and says why).
+  # One BLAS thread, sleeping OpenMP waits and malloc on huge pages in every test process
+  # (core/BlasThreads.h; tests/CMakeLists.txt gives the tests it registers itself the same, and
+  # says why).
   list(FIND props ENVIRONMENT env_at)
   if(env_at EQUAL -1)
-    list(APPEND props ENVIRONMENT "OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE")
+    list(APPEND props ENVIRONMENT "OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE\\;${CAIRN_TEST_MALLOC}")
   else()
     math(EXPR env_at "${env_at} + 1")
     list(GET props ${env_at} env)
     list(REMOVE_AT props ${env_at})
-    list(INSERT props ${env_at} "${env}\\;OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE")
+    list(INSERT props ${env_at}
+      "${env}\\;OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE\\;${CAIRN_TEST_MALLOC}")
   endif()
   # Each property value as a bracket argument, so values with ; or spaces pass through unchanged.
   set(props_text "")
