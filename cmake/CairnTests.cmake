@@ -30,7 +30,10 @@ set(CAIRN_TEST_PROCESSORS 2)
 # page fault is dear: `provider --help` took 17,300 faults and 1.13 CPU-s, 6,700 and 0.92 with it
 # (libtorch's start alone allocates some 40 MB); integration.volunteers.join_train_merge 660,000
 # faults and 29.7 CPU-s, 136,000 and 21.5 (two runs each, 2026-12-02). README "Tests".
-set(CAIRN_TEST_MALLOC "GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
+# -DCAIRN_TEST_MALLOC= leaves malloc as it is (rebuild the GoogleTest executables after changing it:
+# their entries are listed when they link).
+set(CAIRN_TEST_MALLOC "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" CACHE STRING
+  "An environment setting for every test process's malloc (empty: none)")
 
 function(cairn_gtest_suites target)
   cmake_parse_arguments(ARG "PER_CASE" "FILTER;LABEL;NUMERIC" "PROPERTIES" ${ARGN})
@@ -51,15 +54,18 @@ function(cairn_gtest_suites target)
   # One BLAS thread, sleeping OpenMP waits and malloc on huge pages in every test process
   # (core/BlasThreads.h; tests/CMakeLists.txt gives the tests it registers itself the same, and
   # says why).
+  set(suite_env "OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE")
+  if(CAIRN_TEST_MALLOC)
+    string(APPEND suite_env "\\;${CAIRN_TEST_MALLOC}")
+  endif()
   list(FIND props ENVIRONMENT env_at)
   if(env_at EQUAL -1)
-    list(APPEND props ENVIRONMENT "OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE\\;${CAIRN_TEST_MALLOC}")
+    list(APPEND props ENVIRONMENT "${suite_env}")
   else()
     math(EXPR env_at "${env_at} + 1")
     list(GET props ${env_at} env)
     list(REMOVE_AT props ${env_at})
-    list(INSERT props ${env_at}
-      "${env}\\;OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE\\;${CAIRN_TEST_MALLOC}")
+    list(INSERT props ${env_at} "${env}\\;${suite_env}")
   endif()
   # Each property value as a bracket argument, so values with ; or spaces pass through unchanged.
   set(props_text "")
