@@ -34,6 +34,13 @@ set(CAIRN_TEST_PROCESSORS 2)
 # -DCAIRN_TEST_MALLOC= leaves malloc as it is.
 set(CAIRN_TEST_MALLOC "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" CACHE STRING
   "An environment setting for every test process's malloc (empty: none)")
+# The environment every test process gets, the GoogleTest suites here and the other entries in
+# tests/CMakeLists.txt (which says why each): one BLAS thread (core/BlasThreads.h), sleeping
+# OpenMP waits, and malloc as above.
+set(CAIRN_TEST_ENV OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE)
+if(CAIRN_TEST_MALLOC)
+  list(APPEND CAIRN_TEST_ENV "${CAIRN_TEST_MALLOC}")
+endif()
 
 function(cairn_gtest_suites target)
   cmake_parse_arguments(ARG "PER_CASE" "FILTER;LABEL;NUMERIC" "PROPERTIES" ${ARGN})
@@ -51,13 +58,8 @@ function(cairn_gtest_suites target)
   if(NOT "PROCESSORS" IN_LIST props)
     list(APPEND props PROCESSORS ${CAIRN_TEST_PROCESSORS})
   endif()
-  # One BLAS thread, sleeping OpenMP waits and malloc on huge pages in every test process
-  # (core/BlasThreads.h; tests/CMakeLists.txt gives the tests it registers itself the same, and
-  # says why).
-  set(suite_env "OPENBLAS_NUM_THREADS=1\\;OMP_WAIT_POLICY=PASSIVE")
-  if(CAIRN_TEST_MALLOC)
-    string(APPEND suite_env "\\;${CAIRN_TEST_MALLOC}")
-  endif()
+  # CAIRN_TEST_ENV, added to whatever environment PROPERTIES names (one value: ; escaped).
+  list(JOIN CAIRN_TEST_ENV "\\;" suite_env)
   list(FIND props ENVIRONMENT env_at)
   if(env_at EQUAL -1)
     list(APPEND props ENVIRONMENT "${suite_env}")
