@@ -12,6 +12,7 @@
 #include "core/Log.h"
 #include "core/MainGuard.h"
 #include "core/NodeConfigs.h"
+#include "core/OpCount.h"
 #include "node/volunteer/Probe.h"
 #include "node/pipeline/ProviderRun.h"
 #include "node/volunteer/VolunteerRelay.h"
@@ -421,6 +422,7 @@ int trainMode(const Cli& cli) {
     options.device = cli.device;
     cairn::resolveDevice(cli.device, "--device");  // exit 2 before any socket opens
     options.stop_requested = [] { return g_stop.load(); };
+    const auto op_count = cairn::OpCount::fromEnvironment();  // CAIRN_COUNT_OPS (core/OpCount.h)
     cairn::runProvider(options);
     return 0;
   });

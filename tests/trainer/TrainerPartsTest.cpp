@@ -7,15 +7,19 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 
 #include "core/Error.h"
+#include "core/OpCount.h"
 #include "trainer/Dataset.h"
 #include "trainer/Loss.h"
 #include "trainer/LrSchedule.h"
 #include "trainer/Sampler.h"
 #include "trainer/StageExecutor.h"
 #include "trainer/TrainOptions.h"
+#include "trainer/data/ImageTransforms.h"
 
 namespace cairn {
 namespace {
@@ -144,6 +148,59 @@ TEST(Dataset, FashionMnistIdxGzipAndRaw) {
   Batch rb = r.train->get({0, 1}, false);
   EXPECT_TRUE(rb.targets.equal(b.targets));
   EXPECT_TRUE(rb.inputs.allclose((b.inputs - 0.5) / 0.25));
+}
+
+// An idx batch with nothing random to do is normalised at once (IdxDataset, ImageTransforms::
+// onlyNormalizes): bit for bit what each image normalised alone gives — by ImageTransforms::apply
+// (the per-image path, still taken when a flip or crop is drawn) and by torchvision's arithmetic
+// written out here, (pixel / 255 - mean) / std on the file's own bytes — in training and evaluation
+// batches, in any order, with repeats; and a flipping job's training batches keep the per-image path.
+TEST(Dataset, FashionMnistBatchesEqualEachImageNormalisedAlone) {
+  const std::string dir = "/usr/share/datasets/fashion-mnist";
+  if (!std::ifstream(dir + "/train-images-idx3-ubyte.gz").good())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  DataOptions o;
+  o.location = dir;
+  o.format = "idx";
+  o.train_samples = 2000;
+  o.test_samples = 100;
+  o.normalize.mean = {0.2860};
+  o.normalize.std = {0.3530};
+  const DatasetPair d = loadDatasets(o, 5);
+  const std::vector<uint8_t> bytes = readMaybeGzipFile(dir + "/train-images-idx3-ubyte.gz");
+  const torch::Tensor raw =
+      torch::from_blob(const_cast<uint8_t*>(bytes.data()) + 16, {60000, 1, 28, 28}, torch::kUInt8);
+  const ImageTransforms alone(o, 1, 5);
+  const std::vector<int64_t> ids{1999, 0, 17, 17, 640, 3, 1024, 128};
+  std::vector<torch::Tensor> by_apply, by_formula;
+  for (int64_t id : ids) {
+    by_apply.push_back(alone.apply(raw[id], id, 0, true, "image"));
+    by_formula.push_back((raw[id].to(torch::kFloat) / 255.0f - 0.2860f) / 0.3530f);
+  }
+  for (bool training : {true, false}) {
+    const torch::Tensor batch = d.train->get(ids, training).inputs;
+    EXPECT_TRUE(batch.equal(torch::stack(by_apply))) << "training " << training;
+    EXPECT_TRUE(batch.equal(torch::stack(by_formula))) << "training " << training;
+    EXPECT_TRUE(batch.is_contiguous());
+  }
+  // At once: a batch of 128 dispatches a few operators in all (each image alone took 6 or more).
+  const std::string counted = ::testing::TempDir() + "/cairn_idx_ops.json";
+  std::vector<int64_t> many(128);
+  std::iota(many.begin(), many.end(), int64_t(500));
+  {
+    OpCount count(counted);
+    d.train->get(many, true);
+  }
+  const auto total = nlohmann::json::parse(std::ifstream(counted))["total"].get<int64_t>();
+  EXPECT_GT(total, 0);
+  EXPECT_LT(total, 128) << "operators dispatched for one batch of 128 images";
+  o.random_flip = true;
+  const DatasetPair flipping = loadDatasets(o, 5);
+  const ImageTransforms flips(o, 1, 5);
+  std::vector<torch::Tensor> drawn;
+  for (int64_t id : ids) drawn.push_back(flips.apply(raw[id], id, 0, true, "image"));
+  EXPECT_TRUE(flipping.train->get(ids, true).inputs.equal(torch::stack(drawn)));
+  EXPECT_FALSE(torch::stack(drawn).equal(torch::stack(by_apply)));  // some image was flipped
 }
 
 TEST(Dataset, SafetensorsRoundTripAndTokens) {

@@ -79,8 +79,14 @@ torch::Tensor ImageTransforms::apply(const torch::Tensor& image, int64_t id, uin
   } else if (training && random_flip_ && decide(id, draw, h, w).flip) {
     x = x.flip({2});
   }
-  if (x.size(0) != mean_.size(0) && mean_.size(0) != 1)
-    CAIRN_THROW(BadInput, source, ": has ", x.size(0), " channel(s) but data.normalize has ",
+  return normalize(x, source);
+}
+
+torch::Tensor ImageTransforms::normalize(const torch::Tensor& images, const std::string& source) const {
+  const torch::Tensor x = images.to(torch::kFloat);
+  const int64_t channels = x.size(-3);
+  if (channels != mean_.size(0) && mean_.size(0) != 1)
+    CAIRN_THROW(BadInput, source, ": has ", channels, " channel(s) but data.normalize has ",
                 mean_.size(0), " values");
   return ((x / float(scale_) - mean_) / std_).contiguous();
 }
