@@ -6,6 +6,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "core/Error.h"
 #include "core/Log.h"
 
 namespace cairn {
@@ -31,6 +32,8 @@ std::unique_ptr<OpCount> OpCount::fromEnvironment() {
 }
 
 OpCount::OpCount(std::string path) : path_(std::move(path)) {
+  if (!std::ofstream(path_))  // said now, before the run, not after it
+    CAIRN_THROW(BadInput, "CAIRN_COUNT_OPS=", path_, ": cannot write that file");
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_counts.clear();

@@ -17,6 +17,7 @@ class OpCount {
  public:
   // Null when CAIRN_COUNT_OPS is unset or empty.
   static std::unique_ptr<OpCount> fromEnvironment();
+  // Truncates PATH (BadInput naming it when it cannot be written) and starts counting.
   explicit OpCount(std::string path);
   ~OpCount();  // removes the callback and writes the file (a failure is logged, not thrown)
   OpCount(const OpCount&) = delete;
