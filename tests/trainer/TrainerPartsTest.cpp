@@ -150,12 +150,12 @@ TEST(Dataset, FashionMnistIdxGzipAndRaw) {
   EXPECT_TRUE(rb.inputs.allclose((b.inputs - 0.5) / 0.25));
 }
 
-// An idx batch with nothing random to do is normalised at once (IdxDataset, ImageTransforms::
-// onlyNormalizes): bit for bit what each image normalised alone gives — by ImageTransforms::apply
-// (the per-image path, still taken when a flip or crop is drawn) and by torchvision's arithmetic
-// written out here, (pixel / 255 - mean) / std on the file's own bytes — in training and evaluation
-// batches, in any order, with repeats; and a flipping job's training batches keep the per-image path.
-TEST(Dataset, FashionMnistBatchesEqualEachImageNormalisedAlone) {
+// An idx batch is transformed at once (IdxDataset, ImageTransforms::applyBatch): bit for bit what
+// each image transformed alone gives — by ImageTransforms::apply and, without augmentation, by
+// torchvision's arithmetic written out here, (pixel / 255 - mean) / std on the file's own bytes —
+// in training and evaluation batches, in any order, with repeats, flipped and cropped or not; in
+// a few operators for 128 images (fewer than one per image; two when cropped and flipped).
+TEST(Dataset, FashionMnistBatchesEqualEachImageTransformedAlone) {
   const std::string dir = "/usr/share/datasets/fashion-mnist";
   if (!std::ifstream(dir + "/train-images-idx3-ubyte.gz").good())
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
@@ -194,13 +194,33 @@ TEST(Dataset, FashionMnistBatchesEqualEachImageNormalisedAlone) {
   const auto total = nlohmann::json::parse(std::ifstream(counted))["total"].get<int64_t>();
   EXPECT_GT(total, 0);
   EXPECT_LT(total, 128) << "operators dispatched for one batch of 128 images";
+  // Flips, and flips with padded random crops (training) and the centre crop (evaluation): the
+  // batch's one gather cuts what apply() cuts image by image, draw after draw.
   o.random_flip = true;
-  const DatasetPair flipping = loadDatasets(o, 5);
-  const ImageTransforms flips(o, 1, 5);
-  std::vector<torch::Tensor> drawn;
-  for (int64_t id : ids) drawn.push_back(flips.apply(raw[id], id, 0, true, "image"));
-  EXPECT_TRUE(flipping.train->get(ids, true).inputs.equal(torch::stack(drawn)));
-  EXPECT_FALSE(torch::stack(drawn).equal(torch::stack(by_apply)));  // some image was flipped
+  for (bool crop : {false, true}) {
+    if (crop) o.random_crop = RandomCropOptions{{24, 20}, 3};
+    const DatasetPair augmented = loadDatasets(o, 5);
+    const ImageTransforms each(o, 1, 5);
+    for (uint64_t draw : {0, 1}) {
+      std::vector<torch::Tensor> drawn;
+      for (int64_t id : ids) drawn.push_back(each.apply(raw[id], id, draw, true, "image"));
+      const torch::Tensor batch = augmented.train->get(ids, true).inputs;
+      EXPECT_TRUE(batch.equal(torch::stack(drawn))) << "crop " << crop << ", draw " << draw;
+      EXPECT_TRUE(batch.is_contiguous());
+      if (!crop) {
+        EXPECT_FALSE(batch.equal(torch::stack(by_apply)));  // some image was flipped
+      }
+    }
+    std::vector<torch::Tensor> evaluated;
+    for (int64_t id : ids) evaluated.push_back(each.apply(raw[id], id, 0, false, "image"));
+    EXPECT_TRUE(augmented.train->get(ids, false).inputs.equal(torch::stack(evaluated)));
+  }
+  {
+    OpCount count(counted);
+    loadDatasets(o, 5).train->get(many, true);  // cropped and flipped
+  }
+  // ~100 (index tensors, views, the gather), against ~15 per image apart
+  EXPECT_LT(nlohmann::json::parse(std::ifstream(counted))["total"].get<int64_t>(), 2 * 128);
 }
 
 TEST(Dataset, SafetensorsRoundTripAndTokens) {

@@ -82,6 +82,58 @@ torch::Tensor ImageTransforms::apply(const torch::Tensor& image, int64_t id, uin
   return normalize(x, source);
 }
 
+torch::Tensor ImageTransforms::applyBatch(const torch::Tensor& images,
+                                          const std::vector<int64_t>& ids, uint64_t draw,
+                                          bool training, const std::string& source) const {
+  if (!resize_.empty()) {
+    std::vector<torch::Tensor> rows;
+    rows.reserve(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i)
+      rows.push_back(apply(images[int64_t(i)], ids[i], draw, training,
+                           source + ": image " + std::to_string(ids[i])));
+    return torch::stack(rows);
+  }
+  torch::Tensor x = images;
+  const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
+  if (!crop_.size.empty() && !training) {
+    const int64_t ch = crop_.size[0], cw = crop_.size[1];
+    if (h < ch || w < cw)
+      CAIRN_THROW(BadInput, source, ": a ", h, "x", w, " image is smaller than data.random_crop.size ",
+                  ch, "x", cw);
+    // torchvision's CenterCrop, as apply(): int(round((h - ch) / 2.0)), half to even.
+    x = x.narrow(2, int64_t(std::nearbyint(double(h - ch) / 2.0)), ch)
+            .narrow(3, int64_t(std::nearbyint(double(w - cw) / 2.0)), cw);
+  } else if (training && augments()) {
+    // Each image's window and flip as apply() draws them, cut out by one gather: rows top..top+ch,
+    // columns left..left+cw, reversed for a flipped image (a flip of the window).
+    const int64_t p = crop_.size.empty() ? 0 : crop_.padding;
+    const int64_t ch = crop_.size.empty() ? h : crop_.size[0];
+    const int64_t cw = crop_.size.empty() ? w : crop_.size[1];
+    if (h + 2 * p < ch || w + 2 * p < cw)
+      CAIRN_THROW(BadInput, source, ": a ", h, "x", w, " image padded by ", p,
+                  " is smaller than data.random_crop.size ", ch, "x", cw);
+    if (p > 0) {
+      torch::Tensor padded = torch::zeros({n, x.size(1), h + 2 * p, w + 2 * p}, x.options());
+      padded.narrow(2, p, h).narrow(3, p, w).copy_(x);
+      x = padded;
+    }
+    std::vector<int64_t> rows, cols;
+    rows.reserve(size_t(n * ch));
+    cols.reserve(size_t(n * cw));
+    for (int64_t i = 0; i < n; ++i) {
+      // Without a crop, decide() draws only the flip (the window is the whole image).
+      const AugmentDraw d = decide(ids[size_t(i)], draw, h, w);
+      for (int64_t r = 0; r < ch; ++r) rows.push_back(d.top + r);
+      for (int64_t c = 0; c < cw; ++c) cols.push_back(d.left + (d.flip ? cw - 1 - c : c));
+    }
+    // Four index tensors broadcast to (n, C, ch, cw) (a slice among them would move the channels
+    // last, by advanced indexing's rule).
+    x = x.index({torch::arange(n).view({n, 1, 1, 1}), torch::arange(x.size(1)).view({1, -1, 1, 1}),
+                 torch::tensor(rows).view({n, 1, ch, 1}), torch::tensor(cols).view({n, 1, 1, cw})});
+  }
+  return normalize(x, source);
+}
+
 torch::Tensor ImageTransforms::normalize(const torch::Tensor& images, const std::string& source) const {
   const torch::Tensor x = images.to(torch::kFloat);
   const int64_t channels = x.size(-3);

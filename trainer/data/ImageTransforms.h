@@ -5,7 +5,8 @@
 // evaluation: cut the centre window (CenterCrop) -> x = (pixel / scale - mean) / std per channel.
 // The random decisions of a sample come from a generator seeded by (seed, sample id, draw), where
 // `draw` counts the training batches drawn so far: reproducible whatever the batch composition or
-// the number of processes, and resumable (the draw count is checkpointed).
+// the number of processes, and resumable (the draw count is checkpointed). applyBatch() does the
+// same to a batch of equal-sized images at once (the idx format's batches).
 // Thread-safety: immutable after construction.
 #pragma once
 
@@ -37,12 +38,12 @@ class ImageTransforms {
   // The decisions apply() takes in training for an image of height x width pixels after resize.
   AugmentDraw decide(int64_t id, uint64_t draw, int64_t height, int64_t width) const;
   bool augments() const { return random_flip_ || !crop_.size.empty(); }
-  // Whether apply() does anything but the normalisation (resize, a crop, a flip in training): if
-  // not, normalize() of a whole batch gives what apply() gives each of its images, bit for bit
-  // (the same element-wise arithmetic), in four operators instead of a handful per image.
-  bool onlyNormalizes(bool training) const {
-    return resize_.empty() && crop_.size.empty() && !(training && random_flip_);
-  }
+  // apply() to each image of a batch (N, C, H, W) of equal sizes, sample ids `ids`, bit for bit
+  // (the crops and flips are copies, the normalisation the same element-wise arithmetic), in a
+  // few operators for the whole batch instead of a handful per image; with a resize, image by
+  // image. `source` names the images in errors.
+  torch::Tensor applyBatch(const torch::Tensor& images, const std::vector<int64_t>& ids,
+                           uint64_t draw, bool training, const std::string& source) const;
   // (pixel / scale - mean) / std per channel of images (C, H, W) or (N, C, H, W), any dtype, as
   // float; `source` names them in the error when their channels do not match data.normalize.
   torch::Tensor normalize(const torch::Tensor& images, const std::string& source) const;
