@@ -43,7 +43,7 @@ def provider_ops(name, steps, port):
 
 
 def reference_ops(model, steps, foreach):
-    """{op: count} of PyTorch's loop (overhead.reference_samples_per_s's step) over `steps` steps."""
+    """{op: count} of PyTorch's loop (overhead.pytorch_step) over `steps` steps."""
     torch.set_num_threads(int(model.job["training_definition"].get("threads", 1)))
     net = torch.jit.load(model.model)
     net.train()
@@ -52,20 +52,11 @@ def reference_ops(model, steps, foreach):
                                   foreach=foreach)
     next_batch = model.batches(torch.device("cpu"))
 
-    def step():
-        x, y = next_batch()
-        optimizer.zero_grad(set_to_none=True)
-        out = net(x)
-        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-        loss.backward()
-        optimizer.step()
-        loss.item()  # as a provider reads every step's loss for its metrics line
-
-    for _ in range(3):  # untimed: the profiling executor's first runs optimise the graph
-        step()
+    for _ in range(3):  # uncounted: the profiling executor's first runs optimise the graph
+        overhead.pytorch_step(net, optimizer, *next_batch())
     with torch.autograd.profiler.profile() as prof:
         for _ in range(steps):
-            step()
+            overhead.pytorch_step(net, optimizer, *next_batch())
     counts = {}
     for event in prof.function_events:
         if event.name.startswith("aten::"):

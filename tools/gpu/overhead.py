@@ -148,6 +148,16 @@ class Model:
         return next_batch
 
 
+def pytorch_step(net, optimizer, x, y):
+    """One step of PyTorch's own loop: zero_grad, forward, loss, backward, step."""
+    optimizer.zero_grad(set_to_none=True)
+    out = net(x)
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    loss.backward()
+    optimizer.step()
+    loss.item()  # as a provider reads every step's loss for its metrics line
+
+
 def reference_samples_per_s(model, steps):
     """PyTorch's own loop in Python on the device: zero_grad, forward, loss, backward, step."""
     device = torch.device(ARGS.device)
@@ -168,13 +178,7 @@ def reference_samples_per_s(model, steps):
     step_ms = []
     for _ in range(steps):
         began = time.perf_counter()
-        x, y = next_batch()
-        optimizer.zero_grad(set_to_none=True)
-        out = net(x)
-        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-        loss.backward()
-        optimizer.step()
-        loss.item()  # as a provider reads every step's loss for its metrics line
+        pytorch_step(net, optimizer, *next_batch())
         step_ms.append(1e3 * (time.perf_counter() - began))
     if device.type == "cuda":
         torch.cuda.synchronize()
