@@ -422,7 +422,7 @@ int trainMode(const Cli& cli) {
     options.device = cli.device;
     cairn::resolveDevice(cli.device, "--device");  // exit 2 before any socket opens
     options.stop_requested = [] { return g_stop.load(); };
-    const auto op_count = cairn::OpCount::fromEnvironment();  // CAIRN_COUNT_OPS (core/OpCount.h)
+    const auto op_count = cairn::OpCount::fromEnvironment(cli.name);  // CAIRN_COUNT_OPS
     cairn::runProvider(options);
     return 0;
   });

@@ -25,9 +25,13 @@ std::unique_ptr<at::ObserverContext> countOp(const at::RecordFunction& fn) {
 
 }  // namespace
 
-std::unique_ptr<OpCount> OpCount::fromEnvironment() {
-  const char* path = std::getenv("CAIRN_COUNT_OPS");
-  if (!path || !*path) return nullptr;
+std::unique_ptr<OpCount> OpCount::fromEnvironment(const std::string& node) {
+  const char* value = std::getenv("CAIRN_COUNT_OPS");
+  if (!value || !*value) return nullptr;
+  std::string path = value;
+  for (size_t at = path.find("{node}"); at != std::string::npos;
+       at = path.find("{node}", at + node.size()))
+    path.replace(at, 6, node);
   return std::make_unique<OpCount>(path);
 }
 

@@ -15,8 +15,9 @@ namespace cairn {
 
 class OpCount {
  public:
-  // Null when CAIRN_COUNT_OPS is unset or empty.
-  static std::unique_ptr<OpCount> fromEnvironment();
+  // Null when CAIRN_COUNT_OPS is unset or empty; "{node}" in its path becomes `node` (several
+  // providers of one launch, one file each).
+  static std::unique_ptr<OpCount> fromEnvironment(const std::string& node);
   // Truncates PATH (BadInput naming it when it cannot be written) and starts counting.
   explicit OpCount(std::string path);
   ~OpCount();  // removes the callback and writes the file (a failure is logged, not thrown)

@@ -8,9 +8,10 @@ counts them where there is no GPU: the provider with CAIRN_COUNT_OPS=PATH (core/
 operator by name, RecordFunction's operator scope), run for S and for 2S steps so that start-up,
 loading and the final evaluation cancel out (per step: the difference / S); PyTorch's loop
 (tools/gpu/overhead.py's, the same model, data, batch and AdamW) under torch.autograd.profiler for
-S steps after 3 untimed ones, counting the events named aten::*. The reference runs twice: AdamW's
-multi-tensor path (foreach=True, PyTorch 2's default on CUDA, which figure 2's reference used)
-and its single-tensor path (1.13's default).
+S steps after 3 uncounted ones, counting the events named aten::*. The reference runs twice:
+AdamW's multi-tensor path (foreach=True, PyTorch 2's default on CUDA, which figure 2's reference
+used) and its single-tensor path (1.13's default). For the GPT also figure 3's pipeline: 1 provider
+against 2 stages (summed over both providers), 4 micro-batches, as overhead.py cuts it.
 
     op_count.py --build BUILD --work DIR [--steps 20] [--models gpt,cnn] [--top 15]
                 [--gpt-dim 128 --gpt-heads 4] [--batch N]
@@ -31,15 +32,38 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead  # noqa: E402  (Model: the models, jobs, plans and data figure 2 uses)
 
 
+def counted(model, node_data, tag):
+    """{op: count} summed over the providers of node_data's plan, trained with CAIRN_COUNT_OPS."""
+    template = os.path.join(model.dir, f"ops_{tag}_{{node}}.json")
+    model.train(node_data, {"CAIRN_COUNT_OPS": template})
+    total = {}
+    for node in json.load(open(os.path.join(node_data, "plan.json")))["clusters"][0]["chain"]:
+        for k, v in json.load(open(template.replace("{node}", node)))["ops"].items():
+            # aten:: operators, as on the reference's side (the operator scope also holds a few
+            # other names: autograd's accumulation, TorchScript's own helpers)
+            if k.startswith("aten::"):
+                total[k] = total.get(k, 0) + v
+    return total
+
+
 def provider_ops(name, steps, port):
     """{op: count} of one provider training `name` (1 stage) for `steps` steps."""
     model = overhead.Model(name, os.path.join(ARGS.work, f"steps_{steps}"), steps)
     node_data, _ = model.plan(1, port, 1)
-    path = os.path.join(model.dir, "ops.json")
-    model.train(node_data, {"CAIRN_COUNT_OPS": path})
-    # aten:: operators, as on the reference's side (the operator scope also holds a few other
-    # names: autograd's accumulation, TorchScript's own helpers)
-    return {k: v for k, v in json.load(open(path))["ops"].items() if k.startswith("aten::")}, model
+    return counted(model, node_data, "one"), model
+
+
+def pipeline_ops(steps, port):
+    """Figure 3's GPT with 4 micro-batches: ({op: count} of 1 provider, of 2 stages summed)."""
+    model = overhead.Model("gpt", os.path.join(ARGS.work, f"pipeline_{steps}"), steps)
+    _, one_stage = model.plan(1, port, 1)
+    single = counted(model, model.plan(1, port, 4)[0], "single")
+    piped = counted(model, model.plan(2, port + 10, 4, overhead.balanced_cut(one_stage))[0], "piped")
+    return single, piped
+
+
+def difference(long, short, steps):
+    return {k: (long.get(k, 0) - short.get(k, 0)) / steps for k in set(long) | set(short)}
 
 
 def reference_ops(model, steps, foreach):
@@ -75,7 +99,7 @@ def main():
         short, _ = provider_ops(name, ARGS.steps, port)
         long, model = provider_ops(name, 2 * ARGS.steps, port + 10)
         port += 20
-        cairn = {k: (long.get(k, 0) - short.get(k, 0)) / ARGS.steps for k in set(long) | set(short)}
+        cairn = difference(long, short, ARGS.steps)
         sides = {"provider": cairn,
                  "pytorch_foreach": per_step(reference_ops(model, ARGS.steps, True), ARGS.steps),
                  "pytorch_single_tensor": per_step(reference_ops(model, ARGS.steps, False), ARGS.steps)}
@@ -92,6 +116,18 @@ def main():
                 break
             print(f"  {k:40s} {cairn.get(k, 0):9.1f} {reference.get(k, 0):9.1f}")
         results[name] = {"totals": totals, "per_step": sides}
+        if name == "gpt":
+            (single_s, piped_s), (single_l, piped_l) = pipeline_ops(ARGS.steps, port), \
+                pipeline_ops(2 * ARGS.steps, port + 20)
+            port += 40
+            single = sum(difference(single_l, single_s, ARGS.steps).values())
+            piped = difference(piped_l, piped_s, ARGS.steps)
+            extra = sorted(piped, key=lambda k: -(piped[k] - difference(single_l, single_s, ARGS.steps).get(k, 0)))
+            print(f"gpt, figure 3 (4 micro-batches): 1 provider {single:.1f} ATen operators a step, 2 "
+                  f"stages {sum(piped.values()):.1f} (both providers): {sum(piped.values()) / single:.2f}x; "
+                  f"most added: {', '.join(extra[:6])}")
+            results["gpt_pipeline"] = {"one_provider": single, "two_stages": sum(piped.values()),
+                                       "two_stages_per_step": piped}
     json.dump(results, open(os.path.join(ARGS.work, "op_count.json"), "w"), indent=1)
 
 
