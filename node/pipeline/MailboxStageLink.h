@@ -6,7 +6,10 @@
 //
 // connect() is the start-up handshake: it says hello to every neighbour (retrying while the
 // neighbour's socket is not up yet) and waits for each neighbour's hello, so nodes may start in any
-// order. A neighbour that never appears within the startup timeout is a PeerLost naming it.
+// order. A neighbour that never appears within the startup timeout is a PeerLost naming it. Each
+// hello names itself (this link's random run and its handshake count) and the newest hello taken
+// from the receiver (docs/PROTOCOL.md `hello`): so a neighbour that restarted is told apart from a
+// repeat, and one whose hello does not answer this node's hears it again (takeHello).
 //
 // Lost neighbours (docs/OPERATIONS.md "Failures while training"): while waiting, a neighbour is
 // declared lost — PeerLost naming it, and lost() says how — when its connection has been down
@@ -30,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +41,7 @@
 #include "core/Error.h"
 #include "core/NodeData.h"
 #include "node/pipeline/StageLinkValidation.h"
+#include "node/protocol/PipelineControl.h"
 #include "node/transport/Mailbox.h"
 #include "trainer/Device.h"
 #include "trainer/StageLink.h"
@@ -128,6 +133,11 @@ class MailboxStageLink : public StageLink {
   // batch plus 1 MiB for bookkeeping tensors.
   uint64_t maxMessageBytes() const { return max_message_bytes_; }
 
+  // True for a neighbour's hello that this link has taken before (the same run and handshake):
+  // sent again in answer to this node's hello in case the first went to this node's previous
+  // process (connect()). It says nothing new and is dropped wherever it arrives.
+  bool isRepeatedHello(const Message& m) const;
+
   // Why `m` may not be used (nullopt: it may): `awaited_step` is the step being worked on.
   // `deep` adds the per-tensor checks (boundary, bytes, finite values). Exposed for tests.
   std::optional<std::string> rejectReason(const Message& m, uint64_t awaited_step, bool deep,
@@ -139,6 +149,7 @@ class MailboxStageLink : public StageLink {
   struct Screened {
     bool take = false;      // out of the mailbox: the awaited packet, or one of the two below
     bool recovery = false;  // a neighbour's "leaving" or "hello"
+    bool repeat = false;    // a repeated hello (isRepeatedHello), taken to be dropped
     std::optional<std::string> rejected;  // why it is dropped (the quick checks)
     std::string detail;
   };
@@ -158,7 +169,22 @@ class MailboxStageLink : public StageLink {
   // hello would be lost and the new process wait for it until its startup timeout. Such a
   // neighbour is dialled again first (Transport::redial). The first handshake has no connection
   // of before to fear: its transport's connections to the neighbours are new.
-  void redialRestarted(const std::vector<std::pair<Neighbour, PeerRef>>& neighbours);
+  // Returns the names of the neighbours dialled again.
+  std::set<std::string> redialRestarted(const std::vector<std::pair<Neighbour, PeerRef>>& neighbours);
+  // connect()'s wait for `p`'s hello (or, downstream, its "ckpt_steps") until `deadline`.
+  std::optional<Message> awaitHello(Neighbour dir, const PeerRef& p,
+                                    std::chrono::steady_clock::time_point deadline);
+  // This handshake's hello to `p`, saying which of its hellos this link took last.
+  Message hello(const std::string& peer) const;
+  // Takes `p`'s hello `m` (its id is the newest heard from it). When `p` restarted (a run other
+  // than the one heard before) after this node said hello, and its hello does not answer this
+  // node's, this node's hello may have gone into the connection to its previous process, whose
+  // close this node had not seen yet: lost, and the new process would wait for it until its
+  // startup timeout. So `p` is dialled again and hears this node's hello once more (which it
+  // drops as a repeat if it had the first one). Not for a neighbour `redialed` before this
+  // handshake's hello: that one reached its new process.
+  void takeHello(Neighbour dir, const PeerRef& p, const Message& m, const std::set<std::string>& redialed,
+                 std::chrono::milliseconds left);
   // A neighbour's "leaving" or mid-run "hello" (`m`) while waiting for `what`: PeerLost naming it
   // (a hello goes back into the mailbox for the next connect()).
   [[noreturn]] void throwRecovery(Message m, const std::string& what);
@@ -174,6 +200,8 @@ class MailboxStageLink : public StageLink {
   LinkStats stats_;
   std::optional<PeerLoss> lost_;
   int64_t handshakes_ = 0;  // connect() calls that completed
+  HelloId hello_id_;        // this link's run, and connect() calls begun
+  std::map<std::string, HelloId> heard_;  // the newest hello taken from each neighbour
   std::function<bool()> interrupted_;
   std::function<bool(const std::string&)> replaced_;
   std::shared_ptr<const TensorPlacement> decode_on_;

@@ -35,8 +35,10 @@ auto awaitControl(Mailbox& mailbox, const MailboxStageLink& link, const PeerRef&
         deadline - std::chrono::steady_clock::now());
     got = mailbox.receive(
         [&](const Message& m) {
-          return (isControl(m, tag) || isControl(m, kHelloTag)) && m.sender == from.name &&
-                 m.job_id == link.node().job_id;
+          // A repeated hello (MailboxStageLink::isRepeatedHello) is not a restart: left for
+          // the link to drop.
+          return (isControl(m, tag) || (isControl(m, kHelloTag) && !link.isRepeatedHello(m))) &&
+                 m.sender == from.name && m.job_id == link.node().job_id;
         },
         std::max(std::chrono::milliseconds(0), std::min(left, std::chrono::milliseconds(500))),
         [&] { return interrupted && interrupted(); });

@@ -1,5 +1,6 @@
 #include "node/protocol/PipelineControl.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace cairn {
@@ -33,10 +34,35 @@ bool fieldIs(const nlohmann::json& j, const char* key, bool (nlohmann::json::*is
   return j.contains(key) && (j[key].*is)();
 }
 
+// The hello id under `run_key` and `count_key` of a hello's body: unknown when neither is there;
+// nullopt when they are malformed (a run not of 1 to kMaxHelloRunChars lowercase hex digits, or a
+// count that is not an integer from 1).
+std::optional<HelloId> helloId(const nlohmann::json& j, const char* run_key, const char* count_key) {
+  if (!j.contains(run_key) && !j.contains(count_key)) return HelloId{};
+  if (!fieldIs(j, run_key, &nlohmann::json::is_string) ||
+      !fieldIs(j, count_key, &nlohmann::json::is_number_integer))
+    return std::nullopt;
+  HelloId id{j[run_key].get<std::string>(), j[count_key].get<int64_t>()};
+  const bool hex = std::all_of(id.run.begin(), id.run.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+  if (id.run.empty() || id.run.size() > kMaxHelloRunChars || !hex || id.handshake < 1) return std::nullopt;
+  return id;
+}
+
 }  // namespace
 
 Message encode(const ControlOrigin& from, const Hello& hello) {
-  return control(from, kHelloTag, {{"stage", hello.stage}, {"cluster", hello.cluster}});
+  nlohmann::json body{{"stage", hello.stage}, {"cluster", hello.cluster}};
+  if (hello.id.known()) {
+    body["run"] = hello.id.run;
+    body["handshake"] = hello.id.handshake;
+  }
+  if (hello.heard.known()) {
+    body["heard_run"] = hello.heard.run;
+    body["heard_handshake"] = hello.heard.handshake;
+  }
+  return control(from, kHelloTag, body);
 }
 
 Message encode(const ControlOrigin& from, const Leaving& leaving) {
@@ -63,6 +89,17 @@ std::optional<Hello> decodeHello(const Message& m, std::string* why) {
   if (fieldIs(*j, "stage", &nlohmann::json::is_number_integer)) hello.stage = (*j)["stage"].get<int64_t>();
   if (fieldIs(*j, "cluster", &nlohmann::json::is_number_integer))
     hello.cluster = (*j)["cluster"].get<int64_t>();
+  // Its ids are optional too, but when there they must be well-formed.
+  const std::optional<HelloId> id = helloId(*j, "run", "handshake");
+  const std::optional<HelloId> heard = helloId(*j, "heard_run", "heard_handshake");
+  if (!id || !heard) {
+    if (why)
+      *why = "a \"hello\" message: \"run\"/\"handshake\" and \"heard_run\"/\"heard_handshake\" "
+             "must come in pairs: 1 to 32 lowercase hex digits, and an integer from 1";
+    return std::nullopt;
+  }
+  hello.id = *id;
+  hello.heard = *heard;
   return hello;
 }
 

@@ -2,7 +2,12 @@
 // besides their tensors (docs/PROTOCOL.md "Pipeline control messages"), with one encode and one
 // validating decode per message. All are kind kControl, told apart by their tag, with a small JSON
 // object in `text`:
-//   hello       {"stage": int, "cluster": int}  the handshake, and a restarted neighbour's return
+//   hello       {"stage": int, "cluster": int,    the handshake, and a restarted neighbour's return;
+//                "run": hex, "handshake": int,   `run` (a link's random id, new with every
+//                "heard_run": hex,               transport) and `handshake` (its count of
+//                "heard_handshake": int}         handshakes) name this hello, `heard_*` the newest
+//                                                hello the sender took from the receiver (all four
+//                                                optional: an older node's hello has none)
 //   leaving     {"reason": str, "lost": str}     the sender stops ("stopped", "paused", "failed",
 //                                                …); `lost` names the node lost in the first place
 //                                                when a pause spreads along the pipeline
@@ -38,10 +43,23 @@ struct ControlOrigin {
   std::string sender;
 };
 
+// Which hello: a link's run (16 lowercase hex digits, random, new with every transport, so a
+// restarted process has a new one) and its handshake count (from 1). Unknown (run empty) in an
+// older node's hello.
+struct HelloId {
+  std::string run;
+  int64_t handshake = 0;
+  bool known() const { return !run.empty(); }
+  bool operator==(const HelloId& o) const { return run == o.run && handshake == o.handshake; }
+  bool operator!=(const HelloId& o) const { return !(*this == o); }
+};
 struct Hello {
   int64_t stage = 0;
   int64_t cluster = 0;
+  HelloId id;     // this hello
+  HelloId heard;  // the newest hello the sender took from the receiver (unknown: none)
 };
+constexpr size_t kMaxHelloRunChars = 32;
 struct Leaving {
   std::string reason;  // at most 64 bytes kept
   std::string lost;    // at most 256 bytes kept; empty: not a spreading pause

@@ -9,6 +9,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -49,6 +50,9 @@ class TcpForwarder {
   void holdLater() { setAndWait(held_, true); }
   void releaseLater() { setAndWait(held_, false); }
   int accepted() const { return accepted_; }
+  // Bytes the client side of the first connection has sent that wait, uncarried, while it is
+  // frozen (what a process that closed a moment ago would never have read); seen at each turn.
+  int pendingOnFirst() const { return pending_first_; }
 
  private:
   struct Pair {
@@ -86,6 +90,9 @@ class TcpForwarder {
       std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
       std::vector<std::pair<size_t, bool>> owner;  // pair index, client side
       for (size_t i = 0; i < pairs_.size(); ++i) {
+        int pending = 0;
+        if (pairs_[i].first && frozen_ && ::ioctl(pairs_[i].client, FIONREAD, &pending) == 0)
+          pending_first_ = pending;
         if (pairs_[i].closed || (pairs_[i].first ? frozen_.load() : held_.load())) continue;
         fds.push_back({pairs_[i].client, POLLIN, 0});
         owner.push_back({i, true});
@@ -127,6 +134,7 @@ class TcpForwarder {
   std::vector<Pair> pairs_;
   std::atomic<bool> stop_{false}, frozen_{false}, held_{false};
   std::atomic<int> accepted_{0};
+  std::atomic<int> pending_first_{0};
   std::atomic<int> turns_{0};  // loop turns begun: each builds its poll list anew
   std::thread thread_;
 };

@@ -187,8 +187,9 @@ TEST(FuzzReplay, ChunksCorpusAndRegressions) {
 TEST(FuzzReplay, PipelineControlCorpusAndRegressions) {
   const ControlOrigin from{"job", "node_1"};
   const std::vector<std::vector<std::string>> messages = {
-      wireParts(encode(from, Hello{1, 0})), wireParts(encode(from, Leaving{"handing over", "node_2"})),
-      wireParts(encode(from, CheckpointSteps{{10, 20, 30}})), wireParts(encode(from, ResumeAt{30}))};
+      wireParts(encode(from, Hello{1, 0, {}, {}})), wireParts(encode(from, Leaving{"handing over", "node_2"})),
+      wireParts(encode(from, CheckpointSteps{{10, 20, 30}})), wireParts(encode(from, ResumeAt{30})),
+      wireParts(encode(from, Hello{1, 0, HelloId{"0a1b2c3d4e5f6071", 2}, HelloId{"ff00", 1}}))};
   checkProtocolCorpus("pipeline_control", messages,
                       acceptedByOneOf(decodeHello, decodeLeaving, decodeCheckpointSteps, decodeResumeAt),
                       &fuzz::pipelineControl);

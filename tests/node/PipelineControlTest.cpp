@@ -23,7 +23,7 @@ void expectHeader(const Message& m, const char* tag) {
 }
 
 TEST(PipelineControl, EachMessageRoundTripsWithTheDocumentedBody) {
-  const Message hello = encode(kFrom, Hello{2, 1});
+  const Message hello = encode(kFrom, Hello{2, 1, {}, {}});
   expectHeader(hello, "hello");
   EXPECT_EQ(nlohmann::json::parse(hello.text), nlohmann::json::parse(R"({"stage": 2, "cluster": 1})"));
   const auto h = decodeHello(hello, nullptr);
@@ -83,6 +83,37 @@ TEST(PipelineControl, MalformedMessagesAreRefusedWithAReason) {
   std::string many = "{\"steps\": [";
   for (size_t i = 0; i <= kMaxCheckpointSteps; ++i) many += (i ? ",1" : "1");
   EXPECT_FALSE(decodeCheckpointSteps(raw("ckpt_steps", many + "]}"), &why));
+}
+
+TEST(PipelineControl, AHellosIdsRoundTripAndAreOptionalButWellFormed) {
+  const Message hello = encode(kFrom, Hello{1, 0, HelloId{"0a1b2c3d4e5f6071", 3}, HelloId{"ff", 1}});
+  EXPECT_EQ(nlohmann::json::parse(hello.text),
+            nlohmann::json::parse(R"({"stage": 1, "cluster": 0, "run": "0a1b2c3d4e5f6071",
+                                      "handshake": 3, "heard_run": "ff", "heard_handshake": 1})"));
+  auto h = decodeHello(hello, nullptr);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->id, (HelloId{"0a1b2c3d4e5f6071", 3}));
+  EXPECT_EQ(h->heard, (HelloId{"ff", 1}));
+  // An older node's hello: no ids, both unknown.
+  h = decodeHello(raw("hello", R"({"stage": 1})"), nullptr);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_FALSE(h->id.known());
+  EXPECT_FALSE(h->heard.known());
+  // Ids come in pairs of a run of 1 to 32 lowercase hex digits and a count from 1.
+  std::string why;
+  for (const char* body : {R"({"run": "ab"})", R"({"handshake": 1})", R"({"run": "AB", "handshake": 1})",
+                           R"({"run": "", "handshake": 1})", R"({"run": "ab", "handshake": 0})",
+                           R"({"run": "ab", "handshake": 1.5})", R"({"run": 7, "handshake": 1})",
+                           R"({"run": "ab", "handshake": 1, "heard_run": "zz", "heard_handshake": 2})",
+                           R"({"heard_run": "ab"})"}) {
+    why.clear();
+    EXPECT_FALSE(decodeHello(raw("hello", body), &why).has_value()) << body;
+    EXPECT_NE(why.find("must come in pairs"), std::string::npos) << body << ": " << why;
+  }
+  EXPECT_FALSE(decodeHello(raw("hello", nlohmann::json{{"run", std::string(33, 'a')}, {"handshake", 1}}.dump()),
+                           &why).has_value());
+  EXPECT_TRUE(decodeHello(raw("hello", nlohmann::json{{"run", std::string(32, 'a')}, {"handshake", 1}}.dump()),
+                          &why).has_value());
 }
 
 TEST(PipelineControl, LeavingIsHonouredWithWhatIsWellFormed) {
