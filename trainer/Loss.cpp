@@ -54,12 +54,32 @@ torch::Tensor classificationSum(const LossOptions& o, const torch::Tensor& flat_
   return sum * (1 - o.label_smoothing) + smooth * (o.label_smoothing / classes);
 }
 
+// `weights` as a tensor on `like`'s device and of its dtype: made once per thread and kept while
+// the weights, device and dtype stay the same. Made per micro-batch, on a GPU each would copy from
+// pageable host memory, a copy that waits for everything queued on the device before it. Kept on
+// the heap and never freed (one small tensor per thread that computes losses): a thread_local
+// tensor would be freed at exit, when the CUDA runtime may already be gone.
+const torch::Tensor& weightsLike(const std::vector<double>& weights, const torch::Tensor& like) {
+  struct Cached {
+    std::vector<double> weights;
+    c10::Device device{c10::kCPU};
+    c10::ScalarType dtype = c10::kFloat;
+    torch::Tensor tensor;
+  };
+  thread_local Cached* cached = new Cached;
+  if (!cached->tensor.defined() || cached->weights != weights || cached->device != like.device() ||
+      cached->dtype != like.scalar_type())
+    *cached = Cached{weights, like.device(), like.scalar_type(),
+                     torch::tensor(weights, torch::kDouble).to(like.device(), like.scalar_type())};
+  return cached->tensor;
+}
+
 torch::Tensor bceSum(const LossOptions& o, const torch::Tensor& output,
                      const torch::Tensor& targets) {
   checkSameShape("bce_with_logits", output, targets);
   torch::Tensor pos_weight;
   if (!o.pos_weight.empty()) {
-    pos_weight = torch::tensor(o.pos_weight, torch::kDouble).to(output.device(), output.scalar_type());
+    pos_weight = weightsLike(o.pos_weight, output);
     if (o.pos_weight.size() > 1 && (output.dim() == 0 || output.size(-1) != pos_weight.size(0)))
       CAIRN_THROW(BadInput, "bce_with_logits loss: pos_weight has ", o.pos_weight.size(),
                   " entries but the output's last dimension is ",
