@@ -109,7 +109,8 @@ bool MailboxStageLink::isRepeatedHello(const Message& m) const {
 }
 
 void MailboxStageLink::takeHello(Neighbour dir, const PeerRef& p, const Message& m,
-                                 const std::set<std::string>& redialed, std::chrono::milliseconds left) {
+                                 const std::set<std::string>& redialed,
+                                 std::chrono::milliseconds left) {
   const std::optional<Hello> h = decodeHello(m, nullptr);  // malformed ids: an older node's hello
   const HelloId before = heard_[p.name];
   heard_[p.name] = h ? h->id : HelloId{};
@@ -134,7 +135,9 @@ std::set<std::string> MailboxStageLink::redialRestarted(
   for (const auto& [dir, p] : neighbours) {
     const std::string name = p.name;
     std::optional<Message> hello = mailbox_.receive(
-        [&](const Message& m) { return m.sender == name && isControl(m, kHelloTag); },
+        [&](const Message& m) {
+          return m.sender == name && isControl(m, kHelloTag) && !isRepeatedHello(m);
+        },
         std::chrono::milliseconds(0));
     if (!hello) continue;
     mailbox_.putBack(std::move(*hello));  // for the wait below
