@@ -103,7 +103,7 @@ void StepRecorder::finishRun(int64_t sync_steps,
   const double train_seconds = secondsSince(start_);
   result->samples_per_second =
       double(plan.total_steps * ctx_.opt.batch_size) / std::max(train_seconds, 1e-9);
-  if (plan.eval_batches > 0) result->final_eval = evaluator_.evaluate(plan.total_steps);
+  if (plan.eval_batches > 0) result->final_eval = finalEvaluation();
   result->seconds = secondsSince(start_);
   nlohmann::json done = {{"steps", result->steps},
                          {"seconds", result->seconds},
@@ -112,6 +112,21 @@ void StepRecorder::finishRun(int64_t sync_steps,
                          {"bookkeeping_s", bookkeeping_s_}};
   if (add_done_fields) add_done_fields(done);
   ctx_.metrics.write({{"done", done}});
+}
+
+std::optional<EvalResult> StepRecorder::finalEvaluation() {
+  try {
+    return evaluator_.evaluate(ctx_.plan.total_steps);
+  } catch (const PeerLost& e) {
+    const std::optional<PeerLoss>& loss = e.loss();
+    if (!loss || !loss->reason.empty() ||
+        (loss->cause != LossCause::kDisconnected && loss->cause != LossCause::kSilent))
+      throw;
+    CAIRN_WARN("neighbour ", loss->peer, " went away during the final evaluation (",
+               std::string(e.what()), "); every step is trained, so this node finishes without "
+               "the evaluation's figures");
+    return std::nullopt;
+  }
 }
 
 }  // namespace cairn

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "trainer/Evaluator.h"
@@ -56,6 +57,16 @@ class StepRecorder {
                  TrainerResult* result);
 
  private:
+  // The evaluation after the last step. Training is over by then (every step done, the final
+  // sync and checkpoint behind): a neighbour gone meanwhile — its connection down, or silent for
+  // the peer timeout (PeerLost, cause disconnected or silent) — may have finished and exited with
+  // the evaluation's result lost on a link cut at that moment, and would never come back to
+  // evaluate again; pausing for it (NodeRunner) would end this node with a failure after
+  // max_wait_s though its work is done. So the node finishes without the evaluation's figures
+  // (nullopt). A neighbour that restarted, left, or was given to another volunteer still pauses
+  // the run: it comes back, and the cluster evaluates again from the final checkpoint.
+  std::optional<EvalResult> finalEvaluation();
+
   TrainerContext& ctx_;
   StopCoordinator& stop_;
   TrainerCheckpoints& checkpoints_;

@@ -33,7 +33,12 @@ class InMemoryHub {
   // Called with every packet sent, once it is in the receiver's inbox (from the sender's thread,
   // before its send returns); set before the run.
   std::function<void(int from, const StagePacket&)> on_push;
+  // True for a packet the wire loses (it never arrives); set before the run.
+  std::function<bool(int from, const StagePacket&)> drop;
+  // How long a receive waits before its PeerLost (cause silent, as a stage link's peer timeout).
+  std::chrono::milliseconds patience{60000};
   void push(int to, int from, StagePacket packet) {
+    if (drop && drop(from, packet)) return;
     const StagePacket seen = on_push ? packet : StagePacket();  // its tensors are shared
     Inbox& box = inboxes_[size_t(to)];
     {
@@ -56,13 +61,15 @@ class InMemoryHub {
                   const std::string& tag) {
     Inbox& box = inboxes_[size_t(at)];
     std::unique_lock<std::mutex> lock(box.mutex);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    const auto deadline = std::chrono::steady_clock::now() + patience;
     for (;;) {
       if (std::optional<StagePacket> found = take(box, from, kind, step, mb, tag)) return *found;
       if (box.ready.wait_until(lock, deadline) == std::cv_status::timeout)
-        CAIRN_THROW(PeerLost, "in-memory pipeline: node ", at, " waited 60 s for a ",
-                    toString(kind), " from node ", from, " (step ", step, ", micro-batch ", mb,
-                    ", tag ", tag, ")");
+        CAIRN_THROW_LOST((PeerLoss{"node_" + std::to_string(from), LossCause::kSilent, "",
+                                   "node_" + std::to_string(from)}),
+                         "in-memory pipeline: node ", at, " waited ", patience.count(),
+                         " ms for a ", toString(kind), " from node ", from, " (step ", step,
+                         ", micro-batch ", mb, ", tag ", tag, ")");
     }
   }
   // pop without waiting: nullopt when the packet has not arrived.
@@ -133,11 +140,13 @@ struct PipelineRun {
 
 // Runs every node of `node_data` (one cluster) in threads. `adjust` may change the options,
 // `configure` (optional) the whole config of node i (checkpoints, resume, stop); `on_send`
-// (optional) sees every packet node `from` sends, once it is in the receiver's inbox.
+// (optional) sees every packet node `from` sends, once it is in the receiver's inbox; `setup_hub`
+// (optional) sets the hub's faults (drop, patience).
 inline PipelineRun runInMemoryPipeline(
     const std::string& node_data, const std::function<void(TrainOptions&)>& adjust,
     const std::function<void(int, StageTrainerConfig&)>& configure = {},
-    const std::function<void(int from, const StagePacket&)>& on_send = {}) {
+    const std::function<void(int from, const StagePacket&)>& on_send = {},
+    const std::function<void(InMemoryHub&)>& setup_hub = {}) {
   const JobSpec job = readJobSpec(jobSpecPath(node_data));
   std::vector<NodeSpec> nodes;
   for (int i = 0;; ++i) {
@@ -148,6 +157,7 @@ inline PipelineRun runInMemoryPipeline(
   const int n = int(nodes.size());
   InMemoryHub hub(n);
   hub.on_push = on_send;
+  if (setup_hub) setup_hub(hub);
   PipelineRun run;
   run.results.resize(size_t(n));
   std::vector<std::unique_ptr<InMemoryLink>> links;
