@@ -182,8 +182,9 @@ def early_enough_late(args, clusters, events):
     schedule and said in the report (`args.dropped`). Without it a seed could schedule more
     replacements than spares (seed 2 of --short: three kills and the flip, three spares; seed 1
     of the 24-volunteer run: the late volunteers became a cluster and the last kill found no
-    spare), and the soak measured its own schedule, not cairn (a cluster waits max_wait_s for a
-    spare, then its volunteers leave)."""
+    spare; then again, the late volunteers and the frozen one back as a spare), and the soak
+    measured its own schedule, not cairn (a cluster waits max_wait_s for a spare, then its
+    volunteers leave). Those back count towards growth only, never as capacity."""
     grow = getattr(args, "grow", False)
     spares = args.volunteers - 3 * clusters
     while grow and spares - 3 >= args.keep_spares:
@@ -201,17 +202,18 @@ def early_enough_late(args, clusters, events):
             late["at_step"], late["cluster"] = e["at_step"], e.get("cluster", late["cluster"])
             break
     events.sort(key=order)
-    kept, used, args.dropped = [], 0, []
+    kept, used, back, came, args.dropped = [], 0, 0, False, []
     for e in sorted(events + flip, key=order):
         if e is late:
-            spares += args.late
-            while grow and spares - used - 3 >= args.keep_spares:
-                spares -= 3  # the late volunteers grow the run by a cluster
+            spares, came = spares + args.late, True
         elif e["kind"] in ("kill", "flip", "freeze", "partition"):
             if used + 1 > spares and e["kind"] != "flip":  # the flip is set at the start: kept
                 args.dropped.append(dict(e, why=f"no spare left for it ({spares} in all)"))
                 continue
             used += 1
+            back += e["kind"] in ("freeze", "partition")  # back later, as a spare if replaced
+        while grow and came and spares + back - used - 3 >= args.keep_spares:
+            spares -= 3  # the late volunteers (and those back) grow the run by a cluster
         if e["kind"] != "flip":
             kept.append(e)
     return kept
