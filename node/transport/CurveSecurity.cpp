@@ -54,8 +54,16 @@ void ZapAuthenticator::run() {
       } else {
         lock.unlock();
         ++rejected_;
-        CAIRN_WARN("refused a connection from ", request.size() > 3 ? request[3].to_string() : "?",
-                   ": its CURVE key ", z85, " is not on this node's list");
+        // A peer not told of this node yet, or one that no longer is its peer, dials again every
+        // 100 ms or so: said the first 3 times per key, then at powers of two.
+        const std::string key = refused_by_key_.size() < kMaxRefusedKeys || refused_by_key_.count(z85)
+                                    ? std::string(z85)
+                                    : std::string("(other keys)");
+        const uint64_t n = ++refused_by_key_[key];
+        if (n <= 3 || (n & (n - 1)) == 0)
+          CAIRN_WARN("refused a connection from ", request.size() > 3 ? request[3].to_string() : "?",
+                     ": its CURVE key ", key, " is not on this node's list [", n,
+                     " refusal(s) of it so far]");
       }
     } else {
       ++rejected_;

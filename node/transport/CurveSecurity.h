@@ -50,6 +50,10 @@ class ZapAuthenticator {
   bool any_key_ = false;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> accepted_{0}, rejected_{0};
+  // Refusals by key, for the log (the thread's own): at most kMaxRefusedKeys keys, the rest
+  // counted under one entry, so a flood of made-up keys cannot grow it.
+  static constexpr size_t kMaxRefusedKeys = 256;
+  std::map<std::string, uint64_t> refused_by_key_;
   zmq::socket_t socket_;
   std::thread thread_;
 };

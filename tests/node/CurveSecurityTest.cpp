@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <thread>
+#include <vector>
+
 #include "core/Error.h"
 #include "node/transport/CurveSecurity.h"
 #include "node/transport/ZmqTransport.h"
@@ -13,7 +16,7 @@ using namespace std::chrono_literals;
 
 // Ports from the kernel, fresh in every test process (tests/common/LoopbackPorts.h).
 int port(int offset) {
-  static const std::vector<int> ports = testutil::freeLoopbackPorts(12);
+  static const std::vector<int> ports = testutil::freeLoopbackPorts(14);
   return ports.at(offset);
 }
 std::string tcp(int offset) { return "tcp://127.0.0.1:" + std::to_string(port(offset)); }
@@ -71,6 +74,36 @@ TEST(CurveSecurity, UnknownKeyCannotGetATensorAccepted) {
   EXPECT_FALSE(r.b->receive(1500ms).has_value());
   EXPECT_GE(r.zap.rejected(), 1u);
   EXPECT_EQ(r.b->stats().messages_received, 0u);
+}
+
+// A refused peer dials again and again (a ring peer not yet told of a new node: 531 refusals in
+// 14 s on one volunteer of tools/soak.py): the log says each key's refusals the first 3 times, then
+// at powers of two, with the count so far. Here the same unknown key dials 9 times (a transport
+// each); reference: the counts the log names are exactly 1, 2, 3, 4, 8, never more than the
+// authenticator counted.
+TEST(CurveSecurity, ARefusedKeyIsLoggedTheFirstTimesThenAtPowersOfTwo) {
+  SecureReceiver r(12);
+  const CurveKeyPair stranger = generateCurveKeyPair();
+  ::testing::internal::CaptureStderr();
+  for (uint64_t dial = 1; dial <= 9; ++dial) {  // one connection, refused, per transport
+    zmq::context_t ctx;
+    auto s = client(ctx, "a", stranger, r.b_keys.public_key, 13, 12);
+    (void)s->send("b", hello("a"), 100ms);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (r.zap.rejected() < dial && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(10ms);
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const uint64_t rejected = r.zap.rejected();
+  ASSERT_GE(rejected, 9u) << "9 dials with an unknown key were not refused 9 times";
+  std::vector<uint64_t> said;
+  const std::string mark = " refusal(s) of it so far]";
+  for (size_t at = log.find(mark); at != std::string::npos; at = log.find(mark, at + 1))
+    said.push_back(std::stoull(log.substr(log.rfind('[', at) + 1)));
+  ASSERT_GE(said.size(), 5u) << log;
+  const std::vector<uint64_t> pattern{1, 2, 3, 4, 8, 16, 32, 64, 128};
+  for (size_t i = 0; i < said.size(); ++i) EXPECT_EQ(said[i], pattern.at(i)) << log;
+  EXPECT_LE(said.back(), rejected);
 }
 
 // The positive control, in the same test as each refusal: the same receiver, still running, takes
