@@ -184,13 +184,29 @@ void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m) {
 
 void answerFinished(RingContext& context, Ring& ring, std::chrono::milliseconds timeout) {
   collectJoinRequests(context, ring);
+  // The connected askers first (each send takes at once), those whose connection is down last:
+  // one killed since it asked would hold up the others for a whole timeout each (the 24-volunteer
+  // soak: 3 s per dead asker at the end of a run). So they share `timeout` in all.
+  Transport& transport = context.mailbox.transport();
+  auto rank = [&transport](const std::string& name) {
+    const PeerState state = transport.liveness(name).state;
+    return state == PeerState::kConnected ? 0 : state == PeerState::kUnknown ? 1 : 2;
+  };
+  std::vector<std::pair<int, std::pair<std::string, uint64_t>>> askers;
+  for (const auto& [name, life] : ring.asker_lives)
+    if (life != 0 && name != context.node.name &&
+        std::find(ring.view.begin(), ring.view.end(), name) == ring.view.end())
+      askers.push_back({rank(name), {name, life}});
+  std::stable_sort(askers.begin(), askers.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  const auto deadline = Clock::now() + timeout;
   std::vector<std::string> told;
-  for (const auto& [name, life] : ring.asker_lives) {
-    if (life == 0 || name == context.node.name ||
-        std::find(ring.view.begin(), ring.view.end(), name) != ring.view.end())
-      continue;
+  for (const auto& [ranked, asker] : askers) {
+    const auto& [name, life] = asker;
+    const auto left = std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
     const SendStatus status =
-        context.mailbox.send(name, encode(Closed{context.node.name, ring.spec.id, life}), timeout);
+        context.mailbox.send(name, encode(Closed{context.node.name, ring.spec.id, life}), left);
     if (status == SendStatus::kSent)
       told.push_back(name);
     else

@@ -49,7 +49,8 @@ bool acceptWelcome(RingContext& context, Ring& ring, const Message& m,
 // Ring::strangers); anything else is dropped with a warning.
 void noteJoinRequest(const RingContext& context, Ring& ring, const Message& m);
 // The run ended here (RingClusterSync::finish): each member outside the view that asked to join
-// (Ring::asker_lives, after draining the requests queued) is told, within `timeout` each, that
+// (Ring::asker_lives, after draining the requests queued) is told, within `timeout` in all (the
+// connected ones first, those whose connection is down last), that
 // this node finished and will not admit it (RingJoin.h closed, naming the request's life). A
 // joiner every other member of a ring told so stops waiting for that ring and trains without it,
 // instead of waiting out 3 × the ring timeout for a welcome nobody will send. Not on a pause
