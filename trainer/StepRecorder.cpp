@@ -119,7 +119,10 @@ std::optional<EvalResult> StepRecorder::finalEvaluation() {
     return evaluator_.evaluate(ctx_.plan.total_steps);
   } catch (const PeerLost& e) {
     const std::optional<PeerLoss>& loss = e.loss();
-    if (!loss || !loss->reason.empty() ||
+    // With checkpoints but none of the last step, a lost neighbour's replacement resumes from an
+    // older one and needs this node to train the last steps again: it pauses as before.
+    const bool final_checkpoint = !checkpoints_.on() || checkpoints_.due(ctx_.plan.total_steps);
+    if (!loss || !loss->reason.empty() || !final_checkpoint ||
         (loss->cause != LossCause::kDisconnected && loss->cause != LossCause::kSilent))
       throw;
     CAIRN_WARN("neighbour ", loss->peer, " went away during the final evaluation (",

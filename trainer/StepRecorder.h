@@ -63,8 +63,10 @@ class StepRecorder {
   // the evaluation's result lost on a link cut at that moment, and would never come back to
   // evaluate again; pausing for it (NodeRunner) would end this node with a failure after
   // max_wait_s though its work is done. So the node finishes without the evaluation's figures
-  // (nullopt). A neighbour that restarted, left, or was given to another volunteer still pauses
-  // the run: it comes back, and the cluster evaluates again from the final checkpoint.
+  // (nullopt) — when it holds a checkpoint of the last step (every node does: they checkpoint at
+  // the same steps), or keeps none. Otherwise, and for a neighbour that restarted, left, or was
+  // given to another volunteer, the run still pauses: the neighbour comes back, from an older
+  // checkpoint the cluster trains the last steps again, and evaluates again.
   std::optional<EvalResult> finalEvaluation();
 
   TrainerContext& ctx_;

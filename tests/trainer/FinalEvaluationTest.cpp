@@ -5,7 +5,10 @@
 // with nothing lost (the same steps, weights and evaluation figures).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 
 #include "tests/trainer/InMemoryPipeline.h"
 #include "tests/trainer/TrainerTestPaths.h"
@@ -49,6 +52,45 @@ TEST(FinalEvaluation, FashionMnistSliceNeighbourGoneDuringItEndsTheRunWithoutIts
   ASSERT_EQ(cut.parameters.size(), reference.parameters.size());
   for (const auto& [name, p] : reference.parameters)
     EXPECT_TRUE(torch::equal(cut.parameters.at(name), p)) << name;
+}
+
+// With checkpoints the rule needs one of the last step: a lost neighbour's replacement resumes
+// from it, nothing is left to train, and the coordinator makes a volunteer lost after it done.
+// Without one (3 steps, checkpoints every 2) the replacement would resume from step 2 and need
+// this node to train step 3 again: the Root's PeerLost still pauses the run, as before.
+TEST(FinalEvaluation, FashionMnistSliceNeighbourGoneDuringItEndsTheRunOnlyAfterAFinalCheckpoint) {
+  const std::string dir = testing::fashionSliceDir();
+  ASSERT_FALSE(dir.empty()) << "neither CAIRN_FASHION_NODE_DATA nor CAIRN_TEST_MODELS is set";
+  const std::string base = (std::filesystem::temp_directory_path() /
+                            ("cairn_final_eval_" + std::to_string(::getpid()))).string();
+  auto lossy = [](testing::InMemoryHub& hub) {
+    hub.patience = 2s;
+    hub.drop = [](int from, const StagePacket& p) { return from == 1 && p.tag == "eval_result"; };
+  };
+  for (int every : {3, 2}) {
+    std::filesystem::remove_all(base);
+    auto run = [&] {
+      return testing::runInMemoryPipeline(
+          dir,
+          [every](TrainOptions& t) {
+            fewSteps(t);
+            t.checkpoint_every = every;
+          },
+          [&](int i, StageTrainerConfig& c) {
+            smallTestSet(i, c);
+            c.checkpoint_dir = base + "/node_" + std::to_string(i);
+          },
+          {}, lossy);
+    };
+    if (every == 3) {
+      const testing::PipelineRun cut = run();
+      EXPECT_FALSE(cut.results[0].final_eval.has_value());
+      EXPECT_TRUE(cut.results[2].final_eval.has_value());
+    } else {
+      EXPECT_THROW(run(), PeerLost) << "no checkpoint of step 3: the Root must pause";
+    }
+  }
+  std::filesystem::remove_all(base);
 }
 
 // Not for a neighbour that is merely slow to answer within a step: only a loss while evaluating
