@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "core/Error.h"
@@ -19,6 +20,13 @@ void setLogLevel(LogLevel level);
 LogLevel parseLogLevel(const std::string& text);
 void setLogTag(const std::string& tag);
 void logLine(LogLevel level, const std::string& message);
+
+// Whether the n-th time (from 1) a repeated event happens is worth a log line: the first
+// `first_few` times, then the 2nd, 4th, 8th…: a flood (a hostile peer, a peer dialling again every
+// 100 ms) costs a line per doubling, not a line per event.
+inline bool logWorthy(uint64_t n, uint64_t first_few = 0) {
+  return n > 0 && (n <= first_few || (n & (n - 1)) == 0);
+}
 
 // A duration in seconds, for a log line or message ("within 2.5 s").
 template <typename Rep, typename Period>

@@ -74,7 +74,7 @@ std::optional<std::string> MailboxStageLink::rejectReason(const Message& m, uint
 
 void MailboxStageLink::drop(const Message& m, const std::string& reason, const std::string& detail) {
   const uint64_t n = ++stats_.dropped[reason];
-  if (n <= 5 || (n & (n - 1)) == 0)  // the first few, then at powers of two
+  if (logWorthy(n, 5))
     CAIRN_WARN("dropped a ", toString(m.kind), " message from ", m.sender, " (step ", m.step,
                ", micro-batch ", m.microbatch, "): ", reason, ": ", detail, " [", n, " so far]");
   if (reason == "nonfinite" && checks_.stop_on_nonfinite)

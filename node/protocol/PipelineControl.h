@@ -51,7 +51,6 @@ struct HelloId {
   int64_t handshake = 0;
   bool known() const { return !run.empty(); }
   bool operator==(const HelloId& o) const { return run == o.run && handshake == o.handshake; }
-  bool operator!=(const HelloId& o) const { return !(*this == o); }
 };
 struct Hello {
   int64_t stage = 0;

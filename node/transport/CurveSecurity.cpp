@@ -60,7 +60,7 @@ void ZapAuthenticator::run() {
                                     ? std::string(z85)
                                     : std::string("(other keys)");
         const uint64_t n = ++refused_by_key_[key];
-        if (n <= 3 || (n & (n - 1)) == 0)
+        if (logWorthy(n, 3))
           CAIRN_WARN("refused a connection from ", request.size() > 3 ? request[3].to_string() : "?",
                      ": its CURVE key ", key, " is not on this node's list [", n,
                      " refusal(s) of it so far]");

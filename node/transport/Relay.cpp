@@ -54,9 +54,6 @@ zmq::socket_t relayRouter(zmq::context_t& context, const RelayOptions& o) {
   return router;
 }
 
-// Logs the 1st, 2nd, 4th, 8th… of a kind of refusal: a hostile client cannot flood the log.
-bool relayLogWorthy(uint64_t n) { return n > 0 && (n & (n - 1)) == 0; }
-
 }  // namespace
 
 // ---------------------------------------------------------------- Relay
@@ -275,7 +272,7 @@ void RelayLoop::takeAttach(std::vector<zmq::message_t>& frames, const std::strin
       std::lock_guard<std::mutex> lock(stats_mutex_);
       forged = ++stats_.forged_attaches;
     }
-    if (relayLogWorthy(forged))
+    if (logWorthy(forged))  // a hostile client cannot flood the log
       CAIRN_WARN("relay: dropped an attach naming \"", claimed.substr(0, 64),
                  "\" from the connection of \"", name, "\" (", forged, " so far)");
     return;
