@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "core/Error.h"
 #include "core/Log.h"
 #include "node/protocol/RingJoin.h"
 #include "node/ring/RingSyncMath.h"
@@ -62,18 +63,27 @@ std::string misfit(const RingContext& context, const Ring& ring, const Welcome& 
   return problem;
 }
 
-// Why the parameters `welcome` carries look corrupt next to this node's own copy (empty when
-// they do not): the contribution check's rule (RingSyncMath.h). A sender alone in its ring has
-// had nobody to compare its copy with; its first joiner is the first to see it.
-std::string welcomeCorruption(const Ring& ring, const Welcome& welcome) {
+// A welcome's parameters next to this node's own copy, by the contribution check's rule
+// (RingSyncMath.h): why the welcome's look corrupt (`theirs`), or why this node's own do (`mine`);
+// both empty when neither does. A sender alone in its ring has had nobody to compare its copy
+// with, and neither has a joiner that trained alone (its cluster cut off from the ring): whoever
+// is first to see the other's copy names a corrupt one. A joiner that took the welcome over its
+// own corrupt copy would silently lose the only sign that its memory flips bits.
+struct WelcomeCheck {
+  std::string theirs, mine;
+};
+WelcomeCheck checkWelcomeCopy(const Ring& ring, const Welcome& welcome) {
   std::map<std::string, torch::Tensor> named;
   for (const auto& t : welcome.tensors) named[t.name] = t.tensor;
   const CopySummary theirs = summarizeCopy(
       ring, [&named](size_t i) { return named.at("value." + std::to_string(i)); });
   const CopySummary mine =
       summarizeCopy(ring, [&ring](size_t i) { return ring.flatten(ring.buckets[i], false); });
-  if (mine.nonfinite) return "";  // this node's own copy is no reference
-  return corruptNextTo(theirs, mine);
+  // Both non-finite: a diverged training, not a corrupt copy; the first sync says so.
+  if (mine.nonfinite && theirs.nonfinite) return {};
+  if (mine.nonfinite) return {"", "holds a non-finite weight"};
+  return {corruptNextTo(theirs, mine),
+          corruptNextTo(mine, theirs, "the largest of the copy " + welcome.sender + "'s welcome carries")};
 }
 
 // Copies a welcome that fits into the stage and the ring's outer state (unless `take_tensors` is
@@ -136,7 +146,15 @@ bool acceptWelcome(RingContext& context, Ring& ring, const Message& m,
   else if (welcome)
     problem = misfit(context, ring, *welcome);
   std::string corrupt;
-  if (problem.empty()) corrupt = welcomeCorruption(ring, *welcome);
+  if (problem.empty()) {
+    const WelcomeCheck check = checkWelcomeCopy(ring, *welcome);
+    if (!check.mine.empty())
+      CAIRN_THROW(BadInput, "this node's copy of the ring's parameters ", check.mine,
+                  ": corrupt (a flipped bit, bad memory?); it must not be averaged or trained on "
+                  "(found next to the welcome into ring ", ring.spec.id, " from ", welcome->sender,
+                  ")");
+    corrupt = check.theirs;
+  }
   // Without a contribution check (gradients mode keeps copies equal by averaging gradients), a
   // corrupt-looking welcome cannot be taken as a member with its own weights: dropped.
   if (!corrupt.empty() && context.sync.mode == SyncMode::kGradients)

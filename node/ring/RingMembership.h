@@ -40,8 +40,9 @@ void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joi
 // members, the view holds this node and the sender, its tensors fit the stage's buckets), then
 // copied into the stage and the ring's outer state, and its view and generation entered. False
 // (logged, nothing changed) when it does not fit, or when `generation` is given and the welcome
-// is into another one. Parameters that look corrupt next to this node's own copy are not taken
-// (RingSyncMath.h corruptNextTo; docs/TRAINING.md "A welcome is checked too").
+// is into another one. Parameters that look corrupt next to this node's own copy are not taken;
+// this node's own copy looking corrupt next to the welcome's throws BadInput (this node must not
+// train on: RingSyncMath.h corruptNextTo; docs/TRAINING.md "A welcome is checked too").
 bool acceptWelcome(RingContext& context, Ring& ring, const Message& m,
                    std::optional<int64_t> generation = std::nullopt);
 // A join request `m` on this ring's control tag: noted in Ring::join_requests when it is a valid

@@ -78,12 +78,13 @@ CopySummary summarizeCopy(const RingBuckets& ring,
   return summary;
 }
 
-std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine) {
+std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine,
+                          const std::string& mine_is) {
   if (theirs.nonfinite) return "holds a non-finite weight";
   const double others = std::max(1.0, mine.largest);
   if (theirs.largest > kCorruptionFactor * others)
     return detail::concat("holds a weight of magnitude ", theirs.largest, ", over ",
-                          kCorruptionFactor, "x this node's own largest (", others, ")");
+                          kCorruptionFactor, "x ", mine_is, " (", others, ")");
   return "";
 }
 

@@ -55,9 +55,11 @@ struct CopySummary {
 };
 CopySummary summarizeCopy(const RingBuckets& ring,
                           const std::function<torch::Tensor(size_t)>& value_of);
-// Why `theirs` is corrupt next to `mine` by the rule above (empty when it is not): a welcome is
-// checked this way against the joiner's own copy before it is taken (RingMembership.cpp).
-std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine);
+// Why `theirs` is corrupt next to `mine` by the rule above (empty when it is not); `mine_is` names
+// `mine`'s largest in the sentence. A welcome is checked this way against the joiner's own copy
+// before it is taken, and the joiner's own copy against the welcome's (RingMembership.cpp).
+std::string corruptNextTo(const CopySummary& theirs, const CopySummary& mine,
+                          const std::string& mine_is = "this node's own largest");
 void checkContributions(RingBuckets& ring, ProcessGroup& group,
                         std::optional<uint64_t> last_result = std::nullopt,
                         const std::string& result_what = "result of the last average");

@@ -320,6 +320,64 @@ TEST(RingRestart, ANewestMemberWithACorruptCopyIsCaughtNotCopied) {
   EXPECT_LT(a_after.at("0.weight").abs().max().item<double>(), 1e3);
 }
 
+// The other way round: the older member a (the one that takes the welcome) trained alone after a
+// flipped bit made one of its weights huge, and b's welcome carries a sound copy. Taking it would
+// heal a's copy silently, hiding the only sign that a's memory flips bits (seen in the soak: a
+// flipping Root whose ring peer was away took its welcome later and finished as if nothing had
+// happened). Checked: a refuses to go on, naming its own copy (BadInput, as when its first sync's
+// contribution check names it); b, its welcome sent, drops a at its sync and trains on alone.
+TEST(RingRestart, AnOlderMemberWithACorruptCopyNamesItselfRatherThanTakingTheWelcome) {
+  torch::manual_seed(45);
+  const State init = ringState();
+  State a_init = copyOf(init);
+  a_init["0.weight"][2][0] = -6.8e36;  // exponent bit 30 of a small weight flipped
+  State b_init = copyOf(init);
+  b_init["0.weight"] += 0.25;
+  const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
+  zmq::context_t context;
+  State b_after;
+  int64_t b_generation_after = -1;
+  bool a_started = false;
+  std::exception_ptr a_error, b_error;
+  std::thread a([&] {
+    try {
+      runNode(context, "a", addresses, a_init, true,
+              [&](RingClusterSync&, torch::jit::Module&) { a_started = true; }, 4);
+    } catch (...) {
+      a_error = std::current_exception();
+    }
+  });
+  std::thread b([&] {
+    try {
+      runNode(context, "b", addresses, b_init, true,
+              [&](RingClusterSync& sync, torch::jit::Module& stage) {
+                perturbSeeded(stage, 22);
+                sync.synchronize();
+                b_after = stateOf(stage);
+                b_generation_after = sync.generation("ring_0");
+              },
+              6);
+    } catch (...) {
+      b_error = std::current_exception();
+    }
+  });
+  a.join();
+  b.join();
+  if (b_error) std::rethrow_exception(b_error);
+  EXPECT_FALSE(a_started) << "a took b's welcome over its own corrupt copy";
+  ASSERT_TRUE(a_error) << "a's corrupt copy was not named";
+  try {
+    std::rethrow_exception(a_error);
+  } catch (const BadInput& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("this node's copy"), std::string::npos) << what;
+    EXPECT_NE(what.find("corrupt"), std::string::npos) << what;
+    EXPECT_NE(what.find("from b"), std::string::npos) << what;
+  }
+  EXPECT_EQ(b_generation_after, 2);  // a dropped at b's sync
+  EXPECT_LT(b_after.at("0.weight").abs().max().item<double>(), 1e3);
+}
+
 // A transport that records which peers it was asked to dial again.
 class RedialLog : public FaultyTransport {
  public:
