@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <regex>
 
 #include "core/Error.h"
@@ -181,6 +183,17 @@ CheckpointData readCheckpoint(const std::string& dir, int64_t step) {
   if (data.step != step)
     CAIRN_THROW(BadInput, path, ": holds step ", data.step, " but is named for step ", step);
   return data;
+}
+
+const std::string& thisProcessAsWriter() {
+  static const std::string writer = [] {
+    std::random_device device;
+    const uint64_t n = (uint64_t(device()) << 32) ^ uint64_t(device());
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(n));
+    return std::string(text);
+  }();
+  return writer;
 }
 
 std::vector<int64_t> validCheckpointSteps(const std::string& dir) {

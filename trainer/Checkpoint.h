@@ -42,6 +42,11 @@ std::vector<int64_t> removeCheckpointsAfter(const std::string& dir, int64_t step
 std::vector<int64_t> validCheckpointSteps(const std::string& dir);
 // Reads and verifies one checkpoint; BadInput naming the file when it is missing or corrupt.
 CheckpointData readCheckpoint(const std::string& dir, int64_t step);
+// This process's name as a checkpoint's writer (16 random hex digits, drawn once per process): a
+// trainer stores it in the meta's "writer", and a resume from a checkpoint whose writer is another
+// process (a spare resuming a lost node's, a provider started again) knows the weights it loads
+// were not in this process's memory before (ClusterSync::setResumedFromAnotherProcess).
+const std::string& thisProcessAsWriter();
 
 // Copies the checkpoint tensors "stage.<name>" in `by_name` into the stage's parameters, then
 // buffers, of the same names, shapes and dtypes, taking them out of `by_name`; BadInput naming

@@ -76,6 +76,12 @@ class ClusterSync {
   // cluster starts from the same ones (a cluster that resumes or is added mid-run). Default: no
   // peers, nothing to do.
   virtual void setJoining(bool /*joining*/) {}
+  // Before start(): the stage's weights come from a checkpoint another process wrote (a spare
+  // resuming a lost node's, a provider started again: ResumePoint::another_process), not from this
+  // process's own training. RingClusterSync: a copy that looks corrupt next to a ring peer's
+  // welcome was then corrupted in that other process's memory, and this node takes the welcome's
+  // copy instead of refusing to go on (docs/TRAINING.md "A welcome is checked too"). Default: nothing.
+  virtual void setResumedFromAnotherProcess(bool /*another*/) {}
   // Before start(): where the stage trains (trainer/Device.h). RingClusterSync copies its
   // overlapped gradient buckets out to the host during backward when the placement's copies run
   // behind the host (a GPU's). Default: nothing.

@@ -139,6 +139,7 @@ struct StageTrainer::Impl {
     if (cfg.cluster_sync) {
       cfg.cluster_sync->setPlacement(placement);
       if (joins) cfg.cluster_sync->setJoining(true);
+      cfg.cluster_sync->setResumedFromAnotherProcess(from.another_process);
       // Joiners admitted at the same sync in every ring: the Root decides, the activations carry
       // it down (ClusterSync::gateAdmissions; the sync schedule, where every stage syncs after
       // the same steps).

@@ -119,6 +119,7 @@ void TrainerCheckpoints::save(int64_t steps_done, int64_t updates, int64_t since
             {"sync_tensors", sync_names}};
   if (!ctx_.plan.epoch_steps.empty()) d.meta["epoch_steps"] = epochStepsJson(ctx_.plan);
   d.meta["device"] = device.str();  // where it was written: informative, any device resumes it
+  d.meta["writer"] = thisProcessAsWriter();
   // Device-free files: the stage's own state crosses to the host (nothing moves when training on
   // the CPU); the generator and ClusterSync states are host tensors already.
   for (auto& [name, tensor] : d.tensors) {
@@ -238,6 +239,7 @@ void TrainerCheckpoints::load() {
                 ": checkpoint meta lacks an integer updates/since_update: ", e.what());
   }
   resume_.start_step = d.step;
+  resume_.another_process = !m.contains("writer") || m["writer"] != thisProcessAsWriter();
   resumed_meta_ = m;
   CAIRN_INFO("resuming from ", path, " (step ", resume_.start_step, ")");
   // Checkpoints of later steps are of the run abandoned here: gone now, not at the next write, so

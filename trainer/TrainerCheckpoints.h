@@ -24,6 +24,9 @@ namespace cairn {
 struct ResumePoint {
   int64_t start_step = 0;                 // the checkpoint's step (0: a fresh run)
   int64_t updates = 0, since_update = 0;  // async counters of the checkpoint
+  // The checkpoint's "writer" is another process (or none is named): its weights were never in
+  // this process's memory before (ClusterSync::setResumedFromAnotherProcess).
+  bool another_process = false;
 };
 
 class TrainerCheckpoints {

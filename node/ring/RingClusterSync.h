@@ -142,6 +142,9 @@ class RingClusterSync : public ClusterSync {
   // other member is asking to join too) the members start together (RingRestart.h: the newest
   // last sync welcomes the others).
   void setJoining(bool joining) override { joining_ = joining; }
+  void setResumedFromAnotherProcess(bool another) override {
+    context_.copy_from_another_process = another;
+  }
   // Before start(): the stage's device (RingContext::placement).
   void setPlacement(std::shared_ptr<const TensorPlacement> placement) override;
   uint64_t weightsVersion() const override { return weights_version_; }

@@ -43,8 +43,11 @@ void admit(RingContext& context, Ring& ring, const std::vector<std::string>& joi
 // is into another one. Parameters that look corrupt next to this node's own copy are not taken;
 // this node's own copy looking corrupt next to the welcome's throws BadInput (this node must not
 // train on: RingSyncMath.h corruptNextTo; docs/TRAINING.md "A welcome is checked too").
+// (node/ring/RingWelcomeAccept.cpp)
 bool acceptWelcome(RingContext& context, Ring& ring, const Message& m,
                    std::optional<int64_t> generation = std::nullopt);
+// The ring's members by name, the members a growth adds (Ring::expected_members) among them.
+std::set<std::string> membersOf(const Ring& ring);
 // A join request `m` on this ring's control tag: noted in Ring::join_requests when it is a valid
 // request from a ring member other than this node (a non-member's is kept aside in
 // Ring::strangers); anything else is dropped with a warning.

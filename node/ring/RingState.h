@@ -145,6 +145,9 @@ struct RingContext {
   // The lives of the ring peers' join requests (noteJoinRequest redials a peer at a new one).
   const std::shared_ptr<PeerLives> peer_lives = std::make_shared<PeerLives>();
   int64_t last_synced_step = 0;       // optimizer steps done at the last sync (trainer's thread)
+  // The stage's copy was loaded from a checkpoint another process wrote (set before start():
+  // ClusterSync::setResumedFromAnotherProcess); read by acceptWelcome, which start() alone calls.
+  bool copy_from_another_process = false;
   // The deal offer this node proposes at its syncs (ClusterSync::proposeDeal; 0: none, it
   // abstains) and whether its own checks allow it. Set on the trainer's thread between syncs.
   uint64_t deal_offer = 0;

@@ -50,11 +50,12 @@ Saved savedOf(RingClusterSync& sync) {
 
 // Node `name` of the ring {a, b} on `addresses` (host:port, a's first): its transport, mailbox
 // and RingClusterSync; body(sync, stage) runs after start().
-// `last_synced_step` (≥ 0): loaded as a checkpoint's, before start().
+// `last_synced_step` (≥ 0): loaded as a checkpoint's, before start(); `another_process`: as if
+// that checkpoint was written by another process (ClusterSync::setResumedFromAnotherProcess).
 void runNode(zmq::context_t& context, const std::string& name, const std::vector<std::string>& addresses,
              const State& initial, bool joining,
              const std::function<void(RingClusterSync&, torch::jit::Module&)>& body,
-             int64_t last_synced_step = -1) {
+             int64_t last_synced_step = -1, bool another_process = false) {
   NodeSpec spec;
   spec.name = name;
   spec.cluster = name == "a" ? 0 : 1;
@@ -74,6 +75,7 @@ void runNode(zmq::context_t& context, const std::string& name, const std::vector
     RingClusterSync sync(mailbox, spec, options, 1, std::chrono::milliseconds(2000));
     sync.setJoining(joining);
     if (last_synced_step >= 0) sync.loadState({}, {{"last_synced_step", last_synced_step}});
+    sync.setResumedFromAnotherProcess(another_process);
     torch::jit::Module stage = makeStage(initial);
     sync.start(stage);
     body(sync, stage);
@@ -324,27 +326,35 @@ TEST(RingRestart, ANewestMemberWithACorruptCopyIsCaughtNotCopied) {
 // flipped bit made one of its weights huge, and b's welcome carries a sound copy. Taking it would
 // heal a's copy silently, hiding the only sign that a's memory flips bits (seen in the soak: a
 // flipping Root whose ring peer was away took its welcome later and finished as if nothing had
-// happened). Checked: a refuses to go on, naming its own copy (BadInput, as when its first sync's
-// contribution check names it); b, its welcome sent, drops a at its sync and trains on alone.
-TEST(RingRestart, AnOlderMemberWithACorruptCopyNamesItselfRatherThanTakingTheWelcome) {
-  torch::manual_seed(45);
-  const State init = ringState();
-  State a_init = copyOf(init);
-  a_init["0.weight"][2][0] = -6.8e36;  // exponent bit 30 of a small weight flipped
-  State b_init = copyOf(init);
-  b_init["0.weight"] += 0.25;
+// happened). Checked, when a's copy is of its own process's making: a refuses to go on, naming its
+// own copy (BadInput, as when its first sync's contribution check names it); b, its welcome sent,
+// drops a at its sync and trains on alone. When a's copy was loaded from a checkpoint another
+// process wrote (a spare resuming the flipping node's checkpoint, which that node wrote before it
+// was caught; refusing there would fail every spare in turn): a takes b's copy and both sync on.
+struct OlderCorruptRun {
+  std::exception_ptr a_error;
+  bool a_started = false;
+  State a_started_state, a_after, b_after;
+  int64_t b_generation_after = -1;
+};
+OlderCorruptRun runOlderCorrupt(const State& a_init, const State& b_init, bool another_process) {
   const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
   zmq::context_t context;
-  State b_after;
-  int64_t b_generation_after = -1;
-  bool a_started = false;
-  std::exception_ptr a_error, b_error;
+  OlderCorruptRun run;
+  std::exception_ptr b_error;
   std::thread a([&] {
     try {
       runNode(context, "a", addresses, a_init, true,
-              [&](RingClusterSync&, torch::jit::Module&) { a_started = true; }, 4);
+              [&](RingClusterSync& sync, torch::jit::Module& stage) {
+                run.a_started = true;
+                run.a_started_state = stateOf(stage);
+                perturbSeeded(stage, 21);
+                sync.synchronize();
+                run.a_after = stateOf(stage);
+              },
+              4, another_process);
     } catch (...) {
-      a_error = std::current_exception();
+      run.a_error = std::current_exception();
     }
   });
   std::thread b([&] {
@@ -353,8 +363,8 @@ TEST(RingRestart, AnOlderMemberWithACorruptCopyNamesItselfRatherThanTakingTheWel
               [&](RingClusterSync& sync, torch::jit::Module& stage) {
                 perturbSeeded(stage, 22);
                 sync.synchronize();
-                b_after = stateOf(stage);
-                b_generation_after = sync.generation("ring_0");
+                run.b_after = stateOf(stage);
+                run.b_generation_after = sync.generation("ring_0");
               },
               6);
     } catch (...) {
@@ -364,18 +374,38 @@ TEST(RingRestart, AnOlderMemberWithACorruptCopyNamesItselfRatherThanTakingTheWel
   a.join();
   b.join();
   if (b_error) std::rethrow_exception(b_error);
-  EXPECT_FALSE(a_started) << "a took b's welcome over its own corrupt copy";
-  ASSERT_TRUE(a_error) << "a's corrupt copy was not named";
+  return run;
+}
+
+TEST(RingRestart, AnOlderMemberWithACorruptCopyNamesItselfRatherThanTakingTheWelcome) {
+  torch::manual_seed(45);
+  const State init = ringState();
+  State a_init = copyOf(init);
+  a_init["0.weight"][2][0] = -6.8e36;  // exponent bit 30 of a small weight flipped
+  State b_init = copyOf(init);
+  b_init["0.weight"] += 0.25;
+  const OlderCorruptRun own = runOlderCorrupt(a_init, b_init, /*another_process=*/false);
+  EXPECT_FALSE(own.a_started) << "a took b's welcome over its own corrupt copy";
+  ASSERT_TRUE(own.a_error) << "a's corrupt copy was not named";
   try {
-    std::rethrow_exception(a_error);
+    std::rethrow_exception(own.a_error);
   } catch (const BadInput& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("this node's copy"), std::string::npos) << what;
     EXPECT_NE(what.find("corrupt"), std::string::npos) << what;
     EXPECT_NE(what.find("from b"), std::string::npos) << what;
   }
-  EXPECT_EQ(b_generation_after, 2);  // a dropped at b's sync
-  EXPECT_LT(b_after.at("0.weight").abs().max().item<double>(), 1e3);
+  EXPECT_EQ(own.b_generation_after, 2);  // a dropped at b's sync
+  EXPECT_LT(own.b_after.at("0.weight").abs().max().item<double>(), 1e3);
+
+  const OlderCorruptRun loaded = runOlderCorrupt(a_init, b_init, /*another_process=*/true);
+  if (loaded.a_error) std::rethrow_exception(loaded.a_error);
+  ASSERT_TRUE(loaded.a_started);
+  for (const auto& [name, t] : b_init)  // a took b's copy: its corrupt weight is gone
+    EXPECT_TRUE(torch::equal(loaded.a_started_state.at(name), t)) << "a's " << name << " is not b's";
+  EXPECT_EQ(loaded.b_generation_after, 1);  // nobody dropped: an ordinary sync over both
+  for (const auto& [name, t] : loaded.a_after)
+    EXPECT_TRUE(torch::equal(t, loaded.b_after.at(name))) << name << " differs a vs b after the sync";
 }
 
 // A transport that records which peers it was asked to dial again.

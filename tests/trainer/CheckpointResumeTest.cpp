@@ -14,6 +14,7 @@
 
 #include "core/Error.h"
 #include "tests/trainer/InMemoryPipeline.h"
+#include "tests/trainer/ResumeTestHelpers.h"
 #include "tests/trainer/TrainerTestPaths.h"
 #include "trainer/Checkpoint.h"
 #include "trainer/ClusterSync.h"
@@ -22,73 +23,7 @@ namespace cairn {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string nodeData() { return testing::trainerModelsDir() + "/cnn_bn_dropout/node_data"; }
-
-std::string scratch(const std::string& name) {
-  const std::string dir = (fs::temp_directory_path() /
-                           ("cairn_resume_" + std::to_string(::getpid()) + "_" + name))
-                              .string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string nodeDir(const std::string& root, int node) {
-  return root + "/node_" + std::to_string(node);
-}
-
-constexpr int64_t kSteps = 20;  // crosses the epoch boundary (16 steps per epoch)
-
-void syncOptions(TrainOptions& t) {
-  t.optimizer.kind = OptimizerKind::kAdamW;
-  t.optimizer.lr = 1e-2;
-  t.optimizer.weight_decay = 0.01;
-  t.microbatches = 4;
-  t.max_steps = kSteps;
-  t.clip_grad_norm = 1.0;
-}
-
-// syncOptions with a checkpoint every 2 steps.
-void syncCheckpointEvery2(TrainOptions& t) {
-  syncOptions(t);
-  t.checkpoint_every = 2;
-}
-
-void asyncOptions(TrainOptions& t) {
-  syncOptions(t);
-  t.clip_grad_norm = 0;
-  t.schedule = ScheduleKind::kAsync;
-  t.update_frequency = 3;  // updates fall mid-step: checkpoints carry accumulated gradients
-}
-
-// stop_requested for node 1 that says yes from its `nth` poll on.
-std::function<bool()> stopFromPoll(int nth) {
-  auto calls = std::make_shared<int>(0);
-  return [calls, nth] { return ++*calls >= nth; };
-}
-
-void expectSameState(const testing::PipelineRun& expected, const testing::PipelineRun& actual) {
-  ASSERT_EQ(expected.parameters.size(), actual.parameters.size());
-  for (const auto& [name, t] : expected.parameters)
-    EXPECT_TRUE(torch::equal(t, actual.parameters.at(name)))
-        << name << " differs by " << (t - actual.parameters.at(name)).abs().max().item<double>();
-  ASSERT_EQ(expected.buffers.size(), actual.buffers.size());
-  ASSERT_FALSE(expected.buffers.empty()) << "the model should have BatchNorm buffers";
-  for (const auto& [name, t] : expected.buffers)
-    EXPECT_TRUE(torch::equal(t, actual.buffers.at(name))) << name;
-}
-
-// The losses of the stopped run followed by the resumed run's must be the uninterrupted run's.
-void expectSameLosses(const std::vector<double>& reference, const std::vector<double>& before,
-                      int64_t resumed_from, const std::vector<double>& after) {
-  ASSERT_EQ(int64_t(reference.size()), kSteps);
-  ASSERT_GE(int64_t(before.size()), resumed_from);
-  std::vector<double> joined(before.begin(), before.begin() + resumed_from);
-  joined.insert(joined.end(), after.begin(), after.end());
-  ASSERT_EQ(joined.size(), reference.size());
-  for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], reference[i]) << "step " << i;
-}
+using namespace testing::resume;
 
 TEST(CheckpointResume, SyncStopOnANonRootNodeThenResumeIsBitIdentical) {
   ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
@@ -224,69 +159,6 @@ TEST(CheckpointResume, AsyncStopDrainsAndResumeIsBitIdentical) {
     if (a.tensors[i].first != "rng.cpu") {  // node 1 never draws; its snapshot is of a shared one
       EXPECT_TRUE(torch::equal(a.tensors[i].second, b.tensors[i].second)) << a.tensors[i].first;
     }
-  }
-  fs::remove_all(dir);
-}
-
-// A ClusterSync that keeps state of its own: the number of afterOptimizerStep calls and the sum of
-// one parameter's values after each (an "outer" state that depends on the whole history).
-class RecordingSync : public ClusterSync {
- public:
-  void start(torch::jit::Module&) override { started_after_load = loaded || !expect_load; }
-  void beforeOptimizerStep(int64_t, torch::jit::Module&) override {}
-  void afterOptimizerStep(int64_t step, torch::jit::Module& stage) override {
-    steps.push_back(step);
-    const auto p = *stage.parameters().begin();
-    history = history.defined() ? history + p.detach() : p.detach().clone();
-  }
-  void finish(int64_t, torch::jit::Module&) override {}
-  void saveState(std::vector<std::pair<std::string, torch::Tensor>>* tensors,
-                 nlohmann::json* meta) const override {
-    tensors->emplace_back("sync.history", history);
-    (*meta)["calls"] = steps.size();
-  }
-  void loadState(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                 const nlohmann::json& meta) override {
-    loaded = true;
-    ASSERT_EQ(tensors.size(), 1u);
-    EXPECT_EQ(tensors[0].first, "sync.history");
-    history = tensors[0].second.clone();
-    loaded_calls = meta.at("calls").get<int64_t>();
-  }
-  bool expect_load = false, loaded = false, started_after_load = false;
-  int64_t loaded_calls = -1;
-  std::vector<int64_t> steps;
-  torch::Tensor history;
-};
-
-TEST(CheckpointResume, ClusterSyncStateIsSavedAndLoadedBeforeStart) {
-  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
-  const std::string dir = scratch("sync_state");
-  RecordingSync reference_sync[3], stopped_sync[3], resumed_sync[3];
-  testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
-    c.cluster_sync = &reference_sync[i];
-  });
-  const testing::PipelineRun stopped =
-      testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
-        c.cluster_sync = &stopped_sync[i];
-        c.checkpoint_dir = nodeDir(dir, i);
-        if (i == 1) c.stop_requested = stopFromPoll(4);
-      });
-  ASSERT_EQ(stopped.results[0].steps, 5);
-  testing::runInMemoryPipeline(nodeData(), syncOptions, [&](int i, StageTrainerConfig& c) {
-    resumed_sync[i].expect_load = true;
-    c.cluster_sync = &resumed_sync[i];
-    c.checkpoint_dir = nodeDir(dir, i);
-    c.resume_step = 5;
-  });
-  for (int i = 0; i < 3; ++i) {
-    SCOPED_TRACE(i);
-    EXPECT_TRUE(resumed_sync[i].loaded);
-    EXPECT_TRUE(resumed_sync[i].started_after_load);
-    EXPECT_EQ(resumed_sync[i].loaded_calls, 5);
-    std::vector<int64_t> later(reference_sync[i].steps.begin() + 5, reference_sync[i].steps.end());
-    EXPECT_EQ(resumed_sync[i].steps, later);
-    EXPECT_TRUE(torch::equal(resumed_sync[i].history, reference_sync[i].history));
   }
   fs::remove_all(dir);
 }
