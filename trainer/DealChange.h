@@ -37,7 +37,9 @@
 // learns it in the same step.
 //   A Root that missed the sync where the others took the offer (paused, resuming) proposes it
 //        too and learns at its own agreement that some proposer had taken it
-//        (DealAgreement::taken_before): it follows them when its own epoch allows.
+//        (DealAgreement::taken_before): it follows them when its own epoch allows. (A Root that
+//        took it and ran its stage again is offered its deal in force from the start, so it
+//        proposes it as taken: node/pipeline/ProviderRun.h startingOffer.)
 // Limits: the sync schedule only (AsyncLoop does not call it); a cluster that resumes after the
 // others took an offer, already past its epoch, refuses it alone; clusters cut
 // differently agree only ring by ring (a Root that shares no ring with another cluster's Root

@@ -110,8 +110,9 @@ struct StageTrainerConfig {
   // by provider --join); null otherwise.
   std::shared_ptr<ChunkSource> chunk_source;
   // Root, polled between steps (may be empty): the newest node.json extra.deal a live peers update
-  // brought (the coordinator grows the run; trainer/DealChange.h), nullopt when none. Called on the
-  // trainer's thread; the provider makes it thread-safe.
+  // brought (the coordinator grows the run; trainer/DealChange.h), or from the start the offer or
+  // the grown deal in force node.json holds (the latter is proposed as taken), nullopt when none.
+  // Called on the trainer's thread; the provider makes it thread-safe.
   std::function<std::optional<nlohmann::json>()> offered_deal;
 };
 

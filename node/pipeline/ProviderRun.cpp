@@ -218,12 +218,11 @@ struct OfferedDeal {
   std::optional<nlohmann::json> deal;  // under mutex
 };
 
-// Restarted (a pause, --resume) while an offer was undecided: it is offered again; the plan
-// follows the deal in force (extra.deal).
+// What the Root proposes from the start (startingOffer); the plan follows the deal in force
+// (extra.deal).
 std::shared_ptr<OfferedDeal> pendingOffer(const NodeSpec& node) {
   auto offered = std::make_shared<OfferedDeal>();
-  if (const nlohmann::json pending = offeredDealOf(node); !pending.is_null() && pending != dealOf(node))
-    offered->deal = pending;
+  offered->deal = startingOffer(node);
   return offered;
 }
 
@@ -389,6 +388,12 @@ void logTransportClosed(const TransportStats& stats, const ZapAuthenticator* aut
 }
 
 }  // namespace
+
+std::optional<nlohmann::json> startingOffer(const NodeSpec& node) {
+  const nlohmann::json offer = offeredDealOf(node);
+  if (offer.is_null()) return std::nullopt;
+  return offer;
+}
 
 ProviderRunOutcome runProvider(const ProviderRunOptions& options) {
   const std::string& name = options.name;

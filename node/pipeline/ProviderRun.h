@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,17 @@ struct ProviderRunOutcome {
   bool stopped = false;     // stopped early by stop_requested (its state is in its checkpoint)
   bool handed_over = false; // stopped, and this node handed its stage over (stop_hands_over)
 };
+
+// The deal a Root proposes to its ring peers from the start of a run (StageTrainerConfig::
+// offered_deal, until a live peers update brings a newer one; trainer/DealChange.h): the offer
+// node.json holds (extra.offered_deal: restarted while an offer was undecided), else the deal in
+// force when a growth brought it (extra.deal: taken by this Root before it ran its stage again, or
+// given with a spare's assignment), proposed as taken; nullopt when node.json has neither.
+// Proposing no offer instead, a Root that took the deal and ran its stage again kept every Root
+// that missed the sync where it was taken (paused then) from ever agreeing on it and following
+// (DealAgreement::taken_before): those dealt epochs one way and the others another (the
+// 24-volunteer soak).
+std::optional<nlohmann::json> startingOffer(const NodeSpec& node);
 
 // Trains the node; throws cairn::Error (BadInput for bad files, PeerLost for a neighbour lost
 // beyond timeouts.max_wait_s) like the provider binary reports them.

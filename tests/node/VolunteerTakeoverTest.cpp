@@ -14,10 +14,12 @@
 #include "core/CurveKeys.h"
 #include "core/Error.h"
 #include "core/JsonReader.h"
+#include "node/pipeline/ProviderRun.h"
 #include "node/volunteer/VolunteerAssignment.h"
 #include "node/volunteer/VolunteerPeers.h"
 #include "node/volunteer/VolunteerWorkdir.h"
 #include "trainer/Checkpoint.h"
+#include "trainer/DealSampler.h"
 
 namespace cairn {
 namespace {
@@ -200,6 +202,23 @@ TEST(VolunteerTakeover, AnUpdateStillOfferingTheDealTakenKeepsItInForce) {
     EXPECT_EQ(written.extra["deal"], same_offer ? grown : old_deal) << same_offer;
     EXPECT_EQ(written.extra.contains("offered_deal"), !same_offer) << same_offer;
   }
+}
+
+// What a Root proposes from the start of a run (ProviderRun.h startingOffer): the offer node.json
+// holds over the deal in force; else the deal in force a growth brought (a Root that took it and
+// ran its stage again: proposing nothing, it kept the Roots that missed the take from following
+// it); nothing without either. DealChange.ARootUnderTheDealOfferedProposesItAsTakenAndChangesNothing
+// checks what the trainer then proposes.
+TEST(VolunteerTakeover, ARootStartsOfferingTheOfferOrTheGrownDealInForce) {
+  const nlohmann::json old_deal = {{{"from_epoch", 0}, {"clusters", 2}}};
+  const nlohmann::json grown = {{{"from_epoch", 0}, {"clusters", 2}}, {{"from_epoch", 2}, {"clusters", 3}}};
+  NodeSpec node = stem(generateCurveKeyPair().public_key);
+  EXPECT_EQ(startingOffer(node), std::nullopt);  // no growth in this run
+  node.extra["deal"] = old_deal;
+  node.extra["offered_deal"] = grown;
+  EXPECT_EQ(startingOffer(node), std::optional<nlohmann::json>(grown));  // undecided: offered again
+  putDealInForce(node.extra, grown);                                     // taken, then run again
+  EXPECT_EQ(startingOffer(node), std::optional<nlohmann::json>(grown));
 }
 
 TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedOrStartingRunThenIsWritten) {

@@ -222,6 +222,36 @@ TEST(DealChange, ALaggingRootArmsTheAdmissionAtTheLeadingClustersSyncAndJudgesTh
   }
 }
 
+// A Root that took the offer and then ran its stage again (a pause for a replaced neighbour, its
+// node.json holding the deal in force) is offered that deal from the start (node/pipeline/
+// ProviderRun.h startingOffer): it proposes it as taken, never "no offer", so a Root that missed
+// the sync where it was taken agrees with it and follows (proposing no offer, it kept that Root
+// from ever agreeing: the 24-volunteer soak). Checked: its proposals are the deal's fingerprint
+// alone, said taken; the agreement on it changes nothing (no admission), and it samples exactly
+// what a run under that deal without any offer samples.
+TEST(DealChange, ARootUnderTheDealOfferedProposesItAsTakenAndChangesNothing) {
+  ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
+  const std::string node_data = testing::trainerModelsDir() + "/cnn_bn_dropout/node_data";
+  auto underGrown = [&](std::vector<AgreeingSync>* syncs, bool offered) {
+    return testing::runInMemoryPipeline(node_data, dealRunOptions, [&, offered](int i, StageTrainerConfig& c) {
+      c.data.chunks = 4;
+      c.node.extra["deal"] = kGrown;
+      if (syncs) c.cluster_sync = &(*syncs)[size_t(i)];
+      if (i == 0 && offered)
+        c.offered_deal = []() -> std::optional<nlohmann::json> { return kGrown; };
+    });
+  };
+  const testing::PipelineRun reference = underGrown(nullptr, false);
+  std::vector<AgreeingSync> syncs = {AgreeingSync(true), AgreeingSync(false), AgreeingSync(false)};
+  const testing::PipelineRun run = underGrown(&syncs, true);
+  EXPECT_EQ(syncs[0].proposals, std::vector<uint64_t>{offerFingerprint(kGrown.dump())});
+  EXPECT_TRUE(syncs[0].proposed_taken);
+  for (const AgreeingSync& s : syncs) EXPECT_TRUE(s.admitted.empty());
+  EXPECT_EQ(run.batches, reference.batches);
+  ASSERT_FALSE(reference.batches.empty());
+  EXPECT_LT(int64_t(reference.batches.size()), 3 * oneClusterStepsPerEpoch());  // the grown deal's
+}
+
 TEST(DealChange, AnOfferTheRingDidNotAgreeOnOrAnotherRootCannotTakeChangesNothing) {
   ASSERT_FALSE(testing::trainerModelsDir().empty()) << "CAIRN_TEST_MODELS is not set";
   const int64_t per_epoch = oneClusterStepsPerEpoch();
