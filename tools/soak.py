@@ -225,7 +225,8 @@ class Soak:
         self.net = Network(not args.no_netns)
         self.volunteers = []   # dicts: i, process, workdir, address
         self.fired = []        # what happened, when
-        self.killed, self.faulted = set(), {}   # faulted: volunteer index -> the node it held
+        self.unfired = []      # faults due when the run ended, still waiting (drive)
+        self.killed, self.faulted, self.rejoined = set(), {}, set()   # faulted: index -> node it held
         self.out_now = set()   # volunteers frozen or cut off right now
         self.out = os.path.join(args.work, "coordinator")
         self.timers = []
@@ -277,7 +278,9 @@ class Soak:
                 node = json.load(open(os.path.join(v["workdir"], "membership.json")))["name"]
             except (OSError, ValueError, KeyError):
                 continue
-            if self.faulted.get(v["i"]) != node:  # else frozen or cut off while holding it: replaced
+            if self.faulted.get(v["i"], node) != node:
+                self.rejoined.add(v["i"])  # back as a spare since: a node it takes later is its own
+            if self.faulted.get(v["i"]) != node or v["i"] in self.rejoined:  # else replaced while out
                 held.setdefault(node, v)
         return held
 
@@ -313,18 +316,17 @@ class Soak:
         if kind == "kill":
             p.kill()
             self.killed.add(v["i"])
-        elif kind == "freeze":
-            p.send_signal(signal.SIGSTOP)
-            self.faulted[v["i"]] = node
-            self.out_now.add(v["i"])
-            self.later(2.5 * self.args.lost_after_s, lambda: p.send_signal(signal.SIGCONT), v, "woken")
-        elif kind == "partition":
-            if not self.net.netns:
+        elif kind in ("freeze", "partition"):
+            if kind == "partition" and not self.net.netns:
                 return f"skipped ({self.net.reason})"
-            self.net.cut(v["i"], True)
             self.faulted[v["i"]] = node
             self.out_now.add(v["i"])
-            self.later(2 * self.args.lost_after_s, lambda: self.net.cut(v["i"], False), v, "link restored")
+            if kind == "freeze":
+                p.send_signal(signal.SIGSTOP)
+                self.later(2.5 * self.args.lost_after_s, lambda: p.send_signal(signal.SIGCONT), v, "woken")
+            else:
+                self.net.cut(v["i"], True)
+                self.later(2 * self.args.lost_after_s, lambda: self.net.cut(v["i"], False), v, "link restored")
         return f"volunteer {v['i']} holding {node}"
 
     def later(self, seconds, action, v, said):
@@ -366,7 +368,7 @@ class Soak:
                 self.fired.append(record)
                 self.log(f"{event['kind']} at cluster {event['cluster']} step {event['at_step']}: {said}")
             if self.coordinator.proc.poll() is not None and pending:
-                vt.fail(f"the coordinator ended (exit {self.coordinator.proc.poll()}) with faults pending: {pending}")
+                self.unfired, pending = report.unfired_at_end(self, pending, due_since), []
             time.sleep(0.3)
         self.metrics.poll()
 
