@@ -200,6 +200,36 @@ TEST(RingWelcome, AJoinRequestIsAnsweredWhileThePeerIsBlockedRightAfterItsSync) 
   EXPECT_TRUE(torch::equal(a_after.at("0.running_mean"), b_after.at("0.running_mean")));
 }
 
+using Body = std::function<void(RingClusterSync&, torch::jit::Module&)>;
+
+// What each member of a restartBoth threw (null: nothing).
+struct PairErrors {
+  std::exception_ptr a, b;
+};
+
+// Both members of ring {a, b} restarting at once (RingRestart.h), each in a thread of its own and
+// resumed as from its own checkpoint: a's last sync at step 4, b's at step 6 (b's is the newest);
+// `a_another_process`: a's checkpoint as if another process wrote it. body(sync, stage) after start().
+PairErrors restartBoth(const State& a_init, const Body& a_body, const State& b_init,
+                       const Body& b_body, bool a_another_process = false) {
+  const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
+  zmq::context_t context;
+  PairErrors errors;
+  auto node = [&](const std::string& name, const State& initial, const Body& body,
+                  int64_t last_sync, bool another, std::exception_ptr& error) {
+    try {
+      runNode(context, name, addresses, initial, true, body, last_sync, another);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  };
+  std::thread a([&] { node("a", a_init, a_body, 4, a_another_process, errors.a); });
+  std::thread b([&] { node("b", b_init, b_body, 6, false, errors.b); });
+  a.join();
+  b.join();
+  return errors;
+}
+
 // Every member restarting at once (RingRestart.h): two clusters each resumed from their own
 // checkpoint, a's with its last sync at step 4, b's at step 6, and different weights. Nobody is live
 // to welcome the other: before RingRestart, both fell back to the fresh start's identical-weights
@@ -213,35 +243,25 @@ TEST(RingRestart, EveryMemberRestartingTakesTheNewestLastSync) {
   b_init["0.weight"] += 0.25;
   b_init["0.running_mean"] -= 1.0;
   b_init["0.num_batches_tracked"] += 2;
-  const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
-  zmq::context_t context;
   State a_started, b_started, a_after, b_after;
   Saved a_outer, b_outer;
   int64_t a_generation = -1, b_generation = -1;
-  std::exception_ptr a_error, b_error;
-  auto node = [&](const std::string& name, const State& initial, int64_t last_sync, State& started,
-                  Saved& outer, State& after, int64_t& generation, std::exception_ptr& error) {
-    try {
-      runNode(context, name, addresses, initial, true,
-              [&](RingClusterSync& sync, torch::jit::Module& stage) {
-                started = stateOf(stage);
-                outer = savedOf(sync);
-                generation = sync.generation("ring_0");
-                perturbSeeded(stage, name == "a" ? 21 : 22);
-                sync.synchronize();
-                after = stateOf(stage);
-              },
-              last_sync);
-    } catch (...) {
-      error = std::current_exception();
-    }
+  auto body = [](int seed, State& started, Saved& outer, State& after, int64_t& generation) {
+    return [seed, &started, &outer, &after, &generation](RingClusterSync& sync,
+                                                         torch::jit::Module& stage) {
+      started = stateOf(stage);
+      outer = savedOf(sync);
+      generation = sync.generation("ring_0");
+      perturbSeeded(stage, seed);
+      sync.synchronize();
+      after = stateOf(stage);
+    };
   };
-  std::thread a([&] { node("a", init, 4, a_started, a_outer, a_after, a_generation, a_error); });
-  std::thread b([&] { node("b", b_init, 6, b_started, b_outer, b_after, b_generation, b_error); });
-  a.join();
-  b.join();
-  if (a_error) std::rethrow_exception(a_error);
-  if (b_error) std::rethrow_exception(b_error);
+  const PairErrors errors =
+      restartBoth(init, body(21, a_started, a_outer, a_after, a_generation), b_init,
+                  body(22, b_started, b_outer, b_after, b_generation));
+  if (errors.a) std::rethrow_exception(errors.a);
+  if (errors.b) std::rethrow_exception(errors.b);
   ASSERT_EQ(a_started.size(), b_init.size());
   for (const auto& [name, t] : b_init) {
     EXPECT_TRUE(torch::equal(a_started.at(name), t)) << "a's " << name << " is not b's";
@@ -272,45 +292,27 @@ TEST(RingRestart, ANewestMemberWithACorruptCopyIsCaughtNotCopied) {
   State b_init = copyOf(init);
   b_init["0.weight"] += 0.25;
   b_init["0.weight"][1][2] = 3.0e30;  // exponent bit 30 of a weight near 1 flipped
-  const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
-  zmq::context_t context;
   State a_started, a_after;
   int64_t a_generation_started = -1, a_generation_after = -1;
-  std::exception_ptr a_error, b_error;
-  std::thread a([&] {
-    try {
-      runNode(context, "a", addresses, init, true,
-              [&](RingClusterSync& sync, torch::jit::Module& stage) {
-                a_started = stateOf(stage);
-                a_generation_started = sync.generation("ring_0");
-                perturbSeeded(stage, 21);
-                sync.synchronize();
-                a_after = stateOf(stage);
-                a_generation_after = sync.generation("ring_0");
-              },
-              4);
-    } catch (...) {
-      a_error = std::current_exception();
-    }
-  });
-  std::thread b([&] {
-    try {
-      runNode(context, "b", addresses, b_init, true,
-              [&](RingClusterSync& sync, torch::jit::Module& stage) {
-                perturbSeeded(stage, 22);
-                sync.synchronize();
-              },
-              6);
-    } catch (...) {
-      b_error = std::current_exception();
-    }
-  });
-  a.join();
-  b.join();
-  if (a_error) std::rethrow_exception(a_error);
-  ASSERT_TRUE(b_error) << "b's corrupt copy was not caught";
+  const PairErrors errors = restartBoth(
+      init,
+      [&](RingClusterSync& sync, torch::jit::Module& stage) {
+        a_started = stateOf(stage);
+        a_generation_started = sync.generation("ring_0");
+        perturbSeeded(stage, 21);
+        sync.synchronize();
+        a_after = stateOf(stage);
+        a_generation_after = sync.generation("ring_0");
+      },
+      b_init,
+      [](RingClusterSync& sync, torch::jit::Module& stage) {
+        perturbSeeded(stage, 22);
+        sync.synchronize();
+      });
+  if (errors.a) std::rethrow_exception(errors.a);
+  ASSERT_TRUE(errors.b) << "b's corrupt copy was not caught";
   try {
-    std::rethrow_exception(b_error);
+    std::rethrow_exception(errors.b);
   } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
   }
@@ -338,42 +340,26 @@ struct OlderCorruptRun {
   int64_t b_generation_after = -1;
 };
 OlderCorruptRun runOlderCorrupt(const State& a_init, const State& b_init, bool another_process) {
-  const std::vector<std::string> addresses = testutil::freeLoopbackAddresses(2);
-  zmq::context_t context;
   OlderCorruptRun run;
-  std::exception_ptr b_error;
-  std::thread a([&] {
-    try {
-      runNode(context, "a", addresses, a_init, true,
-              [&](RingClusterSync& sync, torch::jit::Module& stage) {
-                run.a_started = true;
-                run.a_started_state = stateOf(stage);
-                perturbSeeded(stage, 21);
-                sync.synchronize();
-                run.a_after = stateOf(stage);
-              },
-              4, another_process);
-    } catch (...) {
-      run.a_error = std::current_exception();
-    }
-  });
-  std::thread b([&] {
-    try {
-      runNode(context, "b", addresses, b_init, true,
-              [&](RingClusterSync& sync, torch::jit::Module& stage) {
-                perturbSeeded(stage, 22);
-                sync.synchronize();
-                run.b_after = stateOf(stage);
-                run.b_generation_after = sync.generation("ring_0");
-              },
-              6);
-    } catch (...) {
-      b_error = std::current_exception();
-    }
-  });
-  a.join();
-  b.join();
-  if (b_error) std::rethrow_exception(b_error);
+  const PairErrors errors = restartBoth(
+      a_init,
+      [&](RingClusterSync& sync, torch::jit::Module& stage) {
+        run.a_started = true;
+        run.a_started_state = stateOf(stage);
+        perturbSeeded(stage, 21);
+        sync.synchronize();
+        run.a_after = stateOf(stage);
+      },
+      b_init,
+      [&](RingClusterSync& sync, torch::jit::Module& stage) {
+        perturbSeeded(stage, 22);
+        sync.synchronize();
+        run.b_after = stateOf(stage);
+        run.b_generation_after = sync.generation("ring_0");
+      },
+      another_process);
+  if (errors.b) std::rethrow_exception(errors.b);
+  run.a_error = errors.a;
   return run;
 }
 
