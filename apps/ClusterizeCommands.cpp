@@ -117,6 +117,7 @@ void completeServeOptions(ClusterizeFlags& f) {
   f.serve.gather = std::chrono::milliseconds(int64_t(f.gather_s * 1000));
   f.serve.reach_timeout = std::chrono::milliseconds(int64_t(f.reach_timeout_s * 1000));
   f.serve.lost_after = std::chrono::milliseconds(int64_t(f.lost_after_s * 1000));
+  f.serve.gone_after = std::chrono::milliseconds(int64_t(f.gone_after_s * 1000));
   if (!f.allow_keys_path.empty()) f.serve.allowed_keys = readAllowedKeys(f.allow_keys_path);
   f.serve.stop_requested = [] { return g_serve_stop.load(); };
   if (f.view_every_s < 0) f.view_every_s = ::isatty(STDOUT_FILENO) == 1 ? 1 : 10;

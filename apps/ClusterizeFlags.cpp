@@ -135,6 +135,13 @@ void declareServe(CLI::App& app, ClusterizeFlags& f) {
                  "waiting spare takes its node over from the newest checkpoint the coordinator "
                  "holds, and its neighbours and ring peers are sent its new address and key")
       ->check(CLI::Range(1.0, 86400.0))->capture_default_str()->needs(f.serve_option);
+  app.add_option("--gone-after-s", f.gone_after_s,
+                 "with --serve: a placed volunteer whose every connection to the coordinator "
+                 "closed (its process ended: killed, crashed, rebooted) and that sent nothing "
+                 "since is lost after this many seconds, without waiting out --lost-after-s (a "
+                 "frozen or cut-off one keeps its connections open and waits it out); a spare "
+                 "gone so is passed over. 0: off")
+      ->check(CLI::Range(0.0, 86400.0))->capture_default_str()->needs(f.serve_option);
   auto* relay = app.add_option(
       "--relay", f.serve.relay_listen,
       "with --serve: relay on HOST:PORT the links between two dial-out-only volunteers (each "

@@ -23,7 +23,7 @@ struct ClusterizeFlags {
   std::string optimizer = "adam";  // applies only when --optimizer is given
   // --serve: the coordinator's options, and those given in other units or files.
   coordinator::CoordinatorOptions serve;
-  double gather_s = 30, reach_timeout_s = 5, lost_after_s = 15;
+  double gather_s = 30, reach_timeout_s = 5, lost_after_s = 15, gone_after_s = 3;
   std::string allow_keys_path;
   double view_every_s = -1;  // < 0: by whether stdout is a terminal
   std::string web_listen;

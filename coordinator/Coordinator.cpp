@@ -14,6 +14,7 @@
 #include "coordinator/ChunkServer.h"
 #include "coordinator/ChunkService.h"
 #include "coordinator/CoordinatorInvite.h"
+#include "coordinator/ConnectionWatch.h"
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/Grower.h"
 #include "coordinator/Growth.h"
@@ -39,6 +40,7 @@
 #include "core/NodeData.h"
 #include "node/volunteer/CoordinationSocket.h"
 #include "node/transport/CurveSecurity.h"
+#include "node/transport/ZmqSockets.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -67,6 +69,8 @@ struct Coordinator::Impl {
   zmq::context_t context;
   std::unique_ptr<ZapAuthenticator> zap;  // before the ROUTER, destroyed after it
   zmq::socket_t router;
+  zmq::socket_t router_monitor;  // the ROUTER's closed connections, for `connections`
+  ConnectionWatch connections;   // which members' connections all closed (ConnectionWatch.h)
   std::unique_ptr<ChunkService> chunk_service;  // answers chunk requests off this loop (after router)
   std::map<std::string, std::string> routes;  // public key → routing id of its last message
   std::unique_ptr<Admissions> admissions;  // joins waiting for the dial-back; after the context
@@ -157,6 +161,7 @@ struct Coordinator::Impl {
   // joins, or speaks again, has its route again).
   void keepRoute(const Routed& r, bool is_member) {
     routes[r.user_id] = r.routing_id;
+    if (is_member) connections.heard(r.user_id, r.source_fd, unixNow());
     if (!is_member && routes.size() > floods->limits().max_keys)
       for (auto it = routes.begin(); it != routes.end();)
         it = store->memberByKey(it->first) ? std::next(it) : routes.erase(it);
@@ -168,13 +173,19 @@ struct Coordinator::Impl {
   std::optional<Routed> nextMessage(std::chrono::milliseconds wait) {
     zmq::pollitem_t items[] = {{static_cast<void*>(router), 0, ZMQ_POLLIN, 0},
                                {static_cast<void*>(chunk_service->ready()), 0, ZMQ_POLLIN, 0},
-                               {nullptr, checkpoints->readyFd(), ZMQ_POLLIN, 0}};  // a file written
+                               {nullptr, checkpoints->readyFd(), ZMQ_POLLIN, 0},  // a file written
+                               {static_cast<void*>(router_monitor), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 3, wait);
+      zmq::poll(items, 4, wait);
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
       return std::nullopt;
     }
+    // Closed connections before the next message: a descriptor reused by a new one closed first.
+    uint16_t event = 0;
+    uint32_t fd = 0;
+    while (readMonitorEvent(router_monitor, &event, &fd))
+      if (event == ZMQ_EVENT_DISCONNECTED) connections.closed(int(fd), unixNow());
     if (items[1].revents & ZMQ_POLLIN)
       chunk_service->forward([this](const std::string& routing_id, const Frames& frames) {
         sendRouted(router, routing_id, frames);
@@ -326,6 +337,7 @@ struct Coordinator::Impl {
     std::string bound;
     router =
         coordinationServer(context, keys, o.listen, o.max_attachment_bytes + (1 << 20), &bound);
+    router_monitor = monitorSocket(context, router, ZMQ_EVENT_DISCONNECTED, "coordinator", "router");
     invite = formInvite(bound, o.advertise, o.listen, keys.public_key, token, o.invite_file);
   }
 };
@@ -352,6 +364,8 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.replacer = std::make_unique<MemberReplacer>(
       *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
+  s.replacer->watchConnections(
+      {[&s](const std::string& key) { return s.connections.goneSince(key); }, s.o.gone_after.count() / 1000.0});
   s.replacer->onLostAfterFinishing([&s](const std::string& name) { return s.resultFromCheckpoint(name); });
   s.keys = loadOrMakeCoordinatorKeys(s.o.out);
   if (!s.o.relay_listen.empty())

@@ -43,6 +43,9 @@ struct CoordinatorOptions {
   // A placed volunteer silent this long is lost; a waiting spare takes its node over
   // (MemberReplacer.h, --lost-after-s).
   std::chrono::milliseconds lost_after{15000};
+  // A placed volunteer whose connections to the coordinator all closed (its process ended) and that
+  // sent nothing since is lost after this long instead (ConnectionWatch.h, --gone-after-s); 0: off.
+  std::chrono::milliseconds gone_after{3000};
   std::string token;                    // empty: the stored one, else a fresh random one
   std::set<std::string> allowed_keys;   // empty: any key holding the token
   std::string invite_file;              // also write the invite here

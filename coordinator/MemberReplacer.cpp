@@ -56,7 +56,7 @@ void MemberReplacer::poll(double now) {
   if (!placed_text) return;
   const auto placed = nlohmann::json::parse(*placed_text).get<std::vector<std::string>>();
   std::vector<Member> members = store_.members();
-  for (const LostNode& lost : findLost(members, placed, now, started_at_, lost_after_s_)) {
+  for (const LostNode& lost : findLost(members, placed, now, started_at_, lost_after_s_, gone_)) {
     auto holder = store_.memberByName(lost.name);
     if (!holder) continue;  // no row at all: nothing to take over from (not a state we write)
     if (lost.newly) {
@@ -74,7 +74,8 @@ void MemberReplacer::poll(double now) {
     // plan placed it: a node placed reachable needs a reachable spare; one placed dial-out only
     // takes either kind (a reachable volunteer dials out as well), its own kind first.
     const bool placed_dial_out_only = header.dial_out_only;
-    const std::optional<Member> spare = chooseSpare(sparesFor(members, placed_dial_out_only), needed);
+    const std::optional<Member> spare =
+        chooseSpare(sparesFor(withoutGoneSpares(members, gone_, now), placed_dial_out_only), needed);
     if (!spare) {
       if (told_no_spare_.insert(lost.name).second)
         CAIRN_WARN("coordinator: no spare can take ", lost.name, " over (", lost.why,

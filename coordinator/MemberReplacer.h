@@ -1,7 +1,9 @@
 // MemberReplacer: the coordinator carrying out Replacement.h's decisions (docs/OPERATIONS.md "A
 // lost volunteer is replaced by a spare"):
 //   poll()         every 200 ms while the run is planned: a placed volunteer silent for longer
-//                  than --lost-after-s (or that said `leaving`) is marked lost; when a spare is
+//                  than --lost-after-s, whose connections all closed --gone-after-s ago
+//                  (watchConnections; a spare gone so is passed over), or that said `leaving`
+//                  is marked lost; when a spare is
 //                  waiting it takes the node over: the store renames the rows (CoordinatorStore::
 //                  takeOver), node.json of the node and of every node naming it are rewritten in
 //                  <out>/nodes/ (the plan a restarted coordinator reads), the spare is sent
@@ -29,6 +31,7 @@
 
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/NodeHeaders.h"
+#include "coordinator/Replacement.h"
 #include "core/NodeData.h"
 #include "node/protocol/Coordination.h"
 
@@ -49,6 +52,8 @@ class MemberReplacer {
   // The coordinator heard nobody until `t` (its loop was planning): silence counts from then at the
   // earliest, as from its start; else every placed volunteer would be lost after a long plan.
   void deafUntil(double t) { started_at_ = std::max(started_at_, t); }
+  // Volunteers whose connections all closed are lost after `rule.gone_after_s` (Replacement.h).
+  void watchConnections(GoneRule rule) { gone_ = std::move(rule); }
   // `member`: the row of the heartbeat's sender (the coordinator has it at hand: no lookup here).
   void onHeartbeat(const Member& member);
   // `names` are owed their node.json as a `peers` update (their node.json changed: a relay was
@@ -67,6 +72,7 @@ class MemberReplacer {
   CoordinatorStore& store_;
   std::string out_;
   double lost_after_s_, started_at_;
+  GoneRule gone_;  // off until watchConnections
   Send send_;
   std::function<bool(const std::string&)> finished_;
   std::set<std::string> told_no_spare_;  // lost nodes already logged as waiting for a spare

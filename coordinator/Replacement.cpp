@@ -26,9 +26,25 @@ std::string secondsText(double s) {
 
 }  // namespace
 
+std::optional<double> GoneRule::goneFor(const Member& m, double now) const {
+  if (gone_after_s <= 0 || !gone_since) return std::nullopt;
+  const std::optional<double> since = gone_since(m.public_key);
+  if (!since || now - *since <= gone_after_s) return std::nullopt;
+  return now - *since;
+}
+
+std::vector<Member> withoutGoneSpares(std::vector<Member> members, const GoneRule& gone, double now) {
+  members.erase(std::remove_if(members.begin(), members.end(),
+                               [&](const Member& m) {
+                                 return m.state == MemberState::kSpare && gone.goneFor(m, now);
+                               }),
+                members.end());
+  return members;
+}
+
 std::vector<LostNode> findLost(const std::vector<Member>& members,
                                const std::vector<std::string>& placed, double now,
-                               double heard_since, double lost_after_s) {
+                               double heard_since, double lost_after_s, const GoneRule& gone) {
   std::vector<LostNode> out;
   // By name, once: a search per placed node made each call placed x members long.
   std::unordered_map<std::string, const Member*> by_name;
@@ -46,6 +62,11 @@ std::vector<LostNode> findLost(const std::vector<Member>& members,
         if (silent > lost_after_s)
           out.push_back({name, "no heartbeat for " + secondsText(silent) + " s (--lost-after-s " +
                                    secondsText(lost_after_s) + ")",
+                         true});
+        else if (const std::optional<double> gone_for = gone.goneFor(m, now))
+          out.push_back({name, "its connections to the coordinator closed " + secondsText(*gone_for) +
+                                   " s ago and it sent nothing since (--gone-after-s " +
+                                   secondsText(gone.gone_after_s) + "): its process ended",
                          true});
         break;
       }

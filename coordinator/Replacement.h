@@ -3,8 +3,9 @@
 // names and node.json files — no store, no sockets, no clock:
 //   findLost          which placed nodes need a new holder: their volunteer sent no heartbeat for
 //                     longer than --lost-after-s (counted from the coordinator's own start too, so
-//                     a restarted coordinator does not call everyone lost), said `leaving`, or was
-//                     lost earlier and is still unreplaced
+//                     a restarted coordinator does not call everyone lost), closed every connection
+//                     to the coordinator and sent nothing for --gone-after-s (GoneRule: its process
+//                     ended), said `leaving`, or was lost earlier and is still unreplaced
 //   chooseSpare       which waiting spare takes a lost node over: the first of those that can hold
 //                     it (sparesFor: a node placed dial-out only can go to a reachable spare too)
 //                     whose RAM holds the stage's estimate; spareNote / tooSmallNote: what a spare
@@ -19,6 +20,7 @@
 // MemberReplacer.h carries the decisions out. Thread-safety: pure functions.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,12 +37,26 @@ struct LostNode {
   bool newly = false;   // true: its holder was still `assigned` (the store marks it lost now)
 };
 
+// A volunteer whose connections to the coordinator all closed (ConnectionWatch.h): `gone_since`
+// answers, for a member's public key, since when (nullopt: one is open, or it spoke since). Such a
+// volunteer is gone once now - since > gone_after_s. Off when gone_after_s <= 0 or gone_since is
+// empty.
+struct GoneRule {
+  std::function<std::optional<double>(const std::string& public_key)> gone_since;
+  double gone_after_s = 0;
+  // How long `m` has been gone past the rule (seconds since its connections closed), or nullopt.
+  std::optional<double> goneFor(const Member& m, double now) const;
+};
+
 // `placed`: the plan's node names; `now`, `heard_since` (when this coordinator started) and
 // `lost_after_s` in seconds. A holder counts as silent when now - max(last_seen, heard_since) >
-// lost_after_s. Holders that are done (result received) are never lost. In `placed` order.
+// lost_after_s, and as gone by `gone` (its process ended) sooner. Holders that are done (result
+// received) are never lost. In `placed` order.
 std::vector<LostNode> findLost(const std::vector<Member>& members,
                                const std::vector<std::string>& placed, double now,
-                               double heard_since, double lost_after_s);
+                               double heard_since, double lost_after_s, const GoneRule& gone = {});
+// `members` without the spares `gone` says are gone (a spare whose process ended takes nothing over).
+std::vector<Member> withoutGoneSpares(std::vector<Member> members, const GoneRule& gone, double now);
 
 // The RAM (GB) a member's join probe reports (0 when it reports none).
 double probeRamGb(const Member& m);

@@ -124,6 +124,7 @@ std::optional<Routed> recvRouted(zmq::socket_t& socket, std::chrono::millisecond
   r.user_id = user ? user : "";
   const char* from = zmq_msg_gets(parts[1].handle(), "Peer-Address");
   r.peer_address = from ? from : "";
+  r.source_fd = zmq_msg_get(parts[1].handle(), ZMQ_SRCFD);
   for (size_t i = 1; i < parts.size(); ++i) r.frames.push_back(parts[i].to_string());
   return r;
 }

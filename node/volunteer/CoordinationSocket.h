@@ -45,6 +45,7 @@ struct Routed {
   std::string routing_id;
   std::string user_id;
   std::string peer_address;  // the IP address the connection came from (empty when unknown)
+  int source_fd = -1;        // the connection's file descriptor (ZMQ_SRCFD; -1 when unknown)
   Frames frames;
 };
 void sendRouted(zmq::socket_t& socket, const std::string& routing_id, const Frames& frames);

@@ -196,6 +196,42 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   fs::remove_all(out);
 }
 
+// With the coordinator's connection watch (ConnectionWatch.h, --gone-after-s): a holder whose
+// connections all closed is lost after the gone time, long before --lost-after-s, and of two
+// spares the one whose connections all closed too (its process ended while it waited) is passed
+// over for the one still connected, though it joined first.
+TEST(MemberReplacer, AHolderWhoseConnectionsClosedGoesToTheSpareStillConnected) {
+  const std::string out = replacementFreshDir("gone");
+  CoordinatorStore store(out + "/coordinator.db");
+  placeOneNode(out, store, replacementMember("node_0", MemberState::kAssigned, /*last_seen=*/100));
+  const Member dead_spare = replacementMember("node_1", MemberState::kSpare, 100, 8, 5);
+  const Member spare = replacementMember("node_2", MemberState::kSpare, 100, 8, 6);
+  store.putMember(dead_spare);
+  store.putMember(spare);
+  std::map<std::string, double> gone = {{store.memberByName("node_0")->public_key, 101},
+                                        {dead_spare.public_key, 90}};
+  std::vector<std::string> sent_to;
+  MemberReplacer replacer(store, out, /*lost_after_s=*/600, 0,
+                          [&](const std::string& key, const Frames&) { sent_to.push_back(key); });
+  replacer.poll(103);  // gone 2 s: not yet (and silent 3 s of 600)
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  replacer.watchConnections({[&gone](const std::string& key) -> std::optional<double> {
+                               const auto it = gone.find(key);
+                               return it == gone.end() ? std::nullopt : std::optional<double>(it->second);
+                             },
+                             3});
+  replacer.poll(103.5);
+  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
+  replacer.poll(104.5);  // gone 3.5 s
+  EXPECT_EQ(replacer.replaced(), 1u);
+  EXPECT_EQ(store.memberByName("node_0")->public_key, spare.public_key);
+  EXPECT_EQ(store.memberByKey(dead_spare.public_key)->state, MemberState::kSpare);
+  ASSERT_EQ(sent_to.size(), 2u);  // accepted + assignment, both to the connected spare
+  EXPECT_EQ(sent_to[0], spare.public_key);
+  EXPECT_EQ(sent_to[1], spare.public_key);
+  fs::remove_all(out);
+}
+
 // A spare of the other kind (dial-out only for a node its peers dialled) cannot take the node over,
 // whatever its RAM: it hears that reason, not that it is too small (example.volunteers_short once
 // told a 9.76 GB spare that a 0.03 GB stage did not fit). A reachable spare that joins then takes it.

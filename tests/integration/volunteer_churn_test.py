@@ -48,9 +48,10 @@ def case_frozen_replaced(args):
     Told so, it stops its run, gives the node up and joins again, as a spare under a fresh name.
     Cluster 0's Root holds after KILL_AFTER steps until the stop (the spare resumes from that
     checkpoint) and before step HOLD_AT until the woken one is back, so the run cannot end first.
-    Checks: every step loss the Leaf logged equals the uninterrupted run's; the merged model's
-    accuracy equals the reference's; coordinator.db gives the node to the spare's key and the
-    woken key one row, its fresh name; every volunteer exits 0, the woken one too."""
+    Checks: it is lost by its silence (its connections stay open: not as a volunteer whose process
+    ended, --gone-after-s); every step loss the Leaf logged equals the uninterrupted run's; the
+    merged model's accuracy equals the reference's; coordinator.db gives the node to the spare's
+    key and the woken key one row, its fresh name; every volunteer exits 0, the woken one too."""
     model, job = vt.prepare(args, STEPS, TEST_SAMPLES, TRAINING)
     reference, reference_accuracy = run_reference(args, model, job)
     release = hold_root(args, HOLD_AT)
@@ -68,6 +69,10 @@ def case_frozen_replaced(args):
         open(stopped, "w").close()
         taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_3" in l, 120,
                                      "the takeover")
+        # Frozen, its connections to the coordinator stay open: lost by its silence, never as gone.
+        lost = coordinator.wait_for(lambda l: f"coordinator: lost: {stem} " in l, 10, f"'lost: {stem}'")
+        if "no heartbeat for" not in lost:
+            vt.fail(f"the frozen volunteer was not lost by its silence: {lost.strip()}")
         resumed_from = int(taken.split("from its checkpoint of step ")[1].split(";")[0])
         vt.wait_for_checkpoint(coordinator, resumed_from + 1, 120, stem)  # the spare's first
         victim[0].proc.send_signal(signal.SIGCONT)

@@ -11,7 +11,8 @@ spare_replaces_lost
     Reference: 3 volunteers train one 3-stage pipeline for STEPS steps uninterrupted.
     Run: the same job with 3 volunteers and a 4th that joins after planning (a spare). Once the
     coordinator has acknowledged a checkpoint of step >= KILL_AFTER from the Stem's volunteer, that
-    volunteer is SIGKILLed. Its neighbours pause; the coordinator stops hearing it and gives its
+    volunteer is SIGKILLed. Its neighbours pause; the coordinator sees every connection the volunteer
+    had to it closed (--gone-after-s; --lost-after-s is 600 here, never waited out) and gives its
     node (name, stage, the newest checkpoint it holds) to the spare; the neighbours get `peers`,
     restart their stage in-process, and the cluster resumes from the newest common checkpoint.
     Checks: every step loss the Leaf logged (before the kill and after the resume, replayed steps
@@ -227,7 +228,9 @@ def case_spare_replaces_lost(args):
     # that step's, and the victim's step records up to it have reached the coordinator (its
     # credit), however the machine's load spaces the records and the uploads.
     killed = hold_until(args, KILL_AFTER, "killed")
-    run = vt.Run(args, model, job, FLAGS, 4)
+    # A silence timeout the test never waits out: only its closed connections can make the killed
+    # volunteer lost (--gone-after-s, its default 3 s).
+    run = vt.Run(args, model, job, FLAGS[:-1] + ["600"], 4)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
         run.join(3, ["--upload-mbps", "200"])
@@ -242,9 +245,12 @@ def case_spare_replaces_lost(args):
         leaf_workdir = next(w for _, w in volunteers[:3] if name_of(w) == leaf)
         ack = kill_after_checkpoint(coordinator, victim, stem, records_in=out)
         print(f"SIGKILLed {victim[0].tag} ({stem}) after: {ack.strip()}")
-        coordinator.wait_for(lambda l: f"coordinator: lost: {stem}" in l, 120, f"'lost: {stem}'")
+        lost = coordinator.wait_for(lambda l: f"coordinator: lost: {stem}" in l, 120, f"'lost: {stem}'")
+        if "its connections to the coordinator closed" not in lost:
+            vt.fail(f"the killed volunteer was not lost by its closed connections: {lost.strip()}")
         taken = coordinator.wait_for(lambda l: f"coordinator: {stem} is taken over by spare node_3" in l, 60,
                                      "the takeover")
+        print(lost.strip())
         print(taken.strip())
         open(killed, "w").close()
         open(release, "w").close()
