@@ -4,7 +4,8 @@
 # (provider --join) join with it, each with its own work folder, key and port; the coordinator plans
 # a 3-stage pipeline on the first 3, sends each its stage, and keeps the 4th waiting as a spare.
 # Once the coordinator has acknowledged a checkpoint of the middle stage (the Stem), its volunteer
-# is SIGKILLed; the coordinator stops hearing it, gives its node to the spare with that checkpoint,
+# is SIGKILLed; the coordinator sees its connections closed (or, with CAIRN_GONE_AFTER_S=0, stops
+# hearing it), gives its node to the spare with that checkpoint,
 # tells the neighbours, and the pipeline resumes from the newest common checkpoint. The coordinator
 # merges the uploaded trained stages into trained.pt; PyTorch evaluates it and must find exactly
 # the accuracy the Leaf reported; coordinator.db must give the node to the spare's key.
@@ -21,7 +22,10 @@ PY=/usr/bin/python3
 # PyTorch checks the providers here to the last bit: one BLAS thread as they use (docs/TRAINING.md
 # "Reproducibility").
 export OPENBLAS_NUM_THREADS=1
-LOST_AFTER_S=5
+LOST_AFTER_S=${CAIRN_LOST_AFTER_S:-5}
+# A volunteer whose connections to the coordinator all closed (the killed Stem) is lost after this
+# many seconds (clusterize --gone-after-s; 0: only after LOST_AFTER_S of silence).
+GONE_AFTER_S=${CAIRN_GONE_AFTER_S:-3}
 start=$(date +%s)
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -95,7 +99,7 @@ echo "volunteers: 2/5 the coordinator: profile the model, print the invite, wait
 # whole machine's memory, and the planner would keep this small CNN in one piece on one of them.
 "$BUILD_DIR/clusterize/clusterize" --model "$OUT/model.pt" --job "$JOB" --clusters 1 --cuts 7,14 \
   --input-shape 32,1,28,28 --serve "127.0.0.1:${PORTS[0]}" --min-volunteers 3 --gather-s 0 \
-  --lost-after-s "$LOST_AFTER_S" --invite-file "$OUT/invite.txt" --out "$OUT/coordinator" \
+  --lost-after-s "$LOST_AFTER_S" --gone-after-s "$GONE_AFTER_S" --invite-file "$OUT/invite.txt" --out "$OUT/coordinator" \
   ${CAIRN_WEB:+--web "$CAIRN_WEB"} > "$LOG" 2>&1 &
 coordinator=$!
 pids+=("$coordinator")
