@@ -364,8 +364,10 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.replacer = std::make_unique<MemberReplacer>(
       *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
-  s.replacer->watchConnections(
-      {[&s](const std::string& key) { return s.connections.goneSince(key); }, s.o.gone_after.count() / 1000.0});
+  // Members whose connections all closed (their process ended): lost without the silence timeout.
+  const GoneRule gone{[&s](const std::string& key) { return s.connections.goneSince(key); },
+                      s.o.gone_after.count() / 1000.0};
+  s.replacer->watchConnections(gone);
   s.replacer->onLostAfterFinishing([&s](const std::string& name) { return s.resultFromCheckpoint(name); });
   s.keys = loadOrMakeCoordinatorKeys(s.o.out);
   if (!s.o.relay_listen.empty())
@@ -375,6 +377,7 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
       *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
       s.relay ? std::optional(s.relay->ref()) : std::nullopt,
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
+  s.relays->watchConnections(gone);
   s.gathering = std::make_unique<Gathering>(
       *s.store, s.prepared,
       GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather,

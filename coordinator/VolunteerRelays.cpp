@@ -61,7 +61,8 @@ VolunteerRelays::VolunteerRelays(CoordinatorStore& store, std::string out, doubl
 
 bool VolunteerRelays::alive(const Member& m, double now) const {
   // Silence counts from this coordinator's start at the earliest (a restarted one heard nobody).
-  return m.state == MemberState::kRelaying && now - std::max(m.last_seen, started_at_) <= lost_after_s_;
+  return m.state == MemberState::kRelaying && now - std::max(m.last_seen, started_at_) <= lost_after_s_ &&
+         !gone_.goneFor(m, now);
 }
 
 std::vector<PeerRef::Relay> VolunteerRelays::liveRelays(double now) const {
@@ -111,9 +112,15 @@ std::set<std::string> VolunteerRelays::poll(double now) {
   }
   if (coordinator_relay_) alive_now.insert(coordinator_relay_->name);
   for (const Member& m : relays) {
-    if (alive_.count(m.name) && !alive_now.count(m.name))
-      CAIRN_WARN("coordinator: the relay ", m.name, " at ", m.advertise, " is silent for over ",
-                 lost_after_s_, " s: lost; its links move to another relay");
+    if (alive_.count(m.name) && !alive_now.count(m.name)) {
+      if (const std::optional<double> gone_for = gone_.goneFor(m, now))
+        CAIRN_WARN("coordinator: the relay ", m.name, " at ", m.advertise, ": its connections to the "
+                   "coordinator closed ", *gone_for, " s ago (--gone-after-s ", gone_.gone_after_s,
+                   "): lost; its links move to another relay");
+      else
+        CAIRN_WARN("coordinator: the relay ", m.name, " at ", m.advertise, " is silent for over ",
+                   lost_after_s_, " s: lost; its links move to another relay");
+    }
     if (!alive_.count(m.name) && alive_now.count(m.name) && links_version_ != ~uint64_t{0})
       CAIRN_INFO("coordinator: the relay ", m.name, " at ", m.advertise, " is heard again");
   }

@@ -8,7 +8,8 @@
 //                  (what it admits and forwards: relayLinksOf the placed nodes' node.json) sent
 //                  back on that connection when they changed since it was last told, and every
 //                  5 s anyway (a relay that restarted, or missed one, hears them again)
-//   poll()         every 200 ms: a relay silent for longer than --lost-after-s is lost (no state
+//   poll()         every 200 ms: a relay silent for longer than --lost-after-s, or whose
+//                  connections all closed --gone-after-s ago (watchConnections), is lost (no state
 //                  change: it is alive again when heard again); every relayed link whose relay is
 //                  not alive moves to the relay of forPlanning() carrying the fewest links
 //                  (DialOutPlacement reassignRelays): both ends' node.json rewritten, returned so
@@ -31,6 +32,7 @@
 
 #include "coordinator/CoordinatorStore.h"
 #include "coordinator/DialOutPlacement.h"
+#include "coordinator/Replacement.h"
 #include "core/NodeData.h"
 #include "node/protocol/Coordination.h"
 
@@ -48,6 +50,8 @@ class VolunteerRelays {
   // Returns the nodes whose node.json changed (their relay was lost).
   std::set<std::string> poll(double now);
   void deafUntil(double t) { started_at_ = std::max(started_at_, t); }
+  // Relays whose connections all closed are lost after `rule.gone_after_s` (Replacement.h).
+  void watchConnections(GoneRule rule) { gone_ = std::move(rule); }
   // The live view's "relays": per volunteer relay its name, address, whether alive, its figures.
   nlohmann::json figures(double now) const;
   // The live view's "links" (as of the last poll that read the placed nodes): how many links of
@@ -65,6 +69,7 @@ class VolunteerRelays {
   CoordinatorStore& store_;
   std::string out_;
   double lost_after_s_, started_at_;
+  GoneRule gone_;  // off until watchConnections
   std::optional<PeerRef::Relay> coordinator_relay_;
   Send send_;
   uint64_t links_version_ = ~uint64_t{0};     // the members' version last looked at

@@ -95,6 +95,13 @@ void VolunteerHeartbeats::run() {
         away = false;
       } else {
         ++unsent_;
+        // None taken yet on this socket (its handshake is under way, or the coordinator is down):
+        // tried again in 100 ms rather than an interval later, so a volunteer starting to train
+        // (its waiting socket just closed) is heard on its new connection at once — the
+        // coordinator counts a member whose connections all closed as gone (--gone-after-s,
+        // coordinator/ConnectionWatch.h). A failed try costs nothing: it never waits.
+        if (sent_.load() == 0)
+          next = now + std::min<std::chrono::milliseconds>(interval_, std::chrono::milliseconds(100));
         if (!away && now - last_taken >= away_after) {
           away = true;
           CAIRN_WARN("the coordinator at ", coordinator_, " has taken no heartbeat for ",

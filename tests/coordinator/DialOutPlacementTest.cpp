@@ -342,7 +342,8 @@ TEST(RelayedPlacement, BytesPerStepArePipelineCutsEveryMicrobatchAndRingSharesPe
 }
 
 // The coordinator's side of volunteer relays (VolunteerRelays.h) over a real store and node.json
-// files: the links of a relay silent past the loss timeout move to the coordinator's relay (only
+// files: the links of a relay gone (its connections closed, ConnectionWatch.h) move to the other
+// volunteer relay, those of a relay silent past the loss timeout to the coordinator's relay (only
 // when no volunteer relay is alive), both ends' files say so and are owed an update, and a live
 // relay is told exactly the links relayLinksOf reads from the files, again when they change.
 TEST(VolunteerRelays, ASilentRelaysLinksMoveAndEachLiveRelayIsToldItsLinks) {
@@ -388,11 +389,23 @@ TEST(VolunteerRelays, ASilentRelaysLinksMoveAndEachLiveRelayIsToldItsLinks) {
     EXPECT_EQ(told[r.public_key][0].links, want.pairs);
     EXPECT_EQ(want.pairs.size(), 2u);
   }
-  // node_5 keeps its heartbeats; node_4 falls silent past 15 s: only its links move.
-  Member r5_row = *store.memberByName("node_5");
-  r5_row.last_seen = 1020;
-  store.putMember(r5_row);
-  const std::set<std::string> changed = relays.poll(1020);
+  // node_4's connections to the coordinator all closed at 1008 (its process ended; heard at 1007):
+  // gone past --gone-after-s 3 at 1011.5, long before 15 s of silence: only its links move. node_5
+  // keeps its heartbeats.
+  std::map<std::string, double> gone;
+  relays.watchConnections({[&gone](const std::string& key) -> std::optional<double> {
+                             const auto it = gone.find(key);
+                             return it == gone.end() ? std::nullopt : std::optional<double>(it->second);
+                           },
+                           3});
+  gone[r4.public_key] = 1008;
+  for (const auto& [name, seen] : {std::pair<std::string, double>{"node_4", 1007}, {"node_5", 1011}}) {
+    Member row = *store.memberByName(name);
+    row.last_seen = seen;
+    store.putMember(row);
+  }
+  EXPECT_TRUE(relays.poll(1010.5).empty());  // gone 2.5 s only
+  const std::set<std::string> changed = relays.poll(1011.5);
   std::vector<NodeSpec> now;
   for (const NodeSpec& n : nodes) now.push_back(readNodeSpec(nodeSpecPath(out, n.name)));
   std::set<std::string> want_changed;
@@ -404,8 +417,11 @@ TEST(VolunteerRelays, ASilentRelaysLinksMoveAndEachLiveRelayIsToldItsLinks) {
   ASSERT_EQ(told[r5.public_key].size(), 2u);  // told its new links at once
   EXPECT_EQ(told[r5.public_key][1].links, relayLinksOf(now, "node_5").pairs);
   EXPECT_EQ(told[r4.public_key].size(), 1u);  // a silent relay is not told
-  // node_5 falls silent too: everything goes to the coordinator's relay.
-  EXPECT_EQ(relays.forPlanning(1040).size(), 1u);
+  // node_5 falls silent too (its connections open): everything goes to the coordinator's relay.
+  ASSERT_EQ(relays.forPlanning(1025).size(), 1u);  // silent 14 s: still the volunteer relay
+  EXPECT_EQ(relays.forPlanning(1025)[0].name, "node_5");
+  ASSERT_EQ(relays.forPlanning(1040).size(), 1u);
+  EXPECT_EQ(relays.forPlanning(1040)[0].name, "coordinator");
   EXPECT_EQ(relays.poll(1040).size(), 4u);
   now.clear();
   for (const NodeSpec& n : nodes) now.push_back(readNodeSpec(nodeSpecPath(out, n.name)));

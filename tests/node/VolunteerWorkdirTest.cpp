@@ -121,5 +121,32 @@ TEST(VolunteerHeartbeats, NeverWaitForACoordinatorThatIsDownAndReachOneThatComes
   EXPECT_LT(std::chrono::steady_clock::now() - before, 5s);
 }
 
+// A fresh heartbeat socket's first beat cannot go out before its handshake (ZMQ_IMMEDIATE): it is
+// tried again within 100 ms, not an interval later (here a minute, which the wait below never
+// reaches): a volunteer that starts to train has just closed its waiting socket, and the
+// coordinator counts a member whose connections all closed as gone after --gone-after-s (3 s).
+TEST(VolunteerHeartbeats, TheFirstBeatOnANewSocketIsRetriedUntilTakenNotAnIntervalLater) {
+  const CurveKeyPair volunteer = generateCurveKeyPair();
+  const CurveKeyPair coordinator_keys = generateCurveKeyPair();
+  zmq::context_t coordinator_context;
+  ZapAuthenticator zap(coordinator_context, ZapAuthenticator::AnyKey{});
+  std::string bound;
+  zmq::socket_t router = coordinationServer(coordinator_context, coordinator_keys, "127.0.0.1:0", kLimit, &bound);
+  Invite invite;
+  invite.host = "127.0.0.1";
+  invite.port = std::stoi(bound.substr(bound.rfind(':') + 1));
+  invite.token = "00112233445566778899aabbccddeeff";
+  invite.coordinator_key = coordinator_keys.public_key;
+  zmq::context_t context;
+  VolunteerHeartbeats heartbeats(context, volunteer, invite, "node_6", "training", 60s);
+  const auto in = recvRouted(router, 30s);
+  ASSERT_TRUE(in.has_value()) << heartbeats.sent() << " sent, " << heartbeats.unsent() << " unsent";
+  std::string why;
+  const auto beat = decodeToCoordinator(in->frames, kLimit, &why);
+  ASSERT_TRUE(beat && std::holds_alternative<Heartbeat>(*beat)) << why;
+  EXPECT_TRUE(eventually([&] { return heartbeats.sent() == 1; }));
+  heartbeats.stop();
+}
+
 }  // namespace
 }  // namespace cairn::testing
