@@ -2,7 +2,7 @@
 
 namespace cairn::coordinator {
 
-void ConnectionWatch::heard(const std::string& key, int fd, double /*now*/) {
+void ConnectionWatch::heard(const std::string& key, int fd) {
   if (fd < 0) return;
   Seen& seen = keys_[key];
   seen.gone_since.reset();
@@ -31,13 +31,6 @@ std::optional<double> ConnectionWatch::goneSince(const std::string& key) const {
   const auto it = keys_.find(key);
   if (it == keys_.end()) return std::nullopt;
   return it->second.gone_since;
-}
-
-void ConnectionWatch::forget(const std::string& key) {
-  const auto it = keys_.find(key);
-  if (it == keys_.end()) return;
-  for (int fd : it->second.open) fd_key_.erase(fd);
-  keys_.erase(it);
 }
 
 }  // namespace cairn::coordinator

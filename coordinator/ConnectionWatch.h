@@ -11,7 +11,8 @@
 // (ZMQ_EVENT_DISCONNECTED). A key's open connections are those it has spoken on and that have not
 // closed. A descriptor the kernel reuses for a new connection was closed first (libzmq reports the
 // close before it closes the descriptor), and the coordinator reads monitor events before messages.
-// Memory: one entry per member key that spoke, and one per open connection it spoke on.
+// Memory: one entry per member key that spoke (members are never forgotten either), and one per
+// open connection it spoke on.
 // Written by hand: bookkeeping of a few maps; ZeroMQ's ROUTER_NOTIFY (peer connect/disconnect by
 // routing id) is a draft API that Debian's libzmq 4.3 does not build.
 // Thread-safety: the coordinator's loop thread only.
@@ -26,17 +27,15 @@ namespace cairn::coordinator {
 
 class ConnectionWatch {
  public:
-  // A message from `key` read from connection `fd` at `now` (seconds). fd < 0 (unknown: not a TCP
-  // connection) is ignored. The key is back: whatever closed before no longer counts.
-  void heard(const std::string& key, int fd, double now);
+  // A message from `key` read from connection `fd`. fd < 0 (unknown: not a TCP connection) is
+  // ignored. The key is back: whatever closed before no longer counts.
+  void heard(const std::string& key, int fd);
   // Connection `fd` closed at `now`. When it was the last open one a key had spoken on, that key is
   // gone since `now`.
   void closed(int fd, double now);
   // Since when every connection `key` spoke on has been closed, with nothing heard from it since;
   // nullopt while one is open, after it spoke again, or for a key never heard.
   std::optional<double> goneSince(const std::string& key) const;
-  // Forgets `key` (its member row is gone for good).
-  void forget(const std::string& key);
 
   size_t trackedKeys() const { return keys_.size(); }
   size_t openConnections() const { return fd_key_.size(); }

@@ -161,7 +161,7 @@ struct Coordinator::Impl {
   // joins, or speaks again, has its route again).
   void keepRoute(const Routed& r, bool is_member) {
     routes[r.user_id] = r.routing_id;
-    if (is_member) connections.heard(r.user_id, r.source_fd, unixNow());
+    if (is_member) connections.heard(r.user_id, r.source_fd);
     if (!is_member && routes.size() > floods->limits().max_keys)
       for (auto it = routes.begin(); it != routes.end();)
         it = store->memberByKey(it->first) ? std::next(it) : routes.erase(it);
