@@ -73,6 +73,7 @@ struct Coordinator::Impl {
   ConnectionWatch connections;   // which members' connections all closed (ConnectionWatch.h)
   std::unique_ptr<ChunkService> chunk_service;  // answers chunk requests off this loop (after router)
   std::map<std::string, std::string> routes;  // public key → routing id of its last message
+  std::map<std::string, std::string> beat_routes;  // … of its last heartbeat (a member's)
   std::unique_ptr<Admissions> admissions;  // joins waiting for the dial-back; after the context
   CoordinatorStats stats;
   std::unique_ptr<FloodGuard> floods;  // every message is charged to its key first
@@ -240,6 +241,7 @@ struct Coordinator::Impl {
     };
     if (const auto* beat = std::get_if<Heartbeat>(&*message)) {
       if (speaker(beat->name)) {
+        beat_routes[r.user_id] = r.routing_id;
         store->touch(beat->name, unixNow());
         replacer->onHeartbeat(*member);  // the speaker: its row, read before the touch
         relays->onHeartbeat(*member, *beat, unixNow());
@@ -368,6 +370,10 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   const GoneRule gone{[&s](const std::string& key) { return s.connections.goneSince(key); },
                       s.o.gone_after.count() / 1000.0};
   s.replacer->watchConnections(gone);
+  s.replacer->sendAtOnce([&s](const std::string& key, const Frames& frames) {
+    const auto route = s.beat_routes.find(key);
+    return route != s.beat_routes.end() && (s.send(route->second, frames), true);
+  });
   s.replacer->onLostAfterFinishing([&s](const std::string& name) { return s.resultFromCheckpoint(name); });
   s.keys = loadOrMakeCoordinatorKeys(s.o.out);
   if (!s.o.relay_listen.empty())

@@ -139,6 +139,14 @@ void MemberReplacer::replace(const Member& lost, const Member& spare, double now
   send_(spare.public_key, encode(Accepted{lost.name, toString(MemberState::kAssigned), "", ""}));
   send_(spare.public_key, encode(a));
   ++replaced_;
+  if (send_at_once_)
+    for (const NodeSpec& n : plan.told) {
+      const std::optional<Member> holder = store_.memberByName(n.name);
+      if (owed.count(n.name) && holder &&
+          send_at_once_(holder->public_key, encode(PeersUpdate{n.name, toJson(n)})))
+        CAIRN_DEBUG("coordinator: sent ", n.name, " its updated peers at once (again on its next "
+                    "heartbeat)");
+    }
   CAIRN_INFO("coordinator: ", lost.name, " is taken over by spare ", spare.name, " at ",
              spare.dial_out_only ? std::string("(dial-out only)") : spare.advertise,
              plan.taken_over.dial_out_only && !spare.dial_out_only

@@ -11,7 +11,9 @@
 //                  the newest checkpoint the coordinator holds for the node (resume), and the
 //                  members to tell are remembered in coordinator.db (meta peers_pending)
 //   onHeartbeat()  a member owed an update gets `peers{name, node}` on the connection its
-//                  heartbeat just came from (its heartbeat socket, the one it reads them on); a
+//                  heartbeat just came from (its heartbeat socket, the one it reads them on) —
+//                  sent at once too when replace() rewrote its node.json, on the connection its
+//                  last heartbeat came from (sendAtOnce; the volunteer ignores the repeat); a
 //                  member marked lost but not yet replaced holds its node again (it was frozen
 //                  or cut off, and is back)
 // A lost node that had finished (its final checkpoint held) needs no spare: onLostAfterFinishing.
@@ -56,6 +58,13 @@ class MemberReplacer {
   void watchConnections(GoneRule rule) { gone_ = std::move(rule); }
   // `member`: the row of the heartbeat's sender (the coordinator has it at hand: no lookup here).
   void onHeartbeat(const Member& member);
+  // Sends `frames` to `public_key` on the connection its last heartbeat came from; false when
+  // none is known (nothing sent).
+  using SendOnHeartbeats = std::function<bool(const std::string& public_key, const Frames& frames)>;
+  // The peers a replacement re-points are sent their node.json at once through `send` as well as
+  // on their next heartbeat (which a lost message, its connection gone meanwhile, cannot miss):
+  // their clusters restart with the spare up to a heartbeat interval sooner.
+  void sendAtOnce(SendOnHeartbeats send) { send_at_once_ = std::move(send); }
   // `names` are owed their node.json as a `peers` update (their node.json changed: a relay was
   // replaced, VolunteerRelays.h), sent like a replacement's on their next heartbeat.
   void owePeers(const std::set<std::string>& names);
@@ -74,6 +83,7 @@ class MemberReplacer {
   double lost_after_s_, started_at_;
   GoneRule gone_;  // off until watchConnections
   Send send_;
+  SendOnHeartbeats send_at_once_;  // empty: peers go out on heartbeats only
   std::function<bool(const std::string&)> finished_;
   std::set<std::string> told_no_spare_;  // lost nodes already logged as waiting for a spare
   std::set<std::pair<std::string, std::string>> told_why_not_;  // (spare, node) told why not

@@ -68,6 +68,13 @@ void VolunteerPeers::offer(const PeersUpdate& update) {
     CAIRN_WARN("ignored the coordinator's peers update: ", e.what());
     return;
   }
+  // The coordinator sends an update at once on this volunteer's heartbeat connection and again in
+  // answer to its next heartbeat (coordinator/MemberReplacer.h): the repeat, identical to what this
+  // node already wrote or already holds, changes nothing.
+  if (toJson(next) == toJson(current) || (update_ && update_->node == update.node)) {
+    CAIRN_DEBUG("the coordinator's peers update repeats one this node has; nothing to do");
+    return;
+  }
   auto same = [](const std::optional<PeerRef>& a, const std::optional<PeerRef>& b) {
     return a.has_value() == b.has_value() &&
            (!a || (a->address == b->address && a->public_key == b->public_key));

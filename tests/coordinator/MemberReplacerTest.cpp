@@ -20,6 +20,7 @@
 #include "core/JsonReader.h"
 #include "core/NodeData.h"
 #include "tests/coordinator/ReplacementNodes.h"
+#include "tests/coordinator/ReplacerRuns.h"
 #include "tests/common/ScratchDir.h"
 
 namespace cairn::coordinator {
@@ -29,30 +30,9 @@ namespace fs = std::filesystem;
 using testing::peerRef;
 using testing::replacementMember;
 using testing::twoByThree;
-
-std::string replacementFreshDir(const std::string& name) {
-  return ::cairn::testing::scratchDir("replace_" + name);
-}
-
-// twoByThree written into `out` (node.json and a stage file per node, job.json) with a row per
-// node held by its own volunteer, and a spare node_6; returns the spare.
-Member writeTwoByThreeRun(const std::string& out, CoordinatorStore& store) {
-  for (const NodeSpec& n : twoByThree()) {
-    fs::create_directories(nodeDirectory(out, n.name));
-    writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
-    std::ofstream(nodeDirectory(out, n.name) + "/stage.pt", std::ios::binary) << "stage of " << n.name;
-    store.putMember(replacementMember(n.name, MemberState::kAssigned, 100, 8, n.cluster * 3 + n.stage));
-  }
-  JobSpec job;
-  job.job_id = "job";
-  job.data.location = "/data";
-  job.data.format = "idx";
-  writeJsonFile(jobSpecPath(out), toJson(job));
-  const Member spare = replacementMember("node_6", MemberState::kSpare, 100, 8, 10);
-  store.putMember(spare);
-  store.setMeta("phase", "planned");
-  return spare;
-}
+using testing::placeOneNode;
+using testing::replacementFreshDir;
+using testing::writeTwoByThreeRun;
 
 TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold) {
   const std::string out = replacementFreshDir("replacer");
@@ -151,31 +131,6 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
   fs::remove_all(out);
 }
 
-// A planned run of one node, node_0, held by `holder`: its node.json, a stage file and job.json
-// in `out`, the holder's row and the plan's meta in `store`.
-// node_0 placed alone (reachable at 127.0.0.1:7000, or dial-out only: no address), held by `holder`.
-void placeOneNode(const std::string& out, CoordinatorStore& store, const Member& holder,
-                  bool dial_out_only = false) {
-  NodeSpec n;
-  n.name = "node_0";
-  n.job_id = "job";
-  n.address = dial_out_only ? "" : "127.0.0.1:7000";
-  n.dial_out_only = dial_out_only;
-  n.inputs = {{"x", "tensor", "float32", {1, 4}}};
-  n.outputs = {{"y", "tensor", "float32", {1, 4}}};
-  fs::create_directories(nodeDirectory(out, n.name));
-  writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
-  std::ofstream(nodeDirectory(out, n.name) + "/stage.pt") << "s";
-  JobSpec job;
-  job.job_id = "job";
-  job.data.location = "/data";
-  job.data.format = "idx";
-  writeJsonFile(jobSpecPath(out), toJson(job));
-  store.putMember(holder);
-  store.setMeta("placed", R"(["node_0"])");
-  store.setMeta("phase", "planned");
-}
-
 TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   const std::string out = replacementFreshDir("nospare");
   CoordinatorStore store(out + "/coordinator.db");
@@ -193,42 +148,6 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   ASSERT_TRUE(a) << why;
   EXPECT_FALSE(std::get<Assignment>(*a).checkpoint.has_value());
   EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
-  fs::remove_all(out);
-}
-
-// With the coordinator's connection watch (ConnectionWatch.h, --gone-after-s): a holder whose
-// connections all closed is lost after the gone time, long before --lost-after-s, and of two
-// spares the one whose connections all closed too (its process ended while it waited) is passed
-// over for the one still connected, though it joined first.
-TEST(MemberReplacer, AHolderWhoseConnectionsClosedGoesToTheSpareStillConnected) {
-  const std::string out = replacementFreshDir("gone");
-  CoordinatorStore store(out + "/coordinator.db");
-  placeOneNode(out, store, replacementMember("node_0", MemberState::kAssigned, /*last_seen=*/100));
-  const Member dead_spare = replacementMember("node_1", MemberState::kSpare, 100, 8, 5);
-  const Member spare = replacementMember("node_2", MemberState::kSpare, 100, 8, 6);
-  store.putMember(dead_spare);
-  store.putMember(spare);
-  std::map<std::string, double> gone = {{store.memberByName("node_0")->public_key, 101},
-                                        {dead_spare.public_key, 90}};
-  std::vector<std::string> sent_to;
-  MemberReplacer replacer(store, out, /*lost_after_s=*/600, 0,
-                          [&](const std::string& key, const Frames&) { sent_to.push_back(key); });
-  replacer.poll(103);  // gone 2 s: not yet (and silent 3 s of 600)
-  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
-  replacer.watchConnections({[&gone](const std::string& key) -> std::optional<double> {
-                               const auto it = gone.find(key);
-                               return it == gone.end() ? std::nullopt : std::optional<double>(it->second);
-                             },
-                             3});
-  replacer.poll(103.5);
-  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
-  replacer.poll(104.5);  // gone 3.5 s
-  EXPECT_EQ(replacer.replaced(), 1u);
-  EXPECT_EQ(store.memberByName("node_0")->public_key, spare.public_key);
-  EXPECT_EQ(store.memberByKey(dead_spare.public_key)->state, MemberState::kSpare);
-  ASSERT_EQ(sent_to.size(), 2u);  // accepted + assignment, both to the connected spare
-  EXPECT_EQ(sent_to[0], spare.public_key);
-  EXPECT_EQ(sent_to[1], spare.public_key);
   fs::remove_all(out);
 }
 

@@ -264,6 +264,38 @@ TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedOrStartingRunThenIsWritten
   EXPECT_EQ(readNodeSpec(nodeSpecPath(node_data, "node_1")).stage, 1);
 }
 
+// The coordinator sends a replacement's update at once and again on the next heartbeat
+// (coordinator/MemberReplacer.h sendAtOnce): the repeat of an update held, or of one written, changes
+// nothing — no second restart of the stage, no live re-pointing.
+TEST(VolunteerTakeover, ARepeatedUpdateChangesNothing) {
+  VolunteerTakeoverTempDir dir;
+  const std::string own = generateCurveKeyPair().public_key;
+  const NodeSpec current = stem(own);
+  const std::string node_data = dir.path + "/node_data";
+  fs::create_directories(nodeDirectory(node_data, "node_1"));
+  writeJsonFile(nodeSpecPath(node_data, "node_1"), toJson(current));
+  VolunteerPeers peers(node_data, "node_1", own, "c");
+  int live_calls = 0;
+  peers.liveHook()([&](const NodeSpec&) -> std::vector<std::string> { ++live_calls; return {}; });
+  NodeSpec moved = current;
+  moved.upstream->address = "127.0.0.1:7555";
+  peers.offer({"node_1", toJson(moved)});
+  peers.offer({"node_1", toJson(moved)});  // the repeat while held
+  EXPECT_TRUE(peers.pending());
+  EXPECT_TRUE(peers.applyPending());
+  EXPECT_FALSE(peers.applyPending());  // once
+  peers.offer({"node_1", toJson(moved)});  // the repeat once written
+  EXPECT_FALSE(peers.pending());
+  EXPECT_EQ(live_calls, 0);
+  EXPECT_EQ(readNodeSpec(nodeSpecPath(node_data, "node_1")).upstream->address, "127.0.0.1:7555");
+  // Not a repeat (the same neighbours, something else changed): taken live.
+  NodeSpec changed = readNodeSpec(nodeSpecPath(node_data, "node_1"));
+  changed.extra["units"] = {1, 2};
+  peers.offer({"node_1", toJson(changed)});
+  EXPECT_EQ(live_calls, 1);
+  peers.liveHook()({});
+}
+
 // Growing: a peers update the running node takes live (same neighbours, e.g. ring members
 // appended) is handed to the run; one the run refuses is ignored with a warning and never
 // crashes the volunteer, node.json kept.
