@@ -63,6 +63,14 @@ NodeSpec stem(const std::string& own_key) {
   return node;
 }
 
+// `node` written as its node.json under DIR/node_data; returns that node_data folder.
+std::string writtenNodeData(const VolunteerTakeoverTempDir& dir, const NodeSpec& node) {
+  const std::string node_data = dir.path + "/node_data";
+  fs::create_directories(nodeDirectory(node_data, node.name));
+  writeJsonFile(nodeSpecPath(node_data, node.name), toJson(node));
+  return node_data;
+}
+
 Assignment takeover(const NodeSpec& node, std::optional<std::string> checkpoint, int64_t step) {
   JobSpec job;
   job.job_id = node.job_id;
@@ -225,9 +233,7 @@ TEST(VolunteerTakeover, APendingUpdateStopsOnlyAPausedOrStartingRunThenIsWritten
   VolunteerTakeoverTempDir dir;
   const std::string own = generateCurveKeyPair().public_key;
   const NodeSpec current = stem(own);
-  const std::string node_data = dir.path + "/node_data";
-  fs::create_directories(nodeDirectory(node_data, "node_1"));
-  writeJsonFile(nodeSpecPath(node_data, "node_1"), toJson(current));
+  const std::string node_data = writtenNodeData(dir, current);
   VolunteerPeers peers(node_data, "node_1", own, "c");
   bool signal = false;
   const auto stop = peers.stopWhenReplaced([&] { return signal; });
@@ -271,9 +277,7 @@ TEST(VolunteerTakeover, ARepeatedUpdateChangesNothing) {
   VolunteerTakeoverTempDir dir;
   const std::string own = generateCurveKeyPair().public_key;
   const NodeSpec current = stem(own);
-  const std::string node_data = dir.path + "/node_data";
-  fs::create_directories(nodeDirectory(node_data, "node_1"));
-  writeJsonFile(nodeSpecPath(node_data, "node_1"), toJson(current));
+  const std::string node_data = writtenNodeData(dir, current);
   VolunteerPeers peers(node_data, "node_1", own, "c");
   int live_calls = 0;
   peers.liveHook()([&](const NodeSpec&) -> std::vector<std::string> { ++live_calls; return {}; });
@@ -303,9 +307,7 @@ TEST(VolunteerTakeover, ALiveUpdateTheRunRefusesIsIgnoredAndNodeJsonKept) {
   VolunteerTakeoverTempDir dir;
   const std::string own = generateCurveKeyPair().public_key;
   const NodeSpec current = stem(own);
-  const std::string node_data = dir.path + "/node_data";
-  fs::create_directories(nodeDirectory(node_data, "node_1"));
-  writeJsonFile(nodeSpecPath(node_data, "node_1"), toJson(current));
+  const std::string node_data = writtenNodeData(dir, current);
   VolunteerPeers peers(node_data, "node_1", own, "c");
   int calls = 0;
   bool refuse = true;
