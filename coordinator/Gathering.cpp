@@ -30,9 +30,20 @@ std::optional<std::vector<Placement>> Gathering::poll() {
   }
   // A plan refused for want of a relay is tried again with as many volunteers once one is offered.
   if (o_.relays && o_.relays().size() != relays_tried_) needed_ = std::min(needed_, std::max(1, o_.min_volunteers));
+  // Only spares heard lately are planned: one whose process ended, or that is frozen or cut off,
+  // would hold a node nobody trains (MemberReplacer::heardLately).
   std::vector<Member> spares;
-  for (const Member& m : store_.members())
-    if (m.state == MemberState::kSpare) spares.push_back(m);
+  const double now = unixNow();
+  for (const Member& m : store_.members()) {
+    if (m.state != MemberState::kSpare) continue;
+    const bool heard = replacer_.heardLately(m, now);
+    if (heard) spares.push_back(m);
+    if (!heard && unheard_.insert(m.public_key).second)
+      CAIRN_WARN("coordinator: ", m.name, " is not heard lately (its connections to the coordinator "
+                 "closed, or it is silent): not planned while it stays so");
+    else if (heard && unheard_.erase(m.public_key))
+      CAIRN_INFO("coordinator: ", m.name, " is heard again: counted for the plan again");
+  }
   const int want = std::max(needed_, o_.max_volunteers > 0 ? o_.max_volunteers : needed_);
   if (int(spares.size()) < needed_) {
     enough_since_.reset();
@@ -77,13 +88,18 @@ std::optional<std::vector<Placement>> Gathering::apply() {
     return std::nullopt;
   }
   const PlannedRun& run = made.run;
-  // Each placed volunteer must still be the spare it was (same row, same key): one that left or
-  // came back under another name meanwhile would hold a node nobody trains.
+  // Each placed volunteer must still be the spare it was (same row, same key) and heard lately: one
+  // that left, died or came back under another name meanwhile would hold a node nobody trains.
   for (const Member& was : planned_from_) {
     const auto now = store_.memberByName(was.name);
     if (!now || now->state != MemberState::kSpare || now->public_key != was.public_key) {
       CAIRN_WARN("coordinator: ", was.name, " is no longer a waiting spare; planning again");
       return std::nullopt;  // poll() starts another plan from the spares of now
+    }
+    if (!replacer_.heardLately(*now, unixNow())) {
+      CAIRN_WARN("coordinator: ", was.name, " is no longer heard (its connections closed, or it is "
+                 "silent); planning again without it");
+      return std::nullopt;
     }
   }
   std::cout << run.report << std::flush;

@@ -5,8 +5,10 @@
 // they wait. Planning 1,000 volunteers takes 17-23 s (docs/BENCHMARKS.md "Churn"); made on the loop
 // it held every join, heartbeat and metrics batch for that long, and the replacer then had to
 // forget the silence it caused. Off the loop, they are answered meanwhile; volunteers that join
-// while a plan is made stay spares. A plan whose volunteer is no longer a spare when it is done (it
-// left, or came back under a new name) is dropped and made again from the spares of then.
+// while a plan is made stay spares. Only spares heard lately are planned (MemberReplacer::
+// heardLately: not silent past --lost-after-s, connections not all closed past --gone-after-s). A
+// plan whose volunteer is no longer such a spare when it is done (it left, died, or came back under
+// a new name) is dropped and made again from the spares of then.
 // A plan that fails (these volunteers cannot hold the model) waits for one volunteer more.
 // Ownership: borrows the store, the model and the replacer (for the spares' notes); owns the
 // worker. Thread-safety: poll() on the loop's thread only; the worker touches no store, only the
@@ -17,6 +19,7 @@
 #include <functional>
 #include <future>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -76,6 +79,7 @@ class Gathering {
   int needed_ = 1;  // spares needed before planning (grows when a plan fails)
   size_t relays_tried_ = 0;  // relays offered to the last plan started
   std::optional<Clock::time_point> enough_since_;
+  std::set<std::string> unheard_;  // keys of spares not heard lately, told so in the log once
   std::vector<Member> planned_from_;  // the spares the plan being made places
   std::future<Made> planning_;
 };

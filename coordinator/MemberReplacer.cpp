@@ -75,7 +75,9 @@ void MemberReplacer::poll(double now) {
     // takes either kind (a reachable volunteer dials out as well), its own kind first.
     const bool placed_dial_out_only = header.dial_out_only;
     const std::optional<Member> spare =
-        chooseSpare(sparesFor(withoutGoneSpares(members, gone_, now), placed_dial_out_only), needed);
+        chooseSpare(sparesFor(withoutAwaySpares(members, now, started_at_, lost_after_s_, gone_),
+                              placed_dial_out_only),
+                    needed);
     if (!spare) {
       if (told_no_spare_.insert(lost.name).second)
         CAIRN_WARN("coordinator: no spare can take ", lost.name, " over (", lost.why,

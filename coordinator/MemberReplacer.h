@@ -2,9 +2,8 @@
 // lost volunteer is replaced by a spare"):
 //   poll()         every 200 ms while the run is planned: a placed volunteer silent for longer
 //                  than --lost-after-s, whose connections all closed --gone-after-s ago
-//                  (watchConnections; a spare gone so is passed over), or that said `leaving`
-//                  is marked lost; when a spare is
-//                  waiting it takes the node over: the store renames the rows (CoordinatorStore::
+//                  (watchConnections), or that said `leaving` is marked lost; when a spare
+//                  heard lately (heardLately) is waiting it takes the node over: the store renames the rows (CoordinatorStore::
 //                  takeOver), node.json of the node and of every node naming it are rewritten in
 //                  <out>/nodes/ (the plan a restarted coordinator reads), the spare is sent
 //                  `accepted{name: the node's name, state: assigned}` and the `assignment` with
@@ -56,6 +55,11 @@ class MemberReplacer {
   void deafUntil(double t) { started_at_ = std::max(started_at_, t); }
   // Volunteers whose connections all closed are lost after `rule.gone_after_s` (Replacement.h).
   void watchConnections(GoneRule rule) { gone_ = std::move(rule); }
+  // Replacement.h heardLately by this replacer's clock and rules: a spare that is not is passed
+  // over (it is dead, frozen or cut off), here and by the first plan (Gathering.h).
+  bool heardLately(const Member& m, double now) const {
+    return coordinator::heardLately(m, now, started_at_, lost_after_s_, gone_);
+  }
   // `member`: the row of the heartbeat's sender (the coordinator has it at hand: no lookup here).
   void onHeartbeat(const Member& member);
   // Sends `frames` to `public_key` on the connection its last heartbeat came from; false when

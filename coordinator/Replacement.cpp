@@ -33,10 +33,16 @@ std::optional<double> GoneRule::goneFor(const Member& m, double now) const {
   return now - *since;
 }
 
-std::vector<Member> withoutGoneSpares(std::vector<Member> members, const GoneRule& gone, double now) {
+bool heardLately(const Member& m, double now, double heard_since, double lost_after_s, const GoneRule& gone) {
+  return now - std::max(m.last_seen, heard_since) <= lost_after_s && !gone.goneFor(m, now);
+}
+
+std::vector<Member> withoutAwaySpares(std::vector<Member> members, double now, double heard_since,
+                                      double lost_after_s, const GoneRule& gone) {
   members.erase(std::remove_if(members.begin(), members.end(),
                                [&](const Member& m) {
-                                 return m.state == MemberState::kSpare && gone.goneFor(m, now);
+                                 return m.state == MemberState::kSpare &&
+                                        !heardLately(m, now, heard_since, lost_after_s, gone);
                                }),
                 members.end());
   return members;

@@ -55,8 +55,13 @@ struct GoneRule {
 std::vector<LostNode> findLost(const std::vector<Member>& members,
                                const std::vector<std::string>& placed, double now,
                                double heard_since, double lost_after_s, const GoneRule& gone = {});
-// `members` without the spares `gone` says are gone (a spare whose process ended takes nothing over).
-std::vector<Member> withoutGoneSpares(std::vector<Member> members, const GoneRule& gone, double now);
+// Whether `m` was heard lately enough to be planned or given a node: not gone by `gone`, and not
+// silent for over lost_after_s (now - max(last_seen, heard_since), as findLost counts it).
+bool heardLately(const Member& m, double now, double heard_since, double lost_after_s, const GoneRule& gone);
+// `members` without the spares not heardLately (a spare whose process ended, or that is frozen or
+// cut off, takes nothing over and is not planned).
+std::vector<Member> withoutAwaySpares(std::vector<Member> members, double now, double heard_since,
+                                      double lost_after_s, const GoneRule& gone);
 
 // The RAM (GB) a member's join probe reports (0 when it reports none).
 double probeRamGb(const Member& m);

@@ -91,17 +91,27 @@ TEST(Replacement, AHolderWhoseConnectionsAllClosedIsLostAfterTheGoneTimeNotTheSi
   EXPECT_NE(silent[2].why.find("no heartbeat for 16.0 s"), std::string::npos) << silent[2].why;
 }
 
-TEST(Replacement, ASpareWhoseConnectionsAllClosedIsPassedOver) {
+// A spare that is not heard lately — its connections all closed, or silent past --lost-after-s (a
+// frozen or cut-off one) — takes no node over and is not planned (Gathering.h).
+TEST(Replacement, ASpareGoneOrSilentIsPassedOver) {
   std::vector<Member> members = {replacementMember("node_4", MemberState::kSpare, 100, 8, 1),
                                  replacementMember("node_5", MemberState::kSpare, 100, 8, 2),
                                  replacementMember("node_6", MemberState::kAssigned, 100, 8, 3)};
   const GoneRule rule = goneRule({{members[0].public_key, 10}, {members[2].public_key, 10}}, 3);
-  const std::vector<Member> left = withoutGoneSpares(members, rule, 20);
+  const std::vector<Member> left = withoutAwaySpares(members, 20, 0, 600, rule);
   ASSERT_EQ(left.size(), 2u);  // node_4 gone; node_6 is no spare (findLost's to judge)
   EXPECT_EQ(left[0].name, "node_5");
   EXPECT_EQ(left[1].name, "node_6");
   EXPECT_EQ(chooseSpare(left, 4)->name, "node_5");
-  EXPECT_EQ(withoutGoneSpares(members, rule, 12).size(), 3u);  // gone 2 s only
+  EXPECT_EQ(withoutAwaySpares(members, 12, 0, 600, rule).size(), 3u);  // gone 2 s only
+  // At 116 all three were heard 16 s ago: past --lost-after-s 15 both spares are passed over (the
+  // holder is findLost's to judge); counted from a coordinator's start at 110, they are not.
+  const std::vector<Member> silent = withoutAwaySpares(members, 116, 0, 15, GoneRule{});
+  ASSERT_EQ(silent.size(), 1u);
+  EXPECT_EQ(silent[0].name, "node_6");
+  EXPECT_EQ(withoutAwaySpares(members, 116, 110, 15, GoneRule{}).size(), 3u);
+  EXPECT_FALSE(heardLately(members[1], 116, 0, 15, GoneRule{}));
+  EXPECT_TRUE(heardLately(members[1], 115, 0, 15, GoneRule{}));  // exactly at the bound: heard
 }
 
 }  // namespace

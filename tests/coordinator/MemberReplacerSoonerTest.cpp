@@ -75,6 +75,7 @@ TEST(MemberReplacer, PeersGoOutAtOnceAndAgainOnTheNextHeartbeat) {
   store.setMeta("placed", nlohmann::json(placed).dump());
   for (const auto& n : placed)
     if (n != "node_1") store.touch(n, 110);
+  store.touch("node_6", 110);  // the spare's "waiting" heartbeats
   const std::string unknown_key = store.memberByName("node_4")->public_key;  // no heartbeat route
   std::map<std::string, std::vector<PeersUpdate>> at_once;  // by key
   std::vector<std::pair<std::string, Frames>> sent;

@@ -53,6 +53,7 @@ TEST(MemberReplacer, ASpareTakesALostNodeOverWithItsCheckpointAndItsPeersAreTold
   // Everyone heard at 110 but node_1 (last at 100).
   for (const auto& n : placed)
     if (n != "node_1") store.touch(n, 110);
+  store.touch("node_6", 110);  // the spare's "waiting" heartbeats
   replacer.poll(114);  // 14 s of silence: not yet
   EXPECT_TRUE(sent.empty());
   replacer.poll(116);
@@ -286,7 +287,9 @@ TEST(MemberReplacer, ALostNodeHeardAgainBeforeASpareCameIsHeldByItsVolunteerAgai
   EXPECT_TRUE(sent.empty());
   EXPECT_EQ(store.memberByName("node_1")->state, MemberState::kSpare);
   EXPECT_EQ(replacer.replaced(), 0u);
-  // Silent for longer than --lost-after-s again: lost again, and now the spare takes it over.
+  // Silent for longer than --lost-after-s again: lost again, and now the spare (heard: its
+  // "waiting" heartbeats) takes it over.
+  store.touch("node_1", 17);
   replacer.poll(18);
   EXPECT_EQ(replacer.replaced(), 1u);
   EXPECT_EQ(store.memberByName("node_0")->public_key, spare.public_key);
@@ -313,6 +316,7 @@ TEST(MemberReplacer, AReplacementDuringAProposedGrowthRepointsTheGrowthsNodesToo
                           [&](const std::string& key, const Frames& f) { sent.emplace_back(key, f); });
   for (const auto& n : placed)
     if (n != "node_1") store.touch(n, 110);
+  store.touch("node_6", 110);  // the spare's "waiting" heartbeats
   replacer.poll(116);  // node_1 silent for 16 s: the spare takes it
   ASSERT_EQ(replacer.replaced(), 1u);
   // node_4 (cluster 1's stage 1) lists node_1 in its ring: re-pointed on disk, told nothing.

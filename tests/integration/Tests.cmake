@@ -49,7 +49,8 @@ cairn_script_tests(PREFIX integration.tied_gpt SCRIPT ${INTEGRATION}/tied_gpt_te
 # Volunteers join by invite (docs/OPERATIONS.md "Volunteers join"): a real coordinator
 # (clusterize --serve) and real provider --join processes; every port from free_ports (above).
 cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/volunteer_test.py TIMEOUT 600
-  CASES join_train_merge coordinator_restarts bad_invites checkpoint_upload ARGS ${BINARIES})
+  CASES join_train_merge coordinator_restarts bad_invites checkpoint_upload dead_spare_not_planned
+  ARGS ${BINARIES})
 # Chunks served by the coordinator (issue K part 2): volunteers with no copy of the data train on
 # shards the coordinator serves and evaluate on its served test shards, with exactly the losses and
 # evaluations of the same job read locally.

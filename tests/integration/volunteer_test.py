@@ -26,6 +26,11 @@ CASE:
                     multiple of 10 up to 60, its coordinator.db row names it, and it is
                     byte-identical to the volunteer's own file of that step. Prints the bytes and
                     seconds of each upload from the volunteers' logs.
+  dead_spare_not_planned  a volunteer joins and is SIGKILLed while it waits for the plan: once the
+                    coordinator says it is not heard lately (its connections closed, --gone-after-s),
+                    3 more join and the plan (--min-volunteers 3) places those 3 only — nobody lost,
+                    no replacement needed, the dead one's row still a spare — and they train to the
+                    end (the merged model's PyTorch accuracy equals the Leaf's).
   bad_invites       what a volunteer sees when its invite is wrong: a wrong token is refused with
                     the coordinator's reason (exit 2), a wrong coordinator key gets no answer and a
                     clear timeout (exit 3), a malformed invite and --advertise without --listen
@@ -35,6 +40,7 @@ CASE:
 """
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 
@@ -176,6 +182,34 @@ def case_coordinator_restarts(args):
                   "after a coordinator restart: Leaf accuracy {reported:.4f}, merged model in PyTorch {accuracy:.4f}")
 
 
+def case_dead_spare_not_planned(args):
+    test_samples = 1000
+    run = vt.start_run(args, 30, test_samples, ["--min-volunteers", "3", "--clusters", "1", "--cuts", "7,14"], 4)
+    out, coordinator = run.out, run.coordinator
+    with run:
+        run.join(1)
+        coordinator.wait_for(lambda l: "joined: node_0 " in l, 120, "'joined: node_0'")
+        dead = run.volunteers[0][0]
+        dead.proc.kill()
+        dead.finish(30)
+        print(coordinator.wait_for(lambda l: "node_0 is not heard lately" in l, 60,
+                                   "'node_0 is not heard lately'").strip())
+        run.join(3)
+        coordinator.wait_for(lambda l: "planned 1 cluster(s) on 3 volunteers" in l, 120, "the plan of 3")
+        run.all_finish(but=dead)
+    chain = json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]
+    if "node_0" in chain or len(chain) != 3:
+        vt.fail(f"the plan's chain is {chain}: the dead volunteer node_0 was planned")
+    if coordinator.count(lambda l: "coordinator: lost: " in l):
+        vt.fail("a planned volunteer was lost: the plan held the dead one")
+    row = sqlite3.connect(os.path.join(out, "coordinator.db")).execute(
+        "SELECT state FROM members WHERE name = 'node_0'").fetchone()
+    if row != ("spare",):
+        vt.fail(f"coordinator.db: node_0 is {row}, expected still a spare")
+    vt.check_trained(out, test_samples, "without the dead volunteer: Leaf accuracy {reported:.4f}, "
+                     "merged model in PyTorch {accuracy:.4f}")
+
+
 def case_bad_invites(args):
     run = vt.start_run(args, 10, 100, ["--min-volunteers", "99"])
     model, job, coordinator, invite = run.model, run.job, run.coordinator, run.invite
@@ -228,7 +262,8 @@ def case_bad_invites(args):
 
 
 def main():
-    vt.main_of(["join_train_merge", "coordinator_restarts", "bad_invites", "checkpoint_upload"], globals())
+    vt.main_of(["join_train_merge", "coordinator_restarts", "bad_invites", "checkpoint_upload",
+                "dead_spare_not_planned"], globals())
 
 
 if __name__ == "__main__":
