@@ -3,8 +3,9 @@
 //   poll()         every 200 ms while the run is planned: a placed volunteer silent for longer
 //                  than --lost-after-s, whose connections all closed --gone-after-s ago
 //                  (watchConnections), or that said `leaving` is marked lost; when a spare
-//                  heard lately (heardLately) is waiting it takes the node over: the store renames the rows (CoordinatorStore::
-//                  takeOver), node.json of the node and of every node naming it are rewritten in
+//                  heard lately (heardLately) is waiting it takes the node over: the store
+//                  renames the rows (CoordinatorStore::takeOver), node.json of the node and of
+//                  every node naming it are rewritten in
 //                  <out>/nodes/ (the plan a restarted coordinator reads), the spare is sent
 //                  `accepted{name: the node's name, state: assigned}` and the `assignment` with
 //                  the newest checkpoint the coordinator holds for the node (resume), and the
