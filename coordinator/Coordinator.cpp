@@ -366,7 +366,6 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
   s.replacer = std::make_unique<MemberReplacer>(
       *s.store, s.o.out, s.o.lost_after.count() / 1000.0, unixNow(),
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
-  // Members whose connections all closed (their process ended): lost without the silence timeout.
   const GoneRule gone{[&s](const std::string& key) { return s.connections.goneSince(key); },
                       s.o.gone_after.count() / 1000.0};
   s.replacer->watchConnections(gone);
@@ -390,7 +389,9 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
                        [&s] { return s.relays->forPlanning(unixNow()); }, s.o.before_plan},
       *s.replacer, [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.grower = std::make_unique<Grower>(
-      *s.store, s.o.out, GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares},
+      *s.store, s.o.out,
+      GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares,
+                  [&s](const Member& m) { return s.replacer->heardLately(m, unixNow()); }},
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.token = chooseToken(*s.store, s.o.token);
   s.admissions = std::make_unique<Admissions>(

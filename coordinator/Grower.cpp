@@ -59,11 +59,14 @@ void Grower::propose(double) {
   const std::vector<std::string> placed = names(nlohmann::json::parse(*placed_text));
   const int clusters = std::stoi(store_.meta("num_clusters").value_or("1"));
   if (options_.max_clusters > 0 && clusters >= options_.max_clusters) return;
-  // A new cluster of reachable spares only: its ring members are the placed nodes, some of which
-  // may be dial-out only, and its pipeline would link spares to each other (DialOutPlacement.h).
+  // A new cluster of reachable spares heard lately only: its ring members are the placed nodes,
+  // some of which may be dial-out only, and its pipeline would link spares to each other
+  // (DialOutPlacement.h); a dead or frozen spare would hold a node nobody trains.
   std::vector<Member> members;
   for (const Member& m : store_.members())
-    if (!m.dial_out_only) members.push_back(m);
+    if (!m.dial_out_only && (m.state != MemberState::kSpare || !options_.heard_lately ||
+                             options_.heard_lately(m)))
+      members.push_back(m);
   size_t spares = 0;
   for (const Member& m : members) spares += m.state == MemberState::kSpare ? 1 : 0;
   std::vector<NodeSpec> nodes;

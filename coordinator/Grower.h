@@ -47,6 +47,9 @@ struct GrowOptions {
   bool enabled = false;  // --grow
   int max_clusters = 0;  // --max-clusters (0: no limit)
   int keep_spares = 0;   // --keep-spares: spares growth leaves waiting for replacements
+  // Whether a spare is heard lately (MemberReplacer::heardLately); one that is not (dead, frozen,
+  // cut off) joins no new cluster. Empty: every spare is.
+  std::function<bool(const Member&)> heard_lately;
 };
 
 class Grower {

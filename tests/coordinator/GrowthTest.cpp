@@ -332,7 +332,7 @@ struct GrowerFixture {
     store->setMeta("phase", "planned");
   }
   ~GrowerFixture() { std::filesystem::remove_all(out); }
-  Grower grower(GrowOptions o = {true, 0, 0}) {
+  Grower grower(GrowOptions o = {true, 0, 0, {}}) {
     return Grower(*store, out, o, [this](const std::string& key, const Frames& frames) {
       sent.emplace_back(key, frames.size());
     });
@@ -343,6 +343,15 @@ struct GrowerFixture {
   }
 };
 
+// A spare not heard lately (MemberReplacer::heardLately: dead, frozen, cut off) joins no cluster.
+TEST(Grower, SparesNotHeardLatelyFormNoCluster) {
+  GrowerFixture f;
+  Grower g = f.grower({true, 0, 0, [](const Member& m) { return m.name != "node_3"; }});
+  g.observe("node_1", {{{"step", 30}, {"epoch", 2}}});
+  EXPECT_TRUE(g.poll(100).empty());
+  EXPECT_TRUE(f.growth().is_null());  // one heard spare cannot hold two stages
+  EXPECT_EQ(f.store->memberByName("node_2")->state, MemberState::kSpare);
+}
 TEST(Grower, ProposesTellsThePeersAndAssignsOnceTheRootTookTheDeal) {
   GrowerFixture f;
   Grower g = f.grower();
@@ -450,13 +459,13 @@ TEST(Grower, ServedChunksFollowTheProposedDealAndTheSameAfterARestart) {
 
 TEST(Grower, ARefusalForAnotherReasonAbandonsGrowthAndOffIsOff) {
   GrowerFixture f;
-  Grower off = f.grower({false, 0, 0});
+  Grower off = f.grower({false, 0, 0, {}});
   EXPECT_TRUE(off.poll(100).empty());
   EXPECT_TRUE(f.growth().is_null());
-  Grower capped = f.grower({true, 1, 0});  // --max-clusters 1
+  Grower capped = f.grower({true, 1, 0, {}});  // --max-clusters 1
   capped.poll(100);
   EXPECT_TRUE(f.growth().is_null());
-  Grower keeping = f.grower({true, 0, 1});  // --keep-spares 1: two spares cannot hold 2 stages + 1
+  Grower keeping = f.grower({true, 0, 1, {}});  // --keep-spares 1: two spares cannot hold 2 stages + 1
   keeping.poll(100);
   EXPECT_TRUE(f.growth().is_null());
   Grower g = f.grower();
