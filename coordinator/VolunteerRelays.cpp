@@ -60,9 +60,9 @@ VolunteerRelays::VolunteerRelays(CoordinatorStore& store, std::string out, doubl
       send_(std::move(send)) {}
 
 bool VolunteerRelays::alive(const Member& m, double now) const {
-  // Silence counts from this coordinator's start at the earliest (a restarted one heard nobody).
-  return m.state == MemberState::kRelaying && now - std::max(m.last_seen, started_at_) <= lost_after_s_ &&
-         !gone_.goneFor(m, now);
+  // Silence counts from this coordinator's start at the earliest (a restarted one heard nobody);
+  // the same rule as for spares (Replacement.h heardLately).
+  return m.state == MemberState::kRelaying && heardLately(m, now, started_at_, lost_after_s_, gone_);
 }
 
 std::vector<PeerRef::Relay> VolunteerRelays::liveRelays(double now) const {
