@@ -168,6 +168,28 @@ void RingClusterSync::decideAdmission(int64_t steps_done) {
   admitClustersAt({(steps_done / local_steps_ + 1) * local_steps_, {asked.begin(), asked.end()}});
 }
 
+void RingClusterSync::admitAskersBetweenSyncs(int64_t steps_done) {
+  // Requests wait in the mailbox between syncs (the welcome desk is off while gated); taking them
+  // here costs a look at the mailbox's buffer and at most one read of the transport a step.
+  std::set<int64_t> asked;
+  std::vector<std::string> askers;
+  for (Ring* ring : sharedRings()) {
+    collectJoinRequests(context_, *ring);
+    const std::vector<PeerRef>& m = ring->spec.members;
+    for (size_t i = 0; i < m.size(); ++i)
+      if (ring->join_requests.count(m[i].name) &&
+          std::find(ring->view.begin(), ring->view.end(), m[i].name) == ring->view.end() &&
+          !admitted_clusters_.count(int64_t(i)) && asked.insert(int64_t(i)).second)
+        askers.push_back(m[i].name);
+  }
+  for (const auto& [at, pending] : admit_clusters_at_)
+    for (const int64_t c : pending.clusters) asked.erase(c);
+  if (asked.empty()) return;
+  CAIRN_INFO("cross-cluster sync: ", joinedNames(askers), " asked to join between syncs (after step ",
+             steps_done, ")");
+  admitClustersAt({(steps_done / local_steps_ + 1) * local_steps_, {asked.begin(), asked.end()}});
+}
+
 void RingClusterSync::shareHeldMembers() {
   std::lock_guard<std::mutex> lock(added_mutex_);
   for (auto& ring : rings_) {

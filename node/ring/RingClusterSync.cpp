@@ -330,6 +330,8 @@ void RingClusterSync::afterOptimizerStep(int64_t step, torch::jit::Module& stage
   if (clusters_now)
     awaitJoinRequests(context_, sharedRings(), std::chrono::steady_clock::now() + context_.timeout,
                       &clusters);
+  if (done % local_steps_ != 0 && context_.gated && decides_ && started_ && !left_)
+    admitAskersBetweenSyncs(done);
   if (done % local_steps_ != 0 && !admission && !clusters_now) return;
   bool shared = false;
   for (const auto& ring : rings_) shared = shared || ring->spec.members.size() > 1;

@@ -175,8 +175,10 @@ class RingClusterSync : public ClusterSync {
   void admitJoinersAt(int64_t steps_done) override;
   // Joiners admitted together (ClusterSync::gateAdmissions): gated, a sync admits only the joiners
   // of the clusters of an admission step (every joiner at a growth admission step); the Root
-  // (`decides`) schedules one at its next sync boundary after a sync whose rings agreed that
-  // members of other clusters asked (one admission pending at a time). The welcome desk is off.
+  // (`decides`) schedules one at its next sync boundary once it sees members of other clusters
+  // asking: after any step that is no boundary, from the requests that reached its own rings
+  // (admitAskersBetweenSyncs), and after a sync whose rings agreed that some asked. The welcome
+  // desk is off.
   // At the admission step each ring waits (up to the ring timeout) for the join requests of
   // those clusters' members, then syncs.
   void gateAdmissions(bool decides) override;
@@ -247,6 +249,14 @@ class RingClusterSync : public ClusterSync {
   int64_t last_boundary_ = 0;  // steps done at the last afterOptimizerStep
   // Root: after a sync, the clusters its rings saw asking are admitted at the next boundary.
   void decideAdmission(int64_t steps_done);
+  // Root, after a step that is no sync boundary: the clusters whose members asked this node's
+  // rings to join since (outside the view, neither pending nor admitted already) are admitted at
+  // the next boundary at once, not only after the next sync saw them (which cost the joiner up to
+  // a sync interval more). Any one Root's decision is the whole ring's: its pipeline carries it to
+  // its members in every ring, whose "admit now" flag the ring's join agreement max-reduces, so
+  // every ring admits the cluster at that boundary, whether the other Roots decided it too or
+  // later (a later decision finds the members in the view: nothing left to wait for).
+  void admitAskersBetweenSyncs(int64_t steps_done);
   // The deal agreement of the last synchronize() not yet taken (trainer's thread).
   std::optional<DealAgreement> deal_agreement_;
   // The overlapped gradient all-reduce (created at its first use); destroyed before rings_.
