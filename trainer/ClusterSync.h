@@ -102,11 +102,13 @@ class ClusterSync {
   // and with several such clusters the rings wait on each other through the pipelines
   // (docs/TRAINING.md "Lost and returning ring members"). gateAdmissions (before start(), sync
   // schedule): join requests are then taken in only at the admission steps admitClustersAt names.
-  // The Root (`decides`) names them: after a sync at which its rings agreed that members of some
-  // clusters asked, it admits those clusters at its next sync boundary, and pendingAdmission()
-  // says so until then; the pipeline carries it downstream with the activations ("__admit"), and
-  // every other stage calls admitClustersAt with it. Every Root syncs at the same ordinal of its
-  // rings, so every ring admits a cluster at the same ordinal. Defaults: no rings, nothing to do.
+  // The Root (`decides`) names them: once it sees members of some clusters asking (after a step
+  // between syncs, or at a sync whose rings agreed on it), it admits those clusters at its next
+  // sync boundary, and pendingAdmission() says so until then; the pipeline carries it downstream
+  // with the activations ("__admit"), and every other stage calls admitClustersAt with it. Its
+  // cluster has a member in every ring, whose "admit now" flag the ring's join agreement
+  // max-reduces, so every ring admits the cluster at that sync ordinal. Defaults: no rings,
+  // nothing to do.
   virtual void gateAdmissions(bool /*decides*/) {}
   virtual void admitClustersAt(const ClusterAdmission& /*admission*/) {}
   virtual std::optional<ClusterAdmission> pendingAdmission() const { return std::nullopt; }

@@ -4,6 +4,7 @@ without kills, side by side in one invocation.
 
     /usr/bin/python3 tools/bench/churn_bench.py                       # 1 round: ~12 min here
     /usr/bin/python3 tools/bench/churn_bench.py --rounds 2 --kill-every 40 --work /tmp/churn
+    /usr/bin/python3 tools/bench/churn_bench.py --against /tmp/build_old --work /tmp/churn_ab
 
 Each round runs tools/soak.py twice (the order alternating from round to round): `--faults none`
 (24 volunteers: 6 clusters of 3 and 6 spares, no growth) and `--faults kill --no-overlap` (the same
@@ -16,6 +17,9 @@ the coordinator's plan; each kill's time to the spare's first step; the training
 (distinct cluster steps x batch over the training span, which ends with the slowest cluster; and
 the same while every cluster trains, up to the first cluster's last step). Prints a table (medians over rounds, the
 kills' p50 and p99 over every kill of every round) and writes WORK/churn.json.
+
+--against OTHER_BUILD compares two builds under the same churn instead: each round runs the kill
+soak with --build and with OTHER_BUILD (the order alternating), and the table has a column each.
 """
 import argparse
 import json
@@ -27,8 +31,8 @@ import sys
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
-def soak(args, work, faults):
-    cmd = ["/usr/bin/python3", os.path.join(REPO, "tools/soak.py"), "--build", args.build,
+def soak(args, work, faults, build=None):
+    cmd = ["/usr/bin/python3", os.path.join(REPO, "tools/soak.py"), "--build", build or args.build,
            "--work", work, "--volunteers", "24", "--clusters", "6", "--steps", str(args.steps),
            "--seed", str(args.seed), "--no-grow", "--no-overlap", "--faults", faults,
            "--kill-every", str(args.kill_every), "--timeout-s", "1800"]
@@ -59,10 +63,16 @@ def main():
     p.add_argument("--kill-every", type=int, default=40,
                    help="steps between kills (40 of the soak's 200: about one a minute here)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--against", metavar="OTHER_BUILD",
+                   help="compare the kill soak of --build with that of this build instead")
     args = p.parse_args()
     if args.rounds < 1 or args.steps < 10 or args.kill_every < 1:
         p.error("--rounds, --steps (>= 10) and --kill-every must be positive")
+    if args.against and not os.path.isfile(os.path.join(args.against, "node/provider")):
+        p.error(f"--against {args.against}: no node/provider there (a cairn build folder?)")
     os.makedirs(args.work, exist_ok=True)
+    if args.against:
+        return compare(args)
     runs = {"none": [], "kill": []}
     for r in range(args.rounds):
         order = ["none", "kill"] if r % 2 == 0 else ["kill", "none"]
@@ -100,6 +110,37 @@ def main():
           f"{result['kill_to_first_step_p50_s']} s / {result['kill_to_first_step_p99_s']} s |")
     if missed:
         print(f"({missed} kill(s) had no first step of a spare before the run ended)")
+
+
+def compare(args):
+    builds = {"build": args.build, "against": args.against}
+    runs = {"build": [], "against": []}
+    for r in range(args.rounds):
+        order = ["build", "against"] if r % 2 == 0 else ["against", "build"]
+        for which in order:
+            runs[which].append(soak(args, os.path.join(args.work, f"{which}_{r}"), "kill", builds[which]))
+    result = {"rounds": args.rounds, "steps": args.steps, "kill_every": args.kill_every,
+              "seed": args.seed, "builds": builds, "runs": runs}
+    for which, done in runs.items():
+        kills = [k for run in done for k in run["kill_to_first_step_s"] if k is not None]
+        result[which] = {
+            "kills": len(kills), "kills_without_a_first_step":
+                sum(1 for run in done for k in run["kill_to_first_step_s"] if k is None),
+            "kill_to_first_step_p50_s": percentile(kills, 50) if kills else None,
+            "kill_to_first_step_p99_s": percentile(kills, 99) if kills else None,
+            "samples_per_s": statistics.median(run["samples_per_s"] for run in done),
+            "samples_per_s_all_training":
+                statistics.median(run.get("samples_per_s_all_training", 0) for run in done)}
+    json.dump(result, open(os.path.join(args.work, "churn.json"), "w"), indent=1)
+    b, a = result["build"], result["against"]
+    print(f"| kill soak, {args.rounds} round(s) | {args.build} | {args.against} |\n|---|---:|---:|")
+    print(f"| kills (without a spare's first step) | {b['kills']} ({b['kills_without_a_first_step']}) | "
+          f"{a['kills']} ({a['kills_without_a_first_step']}) |")
+    print(f"| kill to the spare's first step, p50 / p99 | {b['kill_to_first_step_p50_s']} s / "
+          f"{b['kill_to_first_step_p99_s']} s | {a['kill_to_first_step_p50_s']} s / {a['kill_to_first_step_p99_s']} s |")
+    print(f"| throughput, whole run (samples/s) | {b['samples_per_s']} | {a['samples_per_s']} |")
+    print(f"| the same while every cluster trains | {b['samples_per_s_all_training']} | "
+          f"{a['samples_per_s_all_training']} |")
 
 
 if __name__ == "__main__":
