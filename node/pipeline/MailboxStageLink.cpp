@@ -55,7 +55,9 @@ uint64_t LinkStats::droppedTotal() const {
 
 MailboxStageLink::MailboxStageLink(Mailbox& mailbox, const NodeSpec& node, LinkTimeouts timeouts,
                                    LinkChecks checks)
-    : mailbox_(mailbox), node_(node), timeouts_(timeouts), checks_(checks) {
+    : mailbox_(mailbox), node_(node), timeouts_(timeouts), lost_after_(timeouts.lost), checks_(checks) {
+  for (const RingSpec& ring : node_.rings)
+    if (ring.members.size() > 1) lost_after_ = std::min(timeouts_.lost, timeouts_.lost_sharing_rings);
   // This link's run: random, so a restarted process (or a new transport) says hello anew.
   std::random_device entropy;
   char run[17];
@@ -99,6 +101,11 @@ void MailboxStageLink::throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost,
   std::string how;
   if (lost.cause == LossCause::kDisconnected && lost.reason == kReplacedReason)
     how = "the coordinator gave its node to another volunteer (a peers update names the new one)";
+  else if (lost.cause == LossCause::kDisconnected && lost_after_ < timeouts_.lost)
+    how = detail::concat("its connection has been down for ", secondsOf(lost_after_),
+                         " s (this node shares rings with other clusters, whose syncs would wait "
+                         "for it: lost sooner than training_definition.timeouts.peer_timeout_s, ",
+                         secondsOf(timeouts_.lost), " s)");
   else if (lost.cause == LossCause::kDisconnected)
     how = detail::concat("its connection has been down for ", secondsOf(timeouts_.lost),
                          " s (training_definition.timeouts.peer_timeout_s)");
@@ -115,7 +122,7 @@ void MailboxStageLink::checkConnection(const PeerRef& p, Neighbour dir, const st
   if (replaced_ && replaced_(p.name))
     throwLost(p, dir, PeerLoss{p.name, LossCause::kDisconnected, kReplacedReason, p.name}, what);
   const PeerLiveness live = mailbox_.transport().liveness(p.name);
-  if (live.state != PeerState::kDisconnected || std::chrono::steady_clock::now() - live.since < timeouts_.lost)
+  if (live.state != PeerState::kDisconnected || std::chrono::steady_clock::now() - live.since < lost_after_)
     return;
   // Gone after saying it leaves (a send waits on it, which does not read the mailbox): its
   // "leaving" says why (a stop stops this node too), not a silent loss.
@@ -161,7 +168,7 @@ void MailboxStageLink::send(Neighbour to, const StagePacket& packet) {
     const std::optional<torch::Tensor> wire = wireForm(checks_.wire_float, packet.kind, name, t);
     m.tensors.push_back({name, wire ? wire->contiguous() : t.detach().contiguous()});
   }
-  // In slices, so a neighbour whose connection went down is declared lost after timeouts.lost
+  // In slices, so a neighbour whose connection went down is declared lost after lost_after_
   // instead of blocking the whole peer timeout (a send waits only while the peer's queue is full
   // or its connection is down).
   const auto deadline = std::chrono::steady_clock::now() + timeouts_.peer;
@@ -255,7 +262,7 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
   std::optional<Message> got;
   std::optional<std::chrono::steady_clock::time_point> stop_seen;
   for (;;) {
-    // The awaited neighbour down for timeouts.lost ends the wait; wake up when it reaches that, or
+    // The awaited neighbour down for lost_after_ ends the wait; wake up when it reaches that, or
     // on the next liveness change. (The other neighbour's loss is seen when this node next sends
     // to it or waits for it, or through its "leaving".) A stop request is looked at every 0.5 s.
     auto wake = deadline;
@@ -264,7 +271,7 @@ StagePacket MailboxStageLink::receive(Neighbour from, PacketKind kind, uint64_t 
     checkConnection(p, from, what);
     checkStopWhileWaiting(p, what, &stop_seen);
     const PeerLiveness live = mailbox_.transport().liveness(p.name);
-    if (live.state == PeerState::kDisconnected) wake = std::min(wake, live.since + timeouts_.lost);
+    if (live.state == PeerState::kDisconnected) wake = std::min(wake, live.since + lost_after_);
     Screened screened;
     const auto left = std::max(std::chrono::milliseconds(0),
                                std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -14,7 +14,8 @@
 // Lost neighbours (docs/OPERATIONS.md "Failures while training"): while waiting, a neighbour is
 // declared lost — PeerLost naming it, and lost() says how — when its connection has been down
 // (Transport::liveness kDisconnected) for `timeouts.lost` (training_definition.timeouts.
-// peer_timeout_s), when it sent "leaving" (clean shutdown or a pause spreading along the pipeline),
+// peer_timeout_s; `timeouts.lost_sharing_rings` when shorter and this node shares a ring with
+// other clusters), when it sent "leaving" (clean shutdown or a pause spreading along the pipeline),
 // or when it says "hello" mid-run (it restarted). The long `timeouts.peer` stays the fallback for a
 // neighbour that is connected but silent.
 // Every received pipeline message is checked against what this node expects before the trainer
@@ -55,6 +56,12 @@ struct LinkTimeouts {
   std::chrono::milliseconds peer{120000};
   // A neighbour whose connection is down this long is lost (timeouts.peer_timeout_s).
   std::chrono::milliseconds lost{10000};
+  // The same for a node that shares a ring with other clusters (node.json lists a ring of more
+  // than one member), when shorter than `lost`: the other clusters' ring members wait at their
+  // next sync for this node, which waits for the neighbour, so every cluster would stall for
+  // `lost` after a kill. The rings themselves drop a member whose connection is down this long
+  // (ProcessGroupOptions::disconnected_grace); a neighbour so long gone has left its own rings.
+  std::chrono::milliseconds lost_sharing_rings{1000};
   // A neighbour still connected after `peer` without the awaited message (its ZMTP heartbeats
   // answer: it runs, e.g. in a cross-cluster sync its ring holds while a member is replaced) is
   // waited for up to this long in all (timeouts.max_wait_s); not more than `peer` when smaller.
@@ -156,7 +163,7 @@ class MailboxStageLink : public StageLink {
   Screened screen(const Message& m, const PeerRef& p, MessageKind wire, uint64_t step,
                   uint64_t microbatch, const std::string& tag) const;
   [[noreturn]] void throwLost(const PeerRef& p, Neighbour dir, PeerLoss lost, const std::string& what);
-  // Throws PeerLost when `p` has been disconnected for timeouts.lost (naming why when its "leaving"
+  // Throws PeerLost when `p` has been disconnected for lost_after_ (naming why when its "leaving"
   // is in the mailbox).
   void checkConnection(const PeerRef& p, Neighbour dir, const std::string& what);
   // Mid-run waits: throws Interrupted once `interrupted_` has said yes for timeouts.lost while
@@ -195,6 +202,9 @@ class MailboxStageLink : public StageLink {
   Mailbox& mailbox_;
   NodeSpec node_;
   LinkTimeouts timeouts_;
+  // How long a neighbour's connection may be down before it is lost: timeouts_.lost, or
+  // timeouts_.lost_sharing_rings when shorter and node_ shares a ring with other clusters.
+  std::chrono::milliseconds lost_after_;
   LinkChecks checks_;
   uint64_t max_message_bytes_ = 0;
   LinkStats stats_;

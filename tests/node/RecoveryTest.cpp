@@ -25,7 +25,7 @@ using namespace std::chrono_literals;
 
 // Ports from the kernel, fresh in every test process (tests/common/LoopbackPorts.h).
 int recoveryPort(int offset) {
-  static const std::vector<int> ports = testutil::freeLoopbackPorts(24);
+  static const std::vector<int> ports = testutil::freeLoopbackPorts(28);
   return ports.at(offset);
 }
 std::string recoveryAddress(int offset) { return "127.0.0.1:" + std::to_string(recoveryPort(offset)); }
@@ -84,6 +84,44 @@ TEST(Recovery, DisconnectedNeighbourIsLostNotSilent) {
     EXPECT_EQ(e.loss()->peer, "a");
     EXPECT_EQ(e.loss()->cause, LossCause::kDisconnected);
     EXPECT_NE(std::string(e.what()).find("peer_timeout_s"), std::string::npos) << e.what();
+  }
+}
+
+// A node that shares a ring with other clusters: their ring members wait at their next sync for it
+// while it waits for a killed neighbour, so every cluster of the run stalled for peer_timeout_s
+// (10 s by default; 2 s in the churn soak) after each kill. Such a node gives a disconnected
+// neighbour up after LinkTimeouts::lost_sharing_rings (the rings' own rule for a disconnected
+// member), 300 ms here, not `lost` (60 s here: the old rule fails this test, after a minute, on
+// the reason it gives). The node without a ring keeps `lost` (the test above).
+TEST(Recovery, ANodeSharingARingLosesADisconnectedNeighbourAfterTheRingsGraceNotPeerTimeout) {
+  const std::vector<std::string> names{"a", "b"};
+  LinkTimeouts timeouts = quick();
+  timeouts.lost = 60s;
+  timeouts.lost_sharing_rings = 300ms;
+  NodeSpec b_spec = spec(names, 1, 24);
+  RingSpec ring;
+  ring.id = "ring_0";
+  ring.parameters = {"0.weight"};
+  ring.members = {{"b", b_spec.address, ""}, {"b_of_cluster_1", recoveryAddress(26), ""}};
+  b_spec.rings = {ring};
+  std::thread a_thread([&] {
+    Node a(spec(names, 0, 24), timeouts);
+    a.link.connect();
+  });  // a's transport is destroyed when the thread ends: its sockets close
+  Node b(b_spec, timeouts);
+  b.link.connect();
+  a_thread.join();
+  try {
+    (void)b.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, "");
+    FAIL() << "no PeerLost";
+  } catch (const PeerLost& e) {
+    ASSERT_TRUE(e.loss().has_value());
+    EXPECT_EQ(e.loss()->peer, "a");
+    EXPECT_EQ(e.loss()->cause, LossCause::kDisconnected) << e.what();
+    EXPECT_NE(std::string(e.what()).find("down for 0.3 s (this node shares rings with other "
+                                         "clusters"),
+              std::string::npos)
+        << e.what();
   }
 }
 
