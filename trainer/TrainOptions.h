@@ -102,8 +102,10 @@ struct LossOptions {
 struct TimeoutOptions {
   double startup_s = 60;  // "startup_s": how long to wait for every neighbour to say hello
   double peer_s = 120;    // "peer_s": longest wait for one message from a neighbour mid-run
-  // "peer_timeout_s": a neighbour or ring peer whose connection has been down (or silent to
-  // heartbeats) this long is declared lost (docs/OPERATIONS.md "Failures while training").
+  // "peer_timeout_s": a pipeline neighbour whose connection has been down (or silent to
+  // heartbeats) this long is declared lost; 1 s at most on a node that shares rings with other
+  // clusters (their syncs wait for it), and a ring member so after 1 s (docs/OPERATIONS.md
+  // "Failures while training").
   double peer_timeout_s = 10;
   // "max_wait_s": how long the rest of a cluster waits, paused, for a lost node to come back with
   // --resume before it gives up with a message naming the node and how to resume.
