@@ -35,7 +35,8 @@ def soak(args, work, faults, build=None):
     cmd = ["/usr/bin/python3", os.path.join(REPO, "tools/soak.py"), "--build", build or args.build,
            "--work", work, "--volunteers", "24", "--clusters", "6", "--steps", str(args.steps),
            "--seed", str(args.seed), "--no-grow", "--no-overlap", "--faults", faults,
-           "--kill-every", str(args.kill_every), "--timeout-s", "1800"]
+           "--kill-every", str(args.kill_every), "--timeout-s", "1800",
+           "--peer-timeout-s", str(args.peer_timeout_s)]
     print("churn_bench: $ " + " ".join(cmd), file=sys.stderr, flush=True)
     with open(work + ".log", "w") as log:
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -63,11 +64,13 @@ def main():
     p.add_argument("--kill-every", type=int, default=40,
                    help="steps between kills (40 of the soak's 200: about one a minute here)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--peer-timeout-s", type=float, default=2,
+                   help="the job's timeouts.peer_timeout_s (the soak's 2; the job default is 10)")
     p.add_argument("--against", metavar="OTHER_BUILD",
                    help="compare the kill soak of --build with that of this build instead")
     args = p.parse_args()
-    if args.rounds < 1 or args.steps < 10 or args.kill_every < 1:
-        p.error("--rounds, --steps (>= 10) and --kill-every must be positive")
+    if args.rounds < 1 or args.steps < 10 or args.kill_every < 1 or not args.peer_timeout_s > 0:
+        p.error("--rounds, --steps (>= 10), --kill-every and --peer-timeout-s must be positive")
     if args.against and not os.path.isfile(os.path.join(args.against, "node/provider")):
         p.error(f"--against {args.against}: no node/provider there (a cairn build folder?)")
     os.makedirs(args.work, exist_ok=True)
@@ -120,7 +123,7 @@ def compare(args):
         for which in order:
             runs[which].append(soak(args, os.path.join(args.work, f"{which}_{r}"), "kill", builds[which]))
     result = {"rounds": args.rounds, "steps": args.steps, "kill_every": args.kill_every,
-              "seed": args.seed, "builds": builds, "runs": runs}
+              "seed": args.seed, "peer_timeout_s": args.peer_timeout_s, "builds": builds, "runs": runs}
     for which, done in runs.items():
         kills = [k for run in done for k in run["kill_to_first_step_s"] if k is not None]
         result[which] = {
