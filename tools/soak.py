@@ -378,8 +378,7 @@ class Soak:
         os.makedirs(a.work, exist_ok=True)
         self.model, self.job = vt.prepare(a, a.steps, TEST_SAMPLES, {
             "checkpoint_every": 10, "record_sample_ids": True, "threads": 1,
-            "timeouts": {"startup_s": 60, "peer_s": 30, "peer_timeout_s": a.peer_timeout_s,
-                         "max_wait_s": 300}})
+            "timeouts": {"startup_s": 60, "peer_s": 30, "peer_timeout_s": a.peer_timeout_s, "max_wait_s": 300}})
         job = json.load(open(self.job))
         job["data"].update({"train_samples": a.train_samples, "chunks": 24})
         json.dump(job, open(self.job, "w"))
@@ -452,8 +451,7 @@ def main():
     p.add_argument("--keep-spares", type=int, default=4,
                    help="with --grow: spares the coordinator keeps (4: the default schedule's faults all find one)")
     p.add_argument("--lost-after-s", type=float, default=8)
-    p.add_argument("--peer-timeout-s", type=float, default=2,
-                   help="the job's timeouts.peer_timeout_s (2; the job default is 10)")
+    p.add_argument("--peer-timeout-s", type=float, default=2, help="the job's timeouts.peer_timeout_s (job default 10)")
     p.add_argument("--train-samples", type=int, default=12000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mbps", type=float, default=40,
@@ -466,8 +464,7 @@ def main():
     p.add_argument("--no-netns", action="store_true", help="all on 127.0.0.1 (no partition faults)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="no twin kill: every fault but `late` waits for the run to settle")
-    p.add_argument("--no-grow", dest="grow", action="store_false",
-                   help="no --grow: late volunteers stay spares")
+    p.add_argument("--no-grow", dest="grow", action="store_false", help="no --grow: late volunteers stay spares")
     p.add_argument("--timeout-s", type=float, default=3600)
     p.add_argument("--short", action="store_true",
                    help="the suite's case: 9 volunteers (2 clusters and 3 spares), 120 steps, kills "
@@ -477,8 +474,6 @@ def main():
     args.faults = set() if args.faults == "none" else set(args.faults.split(","))
     if not args.faults <= kinds:
         p.error(f"--faults: {', '.join(sorted(args.faults - kinds))} is not a fault kind ({', '.join(sorted(kinds))}, or none)")
-    if not args.peer_timeout_s > 0:
-        p.error("--peer-timeout-s must be a positive number of seconds")
     if args.short:
         args.volunteers, args.clusters, args.steps, args.kill_every, args.late = 9, 2, 120, 30, 3
         args.grow, args.overlap, args.train_samples, args.flip, args.timeout_s = False, True, 6000, True, 1500
