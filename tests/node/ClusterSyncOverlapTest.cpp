@@ -407,7 +407,7 @@ TEST(RingClusterSyncFailures, NonFiniteGradientsOnEveryMemberStopEveryMemberAsDi
   options.mode = SyncMode::kGradients;
   std::vector<std::string> refused(3);
   std::vector<RingClusterSyncStats> stats(3);
-  std::vector<bool> untouched(3, false);
+  std::vector<char> untouched(3, 0);  // not vector<bool>: its bits share words across the threads
   MemberSetup setup;
   setup.timeout = std::chrono::milliseconds(5000);
   runNodes(threeNodes(init), {{"ring_0", namesOf(init), kThree}}, {init, init, init}, options,
@@ -428,7 +428,7 @@ TEST(RingClusterSyncFailures, NonFiniteGradientsOnEveryMemberStopEveryMemberAsDi
              bool same = true;
              for (const auto& p : stage.named_parameters(true))
                same = same && torch::equal(p.value.grad().nan_to_num(7), before[k++].nan_to_num(7));
-             untouched[i] = same;
+             untouched[i] = same ? 1 : 0;
              stats[i] = sync.stats();
            },
            setup);
