@@ -171,19 +171,21 @@ void RingClusterSync::decideAdmission(int64_t steps_done) {
 void RingClusterSync::admitAskersBetweenSyncs(int64_t steps_done) {
   // Requests wait in the mailbox between syncs (the welcome desk is off while gated); taking them
   // here costs a look at the mailbox's buffer and at most one read of the transport a step.
+  // Clusters already pending at some boundary, or admitted and not yet in every view.
+  std::set<int64_t> taken = admitted_clusters_;
+  for (const auto& [at, pending] : admit_clusters_at_)
+    taken.insert(pending.clusters.begin(), pending.clusters.end());
   std::set<int64_t> asked;
   std::vector<std::string> askers;
   for (Ring* ring : sharedRings()) {
     collectJoinRequests(context_, *ring);
     const std::vector<PeerRef>& m = ring->spec.members;
     for (size_t i = 0; i < m.size(); ++i)
-      if (ring->join_requests.count(m[i].name) &&
+      if (ring->join_requests.count(m[i].name) && !taken.count(int64_t(i)) &&
           std::find(ring->view.begin(), ring->view.end(), m[i].name) == ring->view.end() &&
-          !admitted_clusters_.count(int64_t(i)) && asked.insert(int64_t(i)).second)
+          asked.insert(int64_t(i)).second)
         askers.push_back(m[i].name);
   }
-  for (const auto& [at, pending] : admit_clusters_at_)
-    for (const int64_t c : pending.clusters) asked.erase(c);
   if (asked.empty()) return;
   CAIRN_INFO("cross-cluster sync: ", joinedNames(askers), " asked to join between syncs (after step ",
              steps_done, ")");
