@@ -8,6 +8,8 @@
 #include <atomic>
 #include <future>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "core/Error.h"
@@ -63,28 +65,44 @@ LinkTimeouts quick() {
   return t;
 }
 
-TEST(Recovery, DisconnectedNeighbourIsLostNotSilent) {
-  const std::vector<std::string> names{"a", "b"};
+// What b's wait for its upstream neighbour a's first activation ends with once a shook hands and
+// closed (its thread ends: its transport's sockets close): the PeerLost's loss and message, and
+// b's link's lost(). `thrown` false when the wait ended without a PeerLost.
+struct LostNeighbour {
+  bool thrown = false;
+  std::optional<PeerLoss> loss, link_lost;
+  std::string what;
+};
+LostNeighbour upstreamClosesMidWait(const NodeSpec& a_spec, const NodeSpec& b_spec,
+                                    const LinkTimeouts& timeouts) {
   std::thread a_thread([&] {
-    Node a(spec(names, 0, 0), quick());
+    Node a(a_spec, timeouts);
     a.link.connect();
-  });  // a's transport is destroyed when the thread ends: its sockets close
-  Node b(spec(names, 1, 0), quick());
+  });
+  Node b(b_spec, timeouts);
   b.link.connect();
   a_thread.join();
+  LostNeighbour out;
   try {
     (void)b.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, "");
-    FAIL() << "no PeerLost";
   } catch (const PeerLost& e) {
-    ASSERT_TRUE(b.link.lost().has_value());
-    EXPECT_EQ(b.link.lost()->peer, "a");
-    EXPECT_EQ(b.link.lost()->cause, LossCause::kDisconnected) << e.what();
-    // The exception itself carries the same loss: no side channel needed.
-    ASSERT_TRUE(e.loss().has_value());
-    EXPECT_EQ(e.loss()->peer, "a");
-    EXPECT_EQ(e.loss()->cause, LossCause::kDisconnected);
-    EXPECT_NE(std::string(e.what()).find("peer_timeout_s"), std::string::npos) << e.what();
+    out = {true, e.loss(), b.link.lost(), e.what()};
   }
+  return out;
+}
+
+TEST(Recovery, DisconnectedNeighbourIsLostNotSilent) {
+  const std::vector<std::string> names{"a", "b"};
+  const LostNeighbour lost = upstreamClosesMidWait(spec(names, 0, 0), spec(names, 1, 0), quick());
+  ASSERT_TRUE(lost.thrown) << "no PeerLost";
+  ASSERT_TRUE(lost.link_lost.has_value());
+  EXPECT_EQ(lost.link_lost->peer, "a");
+  EXPECT_EQ(lost.link_lost->cause, LossCause::kDisconnected) << lost.what;
+  // The exception itself carries the same loss: no side channel needed.
+  ASSERT_TRUE(lost.loss.has_value());
+  EXPECT_EQ(lost.loss->peer, "a");
+  EXPECT_EQ(lost.loss->cause, LossCause::kDisconnected);
+  EXPECT_NE(lost.what.find("peer_timeout_s"), std::string::npos) << lost.what;
 }
 
 // A node that shares a ring with other clusters: their ring members wait at their next sync for it
@@ -104,25 +122,14 @@ TEST(Recovery, ANodeSharingARingLosesADisconnectedNeighbourAfterTheRingsGraceNot
   ring.parameters = {"0.weight"};
   ring.members = {{"b", b_spec.address, ""}, {"b_of_cluster_1", recoveryAddress(26), ""}};
   b_spec.rings = {ring};
-  std::thread a_thread([&] {
-    Node a(spec(names, 0, 24), timeouts);
-    a.link.connect();
-  });  // a's transport is destroyed when the thread ends: its sockets close
-  Node b(b_spec, timeouts);
-  b.link.connect();
-  a_thread.join();
-  try {
-    (void)b.link.receive(Neighbour::kUpstream, PacketKind::kActivation, 0, 0, "");
-    FAIL() << "no PeerLost";
-  } catch (const PeerLost& e) {
-    ASSERT_TRUE(e.loss().has_value());
-    EXPECT_EQ(e.loss()->peer, "a");
-    EXPECT_EQ(e.loss()->cause, LossCause::kDisconnected) << e.what();
-    EXPECT_NE(std::string(e.what()).find("down for 0.3 s (this node shares rings with other "
-                                         "clusters"),
-              std::string::npos)
-        << e.what();
-  }
+  const LostNeighbour lost = upstreamClosesMidWait(spec(names, 0, 24), b_spec, timeouts);
+  ASSERT_TRUE(lost.thrown) << "no PeerLost";
+  ASSERT_TRUE(lost.loss.has_value());
+  EXPECT_EQ(lost.loss->peer, "a");
+  EXPECT_EQ(lost.loss->cause, LossCause::kDisconnected) << lost.what;
+  EXPECT_NE(lost.what.find("down for 0.3 s (this node shares rings with other clusters"),
+            std::string::npos)
+      << lost.what;
 }
 
 // A neighbour whose node the coordinator gave to another volunteer (MailboxStageLink::setReplaced:
