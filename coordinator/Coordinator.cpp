@@ -383,6 +383,7 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
       s.relay ? std::optional(s.relay->ref()) : std::nullopt,
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.relays->watchConnections(gone);
+  s.replacer->relayThrough([&s] { return s.relays->forPlanning(unixNow()); });
   s.gathering = std::make_unique<Gathering>(
       *s.store, s.prepared,
       GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather,

@@ -170,6 +170,39 @@ size_t assignRelays(std::vector<NodeSpec>& nodes, const std::vector<PeerRef::Rel
   return relayed;
 }
 
+size_t relayLinksOfNode(std::vector<NodeSpec>& nodes, const std::string& node,
+                        const std::vector<PeerRef::Relay>& relays) {
+  std::map<std::string, NodeSpec*> by_name;
+  for (NodeSpec& n : nodes) by_name[n.name] = &n;
+  std::vector<size_t> load(relays.size(), 0);
+  for (const auto& [a, b] : planLinks(nodes)) {  // the links each relay carries already
+    if (!by_name.count(a)) continue;
+    const std::vector<PeerRef*> refs = refsTo(*by_name[a], b);
+    if (refs.empty() || !refs[0]->relay) continue;
+    for (size_t i = 0; i < relays.size(); ++i)
+      if (relays[i].name == refs[0]->relay->name) ++load[i];
+  }
+  size_t relayed = 0;
+  for (const auto& [a, b] : planLinks(nodes)) {
+    if (a != node && b != node) continue;
+    NodeSpec* na = by_name.count(a) ? by_name[a] : nullptr;
+    NodeSpec* nb = by_name.count(b) ? by_name[b] : nullptr;
+    if (!na || !nb || !na->dial_out_only || !nb->dial_out_only) continue;
+    const std::vector<PeerRef*> refs = refsTo(*na, b);
+    if (!refs.empty() && refs[0]->relay) continue;
+    if (relays.empty())
+      CAIRN_THROW(BadInput, "the link between ", a, " and ", b, " joins two dial-out-only volunteers "
+                  "now, and no relay is offered (a volunteer's `provider --join … --relay`, or the "
+                  "coordinator's --relay)");
+    const size_t pick = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    ++load[pick];
+    ++relayed;
+    for (PeerRef* ref : refsTo(*na, b)) ref->relay = relays[pick];
+    for (PeerRef* ref : refsTo(*nb, a)) ref->relay = relays[pick];
+  }
+  return relayed;
+}
+
 std::set<std::string> reassignRelays(std::vector<NodeSpec>& nodes, const std::set<std::string>& alive,
                                      const std::vector<PeerRef::Relay>& targets) {
   std::map<std::string, NodeSpec*> by_name;

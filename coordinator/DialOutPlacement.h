@@ -46,6 +46,13 @@ void markDialOutOnly(std::vector<NodeSpec>& nodes, const std::set<std::string>& 
 // links so far, the first on a tie; links in planLinks order. Returns how many links it relayed.
 // BadInput naming the first such link when `relays` is empty.
 size_t assignRelays(std::vector<NodeSpec>& nodes, const std::vector<PeerRef::Relay>& relays);
+// Every link of `node` to a dial-out-only peer (both marked already) that has no relay gets the
+// relay of `relays` carrying the fewest links of `nodes` (those relayed already counted), the
+// first on a tie; both ends' entries for each other name it. For a node turned dial-out only
+// after it was placed (a dial-out-only spare took it over: Replacement.h planReplacement).
+// Returns how many links it relayed; BadInput naming the first such link when `relays` is empty.
+size_t relayLinksOfNode(std::vector<NodeSpec>& nodes, const std::string& node,
+                        const std::vector<PeerRef::Relay>& relays);
 // Every relayed link of `nodes` whose relay is not in `alive` (names) moves to the relay of
 // `targets` carrying the fewest links (those that stay counted), the first on a tie, in planLinks
 // order; both ends' node.json entries change. Nothing moves when `targets` is empty. Returns the

@@ -71,12 +71,13 @@ void MemberReplacer::poll(double now) {
     const NodeSpec& header = headers_.header(lost.name);
     const double needed = neededGb(header, *holder);
     // A node's peers dial it or wait for it to dial them (node/transport/ReversedLinks.h), as the
-    // plan placed it: a node placed reachable needs a reachable spare; one placed dial-out only
-    // takes either kind (a reachable volunteer dials out as well), its own kind first.
-    const bool placed_dial_out_only = header.dial_out_only;
+    // plan placed it; a spare of its own kind is tried first, then one of the other kind: a
+    // reachable volunteer dials out as well, and a dial-out-only one holding a node placed
+    // reachable turns its links around (its dial-out-only peers need a relay: canHold).
+    const std::vector<PeerRef::Relay> relays = relays_ ? relays_() : std::vector<PeerRef::Relay>{};
     const std::optional<Member> spare =
         chooseSpare(sparesFor(withoutAwaySpares(members, now, started_at_, lost_after_s_, gone_),
-                              placed_dial_out_only),
+                              header, !relays.empty()),
                     needed);
     if (!spare) {
       if (told_no_spare_.insert(lost.name).second)
@@ -85,15 +86,15 @@ void MemberReplacer::poll(double now) {
       for (const Member& m : members) {  // the spares that cannot take it hear why, once
         if (m.state != MemberState::kSpare || !told_why_not_.insert({m.name, lost.name}).second)
           continue;
-        const std::string note = !canHold(m, placed_dial_out_only)
-                                     ? unlikeReachNote(lost.name)
+        const std::string note = !canHold(m, header, !relays.empty())
+                                     ? unlikeReachNote(header)
                                      : tooSmallNote(m, lost.name, needed);
         CAIRN_INFO("coordinator: told ", m.name, ": ", note);
         send_(m.public_key, encode(Accepted{m.name, toString(MemberState::kSpare), note, ""}));
       }
       continue;
     }
-    replace(*holder, *spare, now);
+    replace(*holder, *spare, now, relays);
     told_no_spare_.erase(lost.name);
     members = store_.members();
   }
@@ -105,17 +106,19 @@ std::vector<std::string> MemberReplacer::placedNames() const {
 
 std::string MemberReplacer::spareNote(const Member& spare) const {
   if (store_.meta("phase").value_or("gathering") != "planned") return "";
-  return coordinator::spareNote(spare, headers_.headers(placedNames()));
+  return coordinator::spareNote(spare, headers_.headers(placedNames()), relays_ && !relays_().empty());
 }
 
-void MemberReplacer::replace(const Member& lost, const Member& spare, double now) {
+void MemberReplacer::replace(const Member& lost, const Member& spare, double now,
+                             const std::vector<PeerRef::Relay>& relays) {
   std::vector<NodeSpec> nodes;  // whole files: every reference to the lost node is re-pointed
   for (const std::string& name : placedNames()) nodes.push_back(readNodeSpec(nodeSpecPath(out_, name)));
   // A proposed growth's nodes are re-pointed too (their holders get the file when the cluster
   // forms, so nothing is owed to them now).
   const std::vector<std::string> growing = proposedGrowthNodes(store_);
   for (const std::string& name : growing) nodes.push_back(readNodeSpec(nodeSpecPath(out_, name)));
-  const ReplacementPlan plan = planReplacement(nodes, lost.name, spare.advertise, spare.public_key);
+  const ReplacementPlan plan = planReplacement(nodes, lost.name, spare.advertise, spare.public_key,
+                                               spare.dial_out_only, relays);
 
   Assignment a;
   a.name = lost.name;
@@ -149,11 +152,14 @@ void MemberReplacer::replace(const Member& lost, const Member& spare, double now
         CAIRN_DEBUG("coordinator: sent ", n.name, " its updated peers at once (again on its next "
                     "heartbeat)");
     }
+  std::string how;
+  if (plan.taken_over.dial_out_only && !spare.dial_out_only)
+    how = " (dialling out: the node is placed dial-out only)";
+  else if (plan.turned)
+    how = " (the node was placed reachable: its links turn around, its peers accept its dial" +
+          (plan.relayed ? ", " + std::to_string(plan.relayed) + " through a relay" : std::string()) + ")";
   CAIRN_INFO("coordinator: ", lost.name, " is taken over by spare ", spare.name, " at ",
-             spare.dial_out_only ? std::string("(dial-out only)") : spare.advertise,
-             plan.taken_over.dial_out_only && !spare.dial_out_only
-                 ? std::string(" (dialling out: the node is placed dial-out only)")
-                 : std::string(),
+             spare.dial_out_only ? std::string("(dial-out only)") : spare.advertise, how,
              checkpoint ? " from its checkpoint of step " + std::to_string(checkpoint->step)
                                          : std::string(" without a checkpoint (none was uploaded)"),
              "; peers to tell: ", joined(plan.told));

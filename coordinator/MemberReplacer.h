@@ -5,7 +5,8 @@
 //                  (watchConnections), or that said `leaving` is marked lost; when a spare
 //                  heard lately (heardLately) is waiting it takes the node over: the store
 //                  renames the rows (CoordinatorStore::takeOver), node.json of the node and of
-//                  every node naming it are rewritten in
+//                  every node naming it are rewritten (a dial-out-only spare taking a node placed
+//                  reachable: the node dial-out only from then on, Replacement.h) in
 //                  <out>/nodes/ (the plan a restarted coordinator reads), the spare is sent
 //                  `accepted{name: the node's name, state: assigned}` and the `assignment` with
 //                  the newest checkpoint the coordinator holds for the node (resume), and the
@@ -73,13 +74,19 @@ class MemberReplacer {
   // `names` are owed their node.json as a `peers` update (their node.json changed: a relay was
   // replaced, VolunteerRelays.h), sent like a replacement's on their next heartbeat.
   void owePeers(const std::set<std::string>& names);
+  // The relays a node turned dial-out only may use for its links to dial-out-only peers
+  // (VolunteerRelays::forPlanning); none until given: a dial-out-only spare then takes over only
+  // a node placed reachable all of whose peers are reachable (Replacement.h canHold).
+  using Relays = std::function<std::vector<PeerRef::Relay>()>;
+  void relayThrough(Relays relays) { relays_ = std::move(relays); }
   // Replacement.h's spareNote for `spare` against the plan's nodes ("" before the plan).
   std::string spareNote(const Member& spare) const;
 
   uint64_t replaced() const { return replaced_; }
 
  private:
-  void replace(const Member& lost, const Member& spare, double now);
+  void replace(const Member& lost, const Member& spare, double now,
+               const std::vector<PeerRef::Relay>& relays);
   std::set<std::string> pending() const;
   void setPending(const std::set<std::string>& names);
 
@@ -90,6 +97,7 @@ class MemberReplacer {
   Send send_;
   SendOnHeartbeats send_at_once_;  // empty: peers go out on heartbeats only
   std::function<bool(const std::string&)> finished_;
+  Relays relays_;  // empty: no relays
   std::set<std::string> told_no_spare_;  // lost nodes already logged as waiting for a spare
   std::set<std::pair<std::string, std::string>> told_why_not_;  // (spare, node) told why not
   std::vector<std::string> placedNames() const;  // meta "placed"

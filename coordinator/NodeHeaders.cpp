@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+
 #include "core/Error.h"
 
 namespace cairn::coordinator {
@@ -21,7 +23,20 @@ const NodeSpec& NodeHeaders::header(const std::string& name) {
   if (it != entries_.end() && it->second.identity == identity) return it->second.header;
   NodeSpec node = readNodeSpec(path);
   ++parses_;
+  // What Replacement.h canHold and its notes need of the rings: their members placed dial-out
+  // only, each once, at most kDialOutOnlyKept (a note names 8 and says there are more), in one ring.
+  RingSpec dial_out_only;
+  dial_out_only.id = "dial-out-only members";
+  for (const RingSpec& ring : node.rings)
+    for (const PeerRef& m : ring.members) {
+      if (!m.dial_out_only || m.name == node.name || dial_out_only.members.size() >= kDialOutOnlyKept)
+        continue;
+      const auto& kept = dial_out_only.members;
+      if (std::none_of(kept.begin(), kept.end(), [&](const PeerRef& p) { return p.name == m.name; }))
+        dial_out_only.members.push_back(m);
+    }
   node.rings.clear();
+  if (!dial_out_only.members.empty()) node.rings.push_back(std::move(dial_out_only));
   node.parameters.clear();
   node.buffers.clear();
   node.inputs.clear();

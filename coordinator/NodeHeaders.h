@@ -5,8 +5,10 @@
 // inode. With N one-stage clusters each node.json lists N ring members (160 KB at 1,000 volunteers),
 // and parsing every placed node's file per joining spare (spareNote), per poll of a lost node and
 // per chunk piece took the coordinator's loop seconds (docs/BENCHMARKS.md "Churn").
-//   header(name)   the node's NodeSpec with its lists left empty (rings, parameters, buffers,
-//                  inputs, outputs, shared parameters): use readNodeSpec for the whole file
+//   header(name)   the node's NodeSpec with its lists left empty (parameters, buffers, inputs,
+//                  outputs, shared parameters) but for one ring holding only the ring members
+//                  placed dial-out only (at most kDialOutOnlyKept: what Replacement.h canHold
+//                  needs): use readNodeSpec for the whole file
 // Ownership: owns its copies. Thread-safety: one thread per instance (the loop has one, the
 // chunk worker its own).
 #pragma once
@@ -26,6 +28,7 @@ class NodeHeaders {
   const NodeSpec& header(const std::string& name);
   std::vector<NodeSpec> headers(const std::vector<std::string>& names);
   size_t parses() const { return parses_; }  // files parsed so far (tests)
+  static constexpr size_t kDialOutOnlyKept = 9;
 
  private:
   struct Entry {

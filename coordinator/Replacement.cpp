@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/DialOutPlacement.h"
 #include "core/Error.h"
 
 namespace cairn::coordinator {
@@ -105,25 +106,38 @@ std::optional<Member> chooseSpare(const std::vector<Member>& members, double nee
   return std::nullopt;
 }
 
-bool canHold(const Member& spare, bool node_dial_out_only) {
-  return node_dial_out_only || !spare.dial_out_only;
+std::vector<std::string> dialOutOnlyPeersOf(const NodeSpec& node) {
+  std::set<std::string> names;
+  auto take = [&](const PeerRef& p) {
+    if (p.dial_out_only && p.name != node.name) names.insert(p.name);
+  };
+  if (node.upstream) take(*node.upstream);
+  if (node.downstream) take(*node.downstream);
+  for (const RingSpec& ring : node.rings)
+    for (const PeerRef& m : ring.members) take(m);
+  return {names.begin(), names.end()};
 }
 
-std::vector<Member> sparesFor(const std::vector<Member>& members, bool node_dial_out_only) {
+bool canHold(const Member& spare, const NodeSpec& node, bool relays_offered) {
+  if (node.dial_out_only || !spare.dial_out_only) return true;
+  return relays_offered || dialOutOnlyPeersOf(node).empty();
+}
+
+std::vector<Member> sparesFor(const std::vector<Member>& members, const NodeSpec& node,
+                              bool relays_offered) {
   std::vector<Member> out;
   for (const Member& m : members)
-    if (m.dial_out_only == node_dial_out_only) out.push_back(m);
+    if (m.dial_out_only == node.dial_out_only) out.push_back(m);
   for (const Member& m : members)
-    if (m.dial_out_only != node_dial_out_only && canHold(m, node_dial_out_only)) out.push_back(m);
+    if (m.dial_out_only != node.dial_out_only && canHold(m, node, relays_offered)) out.push_back(m);
   return out;
 }
 
-std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed) {
+std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed, bool relays_offered) {
   if (placed.empty()) return "";
   const double gives = probeRamGb(spare);
   // Three lists, at most 8 named each so the note stays short: the nodes it could take over, those
-  // whose stage needs more RAM, and those that fit but are placed reachable while this volunteer
-  // is dial-out only (canHold).
+  // whose stage needs more RAM, and those that fit but that this volunteer cannot hold (canHold).
   struct Named {
     std::string text;
     int count = 0;
@@ -138,13 +152,14 @@ std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed) 
     const std::string item = n.name + " " + gbText(n.estimated_memory_bytes / 1e9);
     if (n.estimated_memory_bytes / 1e9 > gives)
       too_big.add(item);
-    else if (!canHold(spare, n.dial_out_only))
+    else if (!canHold(spare, n, relays_offered))
       unlike.add(n.name);
     else
       fit.add(item);
   }
   const std::string why_unlike =
-      "this volunteer joined as dial-out only, and their peers dial their volunteers";
+      "this volunteer joined as dial-out only, and so are peers of theirs, which it could reach "
+      "only through a relay, and none is offered";
   if (fit.count == 0 && unlike.count == 0)
     return "no stage of the plan fits in the " + gbText(gives) + " this volunteer gives (each needs "
            "more, estimated: " + too_big.str() + "); it waits as a spare that cannot take a node over "
@@ -157,8 +172,8 @@ std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed) 
   return "the run is planned; this volunteer waits as a spare: it takes over a node whose "
          "volunteer is lost or leaves if its stage fits in the " + gbText(gives) + " it gives (" +
          fit.str() + (too_big.count ? "; not " + too_big.str() : std::string()) + ")" +
-         (unlike.count ? " and its peers reach it as they reached that node (not " + unlike.str() +
-                             ": " + why_unlike + ")"
+         (unlike.count ? " and it can reach that node's peers (not " + unlike.str() + ": " +
+                             why_unlike + ")"
                        : std::string()) +
          ", or, with the coordinator's --grow, joins a new cluster";
 }
@@ -168,9 +183,15 @@ std::string tooSmallNote(const Member& spare, const std::string& node, double ne
          " and this volunteer gives " + gbText(probeRamGb(spare)) + "; it stays a spare";
 }
 
-std::string unlikeReachNote(const std::string& node) {
-  return node + " needs a new holder its peers can dial, as they dialled its lost holder, and this "
-                "volunteer joined as dial-out only; it stays a spare";
+std::string unlikeReachNote(const NodeSpec& node) {
+  const std::vector<std::string> names = dialOutOnlyPeersOf(node);
+  std::string peers;
+  for (size_t i = 0; i < names.size() && i < 8; ++i) peers += (i ? ", " : "") + names[i];
+  if (names.size() > 8) peers += " and more";  // NodeHeaders keeps 9 of a node's ring members
+  return node.name + " needs a new holder; this volunteer joined as dial-out only, so it would dial " +
+         node.name + "'s peers, but " + peers + " dial out only too, and a link between two such "
+         "volunteers needs a relay, which nobody offers (a volunteer's `provider --join … --relay`, "
+         "or the coordinator's --relay); it stays a spare";
 }
 
 std::optional<std::string> holderCannotComeBack(const Member& m, bool reachable, bool node_dial_out_only) {
@@ -196,12 +217,20 @@ bool repointPeer(NodeSpec& node, const std::string& peer, const std::string& add
   return changed;
 }
 
-ReplacementPlan planReplacement(const std::vector<NodeSpec>& nodes, const std::string& lost_name,
-                                const std::string& new_address, const std::string& new_public_key) {
+ReplacementPlan planReplacement(const std::vector<NodeSpec>& placed, const std::string& lost_name,
+                                const std::string& new_address, const std::string& new_public_key,
+                                bool holder_dial_out_only, const std::vector<PeerRef::Relay>& relays) {
   ReplacementPlan plan;
+  std::vector<NodeSpec> nodes = placed;
   const auto lost = std::find_if(nodes.begin(), nodes.end(),
                                  [&](const NodeSpec& n) { return n.name == lost_name; });
   if (lost == nodes.end()) CAIRN_THROW(BadInput, "the plan has no node ", lost_name, " to replace");
+  // A node placed reachable taken by a dial-out-only volunteer: its links turn around (canHold).
+  if (!lost->dial_out_only && holder_dial_out_only) {
+    markDialOutOnly(nodes, {lost_name});
+    plan.turned = true;
+    plan.relayed = relayLinksOfNode(nodes, lost_name, relays);
+  }
   // A node placed dial-out only keeps no address, whoever holds it: it listens on nothing and its
   // peers wait for it to dial them (or meet it at its relay), a reachable new holder too.
   const std::string address = lost->dial_out_only ? std::string() : new_address;

@@ -7,11 +7,12 @@
 //                     to the coordinator and sent nothing for --gone-after-s (GoneRule: its process
 //                     ended), said `leaving`, or was lost earlier and is still unreplaced
 //   chooseSpare       which waiting spare takes a lost node over: the first of those that can hold
-//                     it (sparesFor: a node placed dial-out only can go to a reachable spare too)
+//                     it (sparesFor: a node placed dial-out only can go to a reachable spare, one
+//                     placed reachable to a dial-out-only spare, its links then turned around)
 //                     whose RAM holds the stage's estimate; spareNote / tooSmallNote: what a spare
 //                     is told about why it waits
 //   planReplacement   the lost node's node.json with the spare's address (none for a node placed
-//                     dial-out only, whoever holds it) and public key, and every
+//                     dial-out only, whoever holds it, or now held dial-out only) and public key, and every
 //                     other node.json that names the lost node (pipeline neighbours, ring peers in
 //                     other clusters) re-pointed to them: those members are sent `peers`
 //   lostRowName       the name the lost volunteer's store row is kept under, so that the node name
@@ -71,24 +72,31 @@ double neededGb(const NodeSpec& node, const Member& lost);
 // The earliest-joined spare (members() order) whose probe reports at least `needed_gb`; nullopt
 // when none.
 std::optional<Member> chooseSpare(const std::vector<Member>& members, double needed_gb);
-// Whether `spare` can hold a node placed as `node_dial_out_only`. A node placed reachable is dialled
-// by its peers (node/transport/ReversedLinks.h), so only a reachable volunteer can hold it; a node
-// placed dial-out only listens on nothing and dials its peers (or meets them at a relay), which any
-// volunteer can do, a reachable one included.
-bool canHold(const Member& spare, bool node_dial_out_only);
-// The spares that may take over a node placed as `node_dial_out_only`, in the order chooseSpare
-// should try them: those of the node's own kind first (members() order), then, for a node placed
-// dial-out only, the reachable ones, which only a node placed reachable cannot do without.
-std::vector<Member> sparesFor(const std::vector<Member>& members, bool node_dial_out_only);
+// Whether `spare` can hold `node` (its node.json as placed now). Any volunteer can hold a node
+// placed dial-out only: it listens on nothing and dials its peers (or meets them at a relay), a
+// reachable volunteer included. A node placed reachable is dialled by its peers; a reachable spare
+// holds it as placed, and a dial-out-only one turns its links around (planReplacement): its
+// reachable peers accept its dial from then on (node/transport/ReversedLinks.h), and its
+// dial-out-only peers meet it at a relay, so with such a peer it needs `relays_offered`.
+bool canHold(const Member& spare, const NodeSpec& node, bool relays_offered);
+// The peers `node` names (pipeline neighbours, ring members) that are placed dial-out only, each
+// once, in name order.
+std::vector<std::string> dialOutOnlyPeersOf(const NodeSpec& node);
+// The spares that may take over `node`, in the order chooseSpare should try them: those of the
+// node's own kind first (members() order: a node placed reachable keeps its links as they are
+// with a reachable spare), then those of the other kind that canHold it.
+std::vector<Member> sparesFor(const std::vector<Member>& members, const NodeSpec& node,
+                              bool relays_offered);
 // What a spare hears about its wait (Accepted::note), from the plan's nodes (empty: no plan yet):
 // which nodes it could take over (the stage fits in the RAM it gives, and canHold), which need more
-// RAM, which are placed reachable while it joined dial-out only; or that none fits.
-std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed);
+// RAM, which it cannot hold (canHold: placed reachable with dial-out-only peers, no relay offered,
+// while it joined dial-out only); or that none fits.
+std::string spareNote(const Member& spare, const std::vector<NodeSpec>& placed, bool relays_offered);
 // What a spare too small for `node` hears when that node needs a new holder.
 std::string tooSmallNote(const Member& spare, const std::string& node, double needed_gb);
-// What a dial-out-only spare hears when `node`, placed reachable (its peers dial it), needs a new
-// holder.
-std::string unlikeReachNote(const std::string& node);
+// What a dial-out-only spare hears when `node`, placed reachable with dial-out-only peers, needs a
+// new holder and no relay is offered (canHold).
+std::string unlikeReachNote(const NodeSpec& node);
 
 // Why the holder `m` of a node placed as `node_dial_out_only` cannot take it back when it comes back
 // `reachable` or not (a restarted volunteer, joining again): a node placed reachable is dialled by
@@ -99,13 +107,21 @@ std::optional<std::string> holderCannotComeBack(const Member& m, bool reachable,
 struct ReplacementPlan {
   NodeSpec taken_over;           // the lost node's node.json: the spare's address and public key
   std::vector<NodeSpec> told;    // every other node naming the lost node, re-pointed, by name
+  bool turned = false;           // placed reachable, now dial-out only (its links turned around)
+  size_t relayed = 0;            // links of it that go through a relay from now on (turned only)
 };
 
 // `nodes`: every placed node's node.json. BadInput when `lost_name` is not among them.
 // `new_address` is not written for a node placed dial-out only (its node.json and its peers'
-// references keep no address).
+// references keep no address). A node placed reachable whose new holder is dial-out only
+// (`holder_dial_out_only`) is placed dial-out only from now on, everywhere it is named
+// (DialOutPlacement markDialOutOnly), and each of its links to a dial-out-only peer goes through
+// the relay of `relays` carrying the fewest links (relayLinksOfNode; BadInput when there is such a
+// link and no relay: canHold said no).
 ReplacementPlan planReplacement(const std::vector<NodeSpec>& nodes, const std::string& lost_name,
-                                const std::string& new_address, const std::string& new_public_key);
+                                const std::string& new_address, const std::string& new_public_key,
+                                bool holder_dial_out_only = false,
+                                const std::vector<PeerRef::Relay>& relays = {});
 
 // Re-points every reference to `peer` in `node` (upstream, downstream, ring members); true when
 // there was one.

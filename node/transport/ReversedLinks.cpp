@@ -271,8 +271,26 @@ void DialedLinks::repoint(const std::string& peer, const std::string& accept_end
   it->second->pending = true;
 }
 
+void DialedLinks::remove(const std::string& peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = links_.find(peer);
+  if (it != links_.end()) it->second->removed = true;
+}
+
 void DialedLinks::drain() {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Removed links are closed here, by the receiving thread, which polls their sockets otherwise.
+  for (auto it = links_.begin(); it != links_.end();) {
+    if (!it->second->removed) {
+      ++it;
+      continue;
+    }
+    zmq_socket_monitor(it->second->socket.handle(), nullptr, 0);
+    it->second->socket.close();
+    it->second->monitor.close();
+    it = links_.erase(it);
+    next_read_ = 0;  // an index into the map: the fair turns start again
+  }
   for (auto& [peer, d] : links_) {
     const auto now = std::chrono::steady_clock::now();
     // The peer's ZAP refused our key (it does not admit us yet: a spare before its neighbours
@@ -339,6 +357,7 @@ void DialedLinks::drain() {
 void DialedLinks::addPollItems(std::vector<zmq::pollitem_t>& items) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [peer, d] : links_) {
+    if (d->removed) continue;
     items.push_back({static_cast<void*>(d->socket), 0, ZMQ_POLLIN, 0});
     items.push_back({static_cast<void*>(d->monitor), 0, ZMQ_POLLIN, 0});
   }
@@ -350,6 +369,7 @@ bool DialedLinks::read(std::vector<zmq::message_t>& frames, std::string* peer) {
   const size_t n = links_.size();
   for (size_t i = 0; i < n; ++i) {
     auto it = std::next(links_.begin(), static_cast<long>((next_read_ + i) % n));
+    if (it->second->removed) continue;
     std::deque<std::vector<zmq::message_t>>& kept = it->second->kept;
     if (!kept.empty()) {  // what came over a closed connection goes first
       frames = std::move(kept.front());

@@ -126,6 +126,10 @@ class DialedLinks {
   // The peer moved (a replacement): carried out by the receiving thread's next drain().
   void repoint(const std::string& peer, const std::string& accept_endpoint,
                const std::string& server_key);
+  // The link to `peer` goes elsewhere (a dial-out-only volunteer took its node over: the two meet
+  // at a relay now, ZmqTransport::repointPeer): its DEALER is closed by the receiving thread's
+  // next drain(), and nothing more is read from it.
+  void remove(const std::string& peer);
   // Receiving thread: attaches after handshakes, pending re-pointings, dialling again after a
   // refusal (the transport's receiving thread wakes often enough for it: ZmqTransport).
   void drain();
@@ -145,6 +149,7 @@ class DialedLinks {
     std::chrono::steady_clock::time_point refused_at;
     bool connected = false;  // a handshake completed
     bool closed = false;     // that connection closed: dialled again with a fresh routing id
+    bool removed = false;    // remove(): closed and forgotten by the next drain()
     // Read from a closed connection before it was dialled again, not yet handed out by read().
     std::deque<std::vector<zmq::message_t>> kept;
     std::chrono::steady_clock::time_point attached_at;  // the last attach sent

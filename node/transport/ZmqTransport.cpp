@@ -271,8 +271,14 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
     for (const auto& f : frames) all += f.size();
     options_.pacer->take(all);
   }
-  if (found->accepted) return sendAccepted(peer, *found, frames, timeout);
-  if (found->relayed) return sendRelayed(peer, frames, timeout);
+  bool accepted = false, relayed = false;
+  {
+    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+    accepted = found->accepted;
+    relayed = found->relayed;
+  }
+  if (accepted) return sendAccepted(peer, *found, frames, timeout);
+  if (relayed) return sendRelayed(peer, frames, timeout);
   {
     // The monitors belong to whoever receives; a send only reads them when nobody does (the
     // receiver drains them while it waits anyway).
@@ -288,6 +294,15 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
   for (;;) {
     while (found->repointing->load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     sending.lock();
+    // The peer's node went to a dial-out-only holder meanwhile (repointPeer: turnDirectLink).
+    if (found->accepted || found->relayed) {
+      const bool now_accepted = found->accepted;
+      sending.unlock();
+      const auto rest = std::max(std::chrono::milliseconds(0),
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     deadline - std::chrono::steady_clock::now()));
+      return now_accepted ? sendAccepted(peer, *found, frames, rest) : sendRelayed(peer, frames, rest);
+    }
     if (found->refused->exchange(false)) {
       try {
         found->socket.disconnect(found->endpoint);  // may be gone already (ENOENT)
@@ -430,7 +445,10 @@ void ZmqTransport::flushAndClose(std::chrono::milliseconds timeout) {
   if (dialed_) dialed_->close();
   if (relayed_) relayed_->close();
   for (auto& [peer, p] : outbound_) {
-    if (p.accepted || p.relayed) continue;
+    if (p.accepted || p.relayed) {
+      p.monitor.close();  // a link turned from direct (turnDirectLink) kept it; none otherwise
+      continue;
+    }
     zmq_socket_monitor(p.socket.handle(), nullptr, 0);
     p.socket.set(zmq::sockopt::linger, static_cast<int>(timeout.count()));
     p.socket.close();

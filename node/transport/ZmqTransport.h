@@ -152,7 +152,9 @@ class ZmqTransport : public Transport {
 
   // Points the named peer at a new endpoint and CURVE server key (a ring peer whose volunteer
   // was replaced by a spare, node/transport/LivePeers.h): the old connection is dropped, the next one uses
-  // them. Done under that peer's send lock, like every send, so it may run while other threads
+  // them. A peer we dialled may become one that dials us (kDialsUsEndpoint: its node is now held
+  // by a dial-out-only volunteer; BadInput when this node is dial-out only too) or one reached
+  // through a relay (a relayed endpoint); a dial-out-only or relayed peer stays so (BadInput). Done under that peer's send lock, like every send, so it may run while other threads
   // send and receive; a send waiting for room at the old endpoint leaves the lock to it within
   // kSendSlice and goes on to the new one. `public_key` is ignored without CURVE. False for an unknown peer.
   bool repointPeer(const std::string& peer, const std::string& endpoint, const std::string& public_key);
@@ -188,6 +190,8 @@ class ZmqTransport : public Transport {
     std::unique_ptr<std::mutex> send_mutex = std::make_unique<std::mutex>();
     std::string endpoint;  // what `socket` connects to
     bool same_host = false;  // `endpoint` is the peer's same-host socket (no CURVE)
+    // The peer's kind. Changed only by turnDirectLink, under *send_mutex and peers_mutex_ both
+    // (read under either); its socket is closed then and its monitor kept, unpolled.
     bool accepted = false;   // a dial-out-only peer: sent to through accepted_ (no socket, monitor)
     bool relayed = false;    // reached through a relay: relayed_ (no socket, monitor)
     // Set when the peer's ZAP refused our key (a peer that does not admit us yet: a replaced
@@ -224,6 +228,10 @@ class ZmqTransport : public Transport {
   // A directly dialled peer's socket leaves its endpoint and connects to `dial`. Caller holds the
   // peer's send lock.
   void reconnectLocked(const std::string& peer, Peer& p, const std::string& dial);
+  // repointPeer of a peer we dialled to kDialsUsEndpoint or a relayed endpoint: its PUSH socket
+  // closed, the peer added to accepted_ or relayed_ (and removed from dialed_), its kind changed.
+  void turnDirectLink(const std::string& peer, Peer& p, const std::string& endpoint,
+                      const std::string& public_key);
   // Sends that wait (for room, for a peer's acknowledgements) drain the receiving side meanwhile
   // when nobody else receives, then run the send wait hook.
   void whileSendWaits();

@@ -190,14 +190,22 @@ SendStatus ZmqTransport::sendAccepted(const std::string& peer, Peer& p,
 
 bool ZmqTransport::isSameHostPeer(const std::string& peer) const {
   const Peer* p = findPeer(peer);
-  return p && p->same_host;
+  if (!p) return false;
+  std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+  return p->same_host;
 }
 
 PeerLiveness ZmqTransport::liveness(const std::string& peer) const {
   const Peer* p = findPeer(peer);
   if (!p) return PeerLiveness{};
-  if (p->accepted) return accepted_->liveness(peer);
-  if (p->relayed) return relayed_->liveness(peer);
+  bool accepted = false, relayed = false;
+  {
+    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+    accepted = p->accepted;
+    relayed = p->relayed;
+  }
+  if (accepted) return accepted_->liveness(peer);
+  if (relayed) return relayed_->liveness(peer);
   std::lock_guard<std::mutex> lock(liveness_mutex_);
   return p->liveness;
 }
@@ -224,21 +232,33 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   Peer* found = findPeer(peer);
   if (!found) return false;
   Peer& p = *found;
+  bool was_accepted = false, was_relayed = false;
+  {
+    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+    was_accepted = p.accepted;
+    was_relayed = p.relayed;
+  }
+  // A peer we dialled whose node is now held dial-out only (coordinator/Replacement.h: a
+  // dial-out-only spare took over a node placed reachable): it dials us from now on, or we meet
+  // at a relay.
+  if (!was_accepted && !was_relayed && (isDialsUsEndpoint(endpoint) || isRelayedEndpoint(endpoint))) {
+    turnDirectLink(peer, p, endpoint, public_key);
+    return true;
+  }
   std::unique_lock<std::mutex> sending = lockForRepoint(p);
   if (p.relayed || isRelayedEndpoint(endpoint)) {
     std::string relay_key, relay_endpoint;
     if (!p.relayed || !parseRelayedEndpoint(endpoint, &relay_key, &relay_endpoint))
       CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from ",
-                  p.relayed ? "relayed to direct" : "direct to relayed",
-                  "; a replacement keeps its peers' reachability");
+                  p.relayed ? "relayed to unrelayed" : "dial-out only to relayed",
+                  "; a node placed dial-out only stays so, whoever holds it");
     relayed_->repoint(peer, relay_endpoint, relay_key, public_key);
     return true;
   }
-  if (p.accepted || isDialsUsEndpoint(endpoint)) {
-    if (p.accepted != isDialsUsEndpoint(endpoint))
-      CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from ",
-                  p.accepted ? "dial-out only to reachable" : "reachable to dial-out only",
-                  "; a replacement keeps its peers' reachability");
+  if (p.accepted) {
+    if (!isDialsUsEndpoint(endpoint))
+      CAIRN_THROW(BadInput, name_, ": peer ", peer, " changed from dial-out only to reachable",
+                  "; a node placed dial-out only stays so, whoever holds it");
     accepted_->reset(peer);  // the new holder dials us and attaches; its key is ZAP's business
     return true;
   }
@@ -255,11 +275,55 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   return true;
 }
 
+// The PUSH socket is closed under the peer's send lock (a send that chose the direct way before
+// the change finds the peer's new kind once it has the lock: send()); its monitor stays open and
+// unpolled until flushAndClose, since a receive may be polling it at this moment. The kind
+// changes under the send lock and the peers lock both, so either one is enough to read it.
+void ZmqTransport::turnDirectLink(const std::string& peer, Peer& p, const std::string& endpoint,
+                                  const std::string& public_key) {
+  std::lock_guard<std::mutex> adding(add_mutex_);
+  const bool relayed = isRelayedEndpoint(endpoint);
+  std::string relay_key, relay_endpoint;
+  if (relayed && !parseRelayedEndpoint(endpoint, &relay_key, &relay_endpoint))
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, ": \"", endpoint, "\" is not a relayed endpoint (",
+                kRelayedEndpointPrefix, "<the relay's 40-character key>@tcp://HOST:PORT)");
+  if (relayed && !relayed_)
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, " is reached through a relay now, which needs CURVE",
+                " keys (a relayed link is sealed end to end with them): not with --insecure");
+  if (!relayed && (options_.dial_out_only || !accepted_))
+    CAIRN_THROW(BadInput, name_, ": peer ", peer, " is dial-out only now and so is this node",
+                ": neither can dial the other; such a link needs a relay");
+  std::unique_lock<std::mutex> sending = lockForRepoint(p);
+  if (options_.curve) {
+    std::unique_lock<std::shared_mutex> lock(peers_mutex_);
+    options_.curve->peer_public_keys[peer] = public_key;
+  }
+  if (relayed)
+    relayed_->add(peer, relay_endpoint, relay_key, public_key);
+  else
+    accepted_->add(peer);
+  if (dialed_) dialed_->remove(peer);
+  zmq_socket_monitor(p.socket.handle(), nullptr, 0);
+  p.socket.set(zmq::sockopt::linger, 0);  // what waits in it was for the lost holder
+  p.socket.close();
+  {
+    std::unique_lock<std::shared_mutex> lock(peers_mutex_);
+    p.accepted = !relayed;
+    p.relayed = relayed;
+    p.same_host = false;
+    p.endpoint = endpoint;
+  }
+  if (relayed) startLinkKeeperLocked();
+  CAIRN_DEBUG("peer ", peer, ": its node is held dial-out only now: ",
+              relayed ? "reached through the relay at " + relay_endpoint : std::string("it dials us"));
+}
+
 void ZmqTransport::redial(const std::string& peer) {
   if (closed_) return;
   Peer* found = findPeer(peer);
-  if (!found || found->relayed) return;  // relayed: acknowledged and sent again (RelayedLinks.h)
+  if (!found) return;
   std::unique_lock<std::mutex> sending = lockForRepoint(*found);
+  if (found->relayed) return;  // relayed: acknowledged and sent again (RelayedLinks.h)
   if (found->accepted) {
     // A dial-out-only peer: its attached connection may be its old process's; the next send
     // waits for an attach, which its DEALER says once a second (ReversedLinks.h).

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "coordinator/CoordinatorStore.h"
+#include "coordinator/DialOutPlacement.h"
 #include "coordinator/Growth.h"
 #include "coordinator/JoinPolicy.h"
 #include "coordinator/MemberReplacer.h"
@@ -152,40 +153,66 @@ TEST(MemberReplacer, WithoutASpareTheNodeStaysLostUntilOneJoins) {
   fs::remove_all(out);
 }
 
-// A spare of the other kind (dial-out only for a node its peers dialled) cannot take the node over,
-// whatever its RAM: it hears that reason, not that it is too small (example.volunteers_short once
-// told a 9.76 GB spare that a 0.03 GB stage did not fit). A reachable spare that joins then takes it.
-TEST(MemberReplacer, ADialOutOnlySpareHearsWhyItCannotTakeAReachableNodeOver) {
-  const std::string out = replacementFreshDir("unlike");
+// A dial-out-only spare takes over a node placed reachable: its links turn around. node_1's ring
+// peer node_4 dials out only too, so that link needs a relay: with none offered the spare hears why
+// it cannot take node_1, whatever its RAM (example.volunteers_short once told a 9.76 GB spare that a
+// 0.03 GB stage did not fit), once; with a relay it takes node_1 over, which is placed dial-out only
+// from then on, and the link node_1-node_4 goes through the relay, named in both node.json files.
+TEST(MemberReplacer, ADialOutOnlySpareTakesANodePlacedReachableThroughARelayWhereItsPeerDialsOutToo) {
+  const std::string out = replacementFreshDir("turned");
   CoordinatorStore store(out + "/coordinator.db");
-  placeOneNode(out, store, replacementMember("node_0", MemberState::kAssigned, 0));
-  Member behind = replacementMember("node_1", MemberState::kSpare, 10, 64, 5);
-  behind.dial_out_only = true;
-  behind.advertise = "";
-  store.putMember(behind);
+  Member spare = writeTwoByThreeRun(out, store);
+  spare.dial_out_only = true;
+  spare.advertise = "";
+  store.putMember(spare);
+  std::vector<NodeSpec> nodes = twoByThree();
+  markDialOutOnly(nodes, {"node_4"});
+  std::vector<std::string> placed;
+  for (const NodeSpec& n : nodes) {
+    writeJsonFile(nodeSpecPath(out, n.name), toJson(n));
+    placed.push_back(n.name);
+  }
+  store.setMeta("placed", nlohmann::json(placed).dump());
+  for (const auto& n : placed)
+    if (n != "node_1") store.touch(n, 110);
+  store.touch("node_6", 110);
   std::vector<std::pair<std::string, Frames>> sent;
-  MemberReplacer replacer(store, out, 5, 0,
+  MemberReplacer replacer(store, out, 15, 100,
                           [&](const std::string& key, const Frames& f) { sent.emplace_back(key, f); });
-  replacer.poll(10);
-  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kLost);
-  EXPECT_EQ(store.memberByName("node_1")->state, MemberState::kSpare);
+  std::vector<PeerRef::Relay> relays;
+  replacer.relayThrough([&] { return relays; });
+  replacer.poll(116);
+  EXPECT_EQ(store.memberByName("node_1")->state, MemberState::kLost);
   ASSERT_EQ(sent.size(), 1u);
-  EXPECT_EQ(sent[0].first, behind.public_key);
+  EXPECT_EQ(sent[0].first, spare.public_key);
   std::string why;
   auto told = decodeToVolunteer(sent[0].second, 1 << 20, &why);
   ASSERT_TRUE(told) << why;
-  EXPECT_EQ(std::get<Accepted>(*told).note,
-            "node_0 needs a new holder its peers can dial, as they dialled its lost holder, and this "
-            "volunteer joined as dial-out only; it stays a spare");
-  replacer.poll(11);  // told once
+  EXPECT_EQ(std::get<Accepted>(*told).note, unlikeReachNote(nodes[1]));
+  EXPECT_NE(std::get<Accepted>(*told).note.find("but node_4 dial out only too"), std::string::npos);
+  replacer.poll(117);  // told once
   EXPECT_EQ(sent.size(), 1u);
-  const Member reachable = replacementMember("node_2", MemberState::kSpare, 11, 8, 6);
-  store.putMember(reachable);
-  replacer.poll(12);
-  ASSERT_EQ(sent.size(), 3u);  // accepted + assignment, to the reachable spare
-  EXPECT_EQ(sent[1].first, reachable.public_key);
-  EXPECT_EQ(store.memberByName("node_0")->state, MemberState::kAssigned);
-  EXPECT_EQ(store.memberByName("node_1")->state, MemberState::kSpare);
+
+  relays = {{"relay_1", "10.0.9.1:7000", testing::keyOf("node_91")}};
+  replacer.poll(118);
+  ASSERT_EQ(sent.size(), 3u);  // accepted + assignment, to the dial-out-only spare
+  EXPECT_EQ(sent[2].first, spare.public_key);
+  EXPECT_EQ(store.memberByName("node_1")->public_key, spare.public_key);
+  const NodeSpec taken = readNodeSpec(nodeSpecPath(out, "node_1"));
+  EXPECT_TRUE(taken.dial_out_only);
+  EXPECT_EQ(taken.address, "");
+  ASSERT_TRUE(taken.rings[0].members[1].relay.has_value());
+  EXPECT_EQ(*taken.rings[0].members[1].relay, relays[0]);
+  EXPECT_FALSE(taken.upstream->relay.has_value());
+  const NodeSpec ring_peer = readNodeSpec(nodeSpecPath(out, "node_4"));
+  EXPECT_TRUE(ring_peer.rings[0].members[0].dial_out_only);
+  EXPECT_EQ(ring_peer.rings[0].members[0].public_key, spare.public_key);
+  ASSERT_TRUE(ring_peer.rings[0].members[0].relay.has_value());
+  EXPECT_EQ(*ring_peer.rings[0].members[0].relay, relays[0]);
+  const NodeSpec upstream = readNodeSpec(nodeSpecPath(out, "node_0"));
+  EXPECT_TRUE(upstream.downstream->dial_out_only);
+  EXPECT_EQ(upstream.downstream->address, "");
+  EXPECT_FALSE(upstream.downstream->relay.has_value());  // node_0 is reachable: node_1 dials it
 }
 
 // A volunteer that joined dial-out only.
@@ -335,8 +362,8 @@ TEST(MemberReplacer, AReplacementDuringAProposedGrowthRepointsTheGrowthsNodesToo
 
 // NodeHeaders (what spareNote, the replacer's poll and the chunk worker read): a file is parsed
 // once per version (a rewrite by writeJsonFile is read again, with its new figures, the others are
-// not), its lists are left empty and everything else equals readNodeSpec's, and a missing file is
-// BadInput naming it.
+// not), its lists are left empty (of the rings, only members placed dial-out only are kept) and
+// everything else equals readNodeSpec's, and a missing file is BadInput naming it.
 TEST(NodeHeaders, ParsesEachNodeJsonOncePerVersionAndKeepsItsHeader) {
   const std::string out = replacementFreshDir("headers");
   std::vector<NodeSpec> nodes = twoByThree();
@@ -370,6 +397,16 @@ TEST(NodeHeaders, ParsesEachNodeJsonOncePerVersionAndKeepsItsHeader) {
   EXPECT_DOUBLE_EQ(headers.header("node_4").estimated_memory_bytes, 5e9);
   EXPECT_EQ(headers.header("node_3").cluster, 1);
   EXPECT_EQ(headers.parses(), nodes.size() + 1);
+  // Of the rings, a header keeps the members placed dial-out only (what canHold needs): node_1's
+  // ring peer node_4, once node_1's file says it dials out only.
+  markDialOutOnly(nodes, {"node_4"});
+  writeJsonFile(nodeSpecPath(out, "node_1"), toJson(nodes[1]));
+  const NodeSpec& node_1 = headers.header("node_1");
+  ASSERT_EQ(node_1.rings.size(), 1u);
+  ASSERT_EQ(node_1.rings[0].members.size(), 1u);
+  EXPECT_EQ(node_1.rings[0].members[0].name, "node_4");
+  EXPECT_EQ(dialOutOnlyPeersOf(node_1), std::vector<std::string>{"node_4"});
+  EXPECT_EQ(headers.parses(), nodes.size() + 2);
   fs::remove(nodeSpecPath(out, "node_5"));
   try {
     headers.header("node_5");

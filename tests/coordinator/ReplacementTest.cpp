@@ -102,44 +102,69 @@ TEST(Replacement, ChoosesTheEarliestSpareWhoseRamHoldsTheStagesEstimate) {
   EXPECT_EQ(tooSmallNote(members[2], "node_1", 5.0),
             "node_1 needs a new holder, but its stage needs an estimated 5.00 GB and this volunteer "
             "gives 4.00 GB; it stays a spare");
-  EXPECT_EQ(unlikeReachNote("node_1"),
-            "node_1 needs a new holder its peers can dial, as they dialled its lost holder, and this "
-            "volunteer joined as dial-out only; it stays a spare");
 }
 
-// Who may hold a node: one placed reachable only a reachable volunteer (its peers dial it); one
-// placed dial-out only anyone (it dials its peers), the spares of its own kind tried first.
-TEST(Replacement, ANodePlacedDialOutOnlyTakesAReachableSpareAfterTheDialOutOnlyOnes) {
+// Who may hold a node: one placed dial-out only anyone (it dials its peers); one placed reachable a
+// reachable volunteer, or a dial-out-only one whose links turn around, which needs a relay where a
+// peer of the node dials out only too. The spares of the node's own kind are tried first.
+TEST(Replacement, WhoMayHoldANodeAndInWhichOrderTheSparesAreTried) {
   Member reachable = replacementMember("node_3", MemberState::kSpare, 0, 8, 1);
   Member behind = replacementMember("node_4", MemberState::kSpare, 0, 8, 2);
   behind.dial_out_only = true;
-  EXPECT_TRUE(canHold(reachable, false));
-  EXPECT_TRUE(canHold(reachable, true));
-  EXPECT_FALSE(canHold(behind, false));
-  EXPECT_TRUE(canHold(behind, true));
+  std::vector<NodeSpec> nodes = twoByThree();
+  const NodeSpec all_reachable = nodes[1];  // node_1: peers node_0, node_2, node_4, all reachable
+  markDialOutOnly(nodes, {"node_4"});
+  const NodeSpec ring_peer_behind = nodes[1];  // node_1 again, its ring peer node_4 dial-out only
+  markDialOutOnly(nodes, {"node_1"});
+  const NodeSpec placed_behind = nodes[1];
+  EXPECT_EQ(dialOutOnlyPeersOf(all_reachable), std::vector<std::string>{});
+  EXPECT_EQ(dialOutOnlyPeersOf(ring_peer_behind), std::vector<std::string>{"node_4"});
+  for (const bool relays : {false, true}) {
+    EXPECT_TRUE(canHold(reachable, all_reachable, relays));
+    EXPECT_TRUE(canHold(reachable, ring_peer_behind, relays));
+    EXPECT_TRUE(canHold(reachable, placed_behind, relays));
+    EXPECT_TRUE(canHold(behind, all_reachable, relays));
+    EXPECT_EQ(canHold(behind, ring_peer_behind, relays), relays);
+    EXPECT_TRUE(canHold(behind, placed_behind, relays));
+  }
   auto names = [](const std::vector<Member>& members) {
     std::vector<std::string> out;
     for (const Member& m : members) out.push_back(m.name);
     return out;
   };
-  const std::vector<Member> members = {reachable, behind};
-  EXPECT_EQ(names(sparesFor(members, false)), std::vector<std::string>({"node_3"}));
-  EXPECT_EQ(names(sparesFor(members, true)), std::vector<std::string>({"node_4", "node_3"}));
-  // chooseSpare then takes the first that fits: the reachable one when the other is too small.
-  std::vector<Member> small_behind = members;
+  const std::vector<Member> members = {behind, reachable};
+  EXPECT_EQ(names(sparesFor(members, all_reachable, false)), std::vector<std::string>({"node_3", "node_4"}));
+  EXPECT_EQ(names(sparesFor(members, ring_peer_behind, false)), std::vector<std::string>({"node_3"}));
+  EXPECT_EQ(names(sparesFor(members, ring_peer_behind, true)), std::vector<std::string>({"node_3", "node_4"}));
+  EXPECT_EQ(names(sparesFor({reachable, behind}, placed_behind, false)),
+            std::vector<std::string>({"node_4", "node_3"}));
+  // chooseSpare then takes the first that fits: the other kind when its own is too small.
+  std::vector<Member> small_behind = {reachable, behind};
   small_behind[1] = replacementMember("node_4", MemberState::kSpare, 0, 1, 2);
   small_behind[1].dial_out_only = true;
-  EXPECT_EQ(chooseSpare(sparesFor(small_behind, true), 4.0)->name, "node_3");
-  EXPECT_EQ(chooseSpare(sparesFor(members, true), 4.0)->name, "node_4");
+  EXPECT_EQ(chooseSpare(sparesFor(small_behind, placed_behind, false), 4.0)->name, "node_3");
+  EXPECT_EQ(chooseSpare(sparesFor(members, placed_behind, false), 4.0)->name, "node_4");
+  std::vector<Member> small_reachable = members;
+  small_reachable[1] = replacementMember("node_3", MemberState::kSpare, 0, 1, 1);
+  EXPECT_EQ(chooseSpare(sparesFor(small_reachable, all_reachable, false), 4.0)->name, "node_4");
+  EXPECT_FALSE(chooseSpare(sparesFor(small_reachable, ring_peer_behind, false), 4.0).has_value());
+  EXPECT_EQ(unlikeReachNote(ring_peer_behind),
+            "node_1 needs a new holder; this volunteer joined as dial-out only, so it would dial "
+            "node_1's peers, but node_4 dial out only too, and a link between two such volunteers "
+            "needs a relay, which nobody offers (a volunteer's `provider --join … --relay`, or the "
+            "coordinator's --relay); it stays a spare");
 }
 
-// node_0..2 with stages estimated at 0.03, 0.24 and 0.37 GB, all reachable.
+// node_0 -> node_1 -> node_2, one pipeline, with stages estimated at 0.03, 0.24 and 0.37 GB, all
+// reachable.
 std::vector<NodeSpec> threePlacedNodes() {
   std::vector<NodeSpec> placed(3);
   const double gb[] = {0.03, 0.24, 0.37};
   for (int i = 0; i < 3; ++i) {
     placed[size_t(i)].name = "node_" + std::to_string(i);
     placed[size_t(i)].estimated_memory_bytes = gb[i] * 1e9;
+    if (i > 0) placed[size_t(i)].upstream = peerRef("node_" + std::to_string(i - 1));
+    if (i < 2) placed[size_t(i)].downstream = peerRef("node_" + std::to_string(i + 1));
   }
   return placed;
 }
@@ -147,42 +172,44 @@ std::vector<NodeSpec> threePlacedNodes() {
 TEST(Replacement, ASpareIsToldWhichStagesFitItsRam) {
   const std::vector<NodeSpec> placed = threePlacedNodes();
   const Member small = replacementMember("node_5", MemberState::kSpare, 0, 0.1);
-  EXPECT_EQ(spareNote(small, placed),
+  EXPECT_EQ(spareNote(small, placed, false),
             "the run is planned; this volunteer waits as a spare: it takes over a node whose "
             "volunteer is lost or leaves if its stage fits in the 0.10 GB it gives (node_0 0.03 GB; "
             "not node_1 0.24 GB, node_2 0.37 GB), or, with the coordinator's --grow, joins a new cluster");
   const Member tiny = replacementMember("node_6", MemberState::kSpare, 0, 0.02);
-  EXPECT_NE(spareNote(tiny, placed).find("no stage of the plan fits in the 0.02 GB this volunteer gives"),
+  EXPECT_NE(spareNote(tiny, placed, false).find("no stage of the plan fits in the 0.02 GB this volunteer gives"),
             std::string::npos);
-  EXPECT_EQ(spareNote(small, {}), "");
+  EXPECT_EQ(spareNote(small, {}, false), "");
 }
 
-// A dial-out-only spare cannot take over a node placed reachable (canHold), so its note says which
-// nodes it never could: example.volunteers_short's dial-out-only spare was told the reachable Stem
-// fitted. A reachable spare can take over any node that fits, one placed dial-out only included.
-TEST(Replacement, ASpareIsToldWhichNodesItsKindCannotTakeOver) {
+// A spare's note names the nodes it cannot hold (canHold): example.volunteers_short's
+// dial-out-only spare was once told the reachable Stem fitted when it could not take it. Here node_1
+// is placed dial-out only, so a dial-out-only spare could hold node_0 (its peer node_1) only
+// through a relay; a reachable spare can take over any node that fits.
+TEST(Replacement, ASpareIsToldWhichNodesItCannotHold) {
   std::vector<NodeSpec> placed = threePlacedNodes();
-  placed[1].dial_out_only = true;
+  markDialOutOnly(placed, {"node_1"});
   Member reachable = replacementMember("node_5", MemberState::kSpare, 0, 0.3);
-  EXPECT_EQ(spareNote(reachable, placed),
+  EXPECT_EQ(spareNote(reachable, placed, false),
             "the run is planned; this volunteer waits as a spare: it takes over a node whose "
             "volunteer is lost or leaves if its stage fits in the 0.30 GB it gives (node_0 0.03 GB, "
             "node_1 0.24 GB; not node_2 0.37 GB), or, with the coordinator's --grow, joins a new "
             "cluster");
   Member behind = reachable;
   behind.dial_out_only = true;
-  EXPECT_EQ(spareNote(behind, placed),
+  EXPECT_EQ(spareNote(behind, placed, false),
             "the run is planned; this volunteer waits as a spare: it takes over a node whose "
             "volunteer is lost or leaves if its stage fits in the 0.30 GB it gives (node_1 0.24 GB; "
-            "not node_2 0.37 GB) and its peers reach it as they reached that node (not node_0: this "
-            "volunteer joined as dial-out only, and their peers dial their volunteers), or, with the "
-            "coordinator's --grow, joins a new cluster");
-  placed[1].dial_out_only = false;  // every node reachable: nothing this spare can take over
-  EXPECT_EQ(spareNote(behind, placed),
-            "no node of the plan can be taken over by this volunteer: node_0, node_1 fit in the "
-            "0.30 GB it gives, but this volunteer joined as dial-out only, and their peers dial their "
-            "volunteers; the others need more (node_2 0.37 GB); it waits as a spare, and with the "
-            "coordinator's --grow joins a new cluster");
+            "not node_2 0.37 GB) and it can reach that node's peers (not node_0: this volunteer "
+            "joined as dial-out only, and so are peers of theirs, which it could reach only through "
+            "a relay, and none is offered), or, with the coordinator's --grow, joins a new cluster");
+  EXPECT_EQ(spareNote(behind, placed, true), spareNote(reachable, placed, false));  // a relay
+  std::vector<NodeSpec> two = {placed[0], placed[2]};  // node_0 (peer node_1 dials out) and node_2
+  EXPECT_EQ(spareNote(behind, two, false),
+            "no node of the plan can be taken over by this volunteer: node_0 fit in the 0.30 GB it "
+            "gives, but this volunteer joined as dial-out only, and so are peers of theirs, which "
+            "it could reach only through a relay, and none is offered; the others need more (node_2 "
+            "0.37 GB); it waits as a spare, and with the coordinator's --grow joins a new cluster");
 }
 
 TEST(Replacement, PlanRepointsTheNodeItsNeighboursAndItsRingPeersOnly) {
@@ -229,6 +256,61 @@ TEST(Replacement, ANodePlacedDialOutOnlyKeepsNoAddressWhoeverHoldsIt) {
     EXPECT_EQ(ref->address, "");
     EXPECT_EQ(ref->public_key, fresh);
   }
+}
+
+// A node placed reachable taken over by a dial-out-only spare is placed dial-out only from then on:
+// no address in its node.json nor in its peers' references, which name the spare's key; its peers
+// are reachable here, so they accept its dial and no link needs a relay.
+TEST(Replacement, ADialOutOnlyHolderTurnsTheLinksOfANodePlacedReachable) {
+  const std::vector<NodeSpec> nodes = twoByThree();
+  const std::string fresh = generateCurveKeyPair().public_key;
+  const ReplacementPlan plan = planReplacement(nodes, "node_1", "", fresh, /*holder_dial_out_only=*/true);
+  EXPECT_TRUE(plan.turned);
+  EXPECT_EQ(plan.relayed, 0u);
+  EXPECT_TRUE(plan.taken_over.dial_out_only);
+  EXPECT_EQ(plan.taken_over.address, "");
+  EXPECT_EQ(plan.taken_over.extra["public_key"], fresh);
+  EXPECT_EQ(plan.taken_over.upstream->address, peerRef("node_0").address);  // it dials them there
+  EXPECT_FALSE(plan.taken_over.upstream->dial_out_only);
+  ASSERT_EQ(plan.told.size(), 3u);
+  const PeerRef* refs[] = {&*plan.told[0].downstream, &*plan.told[1].upstream,
+                           &plan.told[2].rings[0].members[0]};
+  for (const PeerRef* ref : refs) {
+    EXPECT_EQ(ref->name, "node_1");
+    EXPECT_TRUE(ref->dial_out_only);
+    EXPECT_EQ(ref->address, "");
+    EXPECT_EQ(ref->public_key, fresh);
+    EXPECT_FALSE(ref->relay.has_value());
+  }
+  // A reachable holder keeps the node as placed.
+  EXPECT_FALSE(planReplacement(nodes, "node_1", "127.0.0.9:6001", fresh).turned);
+}
+
+// Turned dial-out only, a node whose ring peer node_4 dials out only too reaches it through the
+// relay carrying the fewest links (relay_1 carries node_4-node_5 already), named in both ends'
+// entries; its reachable neighbours get no relay. Without a relay the plan is refused.
+TEST(Replacement, ATurnedNodesLinkToADialOutOnlyPeerGoesThroughTheLeastLoadedRelay) {
+  std::vector<NodeSpec> nodes = twoByThree();
+  markDialOutOnly(nodes, {"node_4", "node_5"});
+  const PeerRef::Relay r1{"relay_1", "10.0.9.1:7000", testing::keyOf("node_91")},
+      r2{"relay_2", "10.0.9.2:7000", testing::keyOf("node_92")};
+  EXPECT_EQ(relayLinksOfNode(nodes, "node_5", {r1}), 1u);  // node_4-node_5, through relay_1
+  const std::string fresh = generateCurveKeyPair().public_key;
+  const ReplacementPlan plan = planReplacement(nodes, "node_1", "", fresh, true, {r1, r2});
+  EXPECT_TRUE(plan.turned);
+  EXPECT_EQ(plan.relayed, 1u);
+  const PeerRef& ring_peer = plan.taken_over.rings[0].members[1];
+  EXPECT_EQ(ring_peer.name, "node_4");
+  ASSERT_TRUE(ring_peer.relay.has_value());
+  EXPECT_EQ(ring_peer.relay->name, "relay_2");
+  EXPECT_FALSE(plan.taken_over.upstream->relay.has_value());
+  EXPECT_FALSE(plan.taken_over.downstream->relay.has_value());
+  ASSERT_EQ(plan.told.size(), 3u);
+  EXPECT_EQ(plan.told[2].name, "node_4");
+  ASSERT_TRUE(plan.told[2].rings[0].members[0].relay.has_value());
+  EXPECT_EQ(plan.told[2].rings[0].members[0].relay->name, "relay_2");
+  EXPECT_EQ(plan.told[2].downstream->relay->name, "relay_1");  // its other relayed link, as it was
+  EXPECT_THROW(planReplacement(nodes, "node_1", "", fresh, true, {}), BadInput);
 }
 
 // A holder that comes back (restarted) takes its node again if it can still hold it: one placed

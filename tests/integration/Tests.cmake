@@ -87,9 +87,11 @@ cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/volunteer
   TIMEOUT 900 CASES frozen_replaced lost_after_finishing bit_flip active_hours two_replacements
   ARGS ${BINARIES})
 # A node placed dial-out only, its volunteer SIGKILLed, taken over by a reachable spare that dials out
-# (tests/integration/dial_out_spare_test.py): the same losses as the uninterrupted run below.
+# (tests/integration/dial_out_spare_test.py): the same losses as the uninterrupted run below. And
+# the mirror: a node placed reachable (2 clusters) taken over by a dial-out-only spare, its links
+# turned around (its ring peer in the other cluster turns its link live).
 cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/dial_out_spare_test.py
-  TIMEOUT 900 CASES reachable_spare_dials_out ARGS ${BINARIES})
+  TIMEOUT 900 CASES reachable_spare_dials_out dial_out_spare_turns_links ARGS ${BINARIES})
 # Six of these compare against the same uninterrupted run (volunteer_replace_test.py
 # run_reference): the fixture case `reference` makes it in this cache (keyed by the model, job,
 # flags and binaries) before they start, and they read it (saves five runs of 3 volunteers; as a

@@ -6,6 +6,8 @@ real `provider --join` processes on tcp loopback with CurveZMQ, as volunteer_rep
     dial_out_spare_test.py reachable_spare_dials_out --provider BUILD/node/provider
         --clusterize BUILD/clusterize/clusterize --work DIR
 
+    dial_out_spare_test.py dial_out_spare_turns_links --provider … --clusterize … --work DIR
+
 reachable_spare_dials_out
     Three volunteers join, one of them without --listen: it is admitted dial-out only and its node
     is placed dial-out only (it dials its two reachable neighbours, which accept it at their port
@@ -21,6 +23,21 @@ reachable_spare_dials_out
     holders) equals the uninterrupted run's (volunteer_replace_test.py's reference, the same job);
     the merged model's accuracy equals the reference's; the run ends and every living volunteer
     exits 0.
+
+dial_out_spare_turns_links
+    The mirror: every volunteer of 2 clusters x 3 stages joins reachable, and the only spare joins
+    dial-out only (volunteer_replace_test.py ring_peer_replaced with that spare). Cluster 0's Stem
+    is SIGKILLed; the coordinator gives it to the dial-out-only spare (before, only a reachable
+    spare could take a node placed reachable, and the cluster waited): the node is placed dial-out
+    only from then on, its links turned around. Its neighbours restart and accept its dial; its
+    ring peer in cluster 1, which keeps training, turns its link live (the transport's PUSH to the
+    lost holder closed, the spare's dial accepted: node/transport/ZmqTransport.h repointPeer) and
+    welcomes it into the ring. Checks: the takeover says the links turn; the spare runs the node
+    dial-out only; node.json of the node and every reference to it (neighbours, ring peer) have
+    no address, say dial_out_only and hold the spare's key (no relay: every peer is reachable); the
+    ring peer re-pointed it live as dial-out only; the replacement was welcomed into the ring by
+    that peer; each cluster's own weights evaluated by PyTorch give exactly the accuracy its Leaf
+    reported.
 """
 import json
 import os
@@ -30,21 +47,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_harness as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, STEPS, TEST_SAMPLES, TRAINING,  # noqa: E402
                                     check_exact_resume, hold_root, hold_until, key_of,
-                                    kill_after_checkpoint, run_reference)
+                                    kill_after_checkpoint, ring_peer_replaced, run_reference)
 
 name_of = vt.name_of
 
 
 def references_to(out, node):
-    """Every reference to NODE in the coordinator's node.json files of the plan's other nodes."""
+    """Every reference to NODE in the coordinator's node.json files of the plan's other nodes
+    (pipeline neighbours, ring members), as (that node, the reference)."""
     refs = []
-    for other in json.load(open(os.path.join(out, "plan.json")))["clusters"][0]["chain"]:
-        if other == node:
-            continue
-        doc = json.load(open(os.path.join(out, "nodes", other, "node.json")))
-        for side in ("upstream", "downstream"):
-            if isinstance(doc.get(side), dict) and doc[side].get("name") == node:
-                refs.append((other, doc[side]))
+    for cluster in json.load(open(os.path.join(out, "plan.json")))["clusters"]:
+        for other in cluster["chain"]:
+            if other == node:
+                continue
+            doc = json.load(open(os.path.join(out, "nodes", other, "node.json")))
+            named = [doc[side] for side in ("upstream", "downstream") if isinstance(doc.get(side), dict)]
+            named += [m for ring in doc.get("rings", []) for m in ring.get("members", [])]
+            refs += [(other, ref) for ref in named if ref.get("name") == node]
     return refs
 
 
@@ -103,8 +122,35 @@ def case_reachable_spare_dials_out(args):
                        "the reachable spare's run")
 
 
+def case_dial_out_spare_turns_links(args):
+    taken, out, stem, ring_peer, peer_proc, spare = ring_peer_replaced(args, spare_dial_out_only=True)
+    if "its links turn around" not in taken:
+        vt.fail(f"the takeover does not say the node's links turn around: {taken.strip()}")
+    if not spare.count(lambda l: "dial-out only: listening on nothing, dialling every peer" in l):
+        vt.fail("the dial-out-only spare did not run the node dial-out only")
+    spec = json.load(open(os.path.join(out, "nodes", stem, "node.json")))
+    spare_key = spec.get("extra", {}).get("public_key")
+    if not spec.get("dial_out_only") or spec.get("address"):
+        vt.fail(f"{stem}'s node.json after the takeover: dial_out_only {spec.get('dial_out_only')}, "
+                f"address {spec.get('address')!r}")
+    refs = references_to(out, stem)
+    naming = {other for other, _ in refs}
+    if len(naming) != 3 or ring_peer not in naming:
+        vt.fail(f"{stem} is named by {sorted(naming)}: expected its two neighbours and its ring peer "
+                f"{ring_peer}")
+    for other, ref in refs:
+        if not ref.get("dial_out_only") or ref.get("address") or ref.get("public_key") != spare_key \
+                or ref.get("relay"):
+            vt.fail(f"{other}'s reference to {stem} after the takeover: {ref}")
+    live = [l for l in peer_proc.lines if "ring peers re-pointed live" in l and stem in l]
+    if not any(f"{stem} at (dial-out only)" in l for l in live):
+        vt.fail(f"{ring_peer} did not re-point {stem} live as dial-out only: {live}")
+    print(f"{stem}: placed dial-out only after the takeover; {len(refs)} references name the spare's "
+          f"key; {ring_peer}: {live[-1].strip()}")
+
+
 def main():
-    vt.main_of(["reachable_spare_dials_out"], globals())
+    vt.main_of(["reachable_spare_dials_out", "dial_out_spare_turns_links"], globals())
 
 
 if __name__ == "__main__":

@@ -308,12 +308,13 @@ def case_spare_replaces_lost(args):
 RING_FLAGS = ["--min-volunteers", "6", "--clusters", "2", "--cuts", "7,14", "--lost-after-s", "8"]
 
 
-def six_and_a_spare(run):
+def six_and_a_spare(run, spare_dial_out_only=False):
     """Six volunteers that the plan places in 2 clusters of 3 (uploading checkpoints), then a 7th
-    that waits as a spare (node_6); returns the plan's chains, cluster by cluster."""
+    that waits as a spare (node_6; without --listen when spare_dial_out_only); returns the plan's
+    chains, cluster by cluster."""
     run.join(6, ["--upload-mbps", "200"])
     run.wait_planned(2, 180)
-    run.join(1)
+    run.join(1, dial_out_only=spare_dial_out_only)
     run.coordinator.wait_for(lambda l: "joined: node_6 " in l and ", spare" in l, 120, "the spare")
     return [c["chain"] for c in json.load(open(os.path.join(run.out, "plan.json")))["clusters"]]
 
@@ -329,7 +330,11 @@ def check_each_cluster(args, out):
 
 
 def case_ring_peer_replaced(args):
-    """2 clusters x 3 stages and a spare; the Stem of cluster 0 is SIGKILLed after its checkpoint
+    ring_peer_replaced(args)
+
+
+def ring_peer_replaced(args, spare_dial_out_only=False):
+    """2 clusters x 3 stages and a spare (dial-out only when spare_dial_out_only: dial_out_spare_test.py); the Stem of cluster 0 is SIGKILLed after its checkpoint
     ack. Its neighbours restart with the new peers; its ring peer (cluster 1's Stem, which keeps
     training) re-points it live; the replacement joins the rings (a welcome from that ring peer:
     impossible unless the peer admitted its new key and dials its new address); the run finishes.
@@ -339,13 +344,14 @@ def case_ring_peer_replaced(args):
     whose other members have finished): its Root holds (CAIRN_TEST_HOLD, node/pipeline/TestHold.h)
     from the kill, or from step HOLD_AT at the latest, until the replacement says the cluster agreed
     on its resume step, so cluster 1 still has at least RING_STEPS - HOLD_AT steps to go whatever
-    the machine's speed (the precondition is still checked and reported as such)."""
+    the machine's speed (the precondition is still checked and reported as such). Returns the
+    takeover's line, the killed node, its ring peer and the two processes (ring peer, spare)."""
     release = os.path.join(args.work, "release_cluster_1")
     os.environ["CAIRN_TEST_HOLD"] = f"1:{HOLD_AT}:{release}"
     run = vt.start_run(args, RING_STEPS, TEST_SAMPLES, RING_FLAGS, 7, TRAINING)
     out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
     with run:
-        chains = six_and_a_spare(run)
+        chains = six_and_a_spare(run, spare_dial_out_only)
         stem, ring_peer = chains[0][1], chains[1][1]
         victim = next(v for v in volunteers[:6] if name_of(v[1]) == stem)
         peer_proc = next(v for v, w in volunteers[:6] if name_of(w) == ring_peer)
@@ -371,6 +377,7 @@ def case_ring_peer_replaced(args):
         vt.fail(f"the replacement never joined the rings with a welcome from {ring_peer}")
     print("replacement:", welcomed[0].strip())
     check_each_cluster(args, out)
+    return taken, out, stem, ring_peer, peer_proc, spare
 
 
 def leaf_records(workdirs, leaf):
