@@ -260,6 +260,20 @@ bool ZmqTransport::drainMonitors() {
   return changed;
 }
 
+std::optional<SendStatus> ZmqTransport::sendIfNotDialled(const std::string& peer, Peer& p,
+                                                         std::vector<zmq::message_t>& frames,
+                                                         std::chrono::milliseconds timeout) {
+  bool accepted = false, relayed = false;
+  {
+    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+    accepted = p.accepted;
+    relayed = p.relayed;
+  }
+  if (accepted) return sendAccepted(peer, p, frames, timeout);
+  if (relayed) return sendRelayed(peer, frames, timeout);
+  return std::nullopt;
+}
+
 SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
                               std::chrono::milliseconds timeout) {
   Peer* found = findPeer(peer);
@@ -271,14 +285,7 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
     for (const auto& f : frames) all += f.size();
     options_.pacer->take(all);
   }
-  bool accepted = false, relayed = false;
-  {
-    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
-    accepted = found->accepted;
-    relayed = found->relayed;
-  }
-  if (accepted) return sendAccepted(peer, *found, frames, timeout);
-  if (relayed) return sendRelayed(peer, frames, timeout);
+  if (const auto other = sendIfNotDialled(peer, *found, frames, timeout)) return *other;
   {
     // The monitors belong to whoever receives; a send only reads them when nobody does (the
     // receiver drains them while it waits anyway).
@@ -294,14 +301,12 @@ SendStatus ZmqTransport::send(const std::string& peer, const Message& message,
   for (;;) {
     while (found->repointing->load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     sending.lock();
-    // The peer's node went to a dial-out-only holder meanwhile (repointPeer: turnDirectLink).
-    if (found->accepted || found->relayed) {
-      const bool now_accepted = found->accepted;
+    if (found->accepted || found->relayed) {  // turned meanwhile (repointPeer: turnDirectLink)
       sending.unlock();
-      const auto rest = std::max(std::chrono::milliseconds(0),
-                                 std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     deadline - std::chrono::steady_clock::now()));
-      return now_accepted ? sendAccepted(peer, *found, frames, rest) : sendRelayed(peer, frames, rest);
+      return *sendIfNotDialled(peer, *found, frames,
+                               std::max(std::chrono::milliseconds(0),
+                                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            deadline - std::chrono::steady_clock::now())));
     }
     if (found->refused->exchange(false)) {
       try {

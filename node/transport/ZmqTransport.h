@@ -219,6 +219,11 @@ class ZmqTransport : public Transport {
                           std::chrono::milliseconds timeout);
   SendStatus sendRelayed(const std::string& peer, std::vector<zmq::message_t>& frames,
                          std::chrono::milliseconds timeout);
+  // A dial-out-only or relayed peer's send (sendAccepted, sendRelayed); nullopt for a peer we dial
+  // (its kind read under peers_mutex_: turnDirectLink may change it).
+  std::optional<SendStatus> sendIfNotDialled(const std::string& peer, Peer& p,
+                                             std::vector<zmq::message_t>& frames,
+                                             std::chrono::milliseconds timeout);
   std::string curveKeyOf(const std::string& peer) const;  // "" without CURVE; BadInput if unknown
   void addDialingPeerLocked(const std::string& peer);
   void addRelayedPeerLocked(const std::string& peer, const std::string& endpoint);
