@@ -150,7 +150,8 @@ void declareServe(CLI::App& app, ClusterizeFlags& f) {
       "the coordinator (on their hot path; they pause while it restarts), but only while no "
       "volunteer relay (provider --join ... --relay) is alive: it is the fallback, and takes the "
       "links of a volunteer relay that is lost. Off by default: without it and without a "
-      "volunteer relay such a plan waits for more reachable volunteers or a relay")
+      "volunteer relay such a plan waits for more reachable volunteers or a relay, and a "
+      "dial-out-only spare cannot take over a node placed reachable that has a dial-out-only peer")
       ->needs(f.serve_option);
   app.add_option("--relay-advertise", f.serve.relay_advertise,
                  "with --relay: the HOST:PORT volunteers dial to reach it (default: --relay; "
