@@ -85,8 +85,10 @@ acked() {  # the coordinator holds a checkpoint of $STEM of step >= KILL_AFTER
   grep -o "coordinator: checkpoint of $STEM at step [0-9]*" "$LOG" | awk -v k="$KILL_AFTER" \
     '$NF >= k { found = 1 } END { exit !found }'
 }
-volunteer() {  # volunteer I: provider --join INVITE in its own folder
-  "$BUILD_DIR/node/provider" --join "$INVITE" --listen "127.0.0.1:${PORTS[$1]}" \
+volunteer() {  # volunteer I: provider --join INVITE in its own folder (dial-out only: no --listen)
+  local listen=(--listen "127.0.0.1:${PORTS[$1]}")
+  [[ "${2:-}" == dial-out ]] && listen=()
+  "$BUILD_DIR/node/provider" --join "$INVITE" "${listen[@]}" \
     --workdir "$OUT/volunteer_$1" > "$OUT/volunteer_$1.log" 2>&1 &
   vpid[$1]=$!
   pids+=("$!")
@@ -111,8 +113,16 @@ fi
 echo "volunteers: invite $INVITE"
 echo "volunteers: 3/5 four volunteers join (each: provider --join INVITE --listen 127.0.0.1:PORT);"
 echo "volunteers:     the coordinator plans on the first 3 and keeps the 4th as a spare"
-for i in 1 2 3 4; do volunteer "$i"; done
+# CAIRN_EXAMPLE_SPARE_DIAL_OUT=1 (tools/bench/replace_after_kill.sh --spares): the 4th joins once
+# the plan is made, without --listen: a dial-out-only spare, which takes the reachable Stem over by
+# turning its links around (docs/OPERATIONS.md "Behind a home router").
+if [[ -n "${CAIRN_EXAMPLE_SPARE_DIAL_OUT:-}" ]]; then
+  for i in 1 2 3; do volunteer "$i"; done
+else
+  for i in 1 2 3 4; do volunteer "$i"; done
+fi
 wait_for "'planned 1 cluster(s) on 3 volunteers' in $LOG" 180 in_log "planned 1 cluster(s) on 3 volunteers"
+[[ -n "${CAIRN_EXAMPLE_SPARE_DIAL_OUT:-}" ]] && volunteer 4 dial-out
 read -r ROOT STEM LEAF <<<"$($PY -c "import json, sys
 print(' '.join(json.load(open(sys.argv[1]))['clusters'][0]['chain']))" "$OUT/coordinator/plan.json")"
 all_members() { for i in 1 2 3 4; do [[ -n "$(name_of "$i")" ]] || return 1; done; }
