@@ -91,7 +91,8 @@ cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/volunteer
 # the mirror: a node placed reachable (2 clusters) taken over by a dial-out-only spare, its links
 # turned around (its ring peer in the other cluster turns its link live).
 cairn_script_tests(PREFIX integration.volunteers SCRIPT ${INTEGRATION}/dial_out_spare_test.py
-  TIMEOUT 900 CASES reachable_spare_dials_out dial_out_spare_turns_links ARGS ${BINARIES})
+  TIMEOUT 900 CASES reachable_spare_dials_out dial_out_spare_turns_links dial_out_spare_through_relay
+  ARGS ${BINARIES})
 # Six of these compare against the same uninterrupted run (volunteer_replace_test.py
 # run_reference): the fixture case `reference` makes it in this cache (keyed by the model, job,
 # flags and binaries) before they start, and they read it (saves five runs of 3 volunteers; as a

@@ -38,6 +38,18 @@ dial_out_spare_turns_links
     ring peer re-pointed it live as dial-out only; the replacement was welcomed into the ring by
     that peer; each cluster's own weights evaluated by PyTorch give exactly the accuracy its Leaf
     reported.
+
+dial_out_spare_through_relay
+    2 clusters x 3 stages on five reachable volunteers and one dial-out-only one (D's node, placed
+    next to reachable ones), the coordinator offering its relay (--relay); the only spare joins
+    dial-out only. The holder of D's ring peer R (the other cluster's node of D's stage, placed
+    reachable) is SIGKILLed: the spare takes R over, R is placed dial-out only from then on, and
+    the link R-D, between two dial-out-only volunteers now, goes through the coordinator's relay.
+    D, which keeps training, turns its link live (its DEALER to R's lost holder closed, the relay
+    dialled) and welcomes the spare into the ring through the relay. Checks: the takeover says one
+    link goes through a relay; R's and D's node.json name the relay for each other, R has no
+    address; D re-pointed R live through the relay; the replacement was welcomed into the ring by
+    D; each cluster's own weights give exactly the accuracy its Leaf reported.
 """
 import json
 import os
@@ -47,7 +59,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import volunteer_harness as vt  # noqa: E402  (the shared helpers: processes, jobs, evaluation)
 from volunteer_replace_test import (FLAGS, HOLD_AT, KILL_AFTER, STEPS, TEST_SAMPLES, TRAINING,  # noqa: E402
                                     check_exact_resume, hold_root, hold_until, key_of,
-                                    kill_after_checkpoint, ring_peer_replaced, run_reference)
+                                    kill_after_checkpoint, ring_peer_replaced, run_reference,
+                                    RING_FLAGS, RING_STEPS, check_each_cluster)
 
 name_of = vt.name_of
 
@@ -149,8 +162,64 @@ def case_dial_out_spare_turns_links(args):
           f"key; {ring_peer}: {live[-1].strip()}")
 
 
+def case_dial_out_spare_through_relay(args):
+    holds = [os.path.join(args.work, f"release_cluster_{c}") for c in (0, 1)]
+    # Each cluster's Root holds before step HOLD_AT until its file exists (and from its next step
+    # once FILE.hold exists): the cluster that keeps training cannot finish before the spare joins.
+    os.environ["CAIRN_TEST_HOLD"] = ",".join(f"{c}:{HOLD_AT}:{holds[c]}" for c in (0, 1))
+    relay = f"127.0.0.1:{vt.free_ports(1)[0]}"
+    run = vt.start_run(args, RING_STEPS, TEST_SAMPLES, RING_FLAGS + ["--relay", relay], 7, TRAINING)
+    out, coordinator, volunteers = run.out, run.coordinator, run.volunteers
+    with run:
+        run.join(5, ["--upload-mbps", "200"])
+        run.join(1, ["--upload-mbps", "200"], dial_out_only=True)
+        run.wait_planned(2, 180)
+        run.join(1, dial_out_only=True)
+        coordinator.wait_for(lambda l: "joined: node_6 " in l and ", spare" in l, 120, "the spare")
+        chains = [c["chain"] for c in json.load(open(os.path.join(out, "plan.json")))["clusters"]]
+        behind = [n for chain in chains for n in chain
+                  if json.load(open(os.path.join(out, "nodes", n, "node.json"))).get("dial_out_only")]
+        if len(behind) != 1:
+            vt.fail(f"expected one node placed dial-out only, found {behind}")
+        d = behind[0]
+        d_cluster = next(c for c, chain in enumerate(chains) if d in chain)
+        r = chains[1 - d_cluster][chains[d_cluster].index(d)]
+        victim = next(v for v in volunteers[:6] if name_of(v[1]) == r)
+        d_proc = next(v for v, w in volunteers[:6] if name_of(w) == d)
+        kill_after_checkpoint(coordinator, victim, r)
+        open(holds[d_cluster] + ".hold", "w").close()
+        open(holds[1 - d_cluster], "w").close()  # R's cluster resumes unheld
+        taken = coordinator.wait_for(lambda l: f"coordinator: {r} is taken over by spare node_6" in l, 120,
+                                     "the takeover")
+        print(taken.strip().split("] ")[-1])
+        if "1 through a relay" not in taken:
+            vt.fail(f"the takeover does not say R's link to {d} goes through a relay: {taken.strip()}")
+        spare = volunteers[6][0]
+        spare.wait_for(lambda l: "resume: the cluster agreed on step" in l, 120, "the replacement's resume agreement")
+        open(holds[d_cluster], "w").close()
+        run.all_finish(but=victim[0])
+    nodes = {n: json.load(open(os.path.join(out, "nodes", n, "node.json"))) for n in (r, d)}
+    if not nodes[r].get("dial_out_only") or nodes[r].get("address"):
+        vt.fail(f"{r}'s node.json after the takeover: dial_out_only {nodes[r].get('dial_out_only')}, "
+                f"address {nodes[r].get('address')!r}")
+    for a, b in ((r, d), (d, r)):
+        refs = [m for ring in nodes[a].get("rings", []) for m in ring.get("members", []) if m.get("name") == b]
+        if not refs or any((ref.get("relay") or {}).get("address") != relay for ref in refs):
+            vt.fail(f"{a}'s reference to {b} does not name the coordinator's relay at {relay}: {refs}")
+    live = [l for l in d_proc.lines if "ring peers re-pointed live" in l and r in l]
+    if not any(f"{r} at (through the relay" in l for l in live):
+        vt.fail(f"{d} did not re-point {r} live through the relay: {live}")
+    welcomed = [l for l in spare.lines if ": joined from " + d in l]
+    if not welcomed:
+        vt.fail(f"the replacement never joined the rings with a welcome from {d}")
+    print(f"{d} (dial-out only): {live[-1].strip()}")
+    print("replacement:", welcomed[0].strip())
+    check_each_cluster(args, out)
+
+
 def main():
-    vt.main_of(["reachable_spare_dials_out", "dial_out_spare_turns_links"], globals())
+    vt.main_of(["reachable_spare_dials_out", "dial_out_spare_turns_links", "dial_out_spare_through_relay"],
+               globals())
 
 
 if __name__ == "__main__":
