@@ -154,9 +154,11 @@ class ZmqTransport : public Transport {
   // was replaced by a spare, node/transport/LivePeers.h): the old connection is dropped, the next one uses
   // them. A peer we dialled may become one that dials us (kDialsUsEndpoint: its node is now held
   // by a dial-out-only volunteer; BadInput when this node is dial-out only too) or one reached
-  // through a relay (a relayed endpoint); a dial-out-only or relayed peer stays so (BadInput). Done under that peer's send lock, like every send, so it may run while other threads
-  // send and receive; a send waiting for room at the old endpoint leaves the lock to it within
-  // kSendSlice and goes on to the new one. `public_key` is ignored without CURVE. False for an unknown peer.
+  // through a relay (a relayed endpoint); a dial-out-only or relayed peer stays so (BadInput).
+  // Done under that peer's send lock, like every send, so it may run while other threads send
+  // and receive; a send waiting for room at the old endpoint leaves the lock to it within
+  // kSendSlice and goes on to the new one. `public_key` is ignored without CURVE. False for an
+  // unknown peer.
   bool repointPeer(const std::string& peer, const std::string& endpoint, const std::string& public_key);
   // Transport::redial: the peer's PUSH socket leaves its connection and dials the same endpoint
   // again (a dial-out-only peer: its attached connection is forgotten until it attaches again),
@@ -235,7 +237,8 @@ class ZmqTransport : public Transport {
   void reconnectLocked(const std::string& peer, Peer& p, const std::string& dial);
   // repointPeer of a peer we dialled to kDialsUsEndpoint or a relayed endpoint: its PUSH socket
   // closed, the peer added to accepted_ or relayed_ (and removed from dialed_), its kind changed.
-  void turnDirectLink(const std::string& peer, Peer& p, const std::string& endpoint,
+  // False when another call turned it first (repointPeer then re-points it as such).
+  bool turnDirectLink(const std::string& peer, Peer& p, const std::string& endpoint,
                       const std::string& public_key);
   // Sends that wait (for room, for a peer's acknowledgements) drain the receiving side meanwhile
   // when nobody else receives, then run the send wait hook.

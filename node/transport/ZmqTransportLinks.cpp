@@ -241,10 +241,9 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
   // A peer we dialled whose node is now held dial-out only (coordinator/Replacement.h: a
   // dial-out-only spare took over a node placed reachable): it dials us from now on, or we meet
   // at a relay.
-  if (!was_accepted && !was_relayed && (isDialsUsEndpoint(endpoint) || isRelayedEndpoint(endpoint))) {
-    turnDirectLink(peer, p, endpoint, public_key);
+  if (!was_accepted && !was_relayed && (isDialsUsEndpoint(endpoint) || isRelayedEndpoint(endpoint)) &&
+      turnDirectLink(peer, p, endpoint, public_key))
     return true;
-  }
   std::unique_lock<std::mutex> sending = lockForRepoint(p);
   if (p.relayed || isRelayedEndpoint(endpoint)) {
     std::string relay_key, relay_endpoint;
@@ -279,9 +278,13 @@ bool ZmqTransport::repointPeer(const std::string& peer, const std::string& endpo
 // the change finds the peer's new kind once it has the lock: send()); its monitor stays open and
 // unpolled until flushAndClose, since a receive may be polling it at this moment. The kind
 // changes under the send lock and the peers lock both, so either one is enough to read it.
-void ZmqTransport::turnDirectLink(const std::string& peer, Peer& p, const std::string& endpoint,
+bool ZmqTransport::turnDirectLink(const std::string& peer, Peer& p, const std::string& endpoint,
                                   const std::string& public_key) {
-  std::lock_guard<std::mutex> adding(add_mutex_);
+  std::lock_guard<std::mutex> adding(add_mutex_);  // one turn at a time: the kind is read again
+  {
+    std::shared_lock<std::shared_mutex> peers(peers_mutex_);
+    if (p.accepted || p.relayed) return false;
+  }
   const bool relayed = isRelayedEndpoint(endpoint);
   std::string relay_key, relay_endpoint;
   if (relayed && !parseRelayedEndpoint(endpoint, &relay_key, &relay_endpoint))
@@ -316,6 +319,7 @@ void ZmqTransport::turnDirectLink(const std::string& peer, Peer& p, const std::s
   if (relayed) startLinkKeeperLocked();
   CAIRN_DEBUG("peer ", peer, ": its node is held dial-out only now: ",
               relayed ? "reached through the relay at " + relay_endpoint : std::string("it dials us"));
+  return true;
 }
 
 void ZmqTransport::redial(const std::string& peer) {

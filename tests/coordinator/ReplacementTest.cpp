@@ -237,6 +237,21 @@ TEST(Replacement, PlanRepointsTheNodeItsNeighboursAndItsRingPeersOnly) {
   EXPECT_THROW(planReplacement(nodes, "node_9", "a:1", "k"), BadInput);
 }
 
+// The references to node_1 of twoByThree in a plan's told nodes (node_0's downstream, node_2's
+// upstream, node_4's ring entry): dial-out only, no address, `key`, no relay.
+void expectToldNode1DialsOut(const ReplacementPlan& plan, const std::string& key) {
+  ASSERT_EQ(plan.told.size(), 3u);
+  const PeerRef* refs[] = {&*plan.told[0].downstream, &*plan.told[1].upstream,
+                           &plan.told[2].rings[0].members[0]};
+  for (const PeerRef* ref : refs) {
+    EXPECT_EQ(ref->name, "node_1");
+    EXPECT_TRUE(ref->dial_out_only);
+    EXPECT_EQ(ref->address, "");
+    EXPECT_EQ(ref->public_key, key);
+    EXPECT_FALSE(ref->relay.has_value());
+  }
+}
+
 // A node placed dial-out only keeps no address when a reachable spare takes it over: the new holder
 // dials its peers as the lost one did, and their references to it still say it dials them.
 TEST(Replacement, ANodePlacedDialOutOnlyKeepsNoAddressWhoeverHoldsIt) {
@@ -247,15 +262,7 @@ TEST(Replacement, ANodePlacedDialOutOnlyKeepsNoAddressWhoeverHoldsIt) {
   EXPECT_TRUE(plan.taken_over.dial_out_only);
   EXPECT_EQ(plan.taken_over.address, "");
   EXPECT_EQ(plan.taken_over.extra["public_key"], fresh);
-  ASSERT_EQ(plan.told.size(), 3u);
-  const PeerRef* refs[] = {&*plan.told[0].downstream, &*plan.told[1].upstream,
-                           &plan.told[2].rings[0].members[0]};
-  for (const PeerRef* ref : refs) {
-    EXPECT_EQ(ref->name, "node_1");
-    EXPECT_TRUE(ref->dial_out_only);
-    EXPECT_EQ(ref->address, "");
-    EXPECT_EQ(ref->public_key, fresh);
-  }
+  expectToldNode1DialsOut(plan, fresh);
 }
 
 // A node placed reachable taken over by a dial-out-only spare is placed dial-out only from then on:
@@ -272,16 +279,7 @@ TEST(Replacement, ADialOutOnlyHolderTurnsTheLinksOfANodePlacedReachable) {
   EXPECT_EQ(plan.taken_over.extra["public_key"], fresh);
   EXPECT_EQ(plan.taken_over.upstream->address, peerRef("node_0").address);  // it dials them there
   EXPECT_FALSE(plan.taken_over.upstream->dial_out_only);
-  ASSERT_EQ(plan.told.size(), 3u);
-  const PeerRef* refs[] = {&*plan.told[0].downstream, &*plan.told[1].upstream,
-                           &plan.told[2].rings[0].members[0]};
-  for (const PeerRef* ref : refs) {
-    EXPECT_EQ(ref->name, "node_1");
-    EXPECT_TRUE(ref->dial_out_only);
-    EXPECT_EQ(ref->address, "");
-    EXPECT_EQ(ref->public_key, fresh);
-    EXPECT_FALSE(ref->relay.has_value());
-  }
+  expectToldNode1DialsOut(plan, fresh);
   // A reachable holder keeps the node as placed.
   EXPECT_FALSE(planReplacement(nodes, "node_1", "127.0.0.9:6001", fresh).turned);
 }
