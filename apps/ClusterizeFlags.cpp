@@ -162,8 +162,9 @@ void declareServe(CLI::App& app, ClusterizeFlags& f) {
 // Serve mode, continued: growth, who may join, and the live views.
 void declareServeRun(CLI::App& app, ClusterizeFlags& f) {
   app.add_flag("--grow", f.serve.grow,
-               "with --serve: while the run trains, reachable spares that can hold one more whole "
-               "pipeline of the planned cut form a new cluster: the data is dealt over one more cluster "
+               "with --serve: while the run trains, spares (reachable ones first; dial-out-only ones "
+               "next to each other only with a relay) that can hold one more whole pipeline of the "
+               "planned cut form a new cluster: the data is dealt over one more cluster "
                "from the epoch after the newest a Root reported, the new cluster starts at that "
                "epoch's first step with its ring peers' weights (docs/OPERATIONS.md \"Growing\"); "
                "needs data.chunks >= the number of clusters and the sync schedule (an async job "

@@ -22,7 +22,6 @@
 #include "coordinator/MemberReplacer.h"
 #include "coordinator/NodeHeaders.h"
 #include "coordinator/Outbox.h"
-#include "coordinator/Replacement.h"
 #include "clusterize/ModelMerge.h"
 #include "coordinator/Credit.h"
 #include "coordinator/FinalResult.h"
@@ -383,16 +382,17 @@ Coordinator::Coordinator(CoordinatorOptions options, clusterize::PreparedModel p
       s.relay ? std::optional(s.relay->ref()) : std::nullopt,
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.relays->watchConnections(gone);
-  s.replacer->relayThrough([&s] { return s.relays->forPlanning(unixNow()); });
+  const auto relays_now = [&s] { return s.relays->forPlanning(unixNow()); };
+  s.replacer->relayThrough(relays_now);
   s.gathering = std::make_unique<Gathering>(
       *s.store, s.prepared,
-      GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather,
-                       [&s] { return s.relays->forPlanning(unixNow()); }, s.o.before_plan},
+      GatheringOptions{s.o.out, s.o.min_volunteers, s.o.max_volunteers, s.o.gather, relays_now,
+                       s.o.before_plan},
       *s.replacer, [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.grower = std::make_unique<Grower>(
       *s.store, s.o.out,
       GrowOptions{s.o.grow, s.o.max_clusters, s.o.keep_spares,
-                  [&s](const Member& m) { return s.replacer->heardLately(m, unixNow()); }},
+                  [&s](const Member& m) { return s.replacer->heardLately(m, unixNow()); }, relays_now},
       [&s](const std::string& key, const Frames& frames) { s.reply(key, frames); });
   s.token = chooseToken(*s.store, s.o.token);
   s.admissions = std::make_unique<Admissions>(

@@ -59,13 +59,11 @@ void Grower::propose(double) {
   const std::vector<std::string> placed = names(nlohmann::json::parse(*placed_text));
   const int clusters = std::stoi(store_.meta("num_clusters").value_or("1"));
   if (options_.max_clusters > 0 && clusters >= options_.max_clusters) return;
-  // A new cluster of reachable spares heard lately only: its ring members are the placed nodes,
-  // some of which may be dial-out only, and its pipeline would link spares to each other
-  // (DialOutPlacement.h); a dead or frozen spare would hold a node nobody trains.
+  // A new cluster of spares heard lately only: a dead or frozen spare would hold a node nobody
+  // trains.
   std::vector<Member> members;
   for (const Member& m : store_.members())
-    if (!m.dial_out_only && (m.state != MemberState::kSpare || !options_.heard_lately ||
-                             options_.heard_lately(m)))
+    if (m.state != MemberState::kSpare || !options_.heard_lately || options_.heard_lately(m))
       members.push_back(m);
   size_t spares = 0;
   for (const Member& m : members) spares += m.state == MemberState::kSpare ? 1 : 0;
@@ -86,7 +84,8 @@ void Grower::propose(double) {
     if (const auto holder = store_.memberByName(templates[size_t(s)]->name))
       ram[size_t(s)] = probedRamGb(*holder);
   }
-  const auto chosen = chooseGrowth(members, ram, options_.keep_spares);
+  const std::vector<PeerRef::Relay> relays = options_.relays ? options_.relays() : std::vector<PeerRef::Relay>{};
+  const auto chosen = chooseLinkableGrowth(members, ram, options_.keep_spares, nodes, !relays.empty());
   if (!chosen) return;
   const std::vector<DealEntry> deal = grownDeal(loadDeal(store_, clusters), newest_epoch_);
   const JobSpec job = readJobSpec(jobSpecPath(out_));
@@ -99,7 +98,7 @@ void Grower::propose(double) {
     told_no_epochs_ = true;
     return;
   }
-  const GrowthPlan plan = planGrowth(nodes, *chosen, clusters);
+  const GrowthPlan plan = planGrowth(nodes, *chosen, clusters, relays);
   std::vector<std::string> added, told, roots;
   for (const NodeSpec& n : plan.added) {
     NodeSpec node = n;

@@ -50,6 +50,10 @@ struct GrowOptions {
   // Whether a spare is heard lately (MemberReplacer::heardLately); one that is not (dead, frozen,
   // cut off) joins no new cluster. Empty: every spare is.
   std::function<bool(const Member&)> heard_lately;
+  // The relays links between dial-out-only volunteers may use (VolunteerRelays::forPlanning).
+  // Without one, a new cluster takes a dial-out-only spare only where none of its links joins two
+  // dial-out-only volunteers (Growth.h needsRelay); empty: none.
+  std::function<std::vector<PeerRef::Relay>()> relays;
 };
 
 class Grower {

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/DialOutPlacement.h"
 #include "core/Error.h"
 
 namespace cairn::coordinator {
@@ -43,8 +45,34 @@ std::optional<std::vector<Member>> chooseGrowth(const std::vector<Member>& membe
   return chosen;
 }
 
+bool needsRelay(const std::vector<NodeSpec>& nodes, const std::vector<Member>& spares) {
+  for (size_t s = 0; s < spares.size(); ++s) {
+    if (!spares[s].dial_out_only) continue;
+    if (s + 1 < spares.size() && spares[s + 1].dial_out_only) return true;
+    for (const NodeSpec& n : nodes)
+      if (n.stage == int(s) && n.dial_out_only) return true;  // its ring peer in another cluster
+  }
+  return false;
+}
+
+std::optional<std::vector<Member>> chooseLinkableGrowth(const std::vector<Member>& members,
+                                                        const std::vector<double>& stage_ram_gb,
+                                                        int keep_spares, const std::vector<NodeSpec>& nodes,
+                                                        bool relays_offered) {
+  // chooseGrowth takes, stage by stage, the first qualifying spare in this order: a dial-out-only
+  // one only where no reachable one is left that qualifies, so the reachable spares alone could
+  // not form the cluster either when this choice needs a relay.
+  std::vector<Member> ordered;
+  for (const bool behind : {false, true})
+    for (const Member& m : members)
+      if ((m.dial_out_only && m.state == MemberState::kSpare) == behind) ordered.push_back(m);
+  auto chosen = chooseGrowth(ordered, stage_ram_gb, keep_spares);
+  if (chosen && !relays_offered && needsRelay(nodes, *chosen)) chosen.reset();
+  return chosen;
+}
+
 GrowthPlan planGrowth(const std::vector<NodeSpec>& nodes, const std::vector<Member>& spares,
-                      int new_cluster) {
+                      int new_cluster, const std::vector<PeerRef::Relay>& relays) {
   const int stages = int(spares.size());
   std::vector<const NodeSpec*> templates(size_t(stages), nullptr);
   for (const NodeSpec& n : nodes) {
@@ -65,7 +93,8 @@ GrowthPlan planGrowth(const std::vector<NodeSpec>& nodes, const std::vector<Memb
     NodeSpec n = *templates[size_t(s)];
     n.name = spares[size_t(s)].name;
     n.address = spares[size_t(s)].advertise;
-    // The spares are reachable (Grower): the new node listens, whatever its template's holder was.
+    // A reachable spare's node listens, whatever its template's holder was (a dial-out-only
+    // spare's is marked below).
     n.dial_out_only = false;
     n.cluster = new_cluster;
     if (n.upstream) n.upstream = ref(spares[size_t(s - 1)]);
@@ -88,6 +117,18 @@ GrowthPlan planGrowth(const std::vector<NodeSpec>& nodes, const std::vector<Memb
     }
     if (changed) plan.told.push_back(std::move(told));
   }
+  std::set<std::string> behind;
+  for (const Member& m : spares)
+    if (m.dial_out_only) behind.insert(m.name);
+  if (behind.empty()) return plan;
+  // The dial-out-only spares' nodes: no address wherever they are named, and a relay for each of
+  // their links to a dial-out-only node (the existing ones keep theirs).
+  std::vector<NodeSpec> all = plan.told;
+  all.insert(all.end(), plan.added.begin(), plan.added.end());
+  markDialOutOnly(all, behind);
+  for (const std::string& name : behind) relayLinksOfNode(all, name, relays);
+  plan.told.assign(all.begin(), all.begin() + long(plan.told.size()));
+  plan.added.assign(all.begin() + long(plan.told.size()), all.end());
   return plan;
 }
 

@@ -45,13 +45,27 @@ struct GrowthPlan {
 // (chooseGrowth's answer). Each new node copies the stage's node.json of the lowest cluster
 // (stage file, parameters, boundaries, ring ids and parameters: a ring needs the same
 // parameters), takes the spare's name, advertised address and key, the new cluster's pipeline
-// neighbours, and ring members = that ring's members followed by itself (rank last). The spares
-// are reachable: a new node is never dial-out only, and a member its template reached through a
-// relay (both dial-out only) dials it directly. Every
-// existing node in a ring of that stage gets the new member appended (its rank unchanged).
+// neighbours, and ring members = that ring's members followed by itself (rank last). A node of a
+// reachable spare listens (whatever its template's holder was: a member its template reached
+// through a relay dials it directly); one of a dial-out-only spare is placed dial-out only, named
+// so wherever it is named (DialOutPlacement markDialOutOnly), and each of its links to a
+// dial-out-only node goes through the relay of `relays` carrying the fewest links
+// (relayLinksOfNode; BadInput when there is such a link and no relay: needsRelay says so first).
+// Every existing node in a ring of that stage gets the new member appended (its rank unchanged).
 // BadInput when some stage has no node in `nodes` or new_cluster is already taken.
 GrowthPlan planGrowth(const std::vector<NodeSpec>& nodes, const std::vector<Member>& spares,
-                      int new_cluster);
+                      int new_cluster, const std::vector<PeerRef::Relay>& relays = {});
+// Whether the new cluster `spares` would form links between two dial-out-only volunteers (a
+// dial-out-only spare next to another in the pipeline, or in a ring with a node placed dial-out
+// only), which need a relay.
+bool needsRelay(const std::vector<NodeSpec>& nodes, const std::vector<Member>& spares);
+// chooseGrowth with the reachable spares before the dial-out-only ones (each kind in members()
+// order), so a dial-out-only spare holds a stage only where no reachable one can; nullopt when
+// that choice needsRelay against the placed `nodes` and no relay is offered.
+std::optional<std::vector<Member>> chooseLinkableGrowth(const std::vector<Member>& members,
+                                                        const std::vector<double>& stage_ram_gb,
+                                                        int keep_spares, const std::vector<NodeSpec>& nodes,
+                                                        bool relays_offered);
 
 // `deal` plus an entry {E, last clusters + 1} with E = max(newest_reported_epoch + 1, 1, the
 // last entry's from_epoch + 1): the epoch after the newest any cluster has reported (-1: none yet),

@@ -171,14 +171,15 @@ set_tests_properties(integration.volunteers.relay_restart PROPERTIES TIMEOUT 300
 # whose deal DealRun.*/DealChange.* run in-process), so one ~60 s run covers both. Growing from two
 # running clusters (2 stages each): their Roots must take the deal together, at the same step,
 # through the agreement at their ring syncs (trainer/DealChange.h). In `grows` one volunteer of the
-# first wave is dial-out only: the new cluster's node copying its node.json must listen.
+# first wave is dial-out only: the new cluster's node copying its node.json must listen; in
+# `grows_from_two` one of the new cluster's spares is: its node is placed dial-out only.
 add_test(NAME integration.volunteers.grows
   COMMAND ${CAIRN_PYTHON} ${INTEGRATION}/volunteer_grow_test.py ${BINARIES}
           --work ${CMAKE_CURRENT_BINARY_DIR}/integration/volunteers_grows --data served --dial-out 1)
 add_test(NAME integration.volunteers.grows_from_two
   COMMAND ${CAIRN_PYTHON} ${INTEGRATION}/volunteer_grow_test.py ${BINARIES}
           --work ${CMAKE_CURRENT_BINARY_DIR}/integration/volunteers_grows_from_two --data served
-          --running 2)
+          --running 2 --spares-dial-out 1)
 set_tests_properties(integration.volunteers.grows integration.volunteers.grows_from_two PROPERTIES
   TIMEOUT 600 LABELS integration)
 # Failures while training (docs/OPERATIONS.md): lost nodes, pause and resume, signals (ports 6000–6199).

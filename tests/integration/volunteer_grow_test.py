@@ -24,6 +24,13 @@ nothing of it: it dials them); the new cluster's node of that stage copies that 
 still listen (its spare is reachable), and that dial-out-only node takes its new ring member live.
 Then also: the first wave's plan has a node placed dial-out only, the new cluster none.
 
+--spares-dial-out 1 (integration.volunteers.grows_from_two runs with it): one of the spares that
+form the new cluster joins without an address. The coordinator takes the reachable spares first
+(stage 0 here) and the dial-out-only one where no reachable one is left (stage 1), with no relay:
+none of its links joins two dial-out-only volunteers. Its node is placed dial-out only, and the
+running clusters' nodes of that stage take it into their rings live as a member that dials them.
+Then also: exactly that node of the new cluster is placed dial-out only.
+
 --running 2 (integration.volunteers.grows_from_two): growth from two running clusters, which
 must take the deal together. Four volunteers form two clusters of 2 stages; two more join and
 form cluster 2. Then also: both running Roots took the same deal at the same step (their rings
@@ -142,6 +149,8 @@ def main():
     parser.add_argument("--data", choices=["served", "files"], default="served")
     parser.add_argument("--dial-out", type=int, choices=[0, 1], default=0,
                         help="how many of the first wave join dial-out only (no --listen)")
+    parser.add_argument("--spares-dial-out", type=int, choices=[0, 1], default=0,
+                        help="how many of the spares forming the new cluster join dial-out only")
     parser.add_argument("--running", type=int, choices=[1, 2], default=1,
                         help="clusters training before the growth (2: 2 stages each, else 3)")
     args = parser.parse_args()
@@ -169,7 +178,8 @@ def main():
         run.join(first_wave - args.dial_out, ["--upload-mbps", "0"])
         run.join(args.dial_out, ["--upload-mbps", "0"], dial_out_only=True)
         run.wait_planned(running)
-        run.join(stages, ["--upload-mbps", "0"])
+        run.join(stages - args.spares_dial_out, ["--upload-mbps", "0"])
+        run.join(args.spares_dial_out, ["--upload-mbps", "0"], dial_out_only=True)
         proposed = coordinator.wait_for(lambda l: f"coordinator: growing: cluster {running} from spares" in l,
                                         120, f"'growing: cluster {running}'")
         print(proposed.strip())
@@ -193,11 +203,11 @@ def main():
     new_chain = chains[running]
     behind = sorted(n for n, d in nodes.items() if d.get("dial_out_only"))
     behind_new = [n for n in behind if n in new_chain]
-    if len(behind) != args.dial_out or behind_new:
+    if len(behind) != args.dial_out + args.spares_dial_out or len(behind_new) != args.spares_dial_out:
         vt.fail(f"nodes placed dial-out only: {behind} (new cluster: {behind_new}); expected "
-                f"{args.dial_out} in the first wave and none in the new cluster")
+                f"{args.dial_out} in the first wave and {args.spares_dial_out} in the new cluster")
     if behind:
-        print(f"placed dial-out only: {behind}; the new cluster listens: {new_chain}")
+        print(f"placed dial-out only: {behind}; the new cluster: {new_chain}")
 
     # Every running Root took the deal, the same one at the same step.
     taken = []
