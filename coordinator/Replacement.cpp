@@ -189,7 +189,8 @@ std::string unlikeReachNote(const NodeSpec& node) {
   for (size_t i = 0; i < names.size() && i < 8; ++i) peers += (i ? ", " : "") + names[i];
   if (names.size() > 8) peers += " and more";  // NodeHeaders keeps 9 of a node's ring members
   return node.name + " needs a new holder; this volunteer joined as dial-out only, so it would dial " +
-         node.name + "'s peers, but " + peers + " dial out only too, and a link between two such "
+         node.name + "'s peers, but " + peers + (names.size() == 1 ? " dials" : " dial") +
+         " out only too, and a link between two such "
          "volunteers needs a relay, which nobody offers (a volunteer's `provider --join … --relay`, "
          "or the coordinator's --relay); it stays a spare";
 }

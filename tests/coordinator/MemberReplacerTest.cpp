@@ -189,7 +189,7 @@ TEST(MemberReplacer, ADialOutOnlySpareTakesANodePlacedReachableThroughARelayWher
   auto told = decodeToVolunteer(sent[0].second, 1 << 20, &why);
   ASSERT_TRUE(told) << why;
   EXPECT_EQ(std::get<Accepted>(*told).note, unlikeReachNote(nodes[1]));
-  EXPECT_NE(std::get<Accepted>(*told).note.find("but node_4 dial out only too"), std::string::npos);
+  EXPECT_NE(std::get<Accepted>(*told).note.find("but node_4 dials out only too"), std::string::npos);
   replacer.poll(117);  // told once
   EXPECT_EQ(sent.size(), 1u);
 

@@ -150,7 +150,7 @@ TEST(Replacement, WhoMayHoldANodeAndInWhichOrderTheSparesAreTried) {
   EXPECT_FALSE(chooseSpare(sparesFor(small_reachable, ring_peer_behind, false), 4.0).has_value());
   EXPECT_EQ(unlikeReachNote(ring_peer_behind),
             "node_1 needs a new holder; this volunteer joined as dial-out only, so it would dial "
-            "node_1's peers, but node_4 dial out only too, and a link between two such volunteers "
+            "node_1's peers, but node_4 dials out only too, and a link between two such volunteers "
             "needs a relay, which nobody offers (a volunteer's `provider --join … --relay`, or the "
             "coordinator's --relay); it stays a spare");
 }
