@@ -84,7 +84,8 @@ void Grower::propose(double) {
     if (const auto holder = store_.memberByName(templates[size_t(s)]->name))
       ram[size_t(s)] = probedRamGb(*holder);
   }
-  const std::vector<PeerRef::Relay> relays = options_.relays ? options_.relays() : std::vector<PeerRef::Relay>{};
+  const std::vector<PeerRef::Relay> relays =
+      options_.relays ? options_.relays() : std::vector<PeerRef::Relay>{};
   const auto chosen = chooseLinkableGrowth(members, ram, options_.keep_spares, nodes, !relays.empty());
   if (!chosen) return;
   const std::vector<DealEntry> deal = grownDeal(loadDeal(store_, clusters), newest_epoch_);
