@@ -143,6 +143,16 @@ std::vector<PeerRef*> refsTo(NodeSpec& node, const std::string& peer) {
   return refs;
 }
 
+// The link of `a` and `b` goes through the relay of `relays` with the least `load` (the first on
+// a tie), named in both ends' entries for each other; that relay's load grows by one.
+void throughLeastLoaded(NodeSpec& a, NodeSpec& b, const std::vector<PeerRef::Relay>& relays,
+                        std::vector<size_t>& load) {
+  const size_t pick = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+  ++load[pick];
+  for (PeerRef* ref : refsTo(a, b.name)) ref->relay = relays[pick];
+  for (PeerRef* ref : refsTo(b, a.name)) ref->relay = relays[pick];
+}
+
 }  // namespace
 
 size_t assignRelays(std::vector<NodeSpec>& nodes, const std::vector<PeerRef::Relay>& relays) {
@@ -160,12 +170,8 @@ size_t assignRelays(std::vector<NodeSpec>& nodes, const std::vector<PeerRef::Rel
                   "avoids it; such a link needs a relay, and none is offered (a volunteer's "
                   "`provider --join … --relay`, or the coordinator's --relay): more reachable "
                   "volunteers are needed");
-    const size_t pick = static_cast<size_t>(
-        std::min_element(load.begin(), load.end()) - load.begin());
-    ++load[pick];
+    throughLeastLoaded(*na, *nb, relays, load);
     ++relayed;
-    for (PeerRef* ref : refsTo(*na, b)) ref->relay = relays[pick];
-    for (PeerRef* ref : refsTo(*nb, a)) ref->relay = relays[pick];
   }
   return relayed;
 }
@@ -194,11 +200,8 @@ size_t relayLinksOfNode(std::vector<NodeSpec>& nodes, const std::string& node,
       CAIRN_THROW(BadInput, "the link between ", a, " and ", b, " joins two dial-out-only volunteers "
                   "now, and no relay is offered (a volunteer's `provider --join … --relay`, or the "
                   "coordinator's --relay)");
-    const size_t pick = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    ++load[pick];
+    throughLeastLoaded(*na, *nb, relays, load);
     ++relayed;
-    for (PeerRef* ref : refsTo(*na, b)) ref->relay = relays[pick];
-    for (PeerRef* ref : refsTo(*nb, a)) ref->relay = relays[pick];
   }
   return relayed;
 }
@@ -221,10 +224,7 @@ std::set<std::string> reassignRelays(std::vector<NodeSpec>& nodes, const std::se
   std::set<std::string> changed;
   for (const auto& [na, nb, relay] : relayed) {
     if (alive.count(relay) || targets.empty()) continue;
-    const size_t pick = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    ++load[pick];
-    for (PeerRef* ref : refsTo(*na, nb->name)) ref->relay = targets[pick];
-    for (PeerRef* ref : refsTo(*nb, na->name)) ref->relay = targets[pick];
+    throughLeastLoaded(*na, *nb, targets, load);
     changed.insert(na->name);
     changed.insert(nb->name);
   }

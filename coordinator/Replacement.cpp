@@ -9,6 +9,7 @@
 
 #include "coordinator/DialOutPlacement.h"
 #include "core/Error.h"
+#include "node/transport/LivePeers.h"
 
 namespace cairn::coordinator {
 namespace {
@@ -107,15 +108,10 @@ std::optional<Member> chooseSpare(const std::vector<Member>& members, double nee
 }
 
 std::vector<std::string> dialOutOnlyPeersOf(const NodeSpec& node) {
-  std::set<std::string> names;
-  auto take = [&](const PeerRef& p) {
-    if (p.dial_out_only && p.name != node.name) names.insert(p.name);
-  };
-  if (node.upstream) take(*node.upstream);
-  if (node.downstream) take(*node.downstream);
-  for (const RingSpec& ring : node.rings)
-    for (const PeerRef& m : ring.members) take(m);
-  return {names.begin(), names.end()};
+  std::vector<std::string> names;
+  for (const auto& [name, peer] : peersOf(node))  // by name, each once
+    if (peer.dial_out_only) names.push_back(name);
+  return names;
 }
 
 bool canHold(const Member& spare, const NodeSpec& node, bool relays_offered) {

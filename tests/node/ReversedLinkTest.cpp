@@ -15,6 +15,7 @@
 #include "node/transport/CurveSecurity.h"
 #include "node/transport/ZmqTransport.h"
 #include "tests/common/LoopbackPorts.h"
+#include "tests/node/LinkTestMessages.h"
 #include "tests/common/TcpForwarder.h"
 
 namespace cairn {
@@ -22,19 +23,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A loopback port whose successor is free too (the accept endpoint is PORT+1): freeLoopbackPorts
-// keeps the port above each it hands out.
-std::string reversedLinkEndpoint() {
-  return "tcp://127.0.0.1:" + std::to_string(testutil::freeLoopbackPorts(1).at(0));
-}
-
-Message reversedLinkMessage(const std::string& sender, const std::string& tag) {
-  Message m;
-  m.kind = MessageKind::kControl;
-  m.sender = sender;
-  m.tag = tag;
-  return m;
-}
+using testutil::linkTestEndpoint;
+using testutil::linkTestMessage;
 
 // A reachable node "r": its own context, a ZAP handler admitting `admitted` (key → name).
 // Given `keys` and `endpoint`, it is that node started again.
@@ -46,7 +36,7 @@ struct Reachable {
   std::unique_ptr<ZmqTransport> t;
   Reachable(std::map<std::string, std::string> admitted, const std::string& peer,
             const std::string& peer_key, CurveKeyPair own = generateCurveKeyPair(),
-            std::string at = reversedLinkEndpoint())
+            std::string at = linkTestEndpoint())
       : keys(std::move(own)), zap(context, std::move(admitted)), endpoint(std::move(at)) {
     TransportOptions o;
     o.curve = CurveOptions{keys, {{peer, peer_key}}};
@@ -87,7 +77,7 @@ void expectReachableToDialOut(ZmqTransport& r, ZmqTransport& d, const std::strin
   for (int i = 0; i < 100 && sent != SendStatus::kSent; ++i) {
     EXPECT_FALSE(d.receive(10ms).has_value());  // d's receiving thread says attach after its handshake
     (void)r.receiveOrLivenessChange(50ms);      // reads d's attach
-    sent = r.send("d", reversedLinkMessage("r", tag), 50ms);
+    sent = r.send("d", linkTestMessage("r", tag), 50ms);
   }
   ASSERT_EQ(sent, SendStatus::kSent);
   auto got = d.receive(10s);
@@ -101,7 +91,7 @@ TEST(ReversedLink, BothDirectionsFlowOverTheConnectionsTheDialOutOnlySideOpened)
   Reachable r({{d_keys.public_key, "d"}}, "d", d_keys.public_key);
   DialOutOnly d("d", d_keys, r);
   EXPECT_TRUE(d.t->boundEndpoint().empty());  // it listens on nothing
-  ASSERT_EQ(d.t->send("r", reversedLinkMessage("d", "up"), 10s), SendStatus::kSent);
+  ASSERT_EQ(d.t->send("r", linkTestMessage("d", "up"), 10s), SendStatus::kSent);
   auto got = r.t->receive(10s);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->tag, "up");
@@ -110,8 +100,8 @@ TEST(ReversedLink, BothDirectionsFlowOverTheConnectionsTheDialOutOnlySideOpened)
   EXPECT_EQ(r.t->liveness("d").state, PeerState::kConnected);
   // Several in a row keep their order both ways.
   for (int i = 0; i < 5; ++i) {
-    ASSERT_EQ(r.t->send("d", reversedLinkMessage("r", "m" + std::to_string(i)), 10s), SendStatus::kSent);
-    ASSERT_EQ(d.t->send("r", reversedLinkMessage("d", "n" + std::to_string(i)), 10s), SendStatus::kSent);
+    ASSERT_EQ(r.t->send("d", linkTestMessage("r", "m" + std::to_string(i)), 10s), SendStatus::kSent);
+    ASSERT_EQ(d.t->send("r", linkTestMessage("d", "n" + std::to_string(i)), 10s), SendStatus::kSent);
   }
   for (int i = 0; i < 5; ++i) {
     auto down = d.t->receive(10s);
@@ -139,7 +129,7 @@ TEST(ReversedLink, WhatIsQueuedForADialOutOnlyPeerWhenTheTransportClosesIsDelive
   expectReachableToDialOut(*r->t, *d.t, "first");
   const int count = 4;
   for (int i = 0; i < count; ++i) {
-    Message m = reversedLinkMessage("r", "big" + std::to_string(i));
+    Message m = linkTestMessage("r", "big" + std::to_string(i));
     m.tensors.push_back({"x", torch::full({1 << 20}, static_cast<float>(i))});  // 4 MiB
     ASSERT_EQ(r->t->send("d", m, 10s), SendStatus::kSent);
   }
@@ -172,7 +162,7 @@ TEST(ReversedLink, ADialOutOnlyNodeThatReceivesNothingAttachesToItsRestartedPeer
   r = std::make_unique<Reachable>(std::map<std::string, std::string>{{d_keys.public_key, "d"}},
                                   "d", d_keys.public_key, r_keys, r_endpoint);
   // From here on d's transport is not called until the message has been sent.
-  ASSERT_EQ(r->t->send("d", reversedLinkMessage("r", "after"), 10s), SendStatus::kSent);
+  ASSERT_EQ(r->t->send("d", linkTestMessage("r", "after"), 10s), SendStatus::kSent);
   auto got = d.t->receive(10s);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->sender, "r");
@@ -190,7 +180,7 @@ TEST(ReversedLink, AnUnknownKeyGetsNothingAndAnAdmittedKeyCannotTakeAnotherName)
     (void)stranger.t->receive(10ms);
     (void)impostor.t->receive(10ms);
   }
-  EXPECT_EQ(r.t->send("d", reversedLinkMessage("r", "secret"), 500ms), SendStatus::kTimedOut);
+  EXPECT_EQ(r.t->send("d", linkTestMessage("r", "secret"), 500ms), SendStatus::kTimedOut);
   EXPECT_NE(r.t->liveness("d").state, PeerState::kConnected);
   EXPECT_FALSE(stranger.t->receive(200ms).has_value());
   EXPECT_FALSE(impostor.t->receive(200ms).has_value());
@@ -207,7 +197,7 @@ TEST(ReversedLink, LivenessFollowsTheConnectionTheDialOutOnlySideOpened) {
   ASSERT_EQ(r.t->liveness("d").state, PeerState::kConnected);
   d.reset();  // the volunteer goes away: its connections close
   ASSERT_EQ(reversedWaitFor(*r.t, "d", PeerState::kDisconnected, 10s), PeerState::kDisconnected);
-  EXPECT_EQ(r.t->send("d", reversedLinkMessage("r", "lost"), 200ms), SendStatus::kTimedOut);
+  EXPECT_EQ(r.t->send("d", linkTestMessage("r", "lost"), 200ms), SendStatus::kTimedOut);
   d = std::make_unique<DialOutOnly>("d", d_keys, r);  // back, from wherever it is now
   expectReachableToDialOut(*r.t, *d->t, "again");
   EXPECT_EQ(r.t->liveness("d").state, PeerState::kConnected);
@@ -223,7 +213,7 @@ TEST(ReversedLink, RepointMovesBothEndsOfAReversedLink) {
   // The reachable peer was lost and replaced: d dials the new one, with its key.
   r1.reset();
   ASSERT_TRUE(d->t->repointPeer("r", r2.endpoint, r2.keys.public_key));
-  ASSERT_EQ(d->t->send("r", reversedLinkMessage("d", "up-r2"), 10s), SendStatus::kSent);
+  ASSERT_EQ(d->t->send("r", linkTestMessage("d", "up-r2"), 10s), SendStatus::kSent);
   auto got = r2.t->receive(10s);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->tag, "up-r2");
@@ -269,14 +259,14 @@ TEST(ReversedLink, ARedialledDialOutOnlyPeerIsSentToOnlyOnceItsNewProcessAttache
   to_accept.holdLater();
   d.reset();  // its process ends; r does not see its attached connection close
   DialOutOnly d2("d", d_keys, r, r_via);
-  ASSERT_EQ(d2.t->send("r", reversedLinkMessage("d", "join"), 10s), SendStatus::kSent);
+  ASSERT_EQ(d2.t->send("r", linkTestMessage("d", "join"), 10s), SendStatus::kSent);
   // This receive also reads every attach that came before (each call reads them first): one the
   // old process said just before the freeze cannot be read after the redial and re-attach it.
   auto asked = r.t->receive(10s);
   ASSERT_TRUE(asked.has_value());
   EXPECT_EQ(asked->tag, "join");
   r.t->redial("d");
-  EXPECT_EQ(r.t->send("d", reversedLinkMessage("r", "lost"), 300ms), SendStatus::kTimedOut)
+  EXPECT_EQ(r.t->send("d", linkTestMessage("r", "lost"), 300ms), SendStatus::kTimedOut)
       << "sent over the old process's connection";
   to_accept.releaseLater();
   expectReachableToDialOut(*r.t, *d2.t, "welcome");  // the next message d2 gets is this one

@@ -16,24 +16,15 @@
 #include "node/transport/CurveSecurity.h"
 #include "node/transport/Relay.h"
 #include "node/transport/ZmqTransport.h"
-#include "tests/common/LoopbackPorts.h"
+#include "tests/node/LinkTestMessages.h"
 
 namespace cairn {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::string turnedEndpoint() {  // its port + 1 (the accept endpoint) is free too
-  return "tcp://127.0.0.1:" + std::to_string(testutil::freeLoopbackPorts(1).at(0));
-}
-
-Message turnedMessage(const std::string& sender, const std::string& tag) {
-  Message m;
-  m.kind = MessageKind::kControl;
-  m.sender = sender;
-  m.tag = tag;
-  return m;
-}
+using testutil::linkTestEndpoint;
+using testutil::linkTestMessage;
 
 // A node in its own context, with a ZAP handler admitting `admitted` (key → name).
 struct TurnedNode {
@@ -57,7 +48,7 @@ struct TurnedNode {
 // and acknowledgements are read, until `to` has it; false when it never came within 20 s.
 bool turnedDelivered(ZmqTransport& from, ZmqTransport& to, const std::string& to_name,
                      const std::string& tag) {
-  if (from.send(to_name, turnedMessage(from.name(), tag), 20s) != SendStatus::kSent) return false;
+  if (from.send(to_name, linkTestMessage(from.name(), tag), 20s) != SendStatus::kSent) return false;
   const auto deadline = std::chrono::steady_clock::now() + 20s;
   while (std::chrono::steady_clock::now() < deadline) {
     (void)from.receive(10ms);
@@ -67,7 +58,7 @@ bool turnedDelivered(ZmqTransport& from, ZmqTransport& to, const std::string& to
 }
 
 TEST(TurnedLink, APeerWeDialledNowHeldDialOutOnlyDialsUsAndASendWaitingForItsLostHolderReachesTheNewOne) {
-  const std::string r_at = turnedEndpoint(), x_at = turnedEndpoint();
+  const std::string r_at = linkTestEndpoint(), x_at = linkTestEndpoint();
   auto x1 = std::make_unique<TurnedNode>("x", x_at, std::map<std::string, std::string>{},
                                          std::map<std::string, std::string>{});
   TurnedNode r("r", r_at, {{x1->keys.public_key, "x"}}, {{"x", x1->keys.public_key}});
@@ -80,7 +71,7 @@ TEST(TurnedLink, APeerWeDialledNowHeldDialOutOnlyDialsUsAndASendWaitingForItsLos
   // x's holder is lost; r goes on sending to it (the send waits: no connection takes it).
   x1.reset();
   std::future<SendStatus> waiting = std::async(std::launch::async, [&] {
-    return r.t->send("x", turnedMessage("r", "waiting"), 30s);
+    return r.t->send("x", linkTestMessage("r", "waiting"), 30s);
   });
   EXPECT_EQ(waiting.wait_for(300ms), std::future_status::timeout);
   // A dial-out-only volunteer holds x now: r admits its key and takes it as a peer that dials us.
@@ -100,8 +91,8 @@ TEST(TurnedLink, APeerWeDialledNowHeldDialOutOnlyDialsUsAndASendWaitingForItsLos
   EXPECT_EQ(r.t->acceptEndpoint(), acceptEndpointOf(r_at));
   // Both ways, in order, over the connections x2 opened.
   for (int i = 0; i < 5; ++i) {
-    ASSERT_EQ(r.t->send("x", turnedMessage("r", "m" + std::to_string(i)), 10s), SendStatus::kSent);
-    ASSERT_EQ(x2.t->send("r", turnedMessage("x", "n" + std::to_string(i)), 10s), SendStatus::kSent);
+    ASSERT_EQ(r.t->send("x", linkTestMessage("r", "m" + std::to_string(i)), 10s), SendStatus::kSent);
+    ASSERT_EQ(x2.t->send("r", linkTestMessage("x", "n" + std::to_string(i)), 10s), SendStatus::kSent);
   }
   for (int i = 0; i < 5; ++i) {
     auto down = x2.t->receive(10s);
@@ -116,7 +107,7 @@ TEST(TurnedLink, APeerWeDialledNowHeldDialOutOnlyDialsUsAndASendWaitingForItsLos
 }
 
 TEST(TurnedLink, ADialOutOnlyNodesPeerNowHeldDialOutOnlyIsReachedThroughARelay) {
-  const std::string x_at = turnedEndpoint();
+  const std::string x_at = linkTestEndpoint();
   auto x1 = std::make_unique<TurnedNode>("x", x_at, std::map<std::string, std::string>{},
                                          std::map<std::string, std::string>{});
   TurnedNode d("d", "", {{x1->keys.public_key, "x"}}, {{"x", x1->keys.public_key}});
@@ -147,7 +138,7 @@ TEST(TurnedLink, ADialOutOnlyNodesPeerNowHeldDialOutOnlyIsReachedThroughARelay) 
 }
 
 TEST(TurnedLink, ADialOutOnlyNodeCannotBeDialledByAPeerNowHeldDialOutOnly) {
-  const std::string x_at = turnedEndpoint();
+  const std::string x_at = linkTestEndpoint();
   TurnedNode x("x", x_at, {}, {});
   TurnedNode d("d", "", {{x.keys.public_key, "x"}}, {{"x", x.keys.public_key}});
   x.zap.setAllowed({{d.keys.public_key, "d"}});
