@@ -56,7 +56,11 @@ void MemberReplacer::poll(double now) {
   if (!placed_text) return;
   const auto placed = nlohmann::json::parse(*placed_text).get<std::vector<std::string>>();
   std::vector<Member> members = store_.members();
-  for (const LostNode& lost : findLost(members, placed, now, started_at_, lost_after_s_, gone_)) {
+  const std::vector<LostNode> lost_nodes = findLost(members, placed, now, started_at_, lost_after_s_, gone_);
+  if (lost_nodes.empty()) return;
+  // The relays a dial-out-only spare turning a node's links may use: read once per poll.
+  const std::vector<PeerRef::Relay> relays = relays_ ? relays_() : std::vector<PeerRef::Relay>{};
+  for (const LostNode& lost : lost_nodes) {
     auto holder = store_.memberByName(lost.name);
     if (!holder) continue;  // no row at all: nothing to take over from (not a state we write)
     if (lost.newly) {
@@ -74,7 +78,6 @@ void MemberReplacer::poll(double now) {
     // plan placed it; a spare of its own kind is tried first, then one of the other kind: a
     // reachable volunteer dials out as well, and a dial-out-only one holding a node placed
     // reachable turns its links around (its dial-out-only peers need a relay: canHold).
-    const std::vector<PeerRef::Relay> relays = relays_ ? relays_() : std::vector<PeerRef::Relay>{};
     const std::optional<Member> spare =
         chooseSpare(sparesFor(withoutAwaySpares(members, now, started_at_, lost_after_s_, gone_),
                               header, !relays.empty()),
